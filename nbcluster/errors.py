@@ -1,0 +1,32 @@
+"""The exceptions nbcluster raises for mistakes a user can fix.
+
+Every front end (magics, CLI, sidebar, Python API) shows an `NbclusterError` as its message
+alone: one line that says what is wrong and what to do. Anything else escaping nbcluster is a
+bug in nbcluster, not in the user's input.
+"""
+
+from __future__ import annotations
+
+
+class NbclusterError(Exception):
+    """A user-fixable problem; `str(error)` is the whole message."""
+
+
+class BadArgument(NbclusterError, ValueError):
+    """An argument, flag or value is malformed or out of range."""
+
+
+class ClusterNotFound(NbclusterError, LookupError):
+    """No running cluster has that name (or address)."""
+
+
+class ClusterUnreachable(NbclusterError, ConnectionError):
+    """A cluster is registered or named, but its scheduler does not answer."""
+
+
+class NoCluster(NbclusterError):
+    """An operation needs a current cluster and this process has none."""
+
+
+class ClusterFailed(NbclusterError, RuntimeError):
+    """A cluster could not be started; the message includes the supervisor's reason."""
