@@ -1,0 +1,70 @@
+"""Cluster metrics at the source: a scheduler plugin with bounded ring buffers, and its feed.
+
+Design
+------
+The scheduler already sees every fact the live graphs need: each finished task arrives as a
+``processing -> memory|erred`` transition carrying the worker's ``startstops``, and each
+worker heartbeat leaves its latest system-monitor sample in ``WorkerState.metrics``.
+`MetricsPlugin` (``nbcluster/metrics/plugin.py``) copies those facts, as small tuples, into
+two bounded ring buffers, and serves them through one scheduler RPC handler::
+
+    nbcluster_metrics(since: int | None = None) -> dict      # the snapshot below
+
+Every record gets a sequence number from one counter shared by both rings; the snapshot's
+``cursor`` is the next number to be handed out. A caller passes the cursor back as ``since``
+and gets only records it has not seen. Memory stays flat however long a cluster runs: the
+rings drop their oldest records, and a caller that fell too far behind is told so (``gap``).
+
+Snapshot format (version 1) -- a contract, also read by the sidebar panel (TypeScript)
+-------------------------------------------------------------------------------------
+Plain dicts, lists, strings and numbers, so it travels through msgpack and JSON unchanged.
+Times are seconds since the epoch (float; task times are the workers' clocks, samples the
+scheduler's), memory in bytes, network in bytes per second, CPU in percent of one core
+(a busy 2-thread worker can read 200)::
+
+    {
+      "version": 1,
+      "cursor": 1234,            # pass back as `since` to get only newer records
+      "gap": False,              # True: records after `since` were dropped (ring overflow,
+                                 # or `since` came from another scheduler); redraw from scratch
+      "now": 1718000000.25,      # scheduler clock when the snapshot was taken
+      "workers": {               # every worker connected now (always complete, not a delta)
+        "tcp://127.0.0.1:40000": {
+          "name": "0",           # str(worker name)
+          "nthreads": 1,
+          "memory_limit": 2000000000,     # 0 = no limit
+          "resources": {"GPU": 1.0},      # Dask worker resources, {} when none
+          "processing": 3,                # tasks assigned to it right now
+          "gpu": {"name": "NVIDIA H200", "memory_total": 150000000000},
+                                          # key ABSENT on workers without an NVML GPU
+        },
+      },
+      "tasks": [                 # finished tasks with seq >= since, oldest first
+        {"prefix": "inc", "group": "inc-3f1c...", "worker": "tcp://127.0.0.1:40000",
+         "start": 1718000000.01, "stop": 1718000000.02, "status": "ok"},   # or "error"
+      ],
+      "resources": [             # worker samples with seq >= since, oldest first
+        {"worker": "tcp://127.0.0.1:40000", "time": 1718000000.2,
+         "cpu": 98.5, "memory": 123456789, "memory_limit": 2000000000,
+         "net_read": 1024.0, "net_write": 2048.0,
+         # only where the worker reports an NVML GPU (never zero-filled):
+         "gpu_util": 87.0, "gpu_memory": 1073741824, "gpu_memory_total": 150000000000},
+      ],
+      "groups": [                # task groups the scheduler still knows, newest last (<= 20)
+        {"group": "inc-3f1c...", "prefix": "inc", "total": 100, "done": 40,
+         "running": 2, "failed": 1, "waiting": 57},
+      ],
+    }
+
+``since=None`` (or omitted) returns everything the rings still hold. Fields may be added in
+later versions; readers ignore fields they do not know. ``start``/``stop`` of a task span its
+``compute`` action; a task that failed before computing has ``start == stop``.
+
+Client side
+-----------
+`feed(client)` returns the callable ``since -> snapshot`` the live widget polls, and
+`MetricsWindow` folds successive snapshots into a bounded local view (tasks, samples per
+worker) for drawing.
+"""
+
+from __future__ import annotations
