@@ -1,0 +1,100 @@
+// Types for graphs.js (the drawing module shared with the sidebar panel).
+// The snapshot format is documented in nbcluster/metrics/__init__.py.
+
+export interface WorkerInfo {
+  name: string;
+  nthreads: number;
+  memory_limit: number;
+  resources: Record<string, number>;
+  processing?: number;
+  gpu?: { name: string | null; memory_total: number };
+}
+
+export interface TaskRecord {
+  prefix: string;
+  group?: string;
+  worker: string;
+  start: number;
+  stop: number;
+  status: 'ok' | 'error';
+}
+
+export interface ResourceSample {
+  worker: string;
+  time: number;
+  cpu: number;
+  memory: number;
+  memory_limit: number;
+  net_read: number;
+  net_write: number;
+  gpu_util?: number;
+  gpu_memory?: number;
+  gpu_memory_total?: number;
+}
+
+export interface GroupProgress {
+  group: string;
+  prefix: string;
+  total: number;
+  done: number;
+  running: number;
+  failed: number;
+  waiting: number;
+}
+
+export interface Snapshot {
+  version: number;
+  cursor: number;
+  gap: boolean;
+  now: number;
+  workers: Record<string, WorkerInfo>;
+  tasks: TaskRecord[];
+  resources: ResourceSample[];
+  groups?: GroupProgress[];
+}
+
+export interface View {
+  cursor: number | null;
+  now: number;
+  workers: Record<string, WorkerInfo>;
+  tasks: TaskRecord[];
+  samples: Record<string, ResourceSample[]>;
+  limits: { maxTasks: number; maxSamples: number };
+}
+
+export interface Counts {
+  done: number;
+  running: number;
+  failed: number;
+  total: number;
+  rate?: number;
+  eta?: number | null;
+  elapsed?: number;
+  state?: 'running' | 'done' | 'failed' | 'cancelled';
+  label?: string;
+}
+
+export interface Grid {
+  params: string[];
+  rows: { params: Record<string, unknown>; value?: string; status?: string }[];
+  total?: number;
+}
+
+export const COLORS: Record<string, string>;
+export function createView(limits?: Partial<View['limits']>): View;
+export function applySnapshot(view: View, snapshot: Partial<Snapshot>): View;
+export function renderTaskStream(
+  container: HTMLElement,
+  view: View,
+  opts?: { window?: number | null }
+): HTMLElement;
+export function renderResources(
+  container: HTMLElement,
+  view: View,
+  opts?: { window?: number }
+): HTMLElement;
+export function renderProgress(container: HTMLElement, counts: Counts): HTMLElement;
+export function renderGrid(container: HTMLElement, grid: Grid): HTMLElement;
+export function prefixColor(prefix: string): string;
+export function formatBytes(n: number): string;
+export function formatDuration(seconds: number): string;
