@@ -1,0 +1,90 @@
+"""This process's current cluster: the one `%%distribute` and plain Dask code use.
+
+The current cluster is process state (like Dask's default client), so it lives here and
+nowhere else. Whether it is still running is asked of the registry on every use, so a
+cluster stopped from the sidebar or another kernel is noticed at once.
+"""
+
+from __future__ import annotations
+
+import dask
+from distributed import Client
+
+from nbcluster.cluster import registry
+from nbcluster.cluster.handle import ClusterHandle, connect
+from nbcluster.errors import NoCluster
+
+_current: ClusterHandle | None = None
+# One handle (so one Client) per cluster name for this process: connecting again for every
+# cell would leak clients.
+_handles: dict[str, ClusterHandle] = {}
+
+
+def _alive(handle: ClusterHandle) -> bool:
+    if not handle.managed or handle.directory is None:
+        return True
+    entry = registry.read(handle.directory, handle.name)
+    return bool(entry and entry.get("address") == handle.address and entry.get("state") == "running")
+
+
+def remember(handle: ClusterHandle) -> ClusterHandle:
+    """The process-wide handle for this cluster (reusing its Client if we have one)."""
+    known = _handles.get(handle.name)
+    if known is not None and known.address == handle.address:
+        known.entry = handle.entry
+        return known
+    if known is not None:
+        known.close_client()
+    _handles[handle.name] = handle
+    return handle
+
+
+def use(handle: ClusterHandle) -> ClusterHandle:
+    """Make `handle` the current cluster and its Client Dask's default client."""
+    global _current
+    handle = remember(handle)
+    client = handle.client
+    # Dask keeps its default client in a module global; set_as_default is the public way,
+    # but only at construction, so re-point it here for a client we already hold.
+    from distributed.client import _set_global_client
+
+    _set_global_client(client)
+    dask.config.set(scheduler="dask.distributed")
+    _current = handle
+    return handle
+
+
+def forget(name: str) -> None:
+    """Drop a stopped cluster; if it was current, there is no current cluster any more."""
+    global _current
+    handle = _handles.pop(name, None)
+    if handle is not None:
+        handle.close_client()
+    if _current is not None and _current.name == name:
+        _current = None
+        from distributed.client import _set_global_client
+
+        _set_global_client(None)
+
+
+def current() -> ClusterHandle | None:
+    """The current cluster, or None (also when it has stopped since it was chosen)."""
+    if _current is not None and not _alive(_current):
+        forget(_current.name)
+    return _current
+
+
+def handle_for(cluster: str | None = None) -> ClusterHandle:
+    """The named cluster's handle, or the current one; NoCluster says how to get one."""
+    if cluster is not None:
+        return remember(connect(cluster))
+    handle = current()
+    if handle is None:
+        raise NoCluster("no cluster is running for this kernel: start one with `%cluster start` "
+                        "(or `nbcluster.start()`), or pick one with `%cluster use NAME`")
+    return handle
+
+
+def client_for(cluster: str | None = None) -> Client:
+    """The `distributed.Client` of the named cluster, or of the current one."""
+    return handle_for(cluster).client

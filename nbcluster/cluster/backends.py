@@ -1,0 +1,213 @@
+"""Deployment backends: the Dask cluster object a supervisor hosts.
+
+Only the local backend is built in: a `SpecCluster` whose workers are of two kinds,
+
+- ``cpu-N``: nanny processes advertising the resource ``{"CPU": threads}``;
+- ``gpu-N``: one nanny process per GPU, pinned with ``CUDA_VISIBLE_DEVICES`` to a distinct
+  device and advertising ``{"GPU": 1}``.
+
+Because only CPU workers have ``CPU``, a task asking for ``CPU`` never lands on a GPU
+worker, and one asking for ``GPU`` only lands on GPU workers; a task asking for nothing
+may run anywhere. Scaling is per kind (`NbSpecCluster.scale_kind`); adaptivity scales the
+CPU kind, which is what a backlog of unrestricted work needs.
+
+Multi-machine deployments (dask-jobqueue, dask-kubernetes, dask-gateway, SSH) are Dask's
+own projects; `profiles()` lists what the server may offer and `nbcluster.connect` takes
+the address of any scheduler they start.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from distributed import Nanny, Scheduler, Security, SpecCluster
+from distributed.deploy.adaptive import Adaptive
+
+from nbcluster.cluster.gpu import SIMULATE_ENV, GPU
+from nbcluster.cluster.spec import ClusterSpec
+from nbcluster.errors import BadArgument
+
+KINDS = ("cpu", "gpu")
+
+
+def profiles() -> list[dict[str, Any]]:
+    """Backend profiles a front end may offer when starting a cluster."""
+    return [{"name": "local", "description": "Worker processes on this machine (CPU and GPU)"}]
+
+
+def write_credentials(directory: Path, name: str) -> tuple[Security, dict[str, str]]:
+    """A fresh self-signed certificate for this cluster, in 0600 files; the scheduler,
+    the workers and every client present it, so only holders of the files can connect."""
+    temp = Security.temporary()
+    cert, key = directory / f"{name}.cert.pem", directory / f"{name}.key.pem"
+    for path, text in ((cert, temp.tls_ca_file), (key, temp.tls_client_key)):
+        path.touch(mode=0o600)
+        path.write_text(text)
+    tls = {"ca_file": str(cert), "cert": str(cert), "key": str(key)}
+    return security_from(tls), tls
+
+
+def security_from(tls: dict[str, str]) -> Security:
+    return Security(
+        require_encryption=True,
+        tls_ca_file=tls["ca_file"],
+        tls_client_cert=tls["cert"],
+        tls_client_key=tls["key"],
+        tls_scheduler_cert=tls["cert"],
+        tls_scheduler_key=tls["key"],
+        tls_worker_cert=tls["cert"],
+        tls_worker_key=tls["key"],
+    )
+
+
+class _CpuAdaptive(Adaptive):
+    """Dask's Adaptive, but never retiring GPU workers: they are not the adaptive kind."""
+
+    async def workers_to_close(self, target: int) -> list[Any]:
+        names = await super().workers_to_close(target)
+        return [n for n in names if not str(n).startswith("gpu-")]
+
+
+class NbSpecCluster(SpecCluster):
+    """A SpecCluster with CPU and GPU worker kinds, scaled per kind."""
+
+    def __init__(self, *, spec: ClusterSpec, devices: list[GPU], security: Security, **kwargs: Any):
+        self.nb_spec = spec
+        self.all_devices = devices
+        # worker name -> GPU, for the GPU workers that exist in the plan
+        self.devices: dict[str, GPU] = {}
+        self.adaptive_bounds: dict[str, int] | None = None
+        self._security = security
+        workers = {}
+        for _ in range(spec.workers or 0):
+            workers.update(self._new_spec("cpu", taken=workers))
+        for device in devices:
+            workers.update(self._gpu_spec(device))
+        scheduler = {
+            "cls": Scheduler,
+            "options": {
+                "protocol": "tls",
+                "host": "127.0.0.1",
+                "port": 0,
+                "security": security,
+                "dashboard": spec.dashboard,
+                "dashboard_address": "127.0.0.1:0",
+            },
+        }
+        super().__init__(
+            workers=workers,
+            scheduler=scheduler,
+            worker=self._cpu_template(),
+            security=security,
+            name=spec.name,
+            **kwargs,
+        )
+
+    def _cpu_template(self) -> dict[str, Any]:
+        threads = self.nb_spec.threads or 1
+        return {"cls": Nanny, "options": self._options(threads, {"CPU": threads}, {})}
+
+    def _options(self, threads: int, resources: dict[str, float], env: dict[str, str]) -> dict[str, Any]:
+        return {
+            "nthreads": threads,
+            "memory_limit": self.nb_spec.memory or "auto",
+            "resources": resources,
+            "env": env,
+            "host": "127.0.0.1",
+            "protocol": "tls",
+            "security": self._security,
+            "dashboard": False,
+        }
+
+    def _gpu_spec(self, device: GPU) -> dict[str, Any]:
+        env = {"CUDA_VISIBLE_DEVICES": str(device.uuid if device.uuid and not device.simulated else device.index)}
+        if device.simulated:
+            env[SIMULATE_ENV + "_DEVICE"] = str(device.index)
+            env["CUDA_VISIBLE_DEVICES"] = str(device.index)
+        name = f"gpu-{device.index}"
+        self.devices[name] = device
+        return {name: {"cls": Nanny, "options": self._options(1, {"GPU": 1}, env)}}
+
+    def _new_spec(self, kind: str, taken: dict[str, Any]) -> dict[str, Any]:
+        if kind == "gpu":
+            used = {d.index for n, d in self.devices.items() if n in taken}
+            free = [d for d in self.all_devices if d.index not in used]
+            if not free:
+                raise BadArgument(
+                    f"no free GPU for another GPU worker: this cluster has {len(self.all_devices)} GPU(s)"
+                )
+            return self._gpu_spec(free[0])
+        i = 0
+        while f"cpu-{i}" in taken:
+            i += 1
+        return {f"cpu-{i}": self._cpu_template()}
+
+    def kind_of(self, name: str) -> str:
+        return "gpu" if str(name).startswith("gpu-") else "cpu"
+
+    def requested_by_kind(self) -> dict[str, int]:
+        counts = dict.fromkeys(KINDS, 0)
+        for name in self.worker_spec:
+            counts[self.kind_of(name)] += 1
+        return counts
+
+    async def scale_kind(self, n: int, kind: str = "cpu", *, adaptive: bool = False) -> None:
+        if kind not in KINDS:
+            raise BadArgument(f"unknown worker kind {kind!r}: use one of {', '.join(KINDS)}")
+        if kind == "gpu" and n > len(self.all_devices):
+            raise BadArgument(
+                f"cannot scale to {n} GPU workers: this cluster has {len(self.all_devices)} GPU(s)"
+            )
+        if not adaptive and self._adaptive is not None:
+            # An explicit scale is the user taking control back from adaptivity.
+            self._adaptive.stop()
+            self._adaptive = None
+            self.adaptive_bounds = None
+        mine = [name for name in self.worker_spec if self.kind_of(name) == kind]
+        if len(mine) > n:
+            running = {v["name"] for v in self.scheduler_info.get("workers", {}).values()}
+            # Drop workers that have not started yet before ones that hold work.
+            mine.sort(key=lambda name: (name in running, str(name)))
+            for name in mine[: len(mine) - n]:
+                del self.worker_spec[name]
+                self.devices.pop(name, None)
+        for _ in range(n - len(mine)):
+            self.worker_spec.update(self._new_spec(kind, taken=self.worker_spec))
+        await self._correct_state()
+
+    def scale(self, n: int = 0, memory: Any = None, cores: Any = None) -> Any:
+        # Dask's Adaptive calls scale(total); GPU workers are not adaptive, so the CPU kind
+        # takes whatever the total leaves after them.
+        gpus = self.requested_by_kind()["gpu"]
+        return self.scale_kind(max(n - gpus, 0), "cpu", adaptive=True)
+
+    def adapt_bounded(self, minimum: Any, maximum: Any) -> None:
+        from nbcluster.cluster.spec import parse_count
+
+        lo = parse_count(minimum, "--min")
+        hi = parse_count(maximum, "--max")
+        if lo > hi:
+            raise BadArgument(f"--min {lo} is above --max {hi}: the minimum must not exceed the maximum")
+        gpus = self.requested_by_kind()["gpu"]
+        if self._adaptive is not None:
+            self._adaptive.stop()
+        self._adaptive = _CpuAdaptive(self, minimum=lo + gpus, maximum=hi + gpus, interval="500ms", wait_count=3)
+        self.adaptive_bounds = {"minimum": lo, "maximum": hi}
+
+
+async def local_cluster(spec: ClusterSpec, devices: list[GPU], security: Security) -> NbSpecCluster:
+    """Start the local backend's cluster (CPU workers for the cores GPU workers leave)."""
+    if spec.workers is None and devices:
+        cores = os.cpu_count() or 1
+        spec = ClusterSpec(**{**spec.to_dict(), "workers": max(cores - len(devices), 1)})
+    spec = spec.resolved()
+    cluster = NbSpecCluster(spec=spec, devices=devices, security=security, asynchronous=True)
+    await cluster
+    return cluster
+
+
+def dashboard_url(cluster: SpecCluster) -> str | None:
+    port = cluster.scheduler.http_server.port if cluster.scheduler.http_server else None
+    return f"http://127.0.0.1:{port}/status" if port else None

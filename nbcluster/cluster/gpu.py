@@ -1,0 +1,105 @@
+"""GPU discovery and the device assignment of GPU workers.
+
+Discovery asks NVML (`nvidia-ml-py`), then falls back to `nvidia-smi -L`; finding nothing
+means "no GPUs", never an error, unless GPUs were asked for explicitly.
+
+`NBCLUSTER_SIMULATE_GPUS=N` makes discovery report N *simulated* devices, for tests and for
+teaching on laptops: their workers advertise the `GPU` resource and get a distinct
+`CUDA_VISIBLE_DEVICES` like real ones, and every display labels them "simulated". It is
+read from the environment only when set by a person; nothing here turns it on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from nbcluster.errors import BadArgument
+
+SIMULATE_ENV = "NBCLUSTER_SIMULATE_GPUS"
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    name: str
+    memory_total: int | None  # bytes
+    uuid: str | None = None
+    simulated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _nvml() -> list[GPU]:
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no device: both just mean "no GPUs here"
+        return []
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            name = name.decode() if isinstance(name, bytes) else name
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
+            gpus.append(GPU(i, name, int(mem), uuid))
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _nvidia_smi() -> list[GPU]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    gpus = []
+    for line in out.splitlines():
+        m = re.match(r"GPU (\d+): (.*?)(?: \(UUID: (.*)\))?$", line.strip())
+        if m:
+            gpus.append(GPU(int(m.group(1)), m.group(2), None, m.group(3)))
+    return gpus
+
+
+def discover(environ: dict[str, str] | None = None) -> list[GPU]:
+    """The GPUs of this machine (or the simulated ones, when asked for)."""
+    env = os.environ if environ is None else environ
+    simulated = env.get(SIMULATE_ENV, "").strip()
+    if simulated:
+        if not simulated.isdigit():
+            raise BadArgument(f"{SIMULATE_ENV}={simulated!r} must be a whole number of GPUs")
+        return [
+            GPU(i, "Simulated GPU", 16 * 2**30, f"SIM-{i}", simulated=True)
+            for i in range(int(simulated))
+        ]
+    return _nvml() or _nvidia_smi()
+
+
+def select(requested: int | str | None, available: list[GPU]) -> list[GPU]:
+    """The GPUs to give one worker each, for `--gpus auto|N`."""
+    if requested in (None, 0):
+        return []
+    if requested == "auto":
+        return list(available)
+    assert isinstance(requested, int)
+    if requested > len(available):
+        have = f"only {len(available)}" if available else "no"
+        raise BadArgument(
+            f"--gpus {requested}: this machine has {have} GPU(s). Use --gpus auto to take "
+            f"what there is, or set {SIMULATE_ENV}=N to simulate GPUs for teaching/tests"
+        )
+    return available[:requested]

@@ -1,0 +1,338 @@
+"""`ClusterHandle`: the client side of one cluster, and `start`/`connect`/`clusters`.
+
+A handle is a registry entry plus the means to talk to its scheduler: control calls go to
+nbcluster's scheduler RPC handlers over TLS with the cluster's own credentials, and
+`handle.client` is an ordinary `distributed.Client`. A handle caches nothing the scheduler
+can answer: `info()` asks every time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+from distributed import Client, Security
+from distributed.core import rpc
+
+from nbcluster import _aio
+from nbcluster.cluster import registry
+from nbcluster.cluster.backends import security_from
+from nbcluster.cluster.info import ClusterInfo
+from nbcluster.cluster.spec import ClusterSpec, check_name, parse_count
+from nbcluster.errors import BadArgument, ClusterFailed, ClusterNotFound, ClusterUnreachable
+
+START_TIMEOUT_S = 120
+CONNECT_TIMEOUT_S = 5
+STOP_TIMEOUT_S = 30
+
+
+class ClusterHandle:
+    """One running cluster, as seen from a client process."""
+
+    def __init__(self, entry: dict[str, Any], *, directory: Path | None = None, reused: bool = False):
+        self.entry = entry
+        self.directory = directory
+        #: True when `start` found this cluster already running instead of starting it.
+        self.reused = reused
+        self._client: Client | None = None
+
+    # -- identity ---------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.entry["name"]
+
+    @property
+    def address(self) -> str:
+        return self.entry["address"]
+
+    @property
+    def managed(self) -> bool:
+        """False for a scheduler nbcluster did not start (no control handlers there)."""
+        return not self.entry.get("external")
+
+    @property
+    def security(self) -> Security | None:
+        tls = self.entry.get("tls")
+        return security_from(tls) if tls else None
+
+    @property
+    def dashboard_link(self) -> str | None:
+        return self.entry.get("dashboard")
+
+    def __repr__(self) -> str:
+        return f"<ClusterHandle {self.name!r} {self.address}>"
+
+    # -- talking to the scheduler -----------------------------------------------------
+
+    def _connection_args(self) -> dict[str, Any]:
+        sec = self.security or Security()
+        return sec.get_connection_args("client")
+
+    async def arpc(self, op: str, timeout: float = 30, **kwargs: Any) -> Any:
+        """Call scheduler handler `op` (e.g. ``"nbcluster_scale"``) and return its answer."""
+        try:
+            async with rpc(self.address, connection_args=self._connection_args(), timeout=CONNECT_TIMEOUT_S) as r:
+                return await asyncio.wait_for(getattr(r, op)(**kwargs), timeout)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise ClusterUnreachable(
+                f"cluster {self.name!r} at {self.address} does not answer ({type(e).__name__}): "
+                "it may have stopped; `%cluster list` shows the running ones"
+            ) from None
+
+    def rpc(self, op: str, timeout: float = 30, **kwargs: Any) -> Any:
+        return _aio.run(self.arpc(op, timeout=timeout, **kwargs))
+
+    def _need_managed(self, what: str) -> None:
+        if not self.managed:
+            raise BadArgument(
+                f"{what} needs a cluster started by nbcluster; {self.address} was started elsewhere, "
+                "so scale or stop it with the tool that started it"
+            )
+
+    async def ainfo(self) -> dict[str, Any]:
+        if not self.managed:
+            ident = await self.arpc("identity")
+            workers = [
+                {"name": str(w.get("name")), "address": a, "kind": "gpu" if "GPU" in (w.get("resources") or {}) else "cpu",
+                 "nthreads": w.get("nthreads", 0), "memory_limit": w.get("memory_limit", 0),
+                 "memory": w.get("metrics", {}).get("memory", 0), "cpu": w.get("metrics", {}).get("cpu", 0.0),
+                 "resources": w.get("resources") or {}, "processing": 0, "gpu": None}
+                for a, w in ident.get("workers", {}).items()
+            ]
+            return {"name": self.name, "address": self.address, "workers": workers, "tasks": {}}
+        return await self.arpc("nbcluster_info")
+
+    def info(self) -> ClusterInfo:
+        """Live state: workers (with GPUs), cores, memory, running tasks."""
+        return ClusterInfo(_aio.run(self.ainfo()))
+
+    async def ametrics(self, since: int | None = None) -> dict[str, Any]:
+        return await self.arpc("nbcluster_metrics", since=since)
+
+    def metrics(self, since: int | None = None) -> dict[str, Any]:
+        """New task-stream records and resource samples since a cursor (see nbcluster.metrics)."""
+        return _aio.run(self.ametrics(since))
+
+    def scale(self, n: int, kind: str = "cpu") -> None:
+        """Have `n` workers of `kind` ("cpu" or "gpu"); returns once they are up or gone."""
+        self._need_managed("scale")
+        n = parse_count(n, "the number of workers")
+        self.rpc("nbcluster_scale", timeout=120, n=n, kind=kind)
+
+    def adapt(self, minimum: int = 0, maximum: int = 4) -> None:
+        """Let the cluster grow and shrink its CPU workers between the bounds by load."""
+        self._need_managed("adapt")
+        lo, hi = parse_count(minimum, "--min"), parse_count(maximum, "--max")
+        if lo > hi:
+            raise BadArgument(f"--min {lo} is above --max {hi}: the minimum must not exceed the maximum")
+        self.rpc("nbcluster_adapt", minimum=lo, maximum=hi)
+
+    def restart(self) -> None:
+        """Restart every worker process (clears their memory); the cluster stays."""
+        self._need_managed("restart")
+        self.rpc("nbcluster_restart", timeout=120)
+
+    def stop(self) -> None:
+        """Stop the cluster and all its worker processes; returns when they are gone."""
+        self._need_managed("stop")
+        self.close_client()
+        pid = self.entry.get("supervisor_pid")
+        try:
+            self.rpc("nbcluster_stop", timeout=10)
+        except ClusterUnreachable:
+            pass  # a supervisor that cannot answer still gets terminated below
+        _wait_gone(pid, self.entry.get("supervisor_started"))
+
+    # -- the Dask client --------------------------------------------------------------
+
+    @property
+    def client(self) -> Client:
+        """A `distributed.Client` connected to this cluster (made on first use)."""
+        if self._client is None or self._client.status in ("closed", "closing"):
+            try:
+                self._client = Client(
+                    self.address, security=self.security, set_as_default=False, timeout=CONNECT_TIMEOUT_S
+                )
+            except (OSError, asyncio.TimeoutError):
+                raise ClusterUnreachable(
+                    f"cannot connect a Dask client to {self.address}: is the cluster still running? "
+                    "`%cluster list` shows the running ones"
+                ) from None
+        return self._client
+
+    def close_client(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _wait_gone(pid: int | None, started: float | None) -> None:
+    if not registry.process_alive(pid, started):
+        return
+    proc = psutil.Process(pid)
+    try:
+        proc.wait(STOP_TIMEOUT_S)
+    except psutil.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except psutil.TimeoutExpired:
+            proc.kill()
+
+
+# -- finding and starting clusters ------------------------------------------------------
+
+
+def _looks_like_address(text: str) -> bool:
+    return "://" in text or (":" in text and text.rsplit(":", 1)[-1].isdigit())
+
+
+def connect(name_or_address: str, *, runtime_dir: str | os.PathLike[str] | None = None) -> ClusterHandle:
+    """A handle on a running cluster, by registry name or scheduler address."""
+    directory = registry.runtime_dir(runtime_dir)
+    target = str(name_or_address).strip()
+    if _looks_like_address(target):
+        for entry in registry.entries(directory):
+            if entry.get("address") == target:
+                return ClusterHandle(entry, directory=directory)
+        handle = ClusterHandle({"name": target, "address": target, "external": True}, directory=directory)
+        try:
+            handle.rpc("identity", timeout=CONNECT_TIMEOUT_S)
+        except ClusterUnreachable:
+            hint = (
+                " nbcluster holds credentials only for clusters it started; for another TLS scheduler "
+                "set dask's distributed.comm.tls options"
+                if target.startswith("tls://")
+                else ""
+            )
+            raise ClusterUnreachable(
+                f"no scheduler answers at {target} within {CONNECT_TIMEOUT_S} s: check the address, "
+                f"or `%cluster list` for nbcluster's clusters.{hint}"
+            ) from None
+        return handle
+    check_name(target)
+    entry = registry.read(directory, target)
+    if entry is None or entry.get("state") != "running":
+        known = [e["name"] for e in registry.entries(directory)]
+        running = f" Running: {', '.join(known)}." if known else " None is running."
+        raise ClusterNotFound(
+            f"no cluster named {target!r}.{running} Start it with `%cluster start --name {target}`."
+        )
+    return ClusterHandle(entry, directory=directory)
+
+
+def clusters(*, runtime_dir: str | os.PathLike[str] | None = None) -> list[ClusterHandle]:
+    """Every running cluster in the registry, whoever started it, oldest first."""
+    directory = registry.runtime_dir(runtime_dir)
+    return [ClusterHandle(e, directory=directory) for e in registry.entries(directory)]
+
+
+def start(
+    workers: int | None = None,
+    threads: int | None = None,
+    memory: str | int | None = None,
+    gpus: int | str | None = None,
+    name: str | None = None,
+    keep: bool = False,
+    dashboard: bool = False,
+    *,
+    owner_pid: int | None = None,
+    runtime_dir: str | os.PathLike[str] | None = None,
+) -> ClusterHandle:
+    """Start a cluster in its own supervisor process, or reuse the one already running.
+
+    With `name`, a running cluster of that name is reused (a notebook re-run is safe);
+    without one, this owner's unnamed cluster is reused, else the first free of ``local``,
+    ``local-2``, ... is started. The cluster stops when the owner process (default: this
+    one) exits, unless `keep`.
+    """
+    spec = ClusterSpec.from_user(
+        workers=workers, threads=threads, memory=memory, gpus=gpus, name=name, keep=keep, dashboard=dashboard
+    )
+    directory = registry.runtime_dir(runtime_dir)
+    owner = None if keep else (owner_pid or os.getpid())
+    reusable = _find_reusable(directory, spec, owner)
+    if reusable is not None:
+        return ClusterHandle(reusable, directory=directory, reused=True)
+    if spec.gpus not in (None, 0):
+        # Fail here, with the fix, rather than in the supervisor's log.
+        from nbcluster.cluster import gpu
+
+        gpu.select(spec.gpus, gpu.discover())
+    return ClusterHandle(_spawn(spec, directory, owner), directory=directory)
+
+
+def _find_reusable(directory: Path, spec: ClusterSpec, owner: int | None) -> dict[str, Any] | None:
+    if spec.name:
+        return registry.read(directory, spec.name)
+    for entry in registry.entries(directory):
+        if entry.get("spec", {}).get("name") is None and entry.get("owner_pid") == owner and owner:
+            return entry
+    return None
+
+
+def _spawn(spec: ClusterSpec, directory: Path, owner: int | None) -> dict[str, Any]:
+    log = directory / f".start-{uuid.uuid4().hex[:8]}.log"
+    ready_r, ready_w = os.pipe()
+    cmd = [
+        sys.executable, "-m", "nbcluster.cluster.supervisor",
+        "--spec", json.dumps(spec.to_dict()),
+        "--runtime-dir", str(directory),
+        "--ready-fd", str(ready_w),
+        "--log", str(log),
+    ]  # fmt: skip
+    if owner:
+        cmd += ["--owner", str(owner)]
+    with open(log, "ab") as out:
+        os.chmod(log, 0o600)
+        # A new session: a kernel interrupt (SIGINT to the kernel's process group) must not
+        # reach the cluster; the owner watch is what ties the two together.
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=(ready_w,), start_new_session=True
+        )
+    os.close(ready_w)
+    try:
+        line = _read_line(ready_r, proc, START_TIMEOUT_S)
+    except BaseException:
+        proc.terminate()
+        raise
+    finally:
+        os.close(ready_r)
+    if not line:
+        tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
+        raise ClusterFailed(
+            f"the cluster supervisor exited before the cluster was up (exit code {proc.poll()}). "
+            f"Last log lines: {' | '.join(tail) or '(none)'}"
+        )
+    message = json.loads(line)
+    if not message.get("ok"):
+        proc.wait(10)
+        raise ClusterFailed(f"the cluster did not start: {message.get('error')}")
+    return message["entry"]
+
+
+def _read_line(fd: int, proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The supervisor's one-line report; '' if it exited first."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ClusterFailed(f"the cluster did not start within {timeout:.0f} s; see {proc.args}")
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return ""
+            data += chunk
+    return data.decode()

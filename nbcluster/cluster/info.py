@@ -1,0 +1,171 @@
+"""Displays of cluster state: `ClusterInfo` (one cluster) and `ClusterList` (the registry).
+
+Both are plain data with a text form (terminals, logs, the CLI) and an HTML form (notebooks);
+they never fetch anything themselves.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+from dask.utils import format_bytes, format_time
+
+
+def _age(created: float | None, now: float) -> str:
+    return format_time(max(now - created, 0)) if created else "?"
+
+
+def _owner(pid: int | None) -> str:
+    return f"pid {pid}" if pid else "kept (no owner)"
+
+
+def _gpu_label(gpu: dict[str, Any] | None) -> str:
+    if not gpu:
+        return ""
+    mem = f", {format_bytes(gpu['memory_total'])}" if gpu.get("memory_total") else ""
+    sim = " [simulated]" if gpu.get("simulated") else ""
+    return f"GPU {gpu['index']}: {gpu['name']}{mem}{sim}"
+
+
+class ClusterInfo:
+    """What `%cluster status` shows: the cluster, its workers, GPUs and tasks."""
+
+    def __init__(self, data: dict[str, Any], *, now: float | None = None):
+        self.data = data
+        self._now = now
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.data)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    @property
+    def workers(self) -> list[dict[str, Any]]:
+        return self.data.get("workers", [])
+
+    @property
+    def totals(self) -> dict[str, Any]:
+        ws = self.workers
+        return {
+            "workers": len(ws),
+            "cores": sum(w["nthreads"] for w in ws),
+            "memory": sum(w["memory_limit"] or 0 for w in ws),
+            "gpus": sum(1 for w in ws if w.get("gpu")),
+        }
+
+    def _summary(self) -> str:
+        d, t = self.data, self.totals
+        tasks = d.get("tasks", {})
+        adaptive = d.get("adaptive")
+        adapt = f", adaptive {adaptive['minimum']}-{adaptive['maximum']}" if adaptive else ""
+        return (
+            f"{t['workers']} workers, {t['cores']} cores, {format_bytes(t['memory'])}"
+            + (f", {t['gpus']} GPUs" if t["gpus"] else "")
+            + f"; tasks: {tasks.get('processing', 0)} running, {tasks.get('waiting', 0)} waiting"
+            + adapt
+        )
+
+    def __repr__(self) -> str:
+        d = self.data
+        now = self._now or time.time()
+        lines = [
+            f"Cluster {d.get('name')!r} at {d.get('address')} "
+            f"(owner: {_owner(d.get('owner_pid'))}, up {_age(d.get('created'), now)})",
+            "  " + self._summary(),
+        ]
+        if d.get("dashboard"):
+            lines.append(f"  dashboard: {d['dashboard']}")
+        for w in self.workers:
+            lines.append(
+                f"  {w['name']:<8} {w['kind']}  {w['nthreads']} thr  "
+                f"{format_bytes(w['memory'] or 0)} / {format_bytes(w['memory_limit'] or 0)}  "
+                f"cpu {w.get('cpu', 0):.0f}%  running {w.get('processing', 0)}  {_gpu_label(w.get('gpu'))}".rstrip()
+            )
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        d = self.data
+        now = self._now or time.time()
+        e = html.escape
+        rows = "".join(
+            "<tr>"
+            f"<td>{e(str(w['name']))}</td><td>{e(w['kind'])}</td><td>{w['nthreads']}</td>"
+            f"<td>{e(format_bytes(w['memory'] or 0))} / {e(format_bytes(w['memory_limit'] or 0))}</td>"
+            f"<td>{w.get('cpu', 0):.0f}%</td><td>{w.get('processing', 0)}</td>"
+            f"<td>{e(_gpu_label(w.get('gpu')))}</td>"
+            "</tr>"
+            for w in self.workers
+        )
+        dash = (
+            f'<div>Dashboard: <a href="{e(d["dashboard"])}" target="_blank">{e(d["dashboard"])}</a></div>'
+            if d.get("dashboard")
+            else ""
+        )
+        return (
+            '<div class="nbcluster-status">'
+            f"<strong>Cluster {e(str(d.get('name')))}</strong> <code>{e(str(d.get('address')))}</code>"
+            f"<div>{e(self._summary())}</div>"
+            f"<div>Owner: {e(_owner(d.get('owner_pid')))}; up {e(_age(d.get('created'), now))}</div>{dash}"
+            "<table><thead><tr><th>worker</th><th>kind</th><th>threads</th><th>memory</th>"
+            "<th>CPU</th><th>running</th><th>GPU</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>"
+        )
+
+
+class ClusterList:
+    """What `%cluster list` shows: every registered cluster with its live worker count.
+
+    Items are `nbcluster_info` answers, or bare registry entries (``workers`` absent) for
+    clusters whose scheduler did not answer in time.
+    """
+
+    def __init__(self, entries: list[dict[str, Any]], current: str | None = None, *, now: float | None = None):
+        self.entries = entries
+        self.current = current
+        self._now = now
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def names(self) -> list[str]:
+        return [e["name"] for e in self.entries]
+
+    def _rows(self) -> list[tuple[str, ...]]:
+        now = self._now or time.time()
+        rows = []
+        for e in self.entries:
+            ws = e.get("workers")
+            size = f"{len(ws)} ({sum(w['nthreads'] for w in ws)} cores)" if isinstance(ws, list) else "not answering"
+            mark = "*" if e["name"] == self.current else " "
+            rows.append(
+                (
+                    mark + e["name"],
+                    e.get("address", ""),
+                    size,
+                    _owner(e.get("owner_pid")),
+                    _age(e.get("created"), now),
+                )
+            )
+        return rows
+
+    def __repr__(self) -> str:
+        if not self.entries:
+            return "No clusters running. Start one with `%cluster start` (or `nbcluster start`)."
+        header = (" name", "address", "workers", "owner", "age")
+        rows = [header, *self._rows()]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+    def _repr_html_(self) -> str:
+        if not self.entries:
+            return f"<div>{html.escape(repr(self))}</div>"
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self._rows()
+        )
+        return (
+            '<table class="nbcluster-list"><thead><tr><th>name</th><th>address</th>'
+            f"<th>workers</th><th>owner</th><th>age</th></tr></thead><tbody>{body}</tbody></table>"
+        )

@@ -1,0 +1,114 @@
+"""The on-disk registry of running clusters: how every front end finds every cluster.
+
+One JSON file per cluster, `<runtime dir>/<name>.json`, mode 0600 in a 0700 folder, beside
+the cluster's TLS credentials (`<name>.cert.pem`, `<name>.key.pem`) and its supervisor's log
+(`<name>.log`). The runtime dir is `$NBCLUSTER_RUNTIME_DIR`, else `nbcluster/` under
+Jupyter's runtime dir.
+
+A name is claimed by creating its entry with `O_EXCL`, by the supervisor itself, so two
+processes starting clusters at once never get the same name and every entry names a live
+process from its first byte (`state: "starting"` until the scheduler is up). An entry whose
+supervisor process is gone is stale: whoever reads it deletes it, with its credentials.
+Supervisor pids are checked together with their start time, so a reused pid never keeps a
+dead cluster listed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+SUFFIXES = (".json", ".cert.pem", ".key.pem", ".log")
+
+
+def runtime_dir(override: str | os.PathLike[str] | None = None) -> Path:
+    """The registry folder, created 0700 on first use."""
+    if override is not None:
+        path = Path(override)
+    elif os.environ.get("NBCLUSTER_RUNTIME_DIR"):
+        path = Path(os.environ["NBCLUSTER_RUNTIME_DIR"])
+    else:
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        path = Path(jupyter_runtime_dir()) / "nbcluster"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def _write_private(path: Path, text: str, *, exclusive: bool = False) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def claim(directory: Path, name: str, entry: dict[str, Any]) -> bool:
+    """Create `name`'s entry if no live cluster holds the name; False if one does."""
+    path = directory / f"{name}.json"
+    for _ in range(2):
+        try:
+            _write_private(path, json.dumps(entry), exclusive=True)
+            return True
+        except FileExistsError:
+            if read(directory, name) is not None:
+                return False
+            # read() pruned a stale entry: the name is free, try once more.
+    return False
+
+
+def update(directory: Path, name: str, entry: dict[str, Any]) -> None:
+    """Rewrite an entry atomically, so readers never see half a file."""
+    tmp = directory / f".{name}.json.tmp"
+    _write_private(tmp, json.dumps(entry))
+    os.replace(tmp, directory / f"{name}.json")
+
+
+def remove(directory: Path, name: str) -> None:
+    for suffix in SUFFIXES:
+        with contextlib.suppress(FileNotFoundError):
+            (directory / f"{name}{suffix}").unlink()
+
+
+def process_alive(pid: int | None, started: float | None = None) -> bool:
+    """True if `pid` runs and, when `started` is given, is the same process as then."""
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(proc.create_time() - started) < 1.0
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def read(directory: Path, name: str) -> dict[str, Any] | None:
+    """The live entry for `name`, or None (pruning it if its supervisor is gone)."""
+    path = directory / f"{name}.json"
+    try:
+        entry = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError:
+        # Entries are written atomically, so a broken one was left by a crash.
+        remove(directory, name)
+        return None
+    if not process_alive(entry.get("supervisor_pid"), entry.get("supervisor_started")):
+        remove(directory, name)
+        return None
+    return entry
+
+
+def entries(directory: Path, *, include_starting: bool = False) -> list[dict[str, Any]]:
+    """Every live cluster, oldest first; stale entries are pruned on the way."""
+    found = []
+    for path in directory.glob("*.json"):
+        entry = read(directory, path.name[: -len(".json")])
+        if entry and (include_starting or entry.get("state") == "running"):
+            found.append(entry)
+    return sorted(found, key=lambda e: e.get("created", 0))

@@ -1,0 +1,294 @@
+"""The supervisor: one process per cluster, owning its scheduler and workers.
+
+Run as ``python -m nbcluster.cluster.supervisor --spec JSON --runtime-dir DIR [--owner PID]``
+by `nbcluster.start`; nobody else starts it.
+
+What it owns
+    - the cluster's name, claimed with an ``O_EXCL`` registry entry (`registry.claim`);
+    - its TLS credentials: a fresh self-signed certificate and key, written 0600 next to the
+      entry. The scheduler and workers listen on ``tls://127.0.0.1`` and require a client
+      certificate signed by that CA, so only holders of the files can connect;
+    - the Dask deployment object (a `SpecCluster`, see `backends.py`) with the scheduler
+      running in this process and each worker in its own nanny-managed process;
+    - nbcluster's scheduler plugins: `ControlPlugin` (scale/adapt/restart/stop/info RPC
+      handlers, below) and, when available, the metrics plugin.
+
+State
+    ``cluster`` (the SpecCluster), ``stop`` (an asyncio.Event set by `nbcluster_stop`, a
+    signal, or the owner watch), and the registry entry, whose ``state`` goes
+    ``starting`` -> ``running`` and which is deleted on the way out.
+
+Lifecycle
+    1. claim a name (``local``, ``local-2``, ... for the default), write the credentials;
+    2. start the SpecCluster, add the plugins, rewrite the entry with the address;
+    3. write one JSON line ({"ok": true, "entry": ...} or {"ok": false, "error": ...}) to
+       the ready pipe: `nbcluster.start` blocks on that line, so there is no polling.
+       Stdout and stderr, which the workers inherit, go to ``<name>.log`` throughout;
+    4. wait for ``stop``; the owner watch sets it within a second of the owner process
+       dying (also on ``kill -9``), unless the cluster was started with ``--keep`` (no
+       owner);
+    5. close the cluster (nannies kill their workers), delete the entry and credentials.
+
+If the supervisor itself is killed with ``-9``, its workers still exit: Dask's worker
+processes watch a pipe from their parent and exit when it closes. Readers then prune the
+entry because its pid is gone.
+
+Worked example: a kernel (pid 4242) runs ``%cluster start --workers 2``. The supervisor
+claims ``local.json`` with ``{"state": "starting", "supervisor_pid": ...}``, starts
+``cpu-0`` and ``cpu-1``, rewrites the entry with ``address: tls://127.0.0.1:40123`` and
+``owner_pid: 4242``, and prints the entry. The kernel is killed; within a second the owner
+watch sets ``stop``; the workers are closed and ``local.json`` is gone.
+
+What it leaves out: it never runs user code, has no HTTP server of its own (the Dask
+dashboard only with ``--dashboard``, on loopback), and keeps no state that the scheduler
+or the registry can answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from nbcluster.cluster import backends, gpu, registry
+from nbcluster.cluster.spec import ClusterSpec, parse_count
+from nbcluster.errors import NbclusterError
+
+OWNER_POLL_S = 0.5
+
+
+class ControlPlugin(SchedulerPlugin):
+    """The `nbcluster_*` scheduler RPC handlers that every front end uses."""
+
+    name = "nbcluster-control"
+
+    def __init__(self, cluster: backends.NbSpecCluster, entry: dict[str, Any], stop: asyncio.Event):
+        self.cluster = cluster
+        self.entry = entry
+        self.stop_event = stop
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        scheduler.handlers.update(
+            nbcluster_info=self.info,
+            nbcluster_scale=self.scale,
+            nbcluster_adapt=self.adapt,
+            nbcluster_restart=self.restart,
+            nbcluster_stop=self.stop,
+        )
+
+    def info(self) -> dict[str, Any]:
+        s = self.scheduler
+        devices = self.cluster.devices
+        workers = []
+        for ws in s.workers.values():
+            device = devices.get(ws.name)
+            workers.append(
+                {
+                    "name": str(ws.name),
+                    "address": ws.address,
+                    "kind": "gpu" if "GPU" in (ws.resources or {}) else "cpu",
+                    "nthreads": ws.nthreads,
+                    "memory_limit": ws.memory_limit,
+                    "memory": ws.metrics.get("memory", 0),
+                    "cpu": ws.metrics.get("cpu", 0.0),
+                    "resources": dict(ws.resources or {}),
+                    "processing": len(ws.processing),
+                    "gpu": device.to_dict() if device else None,
+                }
+            )
+        workers.sort(key=lambda w: (w["kind"], w["name"]))
+        states: dict[str, int] = {}
+        for ts in s.tasks.values():
+            states[ts.state] = states.get(ts.state, 0) + 1
+        adaptive = self.cluster.adaptive_bounds
+        return {
+            **{k: self.entry.get(k) for k in ("name", "address", "dashboard", "owner_pid", "created", "spec")},
+            "supervisor_pid": os.getpid(),
+            "workers": workers,
+            "requested": self.cluster.requested_by_kind(),
+            "adaptive": adaptive,
+            "tasks": {
+                "processing": states.get("processing", 0),
+                "waiting": states.get("waiting", 0) + states.get("queued", 0) + states.get("no-worker", 0),
+                "memory": states.get("memory", 0),
+                "erred": states.get("erred", 0),
+            },
+        }
+
+    async def scale(self, n: int, kind: str = "cpu") -> dict[str, Any]:
+        n = parse_count(n, "the number of workers")
+        await self.cluster.scale_kind(n, kind)
+        return {"requested": self.cluster.requested_by_kind()}
+
+    async def adapt(self, minimum: int, maximum: int) -> dict[str, Any]:
+        self.cluster.adapt_bounded(minimum, maximum)
+        return {"adaptive": self.cluster.adaptive_bounds}
+
+    async def restart(self, timeout: float = 60) -> str:
+        await self.scheduler.restart(timeout=timeout, stimulus_id=f"nbcluster-restart-{time.time()}")
+        return "restarted"
+
+    async def stop(self) -> str:
+        self.stop_event.set()
+        return "stopping"
+
+
+def _load_metrics_plugin() -> SchedulerPlugin | None:
+    # The metrics plugin is optional here so a broken or missing one never stops a cluster
+    # from starting; the live graphs just stay empty.
+    try:
+        from nbcluster.metrics.plugin import MetricsPlugin
+    except ImportError:
+        return None
+    return MetricsPlugin()
+
+
+def _claim_name(directory: Path, spec: ClusterSpec, entry: dict[str, Any]) -> str:
+    if spec.name:
+        if registry.claim(directory, spec.name, {**entry, "name": spec.name}):
+            return spec.name
+        raise NbclusterError(
+            f"a cluster named {spec.name!r} is already running: `%cluster use {spec.name}` "
+            "to use it, or pick another --name"
+        )
+    for i in range(1, 1000):
+        name = spec_default_name(i)
+        if registry.claim(directory, name, {**entry, "name": name}):
+            return name
+    raise NbclusterError("no free cluster name: stop some clusters (`nbcluster list`)")
+
+
+def spec_default_name(i: int) -> str:
+    from nbcluster.cluster.spec import DEFAULT_NAME
+
+    return DEFAULT_NAME if i == 1 else f"{DEFAULT_NAME}-{i}"
+
+
+async def _watch_owner(pid: int, started: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        if not registry.process_alive(pid, started):
+            stop.set()
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), OWNER_POLL_S)
+
+
+class _Reporter:
+    """Writes the one ready line to the pipe `nbcluster.start` waits on, then closes it.
+
+    A separate pipe, not stdout: worker processes inherit stdout and stderr (the log file),
+    and must never write into a pipe that nobody reads any more.
+    """
+
+    def __init__(self, fd: int | None):
+        self.fd = fd
+
+    def __call__(self, message: dict[str, Any]) -> None:
+        if self.fd is None:
+            print(json.dumps(message), flush=True)
+            return
+        os.write(self.fd, (json.dumps(message) + "\n").encode())
+        os.close(self.fd)
+        self.fd = None
+
+
+async def run(
+    spec: ClusterSpec, directory: Path, owner_pid: int | None, report: _Reporter, log: Path | None = None
+) -> int:
+    me = psutil.Process()
+    owner_started = psutil.Process(owner_pid).create_time() if owner_pid else None
+    entry: dict[str, Any] = {
+        "state": "starting",
+        "supervisor_pid": me.pid,
+        "supervisor_started": me.create_time(),
+        "owner_pid": owner_pid,
+        "owner_started": owner_started,
+        "created": time.time(),
+        "spec": spec.to_dict(),
+    }
+    try:
+        name = _claim_name(directory, spec, entry)
+    except NbclusterError as e:
+        report({"ok": False, "error": str(e)})
+        return 1
+    entry["name"] = name
+    if log is not None:
+        log.rename(directory / f"{name}.log")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
+    cluster = None
+    try:
+        security, tls = backends.write_credentials(directory, name)
+        entry["tls"] = tls
+        devices = gpu.select(spec.gpus, gpu.discover())
+        cluster = await backends.local_cluster(spec, devices, security)
+        for plugin in (ControlPlugin(cluster, entry, stop), _load_metrics_plugin()):
+            if plugin is not None:
+                # add_plugin on a running scheduler does not call start(); we must.
+                cluster.scheduler.add_plugin(plugin)
+                await plugin.start(cluster.scheduler)
+        entry.update(
+            state="running",
+            address=cluster.scheduler_address,
+            dashboard=backends.dashboard_url(cluster) if spec.dashboard else None,
+            gpus=[d.to_dict() for d in devices],
+        )
+        registry.update(directory, name, entry)
+    except Exception as e:
+        message = str(e) if isinstance(e, NbclusterError) else f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+        report({"ok": False, "error": message})
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                await cluster.close(timeout=10)
+        registry.remove(directory, name)
+        return 1
+
+    report({"ok": True, "entry": entry})
+    watch = None
+    if owner_pid:
+        watch = asyncio.create_task(_watch_owner(owner_pid, owner_started, stop))
+    try:
+        await stop.wait()
+    finally:
+        if watch:
+            watch.cancel()
+        # The entry goes first: from now on nobody should hand this cluster new work.
+        registry.update(directory, name, {**entry, "state": "stopping"})
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(cluster.close(timeout=10), 20)
+        registry.remove(directory, name)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nbcluster.cluster.supervisor")
+    parser.add_argument("--spec", required=True, help="ClusterSpec as JSON")
+    parser.add_argument("--runtime-dir", required=True)
+    parser.add_argument("--owner", type=int, default=None)
+    parser.add_argument("--ready-fd", type=int, default=None)
+    parser.add_argument("--log", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.ready_fd is not None:
+        os.set_inheritable(args.ready_fd, False)
+    spec = ClusterSpec.from_dict(json.loads(args.spec))
+    directory = registry.runtime_dir(args.runtime_dir)
+    return asyncio.run(run(spec, directory, args.owner, _Reporter(args.ready_fd), args.log))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
