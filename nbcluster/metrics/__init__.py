@@ -18,8 +18,8 @@ rings drop their oldest records, and a caller that fell too far behind is told s
 Snapshot format (version 1) -- a contract, also read by the sidebar panel (TypeScript)
 -------------------------------------------------------------------------------------
 Plain dicts, lists, strings and numbers, so it travels through msgpack and JSON unchanged.
-Times are seconds since the epoch (float; task times are the workers' clocks, samples the
-scheduler's), memory in bytes, network in bytes per second, CPU in percent of one core
+Times are seconds since the epoch (float; task and sample times are the workers' clocks,
+``now`` the scheduler's), memory in bytes, network in bytes per second, CPU in percent of one core
 (a busy 2-thread worker can read 200)::
 
     {
@@ -60,11 +60,27 @@ scheduler's), memory in bytes, network in bytes per second, CPU in percent of on
 later versions; readers ignore fields they do not know. ``start``/``stop`` of a task span its
 ``compute`` action; a task that failed before computing has ``start == stop``.
 
+Samples arrive with worker heartbeats, about twice a second per worker on small clusters.
+
 Client side
 -----------
-`feed(client)` returns the callable ``since -> snapshot`` the live widget polls, and
+`client_feed(client)` returns the callable ``since -> snapshot`` the live widget polls
+(`ClusterHandle.metrics` is the same thing for nbcluster's own clusters), and
 `MetricsWindow` folds successive snapshots into a bounded local view (tasks, samples per
-worker) for drawing.
+worker) for drawing -- the Python twin of ``applySnapshot`` in
+``nbcluster/widgets/static/graphs.js``.
 """
 
 from __future__ import annotations
+
+from nbcluster.metrics.feed import Feed, MetricsWindow, client_feed, ensure_plugin
+from nbcluster.metrics.plugin import MetricsPlugin, install
+
+__all__ = [
+    "Feed",
+    "MetricsPlugin",
+    "MetricsWindow",
+    "client_feed",
+    "ensure_plugin",
+    "install",
+]

@@ -1,0 +1,87 @@
+"""The client side of the metrics: fetching snapshots and folding them into a local window.
+
+A *feed* is any callable ``since -> snapshot`` (the format in `nbcluster.metrics`). The live
+widget takes a feed rather than a client so that it does not care whether the snapshot
+comes from `ClusterHandle.metrics`, a plain Dask `Client`, or a test.
+
+`MetricsWindow` keeps the latest worker table and the newest tasks and samples, each in a
+bounded deque, so a widget left open for hours holds a fixed amount of memory. It mirrors
+``applySnapshot`` in ``graphs.js``; `to_view` returns the same shape the JavaScript view has,
+which is what the static (saved-notebook) renderer draws.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+Snapshot = dict[str, Any]
+Feed = Callable[[int | None], Snapshot]
+
+
+def client_feed(client: Client) -> Feed:
+    """A feed that calls the scheduler's ``nbcluster_metrics`` handler through `client`.
+
+    Safe to call from any thread except the client's event loop thread.
+    """
+
+    def fetch(since: int | None = None) -> Snapshot:
+        return client.sync(client.scheduler.nbcluster_metrics, since=since)
+
+    return fetch
+
+
+def ensure_plugin(client: Client) -> None:
+    """Install `MetricsPlugin` on `client`'s scheduler unless it is already there.
+
+    For schedulers nbcluster did not start (e.g. ``connect`` to an address); the
+    scheduler must be able to import nbcluster.
+    """
+    from nbcluster.metrics.plugin import MetricsPlugin
+
+    client.register_plugin(MetricsPlugin())  # idempotent: the plugin class says so
+
+
+class MetricsWindow:
+    """A bounded, incrementally updated view of a cluster's recent activity."""
+
+    def __init__(self, *, max_tasks: int = 5000, max_samples: int = 600) -> None:
+        self.cursor: int | None = None
+        self.now = 0.0
+        self.workers: dict[str, dict[str, Any]] = {}
+        self.tasks: deque[dict[str, Any]] = deque(maxlen=max_tasks)
+        self.samples: dict[str, deque[dict[str, Any]]] = {}
+        self.max_samples = max_samples
+
+    def apply(self, snap: Snapshot) -> None:
+        """Fold one snapshot (as returned for ``since=self.cursor``) into the window."""
+        self.cursor = snap.get("cursor", self.cursor)
+        self.now = max(self.now, snap.get("now") or 0.0)
+        if "workers" in snap:
+            self.workers = snap["workers"]
+        self.tasks.extend(snap.get("tasks", ()))
+        for r in snap.get("resources", ()):
+            series = self.samples.get(r["worker"])
+            if series is None:
+                series = self.samples[r["worker"]] = deque(maxlen=self.max_samples)
+            series.append(r)
+
+    def poll(self, feed: Feed) -> Snapshot:
+        """Fetch what is new from `feed`, fold it in, and return the snapshot (the delta)."""
+        snap = feed(self.cursor)
+        self.apply(snap)
+        return snap
+
+    def to_view(self) -> dict[str, Any]:
+        """The window as plain data, shaped like the ``view`` of ``graphs.js``."""
+        return {
+            "cursor": self.cursor,
+            "now": self.now,
+            "workers": self.workers,
+            "tasks": list(self.tasks),
+            "samples": {w: list(s) for w, s in self.samples.items()},
+        }

@@ -1,0 +1,251 @@
+"""`MetricsPlugin`: the scheduler side of nbcluster's live graphs.
+
+What it records, and where from
+- Task records: every ``processing -> memory`` or ``processing -> erred`` transition. The
+  worker's report rides along as transition keyword arguments: ``worker`` and
+  ``startstops`` (``[{"action": "compute", "start": ..., "stop": ...}, ...]``); the record
+  spans the ``compute`` action. Prefix and group come from the scheduler's `TaskState`
+  (attribute lookups, no key parsing on the hot path).
+- Resource samples: every worker heartbeat leaves the worker's latest system-monitor sample
+  in ``WorkerState.metrics`` (there is no plugin hook for heartbeats). A periodic callback
+  on the scheduler's event loop copies each worker's sample once per new ``metrics["time"]``.
+  GPU fields come from distributed's NVML diagnostics (``gpu_utilization``,
+  ``gpu_memory_used``, ``gpu-memory-total`` in the monitor sample, or the ``gpu`` metric and
+  the ``gpu`` startup information) and are left out, never zero-filled, when absent.
+
+Records are stored as tuples in two `SeqRing`s sharing one sequence counter; dicts are built
+only when a snapshot is asked for, so the per-task cost is one tuple and one deque append.
+The snapshot format is documented in `nbcluster.metrics`.
+
+Installing it: the plugin's `start` registers the ``nbcluster_metrics`` RPC handler, and
+Dask calls `start` only for plugins present when the scheduler starts
+(``Scheduler(plugins=[MetricsPlugin()])``) or registered through
+``Scheduler.register_scheduler_plugin`` / ``Client.register_plugin``. A bare
+``scheduler.add_plugin`` on a running scheduler records nothing and serves nothing; use
+`install` instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import TYPE_CHECKING, Any
+
+from dask.utils import key_split
+from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
+
+from nbcluster.metrics._ring import SeqRing
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+    from distributed.scheduler import WorkerState
+
+SNAPSHOT_VERSION = 1
+MAX_GROUPS = 20
+
+# (prefix, group, worker, start, stop, ok)
+TaskRecord = tuple[str, str, str, float, float, bool]
+
+
+class MetricsPlugin(SchedulerPlugin):
+    """Keep bounded task-stream and resource histories; serve them as ``nbcluster_metrics``.
+
+    `task_capacity` and `sample_capacity` bound memory (about 150 bytes per record);
+    `sample_interval` is how often (seconds) worker heartbeats are checked for new samples.
+    """
+
+    name = "nbcluster-metrics"
+    idempotent = True
+
+    def __init__(
+        self,
+        *,
+        task_capacity: int = 20_000,
+        sample_capacity: int = 10_000,
+        sample_interval: float = 0.5,
+    ) -> None:
+        self.tasks: SeqRing[TaskRecord] = SeqRing(task_capacity)
+        self.samples: SeqRing[dict[str, Any]] = SeqRing(sample_capacity)
+        self.sample_interval = sample_interval
+        self._next = 0  # the sequence number the next record gets; also the cursor
+        self._last_sample_time: dict[str, float] = {}
+        self._scheduler: Scheduler | None = None
+        self._callback: PeriodicCallback | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+        scheduler.handlers["nbcluster_metrics"] = self.nbcluster_metrics
+        if self._callback is None:
+            self._callback = PeriodicCallback(self.sample, self.sample_interval * 1000)
+            self._callback.start()
+
+    async def close(self) -> None:
+        if self._callback is not None:
+            self._callback.stop()
+            self._callback = None
+        handlers = self._scheduler.handlers if self._scheduler is not None else {}
+        if handlers.get("nbcluster_metrics") == self.nbcluster_metrics:
+            del handlers["nbcluster_metrics"]
+
+    # -- recording ------------------------------------------------------------------------
+
+    def _stamp(self) -> int:
+        seq = self._next
+        self._next = seq + 1
+        return seq
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if start != "processing" or (finish != "memory" and finish != "erred"):
+            return
+        worker = kwargs.get("worker")
+        if not worker:
+            # Erred without running anywhere (e.g. KilledWorker): nothing to draw in a lane.
+            return
+        begin = end = None
+        for ss in kwargs.get("startstops") or ():
+            if ss.get("action") == "compute":
+                begin, end = ss["start"], ss["stop"]
+        if begin is None:
+            begin = end = time.time()
+        ts = self._scheduler.tasks.get(key) if self._scheduler is not None else None
+        if ts is not None:
+            prefix, group = ts.prefix.name, ts.group.name
+        else:
+            prefix = group = key_split(key)
+        self.tasks.append(self._stamp(), (prefix, group, worker, begin, end, finish == "memory"))
+
+    def sample(self) -> None:
+        """Copy each worker's newest heartbeat sample, if it is new (runs periodically)."""
+        if self._scheduler is None:
+            return
+        last = self._last_sample_time
+        for addr, ws in self._scheduler.workers.items():
+            m = ws.metrics
+            t = m.get("time")
+            if t is None or last.get(addr) == t:
+                continue
+            last[addr] = t
+            self.samples.append(self._stamp(), _sample(addr, ws, m))
+        if len(last) > 2 * len(self._scheduler.workers) + 16:
+            for addr in [a for a in last if a not in self._scheduler.workers]:
+                del last[addr]
+
+    # -- serving --------------------------------------------------------------------------
+
+    def nbcluster_metrics(self, since: int | None = None) -> dict[str, Any]:
+        """The snapshot of records with sequence number ``>= since`` (see `nbcluster.metrics`)."""
+        scheduler = self._scheduler
+        assert scheduler is not None, "MetricsPlugin.start() has not run"
+        cursor = self._next
+        gap = False
+        if since is not None and since > cursor:
+            # A cursor from the future was issued by another scheduler (or a restarted
+            # one): start the reader over.
+            since, gap = None, True
+        gap = gap or self.tasks.lost_since(since) or self.samples.lost_since(since)
+        return {
+            "version": SNAPSHOT_VERSION,
+            "cursor": cursor,
+            "gap": gap,
+            "now": time.time(),
+            "workers": {addr: _worker_info(ws) for addr, ws in scheduler.workers.items()},
+            "tasks": [
+                {
+                    "prefix": p,
+                    "group": g,
+                    "worker": w,
+                    "start": b,
+                    "stop": e,
+                    "status": "ok" if ok else "error",
+                }
+                for p, g, w, b, e, ok in self.tasks.since(since)
+            ],
+            "resources": self.samples.since(since),
+            "groups": _groups(scheduler),
+        }
+
+
+async def install(scheduler: Scheduler, **kwargs: Any) -> MetricsPlugin:
+    """Add a `MetricsPlugin` to a running scheduler (idempotent) and return the one in use."""
+    await scheduler.register_scheduler_plugin(
+        MetricsPlugin(**kwargs), name=MetricsPlugin.name, idempotent=True
+    )
+    plugin = scheduler.plugins[MetricsPlugin.name]
+    assert isinstance(plugin, MetricsPlugin)
+    return plugin
+
+
+def _gpu_static(ws: WorkerState) -> dict[str, Any] | None:
+    gpu = ws.extra.get("gpu")
+    if isinstance(gpu, dict) and gpu.get("memory-total") is not None:
+        return {"name": gpu.get("name"), "memory_total": gpu["memory-total"]}
+    total = ws.metrics.get("gpu-memory-total")
+    if total is not None and total >= 0:
+        return {"name": None, "memory_total": total}
+    return None
+
+
+def _worker_info(ws: WorkerState) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "name": str(ws.name),
+        "nthreads": ws.nthreads,
+        "memory_limit": ws.memory_limit or 0,
+        "resources": dict(ws.resources),
+        "processing": len(ws.processing),
+    }
+    gpu = _gpu_static(ws)
+    if gpu is not None:
+        info["gpu"] = gpu
+    return info
+
+
+def _sample(addr: str, ws: WorkerState, m: dict[str, Any]) -> dict[str, Any]:
+    net = m.get("host_net_io") or {}
+    out: dict[str, Any] = {
+        "worker": addr,
+        "time": m["time"],
+        "cpu": m.get("cpu", 0.0),
+        "memory": m.get("memory", 0),
+        "memory_limit": ws.memory_limit or 0,
+        "net_read": net.get("read_bps", 0.0),
+        "net_write": net.get("write_bps", 0.0),
+    }
+    # Two routes carry NVML readings: the system monitor's flat keys, and the `gpu` metric
+    # distributed adds once NVML initialises. Either may be missing; None means the
+    # driver does not support the reading, which is "absent", not zero.
+    gpu_metric = m.get("gpu") if isinstance(m.get("gpu"), dict) else {}
+    util = m.get("gpu_utilization", gpu_metric.get("utilization"))
+    used = m.get("gpu_memory_used", gpu_metric.get("memory-used"))
+    if util is not None:
+        out["gpu_util"] = util
+    if used is not None:
+        out["gpu_memory"] = used
+    if util is not None or used is not None:
+        static = _gpu_static(ws)
+        if static is not None:
+            out["gpu_memory_total"] = static["memory_total"]
+    return out
+
+
+def _groups(scheduler: Scheduler) -> list[dict[str, Any]]:
+    out = []
+    for tg in itertools.islice(reversed(scheduler.task_groups.values()), MAX_GROUPS):
+        st = tg.states
+        out.append(
+            {
+                "group": tg.name,
+                "prefix": tg.prefix.name,
+                "total": sum(st.values()),
+                # Released/forgotten tasks of a live group have, in practice, finished:
+                # the client gathered them and let go.
+                "done": st["memory"] + st["released"] + st["forgotten"],
+                "running": st["processing"],
+                "failed": st["erred"],
+                "waiting": st["waiting"] + st["queued"] + st["no-worker"],
+            }
+        )
+    out.reverse()
+    return out
