@@ -25,7 +25,7 @@ from typing import Any
 from distributed import Nanny, Scheduler, Security, SpecCluster
 from distributed.deploy.adaptive import Adaptive
 
-from nbcluster.cluster.gpu import SIMULATE_ENV, GPU
+from nbcluster.cluster.gpu import GPU, SIMULATE_ENV
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import BadArgument
 

@@ -9,6 +9,7 @@ can answer: `info()` asks every time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import select
@@ -110,7 +111,9 @@ class ClusterHandle:
                 for a, w in ident.get("workers", {}).items()
             ]
             return {"name": self.name, "address": self.address, "workers": workers, "tasks": {}}
-        return await self.arpc("nbcluster_info")
+        info = await self.arpc("nbcluster_info")
+        info["workers"] = list(info["workers"])  # msgpack turns lists into tuples
+        return info
 
     def info(self) -> ClusterInfo:
         """Live state: workers (with GPUs), cores, memory, running tasks."""
@@ -147,10 +150,9 @@ class ClusterHandle:
         self._need_managed("stop")
         self.close_client()
         pid = self.entry.get("supervisor_pid")
-        try:
+        # A supervisor that cannot answer still gets terminated by _wait_gone.
+        with contextlib.suppress(ClusterUnreachable):
             self.rpc("nbcluster_stop", timeout=10)
-        except ClusterUnreachable:
-            pass  # a supervisor that cannot answer still gets terminated below
         _wait_gone(pid, self.entry.get("supervisor_started"))
 
     # -- the Dask client --------------------------------------------------------------
@@ -261,7 +263,7 @@ def start(
     )
     directory = registry.runtime_dir(runtime_dir)
     owner = None if keep else (owner_pid or os.getpid())
-    reusable = _find_reusable(directory, spec, owner)
+    reusable = _find_reusable(directory, spec)
     if reusable is not None:
         return ClusterHandle(reusable, directory=directory, reused=True)
     if spec.gpus not in (None, 0):
@@ -272,11 +274,13 @@ def start(
     return ClusterHandle(_spawn(spec, directory, owner), directory=directory)
 
 
-def _find_reusable(directory: Path, spec: ClusterSpec, owner: int | None) -> dict[str, Any] | None:
+def _find_reusable(directory: Path, spec: ClusterSpec) -> dict[str, Any] | None:
     if spec.name:
         return registry.read(directory, spec.name)
+    # An unnamed cluster is reused by the process that started it, so re-running a
+    # notebook's `%cluster start` never piles up local, local-2, ...
     for entry in registry.entries(directory):
-        if entry.get("spec", {}).get("name") is None and entry.get("owner_pid") == owner and owner:
+        if entry.get("spec", {}).get("name") is None and entry.get("started_by") == os.getpid():
             return entry
     return None
 

@@ -32,9 +32,11 @@ def _gpu_label(gpu: dict[str, Any] | None) -> str:
 class ClusterInfo:
     """What `%cluster status` shows: the cluster, its workers, GPUs and tasks."""
 
-    def __init__(self, data: dict[str, Any], *, now: float | None = None):
+    def __init__(self, data: dict[str, Any], *, now: float | None = None, note: str | None = None):
         self.data = data
         self._now = now
+        #: One line shown above the status (e.g. "Started cluster 'local'.").
+        self.note = note
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.data)
@@ -71,7 +73,8 @@ class ClusterInfo:
     def __repr__(self) -> str:
         d = self.data
         now = self._now or time.time()
-        lines = [
+        lines = [self.note] if self.note else []
+        lines += [
             f"Cluster {d.get('name')!r} at {d.get('address')} "
             f"(owner: {_owner(d.get('owner_pid'))}, up {_age(d.get('created'), now)})",
             "  " + self._summary(),
@@ -104,8 +107,9 @@ class ClusterInfo:
             if d.get("dashboard")
             else ""
         )
+        note = f"<div>{e(self.note)}</div>" if self.note else ""
         return (
-            '<div class="nbcluster-status">'
+            f'<div class="nbcluster-status">{note}'
             f"<strong>Cluster {e(str(d.get('name')))}</strong> <code>{e(str(d.get('address')))}</code>"
             f"<div>{e(self._summary())}</div>"
             f"<div>Owner: {e(_owner(d.get('owner_pid')))}; up {e(_age(d.get('created'), now))}</div>{dash}"
@@ -138,7 +142,7 @@ class ClusterList:
         rows = []
         for e in self.entries:
             ws = e.get("workers")
-            size = f"{len(ws)} ({sum(w['nthreads'] for w in ws)} cores)" if isinstance(ws, list) else "not answering"
+            size = f"{len(ws)} ({sum(w['nthreads'] for w in ws)} cores)" if isinstance(ws, (list, tuple)) else "not answering"
             mark = "*" if e["name"] == self.current else " "
             rows.append(
                 (
@@ -157,7 +161,7 @@ class ClusterList:
         header = (" name", "address", "workers", "owner", "age")
         rows = [header, *self._rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows)
 
     def _repr_html_(self) -> str:
         if not self.entries:

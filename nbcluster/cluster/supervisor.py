@@ -214,6 +214,7 @@ async def run(
         "supervisor_pid": me.pid,
         "supervisor_started": me.create_time(),
         "owner_pid": owner_pid,
+        "started_by": os.getppid(),
         "owner_started": owner_started,
         "created": time.time(),
         "spec": spec.to_dict(),

@@ -1,0 +1,34 @@
+"""The `nbcluster` console command: the `%cluster` language for terminals and scripts.
+
+Clusters started here are kept (the command exits at once) until `nbcluster stop`.
+Mistakes print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from nbcluster import commands
+from nbcluster.errors import NbclusterError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result = commands.Runner(in_kernel=False).run(commands.parse(args, prog="nbcluster"))
+    except commands.HelpShown as shown:
+        print(shown.text)
+        return 0
+    except NbclusterError as e:
+        print(f"nbcluster: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nbcluster: interrupted", file=sys.stderr)
+        return 130
+    print(result if isinstance(result, str) else repr(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Cluster lifecycle: spec, supervisor process, registry, client-side handle, GPUs, backends."""

@@ -1,0 +1,191 @@
+"""The `cluster` command language, shared by the `%cluster` magic and the `nbcluster` CLI.
+
+One parser, one dispatcher: both front ends accept the same words and reject the same
+mistakes with the same one-line message (`BadArgument`). Each command calls the Python API
+and returns something to display (`ClusterInfo`, `ClusterList`) or a line of text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import nbcluster
+from nbcluster import _aio, _current
+from nbcluster.cluster.handle import ClusterHandle, clusters, connect
+from nbcluster.cluster.handle import start as start_cluster
+from nbcluster.cluster.info import ClusterInfo, ClusterList
+from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
+
+COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises BadArgument instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadArgument(f"{message}. Usage: {self.format_usage().strip().removeprefix('usage: ')}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        # Only --help gets here (errors go through error()): show help, stop quietly.
+        raise HelpShown(self.format_help())
+
+
+class HelpShown(Exception):
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=prog, description="Start, scale, adapt and stop Dask clusters.")
+    sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=_Parser)
+    sub.required = True
+
+    s = sub.add_parser("start", help="start a cluster (or reuse the running one of that name)")
+    s.add_argument("--workers", help="CPU worker processes (default: one per core)")
+    s.add_argument("--threads", help="threads per worker (default: 1)")
+    s.add_argument("--memory", help="memory limit per worker, e.g. 4GiB (default: a share of RAM)")
+    s.add_argument("--gpus", help="'auto' or N: one worker per GPU (default: none)")
+    s.add_argument("--name", help="cluster name (default: local, local-2, ...)")
+    s.add_argument("--keep", action="store_true", help="keep running after this kernel exits")
+    s.add_argument("--dashboard", action="store_true", help="start Dask's dashboard (loopback only)")
+
+    s = sub.add_parser("scale", help="set the number of workers of a kind")
+    s.add_argument("n", help="number of workers")
+    s.add_argument("--kind", default="cpu", choices=("cpu", "gpu"), help="worker kind (default: cpu)")
+    s.add_argument("--name", help="cluster (default: the current one)")
+
+    s = sub.add_parser("adapt", help="scale CPU workers automatically between --min and --max")
+    s.add_argument("--min", required=True, dest="minimum", help="fewest workers")
+    s.add_argument("--max", required=True, dest="maximum", help="most workers")
+    s.add_argument("--name", help="cluster (default: the current one)")
+
+    s = sub.add_parser("status", help="workers, cores, memory, GPUs and tasks of a cluster")
+    s.add_argument("name", nargs="?")
+
+    sub.add_parser("list", help="every running cluster, whoever started it")
+
+    s = sub.add_parser("use", help="make a cluster the current one (by name or tls:// address)")
+    s.add_argument("target")
+
+    s = sub.add_parser("stop", help="stop a cluster and its workers")
+    s.add_argument("name", nargs="?")
+    s.add_argument("--all", action="store_true", help="stop every running cluster")
+
+    s = sub.add_parser("restart", help="restart the workers (the cluster stays)")
+    s.add_argument("name", nargs="?")
+    return p
+
+
+def parse(argv: str | Sequence[str], prog: str = "%cluster") -> argparse.Namespace:
+    args = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    if not args:
+        raise BadArgument(f"say what to do: {prog} {{{','.join(COMMANDS)}}} (e.g. `{prog} start`)")
+    if args[0] not in COMMANDS and not args[0].startswith("-"):
+        raise BadArgument(f"unknown command {args[0]!r}: use one of {', '.join(COMMANDS)}")
+    return build_parser(prog).parse_args(args)
+
+
+class Runner:
+    """Carries out parsed commands for one front end.
+
+    In a kernel (`in_kernel=True`) the kernel owns what it starts and commands default to
+    the current cluster; in a terminal clusters are kept (the CLI exits at once) and
+    commands default to the only running cluster.
+    """
+
+    def __init__(self, *, in_kernel: bool):
+        self.in_kernel = in_kernel
+
+    def run(self, ns: argparse.Namespace) -> Any:
+        return getattr(self, "do_" + ns.command)(ns)
+
+    def _target(self, name: str | None) -> ClusterHandle:
+        if name:
+            return _current.remember(connect(name)) if self.in_kernel else connect(name)
+        if self.in_kernel:
+            return _current.handle_for(None)
+        running = clusters()
+        if len(running) == 1:
+            return running[0]
+        if not running:
+            raise NoCluster("no cluster is running: start one with `nbcluster start`")
+        names = ", ".join(h.name for h in running)
+        raise BadArgument(f"several clusters are running ({names}): name one")
+
+    def do_start(self, ns: argparse.Namespace) -> ClusterInfo:
+        options = dict(
+            workers=ns.workers, threads=ns.threads, memory=ns.memory, gpus=ns.gpus,
+            name=ns.name, dashboard=ns.dashboard,
+        )  # fmt: skip
+        if self.in_kernel:
+            handle = nbcluster.start(keep=ns.keep, **options)
+        else:
+            handle = start_cluster(keep=True, **options)
+        info = handle.info()
+        if handle.reused:
+            note = f"Cluster {handle.name!r} is already running: using it (`%cluster scale N` to resize)."
+        else:
+            note = f"Started cluster {handle.name!r}."
+            if not self.in_kernel:
+                note += f" It keeps running until `nbcluster stop {handle.name}`; in a notebook: `%cluster use {handle.name}`."
+        info.note = note
+        return info
+
+    def do_scale(self, ns: argparse.Namespace) -> ClusterInfo:
+        handle = self._target(ns.name)
+        handle.scale(ns.n, kind=ns.kind)
+        return handle.info()
+
+    def do_adapt(self, ns: argparse.Namespace) -> ClusterInfo:
+        handle = self._target(ns.name)
+        handle.adapt(ns.minimum, ns.maximum)
+        return handle.info()
+
+    def do_status(self, ns: argparse.Namespace) -> ClusterInfo:
+        return self._target(ns.name).info()
+
+    def do_list(self, ns: argparse.Namespace) -> ClusterList:
+        handles = clusters()
+
+        async def one(h: ClusterHandle) -> dict[str, Any]:
+            try:
+                return await h.ainfo()
+            except ClusterUnreachable:
+                return h.entry
+
+        async def every() -> list[dict[str, Any]]:
+            return list(await asyncio.gather(*(one(h) for h in handles)))
+
+        current = _current.current() if self.in_kernel else None
+        return ClusterList(_aio.run(every()), current.name if current else None)
+
+    def do_use(self, ns: argparse.Namespace) -> ClusterInfo:
+        if not self.in_kernel:
+            raise BadArgument("`use` picks the cluster of a notebook kernel: run `%cluster use NAME` there")
+        handle = nbcluster.use(ns.target)
+        info = handle.info()
+        info.note = f"Using cluster {handle.name!r}: %%distribute and Dask's default client now run there."
+        return info
+
+    def do_stop(self, ns: argparse.Namespace) -> str:
+        if ns.all and ns.name:
+            raise BadArgument("give a cluster name or --all, not both")
+        targets = clusters() if ns.all else [self._target(ns.name)]
+        for handle in targets:
+            handle.stop()
+            _current.forget(handle.name)
+        if not targets:
+            return "No clusters were running."
+        return "Stopped " + ", ".join(repr(h.name) for h in targets) + "."
+
+    def do_restart(self, ns: argparse.Namespace) -> ClusterInfo:
+        handle = self._target(ns.name)
+        handle.restart()
+        info = handle.info()
+        info.note = f"Restarted the workers of {handle.name!r}."
+        return info
