@@ -1,0 +1,315 @@
+import { Notification } from '@jupyterlab/apputils';
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { ClusterCard } from './card';
+import { NewClusterForm } from './form';
+import {
+  applySnapshot,
+  createView,
+  renderProgress,
+  renderResources,
+  renderTaskStream,
+  Snapshot,
+  View
+} from './graphs';
+import { dashboardURL, requestAPI } from './handler';
+import { LiveStream } from './stream';
+import { ICluster, IProfile, StreamMessage } from './tokens';
+
+export interface IClusterPanelOptions {
+  /** Runs `%cluster use NAME` in the active notebook; rejects with a message to show. */
+  useInNotebook: (name: string) => Promise<string>;
+}
+
+function div(className: string, text?: string): HTMLDivElement {
+  const node = document.createElement('div');
+  node.className = className;
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+/**
+ * The sidebar: every registered cluster, a form to start one, per-cluster controls, and
+ * live graphs of the selected cluster.
+ *
+ * Nothing is cached beyond what is on screen: the server pushes the full cluster list
+ * every half second (api/stream), so a cluster started in a kernel or the CLI appears,
+ * and one that died disappears, without any action here. Actions go through REST and
+ * their result arrives with the next push.
+ */
+export class ClusterPanel extends Widget {
+  constructor(private readonly options: IClusterPanelOptions) {
+    super();
+    this.addClass('nbc-panel');
+    this.title.caption = 'Dask clusters (nbcluster)';
+
+    const header = div('nbc-header');
+    const title = div('nbc-title', 'Clusters');
+    const newButton = document.createElement('button');
+    newButton.className = 'jp-mod-styled jp-mod-accept nbc-new';
+    newButton.type = 'button';
+    newButton.dataset.action = 'new';
+    newButton.textContent = 'New cluster';
+    header.append(title, this.status, newButton);
+
+    this.form.node.hidden = true;
+    this.graphs.hidden = true;
+    this.graphs.append(this.graphsTitle, this.progress, this.taskStream, this.resources);
+    this.node.append(header, this.form.node, this.empty, this.list, this.graphs);
+    this.setConnected(false);
+  }
+
+  /** Lumino's EventListener protocol: `this` is the listener, so removal always matches. */
+  handleEvent(event: Event): void {
+    if (event.type === 'click') {
+      this.onClick(event as MouseEvent);
+    } else if (event.type === 'submit') {
+      event.preventDefault();
+      void this.startCluster();
+    }
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    this.node.addEventListener('click', this);
+    this.form.node.addEventListener('submit', this);
+    this.stream.open();
+    void this.loadProfiles();
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    this.node.removeEventListener('click', this);
+    this.form.node.removeEventListener('submit', this);
+    // A hidden sidebar costs the server nothing: stop the stream until shown again.
+    this.stream.close();
+    super.onBeforeDetach(msg);
+  }
+
+  dispose(): void {
+    this.stream.close();
+    super.dispose();
+  }
+
+  private async loadProfiles(): Promise<void> {
+    try {
+      const reply = await requestAPI<{ profiles: IProfile[] }>('api/profiles');
+      this.form.setProfiles(reply.profiles);
+    } catch (error) {
+      this.form.showError(`Cannot list backends: ${(error as Error).message}`);
+    }
+  }
+
+  private onClick(event: MouseEvent): void {
+    const target = (event.target as HTMLElement).closest<HTMLElement>('[data-action]');
+    if (!target || !this.node.contains(target)) {
+      return;
+    }
+    const action = target.dataset.action!;
+    if (action === 'new') {
+      this.form.node.hidden = !this.form.node.hidden;
+      return;
+    }
+    if (action === 'cancel-form') {
+      this.form.node.hidden = true;
+      return;
+    }
+    const name = target.closest<HTMLElement>('.nbc-card')?.dataset.name;
+    const card = name ? this.cards.get(name) : undefined;
+    if (!card) {
+      return;
+    }
+    if (action === 'select') {
+      this.select(card.name);
+    } else {
+      void this.act(card, action);
+    }
+  }
+
+  private async startCluster(): Promise<void> {
+    let body;
+    try {
+      body = this.form.read();
+    } catch {
+      return; // the form shows what is wrong
+    }
+    this.form.setBusy(true);
+    try {
+      const cluster = await requestAPI<ICluster>('api/clusters', {
+        method: 'POST',
+        body: JSON.stringify(body)
+      });
+      this.form.node.hidden = true;
+      this.updateClusters([...this.clusters.filter(c => c.name !== cluster.name), cluster]);
+      this.select(cluster.name);
+    } catch (error) {
+      this.form.showError((error as Error).message);
+    } finally {
+      this.form.setBusy(false);
+    }
+  }
+
+  private async act(card: ClusterCard, action: string): Promise<void> {
+    const path = `api/clusters/${encodeURIComponent(card.name)}`;
+    card.showError('');
+    card.setBusy(true);
+    try {
+      switch (action) {
+        case 'scale':
+          await requestAPI(`${path}/scale`, {
+            method: 'POST',
+            body: JSON.stringify({ workers: this.count(card.value('scale'), 'Workers') })
+          });
+          break;
+        case 'adapt':
+          await requestAPI(`${path}/adapt`, {
+            method: 'POST',
+            body: JSON.stringify({
+              minimum: this.count(card.value('adapt-min'), 'Minimum'),
+              maximum: this.count(card.value('adapt-max'), 'Maximum')
+            })
+          });
+          break;
+        case 'restart':
+          await requestAPI(`${path}/restart`, { method: 'POST', body: '{}' });
+          break;
+        case 'stop':
+          this.stopping.add(card.name);
+          await requestAPI(path, { method: 'DELETE' });
+          this.updateClusters(this.clusters.filter(c => c.name !== card.name));
+          return;
+        case 'use':
+          Notification.success(await this.options.useInNotebook(card.name), { autoClose: 4000 });
+          break;
+      }
+      // Show the result now rather than on the next push.
+      const cluster = await requestAPI<ICluster>(path);
+      this.updateClusters([...this.clusters.filter(c => c.name !== cluster.name), cluster]);
+    } catch (error) {
+      this.stopping.delete(card.name);
+      card.showError((error as Error).message);
+    } finally {
+      card.setBusy(false);
+    }
+  }
+
+  private count(text: string, what: string): number {
+    if (!/^\s*\d+\s*$/.test(text)) {
+      throw new Error(`${what} must be a whole number`);
+    }
+    return Number(text);
+  }
+
+  private select(name: string | null): void {
+    if (name === this.selected) {
+      return;
+    }
+    this.selected = name;
+    this.view = createView();
+    this.groups = [];
+    for (const card of this.cards.values()) {
+      card.setSelected(card.name === name);
+    }
+    this.graphs.hidden = name === null;
+    this.graphs.dataset.cluster = name ?? '';
+    this.graphsTitle.textContent = name ? `Live: ${name}` : '';
+    this.stream.watch(name);
+    if (name !== null) {
+      this.draw();
+    }
+  }
+
+  private onMessage(message: StreamMessage): void {
+    if (message.type === 'clusters') {
+      this.updateClusters(message.clusters);
+    } else if (message.type === 'metrics' && message.name === this.selected) {
+      this.addSnapshot(message.snapshot);
+    } else if (message.type === 'gone' && message.name === this.selected) {
+      this.select(null);
+    }
+  }
+
+  private addSnapshot(snapshot: Snapshot): void {
+    if (snapshot.gap) {
+      this.view = createView(); // the server dropped records we never saw: redraw
+    }
+    applySnapshot(this.view, snapshot);
+    this.groups = snapshot.groups ?? this.groups;
+    this.draw();
+  }
+
+  private draw(): void {
+    renderTaskStream(this.taskStream, this.view);
+    renderResources(this.resources, this.view);
+    const counts = { done: 0, running: 0, failed: 0, total: 0 };
+    for (const g of this.groups) {
+      counts.done += g.done;
+      counts.running += g.running;
+      counts.failed += g.failed;
+      counts.total += g.total;
+    }
+    renderProgress(this.progress, counts);
+  }
+
+  private updateClusters(clusters: ICluster[]): void {
+    this.clusters = clusters;
+    const names = new Set(clusters.map(c => c.name));
+    for (const [name, card] of this.cards) {
+      if (!names.has(name)) {
+        // Gone: stopped here, elsewhere, or died. Never leave a card spinning.
+        card.node.remove();
+        this.cards.delete(name);
+        if (!this.stopping.delete(name)) {
+          Notification.info(`Cluster ${name} is gone`, { autoClose: 4000 });
+        }
+        if (this.selected === name) {
+          this.select(null);
+        }
+      }
+    }
+    for (const cluster of clusters) {
+      let card = this.cards.get(cluster.name);
+      if (!card) {
+        card = new ClusterCard(cluster.name);
+        this.cards.set(cluster.name, card);
+        this.list.append(card.node);
+      }
+      card.update(cluster, dashboardURL(cluster.name));
+    }
+    this.empty.hidden = clusters.length > 0;
+    if (this.selected === null && clusters.length === 1) {
+      this.select(clusters[0].name);
+    }
+  }
+
+  private setConnected(connected: boolean): void {
+    this.status.textContent = connected ? '' : 'connecting…';
+    this.node.dataset.connected = String(connected);
+  }
+
+  private readonly form = new NewClusterForm();
+  private readonly status = div('nbc-status');
+  private readonly empty = div(
+    'nbc-empty',
+    'No clusters running. Start one here, with `%cluster start` in a notebook, or `nbcluster start`.'
+  );
+  private readonly list = div('nbc-list');
+  private readonly graphs = div('nbc-graphs');
+  private readonly graphsTitle = div('nbc-graphs-title');
+  private readonly progress = div('nbc-graph-progress');
+  private readonly taskStream = div('nbc-graph-tasks');
+  private readonly resources = div('nbc-graph-resources');
+  private readonly cards = new Map<string, ClusterCard>();
+  /** Clusters stopped from this panel: their disappearance is expected, not news. */
+  private readonly stopping = new Set<string>();
+  private readonly stream = new LiveStream(
+    message => this.onMessage(message),
+    connected => this.setConnected(connected)
+  );
+  private clusters: ICluster[] = [];
+  private selected: string | null = null;
+  private view: View = createView();
+  private groups: NonNullable<Snapshot['groups']> = [];
+}

@@ -1,0 +1,76 @@
+// Ids, constants and the shapes of the server's JSON. No side effects: safe to import
+// anywhere. The routes are documented in nbcluster/server/handlers.py; the metrics
+// snapshot in nbcluster/metrics/__init__.py (typed in graphs.d.ts, shared with the widget).
+
+export const PLUGIN_ID = 'nbcluster:plugin';
+export const PANEL_ID = 'nbcluster-sidebar';
+/** Path of the server extension's routes, below Jupyter's base URL. */
+export const API_ROOT = 'nbcluster';
+
+export namespace CommandIDs {
+  export const open = 'nbcluster:open';
+  export const useInNotebook = 'nbcluster:use-in-notebook';
+}
+
+/** A cluster name as the server accepts it (see nbcluster/cluster/spec.py). */
+export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
+/** A worker memory size such as 4GiB, 512MiB or 2GB (Dask's parse_bytes accepts more). */
+export const MEMORY_PATTERN = /^\s*\d+(\.\d+)?\s*(b|k|m|g|t|kb|mb|gb|tb|kib|mib|gib|tib)?\s*$/i;
+
+export interface IGpu {
+  index: number;
+  name: string | null;
+  memory_total?: number;
+  simulated?: boolean;
+}
+
+export interface IWorker {
+  name: string;
+  address: string;
+  kind: 'cpu' | 'gpu';
+  nthreads: number;
+  memory_limit: number;
+  memory: number;
+  cpu: number;
+  processing: number;
+  gpu: IGpu | null;
+}
+
+/** One entry of GET api/clusters: the scheduler's answer, or the registry entry alone. */
+export interface ICluster {
+  name: string;
+  address: string;
+  state: 'running' | 'unreachable';
+  dashboard: string | null;
+  owner_pid: number | null;
+  /** True when this Jupyter server owns it (it stops when the server stops). */
+  server_owned: boolean;
+  created: number | null;
+  workers?: IWorker[];
+  requested?: { cpu: number; gpu: number };
+  adaptive?: { minimum: number; maximum: number } | null;
+  tasks?: { processing?: number; waiting?: number; [state: string]: number | undefined };
+}
+
+export interface IProfile {
+  name: string;
+  description: string;
+}
+
+/** Body of POST api/clusters; a missing field means the cluster layer's default. */
+export interface IStartRequest {
+  workers?: number;
+  threads?: number;
+  memory?: string;
+  gpus?: number | 'auto';
+  name?: string;
+  keep?: boolean;
+  dashboard?: boolean;
+  profile?: string;
+}
+
+/** Messages on the api/stream websocket (server -> browser). */
+export type StreamMessage =
+  | { type: 'clusters'; clusters: ICluster[] }
+  | { type: 'metrics'; name: string; snapshot: import('./graphs').Snapshot }
+  | { type: 'gone'; name: string };

@@ -1,0 +1,340 @@
+"""REST and websocket routes of the nbcluster server extension.
+
+Every route lives under ``<base_url>nbcluster/`` and requires Jupyter's own authentication
+(token header, or login cookie plus XSRF token for state-changing verbs)::
+
+    GET    api/profiles                   {"profiles": [{"name", "description"}, ...]}
+    GET    api/clusters                   {"clusters": [cluster, ...]}
+    POST   api/clusters                   start one; body below -> 201 cluster
+    GET    api/clusters/<name>            cluster
+    DELETE api/clusters/<name>            stop it -> 204
+    POST   api/clusters/<name>/scale      {"workers": n, "kind": "cpu"|"gpu"} -> cluster
+    POST   api/clusters/<name>/adapt      {"minimum": n, "maximum": m} -> cluster
+    POST   api/clusters/<name>/restart    {} -> cluster
+    GET    api/clusters/<name>/metrics    ?since=cursor -> metrics snapshot (nbcluster.metrics)
+    WS     api/stream                     live list + metrics, see `StreamHandler`
+    *      dashboard/<name>/<path>        the cluster's Dask dashboard, see `dashboard.py`
+
+A *cluster* is the scheduler's ``nbcluster_info`` answer plus ``"state": "running"``, or,
+for a registered cluster whose scheduler does not answer in time, its registry entry with
+``"state": "unreachable"``. Start body: ``workers``, ``threads``, ``memory``, ``gpus``,
+``name``, ``keep``, ``dashboard``, ``profile`` (all optional). Errors are JSON
+``{"message": ...}``: 400 for a bad body or value, 404 for an unknown cluster, 409 when the
+start would reuse a running cluster, 503 when a scheduler does not answer.
+
+Nothing here holds cluster state: each request reads the registry and asks the scheduler,
+so clusters started anywhere (a kernel, the CLI, this server) look the same. Blocking calls
+of the Python API (starting, stopping, reading the registry) run in a thread so the server
+keeps serving while a cluster starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from jupyter_server.auth.decorator import ws_authenticated
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.base.websocket import WebSocketMixin
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.websocket import WebSocketClosedError, WebSocketHandler
+
+import nbcluster
+from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable, NbclusterError
+
+if TYPE_CHECKING:
+    from nbcluster.cluster.handle import ClusterHandle
+
+T = TypeVar("T")
+
+#: Seconds one scheduler gets to answer a list/info call before it is shown unreachable.
+INFO_TIMEOUT_S = 3.0
+#: Seconds between two pushes on the live stream.
+STREAM_INTERVAL_S = 0.5
+#: Registry fields safe to show in a browser (the entry also holds credential paths).
+PUBLIC_ENTRY_KEYS = ("name", "address", "dashboard", "owner_pid", "created", "spec")
+START_FIELDS = ("workers", "threads", "memory", "gpus", "name", "keep", "dashboard", "profile")
+
+_STATUS = {BadArgument: 400, ClusterNotFound: 404, ClusterUnreachable: 503}
+
+
+def profiles() -> list[dict[str, Any]]:
+    """The backend profiles the start form offers (the cluster layer decides which)."""
+    from nbcluster.cluster.backends import profiles as backend_profiles
+
+    return backend_profiles()
+
+
+async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(None, functools.partial(func, *args, **kwargs))
+
+
+async def describe(handle: ClusterHandle) -> dict[str, Any]:
+    """One cluster for the browser; never raises for a scheduler that does not answer."""
+    try:
+        info = await asyncio.wait_for(handle.ainfo(), INFO_TIMEOUT_S)
+    except (NbclusterError, asyncio.TimeoutError, OSError):
+        # Registered (its supervisor lives) but silent: show it as such, never hang on it.
+        info = {k: handle.entry.get(k) for k in PUBLIC_ENTRY_KEYS}
+        state = "unreachable"
+    else:
+        state = "running"
+    owner = info.get("owner_pid", handle.entry.get("owner_pid"))
+    return {**info, "state": state, "server_owned": owner == os.getpid()}
+
+
+async def describe_all() -> list[dict[str, Any]]:
+    handles = await in_thread(nbcluster.clusters)
+    return list(await asyncio.gather(*(describe(h) for h in handles)))
+
+
+def api_errors(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """Answer an `NbclusterError` with its status and its one-line message as JSON.
+
+    The message is written directly instead of raising `web.HTTPError`, whose log message is
+    %-formatted by Tornado: a user's value containing '%' must not break the reply.
+    """
+
+    @functools.wraps(method)
+    async def wrapper(self: ApiBase, *args: Any, **kwargs: Any) -> None:
+        try:
+            await method(self, *args, **kwargs)
+        except NbclusterError as error:
+            status = next((code for cls, code in _STATUS.items() if isinstance(error, cls)), 500)
+            self.fail(status, str(error))
+
+    return wrapper
+
+
+class ApiBase(APIHandler):
+    """JSON in and out; `auth_resource` lets a custom authorizer scope these routes."""
+
+    auth_resource = "nbcluster"
+
+    def fail(self, status: int, message: str) -> None:
+        self.log.info("nbcluster: %s %s -> %d %s", self.request.method, self.request.path, status, message)
+        self.set_status(status)
+        self.finish({"message": message})
+
+    def body(self, allowed: tuple[str, ...]) -> dict[str, Any]:
+        """The request's JSON object, restricted to `allowed` keys, or a BadArgument."""
+        raw = self.request.body or b"{}"
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise BadArgument("the request body is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise BadArgument("the request body must be a JSON object")
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise BadArgument(f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+        return data
+
+    async def handle(self, name: str) -> ClusterHandle:
+        return await in_thread(nbcluster.connect, name)
+
+
+class ProfilesHandler(ApiBase):
+    @web.authenticated
+    @api_errors
+    async def get(self) -> None:
+        self.finish({"profiles": profiles()})
+
+
+class ClustersHandler(ApiBase):
+    @web.authenticated
+    @api_errors
+    async def get(self) -> None:
+        self.finish({"clusters": await describe_all()})
+
+    @web.authenticated
+    @api_errors
+    async def post(self) -> None:
+        data = self.body(START_FIELDS)
+        profile = data.pop("profile", None) or "local"
+        known = [p["name"] for p in profiles()]
+        if profile not in known:
+            raise BadArgument(f"unknown profile {profile!r}; this server offers: {', '.join(known)}")
+        for flag in ("keep", "dashboard"):
+            if not isinstance(data.get(flag, False), bool):
+                raise BadArgument(f"{flag} must be true or false")
+        for key in ("workers", "threads", "memory", "gpus", "name"):
+            # An empty form field means "the default", exactly like leaving the flag out.
+            if data.get(key) in ("", None):
+                data.pop(key, None)
+        # The server owns what it starts, so a server shutdown takes these clusters with it.
+        handle = await in_thread(nbcluster.start, owner_pid=os.getpid(), **data)
+        if handle.reused:
+            self.fail(
+                409,
+                f"cluster {handle.name!r} is already running and would be reused; "
+                "give the new cluster another name",
+            )
+            return
+        self.set_status(201)
+        self.finish(await describe(handle))
+
+
+class ClusterHandler(ApiBase):
+    @web.authenticated
+    @api_errors
+    async def get(self, name: str) -> None:
+        self.finish(await describe(await self.handle(name)))
+
+    @web.authenticated
+    @api_errors
+    async def delete(self, name: str) -> None:
+        handle = await self.handle(name)
+        await in_thread(handle.stop)
+        self.set_status(204)
+        self.finish()
+
+
+class ActionHandler(ApiBase):
+    """scale / adapt / restart: validated here, carried out by the scheduler's handlers."""
+
+    @web.authenticated
+    @api_errors
+    async def post(self, name: str, action: str) -> None:
+        from nbcluster.cluster.spec import parse_count
+
+        handle = await self.handle(name)
+        if not handle.managed:
+            raise BadArgument(
+                f"{action} needs a cluster started by nbcluster; {handle.address} was started elsewhere"
+            )
+        if action == "scale":
+            data = self.body(("workers", "kind"))
+            if "workers" not in data:
+                raise BadArgument('scale needs a number of workers, e.g. {"workers": 3}')
+            kind = data.get("kind", "cpu")
+            if kind not in ("cpu", "gpu"):
+                raise BadArgument(f'kind must be "cpu" or "gpu", not {kind!r}')
+            n = parse_count(data["workers"], "the number of workers")
+            await handle.arpc("nbcluster_scale", timeout=120, n=n, kind=kind)
+        elif action == "adapt":
+            data = self.body(("minimum", "maximum"))
+            lo = parse_count(data.get("minimum", 0), "minimum")
+            hi = parse_count(data.get("maximum", 4), "maximum")
+            if lo > hi:
+                raise BadArgument(f"minimum {lo} is above maximum {hi}")
+            await handle.arpc("nbcluster_adapt", minimum=lo, maximum=hi)
+        else:
+            self.body(())
+            await handle.arpc("nbcluster_restart", timeout=120)
+        self.finish(await describe(handle))
+
+
+class MetricsHandler(ApiBase):
+    @web.authenticated
+    @api_errors
+    async def get(self, name: str) -> None:
+        since_arg = self.get_query_argument("since", None)
+        since = None
+        if since_arg not in (None, ""):
+            try:
+                since = int(since_arg)
+            except ValueError:
+                raise BadArgument(f"since must be a cursor (a whole number), not {since_arg!r}") from None
+        handle = await self.handle(name)
+        self.finish(await handle.ametrics(since))
+
+
+class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
+    """Live updates for one sidebar: the cluster list, and metrics for the watched cluster.
+
+    The browser sends ``{"watch": name}`` (or ``{"watch": null}``); every
+    `STREAM_INTERVAL_S` the server sends ``{"type": "clusters", "clusters": [...]}`` and,
+    while a cluster is watched, ``{"type": "metrics", "name": ..., "snapshot": {...}}`` with
+    only the records after the previous push. ``{"type": "gone", "name": ...}`` says the
+    watched cluster no longer exists. The server polls; the browser only listens.
+    """
+
+    auth_resource = "nbcluster"
+
+    def set_default_headers(self) -> None:
+        """JupyterHandler's HTTP headers make no sense on a websocket upgrade."""
+
+    def initialize(self) -> None:
+        self.watch: str | None = None
+        self.cursor: int | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    @ws_authenticated
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        # Cookie-authenticated websockets carry no XSRF token; WebSocketMixin.check_origin
+        # is what stops another site's page from opening this stream with our cookie.
+        await super().get(*args, **kwargs)
+
+    def open(self, *args: Any, **kwargs: Any) -> None:
+        super().open(*args, **kwargs)
+        self.task = asyncio.ensure_future(self.pump())
+
+    def on_message(self, message: str | bytes) -> None:
+        try:
+            data = json.loads(message)
+        except ValueError:
+            return
+        if isinstance(data, dict) and "watch" in data:
+            watch = data["watch"]
+            self.watch = watch if isinstance(watch, str) and watch else None
+            self.cursor = None
+
+    def on_close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    async def pump(self) -> None:
+        while True:
+            try:
+                clusters = await describe_all()
+                await self.write_message({"type": "clusters", "clusters": clusters})
+                name = self.watch
+                if name is not None:
+                    await self.push_metrics(name, {c["name"]: c for c in clusters})
+            except WebSocketClosedError:
+                return
+            except Exception:
+                # One failed poll must not end the stream; the next tick tries again.
+                self.log.exception("nbcluster stream: poll failed")
+            await asyncio.sleep(STREAM_INTERVAL_S)
+
+    async def push_metrics(self, name: str, clusters: dict[str, dict[str, Any]]) -> None:
+        cluster = clusters.get(name)
+        if cluster is None:
+            await self.write_message({"type": "gone", "name": name})
+            self.watch = None
+            return
+        if cluster["state"] != "running":
+            return
+        handle = await in_thread(nbcluster.connect, name)
+        try:
+            snapshot = await asyncio.wait_for(handle.ametrics(self.cursor), INFO_TIMEOUT_S)
+        except (NbclusterError, asyncio.TimeoutError):
+            return
+        if self.watch != name:
+            return  # the browser switched clusters while we waited: this cursor is stale
+        self.cursor = snapshot.get("cursor")
+        await self.write_message({"type": "metrics", "name": name, "snapshot": snapshot})
+
+
+def setup_handlers(web_app: web.Application) -> None:
+    from nbcluster.server.dashboard import DashboardProxyHandler
+
+    base = url_path_join(web_app.settings["base_url"], "nbcluster")
+    name = r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,62})"
+    routes: list[tuple[str, type[web.RequestHandler]]] = [
+        ("api/profiles", ProfilesHandler),
+        ("api/clusters", ClustersHandler),
+        (f"api/clusters/{name}", ClusterHandler),
+        (f"api/clusters/{name}/(?P<action>scale|adapt|restart)", ActionHandler),
+        (f"api/clusters/{name}/metrics", MetricsHandler),
+        ("api/stream", StreamHandler),
+        (f"dashboard/{name}/(?P<path>.*)", DashboardProxyHandler),
+    ]
+    web_app.add_handlers(".*$", [(url_path_join(base, path), cls) for path, cls in routes])
