@@ -17,7 +17,8 @@ rings drop their oldest records, and a caller that fell too far behind is told s
 
 Snapshot format (version 1) -- a contract, also read by the sidebar panel (TypeScript)
 -------------------------------------------------------------------------------------
-Plain dicts, lists, strings and numbers, so it travels through msgpack and JSON unchanged.
+Plain dicts, lists, strings and numbers, so it travels through msgpack and JSON (a Dask
+client receives the lists as tuples: Dask's msgpack decodes arrays that way).
 Times are seconds since the epoch (float; task and sample times are the workers' clocks,
 ``now`` the scheduler's), memory in bytes, network in bytes per second, CPU in percent of one core
 (a busy 2-thread worker can read 200)::

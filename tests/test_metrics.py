@@ -1,0 +1,301 @@
+"""The metrics plugin: ring buffers, cursor semantics and the snapshot format.
+
+Most tests use the session's real cluster (`cluster` fixture: a supervisor process that
+installs the plugin, two worker processes with one thread each) through
+`ClusterHandle.metrics` and a plain Dask client. The
+bounded-memory tests drive a real in-process scheduler's plugin directly with synthetic
+task reports, because filling a ring of thousands of records through real tasks would only
+make the test slow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import tracemalloc
+from types import SimpleNamespace
+
+import pytest
+from distributed import Scheduler
+
+from nbcluster.cluster.handle import ClusterHandle
+from nbcluster.metrics import MetricsWindow, client_feed, ensure_plugin, install
+from nbcluster.metrics._ring import SeqRing
+from nbcluster.metrics.plugin import _sample
+
+# -- SeqRing ------------------------------------------------------------------------------
+
+
+def test_ring_is_bounded_and_reads_since_a_cursor() -> None:
+    ring: SeqRing[str] = SeqRing(3)
+    for seq, rec in enumerate("abcde"):
+        ring.append(seq, rec)
+    assert len(ring) == 3
+    assert list(ring) == ["c", "d", "e"]
+    assert ring.since(None) == ["c", "d", "e"]
+    assert ring.since(3) == ["d", "e"]
+    assert ring.since(5) == []
+    # Records 0 and 1 were dropped: a reader still at cursor 0 or 1 missed something.
+    assert ring.lost_since(0) and ring.lost_since(1)
+    assert not ring.lost_since(2)
+    assert not ring.lost_since(None)
+
+
+def test_ring_with_shared_counter_skips_other_rings_numbers() -> None:
+    tasks: SeqRing[str] = SeqRing(10)
+    samples: SeqRing[str] = SeqRing(10)
+    tasks.append(0, "t0")
+    samples.append(1, "s1")
+    tasks.append(2, "t2")
+    assert tasks.since(1) == ["t2"]
+    assert samples.since(1) == ["s1"]
+    assert samples.since(2) == []
+
+
+def test_ring_rejects_zero_capacity() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        SeqRing(0)
+
+
+# -- plugin on an in-process scheduler, synthetic task reports -----------------------------
+
+
+def _report(i: int, worker: str = "tcp://10.0.0.1:1", ok: bool = True) -> dict:
+    """What a worker's task-finished message adds to the transition's keyword arguments."""
+    t = 1000.0 + i
+    return {
+        "worker": worker,
+        "startstops": [{"action": "compute", "start": t, "stop": t + 0.5}],
+        "stimulus_id": f"test-{i}",
+    }
+
+
+def _run_with_plugin(body, **kwargs) -> object:
+    async def main():
+        async with Scheduler(dashboard_address=":0", port=0) as s:
+            plugin = await install(s, **kwargs)
+            return body(s, plugin)
+
+    return asyncio.run(main())
+
+
+def test_task_ring_stays_bounded_and_old_cursors_see_a_gap() -> None:
+    def body(s, plugin):
+        first = plugin.nbcluster_metrics()
+        for i in range(25):
+            plugin.transition(f"inc-{i}", "processing", "memory", **_report(i))
+        snap = plugin.nbcluster_metrics(since=first["cursor"])
+        assert len(plugin.tasks) == 10
+        assert [t["start"] for t in snap["tasks"]] == [1000.0 + i for i in range(15, 25)]
+        assert snap["gap"] is True
+        fresh = plugin.nbcluster_metrics(since=snap["cursor"] - 2)
+        assert len(fresh["tasks"]) == 2 and fresh["gap"] is False
+        return True
+
+    assert _run_with_plugin(body, task_capacity=10)
+
+
+def test_memory_stays_flat_when_the_ring_is_full() -> None:
+    def body(s, plugin):
+        def burst(start: int, n: int) -> None:
+            for i in range(start, start + n):
+                # Few distinct keys: dask's key_split cache would otherwise keep every one.
+                plugin.transition(f"inc-{i % 50}", "processing", "memory", **_report(i))
+
+        burst(0, 2_000)  # fill the ring
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        burst(2_000, 20_000)
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        grown = sum(d.size_diff for d in after.compare_to(before, "filename"))
+        return len(plugin.tasks), grown
+
+    held, grown = _run_with_plugin(body, task_capacity=1_000)
+    assert held == 1_000
+    # 20,000 more records would take ~2 MB if kept; a full ring replaces, so ~nothing.
+    assert grown < 64_000, f"memory grew by {grown} bytes"
+
+
+def test_future_cursor_restarts_the_reader() -> None:
+    def body(s, plugin):
+        plugin.transition("inc-1", "processing", "memory", **_report(1))
+        snap = plugin.nbcluster_metrics(since=10_000)
+        assert snap["gap"] is True
+        assert len(snap["tasks"]) == 1
+        return True
+
+    assert _run_with_plugin(body)
+
+
+def test_erred_without_a_worker_is_not_drawn() -> None:
+    def body(s, plugin):
+        plugin.transition("inc-1", "processing", "erred", worker=None, stimulus_id="x")
+        plugin.transition("inc-2", "processing", "erred", **_report(2))
+        plugin.transition("inc-3", "waiting", "processing", stimulus_id="x")
+        return plugin.nbcluster_metrics()["tasks"]
+
+    tasks = _run_with_plugin(body)
+    assert [(t["prefix"], t["status"]) for t in tasks] == [("inc", "error")]
+
+
+def test_gpu_fields_are_reported_only_when_present() -> None:
+    # A simulation: this machine has no GPU, so the worker is a stand-in carrying what
+    # distributed's NVML diagnostics put into a GPU worker's heartbeat.
+    gpu_worker = SimpleNamespace(
+        memory_limit=4_000_000_000,
+        extra={"gpu": {"name": "Simulated GPU", "memory-total": 80_000_000_000}},
+        metrics={},
+    )
+    metrics = {
+        "time": 5.0,
+        "cpu": 50.0,
+        "memory": 1000,
+        "host_net_io": {"read_bps": 1.0, "write_bps": 2.0},
+        "gpu_utilization": 87,
+        "gpu_memory_used": 3_000_000_000,
+    }
+    s = _sample("tcp://gpu:1", gpu_worker, metrics)
+    assert (s["gpu_util"], s["gpu_memory"], s["gpu_memory_total"]) == (87, 3_000_000_000, 80_000_000_000)
+
+    # The other route distributed uses: the `gpu` metric; utilisation unsupported (None).
+    metrics2 = {"time": 6.0, "cpu": 1.0, "memory": 1, "gpu": {"utilization": None, "memory-used": 7}}
+    s2 = _sample("tcp://gpu:1", gpu_worker, metrics2)
+    assert "gpu_util" not in s2 and s2["gpu_memory"] == 7
+
+    cpu_worker = SimpleNamespace(memory_limit=0, extra={}, metrics={})
+    s3 = _sample("tcp://cpu:1", cpu_worker, {"time": 1.0, "cpu": 3.0, "memory": 9})
+    assert not [k for k in s3 if k.startswith("gpu")]
+    assert s3["net_read"] == 0.0 and s3["memory_limit"] == 0
+
+
+# -- a real cluster -----------------------------------------------------------------------
+# The session's cluster is shared with other test modules, so its rings hold their tasks
+# too: these tests look at their own prefixes, or at what is new since a cursor.
+
+
+def _task_functions():
+    # The scheduler and workers cannot import this test module. Functions local to a call
+    # cannot be pickled by reference, so Dask falls back to cloudpickle and ships them by value.
+    def slow_inc(x: int) -> int:
+        time.sleep(0.02)
+        return x + 1
+
+    def fail_on(x: int) -> int:
+        raise ValueError(f"bad item {x}")
+
+    return slow_inc, fail_on
+
+
+slow_inc, fail_on = _task_functions()
+
+
+def _plain(x: object) -> bool:
+    """Only JSON/msgpack data (Dask's msgpack hands lists back as tuples)."""
+    if isinstance(x, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in x.items())
+    if isinstance(x, (list, tuple)):
+        return all(_plain(v) for v in x)
+    return x is None or isinstance(x, (str, int, float, bool))
+
+
+def _wait_for(predicate, timeout: float = 20.0, what: str = "condition"):
+    # Heartbeats have no event a client can await; poll the scheduler instead.
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_snapshot_format_from_a_real_cluster(cluster: ClusterHandle) -> None:
+    client = cluster.client
+    start = cluster.metrics()
+    client.gather(client.map(slow_inc, range(10)))
+    with pytest.raises(ValueError, match="bad item 3"):
+        client.submit(fail_on, 3).result()
+
+    snap = cluster.metrics(start["cursor"])
+    assert _plain(snap)
+    assert snap["version"] == 1 and snap["gap"] is False
+    assert isinstance(snap["cursor"], int) and snap["cursor"] > start["cursor"]
+    assert abs(snap["now"] - time.time()) < 60
+
+    assert len(snap["workers"]) == 2
+    for info in snap["workers"].values():
+        assert set(info) == {"name", "nthreads", "memory_limit", "resources", "processing"}
+        assert info["nthreads"] == 1 and isinstance(info["resources"], dict)
+
+    tasks = snap["tasks"]
+    assert sorted(t["prefix"] for t in tasks) == ["fail_on"] + ["slow_inc"] * 10
+    for t in tasks:
+        assert set(t) == {"prefix", "group", "worker", "start", "stop", "status"}
+        assert t["worker"] in snap["workers"]
+        assert t["start"] <= t["stop"]
+    assert [t["status"] for t in tasks if t["prefix"] == "fail_on"] == ["error"]
+    ok = [t for t in tasks if t["prefix"] == "slow_inc"]
+    assert all(t["status"] == "ok" and t["stop"] - t["start"] >= 0.015 for t in ok)
+    # Two single-threaded workers share the work: both lanes get bars.
+    assert len({t["worker"] for t in ok}) == 2
+
+    groups = {g["prefix"]: g for g in snap["groups"]}
+    assert groups["fail_on"]["failed"] == 1
+
+
+def test_cursor_returns_only_new_records(cluster: ClusterHandle) -> None:
+    client = cluster.client
+    cursor = cluster.metrics()["cursor"]
+    client.gather(client.map(slow_inc, range(100, 105)))
+    snap = cluster.metrics(cursor)
+    assert [t["prefix"] for t in snap["tasks"]] == ["slow_inc"] * 5
+    again = cluster.metrics(snap["cursor"])
+    assert not again["tasks"]
+    assert again["cursor"] >= snap["cursor"]
+
+
+def test_resource_samples_arrive_per_worker(cluster: ClusterHandle) -> None:
+    cursor = cluster.metrics()["cursor"]
+
+    def both_workers_sampled():
+        snap = cluster.metrics(cursor)
+        return snap if {r["worker"] for r in snap["resources"]} == set(snap["workers"]) else None
+
+    snap = _wait_for(both_workers_sampled, what="a sample from each worker")
+    for r in snap["resources"]:
+        assert {"worker", "time", "cpu", "memory", "memory_limit", "net_read", "net_write"} <= set(r)
+        assert r["memory"] > 10_000_000  # a Python process, in bytes
+        assert r["memory_limit"] == snap["workers"][r["worker"]]["memory_limit"]
+        # No NVML GPU here: GPU fields are absent, not zero.
+        assert not [k for k in r if k.startswith("gpu")]
+
+
+def test_client_feed_from_a_thread_and_plugin_is_idempotent(cluster: ClusterHandle) -> None:
+    client = cluster.client
+    client.gather(client.map(slow_inc, range(300, 302)))
+    ensure_plugin(client)  # already installed by the supervisor: must keep its rings
+    feed = client_feed(client)
+    result: list[dict] = []
+    t = threading.Thread(target=lambda: result.append(feed(None)))
+    t.start()
+    t.join(30)
+    assert result, "the feed did not answer"
+    assert sum(t["prefix"] == "slow_inc" for t in result[0]["tasks"]) >= 2
+
+
+def test_window_folds_snapshots_and_stays_bounded(cluster: ClusterHandle) -> None:
+    client = cluster.client
+    client.gather(client.map(slow_inc, range(200, 206)))
+    window = MetricsWindow(max_tasks=4, max_samples=3)
+    window.poll(cluster.metrics)
+    assert window.cursor is not None and len(window.workers) == 2
+    assert len(window.tasks) == 4  # only the newest four
+    client.gather(client.map(slow_inc, range(210, 212)))
+    delta = window.poll(cluster.metrics)
+    assert [t["prefix"] for t in delta["tasks"]] == ["slow_inc"] * 2
+    view = window.to_view()
+    assert len(view["tasks"]) == 4
+    assert all(len(s) <= 3 for s in view["samples"].values())
