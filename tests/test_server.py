@@ -1,0 +1,266 @@
+"""The server extension's routes, on a real Jupyter server (pytest-jupyter) with real clusters.
+
+The server runs under a non-default base_url (as behind JupyterHub) for every test here, so
+each route is also a check that the base_url is respected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tornado.httpclient import HTTPClientError
+from tornado.websocket import WebSocketClientConnection
+
+import nbcluster
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+BASE_URL = "/user/alice%40example/"
+
+# Every route with a method that changes nothing and one that would, for the 403 checks.
+ROUTES = [
+    ("GET", "api/profiles"),
+    ("GET", "api/clusters"),
+    ("POST", "api/clusters"),
+    ("GET", "api/clusters/anything"),
+    ("DELETE", "api/clusters/anything"),
+    ("POST", "api/clusters/anything/scale"),
+    ("POST", "api/clusters/anything/adapt"),
+    ("POST", "api/clusters/anything/restart"),
+    ("GET", "api/clusters/anything/metrics"),
+]
+
+
+@pytest.fixture
+def jp_base_url() -> str:
+    return BASE_URL
+
+
+@pytest.fixture
+def jp_server_config(runtime_dir: Path) -> dict[str, Any]:
+    # runtime_dir (tests/conftest.py) gives the server a private registry, and stops
+    # whatever a test leaves running there.
+    return {"ServerApp": {"jpserver_extensions": {"nbcluster.server": True}}}
+
+
+@pytest.fixture
+def api(jp_fetch):
+    """`await api(method, path, body)` -> (status, JSON or None), never raising for 4xx."""
+
+    async def call(method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+        if body is not None and not isinstance(body, (str, bytes)):
+            body = json.dumps(body)
+        if body is None and method in ("POST", "PUT"):
+            body = "{}"
+        try:
+            response = await jp_fetch("nbcluster", path, method=method, body=body, **kwargs)
+        except HTTPClientError as error:
+            assert error.response is not None, error
+            response = error.response
+        text = response.body.decode() if response.body else ""
+        is_json = response.headers.get("Content-Type", "").startswith("application/json")
+        return response.code, (json.loads(text) if is_json and text else text)
+
+    return call
+
+
+def python(code: str, runtime_dir: Path, timeout: float = 60) -> str:
+    """Run `code` with IPython in a separate process (like another kernel); its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-m", "IPython", "--quick", "--no-banner", "--colors=NoColor", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "NBCLUSTER_RUNTIME_DIR": str(runtime_dir)},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+async def test_every_route_refuses_requests_without_a_token(api, method: str, path: str) -> None:
+    status, _ = await api(method, path, headers={"Authorization": ""})
+    assert status == 403
+
+
+async def test_cookie_login_needs_the_xsrf_token_to_change_anything(api, jp_fetch, jp_serverapp) -> None:
+    # A browser logged in by cookie: the cookie alone must not be enough to POST (XSRF).
+    token = jp_serverapp.identity_provider.token
+    first = await jp_fetch(
+        "nbcluster", "api", "profiles", params={"token": token}, headers={"Authorization": ""}
+    )
+    login = "; ".join(c.split(";")[0] for c in first.headers.get_list("Set-Cookie"))
+    assert login
+    browser = {"Authorization": "", "Cookie": login}
+    status, reply = await api("POST", "api/clusters", {"workers": "x"}, headers=browser)
+    assert status == 403 and "_xsrf" in reply["message"]
+    # The page's XSRF token (cookie + header, as JupyterLab sends them) lets it through,
+    # here as far as the body check.
+    with_xsrf = {**browser, "Cookie": f"{login}; _xsrf=t0ken", "X-XSRFToken": "t0ken"}
+    status, reply = await api("POST", "api/clusters", {"workers": "x"}, headers=with_xsrf)
+    assert status == 400 and "whole number" in reply["message"]
+
+
+async def test_stream_refuses_a_websocket_without_a_token(jp_ws_fetch) -> None:
+    with pytest.raises(HTTPClientError) as refused:
+        await jp_ws_fetch("nbcluster", "api", "stream", headers={"Authorization": ""})
+    assert refused.value.code == 403
+
+
+async def test_dashboard_sends_an_anonymous_browser_to_the_login_page(jp_fetch) -> None:
+    with pytest.raises(HTTPClientError) as refused:
+        await jp_fetch(
+            "nbcluster",
+            "dashboard",
+            "anything",
+            "status",
+            headers={"Authorization": ""},
+            follow_redirects=False,
+        )
+    assert refused.value.code == 302
+    assert refused.value.response.headers["Location"].startswith(BASE_URL + "login")
+
+
+async def test_routes_live_under_the_base_url_only(http_server_client, jp_auth_header) -> None:
+    with pytest.raises(HTTPClientError) as missing:
+        await http_server_client.fetch("/nbcluster/api/profiles", headers=jp_auth_header)
+    assert missing.value.code == 404
+
+
+async def test_profiles_list_the_local_backend(api) -> None:
+    status, body = await api("GET", "api/profiles")
+    assert status == 200
+    assert "local" in [p["name"] for p in body["profiles"]]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ({"wokers": 2}, "unknown field(s) wokers"),
+        ({"workers": -1}, "at least 0"),
+        ({"workers": "two"}, "whole number"),
+        ({"threads": 0}, "at least 1"),
+        ({"memory": "lots"}, "not a size"),
+        ({"name": "no spaces please"}, "not usable"),
+        ({"keep": "yes"}, "keep must be true or false"),
+        ({"profile": "mainframe"}, "unknown profile 'mainframe'"),
+    ],
+)
+async def test_start_rejects_a_bad_body_with_a_message(api, body: Any, message: str) -> None:
+    status, reply = await api("POST", "api/clusters", body)
+    assert status == 400
+    assert message in reply["message"]
+    assert nbcluster.clusters() == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "api/clusters/nosuch"),
+        ("DELETE", "api/clusters/nosuch"),
+        ("POST", "api/clusters/nosuch/scale"),
+        ("POST", "api/clusters/nosuch/restart"),
+        ("GET", "api/clusters/nosuch/metrics"),
+    ],
+)
+async def test_unknown_cluster_is_404_with_a_message(api, method: str, path: str) -> None:
+    status, reply = await api(method, path, {"workers": 1} if path.endswith("scale") else None)
+    assert status == 404
+    assert "no cluster named 'nosuch'" in reply["message"]
+
+
+async def test_metrics_cursor_must_be_a_number(api) -> None:
+    status, reply = await api("GET", "api/clusters/nosuch/metrics", params={"since": "soon"})
+    assert status == 400
+    assert "cursor" in reply["message"]
+
+
+async def test_a_cluster_through_every_route(api, jp_ws_fetch, runtime_dir: Path) -> None:
+    status, cluster = await api("POST", "api/clusters", {"workers": 1, "name": "rest", "dashboard": True})
+    assert status == 201, cluster
+    assert cluster["state"] == "running"
+    assert cluster["server_owned"] is True
+    assert len(cluster["workers"]) == 1
+
+    # Another process (an IPython like another kernel's) sees it in `%cluster list`.
+    out = python("%load_ext nbcluster\n%cluster list", runtime_dir)
+    assert "rest" in out and "1 (1 cores)" in out
+
+    status, reply = await api("POST", "api/clusters", {"name": "rest"})
+    assert status == 409
+    assert "already running" in reply["message"]
+
+    status, listing = await api("GET", "api/clusters")
+    assert [c["name"] for c in listing["clusters"]] == ["rest"]
+
+    for bad, message in [
+        ({"workers": "x"}, "whole number"),
+        ({"workers": 2, "kind": "tpu"}, "kind must be"),
+        ({}, "needs a number of workers"),
+    ]:
+        status, reply = await api("POST", "api/clusters/rest/scale", bad)
+        assert (status, message in reply["message"]) == (400, True), reply
+    status, reply = await api("POST", "api/clusters/rest/adapt", {"minimum": 3, "maximum": 1})
+    assert status == 400 and "above maximum" in reply["message"]
+
+    status, cluster = await api("POST", "api/clusters/rest/scale", {"workers": 2}, request_timeout=120)
+    assert status == 200 and len(cluster["workers"]) == 2, cluster
+    status, cluster = await api("POST", "api/clusters/rest/adapt", {"minimum": 1, "maximum": 2})
+    assert status == 200 and cluster["adaptive"] == {"minimum": 1, "maximum": 2}
+    status, cluster = await api("POST", "api/clusters/rest/restart", request_timeout=120)
+    assert status == 200 and cluster["state"] == "running"
+
+    status, snapshot = await api("GET", "api/clusters/rest/metrics")
+    assert status == 200 and snapshot["version"] == 1
+    status, later = await api("GET", "api/clusters/rest/metrics", params={"since": snapshot["cursor"]})
+    assert status == 200 and later["cursor"] >= snapshot["cursor"]
+
+    # The live stream: the list first, then metrics once a cluster is watched.
+    ws: WebSocketClientConnection = await jp_ws_fetch("nbcluster", "api", "stream")
+    try:
+        first = json.loads(await ws.read_message())
+        assert first["type"] == "clusters" and first["clusters"][0]["name"] == "rest"
+        await ws.write_message(json.dumps({"watch": "rest"}))
+        kinds = set()
+        while "metrics" not in kinds:
+            message = json.loads(await ws.read_message())
+            kinds.add(message["type"])
+        assert message["snapshot"]["version"] == 1
+    finally:
+        ws.close()
+
+    # The dashboard, proxied behind Jupyter's auth under the base_url.
+    status, page = await api("GET", "dashboard/rest/status")
+    assert status == 200 and "Dask" in page
+
+    status, _ = await api("DELETE", "api/clusters/rest")
+    assert status == 204
+    assert nbcluster.clusters() == []
+    status, listing = await api("GET", "api/clusters")
+    assert listing["clusters"] == []
+
+
+async def test_a_cluster_from_another_kernel_shows_up_and_can_be_stopped_here(api, runtime_dir: Path) -> None:
+    python("%load_ext nbcluster\n%cluster start --name elsewhere --workers 1 --keep", runtime_dir)
+    status, listing = await api("GET", "api/clusters")
+    (cluster,) = listing["clusters"]
+    assert cluster["name"] == "elsewhere" and cluster["owner_pid"] is None
+    assert cluster["server_owned"] is False
+    status, _ = await api("DELETE", "api/clusters/elsewhere")
+    assert status == 204
+    assert nbcluster.clusters() == []
+
+
+async def test_a_cluster_without_dashboard_has_no_proxy(api) -> None:
+    status, _ = await api("POST", "api/clusters", {"workers": 0, "name": "plain"})
+    assert status == 201
+    status, _ = await api("GET", "dashboard/plain/status")
+    assert status == 404
