@@ -31,7 +31,7 @@ def remember(handle: ClusterHandle) -> ClusterHandle:
     """The process-wide handle for this cluster (reusing its Client if we have one)."""
     known = _handles.get(handle.name)
     if known is not None and known.address == handle.address:
-        known.entry = handle.entry
+        known.entry, known.reused = handle.entry, handle.reused
         return known
     if known is not None:
         known.close_client()

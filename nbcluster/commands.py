@@ -18,6 +18,7 @@ from nbcluster import _aio, _current
 from nbcluster.cluster.handle import ClusterHandle, clusters, connect
 from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import ClusterInfo, ClusterList
+from nbcluster.cluster.spec import parse_count
 from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
 
 COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart")
@@ -137,13 +138,17 @@ class Runner:
         return info
 
     def do_scale(self, ns: argparse.Namespace) -> ClusterInfo:
+        n = parse_count(ns.n, "the number of workers")  # a typo is reported before anything else
         handle = self._target(ns.name)
-        handle.scale(ns.n, kind=ns.kind)
+        handle.scale(n, kind=ns.kind)
         return handle.info()
 
     def do_adapt(self, ns: argparse.Namespace) -> ClusterInfo:
+        lo, hi = parse_count(ns.minimum, "--min"), parse_count(ns.maximum, "--max")
+        if lo > hi:
+            raise BadArgument(f"--min {lo} is above --max {hi}: the minimum must not exceed the maximum")
         handle = self._target(ns.name)
-        handle.adapt(ns.minimum, ns.maximum)
+        handle.adapt(lo, hi)
         return handle.info()
 
     def do_status(self, ns: argparse.Namespace) -> ClusterInfo:

@@ -208,6 +208,12 @@ def connect(name_or_address: str, *, runtime_dir: str | os.PathLike[str] | None 
             if entry.get("address") == target:
                 return ClusterHandle(entry, directory=directory)
         handle = ClusterHandle({"name": target, "address": target, "external": True}, directory=directory)
+        if target.startswith("tls://") and Security().get_connection_args("client").get("ssl_context") is None:
+            raise ClusterUnreachable(
+                f"no scheduler answers at {target} that nbcluster can reach: it holds credentials only "
+                "for clusters it started (`%cluster list`); for another TLS scheduler set dask's "
+                "distributed.comm.tls options"
+            )
         try:
             handle.rpc("identity", timeout=CONNECT_TIMEOUT_S)
         except ClusterUnreachable:

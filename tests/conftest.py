@@ -1,0 +1,103 @@
+"""Shared fixtures: a private registry, real clusters, and a process-table safety net.
+
+Every test session gets its own registry folder (NBCLUSTER_RUNTIME_DIR), so tests never see
+or stop a developer's clusters. Whatever a test starts is stopped by its fixture; at the end
+of the session any supervisor or worker process this session spawned and left behind is
+killed and reported as a failure of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+import nbcluster
+from nbcluster import _current
+from nbcluster.cluster import registry
+from nbcluster.cluster.handle import ClusterHandle
+
+_SESSION_DIR: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _SESSION_DIR
+    import tempfile
+
+    _SESSION_DIR = Path(tempfile.mkdtemp(prefix="nbcluster-test-"))
+    os.environ["NBCLUSTER_RUNTIME_DIR"] = str(_SESSION_DIR)
+
+
+def _stop_all(directory: Path) -> None:
+    for handle in nbcluster.clusters(runtime_dir=directory):
+        handle.stop()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _SESSION_DIR is not None:
+        _stop_all(_SESSION_DIR)
+    leftovers = [
+        p for p in psutil.Process().children(recursive=True)
+        if "nbcluster" in " ".join(_cmdline(p)) or "multiprocessing" in " ".join(_cmdline(p))
+    ]  # fmt: skip
+    for p in leftovers:
+        p.kill()
+    if leftovers:
+        print(f"\nnbcluster tests left {len(leftovers)} processes behind; killed them", file=sys.stderr)
+        session.exitstatus = 1
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+@pytest.fixture
+def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A registry of this test's own; clusters left in it are stopped afterwards."""
+    directory = tmp_path / "runtime"
+    monkeypatch.setenv("NBCLUSTER_RUNTIME_DIR", str(directory))
+    yield registry.runtime_dir(directory)
+    for name in list(_current._handles):
+        _current.forget(name)
+    _stop_all(directory)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[ClusterHandle]:
+    """A shared 2-worker x 1-thread cluster, current for this process. Do not scale or stop it."""
+    handle = nbcluster.start(workers=2, threads=1, name="shared")
+    yield handle
+    _current.forget(handle.name)
+    handle.stop()
+
+
+@pytest.fixture
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def cli():
+    """Runs the `nbcluster` command in a separate process, as a user would."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "nbcluster.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
+
+    return run

@@ -1,0 +1,214 @@
+"""Cluster lifecycle through the Python API, with real supervisor and worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+from distributed import Client, Security, get_worker
+
+import nbcluster
+from nbcluster.cluster import registry
+from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable
+
+
+def _family(pid: int) -> list[psutil.Process]:
+    """A supervisor and every process below it (nannies' workers)."""
+    proc = psutil.Process(pid)
+    return [proc, *proc.children(recursive=True)]
+
+
+def _worker_count(handle: nbcluster.ClusterHandle) -> int:
+    return len(handle.info().workers)
+
+
+def test_start_scale_adapt_stop(runtime_dir):
+    handle = nbcluster.start(workers=1, threads=1)
+    assert handle.name == "local"
+    assert handle.address.startswith("tls://127.0.0.1:")
+    assert handle.client.submit(lambda x: x + 1, 1).result() == 2
+
+    handle.scale(2)
+    assert _worker_count(handle) == 2
+    handle.scale(1)
+    assert _worker_count(handle) == 1
+
+    handle.adapt(minimum=1, maximum=2)
+    assert handle.info()["adaptive"] == {"minimum": 1, "maximum": 2}
+    # A backlog of slow tasks makes the adaptive cluster grow to its maximum.
+    futures = handle.client.map(lambda i: __import__("time").sleep(0.5) or i, range(40))
+    handle.client.wait_for_workers(2, timeout=60)
+    assert sum(handle.client.gather(futures)) == sum(range(40))
+    # An explicit scale takes control back from adaptivity.
+    handle.scale(1)
+    assert handle.info()["adaptive"] is None
+
+    family = _family(handle.entry["supervisor_pid"])
+    handle.stop()
+    gone, alive = psutil.wait_procs(family, timeout=15)
+    assert not alive
+    assert nbcluster.clusters() == []
+    assert list(runtime_dir.iterdir()) == []
+
+
+def test_default_client_and_plain_dask_use_the_current_cluster(runtime_dir):
+    import dask
+    import dask.array as da
+
+    handle = nbcluster.start(workers=1)
+    assert nbcluster.current() is handle
+    from distributed import default_client
+
+    assert default_client().scheduler.address == handle.address
+    assert float(da.ones((100, 100), chunks=10).sum().compute()) == 10_000.0
+    where = dask.delayed(lambda: get_worker().address)().compute()
+    assert where in {w["address"] for w in handle.info().workers}
+
+
+def test_rerunning_start_reuses_the_cluster(runtime_dir):
+    first = nbcluster.start(workers=1)
+    again = nbcluster.start(workers=1)
+    assert again.address == first.address and again.reused
+    named = nbcluster.start(workers=1, name="exp")
+    assert nbcluster.start(name="exp").address == named.address
+    assert [h.name for h in nbcluster.clusters()] == ["local", "exp"]
+
+
+def test_default_names_count_up_across_processes(runtime_dir, cli):
+    # Another process's unnamed cluster takes "local"; ours must not reuse it.
+    assert cli("start", "--workers", "0").returncode == 0
+    mine = nbcluster.start(workers=0)
+    assert mine.name == "local-2"
+
+
+def test_cluster_started_elsewhere_is_listed_scaled_and_stopped_here(runtime_dir, cli):
+    result = cli("start", "--workers", "1", "--name", "remote")
+    assert result.returncode == 0, result.stderr
+    assert "Started cluster 'remote'" in result.stdout
+    [handle] = nbcluster.clusters()
+    assert handle.name == "remote" and handle.entry["owner_pid"] is None  # CLI clusters are kept
+    handle.scale(2)
+    assert _worker_count(nbcluster.connect("remote")) == 2
+    family = _family(handle.entry["supervisor_pid"])
+    nbcluster.connect("remote").stop()
+    assert not psutil.wait_procs(family, timeout=15)[1]
+
+
+def test_cluster_started_here_is_scaled_and_stopped_by_the_cli(runtime_dir, cli):
+    handle = nbcluster.start(workers=1, name="here")
+    assert "here" in cli("list").stdout
+    assert cli("scale", "2", "--name", "here").returncode == 0
+    assert _worker_count(handle) == 2
+    result = cli("stop", "here")
+    assert result.returncode == 0 and "Stopped 'here'" in result.stdout
+    assert nbcluster.clusters() == []
+
+
+def _start_in_subprocess(runtime_dir, *, keep: bool) -> tuple[subprocess.Popen[str], dict]:
+    code = textwrap.dedent(
+        f"""
+        import json, sys, nbcluster
+        h = nbcluster.start(workers=1, keep={keep})
+        print(json.dumps(h.entry), flush=True)
+        sys.stdin.read()
+        """
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "NBCLUSTER_RUNTIME_DIR": str(runtime_dir)},
+    )  # fmt: skip
+    return owner, json.loads(owner.stdout.readline())
+
+
+def test_owner_killed_takes_the_cluster_and_its_workers_down(runtime_dir):
+    owner, entry = _start_in_subprocess(runtime_dir, keep=False)
+    try:
+        family = _family(entry["supervisor_pid"])
+        assert len(family) >= 3  # supervisor, nanny's worker, and its resource tracker or more
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        gone, alive = psutil.wait_procs(family, timeout=10)
+        assert not alive, f"still running 10 s after the owner died: {alive}"
+        assert nbcluster.clusters() == []
+    finally:
+        owner.kill()
+
+
+def test_kept_cluster_outlives_its_owner(runtime_dir):
+    owner, entry = _start_in_subprocess(runtime_dir, keep=True)
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+    handle = nbcluster.connect(entry["name"])
+    assert handle.entry["owner_pid"] is None
+    assert handle.client.submit(lambda: 42).result() == 42
+    handle.stop()
+
+
+def test_tls_is_required(runtime_dir):
+    handle = nbcluster.start(workers=0)
+    host_port = handle.address.removeprefix("tls://")
+    with pytest.raises((OSError, TimeoutError)):
+        Client(f"tcp://{host_port}", timeout=3)
+    with pytest.raises((OSError, TimeoutError)):
+        Client(handle.address, security=Security.temporary(), timeout=3)  # somebody else's certificate
+    # The credentials are private to the user.
+    for key in ("cert", "key"):
+        mode = stat.S_IMODE(os.stat(handle.entry["tls"][key]).st_mode)
+        assert mode == 0o600
+    assert stat.S_IMODE(os.stat(runtime_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(runtime_dir / "local.json").st_mode) == 0o600
+
+
+def test_dead_supervisor_is_pruned_and_its_workers_exit(runtime_dir):
+    handle = nbcluster.start(workers=1, keep=True)
+    family = _family(handle.entry["supervisor_pid"])
+    os.kill(handle.entry["supervisor_pid"], signal.SIGKILL)
+    gone, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive
+    assert nbcluster.clusters() == []
+    assert not (runtime_dir / "local.json").exists()
+    assert not (runtime_dir / "local.key.pem").exists()
+
+
+def test_registry_prunes_entries_of_reused_pids(runtime_dir):
+    # Our own pid is alive, but not with that start time: the entry is stale.
+    stale = {"name": "ghost", "state": "running", "supervisor_pid": os.getpid(), "supervisor_started": 1.0}
+    registry.update(runtime_dir, "ghost", stale)
+    assert registry.entries(runtime_dir) == []
+    assert not (runtime_dir / "ghost.json").exists()
+
+
+def test_restart_replaces_worker_processes(runtime_dir):
+    handle = nbcluster.start(workers=1)
+    before = set(handle.client.run(os.getpid).values())
+    handle.restart()
+    handle.client.wait_for_workers(1, timeout=30)
+    after = set(handle.client.run(os.getpid).values())
+    assert before and after and not before & after
+
+
+def test_bad_input_is_one_clear_error(runtime_dir):
+    with pytest.raises(BadArgument, match="whole number"):
+        nbcluster.start(workers="two")
+    with pytest.raises(BadArgument, match="at least 1"):
+        nbcluster.start(threads=0)
+    with pytest.raises(BadArgument, match="not a size"):
+        nbcluster.start(memory="lots")
+    with pytest.raises(BadArgument, match="no GPU"):
+        nbcluster.start(gpus=2)
+    with pytest.raises(ClusterNotFound, match="no cluster named 'nope'"):
+        nbcluster.connect("nope")
+    with pytest.raises(ClusterUnreachable, match="no scheduler answers"):
+        nbcluster.connect("tls://127.0.0.1:9")
+    handle = nbcluster.start(workers=0)
+    with pytest.raises(BadArgument, match="above --max"):
+        handle.adapt(3, 1)
+    with pytest.raises(BadArgument, match="at least 0"):
+        handle.scale(-1)

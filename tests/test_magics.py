@@ -1,0 +1,107 @@
+"""`%cluster` through a real IPython shell, and kernel death through a real Jupyter kernel."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import nbcluster
+from nbcluster.cluster.info import ClusterInfo, ClusterList
+
+
+@pytest.fixture
+def shell(runtime_dir):
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbcluster")
+    return ip
+
+
+def magic(ip: InteractiveShell, line: str):
+    return ip.run_line_magic("cluster", line)
+
+
+def test_cluster_magic_lifecycle(shell, capsys):
+    info = magic(shell, "start --workers 1 --name nb")
+    assert isinstance(info, ClusterInfo) and "Started cluster 'nb'" in repr(info)
+    assert len(info.workers) == 1
+    again = magic(shell, "start --workers 1 --name nb")
+    assert "already running" in repr(again) and again["address"] == info["address"]
+
+    assert len(magic(shell, "scale 2").workers) == 2
+    assert magic(shell, "adapt --min 1 --max 2")["adaptive"] == {"minimum": 1, "maximum": 2}
+    status = magic(shell, "status")
+    assert "2 workers" in repr(status) and "<table>" in status._repr_html_()
+    listing = magic(shell, "list")
+    assert isinstance(listing, ClusterList) and listing.names() == ["nb"]
+    assert "Restarted the workers" in repr(magic(shell, "restart"))
+
+    # Plain Dask code in the kernel runs on the current cluster.
+    shell.run_cell("from distributed import default_client; addr = default_client().scheduler.address")
+    assert shell.user_ns["addr"] == info["address"]
+
+    assert magic(shell, "stop") is None
+    assert "Stopped 'nb'" in capsys.readouterr().out
+    assert nbcluster.clusters() == []
+
+
+def test_use_switches_the_current_cluster(shell):
+    magic(shell, "start --workers 0 --name a")
+    b = magic(shell, "start --workers 0 --name b")
+    assert nbcluster.current().name == "b"
+    magic(shell, "use a")
+    assert nbcluster.current().name == "a"
+    magic(shell, f"use {b['address']}")
+    assert nbcluster.current().name == "b"
+    magic(shell, "stop --all")
+    assert nbcluster.clusters() == [] and nbcluster.current() is None
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("", "say what to do"),
+        ("launch", "unknown command 'launch'"),
+        ("start --wrokers 2", "unrecognized arguments: --wrokers"),
+        ("start --workers -1", "at least 0"),
+        ("start --workers 1.5", "whole number"),
+        ("start --gpus 2", "no GPU"),
+        ("scale two", "whole number"),
+        ("adapt --min 3 --max 1", "above --max"),
+        ("status nope", "no cluster named 'nope'"),
+        ("use tcp://127.0.0.1:9", "no scheduler answers"),
+        ("stop", "no cluster is running"),
+    ],
+)
+def test_bad_input_raises_one_usage_error(shell, line, message):
+    with pytest.raises(UsageError, match=message) as info:
+        magic(shell, line)
+    assert "\n" not in str(info.value).strip() and "Traceback" not in str(info.value)
+
+
+def test_kernel_killed_leaves_no_processes(runtime_dir):
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        reply = kc.execute_interactive(
+            "%load_ext nbcluster\n%cluster start --workers 2\n"
+            "import nbcluster; sup = nbcluster.current().entry['supervisor_pid']",
+            timeout=120,
+            user_expressions={"sup": "sup"},
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        sup = int(reply["content"]["user_expressions"]["sup"]["data"]["text/plain"])
+        family = [psutil.Process(sup), *psutil.Process(sup).children(recursive=True)]
+        assert len(family) >= 3
+        os.kill(km.provisioner.pid, signal.SIGKILL)  # no atexit, no cleanup in the kernel
+        gone, alive = psutil.wait_procs(family, timeout=10)
+        assert not alive, f"processes outlived the kernel by 10 s: {alive}"
+        assert nbcluster.clusters() == []
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
