@@ -52,7 +52,7 @@ def test_start_scale_adapt_stop(runtime_dir):
 
     family = _family(handle.entry["supervisor_pid"])
     handle.stop()
-    gone, alive = psutil.wait_procs(family, timeout=15)
+    _, alive = psutil.wait_procs(family, timeout=15)
     assert not alive
     assert nbcluster.clusters() == []
     assert list(runtime_dir.iterdir()) == []
@@ -134,7 +134,7 @@ def test_owner_killed_takes_the_cluster_and_its_workers_down(runtime_dir):
         assert len(family) >= 3  # supervisor, nanny's worker, and its resource tracker or more
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
-        gone, alive = psutil.wait_procs(family, timeout=10)
+        _, alive = psutil.wait_procs(family, timeout=10)
         assert not alive, f"still running 10 s after the owner died: {alive}"
         assert nbcluster.clusters() == []
     finally:
@@ -170,7 +170,7 @@ def test_dead_supervisor_is_pruned_and_its_workers_exit(runtime_dir):
     handle = nbcluster.start(workers=1, keep=True)
     family = _family(handle.entry["supervisor_pid"])
     os.kill(handle.entry["supervisor_pid"], signal.SIGKILL)
-    gone, alive = psutil.wait_procs(family, timeout=10)
+    _, alive = psutil.wait_procs(family, timeout=10)
     assert not alive
     assert nbcluster.clusters() == []
     assert not (runtime_dir / "local.json").exists()

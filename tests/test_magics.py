@@ -99,7 +99,7 @@ def test_kernel_killed_leaves_no_processes(runtime_dir):
         family = [psutil.Process(sup), *psutil.Process(sup).children(recursive=True)]
         assert len(family) >= 3
         os.kill(km.provisioner.pid, signal.SIGKILL)  # no atexit, no cleanup in the kernel
-        gone, alive = psutil.wait_procs(family, timeout=10)
+        _, alive = psutil.wait_procs(family, timeout=10)
         assert not alive, f"processes outlived the kernel by 10 s: {alive}"
         assert nbcluster.clusters() == []
     finally:
