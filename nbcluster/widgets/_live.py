@@ -1,0 +1,348 @@
+"""`Live`: the background poller behind the live widget, from first paint to frozen picture.
+
+Lifecycle of one run::
+
+    live = Live(progress, feed)   # nothing shown yet; a daemon thread starts polling
+      ... every `interval` s: read progress, fetch metrics since the cursor ...
+      ... after `delay` s, if the run is still going: display the widget ...
+      ... each tick: push the counts, and only the new task records and samples ...
+    the source reports finished, or the caller calls live.close(state)
+      -> one last poll; the widget's output is replaced by static HTML of the final state
+         and the widget is closed.                          (never shown: nothing at all)
+
+Why replace the widget instead of adding HTML beside it: a saved notebook keeps an output's
+mimebundle, and JupyterLab prefers the widget mimetype whenever it is present -- reopened
+without the kernel, it would say "model not found" and ignore the HTML. Replacing it with
+HTML (drawn like the live view by `_static`) reads the same in the live session, after
+reopening, in nbconvert HTML and on GitHub.
+
+Threads: the poller must not wait for the kernel's main thread (busy running the cell), so
+it displays and syncs from its own thread. It runs in a copy of the caller's context, so
+ipykernel (which keeps the current cell's parent header in a context variable) attaches its
+output to the cell that started it, even if the user has moved on to another cell.
+
+Outside a kernel (terminal IPython, plain Python) there is no widget: `TextBar` prints one
+progress line instead, and metrics are not fetched.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from nbcluster.metrics.feed import Feed, MetricsWindow
+from nbcluster.widgets import _static
+from nbcluster.widgets._progress import (
+    Best,
+    ProgressSource,
+    RateMeter,
+    TextBar,
+    decorate,
+    is_finished,
+    rank_grid,
+)
+
+logger = logging.getLogger(__name__)
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+class Display(Protocol):
+    """Where the widget goes: the kernel's display system, or a test's recorder."""
+
+    def show(self, bundle: dict[str, Any]) -> None: ...
+    def update(self, bundle: dict[str, Any]) -> None: ...
+
+
+class KernelDisplay:
+    """One output area of the current cell, addressed by a display id."""
+
+    def __init__(self) -> None:
+        self._handle: Any = None
+
+    def show(self, bundle: dict[str, Any]) -> None:
+        from IPython.display import display
+
+        self._handle = display(bundle, raw=True, display_id=True)
+
+    def update(self, bundle: dict[str, Any]) -> None:
+        if self._handle is not None:
+            self._handle.update(bundle, raw=True)
+
+
+def in_kernel() -> bool:
+    """Whether we run inside a Jupyter kernel (where widgets can show)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+class Live:
+    """Polls a progress source and a metrics feed; shows, updates and finally freezes.
+
+    Use `nbcluster.widgets.live` / `nbcluster.widgets.status` rather than this class; its
+    keyword arguments are documented there. `_display`, `_clock`, `_text` and `_widgets`
+    are test seams.
+    """
+
+    def __init__(
+        self,
+        progress: ProgressSource | None,
+        feed: Feed | None,
+        *,
+        label: str | None = None,
+        delay: float = 0.75,
+        interval: float = 0.25,
+        best: Best = "max",
+        window: float | None = None,
+        live_for: float | None = None,
+        history: bool = False,
+        _display: Display | None = None,
+        _clock: Callable[[], float] = time.monotonic,
+        _text: TextBar | None = None,
+        _widgets: bool | None = None,
+    ) -> None:
+        self.progress_source = progress
+        self.feed = feed
+        self.label = label
+        self.delay = delay
+        self.interval = interval
+        self.best = best
+        self.window_seconds = window
+        self.live_for = live_for
+        self._clock = _clock
+        self._widgets = in_kernel() if _widgets is None else _widgets
+        self._display = _display if _display is not None else (KernelDisplay() if self._widgets else None)
+        self._text = _text if _text is not None or self._widgets else TextBar()
+        if not self._widgets:
+            self.feed = None  # no graphs to draw in a terminal
+
+        self.metrics = MetricsWindow()
+        # Tasks that ended before this run began belong to earlier cells (status views
+        # want them: recent history).
+        self._since_wall = None if history else time.time() - 0.5
+        self.widget: Any = None
+        self.shown = False
+        self.frozen = False
+        self.final_html: str | None = None
+        self.counts: dict[str, Any] = {}
+        self.grid: dict[str, Any] = {}
+        self._raw_grid: Any = None
+        self._rate = RateMeter()
+        self._t0 = _clock()
+        self._seq = 0
+        self._sent_workers: Any = None
+        self._pending_tasks: list[dict[str, Any]] = []
+        self._pending_samples: list[dict[str, Any]] = []
+        self._end_state: str | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(self._run,), name="nbcluster-live", daemon=True
+        )
+        self._thread.start()
+
+    # -- public ---------------------------------------------------------------------------
+
+    def close(self, state: str | None = None, timeout: float = 10.0) -> None:
+        """Stop polling and freeze the final state; `state` overrides the computed one
+        (e.g. "cancelled" after an interrupt). Safe to call more than once."""
+        if state is not None and self._end_state is None:
+            self._end_state = state
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        self._freeze()
+
+    def __enter__(self) -> Live:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close("cancelled" if exc_type is KeyboardInterrupt else None)
+
+    # -- the poller thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                finished = self._tick()
+                if finished or self._stop.is_set():
+                    break
+                if self.live_for is not None and self._clock() - self._t0 >= self.live_for:
+                    break
+                if self._stop.wait(self.interval):
+                    break
+            self._tick()
+        except Exception:
+            logger.exception("nbcluster live widget failed; freezing it")
+        finally:
+            self._freeze()
+
+    def _tick(self) -> bool:
+        """One poll: read, maybe show, push. Returns whether the run has finished."""
+        finished = self._read_progress()
+        self._read_metrics()
+        if not self.shown and (finished or self._clock() - self._t0 < self.delay):
+            return finished  # instant runs stay clean: nothing is ever shown
+        if not self.shown:
+            self._show()
+        self._push()
+        return finished
+
+    def _read_progress(self) -> bool:
+        if self.progress_source is None:
+            self.counts = {}
+            return False
+        raw = dict(self.progress_source())
+        elapsed = self._clock() - self._t0
+        finished = is_finished(raw)
+        completed = int(raw.get("done") or 0) + int(raw.get("failed") or 0)
+        rate = self._rate.add(self._clock(), completed)
+        state = self._end_state or ("done" if finished else "running")
+        self.counts = decorate(raw, elapsed=elapsed, rate=rate, state=state, label=self.label)
+        grid = raw.get("grid")
+        if grid is not self._raw_grid or finished:
+            self._raw_grid = grid
+            self.grid = rank_grid(grid, self.best)
+        return finished
+
+    def _read_metrics(self) -> None:
+        if self.feed is None:
+            return
+        try:
+            snap = self.feed(self.metrics.cursor)
+        except Exception as e:
+            # A cluster without the metrics plugin, or one that went away: keep the
+            # progress bar, drop the graphs.
+            logger.info("nbcluster live widget: no metrics (%s: %s)", type(e).__name__, e)
+            self.feed = None
+            return
+        tasks = snap.get("tasks") or ()
+        if self._since_wall is not None:
+            tasks = [t for t in tasks if t["stop"] >= self._since_wall]
+        snap = {**snap, "tasks": list(tasks)}
+        self.metrics.apply(snap)
+        self._pending_tasks.extend(snap["tasks"])
+        self._pending_samples.extend(snap.get("resources") or ())
+
+    def _show(self) -> None:
+        from nbcluster.widgets.widget import LiveWidget
+
+        assert self._display is not None or self._text is not None
+        if self._text is not None:
+            self.shown = True
+            return
+        self.widget = LiveWidget(window=self.window_seconds)
+        # The first delta carries everything gathered before the widget appeared.
+        self._pending_tasks = list(self.metrics.tasks)
+        self._pending_samples = [r for series in self.metrics.samples.values() for r in series]
+        self._push(reset=True)
+        assert self._display is not None
+        self._display.show(
+            {
+                WIDGET_MIME: {"version_major": 2, "version_minor": 1, "model_id": self.widget.model_id},
+                "text/plain": self._text_line(),
+            }
+        )
+        self.shown = True
+
+    def _push(self, reset: bool = False) -> None:
+        if self._text is not None:
+            if self.counts:
+                self._text.update(self.counts)
+            return
+        w = self.widget
+        if w is None:
+            return
+        workers = self.metrics.workers
+        delta: dict[str, Any] = {"seq": self._seq + 1, "now": self.metrics.now, "cursor": self.metrics.cursor}
+        if reset:
+            delta["reset"] = True
+        if reset or workers != self._sent_workers:
+            delta["workers"] = workers
+            self._sent_workers = workers
+        if self._pending_tasks:
+            delta["tasks"] = self._pending_tasks
+        if self._pending_samples:
+            delta["resources"] = self._pending_samples
+        self._pending_tasks, self._pending_samples = [], []
+        with w.hold_sync():
+            if self.counts and self.counts != w.progress:
+                w.progress = self.counts
+            if self.grid != w.grid:
+                w.grid = self.grid
+            # Send a delta when something is new, or about once a second so the live
+            # time axis keeps moving while nothing finishes.
+            if len(delta) > 3 or reset or self._seq % 4 == 0:
+                self._seq += 1
+                w.delta = delta
+            else:
+                self._seq += 1
+
+    # -- the end --------------------------------------------------------------------------
+
+    def _text_line(self) -> str:
+        if self.counts:
+            return TextBar(stream=_NullStream()).line(self.counts)
+        return f"nbcluster: {len(self.metrics.workers)} workers"
+
+    def _freeze(self) -> None:
+        with self._lock:
+            if self.frozen:
+                return
+            self.frozen = True
+        if self._end_state is not None and self.counts:
+            self.counts = {**self.counts, "state": self._end_state}
+            self.counts.pop("eta", None)
+        if not self.shown:
+            return
+        if self._text is not None:
+            if self.counts:
+                self._text.finish(self.counts)
+            return
+        if self.widget is not None:
+            # Sync the final counts first: a front end that ignores display updates keeps
+            # the widget's view, which then shows the end state, not the last tick.
+            self._push()
+        self.final_html = _static.render_html(
+            self.counts or None,
+            self.metrics.to_view(),
+            self.grid or None,
+            window=self.window_seconds,
+        )
+        assert self._display is not None
+        self._display.update({"text/html": self.final_html, "text/plain": self._text_line()})
+        if self.widget is not None:
+            self.widget.close()
+
+
+class _NullStream:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def as_progress_source(obj: Any) -> ProgressSource | None:
+    """Accept a callable, or an object with a ``progress()`` method (e.g. ``Results``)."""
+    if obj is None:
+        return None
+    if callable(obj):
+        return obj
+    method = getattr(obj, "progress", None)
+    if callable(method):
+        return method
+    raise TypeError(
+        f"expected a callable returning progress counts, or an object with .progress(); got {obj!r}"
+    )

@@ -1,0 +1,49 @@
+"""`LiveWidget`: the anywidget model the notebook front end draws (``static/widget.js``).
+
+The ESM sent to the browser is ``graphs.js`` followed by ``widget.js`` without its import
+line. anywidget loads the module from a string, where ``import "./graphs.js"`` cannot
+resolve; concatenating at import time keeps both files real, separately testable ``.js``
+files and needs no bundler. Both define only distinct top-level names, so the result is one
+valid module.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import anywidget
+import traitlets
+
+STATIC = Path(__file__).parent / "static"
+
+
+def build_esm() -> str:
+    """graphs.js + widget.js as one ES module."""
+    graphs = (STATIC / "graphs.js").read_text(encoding="utf-8")
+    widget = (STATIC / "widget.js").read_text(encoding="utf-8")
+    widget, n = re.subn(r'^import \{[^}]*\} from "\./graphs\.js";\n', "", widget, flags=re.M)
+    if n != 1:
+        raise RuntimeError("widget.js must import graphs.js on one line")
+    return f"{graphs}\n// ---- widget.js ----\n{widget}"
+
+
+class LiveWidget(anywidget.AnyWidget):
+    """Progress, task stream and worker charts of one run (or of a cluster, for status).
+
+    Filled by `nbcluster.widgets.Live`; on its own it is an empty frame.
+    """
+
+    _esm = build_esm()
+
+    #: {done, running, failed, total, rate?, eta?, elapsed, state, label?}
+    progress = traitlets.Dict().tag(sync=True)
+    #: {params: [...], rows: [{params, value, status}], total}: best rows first
+    grid = traitlets.Dict().tag(sync=True)
+    #: the latest poll's new records: a metrics snapshot plus "seq" (and "reset" for a
+    #: fresh start); the front end folds these into its own bounded view
+    delta = traitlets.Dict().tag(sync=True)
+    #: seconds of task stream shown; None shows the whole run
+    window = traitlets.Float(None, allow_none=True).tag(sync=True)
+    #: seconds of resource history shown
+    resource_window = traitlets.Float(60.0).tag(sync=True)

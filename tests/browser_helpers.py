@@ -1,0 +1,170 @@
+"""A real `jupyter lab` in a subprocess and a headless Chromium driving it.
+
+`JupyterLab` starts the server on a free loopback port with a token and a non-default
+base_url, in private config/data/runtime folders, with nbcluster's server extension and
+the built labextension from this checkout (not whatever is installed in the environment),
+and a private cluster registry. It waits for the server's own "is running at" line (an
+event, not a sleep) and always stops the server, and the clusters it owns, on exit.
+
+The labextension must be built first (`cd labextension && jlpm install && jlpm build:prod`,
+or `pip install .`); a missing build fails the test with that instruction instead of
+skipping it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+import nbcluster
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILT = ROOT / "nbcluster" / "labextension"
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = os.environ.get("NBCLUSTER_CHROMIUM", "/usr/bin/chromium")
+START_TIMEOUT_S = 90
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def labextension_dir() -> Path:
+    """The built extension to serve: this checkout's build, else the installed copy."""
+    if (BUILT / "package.json").exists():
+        return BUILT
+    installed = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "nbcluster"
+    if (installed / "package.json").exists():
+        return installed
+    pytest.fail(
+        "the nbcluster labextension is not built: run `cd labextension && jlpm install && "
+        "jlpm build:prod` (or `pip install .`), then run the browser tests again"
+    )
+
+
+class JupyterLab:
+    """`with JupyterLab(tmp) as lab:` -> lab.url (with base_url), lab.token, lab.runtime_dir."""
+
+    base_url = "/jl/"
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.root_dir = tmp / "notebooks"
+        self.runtime_dir = tmp / "registry"
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}{self.base_url}"
+        self.log_path = tmp / "jupyter-lab.log"
+        self.proc: subprocess.Popen[str] | None = None
+        self._ready = threading.Event()
+
+    def _prepare(self) -> dict[str, str]:
+        data = self.tmp / "data"
+        (data / "labextensions").mkdir(parents=True)
+        (data / "labextensions" / "nbcluster").symlink_to(labextension_dir())
+        config = self.tmp / "config"
+        config.mkdir()
+        (config / "jupyter_server_config.json").write_text(
+            json.dumps({"ServerApp": {"jpserver_extensions": {"nbcluster.server": True}}})
+        )
+        # No "get news?" toast over the page, no update checks (no internet in CI).
+        settings = self.tmp / "settings" / "@jupyterlab" / "apputils-extension"
+        settings.mkdir(parents=True)
+        (settings / "notification.jupyterlab-settings").write_text(
+            json.dumps({"fetchNews": "false", "checkForUpdates": False})
+        )
+        self.root_dir.mkdir()
+        self.runtime_dir.mkdir()
+        return {
+            **os.environ,
+            "JUPYTER_CONFIG_DIR": str(config),
+            "JUPYTER_DATA_DIR": str(data),
+            "JUPYTER_RUNTIME_DIR": str(self.tmp / "runtime"),
+            "JUPYTERLAB_SETTINGS_DIR": str(self.tmp / "settings"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(self.tmp / "workspaces"),
+            "NBCLUSTER_RUNTIME_DIR": str(self.runtime_dir),
+        }
+
+    def __enter__(self) -> JupyterLab:
+        env = self._prepare()
+        cmd = [
+            sys.executable, "-m", "jupyterlab", "--no-browser",
+            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0", f"--ServerApp.base_url={self.base_url}",
+            f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root_dir}",
+            "--LabApp.expose_app_in_browser=True",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
+        try:
+            if not self._ready.wait(START_TIMEOUT_S) or self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab did not start; log:\n{self.log()}")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _drain(self, stream: IO[str]) -> None:
+        # The whole log goes to a file (shown when a test fails); the "running at" line
+        # is the readiness event. Reading to EOF also keeps the pipe from filling up.
+        with open(self.log_path, "w") as log:
+            for line in stream:
+                log.write(line)
+                log.flush()
+                if re.search(r"is running at|http://127\.0\.0\.1:\d+/jl/lab", line):
+                    self._ready.set()
+        self._ready.set()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            # SIGTERM lets the server shut down its kernels; the clusters it owns follow
+            # it (owner watch). The process group catches anything it left behind.
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        for handle in nbcluster.clusters(runtime_dir=self.runtime_dir):
+            handle.stop()
+
+
+def launch_chromium(playwright: Any) -> Any:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: `apt-get install -y chromium` (or set NBCLUSTER_CHROMIUM)")
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+
+
+class Screenshots:
+    """Numbered screenshots under test-artifacts/<test>/, each path printed for CI logs."""
+
+    def __init__(self, page: Any, test_name: str):
+        self.page = page
+        self.folder = ARTIFACTS / test_name
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.count = 0
+
+    def __call__(self, label: str) -> Path:
+        self.count += 1
+        path = self.folder / f"{self.count:02d}-{label}.png"
+        self.page.screenshot(path=str(path))
+        print(f"screenshot: {path}")
+        return path
