@@ -1,0 +1,274 @@
+"""The live widget's Python side: static picture, progress arithmetic, and the poller.
+
+The poller tests drive `Live` with real Dask work on the session's cluster and record what
+it would display (`Recorder`, a real implementation of the display seam); the widget
+object is a real `LiveWidget`, whose trait changes are what a front end would receive.
+Kernel and browser behaviour are in test_widgets_kernel.py and test_live_browser.py.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import time
+from typing import Any
+
+import pytest
+from distributed import as_completed
+
+from nbcluster.cluster.handle import ClusterHandle
+from nbcluster.widgets import live, status
+from nbcluster.widgets._progress import RateMeter, TextBar, is_finished, rank_grid
+from nbcluster.widgets._static import format_bytes, format_duration, prefix_color, render_html
+from nbcluster.widgets.widget import build_esm
+
+# -- pure pieces --------------------------------------------------------------------------
+
+
+def test_prefix_colours_match_graphs_js() -> None:
+    # Values printed by graphs.js's prefixColor (node), so live and saved pictures agree.
+    assert prefix_color("inc") == "hsl(313, 55%, 55%)"
+    assert prefix_color("slow_inc") == "hsl(261, 55%, 55%)"
+    assert prefix_color("é😀x") == "hsl(221, 55%, 55%)"
+
+
+def test_formatting() -> None:
+    assert format_bytes(1_234_567) == "1.2 MB"
+    assert format_bytes(512) == "512 B"
+    assert format_duration(75) == "1 min 15 s"
+    assert format_duration(3.25) == "3.2 s"
+
+
+def test_grid_rows_best_first_then_pending() -> None:
+    rows = [
+        {"params": {"lr": 0.1}, "value": 0.5},
+        {"params": {"lr": 0.2}},  # pending
+        {"params": {"lr": 0.3}, "value": 0.9},
+        {"params": {"lr": 0.4}, "value": "nan?", "status": "error"},
+        {"params": {"lr": 0.5}, "value": 0.7},
+    ]
+    g = rank_grid({"params": ["lr"], "rows": rows}, "max", limit=4)
+    assert [r["params"]["lr"] for r in g["rows"]] == ["0.3", "0.5", "0.1", "0.2"]
+    assert g["total"] == 5 and g["rows"][0]["value"] == "0.9"
+    assert g["rows"][3]["status"] == "pending"
+    low = rank_grid({"rows": rows}, "min")
+    assert [r["params"]["lr"] for r in low["rows"]][:3] == ["0.1", "0.5", "0.3"]
+    assert low["params"] == ["lr"]
+    assert rank_grid(None, "max") == {}
+
+
+def test_rate_meter_and_finished() -> None:
+    meter = RateMeter(horizon=10)
+    assert meter.add(0.0, 0) is None
+    assert meter.add(1.0, 20) == pytest.approx(20.0)
+    assert meter.add(2.0, 30) == pytest.approx(15.0)
+    assert is_finished({"done": 3, "failed": 1, "total": 4})
+    assert not is_finished({"done": 3, "total": 4})
+    assert not is_finished({"done": 4, "total": 4, "finished": False})
+
+
+def test_text_bar_redraws_on_a_terminal_and_writes_once_to_a_log() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    bar = TextBar(tty)
+    bar.update({"done": 1, "total": 4, "state": "running"})
+    bar.finish({"done": 4, "total": 4, "state": "done", "elapsed": 2.0})
+    assert tty.getvalue().count("\r") == 2
+    assert tty.getvalue().endswith("4 / 4 done (100%) · done in 2.0 s\n")
+
+    log = io.StringIO()
+    bar = TextBar(log)
+    bar.update({"done": 1, "total": 4})
+    bar.finish({"done": 4, "total": 4})
+    assert log.getvalue() == "[########################] 4 / 4 done (100%)\n"
+
+
+def _view(gpu: bool = False) -> dict[str, Any]:
+    w0, w1 = "tcp://10.0.0.1:1", "tcp://10.0.0.2:1"
+    workers = {
+        w0: {"name": "0", "nthreads": 1, "memory_limit": 4_000_000_000, "resources": {}},
+        w1: {"name": "<b>1</b>", "nthreads": 2, "memory_limit": 0, "resources": {}},
+    }
+    if gpu:  # a simulation: no GPU on the test machine
+        workers[w0]["gpu"] = {"name": "Simulated", "memory_total": 80_000_000_000}
+    sample = {
+        "time": 105.0,
+        "cpu": 90.0,
+        "memory": 2e8,
+        "memory_limit": 4e9,
+        "net_read": 0.0,
+        "net_write": 0.0,
+    }
+    samples = {w0: [{**sample, "worker": w0, **({"gpu_util": 50, "gpu_memory": 1e9} if gpu else {})}]}
+    tasks = [
+        {"prefix": "inc", "worker": w0, "start": 100.0, "stop": 101.0, "status": "ok"},
+        {"prefix": "inc", "worker": w1, "start": 100.5, "stop": 102.0, "status": "ok"},
+        {"prefix": "inc", "worker": w1, "start": 101.0, "stop": 101.5, "status": "error"},
+    ]
+    return {"now": 106.0, "workers": workers, "tasks": tasks, "samples": samples}
+
+
+def test_static_picture_shows_progress_lanes_failures_and_no_scripts() -> None:
+    counts = {"done": 9, "failed": 1, "running": 0, "total": 10, "state": "done", "elapsed": 6.0}
+    html = render_html(counts, _view(), {"params": ["lr"], "rows": [{"params": {"lr": "0.1"}, "value": "3"}]})
+    assert 'data-percent="100"' in html and 'data-state="done"' in html
+    assert "9 / 10 done (100%) · 1 failed · done in 6.0 s" in html
+    assert html.count('class="nbc-lane"') == 2
+    assert html.count('class="nbc-task"') == 2 and html.count('class="nbc-task-error"') == 1
+    assert "var(--jp-error-color1" in html
+    assert html.count('class="nbc-grid-row"') == 1
+    assert "<script" not in html and "&lt;b&gt;1&lt;/b&gt;" in html  # names are escaped
+    assert "GPU" not in html  # no GPU column without GPUs
+
+
+def test_static_picture_has_a_gpu_column_only_with_gpus() -> None:
+    html = render_html(None, _view(gpu=True))
+    assert "GPU 50% · 1.0 GB" in html and "no GPU" in html  # worker 1 has none
+
+
+def test_widget_esm_is_one_module() -> None:
+    esm = build_esm()
+    assert "./graphs.js" not in esm
+    assert "export function renderTaskStream" in esm and "export default" in esm
+    # No network: nothing imported from anywhere.
+    assert not re.search(r"^\s*import\s", esm, flags=re.M)
+
+
+# -- the poller, driven by real Dask work ---------------------------------------------------
+
+
+class Recorder:
+    """The display seam: keeps what would have been shown in a notebook output."""
+
+    def __init__(self) -> None:
+        self.shown: list[dict[str, Any]] = []
+        self.updates: list[dict[str, Any]] = []
+        self.first_shown = threading.Event()
+
+    def show(self, bundle: dict[str, Any]) -> None:
+        self.shown.append(bundle)
+        self.first_shown.set()
+
+    def update(self, bundle: dict[str, Any]) -> None:
+        self.updates.append(bundle)
+
+
+def _task_functions():
+    # Local functions are shipped by value: the cluster cannot import this test module.
+    def square(x: int) -> int:
+        time.sleep(0.05)
+        return x * x
+
+    def broken(x: int) -> int:
+        raise ZeroDivisionError(x)
+
+    return square, broken
+
+
+square, broken = _task_functions()
+
+
+class Counts:
+    """A thread-safe progress source over Dask futures, as the distribute engine keeps one."""
+
+    def __init__(self, total: int) -> None:
+        self.lock = threading.Lock()
+        self.c = {"done": 0, "running": 0, "failed": 0, "total": total}
+
+    def __call__(self) -> dict[str, int]:
+        with self.lock:
+            return dict(self.c)
+
+    def finish(self, ok: bool) -> None:
+        with self.lock:
+            self.c["done" if ok else "failed"] += 1
+
+
+def _run(cluster: ClusterHandle, fn, n: int, counts: Counts, start: int = 0) -> None:
+    for f in as_completed(cluster.client.map(fn, range(start, start + n))):
+        counts.finish(f.status == "finished")
+
+
+def test_live_shows_increasing_progress_and_freezes_into_the_final_picture(cluster: ClusterHandle) -> None:
+    counts = Counts(30)
+    rec = Recorder()
+    lv = live(counts, cluster.metrics, label="squares", delay=0.2, interval=0.1, _display=rec, _widgets=True)
+    seen: list[int] = []
+    lv_widget_ready = rec.first_shown
+    futures = cluster.client.map(square, range(1000, 1030))
+    for i, f in enumerate(as_completed(futures)):
+        counts.finish(f.status == "finished")
+        if i == 0:
+            assert lv_widget_ready.wait(30), "the widget never appeared"
+            lv.widget.observe(lambda ch: seen.append(ch["new"].get("done", 0)), names="progress")
+    lv.close()
+
+    assert len(rec.shown) == 1
+    assert rec.shown[0]["application/vnd.jupyter.widget-view+json"]["model_id"]
+    assert seen == sorted(seen) and seen[-1] == 30 and len(set(seen)) > 1
+    final = rec.updates[-1]
+    assert set(final) == {"text/html", "text/plain"}  # the widget is gone from the output
+    html = final["text/html"]
+    assert 'data-percent="100"' in html and 'data-state="done"' in html
+    assert html.count('class="nbc-lane"') == 2  # one lane per worker
+    assert html.count('class="nbc-task"') == 30  # this run's tasks only
+    assert "squares" in final["text/plain"] and "30 / 30 done" in final["text/plain"]
+    assert lv.widget.progress["state"] == "done"
+
+
+def test_instant_runs_show_nothing(cluster: ClusterHandle) -> None:
+    counts = Counts(2)
+    rec = Recorder()
+    lv = live(counts, cluster.metrics, delay=30, _display=rec, _widgets=True)
+    _run(cluster, square, 2, counts, start=2000)
+    lv.close()
+    assert rec.shown == [] and rec.updates == [] and lv.widget is None
+
+
+def test_failures_and_cancel_are_reported(cluster: ClusterHandle) -> None:
+    counts = Counts(10)
+    rec = Recorder()
+    lv = live(counts, cluster.metrics, delay=0, interval=0.1, _display=rec, _widgets=True)
+    _run(cluster, broken, 3, counts, start=3000)
+    lv.close("cancelled")
+    html = rec.updates[-1]["text/html"]
+    assert 'data-state="cancelled"' in html and "3 failed" in html and "ETA" not in html
+    assert html.count('class="nbc-task-error"') == 3
+
+
+def test_a_feed_that_fails_leaves_the_progress_bar(cluster: ClusterHandle) -> None:
+    def no_plugin(since: int | None) -> dict:
+        raise ValueError("unknown operation nbcluster_metrics")
+
+    counts = Counts(3)
+    rec = Recorder()
+    lv = live(counts, no_plugin, delay=0, interval=0.05, _display=rec, _widgets=True)
+    _run(cluster, square, 3, counts, start=4000)
+    lv.close()
+    html = rec.updates[-1]["text/html"]
+    assert 'data-percent="100"' in html and "nbc-lane" not in html
+
+
+def test_status_shows_recent_history_then_freezes(cluster: ClusterHandle) -> None:
+    _run(cluster, square, 4, Counts(4), start=5000)
+    rec = Recorder()
+    st = status(cluster.metrics, live_for=0.3, _display=rec, _widgets=True)
+    st._thread.join(30)
+    assert st.frozen and len(rec.shown) == 1
+    html = rec.updates[-1]["text/html"]
+    assert html.count('class="nbc-lane"') == 2 and "nbc-progress" not in html
+    assert html.count('class="nbc-task"') >= 4
+
+
+def test_terminal_gets_a_text_bar(cluster: ClusterHandle) -> None:
+    counts = Counts(5)
+    out = io.StringIO()
+    lv = live(counts, cluster.metrics, delay=0, interval=0.05, _widgets=False, _text=TextBar(out))
+    _run(cluster, square, 5, counts, start=6000)
+    lv.close()
+    assert out.getvalue().startswith("[########################] 5 / 5 done (100%)")
+    assert lv.widget is None
