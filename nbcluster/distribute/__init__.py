@@ -1,0 +1,24 @@
+"""Cell-level parallel execution: `%%distribute` and `nbcluster.distribute()`.
+
+One engine, two front ends: the magic parses its line (`args.py`) and calls `distribute`
+with the cell and the user's namespace; Python code calls `distribute` directly.
+Modules, in the order a run uses them: `cell` (source -> code, free names), `plan`
+(items, batch sizes), `capture` (what travels and how), `run` (submit, stream, cancel),
+`worker` (what runs on the workers), `results` (what comes back).
+"""
+
+from __future__ import annotations
+
+from nbcluster.distribute.args import parse_distribute_line, parse_wait_line
+from nbcluster.distribute.results import ItemError, Results
+from nbcluster.distribute.run import Interrupted, distribute, wait
+
+__all__ = [
+    "Interrupted",
+    "ItemError",
+    "Results",
+    "distribute",
+    "parse_distribute_line",
+    "parse_wait_line",
+    "wait",
+]

@@ -1,0 +1,179 @@
+"""Which notebook variables a cell takes with it, and how each one travels.
+
+For every free name of the cell (see `cell.py`) found in the user's namespace:
+
+- a module (`np`, `pd`) travels as its name and is imported on the worker;
+- anything else is pickled with cloudpickle, here in the kernel, one name at a time, so
+  a value that cannot travel (an open file, a lock, a database connection) is reported
+  by name before anything is sent. Functions and classes defined in the notebook
+  (module `__main__`) travel by value; imported ones by reference.
+- a value whose pickle is over `LARGE` bytes (arrays, DataFrames) is *scattered* to
+  every worker once and cached by the hash of its pickled content (`Shipments`): the
+  next cell that uses the same, unchanged object sends nothing. Pickling uses protocol 5
+  with out-of-band buffers, so sizing and hashing a 200 MB array copies nothing.
+  Rebinding the name to different content releases the old copy on the workers.
+
+A name the cell reads before binding it, that is neither in the namespace nor a builtin,
+is an error here ("`y` is not defined"); a name read only inside a function the cell
+defines is left for Python to resolve when it runs, as in the kernel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import threading
+import weakref
+from dataclasses import dataclass, field
+from types import CodeType, ModuleType
+from typing import Any
+
+import cloudpickle
+
+from nbcluster.distribute.cell import is_builtin
+from nbcluster.errors import BadArgument
+
+LARGE = 1_000_000  # bytes of pickle above which a value is shipped once per worker
+
+
+@dataclass
+class Capture:
+    values: dict[str, bytes] = field(default_factory=dict)  # small: pickled here
+    modules: dict[str, str] = field(default_factory=dict)  # name -> module to import
+    large: dict[str, tuple[Any, str, int]] = field(default_factory=dict)  # name -> (value, digest, size)
+    direct: dict[str, Any] = field(default_factory=dict)  # every captured value, for --local
+
+    @property
+    def names(self) -> list[str]:
+        return [*self.modules, *self.values, *self.large]
+
+
+def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool = True) -> Capture:
+    """Collect the free names' values; `pickle_values=False` when nothing leaves the kernel."""
+    result = Capture()
+    for name, line in free.items():
+        if name in namespace:
+            value = namespace[name]
+        elif is_builtin(name) or line is None:
+            continue
+        else:
+            raise BadArgument(
+                f"`{name}` (cell line {line}) is not defined in the notebook: define it in an earlier "
+                "cell or in this one before it is used"
+            )
+        result.direct[name] = value
+        if isinstance(value, ModuleType):
+            result.modules[name] = value.__name__
+        elif pickle_values:
+            _add(result, name, value)
+    return result
+
+
+def code_index(values: Any) -> dict[str, list[tuple[str, int, int]]]:
+    """co_name -> [(filename, first line, last line)] for the notebook functions in `values`.
+
+    cloudpickle renames the file of every code object it ships by value to
+    "<dynamic-code>"; names and line numbers survive, so a worker's frame can be mapped
+    back to the notebook cell the function was defined in.
+    """
+    index: dict[str, list[tuple[str, int, int]]] = {}
+    todo: list[Any] = []
+    for value in values:
+        if isinstance(value, type):
+            for member in vars(value).values():
+                member = getattr(member, "__func__", member)
+                member = getattr(member, "fget", member)
+                todo.append(getattr(member, "__code__", None))
+        else:
+            todo.append(getattr(value, "__code__", None))
+    seen: set[int] = set()
+    while todo:
+        code = todo.pop()
+        if not isinstance(code, CodeType) or id(code) in seen:
+            continue
+        seen.add(id(code))
+        lines = [line for _, _, line in code.co_lines() if line is not None]
+        last = max(lines, default=code.co_firstlineno)
+        index.setdefault(code.co_name, []).append((code.co_filename, code.co_firstlineno, last))
+        todo.extend(c for c in code.co_consts if isinstance(c, CodeType))
+    return index
+
+
+def _add(result: Capture, name: str, value: Any) -> None:
+    buffers: list[pickle.PickleBuffer] = []
+    try:
+        header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+    except RecursionError:
+        raise BadArgument(
+            f"`{name}` cannot be sent to the workers: it is nested too deeply to pickle"
+        ) from None
+    except Exception as e:
+        raise BadArgument(
+            f"`{name}` cannot be sent to the workers: {_why(e)}. Create it inside the cell instead, "
+            "or pass what it is made from"
+        ) from None
+    size = len(header) + sum(b.raw().nbytes for b in buffers)
+    if size > LARGE:
+        digest = hashlib.blake2b(header, digest_size=16)
+        for b in buffers:
+            digest.update(b.raw())
+        result.large[name] = (value, digest.hexdigest(), size)
+    elif buffers:
+        result.values[name] = cloudpickle.dumps(value, protocol=5)
+    else:
+        result.values[name] = header
+
+
+def _why(e: Exception) -> str:
+    text = str(e).split("\n")[0]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def human(size: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
+
+
+class Shipments:
+    """Large values on one client's workers, by content digest (see module docstring)."""
+
+    def __init__(self) -> None:
+        self.futures: dict[str, Any] = {}
+        self.by_name: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def ship(self, client: Any, large: dict[str, tuple[Any, str, int]]) -> tuple[list[Any], list[str]]:
+        """Futures for the large values (in order), and what the report line should say."""
+        futures, notes = [], []
+        with self.lock:
+            for name, (value, digest, size) in large.items():
+                future = self.futures.get(digest)
+                if future is not None and future.status == "finished":
+                    notes.append(f"{name} ({human(size)}) already on the workers")
+                else:
+                    key = f"nbcluster-capture-{digest}"
+                    future = client.scatter({key: value}, broadcast=True)[key]
+                    self.futures[digest] = future
+                    workers = len(client.scheduler_info().get("workers", {}))
+                    notes.append(f"sent {name} ({human(size)}) once to each of {workers} workers")
+                old = self.by_name.get(name)
+                self.by_name[name] = digest
+                if old is not None and old != digest and old not in self.by_name.values():
+                    self.futures.pop(old, None)  # dropping the future frees the workers' copy
+                futures.append(future)
+        return futures, notes
+
+
+_SHIPMENTS: weakref.WeakKeyDictionary[Any, Shipments] = weakref.WeakKeyDictionary()
+_SHIPMENTS_LOCK = threading.Lock()
+
+
+def shipments(client: Any) -> Shipments:
+    with _SHIPMENTS_LOCK:
+        found = _SHIPMENTS.get(client)
+        if found is None:
+            found = _SHIPMENTS[client] = Shipments()
+        return found
