@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import signal
 import socket
@@ -106,6 +105,8 @@ class JupyterLab:
             "--ServerApp.port_retries=0", f"--ServerApp.base_url={self.base_url}",
             f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root_dir}",
             "--LabApp.expose_app_in_browser=True",
+            # CI containers run as root; the server refuses root without this.
+            "--allow-root",
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -126,7 +127,7 @@ class JupyterLab:
             for line in stream:
                 log.write(line)
                 log.flush()
-                if re.search(r"is running at|http://127\.0\.0\.1:\d+/jl/lab", line):
+                if "is running at" in line:
                     self._ready.set()
         self._ready.set()
 
@@ -145,6 +146,10 @@ class JupyterLab:
                 self.proc.wait(10)
         for handle in nbcluster.clusters(runtime_dir=self.runtime_dir):
             handle.stop()
+        ARTIFACTS.mkdir(exist_ok=True)
+        kept = ARTIFACTS / "jupyter-lab.log"
+        kept.write_text(self.log())
+        print(f"jupyter lab log: {kept}")
 
 
 def launch_chromium(playwright: Any) -> Any:
@@ -160,7 +165,7 @@ class Screenshots:
         self.page = page
         self.folder = ARTIFACTS / test_name
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.count = 0
+        self.count = len(list(self.folder.glob("*.png")))
 
     def __call__(self, label: str) -> Path:
         self.count += 1

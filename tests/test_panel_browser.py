@@ -1,0 +1,152 @@
+"""The sidebar panel in a real JupyterLab, driven by headless Chromium (Playwright).
+
+One walk through what a user does: open the panel, start a cluster from the form, scale
+it, use it from a notebook, watch the task stream while a cell runs, stop it. Every wait is
+Playwright's auto-waiting `expect` on what the page shows; screenshots of each step go to
+test-artifacts/<test name>/ (paths printed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import nbformat
+import pytest
+
+import nbcluster
+from tests.browser_helpers import JupyterLab, Screenshots, launch_chromium
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+expect = playwright_api.expect
+
+CLUSTER_TIMEOUT_MS = 90_000  # a cluster start or scale on a busy 2-core CI machine
+CELL = """\
+import time
+from distributed import get_client
+client = get_client()
+futures = client.map(lambda i: time.sleep(0.05) or i, range(60))
+print("total", sum(client.gather(futures)))"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
+    with JupyterLab(tmp_path_factory.mktemp("lab")) as server:
+        kernelspec = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+        notebook = nbformat.v4.new_notebook(
+            cells=[nbformat.v4.new_code_cell("")], metadata={"kernelspec": kernelspec}
+        )
+        nbformat.write(notebook, server.root_dir / "demo.ipynb")
+        yield server
+
+
+@pytest.fixture
+def page(lab: JupyterLab, request: pytest.FixtureRequest) -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(30_000)
+            yield page
+            # The last state, pass or fail: the first thing to look at when a step failed.
+            Screenshots(page, request.node.name)("final")
+        finally:
+            browser.close()
+
+
+def card(page: Any, name: str) -> Any:
+    return page.locator(f'.nbc-card[data-name="{name}"]')
+
+
+def test_panel_start_scale_use_watch_stop(lab: JupyterLab, page: Any) -> None:
+    shot = Screenshots(page, "test_panel_start_scale_use_watch_stop")
+    page.goto(f"{lab.url}lab?token={lab.token}")
+    expect(page.locator("#jp-main-dock-panel")).to_be_visible()
+
+    # The panel: its own icon in the left area.
+    page.locator('.jp-SideBar [data-id="nbcluster-sidebar"]').click()
+    panel = page.locator(".nbc-panel")
+    expect(panel).to_be_visible()
+    expect(panel).to_have_attribute("data-connected", "true")
+    expect(panel.locator(".nbc-empty")).to_be_visible()
+
+    # The form rejects a bad value itself, with a message, before asking the server.
+    panel.get_by_role("button", name="New cluster").click()
+    form = panel.locator(".nbc-form")
+    form.locator('input[name="name"]').fill("not a name")
+    form.get_by_role("button", name="Start cluster").click()
+    expect(form.locator(".nbc-form-error")).to_contain_text("Name:")
+    form.locator('input[name="memory"]').fill("lots")
+    form.locator('input[name="name"]').fill("web")
+    form.get_by_role("button", name="Start cluster").click()
+    expect(form.locator(".nbc-form-error")).to_contain_text("Memory per worker")
+    shot("form-error")
+    form.locator('input[name="memory"]').fill("")
+    expect(form.locator('select[name="profile"] option[value="local"]')).to_be_attached()
+    form.get_by_role("button", name="Start cluster").click()
+
+    web = card(page, "web")
+    expect(web).to_have_attribute("data-workers", "2", timeout=CLUSTER_TIMEOUT_MS)
+    expect(web.locator(".nbc-card-stats")).to_contain_text("2 workers")
+    expect(web.locator(".nbc-card-meta")).to_contain_text("owned by this Jupyter server")
+    shot("cluster-started")
+    # Started through the server, visible to every other process through the registry.
+    assert [h.name for h in nbcluster.clusters(runtime_dir=lab.runtime_dir)] == ["web"]
+
+    web.locator('[data-role="scale"]').fill("3")
+    web.get_by_role("button", name="Scale").click()
+    expect(web).to_have_attribute("data-workers", "3", timeout=CLUSTER_TIMEOUT_MS)
+    expect(web.locator(".nbc-card-stats")).to_contain_text("3 workers")
+    shot("scaled-to-3")
+
+    # A notebook, then "use in this notebook" on the card.
+    page.get_by_role("menuitem", name="File").click()
+    page.locator('.lm-Menu-item[data-command="filebrowser:open-path"]').click()
+    page.locator(".jp-Dialog input").fill("demo.ipynb")
+    page.locator(".jp-Dialog").get_by_role("button", name="Open").click()
+    expect(page.get_by_role("button", name="Python 3 (ipykernel) | Idle")).to_be_visible(timeout=60_000)
+    # Opening a path reveals it in the file browser, which takes the left area; bring the
+    # panel back with its command (activating never toggles it closed, unlike its tab).
+    page.keyboard.press("Control+Shift+C")
+    page.locator(".lm-CommandPalette-input").fill("Show Dask Clusters")
+    page.keyboard.press("Enter")
+    expect(panel).to_be_visible()
+    web.get_by_role("button", name="Use in this notebook").click()
+    expect(page.get_by_text("demo.ipynb now uses cluster web")).to_be_visible(timeout=60_000)
+
+    # Run a cell on the cluster; the panel's task stream fills while it runs.
+    editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+    editor.click()
+    editor.fill(CELL)
+    page.keyboard.press("Shift+Enter")
+    tasks = panel.locator(".nbc-graph-tasks .nbc-task")
+    expect(tasks.first).to_be_attached(timeout=60_000)
+    shot("task-stream-moving")
+    expect(page.locator(".jp-OutputArea-output").first).to_contain_text("total 1770", timeout=60_000)
+    expect(panel.locator(".nbc-graph-progress")).to_contain_text("done")
+    assert tasks.count() > 10
+    shot("cell-done")
+
+    web.get_by_role("button", name="Stop").click()
+    expect(web).to_have_count(0, timeout=CLUSTER_TIMEOUT_MS)
+    expect(panel.locator(".nbc-empty")).to_be_visible()
+    assert nbcluster.clusters(runtime_dir=lab.runtime_dir) == []
+    shot("stopped")
+
+
+def test_panel_lists_a_cluster_started_elsewhere_and_shows_it_gone(lab: JupyterLab, page: Any) -> None:
+    shot = Screenshots(page, "test_panel_lists_a_cluster_started_elsewhere_and_shows_it_gone")
+    handle = nbcluster.start(workers=1, name="outside", runtime_dir=lab.runtime_dir)
+    try:
+        page.goto(f"{lab.url}lab?token={lab.token}")
+        page.locator('.jp-SideBar [data-id="nbcluster-sidebar"]').click()
+        outside = card(page, "outside")
+        expect(outside).to_have_attribute("data-workers", "1", timeout=CLUSTER_TIMEOUT_MS)
+        expect(outside.locator(".nbc-card-meta")).to_contain_text("owned by pid")
+        shot("started-elsewhere")
+    finally:
+        handle.stop()
+    # Stopped behind the panel's back: the card goes, no spinner stays.
+    expect(outside).to_have_count(0)
+    expect(page.get_by_text("Cluster outside is gone")).to_be_visible()
+    shot("gone")
