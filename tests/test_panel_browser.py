@@ -134,9 +134,12 @@ def test_panel_start_scale_use_watch_stop(lab: JupyterLab, page: Any) -> None:
     shot("stopped")
 
 
-def test_panel_lists_a_cluster_started_elsewhere_and_shows_it_gone(lab: JupyterLab, page: Any) -> None:
-    shot = Screenshots(page, "test_panel_lists_a_cluster_started_elsewhere_and_shows_it_gone")
-    handle = nbcluster.start(workers=1, name="outside", runtime_dir=lab.runtime_dir)
+def test_panel_lists_a_cluster_started_elsewhere_with_its_dashboard(lab: JupyterLab, page: Any) -> None:
+    pytest.importorskip("bokeh", reason="Dask's dashboard needs bokeh (pip install bokeh)")
+    shot = Screenshots(page, "test_panel_lists_a_cluster_started_elsewhere_with_its_dashboard")
+    # Started by this test process, as a kernel or the CLI would: the server only reads
+    # the registry.
+    handle = nbcluster.start(workers=1, name="outside", dashboard=True, runtime_dir=lab.runtime_dir)
     try:
         page.goto(f"{lab.url}lab?token={lab.token}")
         page.locator('.jp-SideBar [data-id="nbcluster-sidebar"]').click()
@@ -144,6 +147,17 @@ def test_panel_lists_a_cluster_started_elsewhere_and_shows_it_gone(lab: JupyterL
         expect(outside).to_have_attribute("data-workers", "1", timeout=CLUSTER_TIMEOUT_MS)
         expect(outside.locator(".nbc-card-meta")).to_contain_text("owned by pid")
         shot("started-elsewhere")
+
+        # Its Dask dashboard, through the server's authenticated proxy: the Bokeh page
+        # loads, and so does its live websocket.
+        with page.expect_popup() as popup_info:
+            outside.get_by_role("link", name="Dashboard").click()
+        dashboard = popup_info.value
+        assert dashboard.url.startswith(f"{lab.url}nbcluster/dashboard/outside/")
+        # A Bokeh server app gets its document over that websocket: no socket, no canvas.
+        expect(dashboard.locator("canvas").first).to_be_visible(timeout=60_000)
+        Screenshots(dashboard, "test_panel_lists_a_cluster_started_elsewhere_with_its_dashboard")("dashboard")
+        dashboard.close()
     finally:
         handle.stop()
     # Stopped behind the panel's back: the card goes, no spinner stays.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -257,6 +258,23 @@ async def test_a_cluster_from_another_kernel_shows_up_and_can_be_stopped_here(ap
     status, _ = await api("DELETE", "api/clusters/elsewhere")
     assert status == 204
     assert nbcluster.clusters() == []
+
+
+async def test_a_cluster_that_stops_answering_is_listed_as_unreachable(api) -> None:
+    status, cluster = await api("POST", "api/clusters", {"workers": 0, "name": "frozen"})
+    assert status == 201
+    supervisor = cluster["supervisor_pid"]
+    # A frozen supervisor: registered and alive, but its scheduler cannot answer.
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        status, listing = await api("GET", "api/clusters")
+        (frozen,) = listing["clusters"]
+        assert frozen["state"] == "unreachable" and frozen["name"] == "frozen"
+        assert "tls" not in frozen  # credential paths stay on the server
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    status, listing = await api("GET", "api/clusters")
+    assert listing["clusters"][0]["state"] == "running"
 
 
 async def test_a_cluster_without_dashboard_has_no_proxy(api) -> None:

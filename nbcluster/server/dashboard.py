@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
+from jupyter_server.utils import url_path_join
 from tornado import httpclient, web
 from tornado.websocket import (
     WebSocketClientConnection,
@@ -71,6 +72,9 @@ class DashboardProxyHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         self.upstream: WebSocketClientConnection | None = None
         self.pump: asyncio.Task[None] | None = None
 
+    def proxy_root(self, name: str) -> str:
+        return url_path_join(self.base_url, "nbcluster", "dashboard", name)
+
     def _is_upgrade(self) -> bool:
         return self.request.headers.get("Upgrade", "").lower() == "websocket"
 
@@ -112,6 +116,11 @@ class DashboardProxyHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             value = response.headers.get(key)
             if value is not None:
                 self.set_header(key, value)
+        location = response.headers.get("Location", "")
+        if location.startswith("/"):
+            # The dashboard thinks it is at the root ("/status"); keep the browser inside
+            # the proxy instead of sending it to the Jupyter server's own /status.
+            self.set_header("Location", url_path_join(self.proxy_root(name), location))
         if response.body:
             self.write(response.body)
         self.finish()
@@ -119,11 +128,20 @@ class DashboardProxyHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     @ws_authenticated
     async def _websocket(self, name: str, path: str) -> None:
         origin = await dashboard_origin(name)
+        # Bokeh authenticates its session in the subprotocol header ("bokeh", token):
+        # offer the browser's subprotocols upstream and answer with the one chosen there.
+        offered = self.request.headers.get("Sec-WebSocket-Protocol", "")
+        subprotocols = [p.strip() for p in offered.split(",") if p.strip()] or None
         try:
-            self.upstream = await websocket_connect(self.target(origin, path, scheme="ws"))
+            self.upstream = await websocket_connect(
+                self.target(origin, path, scheme="ws"), subprotocols=subprotocols
+            )
         except (OSError, httpclient.HTTPClientError):
             raise web.HTTPError(502, reason="the cluster's dashboard does not answer") from None
         await WebSocketHandler.get(self, name, path)
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        return self.upstream.selected_subprotocol if self.upstream is not None else None
 
     def open(self, *args: Any, **kwargs: Any) -> None:
         super().open(*args, **kwargs)
