@@ -59,6 +59,8 @@ def use(name_or_address: str) -> ClusterHandle:
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext nbcluster`: register `%cluster` and `%%distribute`."""
+    from nbcluster.cluster.handle import prewarm
     from nbcluster.magics import NbclusterMagics
 
     ipython.register_magics(NbclusterMagics)
+    prewarm()

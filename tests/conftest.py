@@ -40,6 +40,9 @@ def _stop_all(directory: Path) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from nbcluster.cluster.handle import discard_spare
+
+    discard_spare()
     if _SESSION_DIR is not None:
         _stop_all(_SESSION_DIR)
     leftovers = [

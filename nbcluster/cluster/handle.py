@@ -15,8 +15,10 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +82,23 @@ class ClusterHandle:
         return sec.get_connection_args("client")
 
     async def arpc(self, op: str, timeout: float = 30, **kwargs: Any) -> Any:
-        """Call scheduler handler `op` (e.g. ``"nbcluster_scale"``) and return its answer."""
+        """Call scheduler handler `op` (e.g. ``"nbcluster_scale"``) and return its answer.
+
+        A scheduler that cannot be reached, or does not answer within `timeout`, raises
+        `ClusterUnreachable`; an error raised by the handler itself (say a `BadArgument`)
+        comes through as that error.
+        """
         try:
             async with rpc(self.address, connection_args=self._connection_args(), timeout=CONNECT_TIMEOUT_S) as r:
-                return await asyncio.wait_for(getattr(r, op)(**kwargs), timeout)
-        except (OSError, asyncio.TimeoutError) as e:
+                call = asyncio.ensure_future(getattr(r, op)(**kwargs))
+                done, _ = await asyncio.wait({call}, timeout=timeout)
+                if not done:
+                    call.cancel()
+                    raise ClusterUnreachable(
+                        f"cluster {self.name!r} at {self.address} did not answer {op} within {timeout:.0f} s"
+                    )
+                return call.result()
+        except OSError as e:
             raise ClusterUnreachable(
                 f"cluster {self.name!r} at {self.address} does not answer ({type(e).__name__}): "
                 "it may have stopped; `%cluster list` shows the running ones"
@@ -154,6 +168,10 @@ class ClusterHandle:
         with contextlib.suppress(ClusterUnreachable):
             self.rpc("nbcluster_stop", timeout=10)
         _wait_gone(pid, self.entry.get("supervisor_started"))
+        if _keep_warm and self.directory is not None:
+            # Replenish now rather than right after a start, where the spare's imports
+            # would compete with the new cluster's workers for the cores.
+            prewarm(self.directory)
 
     # -- the Dask client --------------------------------------------------------------
 
@@ -291,34 +309,102 @@ def _find_reusable(directory: Path, spec: ClusterSpec) -> dict[str, Any] | None:
     return None
 
 
-def _spawn(spec: ClusterSpec, directory: Path, owner: int | None) -> dict[str, Any]:
+@dataclass
+class _Launched:
+    """A supervisor process that has started (and imported) but not yet been asked for a cluster."""
+
+    proc: subprocess.Popen[bytes]
+    ready_r: int
+    log: Path
+
+    def discard(self) -> None:
+        os.close(self.ready_r)
+        if self.proc.stdin:
+            self.proc.stdin.close()  # EOF: the supervisor exits without starting anything
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_spare: _Launched | None = None
+_keep_warm = False
+_spare_lock = threading.Lock()
+
+
+def _launch(directory: Path) -> _Launched:
     log = directory / f".start-{uuid.uuid4().hex[:8]}.log"
     ready_r, ready_w = os.pipe()
-    cmd = [
-        sys.executable, "-m", "nbcluster.cluster.supervisor",
-        "--spec", json.dumps(spec.to_dict()),
-        "--runtime-dir", str(directory),
-        "--ready-fd", str(ready_w),
-        "--log", str(log),
-    ]  # fmt: skip
-    if owner:
-        cmd += ["--owner", str(owner)]
-    with open(log, "ab") as out:
-        os.chmod(log, 0o600)
+    cmd = [sys.executable, "-m", "nbcluster.cluster.supervisor", "--ready-fd", str(ready_w), "--log", str(log)]
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
         # A new session: a kernel interrupt (SIGINT to the kernel's process group) must not
         # reach the cluster; the owner watch is what ties the two together.
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=(ready_w,), start_new_session=True
+            cmd, stdin=subprocess.PIPE, stdout=fd, stderr=fd, pass_fds=(ready_w,), start_new_session=True
         )
-    os.close(ready_w)
+    finally:
+        os.close(fd)
+        os.close(ready_w)
+    return _Launched(proc, ready_r, log)
+
+
+def prewarm(runtime_dir: str | os.PathLike[str] | None = None) -> None:
+    """Keep one supervisor launched ahead of time, so `start` skips its Python start-up.
+
+    `%load_ext nbcluster` calls this: a spare costs one idle process (it exits when this
+    process does) and saves about half a second on a `%cluster start`. A spare used by a
+    start is replaced when a cluster is next stopped from this process.
+    """
+    global _spare, _keep_warm
+    directory = registry.runtime_dir(runtime_dir)
+    with _spare_lock:
+        _keep_warm = True
+        if _spare is not None and _spare.proc.poll() is None and _spare.log.parent == directory:
+            return
+        if _spare is not None:
+            _spare.discard()
+        _spare = _launch(directory)
+
+
+def discard_spare() -> None:
+    """Stop the spare supervisor, if any, and stop keeping one."""
+    global _spare, _keep_warm
+    with _spare_lock:
+        _keep_warm = False
+        if _spare is not None:
+            _spare.discard()
+            _spare = None
+
+
+def _take(directory: Path) -> _Launched:
+    global _spare
+    with _spare_lock:
+        spare, _spare = _spare, None
+    if spare is not None and spare.proc.poll() is None and spare.log.parent == directory:
+        return spare
+    if spare is not None:
+        spare.discard()
+    return _launch(directory)
+
+
+def _spawn(spec: ClusterSpec, directory: Path, owner: int | None) -> dict[str, Any]:
+    launched = _take(directory)
+    proc = launched.proc
+    request = {"spec": spec.to_dict(), "runtime_dir": str(directory), "owner": owner, "env": dict(os.environ)}
     try:
-        line = _read_line(ready_r, proc, START_TIMEOUT_S)
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.close()
+        line = _read_line(launched.ready_r, proc, START_TIMEOUT_S)
     except BaseException:
         proc.terminate()
         raise
     finally:
-        os.close(ready_r)
+        os.close(launched.ready_r)
     if not line:
+        log = directory / launched.log.name
         tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
         raise ClusterFailed(
             f"the cluster supervisor exited before the cluster was up (exit code {proc.poll()}). "

@@ -1,7 +1,8 @@
 """The supervisor: one process per cluster, owning its scheduler and workers.
 
-Run as ``python -m nbcluster.cluster.supervisor --spec JSON --runtime-dir DIR [--owner PID]``
-by `nbcluster.start`; nobody else starts it.
+Launched as ``python -m nbcluster.cluster.supervisor --ready-fd FD --log PATH`` by
+`nbcluster.start` (or ahead of time by `prewarm`), which then sends one JSON request on its
+stdin: the spec, the runtime dir, the owner pid and the environment. Nobody else starts it.
 
 What it owns
     - the cluster's name, claimed with an ``O_EXCL`` registry entry (`registry.claim`);
@@ -137,7 +138,11 @@ class ControlPlugin(SchedulerPlugin):
         return {"adaptive": self.cluster.adaptive_bounds}
 
     async def restart(self, timeout: float = 60) -> str:
-        await self.scheduler.restart(timeout=timeout, stimulus_id=f"nbcluster-restart-{time.time()}")
+        # Not waiting for "as many workers as before": adaptivity may legitimately retire
+        # some meanwhile. Each nanny still returns only once its new worker process is up.
+        await self.scheduler.restart(
+            timeout=timeout, wait_for_workers=False, stimulus_id=f"nbcluster-restart-{time.time()}"
+        )
         return "restarted"
 
     async def stop(self) -> str:
@@ -192,20 +197,18 @@ class _Reporter:
     and must never write into a pipe that nobody reads any more.
     """
 
-    def __init__(self, fd: int | None):
-        self.fd = fd
+    def __init__(self, fd: int):
+        self.fd: int | None = fd
 
     def __call__(self, message: dict[str, Any]) -> None:
-        if self.fd is None:
-            print(json.dumps(message), flush=True)
-            return
+        assert self.fd is not None, "reported twice"
         os.write(self.fd, (json.dumps(message) + "\n").encode())
         os.close(self.fd)
         self.fd = None
 
 
 async def run(
-    spec: ClusterSpec, directory: Path, owner_pid: int | None, report: _Reporter, log: Path | None = None
+    spec: ClusterSpec, directory: Path, owner_pid: int | None, report: _Reporter, log: Path
 ) -> int:
     me = psutil.Process()
     owner_started = psutil.Process(owner_pid).create_time() if owner_pid else None
@@ -225,8 +228,7 @@ async def run(
         report({"ok": False, "error": str(e)})
         return 1
     entry["name"] = name
-    if log is not None:
-        log.rename(directory / f"{name}.log")
+    log.rename(directory / f"{name}.log")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -278,17 +280,24 @@ async def run(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nbcluster.cluster.supervisor")
-    parser.add_argument("--spec", required=True, help="ClusterSpec as JSON")
-    parser.add_argument("--runtime-dir", required=True)
-    parser.add_argument("--owner", type=int, default=None)
-    parser.add_argument("--ready-fd", type=int, default=None)
-    parser.add_argument("--log", type=Path, default=None)
+    parser.add_argument("--ready-fd", type=int, required=True, help="pipe for the one ready line")
+    parser.add_argument("--log", type=Path, required=True, help="this process's stdout/stderr file")
     args = parser.parse_args(argv)
-    if args.ready_fd is not None:
-        os.set_inheritable(args.ready_fd, False)
-    spec = ClusterSpec.from_dict(json.loads(args.spec))
-    directory = registry.runtime_dir(args.runtime_dir)
-    return asyncio.run(run(spec, directory, args.owner, _Reporter(args.ready_fd), args.log))
+    os.set_inheritable(args.ready_fd, False)
+    # The request comes on stdin, so a supervisor can be launched ahead of time (its
+    # imports are most of a start-up) and told what to start later. EOF means the process
+    # that launched us is gone before asking: nothing to do.
+    line = sys.stdin.readline()
+    if not line:
+        args.log.unlink(missing_ok=True)
+        return 0
+    request = json.loads(line)
+    # The requester's environment as it is now, not as it was when we were launched.
+    os.environ.clear()
+    os.environ.update(request["env"])
+    spec = ClusterSpec.from_dict(request["spec"])
+    directory = registry.runtime_dir(request["runtime_dir"])
+    return asyncio.run(run(spec, directory, request.get("owner"), _Reporter(args.ready_fd), args.log))
 
 
 if __name__ == "__main__":
