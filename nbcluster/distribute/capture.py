@@ -31,6 +31,7 @@ from typing import Any
 import cloudpickle
 
 from nbcluster.distribute.cell import is_builtin
+from nbcluster.distribute.worker import pin
 from nbcluster.errors import BadArgument
 
 LARGE = 1_000_000  # bytes of pickle above which a value is shipped once per worker
@@ -141,30 +142,52 @@ class Shipments:
     """Large values on one client's workers, by content digest (see module docstring)."""
 
     def __init__(self) -> None:
-        self.futures: dict[str, Any] = {}
+        self.futures: dict[str, Any] = {}  # digest -> Future holding the value on the cluster
         self.by_name: dict[str, str] = {}
         self.lock = threading.Lock()
 
-    def ship(self, client: Any, large: dict[str, tuple[Any, str, int]]) -> tuple[list[Any], list[str]]:
-        """Futures for the large values (in order), and what the report line should say."""
-        futures, notes = [], []
+    def ship(
+        self, client: Any, large: dict[str, tuple[Any, str, int]]
+    ) -> tuple[list[tuple[str, str, int]], list[str]]:
+        """(name, key, size) of each large value, and what the report line should say."""
+        shipped, notes = [], []
         with self.lock:
             for name, (value, digest, size) in large.items():
                 future = self.futures.get(digest)
                 if future is not None and future.status == "finished":
                     notes.append(f"{name} ({human(size)}) already on the workers")
                 else:
-                    key = f"nbcluster-capture-{digest}"
-                    future = client.scatter({key: value}, broadcast=True)[key]
-                    self.futures[digest] = future
+                    future = self._scatter(client, digest, value, size)
                     workers = len(client.scheduler_info().get("workers", {}))
                     notes.append(f"sent {name} ({human(size)}) once to each of {workers} workers")
                 old = self.by_name.get(name)
                 self.by_name[name] = digest
                 if old is not None and old != digest and old not in self.by_name.values():
-                    self.futures.pop(old, None)  # dropping the future frees the workers' copy
-                futures.append(future)
-        return futures, notes
+                    self.futures.pop(old, None)  # dropping the future frees the workers' copies
+                shipped.append((name, future.key, size))
+        return shipped, notes
+
+    def reship(self, client: Any, key: str, large: dict[str, tuple[Any, str, int]]) -> bool:
+        """Scatter again a value whose every holder died; False if it is not one of `large`."""
+        for value, digest, size in large.values():
+            if key == _key(digest):
+                with self.lock:
+                    self._scatter(client, digest, value, size)
+                return True
+        return False
+
+    def _scatter(self, client: Any, digest: str, value: Any, size: int) -> Any:
+        # broadcast: every worker gets its copy now, in parallel, before its first batch;
+        # `pin` then keeps it there whatever Dask's memory manager does (see worker.py).
+        key = _key(digest)
+        future = client.scatter({key: value}, broadcast=True, hash=False)[key]
+        client.run(pin, [(key, size)])
+        self.futures[digest] = future
+        return future
+
+
+def _key(digest: str) -> str:
+    return f"nbcluster-capture-{digest}"
 
 
 _SHIPMENTS: weakref.WeakKeyDictionary[Any, Shipments] = weakref.WeakKeyDictionary()

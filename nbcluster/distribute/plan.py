@@ -201,8 +201,6 @@ def _named_lists(
 
 
 def _materialize(values: Any, flag: str, what: str) -> list[Any]:
-    if isinstance(values, str | bytes):
-        raise BadArgument(f"--{flag}: {what} is a string; wrap it in a list if you mean one value")
     try:
         items = list(values)
     except TypeError:

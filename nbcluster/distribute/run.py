@@ -33,7 +33,7 @@ import secrets
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -205,7 +205,9 @@ class Job:
         self.retries, self.batch = retries, batch
         self.capture = Capture()
 
-    def spec(self, the_plan: Plan, *, for_workers: bool) -> dict[str, Any]:
+    def spec(
+        self, the_plan: Plan, *, for_workers: bool, large: list[tuple[str, str, int]] | None = None
+    ) -> dict[str, Any]:
         spec: dict[str, Any] = {
             "kind": "cell" if self.cell is not None else "function",
             "mode": the_plan.mode,
@@ -214,7 +216,7 @@ class Job:
             "unpacks": the_plan.unpacks,
             "positional": the_plan.positional,
             "seed": self.seed,
-            "large": list(self.capture.large),
+            "large": large or [],
             "modules": self.capture.modules,
             "values": self.capture.values,
         }
@@ -265,8 +267,10 @@ class Engine:
         self.results: Results | None = None
         self.plan: Plan | None = None
         self.context_key = f"nbcluster-context-{run_id}"
-        self.payload: Any = None
-        self.large: list[Any] = []
+        self.context: tuple[str, bytes | None] | None = None  # (key, inline blob or None)
+        self._context_blob = b""
+        self._context_future: Any = None
+        self._reships = 0
         self._lock = threading.Lock()
         self._pending: dict[Any, Any] = {}
         self._cancelled = False
@@ -299,12 +303,33 @@ class Engine:
         """Scatter large values (cached) and this run's context blob; report lines."""
         assert self.plan is not None
         self.connect()
-        if self.payload is not None:
+        if self.context is not None:
             return []
-        self.large, notes = shipments(self.client).ship(self.client, self.job.capture.large)
-        blob = cloudpickle.dumps(self.job.spec(self.plan, for_workers=True))
-        self.payload = self.client.scatter({self.context_key: blob}, broadcast=True)[self.context_key]
+        large, notes = shipments(self.client).ship(self.client, self.job.capture.large)
+        blob = cloudpickle.dumps(self.job.spec(self.plan, for_workers=True, large=large))
+        self._context_blob = blob
+        if len(blob) <= worker.INLINE_CONTEXT:
+            self.context = (self.context_key, blob)
+        else:
+            self._context_future = self._scatter_context()
+            self.context = (self.context_key, None)
         return notes
+
+    def _scatter_context(self) -> Any:
+        key = self.context_key
+        future = self.client.scatter({key: self._context_blob}, broadcast=True, hash=False)[key]
+        self.client.run(worker.pin, [(key, len(self._context_blob))])
+        return future
+
+    def _reship(self, key: str) -> bool:
+        """Send again a scattered value every holder of which died; False to give up."""
+        self._reships += 1
+        if self._reships > 10:
+            return False
+        if key == self.context_key:
+            self._context_future = self._scatter_context()
+            return True
+        return shipments(self.client).reship(self.client, key, self.job.capture.large)
 
     def run_local(self, indices: range | list[int]) -> bool:
         """Run items in the kernel; False if one failed (then nothing is sent)."""
@@ -356,6 +381,13 @@ class Engine:
 
         assert self.results is not None
         attempts = dict.fromkeys(indices, 0)
+
+        def may_retry(i: int) -> bool:
+            if attempts[i] >= self.job.retries:
+                return False
+            attempts[i] += 1
+            return True
+
         queue = list(indices)  # not yet submitted, in order
         rate: float | None = None  # seconds per item, measured on the workers
         completed = as_completed(loop=self.client.loop, with_results=True, raise_errors=False)
@@ -376,15 +408,12 @@ class Engine:
                         break
                 if batch is None:
                     continue
-                failed, batch_rate, fatal = self._handle(future, result, batch)
+                retry, batch_rate, fatal = self._handle(future, result, batch, may_retry)
                 if fatal is not None:
                     self.results._fail(queue, fatal)
                     self.cancel()
                     break
                 rate = batch_rate if batch_rate is not None else rate
-                retry = [i for i in failed if attempts[i] < self.job.retries]
-                for i in retry:
-                    attempts[i] += 1
                 queue = retry + queue
                 # The rest goes out once a probe has measured the items (or nothing is left
                 # in flight to measure, e.g. every probe's worker died).
@@ -428,56 +457,67 @@ class Engine:
             if self._cancelled:
                 return
             future = self.client.submit(
-                worker.run_batch, self.context_key, self.payload, blob, *self.large,
+                worker.run_batch, self.context, blob,
                 key=key, pure=False, **self.submit_kwargs,
             )  # fmt: skip
             self._pending[future] = indices
         completed.add(future)
 
     def _handle(
-        self, future: Any, result: Any, indices: Any
+        self, future: Any, result: Any, indices: Any, may_retry: Callable[[int], bool] | None = None
     ) -> tuple[list[int], float | None, dict[str, Any] | None]:
-        """Deliver one batch; return (failed indices, seconds of work, fatal record or None)."""
+        """Deliver one batch, holding back failed items `may_retry` takes for another attempt.
+
+        Returns (items to submit again, seconds per item measured on the worker, fatal record).
+        """
         assert self.results is not None
-        if future.status != "finished":
-            exc = result[1] if isinstance(result, tuple) else result
-            record = _batch_failure(exc)
-            self.results._fail(indices, record)
-            return list(indices), None, None
-        try:
-            data = cloudpickle.loads(result)
-        except Exception as e:
-            record = worker.error_record(
-                TypeError(f"the results could not be loaded in the kernel: {type(e).__name__}: {e}")
+        outcome = _unpack(future, result, len(indices))
+        if outcome.lost is not None:
+            if self._reship(outcome.lost):
+                return list(indices), None, None  # not the items' fault: no attempt used
+            lost = worker.error_record(RuntimeError("a captured value was lost with the workers holding it"))
+            outcome = _Outcome(
+                [None] * len(indices), dict.fromkeys(range(len(indices)), lost), {}, fatal=lost
             )
-            self.results._fail(indices, record)
-            return list(indices), None, None
-        if "fatal" in data:
-            self.results._fail(indices, data["fatal"])
-            return list(indices), None, data["fatal"]
-        count = data["count"]
-        self.results._deliver(indices, data["values"], data["errors"], _by_index(indices, data["outputs"]))
-        failed = [indices[j] for j in data["errors"]]
-        return failed, (data["elapsed"] / count if count else None), None
+        values, errors, outputs = outcome.values, outcome.errors, outcome.outputs
+        retry: list[int] = []
+        if outcome.fatal is None and may_retry is not None:
+            retry = [indices[j] for j in errors if may_retry(indices[j])]
+        if retry:
+            held = set(retry)
+            keep = [j for j in range(len(values)) if indices[j] not in held]
+            self.results._deliver(
+                [indices[j] for j in keep],
+                [values[j] for j in keep],
+                {k: errors[j] for k, j in enumerate(keep) if j in errors},
+                {i: o for i, o in outputs.items() if i not in held},
+            )
+        else:
+            self.results._deliver(indices, values, errors, outputs)
+        return retry, outcome.rate, outcome.fatal
 
     def _drive_everywhere(self, indices: list[int]) -> None:
         from distributed import wait as dask_wait
 
         assert self.results is not None and self.plan is not None
+        items = self.plan.items
+        futures: dict[Any, int] = {}
+
+        def submit(i: int) -> None:
+            with self._lock:
+                if self._cancelled:
+                    return
+                future = self.client.submit(
+                    worker.run_batch, self.context, cloudpickle.dumps(([i], [None])),
+                    key=f"distribute-{self.run_id}-{next(self._seq)}", pure=False,
+                    workers=[items[i]], allow_other_workers=False, **self.submit_kwargs,
+                )  # fmt: skip
+                self._pending[future] = [i]
+            futures[future] = i
+
         try:
-            futures = {}
             for i in indices:
-                blob = cloudpickle.dumps(([i], [None]))
-                with self._lock:
-                    if self._cancelled:
-                        break
-                    future = self.client.submit(
-                        worker.run_batch, self.context_key, self.payload, blob, *self.large,
-                        key=f"distribute-{self.run_id}-{next(self._seq)}", pure=False,
-                        workers=[self.plan.items[i]], allow_other_workers=False, **self.submit_kwargs,
-                    )  # fmt: skip
-                    self._pending[future] = [i]
-                futures[future] = [i]
+                submit(i)
             while True:
                 with self._lock:
                     pending = [f for f in futures if f in self._pending]
@@ -491,23 +531,52 @@ class Engine:
                     with self._lock:
                         batch = self._pending.pop(future, None)
                     if batch is not None:
-                        self._handle(future, _outcome(future), batch)
-                # A restricted task waits forever for a worker that has left: fail it instead.
+                        for i in self._handle(future, _outcome(future), batch)[0]:
+                            submit(i)
+                # A task pinned to a worker that has left would wait forever: fail it instead.
                 alive = set(self.client.scheduler_info()["workers"])
                 for future in pending:
-                    i = futures[future][0]
-                    if future.status == "pending" and self.plan.items[i] not in alive:
+                    i = futures[future]
+                    if future.status == "pending" and items[i] not in alive:
                         with self._lock:
                             self._pending.pop(future, None)
                         future.cancel()
-                        self.results._fail(
-                            [i],
-                            worker.error_record(
-                                RuntimeError(f"worker {self.plan.items[i]} left the cluster")
-                            ),
-                        )
+                        left = RuntimeError(f"worker {items[i]} left the cluster before running the cell")
+                        self.results._fail([i], worker.error_record(left))
         finally:
             self.results._end()
+
+
+class _Outcome(NamedTuple):
+    values: list[Any]
+    errors: dict[int, dict[str, Any]]  # by position in the batch
+    outputs: dict[int, Any]  # by item index
+    rate: float | None = None  # seconds per item, measured on the worker
+    fatal: dict[str, Any] | None = None  # the context could not load: every batch would fail
+    lost: str | None = None  # key of a scattered value no worker holds any more
+
+
+def _unpack(future: Any, result: Any, n: int) -> _Outcome:
+    record: dict[str, Any] | None = None
+    if future.status != "finished":
+        record = _batch_failure(result[1] if isinstance(result, tuple) else result)
+    else:
+        try:
+            data = cloudpickle.loads(result)
+        except Exception as e:
+            record = worker.error_record(
+                TypeError(f"the results could not be loaded in the kernel: {type(e).__name__}: {e}")
+            )
+    if record is not None:
+        return _Outcome([None] * n, dict.fromkeys(range(n), record), {})
+    if "lost" in data:
+        return _Outcome([], {}, {}, lost=data["lost"])
+    if "fatal" in data:
+        return _Outcome([None] * n, dict.fromkeys(range(n), data["fatal"]), {}, fatal=data["fatal"])
+    count = data["count"]
+    return _Outcome(
+        data["values"], data["errors"], data["outputs"], data["elapsed"] / count if count else None
+    )
 
 
 def _outcome(future: Any) -> Any:
@@ -581,12 +650,6 @@ def _batch_failure(exc: Any) -> dict[str, Any]:
     for link in record["chain"]:
         link["frames"] = []  # Dask's own frames: nothing the user can act on
     return record
-
-
-def _by_index(indices: Any, outputs: dict[int, Any]) -> dict[int, Any]:
-    """Worker output is keyed by item index already; keep only this batch's items."""
-    wanted = set(indices)
-    return {i: chunks for i, chunks in outputs.items() if i in wanted}
 
 
 def _evaluator(namespace: Any) -> Callable[[str, str], Any]:

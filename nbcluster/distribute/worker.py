@@ -1,16 +1,26 @@
 """What runs on a worker (and, for `--local`, in the kernel): one batch of items.
 
-A Dask task is `run_batch(context_key, context, batch, *large_values)`:
+A Dask task is `run_batch((context_key, inline_context), batch)`, with no Dask
+dependencies at all, so the scheduler treats every batch as a root task and hands them
+out from its queue to whichever thread is free.
 
-- `context` is one opaque pickled blob per cell run, scattered to every worker and
-  passed as a dependency: the cell source (or function), the small captured variables
-  (each pickled on its own, so a bad one is named in the kernel before anything is
-  sent), modules to import, how an item binds names, the seed. Each worker unpickles it
-  once (`_CONTEXTS`, keyed by `context_key`) however many batches it runs.
+- The *context* is one opaque pickled blob per cell run: the cell's code (or function),
+  the small captured variables (each pickled on its own in the kernel, so a bad one is
+  named before anything is sent), modules to import, how an item binds names, the seed,
+  and the Dask keys of the large values. Up to `INLINE_CONTEXT` bytes it rides inline in
+  every batch; above that it is scattered and fetched by key. Either way each worker
+  unpickles it once (`_CONTEXTS`) however many batches it runs.
+- *Large values* (pickles over 1 MB) are scattered to every worker by the kernel and
+  kept in `_OBJECTS`, an LRU bounded in bytes, *outside* Dask's store: Dask's active
+  memory manager drops "superfluous" replicas of scattered data every few seconds, which
+  would make the next cell fetch the array again (that is also why they are not task
+  dependencies). Right after the scatter the kernel runs `pin` on every worker, which
+  moves the fresh replica into `_OBJECTS` (the same object, no copy); a worker that
+  joins later fetches the value from a peer on its first batch (`_fetch`).
+- A key that no worker holds any more (every holder died) comes back as `{"lost": key}`;
+  the kernel scatters it again and resubmits the batch.
 - `batch` is one opaque blob `(indices, items)`: Dask never walks into it (walking a list
   of 2,500 items costs ~16 us per item; an opaque blob ~1 us).
-- `large_values` are the captured objects over 1 MB, scattered once per worker and cached
-  by content in the kernel (`capture.py`); Dask hands them over without copying.
 
 The task returns one opaque blob: per-item values, error records, captured output, the
 batch's wall time (for the batch sizing in `plan.py`). A batch never raises for an item:
@@ -18,12 +28,15 @@ each item's exception is recorded with its own traceback, so one failing item lo
 nothing else. Only a context that cannot even be loaded fails the whole batch, again as
 a returned record.
 
+Captured values are shared by the items a worker runs (as Dask shares a dependency
+between tasks): treat them as read-only.
+
 Output capture: `sys.stdout`/`sys.stderr` are wrapped once per process by a stream that
 sends writes to the current item's buffer when the writing thread is running an item,
 and to the real stream otherwise. With several threads per worker, each item sees only
 its own prints.
 
-This module imports nothing from nbcluster: a worker needs only cloudpickle (and Dask).
+This module imports nothing else from nbcluster: a worker needs cloudpickle and Dask.
 """
 
 from __future__ import annotations
@@ -50,6 +63,11 @@ _KEEP_CONTEXTS = 8
 _local = threading.local()
 _OUTPUT_LIMIT = 64 * 1024  # characters kept per item and stream
 _CANCEL_CHECK_S = 0.05
+INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
+_OBJECTS: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # key -> (value, size)
+_OBJECTS_LOCK = threading.Lock()
+_OBJECTS_BYTES = 2_000_000_000  # at most this much (or 40% of the worker's memory limit)
+_FETCH_TIMEOUT_S = 600
 _HERE = os.path.normcase(os.path.abspath(__file__))
 _PACKAGE = os.path.dirname(_HERE)
 
@@ -65,7 +83,7 @@ class Context:
         self.unpacks: bool = spec["unpacks"]
         self.positional: bool = spec["positional"]
         self.seed: int | None = spec["seed"]
-        self.large: tuple[str, ...] = tuple(spec["large"])
+        self.large: list[tuple[str, str, int]] = spec["large"]  # (name, key, size)
         self.fn = spec.get("fn")
         self.namespace = namespace
         self.body = self.last = self.bind = None
@@ -107,16 +125,27 @@ class Context:
         return cls(spec, namespace)
 
 
-def run_batch(context_key: str, payload: bytes, batch: bytes, *large_values: Any) -> bytes:
+class Lost(Exception):
+    """A scattered value no worker holds any more."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def run_batch(context: tuple[str, bytes | None], batch: bytes) -> bytes:
     """The Dask task: run a batch of items, return the opaque result blob."""
     started = time.perf_counter()
     try:
-        context = _context(context_key, payload)
+        loaded = _context(*context)
+        large_values = tuple(_fetch(key, size) for _, key, size in loaded.large)
+    except Lost as e:
+        return cloudpickle.dumps({"lost": e.key, "elapsed": time.perf_counter() - started})
     except BaseException as e:
         return cloudpickle.dumps({"fatal": error_record(e), "elapsed": time.perf_counter() - started})
     indices, items = pickle.loads(batch)
     _install_streams()
-    result = run_items(context, indices, items, large_values, capture=True)
+    result = run_items(loaded, indices, items, large_values, capture=True)
     result["elapsed"] = time.perf_counter() - started
     return dump_result(result)
 
@@ -127,7 +156,7 @@ def run_items(
     """Run items in this thread; never raises for an item's own failure."""
     base = context.namespace
     if large_values:
-        base = {**base, **dict(zip(context.large, large_values, strict=True))}
+        base = {**base, **{name: v for (name, _, _), v in zip(context.large, large_values, strict=True)}}
     values: list[Any] = [None] * len(items)
     errors: dict[int, dict[str, Any]] = {}
     outputs: dict[int, list[list[str]]] = {}
@@ -286,19 +315,82 @@ def _task_cancelled() -> bool:
 
 
 # -- context cache --------------------------------------------------------------------------
-def _context(key: str, payload: bytes) -> Context:
+def _context(key: str, inline: bytes | None) -> Context:
     with _CONTEXTS_LOCK:
         context = _CONTEXTS.get(key)
         if context is not None:
             _CONTEXTS.move_to_end(key)
             return context
     # Unpickle outside the lock; two threads racing on the first batch both build one.
-    context = Context.from_payload(payload)
+    context = Context.from_payload(inline if inline is not None else _fetch(key, 0, keep=False))
     with _CONTEXTS_LOCK:
         _CONTEXTS[key] = context
         while len(_CONTEXTS) > _KEEP_CONTEXTS:
             _CONTEXTS.popitem(last=False)
     return context
+
+
+def _fetch(key: str, size: int, *, keep: bool = True) -> Any:
+    """A scattered value by key: cached, else this worker's Dask store, else a peer."""
+    with _OBJECTS_LOCK:
+        found = _OBJECTS.get(key)
+        if found is not None:
+            _OBJECTS.move_to_end(key)
+            return found[0]
+        from distributed import Future, get_client, get_worker
+
+        worker = get_worker()
+        try:
+            value = worker.data[key]  # zict mappings are thread-safe
+        except KeyError:
+            client = get_client()
+            # state="memory" is how Dask's own Variable hands a Future to another client.
+            future = Future(key, client, state="memory")
+            try:
+                if not client.who_has([future]).get(key):
+                    raise Lost(key)
+                value = future.result(timeout=_FETCH_TIMEOUT_S)
+            except Lost:
+                raise
+            except Exception as e:
+                raise Lost(key) from e
+            finally:
+                future.release()
+        if keep:
+            _remember(worker, key, value, size)
+        return value
+
+
+def pin(keys: list[tuple[str, int]], dask_worker: Any = None) -> int:
+    """Keep the values just scattered here (`client.run`, in the worker's event loop).
+
+    Run right after a broadcast scatter, before Dask's memory manager can drop this
+    worker's replica: the worker then never fetches them again. Returns how many it had.
+    """
+    pinned = 0
+    with _OBJECTS_LOCK:
+        for key, size in keys:
+            if key in _OBJECTS:
+                pinned += 1
+                continue
+            try:
+                value = dask_worker.data[key]
+            except KeyError:
+                continue  # fetched on this worker's first batch instead
+            _remember(dask_worker, key, value, size)
+            pinned += 1
+    return pinned
+
+
+def _remember(worker: Any, key: str, value: Any, size: int) -> None:
+    """Add to `_OBJECTS` (lock held), evicting the least recently used beyond the budget."""
+    _OBJECTS[key] = (value, size)
+    limit = _OBJECTS_BYTES
+    memory_limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+    if memory_limit:
+        limit = min(limit, int(memory_limit * 0.4))
+    while len(_OBJECTS) > 1 and sum(s for _, s in _OBJECTS.values()) > limit:
+        _OBJECTS.popitem(last=False)
 
 
 # -- output capture -------------------------------------------------------------------------

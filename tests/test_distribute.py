@@ -1,0 +1,343 @@
+"""distribute() on the shared real cluster (2 workers x 1 thread): results, capture, output,
+errors, flags, interrupt. Each test builds its own namespace, standing in for a notebook's.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from nbcluster import _current
+from nbcluster.distribute import Interrupted, Results, distribute, wait
+from nbcluster.distribute.capture import LARGE
+from nbcluster.errors import BadArgument, NoCluster
+
+
+@pytest.fixture
+def ns(cluster: Any) -> dict[str, Any]:
+    """A notebook-like namespace (module __main__), with the shared cluster current."""
+    return {"__name__": "__main__"}
+
+
+def run(source: str, ns: dict[str, Any], **kwargs: Any) -> Results:
+    return distribute(source, namespace=ns, first_line=2, **kwargs)
+
+
+def define(ns: dict[str, Any], source: str) -> None:
+    """Run `source` as a notebook cell would: functions belong to __main__, lines are in linecache."""
+    filename = f"/tmp/ipykernel_0/{uuid.uuid4().hex[:8]}.py"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    exec(compile(source, filename, "exec"), ns)
+
+
+def test_values_come_back_in_input_order(ns: dict[str, Any]) -> None:
+    # Later items finish first (one item per batch), yet results keep the input order.
+    res = run("import time\ntime.sleep(0.02 * (6 - x))\nx * x", ns, over="x in range(6)", batch=1)
+    assert list(res) == [0, 1, 4, 9, 16, 25]
+    assert res.params == [{"x": i} for i in range(6)]
+    assert (
+        res.ok
+        and res.done
+        and res.counts() == {"total": 6, "done": 6, "failed": 0, "cancelled": 0, "running": 0}
+    )
+    assert res[-1] == 25 and res[1:3] == [1, 4]
+
+
+def test_thousands_of_small_items_are_batched(ns: dict[str, Any]) -> None:
+    res = run("x + 1", ns, over="x in range(5000)")
+    assert res.ok and list(res) == list(range(1, 5001))
+
+
+def test_grid_zip_and_tuple_unpacking(ns: dict[str, Any]) -> None:
+    ns["pairs"] = [(1, 2), (3, 4)]
+    assert list(run("a * b", ns, over="a, b in pairs")) == [2, 12]
+    grid = run("lr * depth", ns, grid="lr=[1, 10], depth=[2, 3]")
+    assert list(grid) == [2, 3, 20, 30]
+    assert grid.params[1] == {"lr": 1, "depth": 3}
+    assert list(run("f'{a}{b}'", ns, zip="a=[1, 2], b='xy'")) == ["1x", "2y"]
+
+
+def test_a_cell_without_items_runs_once_on_a_worker(ns: dict[str, Any]) -> None:
+    res = run("import os\nos.getpid()", ns)
+    assert len(res) == 1 and res.params == [{}]
+    assert res[0] != os.getpid()
+
+
+def test_notebook_functions_classes_and_modules_travel(ns: dict[str, Any], capsys: Any) -> None:
+    define(
+        ns,
+        "import math\ndef area(r):\n    return math.pi * r * r\nclass Box:\n    def __init__(self, v):\n        self.v = v\n",
+    )
+    res = run("b = Box(area(x))\nround(b.v, 2)", ns, over="x in [1, 2]")
+    assert list(res) == [3.14, 12.57]
+    assert "nbcluster: sent Box, area (" in capsys.readouterr().out
+    # Classes defined in the cell come back too, and nothing new lands in the namespace.
+    before = set(ns)
+    res = run("class P:\n    def __init__(self, v):\n        self.v = v\nP(x)", ns, over="x in [5]")
+    assert res[0].v == 5 and set(ns) == before
+
+
+def test_large_array_is_sent_once_per_worker_and_reused(
+    ns: dict[str, Any], cluster: Any, capsys: Any
+) -> None:
+    # Count unpickles of the array's wrapper in each worker process: with once-per-worker
+    # shipping that is 1 per worker, however many batches and cells use it.
+    counter = f"_nbcluster_test_loads_{uuid.uuid4().hex[:8]}"
+    define(
+        ns,
+        f"""
+import numpy as np
+def _rebuild(data):
+    import sys
+    setattr(sys, {counter!r}, getattr(sys, {counter!r}, 0) + 1)
+    return Counted(data)
+class Counted:
+    def __init__(self, data):
+        self.data = data
+    def __reduce__(self):
+        return (_rebuild, (self.data,))
+big = Counted(np.ones({LARGE // 8 * 2}))
+""",
+    )
+    first = run("float(big.data[:10].sum()) + x", ns, over="x in range(40)", batch=2)
+    assert first.ok and first[3] == 13.0
+    assert "sent big (2.0 MB) once to each of 2 workers" in capsys.readouterr().out
+    # Dask's active memory manager drops "extra" replicas of scattered data; that must not
+    # make the next cell fetch the array again.
+    cluster.client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.extensions["amm"].run_once())
+    second = run("float(big.data.sum())", ns, over="x in range(10)", batch=1)
+    assert second.ok and second[0] == LARGE // 8 * 2
+    assert "big (2.0 MB) already on the workers" in capsys.readouterr().out
+    loads = cluster.client.run(lambda: getattr(sys, counter, 0))
+    assert sorted(loads.values()) == [1, 1]
+    # Changed content is sent again.
+    ns["big"] = ns["Counted"](ns["np"].zeros(LARGE // 8 * 2))
+    assert run("float(big.data.sum())", ns).ok
+    assert "sent big (2.0 MB)" in capsys.readouterr().out
+
+
+def test_output_is_grouped_by_item_collapsed_and_stderr_marked(ns: dict[str, Any], capsys: Any) -> None:
+    res = run(
+        "import sys\nprint('hello', x)\nprint('oops', x, file=sys.stderr)\nx",
+        ns,
+        over="x in range(8)",
+        into="res",
+    )
+    out, err = capsys.readouterr()
+    shown = [i for i in range(8) if f"hello {i}\n" in out]
+    assert len(shown) == 5  # the first few items in full...
+    assert f"── item {shown[0]} (x={shown[0]}) ──" in out
+    assert (
+        "── … and 3 more items printed output: res.output(i) shows item i's ──" in out
+    )  # ...the rest counted
+    assert all(f"oops {i}\n" in err for i in shown)
+    hidden = next(i for i in range(8) if i not in shown)
+    assert res.output(hidden) == f"hello {hidden}\n[stderr] oops {hidden}\n"
+
+
+def test_failures_keep_the_others_and_show_cell_lines(ns: dict[str, Any], capsys: Any) -> None:
+    define(ns, "def invert(v):\n    return 1 / v\n")
+    res = run("y = x + 1\nz = invert(x)\nz", ns, over="x in [2, 0, 4, 0]", into="res")
+    assert res.values() == [0.5, None, 0.25, None] and not res.ok
+    err = capsys.readouterr().err
+    assert err.startswith("2/4 items failed: ZeroDivisionError at item 1 (x=0)\n")
+    assert "  Cell line 3, in <module>" not in err  # top-level frames are named by line only
+    assert "  Cell line 3\n    z = invert(x)\n" in err
+    assert "in invert\n    return 1 / v\nZeroDivisionError: division by zero" in err
+    assert "nbcluster" not in err.replace("nbcluster: ", "")
+    assert [(e.index, e.params, e.type_name) for e in res.errors] == [
+        (1, {"x": 0}, "ZeroDivisionError"),
+        (3, {"x": 0}, "ZeroDivisionError"),
+    ]
+    with pytest.raises(ZeroDivisionError):  # the original type, so except clauses work
+        res.raise_first()
+    with pytest.raises(ZeroDivisionError):
+        res[1]
+    assert "error" in res.to_pandas().columns
+
+
+def test_retries_and_retry_rerun_only_failed_items(ns: dict[str, Any], tmp_path: Any) -> None:
+    # Each item fails on its first attempt only (a marker file per item remembers).
+    ns["marks"] = str(tmp_path)
+    flaky = (
+        "import os\np = os.path.join(marks, str(x))\n"
+        "if not os.path.exists(p):\n    open(p, 'w').close()\n    raise RuntimeError('flaky')\nx"
+    )
+    assert run(flaky, ns, over="x in range(4)", retries=1).ok
+    res = run(flaky.replace("marks, str(x)", "marks, 'b' + str(x)"), ns, over="x in range(4)")
+    assert res.counts()["failed"] == 4
+    ns["marks"] = "/nonexistent-so-it-would-fail"  # retry reuses what the cell captured
+    assert res.retry() is res and res.ok and list(res) == [0, 1, 2, 3]
+
+
+def test_batch_size_is_respected(ns: dict[str, Any]) -> None:
+    res = run(
+        "from distributed.worker import thread_state\nthread_state.key", ns, over="x in range(10)", batch=3
+    )
+    keys = list(res)
+    assert len(set(keys)) == 4
+    assert keys[:3] == [keys[0]] * 3 and keys[9] != keys[8]
+    assert all(k.startswith(f"distribute-{res.run_id}-") for k in keys)
+
+
+def test_seed_is_reproducible_per_item_whatever_the_batching(ns: dict[str, Any]) -> None:
+    cell = "import random\nrandom.Random(seed).random()"
+    a = run(cell, ns, over="x in range(6)", seed=42, batch=1)
+    b = run(cell, ns, over="x in range(6)", seed=42, batch=6)
+    c = run(cell, ns, over="x in range(6)", seed=43)
+    assert list(a) == list(b) and len(set(a)) == 6 and list(a) != list(c)
+    in_kernel = run("seed", ns, over="x in range(3)", seed=1, local="all")
+    assert list(in_kernel) == list(run("seed", ns, over="x in range(3)", seed=1))
+
+
+def test_local_runs_first_items_in_the_kernel(ns: dict[str, Any], capsys: Any) -> None:
+    res = run("import os\nprint('item', x)\nos.getpid()", ns, over="x in range(4)", local=2)
+    pids = list(res)
+    assert pids[:2] == [os.getpid()] * 2 and os.getpid() not in pids[2:]
+    assert "item 0\nitem 1\n" in capsys.readouterr().out  # kernel items print straight into the cell
+
+
+def test_local_failure_stops_the_fan_out(ns: dict[str, Any], capsys: Any) -> None:
+    res = run("10 // x", ns, over="x in [5, 0, 1, 2]", local=2)
+    assert res.counts() == {"total": 4, "done": 1, "failed": 1, "cancelled": 2, "running": 0}
+    err = capsys.readouterr().err
+    assert "1/4 items failed: ZeroDivisionError at item 1 (x=0) in the kernel (--local); 2 not run" in err
+    assert "Cell line 2\n    10 // x\n" in err
+
+
+def test_local_all_needs_no_cluster(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_current, "_current", None)  # this kernel has no current cluster
+    assert list(run("x * 3", ns, over="x in range(3)", local="all")) == [0, 3, 6]
+    with pytest.raises(
+        NoCluster, match=r"start one with `%cluster start`.*or run the items in this kernel with --local"
+    ):
+        run("x", ns, over="x in range(3)")
+
+
+def test_everywhere_runs_once_per_worker(ns: dict[str, Any], cluster: Any) -> None:
+    res = run("import os\nos.getpid()", ns, everywhere=True)
+    workers = cluster.client.run(os.getpid)
+    assert sorted(res) == sorted(workers.values())
+    assert {p["worker"] for p in res.params} == set(workers)
+    address = next(iter(workers))
+    assert res[address] == workers[address]
+
+
+def test_no_wait_returns_at_once_and_fills_in(ns: dict[str, Any], capsys: Any) -> None:
+    gate = threading.Event()
+    seen: list[dict[str, int]] = []
+    res = run(
+        "import time\ntime.sleep(0.1)\nprint('done', x)\nx",
+        ns,
+        over="x in range(6)",
+        batch=1,
+        into="res",
+        wait=False,
+        progress=lambda r: (seen.append(r.counts()), r.done and gate.set()),
+    )
+    assert ns["res"] is res and not res.done and res.counts()["running"] > 0
+    assert seen[0] == {"total": 6, "done": 0, "failed": 0, "cancelled": 0, "running": 6}
+    assert "done 0" not in capsys.readouterr().out  # worker output never lands in a later cell
+    assert wait("res", namespace=ns) is res
+    assert res.ok and list(res) == list(range(6)) and gate.wait(5)
+    assert "done 0\n" in capsys.readouterr().out  # ...it is shown where you wait
+    finished: list[Results] = []
+    res.add_done_callback(finished.append)
+    assert finished == [res]
+
+
+def test_interrupt_cancels_outstanding_items_on_the_scheduler(ns: dict[str, Any], cluster: Any) -> None:
+    # SIGINT, as the kernel's stop button sends, once two items are done.
+    fired = threading.Event()
+
+    def interrupt_after_two(r: Results) -> None:
+        if r.counts()["done"] >= 2 and not fired.is_set():
+            fired.set()
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        run(
+            "import time\ntime.sleep(0.2)\nx",
+            ns,
+            over="x in range(40)",
+            batch=1,
+            into="res",
+            progress=interrupt_after_two,
+        )
+    interrupted = time.monotonic()
+    assert isinstance(info.value, Interrupted)
+    assert "partial results are in `res`" in info.value._render_traceback_()[0]
+    res = ns["res"]
+    counts = res.counts()
+    assert counts["done"] >= 2 and counts["cancelled"] >= 30 and counts["running"] == 0
+    assert res[0] == 0
+    prefix = f"distribute-{res.run_id}-"
+    while True:  # the scheduler forgets the batches within 2 s
+        left = cluster.client.run_on_scheduler(
+            lambda dask_scheduler: [k for k in dask_scheduler.tasks if str(k).startswith(prefix)]
+        )
+        if not left:
+            break
+        assert time.monotonic() - interrupted < 2, left
+    assert list(run("x + 1", ns, over="x in range(3)")) == [1, 2, 3]  # the cluster is still usable
+
+
+@pytest.mark.parametrize(
+    ("source", "kwargs", "message"),
+    [
+        ("y + 1", {}, "`y` (cell line 2) is not defined in the notebook"),
+        ("lock", {}, "`lock` cannot be sent to the workers: TypeError: cannot pickle '_thread.lock' object"),
+        ("x", {"over": "x in []"}, "--over: [] is empty, so there is nothing to run"),
+        (
+            "x",
+            {"over": "x in nope"},
+            "--over: evaluating 'nope' failed: NameError: name 'nope' is not defined",
+        ),
+        ("x", {"over": "x in range(3"}, "--over needs `NAME in ITERABLE`"),
+        ("x", {"grid": "a=[1], [2]"}, "--grid needs NAME=VALUES pairs"),
+        ("x", {"over": "x in [lock]"}, "item 0 (x=<unlocked _thread.lock object at"),
+        ("1", {"gpus": 1}, "no worker offers GPU=1 per item (workers offer: CPU=1). Start GPU workers"),
+        ("x", {"cpu_only": True, "gpus": 1}, "--cpu-only and --gpus contradict each other"),
+        ("x", {"everywhere": True, "over": "x in [1]"}, "--everywhere runs the cell once per worker"),
+        ("1 +", {}, "syntax error at cell line 2"),
+        ("1", {"cluster": "no-such-cluster"}, "no-such-cluster"),
+    ],
+)
+def test_bad_input_is_one_clear_message_and_nothing_changes(
+    ns: dict[str, Any], source: str, kwargs: dict[str, Any], message: str
+) -> None:
+    ns["lock"] = threading.Lock()
+    before = dict(ns)
+    with pytest.raises(Exception) as info:
+        run(source, ns, into="res", **kwargs)
+    assert isinstance(info.value, BadArgument) or type(info.value).__module__ == "nbcluster.errors"
+    assert message in str(info.value)
+    assert ns == before  # nothing written, not even `res`
+
+
+def test_function_api(ns: dict[str, Any], cluster: Any) -> None:
+    def add(a: int, b: int = 0, seed: int | None = None) -> tuple[int, int | None]:
+        return a + b, seed
+
+    assert [v for v, _ in distribute(add, over=range(3), client=cluster.client)] == [0, 1, 2]
+    assert [v for v, _ in distribute(add, grid={"a": [1, 2], "b": [10]}, client=cluster.client)] == [11, 12]
+    assert [v for v, _ in distribute(add, zip={"a": [1, 2], "b": [3, 4]})] == [4, 6]
+    seeds = distribute(add, over=[1, 2], seed=5)
+    assert all(isinstance(s, int) for _, s in seeds)
+    frame = distribute(add, grid={"a": [1, 2], "b": [10]}).to_pandas()
+    assert list(frame.columns) == ["a", "b", "result"] and frame["a"].tolist() == [1, 2]
+    futures = distribute(add, over=range(2)).futures
+    assert cluster.client.gather(futures) == [(0, None), (1, None)]
+
+
+def test_namespace_defaults_to_the_callers(cluster: Any) -> None:
+    factor = 7
+    assert list(distribute("x * factor", over="x in range(3)")) == [0, factor, 2 * factor]

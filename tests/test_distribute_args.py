@@ -1,0 +1,99 @@
+"""The %%distribute line parser: every flag, quoting, and one clear message per mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+from nbcluster.distribute import parse_distribute_line, parse_wait_line
+from nbcluster.errors import BadArgument
+
+
+def test_every_flag() -> None:
+    line = (
+        '--over "x in range(10)" --into res --gpus 1 --cpus 2.5 --retries 3 --batch 50 '
+        "--no-wait --seed 7 --everywhere --local 2 --cluster big --cpu-only"
+    )
+    assert parse_distribute_line(line) == {
+        "first_line": 2,
+        "over": "x in range(10)",
+        "into": "res",
+        "gpus": 1,
+        "cpus": 2.5,
+        "retries": 3,
+        "batch": 50,
+        "wait": False,
+        "seed": 7,
+        "everywhere": True,
+        "local": 2,
+        "cluster": "big",
+        "cpu_only": True,
+    }
+
+
+def test_empty_line_runs_once_with_defaults() -> None:
+    assert parse_distribute_line("") == {"first_line": 2}
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('--over "x in range(3)"', "x in range(3)"),
+        ("--over 'a, b in pairs'", "a, b in pairs"),
+        ("--over x in range(3)", "x in range(3)"),  # bare words up to the next flag
+        ("--over x in ['a b', \"c\"]", "x in ['a b', \"c\"]"),  # quotes inside survive
+        ("--over=x in xs", "x in xs"),
+        ("--over \"s in ['--into', 'x']\"", "s in ['--into', 'x']"),
+        ("--over x in f(1, --2)", "x in f(1, --2)"),  # no flag inside brackets
+    ],
+)
+def test_over_expressions_keep_python_syntax(line: str, expected: str) -> None:
+    assert parse_distribute_line(line)["over"] == expected
+
+
+def test_grid_and_zip_values() -> None:
+    kwargs = parse_distribute_line('--grid "lr=[0.1, 0.01], depth=[3, 5]"')
+    assert kwargs["grid"] == "lr=[0.1, 0.01], depth=[3, 5]"
+    assert parse_distribute_line("--zip a=[1, 2], b=xs")["zip"] == "a=[1, 2], b=xs"
+
+
+def test_batch_auto_and_local_without_count() -> None:
+    assert parse_distribute_line("--batch auto --local")["batch"] == "auto"
+    assert parse_distribute_line("--local")["local"] == "all"
+    assert parse_distribute_line("--local 0")["local"] == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--ovr x in y", "unknown option --ovr; did you mean --over?"),
+        ("--gpus", "--gpus needs a value"),
+        ("--gpus 0", "--gpus needs a number above 0"),
+        ("--gpus many", "--gpus needs a number, got 'many'"),
+        ("--retries -1", "--retries needs a whole number of 0 or more"),
+        ("--retries 1.5", "--retries needs a whole number"),
+        ("--batch 0", "--batch needs `auto` or a whole number of 1 or more"),
+        ("--batch big", "--batch needs `auto` or a whole number"),
+        ("--seed x", "--seed needs a whole number"),
+        ("--into 3x", "--into needs a Python variable name"),
+        ("--into class", "--into needs a Python variable name"),
+        ("--into a b", "--into takes one value"),
+        ("--no-wait now", "--no-wait takes no value"),
+        ("--into r --into s", "--into is given twice"),
+        ('--over "x in range(3)', "unterminated string"),
+        ("--over x in range(3", "unclosed bracket"),
+        ("x in range(3)", "unexpected 'x' before any --option"),
+        ("--local -2", "--local needs a whole number of 0 or more"),
+    ],
+)
+def test_mistakes_get_one_clear_message(line: str, message: str) -> None:
+    with pytest.raises(BadArgument) as info:
+        parse_distribute_line(line)
+    assert message in str(info.value)
+
+
+def test_wait_line() -> None:
+    assert parse_wait_line("wait res") == "res"
+    with pytest.raises(BadArgument, match="usage: %distribute wait NAME"):
+        parse_wait_line("wait")
+    with pytest.raises(BadArgument, match=r"put %%distribute \(two %\)"):
+        parse_wait_line('--over "x in xs"')

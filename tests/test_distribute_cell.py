@@ -1,0 +1,132 @@
+"""Cell analysis (free names, last expression, line numbers) and item plans; no cluster needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from nbcluster.distribute.capture import LARGE, capture
+from nbcluster.distribute.cell import Cell
+from nbcluster.distribute.plan import batch_sizes, plan, probe_size
+from nbcluster.errors import BadArgument
+
+
+def free(source: str, bound: tuple[str, ...] = ()) -> set[str]:
+    return set(Cell.parse(source, filename="<t>").free_names(bound))
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("y = z * 2\ny", {"z"}),
+        ("total = total + z", {"total", "z"}),  # read before the cell binds it
+        ("acc += 1", {"acc"}),
+        ("import numpy as np\nnp.sum(a)", {"a"}),
+        ("def f(v):\n    return v * w\nf(3)", {"w"}),  # global read inside a function
+        ("def f():\n    return g()\ndef g():\n    return 1\nf()", set()),  # defined later in the cell
+        ("[i * k for i in range(n) if i > t]", {"range", "n", "k", "t"}),
+        ("sum(u * i for i in xs)", {"sum", "u", "xs"}),
+        ("class A:\n    k = 1\n    def m(self):\n        return k\nA", {"k"}),  # methods skip class scope
+        ("(m := 5) + m", set()),
+        ("try:\n    pass\nexcept E as e:\n    e", {"E"}),
+        ("for i in range(3):\n    acc = i\nacc", {"range"}),
+        ("lambda a: a + b", {"b"}),
+        ("x", set()),  # x is bound by --over
+    ],
+)
+def test_free_names_follow_python_scoping(source: str, expected: set[str]) -> None:
+    assert free(source, bound=("x",)) - {"print"} == expected
+
+
+def test_last_expression_is_the_value_and_lines_match_the_notebook() -> None:
+    cell = Cell.parse("a = 1\na + 1", filename="<t1>", first_line=2)
+    assert cell.last is not None
+    assert cell.free_names() == {}
+    ns: dict = {}
+    exec(cell.body, ns)
+    assert eval(cell.last, ns) == 2
+    with pytest.raises(BadArgument, match=r"syntax error at cell line 3: .*: x = = 1"):
+        Cell.parse("a = 1\nx = = 1", filename="<t2>", first_line=2)
+
+
+def test_ipython_syntax_and_empty_cells_are_explained() -> None:
+    with pytest.raises(BadArgument, match="IPython magics and shell commands cannot run on a worker"):
+        Cell.parse("%time x", filename="<t3>", first_line=2)
+    with pytest.raises(BadArgument, match="the cell is empty"):
+        Cell.parse("# only a comment\n", filename="<t4>")
+
+
+def test_capture_names_unknown_and_unpicklable_variables() -> None:
+    import threading
+
+    with pytest.raises(BadArgument, match=r"`y` \(cell line 3\) is not defined in the notebook"):
+        capture(Cell.parse("a = 1\nb = y", filename="<t5>", first_line=2).free_names(), {})
+    with pytest.raises(BadArgument, match=r"`lock` cannot be sent to the workers: TypeError: cannot pickle"):
+        capture({"lock": 2}, {"lock": threading.Lock()})
+    # A name only a function reads is resolved when it runs, as in the kernel.
+    assert capture({"later": None}, {}).names == []
+
+
+def test_capture_splits_modules_small_and_large_values() -> None:
+    import math
+
+    import numpy as np
+
+    big = np.zeros(LARGE // 8 + 10)
+    cap = capture({"math": 1, "k": 1, "big": 1, "len": 1}, {"math": math, "k": 3, "big": big})
+    assert cap.modules == {"math": "math"}
+    assert list(cap.values) == ["k"]
+    value, digest, size = cap.large["big"]
+    assert value is big and size > LARGE
+    assert capture({"big": 1}, {"big": big.copy()}).large["big"][1] == digest  # same content, same digest
+    big[0] = 1
+    assert capture({"big": 1}, {"big": big}).large["big"][1] != digest
+
+
+def evaluate(ns: dict):
+    return lambda expression, flag: eval(expression, dict(ns))
+
+
+def test_plans_over_grid_zip() -> None:
+    p = plan(over="a, b in pairs", evaluate=evaluate({"pairs": [(1, 2), (3, 4)]}))
+    assert p.names == ("a", "b") and p.unpacks and p.params(1) == {"a": 3, "b": 4}
+    g = plan(grid="lr=[0.1, 0.01], depth=[3, 5]", evaluate=evaluate({}))
+    assert [g.params(i) for i in range(len(g))] == [
+        {"lr": 0.1, "depth": 3},
+        {"lr": 0.1, "depth": 5},
+        {"lr": 0.01, "depth": 3},
+        {"lr": 0.01, "depth": 5},
+    ]
+    z = plan(zip="a=[1, 2], b='xy'", evaluate=evaluate({}))
+    assert [z.params(i) for i in range(2)] == [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
+    assert plan(evaluate=evaluate({})).mode == "once"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"over": "x range(3)"}, "--over needs `NAME in ITERABLE`"),
+        ({"over": "x.y in range(3)"}, "--over binds plain names"),
+        ({"over": "x in []"}, "--over: [] is empty, so there is nothing to run"),
+        ({"over": "x in 5"}, "--over: 5 is not iterable (it is a int)"),
+        ({"grid": "lr 0.1"}, "--grid needs NAME=VALUES pairs"),
+        ({"grid": "[1, 2]"}, "--grid needs NAME=VALUES pairs"),
+        ({"grid": "a=[1], a=[2]"}, "--grid names a parameter twice"),
+        ({"grid": "a=[]"}, "--grid: a is empty"),
+        ({"zip": "a=[1, 2], b=[1]"}, "--zip needs lists of the same length: a has 2, b has 1"),
+        ({"over": "x in [1]", "grid": "a=[1]"}, "use one of --over, --grid and --zip, not --over and --grid"),
+    ],
+)
+def test_plan_mistakes(kwargs: dict, message: str) -> None:
+    with pytest.raises(BadArgument) as info:
+        plan(evaluate=evaluate({}), **kwargs)
+    assert message in str(info.value)
+
+
+def test_batch_sizes_balance_work_and_overhead() -> None:
+    assert probe_size(400, 2) == 13
+    sizes = list(batch_sizes(374, threads=2, seconds_per_item=0.01))
+    assert sum(sizes) == 374
+    assert max(sizes) == 25 and sizes == sorted(sizes, reverse=True)  # <= 0.25 s each, shrinking
+    assert sizes[-2] == 5  # ~0.05 s batches at the end
+    assert list(batch_sizes(18_750, threads=2, seconds_per_item=2e-6)) == [18_750]  # tiny items: one batch
+    assert list(batch_sizes(3, threads=2, seconds_per_item=5.0)) == [1, 1, 1]  # slow items alone
