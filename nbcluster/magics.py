@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from nbcluster import commands
 from nbcluster.errors import NbclusterError
@@ -27,3 +27,23 @@ class NbclusterMagics(Magics):
             print(result)
             return None
         return result
+
+    @line_cell_magic
+    def distribute(self, line: str, cell: str | None = None) -> Any:
+        """Run the cell on the cluster, once per item; `%distribute wait NAME` waits for a --no-wait cell.
+
+        %%distribute [--over "x in ITERABLE"] [--grid "a=[...], b=[...]"] [--zip "a=[...], b=[...]"]
+                     [--into NAME] [--gpus N] [--cpus N] [--cpu-only] [--retries N] [--batch auto|N]
+                     [--no-wait] [--seed S] [--everywhere] [--local [K]] [--cluster NAME]
+        """
+        from nbcluster.distribute import distribute, parse_distribute_line, parse_wait_line, wait
+
+        try:
+            if cell is None:
+                return wait(parse_wait_line(line), namespace=self.shell.user_ns)
+            kwargs = parse_distribute_line(line)
+            results = distribute(cell, namespace=self.shell.user_ns, **kwargs)
+        except NbclusterError as e:
+            raise UsageError(str(e)) from None
+        # With --into the results are in that variable: no Out, as for an assignment.
+        return None if kwargs.get("into") else results
