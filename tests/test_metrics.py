@@ -103,10 +103,11 @@ def test_memory_stays_flat_when_the_ring_is_full() -> None:
                 # Few distinct keys: dask's key_split cache would otherwise keep every one.
                 plugin.transition(f"inc-{i % 50}", "processing", "memory", **_report(i))
 
-        burst(0, 2_000)  # fill the ring
         tracemalloc.start()
+        # The first burst fills the ring with traced records; the second replaces them.
+        burst(0, 20_000)
         before = tracemalloc.take_snapshot()
-        burst(2_000, 20_000)
+        burst(20_000, 20_000)
         after = tracemalloc.take_snapshot()
         tracemalloc.stop()
         grown = sum(d.size_diff for d in after.compare_to(before, "filename"))
@@ -233,7 +234,8 @@ def test_snapshot_format_from_a_real_cluster(cluster: ClusterHandle) -> None:
     tasks = snap["tasks"]
     assert sorted(t["prefix"] for t in tasks) == ["fail_on"] + ["slow_inc"] * 10
     for t in tasks:
-        assert set(t) == {"prefix", "group", "worker", "start", "stop", "status"}
+        assert set(t) == {"key", "prefix", "group", "worker", "start", "stop", "status"}
+        assert t["key"].startswith(t["prefix"] + "-")
         assert t["worker"] in snap["workers"]
         assert t["start"] <= t["stop"]
     assert [t["status"] for t in tasks if t["prefix"] == "fail_on"] == ["error"]

@@ -272,3 +272,21 @@ def test_terminal_gets_a_text_bar(cluster: ClusterHandle) -> None:
     lv.close()
     assert out.getvalue().startswith("[########################] 5 / 5 done (100%)")
     assert lv.widget is None
+
+
+def test_progress_hook_follows_a_distribute_run_and_only_its_tasks(cluster: ClusterHandle) -> None:
+    from nbcluster.distribute import distribute
+    from nbcluster.widgets import progress_hook
+
+    rec = Recorder()
+    hook = progress_hook(delay=0, interval=0.1, _display=rec, _widgets=True)
+    # Other work on the cluster at the same time must not appear in this run's picture.
+    other = cluster.client.map(square, range(7000, 7010))
+    results = distribute(square, over=range(6), batch=1, client=cluster.client, progress=hook)
+    cluster.client.gather(other)
+    assert results.values() == [x * x for x in range(6)]
+    hook.live.close()
+    html = rec.updates[-1]["text/html"]
+    assert 'data-percent="100"' in html and "6 / 6 done" in html
+    assert html.count('class="nbc-task"') == 6
+    assert "<title>distribute on" in html

@@ -41,7 +41,8 @@ Times are seconds since the epoch (float; task and sample times are the workers'
         },
       },
       "tasks": [                 # finished tasks with seq >= since, oldest first
-        {"prefix": "inc", "group": "inc-3f1c...", "worker": "tcp://127.0.0.1:40000",
+        {"key": "inc-3f1c...", "prefix": "inc", "group": "inc",
+         "worker": "tcp://127.0.0.1:40000",
          "start": 1718000000.01, "stop": 1718000000.02, "status": "ok"},   # or "error"
       ],
       "resources": [             # worker samples with seq >= since, oldest first
@@ -52,11 +53,13 @@ Times are seconds since the epoch (float; task and sample times are the workers'
          "gpu_util": 87.0, "gpu_memory": 1073741824, "gpu_memory_total": 150000000000},
       ],
       "groups": [                # task groups the scheduler still knows, newest last (<= 20)
-        {"group": "inc-3f1c...", "prefix": "inc", "total": 100, "done": 40,
+        {"group": "inc", "prefix": "inc", "total": 100, "done": 40,
          "running": 2, "failed": 1, "waiting": 57},
       ],
     }
 
+``key`` is ``str()`` of the Dask key (``%%distribute`` batches are
+``distribute-<run id>-<n>``, which is how a run's widget picks out its own tasks).
 ``since=None`` (or omitted) returns everything the rings still hold. Fields may be added in
 later versions; readers ignore fields they do not know. ``start``/``stop`` of a task span its
 ``compute`` action; a task that failed before computing has ``start == stop``.

@@ -44,8 +44,9 @@ if TYPE_CHECKING:
 SNAPSHOT_VERSION = 1
 MAX_GROUPS = 20
 
-# (prefix, group, worker, start, stop, ok)
-TaskRecord = tuple[str, str, str, float, float, bool]
+# (prefix, group, worker, start, stop, ok, key); the key is the scheduler's own object (a
+# reference, not a copy), turned into a string only when a snapshot is served.
+TaskRecord = tuple[str, str, str, float, float, bool, Any]
 
 
 class MetricsPlugin(SchedulerPlugin):
@@ -115,7 +116,7 @@ class MetricsPlugin(SchedulerPlugin):
             prefix, group = ts.prefix.name, ts.group.name
         else:
             prefix = group = key_split(key)
-        self.tasks.append(self._stamp(), (prefix, group, worker, begin, end, finish == "memory"))
+        self.tasks.append(self._stamp(), (prefix, group, worker, begin, end, finish == "memory", key))
 
     def sample(self) -> None:
         """Copy each worker's newest heartbeat sample, if it is new (runs periodically)."""
@@ -154,6 +155,7 @@ class MetricsPlugin(SchedulerPlugin):
             "workers": {addr: _worker_info(ws) for addr, ws in scheduler.workers.items()},
             "tasks": [
                 {
+                    "key": str(k),
                     "prefix": p,
                     "group": g,
                     "worker": w,
@@ -161,7 +163,7 @@ class MetricsPlugin(SchedulerPlugin):
                     "stop": e,
                     "status": "ok" if ok else "error",
                 }
-                for p, g, w, b, e, ok in self.tasks.since(since)
+                for p, g, w, b, e, ok, k in self.tasks.since(since)
             ],
             "resources": self.samples.since(since),
             "groups": _groups(scheduler),

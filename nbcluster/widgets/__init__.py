@@ -4,13 +4,21 @@ Entry points (what the distribute engine and ``%cluster status`` call)::
 
     from nbcluster import widgets
 
+    # %%distribute / nbcluster.distribute(): one argument, nothing else to manage
+    results = distribute(cell, namespace=ns, progress=widgets.progress_hook(), **kwargs)
+
+    # any other long-running work
     handle = widgets.live(progress, feed, label="cell 7")   # returns at once
     try:
-        ...                        # submit and wait, as before
+        ...                        # submit and wait
     finally:
         handle.close()             # or handle.close("cancelled") after an interrupt
 
-    widgets.status(feed)           # a cluster's live graphs for a while, then frozen
+    widgets.status(handle.metrics) # a cluster's live graphs for a while, then frozen
+
+`progress_hook` starts the widget on the engine's first progress call, with the run's
+own Dask client as the metrics feed; the widget then reads ``results.counts()``, shows only
+that run's batches in the task stream, and a best-first table for ``--grid`` runs.
 
 ``progress`` is a callable (or an object with a ``progress()`` method, e.g. ``Results``)
 returning a mapping::
@@ -38,13 +46,15 @@ The drawing code is ``static/graphs.js``, shared with the JupyterLab sidebar pan
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from nbcluster.metrics.feed import Feed
 from nbcluster.widgets._live import Live, as_progress_source
 from nbcluster.widgets._progress import Best
+from nbcluster.widgets._results import ResultsProgress, feed_for, is_results, task_filter_for
 
-__all__ = ["Live", "live", "status"]
+__all__ = ["Live", "live", "progress_hook", "status"]
 
 
 def live(
@@ -59,12 +69,40 @@ def live(
 ) -> Live:
     """Start showing the progress of one run; returns a `Live` to `close()` when it ends.
 
+    `progress` may also be a distribute `Results` (its counts, grid and own tasks are
+    read; `feed` defaults to the run's client). In a kernel the widget also freezes at
+    the end of the cell if the run is over by then, so forgetting `close()` is harmless.
     `best` orders grid rows by their numeric value ("max" first, "min" first, or None to
     keep the source's order). `interval` is the poll period in seconds (2-5 Hz is plenty).
     """
-    return Live(
-        as_progress_source(progress), feed, label=label, delay=delay, interval=interval, best=best, **kwargs
-    )
+    if is_results(progress):
+        kwargs.setdefault("task_filter", task_filter_for(progress))
+        if feed is None:
+            feed = feed_for(progress)
+        if label is None:
+            label = progress.label
+        source = ResultsProgress(progress, grid=kwargs.pop("grid", None))
+    else:
+        kwargs.pop("grid", None)
+        source = as_progress_source(progress)
+    return Live(source, feed, label=label, delay=delay, interval=interval, best=best, **kwargs)
+
+
+def progress_hook(feed: Feed | None = None, **kwargs: Any) -> Callable[[Any], None]:
+    """A ``progress=`` callback for `nbcluster.distribute`: shows the run's live widget.
+
+    The first call (the engine makes it before submitting anything) starts
+    ``live(results, feed, **kwargs)``; later calls do nothing, as the widget polls. The
+    `Live` is kept as ``hook.live``. `grid=True/False` forces or suppresses the table
+    (default: shown for ``--grid`` runs).
+    """
+
+    def hook(results: Any) -> None:
+        if hook.live is None:  # type: ignore[attr-defined]
+            hook.live = live(results, feed, **kwargs)  # type: ignore[attr-defined]
+
+    hook.live = None  # type: ignore[attr-defined]
+    return hook
 
 
 def status(feed: Feed, *, live_for: float | None = 300.0, window: float = 60.0, **kwargs: Any) -> Live:

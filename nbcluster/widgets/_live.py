@@ -74,14 +74,18 @@ class KernelDisplay:
             self._handle.update(bundle, raw=True)
 
 
-def in_kernel() -> bool:
-    """Whether we run inside a Jupyter kernel (where widgets can show)."""
+def _kernel_shell() -> Any:
     try:
         from IPython import get_ipython
     except ImportError:
-        return False
+        return None
     ip = get_ipython()
-    return ip is not None and getattr(ip, "kernel", None) is not None
+    return ip if ip is not None and getattr(ip, "kernel", None) is not None else None
+
+
+def in_kernel() -> bool:
+    """Whether we run inside a Jupyter kernel (where widgets can show)."""
+    return _kernel_shell() is not None
 
 
 class Live:
@@ -104,6 +108,7 @@ class Live:
         window: float | None = None,
         live_for: float | None = None,
         history: bool = False,
+        task_filter: Callable[[dict[str, Any]], bool] | None = None,
         _display: Display | None = None,
         _clock: Callable[[], float] = time.monotonic,
         _text: TextBar | None = None,
@@ -128,6 +133,7 @@ class Live:
         # Tasks that ended before this run began belong to earlier cells (status views
         # want them: recent history).
         self._since_wall = None if history else time.time() - 0.5
+        self._task_filter = task_filter
         self.widget: Any = None
         self.shown = False
         self.frozen = False
@@ -148,6 +154,9 @@ class Live:
             target=contextvars.copy_context().run, args=(self._run,), name="nbcluster-live", daemon=True
         )
         self._thread.start()
+        self._ipython = _kernel_shell() if self._widgets and _display is None else None
+        if self._ipython is not None:
+            self._ipython.events.register("post_run_cell", self._on_cell_end)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -166,6 +175,23 @@ class Live:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.close("cancelled" if exc_type is KeyboardInterrupt else None)
+
+    def _on_cell_end(self, result: Any = None) -> None:
+        # The cell's last chance to change its own outputs: a frontend-less client such as
+        # nbclient (and so nbconvert --execute) records only messages that arrive before
+        # the cell's reply. If the run is over, freeze now, synchronously, in the main
+        # thread; a run that goes on (--no-wait) freezes later from the poller.
+        ip, self._ipython = self._ipython, None
+        if ip is not None:
+            ip.events.unregister("post_run_cell", self._on_cell_end)
+        if self.frozen or self.progress_source is None:
+            return
+        try:
+            finished = is_finished(self.progress_source())
+        except Exception:
+            finished = False
+        if finished:
+            self.close()
 
     # -- the poller thread ----------------------------------------------------------------
 
@@ -205,7 +231,10 @@ class Live:
         finished = is_finished(raw)
         completed = int(raw.get("done") or 0) + int(raw.get("failed") or 0)
         rate = self._rate.add(self._clock(), completed)
-        state = self._end_state or ("done" if finished else "running")
+        if not finished:
+            state = self._end_state or "running"
+        else:
+            state = self._end_state or ("cancelled" if raw.get("cancelled") else "done")
         self.counts = decorate(raw, elapsed=elapsed, rate=rate, state=state, label=self.label)
         grid = raw.get("grid")
         if grid is not self._raw_grid or finished:
@@ -225,7 +254,9 @@ class Live:
             self.feed = None
             return
         tasks = snap.get("tasks") or ()
-        if self._since_wall is not None:
+        if self._task_filter is not None:
+            tasks = [t for t in tasks if self._task_filter(t)]
+        elif self._since_wall is not None:
             tasks = [t for t in tasks if t["stop"] >= self._since_wall]
         snap = {**snap, "tasks": list(tasks)}
         self.metrics.apply(snap)

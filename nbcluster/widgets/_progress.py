@@ -54,11 +54,13 @@ def decorate(
 ) -> dict[str, Any]:
     """The counts the drawing code takes: the four numbers plus rate, ETA, state, label."""
     out: dict[str, Any] = {k: int(counts.get(k) or 0) for k in ("done", "running", "failed", "total")}
+    if counts.get("cancelled"):
+        out["cancelled"] = int(counts["cancelled"])
     out["elapsed"] = elapsed
     out["state"] = state
     if rate:
         out["rate"] = rate
-        remaining = out["total"] - out["done"] - out["failed"]
+        remaining = out["total"] - out["done"] - out["failed"] - out.get("cancelled", 0)
         out["eta"] = remaining / rate if remaining > 0 else 0.0
     if label:
         out["label"] = label

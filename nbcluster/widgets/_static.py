@@ -91,6 +91,8 @@ def progress_line(counts: Mapping[str, Any]) -> str:
     parts = [f"{done} / {total} done ({pct}%)"]
     if failed:
         parts.append(f"{failed} failed")
+    if counts.get("cancelled"):
+        parts.append(f"{counts['cancelled']} cancelled")
     if running:
         parts.append(f"{running} running")
     rate = counts.get("rate")

@@ -11,6 +11,7 @@ export interface WorkerInfo {
 }
 
 export interface TaskRecord {
+  key?: string;
   prefix: string;
   group?: string;
   worker: string;
@@ -67,6 +68,7 @@ export interface Counts {
   running: number;
   failed: number;
   total: number;
+  cancelled?: number;
   rate?: number;
   eta?: number | null;
   elapsed?: number;

@@ -306,7 +306,7 @@ export function renderResources(container, view, opts) {
 // ---------------------------------------------------------------------------------------
 // Progress
 
-// counts: {done, running, failed, total} and optionally rate (items/s), eta (s),
+// counts: {done, running, failed, total} and optionally cancelled, rate (items/s), eta (s),
 // elapsed (s), state ("running" | "done" | "failed" | "cancelled"), label.
 export function renderProgress(container, counts) {
   const c = counts || {};
@@ -335,6 +335,7 @@ export function renderProgress(container, counts) {
 
   const parts = [`${done} / ${total} done (${pct}%)`];
   if (failed) parts.push(`${failed} failed`);
+  if (c.cancelled) parts.push(`${c.cancelled} cancelled`);
   if (running) parts.push(`${running} running`);
   if (c.rate) parts.push(`${c.rate >= 10 ? Math.round(c.rate) : c.rate.toFixed(1)} items/s`);
   if (c.state === "running" && c.eta !== undefined && c.eta !== null) parts.push(`ETA ${formatDuration(c.eta)}`);

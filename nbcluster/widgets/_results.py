@@ -1,0 +1,78 @@
+"""Reading a `%%distribute` run (`nbcluster.distribute.Results`) as a progress source.
+
+The distribute engine pushes changes (``Results.subscribe``); the widget polls. Polling
+wins here: the widget redraws at a fixed rate however fast batches land, and the engine's
+driver thread never waits on the widget. So `progress_hook` only starts the widget on the
+engine's first call and ignores the rest.
+
+What is read, all through the observation surface documented in results.py: ``counts()``
+and ``done`` every tick; for ``--grid`` runs ``params``, ``values()`` and ``errors`` when the
+counts change; ``run_id`` to pick this run's batches (``distribute-<run id>-<n>``) out of the
+cluster's task stream. Two private attributes are read defensively: ``_plan.mode`` (to
+recognise a grid run when the caller does not say) and ``_engine.client`` (the run's Dask
+client, whose connection the metrics feed reuses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from nbcluster.metrics.feed import Feed, client_feed
+
+GRID_MAX_ITEMS = 5000
+_MISSING = object()
+
+
+def is_results(obj: Any) -> bool:
+    return callable(getattr(obj, "counts", None)) and hasattr(obj, "run_id")
+
+
+class ResultsProgress:
+    """``source()`` for the live widget over a `Results`; the grid table for grid runs."""
+
+    def __init__(self, results: Any, grid: bool | None = None) -> None:
+        self.results = results
+        if grid is None:
+            grid = getattr(getattr(results, "_plan", None), "mode", None) == "grid"
+        self.grid = bool(grid) and len(results) <= GRID_MAX_ITEMS
+        self._params: list[dict[str, Any]] | None = None
+        self._grid_key: tuple[int, ...] | None = None
+        self._grid: dict[str, Any] | None = None
+
+    def __call__(self) -> dict[str, Any]:
+        c = dict(self.results.counts())
+        c["finished"] = bool(self.results.done)
+        if self.grid:
+            key = (c["done"], c["failed"], c.get("cancelled", 0))
+            if key != self._grid_key:
+                self._grid_key, self._grid = key, self._grid_rows()
+            c["grid"] = self._grid  # the same object while nothing changed: no re-ranking
+        return c
+
+    def _grid_rows(self) -> dict[str, Any]:
+        if self._params is None:
+            self._params = self.results.params
+        failed = {e.index for e in self.results.errors}
+        values = self.results.values(missing=_MISSING)
+        rows = []
+        for i, (params, value) in enumerate(zip(self._params, values, strict=False)):
+            row: dict[str, Any] = {"params": params}
+            if i in failed:
+                row.update(value="failed", status="error")
+            elif value is not _MISSING:
+                row.update(value=value, status="ok")
+            rows.append(row)
+        names = list(self._params[0]) if self._params else []
+        return {"params": names, "rows": rows}
+
+
+def task_filter_for(results: Any) -> Callable[[dict[str, Any]], bool]:
+    prefix = f"distribute-{results.run_id}-"
+    return lambda t: str(t.get("key", "")).startswith(prefix)
+
+
+def feed_for(results: Any) -> Feed | None:
+    """The metrics feed over the run's own Dask client, if the run has one."""
+    client = getattr(getattr(results, "_engine", None), "client", None)
+    return client_feed(client) if client is not None else None
