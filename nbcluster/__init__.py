@@ -37,6 +37,7 @@ def start(
     name: str | None = None,
     keep: bool = False,
     dashboard: bool = False,
+    gpu_backend: str | None = None,
     **kwargs: Any,
 ) -> ClusterHandle:
     """Start (or reuse) a cluster and make it this process's current cluster.
@@ -46,7 +47,7 @@ def start(
     """
     from nbcluster import _current
 
-    handle = _start(workers, threads, memory, gpus, name, keep, dashboard, **kwargs)
+    handle = _start(workers, threads, memory, gpus, name, keep, dashboard, gpu_backend, **kwargs)
     return _current.use(handle)
 
 

@@ -54,6 +54,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     s.add_argument("--name", help="cluster name (default: local, local-2, ...)")
     s.add_argument("--keep", action="store_true", help="keep running after this kernel exits")
     s.add_argument("--dashboard", action="store_true", help="start Dask's dashboard (loopback only)")
+    s.add_argument("--gpu-backend", help="GPU worker implementation: builtin (default) or dask-cuda")
 
     s = sub.add_parser("scale", help="set the number of workers of a kind")
     s.add_argument("n", help="number of workers")
@@ -121,7 +122,7 @@ class Runner:
     def do_start(self, ns: argparse.Namespace) -> ClusterInfo:
         options = dict(
             workers=ns.workers, threads=ns.threads, memory=ns.memory, gpus=ns.gpus,
-            name=ns.name, dashboard=ns.dashboard,
+            name=ns.name, dashboard=ns.dashboard, gpu_backend=ns.gpu_backend,
         )  # fmt: skip
         if self.in_kernel:
             handle = nbcluster.start(keep=ns.keep, **options)

@@ -34,6 +34,8 @@ def test_cli_lifecycle(runtime_dir, cli):
         (["status", "ghost"], "no cluster named 'ghost'"),
         (["start", "--gpus", "2"], "no GPU"),
         (["use", "local"], "notebook kernel"),
+        (["scale", "1", "--kind", "tpu"], "invalid choice: 'tpu'"),
+        (["start", "--gpu-backend", "cuda9"], "--gpu-backend 'cuda9'"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(runtime_dir, cli, args, message):

@@ -8,8 +8,12 @@ Only the local backend is built in: a `SpecCluster` whose workers are of two kin
 
 Because only CPU workers have ``CPU``, a task asking for ``CPU`` never lands on a GPU
 worker, and one asking for ``GPU`` only lands on GPU workers; a task asking for nothing
-may run anywhere. Scaling is per kind (`NbSpecCluster.scale_kind`); adaptivity scales the
-CPU kind, which is what a backlog of unrestricted work needs.
+may run anywhere. Scaling is per kind (`NbSpecCluster.scale_kind`), and so is adaptivity
+(`adaptive.KindAdaptive`).
+
+GPU workers come from the built-in spec above, or with ``gpu_backend="dask-cuda"`` from
+dask-cuda's own worker spec (CPU affinity, its memory management), with nbcluster's
+resource tag and TLS settings laid over it.
 
 Multi-machine deployments (dask-jobqueue, dask-kubernetes, dask-gateway, SSH) are Dask's
 own projects; `profiles()` lists what the server may offer and `nbcluster.connect` takes
@@ -24,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from distributed import Nanny, Scheduler, Security, SpecCluster
-from distributed.deploy.adaptive import Adaptive
 
+from nbcluster.cluster.adaptive import KindAdaptive
 from nbcluster.cluster.gpu import GPU, SIMULATE_ENV
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import BadArgument
@@ -90,14 +94,6 @@ def security_from(tls: dict[str, str]) -> Security:
     )
 
 
-class _CpuAdaptive(Adaptive):
-    """Dask's Adaptive, but never retiring GPU workers: they are not the adaptive kind."""
-
-    async def workers_to_close(self, target: int) -> list[Any]:
-        names = await super().workers_to_close(target)
-        return [n for n in names if not str(n).startswith("gpu-")]
-
-
 class NbSpecCluster(SpecCluster):
     """A SpecCluster with CPU and GPU worker kinds, scaled per kind."""
 
@@ -107,6 +103,7 @@ class NbSpecCluster(SpecCluster):
         # worker name -> GPU, for the GPU workers that exist in the plan
         self.devices: dict[str, GPU] = {}
         self.adaptive_bounds: dict[str, int] | None = None
+        self._kind_adaptives: list[KindAdaptive] = []
         self._security = security
         workers = {}
         for _ in range(spec.workers or 0):
@@ -150,13 +147,18 @@ class NbSpecCluster(SpecCluster):
         }
 
     def _gpu_spec(self, device: GPU) -> dict[str, Any]:
-        env = {"CUDA_VISIBLE_DEVICES": str(device.uuid if device.uuid and not device.simulated else device.index)}
+        name = f"gpu-{device.index}"
+        # The UUID pins the very device even if another tool renumbers them; simulated
+        # devices have none that CUDA would understand.
+        visible = str(device.index if device.simulated or not device.uuid else device.uuid)
+        env = {"CUDA_VISIBLE_DEVICES": visible}
         if device.simulated:
             env[SIMULATE_ENV + "_DEVICE"] = str(device.index)
-            env["CUDA_VISIBLE_DEVICES"] = str(device.index)
-        name = f"gpu-{device.index}"
+        options = self._options(1, {"GPU": 1}, env)
+        if self.nb_spec.gpu_backend == "dask-cuda":
+            options = {**_dask_cuda_options(device), **options}
         self.devices[name] = device
-        return {name: {"cls": Nanny, "options": self._options(1, {"GPU": 1}, env)}}
+        return {name: {"cls": Nanny, "options": options}}
 
     def _new_spec(self, kind: str, taken: dict[str, Any]) -> dict[str, Any]:
         if kind == "gpu":
@@ -188,11 +190,9 @@ class NbSpecCluster(SpecCluster):
             raise BadArgument(
                 f"cannot scale to {n} GPU workers: this cluster has {len(self.all_devices)} GPU(s)"
             )
-        if not adaptive and self._adaptive is not None:
+        if not adaptive:
             # An explicit scale is the user taking control back from adaptivity.
-            self._adaptive.stop()
-            self._adaptive = None
-            self.adaptive_bounds = None
+            self.stop_adaptive()
         mine = [name for name in self.worker_spec if self.kind_of(name) == kind]
         if len(mine) > n:
             running = {v["name"] for v in self.scheduler_info.get("workers", {}).values()}
@@ -205,24 +205,47 @@ class NbSpecCluster(SpecCluster):
             self.worker_spec.update(self._new_spec(kind, taken=self.worker_spec))
         await self._correct_state()
 
-    def scale(self, n: int = 0, memory: Any = None, cores: Any = None) -> Any:
-        # Dask's Adaptive calls scale(total); GPU workers are not adaptive, so the CPU kind
-        # takes whatever the total leaves after them.
-        gpus = self.requested_by_kind()["gpu"]
-        return self.scale_kind(max(n - gpus, 0), "cpu", adaptive=True)
+    def stop_adaptive(self) -> None:
+        for adaptive in self._kind_adaptives:
+            adaptive.stop(reason="nbcluster")
+        self._kind_adaptives = []
+        self.adaptive_bounds = None
 
     def adapt_bounded(self, minimum: Any, maximum: Any) -> None:
+        """CPU workers adapt between the bounds; GPU workers (if any) between 0 and one per GPU."""
         from nbcluster.cluster.spec import parse_count
 
         lo = parse_count(minimum, "--min")
         hi = parse_count(maximum, "--max")
         if lo > hi:
             raise BadArgument(f"--min {lo} is above --max {hi}: the minimum must not exceed the maximum")
-        gpus = self.requested_by_kind()["gpu"]
-        if self._adaptive is not None:
-            self._adaptive.stop()
-        self._adaptive = _CpuAdaptive(self, minimum=lo + gpus, maximum=hi + gpus, interval="500ms", wait_count=3)
+        self.stop_adaptive()
+        options = {"interval": "500ms", "wait_count": 3}
+        self._kind_adaptives = [KindAdaptive(self, "cpu", minimum=lo, maximum=hi, **options)]
+        if self.all_devices:
+            self._kind_adaptives.append(
+                KindAdaptive(self, "gpu", minimum=0, maximum=len(self.all_devices), **options)
+            )
         self.adaptive_bounds = {"minimum": lo, "maximum": hi}
+        if self.all_devices:
+            self.adaptive_bounds["gpu_maximum"] = len(self.all_devices)
+
+    async def _close(self) -> None:
+        self.stop_adaptive()
+        await super()._close()
+
+
+def _dask_cuda_options(device: GPU) -> dict[str, Any]:
+    """dask-cuda's options for a worker on `device` (its plugins, memory settings)."""
+    try:
+        from dask_cuda.worker_spec import worker_spec
+    except ImportError:
+        raise BadArgument(
+            "--gpu-backend dask-cuda needs dask-cuda: `pip install dask-cuda`, or leave the "
+            "option out to use nbcluster's built-in GPU workers"
+        ) from None
+    [spec] = worker_spec(CUDA_VISIBLE_DEVICES=[device.index], threads_per_worker=1).values()
+    return dict(spec["options"])
 
 
 async def local_cluster(spec: ClusterSpec, devices: list[GPU], security: Security) -> NbSpecCluster:

@@ -67,8 +67,13 @@ def _nvidia_smi() -> list[GPU]:
         out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
+    return parse_nvidia_smi_list(out)
+
+
+def parse_nvidia_smi_list(text: str) -> list[GPU]:
+    """GPUs from `nvidia-smi -L` lines like ``GPU 0: NVIDIA H200 (UUID: GPU-...)``."""
     gpus = []
-    for line in out.splitlines():
+    for line in text.splitlines():
         m = re.match(r"GPU (\d+): (.*?)(?: \(UUID: (.*)\))?$", line.strip())
         if m:
             gpus.append(GPU(int(m.group(1)), m.group(2), None, m.group(3)))

@@ -271,6 +271,7 @@ def start(
     name: str | None = None,
     keep: bool = False,
     dashboard: bool = False,
+    gpu_backend: str | None = None,
     *,
     owner_pid: int | None = None,
     runtime_dir: str | os.PathLike[str] | None = None,
@@ -283,7 +284,8 @@ def start(
     one) exits, unless `keep`.
     """
     spec = ClusterSpec.from_user(
-        workers=workers, threads=threads, memory=memory, gpus=gpus, name=name, keep=keep, dashboard=dashboard
+        workers=workers, threads=threads, memory=memory, gpus=gpus, name=name, keep=keep, dashboard=dashboard,
+        gpu_backend=gpu_backend,
     )
     directory = registry.runtime_dir(runtime_dir)
     owner = None if keep else (owner_pid or os.getpid())

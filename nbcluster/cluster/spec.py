@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from dask.utils import parse_bytes
@@ -17,6 +17,8 @@ from nbcluster.errors import BadArgument
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 DEFAULT_NAME = "local"
+BACKENDS = ("local",)
+GPU_BACKENDS = ("builtin", "dask-cuda")
 
 
 def _count(value: Any, what: str, *, minimum: int = 0) -> int:
@@ -89,7 +91,7 @@ class ClusterSpec:
     keep: bool = False
     dashboard: bool = False
     backend: str = "local"
-    extra: dict[str, Any] = field(default_factory=dict)
+    gpu_backend: str = "builtin"
 
     @classmethod
     def from_user(
@@ -103,7 +105,13 @@ class ClusterSpec:
         keep: bool = False,
         dashboard: bool = False,
         backend: str = "local",
+        gpu_backend: str | None = None,
     ) -> ClusterSpec:
+        gpu_backend = gpu_backend or "builtin"
+        if gpu_backend not in GPU_BACKENDS:
+            raise BadArgument(f"--gpu-backend {gpu_backend!r}: use one of {', '.join(GPU_BACKENDS)}")
+        if backend not in BACKENDS:
+            raise BadArgument(f"unknown backend profile {backend!r}: use one of {', '.join(BACKENDS)}")
         return cls(
             workers=None if workers is None else _count(workers, "--workers"),
             threads=None if threads is None else _count(threads, "--threads", minimum=1),
@@ -113,6 +121,7 @@ class ClusterSpec:
             keep=bool(keep),
             dashboard=bool(dashboard),
             backend=backend,
+            gpu_backend=gpu_backend,
         )
 
     def resolved(self, cpu_count: int | None = None) -> ClusterSpec:

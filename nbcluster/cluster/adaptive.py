@@ -1,0 +1,102 @@
+"""Adaptive scaling per worker kind: CPU backlog grows CPU workers, GPU backlog GPU workers.
+
+Dask's stock `Adaptive` asks the scheduler for one number (`adaptive_target`) computed over
+all tasks, and adds or retires interchangeable workers. With two kinds that is wrong both
+ways: a queue of `{"GPU": 1}` items would add CPU workers that can never run them, and a CPU
+backlog would keep idle GPU workers (and their device memory) alive.
+
+So each kind gets its own `KindAdaptive`, Dask's machinery (wait counts, graceful
+retirement) with three things replaced:
+
+- the *plan*, *requested* and *observed* worker sets are those of its kind only;
+- the *target* is computed from the scheduler's state (the supervisor hosts the scheduler,
+  so this reads it directly, no RPC):
+  * GPU: one worker per ready task that asks for a GPU (waiting for a worker, queued, or
+    running on a GPU worker) - each GPU worker runs one such task at a time;
+  * CPU: Dask's occupancy rule restricted to the tasks that do not ask for a GPU: expected
+    run time of the running and ready tasks over `target_duration`, never more workers than
+    ready tasks, divided by the threads per worker;
+- scaling up or down touches its kind only (`NbSpecCluster.scale_kind`).
+
+Example: 1 CPU worker, GPU workers adaptive in [0, 2], and 5 items submitted with
+``--gpus 1``. They sit in the scheduler's "no-worker" set (nothing offers `GPU`), so the
+GPU target is min(5, 2) = 2 and two GPU workers start; the CPU target is unchanged.
+When the items are done the GPU target is 0, and after `wait_count` checks in a row the
+idle GPU workers are retired.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from distributed.deploy.adaptive import Adaptive
+
+
+def needs_gpu(ts: Any) -> bool:
+    return bool(ts.resource_restrictions and "GPU" in ts.resource_restrictions)
+
+
+def worker_kind(ws: Any) -> str:
+    return "gpu" if "GPU" in (ws.resources or {}) else "cpu"
+
+
+def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
+    """Desired number of workers of `kind` for the scheduler's current work."""
+    workers = [ws for ws in scheduler.workers.values() if worker_kind(ws) == kind]
+    waiting = [ts for ts in scheduler.unrunnable] + list(scheduler.queued)
+    if kind == "gpu":
+        ready = sum(1 for ts in waiting if needs_gpu(ts))
+        running = sum(1 for ws in workers for ts in ws.processing if needs_gpu(ts))
+        return ready + running
+
+    ready = [ts for ts in waiting if not needs_gpu(ts)]
+    # Dask's estimate of the expected run time of 100 ready tasks, scaled to all of them.
+    sample = ready[:100]
+    ready_time = sum(scheduler._get_prefix_duration(ts.prefix) for ts in sample)
+    if len(ready) > len(sample):
+        ready_time *= len(ready) / len(sample)
+    running = sum(len(ws.processing) for ws in workers)
+    occupancy = sum(ws.occupancy for ws in workers)
+    cores = math.ceil((occupancy + ready_time) / target_duration)
+    cores = min(cores, len(ready) + running)
+    if ready and not workers:
+        cores = max(cores, 1)
+    threads = (sum(ws.nthreads for ws in workers) / len(workers)) if workers else 1
+    return math.ceil(cores / max(threads, 1))
+
+
+class KindAdaptive(Adaptive):
+    """Dask's Adaptive for one worker kind of an `NbSpecCluster`."""
+
+    def __init__(self, cluster: Any, kind: str, **kwargs: Any):
+        self.kind = kind
+        super().__init__(cluster, **kwargs)
+
+    def _mine(self, names: Any) -> set[Any]:
+        return {n for n in names if self.cluster.kind_of(n) == self.kind}
+
+    @property
+    def plan(self) -> set[Any]:
+        return self._mine(self.cluster.plan)
+
+    @property
+    def requested(self) -> set[Any]:
+        return self._mine(self.cluster.requested)
+
+    @property
+    def observed(self) -> set[Any]:
+        return self._mine(self.cluster.observed)
+
+    async def target(self) -> int:
+        return kind_target(self.cluster.scheduler, self.kind, self.target_duration)
+
+    async def workers_to_close(self, target: int) -> list[Any]:
+        scheduler = self.cluster.scheduler
+        mine = [ws for ws in scheduler.workers.values() if worker_kind(ws) == self.kind]
+        # Idle workers first, holding the least data first: retiring them moves least.
+        idle = sorted((ws for ws in mine if not ws.processing), key=lambda ws: ws.nbytes)
+        return [ws.name for ws in idle[: max(len(mine) - target, 0)]]
+
+    async def scale_up(self, n: int) -> None:
+        await self.cluster.scale_kind(n, self.kind, adaptive=True)

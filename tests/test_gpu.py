@@ -1,0 +1,106 @@
+"""GPU workers, on a CPU machine: discovery, and simulated GPUs for layout, routing, scaling.
+
+Simulated GPUs (NBCLUSTER_SIMULATE_GPUS) are workers that advertise the GPU resource and a
+device index without a device behind them; everything here but the hardware is real.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import pytest
+from distributed import get_worker
+
+import nbcluster
+from nbcluster.cluster import gpu
+from nbcluster.errors import BadArgument
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 60) -> None:
+    """Poll a cluster fact that has no event to wait on (worker counts under adaptivity)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.2)
+
+
+def kinds(handle: nbcluster.ClusterHandle) -> dict[str, int]:
+    counts = {"cpu": 0, "gpu": 0}
+    for w in handle.info().workers:
+        counts[w["kind"]] += 1
+    return counts
+
+
+def test_discovery_without_gpus_is_empty_and_simulation_only_when_asked():
+    # Without the variable, only real devices are found (none on a CPU machine).
+    assert not any(g.simulated for g in gpu.discover({}))
+    sim = gpu.discover({gpu.SIMULATE_ENV: "2"})
+    assert [g.index for g in sim] == [0, 1] and all(g.simulated for g in sim)
+    assert gpu.select(None, sim) == [] and gpu.select("auto", []) == []
+    assert gpu.select(1, sim) == sim[:1]
+    with pytest.raises(BadArgument, match="only 2 GPU"):
+        gpu.select(3, sim)
+    with pytest.raises(BadArgument, match="whole number"):
+        gpu.discover({gpu.SIMULATE_ENV: "many"})
+
+
+def test_nvidia_smi_fallback_parses_devices():
+    text = "GPU 0: NVIDIA H200 (UUID: GPU-1234)\nGPU 1: NVIDIA H200 (UUID: GPU-5678)\n"
+    devices = gpu.parse_nvidia_smi_list(text)
+    assert [(d.index, d.name, d.uuid) for d in devices] == [(0, "NVIDIA H200", "GPU-1234"), (1, "NVIDIA H200", "GPU-5678")]
+
+
+@pytest.fixture
+def gpu_cluster(runtime_dir, monkeypatch):
+    monkeypatch.setenv(gpu.SIMULATE_ENV, "2")
+    return nbcluster.start(workers=1, gpus="auto")
+
+
+def test_one_pinned_worker_per_gpu_plus_cpu_workers(gpu_cluster):
+    info = gpu_cluster.info()
+    assert kinds(gpu_cluster) == {"cpu": 1, "gpu": 2}
+    gpus = {w["name"]: w for w in info.workers if w["kind"] == "gpu"}
+    assert {w["resources"]["GPU"] for w in gpus.values()} == {1}
+    assert all(w["gpu"]["simulated"] for w in gpus.values())
+    assert "[simulated]" in repr(info) and "[simulated]" in info._repr_html_()
+    visible = gpu_cluster.client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+    by_name = {w["address"]: w["name"] for w in info.workers}
+    pinned = {by_name[a]: v for a, v in visible.items() if by_name[a].startswith("gpu-")}
+    assert pinned == {"gpu-0": "0", "gpu-1": "1"}
+
+
+def test_gpu_items_run_only_on_gpu_workers(gpu_cluster):
+    client = gpu_cluster.client
+    on_gpu = client.gather(client.map(lambda i: get_worker().name, range(20), resources={"GPU": 1}))
+    on_cpu = client.gather(client.map(lambda i: get_worker().name, range(20, 40), resources={"CPU": 1}))
+    assert set(on_gpu) <= {"gpu-0", "gpu-1"}
+    assert set(on_cpu) == {"cpu-0"}
+
+
+def test_scaling_is_per_kind(gpu_cluster):
+    gpu_cluster.scale(0, kind="gpu")
+    assert kinds(gpu_cluster) == {"cpu": 1, "gpu": 0}
+    gpu_cluster.scale(2, kind="cpu")
+    assert kinds(gpu_cluster) == {"cpu": 2, "gpu": 0}
+    gpu_cluster.scale(2, kind="gpu")
+    assert kinds(gpu_cluster) == {"cpu": 2, "gpu": 2}
+    visible = set(gpu_cluster.client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES")).values())
+    assert {"0", "1"} <= visible
+    with pytest.raises(BadArgument, match="has 2 GPU"):
+        gpu_cluster.scale(3, kind="gpu")
+
+
+def test_adaptive_scaling_counts_gpu_backlog_separately(gpu_cluster):
+    gpu_cluster.adapt(minimum=1, maximum=1)
+    # Idle GPU workers are retired; the CPU kind stays at its minimum.
+    wait_until(lambda: kinds(gpu_cluster) == {"cpu": 1, "gpu": 0})
+    client = gpu_cluster.client
+    futures = client.map(lambda i: time.sleep(1) or get_worker().name, range(6), resources={"GPU": 1})
+    # A GPU backlog brings GPU workers back (one per device), never extra CPU workers.
+    wait_until(lambda: kinds(gpu_cluster)["gpu"] == 2)
+    assert kinds(gpu_cluster)["cpu"] == 1
+    assert set(client.gather(futures)) <= {"gpu-0", "gpu-1"}
+    info = gpu_cluster.info()
+    assert info["adaptive"] == {"minimum": 1, "maximum": 1, "gpu_maximum": 2}
