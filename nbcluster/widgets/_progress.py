@@ -54,8 +54,9 @@ def decorate(
 ) -> dict[str, Any]:
     """The counts the drawing code takes: the four numbers plus rate, ETA, state, label."""
     out: dict[str, Any] = {k: int(counts.get(k) or 0) for k in ("done", "running", "failed", "total")}
-    if counts.get("cancelled"):
-        out["cancelled"] = int(counts["cancelled"])
+    for extra in ("cancelled", "pending"):
+        if counts.get(extra):
+            out[extra] = int(counts[extra])
     out["elapsed"] = elapsed
     out["state"] = state
     if rate:

@@ -42,6 +42,8 @@ class ResultsProgress:
 
     def __call__(self) -> dict[str, Any]:
         c = dict(self.results.counts())
+        # Results counts queued and executing items together as "running"; say "pending".
+        c["pending"] = c.pop("running", 0)
         c["finished"] = bool(self.results.done)
         if self.grid:
             key = (c["done"], c["failed"], c.get("cancelled", 0))

@@ -69,6 +69,7 @@ export interface Counts {
   failed: number;
   total: number;
   cancelled?: number;
+  pending?: number;
   rate?: number;
   eta?: number | null;
   elapsed?: number;

@@ -306,14 +306,16 @@ export function renderResources(container, view, opts) {
 // ---------------------------------------------------------------------------------------
 // Progress
 
-// counts: {done, running, failed, total} and optionally cancelled, rate (items/s), eta (s),
+// counts: {done, running, failed, total} and optionally pending, cancelled, rate (items/s), eta (s),
 // elapsed (s), state ("running" | "done" | "failed" | "cancelled"), label.
 export function renderProgress(container, counts) {
   const c = counts || {};
   const total = Math.max(0, c.total || 0);
   const done = c.done || 0;
   const failed = c.failed || 0;
-  const running = c.running || 0;
+  // `pending` (queued or running, as a distribute run counts them) stands in for `running`
+  // when a source cannot tell the two apart.
+  const running = c.running || c.pending || 0;
   const pct = total ? Math.floor((100 * (done + failed)) / total) : 0;
   const root = rootBox("nbc-progress");
   root.dataset.done = String(done);
@@ -336,7 +338,8 @@ export function renderProgress(container, counts) {
   const parts = [`${done} / ${total} done (${pct}%)`];
   if (failed) parts.push(`${failed} failed`);
   if (c.cancelled) parts.push(`${c.cancelled} cancelled`);
-  if (running) parts.push(`${running} running`);
+  if (c.running) parts.push(`${c.running} running`);
+  else if (c.pending) parts.push(`${c.pending} pending`);
   if (c.rate) parts.push(`${c.rate >= 10 ? Math.round(c.rate) : c.rate.toFixed(1)} items/s`);
   if (c.state === "running" && c.eta !== undefined && c.eta !== null) parts.push(`ETA ${formatDuration(c.eta)}`);
   if (c.state && c.state !== "running" && c.elapsed !== undefined) parts.push(`${c.state} in ${formatDuration(c.elapsed)}`);
