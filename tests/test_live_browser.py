@@ -7,8 +7,9 @@ Debian's Chromium through Playwright, runs its cell, and watches the widget: the
 variables, and fails if the page asks anything of the network beyond the local server.
 Screenshots go to test-artifacts/live-browser/ (printed).
 
-NOTE: `%%distribute` (issue 3) had not landed when this was written; the cell drives the
-widget's Python API with real Dask work. Switch it to `%%distribute` once it exists.
+NOTE: the `%%distribute` magic did not pass the widget hook yet when this was written; the
+cell calls the engine's Python API with `progress=widgets.progress_hook()`, which is what
+the magic will do. Switch the cell to `%%distribute` once it does.
 """
 
 from __future__ import annotations
@@ -35,21 +36,16 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "live-br
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Debian's chromium at {CHROMIUM}")
 
 CELL = """\
-import time
 import nbcluster
 from nbcluster import widgets
-from distributed import as_completed
-h = nbcluster.use({name!r})
-
-def square(x):
-    time.sleep(0.15)
-    return x * x
-
-counts = {{"done": 0, "running": 0, "failed": 0, "total": 60}}
-lv = widgets.live(lambda: dict(counts), h.metrics, label="squares", delay=0.3)
-for f in as_completed(h.client.map(square, range(60))):
-    counts["done"] += 1
-lv.close()
+from nbcluster.distribute import distribute
+nbcluster.use({name!r})
+results = distribute(
+    "import time\\ntime.sleep(0.15)\\nx * x",
+    over="x in range(60)",
+    batch=1,
+    progress=widgets.progress_hook(delay=0.3),
+)
 """
 
 
