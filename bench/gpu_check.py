@@ -1,0 +1,134 @@
+"""GPU check, for a machine with real GPUs: one prepared script, under 5 minutes.
+
+    python bench/gpu_check.py            # on the GPU machine; appends to bench/RESULTS.md
+    python bench/gpu_check.py --simulate # smoke test of this script on a CPU machine
+
+1. `%cluster start --gpus auto`; checks one GPU worker per GPU, each pinned to a distinct
+   device (CUDA_VISIBLE_DEVICES) and advertising the GPU resource.
+2. A `%%distribute --gpus 1` cell runs a large bf16 matrix product on each GPU worker
+   (PyTorch, else CuPy; numpy on the CPU under --simulate) and reports TFLOP/s per GPU.
+3. Meanwhile the cluster's metrics stream (`handle.metrics`) is sampled: the check passes
+   only if GPU utilisation and GPU memory were non-zero during the run.
+The report is printed and appended to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+CELL = """
+import os, time
+n = size
+try:
+    import torch
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    sync, lib, device = torch.cuda.synchronize, "torch", torch.cuda.get_device_name()
+except ImportError:
+    try:
+        import cupy
+        a = cupy.random.random((n, n), dtype=cupy.float32)
+        b = cupy.random.random((n, n), dtype=cupy.float32)
+        sync, lib = cupy.cuda.Device().synchronize, "cupy"
+        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except ImportError:
+        import numpy
+        a = numpy.random.random((n, n)).astype(numpy.float32)
+        b = numpy.random.random((n, n)).astype(numpy.float32)
+        sync, lib, device = (lambda: None), "numpy (CPU)", "cpu"
+for _ in range(3):
+    a @ b
+sync()
+t0 = time.perf_counter()
+deadline = t0 + seconds
+reps = 0
+while time.perf_counter() < deadline:
+    c = a @ b
+    reps += 1
+sync()
+elapsed = time.perf_counter() - t0
+{"tflops": 2 * n**3 * reps / elapsed / 1e12, "lib": lib, "device": device,
+ "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "reps": reps}
+"""
+
+
+def sample_gpu_metrics(handle, stop: threading.Event, seen: dict) -> None:
+    cursor = None
+    while not stop.wait(0.5):
+        snap = handle.metrics(since=cursor)
+        cursor = snap.get("cursor")
+        for s in snap.get("resources", []):
+            if "gpu_util" in s:
+                seen["util"] = max(seen.get("util", 0.0), float(s["gpu_util"] or 0))
+                seen["memory"] = max(seen.get("memory", 0), int(s.get("gpu_memory") or 0))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--simulate", action="store_true", help="CPU smoke test with 2 simulated GPUs")
+    parser.add_argument("--size", type=int, default=8192)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    if args.simulate:
+        os.environ["NBCLUSTER_SIMULATE_GPUS"] = "2"
+        args.size, args.seconds = min(args.size, 512), min(args.seconds, 1.0)
+    os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-gpucheck-"))
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import nbcluster
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbcluster")
+    ip.run_line_magic("cluster", "start --gpus auto --workers 1 --name gpucheck")
+    handle = nbcluster.current()
+    lines = [f"### GPU check, {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}",
+             f"Command: `python bench/gpu_check.py{' --simulate' if args.simulate else ''}`", ""]  # fmt: skip
+    ok = True
+    try:
+        info = handle.info()
+        gpu_workers = [w for w in info.workers if w["kind"] == "gpu"]
+        visible = handle.client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+        pinned = {w["name"]: visible.get(w["address"]) for w in gpu_workers}
+        distinct = len(set(pinned.values())) == len(pinned) and None not in pinned.values()
+        ok &= bool(gpu_workers) and distinct
+        lines.append(f"- GPU workers: {len(gpu_workers)} ({', '.join(f'{k}: CUDA_VISIBLE_DEVICES={v}' for k, v in pinned.items())}); distinct devices: {distinct}")
+        for w in gpu_workers:
+            lines.append(f"  - {w['name']}: {w['gpu']['name']} ({w['gpu'].get('memory_total')} bytes){' [simulated]' if w['gpu'].get('simulated') else ''}")
+
+        ip.user_ns.update(size=args.size, seconds=args.seconds)
+        stop, seen = threading.Event(), {}
+        sampler = threading.Thread(target=sample_gpu_metrics, args=(handle, stop, seen), daemon=True)
+        sampler.start()
+        results = ip.run_cell_magic("distribute", f'--over "i in range({len(gpu_workers)})" --gpus 1', CELL)
+        stop.set()
+        sampler.join()
+        ok &= results.ok
+        for r in results:
+            lines.append(f"- {r['device']} (CUDA_VISIBLE_DEVICES={r['visible']}, {r['lib']}): {r['tflops']:.3g} TFLOP/s, {r['reps']} products of {args.size}x{args.size}")
+        metrics_ok = seen.get("util", 0) > 0 and seen.get("memory", 0) > 0
+        ok &= metrics_ok or args.simulate
+        lines.append(f"- GPU metrics during the run: max utilisation {seen.get('util', 'absent')}%, max memory {seen.get('memory', 'absent')} bytes -> {'non-zero' if metrics_ok else 'NOT seen'}")
+    finally:
+        ip.run_line_magic("cluster", "stop gpucheck")
+    lines.append(f"- Result: {'PASS' if ok else 'FAIL'}{' (simulated GPUs: no real device, metrics not expected)' if args.simulate else ''}")
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if not args.simulate:
+        results_md = Path(__file__).with_name("RESULTS.md")
+        with results_md.open("a") as f:
+            f.write("\n" + report)
+        print(json.dumps({"appended_to": str(results_md)}))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
