@@ -1,11 +1,11 @@
-"""The live widget in a real JupyterLab, in headless Chromium.
+"""The live widget in a real JupyterLab 4 and Notebook 7, in headless Chromium.
 
-The test starts `jupyter lab` on a free loopback port with a token, opens a notebook in
+The test starts `jupyter lab` (or `jupyter notebook`) on a free loopback port with a token, opens a notebook in
 Debian's Chromium through Playwright, runs its cell, and watches the widget: the live view
 (drawn by graphs.js in the browser) with one lane per worker, then the frozen picture at
 100%. It switches to the dark theme to check the picture follows JupyterLab's CSS
 variables, and fails if the page asks anything of the network beyond the local server.
-Screenshots go to test-artifacts/live-browser/ (printed).
+Screenshots go to test-artifacts/live-browser/<app>/ (printed).
 
 NOTE: the `%%distribute` magic did not pass the widget hook yet when this was written; the
 cell calls the engine's Python API with `progress=widgets.progress_hook()`, which is what
@@ -49,9 +49,30 @@ results = distribute(
 """
 
 
-@pytest.fixture
-def lab(tmp_path: Path, free_port: int) -> Iterator[tuple[str, Path]]:
-    """A JupyterLab server on 127.0.0.1:free_port; yields (base url with token, root dir)."""
+APPS = {
+    # app: (module, its app class for config, the notebook's URL path)
+    "lab": ("jupyterlab", "LabApp", "lab/tree/live.ipynb"),
+    "notebook7": ("notebook", "JupyterNotebookApp", "notebooks/live.ipynb"),
+}
+
+
+# Nothing that would look for updates or extensions on the network.
+LAB_ONLY_ARGS = {
+    "jupyterlab": (
+        "--LabApp.extension_manager=readonly",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    )
+}
+
+
+@pytest.fixture(params=sorted(APPS))
+def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """JupyterLab or Notebook 7 on a loopback port; yields (notebook URL with token, root dir).
+
+    The server picks its own port (port 0) and reports it in its runtime-dir info file:
+    on a shared machine a port found free beforehand can be taken before the server binds it.
+    """
+    module, app_class, path = APPS[request.param]
     root = tmp_path / "root"
     root.mkdir()
     token = secrets.token_hex(16)
@@ -64,19 +85,19 @@ def lab(tmp_path: Path, free_port: int) -> Iterator[tuple[str, Path]]:
     log = open(tmp_path / "lab.log", "wb")  # noqa: SIM115 - closed in the finalizer below
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "jupyterlab", "--no-browser",
-            f"--ServerApp.port={free_port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
+            sys.executable, "-m", module, "--no-browser", "--allow-root",
+            "--ServerApp.port=0", "--ServerApp.ip=127.0.0.1",
             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-            "--LabApp.expose_app_in_browser=True",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            "--LabApp.news_url=", "--LabApp.extension_manager=readonly", "--allow-root",
+            f"--{app_class}.expose_app_in_browser=True",
+            *LAB_ONLY_ARGS.get(module, ()),
         ],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
-    base = f"http://127.0.0.1:{free_port}"
     try:
-        _wait_until_up(f"{base}/api/status?token={token}", proc, tmp_path / "lab.log")
-        yield f"{base}/lab/tree/live.ipynb?token={token}", root
+        base = _wait_until_up(
+            tmp_path / "runtime" / f"jpserver-{proc.pid}.json", token, proc, tmp_path / "lab.log"
+        )
+        yield f"{base}/{path}?token={token}", root
     finally:
         # The server's own process group: the server and the kernels it started.
         for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
@@ -91,31 +112,38 @@ def lab(tmp_path: Path, free_port: int) -> Iterator[tuple[str, Path]]:
         log.close()
 
 
-def _wait_until_up(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90) -> None:
-    # A starting server has no event to await from outside; ask it until it answers.
+def _wait_until_up(
+    info: Path, token: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90
+) -> str:
+    """The server's base URL, once its info file exists and its API answers."""
+    # A starting server has no event to await from outside; look until it answers.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"jupyter lab exited early:\n{log.read_text()[-3000:]}")
+            raise AssertionError(f"the server exited early:\n{log.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            base = json.loads(info.read_text())["url"].rstrip("/")
+            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
                 if r.status == 200:
-                    return
-        except OSError:
+                    return base
+        except (OSError, ValueError, KeyError):
             time.sleep(0.25)
-    raise AssertionError(f"jupyter lab did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
+    raise AssertionError(f"the server did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-def test_widget_renders_live_and_freezes_in_jupyterlab(lab: tuple[str, Path], cluster: ClusterHandle) -> None:
+def test_widget_renders_live_and_freezes_in_the_browser(
+    lab: tuple[str, Path], cluster: ClusterHandle, request: pytest.FixtureRequest
+) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     url, root = lab
+    artifacts = ARTIFACTS / request.node.callspec.params["lab"]
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(CELL.format(name=cluster.name))]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "live.ipynb")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    print(f"\nscreenshots in {ARTIFACTS}")
+    artifacts.mkdir(parents=True, exist_ok=True)
+    print(f"\nscreenshots in {artifacts}")
 
     outside: list[str] = []
     with sync_playwright() as p:
@@ -145,7 +173,7 @@ def test_widget_renders_live_and_freezes_in_jupyterlab(lab: tuple[str, Path], cl
             live_view = page.locator(".nbc-live:not(.nbc-static)")
             expect(live_view.locator(".nbc-progress")).to_be_visible(timeout=90_000)
             expect(live_view.locator(".nbc-lane")).to_have_count(2, timeout=30_000)
-            page.screenshot(path=str(ARTIFACTS / "live.png"))
+            page.screenshot(path=str(artifacts / "live.png"))
 
             # Frozen: the output is replaced by the static picture, at 100%.
             frozen = page.locator(".nbc-static")
@@ -154,7 +182,7 @@ def test_widget_renders_live_and_freezes_in_jupyterlab(lab: tuple[str, Path], cl
             expect(page.locator(".nbc-live:not(.nbc-static)")).to_have_count(0)
             expect(frozen.locator(".nbc-progress-text")).to_contain_text("60 / 60 done (100%)")
             assert frozen.locator(".nbc-task").count() == 60
-            frozen.screenshot(path=str(ARTIFACTS / "final-light.png"))
+            frozen.screenshot(path=str(artifacts / "final-light.png"))
             light = frozen.locator(".nbc-progress-text").evaluate("e => getComputedStyle(e).color")
 
             page.evaluate(
@@ -162,10 +190,10 @@ def test_widget_renders_live_and_freezes_in_jupyterlab(lab: tuple[str, Path], cl
             )
             page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
             dark = frozen.locator(".nbc-progress-text").evaluate("e => getComputedStyle(e).color")
-            frozen.screenshot(path=str(ARTIFACTS / "final-dark.png"))
+            frozen.screenshot(path=str(artifacts / "final-dark.png"))
             assert light != dark, "the picture's text colour does not follow the theme"
         except Exception:
-            page.screenshot(path=str(ARTIFACTS / "failure.png"))
+            page.screenshot(path=str(artifacts / "failure.png"))
             print("browser console:", *console[-30:], sep="\n  ")
             raise
         finally:

@@ -112,7 +112,7 @@ def render_progress(counts: Mapping[str, Any]) -> str:
     total = max(0, int(counts.get("total") or 0))
     done = int(counts.get("done") or 0)
     failed = int(counts.get("failed") or 0)
-    running = int(counts.get("running") or counts.get("pending") or 0)
+    running = int(counts.get("running") or 0)
     pct = (100 * (done + failed)) // total if total else 0
 
     def seg(n: int, color: str, cls: str) -> str:

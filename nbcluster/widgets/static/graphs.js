@@ -313,9 +313,10 @@ export function renderProgress(container, counts) {
   const total = Math.max(0, c.total || 0);
   const done = c.done || 0;
   const failed = c.failed || 0;
-  // `pending` (queued or running, as a distribute run counts them) stands in for `running`
-  // when a source cannot tell the two apart.
-  const running = c.running || c.pending || 0;
+  // A source that cannot tell queued from running items (a distribute run) gives `pending`
+  // instead: it is named in the text but gets no bar, which would paint the whole rest of
+  // the bar "running".
+  const running = c.running || 0;
   const pct = total ? Math.floor((100 * (done + failed)) / total) : 0;
   const root = rootBox("nbc-progress");
   root.dataset.done = String(done);
