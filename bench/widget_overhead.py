@@ -1,0 +1,113 @@
+"""Wall time of a 2,000-item distribute cell with the live widget against the same cell
+without it, median of 5 each (target: under 3% slower).
+
+Everything is real: a 2-worker x 1-thread nbcluster cluster, an ipykernel started with
+jupyter_client, the cell executed there and its iopub messages drained as a front end
+would (the widget's comm traffic is counted). The time is the client's: from sending the
+cell to the kernel going idle, so the widget's start, its polling thread (which shares
+the kernel's CPU) and the final freeze are all inside it. Items are ~3 ms of CPU each, so
+a run lasts a few seconds and the widget (shown after 0.75 s) is live for most of it.
+Runs alternate (off, on, off, on, ...) to spread the machine's other load.
+
+NOTE: until the `%%distribute` magic passes `progress=widgets.progress_hook()`, the cell
+calls the engine's Python API (`nbcluster.distribute.distribute`), which the magic is a
+thin layer over; with the magic wired, `--magic` times `%%distribute` itself (widget on)
+against the API without a hook (widget off).
+
+Run: .venv/bin/python bench/widget_overhead.py [--runs 5] [--items 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+SETUP = """
+import time, nbcluster
+from nbcluster import widgets
+from nbcluster.distribute import distribute
+nbcluster.use({name!r})
+%load_ext nbcluster
+"""
+
+BODY = "t0 = time.perf_counter()\\nwhile time.perf_counter() - t0 < 0.003:\\n    pass\\nx"
+
+CELL = """
+_r = distribute({body!r}, over="x in range({items})", progress={progress})
+assert _r.ok
+"""
+
+MAGIC = """%%distribute --over "x in range({items})" --into _r
+t0 = time.perf_counter()
+while time.perf_counter() - t0 < 0.003:
+    pass
+x
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--items", type=int, default=2000)
+    ap.add_argument("--magic", action="store_true", help="time %%distribute itself for the widget-on runs")
+    args = ap.parse_args()
+
+    os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
+    from jupyter_client.manager import start_new_kernel
+
+    import nbcluster
+
+    handle = nbcluster.start(workers=2, threads=1, name="bench-widget")
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        _run(kc, SETUP.format(name=handle.name))
+        body = BODY.encode().decode("unicode_escape")
+        off_cell = CELL.format(body=body, items=args.items, progress="None")
+        on_cell = (
+            MAGIC.format(items=args.items)
+            if args.magic
+            else CELL.format(body=body, items=args.items, progress="widgets.progress_hook()")
+        )
+        _run(kc, off_cell)  # warm up: workers import, code shipped
+        off, on, comm = [], [], []
+        for i in range(args.runs):
+            off.append(_run(kc, off_cell)[0])
+            t, stats = _run(kc, on_cell)
+            on.append(t)
+            comm.append(stats)
+            print(f"run {i + 1}: without widget {off[-1]:.3f} s, with widget {on[-1]:.3f} s "
+                  f"({stats['comm_msgs']} comm messages, {stats['comm_bytes'] / 1000:.1f} kB)")  # fmt: skip
+        mo, mn = statistics.median(off), statistics.median(on)
+        print(f"median of {args.runs}: without {mo:.3f} s, with {mn:.3f} s -> {100 * (mn - mo) / mo:+.1f}% "
+              f"({args.items} items, 2 workers x 1 thread)")  # fmt: skip
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        handle.stop()
+
+
+def _run(kc, code: str) -> tuple[float, dict[str, int]]:
+    stats = {"comm_msgs": 0, "comm_bytes": 0}
+    errors: list[str] = []
+
+    def hook(msg: dict) -> None:
+        if msg["msg_type"] in ("comm_open", "comm_msg", "comm_close"):
+            stats["comm_msgs"] += 1
+            stats["comm_bytes"] += len(json.dumps(msg["content"], default=str))
+        elif msg["msg_type"] == "error":
+            errors.append("\n".join(msg["content"]["traceback"]))
+
+    t = time.perf_counter()
+    reply = kc.execute_interactive(code, output_hook=hook, timeout=600)
+    elapsed = time.perf_counter() - t
+    if reply["content"]["status"] != "ok" or errors:
+        raise RuntimeError(f"cell failed:\n{code}\n" + "\n".join(errors))
+    return elapsed, stats
+
+
+if __name__ == "__main__":
+    main()
