@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -256,7 +258,7 @@ def test_a_feed_that_fails_leaves_the_progress_bar(cluster: ClusterHandle) -> No
 def test_status_shows_recent_history_then_freezes(cluster: ClusterHandle) -> None:
     _run(cluster, square, 4, Counts(4), start=5000)
     rec = Recorder()
-    st = status(cluster.metrics, live_for=0.3, _display=rec, _widgets=True)
+    st = status(cluster, live_for=0.3, _display=rec, _widgets=True)
     st._thread.join(30)
     assert st.frozen and len(rec.shown) == 1
     html = rec.updates[-1]["text/html"]
@@ -290,3 +292,24 @@ def test_progress_hook_follows_a_distribute_run_and_only_its_tasks(cluster: Clus
     assert 'data-percent="100"' in html and "6 / 6 done" in html
     assert html.count('class="nbc-task"') == 6
     assert "<title>distribute on" in html
+
+
+def test_terminal_ipython_prints_one_progress_line(cluster: ClusterHandle) -> None:
+    code = (
+        "import nbcluster\n"
+        "from nbcluster import widgets\n"
+        "from nbcluster.distribute import distribute\n"
+        f"nbcluster.use({cluster.name!r})\n"
+        "r = distribute('import time\\ntime.sleep(0.05)\\nx', over='x in range(20)', batch=1,\n"
+        "               progress=widgets.progress_hook(delay=0.2))\n"
+        "print('ok' if r.ok else 'failed')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", "-c", code],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    bars = [line for line in out.stderr.splitlines() if line.startswith("[")]
+    assert len(bars) == 1 and "20 / 20 done (100%)" in bars[0], out.stderr
+    assert "LiveWidget" not in out.stdout + out.stderr
+    assert out.stdout.strip().endswith("ok")

@@ -14,7 +14,7 @@ Entry points (what the distribute engine and ``%cluster status`` call)::
     finally:
         handle.close()             # or handle.close("cancelled") after an interrupt
 
-    widgets.status(handle.metrics) # a cluster's live graphs for a while, then frozen
+    widgets.status(handle)         # a cluster's live graphs for a while, then frozen
 
 `progress_hook` starts the widget on the engine's first progress call, with the run's
 own Dask client as the metrics feed; the widget then reads ``results.counts()``, shows only
@@ -31,8 +31,9 @@ returning a mapping::
 
 It is called from a background thread 4 times a second, so it must be cheap and
 thread-safe (reading a few counters is). ``feed`` is a callable ``since -> snapshot``
-(`ClusterHandle.metrics`, or `nbcluster.metrics.client_feed(client)`), see
-`nbcluster.metrics` for the format; None shows progress only.
+(`nbcluster.metrics.client_feed(client)`, `ClusterHandle.metrics`; a `ClusterHandle` itself
+is taken to mean its client's feed), see `nbcluster.metrics` for the format; None shows
+progress only.
 
 What a user sees: nothing for ``delay`` seconds (instant cells stay clean); then, in a
 kernel (JupyterLab, Notebook 7, VS Code), the widget: a progress bar with items/s and ETA,
@@ -49,7 +50,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nbcluster.metrics.feed import Feed
+from nbcluster.metrics.feed import Feed, client_feed
 from nbcluster.widgets._live import Live, as_progress_source
 from nbcluster.widgets._progress import Best
 from nbcluster.widgets._results import ResultsProgress, feed_for, is_results, task_filter_for
@@ -75,6 +76,7 @@ def live(
     `best` orders grid rows by their numeric value ("max" first, "min" first, or None to
     keep the source's order). `interval` is the poll period in seconds (2-5 Hz is plenty).
     """
+    feed = _as_feed(feed)
     if is_results(progress):
         kwargs.setdefault("task_filter", task_filter_for(progress))
         if feed is None:
@@ -105,10 +107,18 @@ def progress_hook(feed: Feed | None = None, **kwargs: Any) -> Callable[[Any], No
     return hook
 
 
-def status(feed: Feed, *, live_for: float | None = 300.0, window: float = 60.0, **kwargs: Any) -> Live:
+def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0, **kwargs: Any) -> Live:
     """Show a cluster's recent task stream and worker charts, live for `live_for` seconds.
 
-    After `live_for` seconds (None: until ``close()``) the picture freezes, so the notebook
-    holds a readable snapshot rather than a widget that needs the kernel.
+    `cluster` is a `ClusterHandle` (its Dask client's connection is reused: a fresh
+    connection per poll, as `handle.metrics` makes, costs the kernel ~8x the CPU) or any
+    feed. After `live_for` seconds (None: until ``close()``) the picture freezes, so the
+    notebook holds a readable snapshot rather than a widget that needs the kernel.
     """
-    return Live(None, feed, delay=0.0, live_for=live_for, window=window, history=True, **kwargs)
+    return Live(None, _as_feed(cluster), delay=0.0, live_for=live_for, window=window, history=True, **kwargs)
+
+
+def _as_feed(obj: Any) -> Feed | None:
+    if obj is not None and hasattr(obj, "client") and callable(getattr(obj, "metrics", None)):
+        return client_feed(obj.client)
+    return obj

@@ -74,18 +74,19 @@ class KernelDisplay:
             self._handle.update(bundle, raw=True)
 
 
-def _kernel_shell() -> Any:
+def _shell() -> Any:
+    """The running IPython shell (kernel or terminal), or None in plain Python."""
     try:
         from IPython import get_ipython
     except ImportError:
         return None
-    ip = get_ipython()
-    return ip if ip is not None and getattr(ip, "kernel", None) is not None else None
+    return get_ipython()
 
 
 def in_kernel() -> bool:
     """Whether we run inside a Jupyter kernel (where widgets can show)."""
-    return _kernel_shell() is not None
+    ip = _shell()
+    return ip is not None and getattr(ip, "kernel", None) is not None
 
 
 class Live:
@@ -154,7 +155,8 @@ class Live:
             target=contextvars.copy_context().run, args=(self._run,), name="nbcluster-live", daemon=True
         )
         self._thread.start()
-        self._ipython = _kernel_shell() if self._widgets and _display is None else None
+        # Test seams replace the display; then the test closes the widget itself.
+        self._ipython = _shell() if _display is None and _text is None else None
         if self._ipython is not None:
             self._ipython.events.register("post_run_cell", self._on_cell_end)
 
@@ -179,8 +181,9 @@ class Live:
     def _on_cell_end(self, result: Any = None) -> None:
         # The cell's last chance to change its own outputs: a frontend-less client such as
         # nbclient (and so nbconvert --execute) records only messages that arrive before
-        # the cell's reply. If the run is over, freeze now, synchronously, in the main
-        # thread; a run that goes on (--no-wait) freezes later from the poller.
+        # the cell's reply, and a terminal's final bar belongs before the next prompt. If
+        # the run is over, freeze now, synchronously, in the main thread; a run that goes
+        # on (--no-wait) freezes later from the poller.
         ip, self._ipython = self._ipython, None
         if ip is not None:
             ip.events.unregister("post_run_cell", self._on_cell_end)
