@@ -212,3 +212,14 @@ def test_bad_input_is_one_clear_error(runtime_dir):
         handle.adapt(3, 1)
     with pytest.raises(BadArgument, match="at least 0"):
         handle.scale(-1)
+
+
+def test_dashboard_only_when_asked_and_on_loopback(runtime_dir):
+    import urllib.request
+
+    plain = nbcluster.start(workers=0, name="plain")
+    assert plain.dashboard_link is None
+    handle = nbcluster.start(workers=0, name="dash", dashboard=True)
+    assert handle.dashboard_link.startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(handle.dashboard_link.replace("/status", "/health"), timeout=10) as r:
+        assert r.status == 200

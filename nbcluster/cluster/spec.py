@@ -6,6 +6,7 @@ else: validation lives here so they all reject the same inputs with the same mes
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -110,6 +111,8 @@ class ClusterSpec:
         gpu_backend = gpu_backend or "builtin"
         if gpu_backend not in GPU_BACKENDS:
             raise BadArgument(f"--gpu-backend {gpu_backend!r}: use one of {', '.join(GPU_BACKENDS)}")
+        if dashboard and importlib.util.find_spec("bokeh") is None:
+            raise BadArgument("--dashboard needs bokeh: `pip install bokeh`, or start without --dashboard")
         if backend not in BACKENDS:
             raise BadArgument(f"unknown backend profile {backend!r}: use one of {', '.join(BACKENDS)}")
         return cls(
