@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 import pytest
 
@@ -55,11 +56,15 @@ def labextension_dir() -> Path:
 
 
 class JupyterLab:
-    """`with JupyterLab(tmp) as lab:` -> lab.url (with base_url), lab.token, lab.runtime_dir."""
+    """`with JupyterLab(tmp) as lab:` -> lab.url (with base_url), lab.token, lab.runtime_dir.
+
+    `app="notebook"` starts Notebook 7 instead, which loads the same labextensions.
+    """
 
     base_url = "/jl/"
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, app: str = "jupyterlab"):
+        self.app = app
         self.tmp = tmp
         self.root_dir = tmp / "notebooks"
         self.runtime_dir = tmp / "registry"
@@ -91,6 +96,10 @@ class JupyterLab:
             **os.environ,
             "JUPYTER_CONFIG_DIR": str(config),
             "JUPYTER_DATA_DIR": str(data),
+            # JUPYTER_PATH comes first in Jupyter's search path, ahead of the environment's
+            # share/jupyter, where `pip install -e .` leaves a snapshot copy that a rebuild
+            # does not update: the build under test must shadow it, not the reverse.
+            "JUPYTER_PATH": str(data),
             "JUPYTER_RUNTIME_DIR": str(self.tmp / "runtime"),
             "JUPYTERLAB_SETTINGS_DIR": str(self.tmp / "settings"),
             "JUPYTERLAB_WORKSPACES_DIR": str(self.tmp / "workspaces"),
@@ -100,11 +109,10 @@ class JupyterLab:
     def __enter__(self) -> JupyterLab:
         env = self._prepare()
         cmd = [
-            sys.executable, "-m", "jupyterlab", "--no-browser",
+            sys.executable, "-m", self.app, "--no-browser",
             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
             "--ServerApp.port_retries=0", f"--ServerApp.base_url={self.base_url}",
             f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root_dir}",
-            "--LabApp.expose_app_in_browser=True",
             # CI containers run as root; the server refuses root without this.
             "--allow-root",
         ]  # fmt: skip
@@ -114,7 +122,7 @@ class JupyterLab:
         threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
         try:
             if not self._ready.wait(START_TIMEOUT_S) or self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter lab did not start; log:\n{self.log()}")
+                raise RuntimeError(f"{self.app} did not start; log:\n{self.log()}")
         except BaseException:
             self.__exit__()
             raise
@@ -147,9 +155,9 @@ class JupyterLab:
         for handle in nbcluster.clusters(runtime_dir=self.runtime_dir):
             handle.stop()
         ARTIFACTS.mkdir(exist_ok=True)
-        kept = ARTIFACTS / "jupyter-lab.log"
+        kept = ARTIFACTS / f"{self.app}-server.log"
         kept.write_text(self.log())
-        print(f"jupyter lab log: {kept}")
+        print(f"{self.app} server log: {kept}")
 
 
 def launch_chromium(playwright: Any) -> Any:
@@ -159,17 +167,26 @@ def launch_chromium(playwright: Any) -> Any:
 
 
 class Screenshots:
-    """Numbered screenshots under test-artifacts/<test>/, each path printed for CI logs."""
+    """Numbered screenshots under test-artifacts/<test>/, each path printed for CI logs.
+
+    A folder is emptied the first time this process uses it, so it shows one run; several
+    `Screenshots` (e.g. of a page and of its popup) share the folder's numbering.
+    """
+
+    _next: ClassVar[dict[Path, int]] = {}
 
     def __init__(self, page: Any, test_name: str):
         self.page = page
         self.folder = ARTIFACTS / test_name
+        if self.folder not in Screenshots._next:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            Screenshots._next[self.folder] = 1
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.count = len(list(self.folder.glob("*.png")))
 
     def __call__(self, label: str) -> Path:
-        self.count += 1
-        path = self.folder / f"{self.count:02d}-{label}.png"
+        number = Screenshots._next[self.folder]
+        Screenshots._next[self.folder] = number + 1
+        path = self.folder / f"{number:02d}-{label}.png"
         self.page.screenshot(path=str(path))
         print(f"screenshot: {path}")
         return path

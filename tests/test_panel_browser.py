@@ -9,6 +9,7 @@ test-artifacts/<test name>/ (paths printed).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import nbformat
@@ -29,14 +30,18 @@ time.sleep(0.05)
 i"""
 
 
+def write_notebook(folder: Path) -> None:
+    kernelspec = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    notebook = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("")], metadata={"kernelspec": kernelspec}
+    )
+    nbformat.write(notebook, folder / "demo.ipynb")
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
     with JupyterLab(tmp_path_factory.mktemp("lab")) as server:
-        kernelspec = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-        notebook = nbformat.v4.new_notebook(
-            cells=[nbformat.v4.new_code_cell("")], metadata={"kernelspec": kernelspec}
-        )
-        nbformat.write(notebook, server.root_dir / "demo.ipynb")
+        write_notebook(server.root_dir)
         yield server
 
 
@@ -56,6 +61,19 @@ def page(lab: JupyterLab, request: pytest.FixtureRequest) -> Iterator[Any]:
 
 def card(page: Any, name: str) -> Any:
     return page.locator(f'.nbc-card[data-name="{name}"]')
+
+
+def show_panel_from_palette(page: Any) -> None:
+    # The panel's command activates it (a second click on its tab would close it again).
+    page.keyboard.press("Control+Shift+C")
+    page.locator(".lm-CommandPalette-input").fill("Show Dask Clusters")
+    # Enter runs the active item; wait until the filter made it ours. (The palette
+    # re-renders as commands change state, so clicking an item can miss it.)
+    expect(
+        page.locator('.lm-CommandPalette-item.lm-mod-active[data-command="nbcluster:open"]')
+    ).to_be_visible()
+    page.keyboard.press("Enter")
+    expect(page.locator(".nbc-panel")).to_be_visible()
 
 
 def test_panel_start_scale_use_watch_stop(lab: JupyterLab, page: Any) -> None:
@@ -105,12 +123,8 @@ def test_panel_start_scale_use_watch_stop(lab: JupyterLab, page: Any) -> None:
     page.locator(".jp-Dialog input").fill("demo.ipynb")
     page.locator(".jp-Dialog").get_by_role("button", name="Open").click()
     expect(page.get_by_role("button", name="Python 3 (ipykernel) | Idle")).to_be_visible(timeout=60_000)
-    # Opening a path reveals it in the file browser, which takes the left area; bring the
-    # panel back with its command (activating never toggles it closed, unlike its tab).
-    page.keyboard.press("Control+Shift+C")
-    page.locator(".lm-CommandPalette-input").fill("Show Dask Clusters")
-    page.keyboard.press("Enter")
-    expect(panel).to_be_visible()
+    # Opening a path reveals it in the file browser, which takes the left area.
+    show_panel_from_palette(page)
     web.get_by_role("button", name="Use in this notebook").click()
     expect(page.get_by_text("demo.ipynb now uses cluster web")).to_be_visible(timeout=60_000)
 
@@ -141,7 +155,8 @@ def test_panel_lists_a_cluster_started_elsewhere_with_its_dashboard(lab: Jupyter
     # the registry.
     handle = nbcluster.start(workers=1, name="outside", dashboard=True, runtime_dir=lab.runtime_dir)
     try:
-        page.goto(f"{lab.url}lab?token={lab.token}")
+        # A workspace of its own: the default one would restore the previous test's layout.
+        page.goto(f"{lab.url}lab/workspaces/elsewhere?token={lab.token}")
         page.locator('.jp-SideBar [data-id="nbcluster-sidebar"]').click()
         outside = card(page, "outside")
         expect(outside).to_have_attribute("data-workers", "1", timeout=CLUSTER_TIMEOUT_MS)
@@ -164,3 +179,26 @@ def test_panel_lists_a_cluster_started_elsewhere_with_its_dashboard(lab: Jupyter
     expect(outside).to_have_count(0)
     expect(page.get_by_text("Cluster outside is gone")).to_be_visible()
     shot("gone")
+
+
+def test_panel_in_notebook_7(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    pytest.importorskip("notebook", reason="Notebook 7 is not installed (pip install notebook)")
+    with JupyterLab(tmp_path, app="notebook") as server, playwright_api.sync_playwright() as p:
+        write_notebook(server.root_dir)
+        handle = nbcluster.start(workers=1, name="nb7", runtime_dir=server.runtime_dir)
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            shot = Screenshots(page, request.node.name)
+            page.goto(f"{server.url}notebooks/demo.ipynb?token={server.token}")
+            expect(page.locator(".jp-NotebookPanel")).to_be_visible(timeout=60_000)
+            show_panel_from_palette(page)
+            expect(card(page, "nb7")).to_have_attribute("data-workers", "1", timeout=CLUSTER_TIMEOUT_MS)
+            # Clicked while the kernel may still be starting: the panel waits for it.
+            card(page, "nb7").get_by_role("button", name="Use in this notebook").click()
+            expect(page.get_by_text("now uses cluster nb7")).to_be_visible(timeout=60_000)
+            shot("notebook-7")
+        finally:
+            shot("final")
+            browser.close()
+            handle.stop()

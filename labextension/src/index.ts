@@ -4,7 +4,7 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { KernelMessage } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
 
@@ -47,10 +47,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
     palette: ICommandPalette | null
   ) => {
     const useInNotebook = async (name: string): Promise<string> => {
-      const notebook = notebooks?.currentWidget;
-      const kernel = notebook?.sessionContext.session?.kernel;
-      if (!notebook || !kernel) {
-        throw new Error('Open a notebook with a running kernel first');
+      // The main area's notebook; the tracker's "current" alone can be unset in
+      // Notebook 7 until the notebook has had focus once.
+      const shown = app.shell.currentWidget;
+      const notebook =
+        shown && notebooks?.has(shown) ? (shown as NotebookPanel) : notebooks?.currentWidget;
+      if (!notebook) {
+        throw new Error('Open a notebook first');
+      }
+      // A notebook just opened may still be starting its kernel: wait for that rather
+      // than fail.
+      await notebook.sessionContext.ready;
+      const kernel = notebook.sessionContext.session?.kernel;
+      if (!kernel) {
+        throw new Error(`${notebook.title.label} has no running kernel: start one first`);
       }
       // Queued behind a running cell like any execution; the panel stays usable meanwhile.
       const reply = await kernel.requestExecute({
