@@ -24,6 +24,7 @@ from nbcluster.errors import BadArgument, NoCluster
 @pytest.fixture
 def ns(cluster: Any) -> dict[str, Any]:
     """A notebook-like namespace (module __main__), with the shared cluster current."""
+    _current.use(cluster)
     return {"__name__": "__main__"}
 
 

@@ -497,11 +497,10 @@ class Engine:
         return retry, outcome.rate, outcome.fatal
 
     def _drive_everywhere(self, indices: list[int]) -> None:
-        from distributed import wait as dask_wait
-
         assert self.results is not None and self.plan is not None
         items = self.plan.items
         futures: dict[Any, int] = {}
+        changed = threading.Event()
 
         def submit(i: int) -> None:
             with self._lock:
@@ -514,6 +513,7 @@ class Engine:
                 )  # fmt: skip
                 self._pending[future] = [i]
             futures[future] = i
+            future.add_done_callback(lambda _: changed.set())
 
         try:
             for i in indices:
@@ -523,11 +523,10 @@ class Engine:
                     pending = [f for f in futures if f in self._pending]
                 if not pending or self._cancelled:
                     break
-                try:
-                    done, _ = dask_wait(pending, timeout=1.0, return_when="FIRST_COMPLETED")
-                except TimeoutError:
-                    done = set()
-                for future in done:
+                # Woken by a finished task, or once a second to look for departed workers.
+                changed.wait(1.0)
+                changed.clear()
+                for future in [f for f in pending if f.done()]:
                     with self._lock:
                         batch = self._pending.pop(future, None)
                     if batch is not None:

@@ -1,0 +1,88 @@
+"""`%%distribute` and `%distribute wait` through a real IPython shell, on the shared cluster."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from nbcluster import _current
+from nbcluster.distribute import Results
+
+
+@pytest.fixture
+def shell(cluster: Any) -> InteractiveShell:
+    _current.use(cluster)  # the shared cluster is this kernel's current one
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbcluster")
+    return ip
+
+
+def cell(ip: InteractiveShell, source: str) -> Any:
+    result = ip.run_cell(source)
+    if result.error_before_exec or result.error_in_exec:
+        raise result.error_before_exec or result.error_in_exec
+    return result.result
+
+
+def test_cell_runs_per_item_with_notebook_names_and_is_the_output(shell: InteractiveShell) -> None:
+    cell(shell, "factor = 3\ndef scale(v):\n    return v * factor")
+    out = cell(shell, '%%distribute --over "x in range(4)"\nscale(x) + 1')
+    assert isinstance(out, Results) and list(out) == [1, 4, 7, 10]
+    assert shell.user_ns["_"] is out  # the cell's Out, like any cell value
+    assert "res" not in shell.user_ns
+
+
+def test_into_names_the_variable_and_shows_no_out(shell: InteractiveShell) -> None:
+    assert cell(shell, '%%distribute --grid "a=[1, 2], b=[10, 20]" --into grid_res\na * b') is None
+    assert list(shell.user_ns["grid_res"]) == [10, 20, 20, 40]
+
+
+def test_errors_show_cell_lines_and_notebook_functions(shell: InteractiveShell, capsys: Any) -> None:
+    cell(shell, "def inverse(v):\n    return 1 / v")
+    capsys.readouterr()
+    cell(shell, '%%distribute --over "x in [2, 0]" --into inv\ny = x\ninverse(y)')
+    err = capsys.readouterr().err
+    assert "1/2 items failed: ZeroDivisionError at item 1 (x=0)" in err
+    assert "  Cell line 3\n    inverse(y)\n" in err
+    assert ", line 2, in inverse\n    return 1 / v\n" in err
+    assert "Cell In[" in err  # the notebook cell that defined `inverse`
+    # Re-raised in a later cell: IPython shows the remote frames, not nbcluster's.
+    shell.run_cell("inv.raise_first()")
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert (
+        "ZeroDivisionError" in shown and "----> 3 inverse(y)" in shown and "----> 2     return 1 / v" in shown
+    )
+    assert "nbcluster/distribute" not in shown
+
+
+def test_bad_input_is_a_usage_error(shell: InteractiveShell) -> None:
+    with pytest.raises(UsageError, match="--over: evaluating 'nope' failed: NameError"):
+        cell(shell, '%%distribute --over "x in nope"\nx')
+    with pytest.raises(UsageError, match=r"unknown option --ovr; did you mean --over\?"):
+        cell(shell, "%%distribute --ovr x in y\nx")
+    with pytest.raises(UsageError, match=r"`missing` \(cell line 2\) is not defined"):
+        cell(shell, "%%distribute\nmissing + 1")
+    with pytest.raises(UsageError, match="only takes `wait NAME`"):
+        cell(shell, "%distribute --over x")
+    assert cell(shell, "1 + 1") == 2  # the kernel is fine
+
+
+def test_no_wait_then_wait(shell: InteractiveShell, capsys: Any) -> None:
+    cell(shell, '%%distribute --over "x in range(3)" --into later --no-wait\nprint("item", x)\nx * 2')
+    assert isinstance(shell.user_ns["later"], Results)
+    waited = cell(shell, "%distribute wait later")
+    assert waited is shell.user_ns["later"] and list(waited) == [0, 2, 4]
+    assert "item 2\n" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="`nothing` is not defined"):
+        cell(shell, "%distribute wait nothing")
+
+
+def test_local_runs_in_the_kernel(shell: InteractiveShell) -> None:
+    out = cell(shell, '%%distribute --over "x in range(3)" --local\nimport os\nos.getpid()')
+    import os
+
+    assert list(out) == [os.getpid()] * 3
