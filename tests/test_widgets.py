@@ -198,7 +198,10 @@ def _run(cluster: ClusterHandle, fn, n: int, counts: Counts, start: int = 0) -> 
 def test_live_shows_increasing_progress_and_freezes_into_the_final_picture(cluster: ClusterHandle) -> None:
     counts = Counts(30)
     rec = Recorder()
-    lv = live(counts, cluster.metrics, label="squares", delay=0.2, interval=0.1, _display=rec, _widgets=True)
+    # Earlier tests' tasks may have started a moment before this run: name ours by key.
+    mine = lambda t: t["key"].startswith("square-")  # noqa: E731
+    lv = live(counts, cluster.metrics, label="squares", delay=0.2, interval=0.1, task_filter=mine,
+              _display=rec, _widgets=True)  # fmt: skip
     seen: list[int] = []
     lv_widget_ready = rec.first_shown
     futures = cluster.client.map(square, range(1000, 1030))

@@ -75,6 +75,8 @@ def live(
     the end of the cell if the run is over by then, so forgetting `close()` is harmless.
     `best` orders grid rows by their numeric value ("max" first, "min" first, or None to
     keep the source's order). `interval` is the poll period in seconds (2-5 Hz is plenty).
+    The task stream shows tasks that started after this call, or, with
+    ``task_filter=fn``, the task records (see `nbcluster.metrics`) for which ``fn`` is true.
     """
     feed = _as_feed(feed)
     if is_results(progress):

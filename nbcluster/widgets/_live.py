@@ -131,9 +131,11 @@ class Live:
             self.feed = None  # no graphs to draw in a terminal
 
         self.metrics = MetricsWindow()
-        # Tasks that ended before this run began belong to earlier cells (status views
-        # want them: recent history).
-        self._since_wall = None if history else time.time() - 0.5
+        # Tasks that started before this run began belong to earlier work (status views
+        # want them: recent history). The small slack absorbs clock differences between
+        # this machine and the workers; a caller that can name its tasks passes a
+        # task_filter instead (distribute runs do, by key).
+        self._since_wall = None if history else time.time() - 0.1
         self._task_filter = task_filter
         self.widget: Any = None
         self.shown = False
@@ -260,7 +262,7 @@ class Live:
         if self._task_filter is not None:
             tasks = [t for t in tasks if self._task_filter(t)]
         elif self._since_wall is not None:
-            tasks = [t for t in tasks if t["stop"] >= self._since_wall]
+            tasks = [t for t in tasks if t["start"] >= self._since_wall]
         snap = {**snap, "tasks": list(tasks)}
         self.metrics.apply(snap)
         self._pending_tasks.extend(snap["tasks"])
