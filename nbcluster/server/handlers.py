@@ -45,6 +45,7 @@ from tornado import web
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 import nbcluster
+from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable, NbclusterError
 
 if TYPE_CHECKING:
@@ -168,7 +169,9 @@ class ClustersHandler(ApiBase):
             if data.get(key) in ("", None):
                 data.pop(key, None)
         # The server owns what it starts, so a server shutdown takes these clusters with it.
-        handle = await in_thread(nbcluster.start, owner_pid=os.getpid(), **data)
+        # The plain start, not `nbcluster.start`: that one also makes the cluster this
+        # process's current one, with a Dask client the server has no use for.
+        handle = await in_thread(start_cluster, owner_pid=os.getpid(), **data)
         if handle.reused:
             self.fail(
                 409,
