@@ -76,16 +76,29 @@ export class ClusterPanel extends Widget {
     super.onAfterAttach(msg);
     this.node.addEventListener('click', this);
     this.form.node.addEventListener('submit', this);
-    this.stream.open();
+    if (this.isVisible) {
+      this.stream.open();
+    }
     void this.loadProfiles();
   }
 
   protected onBeforeDetach(msg: Message): void {
     this.node.removeEventListener('click', this);
     this.form.node.removeEventListener('submit', this);
-    // A hidden sidebar costs the server nothing: stop the stream until shown again.
     this.stream.close();
     super.onBeforeDetach(msg);
+  }
+
+  // A collapsed sidebar is hidden, not detached. The server polls every scheduler for
+  // each open stream, so a panel nobody sees closes its stream until shown again.
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this.stream.open();
+  }
+
+  protected onBeforeHide(msg: Message): void {
+    this.stream.close();
+    super.onBeforeHide(msg);
   }
 
   dispose(): void {
@@ -285,6 +298,12 @@ export class ClusterPanel extends Widget {
   }
 
   private setConnected(connected: boolean): void {
+    if (connected && this.selected !== null) {
+      // A new connection starts a new cursor: the server resends what its rings hold,
+      // which would double what the view already has.
+      this.view = createView();
+      this.groups = [];
+    }
     this.status.textContent = connected ? '' : 'connecting…';
     this.node.dataset.connected = String(connected);
   }

@@ -23,8 +23,11 @@ export class LiveStream {
   close(): void {
     this.closed = true;
     window.clearTimeout(this.retryTimer);
-    this.socket?.close();
-    this.socket = null;
+    if (this.socket !== null) {
+      this.socket.close();
+      this.socket = null;
+      this.onStatus(false);
+    }
   }
 
   watch(name: string | null): void {
