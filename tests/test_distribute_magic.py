@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,9 +14,16 @@ from nbcluster import _current
 from nbcluster.distribute import Results
 
 
+@pytest.fixture(scope="module")
+def current(cluster: Any) -> Iterator[Any]:
+    """The shared cluster as this kernel's current one, for this module only."""
+    _current.use(cluster)
+    yield cluster
+    _current.forget(cluster.name)
+
+
 @pytest.fixture
-def shell(cluster: Any) -> InteractiveShell:
-    _current.use(cluster)  # the shared cluster is this kernel's current one
+def shell(current: Any) -> InteractiveShell:
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "nbcluster")
     return ip
