@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyter_server.auth.authorizer import Authorizer
 from tornado.httpclient import HTTPClientError
 from tornado.websocket import WebSocketClientConnection
 
@@ -106,6 +107,22 @@ async def test_cookie_login_needs_the_xsrf_token_to_change_anything(api, jp_fetc
     with_xsrf = {**browser, "Cookie": f"{login}; _xsrf=t0ken", "X-XSRFToken": "t0ken"}
     status, reply = await api("POST", "api/clusters", {"workers": "x"}, headers=with_xsrf)
     assert status == 400 and "whole number" in reply["message"]
+
+
+class ReadOnly(Authorizer):
+    """An authorizer (as JupyterHub's scopes would be) granting only reads of nbcluster."""
+
+    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
+        return resource != "nbcluster" or action == "read"
+
+
+async def test_a_custom_authorizer_decides_who_may_change_clusters(api, jp_serverapp) -> None:
+    jp_serverapp.web_app.settings["authorizer"] = ReadOnly(parent=jp_serverapp)
+    assert (await api("GET", "api/clusters"))[0] == 200
+    status, reply = await api("POST", "api/clusters", {"workers": 1})
+    assert status == 403 and "not authorized to write on resource: nbcluster" in reply["message"]
+    assert (await api("DELETE", "api/clusters/anything"))[0] == 403
+    assert nbcluster.clusters() == []
 
 
 async def test_stream_refuses_a_websocket_without_a_token(jp_ws_fetch) -> None:

@@ -11,6 +11,8 @@ Safety rules, each deliberate:
 - only loopback targets are proxied: a registry entry is trusted, but not that much;
 - the browser's cookies and ``Authorization`` header (Jupyter's token) are not forwarded:
   the dashboard has no use for them and must not see them.
+- only GET is relayed: the dashboard is for looking, and nothing a page does through it
+  can change the cluster.
 Bokeh's live plots use a websocket on the same path space, so a request with
 ``Upgrade: websocket`` is bridged to the dashboard's websocket.
 """
@@ -21,7 +23,8 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
-from jupyter_server.auth.decorator import ws_authenticated
+from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from jupyter_server.utils import url_path_join
@@ -89,21 +92,14 @@ class DashboardProxyHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             await self._http(name, path)
 
     @web.authenticated
+    @authorized("read")
     async def _http(self, name: str, path: str) -> None:
-        await self._relay(name, path)
-
-    @web.authenticated
-    async def post(self, name: str, path: str) -> None:
-        await self._relay(name, path)
-
-    async def _relay(self, name: str, path: str) -> None:
         origin = await dashboard_origin(name)
         headers = {k: v for k, v in self.request.headers.items() if k in FORWARD_REQUEST}
         request = httpclient.HTTPRequest(
             self.target(origin, path),
-            method=self.request.method or "GET",
+            method="GET",
             headers=headers,
-            body=self.request.body if self.request.method == "POST" else None,
             follow_redirects=False,
             decompress_response=False,
             request_timeout=30,
@@ -127,6 +123,10 @@ class DashboardProxyHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
     @ws_authenticated
     async def _websocket(self, name: str, path: str) -> None:
+        if not await ensure_async(
+            self.authorizer.is_authorized(self, self.current_user, "read", "nbcluster")
+        ):
+            raise web.HTTPError(403)
         origin = await dashboard_origin(name)
         # Bokeh authenticates its session in the subprotocol header ("bokeh", token):
         # offer the browser's subprotocols upstream and answer with the one chosen there.

@@ -37,7 +37,8 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jupyter_server.auth.decorator import ws_authenticated
+from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from jupyter_server.utils import url_path_join
@@ -113,7 +114,12 @@ def api_errors(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitabl
 
 
 class ApiBase(APIHandler):
-    """JSON in and out; `auth_resource` lets a custom authorizer scope these routes."""
+    """JSON in and out.
+
+    Every verb is `authenticated` (who are you) and `authorized` (may you): a server with
+    a custom authorizer (e.g. JupyterHub's scopes) can grant "read" or "write" on the
+    "nbcluster" resource, as for Jupyter's own "kernels" or "contents".
+    """
 
     auth_resource = "nbcluster"
 
@@ -142,6 +148,7 @@ class ApiBase(APIHandler):
 
 class ProfilesHandler(ApiBase):
     @web.authenticated
+    @authorized
     @api_errors
     async def get(self) -> None:
         self.finish({"profiles": profiles()})
@@ -149,11 +156,13 @@ class ProfilesHandler(ApiBase):
 
 class ClustersHandler(ApiBase):
     @web.authenticated
+    @authorized
     @api_errors
     async def get(self) -> None:
         self.finish({"clusters": await describe_all()})
 
     @web.authenticated
+    @authorized
     @api_errors
     async def post(self) -> None:
         data = self.body(START_FIELDS)
@@ -185,11 +194,13 @@ class ClustersHandler(ApiBase):
 
 class ClusterHandler(ApiBase):
     @web.authenticated
+    @authorized
     @api_errors
     async def get(self, name: str) -> None:
         self.finish(await describe(await self.handle(name)))
 
     @web.authenticated
+    @authorized
     @api_errors
     async def delete(self, name: str) -> None:
         handle = await self.handle(name)
@@ -202,6 +213,7 @@ class ActionHandler(ApiBase):
     """scale / adapt / restart: validated here, carried out by the scheduler's handlers."""
 
     @web.authenticated
+    @authorized
     @api_errors
     async def post(self, name: str, action: str) -> None:
         from nbcluster.cluster.spec import parse_count
@@ -235,6 +247,7 @@ class ActionHandler(ApiBase):
 
 class MetricsHandler(ApiBase):
     @web.authenticated
+    @authorized
     @api_errors
     async def get(self, name: str) -> None:
         since_arg = self.get_query_argument("since", None)
@@ -272,6 +285,10 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     async def get(self, *args: Any, **kwargs: Any) -> None:
         # Cookie-authenticated websockets carry no XSRF token; WebSocketMixin.check_origin
         # is what stops another site's page from opening this stream with our cookie.
+        if not await ensure_async(
+            self.authorizer.is_authorized(self, self.current_user, "read", "nbcluster")
+        ):
+            raise web.HTTPError(403)
         await super().get(*args, **kwargs)
 
     def open(self, *args: Any, **kwargs: Any) -> None:
