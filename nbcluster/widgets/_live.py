@@ -49,6 +49,7 @@ from nbcluster.widgets._progress import (
 logger = logging.getLogger(__name__)
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+RESOURCE_WINDOW = 60.0  # seconds of worker charts (LiveWidget.resource_window, render_html)
 
 
 class Display(Protocol):
@@ -258,15 +259,22 @@ class Live:
             logger.info("nbcluster live widget: no metrics (%s: %s)", type(e).__name__, e)
             self.feed = None
             return
+        # The first answer holds the scheduler's whole history (up to its ring sizes); keep
+        # only what can be drawn, so the first message to the front end stays small.
+        now = snap.get("now") or time.time()
         tasks = snap.get("tasks") or ()
         if self._task_filter is not None:
             tasks = [t for t in tasks if self._task_filter(t)]
         elif self._since_wall is not None:
             tasks = [t for t in tasks if t["start"] >= self._since_wall]
-        snap = {**snap, "tasks": list(tasks)}
+        if self.window_seconds is not None:
+            tasks = [t for t in tasks if t["stop"] >= now - self.window_seconds]
+        horizon = now - RESOURCE_WINDOW
+        samples = [r for r in snap.get("resources") or () if r["time"] >= horizon]
+        snap = {**snap, "tasks": list(tasks), "resources": samples}
         self.metrics.apply(snap)
         self._pending_tasks.extend(snap["tasks"])
-        self._pending_samples.extend(snap.get("resources") or ())
+        self._pending_samples.extend(samples)
 
     def _show(self) -> None:
         from nbcluster.widgets.widget import LiveWidget
