@@ -58,6 +58,11 @@ def use(name_or_address: str) -> ClusterHandle:
     return _current.use(connect(name_or_address))
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where JupyterLab finds the sidebar (used by `jupyter labextension develop`)."""
+    return [{"src": "labextension", "dest": "nbcluster"}]
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext nbcluster`: register `%cluster` and `%%distribute`."""
     from nbcluster.cluster.handle import prewarm
