@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from nbcluster._current import current
@@ -29,26 +30,17 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def start(
-    workers: int | None = None,
-    threads: int | None = None,
-    memory: str | int | None = None,
-    gpus: int | str | None = None,
-    name: str | None = None,
-    keep: bool = False,
-    dashboard: bool = False,
-    gpu_backend: str | None = None,
-    **kwargs: Any,
-) -> ClusterHandle:
-    """Start (or reuse) a cluster and make it this process's current cluster.
-
-    See `nbcluster.cluster.handle.start` for the reuse rules; `owner_pid=` and
-    `runtime_dir=` are accepted for servers and tests.
-    """
+@functools.wraps(_start)
+def start(*args: Any, **kwargs: Any) -> ClusterHandle:
     from nbcluster import _current
 
-    handle = _start(workers, threads, memory, gpus, name, keep, dashboard, gpu_backend, **kwargs)
-    return _current.use(handle)
+    return _current.use(_start(*args, **kwargs))
+
+
+start.__doc__ = f"""{_start.__doc__}
+    The cluster also becomes this process's current one, and its Client Dask's default
+    client (`nbcluster.cluster.handle.start` does neither, for servers and scripts).
+    """
 
 
 def use(name_or_address: str) -> ClusterHandle:
