@@ -316,3 +316,15 @@ def test_terminal_ipython_prints_one_progress_line(cluster: ClusterHandle) -> No
     assert len(bars) == 1 and "20 / 20 done (100%)" in bars[0], out.stderr
     assert "LiveWidget" not in out.stdout + out.stderr
     assert out.stdout.strip().endswith("ok")
+
+
+def test_closing_an_unfinished_run_freezes_it_as_stopped() -> None:
+    counts = Counts(10)
+    counts.finish(True)
+    rec = Recorder()
+    lv = live(counts, None, delay=0, interval=0.05, _display=rec, _widgets=True)
+    assert rec.first_shown.wait(30)
+    lv.close()
+    html = rec.updates[-1]["text/html"]
+    assert 'data-state="stopped"' in html and "1 / 10 done (10%)" in html and "ETA" not in html
+    assert "nbc-lane" not in html  # no feed: progress only

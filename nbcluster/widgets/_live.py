@@ -44,6 +44,7 @@ from nbcluster.widgets._progress import (
     decorate,
     is_finished,
     rank_grid,
+    text_line,
 )
 
 logger = logging.getLogger(__name__)
@@ -305,18 +306,20 @@ class Live:
         w = self.widget
         if w is None:
             return
-        workers = self.metrics.workers
-        delta: dict[str, Any] = {"seq": self._seq + 1, "now": self.metrics.now, "cursor": self.metrics.cursor}
+        self._seq += 1
+        delta: dict[str, Any] = {"seq": self._seq, "now": self.metrics.now, "cursor": self.metrics.cursor}
+        news = reset
         if reset:
             delta["reset"] = True
-        if reset or workers != self._sent_workers:
-            delta["workers"] = workers
-            self._sent_workers = workers
+        if reset or self.metrics.workers != self._sent_workers:
+            delta["workers"] = self._sent_workers = self.metrics.workers
+            news = True
         if self._pending_tasks:
-            delta["tasks"] = self._pending_tasks
+            delta["tasks"], self._pending_tasks = self._pending_tasks, []
+            news = True
         if self._pending_samples:
-            delta["resources"] = self._pending_samples
-        self._pending_tasks, self._pending_samples = [], []
+            delta["resources"], self._pending_samples = self._pending_samples, []
+            news = True
         with w.hold_sync():
             if self.counts and self.counts != w.progress:
                 w.progress = self.counts
@@ -324,17 +327,14 @@ class Live:
                 w.grid = self.grid
             # Send a delta when something is new, or about once a second so the live
             # time axis keeps moving while nothing finishes.
-            if len(delta) > 3 or reset or self._seq % 4 == 0:
-                self._seq += 1
+            if news or self._seq % 4 == 0:
                 w.delta = delta
-            else:
-                self._seq += 1
 
     # -- the end --------------------------------------------------------------------------
 
     def _text_line(self) -> str:
         if self.counts:
-            return TextBar(stream=_NullStream()).line(self.counts)
+            return text_line(self.counts)
         return f"nbcluster: {len(self.metrics.workers)} workers"
 
     def _freeze(self) -> None:
@@ -342,8 +342,10 @@ class Live:
             if self.frozen:
                 return
             self.frozen = True
-        if self._end_state is not None and self.counts:
-            self.counts = {**self.counts, "state": self._end_state}
+        if self.counts and (self._end_state is not None or self.counts.get("state") == "running"):
+            # Closed before the source said it had finished (an error in the caller):
+            # a frozen "running" with an ETA would be a lie.
+            self.counts = {**self.counts, "state": self._end_state or "stopped"}
             self.counts.pop("eta", None)
         if not self.shown:
             return
@@ -367,19 +369,8 @@ class Live:
             self.widget.close()
 
 
-class _NullStream:
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-
 def as_progress_source(obj: Any) -> ProgressSource | None:
-    """Accept a callable, or an object with a ``progress()`` method (e.g. ``Results``)."""
+    """Accept a callable, or an object with a ``progress()`` method."""
     if obj is None:
         return None
     if callable(obj):

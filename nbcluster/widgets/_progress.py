@@ -107,6 +107,17 @@ def rank_grid(grid: Mapping[str, Any] | None, best: Best, limit: int = GRID_ROWS
     return {"params": params, "rows": shown, "total": len(rows)}
 
 
+def text_line(counts: Mapping[str, Any], width: int = 24) -> str:
+    """``label [#####.....] 12 / 40 done (30%) · ...``: the terminal bar, and text/plain."""
+    from nbcluster.widgets._static import progress_line
+
+    total = counts.get("total") or 0
+    finished = (counts.get("done") or 0) + (counts.get("failed") or 0)
+    filled = int(width * finished / total) if total else 0
+    label = f"{counts['label']} " if counts.get("label") else ""
+    return f"{label}[{'#' * filled}{'.' * (width - filled)}] {progress_line(counts)}"
+
+
 class TextBar:
     """The one-line progress bar for terminal IPython and plain Python.
 
@@ -114,29 +125,17 @@ class TextBar:
     a pipe) only the final line is written, so logs do not fill with partial bars.
     """
 
-    WIDTH = 24
-
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self._last_len = 0
 
-    def line(self, counts: Mapping[str, Any]) -> str:
-        from nbcluster.widgets._static import progress_line
-
-        total = counts.get("total") or 0
-        finished = (counts.get("done") or 0) + (counts.get("failed") or 0)
-        filled = int(self.WIDTH * finished / total) if total else 0
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        label = f"{counts['label']} " if counts.get("label") else ""
-        return f"{label}[{bar}] {progress_line(counts)}"
-
     def update(self, counts: Mapping[str, Any]) -> None:
         if self.live:
-            self._write(self.line(counts), end="")
+            self._write(text_line(counts), end="")
 
     def finish(self, counts: Mapping[str, Any]) -> None:
-        self._write(self.line(counts), end="\n")
+        self._write(text_line(counts), end="\n")
 
     def _write(self, text: str, end: str) -> None:
         pad = " " * max(0, self._last_len - len(text))
