@@ -42,7 +42,7 @@ from nbcluster.distribute import distribute
 nbcluster.use({name!r})
 results = distribute(
     "import time\\ntime.sleep(0.15)\\nx * x",
-    over="x in range(60)",
+    over="x in range(80)",
     batch=1,
     progress=widgets.progress_hook(delay=0.3),
 )
@@ -180,8 +180,8 @@ def test_widget_renders_live_and_freezes_in_the_browser(
             expect(frozen.locator('.nbc-progress[data-percent="100"]')).to_be_visible(timeout=120_000)
             expect(frozen.locator(".nbc-lane")).to_have_count(2)
             expect(page.locator(".nbc-live:not(.nbc-static)")).to_have_count(0)
-            expect(frozen.locator(".nbc-progress-text")).to_contain_text("60 / 60 done (100%)")
-            assert frozen.locator(".nbc-task").count() == 60
+            expect(frozen.locator(".nbc-progress-text")).to_contain_text("80 / 80 done (100%)")
+            assert frozen.locator(".nbc-task").count() == 80
             frozen.screenshot(path=str(artifacts / "final-light.png"))
             light = frozen.locator(".nbc-progress-text").evaluate("e => getComputedStyle(e).color")
 
