@@ -293,7 +293,9 @@ def render_resources(view: Mapping[str, Any], window: float = 60.0) -> str:
         (workers.get(a) or {}).get("gpu") or any("gpu_util" in r for r in samples.get(a, ())) for a in addrs
     )
     t1 = view.get("now") or 0.0
-    t0 = t1 - window
+    # Fit young histories to the width rather than leave most of each chart blank.
+    firsts = [samples[a][0]["time"] for a in addrs if samples.get(a)]
+    t0 = max(t1 - window, min([t1 - 1, *firsts]))
     cells = []
     for addr in addrs:
         w = workers.get(addr) or {}

@@ -269,7 +269,9 @@ export function renderResources(container, view, opts) {
   root.style.gap = "2px 8px";
   root.style.alignItems = "end";
   const t1 = view.now;
-  const t0 = t1 - o.window;
+  // Fit young histories to the width rather than leave most of each chart blank.
+  const firsts = addrs.map((a) => ((view.samples[a] || [])[0] || {}).time).filter((t) => t !== undefined);
+  const t0 = Math.max(t1 - o.window, Math.min(t1 - 1, ...firsts));
   for (const addr of addrs) {
     const w = view.workers[addr] || {};
     const series = view.samples[addr] || [];
