@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 
 from nbcluster.cluster.handle import ClusterHandle
@@ -99,7 +100,12 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, P
         )
         yield f"{base}/{path}?token={token}", root
     finally:
-        # The server's own process group: the server and the kernels it started.
+        # Kernels run in sessions of their own, so note them before the server goes: a
+        # server that has to be killed cannot shut them down itself.
+        try:
+            spawned = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            spawned = []
         for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
             try:
                 os.killpg(proc.pid, sig)
@@ -109,6 +115,9 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, P
                 break
             except subprocess.TimeoutExpired:
                 continue
+        _, alive = psutil.wait_procs(spawned, timeout=10)
+        for p in alive:
+            p.kill()
         log.close()
 
 
