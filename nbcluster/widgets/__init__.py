@@ -20,10 +20,12 @@ Entry points (what the distribute engine and ``%cluster status`` call)::
 own Dask client as the metrics feed; the widget then reads ``results.counts()``, shows only
 that run's batches in the task stream, and a best-first table for ``--grid`` runs.
 
-``progress`` is a callable (or an object with a ``progress()`` method, e.g. ``Results``)
-returning a mapping::
+``progress`` is a distribute ``Results``, or a callable (or an object with a ``progress()``
+method) returning a mapping::
 
     {"done": int, "running": int, "failed": int, "total": int,
+     "cancelled": int, "pending": int,   # optional; "pending" = queued or running, for
+                                         # sources that cannot tell the two apart
      "finished": bool,             # optional: True once nothing more will finish;
                                    # default: done + failed >= total > 0
      "grid": {"params": ["lr", "depth"],                          # optional, --grid runs
@@ -41,6 +43,12 @@ the grid table best first, a task stream with one lane per worker, and per-worke
 memory / GPU charts. When the run ends (the source says so, or ``close()``), the output
 is replaced by a static HTML/SVG picture of the final state, which is what a saved
 notebook and nbconvert show. In terminal IPython or plain Python: a one-line text bar.
+
+The freeze happens in the cell itself when the run is over by the cell's end (an IPython
+``post_run_cell`` hook), so even a client that records only the cell's own messages
+(nbclient, ``nbconvert --execute``) keeps the final picture. A run that outlives its cell
+(``--no-wait``) and a status view freeze later, from the poller, by display id; a notebook
+saved while one of those is still live holds the widget, which needs the kernel to draw.
 
 The drawing code is ``static/graphs.js``, shared with the JupyterLab sidebar panel.
 """
