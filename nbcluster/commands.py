@@ -92,6 +92,22 @@ def parse(argv: str | Sequence[str], prog: str = "%cluster") -> argparse.Namespa
     return build_parser(prog).parse_args(args)
 
 
+class LiveClusterInfo(ClusterInfo):
+    """`%cluster status` in a notebook: the table, then the cluster's live graphs under it."""
+
+    def __init__(self, info: ClusterInfo, handle: ClusterHandle):
+        super().__init__(info.data, note=info.note)
+        self.handle = handle
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        from nbcluster import widgets
+
+        display({"text/plain": repr(self), "text/html": self._repr_html_()}, raw=True)
+        widgets.status(self.handle)
+
+
 class Runner:
     """Carries out parsed commands for one front end.
 
@@ -153,7 +169,8 @@ class Runner:
         return handle.info()
 
     def do_status(self, ns: argparse.Namespace) -> ClusterInfo:
-        return self._target(ns.name).info()
+        handle = self._target(ns.name)
+        return LiveClusterInfo(handle.info(), handle) if self.in_kernel else handle.info()
 
     def do_list(self, ns: argparse.Namespace) -> ClusterList:
         handles = clusters()

@@ -36,13 +36,14 @@ class NbclusterMagics(Magics):
                      [--into NAME] [--gpus N] [--cpus N] [--cpu-only] [--retries N] [--batch auto|N]
                      [--no-wait] [--seed S] [--everywhere] [--local [K]] [--cluster NAME]
         """
+        from nbcluster import widgets
         from nbcluster.distribute import distribute, parse_distribute_line, parse_wait_line, wait
 
         try:
             if cell is None:
                 return wait(parse_wait_line(line), namespace=self.shell.user_ns)
             kwargs = parse_distribute_line(line)
-            results = distribute(cell, namespace=self.shell.user_ns, **kwargs)
+            results = distribute(cell, namespace=self.shell.user_ns, progress=widgets.progress_hook(), **kwargs)
         except NbclusterError as e:
             raise UsageError(str(e)) from None
         # With --into the results are in that variable: no Out, as for an assignment.

@@ -178,10 +178,7 @@ def test_distribute_magic_cell_ends_with_the_frozen_picture(cluster: ClusterHand
         for m in client.messages[1]
         if m["msg_type"] == "display_data" and WIDGET_MIME in m["content"]["data"]
     ]
-    if not shown:
-        # Waiting on the lead: magics.py must pass progress=widgets.progress_hook() to
-        # distribute(). Until then the cell runs without a widget; this test turns on by itself.
-        pytest.skip("%%distribute does not show the live widget yet (magic not wired to progress_hook)")
+    assert shown, "%%distribute showed no live widget"
     outputs = [o for o in nb.cells[1].outputs if o.get("output_type") == "display_data"]
     frozen = [o["data"]["text/html"] for o in outputs if "nbc-static" in o["data"].get("text/html", "")]
     assert len(frozen) == 1 and not [o for o in outputs if WIDGET_MIME in o["data"]]

@@ -18,13 +18,14 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 from distributed import Client, Security
-from distributed.core import rpc
+from distributed.core import ConnectionPool
 
 from nbcluster import _aio
 from nbcluster.cluster import registry
@@ -32,6 +33,12 @@ from nbcluster.cluster.backends import security_from
 from nbcluster.cluster.info import ClusterInfo
 from nbcluster.cluster.spec import ClusterSpec, check_name, parse_count
 from nbcluster.errors import BadArgument, ClusterFailed, ClusterNotFound, ClusterUnreachable
+
+# Control connections, pooled per event loop and scheduler: the sidebar polls every open
+# cluster twice a second, and a TLS handshake per poll would cost more than the poll.
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], ConnectionPool]] = (
+    weakref.WeakKeyDictionary()
+)
 
 START_TIMEOUT_S = 120
 CONNECT_TIMEOUT_S = 5
@@ -81,6 +88,18 @@ class ClusterHandle:
         sec = self.security or Security()
         return sec.get_connection_args("client")
 
+    async def _pool(self) -> ConnectionPool:
+        """This loop's pooled connections to this scheduler (see `_pools`)."""
+        by_key = _pools.setdefault(asyncio.get_running_loop(), {})
+        key = (self.address, json.dumps(self.entry.get("tls"), sort_keys=True))
+        pool = by_key.get(key)
+        if pool is None:
+            pool = by_key[key] = ConnectionPool(
+                limit=4, connection_args=self._connection_args(), timeout=CONNECT_TIMEOUT_S
+            )
+            await pool.start()
+        return pool
+
     async def arpc(self, op: str, timeout: float = 30, **kwargs: Any) -> Any:
         """Call scheduler handler `op` (e.g. ``"nbcluster_scale"``) and return its answer.
 
@@ -88,17 +107,20 @@ class ClusterHandle:
         `ClusterUnreachable`; an error raised by the handler itself (say a `BadArgument`)
         comes through as that error.
         """
+        pool = await self._pool()
+        call = asyncio.ensure_future(getattr(pool(self.address), op)(**kwargs))
         try:
-            async with rpc(self.address, connection_args=self._connection_args(), timeout=CONNECT_TIMEOUT_S) as r:
-                call = asyncio.ensure_future(getattr(r, op)(**kwargs))
-                done, _ = await asyncio.wait({call}, timeout=timeout)
-                if not done:
-                    call.cancel()
-                    raise ClusterUnreachable(
-                        f"cluster {self.name!r} at {self.address} did not answer {op} within {timeout:.0f} s"
-                    )
-                return call.result()
-        except OSError as e:
+            done, _ = await asyncio.wait({call}, timeout=timeout)
+            if not done:
+                call.cancel()
+                raise ClusterUnreachable(
+                    f"cluster {self.name!r} at {self.address} did not answer {op} within {timeout:.0f} s"
+                )
+            return call.result()
+        except (OSError, ClusterUnreachable) as e:
+            pool.remove(self.address)  # a stopped or stuck scheduler's connections are useless
+            if isinstance(e, ClusterUnreachable):
+                raise
             raise ClusterUnreachable(
                 f"cluster {self.name!r} at {self.address} does not answer ({type(e).__name__}): "
                 "it may have stopped; `%cluster list` shows the running ones"
