@@ -3,7 +3,9 @@
     python bench/startup.py [--runs 5]
 
 Measures, in one run and interleaved so machine noise hits all alike:
-- nbcluster: `%cluster start --workers 2 --threads 1` in an IPython shell, then one task;
+- nbcluster: `%cluster start --workers 2 --threads 1` in an IPython shell, then one task
+  (`%load_ext` has launched a spare supervisor, as in a notebook);
+- nbcluster cold: `nbcluster.cluster.handle.start` with no spare supervisor;
 - Dask: `LocalCluster(n_workers=2, threads_per_worker=1)` + `Client`, then one task;
 - ipyparallel: `Cluster(n=2).start_and_connect_sync()`, then one task on an engine.
 Each sample includes stopping nothing: teardown happens after the clock stops.
@@ -31,6 +33,20 @@ def nbcluster_once() -> float:
     assert nbcluster.current().client.submit(lambda: 1).result() == 1
     elapsed = time.perf_counter() - t0
     ip.run_line_magic("cluster", "stop bench")
+    return elapsed
+
+
+def nbcluster_cold_once() -> float:
+    """The same without the spare supervisor `%load_ext` launches: a cold Python start-up."""
+    from nbcluster.cluster import handle as lifecycle
+
+    lifecycle.discard_spare()
+    t0 = time.perf_counter()
+    cluster = lifecycle.start(workers=2, threads=1, name="bench-cold")
+    assert cluster.client.submit(lambda: 1).result() == 1
+    elapsed = time.perf_counter() - t0
+    cluster.stop()
+    lifecycle.prewarm()  # back to the notebook's state for the next %cluster start sample
     return elapsed
 
 
@@ -66,8 +82,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
-    peers = {"nbcluster %cluster start": nbcluster_once, "dask LocalCluster + Client": localcluster_once,
-             "ipyparallel Cluster(n=2)": ipyparallel_once}  # fmt: skip
+    peers = {"nbcluster %cluster start": nbcluster_once, "nbcluster cold (no spare supervisor)": nbcluster_cold_once,
+             "dask LocalCluster + Client": localcluster_once, "ipyparallel Cluster(n=2)": ipyparallel_once}  # fmt: skip
     samples: dict[str, list[float]] = {k: [] for k in peers}
     for _ in range(args.runs):
         for name, fn in peers.items():
