@@ -19,6 +19,7 @@ import pytest
 from nbcluster import _current
 from nbcluster.distribute import Interrupted, Results, distribute, wait
 from nbcluster.distribute.capture import LARGE
+from nbcluster.distribute.results import NotReady
 from nbcluster.errors import BadArgument, NoCluster
 
 
@@ -223,6 +224,15 @@ def test_local_failure_stops_the_fan_out(ns: dict[str, Any], capsys: Any) -> Non
     assert "Cell line 2\n    10 // x\n" in err
 
 
+def test_ctrl_c_in_a_kernel_item_stops_the_cell(ns: dict[str, Any]) -> None:
+    with pytest.raises(Interrupted, match="1/4 items finished, 3 cancelled; partial results are in `res`"):
+        run("if x == 1:\n    raise KeyboardInterrupt\nx", ns, over="x in range(4)", local="all", into="res")
+    res = ns["res"]
+    assert res.done and res.values() == [0, None, None, None]
+    with pytest.raises(NotReady, match="item 1 was cancelled"):
+        res[1]
+
+
 def test_local_all_needs_no_cluster(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_current, "_current", None)  # this kernel has no current cluster
     assert list(run("x * 3", ns, over="x in range(3)", local="all")) == [0, 3, 6]
@@ -254,6 +264,8 @@ def test_no_wait_returns_at_once_and_fills_in(ns: dict[str, Any], capsys: Any) -
         progress=lambda r: (seen.append(r.counts()), r.done and gate.set()),
     )
     assert ns["res"] is res and not res.done and res.counts()["running"] > 0
+    with pytest.raises(NotReady, match=r"item 5 has not finished yet .*`%distribute wait res`"):
+        res[5]
     assert seen[0] == {"total": 6, "done": 0, "failed": 0, "cancelled": 0, "running": 6}
     assert "done 0" not in capsys.readouterr().out  # worker output never lands in a later cell
     assert wait("res", namespace=ns) is res

@@ -146,8 +146,13 @@ class Results:
         if state == FAILED:
             self._errors[index].exception  # noqa: B018 - build it before hiding this frame
             _reraise(self._errors[index])
-        what = "was cancelled" if state == CANCELLED else "has not finished yet"
-        raise NotReady(f"item {index} {what} ({self._progress_text()})")
+        if state == CANCELLED:
+            raise NotReady(f"item {index} was cancelled ({self._progress_text()}); .retry() runs it again")
+        name = self.label or "NAME"
+        raise NotReady(
+            f"item {index} has not finished yet ({self._progress_text()}); `%distribute wait {name}` "
+            "or .wait() blocks until the run is done"
+        )
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(len(self)):

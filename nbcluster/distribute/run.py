@@ -136,13 +136,21 @@ def distribute(
         progress(results)
 
     engine.local_only = not remote
-    if (n_local and not engine.run_local(range(n_local))) or not remote:
-        # A failure in the kernel stops the fan-out: that is what --local K is for.
+    try:
+        if (n_local and not engine.run_local(range(n_local))) or not remote:
+            # A failure in the kernel stops the fan-out: that is what --local K is for.
+            results._cancel_pending()
+            results._end()
+            _report(results)
+            return results
+        notes = engine.ship()
+    except BaseException as e:
+        # Interrupted (or failed) before anything was submitted: the results end here.
         results._cancel_pending()
         results._end()
-        _report(results)
-        return results
-    notes = engine.ship()
+        if isinstance(e, KeyboardInterrupt):
+            raise _interrupted(results) from None
+        raise
     line = _shipped_line(job.capture, notes)
     if line:
         results.shipped = line
@@ -182,17 +190,18 @@ def follow(results: Results) -> None:
         printer.flush()
     except KeyboardInterrupt:
         results.cancel()
-        c = results.counts()
-        where = (
-            f"`{results.label}`" if results.label else "sys.last_value.results (use --into NAME to keep them)"
-        )
-        raise Interrupted(
-            f"{c['done']}/{c['total']} items finished, {c['cancelled']} cancelled on the cluster; "
-            f"partial results are in {where}",
-            results,
-        ) from None
+        raise _interrupted(results) from None
     printer.finish()
     _report(results)
+
+
+def _interrupted(results: Results) -> Interrupted:
+    c = results.counts()
+    where = f"`{results.label}`" if results.label else "sys.last_value.results (use --into NAME to keep them)"
+    return Interrupted(
+        f"{c['done']}/{c['total']} items finished, {c['cancelled']} cancelled; partial results are in {where}",
+        results,
+    )
 
 
 class Job:

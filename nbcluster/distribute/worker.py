@@ -170,7 +170,9 @@ def run_items(
             _local.index = index
             try:
                 values[j] = _run_one(context, base, item, index)
-            except BaseException as e:
+            except KeyboardInterrupt:
+                raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
+            except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
                 errors[j] = error_record(e)
             done = j + 1
             now = time.perf_counter()
