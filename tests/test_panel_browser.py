@@ -14,12 +14,10 @@ from typing import Any
 
 import nbformat
 import pytest
+from playwright.sync_api import expect, sync_playwright
 
 import nbcluster
 from tests.browser_helpers import JupyterLab, Screenshots, launch_chromium
-
-playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-expect = playwright_api.expect
 
 CLUSTER_TIMEOUT_MS = 90_000  # a cluster start or scale on a busy 2-core CI machine
 # One task per item (--batch 1), so the task stream shows 60 bars.
@@ -47,7 +45,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
 
 @pytest.fixture
 def page(lab: JupyterLab, request: pytest.FixtureRequest) -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
+    with sync_playwright() as p:
         browser = launch_chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
@@ -183,7 +181,7 @@ def test_panel_lists_a_cluster_started_elsewhere_with_its_dashboard(lab: Jupyter
 
 def test_panel_in_notebook_7(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     pytest.importorskip("notebook", reason="Notebook 7 is not installed (pip install notebook)")
-    with JupyterLab(tmp_path, app="notebook") as server, playwright_api.sync_playwright() as p:
+    with JupyterLab(tmp_path, app="notebook") as server, sync_playwright() as p:
         write_notebook(server.root_dir)
         handle = nbcluster.start(workers=1, name="nb7", runtime_dir=server.runtime_dir)
         browser = launch_chromium(p)

@@ -7,9 +7,8 @@ that replaces the widget with the static picture. The executed notebook is then 
 read back and converted to HTML, as a user would share it.
 
 Two runs: one through the widget's generic API (`widgets.live` + `close()`), one through
-the distribute engine's Python API with `progress=widgets.progress_hook()` and no explicit
-close, which is what `%%distribute` does once the magic passes the hook (NOTE: the magic
-did not pass it yet when this was written; switch the second cell to `%%distribute` then).
+a `%%distribute --grid` cell, whose widget appears after the default delay (0.75 s: the
+cell's items sleep long enough to outlast it) and freezes by itself at the end of the cell.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
 from nbconvert import HTMLExporter
 
@@ -28,11 +26,13 @@ from nbcluster.cluster.handle import ClusterHandle
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 SETUP = """\
+%load_ext nbcluster
+%cluster use {name}
 import time
 import nbcluster
 from nbcluster import widgets
 from distributed import as_completed
-h = nbcluster.use({name!r})
+h = nbcluster.current()
 client = h.client
 """
 
@@ -51,15 +51,33 @@ values = client.gather(futures)
 len(values), sum(values)
 """
 
-GRID = """from nbcluster.distribute import distribute
-results = distribute(
-    "time.sleep(0.1)\\nlr * depth",
-    grid="lr=[1, 2, 3], depth=[10, 20, 30, 40]",
-    batch=1,
-    progress=widgets.progress_hook(delay=0.3, interval=0.1),
-)
-results.values()
+# 12 items of 0.3 s on 2 workers: the run outlasts the widget's default delay.
+GRID = """\
+%%distribute --grid "lr=[1, 2, 3], depth=[10, 20, 30, 40]" --batch 1 --into results
+import time
+time.sleep(0.3)
+lr * depth
 """
+
+VALUES = "results.values()"
+
+
+def live_updates(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The state updates sent to the one live widget model a cell's messages open."""
+    live_models = [
+        m["content"]["comm_id"]
+        for m in msgs
+        if m["msg_type"] == "comm_open"
+        and m["content"]["data"]["state"].get("_anywidget_id") == "nbcluster.widgets.widget.LiveWidget"
+    ]
+    assert len(live_models) == 1
+    return [
+        m["content"]["data"]["state"]
+        for m in msgs
+        if m["msg_type"] == "comm_msg"
+        and m["content"]["comm_id"] == live_models[0]
+        and m["content"]["data"].get("method") == "update"
+    ]
 
 
 class RecordingClient(NotebookClient):
@@ -78,7 +96,7 @@ def test_kernel_sends_increasing_progress_and_saves_the_final_picture(
     cluster: ClusterHandle, tmp_path: Path
 ) -> None:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in (SETUP.format(name=cluster.name), RUN, GRID)]
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in (SETUP.format(name=cluster.name), RUN, GRID, VALUES)]
     client = RecordingClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
@@ -86,20 +104,7 @@ def test_kernel_sends_increasing_progress_and_saves_the_final_picture(
     msgs = client.messages[1]
 
     # The widget model opens, then progress updates stream in, increasing to the end.
-    opens = [m for m in msgs if m["msg_type"] == "comm_open"]
-    live_models = [
-        m["content"]["comm_id"]
-        for m in opens
-        if m["content"]["data"]["state"].get("_anywidget_id") == "nbcluster.widgets.widget.LiveWidget"
-    ]
-    assert len(live_models) == 1
-    updates = [
-        m["content"]["data"]["state"]
-        for m in msgs
-        if m["msg_type"] == "comm_msg"
-        and m["content"]["comm_id"] == live_models[0]
-        and m["content"]["data"].get("method") == "update"
-    ]
+    updates = live_updates(msgs)
     done = [s["progress"]["done"] for s in updates if "progress" in s]
     assert done == sorted(done) and len(set(done)) > 1, done
     final = [s["progress"] for s in updates if "progress" in s][-1]
@@ -131,16 +136,23 @@ def test_kernel_sends_increasing_progress_and_saves_the_final_picture(
     assert html.count('class="nbc-task"') == 40
     assert "40 / 40 done (100%)" in bundles[0]["text/plain"]
 
-    # The distribute run froze by itself at the end of its cell: 12 batches of one item,
-    # the grid table best first, equal to the results.
+    # The %%distribute run froze by itself at the end of its cell: 12 batches of one item,
+    # the grid table best first, equal to the results (read back in the next cell).
     grid_msgs = client.messages[2]
     assert [m for m in grid_msgs if m["msg_type"] == "display_data"]
+    grid_updates = live_updates(grid_msgs)
+    done = [s["progress"]["done"] for s in grid_updates if "progress" in s]
+    assert done == sorted(done) and len(set(done)) > 1, done
+    final = [s["progress"] for s in grid_updates if "progress" in s][-1]
+    assert (final["done"], final["total"], final["state"]) == (12, 12, "done")
+    pushed = [t["key"] for s in grid_updates if "delta" in s for t in s["delta"].get("tasks", [])]
+    assert len(pushed) == len(set(pushed)) == 12
     grid_outputs = [o for o in saved.cells[2].outputs if o.get("output_type") == "display_data"]
     assert len(grid_outputs) == 1 and WIDGET_MIME not in grid_outputs[0]["data"]
     ghtml = grid_outputs[0]["data"]["text/html"]
     assert 'data-percent="100"' in ghtml and ghtml.count('class="nbc-task"') == 12
     assert ghtml.count('class="nbc-grid-row"') == 10  # the best ten of twelve
-    values = ast.literal_eval(saved.cells[2].outputs[-1]["data"]["text/plain"])
+    values = ast.literal_eval(saved.cells[3].outputs[-1]["data"]["text/plain"])
     assert values == [lr * d for lr in (1, 2, 3) for d in (10, 20, 30, 40)]
     best = ghtml.index(">120<")  # lr=3, depth=40 first
     assert best < ghtml.index(">90<") < ghtml.index(">80<")
