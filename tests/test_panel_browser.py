@@ -147,7 +147,6 @@ def test_panel_start_scale_use_watch_stop(lab: JupyterLab, page: Any) -> None:
 
 
 def test_panel_lists_a_cluster_started_elsewhere_with_its_dashboard(lab: JupyterLab, page: Any) -> None:
-    pytest.importorskip("bokeh", reason="Dask's dashboard needs bokeh (pip install bokeh)")
     shot = Screenshots(page, "test_panel_lists_a_cluster_started_elsewhere_with_its_dashboard")
     # Started by this test process, as a kernel or the CLI would: the server only reads
     # the registry.
@@ -180,7 +179,6 @@ def test_panel_lists_a_cluster_started_elsewhere_with_its_dashboard(lab: Jupyter
 
 
 def test_panel_in_notebook_7(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    pytest.importorskip("notebook", reason="Notebook 7 is not installed (pip install notebook)")
     with JupyterLab(tmp_path, app="notebook") as server, sync_playwright() as p:
         write_notebook(server.root_dir)
         handle = nbcluster.start(workers=1, name="nb7", runtime_dir=server.runtime_dir)
