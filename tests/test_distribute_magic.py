@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
 
 from nbcluster import _current
 from nbcluster.distribute import Results
@@ -94,3 +95,16 @@ def test_local_runs_in_the_kernel(shell: InteractiveShell) -> None:
     import os
 
     assert list(out) == [os.getpid()] * 3
+
+
+def test_display_in_an_item_shows_in_the_cell(shell: InteractiveShell) -> None:
+    cell(
+        shell,
+        "class Card:\n    def _repr_html_(self):\n        return '<b>card</b>'\n    def __repr__(self):\n        return 'Card()'",
+    )
+    with capture_output() as shown:
+        cell(shell, '%%distribute --over "x in range(2)" --into cards\ndisplay({"x": x})\ndisplay(Card())\nx')
+    rich = [o.data for o in shown.outputs]
+    assert {"text/plain": "{'x': 0}"} in rich and {"text/plain": "{'x': 1}"} in rich
+    assert {"text/plain": "Card()", "text/html": "<b>card</b>"} in rich  # rendered as HTML in a notebook
+    assert shell.user_ns["cards"].output(0) == "{'x': 0}\nCard()\n"

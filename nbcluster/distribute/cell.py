@@ -92,7 +92,8 @@ def register_source(filename: str, source: str) -> None:
 
 
 def is_builtin(name: str) -> bool:
-    return name in _BUILTINS
+    # `display` is a builtin in IPython only while a cell runs, and workers provide their own.
+    return name in _BUILTINS or name == "display"
 
 
 def _syntax_message(e: SyntaxError, source: str) -> str:

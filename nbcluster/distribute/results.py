@@ -204,7 +204,7 @@ class Results:
     def output(self, i: int) -> str:
         """What item `i` printed (stderr lines marked `[stderr]`)."""
         chunks = self._outputs.get(range(len(self))[i], [])
-        return "".join(text if stream == "stdout" else _mark_stderr(text) for stream, text in chunks)
+        return "".join(_chunk_text(stream, payload) for stream, payload in chunks)
 
     def raise_first(self) -> None:
         """Raise the first failed item's exception (original type, remote traceback attached)."""
@@ -585,8 +585,12 @@ def _describe(params: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _mark_stderr(text: str) -> str:
-    return "".join(f"[stderr] {line}" for line in text.splitlines(keepends=True))
+def _chunk_text(stream: str, payload: Any) -> str:
+    if stream == "display":
+        return str(payload.get("text/plain", "")) + "\n"
+    if stream == "stderr":
+        return "".join(f"[stderr] {line}" for line in payload.splitlines(keepends=True))
+    return payload
 
 
 def _call(fn: Callable[[Results], None], results: Results) -> None:

@@ -710,8 +710,11 @@ class _Printer:
             self.shown += 1
             described = self.results._plan.describe(i)
             sys.stdout.write(f"── item {i}{f' ({described})' if described else ''} ──\n")
-            for stream, text in self.results._outputs.get(i, []):
-                (sys.stdout if stream == "stdout" else sys.stderr).write(text)
+            for stream, payload in self.results._outputs.get(i, []):
+                if stream == "display":
+                    _show(payload)
+                else:
+                    (sys.stdout if stream == "stdout" else sys.stderr).write(payload)
             sys.stdout.flush()
             sys.stderr.flush()
 
@@ -719,6 +722,18 @@ class _Printer:
         if self.hidden:
             name = self.results.label or "results"
             print(f"── … and {self.hidden} more items printed output: {name}.output(i) shows item i's ──")
+
+
+def _show(bundle: dict[str, Any]) -> None:
+    """Show an item's display() output here: rich in IPython, as text elsewhere."""
+    shell = sys.modules.get("IPython.core.interactiveshell")
+    if shell is not None and shell.InteractiveShell.initialized():
+        from IPython.display import display
+
+        sys.stdout.flush()
+        display(bundle, raw=True)
+    else:
+        print(bundle.get("text/plain", ""))
 
 
 def _report(results: Results) -> None:

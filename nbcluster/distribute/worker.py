@@ -41,6 +41,7 @@ This module imports nothing else from nbcluster: a worker needs cloudpickle and 
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import importlib
 import io
@@ -440,3 +441,33 @@ def _install_streams() -> None:
         sys.stdout = _ItemStream("stdout", sys.stdout)
     if not isinstance(sys.stderr, _ItemStream):
         sys.stderr = _ItemStream("stderr", sys.stderr)
+    # In a notebook `display` is a builtin (IPython puts it there); cells and notebook
+    # functions call it unqualified, so a worker needs one too.
+    if not hasattr(builtins, "display"):
+        builtins.display = display  # type: ignore[attr-defined]
+
+
+def display(*objs: Any, raw: bool = False, **_ignored: Any) -> None:
+    """`display()` for worker items: records each object's rich representation for the cell."""
+    outputs = getattr(_local, "outputs", None)
+    for obj in objs:
+        bundle = obj if raw and isinstance(obj, dict) else _mimebundle(obj)
+        if outputs is None:
+            print(bundle.get("text/plain", ""))
+        else:
+            outputs.setdefault(_local.index, []).append(["display", bundle])
+
+
+def _mimebundle(obj: Any) -> dict[str, Any]:
+    try:
+        from IPython.core.formatters import DisplayFormatter
+
+        data, _ = DisplayFormatter().format(obj)
+        if data:
+            return dict(data)
+    except Exception:  # no IPython on the worker, or a failing _repr_*_: plain text will do
+        pass
+    try:
+        return {"text/plain": repr(obj)}
+    except Exception:
+        return {"text/plain": f"<unprintable {type(obj).__name__}>"}
