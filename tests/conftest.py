@@ -79,12 +79,18 @@ def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[ClusterHandle]:
-    """A shared 2-worker x 1-thread cluster, current for this process. Do not scale or stop it."""
+def _shared_cluster() -> Iterator[ClusterHandle]:
     handle = nbcluster.start(workers=2, threads=1, name="shared")
     yield handle
     _current.forget(handle.name)
     handle.stop()
+
+
+@pytest.fixture
+def cluster(_shared_cluster: ClusterHandle) -> ClusterHandle:
+    """A shared 2-worker x 1-thread cluster, current for this process (and Dask's default
+    client) during the test, whatever earlier tests made current. Do not scale or stop it."""
+    return _current.use(_shared_cluster)
 
 
 @pytest.fixture
