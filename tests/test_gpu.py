@@ -104,3 +104,15 @@ def test_adaptive_scaling_counts_gpu_backlog_separately(gpu_cluster):
     assert set(client.gather(futures)) <= {"gpu-0", "gpu-1"}
     info = gpu_cluster.info()
     assert info["adaptive"] == {"minimum": 1, "maximum": 1, "gpu_maximum": 2}
+
+
+def test_simulated_gpus_are_labelled_in_the_metrics_and_the_static_picture(gpu_cluster):
+    from nbcluster.widgets._static import _label
+
+    gpu_cluster.client.submit(lambda: 1, resources={"GPU": 1}).result()
+    snapshot = gpu_cluster.metrics()
+    by_name = {w["name"]: (addr, w) for addr, w in snapshot["workers"].items()}
+    addr, gpu0 = by_name["gpu-0"]
+    assert gpu0["gpu"]["simulated"] is True and gpu0["gpu"]["name"] == "Simulated GPU"
+    assert "gpu" not in by_name["cpu-0"][1]
+    assert _label(snapshot, addr) == "gpu-0 (simulated GPU)"

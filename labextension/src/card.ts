@@ -84,6 +84,8 @@ export class ClusterCard {
     const cores = workers.reduce((n, w) => n + w.nthreads, 0);
     const memory = workers.reduce((n, w) => n + (w.memory_limit || 0), 0);
     const gpus = workers.filter(w => w.gpu).length;
+    // Simulated GPUs (NBCLUSTER_SIMULATE_GPUS) must never pass for real ones.
+    const simulated = workers.some(w => w.gpu?.simulated);
     const requested = cluster.requested ? cluster.requested.cpu + cluster.requested.gpu : null;
     const parts = running
       ? [
@@ -91,7 +93,7 @@ export class ClusterCard {
             (requested !== null && requested !== workers.length ? ` (${requested} requested)` : ''),
           `${cores} cores`,
           formatBytes(memory),
-          `${gpus} GPU${gpus === 1 ? '' : 's'}`,
+          `${gpus}${simulated ? ' simulated' : ''} GPU${gpus === 1 ? '' : 's'}`,
           `${cluster.tasks?.processing ?? 0} running tasks`
         ]
       : ['its scheduler does not answer'];

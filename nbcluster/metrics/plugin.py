@@ -152,7 +152,7 @@ class MetricsPlugin(SchedulerPlugin):
             "cursor": cursor,
             "gap": gap,
             "now": time.time(),
-            "workers": {addr: _worker_info(ws) for addr, ws in scheduler.workers.items()},
+            "workers": {addr: _worker_info(ws, _devices(scheduler)) for addr, ws in scheduler.workers.items()},
             "tasks": [
                 {
                     "key": str(k),
@@ -190,7 +190,18 @@ def _gpu_static(ws: WorkerState) -> dict[str, Any] | None:
     return None
 
 
-def _worker_info(ws: WorkerState) -> dict[str, Any]:
+def _devices(scheduler: Any) -> dict[str, dict[str, Any]]:
+    """GPU devices by worker name, as nbcluster's supervisor assigned them (if it did).
+
+    NVML tells a worker about its real device; only the supervisor knows that a device is
+    simulated, and every display must say so.
+    """
+    control = scheduler.plugins.get("nbcluster-control")
+    devices = getattr(getattr(control, "cluster", None), "devices", None) or {}
+    return {name: d.to_dict() for name, d in devices.items()}
+
+
+def _worker_info(ws: WorkerState, devices: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     info: dict[str, Any] = {
         "name": str(ws.name),
         "nthreads": ws.nthreads,
@@ -199,6 +210,10 @@ def _worker_info(ws: WorkerState) -> dict[str, Any]:
         "processing": len(ws.processing),
     }
     gpu = _gpu_static(ws)
+    device = (devices or {}).get(str(ws.name))
+    if device is not None:
+        gpu = {"name": device["name"], "memory_total": device["memory_total"], **(gpu or {})}
+        gpu["simulated"] = bool(device.get("simulated"))
     if gpu is not None:
         info["gpu"] = gpu
     return info

@@ -193,7 +193,9 @@ def _split_digits(text: str) -> list[str]:
 
 def _label(view: Mapping[str, Any], addr: str) -> str:
     w = (view.get("workers") or {}).get(addr)
-    return str(w["name"]) if w else f"{addr} (gone)"
+    if not w:
+        return f"{addr} (gone)"
+    return f"{w['name']} (simulated GPU)" if (w.get("gpu") or {}).get("simulated") else str(w["name"])
 
 
 def _svg(width: int, height: int, css_height: str, inner: str, extra_style: str = "") -> str:

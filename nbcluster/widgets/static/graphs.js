@@ -162,7 +162,8 @@ function laneOrder(view) {
 
 function workerLabel(view, addr) {
   const w = view.workers[addr];
-  return w ? String(w.name) : `${addr} (gone)`;
+  if (!w) return `${addr} (gone)`;
+  return w.gpu && w.gpu.simulated ? `${w.name} (simulated GPU)` : String(w.name);
 }
 
 // ---------------------------------------------------------------------------------------
