@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,17 +22,8 @@ from nbcluster.distribute.results import NotReady
 from nbcluster.errors import BadArgument, NoCluster
 
 
-@pytest.fixture(scope="module")
-def current(cluster: Any) -> Iterator[Any]:
-    """The shared cluster as this process's current one, for this module only: later
-    tests expect a process without a current cluster."""
-    _current.use(cluster)
-    yield cluster
-    _current.forget(cluster.name)
-
-
 @pytest.fixture
-def ns(current: Any) -> dict[str, Any]:
+def ns(cluster: Any) -> dict[str, Any]:
     """A notebook-like namespace (module __main__), with the shared cluster current."""
     return {"__name__": "__main__"}
 
@@ -360,6 +350,6 @@ def test_function_api(ns: dict[str, Any], cluster: Any) -> None:
     assert cluster.client.gather(futures) == [(0, None), (1, None)]
 
 
-def test_namespace_defaults_to_the_callers(current: Any) -> None:
+def test_namespace_defaults_to_the_callers(cluster: Any) -> None:
     factor = 7
     assert list(distribute("x * factor", over="x in range(3)")) == [0, factor, 2 * factor]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,20 +10,11 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
-from nbcluster import _current
 from nbcluster.distribute import Results
 
 
-@pytest.fixture(scope="module")
-def current(cluster: Any) -> Iterator[Any]:
-    """The shared cluster as this kernel's current one, for this module only."""
-    _current.use(cluster)
-    yield cluster
-    _current.forget(cluster.name)
-
-
 @pytest.fixture
-def shell(current: Any) -> InteractiveShell:
+def shell(cluster: Any) -> InteractiveShell:
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "nbcluster")
     return ip

@@ -167,23 +167,50 @@ class Shipments:
                 shipped.append((name, future.key, size))
         return shipped, notes
 
-    def reship(self, client: Any, key: str, large: dict[str, tuple[Any, str, int]]) -> bool:
+    def future(self, key: str) -> Any:
+        return self.futures.get(key.removeprefix("nbcluster-capture-"))
+
+    def reship(
+        self, client: Any, key: str, large: dict[str, tuple[Any, str, int]], workers: list[str] | None
+    ) -> bool:
         """Scatter again a value whose every holder died; False if it is not one of `large`."""
         for value, digest, size in large.values():
             if key == _key(digest):
                 with self.lock:
-                    self._scatter(client, digest, value, size)
+                    self._scatter(client, digest, value, size, workers)
                 return True
         return False
 
-    def _scatter(self, client: Any, digest: str, value: Any, size: int) -> Any:
-        # broadcast: every worker gets its copy now, in parallel, before its first batch;
-        # `pin` then keeps it there whatever Dask's memory manager does (see worker.py).
+    def _scatter(
+        self, client: Any, digest: str, value: Any, size: int, workers: list[str] | None = None
+    ) -> Any:
+        # broadcast: every worker gets its copy now, in parallel, before its first batch.
         key = _key(digest)
-        future = client.scatter({key: value}, broadcast=True, hash=False)[key]
-        client.run(pin, [(key, size)])
+        future = client.scatter({key: value}, workers=workers, broadcast=workers is None, hash=False)[key]
+        pin_soon(client, future, size)
         self.futures[digest] = future
         return future
+
+
+def pin_soon(client: Any, future: Any, size: int) -> None:
+    """Have the workers holding a just-scattered value keep it (`worker.pin`), without waiting for them.
+
+    broadcast put a copy on every worker; pinning it before Dask's memory manager drops
+    the "extra" replicas (every 2 s) saves each worker a later fetch. It is only that, a
+    saving: a worker that misses it fetches the value on its first batch. So it runs in
+    the background, and only on the workers that hold the key (those are alive), where a
+    call to a worker that died a moment ago would otherwise block on its connect timeout.
+    """
+
+    def run() -> None:
+        try:
+            holders = client.who_has([future]).get(future.key, ())
+            if holders:
+                client.run(pin, [(future.key, size)], workers=list(holders), on_error="ignore")
+        except Exception:  # the client closed meanwhile: nothing to save any more
+            pass
+
+    threading.Thread(target=run, name="nbcluster-pin", daemon=True).start()
 
 
 def _key(digest: str) -> str:

@@ -38,8 +38,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
-
+from nbcluster.distribute.tracebacks import ItemError, describe, reraise
 from nbcluster.errors import NbclusterError
 
 if TYPE_CHECKING:
@@ -51,55 +50,6 @@ _SHOW_ROWS = 8
 
 class NotReady(NbclusterError):
     """An item asked for has not finished yet."""
-
-
-class RemoteError(Exception):
-    """Stands in for an exception that could not be brought back from the worker."""
-
-
-class ItemError:
-    """One failed item: its index, parameters, the original exception and its traceback."""
-
-    def __init__(
-        self,
-        index: int,
-        params: dict[str, Any],
-        record: dict[str, Any],
-        where: str,
-        code_index: dict[str, list[tuple[str, int, int]]] | None = None,
-    ):
-        if code_index:
-            _restore_filenames(record["chain"], code_index)
-        self.index = index
-        self.params = params
-        self.type_name: str = record["type"]
-        self.message: str = record["message"]
-        self._record = record
-        self.where = where  # "the cluster" or "the kernel"
-        self._exception: BaseException | None = None
-
-    @property
-    def exception(self) -> BaseException:
-        """The item's exception, of its original type where it could be rebuilt."""
-        if self._exception is None:
-            exc: BaseException | None = None
-            if self._record.get("exception"):
-                try:
-                    exc = cloudpickle.loads(self._record["exception"])
-                except Exception:
-                    exc = None
-            if exc is None:
-                exc = RemoteError(f"{self.type_name}: {self.message}")
-            self._exception = exc
-        return self._exception
-
-    @property
-    def traceback(self) -> str:
-        """The remote traceback as text: the cell's lines with cell line numbers."""
-        return format_chain(self._record["chain"])
-
-    def __repr__(self) -> str:
-        return f"<ItemError item {self.index} ({_describe(self.params)}): {self.type_name}: {self.message}>"
 
 
 class Results:
@@ -145,7 +95,7 @@ class Results:
             return self._values[index]
         if state == FAILED:
             self._errors[index].exception  # noqa: B018 - build it before hiding this frame
-            _reraise(self._errors[index])
+            reraise(self._errors[index])
         if state == CANCELLED:
             raise NotReady(f"item {index} was cancelled ({self._progress_text()}); .retry() runs it again")
         name = self.label or "NAME"
@@ -211,7 +161,7 @@ class Results:
         __tracebackhide__ = True
         errors = self.errors
         if errors:
-            _reraise(errors[0])
+            reraise(errors[0])
 
     def to_pandas(self) -> Any:
         """A DataFrame: one column per parameter, then `result` (and `error` if any failed)."""
@@ -276,7 +226,11 @@ class Results:
         indices = [i for i in range(len(self)) if self._state[i] in (FAILED, CANCELLED)]
         if not indices:
             return self
-        self._engine.retry(indices, wait=wait)
+        self._engine.retry(indices)
+        if wait:
+            from nbcluster.distribute.follow import follow
+
+            follow(self)
         return self
 
     def subscribe(self, fn: Callable[[Results], None]) -> Callable[[], None]:
@@ -404,7 +358,7 @@ class Results:
             state = "done" if self.ok else self._progress_text()
             return f"{c['total']} items {state}" if self.ok else state
         first = self.errors[0]
-        where = f" ({_describe(first.params)})" if first.params else ""
+        where = f" ({describe(first.params)})" if first.params else ""
         line = f"{c['failed']}/{c['total']} items failed: {first.type_name} at item {first.index}{where}"
         if first.where == "the kernel":
             line += " in the kernel (--local)"
@@ -419,7 +373,7 @@ class Results:
         lines = [f"Results: {self._headline()}"]
         for i in self._shown_rows():
             lines.append(
-                f"  [{i}] {_describe(self._plan.params(i))}{' -> ' if self._plan.params(i) else ''}{self._cell(i)}"
+                f"  [{i}] {describe(self._plan.params(i))}{' -> ' if self._plan.params(i) else ''}{self._cell(i)}"
             )
         if len(self) > _SHOW_ROWS:
             lines.append(f"  ... {len(self) - _SHOW_ROWS} more")
@@ -470,119 +424,6 @@ class Results:
             f"<div><b>Results</b>: {html.escape(self._headline())}"
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{more}</div>"
         )
-
-
-def _reraise(error: ItemError) -> None:
-    __tracebackhide__ = True
-    exc = error.exception
-    tb = _rebuilt_traceback(error._record["chain"][0]["frames"])
-    where = (
-        f"item {error.index}{', ' + _describe(error.params) if error.params else ''}, run on {error.where}"
-    )
-    # With the frames rebuilt the traceback shows the cell's lines itself; otherwise the
-    # note carries the remote traceback as text.
-    note = f"({where})" if tb is not None else f"({where}; remote traceback:)\n{error.traceback}"
-    notes = getattr(exc, "__notes__", None)
-    if hasattr(exc, "add_note") and (not notes or note not in notes):
-        exc.add_note(note)
-    raise exc.with_traceback(tb)
-
-
-def _rebuilt_traceback(frames: list[tuple[str, int, str]]) -> Any:
-    """Real traceback objects for the remote frames (tblib), so debuggers and IPython show them."""
-    if not frames:
-        return None
-    try:
-        from tblib import Traceback
-    except ImportError:
-        return None
-    tb: dict[str, Any] | None = None
-    for filename, lineno, name in reversed(frames):
-        tb = {
-            "tb_frame": {
-                "f_code": {"co_filename": filename, "co_name": name},
-                "f_globals": {"__name__": "__main__"},
-                "f_lineno": lineno,
-            },
-            "tb_lineno": lineno,
-            "tb_next": tb,
-        }
-    try:
-        return Traceback.from_dict(tb).as_traceback()
-    except Exception:
-        return None
-
-
-def _restore_filenames(chain: list[dict[str, Any]], index: dict[str, list[tuple[str, int, int]]]) -> None:
-    for link in chain:
-        frames = []
-        for filename, lineno, name in link["frames"]:
-            if filename == "<dynamic-code>":
-                found = {f for f, first, last in index.get(name, []) if first <= lineno <= last}
-                if len(found) == 1:
-                    filename = found.pop()
-            frames.append((filename, lineno, name))
-        link["frames"] = frames
-
-
-def format_chain(chain: list[dict[str, Any]]) -> str:
-    """A Python-style traceback for a remote exception chain, causes first."""
-    parts: list[str] = []
-    for k in range(len(chain) - 1, -1, -1):
-        link = chain[k]
-        parts.append(_format_one(link))
-        if k > 0:
-            parts.append(
-                "\nThe above exception was the direct cause of the following exception:\n\n"
-                if link["relation"] == "cause"
-                else "\nDuring handling of the above exception, another exception occurred:\n\n"
-            )
-    return "".join(parts)
-
-
-def _format_one(link: dict[str, Any]) -> str:
-    import linecache
-
-    lines = []
-    if link["frames"]:
-        lines.append("Traceback (most recent call last):\n")
-    for filename, lineno, name in link["frames"]:
-        lines.append(f"  {_where(filename, lineno, name)}\n")
-        source = linecache.getline(filename, lineno).strip()
-        if source:
-            lines.append(f"    {source}\n")
-    message = link["message"]
-    lines.append(f"{link['type']}: {message}\n" if message else f"{link['type']}\n")
-    return "".join(lines)
-
-
-def _where(filename: str, lineno: int, name: str) -> str:
-    in_name = "" if name == "<module>" else f", in {name}"
-    if filename.startswith("<distribute-"):
-        return f"Cell line {lineno}{in_name}"
-    cell = _notebook_cell(filename)
-    if cell is not None:
-        return f"Cell In[{cell}], line {lineno}{in_name}"
-    return f'File "{filename}", line {lineno}, in {name}'
-
-
-def _notebook_cell(filename: str) -> int | None:
-    """The execution count of the notebook cell a function was defined in, if IPython knows."""
-    shell_module = sys.modules.get("IPython.core.interactiveshell")
-    if shell_module is None or not shell_module.InteractiveShell.initialized():
-        return None
-    compiler = getattr(shell_module.InteractiveShell.instance(), "compile", None)
-    mapping = getattr(compiler, "_filename_map", {}) or {}
-    count = mapping.get(filename)
-    return count if isinstance(count, int) else None
-
-
-def _describe(params: dict[str, Any]) -> str:
-    parts = []
-    for k, v in params.items():
-        text = repr(v)
-        parts.append(f"{k}={text if len(text) <= 40 else text[:37] + '...'}")
-    return ", ".join(parts)
 
 
 def _chunk_text(stream: str, payload: Any) -> str:

@@ -67,8 +67,9 @@ _CANCEL_CHECK_S = 0.05
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
 _OBJECTS: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # key -> (value, size)
 _OBJECTS_LOCK = threading.Lock()
+_INFLIGHT: dict[str, threading.Event] = {}  # keys being fetched, for other threads to wait on
 _OBJECTS_BYTES = 2_000_000_000  # at most this much (or 40% of the worker's memory limit)
-_FETCH_TIMEOUT_S = 600
+_FETCH_CHECK_S = 2.0  # while fetching a value, how often to check that someone still holds it
 _HERE = os.path.normcase(os.path.abspath(__file__))
 _PACKAGE = os.path.dirname(_HERE)
 
@@ -141,7 +142,9 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes) -> bytes:
         loaded = _context(*context)
         large_values = tuple(_fetch(key, size) for _, key, size in loaded.large)
     except Lost as e:
-        return cloudpickle.dumps({"lost": e.key, "elapsed": time.perf_counter() - started})
+        return cloudpickle.dumps(
+            {"lost": e.key, "worker": _address(), "elapsed": time.perf_counter() - started}
+        )
     except BaseException as e:
         return cloudpickle.dumps({"fatal": error_record(e), "elapsed": time.perf_counter() - started})
     indices, items = pickle.loads(batch)
@@ -334,12 +337,25 @@ def _context(key: str, inline: bytes | None) -> Context:
 
 
 def _fetch(key: str, size: int, *, keep: bool = True) -> Any:
-    """A scattered value by key: cached, else this worker's Dask store, else a peer."""
-    with _OBJECTS_LOCK:
-        found = _OBJECTS.get(key)
-        if found is not None:
-            _OBJECTS.move_to_end(key)
-            return found[0]
+    """A scattered value by key: cached, else this worker's Dask store, else a peer.
+
+    `_OBJECTS_LOCK` is never held while waiting on the network: `pin` takes it from the
+    worker's event loop, and a fetch needs that loop to make progress. Threads wanting the
+    same key wait for the one fetching it (`_INFLIGHT`).
+    """
+    while True:
+        with _OBJECTS_LOCK:
+            found = _OBJECTS.get(key)
+            if found is not None:
+                _OBJECTS.move_to_end(key)
+                return found[0]
+            waiting = _INFLIGHT.get(key)
+            if waiting is None:
+                _INFLIGHT[key] = threading.Event()
+        if waiting is None:
+            break
+        waiting.wait()  # then look again: found, or that fetch failed and this thread tries
+    try:
         from distributed import Future, get_client, get_worker
 
         worker = get_worker()
@@ -350,9 +366,7 @@ def _fetch(key: str, size: int, *, keep: bool = True) -> Any:
             # state="memory" is how Dask's own Variable hands a Future to another client.
             future = Future(key, client, state="memory")
             try:
-                if not client.who_has([future]).get(key):
-                    raise Lost(key)
-                value = future.result(timeout=_FETCH_TIMEOUT_S)
+                value = _gather_watching(client, future)
             except Lost:
                 raise
             except Exception as e:
@@ -360,8 +374,49 @@ def _fetch(key: str, size: int, *, keep: bool = True) -> Any:
             finally:
                 future.release()
         if keep:
-            _remember(worker, key, value, size)
+            with _OBJECTS_LOCK:
+                _remember(worker, key, value, size)
         return value
+    finally:
+        with _OBJECTS_LOCK:
+            _INFLIGHT.pop(key).set()
+
+
+def _gather_watching(client: Any, future: Any) -> Any:
+    """Gather one value from a peer, giving up as soon as no worker holds it any more.
+
+    A holder can die mid-transfer; Dask's gather would then wait for a key nobody will
+    ever send again. The transfer runs on the worker's event loop while this thread checks
+    every couple of seconds that someone still holds the key (a slow transfer of a big
+    value is left to finish).
+    """
+    import asyncio
+    import concurrent.futures
+
+    key = future.key
+
+    async def gather() -> Any:
+        return await client.gather([future], asynchronous=True)
+
+    if not client.who_has([future]).get(key):
+        raise Lost(key)
+    transfer = asyncio.run_coroutine_threadsafe(gather(), client.loop.asyncio_loop)
+    while True:
+        try:
+            return transfer.result(timeout=_FETCH_CHECK_S)[0]
+        except concurrent.futures.TimeoutError:
+            if not client.who_has([future]).get(key):
+                transfer.cancel()
+                raise Lost(key) from None
+
+
+def _address() -> str | None:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except Exception:
+        return None
 
 
 def pin(keys: list[tuple[str, int]], dask_worker: Any = None) -> int:

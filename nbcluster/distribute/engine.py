@@ -1,0 +1,518 @@
+"""The engine of a run: what it sends (`Job`), where items may run (`placement`), and the
+driver thread that submits batches and streams them back (`Engine`).
+
+`Engine._drive` owns everything between the first submit and the last result: it sends
+one probe batch per usable thread, sizes the rest from the probe's measured time per item
+(`plan.batch_sizes`), submits them all (Dask's scheduler queue hands them to free
+threads), and turns each finished batch into `Results` deliveries. Per batch it decides:
+
+- a worker-side failure of the whole batch (the worker died too often: `KilledWorker`)
+  fails its items, which `--retries` may resubmit like any failed item;
+- a batch whose context cannot load on the worker (a module missing there) is *fatal*:
+  every other batch would fail the same way, so the rest is failed at once, with that
+  one message, and nothing more is submitted;
+- a batch that found a scattered value *lost* (every worker holding it died) makes the
+  engine scatter it again from the kernel and resubmit the batch, up to 10 times a run.
+
+`cancel()` is one `client.cancel` of every outstanding batch, then the driver stops.
+`--everywhere` uses `_drive_everywhere`: one task pinned to each worker, and a task whose
+worker leaves the cluster is failed rather than left waiting forever.
+"""
+
+from __future__ import annotations
+
+import itertools
+import marshal
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import cloudpickle
+
+from nbcluster.distribute import worker
+from nbcluster.distribute.capture import Capture, pin_soon, shipments
+from nbcluster.distribute.cell import Cell
+from nbcluster.distribute.plan import Plan, batch_sizes, fixed_sizes, probe_size
+from nbcluster.distribute.results import Results
+from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
+
+
+class Job:
+    """What a run sends: the code, the captured names, and how items are placed."""
+
+    def __init__(self, *, cell: Cell | None, fn: Any, seed: int | None, gpus: Any, cpus: Any, cpu_only: bool,
+                 retries: int, batch: int | str):  # fmt: skip
+        self.cell, self.fn, self.seed = cell, fn, seed
+        self.gpus, self.cpus, self.cpu_only = gpus, cpus, cpu_only
+        self.retries, self.batch = retries, batch
+        self.capture = Capture()
+
+    def spec(
+        self, the_plan: Plan, *, for_workers: bool, large: list[tuple[str, str, int]] | None = None
+    ) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "kind": "cell" if self.cell is not None else "function",
+            "mode": the_plan.mode,
+            "names": the_plan.names,
+            "target": the_plan.target,
+            "unpacks": the_plan.unpacks,
+            "positional": the_plan.positional,
+            "seed": self.seed,
+            "large": large or [],
+            "modules": self.capture.modules,
+            "values": self.capture.values,
+        }
+        if self.cell is not None:
+            body, last = self.cell.body, self.cell.last
+            if for_workers:
+                body = marshal.dumps(body)
+                last = None if last is None else marshal.dumps(last)
+            spec.update(filename=self.cell.filename, source=self.cell.source, body=body, last=last)
+        else:
+            spec["fn"] = self.fn
+            if for_workers:
+                try:
+                    spec["fn"] = cloudpickle.dumps(self.fn)
+                except Exception as e:
+                    name = getattr(self.fn, "__name__", repr(self.fn))
+                    raise BadArgument(
+                        f"the function {name} cannot be sent to the workers: {type(e).__name__}: {e}"
+                    ) from None
+        return spec
+
+    def check_items(self, the_plan: Plan, first: int) -> None:
+        """Fail early, naming the item, when item values cannot travel."""
+        if the_plan.mode == "everywhere":
+            return
+        try:
+            cloudpickle.dumps(the_plan.items[first])
+        except Exception as e:
+            raise BadArgument(
+                f"item {first} ({the_plan.describe(first)}) cannot be sent to the workers: "
+                f"{type(e).__name__}: {e}"
+            ) from None
+
+
+class Engine:
+    """Submits and follows one Results' batches; see the module docstring."""
+
+    def __init__(self, job: Job, run_id: str, *, client: Any, cluster: str | None):
+        self.job = job
+        self.run_id = run_id
+        self.client = client
+        self.cluster = cluster
+        self.connected = False
+        self.local_only = False
+        self.eligible: list[str] = []
+        self.threads = 1
+        self.submit_kwargs: dict[str, Any] = {}
+        self.results: Results | None = None
+        self.plan: Plan | None = None
+        self.context_key = f"nbcluster-context-{run_id}"
+        self.context: tuple[str, bytes | None] | None = None  # (key, inline blob or None)
+        self._context_blob = b""
+        self._context_future: Any = None
+        self._reships = 0
+        self._lock = threading.Lock()
+        self._pending: dict[Any, Any] = {}
+        self._cancelled = False
+        self._seq = itertools.count()
+        self._completed: Any = None
+
+    # -- set-up (kernel main thread) -------------------------------------------------------
+    def connect(self) -> None:
+        if self.connected:
+            return
+        if self.client is None:
+            from nbcluster._current import client_for
+
+            try:
+                self.client = client_for(self.cluster)
+            except NoCluster as e:
+                raise NoCluster(f"{e}; or run the items in this kernel with --local") from None
+        try:
+            workers = self.client.scheduler_info()["workers"]
+        except (OSError, TimeoutError) as e:
+            raise ClusterUnreachable(f"the cluster's scheduler does not answer: {e}") from None
+        self.submit_kwargs, self.threads, self.eligible = placement(self.job, workers)
+        self.connected = True
+
+    def bind(self, results: Results, the_plan: Plan) -> None:
+        self.results, self.plan = results, the_plan
+        results._engine = self
+
+    def ship(self) -> list[str]:
+        """Scatter large values (cached) and this run's context blob; report lines."""
+        assert self.plan is not None
+        self.connect()
+        if self.context is not None:
+            return []
+        try:
+            large, notes = shipments(self.client).ship(self.client, self.job.capture.large)
+            blob = cloudpickle.dumps(self.job.spec(self.plan, for_workers=True, large=large))
+            self._context_blob = blob
+            if len(blob) > worker.INLINE_CONTEXT:
+                self._context_future = self._scatter_context()
+        except (OSError, TimeoutError) as e:
+            raise ClusterUnreachable(
+                f"could not send the cell's data to the workers ({e}); if a worker just died, "
+                "run the cell again in a moment"
+            ) from None
+        self.context = (self.context_key, blob if len(blob) <= worker.INLINE_CONTEXT else None)
+        return notes
+
+    def _scatter_context(self, workers: list[str] | None = None) -> Any:
+        key = self.context_key
+        future = self.client.scatter(
+            {key: self._context_blob}, workers=workers, broadcast=workers is None, hash=False
+        )[key]
+        pin_soon(self.client, future, len(self._context_blob))
+        return future
+
+    def _reship(self, key: str, to: str | None) -> bool:
+        """Send again a scattered value every holder of which died; False to give up.
+
+        It goes to the worker that asked (`to`), which is alive; the others fetch it from
+        there. Broadcasting could pick a dead worker the scheduler still lists, and wait
+        out its connect timeout. Batches that were already running report the loss too:
+        once the value is back on the cluster they are simply submitted again.
+        """
+        try:
+            current = self._context_future if key == self.context_key else shipments(self.client).future(key)
+            # A value lost with all its holders shows as a cancelled future here.
+            if (
+                current is not None
+                and current.status == "finished"
+                and self.client.who_has([current]).get(key)
+            ):
+                return True
+            self._reships += 1
+            if self._reships > 10:
+                return False
+            workers = [to] if to else None
+            if key == self.context_key:
+                self._context_future = self._scatter_context(workers)
+                return True
+            return shipments(self.client).reship(self.client, key, self.job.capture.large, workers)
+        except (OSError, TimeoutError):
+            return False
+
+    def run_local(self, indices: range | list[int]) -> bool:
+        """Run items in the kernel; False if one failed (then nothing is sent)."""
+        assert self.results is not None and self.plan is not None
+        namespace = {"__name__": "__main__", **self.job.capture.direct}
+        context = worker.Context(self.job.spec(self.plan, for_workers=False), namespace)
+        for i in indices:
+            out = worker.run_items(context, [i], [self.plan.items[i]], capture=False)
+            self.results._deliver([i], out["values"], out["errors"], {}, where="the kernel")
+            if out["errors"]:
+                return False
+        return True
+
+    # -- driving (a background thread) -------------------------------------------------------
+    def start(self, indices: list[int]) -> None:
+        name = f"nbcluster-distribute-{self.run_id}"
+        target = self._drive_everywhere if self.plan and self.plan.mode == "everywhere" else self._drive
+        threading.Thread(target=target, args=(indices,), name=name, daemon=True).start()
+
+    def retry(self, indices: list[int]) -> None:
+        """Run `indices` again (Results.retry waits and reports)."""
+        assert self.results is not None
+        if self.local_only:  # a --local run is retried in the kernel too
+            self.results._begin(indices)
+            try:
+                self.run_local(indices)
+            finally:
+                self.results._end()
+            return
+        self.connect()
+        self.ship()
+        self._cancelled = False
+        self.results._begin(indices)
+        self.start(indices)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            futures = list(self._pending)
+            self._pending.clear()
+            completed = self._completed
+        if futures:
+            self.client.cancel(futures, reason="interrupted from the notebook")
+        if completed is not None:
+            completed.clear()
+
+    def _drive(self, indices: list[int]) -> None:
+        from distributed import as_completed
+
+        assert self.results is not None
+        attempts = dict.fromkeys(indices, 0)
+
+        def may_retry(i: int) -> bool:
+            if attempts[i] >= self.job.retries:
+                return False
+            attempts[i] += 1
+            return True
+
+        queue = list(indices)  # not yet submitted, in order
+        rate: float | None = None  # seconds per item, measured on the workers
+        completed = as_completed(loop=self.client.loop, with_results=True, raise_errors=False)
+        with self._lock:
+            self._completed = completed
+        try:
+            if self.job.batch != "auto":
+                queue = self._submit_all(completed, queue, fixed_sizes(len(queue), int(self.job.batch)))
+            elif len(queue) <= self.threads:
+                queue = self._submit_all(completed, queue, [1] * len(queue))
+            else:
+                probe = probe_size(len(queue), self.threads)
+                queue = self._submit_all(completed, queue, [probe] * self.threads)
+            for future, result in completed:
+                with self._lock:
+                    batch = self._pending.pop(future, None)
+                    if self._cancelled:
+                        break
+                if batch is None:
+                    continue
+                retry, batch_rate, fatal = self._handle(future, result, batch, may_retry)
+                if fatal is not None:
+                    self.results._fail(queue, fatal)
+                    self.cancel()
+                    break
+                rate = batch_rate if batch_rate is not None else rate
+                queue = retry + queue
+                # The rest goes out once a probe has measured the items (or nothing is left
+                # in flight to measure, e.g. every probe's worker died).
+                if queue and (rate is not None or not self._pending):
+                    if self.job.batch != "auto":
+                        sizes = fixed_sizes(len(queue), int(self.job.batch))
+                    elif rate is not None:
+                        sizes = list(batch_sizes(len(queue), self.threads, rate))
+                    else:
+                        sizes = fixed_sizes(len(queue), probe_size(len(queue), self.threads))
+                    queue = self._submit_all(completed, queue, sizes)
+        except Exception as e:  # an nbcluster bug must not leave the cell waiting forever
+            error = RuntimeError(f"nbcluster internal error while running the items: {type(e).__name__}: {e}")
+            error.__cause__ = e  # its frames go in the record, for the bug report
+            self.results._fail(
+                [i for i in indices if self.results._state[i] == 0], worker.error_record(error)
+            )
+        finally:
+            self.results._end()
+
+    def _submit_all(self, completed: Any, queue: list[int], sizes: Any) -> list[int]:
+        start = 0
+        for size in sizes:
+            self._submit(completed, queue[start : start + size])
+            start += size
+        return queue[start:]
+
+    def _submit(self, completed: Any, batch: list[int]) -> None:
+        assert self.plan is not None and self.results is not None
+        indices: Any = batch
+        if batch and batch[-1] - batch[0] == len(batch) - 1:
+            indices = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
+        try:
+            blob = cloudpickle.dumps((indices, [self.plan.items[i] for i in batch]))
+        except Exception as e:
+            self.results._fail(
+                batch, worker.error_record(TypeError(f"the item values cannot be sent to the workers: {e}"))
+            )
+            return
+        key = f"distribute-{self.run_id}-{next(self._seq)}"
+        with self._lock:
+            if self._cancelled:
+                return
+            future = self.client.submit(
+                worker.run_batch, self.context, blob,
+                key=key, pure=False, **self.submit_kwargs,
+            )  # fmt: skip
+            self._pending[future] = indices
+        completed.add(future)
+
+    def _handle(
+        self, future: Any, result: Any, indices: Any, may_retry: Callable[[int], bool] | None = None
+    ) -> tuple[list[int], float | None, dict[str, Any] | None]:
+        """Deliver one batch, holding back failed items `may_retry` takes for another attempt.
+
+        Returns (items to submit again, seconds per item measured on the worker, fatal record).
+        """
+        assert self.results is not None
+        outcome = _unpack(future, result, len(indices))
+        if outcome.lost is not None:
+            if self._reship(*outcome.lost):
+                return list(indices), None, None  # not the items' fault: no attempt used
+            lost = worker.error_record(RuntimeError("a captured value was lost with the workers holding it"))
+            outcome = _Outcome(
+                [None] * len(indices), dict.fromkeys(range(len(indices)), lost), {}, fatal=lost
+            )
+        values, errors, outputs = outcome.values, outcome.errors, outcome.outputs
+        retry: list[int] = []
+        if outcome.fatal is None and may_retry is not None:
+            retry = [indices[j] for j in errors if may_retry(indices[j])]
+        if retry:
+            held = set(retry)
+            keep = [j for j in range(len(values)) if indices[j] not in held]
+            self.results._deliver(
+                [indices[j] for j in keep],
+                [values[j] for j in keep],
+                {k: errors[j] for k, j in enumerate(keep) if j in errors},
+                {i: o for i, o in outputs.items() if i not in held},
+            )
+        else:
+            self.results._deliver(indices, values, errors, outputs)
+        return retry, outcome.rate, outcome.fatal
+
+    def _drive_everywhere(self, indices: list[int]) -> None:
+        assert self.results is not None and self.plan is not None
+        items = self.plan.items
+        futures: dict[Any, int] = {}
+        changed = threading.Event()
+
+        def submit(i: int) -> None:
+            with self._lock:
+                if self._cancelled:
+                    return
+                future = self.client.submit(
+                    worker.run_batch, self.context, cloudpickle.dumps(([i], [None])),
+                    key=f"distribute-{self.run_id}-{next(self._seq)}", pure=False,
+                    workers=[items[i]], allow_other_workers=False, **self.submit_kwargs,
+                )  # fmt: skip
+                self._pending[future] = [i]
+            futures[future] = i
+            future.add_done_callback(lambda _: changed.set())
+
+        try:
+            for i in indices:
+                submit(i)
+            while True:
+                with self._lock:
+                    pending = [f for f in futures if f in self._pending]
+                if not pending or self._cancelled:
+                    break
+                # Woken by a finished task, or once a second to look for departed workers.
+                changed.wait(1.0)
+                changed.clear()
+                for future in [f for f in pending if f.done()]:
+                    with self._lock:
+                        batch = self._pending.pop(future, None)
+                    if batch is not None:
+                        for i in self._handle(future, _outcome(future), batch)[0]:
+                            submit(i)
+                # A task pinned to a worker that has left would wait forever: fail it instead.
+                alive = set(self.client.scheduler_info()["workers"])
+                for future in pending:
+                    i = futures[future]
+                    if future.status == "pending" and items[i] not in alive:
+                        with self._lock:
+                            self._pending.pop(future, None)
+                        future.cancel()
+                        left = RuntimeError(f"worker {items[i]} left the cluster before running the cell")
+                        self.results._fail([i], worker.error_record(left))
+        finally:
+            self.results._end()
+
+
+class _Outcome(NamedTuple):
+    values: list[Any]
+    errors: dict[int, dict[str, Any]]  # by position in the batch
+    outputs: dict[int, Any]  # by item index
+    rate: float | None = None  # seconds per item, measured on the worker
+    fatal: dict[str, Any] | None = None  # the context could not load: every batch would fail
+    lost: tuple[str, str | None] | None = None  # (key no worker holds any more, who asked)
+
+
+def _unpack(future: Any, result: Any, n: int) -> _Outcome:
+    record: dict[str, Any] | None = None
+    if future.status != "finished":
+        record = _batch_failure(result[1] if isinstance(result, tuple) else result)
+    else:
+        try:
+            data = cloudpickle.loads(result)
+        except Exception as e:
+            record = worker.error_record(
+                TypeError(f"the results could not be loaded in the kernel: {type(e).__name__}: {e}")
+            )
+    if record is not None:
+        return _Outcome([None] * n, dict.fromkeys(range(n), record), {})
+    if "lost" in data:
+        return _Outcome([], {}, {}, lost=(data["lost"], data.get("worker")))
+    if "fatal" in data:
+        return _Outcome([None] * n, dict.fromkeys(range(n), data["fatal"]), {}, fatal=data["fatal"])
+    count = data["count"]
+    return _Outcome(
+        data["values"], data["errors"], data["outputs"], data["elapsed"] / count if count else None
+    )
+
+
+def _outcome(future: Any) -> Any:
+    """What as_completed(with_results=True) would give: the blob, or the exception."""
+    try:
+        return future.result()
+    except BaseException as e:
+        return e
+
+
+def placement(job: Job, workers: dict[str, Any]) -> tuple[dict[str, Any], int, list[str]]:
+    """Resource restrictions for `--gpus/--cpus/--cpu-only`, usable threads, eligible workers.
+
+    nbcluster's CPU workers advertise `{"CPU": threads}` and GPU workers `{"GPU": 1}`, so
+    `--cpu-only` is simply a `CPU` restriction: it can never land on a GPU worker.
+    """
+    resources: dict[str, float] = {}
+    if job.gpus:
+        resources["GPU"] = job.gpus
+    if job.cpus:
+        resources["CPU"] = job.cpus
+    offered = {k for w in workers.values() for k in (w.get("resources") or {})}
+    if job.cpu_only and "CPU" not in resources:
+        if "CPU" in offered:
+            resources["CPU"] = 1
+        elif "GPU" in offered:
+            raise BadArgument(
+                "--cpu-only: this cluster's workers do not say which ones are CPU workers (none "
+                "advertises a CPU resource); start the cluster with nbcluster, or drop --cpu-only"
+            )
+    if "CPU" in resources and "CPU" not in offered and workers:
+        raise BadArgument(
+            "--cpus needs workers that advertise a CPU resource (nbcluster's clusters do); this "
+            "cluster's workers advertise none"
+        )
+    eligible, threads = [], 0
+    for address, info in workers.items():
+        have = info.get("resources") or {}
+        if all(have.get(k, 0) >= v for k, v in resources.items()):
+            eligible.append(address)
+            slots = min([int(have[k] // v) for k, v in resources.items()], default=info.get("nthreads", 1))
+            threads += max(1, min(slots, info.get("nthreads", 1)))
+    if resources and workers and not eligible:
+        wanted = ", ".join(f"{k}={v:g}" for k, v in resources.items())
+        fix = " Start GPU workers with `%cluster start --gpus N`." if "GPU" in resources else ""
+        raise BadArgument(f"no worker offers {wanted} per item (workers offer: {_offers(workers)}).{fix}")
+    kwargs = {"resources": resources} if resources else {}
+    return kwargs, max(threads, 1), eligible
+
+
+def _offers(workers: dict[str, Any]) -> str:
+    kinds = sorted(
+        {
+            ", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) or "no resources"
+            for w in workers.values()
+        }
+    )
+    return "; ".join(kinds)
+
+
+def _batch_failure(exc: Any) -> dict[str, Any]:
+    from distributed import KilledWorker
+
+    if isinstance(exc, KilledWorker):
+        exc = KilledWorker(f"the workers running these items kept dying (a crash, or out of memory?): {exc}")
+    elif isinstance(exc, BaseException) and type(exc).__name__ == "CancelledError":
+        exc = type(exc)("the batch was cancelled on the cluster")
+    elif not isinstance(exc, BaseException):
+        exc = RuntimeError(f"the batch failed: {exc!r}")
+    record = worker.error_record(exc)
+    for link in record["chain"]:
+        link["frames"] = []  # Dask's own frames: nothing the user can act on
+    return record

@@ -1,0 +1,113 @@
+"""Waiting for a run in the kernel: output as it arrives, the failure summary, Ctrl-C.
+
+`follow(results)` runs in the kernel's main thread (the cell that waits: the
+`%%distribute` cell itself, `%distribute wait NAME`, or `results.retry()`), so whatever it
+prints lands in that cell and no other. Item output is shown grouped by item, the first
+`SHOWN_OUTPUTS` items in full and the rest counted (`results.output(i)` has them all);
+`display()` output is re-displayed with its rich representation. A Ctrl-C / the stop
+button there cancels the run and raises `Interrupted`, a `KeyboardInterrupt` (so "Run
+all" stops) that IPython shows as one line.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nbcluster.distribute.results import Results
+
+SHOWN_OUTPUTS = 5  # items whose output is printed in full; the rest are counted
+
+
+class Interrupted(KeyboardInterrupt):
+    """The user stopped a waiting cell; outstanding items were cancelled on the cluster."""
+
+    def __init__(self, message: str, results: Results):
+        super().__init__(message)
+        self.results = results
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of a traceback of nbcluster's waiting loop.
+        return [f"Interrupted: {self.args[0]}"]
+
+
+def follow(results: Results) -> None:
+    """Wait in the kernel's main thread, printing output as it comes; Ctrl-C cancels."""
+    printer = _Printer(results)
+    try:
+        while not results.done:
+            results._wait_change(printer.seen, 1.0)
+            printer.flush()
+        printer.flush()
+    except KeyboardInterrupt:
+        results.cancel()
+        raise interrupted(results) from None
+    printer.finish()
+    report(results)
+
+
+def interrupted(results: Results) -> Interrupted:
+    c = results.counts()
+    where = f"`{results.label}`" if results.label else "sys.last_value.results (use --into NAME to keep them)"
+    return Interrupted(
+        f"{c['done']}/{c['total']} items finished, {c['cancelled']} cancelled; partial results are in {where}",
+        results,
+    )
+
+
+class _Printer:
+    """Prints item output in the waiting cell: the first few items in full, then a count."""
+
+    def __init__(self, results: Results):
+        self.results = results
+        self.seen = 0
+        self.shown = 0
+        self.hidden = 0
+
+    def flush(self) -> None:
+        order = self.results._output_order
+        new, self.seen = order[self.seen : len(order)], len(order)
+        for i in new:
+            if self.shown >= SHOWN_OUTPUTS:
+                self.hidden += 1
+                continue
+            self.shown += 1
+            described = self.results._plan.describe(i)
+            sys.stdout.write(f"── item {i}{f' ({described})' if described else ''} ──\n")
+            for stream, payload in self.results._outputs.get(i, []):
+                if stream == "display":
+                    _show(payload)
+                else:
+                    (sys.stdout if stream == "stdout" else sys.stderr).write(payload)
+            sys.stdout.flush()
+            sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.hidden:
+            name = self.results.label or "results"
+            print(f"── … and {self.hidden} more items printed output: {name}.output(i) shows item i's ──")
+
+
+def _show(bundle: dict[str, Any]) -> None:
+    """Show an item's display() output here: rich in IPython, as text elsewhere."""
+    shell = sys.modules.get("IPython.core.interactiveshell")
+    if shell is not None and shell.InteractiveShell.initialized():
+        from IPython.display import display
+
+        sys.stdout.flush()
+        display(bundle, raw=True)
+    else:
+        print(bundle.get("text/plain", ""))
+
+
+def report(results: Results) -> None:
+    """The summary line and first traceback, if items failed (to stderr)."""
+    errors = results.errors
+    if not errors:
+        return
+    name = results.label or "results"
+    text = results.summary() + "\n" + errors[0].traceback
+    text += f"({name}.errors lists the failures, {name}.raise_first() raises the first, {name}.retry() re-runs them)\n"
+    sys.stderr.write(text)
+    sys.stderr.flush()
