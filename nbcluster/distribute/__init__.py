@@ -12,12 +12,14 @@ items), `follow` (waiting in the kernel: output, summary, Ctrl-C).
 from __future__ import annotations
 
 from nbcluster.distribute.args import parse_distribute_line, parse_wait_line
-from nbcluster.distribute.results import ItemError, Results
+from nbcluster.distribute.results import NotReady, Results
 from nbcluster.distribute.run import Interrupted, distribute, wait
+from nbcluster.distribute.tracebacks import ItemError
 
 __all__ = [
     "Interrupted",
     "ItemError",
+    "NotReady",
     "Results",
     "distribute",
     "parse_distribute_line",

@@ -75,7 +75,7 @@ class Results:
         self.started = time.time()
         self.ended: float | None = None
         self.shipped = ""  # the capture report line
-        self._engine: Any = None  # set by run.py: cancel(), retry(indices), client
+        self._engine: Any = None  # engine.Engine.bind sets it: cancel(), retry(indices), client
         self._item_futures: list[Any] | None = None
         self.code_index: dict[str, list[tuple[str, int, int]]] = {}  # see capture.code_index
 
