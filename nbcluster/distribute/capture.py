@@ -35,6 +35,7 @@ from nbcluster.distribute.worker import pin
 from nbcluster.errors import BadArgument
 
 LARGE = 1_000_000  # bytes of pickle above which a value is shipped once per worker
+PIN_WAIT_S = 5.0
 
 
 @dataclass
@@ -192,14 +193,15 @@ class Shipments:
         return future
 
 
-def pin_soon(client: Any, future: Any, size: int) -> None:
-    """Have the workers holding a just-scattered value keep it (`worker.pin`), without waiting for them.
+def pin_soon(client: Any, future: Any, size: int, wait: float = PIN_WAIT_S) -> None:
+    """Have the workers holding a just-scattered value keep it (`worker.pin`).
 
     broadcast put a copy on every worker; pinning it before Dask's memory manager drops
     the "extra" replicas (every 2 s) saves each worker a later fetch. It is only that, a
-    saving: a worker that misses it fetches the value on its first batch. So it runs in
-    the background, and only on the workers that hold the key (those are alive), where a
-    call to a worker that died a moment ago would otherwise block on its connect timeout.
+    saving: a worker that misses it fetches the value on its first batch. So it asks only
+    the workers that hold the key (they are alive), and waits at most `wait` seconds: a
+    worker that died a moment ago would otherwise hold the caller up for its connect
+    timeout.
     """
 
     def run() -> None:
@@ -210,7 +212,9 @@ def pin_soon(client: Any, future: Any, size: int) -> None:
         except Exception:  # the client closed meanwhile: nothing to save any more
             pass
 
-    threading.Thread(target=run, name="nbcluster-pin", daemon=True).start()
+    thread = threading.Thread(target=run, name="nbcluster-pin", daemon=True)
+    thread.start()
+    thread.join(wait)
 
 
 def _key(digest: str) -> str:
