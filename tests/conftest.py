@@ -68,13 +68,15 @@ def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     """A registry of this test's own; clusters left in it are stopped afterwards."""
     directory = tmp_path / "runtime"
     monkeypatch.setenv("NBCLUSTER_RUNTIME_DIR", str(directory))
-    before = _current._current
+    # The test starts like a fresh kernel, with no current cluster: a bare `%cluster stop`
+    # must never reach the session's shared cluster.
+    before, _current._current = _current._current, None
     yield registry.runtime_dir(directory)
     for name, handle in list(_current._handles.items()):
         if handle.directory == directory:
             _current.forget(name)
     _stop_all(directory)
-    if before is not None and _current._current is None:
+    if before is not None:
         _current.use(before)  # the session's shared cluster is current again for later tests
 
 

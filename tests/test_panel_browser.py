@@ -69,7 +69,7 @@ def show_panel_from_palette(page: Any) -> None:
     # re-renders as commands change state, so clicking an item can miss it.)
     expect(
         page.locator('.lm-CommandPalette-item.lm-mod-active[data-command="nbcluster:open"]')
-    ).to_be_visible()
+    ).to_be_visible(timeout=30_000)  # the extension may still be loading on a busy machine
     page.keyboard.press("Enter")
     expect(page.locator(".nbc-panel")).to_be_visible()
 
