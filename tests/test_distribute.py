@@ -353,3 +353,14 @@ def test_function_api(ns: dict[str, Any], cluster: Any) -> None:
 def test_namespace_defaults_to_the_callers(cluster: Any) -> None:
     factor = 7
     assert list(distribute("x * factor", over="x in range(3)")) == [0, factor, 2 * factor]
+
+
+def test_notebook_display_is_a_compact_table(ns: dict[str, Any]) -> None:
+    res = run("1 / (a - 1) * b", ns, grid="a=[0, 1, 2], b=[1, 2, 3, 4]", into="res")
+    page = res._repr_html_()
+    assert "<th>a</th><th>b</th><th>result</th>" in page
+    assert "12 items · 8 ok · 4 failed" in page and "… 4 more rows" in page
+    assert page.count("<tr") == 1 + 8  # header + 8 rows, the failures among them
+    assert "ZeroDivisionError: division by zero" in page
+    text = repr(res)
+    assert text.startswith("Results: 12 items · 8 ok · 4 failed") and "  ... 4 more" in text
