@@ -15,17 +15,21 @@ from typing import Any
 from nbcluster._current import current
 from nbcluster.cluster.handle import ClusterHandle, clusters, connect
 from nbcluster.cluster.handle import start as _start
+from nbcluster.distribute import Results, distribute, wait
 from nbcluster.errors import NbclusterError
 
 __all__ = [
     "ClusterHandle",
     "NbclusterError",
+    "Results",
     "clusters",
     "connect",
     "current",
+    "distribute",
     "load_ipython_extension",
     "start",
     "use",
+    "wait",
 ]
 __version__ = "0.1.0"
 
