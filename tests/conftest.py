@@ -76,8 +76,8 @@ def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
         if handle.directory == directory:
             _current.forget(name)
     _stop_all(directory)
-    if before is not None:
-        _current.use(before)  # the session's shared cluster is current again for later tests
+    if before is not None and _current._alive(before):
+        _current.use(before)  # e.g. the session's shared cluster is current again for later tests
 
 
 @pytest.fixture(scope="session")
