@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from nbcluster import config as _config  # noqa: F401 - registers nbcluster's Dask config defaults
 from nbcluster._current import current
 from nbcluster.cluster.handle import ClusterHandle, clusters, connect
 from nbcluster.cluster.handle import start as _start

@@ -84,7 +84,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def parse(argv: str | Sequence[str], prog: str = "%cluster") -> argparse.Namespace:
-    args = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    if isinstance(argv, str):
+        try:
+            args = shlex.split(argv)
+        except ValueError as e:  # shlex's only error: an unclosed quote or a trailing backslash
+            raise BadArgument(f"cannot read `{argv.strip()}`: {e}; close the quote or drop it") from None
+    else:
+        args = list(argv)
     if not args:
         raise BadArgument(f"say what to do: {prog} {{{','.join(COMMANDS)}}} (e.g. `{prog} start`)")
     if args[0] not in COMMANDS and not args[0].startswith("-"):

@@ -59,9 +59,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import dask.config
 import psutil
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from nbcluster import config
 from nbcluster.cluster import backends, gpu, registry
 from nbcluster.cluster.spec import ClusterSpec, parse_count
 from nbcluster.errors import NbclusterError
@@ -238,6 +240,9 @@ async def run(
         security, tls = backends.write_credentials(directory, name)
         entry["tls"] = tls
         devices = gpu.select(spec.gpus, gpu.discover())
+        # For every nanny this process will make (scale-ups later too): this process
+        # exists for this one cluster, so the setting is global here.
+        dask.config.set({"distributed.nanny.pre-spawn-environ": config.worker_pre_spawn_environ()})
         cluster = await backends.local_cluster(spec, devices, security)
         for plugin in (ControlPlugin(cluster, entry, stop), _load_metrics_plugin()):
             if plugin is not None:
@@ -295,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     # The requester's environment as it is now, not as it was when we were launched.
     os.environ.clear()
     os.environ.update(request["env"])
+    dask.config.refresh()  # DASK_* variables (and config files) as the requester sees them
     spec = ClusterSpec.from_dict(request["spec"])
     directory = registry.runtime_dir(request["runtime_dir"])
     return asyncio.run(run(spec, directory, request.get("owner"), _Reporter(args.ready_fd), args.log))

@@ -1,0 +1,39 @@
+"""nbcluster's settings, kept in Dask's config under `nbcluster.` (defaults: `nbcluster.yaml`).
+
+Importing this module registers the defaults, as dask-jobqueue does with `jobqueue.yaml`;
+users override them in `~/.config/dask/*.yaml`, `/etc/dask/*.yaml` or `DASK_NBCLUSTER__...`
+variables. Code reads a key where it needs it (`get("distribute.cancel-grace")`), so a
+`dask.config.set` in a notebook takes effect for the next cell.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dask.config
+import yaml
+
+_DEFAULTS = Path(__file__).with_name("nbcluster.yaml")
+
+with _DEFAULTS.open() as _f:
+    dask.config.update_defaults(yaml.safe_load(_f))
+
+
+def get(key: str) -> Any:
+    """The value of `nbcluster.<key>`."""
+    return dask.config.get(f"nbcluster.{key}")
+
+
+def seconds(key: str) -> float:
+    """A duration setting (`50ms`, `2s` or a number of seconds) in seconds."""
+    from dask.utils import parse_timedelta
+
+    return float(parse_timedelta(get(key), default="seconds"))
+
+
+def worker_pre_spawn_environ() -> dict[str, Any]:
+    """Dask's pre-spawn environment for worker processes with nbcluster's additions."""
+    merged = dict(dask.config.get("distributed.nanny.pre-spawn-environ") or {})
+    merged.update(get("worker.pre-spawn-environ") or {})
+    return merged
