@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import LARGE, capture
 from nbcluster.distribute.cell import Cell
-from nbcluster.distribute.plan import batch_sizes, plan, probe_size
+from nbcluster.distribute.plan import plan
 from nbcluster.errors import BadArgument
 
 
@@ -122,11 +123,31 @@ def test_plan_mistakes(kwargs: dict, message: str) -> None:
     assert message in str(info.value)
 
 
-def test_batch_sizes_balance_work_and_overhead() -> None:
-    assert probe_size(400, 2) == 13
-    sizes = list(batch_sizes(374, threads=2, seconds_per_item=0.01))
-    assert sum(sizes) == 374
-    assert max(sizes) == 25 and sizes == sorted(sizes, reverse=True)  # <= 0.25 s each, shrinking
-    assert sizes[-2] == 5  # ~0.05 s batches at the end
-    assert list(batch_sizes(18_750, threads=2, seconds_per_item=2e-6)) == [18_750]  # tiny items: one batch
-    assert list(batch_sizes(3, threads=2, seconds_per_item=5.0)) == [1, 1, 1]  # slow items alone
+def sizes(batcher: Batcher, n: int, seconds_per_item: float, *, first: int = 0) -> list[int]:
+    """The batches of `n` items, each finished (and measured) before the next is sized."""
+    out = []
+    while n:
+        size = batcher.next_size(n)
+        out.append(size)
+        batcher.observe(size, size * seconds_per_item)
+        n -= size
+    return out
+
+
+def test_batches_start_with_one_item_then_grow_to_the_measured_size() -> None:
+    # 400 items of 10 ms on 2 threads: one item first (the first result after ~10 ms), then
+    # growing by at most 4x, then at most 0.25 s per batch, and ~0.05 s batches at the end.
+    got = sizes(Batcher(2), 400, 0.01)
+    assert got[:4] == [1, 4, 16, 25] and sum(got) == 400
+    assert max(got) == 25 and got[-2] == 5 and got[3:] == sorted(got[3:], reverse=True)
+    # 20,000 tiny items: a few round trips, then big batches.
+    tiny = sizes(Batcher(2), 20_000, 1e-6)
+    assert tiny[:5] == [1, 4, 16, 64, 256] and len(tiny) <= 10
+    assert sizes(Batcher(2), 3, 5.0) == [1, 1, 1]  # slow items alone
+    assert sizes(Batcher(2, fixed=4), 10, 1.0) == [4, 4, 2]  # --batch N is taken as it is
+
+
+def test_a_misleading_first_item_cannot_fill_a_batch() -> None:
+    batcher = Batcher(2)
+    batcher.observe(1, 1e-6)  # the first item was instant; the next ones take 1 s
+    assert batcher.next_size(10_000) == 4  # not 10,000 / 8

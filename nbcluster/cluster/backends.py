@@ -29,9 +29,11 @@ from typing import Any
 
 from distributed import Nanny, Scheduler, Security, SpecCluster
 
+from nbcluster import config
 from nbcluster.cluster.adaptive import KindAdaptive
 from nbcluster.cluster.gpu import GPU, SIMULATE_ENV
 from nbcluster.cluster.spec import ClusterSpec
+from nbcluster.cluster.worker_memory import MemoryTrim
 from nbcluster.errors import BadArgument
 
 KINDS = ("cpu", "gpu")
@@ -144,6 +146,8 @@ class NbSpecCluster(SpecCluster):
             "protocol": "tls",
             "security": self._security,
             "dashboard": False,
+            # Gives back what the heap keeps for reuse (see worker_memory.py).
+            "plugins": (MemoryTrim(config.seconds("worker.trim-interval")),),
         }
 
     def _gpu_spec(self, device: GPU) -> dict[str, Any]:
@@ -156,7 +160,9 @@ class NbSpecCluster(SpecCluster):
             env[SIMULATE_ENV + "_DEVICE"] = str(device.index)
         options = self._options(1, {"GPU": 1}, env)
         if self.nb_spec.gpu_backend == "dask-cuda":
-            options = {**_dask_cuda_options(device), **options}
+            cuda = _dask_cuda_options(device)
+            plugins = (*cuda.get("plugins", ()), *options["plugins"])  # dask-cuda's and ours
+            options = {**cuda, **options, "plugins": plugins}
         self.devices[name] = device
         return {name: {"cls": Nanny, "options": options}}
 

@@ -1,10 +1,11 @@
 """The engine of a run: what it sends (`Job`), where items may run (`placement`), and the
 driver thread that submits batches and streams them back (`Engine`).
 
-`Engine._drive` owns everything between the first submit and the last result: it sends
-one probe batch per usable thread, sizes the rest from the probe's measured time per item
-(`plan.batch_sizes`), submits them all (Dask's scheduler queue hands them to free
-threads), and turns each finished batch into `Results` deliveries. Per batch it decides:
+`Engine._drive` owns everything between the first submit and the last result. It keeps
+`in-flight` batches per usable worker thread submitted (one running, the next already
+waiting on the worker, so no thread waits for the kernel between batches), sizes each new
+batch with `batching.Batcher` (one item until an item time is measured, then growing), and
+turns each finished batch into `Results` deliveries. Per batch it decides:
 
 - a worker-side failure of the whole batch (the worker died too often: `KilledWorker`)
   fails its items, which `--retries` may resubmit like any failed item;
@@ -14,25 +15,38 @@ threads), and turns each finished batch into `Results` deliveries. Per batch it 
 - a batch that found a scattered value *lost* (every worker holding it died) makes the
   engine scatter it again from the kernel and resubmit the batch, up to 10 times a run.
 
-`cancel()` is one `client.cancel` of every outstanding batch, then the driver stops.
+Stopping (`cancel()`: Ctrl-C in the waiting cell, or `Results.cancel()`) keeps finished
+work. Nothing more is submitted; every worker is told the run's stop token
+(`worker.stop_run`), so each running batch returns after its current item with the items
+it finished, and batches still queued return at once. The kernel waits for those
+(`distribute.cancel-grace`, 2 s, at most) and delivers them; whatever is still out after
+that (an item that runs for minutes) is cancelled on the scheduler, and its items count as
+cancelled. Because only `in-flight` batches per thread are ever out, a stop drains in about
+one item's time. Each start (the first run, each `retry()`) has its own token, so a
+retry is not stopped by an earlier cancel.
+
 `--everywhere` uses `_drive_everywhere`: one task pinned to each worker, and a task whose
 worker leaves the cluster is failed rather than left waiting forever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import marshal
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import cloudpickle
 
+from nbcluster import config
 from nbcluster.distribute import worker
+from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import Capture, pin_soon, shipments
 from nbcluster.distribute.cell import Cell
-from nbcluster.distribute.plan import Plan, batch_sizes, fixed_sizes, probe_size
+from nbcluster.distribute.plan import Plan
 from nbcluster.distribute.results import Results
 from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
 
@@ -114,8 +128,12 @@ class Engine:
         self._context_future: Any = None
         self._reships = 0
         self._lock = threading.Lock()
-        self._pending: dict[Any, Any] = {}
-        self._cancelled = False
+        self._pending: dict[Any, Any] = {}  # future -> the item indices of its batch
+        self._stopping = False  # cancel() was called: submit nothing more
+        self._idle = threading.Event()  # set while no batch is out (and delivered)
+        self._idle.set()
+        self._starts = 0
+        self.token = ""  # this start's stop token (see worker.stop_run)
         self._seq = itertools.count()
         self._completed: Any = None
 
@@ -211,6 +229,9 @@ class Engine:
 
     # -- driving (a background thread) -------------------------------------------------------
     def start(self, indices: list[int]) -> None:
+        self._starts += 1
+        self.token = f"{self.run_id}-{self._starts}"
+        self._stopping = False
         name = f"nbcluster-distribute-{self.run_id}"
         target = self._drive_everywhere if self.plan and self.plan.mode == "everywhere" else self._drive
         threading.Thread(target=target, args=(indices,), name=name, daemon=True).start()
@@ -227,13 +248,25 @@ class Engine:
             return
         self.connect()
         self.ship()
-        self._cancelled = False
         self.results._begin(indices)
         self.start(indices)
 
     def cancel(self) -> None:
+        """Stop the run, keeping every item that finished (see the module docstring)."""
         with self._lock:
-            self._cancelled = True
+            self._stopping = True
+            busy = bool(self._pending)
+        if busy:
+            # In a thread: a worker that hangs must not hold the kernel beyond the grace.
+            threading.Thread(target=self._tell_workers, name="nbcluster-stop", daemon=True).start()
+            with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
+                self._idle.wait(config.seconds("distribute.cancel-grace"))
+        self._cancel_outstanding()
+
+    def _cancel_outstanding(self) -> None:
+        """Cancel on the scheduler whatever is still out; its items are given up."""
+        with self._lock:
+            self._stopping = True
             futures = list(self._pending)
             self._pending.clear()
             completed = self._completed
@@ -241,6 +274,11 @@ class Engine:
             self.client.cancel(futures, reason="interrupted from the notebook")
         if completed is not None:
             completed.clear()
+
+    def _tell_workers(self) -> None:
+        # If the cluster is gone, the scheduler-side cancel is all that is left to do.
+        with contextlib.suppress(Exception):
+            self.client.run(worker.stop_run, self.token, on_error="return")
 
     def _drive(self, indices: list[int]) -> None:
         from distributed import as_completed
@@ -254,43 +292,31 @@ class Engine:
             attempts[i] += 1
             return True
 
-        queue = list(indices)  # not yet submitted, in order
-        rate: float | None = None  # seconds per item, measured on the workers
+        batcher = Batcher.from_config(self.threads, None if self.job.batch == "auto" else int(self.job.batch))
+        limit = max(1, int(config.get("distribute.in-flight"))) * self.threads
+        queue = deque(indices)  # not yet submitted, in order
         completed = as_completed(loop=self.client.loop, with_results=True, raise_errors=False)
         with self._lock:
             self._completed = completed
         try:
-            if self.job.batch != "auto":
-                queue = self._submit_all(completed, queue, fixed_sizes(len(queue), int(self.job.batch)))
-            elif len(queue) <= self.threads:
-                queue = self._submit_all(completed, queue, [1] * len(queue))
-            else:
-                probe = probe_size(len(queue), self.threads)
-                queue = self._submit_all(completed, queue, [probe] * self.threads)
+            self._top_up(completed, queue, batcher, limit)
             for future, result in completed:
                 with self._lock:
                     batch = self._pending.pop(future, None)
-                    if self._cancelled:
-                        break
                 if batch is None:
-                    continue
-                retry, batch_rate, fatal = self._handle(future, result, batch, may_retry)
+                    continue  # cancelled on the scheduler: its items were given up
+                retry, fatal = self._handle(future, result, batch, may_retry, batcher)
                 if fatal is not None:
-                    self.results._fail(queue, fatal)
-                    self.cancel()
+                    self.results._fail(list(queue), fatal)
+                    queue.clear()
+                    self._cancel_outstanding()
                     break
-                rate = batch_rate if batch_rate is not None else rate
-                queue = retry + queue
-                # The rest goes out once a probe has measured the items (or nothing is left
-                # in flight to measure, e.g. every probe's worker died).
-                if queue and (rate is not None or not self._pending):
-                    if self.job.batch != "auto":
-                        sizes = fixed_sizes(len(queue), int(self.job.batch))
-                    elif rate is not None:
-                        sizes = list(batch_sizes(len(queue), self.threads, rate))
-                    else:
-                        sizes = fixed_sizes(len(queue), probe_size(len(queue), self.threads))
-                    queue = self._submit_all(completed, queue, sizes)
+                queue.extendleft(reversed(retry))
+                self._top_up(completed, queue, batcher, limit)
+                with self._lock:
+                    if not self._pending:
+                        self._idle.set()
+                        break
         except Exception as e:  # an nbcluster bug must not leave the cell waiting forever
             error = RuntimeError(f"nbcluster internal error while running the items: {type(e).__name__}: {e}")
             error.__cause__ = e  # its frames go in the record, for the bug report
@@ -298,14 +324,16 @@ class Engine:
                 [i for i in indices if self.results._state[i] == 0], worker.error_record(error)
             )
         finally:
+            with self._lock:
+                self._completed = None
+                self._idle.set()
             self.results._end()
 
-    def _submit_all(self, completed: Any, queue: list[int], sizes: Any) -> list[int]:
-        start = 0
-        for size in sizes:
-            self._submit(completed, queue[start : start + size])
-            start += size
-        return queue[start:]
+    def _top_up(self, completed: Any, queue: deque[int], batcher: Batcher, limit: int) -> None:
+        """Submit batches from the front of `queue` until `limit` are out."""
+        while queue and len(self._pending) < limit and not self._stopping:
+            size = batcher.next_size(len(queue))
+            self._submit(completed, [queue.popleft() for _ in range(size)])
 
     def _submit(self, completed: Any, batch: list[int]) -> None:
         assert self.plan is not None and self.results is not None
@@ -321,35 +349,47 @@ class Engine:
             return
         key = f"distribute-{self.run_id}-{next(self._seq)}"
         with self._lock:
-            if self._cancelled:
+            if self._stopping:
                 return
             future = self.client.submit(
-                worker.run_batch, self.context, blob,
+                worker.run_batch, self.context, blob, self.token,
                 key=key, pure=False, **self.submit_kwargs,
             )  # fmt: skip
             self._pending[future] = indices
+            self._idle.clear()
         completed.add(future)
 
     def _handle(
-        self, future: Any, result: Any, indices: Any, may_retry: Callable[[int], bool] | None = None
-    ) -> tuple[list[int], float | None, dict[str, Any] | None]:
+        self,
+        future: Any,
+        result: Any,
+        indices: Any,
+        may_retry: Callable[[int], bool] | None = None,
+        batcher: Batcher | None = None,
+    ) -> tuple[list[int], dict[str, Any] | None]:
         """Deliver one batch, holding back failed items `may_retry` takes for another attempt.
 
-        Returns (items to submit again, seconds per item measured on the worker, fatal record).
+        Returns (items to submit again, fatal record). Items a stopped batch did not reach
+        stay pending (the run is ending: they become cancelled), unless the run goes on,
+        when they are submitted again.
         """
         assert self.results is not None
         outcome = _unpack(future, result, len(indices))
         if outcome.lost is not None:
             if self._reship(*outcome.lost):
-                return list(indices), None, None  # not the items' fault: no attempt used
+                return list(indices), None  # not the items' fault: no attempt used
             lost = worker.error_record(RuntimeError("a captured value was lost with the workers holding it"))
             outcome = _Outcome(
                 [None] * len(indices), dict.fromkeys(range(len(indices)), lost), {}, fatal=lost
             )
         values, errors, outputs = outcome.values, outcome.errors, outcome.outputs
+        if batcher is not None and outcome.seconds is not None:
+            batcher.observe(len(values), outcome.seconds)
         retry: list[int] = []
         if outcome.fatal is None and may_retry is not None:
             retry = [indices[j] for j in errors if may_retry(indices[j])]
+        if len(values) < len(indices) and not self._stopping:
+            retry += list(indices[len(values) :])
         if retry:
             held = set(retry)
             keep = [j for j in range(len(values)) if indices[j] not in held]
@@ -361,7 +401,7 @@ class Engine:
             )
         else:
             self.results._deliver(indices, values, errors, outputs)
-        return retry, outcome.rate, outcome.fatal
+        return retry, outcome.fatal
 
     def _drive_everywhere(self, indices: list[int]) -> None:
         assert self.results is not None and self.plan is not None
@@ -371,14 +411,15 @@ class Engine:
 
         def submit(i: int) -> None:
             with self._lock:
-                if self._cancelled:
+                if self._stopping:
                     return
                 future = self.client.submit(
-                    worker.run_batch, self.context, cloudpickle.dumps(([i], [None])),
+                    worker.run_batch, self.context, cloudpickle.dumps(([i], [None])), self.token,
                     key=f"distribute-{self.run_id}-{next(self._seq)}", pure=False,
                     workers=[items[i]], allow_other_workers=False, **self.submit_kwargs,
                 )  # fmt: skip
                 self._pending[future] = [i]
+                self._idle.clear()
             futures[future] = i
             future.add_done_callback(lambda _: changed.set())
 
@@ -388,7 +429,7 @@ class Engine:
             while True:
                 with self._lock:
                     pending = [f for f in futures if f in self._pending]
-                if not pending or self._cancelled:
+                if not pending or self._stopping:
                     break
                 # Woken by a finished task, or once a second to look for departed workers.
                 changed.wait(1.0)
@@ -399,6 +440,9 @@ class Engine:
                     if batch is not None:
                         for i in self._handle(future, _outcome(future), batch)[0]:
                             submit(i)
+                    with self._lock:
+                        if not self._pending:
+                            self._idle.set()
                 # A task pinned to a worker that has left would wait forever: fail it instead.
                 alive = set(self.client.scheduler_info()["workers"])
                 for future in pending:
@@ -410,14 +454,15 @@ class Engine:
                         left = RuntimeError(f"worker {items[i]} left the cluster before running the cell")
                         self.results._fail([i], worker.error_record(left))
         finally:
+            self._idle.set()
             self.results._end()
 
 
 class _Outcome(NamedTuple):
-    values: list[Any]
+    values: list[Any]  # of the first len(values) items of the batch: fewer if it stopped early
     errors: dict[int, dict[str, Any]]  # by position in the batch
     outputs: dict[int, Any]  # by item index
-    rate: float | None = None  # seconds per item, measured on the worker
+    seconds: float | None = None  # time the items took on the worker
     fatal: dict[str, Any] | None = None  # the context could not load: every batch would fail
     lost: tuple[str, str | None] | None = None  # (key no worker holds any more, who asked)
 
@@ -439,10 +484,7 @@ def _unpack(future: Any, result: Any, n: int) -> _Outcome:
         return _Outcome([], {}, {}, lost=(data["lost"], data.get("worker")))
     if "fatal" in data:
         return _Outcome([None] * n, dict.fromkeys(range(n), data["fatal"]), {}, fatal=data["fatal"])
-    count = data["count"]
-    return _Outcome(
-        data["values"], data["errors"], data["outputs"], data["elapsed"] / count if count else None
-    )
+    return _Outcome(data["values"], data["errors"], data["outputs"], data["seconds"])
 
 
 def _outcome(future: Any) -> Any:

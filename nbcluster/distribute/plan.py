@@ -1,7 +1,5 @@
-"""Items from `--over` / `--grid` / `--zip`, and how many of them go in each batch.
+"""Items from `--over` / `--grid` / `--zip`.
 
-Items
------
 A `Plan` holds the item values (`items`, a list) and how one value binds names:
 
 - `over="x in xs"`: each value of `xs` binds `x`; `"a, b in pairs"` unpacks each value;
@@ -11,39 +9,19 @@ A `Plan` holds the item values (`items`, a list) and how one value binds names:
 - none of these: one item with no names.
 
 Per-item parameter dicts (`Plan.params(i)`) are built only when asked for: a 100,000-item
-cell should not pay for 100,000 dicts it never looks at.
-
-Batching (`batch_sizes`)
-------------------------
-A Dask task costs about 2 ms here however little it does, so small items go in batches.
-The run first sends one *probe* batch per worker thread, each of `n / (16 * threads)`
-items (so a probe is at most a sixteenth of a thread's share, whatever the items cost),
-and sizes the rest from the first probe's measured time per item `t`:
-
-    size = clamp(remaining / (4 * threads), at least 0.05 s of work, at most 0.25 s)
-
-recomputed as the remainder shrinks ("guided" scheduling): big batches while there is
-plenty of work, batches of ~50 ms at the end so no thread idles long while another
-finishes. Tiny items end up in a handful of large batches (overhead per item well under a
-microsecond), 10 ms items in batches of 5 to 25, and one-second items alone. Dask's
-scheduler hands the queued batches to whichever thread is free.
+cell should not pay for 100,000 dicts it never looks at. How items are grouped into
+batches is `batching.py`'s business.
 """
 
 from __future__ import annotations
 
 import ast
 import itertools
-import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nbcluster.errors import BadArgument
-
-# A batch should hold at least this much work (seconds) so the per-task cost is small...
-MIN_BATCH_S = 0.05
-# ...and at most this much, so the last batches do not keep one thread busy alone.
-MAX_BATCH_S = 0.25
 
 
 @dataclass
@@ -208,22 +186,3 @@ def _materialize(values: Any, flag: str, what: str) -> list[Any]:
     if not items:
         raise BadArgument(f"--{flag}: {what} is empty, so there is nothing to run")
     return items
-
-
-def probe_size(n: int, threads: int) -> int:
-    return max(1, math.ceil(n / (16 * max(threads, 1))))
-
-
-def batch_sizes(remaining: int, threads: int, seconds_per_item: float) -> Iterator[int]:
-    """Sizes of the batches for `remaining` items, largest first (see module docstring)."""
-    t = max(seconds_per_item, 1e-9)
-    lo = max(1, math.ceil(MIN_BATCH_S / t))
-    hi = max(lo, math.ceil(MAX_BATCH_S / t))
-    while remaining > 0:
-        size = min(remaining, max(lo, min(hi, math.ceil(remaining / (4 * max(threads, 1))))))
-        yield size
-        remaining -= size
-
-
-def fixed_sizes(n: int, size: int) -> Iterable[int]:
-    return [min(size, n - start) for start in range(0, n, size)]

@@ -9,14 +9,14 @@ The order of a run, and why:
 2. Create the `Results` (written to `--into` now, so a `--no-wait` variable exists at
    once), run the first `--local K` items in the kernel, ship large values (once per
    worker, cached) and the cell's context blob.
-3. A driver thread (`engine.Engine._drive`) submits the batches, probe first (`plan.py`),
-   streams each finished batch into the `Results` and resubmits failed items while
-   `--retries` allow. It is the only thread that talks to Dask after the start, so
+3. A driver thread (`engine.Engine._drive`) submits the batches, one item each until an
+   item time is measured, then growing (`batching.py`), streams each finished batch into
+   the `Results` and resubmits failed items while `--retries` allow. It is the only thread that talks to Dask after the start, so
    `--no-wait` is the same code with the kernel's main thread returning at once.
 4. With `wait=True`, the main thread follows the `Results` (`follow.py`): it prints item
    output as it arrives, then one summary line and the first traceback if items failed.
-   Ctrl-C / the stop button lands there: the engine cancels every outstanding batch on the
-   scheduler (one `client.cancel` call), the `Results` keep what finished, and an
+   Ctrl-C / the stop button lands there: the engine stops the run (running batches return
+   after their current item, with what they finished), the `Results` keep it all, and an
    `Interrupted` exception (a `KeyboardInterrupt`, so "Run all" stops) ends the cell with
    one line instead of a traceback.
 

@@ -1,0 +1,269 @@
+"""Real work on nbcluster's workers: per-item time, speedup and memory against peers.
+
+    .venv/bin/python bench/real_work.py [--runs 5] [--write]
+
+Overhead per task says little about the work people bring (training steps, simulations,
+fits), so this measures that work itself, with four kernels:
+
+- `mc50k`, `mc500k`: a numpy Monte Carlo estimate of pi, 6 M points drawn in chunks of
+  50 k or 500 k (arrays of 0.4 MB and 4 MB, allocated and freed in a loop);
+- `python`: a pure-Python integer loop;
+- `lstsq`: 400 small numpy least-squares fits (200 x 20).
+
+1. **Per-item time** of each kernel, run one item at a time (so every environment has the
+   machine to itself), in: a fresh Python process, a `multiprocessing.Pool` worker, a
+   plain Dask worker (`LocalCluster`, Dask's default worker environment) and an nbcluster
+   worker. Medians over `--runs` rounds, environments interleaved; the ratio to the fresh
+   process is what nbcluster's workers are tuned for (target <= 1.05).
+2. **Speedup** of 12 items on 2 workers against the serial run (the same 12 items in one
+   fresh process) for `%%distribute` (`nbcluster.distribute`), `client.map` on the plain
+   Dask cluster, and `Pool(2).map`.
+3. **Memory**: RSS of a worker after a task that allocates and frees about 2 GB in arrays
+   of 1 to 50 MB (a few alive at a time, small objects kept between them), against a
+   plain Dask worker (target: at most Dask's default + 10 %).
+
+`--write` replaces the `## real work` section of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ("mc50k", "mc500k", "python", "lstsq")
+SPEEDUP_ITEMS = 12
+
+
+def kernel(name: str, seed: int = 0) -> float:
+    """One item of work; returns its result (so nothing is optimised away)."""
+    import numpy as np
+
+    if name.startswith("mc"):
+        chunk = 50_000 if name == "mc50k" else 500_000
+        total = 6_000_000
+        rng = np.random.default_rng(seed)
+        inside = 0
+        for _ in range(total // chunk):
+            x = rng.random(chunk)
+            y = rng.random(chunk)
+            inside += int(np.count_nonzero(x * x + y * y <= 1.0))
+        return 4 * inside / total
+    if name == "python":
+        acc = 0
+        for i in range(1_500_000):
+            acc = (acc + i * i) % 1_000_003
+        return float(acc)
+    if name == "lstsq":
+        rng = np.random.default_rng(seed)
+        total = 0.0
+        for _ in range(400):
+            x = rng.random((200, 20))
+            y = x @ np.arange(20.0) + rng.normal(0, 0.1, 200)
+            total += float(np.linalg.lstsq(x, y, rcond=None)[0][3])
+        return total
+    raise ValueError(name)
+
+
+def timed(name: str, seed: int = 0) -> float:
+    t = time.perf_counter()
+    kernel(name, seed)
+    return time.perf_counter() - t
+
+
+def churn(total_bytes: int = 2_000_000_000, seed: int = 0) -> int:
+    """Allocate and free ~2 GB in 1-50 MB arrays; return this process's RSS afterwards."""
+    import gc
+
+    import numpy as np
+    import psutil
+
+    rng = np.random.default_rng(seed)
+    alive: list[Any] = []
+    small: list[bytes] = []
+    allocated = 0
+    while allocated < total_bytes:
+        size = int(rng.integers(1, 51)) * 1_000_000
+        alive.append(np.ones(size // 8))  # touched, so the pages are really resident
+        small.append(bytes(200))  # small objects between the big ones, as real code makes
+        allocated += size
+        if len(alive) > 4:
+            alive.pop(0)
+    del alive
+    gc.collect()
+    return psutil.Process().memory_info().rss
+
+
+def rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def child(args: list[str]) -> None:
+    """`real_work.py --child KERNEL N`: N items timed in this fresh process, as JSON."""
+    import numpy  # noqa: F401 - imported before any timing, as in a kernel that ran a cell
+
+    name, n = args[0], int(args[1])
+    if name == "churn":
+        print(json.dumps([rss(), churn()]))
+        return
+    if name == "serial":
+        t = time.perf_counter()
+        for i in range(n):
+            kernel("mc50k", i)
+        print(json.dumps(time.perf_counter() - t))
+        return
+    print(json.dumps([timed(name, i) for i in range(n)]))
+
+
+def fresh(*args: str) -> Any:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--write", action="store_true", help="update ## real work in bench/RESULTS.md")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+
+    os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
+    pool = multiprocessing.get_context("fork").Pool(2)
+    from distributed import Client, LocalCluster
+
+    import nbcluster
+
+    plain = LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None)
+    plain_client = Client(plain)
+    handle = nbcluster.start(workers=2, threads=1, name="bench-real-work")
+    try:
+        handle.client.wait_for_workers(2)
+        text = measure(args.runs, pool, plain_client, handle)
+    finally:
+        pool.terminate()
+        plain_client.close()
+        plain.close()
+        handle.stop()
+    print(text)
+    if args.write:
+        write_section(text, "python bench/real_work.py " + " ".join(sys.argv[1:]))
+
+
+def measure(runs: int, pool: Any, plain: Any, handle: Any) -> str:
+    import nbcluster
+
+    nb = handle.client
+    per_item: dict[tuple[str, str], list[float]] = {}
+    envs = ("fresh process", "Pool worker", "Dask worker (default env)", "nbcluster worker")
+    for r in range(runs):
+        for name in KERNELS:
+            samples = {
+                envs[0]: lambda name=name: statistics.median(fresh(name, "3")[1:]),  # first warms up
+                envs[1]: lambda name=name, r=r: pool.apply(timed, (name, r)),
+                envs[2]: lambda name=name, r=r: plain.submit(timed, name, r, pure=False).result(),
+                envs[3]: lambda name=name, r=r: nb.submit(timed, name, r, pure=False).result(),
+            }
+            for env, sample in samples.items():
+                sample()  # warm-up: imports, first allocations
+                per_item.setdefault((name, env), []).append(sample())
+        print(f"per-item round {r + 1}/{runs} done", file=sys.stderr)
+
+    speed: dict[str, list[float]] = {}
+    for _ in range(runs):
+        speed.setdefault("serial (fresh process)", []).append(fresh("serial", str(SPEEDUP_ITEMS)))
+        t = time.perf_counter()
+        results = nbcluster.distribute(lambda i: kernel("mc50k", i), over=range(SPEEDUP_ITEMS), client=nb)
+        assert results.ok
+        speed.setdefault("%%distribute", []).append(time.perf_counter() - t)
+        t = time.perf_counter()
+        plain.gather(plain.map(kernel, ["mc50k"] * SPEEDUP_ITEMS, range(SPEEDUP_ITEMS), pure=False))
+        speed.setdefault("client.map (plain Dask)", []).append(time.perf_counter() - t)
+        t = time.perf_counter()
+        pool.starmap(kernel, [("mc50k", i) for i in range(SPEEDUP_ITEMS)], chunksize=1)
+        speed.setdefault("multiprocessing.Pool(2)", []).append(time.perf_counter() - t)
+
+    memory: dict[str, list[float]] = {}
+    for _ in range(max(3, runs // 2)):
+        _, after = fresh("churn", "1")
+        memory.setdefault("fresh process", []).append(after / 2**20)
+        for label, client in (("Dask worker (default env)", plain), ("nbcluster worker", nb)):
+            client.restart()  # a worker that has run nothing else yet
+            worker = next(iter(client.scheduler_info()["workers"]))
+            memory.setdefault(label, []).append(
+                client.submit(churn, pure=False, workers=[worker]).result() / 2**20
+            )
+            # nbcluster's workers trim the heap within `nbcluster.worker.trim-interval` (1 s)
+            # of a task's end: RSS a moment later is what stays.
+            time.sleep(2)
+            memory.setdefault(f"{label}, 2 s later", []).append(client.run(rss, workers=[worker])[worker] / 2**20)
+
+    lines = [
+        f"Run {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores (load average "
+        f"{os.getloadavg()[0]:.1f} at the end), 2 workers x 1 thread, medians of {runs} rounds.",
+        "",
+        "**Per-item time**, seconds (one item at a time), and the ratio to a fresh process:",
+        "",
+        "| kernel | " + " | ".join(envs) + " |",
+        "|---|" + "---:|" * len(envs),
+    ]
+    for name in KERNELS:
+        base = statistics.median(per_item[(name, envs[0])])
+        cells = []
+        for env in envs:
+            m = statistics.median(per_item[(name, env)])
+            cells.append(f"{m:.3f}" if env == envs[0] else f"{m:.3f} ({m / base:.2f}x)")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    serial = statistics.median(speed["serial (fresh process)"])
+    lines += [
+        "",
+        f"**Speedup**, {SPEEDUP_ITEMS} `mc50k` items on 2 workers against the serial run:",
+        "",
+        "| method | wall s | speedup |",
+        "|---|---:|---:|",
+    ]
+    for label, values in speed.items():
+        m = statistics.median(values)
+        lines.append(f"| {label} | {m:.2f} | {serial / m:.2f}x |")
+    dask_rss = statistics.median(memory["Dask worker (default env), 2 s later"])
+    lines += [
+        "",
+        "**Memory**: RSS of the process after allocating and freeing ~2 GB in 1-50 MB arrays (at the",
+        "task's end, and 2 s later):",
+        "",
+        "| where | RSS MiB | vs Dask's default |",
+        "|---|---:|---:|",
+    ]
+    for label, values in memory.items():
+        m = statistics.median(values)
+        lines.append(f"| {label} | {m:.0f} | {m / dask_rss:.2f}x |")
+    return "\n".join(lines)
+
+
+def write_section(table: str, command: str) -> None:
+    path = ROOT / "bench" / "RESULTS.md"
+    text = path.read_text()
+    section = f"## real work\n\nCommand: `{command.strip()}`\n\n{table}\n"
+    pattern = re.compile(r"## real work\n.*?(?=\n## |\Z)", re.S)
+    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Freed memory goes back to the operating system on nbcluster's workers.
+
+nbcluster's workers start with `MALLOC_MMAP_THRESHOLD_` raised (see `nbcluster.yaml`), so
+arrays up to 64 MiB come from the heap and are reused, not mmapped and faulted in afresh
+each time: that is what makes numpy code run as fast on a worker as in a fresh process.
+The price is that glibc keeps freed heap memory for reuse: after a task that allocated and
+freed 2 GB in 1-50 MB arrays, a worker held 226 MiB where Dask's default leaves 76 MiB.
+
+`MemoryTrim` gives that memory back: once a task has finished since the last trim, it
+calls glibc's `malloc_trim(0)` from the worker's event loop, at most once per
+`nbcluster.worker.trim-interval`. A trim that frees ~200 MiB takes about 1 ms; one with
+nothing to free costs microseconds. Elsewhere than glibc it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+
+def _malloc_trim() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return None
+
+
+class MemoryTrim(WorkerPlugin):
+    """Trim the heap once after work, at most every `interval` seconds."""
+
+    name = "nbcluster-memory-trim"
+    idempotent = True
+
+    def __init__(self, interval: float = 1.0):
+        self.interval = interval
+        self.dirty = False
+        self.trims = 0
+
+    def setup(self, worker: Any) -> None:
+        from tornado.ioloop import PeriodicCallback
+
+        self.trim = _malloc_trim()
+        if self.trim is None:
+            return
+        self.callback = PeriodicCallback(self._tick, self.interval * 1000)
+        worker.periodic_callbacks[self.name] = self.callback
+        self.callback.start()
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if start == "executing":
+            self.dirty = True
+
+    def _tick(self) -> None:
+        if self.dirty:
+            self.dirty = False
+            self.trim(0)
+            self.trims += 1
+
+    def teardown(self, worker: Any) -> None:
+        callback = getattr(self, "callback", None)
+        if callback is not None:
+            callback.stop()
+            worker.periodic_callbacks.pop(self.name, None)
