@@ -28,7 +28,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises BadArgument instead of printing usage and exiting."""
 
     def error(self, message: str) -> NoReturn:
-        raise BadArgument(f"{message}. Usage: {self.format_usage().strip().removeprefix('usage: ')}")
+        usage = " ".join(self.format_usage().split()).removeprefix("usage: ")  # argparse wraps it: one line
+        raise BadArgument(f"{message}. Usage: {usage}")
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         # Only --help gets here (errors go through error()): show help, stop quietly.
@@ -206,8 +207,10 @@ class Runner:
             raise BadArgument("give a cluster name or --all, not both")
         targets = clusters() if ns.all else [self._target(ns.name)]
         for handle in targets:
-            handle.stop()
+            # This process's clients go first: a client whose scheduler vanishes under it
+            # tries to reconnect and logs a traceback into the cell or terminal.
             _current.forget(handle.name)
+            handle.stop()
         if not targets:
             return "No clusters were running."
         return "Stopped " + ", ".join(repr(h.name) for h in targets) + "."

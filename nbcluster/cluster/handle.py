@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dask.config
 import psutil
 from distributed import Client, Security
 from distributed.core import ConnectionPool
@@ -416,7 +417,13 @@ def _take(directory: Path) -> _Launched:
 def _spawn(spec: ClusterSpec, directory: Path, owner: int | None) -> dict[str, Any]:
     launched = _take(directory)
     proc = launched.proc
-    request = {"spec": spec.to_dict(), "runtime_dir": str(directory), "owner": owner, "env": dict(os.environ)}
+    # The caller's nbcluster settings too: a `dask.config.set` in a notebook applies to the
+    # clusters it starts, as it would to a LocalCluster started there.
+    settings = {"nbcluster": dask.config.get("nbcluster")}
+    request = {
+        "spec": spec.to_dict(), "runtime_dir": str(directory), "owner": owner,
+        "env": dict(os.environ), "config": settings,
+    }  # fmt: skip
     try:
         assert proc.stdin is not None
         proc.stdin.write((json.dumps(request) + "\n").encode())

@@ -300,7 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     # The requester's environment as it is now, not as it was when we were launched.
     os.environ.clear()
     os.environ.update(request["env"])
-    dask.config.refresh()  # DASK_* variables (and config files) as the requester sees them
+    # Dask's config as the requester sees it: its DASK_* variables, its DASK_CONFIG folder,
+    # and its nbcluster settings (which include any `dask.config.set` made there).
+    folder = os.environ.get("DASK_CONFIG")
+    if folder and folder not in dask.config.paths:
+        dask.config.paths.append(folder)
+    dask.config.refresh()
+    dask.config.update(dask.config.config, request.get("config") or {}, priority="new")
     spec = ClusterSpec.from_dict(request["spec"])
     directory = registry.runtime_dir(request["runtime_dir"])
     return asyncio.run(run(spec, directory, request.get("owner"), _Reporter(args.ready_fd), args.log))

@@ -134,6 +134,7 @@ class Engine:
         self._idle.set()
         self._starts = 0
         self.token = ""  # this start's stop token (see worker.stop_run)
+        self.stop_sent = threading.Event()  # every worker has been told the token
         self._seq = itertools.count()
         self._completed: Any = None
 
@@ -232,6 +233,7 @@ class Engine:
         self._starts += 1
         self.token = f"{self.run_id}-{self._starts}"
         self._stopping = False
+        self.stop_sent.clear()
         name = f"nbcluster-distribute-{self.run_id}"
         target = self._drive_everywhere if self.plan and self.plan.mode == "everywhere" else self._drive
         threading.Thread(target=target, args=(indices,), name=name, daemon=True).start()
@@ -279,6 +281,7 @@ class Engine:
         # If the cluster is gone, the scheduler-side cancel is all that is left to do.
         with contextlib.suppress(Exception):
             self.client.run(worker.stop_run, self.token, on_error="return")
+        self.stop_sent.set()
 
     def _drive(self, indices: list[int]) -> None:
         from distributed import as_completed

@@ -1,0 +1,119 @@
+"""nbcluster's workers are set up for real work: numpy arrays reuse heap memory (as in a fresh
+process, not mmapped afresh as under Dask's default environment), and freed memory still
+goes back to the operating system. The settings themselves are tested, not timings
+(bench/real_work.py has those)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from typing import Any
+
+import cloudpickle
+import dask.config
+
+import nbcluster
+from nbcluster import config
+from nbcluster.cluster.worker_memory import MemoryTrim
+
+# The workers cannot import this test module: what lambdas call from it travels by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+MMAP_PROBE = """
+import ctypes, numpy as np
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Mallinfo2
+
+def mmapped_for_1mb_array():
+    before = libc.mallinfo2().hblkhd
+    a = np.ones(125_000)  # 1 MB
+    grown = libc.mallinfo2().hblkhd - before
+    del a
+    return grown
+"""
+
+
+def _mmapped_for_1mb_array() -> int:
+    scope: dict[str, Any] = {}
+    exec(MMAP_PROBE, scope)
+    return scope["mmapped_for_1mb_array"]()
+
+
+def test_workers_take_arrays_from_the_heap_not_from_mmap(cluster: Any) -> None:
+    expected = str(config.get("worker.pre-spawn-environ")["MALLOC_MMAP_THRESHOLD_"])
+    env = cluster.client.run(lambda: os.environ.get("MALLOC_MMAP_THRESHOLD_"))
+    assert set(env.values()) == {expected}
+    # glibc honours it: a 1 MB array is not mmapped on the workers...
+    assert set(cluster.client.run(lambda: _mmapped_for_1mb_array()).values()) == {0}
+    # ...where under Dask's default worker environment it would be.
+    dask_default = subprocess.run(
+        [sys.executable, "-c", MMAP_PROBE + "print(mmapped_for_1mb_array())"],
+        env={**os.environ, "MALLOC_TRIM_THRESHOLD_": "65536"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(dask_default.stdout) >= 1_000_000
+
+
+def _churn_then_trim() -> tuple[int, int, int]:
+    """RSS before, after allocating and freeing 200 MB of arrays, and after a trim."""
+    import numpy as np
+    import psutil
+
+    from nbcluster.cluster.worker_memory import _malloc_trim
+
+    me = psutil.Process()
+    before = me.memory_info().rss
+    arrays, small = [], []
+    for _ in range(40):
+        arrays.append(np.ones(625_000))  # 5 MB each
+        small.append(bytes(200))  # a small object after each, as real code makes: the
+        # freed arrays are then holes below it, which the heap keeps for reuse
+    del arrays
+    held = me.memory_info().rss
+    _malloc_trim()(0)
+    return before, held, me.memory_info().rss
+
+
+def test_freed_memory_goes_back_to_the_system(cluster: Any) -> None:
+    assert set(cluster.client.run(lambda dask_worker: "nbcluster-memory-trim" in dask_worker.plugins).values()) == {
+        True
+    }
+    before, held, trimmed = cluster.client.submit(lambda: _churn_then_trim(), pure=False).result()
+    assert held > before + 40 * 2**20  # the heap keeps freed arrays for reuse (that is the speed)...
+    assert trimmed < before + 20 * 2**20  # ...and the trim gives them back
+
+
+def test_the_trim_runs_once_after_work() -> None:
+    calls: list[int] = []
+    plugin = MemoryTrim(interval=1.0)
+    plugin.trim = calls.append
+    plugin._tick()
+    assert calls == []  # nothing ran since the last trim: nothing to do
+    plugin.transition("k", "executing", "memory")
+    plugin._tick()
+    plugin._tick()
+    assert calls == [0]
+
+
+def test_the_worker_environment_is_a_dask_setting(runtime_dir: Any) -> None:
+    with dask.config.set({"nbcluster.worker.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 1048576}):
+        handle = nbcluster.cluster.handle.start(workers=1, name="env")
+    try:
+        env = handle.client.run(lambda: os.environ.get("MALLOC_MMAP_THRESHOLD_"))
+        assert set(env.values()) == {"1048576"}
+    finally:
+        handle.stop()
+
+
+def test_libc_has_malloc_trim() -> None:
+    # The trim needs glibc; a libc without it would leave the heap unreturned silently.
+    assert hasattr(ctypes.CDLL("libc.so.6"), "malloc_trim")
