@@ -30,3 +30,15 @@ class NoCluster(NbclusterError):
 
 class ClusterFailed(NbclusterError, RuntimeError):
     """A cluster could not be started; the message includes the supervisor's reason."""
+
+
+class ClusterLost(ClusterUnreachable):
+    """The cluster went away while a cell ran; `results` holds what finished before."""
+
+    def __init__(self, message: str, results: object = None):
+        super().__init__(message)
+        self.results = results
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this one line instead of a traceback of nbcluster's waiting loop.
+        return [f"ClusterLost: {self.args[0]}"]

@@ -8,7 +8,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from nbcluster import commands
-from nbcluster.errors import NbclusterError
+from nbcluster.errors import ClusterLost, NbclusterError
 
 
 @magics_class
@@ -44,6 +44,8 @@ class NbclusterMagics(Magics):
                 return wait(parse_wait_line(line), namespace=self.shell.user_ns)
             kwargs = parse_distribute_line(line)
             results = distribute(cell, namespace=self.shell.user_ns, progress=widgets.progress_hook(), **kwargs)
+        except ClusterLost:
+            raise  # one line too, and sys.last_value.results keeps what finished
         except NbclusterError as e:
             raise UsageError(str(e)) from None
         # With --into the results are in that variable: no Out, as for an assignment.

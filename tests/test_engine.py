@@ -6,14 +6,21 @@ never started is decided by the test, not by timing.
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import threading
+import time
 import uuid
 from typing import Any
 
 import dask.config
+import pytest
 from distributed import Event
 
+import nbcluster
 from nbcluster.distribute import Results, distribute
+from nbcluster.errors import ClusterLost
 
 
 def _tag() -> str:
@@ -86,3 +93,40 @@ def test_a_stopped_run_counts_what_it_kept(cluster: Any) -> None:
     res: Results = distribute("x", over="x in range(5)", namespace={})
     res.cancel()  # after the end: nothing changes
     assert res.ok and res.counts()["cancelled"] == 0
+
+
+def test_a_cluster_killed_mid_cell_ends_the_cell_with_one_line(runtime_dir: Any, capfd: Any) -> None:
+    doomed = nbcluster.start(workers=2, threads=1, name="doomed")
+    pid = doomed.entry["supervisor_pid"]
+    killed: list[float] = []
+
+    def kill_after_ten(r: Results) -> None:
+        if r.counts()["done"] >= 10 and not killed:
+            killed.append(time.monotonic())
+            os.kill(pid, signal.SIGKILL)
+
+    ns: dict[str, Any] = {}
+    cell = "import os, time\ntime.sleep(0.05)\nos.getpid()"
+    with pytest.raises(ClusterLost) as info:
+        distribute(cell, over="x in range(200)", namespace=ns, into="runs", progress=kill_after_ten)
+    assert time.monotonic() - killed[0] < 5
+    runs = ns["runs"]
+    c = runs.counts()
+    assert c["done"] >= 10 and c["failed"] == 0 and c["done"] + c["cancelled"] == 200
+    assert re.fullmatch(
+        rf"cluster 'doomed' stopped answering \(its (supervisor exited|scheduler stopped answering)\): "
+        rf"{c['done']}/200 items finished and are in runs; start a cluster and run runs.retry\(\)",
+        str(info.value),
+    )
+    assert info.value._render_traceback_() == [f"ClusterLost: {info.value}"]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "distributed" not in err, err
+
+    # On a new cluster, retry() runs just the items that were lost.
+    before = runs.values()
+    nbcluster.start(workers=2, threads=1, name="second")
+    assert runs.retry() is runs and runs.ok
+    after = list(runs)
+    kept = [i for i, v in enumerate(before) if v is not None]
+    assert [after[i] for i in kept] == [before[i] for i in kept]  # not run again
+    assert not {after[i] for i in range(200) if i not in kept} & {before[i] for i in kept}

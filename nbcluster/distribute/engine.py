@@ -25,6 +25,12 @@ cancelled. Because only `in-flight` batches per thread are ever out, a stop drai
 one item's time. Each start (the first run, each `retry()`) has its own token, so a
 retry is not stopped by an earlier cancel.
 
+A cluster that goes away mid-run (its supervisor killed, its scheduler gone) is noticed
+by a watch thread within half a second (`_watch`): the items not yet finished are given up
+as *lost* (not failed: nothing is wrong with them), the run ends, and the client is closed
+at once, so that its reconnect attempts log nothing into the cell. `retry()` then
+connects afresh, to whatever cluster is current by then.
+
 `--everywhere` uses `_drive_everywhere`: one task pinned to each worker, and a task whose
 worker leaves the cluster is failed rather than left waiting forever.
 """
@@ -49,6 +55,8 @@ from nbcluster.distribute.cell import Cell
 from nbcluster.distribute.plan import Plan
 from nbcluster.distribute.results import Results
 from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
+
+WATCH_S = 0.5  # how often a running run checks that its cluster is still there
 
 
 class Job:
@@ -116,6 +124,7 @@ class Engine:
         self.client = client
         self.cluster = cluster
         self.connected = False
+        self.handle: Any = None  # the cluster's handle, when this engine found the client itself
         self.local_only = False
         self.eligible: list[str] = []
         self.threads = 1
@@ -143,12 +152,13 @@ class Engine:
         if self.connected:
             return
         if self.client is None:
-            from nbcluster._current import client_for
+            from nbcluster._current import handle_for
 
             try:
-                self.client = client_for(self.cluster)
+                self.handle = handle_for(self.cluster)
             except NoCluster as e:
                 raise NoCluster(f"{e}; or run the items in this kernel with --local") from None
+            self.client = self.handle.client
         try:
             workers = self.client.scheduler_info()["workers"]
         except (OSError, TimeoutError) as e:
@@ -236,7 +246,52 @@ class Engine:
         self.stop_sent.clear()
         name = f"nbcluster-distribute-{self.run_id}"
         target = self._drive_everywhere if self.plan and self.plan.mode == "everywhere" else self._drive
-        threading.Thread(target=target, args=(indices,), name=name, daemon=True).start()
+        driver = threading.Thread(target=target, args=(indices,), name=name, daemon=True)
+        driver.start()
+        threading.Thread(target=self._watch, args=(driver,), name=f"{name}-watch", daemon=True).start()
+
+    def _watch(self, driver: threading.Thread) -> None:
+        """End the run if its cluster goes away (see the module docstring)."""
+        unanswered = 0
+        while driver.is_alive():
+            driver.join(WATCH_S)
+            if not driver.is_alive() or self._stopping:
+                return
+            reason = self._gone()
+            # An external scheduler is judged by the client's connection alone; a dropped
+            # connection that comes back within a couple of seconds is not a lost cluster.
+            unanswered = unanswered + 1 if reason else 0
+            if reason and (reason != "its scheduler stopped answering" or unanswered * WATCH_S >= 2):
+                self._lose(reason)
+                return
+
+    def _gone(self) -> str | None:
+        entry = getattr(self.handle, "entry", None) or {}
+        pid = entry.get("supervisor_pid")
+        if pid:
+            from nbcluster.cluster import registry
+
+            if not registry.process_alive(pid, entry.get("supervisor_started")):
+                return "its supervisor exited"
+        if self.client.status != "running":
+            return "its scheduler stopped answering"
+        return None
+
+    def _lose(self, reason: str) -> None:
+        assert self.results is not None
+        with self._lock:
+            self._stopping = True
+            self._pending.clear()
+            completed = self._completed
+        name = getattr(self.handle, "name", None) or self.cluster or "the cluster"
+        self.results._lose(f"cluster {name!r} stopped answering ({reason})")
+        if completed is not None:
+            completed.clear()
+        client, self.connected, self.context = self.client, False, None
+        if self.handle is not None:  # ours to drop: retry() connects afresh
+            self.client, self.handle = None, None
+        with contextlib.suppress(Exception):
+            client.close(timeout=2)
 
     def retry(self, indices: list[int]) -> None:
         """Run `indices` again (Results.retry waits and reports)."""
@@ -308,6 +363,10 @@ class Engine:
                     batch = self._pending.pop(future, None)
                 if batch is None:
                     continue  # cancelled on the scheduler: its items were given up
+                gone = None if future.status == "finished" or self._stopping else self._gone()
+                if gone is not None:  # not the items' failure: Dask cancels what a dead cluster held
+                    self._lose(gone)
+                    break
                 retry, fatal = self._handle(future, result, batch, may_retry, batcher)
                 if fatal is not None:
                     self.results._fail(list(queue), fatal)
@@ -447,7 +506,12 @@ class Engine:
                         if not self._pending:
                             self._idle.set()
                 # A task pinned to a worker that has left would wait forever: fail it instead.
-                alive = set(self.client.scheduler_info()["workers"])
+                try:
+                    alive = set(self.client.scheduler_info()["workers"])
+                except Exception:
+                    if self._stopping:
+                        break  # the cluster went away: _lose has ended the run
+                    raise
                 for future in pending:
                     i = futures[future]
                     if future.status == "pending" and items[i] not in alive:

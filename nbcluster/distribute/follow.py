@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from nbcluster.errors import ClusterLost
+
 if TYPE_CHECKING:
     from nbcluster.distribute.results import Results
 
@@ -45,6 +47,8 @@ def follow(results: Results) -> None:
         raise interrupted(results) from None
     printer.finish()
     report(results)
+    if results.lost:
+        raise lost(results)
 
 
 def interrupted(results: Results) -> Interrupted:
@@ -52,6 +56,16 @@ def interrupted(results: Results) -> Interrupted:
     where = f"`{results.label}`" if results.label else "sys.last_value.results (use --into NAME to keep them)"
     return Interrupted(
         f"{c['done']}/{c['total']} items finished, {c['cancelled']} cancelled; partial results are in {where}",
+        results,
+    )
+
+
+def lost(results: Results) -> ClusterLost:
+    c = results.counts()
+    name = results.label or "sys.last_value.results"
+    return ClusterLost(
+        f"{results.lost}: {c['done']}/{c['total']} items finished and are in {name}; "
+        f"start a cluster and run {name}.retry()",
         results,
     )
 

@@ -75,6 +75,7 @@ class Results:
         self.started = time.time()
         self.ended: float | None = None
         self.shipped = ""  # the capture report line
+        self.lost: str | None = None  # why the unfinished items were given up (cluster gone)
         self._engine: Any = None  # engine.Engine.bind sets it: cancel(), retry(indices), client
         self._item_futures: list[Any] | None = None
         self.code_index: dict[str, list[tuple[str, int, int]]] = {}  # see capture.code_index
@@ -226,6 +227,7 @@ class Results:
         indices = [i for i in range(len(self)) if self._state[i] in (FAILED, CANCELLED)]
         if not indices:
             return self
+        self.lost = None
         self._engine.retry(indices)
         if wait:
             from nbcluster.distribute.follow import follow
@@ -309,6 +311,12 @@ class Results:
             self._changed.notify_all()
         if changed:
             self._notify()
+
+    def _lose(self, reason: str) -> None:
+        """The cluster went away: the items not finished are given up (retry() runs them)."""
+        with self._lock:
+            self.lost = reason
+        self._cancel_pending()
 
     def _end(self) -> None:
         """One run (first or retry) is over; the last one to end finishes the Results."""
