@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _results import write_section  # bench/, the script's own folder
+
 ITEMS, ITEM_S, INTERRUPT_AT = 1000, 0.5, 3.0
 
 
@@ -143,14 +143,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.write:
-        path = ROOT / "bench" / "RESULTS.md"
-        body = path.read_text()
-        command = "python bench/latency.py " + " ".join(sys.argv[1:])
-        section = f"## latency\n\nCommand: `{command.strip()}`\n\n{text}\n"
-        pattern = re.compile(r"## latency\n.*?(?=\n## |\Z)", re.S)
-        body = pattern.sub(lambda _: section, body) if pattern.search(body) else body.rstrip() + "\n\n" + section
-        path.write_text(body)
-
+        write_section("latency", "python bench/latency.py " + " ".join(sys.argv[1:]), text)
 
 if __name__ == "__main__":
     main()

@@ -27,16 +27,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import re
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from _results import write_section  # bench/, the script's own folder
+
 TINY = 20_000
 MAP_ITEMS = 5_000
 WORK_ITEMS = 400
@@ -122,7 +121,7 @@ def main() -> None:
         handle.stop()
     print(table)
     if args.write:
-        _write_section(table, " ".join(["python", "bench/overhead.py", *sys.argv[1:]]))
+        write_section("overhead", " ".join(["python", "bench/overhead.py", *sys.argv[1:]]), table)
 
 
 def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: Any, InteractiveShell: Any,
@@ -258,18 +257,6 @@ def _big_array(client: Any, distribute: Any, np: Any) -> list[str]:
             f"{', '.join(f'{c * size / 1e6:.0f} MB' for c in copies)} |"
         )
     return rows
-
-
-def _write_section(table: str, command: str) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    section = f"## overhead\n\nCommand: `{command}`\n\n{table}\n"
-    pattern = re.compile(r"^## overhead\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip("\n") + "\n"
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
 
 
 if __name__ == "__main__":

@@ -31,16 +31,15 @@ import argparse
 import json
 import multiprocessing
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from _results import write_section  # bench/, the script's own folder
+
 KERNELS = ("mc50k", "mc500k", "python", "lstsq")
 SPEEDUP_ITEMS = 12
 
@@ -163,7 +162,7 @@ def main() -> None:
         handle.stop()
     print(text)
     if args.write:
-        write_section(text, "python bench/real_work.py " + " ".join(sys.argv[1:]))
+        write_section("real work", "python bench/real_work.py " + " ".join(sys.argv[1:]), text)
 
 
 def measure(runs: int, pool: Any, plain: Any, handle: Any) -> str:
@@ -254,15 +253,6 @@ def measure(runs: int, pool: Any, plain: Any, handle: Any) -> str:
         m = statistics.median(values)
         lines.append(f"| {label} | {m:.0f} | {m / dask_rss:.2f}x |")
     return "\n".join(lines)
-
-
-def write_section(table: str, command: str) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
-    text = path.read_text()
-    section = f"## real work\n\nCommand: `{command.strip()}`\n\n{table}\n"
-    pattern = re.compile(r"## real work\n.*?(?=\n## |\Z)", re.S)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section
-    path.write_text(text)
 
 
 if __name__ == "__main__":

@@ -123,3 +123,33 @@ def test_cluster_stop_in_terminal_ipython_prints_only_its_line(runtime_dir: Any,
     assert done.returncode == 0, done.stderr
     assert "Stopped 'local'." in done.stdout
     assert done.stderr == ""
+
+
+def test_cluster_stop_in_a_kernel_prints_only_its_line(runtime_dir: Any) -> None:
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+
+    def outputs(code: str) -> list[str]:
+        seen: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            kind, content = msg["header"]["msg_type"], msg["content"]
+            if kind == "stream":
+                seen.append(f"{content['name']}: {content['text']}")
+            elif kind in ("error", "display_data", "execute_result"):
+                seen.append(f"{kind}: {content.get('evalue') or content.get('data', {}).get('text/plain')}")
+
+        reply = kc.execute_interactive(code, timeout=120, output_hook=hook)
+        assert reply["content"]["status"] == "ok", (code, seen)
+        return seen
+
+    try:
+        outputs("%load_ext nbcluster\n%cluster start --workers 1\nx = 1")
+        outputs("from distributed import default_client\ndefault_client().submit(sum, [1, 2]).result()")
+        outputs("%cluster status")  # its live view keeps polling the cluster after the cell
+        assert outputs("%cluster stop") == ["stdout: Stopped 'local'.\n"]
+        assert outputs("import time\ntime.sleep(3)") == []  # nothing arrives late either
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
