@@ -134,20 +134,15 @@ def sizes(batcher: Batcher, n: int, seconds_per_item: float, *, first: int = 0) 
     return out
 
 
-def test_batches_start_with_one_item_then_grow_to_the_measured_size() -> None:
+def test_batches_start_with_one_item_then_take_the_measured_size() -> None:
     # 400 items of 10 ms on 2 threads: one item first (the first result after ~10 ms), then
-    # growing by at most 4x, then at most 0.25 s per batch, and ~0.05 s batches at the end.
+    # at most 0.25 s per batch, and ~0.05 s batches at the end.
     got = sizes(Batcher(2), 400, 0.01)
-    assert got[:4] == [1, 4, 16, 25] and sum(got) == 400
-    assert max(got) == 25 and got[-2] == 5 and got[3:] == sorted(got[3:], reverse=True)
-    # 20,000 tiny items: a few round trips, then big batches.
-    tiny = sizes(Batcher(2), 20_000, 1e-6)
-    assert tiny[:5] == [1, 4, 16, 64, 256] and len(tiny) <= 10
+    assert got[:2] == [1, 25] and sum(got) == 400
+    assert max(got) == 25 and got[-2] == 5 and got[1:-1] == sorted(got[1:-1], reverse=True)
+    # 20,000 tiny items: one round trip to measure, then the rest at once.
+    assert sizes(Batcher(2), 20_000, 1e-6) == [1, 19_999]
     assert sizes(Batcher(2), 3, 5.0) == [1, 1, 1]  # slow items alone
-    assert sizes(Batcher(2, fixed=4), 10, 1.0) == [4, 4, 2]  # --batch N is taken as it is
-
-
-def test_a_misleading_first_item_cannot_fill_a_batch() -> None:
-    batcher = Batcher(2)
-    batcher.observe(1, 1e-6)  # the first item was instant; the next ones take 1 s
-    assert batcher.next_size(10_000) == 4  # not 10,000 / 8
+    assert Batcher(2).budget == 0.25  # every sized batch returns within a quarter second
+    fixed = Batcher(2, fixed=4)
+    assert sizes(fixed, 10, 1.0) == [4, 4, 2] and fixed.budget is None  # --batch N as it is

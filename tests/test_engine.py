@@ -130,3 +130,18 @@ def test_a_cluster_killed_mid_cell_ends_the_cell_with_one_line(runtime_dir: Any,
     kept = [i for i, v in enumerate(before) if v is not None]
     assert [after[i] for i in kept] == [before[i] for i in kept]  # not run again
     assert not {after[i] for i in range(200) if i not in kept} & {before[i] for i in kept}
+
+
+def test_a_misleading_first_item_costs_one_time_budget_not_a_long_batch(cluster: Any) -> None:
+    # Item 0 is instant, the others take 0.1 s: sized from item 0 alone, the next batch
+    # would take everything. Its quarter-second budget sends it back after a few items.
+    cell = (
+        "import time\nfrom distributed.worker import thread_state\n"
+        "if x:\n    time.sleep(0.1)\nthread_state.key"
+    )
+    res = distribute(cell, over="x in range(40)", namespace={})
+    assert res.ok
+    per_batch: dict[str, int] = {}
+    for key in res:
+        per_batch[key] = per_batch.get(key, 0) + 1
+    assert max(per_batch.values()) <= 3, per_batch  # 3 x 0.1 s passes the 0.25 s budget

@@ -70,25 +70,36 @@ def _churn_then_trim() -> tuple[int, int, int]:
 
     from nbcluster.cluster.worker_memory import _malloc_trim
 
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
     me = psutil.Process()
+    _malloc_trim()(0)  # whatever earlier tasks left
     before = me.memory_info().rss
     arrays, small = [], []
     for _ in range(40):
         arrays.append(np.ones(625_000))  # 5 MB each
-        small.append(bytes(200))  # a small object after each, as real code makes: the
-        # freed arrays are then holes below it, which the heap keeps for reuse
+        # A small allocation after each, as real code makes: the freed arrays are then
+        # holes below it, which the heap keeps for reuse.
+        small.append(libc.malloc(256))
     del arrays
     held = me.memory_info().rss
     _malloc_trim()(0)
-    return before, held, me.memory_info().rss
+    trimmed = me.memory_info().rss
+    for pointer in small:
+        libc.free(ctypes.c_void_p(pointer))
+    return before, held, trimmed
 
 
 def test_freed_memory_goes_back_to_the_system(cluster: Any) -> None:
     assert set(cluster.client.run(lambda dask_worker: "nbcluster-memory-trim" in dask_worker.plugins).values()) == {
         True
     }
-    before, held, trimmed = cluster.client.submit(lambda: _churn_then_trim(), pure=False).result()
-    assert held > before + 40 * 2**20  # the heap keeps freed arrays for reuse (that is the speed)...
+    worker = next(iter(cluster.client.scheduler_info()["workers"]))
+    # A trim now, for earlier tasks: the periodic one then has nothing to do while the
+    # task below runs (it trims only after a task has finished).
+    cluster.client.run(lambda dask_worker: dask_worker.plugins["nbcluster-memory-trim"]._tick(), workers=[worker])
+    before, held, trimmed = cluster.client.submit(lambda: _churn_then_trim(), workers=[worker], pure=False).result()
+    assert held > before + 150 * 2**20  # the heap keeps freed arrays for reuse (that is the speed)...
     assert trimmed < before + 20 * 2**20  # ...and the trim gives them back
 
 

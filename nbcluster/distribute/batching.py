@@ -1,4 +1,4 @@
-"""How many items go in each batch: small first, then sized from measured item times.
+"""How many items go in each batch: one first, then sized from measured item times.
 
 A Dask task costs about 2 ms here however little it does, so small items travel in
 batches. But a batch's results come back only when the whole batch is done, so a big
@@ -8,26 +8,29 @@ alone at the end. The policy:
 1. **Probe small.** Until an item time has been measured, batches hold one item each:
    the first result arrives about one item's duration after the start, whatever the
    number of items.
-2. **Grow.** After that a batch is sized from the mean time per item measured on the
-   workers so far, `t` (the time spent in the items only, not in loading the cell), like
-   guided self-scheduling:
+2. **Size from measurements.** After that a batch is sized from the mean time per item
+   measured on the workers so far, `t` (the time spent in the items only, not in loading
+   the cell), like guided self-scheduling:
 
        size = clamp(remaining / (4 * threads), min_batch / t, max_batch / t)
 
    big batches while plenty of work is left (per-task cost well under a microsecond per
-   tiny item), short ones (`min_batch`, 50 ms of work) at the end, never more than
-   `max_batch` (250 ms) of work in one.
-3. **Bounded growth.** A batch is at most `growth` (4) times the largest batch finished
-   so far: an estimate from a single item can be wrong (a first call that was quick, a
-   cache that was warm), and growth caps what such a mistake costs. Tiny items reach
-   batches of thousands within a few round trips: 1, 4, 16, 64, ...
+   tiny item), short ones (`min_batch`, 50 ms of work) at the end, `max_batch` (250 ms)
+   of work at most.
+3. **A time budget, not trust.** An estimate from a single item can be wrong (a first
+   call that was quick, a cache that was warm). So every sized batch also carries a
+   budget of `max_batch` seconds: the worker stops between items once it is spent and
+   sends back what it finished, and the kernel sends the rest again. A wrong estimate
+   costs one budget, not a batch of hours, and tiny items need only two round trips
+   (one item, then everything), which matters on a loaded machine where a round trip
+   takes tens of milliseconds.
 
 Worked example, 2 threads, 400 items of 10 ms: batches of 1 item until the first comes
-back, then 4 (capped by growth), 16, then 25 (0.25 s) while more than 200 items are
-left, shrinking to 5 (0.05 s) at the end. 20,000 tiny items (1 us): 1, 4, 16, ..., then
-one batch with the rest.
+back, then 25 (0.25 s) while more than 200 items are left, shrinking to 5 (0.05 s) at
+the end. 20,000 tiny items (1 us): four batches of 1 item (two in flight per thread),
+then the rest in one batch (20 ms of work).
 
-A fixed `--batch N` bypasses all of this.
+A fixed `--batch N` bypasses all of this: N items a batch, and no budget.
 """
 
 from __future__ import annotations
@@ -45,14 +48,12 @@ class Batcher:
         fixed: int | None = None,
         min_batch: float = 0.05,
         max_batch: float = 0.25,
-        growth: int = 4,
     ):
         self.threads = max(threads, 1)
         self.fixed = fixed
-        self.min_batch, self.max_batch, self.growth = min_batch, max_batch, max(growth, 2)
+        self.min_batch, self.max_batch = min_batch, max_batch
         self.items = 0  # items measured
         self.seconds = 0.0  # their total time on the workers
-        self.largest = 0  # largest batch finished so far
 
     @classmethod
     def from_config(cls, threads: int, fixed: int | None = None) -> Batcher:
@@ -63,8 +64,12 @@ class Batcher:
             fixed=fixed,
             min_batch=config.seconds("distribute.min-batch"),
             max_batch=config.seconds("distribute.max-batch"),
-            growth=int(config.get("distribute.batch-growth")),
         )
+
+    @property
+    def budget(self) -> float | None:
+        """Seconds after which a batch returns what it finished (None: run it all)."""
+        return None if self.fixed is not None else self.max_batch
 
     @property
     def seconds_per_item(self) -> float | None:
@@ -76,7 +81,6 @@ class Batcher:
             return
         self.items += count
         self.seconds += seconds
-        self.largest = max(self.largest, count)
 
     def next_size(self, remaining: int) -> int:
         """How many of the `remaining` items the next batch takes (at least 1)."""
@@ -91,4 +95,4 @@ class Batcher:
         lo = max(1, math.ceil(self.min_batch / t))
         hi = max(lo, math.ceil(self.max_batch / t))
         size = max(lo, min(hi, math.ceil(remaining / (4 * self.threads))))
-        return max(1, min(size, remaining, self.growth * max(self.largest, 1)))
+        return max(1, min(size, remaining))

@@ -395,15 +395,15 @@ class Engine:
         """Submit batches from the front of `queue` until `limit` are out."""
         while queue and len(self._pending) < limit and not self._stopping:
             size = batcher.next_size(len(queue))
-            self._submit(completed, [queue.popleft() for _ in range(size)])
+            self._submit(completed, [queue.popleft() for _ in range(size)], batcher.budget)
 
-    def _submit(self, completed: Any, batch: list[int]) -> None:
+    def _submit(self, completed: Any, batch: list[int], budget: float | None = None) -> None:
         assert self.plan is not None and self.results is not None
         indices: Any = batch
         if batch and batch[-1] - batch[0] == len(batch) - 1:
             indices = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
         try:
-            blob = cloudpickle.dumps((indices, [self.plan.items[i] for i in batch]))
+            blob = cloudpickle.dumps((indices, [self.plan.items[i] for i in batch], budget))
         except Exception as e:
             self.results._fail(
                 batch, worker.error_record(TypeError(f"the item values cannot be sent to the workers: {e}"))
@@ -476,7 +476,7 @@ class Engine:
                 if self._stopping:
                     return
                 future = self.client.submit(
-                    worker.run_batch, self.context, cloudpickle.dumps(([i], [None])), self.token,
+                    worker.run_batch, self.context, cloudpickle.dumps(([i], [None], None)), self.token,
                     key=f"distribute-{self.run_id}-{next(self._seq)}", pure=False,
                     workers=[items[i]], allow_other_workers=False, **self.submit_kwargs,
                 )  # fmt: skip
