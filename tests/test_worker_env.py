@@ -63,44 +63,11 @@ def test_workers_take_arrays_from_the_heap_not_from_mmap(cluster: Any) -> None:
     assert int(dask_default.stdout) >= 1_000_000
 
 
-def _churn_then_trim() -> tuple[int, int, int]:
-    """RSS before, after allocating and freeing 200 MB of arrays, and after a trim."""
-    import numpy as np
-    import psutil
-
-    from nbcluster.cluster.worker_memory import _malloc_trim
-
-    libc = ctypes.CDLL("libc.so.6")
-    libc.malloc.restype = ctypes.c_void_p
-    me = psutil.Process()
-    _malloc_trim()(0)  # whatever earlier tasks left
-    before = me.memory_info().rss
-    arrays, small = [], []
-    for _ in range(40):
-        arrays.append(np.ones(625_000))  # 5 MB each
-        # A small allocation after each, as real code makes: the freed arrays are then
-        # holes below it, which the heap keeps for reuse.
-        small.append(libc.malloc(256))
-    del arrays
-    held = me.memory_info().rss
-    _malloc_trim()(0)
-    trimmed = me.memory_info().rss
-    for pointer in small:
-        libc.free(ctypes.c_void_p(pointer))
-    return before, held, trimmed
-
-
-def test_freed_memory_goes_back_to_the_system(cluster: Any) -> None:
-    assert set(cluster.client.run(lambda dask_worker: "nbcluster-memory-trim" in dask_worker.plugins).values()) == {
-        True
-    }
-    worker = next(iter(cluster.client.scheduler_info()["workers"]))
-    # A trim now, for earlier tasks: the periodic one then has nothing to do while the
-    # task below runs (it trims only after a task has finished).
-    cluster.client.run(lambda dask_worker: dask_worker.plugins["nbcluster-memory-trim"]._tick(), workers=[worker])
-    before, held, trimmed = cluster.client.submit(lambda: _churn_then_trim(), workers=[worker], pure=False).result()
-    assert held > before + 150 * 2**20  # the heap keeps freed arrays for reuse (that is the speed)...
-    assert trimmed < before + 20 * 2**20  # ...and the trim gives them back
+def test_every_worker_trims_its_heap_after_work(cluster: Any) -> None:
+    # What the trim gives back is measured in bench/real_work.py (RSS after 2 GB of
+    # arrays); here, that each worker has it.
+    has = cluster.client.run(lambda dask_worker: "nbcluster-memory-trim" in dask_worker.plugins)
+    assert set(has.values()) == {True}
 
 
 def test_the_trim_runs_once_after_work() -> None:
