@@ -1,0 +1,121 @@
+"""`Lifeline`: a supervisor leaves within 2 s of being told to, whatever it is doing.
+
+A supervisor must stop, and take its workers with it, when it gets SIGTERM, SIGINT or SIGHUP
+or when its owner process dies - in every phase: waiting for its request, claiming a name,
+building the cluster, starting workers, running. Two things make that hard with asyncio
+alone: ``loop.add_signal_handler`` callbacks run only when the event loop gets control, and
+an owner watch written as a task runs only then too. Start-up code that keeps the loop busy
+(a huge worker plan, a slow preload, a stuck handshake) would make both wait.
+
+So the lifeline works beside the loop, not in it:
+
+- signals go to a plain `signal.signal` handler, which Python runs in the main thread
+  between two bytecodes (so also inside a busy loop) and which calls `trigger`;
+- the owner is polled by a daemon thread, which calls `trigger` when it is gone;
+- `trigger` asks the loop for a graceful stop (``on_stop``, thread-safe) and starts a
+  watchdog thread: if the supervisor has not called `done` within `GRACE_S`, the watchdog
+  kills every process below it, removes its registry entry and credentials, and ends the
+  process with ``os._exit``. Threads get the GIL every few milliseconds even from a busy
+  main thread, so the deadline holds.
+
+Before a loop is attached (the supervisor is still waiting for its request) there is
+nothing to stop gracefully: `trigger` deletes the start log and exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from nbcluster.cluster import registry
+
+#: Seconds a graceful stop may take before the watchdog ends the process.
+GRACE_S = 1.5
+OWNER_POLL_S = 0.5
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Lifeline:
+    def __init__(self, log: Path):
+        self.log = log
+        self.reason: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_stop: Callable[[], None] | None = None
+        self._claimed: tuple[Path, str] | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+
+    def install_signals(self) -> None:
+        for sig in SIGNALS:
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.trigger(f"signal {signal.Signals(signum).name}")
+
+    def attach(self, loop: asyncio.AbstractEventLoop, on_stop: Callable[[], None]) -> None:
+        """From now on a stop is first asked of `on_stop`, run on `loop`."""
+        with self._lock:
+            self._loop, self._on_stop = loop, on_stop
+            pending = self.reason is not None
+        if pending:
+            loop.call_soon_threadsafe(on_stop)
+
+    def claimed(self, directory: Path, name: str) -> None:
+        """The registry entry the watchdog removes if it has to end the process."""
+        self._claimed = (directory, name)
+
+    def watch_owner(self, pid: int, started: float | None) -> None:
+        def poll() -> None:
+            while not self._done.wait(OWNER_POLL_S):
+                if not registry.process_alive(pid, started):
+                    self.trigger(f"its owner (pid {pid}) exited")
+                    return
+
+        threading.Thread(target=poll, name="nbcluster-owner-watch", daemon=True).start()
+
+    def trigger(self, reason: str) -> None:
+        """Stop: gracefully if the loop manages within `GRACE_S`, else by force."""
+        with self._lock:
+            if self.reason is not None:
+                return
+            self.reason = reason
+            loop, on_stop = self._loop, self._on_stop
+        if loop is None or on_stop is None:
+            # Still waiting for a request: nothing started, nothing to clean up but the log.
+            with contextlib.suppress(OSError):
+                self.log.unlink()
+            os._exit(0)
+        threading.Thread(target=self._watchdog, name="nbcluster-watchdog", daemon=True).start()
+        with contextlib.suppress(RuntimeError):  # the loop already closed: the watchdog ends it
+            loop.call_soon_threadsafe(on_stop)
+
+    def done(self) -> None:
+        """The supervisor has cleaned up and is returning: the watchdog stands down."""
+        self._done.set()
+
+    def _watchdog(self) -> None:
+        if self._done.wait(GRACE_S):
+            return
+        kill_descendants()
+        if self._claimed is not None:
+            registry.remove(*self._claimed)
+        os._exit(1)
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process below this one (the workers and their helpers)."""
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=0.3)
