@@ -378,10 +378,11 @@ _spare_lock = threading.Lock()
 
 
 def _launch(directory: Path) -> _Launched:
+    startlog.prune_stale(directory)
     log = startlog.new_path(directory)
     ready_r, ready_w = os.pipe()
     cmd = [sys.executable, "-m", "nbcluster.cluster.supervisor", "--ready-fd", str(ready_w), "--log", str(log)]
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = startlog.open_locked(log)
     try:
         # A new session: a kernel interrupt (SIGINT to the kernel's process group) must not
         # reach the cluster; the owner watch is what ties the two together.

@@ -14,8 +14,9 @@ So the lifeline works beside the loop, not in it:
 - the owner is polled by a daemon thread, which calls `trigger` when it is gone;
 - `trigger` asks the loop for a graceful stop (``on_stop``, thread-safe) and starts a
   watchdog thread: if the supervisor has not called `done` within `GRACE_S`, the watchdog
-  kills every process below it, removes its registry entry and credentials, and ends the
-  process with ``os._exit``. Threads get the GIL every few milliseconds even from a busy
+  kills every process below it, removes its registry entry and credentials, keeps the
+  log of an unfinished start (`startlog.keep_failed`), and ends the process with
+  ``os._exit``. Threads get the GIL every few milliseconds even from a busy
   main thread, so the deadline holds.
 
 Before a loop is attached (the supervisor is still waiting for its request) there is
@@ -34,10 +35,10 @@ from pathlib import Path
 
 import psutil
 
-from nbcluster.cluster import registry
+from nbcluster.cluster import registry, startlog
 
 #: Seconds a graceful stop may take before the watchdog ends the process.
-GRACE_S = 1.5
+GRACE_S = 1.0
 OWNER_POLL_S = 0.5
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -106,6 +107,8 @@ class Lifeline:
         kill_descendants()
         if self._claimed is not None:
             registry.remove(*self._claimed)
+        # Still named .start-*: the start never finished, so its log is a failure's.
+        startlog.keep_failed(self.log)
         os._exit(1)
 
 
@@ -118,4 +121,4 @@ def kill_descendants() -> None:
     for child in children:
         with contextlib.suppress(psutil.Error):
             child.kill()
-    psutil.wait_procs(children, timeout=0.3)
+    psutil.wait_procs(children, timeout=0.2)

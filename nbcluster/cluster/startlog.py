@@ -10,11 +10,19 @@ the registry folder from the moment it is launched. Then:
 - anything else (an error, the start timeout, a crash): the file is renamed
   ``failed-start-<time>-<id>.log`` and the error names it; the oldest such files beyond
   `nbcluster.logs.failed-starts` are deleted, so they never pile up.
+
+A supervisor killed before it could do any of this (SIGKILL, or a signal while it is still
+importing) leaves its ``.start-`` file behind. The launcher therefore takes an exclusive
+`flock` on the log's open file, which the supervisor and its workers inherit as their
+stdout: the lock lasts exactly as long as some process of that cluster lives. A ``.start-``
+file nobody holds the lock on is stale, and `prune_stale` (run at each launch) deletes it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import time
 import uuid
 from pathlib import Path
@@ -31,15 +39,17 @@ def new_path(directory: Path) -> Path:
 
 
 def keep_failed(log: Path) -> Path | None:
-    """Keep a failed start's log under a name that says so; None if there is none."""
-    if not log.exists():
-        return None
+    """Keep a failed start's log under a name that says so; None if there is none.
+
+    Both the supervisor and the process that launched it may call this for the same start
+    (whichever notices first); the second gets the name the first chose.
+    """
     ident = log.name.removeprefix(STARTING).removesuffix(".log")
     kept = log.with_name(f"{FAILED}{time.strftime('%Y%m%d-%H%M%S')}-{ident}.log")
     try:
         log.rename(kept)
-    except FileNotFoundError:  # the supervisor got there first
-        return None
+    except FileNotFoundError:
+        return next(iter(log.parent.glob(f"{FAILED}*-{ident}.log")), None)
     prune(log.parent)
     return kept
 
@@ -58,3 +68,34 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except FileNotFoundError:
         return 0.0
+
+
+def open_locked(log: Path) -> int:
+    """Create `log` 0600 and return its descriptor, flock-ed for as long as it is inherited.
+
+    Created under another name and renamed once locked, so that `prune_stale` in another
+    process never sees it unlocked.
+    """
+    making = log.with_name(f".making-{log.name}")
+    fd = os.open(making, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.rename(making, log)
+    return fd
+
+
+def prune_stale(directory: Path) -> None:
+    """Delete ``.start-`` logs that no living process holds (see the module docstring)."""
+    for log in directory.glob(f"{STARTING}*.log"):
+        try:
+            fd = os.open(log, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a supervisor (or a spare) is alive and writing it
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                log.unlink()
+        finally:
+            os.close(fd)

@@ -276,7 +276,8 @@ async def run(
             gpus=[d.to_dict() for d in devices],
         )
         registry.update(directory, name, entry)
-        log.rename(directory / f"{name}.log")  # no failure to keep: it is the cluster's log now
+        with contextlib.suppress(OSError):  # no failure to keep: it is the cluster's log now
+            log.rename(directory / f"{name}.log")
         report({"ok": True, "entry": entry})
     except (Exception, asyncio.CancelledError) as e:
         if isinstance(e, asyncio.CancelledError):
