@@ -69,6 +69,8 @@ def test_scheduler_metrics_memory_stays_flat_over_a_million_tasks():
     held, rss = asyncio.run(main())
     assert held == 20_000  # the ring's capacity: older records were replaced
     # After 200,000 the rings (and dask's 100,000-key key_split cache) are full; 800,000 more
-    # reports must not grow the process. A leak of 10 bytes per report would be 8 MB.
+    # reports must not grow the process. A leak of 20 bytes per report (one small object)
+    # would be 16 MB; the allocator alone showed one step of ~7 MiB here, then nothing up to
+    # 2,000,000 reports (bench/RESULTS.md).
     grown = max(rss[2:]) - rss[1]
-    assert grown < 8 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB: {[r // 2**20 for r in rss]} MiB"
+    assert grown < 16 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB: {[r // 2**20 for r in rss]} MiB"
