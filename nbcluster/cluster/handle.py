@@ -440,7 +440,7 @@ def _spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool
     timeout = config.seconds("timeouts.start")
     request = {
         "spec": spec.to_dict(), "runtime_dir": str(directory), "owner": owner, "env": dict(os.environ),
-        "force": force, "timeout": timeout,
+        "force": force,
     }  # fmt: skip
     try:
         assert proc.stdin is not None

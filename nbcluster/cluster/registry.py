@@ -10,7 +10,9 @@ processes starting clusters at once never get the same name and every entry name
 process from its first byte (`state: "starting"` until the scheduler is up). An entry whose
 supervisor process is gone is stale: whoever reads it deletes it, with its credentials.
 Supervisor pids are checked together with their start time, so a reused pid never keeps a
-dead cluster listed.
+dead cluster listed. An entry that another user owns, that others could write, or that is a
+symlink is refused with a warning and left in place (`_read_trusted`): entries name the
+credentials and dashboard address that front ends will use.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ SUFFIXES = (".json", ".cert.pem", ".key.pem", ".log")
 log = logging.getLogger("nbcluster")
 
 
+class RuntimeDirError(NbclusterError, OSError):
+    """The registry folder cannot be created or written."""
+
+
 def runtime_dir(override: str | os.PathLike[str] | None = None) -> Path:
     """The registry folder, created 0700 on first use."""
     if override is not None:
@@ -49,10 +55,6 @@ def runtime_dir(override: str | os.PathLike[str] | None = None) -> Path:
     if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
         raise RuntimeDirError(f"cannot write to the cluster registry folder {path}: {fix}")
     return path
-
-
-class RuntimeDirError(NbclusterError, OSError):
-    """The registry folder cannot be created or written."""
 
 
 def _write_private(path: Path, text: str, *, exclusive: bool = False) -> None:

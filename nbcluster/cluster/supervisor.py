@@ -69,7 +69,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from nbcluster import config
 from nbcluster.cluster import backends, gpu, registry, startlog
-from nbcluster.cluster.lifeline import Lifeline
+from nbcluster.cluster.lifeline import GRACE_S, Lifeline
 from nbcluster.cluster.spec import ClusterSpec, parse_count
 from nbcluster.errors import NbclusterError
 
@@ -311,9 +311,8 @@ async def run(
 
 
 def lifeline_grace() -> float:
-    """What is left for a graceful close when a stop came from a signal or the owner."""
-    from nbcluster.cluster.lifeline import GRACE_S
-
+    """What a graceful close may take when the stop came from a signal or the owner: less
+    than the lifeline's grace period, so the close, not the watchdog, usually ends it."""
     return GRACE_S * 0.8
 
 
