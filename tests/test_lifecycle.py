@@ -128,6 +128,24 @@ def test_a_killed_supervisors_start_log_is_pruned_but_a_live_ones_is_not(runtime
         handle_module.discard_spare()
 
 
+def test_a_cluster_started_here_stops_promptly_from_another_process_and_leaves_no_zombie(runtime_dir, cli):
+    handle = nbcluster.start(workers=0, name="here")
+    supervisor = psutil.Process(handle.entry["supervisor_pid"])
+    started = time.monotonic()
+    result = cli("stop", "here")
+    took = time.monotonic() - started
+    assert result.returncode == 0 and "Stopped 'here'" in result.stdout
+    # The supervisor is our child: exited, it is a zombie until we reap it, and the other
+    # process must not wait for the pid to vanish (it used to wait out its 40 s timeout).
+    assert took < 10, f"`nbcluster stop` took {took:.1f} s"
+    nbcluster.clusters()  # any registry read here reaps exited supervisors we started
+    try:
+        zombie = supervisor.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        zombie = False
+    assert not zombie
+
+
 # -- start logs ----------------------------------------------------------------------------
 
 
