@@ -127,10 +127,13 @@ def leftovers(server: Any) -> list[str]:
     """Supervisor processes of the server, and files in its registry folder, still there."""
     import psutil
 
-    procs = [
-        f"pid {p.pid}" for p in psutil.Process(server.proc.pid).children(recursive=True)
-        if "nbcluster.cluster.supervisor" in " ".join(p.cmdline())
-    ]  # fmt: skip
+    def supervisor(p: psutil.Process) -> bool:
+        try:
+            return "nbcluster.cluster.supervisor" in " ".join(p.cmdline())
+        except psutil.Error:  # exited meanwhile, or a zombie: not running
+            return False
+
+    procs = [f"pid {p.pid}" for p in psutil.Process(server.proc.pid).children(recursive=True) if supervisor(p)]
     return procs + sorted(p.name for p in Path(server.runtime_dir).iterdir())
 
 

@@ -204,6 +204,7 @@ class ClusterHandle:
         with contextlib.suppress(ClusterUnreachable):
             self.rpc("nbcluster_stop", timeout=10)
         _wait_gone(pid, self.entry.get("supervisor_started"))
+        _reap_children()
         if _keep_warm and self.directory is not None:
             # Replenish now rather than right after a start, where the spare's imports
             # would compete with the new cluster's workers for the cores.
