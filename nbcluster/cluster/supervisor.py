@@ -69,7 +69,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from nbcluster import config
 from nbcluster.cluster import backends, gpu, registry, startlog
-from nbcluster.cluster.lifeline import GRACE_S, Lifeline
+from nbcluster.cluster.lifeline import GRACE_S, Lifeline, kill_descendants
 from nbcluster.cluster.spec import ClusterSpec, parse_count
 from nbcluster.errors import NbclusterError
 
@@ -288,8 +288,10 @@ async def run(
             message = f"{type(e).__name__}: {e}"
             traceback.print_exc()
         if cluster is not None:
+            budget = lifeline_grace() if lifeline.reason else 10
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(cluster.close(timeout=1), lifeline_grace())
+                await asyncio.wait_for(cluster.close(timeout=budget), budget)
+        kill_descendants()  # whatever the close did not finish: no worker outlives a failed start
         registry.remove(directory, name)
         kept = startlog.keep_failed(log) if entry["state"] == "starting" else None
         with contextlib.suppress(OSError, AssertionError):  # the requester may be gone
