@@ -116,7 +116,12 @@ class ClusterHandle:
                 )
             return call.result()
         except (OSError, ClusterUnreachable) as e:
-            pool.remove(self.address)  # a stopped or stuck scheduler's connections are useless
+            # A stopped or stuck scheduler's connections are useless. When two calls fail at
+            # once (20 sidebars polling a cluster being deleted), Dask's ConnectionPool.remove
+            # cancels a pending connect twice and the second raises RuntimeError ("Cannot
+            # change state of expiring Timeout"): the first already did the job.
+            with contextlib.suppress(RuntimeError):
+                pool.remove(self.address)
             if isinstance(e, ClusterUnreachable):
                 raise
             raise ClusterUnreachable(
