@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable
@@ -113,6 +114,11 @@ async def describe(handle: ClusterHandle) -> dict[str, Any]:
         info = await asyncio.wait_for(handle.ainfo(), INFO_TIMEOUT_S)
     except (NbclusterError, asyncio.TimeoutError, OSError):
         # Registered (its supervisor lives) but silent: show it as such, never hang on it.
+        info = {k: handle.entry.get(k) for k in PUBLIC_ENTRY_KEYS}
+        state = "unreachable"
+    except Exception:
+        # A bug talking to one cluster must not turn every sidebar's listing into a 500.
+        logging.getLogger("nbcluster").exception("nbcluster: asking %s for its state failed", handle.name)
         info = {k: handle.entry.get(k) for k in PUBLIC_ENTRY_KEYS}
         state = "unreachable"
     else:
