@@ -28,6 +28,7 @@ from nbcluster.cluster.handle import prewarm
 from nbcluster.errors import ClusterFailed
 from tests.lifecycle_helpers import JupyterServer, Signal, busy_start_env, family, wait_gone
 
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 def _leftovers(directory: Path) -> list[str]:
     """Files in the registry folder other than kept failure logs."""
@@ -269,9 +270,6 @@ def test_an_unwritable_registry_folder_is_one_clear_line(tmp_path):
             assert words in done.stderr and "NBCLUSTER_RUNTIME_DIR" in done.stderr
     finally:
         locked.chmod(0o700)
-
-
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ from nbcluster.cluster import limits
 from nbcluster.cluster.limits import LimitExceeded, Machine
 from nbcluster.cluster.spec import ClusterSpec
 
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
 LAPTOP = Machine(cores=2, memory=8 * 2**30)
 HUGE = 10**9  # the issue's {"workers": 1000000000}
 
@@ -147,9 +149,6 @@ def test_cli_refuses_and_config_caps_hold_against_force(runtime_dir, cli) -> Non
     assert capped.returncode == 2 and "--force does not lift a limit set in config" in capped.stderr
     assert "Traceback" not in result.stderr + capped.stderr
     assert nbcluster.clusters() == [] and list(runtime_dir.iterdir()) == []
-
-
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
 @pytest.fixture
