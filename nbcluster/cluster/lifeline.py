@@ -51,7 +51,9 @@ class Lifeline:
         self._on_stop: Callable[[], None] | None = None
         self._claimed: tuple[Path, str] | None = None
         self._done = threading.Event()
-        self._lock = threading.Lock()
+        # Re-entrant: the signal handler runs in the main thread, possibly while `attach`
+        # there holds the lock.
+        self._lock = threading.RLock()
 
     def install_signals(self) -> None:
         for sig in SIGNALS:
