@@ -78,7 +78,9 @@ def test_sigterm_ends_a_busy_start_within_2_s(runtime_dir, tmp_path, cli):
             _out, err = command.communicate(timeout=30)
         finally:
             command.kill()
-    assert not alive and took < 2.0, f"supervisor took {took:.2f} s; still alive: {alive}"
+    log = err.rsplit("its log: ", 1)[-1].split(". Last lines")[0]
+    tail = Path(log).read_text()[-1500:] if Path(log).is_file() else "(no log)"
+    assert not alive and took < 2.0, f"supervisor took {took:.2f} s; still alive: {alive}; log: {tail}"
     assert command.returncode == 2 and err.count("\n") == 1 and "exited before the cluster was up" in err
     assert _leftovers(runtime_dir) == []
 

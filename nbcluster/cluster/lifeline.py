@@ -29,7 +29,9 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -95,6 +97,7 @@ class Lifeline:
             with contextlib.suppress(OSError):
                 self.log.unlink()
             os._exit(0)
+        _note(f"stopping: {reason}")
         threading.Thread(target=self._watchdog, name="nbcluster-watchdog", daemon=True).start()
         with contextlib.suppress(RuntimeError):  # the loop already closed: the watchdog ends it
             loop.call_soon_threadsafe(on_stop)
@@ -106,16 +109,35 @@ class Lifeline:
     def _watchdog(self) -> None:
         if self._done.wait(GRACE_S):
             return
-        kill_descendants()
+        # From here on the main thread may be spinning: every system call releases the GIL
+        # and waits a switch interval (5 ms, more on a loaded machine) to get it back, so
+        # the work is a handful of calls, and the main thread is asked to yield sooner.
+        sys.setswitchinterval(1e-4)
+        _note(f"not stopped within {GRACE_S:g} s: killing the workers and exiting")
         if self._claimed is not None:
             registry.remove(*self._claimed)
         # Still named .start-*: the start never finished, so its log is a failure's.
         startlog.keep_failed(self.log)
+        if os.getpgid(0) == os.getpid():
+            # Launched by `nbcluster.start` in a session of its own: the process group is
+            # this process and its workers, and one call ends them all, this one included.
+            os.killpg(os.getpid(), signal.SIGKILL)
+        kill_descendants()
         os._exit(1)
 
 
+def _note(text: str) -> None:
+    # Stderr is the supervisor's log: a line there says why a cluster went away.
+    with contextlib.suppress(OSError, ValueError):
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} - nbcluster.lifeline - {text}", file=sys.stderr, flush=True)
+
+
 def kill_descendants() -> None:
-    """SIGKILL every process below this one (the workers and their helpers)."""
+    """SIGKILL every process below this one (the workers and their helpers).
+
+    psutil walks all of /proc to find them: fine from the event loop, slow from a thread
+    competing with a busy main thread (see `Lifeline._watchdog`).
+    """
     try:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:
