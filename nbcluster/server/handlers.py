@@ -8,8 +8,8 @@ Every route lives under ``<base_url>nbcluster/`` and requires Jupyter's own auth
     POST   api/clusters                   start one; body below -> 201 cluster
     GET    api/clusters/<name>            cluster
     DELETE api/clusters/<name>            stop it -> 204
-    POST   api/clusters/<name>/scale      {"workers": n, "kind": "cpu"|"gpu"} -> cluster
-    POST   api/clusters/<name>/adapt      {"minimum": n, "maximum": m} -> cluster
+    POST   api/clusters/<name>/scale      {"workers": n, "kind": "cpu"|"gpu", "force": false} -> cluster
+    POST   api/clusters/<name>/adapt      {"minimum": n, "maximum": m, "force": false} -> cluster
     POST   api/clusters/<name>/restart    {} -> cluster
     GET    api/clusters/<name>/metrics    ?since=cursor -> metrics snapshot (nbcluster.metrics)
     WS     api/stream                     live list + metrics, see `StreamHandler`
@@ -18,7 +18,9 @@ Every route lives under ``<base_url>nbcluster/`` and requires Jupyter's own auth
 A *cluster* is the scheduler's ``nbcluster_info`` answer plus ``"state": "running"``, or,
 for a registered cluster whose scheduler does not answer in time, its registry entry with
 ``"state": "unreachable"``. Start body: ``workers``, ``threads``, ``memory``, ``gpus``,
-``name``, ``keep``, ``dashboard``, ``profile`` (all optional). Errors are JSON
+``name``, ``keep``, ``dashboard``, ``profile``, ``force`` (all optional). Sizes are checked
+against `nbcluster.cluster.limits` here, before the supervisor is asked (which checks again);
+``force`` lifts only the machine-derived limits. Errors are JSON
 ``{"message": ...}``: 400 for a bad body or value, 404 for an unknown cluster, 409 when the
 start would reuse a running cluster, 503 when a scheduler does not answer.
 
