@@ -56,16 +56,19 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     s.add_argument("--keep", action="store_true", help="keep running after this kernel exits")
     s.add_argument("--dashboard", action="store_true", help="start Dask's dashboard (loopback only)")
     s.add_argument("--gpu-backend", help="GPU worker implementation: builtin (default) or dask-cuda")
+    s.add_argument("--force", action="store_true", help="go past the limits derived from this machine (not those set in config)")
 
     s = sub.add_parser("scale", help="set the number of workers of a kind")
     s.add_argument("n", help="number of workers")
     s.add_argument("--kind", default="cpu", choices=("cpu", "gpu"), help="worker kind (default: cpu)")
     s.add_argument("--name", help="cluster (default: the current one)")
+    s.add_argument("--force", action="store_true", help="go past the limits derived from this machine (not those set in config)")
 
     s = sub.add_parser("adapt", help="scale CPU workers automatically between --min and --max")
     s.add_argument("--min", required=True, dest="minimum", help="fewest workers")
     s.add_argument("--max", required=True, dest="maximum", help="most workers")
     s.add_argument("--name", help="cluster (default: the current one)")
+    s.add_argument("--force", action="store_true", help="go past the limits derived from this machine (not those set in config)")
 
     s = sub.add_parser("status", help="workers, cores, memory, GPUs and tasks of a cluster")
     s.add_argument("name", nargs="?")
@@ -145,7 +148,7 @@ class Runner:
     def do_start(self, ns: argparse.Namespace) -> ClusterInfo:
         options = dict(
             workers=ns.workers, threads=ns.threads, memory=ns.memory, gpus=ns.gpus,
-            name=ns.name, dashboard=ns.dashboard, gpu_backend=ns.gpu_backend,
+            name=ns.name, dashboard=ns.dashboard, gpu_backend=ns.gpu_backend, force=ns.force,
         )  # fmt: skip
         if self.in_kernel:
             handle = nbcluster.start(keep=ns.keep, **options)
@@ -164,7 +167,7 @@ class Runner:
     def do_scale(self, ns: argparse.Namespace) -> ClusterInfo:
         n = parse_count(ns.n, "the number of workers")  # a typo is reported before anything else
         handle = self._target(ns.name)
-        handle.scale(n, kind=ns.kind)
+        handle.scale(n, kind=ns.kind, force=ns.force)
         return handle.info()
 
     def do_adapt(self, ns: argparse.Namespace) -> ClusterInfo:
@@ -172,7 +175,7 @@ class Runner:
         if lo > hi:
             raise BadArgument(f"--min {lo} is above --max {hi}: the minimum must not exceed the maximum")
         handle = self._target(ns.name)
-        handle.adapt(lo, hi)
+        handle.adapt(lo, hi, force=ns.force)
         return handle.info()
 
     def do_status(self, ns: argparse.Namespace) -> ClusterInfo:

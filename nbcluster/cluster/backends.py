@@ -254,15 +254,15 @@ def _dask_cuda_options(device: GPU) -> dict[str, Any]:
     return dict(spec["options"])
 
 
-async def local_cluster(spec: ClusterSpec, devices: list[GPU], security: Security) -> NbSpecCluster:
-    """Start the local backend's cluster (CPU workers for the cores GPU workers leave)."""
+def local_cluster(spec: ClusterSpec, devices: list[GPU], security: Security) -> NbSpecCluster:
+    """The local backend's cluster, not started yet (`await` it): CPU workers for the cores
+    GPU workers leave. Kept apart from starting so that the caller holds the object, and
+    can close it, whenever a start is cut short."""
     if spec.workers is None and devices:
         cores = os.cpu_count() or 1
         spec = ClusterSpec(**{**spec.to_dict(), "workers": max(cores - len(devices), 1)})
     spec = spec.resolved()
-    cluster = NbSpecCluster(spec=spec, devices=devices, security=security, asynchronous=True)
-    await cluster
-    return cluster
+    return NbSpecCluster(spec=spec, devices=devices, security=security, asynchronous=True)
 
 
 def dashboard_url(cluster: SpecCluster) -> str | None:

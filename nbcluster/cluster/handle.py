@@ -13,23 +13,22 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
 import time
-import uuid
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import dask.config
-import psutil
 from distributed import Client, Security
 from distributed.core import ConnectionPool
 
-from nbcluster import _aio
-from nbcluster.cluster import registry
+from nbcluster import _aio, config
+from nbcluster.cluster import registry, startlog
 from nbcluster.cluster.backends import security_from
 from nbcluster.cluster.info import ClusterInfo
 from nbcluster.cluster.spec import ClusterSpec, check_name, parse_count
@@ -41,7 +40,6 @@ _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str
     weakref.WeakKeyDictionary()
 )
 
-START_TIMEOUT_S = 120
 CONNECT_TIMEOUT_S = 5
 STOP_TIMEOUT_S = 30
 
@@ -119,7 +117,12 @@ class ClusterHandle:
                 )
             return call.result()
         except (OSError, ClusterUnreachable) as e:
-            pool.remove(self.address)  # a stopped or stuck scheduler's connections are useless
+            # A stopped or stuck scheduler's connections are useless. When two calls fail at
+            # once (20 sidebars polling a cluster being deleted), Dask's ConnectionPool.remove
+            # cancels a pending connect twice and the second raises RuntimeError ("Cannot
+            # change state of expiring Timeout"): the first already did the job.
+            with contextlib.suppress(RuntimeError):
+                pool.remove(self.address)
             if isinstance(e, ClusterUnreachable):
                 raise
             raise ClusterUnreachable(
@@ -163,19 +166,35 @@ class ClusterHandle:
         """New task-stream records and resource samples since a cursor (see nbcluster.metrics)."""
         return _aio.run(self.ametrics(since))
 
-    def scale(self, n: int, kind: str = "cpu") -> None:
-        """Have `n` workers of `kind` ("cpu" or "gpu"); returns once they are up or gone."""
+    @property
+    def spec(self) -> ClusterSpec:
+        """What the cluster was started with (threads and memory per worker)."""
+        return ClusterSpec.from_dict(self.entry.get("spec") or {})
+
+    def scale(self, n: int, kind: str = "cpu", *, force: bool = False) -> None:
+        """Have `n` workers of `kind` ("cpu" or "gpu"); returns once they are up or gone.
+
+        `n` is checked against `nbcluster.limits` here and again in the supervisor, before
+        any worker is started; `force=True` lifts the machine-derived limits (see `limits`).
+        """
         self._need_managed("scale")
         n = parse_count(n, "the number of workers")
-        self.rpc("nbcluster_scale", timeout=120, n=n, kind=kind)
+        # Only this kind is known here; the supervisor checks both kinds together.
+        cpu, gpu = (n, 0) if kind == "cpu" else (0, n)
+        self.spec.check_size(f"scale {n}", cpu, gpu, force=force)
+        self.rpc("nbcluster_scale", timeout=120, n=n, kind=kind, force=force)
 
-    def adapt(self, minimum: int = 0, maximum: int = 4) -> None:
-        """Let the cluster grow and shrink its CPU workers between the bounds by load."""
+    def adapt(self, minimum: int = 0, maximum: int = 4, *, force: bool = False) -> None:
+        """Let the cluster grow and shrink its CPU workers between the bounds by load.
+
+        `maximum` is checked against `nbcluster.limits` like a `scale` (`force` as there).
+        """
         self._need_managed("adapt")
         lo, hi = parse_count(minimum, "--min"), parse_count(maximum, "--max")
         if lo > hi:
             raise BadArgument(f"--min {lo} is above --max {hi}: the minimum must not exceed the maximum")
-        self.rpc("nbcluster_adapt", minimum=lo, maximum=hi)
+        self.spec.check_size(f"adapt --max {hi}", hi, force=force)
+        self.rpc("nbcluster_adapt", minimum=lo, maximum=hi, force=force)
 
     def restart(self) -> None:
         """Restart every worker process (clears their memory); the cluster stays."""
@@ -191,6 +210,7 @@ class ClusterHandle:
         with contextlib.suppress(ClusterUnreachable):
             self.rpc("nbcluster_stop", timeout=10)
         _wait_gone(pid, self.entry.get("supervisor_started"))
+        _reap_children()
         if _keep_warm and self.directory is not None:
             # Replenish now rather than right after a start, where the spare's imports
             # would compete with the new cluster's workers for the cores.
@@ -220,17 +240,33 @@ class ClusterHandle:
 
 
 def _wait_gone(pid: int | None, started: float | None) -> None:
+    """Wait for a supervisor to exit (SIGTERM after STOP_TIMEOUT_S, SIGKILL 10 s later).
+
+    On its pidfd, which is readable once the process has exited: a supervisor that is not
+    our child stays a zombie until the process that started it reaps it, and waiting for
+    the pid to disappear would wait out the whole timeout (it did: 40 s per CLI stop).
+    """
     if not registry.process_alive(pid, started):
         return
-    proc = psutil.Process(pid)
+    assert pid is not None
     try:
-        proc.wait(STOP_TIMEOUT_S)
-    except psutil.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except psutil.TimeoutExpired:
-            proc.kill()
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        for timeout, then in ((STOP_TIMEOUT_S, signal.SIGTERM), (10, signal.SIGKILL)):
+            if select.select([fd], [], [], timeout)[0]:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, then)
+    finally:
+        os.close(fd)
+
+
+def _reap_children() -> None:
+    """Collect the exit status of supervisors this process started and that have exited
+    (stopped from elsewhere), so that none stays a zombie while this process lives."""
+    _children[:] = [proc for proc in _children if proc.poll() is None]
 
 
 # -- finding and starting clusters ------------------------------------------------------
@@ -283,6 +319,7 @@ def connect(name_or_address: str, *, runtime_dir: str | os.PathLike[str] | None 
 def clusters(*, runtime_dir: str | os.PathLike[str] | None = None) -> list[ClusterHandle]:
     """Every running cluster in the registry, whoever started it, oldest first."""
     directory = registry.runtime_dir(runtime_dir)
+    _reap_children()
     return [ClusterHandle(e, directory=directory) for e in registry.entries(directory)]
 
 
@@ -296,6 +333,7 @@ def start(
     dashboard: bool = False,
     gpu_backend: str | None = None,
     *,
+    force: bool = False,
     owner_pid: int | None = None,
     runtime_dir: str | os.PathLike[str] | None = None,
 ) -> ClusterHandle:
@@ -305,10 +343,14 @@ def start(
     without one, this owner's unnamed cluster is reused, else the first free of ``local``,
     ``local-2``, ... is started. The cluster stops when the owner process (default: this
     one) exits, unless `keep`.
+
+    The size is checked against `nbcluster.limits` before anything starts; `force=True`
+    lifts the limits derived from the machine, not those set in Dask config. A cluster not
+    ready within `nbcluster.timeouts.start` is torn down, and the error names its log.
     """
     spec = ClusterSpec.from_user(
         workers=workers, threads=threads, memory=memory, gpus=gpus, name=name, keep=keep, dashboard=dashboard,
-        gpu_backend=gpu_backend,
+        gpu_backend=gpu_backend, force=force,
     )
     directory = registry.runtime_dir(runtime_dir)
     owner = None if keep else (owner_pid or os.getpid())
@@ -320,7 +362,7 @@ def start(
         from nbcluster.cluster import gpu
 
         gpu.select(spec.gpus, gpu.discover())
-    return ClusterHandle(_spawn(spec, directory, owner), directory=directory)
+    return ClusterHandle(_spawn(spec, directory, owner, force=force), directory=directory)
 
 
 def _find_reusable(directory: Path, spec: ClusterSpec) -> dict[str, Any] | None:
@@ -354,15 +396,18 @@ class _Launched:
 
 
 _spare: _Launched | None = None
+#: Supervisors started from this process that run clusters (see `_reap_children`).
+_children: list[subprocess.Popen[bytes]] = []
 _keep_warm = False
 _spare_lock = threading.Lock()
 
 
 def _launch(directory: Path) -> _Launched:
-    log = directory / f".start-{uuid.uuid4().hex[:8]}.log"
+    startlog.prune_stale(directory)
+    log = startlog.new_path(directory)
     ready_r, ready_w = os.pipe()
     cmd = [sys.executable, "-m", "nbcluster.cluster.supervisor", "--ready-fd", str(ready_w), "--log", str(log)]
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = startlog.open_locked(log)
     try:
         # A new session: a kernel interrupt (SIGINT to the kernel's process group) must not
         # reach the cluster; the owner watch is what ties the two together.
@@ -414,48 +459,73 @@ def _take(directory: Path) -> _Launched:
     return _launch(directory)
 
 
-def _spawn(spec: ClusterSpec, directory: Path, owner: int | None) -> dict[str, Any]:
+def _spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool = False) -> dict[str, Any]:
     launched = _take(directory)
     proc = launched.proc
+    timeout = config.seconds("timeouts.start")
     # The caller's nbcluster settings too: a `dask.config.set` in a notebook applies to the
     # clusters it starts, as it would to a LocalCluster started there.
     settings = {"nbcluster": dask.config.get("nbcluster")}
     request = {
-        "spec": spec.to_dict(), "runtime_dir": str(directory), "owner": owner,
-        "env": dict(os.environ), "config": settings,
+        "spec": spec.to_dict(), "runtime_dir": str(directory), "owner": owner, "env": dict(os.environ),
+        "force": force, "config": settings,
     }  # fmt: skip
     try:
         assert proc.stdin is not None
         proc.stdin.write((json.dumps(request) + "\n").encode())
         proc.stdin.close()
-        line = _read_line(launched.ready_r, proc, START_TIMEOUT_S)
-    except BaseException:
-        proc.terminate()
+        line = _read_line(launched.ready_r, timeout)
+    except BaseException as error:
+        # Too slow, or interrupted (Ctrl-C, a server shutting down): nothing half-started
+        # may stay behind, whatever phase the supervisor is in.
+        _tear_down(proc)
+        if isinstance(error, TimeoutError):
+            log = startlog.keep_failed(launched.log)
+            raise ClusterFailed(
+                f"the cluster was not ready within {timeout:g} s (nbcluster.timeouts.start) and was "
+                f"stopped; its log: {log or '(none)'}"
+            ) from None
         raise
     finally:
         os.close(launched.ready_r)
     if not line:
-        log = directory / launched.log.name
-        tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
+        proc.wait(10)
+        log = startlog.keep_failed(launched.log)
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log else []
         raise ClusterFailed(
-            f"the cluster supervisor exited before the cluster was up (exit code {proc.poll()}). "
-            f"Last log lines: {' | '.join(tail) or '(none)'}"
+            f"the cluster supervisor exited before the cluster was up (exit code {proc.poll()}); "
+            f"its log: {log or '(none)'}. Last lines: {' | '.join(tail) or '(none)'}"
         )
     message = json.loads(line)
     if not message.get("ok"):
         proc.wait(10)
         raise ClusterFailed(f"the cluster did not start: {message.get('error')}")
+    _reap_children()
+    _children.append(proc)
     return message["entry"]
 
 
-def _read_line(fd: int, proc: subprocess.Popen[bytes], timeout: float) -> str:
-    """The supervisor's one-line report; '' if it exited first."""
+def _tear_down(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a supervisor and its workers: SIGTERM (it exits within 2 s), then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(3)
+    # It runs in a session of its own (see `_launch`), so its process group is it and its
+    # workers: anything still there after the grace period is killed with it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    """The supervisor's one-line report; '' if it exited first; TimeoutError if too slow."""
     deadline = time.monotonic() + timeout
     data = b""
     while not data.endswith(b"\n"):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ClusterFailed(f"the cluster did not start within {timeout:.0f} s; see {proc.args}")
+            raise TimeoutError
         ready, _, _ = select.select([fd], [], [], remaining)
         if ready:
             chunk = os.read(fd, 65536)

@@ -10,20 +10,31 @@ processes starting clusters at once never get the same name and every entry name
 process from its first byte (`state: "starting"` until the scheduler is up). An entry whose
 supervisor process is gone is stale: whoever reads it deletes it, with its credentials.
 Supervisor pids are checked together with their start time, so a reused pid never keeps a
-dead cluster listed.
+dead cluster listed. An entry that another user owns, that others could write, or that is a
+symlink is refused with a warning and left in place (`_read_trusted`): entries name the
+credentials and dashboard address that front ends will use.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from nbcluster.errors import NbclusterError
+
 SUFFIXES = (".json", ".cert.pem", ".key.pem", ".log")
+log = logging.getLogger("nbcluster")
+
+
+class RuntimeDirError(NbclusterError, OSError):
+    """The registry folder cannot be created or written."""
 
 
 def runtime_dir(override: str | os.PathLike[str] | None = None) -> Path:
@@ -36,7 +47,13 @@ def runtime_dir(override: str | os.PathLike[str] | None = None) -> Path:
         from jupyter_core.paths import jupyter_runtime_dir
 
         path = Path(jupyter_runtime_dir()) / "nbcluster"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fix = "make it writable by you, or set NBCLUSTER_RUNTIME_DIR to a folder of yours"
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as error:
+        raise RuntimeDirError(f"cannot create the cluster registry folder {path} ({error.strerror}): {fix}") from None
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        raise RuntimeDirError(f"cannot write to the cluster registry folder {path}: {fix}")
     return path
 
 
@@ -87,14 +104,53 @@ def process_alive(pid: int | None, started: float | None = None) -> bool:
         return False
 
 
+def _read_trusted(path: Path) -> str | None:
+    """The text of an entry this user wrote and nobody else can change; None otherwise.
+
+    An entry names credential files and a dashboard address that front ends will use, so
+    one that another user owns, or that others may write, is refused (with a warning, once)
+    and left alone: it is not ours to delete. O_NOFOLLOW: a planted symlink is refused too.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as error:  # ELOOP: a symlink
+        _warn_once(path, None, f"cannot be opened safely ({error.strerror})")
+        return None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.getuid():
+            _warn_once(path, st, f"belongs to another user (uid {st.st_uid})")
+            return None
+        if st.st_mode & 0o077:
+            _warn_once(path, st, f"is readable or writable by others (mode {stat.S_IMODE(st.st_mode):o}, not 600)")
+            return None
+        return f.read()
+
+
+_warned: set[tuple[str, int, float]] = set()
+
+
+def _warn_once(path: Path, st: os.stat_result | None, why: str) -> None:
+    # Readers poll the registry (the sidebar twice a second): one warning per file version.
+    key = (str(path), st.st_ino if st else 0, st.st_mtime if st else 0.0)
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("nbcluster: ignoring registry entry %s: it %s; remove it if you do not know it", path, why)
+
+
 def read(directory: Path, name: str) -> dict[str, Any] | None:
     """The live entry for `name`, or None (pruning it if its supervisor is gone)."""
     path = directory / f"{name}.json"
-    try:
-        entry = json.loads(path.read_text())
-    except FileNotFoundError:
+    text = _read_trusted(path)
+    if text is None:
         return None
+    try:
+        entry = json.loads(text)
     except json.JSONDecodeError:
+        entry = None
+    if not isinstance(entry, dict):
         # Entries are written atomically, so a broken one was left by a crash.
         remove(directory, name)
         return None

@@ -12,8 +12,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from dask.utils import parse_bytes
+from dask.utils import format_bytes, parse_bytes
 
+from nbcluster import config
+from nbcluster.cluster import limits
 from nbcluster.errors import BadArgument
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -107,7 +109,10 @@ class ClusterSpec:
         dashboard: bool = False,
         backend: str = "local",
         gpu_backend: str | None = None,
+        force: bool = False,
     ) -> ClusterSpec:
+        """Validate a start request, including its size against `limits` (`force` lifts the
+        machine-derived limits, not those set in config)."""
         gpu_backend = gpu_backend or "builtin"
         if gpu_backend not in GPU_BACKENDS:
             raise BadArgument(f"--gpu-backend {gpu_backend!r}: use one of {', '.join(GPU_BACKENDS)}")
@@ -115,7 +120,7 @@ class ClusterSpec:
             raise BadArgument("--dashboard needs bokeh: `pip install bokeh`, or start without --dashboard")
         if backend not in BACKENDS:
             raise BadArgument(f"unknown backend profile {backend!r}: use one of {', '.join(BACKENDS)}")
-        return cls(
+        spec = cls(
             workers=None if workers is None else _count(workers, "--workers"),
             threads=None if threads is None else _count(threads, "--threads", minimum=1),
             memory=parse_memory(memory),
@@ -126,15 +131,47 @@ class ClusterSpec:
             backend=backend,
             gpu_backend=gpu_backend,
         )
+        spec.check_limits(force=force)
+        return spec
+
+    def check_limits(self, *, force: bool = False, machine: limits.Machine | None = None) -> None:
+        """Raise `LimitExceeded` if this cluster would start larger than the limits allow."""
+        resolved = self.resolved(machine.cores if machine else None)
+        assert resolved.workers is not None
+        request = f"--workers {resolved.workers}" + ("" if self.workers is not None else " (the default)")
+        if self.threads is not None and self.threads > 1:
+            request += f" --threads {self.threads}"
+        if self.memory is not None:
+            request += f" --memory {format_bytes(self.memory).replace(' ', '')}"
+        gpu_workers = self.gpus if isinstance(self.gpus, int) else 0
+        self.check_size(request, resolved.workers, gpu_workers, force=force, machine=machine)
+
+    def check_size(
+        self,
+        request: str,
+        cpu_workers: int,
+        gpu_workers: int = 0,
+        *,
+        force: bool = False,
+        machine: limits.Machine | None = None,
+    ) -> None:
+        """Raise `LimitExceeded` if this cluster with these many workers breaks a limit
+        (for `scale` and `adapt --max` as well as `start`)."""
+        limits.check(
+            request, cpu_workers, self.threads or 1, self.memory,
+            gpu_workers=gpu_workers, force=force, machine=machine,
+        )  # fmt: skip
 
     def resolved(self, cpu_count: int | None = None) -> ClusterSpec:
-        """Fill in machine-dependent defaults: one single-threaded worker per core.
+        """Fill in machine-dependent defaults: `nbcluster.defaults.workers` (else one per
+        core) single-threaded workers.
 
         Processes, not threads, are the default because notebook code is mostly pure
         Python that holds the GIL.
         """
         cores = cpu_count or os.cpu_count() or 1
-        workers = self.workers if self.workers is not None else cores
+        default = config.get("defaults.workers")
+        workers = self.workers if self.workers is not None else int(default) if default is not None else cores
         threads = self.threads if self.threads is not None else 1
         return ClusterSpec(**{**asdict(self), "workers": workers, "threads": threads})
 

@@ -15,24 +15,29 @@ What it owns
       handlers, below) and, when available, the metrics plugin.
 
 State
-    ``cluster`` (the SpecCluster), ``stop`` (an asyncio.Event set by `nbcluster_stop`, a
-    signal, or the owner watch), and the registry entry, whose ``state`` goes
-    ``starting`` -> ``running`` and which is deleted on the way out.
+    ``cluster`` (the SpecCluster), ``stop`` (an asyncio.Event set by `nbcluster_stop`, or by
+    the `Lifeline` on a signal or the owner's death), and the registry entry, whose
+    ``state`` goes ``starting`` -> ``running`` -> ``stopping`` and which is deleted on the
+    way out.
 
 Lifecycle
-    1. claim a name (``local``, ``local-2``, ... for the default), write the credentials;
+    0. from launch on, SIGTERM/SIGINT/SIGHUP and the owner's death go to the `Lifeline`
+       (``lifeline.py``): in every phase, busy or not, the process is gone within 2 s and
+       takes its workers with it;
+    1. check the size against `limits` (again: a request that bypassed `start` gets no
+       further), claim a name (``local``, ``local-2``, ... for the default), write the
+       credentials;
     2. start the SpecCluster, add the plugins, rewrite the entry with the address;
     3. write one JSON line ({"ok": true, "entry": ...} or {"ok": false, "error": ...}) to
-       the ready pipe: `nbcluster.start` blocks on that line, so there is no polling.
-       Stdout and stderr, which the workers inherit, go to ``<name>.log`` throughout;
+       the ready pipe: `nbcluster.start` blocks on that line, so there is no polling. If
+       it is not there within ``nbcluster.timeouts.start``, the requester tears this
+       process down (SIGTERM, then SIGKILL of its process group). Stdout and stderr, which
+       the workers inherit, go to ``.start-<id>.log``; on success it becomes ``<name>.log``,
+       on failure it is kept as ``failed-start-*.log`` (see ``startlog.py``);
     4. wait for ``stop``; the owner watch sets it within a second of the owner process
        dying (also on ``kill -9``), unless the cluster was started with ``--keep`` (no
        owner);
     5. close the cluster (nannies kill their workers), delete the entry and credentials.
-
-If the supervisor itself is killed with ``-9``, its workers still exit: Dask's worker
-processes watch a pipe from their parent and exit when it closes. Readers then prune the
-entry because its pid is gone.
 
 Worked example: a kernel (pid 4242) runs ``%cluster start --workers 2``. The supervisor
 claims ``local.json`` with ``{"state": "starting", "supervisor_pid": ...}``, starts
@@ -52,7 +57,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 import traceback
@@ -64,11 +68,10 @@ import psutil
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from nbcluster import config
-from nbcluster.cluster import backends, gpu, registry
+from nbcluster.cluster import backends, gpu, registry, startlog
+from nbcluster.cluster.lifeline import GRACE_S, Lifeline, kill_descendants
 from nbcluster.cluster.spec import ClusterSpec, parse_count
 from nbcluster.errors import NbclusterError
-
-OWNER_POLL_S = 0.5
 
 
 class ControlPlugin(SchedulerPlugin):
@@ -130,12 +133,17 @@ class ControlPlugin(SchedulerPlugin):
             },
         }
 
-    async def scale(self, n: int, kind: str = "cpu") -> dict[str, Any]:
+    async def scale(self, n: int, kind: str = "cpu", force: bool = False) -> dict[str, Any]:
         n = parse_count(n, "the number of workers")
+        # The limits hold here as well as in the caller: a direct RPC gets no further.
+        counts = {**self.cluster.requested_by_kind(), kind: n}
+        self.cluster.nb_spec.check_size(f"scale {n}", counts.get("cpu", 0), counts.get("gpu", 0), force=force)
         await self.cluster.scale_kind(n, kind)
         return {"requested": self.cluster.requested_by_kind()}
 
-    async def adapt(self, minimum: int, maximum: int) -> dict[str, Any]:
+    async def adapt(self, minimum: int, maximum: int, force: bool = False) -> dict[str, Any]:
+        hi = parse_count(maximum, "--max")
+        self.cluster.nb_spec.check_size(f"adapt --max {hi}", hi, len(self.cluster.all_devices), force=force)
         self.cluster.adapt_bounded(minimum, maximum)
         return {"adaptive": self.cluster.adaptive_bounds}
 
@@ -183,15 +191,6 @@ def spec_default_name(i: int) -> str:
     return DEFAULT_NAME if i == 1 else f"{DEFAULT_NAME}-{i}"
 
 
-async def _watch_owner(pid: int, started: float, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        if not registry.process_alive(pid, started):
-            stop.set()
-            return
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), OWNER_POLL_S)
-
-
 class _Reporter:
     """Writes the one ready line to the pipe `nbcluster.start` waits on, then closes it.
 
@@ -210,7 +209,14 @@ class _Reporter:
 
 
 async def run(
-    spec: ClusterSpec, directory: Path, owner_pid: int | None, report: _Reporter, log: Path
+    spec: ClusterSpec,
+    directory: Path,
+    owner_pid: int | None,
+    report: _Reporter,
+    log: Path,
+    *,
+    lifeline: Lifeline,
+    force: bool = False,
 ) -> int:
     me = psutil.Process()
     owner_started = psutil.Process(owner_pid).create_time() if owner_pid else None
@@ -224,17 +230,30 @@ async def run(
         "created": time.time(),
         "spec": spec.to_dict(),
     }
+    stop = asyncio.Event()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+
+    def on_stop() -> None:
+        # Running: stop.set() is the graceful path. Starting: cut the start short.
+        stop.set()
+        if entry["state"] == "starting":
+            main_task.cancel()
+
+    lifeline.attach(asyncio.get_running_loop(), on_stop)
+    if owner_pid:
+        lifeline.watch_owner(owner_pid, owner_started)
     try:
+        # Checked here too, so a request that did not come through `start` cannot bypass it.
+        spec.check_limits(force=force)
         name = _claim_name(directory, spec, entry)
     except NbclusterError as e:
+        # A mistake the message fully explains (or the name is taken): no log worth keeping.
+        log.unlink(missing_ok=True)
         report({"ok": False, "error": str(e)})
         return 1
     entry["name"] = name
-    log.rename(directory / f"{name}.log")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop.set)
+    lifeline.claimed(directory, name)
     cluster = None
     try:
         security, tls = backends.write_credentials(directory, name)
@@ -243,7 +262,8 @@ async def run(
         # For every nanny this process will make (scale-ups later too): this process
         # exists for this one cluster, so the setting is global here.
         dask.config.set({"distributed.nanny.pre-spawn-environ": config.worker_pre_spawn_environ()})
-        cluster = await backends.local_cluster(spec, devices, security)
+        cluster = backends.local_cluster(spec, devices, security)
+        await cluster
         for plugin in (ControlPlugin(cluster, entry, stop), _load_metrics_plugin()):
             if plugin is not None:
                 # add_plugin on a running scheduler does not call start(); we must.
@@ -256,31 +276,46 @@ async def run(
             gpus=[d.to_dict() for d in devices],
         )
         registry.update(directory, name, entry)
-    except Exception as e:
-        message = str(e) if isinstance(e, NbclusterError) else f"{type(e).__name__}: {e}"
-        traceback.print_exc()
-        report({"ok": False, "error": message})
+        with contextlib.suppress(OSError):  # no failure to keep: it is the cluster's log now
+            log.rename(directory / f"{name}.log")
+        report({"ok": True, "entry": entry})
+    except (Exception, asyncio.CancelledError) as e:
+        if isinstance(e, asyncio.CancelledError):
+            message = f"stopped during start-up ({lifeline.reason or 'cancelled'})"
+        elif isinstance(e, NbclusterError):
+            message = str(e)
+        else:
+            message = f"{type(e).__name__}: {e}"
+            traceback.print_exc()
         if cluster is not None:
-            with contextlib.suppress(Exception):
-                await cluster.close(timeout=10)
+            budget = lifeline_grace() if lifeline.reason else 10
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(cluster.close(timeout=budget), budget)
+        kill_descendants()  # whatever the close did not finish: no worker outlives a failed start
         registry.remove(directory, name)
+        kept = startlog.keep_failed(log) if entry["state"] == "starting" else None
+        with contextlib.suppress(OSError, AssertionError):  # the requester may be gone
+            report({"ok": False, "error": f"{message}; its log: {kept or '(none)'}"})
         return 1
 
-    report({"ok": True, "entry": entry})
-    watch = None
-    if owner_pid:
-        watch = asyncio.create_task(_watch_owner(owner_pid, owner_started, stop))
     try:
         await stop.wait()
     finally:
-        if watch:
-            watch.cancel()
         # The entry goes first: from now on nobody should hand this cluster new work.
         registry.update(directory, name, {**entry, "state": "stopping"})
+        # A signal or a dead owner leaves GRACE_S before the lifeline's watchdog ends the
+        # process anyway; an explicit `nbcluster_stop` may take its time.
+        budget = lifeline_grace() if lifeline.reason else 20
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(cluster.close(timeout=10), 20)
+            await asyncio.wait_for(cluster.close(timeout=min(budget, 10)), budget)
         registry.remove(directory, name)
     return 0
+
+
+def lifeline_grace() -> float:
+    """What a graceful close may take when the stop came from a signal or the owner: less
+    than the lifeline's grace period, so the close, not the watchdog, usually ends it."""
+    return GRACE_S * 0.8
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", type=Path, required=True, help="this process's stdout/stderr file")
     args = parser.parse_args(argv)
     os.set_inheritable(args.ready_fd, False)
+    lifeline = Lifeline(args.log)
+    lifeline.install_signals()  # from the first moment: a spare is stopped with SIGTERM too
     # The request comes on stdin, so a supervisor can be launched ahead of time (its
     # imports are most of a start-up) and told what to start later. EOF means the process
     # that launched us is gone before asking: nothing to do.
@@ -309,7 +346,15 @@ def main(argv: list[str] | None = None) -> int:
     dask.config.update(dask.config.config, request.get("config") or {}, priority="new")
     spec = ClusterSpec.from_dict(request["spec"])
     directory = registry.runtime_dir(request["runtime_dir"])
-    return asyncio.run(run(spec, directory, request.get("owner"), _Reporter(args.ready_fd), args.log))
+    try:
+        return asyncio.run(
+            run(
+                spec, directory, request.get("owner"), _Reporter(args.ready_fd), args.log,
+                lifeline=lifeline, force=bool(request.get("force")),
+            )
+        )  # fmt: skip
+    finally:
+        lifeline.done()
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from tornado.websocket import (
 
 import nbcluster
 from nbcluster.errors import NbclusterError
+from nbcluster.server.handlers import in_thread
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: Request headers the proxy passes on; everything else (cookies, tokens) stays here.
@@ -56,13 +57,16 @@ FORWARD_RESPONSE = ("Content-Type", "Cache-Control", "ETag", "Last-Modified", "C
 async def dashboard_origin(name: str) -> str:
     """``http://127.0.0.1:PORT`` of `name`'s dashboard, or a 404."""
     try:
-        handle = await asyncio.get_running_loop().run_in_executor(None, nbcluster.connect, name)
+        handle = await in_thread(nbcluster.connect, name)
     except NbclusterError as error:
         raise web.HTTPError(404, reason=str(error)[:200]) from None
     link = handle.dashboard_link
     parts = urlsplit(link) if link else None
-    if parts is None or parts.hostname not in LOOPBACK or parts.port is None:
+    if parts is None or parts.port is None:
         raise web.HTTPError(404, reason=f"cluster {name} has no dashboard; start it with dashboard=True")
+    if parts.hostname not in LOOPBACK or parts.scheme != "http":
+        # nbcluster only ever registers loopback dashboards: anything else was planted.
+        raise web.HTTPError(403, reason=f"cluster {name}'s dashboard is not on loopback; the proxy refuses it")
     return f"{parts.scheme}://{parts.netloc}"
 
 

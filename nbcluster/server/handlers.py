@@ -8,8 +8,8 @@ Every route lives under ``<base_url>nbcluster/`` and requires Jupyter's own auth
     POST   api/clusters                   start one; body below -> 201 cluster
     GET    api/clusters/<name>            cluster
     DELETE api/clusters/<name>            stop it -> 204
-    POST   api/clusters/<name>/scale      {"workers": n, "kind": "cpu"|"gpu"} -> cluster
-    POST   api/clusters/<name>/adapt      {"minimum": n, "maximum": m} -> cluster
+    POST   api/clusters/<name>/scale      {"workers": n, "kind": "cpu"|"gpu", "force": false} -> cluster
+    POST   api/clusters/<name>/adapt      {"minimum": n, "maximum": m, "force": false} -> cluster
     POST   api/clusters/<name>/restart    {} -> cluster
     GET    api/clusters/<name>/metrics    ?since=cursor -> metrics snapshot (nbcluster.metrics)
     WS     api/stream                     live list + metrics, see `StreamHandler`
@@ -18,7 +18,9 @@ Every route lives under ``<base_url>nbcluster/`` and requires Jupyter's own auth
 A *cluster* is the scheduler's ``nbcluster_info`` answer plus ``"state": "running"``, or,
 for a registered cluster whose scheduler does not answer in time, its registry entry with
 ``"state": "unreachable"``. Start body: ``workers``, ``threads``, ``memory``, ``gpus``,
-``name``, ``keep``, ``dashboard``, ``profile`` (all optional). Errors are JSON
+``name``, ``keep``, ``dashboard``, ``profile``, ``force`` (all optional). Sizes are checked
+against `nbcluster.cluster.limits` here, before the supervisor is asked (which checks again);
+``force`` lifts only the machine-derived limits. Errors are JSON
 ``{"message": ...}``: 400 for a bad body or value, 404 for an unknown cluster, 409 when the
 start would reuse a running cluster, 503 when a scheduler does not answer.
 
@@ -31,9 +33,12 @@ keeps serving while a cluster starts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import logging
 import os
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -60,7 +65,7 @@ INFO_TIMEOUT_S = 3.0
 STREAM_INTERVAL_S = 0.5
 #: Registry fields safe to show in a browser (the entry also holds credential paths).
 PUBLIC_ENTRY_KEYS = ("name", "address", "dashboard", "owner_pid", "created", "spec")
-START_FIELDS = ("workers", "threads", "memory", "gpus", "name", "keep", "dashboard", "profile")
+START_FIELDS = ("workers", "threads", "memory", "gpus", "name", "keep", "dashboard", "profile", "force")
 
 _STATUS = {BadArgument: 400, ClusterNotFound: 404, ClusterUnreachable: 503}
 
@@ -73,7 +78,36 @@ def profiles() -> list[dict[str, Any]]:
 
 
 async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    return await asyncio.get_running_loop().run_in_executor(None, functools.partial(func, *args, **kwargs))
+    """Run a blocking call of the Python API in a daemon thread and await its result.
+
+    Not the loop's default executor: Python joins those threads at exit, so a cluster
+    start in progress (up to `nbcluster.timeouts.start`) would hold up the Jupyter
+    server's shutdown. A daemon thread is abandoned at exit instead; the supervisor it
+    was talking to watches the server's pid and stops by itself (`Lifeline`).
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as error:
+            outcome: tuple[Any, BaseException | None] = (None, error)
+        else:
+            outcome = (result, None)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name=f"nbcluster-{getattr(func, '__name__', 'call')}", daemon=True).start()
+    return await future
 
 
 async def describe(handle: ClusterHandle) -> dict[str, Any]:
@@ -82,6 +116,11 @@ async def describe(handle: ClusterHandle) -> dict[str, Any]:
         info = await asyncio.wait_for(handle.ainfo(), INFO_TIMEOUT_S)
     except (NbclusterError, asyncio.TimeoutError, OSError):
         # Registered (its supervisor lives) but silent: show it as such, never hang on it.
+        info = {k: handle.entry.get(k) for k in PUBLIC_ENTRY_KEYS}
+        state = "unreachable"
+    except Exception:
+        # A bug talking to one cluster must not turn every sidebar's listing into a 500.
+        logging.getLogger("nbcluster").exception("nbcluster: asking %s for its state failed", handle.name)
         info = {k: handle.entry.get(k) for k in PUBLIC_ENTRY_KEYS}
         state = "unreachable"
     else:
@@ -93,6 +132,14 @@ async def describe(handle: ClusterHandle) -> dict[str, Any]:
 async def describe_all() -> list[dict[str, Any]]:
     handles = await in_thread(nbcluster.clusters)
     return list(await asyncio.gather(*(describe(h) for h in handles)))
+
+
+def flag(data: dict[str, Any], key: str) -> bool:
+    """A true/false field of a request body (absent: false)."""
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise BadArgument(f"{key} must be true or false")
+    return value
 
 
 def api_errors(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
@@ -170,9 +217,8 @@ class ClustersHandler(ApiBase):
         known = [p["name"] for p in profiles()]
         if profile not in known:
             raise BadArgument(f"unknown profile {profile!r}; this server offers: {', '.join(known)}")
-        for flag in ("keep", "dashboard"):
-            if not isinstance(data.get(flag, False), bool):
-                raise BadArgument(f"{flag} must be true or false")
+        for key in ("keep", "dashboard", "force"):
+            flag(data, key)
         for key in ("workers", "threads", "memory", "gpus", "name"):
             # An empty form field means "the default", exactly like leaving the flag out.
             if data.get(key) in ("", None):
@@ -224,21 +270,25 @@ class ActionHandler(ApiBase):
                 f"{action} needs a cluster started by nbcluster; {handle.address} was started elsewhere"
             )
         if action == "scale":
-            data = self.body(("workers", "kind"))
+            data = self.body(("workers", "kind", "force"))
             if "workers" not in data:
                 raise BadArgument('scale needs a number of workers, e.g. {"workers": 3}')
             kind = data.get("kind", "cpu")
             if kind not in ("cpu", "gpu"):
                 raise BadArgument(f'kind must be "cpu" or "gpu", not {kind!r}')
             n = parse_count(data["workers"], "the number of workers")
-            await handle.arpc("nbcluster_scale", timeout=120, n=n, kind=kind)
+            force = flag(data, "force")
+            handle.spec.check_size(f"scale {n}", *((n, 0) if kind == "cpu" else (0, n)), force=force)
+            await handle.arpc("nbcluster_scale", timeout=120, n=n, kind=kind, force=force)
         elif action == "adapt":
-            data = self.body(("minimum", "maximum"))
+            data = self.body(("minimum", "maximum", "force"))
             lo = parse_count(data.get("minimum", 0), "minimum")
             hi = parse_count(data.get("maximum", 4), "maximum")
             if lo > hi:
                 raise BadArgument(f"minimum {lo} is above maximum {hi}")
-            await handle.arpc("nbcluster_adapt", minimum=lo, maximum=hi)
+            force = flag(data, "force")
+            handle.spec.check_size(f"adapt --max {hi}", hi, force=force)
+            await handle.arpc("nbcluster_adapt", minimum=lo, maximum=hi, force=force)
         else:
             self.body(())
             await handle.arpc("nbcluster_restart", timeout=120)
