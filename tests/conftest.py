@@ -66,8 +66,12 @@ def _cmdline(p: psutil.Process) -> list[str]:
 @pytest.fixture
 def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A registry of this test's own; clusters left in it are stopped afterwards."""
+    from nbcluster.cluster.handle import discard_spare
+
     directory = tmp_path / "runtime"
     monkeypatch.setenv("NBCLUSTER_RUNTIME_DIR", str(directory))
+    # No spare supervisor kept warm by an earlier test's `%load_ext`: like a fresh process.
+    discard_spare()
     # The test starts like a fresh kernel, with no current cluster: a bare `%cluster stop`
     # must never reach the session's shared cluster.
     before, _current._current = _current._current, None
@@ -76,6 +80,7 @@ def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
         if handle.directory == directory:
             _current.forget(name)
     _stop_all(directory)
+    discard_spare()
     if before is not None and _current._alive(before):
         _current.use(before)  # e.g. the session's shared cluster is current again for later tests
 

@@ -16,7 +16,8 @@ Observing a run (the live widget's hook)
 - `results.counts()` -> `{"total", "done", "failed", "cancelled", "running"}`;
   `running` counts items queued or executing.
 - `results.subscribe(fn)` calls `fn(results)` after every change (a batch arrived, items
-  cancelled, the run finished) and returns a function that unsubscribes. It is called
+  cancelled, the run finished) and returns a function that unsubscribes; listeners are
+  dropped once the run has finished (the last call sees `results.done`). It is called
   from nbcluster's driver thread (or the kernel's main thread for `--local` items), so
   `fn` must be quick and must not block; a widget should just copy `counts()` into its
   traits. An exception in `fn` is printed to stderr and does not stop the run.
@@ -334,6 +335,12 @@ class Results:
             self._changed.notify_all()
             callbacks, self._done_callbacks = self._done_callbacks, []
         self._notify()
+        # The run is over: nothing more to tell. A finished Results often lives on in
+        # IPython's output history, and must not keep its live view (and that view's
+        # metrics) alive with it.
+        with self._lock:
+            if self._finished.is_set():
+                self._listeners = []
         for fn in callbacks:
             _call(fn, self)
 
