@@ -118,10 +118,12 @@ def main() -> None:
         return
     rows: dict[str, list[dict[str, float]]] = {}
     if args.compare:
-        env = {**os.environ, "PYTHONPATH": str(Path(args.compare).resolve())}
+        # Run from that checkout too: a supervisor started with `python -m` imports
+        # nbcluster from its working directory first.
+        other = str(Path(args.compare).resolve())
         child = subprocess.run(
-            [sys.executable, __file__, "--child", "--runs", str(args.runs)],
-            env=env, capture_output=True, text=True, check=True,
+            [sys.executable, str(Path(__file__).resolve()), "--child", "--runs", str(args.runs)],
+            env={**os.environ, "PYTHONPATH": other}, cwd=other, capture_output=True, text=True, check=True,
         )  # fmt: skip
         rows[f"%%distribute at {args.compare}"] = json.loads(child.stdout.strip().splitlines()[-1])
     rows["%%distribute (this checkout)"] = measure_nbcluster(args.runs)

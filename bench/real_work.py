@@ -41,6 +41,10 @@ from typing import Any
 from _results import write_section  # bench/, the script's own folder
 
 KERNELS = ("mc50k", "mc500k", "python", "lstsq")
+# The environment as this script got it. A LocalCluster started here copies Dask's
+# pre-spawn variables (MALLOC_TRIM_THRESHOLD_, ...) into os.environ; a "fresh process"
+# must not inherit them.
+FRESH_ENV = dict(os.environ)
 SPEEDUP_ITEMS = 12
 
 
@@ -128,7 +132,7 @@ def child(args: list[str]) -> None:
 
 def fresh(*args: str) -> Any:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, check=True
+        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, check=True, env=FRESH_ENV
     )
     return json.loads(out.stdout)
 

@@ -55,7 +55,28 @@ def labextension_dir() -> Path:
     )
 
 
-class JupyterLab:
+class ServerLog:
+    """A Jupyter server's output in `log_path`; `_ready` is set once it says it is running."""
+
+    log_path: Path
+    _ready: threading.Event
+
+    def _drain(self, stream: IO[str]) -> None:
+        # The whole log goes to a file (shown when a test fails); the "running at" line
+        # is the readiness event. Reading to EOF also keeps the pipe from filling up.
+        with open(self.log_path, "w") as log:
+            for line in stream:
+                log.write(line)
+                log.flush()
+                if "is running at" in line:
+                    self._ready.set()
+        self._ready.set()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class JupyterLab(ServerLog):
     """`with JupyterLab(tmp) as lab:` -> lab.url (with base_url), lab.token, lab.runtime_dir.
 
     `app="notebook"` starts Notebook 7 instead, which loads the same labextensions.
@@ -127,20 +148,6 @@ class JupyterLab:
             self.__exit__()
             raise
         return self
-
-    def _drain(self, stream: IO[str]) -> None:
-        # The whole log goes to a file (shown when a test fails); the "running at" line
-        # is the readiness event. Reading to EOF also keeps the pipe from filling up.
-        with open(self.log_path, "w") as log:
-            for line in stream:
-                log.write(line)
-                log.flush()
-                if "is running at" in line:
-                    self._ready.set()
-        self._ready.set()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def __exit__(self, *exc: Any) -> None:
         if self.proc is not None and self.proc.poll() is None:

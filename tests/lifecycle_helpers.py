@@ -28,19 +28,14 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import psutil
 
 import nbcluster
+from tests.browser_helpers import ServerLog, free_port
 
 START_TIMEOUT_S = 90
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def family(pid: int) -> list[psutil.Process]:
@@ -127,7 +122,7 @@ class Signal:
         os.close(self.fd)
 
 
-class JupyterServer:
+class JupyterServer(ServerLog):
     """`with JupyterServer(tmp) as server:` -> server.url, server.token, server.api(...)."""
 
     base_url = "/js/"
@@ -184,18 +179,6 @@ class JupyterServer:
             except ConnectionRefusedError:
                 time.sleep(0.02)
         return False
-
-    def _drain(self, stream: IO[str]) -> None:
-        with open(self.log_path, "w") as log:
-            for line in stream:
-                log.write(line)
-                log.flush()
-                if "is running at" in line:
-                    self._ready.set()
-        self._ready.set()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def api(self, method: str, path: str, body: Any = None, timeout: float = 120) -> tuple[int, Any]:
         """(status, JSON or None) of one authenticated REST call; never raises for 4xx/5xx."""
