@@ -22,8 +22,13 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-EXERCISES = [p for p in NOTEBOOKS if any(_.get("metadata", {}).get("nbgrader", {}).get("solution")
-                                         for _ in nbformat.read(p, as_version=4).cells)]
+
+
+def _has_exercise(path: Path) -> bool:
+    return any(c.metadata.get("nbgrader", {}).get("solution") for c in nbformat.read(path, as_version=4).cells)
+
+
+EXERCISES = [p for p in NOTEBOOKS if _has_exercise(p)]
 AUTOGRADED = ["04-simulation", "05-gpu-workers"]
 ASSIGNMENT = "nbcluster"
 
@@ -85,7 +90,7 @@ def test_student_version_has_no_solutions(course: Path, path: Path) -> None:
     assert len(released.cells) == len(source.cells)
     text = "\n".join(c.source for c in released.cells)
     assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
-    for mine, theirs in zip(source.cells, released.cells):
+    for mine, theirs in zip(source.cells, released.cells, strict=True):
         if mine.metadata.get("nbgrader", {}).get("solution"):
             assert "raise NotImplementedError()" in theirs.source
             student = {line.strip() for line in theirs.source.splitlines()}
