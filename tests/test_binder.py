@@ -76,9 +76,13 @@ def notebook_imports(path: Path) -> set[str]:
     for cell in nbformat.read(path, as_version=4).cells:
         if cell.cell_type != "code":
             continue
-        source = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in cell.source.splitlines())
+        source = "\n".join(
+            "" if line.lstrip().startswith(("%", "!")) else line for line in cell.source.splitlines()
+        )
         tree = ast.parse(source)
-        optional = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for s in t.body for n in ast.walk(s)}
+        optional = {
+            id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for s in t.body for n in ast.walk(s)
+        }
         for node in ast.walk(tree):
             if id(node) in optional:
                 continue

@@ -25,7 +25,9 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def _has_exercise(path: Path) -> bool:
-    return any(c.metadata.get("nbgrader", {}).get("solution") for c in nbformat.read(path, as_version=4).cells)
+    return any(
+        c.metadata.get("nbgrader", {}).get("solution") for c in nbformat.read(path, as_version=4).cells
+    )
 
 
 EXERCISES = [p for p in NOTEBOOKS if _has_exercise(p)]
