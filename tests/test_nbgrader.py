@@ -19,6 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from test_notebooks import no_leftovers  # noqa: F401 - the fixture: no process of a notebook outlives it
 
 ROOT = Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -101,9 +102,10 @@ def test_student_version_has_no_solutions(course: Path, path: Path) -> None:
             assert theirs.source == mine.source  # everything else reaches the students unchanged
 
 
+@pytest.mark.usefixtures("no_leftovers")
 @pytest.mark.parametrize("path", EXERCISES, ids=[p.stem for p in EXERCISES])
 def test_student_version_runs_up_to_the_first_exercise(
-    course: Path, path: Path, runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+    course: Path, path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NBCLUSTER_SMALL", "1")
     nb = nbformat.read(course / "release" / ASSIGNMENT / path.name, as_version=4)
@@ -120,9 +122,8 @@ def test_student_version_runs_up_to_the_first_exercise(
     assert errors and errors[0][1] == "NotImplementedError" and errors[0][0] in (first, graded), errors
 
 
-def test_instructor_version_autogrades_to_full_marks(
-    course: Path, runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("no_leftovers")
+def test_instructor_version_autogrades_to_full_marks(course: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from nbgrader.api import Gradebook
 
     monkeypatch.setenv("NBCLUSTER_SMALL", "1")
