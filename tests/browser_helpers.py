@@ -56,10 +56,26 @@ def labextension_dir() -> Path:
 
 
 class ServerLog:
-    """A Jupyter server's output in `log_path`; `_ready` is set once it says it is running."""
+    """A Jupyter server process: its output in `log_path` (`_ready` is set once it says it
+    is running), and its shutdown with every cluster left in `runtime_dir`."""
 
     log_path: Path
+    runtime_dir: Path
+    proc: subprocess.Popen[str] | None
     _ready: threading.Event
+
+    def _shut_down(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            # SIGTERM lets the server shut down its kernels; the clusters it owns follow
+            # it (owner watch). The process group catches anything it left behind.
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        for handle in nbcluster.clusters(runtime_dir=self.runtime_dir):
+            handle.stop()
 
     def _drain(self, stream: IO[str]) -> None:
         # The whole log goes to a file (shown when a test fails); the "running at" line
@@ -150,17 +166,7 @@ class JupyterLab(ServerLog):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            # SIGTERM lets the server shut down its kernels; the clusters it owns follow
-            # it (owner watch). The process group catches anything it left behind.
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        for handle in nbcluster.clusters(runtime_dir=self.runtime_dir):
-            handle.stop()
+        self._shut_down()
         ARTIFACTS.mkdir(exist_ok=True)
         kept = ARTIFACTS / f"{self.app}-server.log"
         kept.write_text(self.log())

@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import select
-import signal
 import socket
 import subprocess
 import sys
@@ -32,7 +31,6 @@ from typing import Any
 
 import psutil
 
-import nbcluster
 from tests.browser_helpers import ServerLog, free_port
 
 START_TIMEOUT_S = 90
@@ -197,12 +195,4 @@ class JupyterServer(ServerLog):
         return status, (json.loads(text) if text else None)
 
     def __exit__(self, *exc: Any) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        for handle in nbcluster.clusters(runtime_dir=self.runtime_dir):
-            handle.stop()
+        self._shut_down()
