@@ -43,8 +43,10 @@ def test_a_kernel_stays_flat_over_300_distribute_cells(runtime_dir, monkeypatch)
     # --into: IPython's output history (Out) would keep each cell's Results by design.
     samples = measure(300, cell=CELL_INTO)
     first, last = samples[:100], samples[-100:]
-    assert max(s.fds for s in last) <= max(s.fds for s in first)
-    assert max(s.threads for s in last) <= max(s.threads for s in first)
+    # A sample can catch a run's short-lived work (its watch thread reading /proc), so a
+    # couple of extra fds or threads at one moment is no leak; one per cell would be 200.
+    assert max(s.fds for s in last) <= max(s.fds for s in first) + 2
+    assert max(s.threads for s in last) <= max(s.threads for s in first) + 2
     grown = statistics.median(s.rss for s in last) - statistics.median(s.rss for s in first)
     # ~10 KB per cell would show as 2 MiB over the 200 cells between the two windows.
     assert grown < 3 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB"
