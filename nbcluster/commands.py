@@ -18,7 +18,8 @@ from nbcluster import _aio, _current
 from nbcluster.cluster.handle import ClusterHandle, clusters, connect
 from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import ClusterInfo, ClusterList
-from nbcluster.cluster.spec import parse_count
+from nbcluster.cluster.kinds import KINDS
+from nbcluster.cluster.spec import FORCE_HELP, START_OPTIONS, parse_bounds, parse_count
 from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
 
 COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart")
@@ -48,27 +49,23 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     sub.required = True
 
     s = sub.add_parser("start", help="start a cluster (or reuse the running one of that name)")
-    s.add_argument("--workers", help="CPU worker processes (default: one per core)")
-    s.add_argument("--threads", help="threads per worker (default: 1)")
-    s.add_argument("--memory", help="memory limit per worker, e.g. 4GiB (default: a share of RAM)")
-    s.add_argument("--gpus", help="'auto' or N: one worker per GPU (default: none)")
-    s.add_argument("--name", help="cluster name (default: local, local-2, ...)")
-    s.add_argument("--keep", action="store_true", help="keep running after this kernel exits")
-    s.add_argument("--dashboard", action="store_true", help="start Dask's dashboard (loopback only)")
-    s.add_argument("--gpu-backend", help="GPU worker implementation: builtin (default) or dask-cuda")
-    s.add_argument("--force", action="store_true", help="go past the limits derived from this machine (not those set in config)")
+    for option in START_OPTIONS:
+        if option.switch:
+            s.add_argument(f"--{option.flag}", action="store_true", help=option.help)
+        else:
+            s.add_argument(f"--{option.flag}", metavar=option.metavar, help=option.help)
 
     s = sub.add_parser("scale", help="set the number of workers of a kind")
     s.add_argument("n", help="number of workers")
-    s.add_argument("--kind", default="cpu", choices=("cpu", "gpu"), help="worker kind (default: cpu)")
+    s.add_argument("--kind", default="cpu", choices=KINDS, help="worker kind (default: cpu)")
     s.add_argument("--name", help="cluster (default: the current one)")
-    s.add_argument("--force", action="store_true", help="go past the limits derived from this machine (not those set in config)")
+    s.add_argument("--force", action="store_true", help=FORCE_HELP)
 
     s = sub.add_parser("adapt", help="scale CPU workers automatically between --min and --max")
     s.add_argument("--min", required=True, dest="minimum", help="fewest workers")
     s.add_argument("--max", required=True, dest="maximum", help="most workers")
     s.add_argument("--name", help="cluster (default: the current one)")
-    s.add_argument("--force", action="store_true", help="go past the limits derived from this machine (not those set in config)")
+    s.add_argument("--force", action="store_true", help=FORCE_HELP)
 
     s = sub.add_parser("status", help="workers, cores, memory, GPUs and tasks of a cluster")
     s.add_argument("name", nargs="?")
@@ -146,10 +143,7 @@ class Runner:
         raise BadArgument(f"several clusters are running ({names}): name one")
 
     def do_start(self, ns: argparse.Namespace) -> ClusterInfo:
-        options = dict(
-            workers=ns.workers, threads=ns.threads, memory=ns.memory, gpus=ns.gpus,
-            name=ns.name, dashboard=ns.dashboard, gpu_backend=ns.gpu_backend, force=ns.force,
-        )  # fmt: skip
+        options = {o.field: getattr(ns, o.field) for o in START_OPTIONS if o.field != "keep"}
         if self.in_kernel:
             handle = nbcluster.start(keep=ns.keep, **options)
         else:
@@ -171,9 +165,7 @@ class Runner:
         return handle.info()
 
     def do_adapt(self, ns: argparse.Namespace) -> ClusterInfo:
-        lo, hi = parse_count(ns.minimum, "--min"), parse_count(ns.maximum, "--max")
-        if lo > hi:
-            raise BadArgument(f"--min {lo} is above --max {hi}: the minimum must not exceed the maximum")
+        lo, hi = parse_bounds(ns.minimum, ns.maximum)  # a typo is reported before anything else
         handle = self._target(ns.name)
         handle.adapt(lo, hi, force=ns.force)
         return handle.info()

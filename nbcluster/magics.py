@@ -8,6 +8,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from nbcluster import commands
+from nbcluster.distribute.args import help_text
 from nbcluster.errors import ClusterLost, NbclusterError
 
 
@@ -30,12 +31,6 @@ class NbclusterMagics(Magics):
 
     @line_cell_magic
     def distribute(self, line: str, cell: str | None = None) -> Any:
-        """Run the cell on the cluster, once per item; `%distribute wait NAME` waits for a --no-wait cell.
-
-        %%distribute [--over "x in ITERABLE"] [--grid "a=[...], b=[...]"] [--zip "a=[...], b=[...]"]
-                     [--into NAME] [--gpus N] [--cpus N] [--cpu-only] [--retries N] [--batch auto|N]
-                     [--no-wait] [--seed S] [--everywhere] [--local [K]] [--cluster NAME]
-        """
         from nbcluster import widgets
         from nbcluster.distribute import distribute, parse_distribute_line, parse_wait_line, wait
 
@@ -50,3 +45,7 @@ class NbclusterMagics(Magics):
             raise UsageError(str(e)) from None
         # With --into the results are in that variable: no Out, as for an assignment.
         return None if kwargs.get("into") else results
+
+    # `%cluster?` and `%%distribute?` show the parsers' own help: made from the declarations.
+    cluster.__doc__ = commands.build_parser("%cluster").format_help()
+    distribute.__doc__ = f"{help_text()}\n`%distribute wait NAME` waits for the results of a --no-wait cell.\n"

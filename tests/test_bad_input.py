@@ -19,7 +19,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 from nbcluster import cli, commands
-from nbcluster.distribute.args import _FLAGS
+from nbcluster.distribute.options import FLAGS
 
 JUNK = ['"', "'", '"""', "(", ")", "[", "]", "{", "}", "-", "--", "---", "=", ",", ":", "\\", "#", ";",
         "0", "-1", "1.5", "1e9", "99999999999999999999", "nan", "-0", "x", "in", "None", "é", "🙂"]  # fmt: skip
@@ -27,7 +27,7 @@ JUNK = ['"', "'", '"""', "(", ")", "[", "]", "{", "}", "-", "--", "---", "=", ",
 DEFECTS = ['"', "'", "--zzz", ")", "--workers -1", "--threads x", "--memory 1", "--gpus -2", "((", "start"]
 CLUSTER_WORDS = [*commands.COMMANDS, "--workers", "--threads", "--memory", "--gpus", "--name", "--keep",
                  "--dashboard", "--gpu-backend", "--kind", "--min", "--max", "--all", "cpu", "gpu", "local"]  # fmt: skip
-DISTRIBUTE_WORDS = [f"--{flag}" for flag in _FLAGS] + ["x in range(3)", "x", "in", "range(3)", "a=[1]", "auto"]
+DISTRIBUTE_WORDS = [f"--{flag.name}" for flag in FLAGS] + ["x in range(3)", "x", "in", "range(3)", "a=[1]", "auto"]
 
 
 def _tokens(rng: random.Random, words: list[str], n: int) -> list[str]:

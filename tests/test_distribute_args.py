@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from nbcluster.distribute import parse_distribute_line, parse_wait_line
+from nbcluster.distribute import distribute, parse_distribute_line, parse_wait_line
+from nbcluster.distribute.options import FLAGS
 from nbcluster.errors import BadArgument
 
 
 def test_every_flag() -> None:
     line = (
         '--over "x in range(10)" --into res --gpus 1 --cpus 2.5 --retries 3 --batch 50 '
-        "--no-wait --seed 7 --everywhere --local 2 --cluster big --cpu-only"
+        "--no-wait --seed 7 --local 2 --cluster big"
     )
     assert parse_distribute_line(line) == {
         "first_line": 2,
@@ -23,11 +24,10 @@ def test_every_flag() -> None:
         "batch": 50,
         "wait": False,
         "seed": 7,
-        "everywhere": True,
         "local": 2,
         "cluster": "big",
-        "cpu_only": True,
     }
+    assert parse_distribute_line("--everywhere --cpu-only") == {"first_line": 2, "everywhere": True, "cpu_only": True}
 
 
 def test_empty_line_runs_once_with_defaults() -> None:
@@ -83,6 +83,9 @@ def test_batch_auto_and_local_without_count() -> None:
         ("--over x in range(3", "unclosed bracket"),
         ("x in range(3)", "unexpected 'x' before any --option"),
         ("--local -2", "--local needs a whole number of 0 or more"),
+        ("--gpus 1 --cpu-only", "--cpu-only and --gpus contradict each other"),
+        ("--everywhere --over x in y", "--everywhere runs the cell once per worker"),
+        ("--seed=-", "--seed needs a whole number, got '-'"),
     ],
 )
 def test_mistakes_get_one_clear_message(line: str, message: str) -> None:
@@ -97,3 +100,34 @@ def test_wait_line() -> None:
         parse_wait_line("wait")
     with pytest.raises(BadArgument, match=r"put %%distribute \(two %\)"):
         parse_wait_line('--over "x in xs"')
+
+
+@pytest.mark.parametrize(
+    ("line", "kwargs"),
+    [
+        ("--gpus 0", {"gpus": 0}),
+        ("--retries -1", {"retries": -1}),
+        ("--batch 0", {"batch": 0}),
+        ("--into class", {"into": "class"}),
+        ("--local -2", {"local": -2}),
+        ("--cpu-only --gpus 2", {"cpu_only": True, "gpus": 2}),
+    ],
+)
+def test_the_magic_and_the_api_give_the_same_message(line: str, kwargs: dict[str, object]) -> None:
+    # One rule, in DistributeOptions: the line and the keyword arguments meet the same check.
+    with pytest.raises(BadArgument) as from_line:
+        parse_distribute_line(line)
+    with pytest.raises(BadArgument) as from_api:
+        distribute("x", namespace={}, **kwargs)  # type: ignore[arg-type]
+    assert str(from_line.value) == str(from_api.value)
+
+
+def test_help_lists_every_declared_flag_with_its_help() -> None:
+    from nbcluster.magics import NbclusterMagics
+
+    def bare(text: str) -> str:  # argparse wraps to the terminal's width, even inside words
+        return "".join(text.split())
+
+    doc = bare(NbclusterMagics.distribute.__doc__ or "")
+    for flag in FLAGS:
+        assert bare(flag.usage) in doc and bare(flag.help) in doc, flag.name

@@ -32,18 +32,16 @@ from typing import Any
 
 from distributed.deploy.adaptive import Adaptive
 
+from nbcluster.cluster.kinds import worker_kind
+
 
 def needs_gpu(ts: Any) -> bool:
-    return bool(ts.resource_restrictions and "GPU" in ts.resource_restrictions)
-
-
-def worker_kind(ws: Any) -> str:
-    return "gpu" if "GPU" in (ws.resources or {}) else "cpu"
+    return worker_kind(ts.resource_restrictions) == "gpu"
 
 
 def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
     """Desired number of workers of `kind` for the scheduler's current work."""
-    workers = [ws for ws in scheduler.workers.values() if worker_kind(ws) == kind]
+    workers = [ws for ws in scheduler.workers.values() if worker_kind(ws.resources) == kind]
     waiting = [ts for ts in scheduler.unrunnable] + list(scheduler.queued)
     if kind == "gpu":
         ready = sum(1 for ts in waiting if needs_gpu(ts))
@@ -93,7 +91,7 @@ class KindAdaptive(Adaptive):
 
     async def workers_to_close(self, target: int) -> list[Any]:
         scheduler = self.cluster.scheduler
-        mine = [ws for ws in scheduler.workers.values() if worker_kind(ws) == self.kind]
+        mine = [ws for ws in scheduler.workers.values() if worker_kind(ws.resources) == self.kind]
         # Idle workers first, holding the least data first: retiring them moves least.
         idle = sorted((ws for ws in mine if not ws.processing), key=lambda ws: ws.nbytes)
         return [ws.name for ws in idle[: max(len(mine) - target, 0)]]

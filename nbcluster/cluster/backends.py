@@ -32,11 +32,10 @@ from distributed import Nanny, Scheduler, Security, SpecCluster
 from nbcluster import config
 from nbcluster.cluster.adaptive import KindAdaptive
 from nbcluster.cluster.gpu import GPU, SIMULATE_ENV
+from nbcluster.cluster.kinds import GPU_RESOURCE, KINDS, check_kind, worker_kind
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.cluster.worker_memory import MemoryTrim
 from nbcluster.errors import BadArgument
-
-KINDS = ("cpu", "gpu")
 
 
 def profiles() -> list[dict[str, Any]]:
@@ -158,7 +157,7 @@ class NbSpecCluster(SpecCluster):
         env = {"CUDA_VISIBLE_DEVICES": visible}
         if device.simulated:
             env[SIMULATE_ENV + "_DEVICE"] = str(device.index)
-        options = self._options(1, {"GPU": 1}, env)
+        options = self._options(1, {GPU_RESOURCE: 1}, env)
         if self.nb_spec.gpu_backend == "dask-cuda":
             cuda = _dask_cuda_options(device)
             plugins = (*cuda.get("plugins", ()), *options["plugins"])  # dask-cuda's and ours
@@ -181,7 +180,8 @@ class NbSpecCluster(SpecCluster):
         return {f"cpu-{i}": self._cpu_template()}
 
     def kind_of(self, name: str) -> str:
-        return "gpu" if str(name).startswith("gpu-") else "cpu"
+        """The kind of a worker in the spec, started or not."""
+        return worker_kind(self.worker_spec[name]["options"].get("resources"))
 
     def requested_by_kind(self) -> dict[str, int]:
         counts = dict.fromkeys(KINDS, 0)
@@ -190,8 +190,7 @@ class NbSpecCluster(SpecCluster):
         return counts
 
     async def scale_kind(self, n: int, kind: str = "cpu", *, adaptive: bool = False) -> None:
-        if kind not in KINDS:
-            raise BadArgument(f"unknown worker kind {kind!r}: use one of {', '.join(KINDS)}")
+        check_kind(kind)
         if kind == "gpu" and n > len(self.all_devices):
             raise BadArgument(
                 f"cannot scale to {n} GPU workers: this cluster has {len(self.all_devices)} GPU(s)"
@@ -219,12 +218,9 @@ class NbSpecCluster(SpecCluster):
 
     def adapt_bounded(self, minimum: Any, maximum: Any) -> None:
         """CPU workers adapt between the bounds; GPU workers (if any) between 0 and one per GPU."""
-        from nbcluster.cluster.spec import parse_count
+        from nbcluster.cluster.spec import parse_bounds
 
-        lo = parse_count(minimum, "--min")
-        hi = parse_count(maximum, "--max")
-        if lo > hi:
-            raise BadArgument(f"--min {lo} is above --max {hi}: the minimum must not exceed the maximum")
+        lo, hi = parse_bounds(minimum, maximum)
         self.stop_adaptive()
         options = {"interval": "500ms", "wait_count": 3}
         self._kind_adaptives = [KindAdaptive(self, "cpu", minimum=lo, maximum=hi, **options)]

@@ -31,7 +31,8 @@ from nbcluster import _aio, config
 from nbcluster.cluster import registry, startlog
 from nbcluster.cluster.backends import security_from
 from nbcluster.cluster.info import ClusterInfo
-from nbcluster.cluster.spec import ClusterSpec, check_name, parse_count
+from nbcluster.cluster.kinds import check_kind, worker_kind
+from nbcluster.cluster.spec import ClusterSpec, check_name, parse_bounds, parse_count
 from nbcluster.errors import BadArgument, ClusterFailed, ClusterNotFound, ClusterUnreachable
 
 # Control connections, pooled per event loop and scheduler: the sidebar polls every open
@@ -144,7 +145,7 @@ class ClusterHandle:
         if not self.managed:
             ident = await self.arpc("identity")
             workers = [
-                {"name": str(w.get("name")), "address": a, "kind": "gpu" if "GPU" in (w.get("resources") or {}) else "cpu",
+                {"name": str(w.get("name")), "address": a, "kind": worker_kind(w.get("resources")),
                  "nthreads": w.get("nthreads", 0), "memory_limit": w.get("memory_limit", 0),
                  "memory": w.get("metrics", {}).get("memory", 0), "cpu": w.get("metrics", {}).get("cpu", 0.0),
                  "resources": w.get("resources") or {}, "processing": 0, "gpu": None}
@@ -178,7 +179,7 @@ class ClusterHandle:
         any worker is started; `force=True` lifts the machine-derived limits (see `limits`).
         """
         self._need_managed("scale")
-        n = parse_count(n, "the number of workers")
+        n, kind = parse_count(n, "the number of workers"), check_kind(kind)
         # Only this kind is known here; the supervisor checks both kinds together.
         cpu, gpu = (n, 0) if kind == "cpu" else (0, n)
         self.spec.check_size(f"scale {n}", cpu, gpu, force=force)
@@ -190,9 +191,7 @@ class ClusterHandle:
         `maximum` is checked against `nbcluster.limits` like a `scale` (`force` as there).
         """
         self._need_managed("adapt")
-        lo, hi = parse_count(minimum, "--min"), parse_count(maximum, "--max")
-        if lo > hi:
-            raise BadArgument(f"--min {lo} is above --max {hi}: the minimum must not exceed the maximum")
+        lo, hi = parse_bounds(minimum, maximum)
         self.spec.check_size(f"adapt --max {hi}", hi, force=force)
         self.rpc("nbcluster_adapt", minimum=lo, maximum=hi, force=force)
 

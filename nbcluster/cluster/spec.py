@@ -18,14 +18,53 @@ from nbcluster import config
 from nbcluster.cluster import limits
 from nbcluster.errors import BadArgument
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+#: A cluster name, as a regular expression that Python and JavaScript read alike: the
+#: REST routes match it, and the sidebar gets it from the server for its instant hint.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
+NAME_RULE = "use letters, digits, '-', '_' or '.', starting with a letter or digit (at most 63 characters)"
 DEFAULT_NAME = "local"
 BACKENDS = ("local",)
 GPU_BACKENDS = ("builtin", "dask-cuda")
 
 
-def _count(value: Any, what: str, *, minimum: int = 0) -> int:
-    """An integer count from user input (int or numeric string), or a BadArgument."""
+@dataclass(frozen=True)
+class StartOption:
+    """One option of a cluster start: `--FLAG` for `%cluster start` and `nbcluster start`,
+    `FIELD` of `ClusterSpec.from_user` and of the REST start body (the flag with `_`)."""
+
+    flag: str
+    help: str
+    #: Placeholder of the value; empty for a switch (true/false).
+    metavar: str = ""
+
+    @property
+    def field(self) -> str:
+        return self.flag.replace("-", "_")
+
+    @property
+    def switch(self) -> bool:
+        return not self.metavar
+
+
+FORCE_HELP = "go past the limits derived from this machine (not those set in config)"
+
+#: The start options, declared once: the `%cluster`/CLI parser, their `--help`, the REST
+#: body's fields and the README's table are all made from this.
+START_OPTIONS = (
+    StartOption("workers", "CPU worker processes (default: one per core, or `nbcluster.defaults.workers`)", "N"),
+    StartOption("threads", "threads per worker (default: 1)", "T"),
+    StartOption("memory", "memory limit per worker, e.g. 4GiB (default: a share of RAM)", "SIZE"),
+    StartOption("gpus", "`auto` or N: one worker per GPU (default: none)", "auto|N"),
+    StartOption("name", "cluster name (default: local, then local-2, ...)", "NAME"),
+    StartOption("keep", "keep running after the kernel (or server) that started it exits"),
+    StartOption("dashboard", "start Dask's dashboard (loopback only)"),
+    StartOption("gpu-backend", "GPU worker implementation: builtin (default) or dask-cuda", "NAME"),
+    StartOption("force", FORCE_HELP),
+)
+
+
+def parse_count(value: Any, what: str, *, minimum: int = 0) -> int:
+    """An integer count from user input (int or numeric string), or a BadArgument naming `what`."""
     if isinstance(value, bool):
         raise BadArgument(f"{what} must be a whole number, not {value!r}")
     if isinstance(value, str):
@@ -40,9 +79,13 @@ def _count(value: Any, what: str, *, minimum: int = 0) -> int:
     return value
 
 
-def parse_count(value: Any, what: str, *, minimum: int = 0) -> int:
-    """Validate a user-supplied count (workers, threads, min/max) with one clear message."""
-    return _count(value, what, minimum=minimum)
+def parse_bounds(minimum: Any, maximum: Any, names: tuple[str, str] = ("--min", "--max")) -> tuple[int, int]:
+    """Adaptive bounds, each a count and the minimum not above the maximum. `names` are
+    what the caller's user typed (flags, or a REST body's fields)."""
+    lo, hi = parse_count(minimum, names[0]), parse_count(maximum, names[1])
+    if lo > hi:
+        raise BadArgument(f"{names[0]} {lo} is above {names[1]} {hi}: the minimum must not exceed the maximum")
+    return lo, hi
 
 
 def parse_memory(value: Any) -> int | None:
@@ -66,15 +109,12 @@ def parse_gpus(value: Any) -> int | str | None:
         return None
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    return _count(value, "--gpus", minimum=0)
+    return parse_count(value, "--gpus", minimum=0)
 
 
-def check_name(name: str) -> str:
-    if not _NAME.match(name):
-        raise BadArgument(
-            f"cluster name {name!r} is not usable: use letters, digits, '-', '_' or '.', "
-            "starting with a letter or digit (at most 63 characters)"
-        )
+def check_name(name: Any) -> str:
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+        raise BadArgument(f"cluster name {name!r} is not usable: {NAME_RULE}")
     return name
 
 
@@ -121,8 +161,8 @@ class ClusterSpec:
         if backend not in BACKENDS:
             raise BadArgument(f"unknown backend profile {backend!r}: use one of {', '.join(BACKENDS)}")
         spec = cls(
-            workers=None if workers is None else _count(workers, "--workers"),
-            threads=None if threads is None else _count(threads, "--threads", minimum=1),
+            workers=None if workers is None else parse_count(workers, "--workers"),
+            threads=None if threads is None else parse_count(threads, "--threads", minimum=1),
             memory=parse_memory(memory),
             gpus=parse_gpus(gpus),
             name=None if name is None else check_name(name),

@@ -69,6 +69,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from nbcluster import config
 from nbcluster.cluster import backends, gpu, registry, startlog
+from nbcluster.cluster.kinds import worker_kind
 from nbcluster.cluster.lifeline import GRACE_S, Lifeline, kill_descendants
 from nbcluster.cluster.spec import ClusterSpec, parse_count
 from nbcluster.errors import NbclusterError
@@ -104,7 +105,7 @@ class ControlPlugin(SchedulerPlugin):
                 {
                     "name": str(ws.name),
                     "address": ws.address,
-                    "kind": "gpu" if "GPU" in (ws.resources or {}) else "cpu",
+                    "kind": worker_kind(ws.resources),
                     "nthreads": ws.nthreads,
                     "memory_limit": ws.memory_limit,
                     "memory": ws.metrics.get("memory", 0),

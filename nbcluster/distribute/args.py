@@ -5,44 +5,59 @@ mangle (it strips the quotes inside `['a b', 'c']`). So the line is split by a s
 scanner that knows Python's brackets and string quotes: whitespace splits only outside
 them, and a value runs until the next `--flag`. Quoting the whole value is allowed and
 usual (`--over "x in range(10)"`), and so is leaving it bare (`--over x in range(10)`).
+Each flag with its whole value then goes, as one `--flag=value` word, to an argparse
+parser made from the declaration (`options.DistributeOptions`), which reads the values;
+`DistributeOptions` checks them.
 
 Nothing is evaluated here: expressions go to `distribute()`, which evaluates them in the
-user's namespace and reports their errors. This module only says which flags exist and
-whether their literal values (counts, names, seeds) are well formed.
+user's namespace and reports their errors.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import difflib
-import keyword
+import functools
 from typing import Any
 
+from nbcluster.distribute.options import FLAGS, DistributeOptions, Flag
 from nbcluster.errors import BadArgument
 
-USAGE = (
-    '%%distribute [--over "x in ITERABLE"] [--grid "a=[...], b=[...]"] [--zip "a=[...], b=[...]"] '
-    "[--into NAME] [--gpus N] [--cpus N] [--cpu-only] [--retries N] [--batch auto|N] [--no-wait] "
-    "[--seed S] [--everywhere] [--local [K]] [--cluster NAME]"
-)
+_BY_NAME = {f.name: f for f in FLAGS}
 
-# flag -> (keyword of distribute(), kind); kind "switch" takes no value.
-_FLAGS: dict[str, tuple[str, str]] = {
-    "over": ("over", "expr"),
-    "grid": ("grid", "expr"),
-    "zip": ("zip", "expr"),
-    "into": ("into", "name"),
-    "gpus": ("gpus", "amount"),
-    "cpus": ("cpus", "amount"),
-    "cpu-only": ("cpu_only", "switch"),
-    "retries": ("retries", "count"),
-    "batch": ("batch", "batch"),
-    "no-wait": ("wait", "switch"),
-    "seed": ("seed", "int"),
-    "everywhere": ("everywhere", "switch"),
-    "local": ("local", "local"),
-    "cluster": ("cluster", "text"),
-}
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="%%distribute", add_help=False, exit_on_error=False, argument_default=argparse.SUPPRESS,
+        description="Run the cell on the cluster, once per item (once, without --over/--grid/--zip).",
+    )  # fmt: skip
+    for f in FLAGS:
+        help_ = f.help.replace("%", "%%")  # argparse %-formats help
+        if f.kind == "switch":
+            action = "store_false" if f.default is True else "store_true"
+            parser.add_argument(f"--{f.name}", dest=f.dest, action=action, help=help_)
+        elif f.kind == "local":
+            parser.add_argument(
+                f"--{f.name}", dest=f.dest, nargs="?", const="all", metavar=f.metavar.strip("[]"),
+                type=functools.partial(_read, f), help=help_,
+            )  # fmt: skip
+        else:
+            parser.add_argument(
+                f"--{f.name}", dest=f.dest, metavar=f.metavar, type=functools.partial(_read, f), help=help_
+            )
+    return parser
+
+
+def usage() -> str:
+    """The one-line usage that messages end with."""
+    return " ".join(_parser().format_usage().split()).removeprefix("usage: ")
+
+
+def help_text() -> str:
+    """`%%distribute?`: the usage and every flag, from the declaration."""
+    return _parser().format_help()
 
 
 def parse_distribute_line(line: str) -> dict[str, Any]:
@@ -51,16 +66,20 @@ def parse_distribute_line(line: str) -> dict[str, Any]:
     >>> parse_distribute_line('--over "x in range(3)" --into res --no-wait')
     {'first_line': 2, 'over': 'x in range(3)', 'into': 'res', 'wait': False}
     """
-    # The %%distribute line is line 1 of the notebook cell, so the body starts at line 2.
-    kwargs: dict[str, Any] = {"first_line": 2}
+    argv: list[str] = []
     seen: set[str] = set()
     for flag, words in _split_flags(_words(line)):
-        keyword_, kind = _FLAGS[flag]
-        if flag in seen:
-            raise BadArgument(f"--{flag} is given twice")
-        seen.add(flag)
-        kwargs[keyword_] = _value(flag, kind, words)
-    return kwargs
+        if flag.name in seen:
+            raise BadArgument(f"--{flag.name} is given twice")
+        seen.add(flag.name)
+        argv.append(_argument(flag, words))
+    try:
+        options = vars(_parser().parse_args(argv))
+    except argparse.ArgumentError as e:
+        raise BadArgument(e.message) from None
+    DistributeOptions(**options)  # the rules across flags, and the ranges
+    # The %%distribute line is line 1 of the notebook cell, so the body starts at line 2.
+    return {"first_line": 2, **options}
 
 
 def parse_wait_line(line: str) -> str:
@@ -120,25 +139,25 @@ def _words(line: str) -> list[str]:
     return words
 
 
-def _split_flags(words: list[str]) -> list[tuple[str, list[str]]]:
-    groups: list[tuple[str, list[str]]] = []
+def _split_flags(words: list[str]) -> list[tuple[Flag, list[str]]]:
+    groups: list[tuple[Flag, list[str]]] = []
     for word in words:
         if word.startswith("--"):
             name, eq, rest = word[2:].partition("=")
-            if name not in _FLAGS:
+            if name not in _BY_NAME:
                 raise BadArgument(_unknown(word))
-            groups.append((name, [rest] if eq else []))
+            groups.append((_BY_NAME[name], [rest] if eq else []))
         elif not groups:
-            raise BadArgument(f"unexpected {word!r} before any --option. Usage: {USAGE}")
+            raise BadArgument(f"unexpected {word!r} before any --option. Usage: {usage()}")
         else:
             groups[-1][1].append(word)
     return groups
 
 
 def _unknown(word: str) -> str:
-    close = difflib.get_close_matches(word[2:].partition("=")[0], list(_FLAGS), n=1)
+    close = difflib.get_close_matches(word[2:].partition("=")[0], list(_BY_NAME), n=1)
     hint = f"; did you mean --{close[0]}?" if close else ""
-    return f"unknown option {word.partition('=')[0]}{hint} Usage: {USAGE}"
+    return f"unknown option {word.partition('=')[0]}{hint} Usage: {usage()}"
 
 
 def _unquote(text: str) -> str:
@@ -152,49 +171,41 @@ def _unquote(text: str) -> str:
     return text
 
 
-def _value(flag: str, kind: str, words: list[str]) -> Any:
-    if kind == "switch":
+def _argument(flag: Flag, words: list[str]) -> str:
+    """One flag and its whole value as one argparse word: `--over=x in xs` (a value that
+    starts with `-` is then never taken for a flag)."""
+    if flag.kind == "switch":
         if words:
-            raise BadArgument(f"--{flag} takes no value (got {' '.join(words)!r})")
-        return flag != "no-wait"
-    if kind == "local" and not words:
-        return "all"
-    if not words:
-        raise BadArgument(f"--{flag} needs a value. Usage: {USAGE}")
-    text = _unquote(" ".join(words)).strip()
-    if kind == "expr":
-        if not text:
-            raise BadArgument(f"--{flag} needs a value. Usage: {USAGE}")
+            raise BadArgument(f"--{flag.name} takes no value (got {' '.join(words)!r})")
+        return f"--{flag.name}"
+    if flag.kind == "local" and not words:
+        return f"--{flag.name}"
+    text = _unquote(" ".join(words)).strip() if words else ""
+    if not text:
+        raise BadArgument(f"--{flag.name} needs a value. Usage: {usage()}")
+    return f"--{flag.name}={text}"
+
+
+_EXPECTED = {
+    "amount": "a number",
+    "count": "a whole number",
+    "int": "a whole number",
+    "batch": "`auto` or a whole number",
+    "local": "a whole number (or nothing, for all items)",
+}
+
+
+def _read(flag: Flag, text: str) -> Any:
+    """The value of `--flag=text`, by the flag's kind; ranges are `DistributeOptions`' job."""
+    if flag.kind == "expr":
         return text
     if len(text.split()) != 1:
-        raise BadArgument(f"--{flag} takes one value, got {text!r}")
-    if kind == "name":
-        if not text.isidentifier() or keyword.iskeyword(text):
-            raise BadArgument(f"--{flag} needs a Python variable name, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--{flag.name} takes one value, got {text!r}")
+    if flag.kind in ("name", "text") or (flag.kind, text) in (("batch", "auto"), ("local", "all")):
         return text
-    if kind == "text":
-        return text
-    if kind == "batch" and text == "auto":
-        return "auto"
-    if kind == "local" and text == "all":
-        return "all"
     try:
-        number = float(text) if kind == "amount" else int(text)
+        number = float(text) if flag.kind == "amount" else int(text)
     except ValueError:
-        expected = {
-            "amount": "a number",
-            "count": "a whole number",
-            "int": "a whole number",
-            "batch": "`auto` or a whole number",
-            "local": "a whole number (or nothing, for all items)",
-        }[kind]
-        raise BadArgument(f"--{flag} needs {expected}, got {text!r}") from None
-    if kind == "amount":
-        if number <= 0:
-            raise BadArgument(f"--{flag} needs a number above 0, got {text}")
-        return int(number) if number == int(number) else number
-    if kind in ("count", "local") and number < 0:
-        raise BadArgument(f"--{flag} needs a whole number of 0 or more, got {text}")
-    if kind == "batch" and number < 1:
-        raise BadArgument(f"--{flag} needs `auto` or a whole number of 1 or more, got {text}")
-    return number
+        raise argparse.ArgumentTypeError(f"--{flag.name} needs {_EXPECTED[flag.kind]}, got {text!r}") from None
+    # A whole amount stays an int: `--gpus 1` asks for the resource GPU=1, not 1.0.
+    return int(number) if number == int(number) else number

@@ -36,6 +36,7 @@ from nbcluster.distribute.capture import Capture, capture, code_index, human
 from nbcluster.distribute.cell import Cell
 from nbcluster.distribute.engine import Engine, Job
 from nbcluster.distribute.follow import Interrupted, follow, interrupted, report
+from nbcluster.distribute.options import DistributeOptions
 from nbcluster.distribute.plan import Plan, plan
 from nbcluster.distribute.results import Results
 from nbcluster.errors import BadArgument
@@ -204,33 +205,12 @@ def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: A
            everywhere: Any, local: Any, over: Any, grid: Any, zip_: Any, namespace: Any) -> None:  # fmt: skip
     if not isinstance(body, str) and not callable(body):
         raise BadArgument(f"distribute() needs cell source (a str) or a function, got {type(body).__name__}")
-    if into is not None and (not isinstance(into, str) or not into.isidentifier()):
-        raise BadArgument(f"into= needs a variable name, got {into!r}")
-    for name, value in (("gpus", gpus), ("cpus", cpus)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
-        ):
-            raise BadArgument(f"--{name} needs a number above 0, got {value!r}")
-    if cpu_only and gpus:
-        raise BadArgument("--cpu-only and --gpus contradict each other: pick one")
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise BadArgument(f"--retries needs a whole number of 0 or more, got {retries!r}")
-    if batch != "auto" and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
-        raise BadArgument(f"--batch needs 'auto' or a whole number of 1 or more, got {batch!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise BadArgument(f"--seed needs a whole number, got {seed!r}")
-    if local not in ("all", True, False) and (not isinstance(local, int) or local < 0):
-        raise BadArgument(
-            f"--local needs a whole number of 0 or more (or nothing, for all items), got {local!r}"
-        )
-    if everywhere and any(v is not None for v in (over, grid, zip_)):
-        raise BadArgument(
-            "--everywhere runs the cell once per worker: it cannot be combined with --over/--grid/--zip"
-        )
-    if everywhere and local not in (0, False):
-        raise BadArgument("--everywhere runs on the workers; it cannot be combined with --local")
     if namespace is not None and not hasattr(namespace, "__getitem__"):
         raise BadArgument("namespace= needs a dict of the notebook's variables")
+    DistributeOptions(
+        over=over, grid=grid, zip=zip_, into=into, gpus=gpus, cpus=cpus, cpu_only=cpu_only,
+        retries=retries, batch=batch, seed=seed, everywhere=everywhere, local=local,
+    )  # fmt: skip
 
 
 __all__ = ["Interrupted", "distribute", "wait"]

@@ -3,7 +3,8 @@
 Every route lives under ``<base_url>nbcluster/`` and requires Jupyter's own authentication
 (token header, or login cookie plus XSRF token for state-changing verbs)::
 
-    GET    api/profiles                   {"profiles": [{"name", "description"}, ...]}
+    GET    api/profiles                   {"profiles": [{"name", "description"}, ...],
+                                           "name_pattern": regex, "name_rule": text}
     GET    api/clusters                   {"clusters": [cluster, ...]}
     POST   api/clusters                   start one; body below -> 201 cluster
     GET    api/clusters/<name>            cluster
@@ -17,8 +18,8 @@ Every route lives under ``<base_url>nbcluster/`` and requires Jupyter's own auth
 
 A *cluster* is the scheduler's ``nbcluster_info`` answer plus ``"state": "running"``, or,
 for a registered cluster whose scheduler does not answer in time, its registry entry with
-``"state": "unreachable"``. Start body: ``workers``, ``threads``, ``memory``, ``gpus``,
-``name``, ``keep``, ``dashboard``, ``profile``, ``force`` (all optional). Sizes are checked
+``"state": "unreachable"``. Start body: the fields of `START_FIELDS`, the start options
+declared in `nbcluster.cluster.spec.START_OPTIONS` plus ``profile`` (all optional). Sizes are checked
 against `nbcluster.cluster.limits` here, before the supervisor is asked (which checks again);
 ``force`` lifts only the machine-derived limits. Errors are JSON
 ``{"message": ...}``: 400 for a bad body or value, 404 for an unknown cluster, 409 when the
@@ -52,6 +53,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 import nbcluster
 from nbcluster.cluster.handle import start as start_cluster
+from nbcluster.cluster.spec import NAME_PATTERN, NAME_RULE, START_OPTIONS, parse_bounds
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable, NbclusterError
 
 if TYPE_CHECKING:
@@ -65,7 +67,8 @@ INFO_TIMEOUT_S = 3.0
 STREAM_INTERVAL_S = 0.5
 #: Registry fields safe to show in a browser (the entry also holds credential paths).
 PUBLIC_ENTRY_KEYS = ("name", "address", "dashboard", "owner_pid", "created", "spec")
-START_FIELDS = ("workers", "threads", "memory", "gpus", "name", "keep", "dashboard", "profile", "force")
+#: The start body: the declared start options, and the backend profile.
+START_FIELDS = tuple(dict.fromkeys([*(o.field for o in START_OPTIONS), "profile"]))
 
 _STATUS = {BadArgument: 400, ClusterNotFound: 404, ClusterUnreachable: 503}
 
@@ -198,7 +201,8 @@ class ProfilesHandler(ApiBase):
     @authorized
     @api_errors
     async def get(self) -> None:
-        self.finish({"profiles": profiles()})
+        # The name rule travels with the profiles, so the start form's hint is the server's rule.
+        self.finish({"profiles": profiles(), "name_pattern": NAME_PATTERN, "name_rule": NAME_RULE})
 
 
 class ClustersHandler(ApiBase):
@@ -217,12 +221,12 @@ class ClustersHandler(ApiBase):
         known = [p["name"] for p in profiles()]
         if profile not in known:
             raise BadArgument(f"unknown profile {profile!r}; this server offers: {', '.join(known)}")
-        for key in ("keep", "dashboard", "force"):
-            flag(data, key)
-        for key in ("workers", "threads", "memory", "gpus", "name"):
-            # An empty form field means "the default", exactly like leaving the flag out.
-            if data.get(key) in ("", None):
-                data.pop(key, None)
+        for option in START_OPTIONS:
+            if option.switch:
+                flag(data, option.field)
+            elif data.get(option.field) in ("", None):
+                # An empty form field means "the default", exactly like leaving the flag out.
+                data.pop(option.field, None)
         # The server owns what it starts, so a server shutdown takes these clusters with it.
         # The plain start, not `nbcluster.start`: that one also makes the cluster this
         # process's current one, with a Dask client the server has no use for.
@@ -256,42 +260,26 @@ class ClusterHandler(ApiBase):
 
 
 class ActionHandler(ApiBase):
-    """scale / adapt / restart: validated here, carried out by the scheduler's handlers."""
+    """scale / adapt / restart: the `ClusterHandle` methods, which check the values."""
 
     @web.authenticated
     @authorized
     @api_errors
     async def post(self, name: str, action: str) -> None:
-        from nbcluster.cluster.spec import parse_count
-
-        handle = await self.handle(name)
-        if not handle.managed:
-            raise BadArgument(
-                f"{action} needs a cluster started by nbcluster; {handle.address} was started elsewhere"
-            )
+        handle = await self.handle(name)  # its methods check the values, and that nbcluster started it
         if action == "scale":
             data = self.body(("workers", "kind", "force"))
             if "workers" not in data:
                 raise BadArgument('scale needs a number of workers, e.g. {"workers": 3}')
-            kind = data.get("kind", "cpu")
-            if kind not in ("cpu", "gpu"):
-                raise BadArgument(f'kind must be "cpu" or "gpu", not {kind!r}')
-            n = parse_count(data["workers"], "the number of workers")
-            force = flag(data, "force")
-            handle.spec.check_size(f"scale {n}", *((n, 0) if kind == "cpu" else (0, n)), force=force)
-            await handle.arpc("nbcluster_scale", timeout=120, n=n, kind=kind, force=force)
+            await in_thread(handle.scale, data["workers"], data.get("kind", "cpu"), force=flag(data, "force"))
         elif action == "adapt":
             data = self.body(("minimum", "maximum", "force"))
-            lo = parse_count(data.get("minimum", 0), "minimum")
-            hi = parse_count(data.get("maximum", 4), "maximum")
-            if lo > hi:
-                raise BadArgument(f"minimum {lo} is above maximum {hi}")
-            force = flag(data, "force")
-            handle.spec.check_size(f"adapt --max {hi}", hi, force=force)
-            await handle.arpc("nbcluster_adapt", minimum=lo, maximum=hi, force=force)
+            # Checked here too only to name the body's fields in the message.
+            lo, hi = parse_bounds(data.get("minimum", 0), data.get("maximum", 4), ("minimum", "maximum"))
+            await in_thread(handle.adapt, lo, hi, force=flag(data, "force"))
         else:
             self.body(())
-            await handle.arpc("nbcluster_restart", timeout=120)
+            await in_thread(handle.restart)
         self.finish(await describe(handle))
 
 
@@ -397,7 +385,7 @@ def setup_handlers(web_app: web.Application) -> None:
     from nbcluster.server.dashboard import DashboardProxyHandler
 
     base = url_path_join(web_app.settings["base_url"], "nbcluster")
-    name = r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,62})"
+    name = f"(?P<name>{NAME_PATTERN})"
     routes: list[tuple[str, type[web.RequestHandler]]] = [
         ("api/profiles", ProfilesHandler),
         ("api/clusters", ClustersHandler),

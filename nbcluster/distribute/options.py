@@ -1,0 +1,129 @@
+"""`%%distribute`'s options, declared once, and their rules, checked once.
+
+`DistributeOptions` is the declaration: each field is one flag, with its type (the
+annotation, and how the magic reads its text: `kind`), its default (the field's) and its
+help. The magic's parser and `%%distribute?` are made from it, and the README's table is
+checked against it (`tests/test_readme_options.py`). Constructing one checks the values;
+`%%distribute` and `distribute()` both do, so both reject the same input with the same
+message.
+
+Kinds of value, as read from the magic's line (see `args.py`): ``expr`` a Python
+expression, kept as text; ``name`` a variable name; ``text`` one word; ``amount`` a number
+above 0; ``count`` a whole number of 0 or more; ``int`` any whole number; ``batch``
+``auto`` or a whole number; ``local`` a whole number, or nothing for all items;
+``switch`` no value.
+"""
+
+from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from nbcluster.errors import BadArgument
+
+
+def _flag(kind: str, help: str, metavar: str = "", flag: str = "") -> dict[str, str]:
+    """A field's declaration as a flag: see `Flag`."""
+    return {"kind": kind, "help": help, "metavar": metavar, "flag": flag}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One `%%distribute` flag, as the declaration below states it."""
+
+    name: str  # without the leading --
+    dest: str  # keyword of distribute()
+    kind: str
+    metavar: str
+    help: str
+    default: Any
+
+    @property
+    def usage(self) -> str:
+        """`--over "x in ITERABLE"`, `--local [K]`, `--no-wait`."""
+        return f"--{self.name} {self.metavar}".strip()
+
+
+@dataclass(frozen=True)
+class DistributeOptions:
+    """The options of one run, checked."""
+
+    # fmt: off
+    over: Any = field(default=None, metadata=_flag(
+        "expr", "run once per item, with `x` bound; `\"a, b in pairs\"` unpacks each item", '"x in ITERABLE"'))
+    grid: Any = field(default=None, metadata=_flag(
+        "expr", "every combination of the named lists (first name varies slowest)", '"lr=[...], depth=[...]"'))
+    zip: Any = field(default=None, metadata=_flag(
+        "expr", "the named lists walked in step (they must have the same length)", '"a=[...], b=[...]"'))
+    into: str | None = field(default=None, metadata=_flag(
+        "name", "put the results in the variable `NAME` (the cell then shows no output)", "NAME"))
+    gpus: float | None = field(default=None, metadata=_flag(
+        "amount", "each item needs `N` GPUs: it runs only on GPU workers", "N"))
+    cpus: float | None = field(default=None, metadata=_flag(
+        "amount", "each item needs `N` CPU cores of a CPU worker", "N"))
+    cpu_only: bool = field(default=False, metadata=_flag(
+        "switch", "keep items off GPU workers"))
+    retries: int = field(default=0, metadata=_flag(
+        "count", "run a failing item again, up to `N` more times", "N"))
+    batch: int | str = field(default="auto", metadata=_flag(
+        "batch", "items per task; `auto` (default) measures the items and batches small ones", "auto|N"))
+    wait: bool = field(default=True, metadata=_flag(
+        "switch", "return at once; the results fill in while you work; `%distribute wait NAME` waits",
+        flag="no-wait"))
+    seed: int | None = field(default=None, metadata=_flag(
+        "int", "each item gets its own reproducible `seed` variable, derived from `S` and its index", "S"))
+    everywhere: bool = field(default=False, metadata=_flag(
+        "switch", "run the cell once on every worker (set-up code); results are keyed by worker"))
+    local: int | str | bool = field(default=0, metadata=_flag(
+        "local", "run the first `K` items here in the kernel first, to debug quickly; `--local` alone "
+        "runs everything here (no cluster needed)", "[K]"))
+    cluster: str | None = field(default=None, metadata=_flag(
+        "text", "use the named cluster instead of the current one", "NAME"))
+    # fmt: on
+
+    def __post_init__(self) -> None:
+        if self.into is not None and (
+            not isinstance(self.into, str) or not self.into.isidentifier() or keyword.iskeyword(self.into)
+        ):
+            raise BadArgument(f"--into needs a Python variable name, got {self.into!r}")
+        for name in ("gpus", "cpus"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+                raise BadArgument(f"--{name} needs a number above 0, got {value!r}")
+        if self.cpu_only and self.gpus:
+            raise BadArgument("--cpu-only and --gpus contradict each other: pick one")
+        if not _whole(self.retries) or self.retries < 0:
+            raise BadArgument(f"--retries needs a whole number of 0 or more, got {self.retries!r}")
+        if self.batch != "auto" and (not _whole(self.batch) or self.batch < 1):
+            raise BadArgument(f"--batch needs `auto` or a whole number of 1 or more, got {self.batch!r}")
+        if self.seed is not None and not _whole(self.seed):
+            raise BadArgument(f"--seed needs a whole number, got {self.seed!r}")
+        if self.local not in ("all", True, False) and (not _whole(self.local) or self.local < 0):
+            raise BadArgument(
+                f"--local needs a whole number of 0 or more (or nothing, for all items), got {self.local!r}"
+            )
+        if self.everywhere and any(v is not None for v in (self.over, self.grid, self.zip)):
+            raise BadArgument(
+                "--everywhere runs the cell once per worker: it cannot be combined with --over/--grid/--zip"
+            )
+        if self.everywhere and self.local not in (0, False):
+            raise BadArgument("--everywhere runs on the workers; it cannot be combined with --local")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+FLAGS: tuple[Flag, ...] = tuple(
+    Flag(
+        name=f.metadata["flag"] or f.name.replace("_", "-"),
+        dest=f.name,
+        kind=f.metadata["kind"],
+        metavar=f.metadata["metavar"],
+        help=f.metadata["help"],
+        default=f.default,
+    )
+    for f in fields(DistributeOptions)
+)
+
