@@ -17,6 +17,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 import nbcluster
+from nbcluster.cluster.spec import NAME_RULE
 from tests.browser_helpers import JupyterLab, Screenshots, launch_chromium
 
 CLUSTER_TIMEOUT_MS = 90_000  # a cluster start or scale on a busy 2-core CI machine
@@ -89,9 +90,11 @@ def test_panel_start_scale_use_watch_stop(lab: JupyterLab, page: Any) -> None:
     # The form rejects a bad value itself, with a message, before asking the server.
     panel.get_by_role("button", name="New cluster").click()
     form = panel.locator(".nbc-form")
+    # The name rule comes from the server with the backends: wait for them.
+    expect(form.locator('select[name="profile"] option').first).to_be_attached()
     form.locator('input[name="name"]').fill("not a name")
     form.get_by_role("button", name="Start cluster").click()
-    expect(form.locator(".nbc-form-error")).to_contain_text("Name:")
+    expect(form.locator(".nbc-form-error")).to_contain_text(f"Name: {NAME_RULE}")
     form.locator('input[name="memory"]').fill("lots")
     form.locator('input[name="name"]').fill("web")
     form.get_by_role("button", name="Start cluster").click()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -155,6 +156,19 @@ async def test_profiles_list_the_local_backend(api) -> None:
     status, body = await api("GET", "api/profiles")
     assert status == 200
     assert "local" in [p["name"] for p in body["profiles"]]
+
+
+async def test_profiles_carry_the_name_rule_the_server_enforces(api) -> None:
+    # The sidebar's instant hint reads these: they must be the rule the server applies.
+    _, body = await api("GET", "api/profiles")
+    pattern = re.compile(f"(?:{body['name_pattern']})")
+    for name in ("ok-1.b_c", "x" * 63, "x" * 64, "-lead", "no spaces", "ünï"):
+        status, reply = await api("POST", "api/clusters", {"name": name, "workers": 100_000})
+        # A good name gets as far as the size limit; a bad one is refused for its name.
+        assert ("not usable" in reply["message"]) == (not pattern.fullmatch(name)), (name, reply)
+        assert status == 400
+        if not pattern.fullmatch(name):
+            assert body["name_rule"] in reply["message"]
 
 
 @pytest.mark.parametrize(

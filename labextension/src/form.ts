@@ -1,4 +1,4 @@
-import { IProfile, IStartRequest, MEMORY_PATTERN, NAME_PATTERN } from './tokens';
+import { IProfilesReply, IStartRequest, MEMORY_PATTERN } from './tokens';
 
 /** A labelled input row; `name` doubles as the form field's name for tests and CSS. */
 function field(label: string, input: HTMLInputElement | HTMLSelectElement, hint = ''): HTMLElement {
@@ -81,7 +81,7 @@ export class NewClusterForm {
       field('Threads per worker', this.threads),
       field('Memory per worker', this.memory, 'e.g. 2GiB; empty: a share of this machine'),
       field('GPUs', this.gpus, '"auto" for every GPU, or a number; empty: none'),
-      field('Name', this.name, 'letters, digits, - _ .; empty: picked for you'),
+      field('Name', this.name, 'empty: picked for you'),
       field('Keep alive', this.keep, 'keep running when this server stops'),
       field('Dask dashboard', this.dashboard, 'serve the Bokeh dashboard (proxied by Jupyter)'),
       field('Backend', this.profile),
@@ -91,9 +91,12 @@ export class NewClusterForm {
     this.node = form;
   }
 
-  setProfiles(profiles: IProfile[]): void {
+  /** The server's backends, and its name rule for the instant hint. */
+  setProfiles(reply: IProfilesReply): void {
+    this.nameRule = { pattern: new RegExp(`^(?:${reply.name_pattern})$`), words: reply.name_rule };
+    this.name.title = reply.name_rule;
     this.profile.replaceChildren(
-      ...profiles.map(p => {
+      ...reply.profiles.map(p => {
         const option = document.createElement('option');
         option.value = p.name;
         option.textContent = p.name;
@@ -124,10 +127,9 @@ export class NewClusterForm {
       }
       const name = this.name.value.trim();
       if (name !== '') {
-        if (!NAME_PATTERN.test(name)) {
-          throw new Error(
-            'Name: use letters, digits, "-", "_" or ".", starting with a letter or digit'
-          );
+        // Until the server's rule is known, the server's answer is the check.
+        if (this.nameRule && !this.nameRule.pattern.test(name)) {
+          throw new Error(`Name: ${this.nameRule.words}`);
         }
         body.name = name;
       }
@@ -151,6 +153,7 @@ export class NewClusterForm {
     this.submit.textContent = busy ? 'Starting…' : 'Start cluster';
   }
 
+  private nameRule: { pattern: RegExp; words: string } | null = null;
   private readonly workers: HTMLInputElement;
   private readonly threads: HTMLInputElement;
   private readonly memory: HTMLInputElement;

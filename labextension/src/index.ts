@@ -9,7 +9,7 @@ import { KernelMessage } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { ClusterPanel } from './panel';
-import { CommandIDs, NAME_PATTERN, PANEL_ID, PLUGIN_ID } from './tokens';
+import { CommandIDs, PANEL_ID, PLUGIN_ID } from './tokens';
 
 const clusterIcon = new LabIcon({
   name: 'nbcluster:cluster',
@@ -26,12 +26,11 @@ const clusterIcon = new LabIcon({
  * `%load_ext`, which prints a warning when the extension is already loaded.
  */
 export function useCode(name: string): string {
-  if (!NAME_PATTERN.test(name)) {
-    throw new Error(`not a cluster name: ${name}`);
-  }
+  // The name enters Python source only as a string literal (a JSON string is a valid
+  // Python one), so no name can inject code; `%cluster use` checks it against the rule.
   return [
     'get_ipython().extension_manager.load_extension("nbcluster")',
-    `get_ipython().run_line_magic("cluster", "use ${name}")`
+    `get_ipython().run_line_magic("cluster", ${JSON.stringify(`use ${name}`)})`
   ].join('\n');
 }
 

@@ -15,7 +15,7 @@ import {
 } from './graphs';
 import { dashboardURL, requestAPI } from './handler';
 import { LiveStream } from './stream';
-import { ICluster, IProfile, StreamMessage } from './tokens';
+import { ICluster, IProfilesReply, StreamMessage } from './tokens';
 
 export interface IClusterPanelOptions {
   /** Runs `%cluster use NAME` in the active notebook; rejects with a message to show. */
@@ -108,8 +108,7 @@ export class ClusterPanel extends Widget {
 
   private async loadProfiles(): Promise<void> {
     try {
-      const reply = await requestAPI<{ profiles: IProfile[] }>('api/profiles');
-      this.form.setProfiles(reply.profiles);
+      this.form.setProfiles(await requestAPI<IProfilesReply>('api/profiles'));
     } catch (error) {
       this.form.showError(`Cannot list backends: ${(error as Error).message}`);
     }

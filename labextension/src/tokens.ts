@@ -12,8 +12,6 @@ export namespace CommandIDs {
   export const useInNotebook = 'nbcluster:use-in-notebook';
 }
 
-/** A cluster name as the server accepts it (see nbcluster/cluster/spec.py). */
-export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
 /** A worker memory size such as 4GiB, 512MiB or 2GB (Dask's parse_bytes accepts more). */
 export const MEMORY_PATTERN = /^\s*\d+(\.\d+)?\s*(b|k|m|g|t|kb|mb|gb|tb|kib|mib|gib|tib)?\s*$/i;
 
@@ -55,6 +53,15 @@ export interface ICluster {
 export interface IProfile {
   name: string;
   description: string;
+}
+
+/** GET api/profiles: the backends, and the cluster-name rule (nbcluster/cluster/spec.py). */
+export interface IProfilesReply {
+  profiles: IProfile[];
+  /** A regular expression, unanchored, that Python and JavaScript read alike. */
+  name_pattern: string;
+  /** The rule in words, as the server's own message gives it. */
+  name_rule: string;
 }
 
 /** Body of POST api/clusters; a missing field means the cluster layer's default. */
