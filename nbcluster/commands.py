@@ -51,9 +51,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     s = sub.add_parser("start", help="start a cluster (or reuse the running one of that name)")
     for option in START_OPTIONS:
         if option.switch:
-            s.add_argument(f"--{option.flag}", action="store_true", help=option.help)
+            s.add_argument(f"--{option.flag}", action="store_true", help=option.help.replace("%", "%%"))
         else:
-            s.add_argument(f"--{option.flag}", metavar=option.metavar, help=option.help)
+            s.add_argument(f"--{option.flag}", metavar=option.metavar, help=option.help.replace("%", "%%"))
 
     s = sub.add_parser("scale", help="set the number of workers of a kind")
     s.add_argument("n", help="number of workers")

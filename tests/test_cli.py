@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 import nbcluster
+from nbcluster.cluster.spec import START_OPTIONS, parse_bounds
+from nbcluster.errors import BadArgument
 
 
 def test_cli_lifecycle(runtime_dir, cli):
@@ -48,3 +50,15 @@ def test_cli_bad_input_exits_2_with_one_line(runtime_dir, cli, args, message):
 def test_cli_help(cli):
     result = cli("--help")
     assert result.returncode == 0 and "scale" in result.stdout
+    result = cli("start", "--help")
+    text = "".join(result.stdout.split())  # argparse wraps to the terminal's width
+    assert result.returncode == 0
+    for option in START_OPTIONS:
+        assert f"--{option.flag}" in text and "".join(option.help.split()) in text, option.flag
+
+
+def test_cli_shows_the_cores_message(runtime_dir, cli):
+    with pytest.raises(BadArgument) as expected:
+        parse_bounds(2, 1)
+    result = cli("adapt", "--min", "2", "--max", "1")
+    assert (result.returncode, result.stderr) == (2, f"nbcluster: error: {expected.value}\n")

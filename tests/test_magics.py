@@ -12,6 +12,9 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
 from nbcluster.cluster.info import ClusterInfo, ClusterList
+from nbcluster.cluster.spec import START_OPTIONS, check_name, parse_bounds, parse_count
+from nbcluster.distribute.options import FLAGS
+from nbcluster.errors import BadArgument
 
 
 @pytest.fixture
@@ -81,6 +84,35 @@ def test_bad_input_raises_one_usage_error(shell, line, message):
     with pytest.raises(UsageError, match=message) as info:
         magic(shell, line)
     assert "\n" not in str(info.value).strip() and "Traceback" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("line", "core"),
+    [
+        ("adapt --min 3 --max 1", lambda: parse_bounds(3, 1)),
+        ("scale -2", lambda: parse_count(-2, "the number of workers")),
+        ("start --name no/slash", lambda: check_name("no/slash")),
+    ],
+)
+def test_mistakes_show_the_cores_own_message(shell, line, core):
+    # The rule lives in nbcluster.cluster.spec; the magic shows its message unchanged.
+    with pytest.raises(BadArgument) as expected:
+        core()
+    with pytest.raises(UsageError) as shown:
+        magic(shell, line)
+    assert str(shown.value) == str(expected.value)
+    assert nbcluster.clusters() == []
+
+
+def test_help_is_made_from_the_declarations(shell, capsys):
+    magic(shell, "start --help")
+    text = "".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
+    for option in START_OPTIONS:
+        assert f"--{option.flag}" in text and "".join(option.help.split()) in text, option.flag
+    # `%%distribute?` shows the magic's docstring: every declared flag, with its help.
+    doc = "".join(shell.find_cell_magic("distribute").__doc__.split())
+    for flag in FLAGS:
+        assert "".join(flag.usage.split()) in doc and "".join(flag.help.split()) in doc, flag.name
 
 
 def test_kernel_killed_leaves_no_processes(runtime_dir):
