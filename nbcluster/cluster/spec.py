@@ -1,7 +1,11 @@
 """`ClusterSpec`: what a user asks for when starting a cluster, validated once.
 
 Every front end (magic, CLI, sidebar form, Python API) builds a `ClusterSpec` and nothing
-else: validation lives here so they all reject the same inputs with the same message.
+else: validation lives here so they all reject the same inputs with the same message. The
+start options are declared here once (`START_OPTIONS`: the `%cluster`/CLI flags, their
+help, the REST body's fields), and so are the other rules every front end applies: counts
+(`parse_count`), adaptive bounds (`parse_bounds`) and the cluster-name rule
+(`NAME_PATTERN`, which the REST routes match and the sidebar gets from the server).
 """
 
 from __future__ import annotations
