@@ -3,8 +3,7 @@
 One engine, two front ends: the magic parses its line (`args.py`) and calls `distribute`
 with the cell and the user's namespace; Python code calls `distribute` directly.
 Modules, in the order a run uses them: `options` (the flags, declared and checked once),
-`args` (the magic's line), `run` (the API:
-checks, then the run's steps), `cell` (source -> code, free names), `plan` (items, batch
+`args` (the magic's line), `run` (the API: checks, then the run's steps), `cell` (source -> code, free names), `plan` (items, batch
 sizes), `capture` (what travels and how), `engine` (submit, stream, retry, cancel),
 `worker` (what runs on the workers), `results` (what comes back), `tracebacks` (failed
 items), `follow` (waiting in the kernel: output, summary, Ctrl-C).
