@@ -18,10 +18,11 @@ Every route lives under ``<base_url>nbcluster/`` and requires Jupyter's own auth
 
 A *cluster* is the scheduler's ``nbcluster_info`` answer plus ``"state": "running"``, or,
 for a registered cluster whose scheduler does not answer in time, its registry entry with
-``"state": "unreachable"``. Start body: the fields of `START_FIELDS`, the start options
-declared in `nbcluster.cluster.spec.START_OPTIONS` plus ``profile`` (all optional). Sizes are checked
-against `nbcluster.cluster.limits` here, before the supervisor is asked (which checks again);
-``force`` lifts only the machine-derived limits. Errors are JSON
+``"state": "unreachable"``. Start body (`START_FIELDS`, all optional): the start options
+declared in `nbcluster.cluster.spec.START_OPTIONS`, and ``profile``. Values are checked by
+the cluster layer, which every front end shares, and sizes against
+`nbcluster.cluster.limits` before the supervisor is asked (which checks again); ``force``
+lifts only the machine-derived limits. Errors are JSON
 ``{"message": ...}``: 400 for a bad body or value, 404 for an unknown cluster, 409 when the
 start would reuse a running cluster, 503 when a scheduler does not answer.
 
