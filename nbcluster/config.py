@@ -37,3 +37,20 @@ def worker_pre_spawn_environ() -> dict[str, Any]:
     merged = dict(dask.config.get("distributed.nanny.pre-spawn-environ") or {})
     merged.update(get("worker.pre-spawn-environ") or {})
     return merged
+
+
+def view_limits() -> dict[str, int]:
+    """The bounds of a live view of the metrics, as graphs.js's ``createView`` takes them
+    (the widget, the sidebar and `MetricsWindow` keep the same history)."""
+    return {"maxTasks": int(get("widget.max-tasks")), "maxSamples": int(get("widget.max-samples"))}
+
+
+def sidebar_settings() -> dict[str, Any]:
+    """What the sidebar reads from the server's page config: its view bounds, chart
+    windows and the reconnect backoff of its stream, in milliseconds."""
+    return {
+        "limits": view_limits(),
+        "window": seconds("sidebar.window"),
+        "reconnectMs": round(1000 * seconds("sidebar.reconnect")),
+        "reconnectMaxMs": round(1000 * seconds("sidebar.reconnect-max")),
+    }

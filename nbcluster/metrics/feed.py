@@ -5,9 +5,11 @@ widget takes a feed rather than a client so that it does not care whether the sn
 comes from `ClusterHandle.metrics`, a plain Dask `Client`, or a test.
 
 `MetricsWindow` keeps the latest worker table and the newest tasks and samples, each in a
-bounded deque, so a widget left open for hours holds a fixed amount of memory. It mirrors
-``applySnapshot`` in ``graphs.js``; `to_view` returns the same shape the JavaScript view has,
-which is what the static (saved-notebook) renderer draws.
+bounded deque, so a widget left open for hours holds a fixed amount of memory. It folds
+snapshots as ``applySnapshot`` in ``graphs.js`` does, with the same bounds (Dask config
+``nbcluster.widget.max-tasks`` / ``max-samples``, which the front ends receive from Python),
+so the frozen picture holds what the live view held; `to_view` returns the shape of the
+JavaScript view, which is what the static (saved-notebook) renderer draws.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from nbcluster import config
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -49,7 +53,10 @@ def ensure_plugin(client: Client) -> None:
 class MetricsWindow:
     """A bounded, incrementally updated view of a cluster's recent activity."""
 
-    def __init__(self, *, max_tasks: int = 5000, max_samples: int = 600) -> None:
+    def __init__(self, *, max_tasks: int | None = None, max_samples: int | None = None) -> None:
+        limits = config.view_limits()
+        max_tasks = limits["maxTasks"] if max_tasks is None else max_tasks
+        max_samples = limits["maxSamples"] if max_samples is None else max_samples
         self.cursor: int | None = None
         self.now = 0.0
         self.workers: dict[str, dict[str, Any]] = {}

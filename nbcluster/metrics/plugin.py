@@ -35,6 +35,7 @@ from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
+from nbcluster import config
 from nbcluster.metrics._ring import SeqRing
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ class MetricsPlugin(SchedulerPlugin):
 
     `task_capacity` and `sample_capacity` bound memory (about 150 bytes per record);
     `sample_interval` is how often (seconds) worker heartbeats are checked for new samples.
+    Each defaults to its Dask config key (``nbcluster.metrics.task-capacity``,
+    ``sample-capacity``, ``sample-interval``), read where the plugin is made.
     """
 
     name = "nbcluster-metrics"
@@ -62,13 +65,15 @@ class MetricsPlugin(SchedulerPlugin):
     def __init__(
         self,
         *,
-        task_capacity: int = 20_000,
-        sample_capacity: int = 10_000,
-        sample_interval: float = 0.5,
+        task_capacity: int | None = None,
+        sample_capacity: int | None = None,
+        sample_interval: float | None = None,
     ) -> None:
-        self.tasks: SeqRing[TaskRecord] = SeqRing(task_capacity)
-        self.samples: SeqRing[dict[str, Any]] = SeqRing(sample_capacity)
-        self.sample_interval = sample_interval
+        self.tasks: SeqRing[TaskRecord] = SeqRing(_setting(task_capacity, "metrics.task-capacity"))
+        self.samples: SeqRing[dict[str, Any]] = SeqRing(_setting(sample_capacity, "metrics.sample-capacity"))
+        self.sample_interval = (
+            config.seconds("metrics.sample-interval") if sample_interval is None else sample_interval
+        )
         self._next = 0  # the sequence number the next record gets; also the cursor
         self._last_sample_time: dict[str, float] = {}
         self._scheduler: Scheduler | None = None
@@ -152,7 +157,9 @@ class MetricsPlugin(SchedulerPlugin):
             "cursor": cursor,
             "gap": gap,
             "now": time.time(),
-            "workers": {addr: _worker_info(ws, _devices(scheduler)) for addr, ws in scheduler.workers.items()},
+            "workers": {
+                addr: _worker_info(ws, _devices(scheduler)) for addr, ws in scheduler.workers.items()
+            },
             "tasks": [
                 {
                     "key": str(k),
@@ -178,6 +185,10 @@ async def install(scheduler: Scheduler, **kwargs: Any) -> MetricsPlugin:
     plugin = scheduler.plugins[MetricsPlugin.name]
     assert isinstance(plugin, MetricsPlugin)
     return plugin
+
+
+def _setting(value: int | None, key: str) -> int:
+    return int(config.get(key)) if value is None else value
 
 
 def _gpu_static(ws: WorkerState) -> dict[str, Any] | None:

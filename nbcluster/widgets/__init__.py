@@ -31,13 +31,14 @@ method) returning a mapping::
      "grid": {"params": ["lr", "depth"],                          # optional, --grid runs
               "rows": [{"params": {"lr": 0.1, "depth": 3}, "value": 0.93, "status": "ok"}]}}
 
-It is called from a background thread 4 times a second, so it must be cheap and
-thread-safe (reading a few counters is). ``feed`` is a callable ``since -> snapshot``
+It is called from a background thread every ``nbcluster.widget.interval`` (4 times a second
+by default), so it must be cheap and thread-safe (reading a few counters is). ``feed`` is a callable ``since -> snapshot``
 (`nbcluster.metrics.client_feed(client)`, `ClusterHandle.metrics`; a `ClusterHandle` itself
 is taken to mean its client's feed), see `nbcluster.metrics` for the format; None shows
 progress only.
 
-What a user sees: nothing for ``delay`` seconds (instant cells stay clean); then, in a
+What a user sees: nothing for ``delay`` seconds (``nbcluster.widget.delay``: instant cells
+stay clean); then, in a
 kernel (JupyterLab, Notebook 7, VS Code), the widget: a progress bar with items/s and ETA,
 the grid table best first, a task stream with one lane per worker, and per-worker CPU /
 memory / GPU charts. When the run ends (the source says so, or ``close()``), the output
@@ -50,7 +51,9 @@ The freeze happens in the cell itself when the run is over by the cell's end (an
 (``--no-wait``) and a status view freeze later, from the poller, by display id; a notebook
 saved while one of those is still live holds the widget, which needs the kernel to draw.
 
-The drawing code is ``static/graphs.js``, shared with the JupyterLab sidebar panel.
+The drawing code is ``static/graphs.js``, shared with the JupyterLab sidebar panel; the
+frozen picture is drawn by ``_static.py`` from the same ``static/theme.json``. The timings
+and bounds are Dask config keys under ``nbcluster.widget.`` (README, Settings).
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ from typing import Any
 
 from nbcluster.metrics.feed import Feed, client_feed
 from nbcluster.widgets._live import Live, as_progress_source
+from nbcluster.widgets._options import LiveOptions
+from nbcluster.widgets._output import Seams
 from nbcluster.widgets._progress import Best
 from nbcluster.widgets._results import ResultsProgress, feed_for, is_results, task_filter_for
 
@@ -71,8 +76,8 @@ def live(
     feed: Feed | None = None,
     *,
     label: str | None = None,
-    delay: float = 0.75,
-    interval: float = 0.25,
+    delay: float | None = None,
+    interval: float | None = None,
     best: Best = "max",
     **kwargs: Any,
 ) -> Live:
@@ -81,11 +86,26 @@ def live(
     `progress` may also be a distribute `Results` (its counts, grid and own tasks are
     read; `feed` defaults to the run's client). In a kernel the widget also freezes at
     the end of the cell if the run is over by then, so forgetting `close()` is harmless.
-    `best` orders grid rows by their numeric value ("max" first, "min" first, or None to
-    keep the source's order). `interval` is the poll period in seconds (2-5 Hz is plenty).
-    The task stream shows tasks that started after this call, or, with
-    ``task_filter=fn``, the task records (see `nbcluster.metrics`) for which ``fn`` is true.
+
+    Parameters
+    ----------
+    label : shown before the progress text.
+    delay : seconds before anything is shown, so instant cells stay clean (default: Dask
+        config ``nbcluster.widget.delay``).
+    interval : the poll period in seconds, 2-5 Hz is plenty (``nbcluster.widget.interval``).
+    best : order of grid rows by their numeric value: "max" first, "min" first, or None to
+        keep the source's order.
+    refresh : while nothing finishes, the live time axis still moves this often
+        (``nbcluster.widget.refresh``).
+    window : seconds of task stream shown; None shows the whole run.
+    resource_window : seconds of worker charts (``nbcluster.widget.resource-window``).
+    task_filter : a function of a task record (see `nbcluster.metrics`); the task stream
+        shows the records for which it is true. Without one it shows tasks that started
+        after this call.
+    grid : True/False forces or suppresses the grid table of a `Results` (default: shown
+        for ``--grid`` runs).
     """
+    seams = Seams.pop_from(kwargs)
     feed = _as_feed(feed)
     if is_results(progress):
         kwargs.setdefault("task_filter", task_filter_for(progress))
@@ -97,7 +117,8 @@ def live(
     else:
         kwargs.pop("grid", None)
         source = as_progress_source(progress)
-    return Live(source, feed, label=label, delay=delay, interval=interval, best=best, **kwargs)
+    options = LiveOptions(label=label, delay=delay, interval=interval, best=best, **kwargs)
+    return Live(source, feed, options, seams)
 
 
 def progress_hook(feed: Feed | None = None, **kwargs: Any) -> Callable[[Any], None]:
@@ -123,9 +144,12 @@ def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0
     `cluster` is a `ClusterHandle` (its Dask client's connection is reused: a fresh
     connection per poll, as `handle.metrics` makes, costs the kernel ~8x the CPU) or any
     feed. After `live_for` seconds (None: until ``close()``) the picture freezes, so the
-    notebook holds a readable snapshot rather than a widget that needs the kernel.
+    notebook holds a readable snapshot rather than a widget that needs the kernel. Other
+    keyword arguments are `live`'s.
     """
-    return Live(None, _as_feed(cluster), delay=0.0, live_for=live_for, window=window, history=True, **kwargs)
+    seams = Seams.pop_from(kwargs)
+    options = LiveOptions(delay=0.0, live_for=live_for, window=window, history=True, **kwargs)
+    return Live(None, _as_feed(cluster), options, seams)
 
 
 def _as_feed(obj: Any) -> Feed | None:

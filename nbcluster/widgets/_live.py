@@ -31,16 +31,15 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from nbcluster.metrics.feed import Feed, MetricsWindow
 from nbcluster.widgets import _static
+from nbcluster.widgets._options import LiveOptions
+from nbcluster.widgets._output import Output, Seams, shell
 from nbcluster.widgets._progress import (
-    Best,
     ProgressSource,
     RateMeter,
-    TextBar,
     decorate,
     is_finished,
     rank_grid,
@@ -50,95 +49,44 @@ from nbcluster.widgets._progress import (
 logger = logging.getLogger(__name__)
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-RESOURCE_WINDOW = 60.0  # seconds of worker charts (LiveWidget.resource_window, render_html)
-
-
-class Display(Protocol):
-    """Where the widget goes: the kernel's display system, or a test's recorder."""
-
-    def show(self, bundle: dict[str, Any]) -> None: ...
-    def update(self, bundle: dict[str, Any]) -> None: ...
-
-
-class KernelDisplay:
-    """One output area of the current cell, addressed by a display id."""
-
-    def __init__(self) -> None:
-        self._handle: Any = None
-
-    def show(self, bundle: dict[str, Any]) -> None:
-        from IPython.display import display
-
-        self._handle = display(bundle, raw=True, display_id=True)
-
-    def update(self, bundle: dict[str, Any]) -> None:
-        if self._handle is not None:
-            self._handle.update(bundle, raw=True)
-
-
-def _shell() -> Any:
-    """The running IPython shell (kernel or terminal), or None in plain Python."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    return get_ipython()
-
-
-def in_kernel() -> bool:
-    """Whether we run inside a Jupyter kernel (where widgets can show)."""
-    ip = _shell()
-    return ip is not None and getattr(ip, "kernel", None) is not None
+# Tasks that started before a run began belong to earlier work. The slack absorbs clock
+# differences between this machine and the workers; a caller that can name its tasks
+# passes a task_filter instead (distribute runs do, by key).
+CLOCK_SLACK_S = 0.1
 
 
 class Live:
     """Polls a progress source and a metrics feed; shows, updates and finally freezes.
 
-    Use `nbcluster.widgets.live` / `nbcluster.widgets.status` rather than this class; its
-    keyword arguments are documented there. `_display`, `_clock`, `_text` and `_widgets`
-    are test seams.
+    Use `nbcluster.widgets.live` / `nbcluster.widgets.status` rather than this class; the
+    options are documented there (`LiveOptions`), and `seams` are for tests.
     """
 
     def __init__(
         self,
         progress: ProgressSource | None,
         feed: Feed | None,
-        *,
-        label: str | None = None,
-        delay: float = 0.75,
-        interval: float = 0.25,
-        best: Best = "max",
-        window: float | None = None,
-        live_for: float | None = None,
-        history: bool = False,
-        task_filter: Callable[[dict[str, Any]], bool] | None = None,
-        _display: Display | None = None,
-        _clock: Callable[[], float] = time.monotonic,
-        _text: TextBar | None = None,
-        _widgets: bool | None = None,
+        options: LiveOptions | None = None,
+        seams: Seams | None = None,
     ) -> None:
         self.progress_source = progress
-        self.feed = feed
-        self.label = label
-        self.delay = delay
-        self.interval = interval
-        self.best = best
-        self.window_seconds = window
-        self.live_for = live_for
-        self._clock = _clock
-        self._widgets = in_kernel() if _widgets is None else _widgets
-        self._display = _display if _display is not None else (KernelDisplay() if self._widgets else None)
-        self._text = _text if _text is not None or self._widgets else TextBar()
-        if not self._widgets:
-            self.feed = None  # no graphs to draw in a terminal
+        self.options = (options or LiveOptions()).resolved()
+        seams = seams or Seams()
+        self._clock = seams.clock
+        self._output = Output.for_seams(seams)
+        # No graphs to draw in a terminal.
+        self.feed = feed if self._output.widgets else None
+        self._init_state()
+        self._start_polling()
+        # Test seams replace the output; then the test closes the widget itself.
+        self._ipython = None if seams.replaced else shell()
+        if self._ipython is not None:
+            self._ipython.events.register("post_run_cell", self._on_cell_end)
 
+    def _init_state(self) -> None:
+        o = self.options
         self.metrics = MetricsWindow()
-        # Tasks that started before this run began belong to earlier work (status views
-        # want them: recent history). The small slack absorbs clock differences between
-        # this machine and the workers; a caller that can name its tasks passes a
-        # task_filter instead (distribute runs do, by key).
-        self._since_wall = None if history else time.time() - 0.1
-        self._task_filter = task_filter
+        self._since_wall = None if o.history else time.time() - CLOCK_SLACK_S
         self.widget: Any = None
         self.shown = False
         self.frozen = False
@@ -147,7 +95,8 @@ class Live:
         self.grid: dict[str, Any] = {}
         self._raw_grid: Any = None
         self._rate = RateMeter()
-        self._t0 = _clock()
+        self._t0 = self._clock()
+        self._last_delta = self._t0
         self._seq = 0
         self._sent_workers: Any = None
         self._pending_tasks: list[dict[str, Any]] = []
@@ -155,14 +104,13 @@ class Live:
         self._end_state: str | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+
+    def _start_polling(self) -> None:
+        # A copy of the caller's context: ipykernel keeps the cell's parent header there.
         self._thread = threading.Thread(
             target=contextvars.copy_context().run, args=(self._run,), name="nbcluster-live", daemon=True
         )
         self._thread.start()
-        # Test seams replace the display; then the test closes the widget itself.
-        self._ipython = _shell() if _display is None and _text is None else None
-        if self._ipython is not None:
-            self._ipython.events.register("post_run_cell", self._on_cell_end)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -208,9 +156,9 @@ class Live:
                 finished = self._tick()
                 if finished or self._stop.is_set():
                     break
-                if self.live_for is not None and self._clock() - self._t0 >= self.live_for:
+                if self.options.live_for is not None and self._clock() - self._t0 >= self.options.live_for:
                     break
-                if self._stop.wait(self.interval):
+                if self._stop.wait(self.options.interval):
                     break
             self._tick()
         except Exception:
@@ -222,7 +170,7 @@ class Live:
         """One poll: read, maybe show, push. Returns whether the run has finished."""
         finished = self._read_progress()
         self._read_metrics()
-        if not self.shown and (finished or self._clock() - self._t0 < self.delay):
+        if not self.shown and (finished or self._clock() - self._t0 < self.options.delay):
             return finished  # instant runs stay clean: nothing is ever shown
         if not self.shown:
             self._show()
@@ -242,11 +190,11 @@ class Live:
             state = self._end_state or "running"
         else:
             state = self._end_state or ("cancelled" if raw.get("cancelled") else "done")
-        self.counts = decorate(raw, elapsed=elapsed, rate=rate, state=state, label=self.label)
+        self.counts = decorate(raw, elapsed=elapsed, rate=rate, state=state, label=self.options.label)
         grid = raw.get("grid")
         if grid is not self._raw_grid or finished:
             self._raw_grid = grid
-            self.grid = rank_grid(grid, self.best)
+            self.grid = rank_grid(grid, self.options.best)
         return finished
 
     def _read_metrics(self) -> None:
@@ -264,13 +212,13 @@ class Live:
         # only what can be drawn, so the first message to the front end stays small.
         now = snap.get("now") or time.time()
         tasks = snap.get("tasks") or ()
-        if self._task_filter is not None:
-            tasks = [t for t in tasks if self._task_filter(t)]
+        if self.options.task_filter is not None:
+            tasks = [t for t in tasks if self.options.task_filter(t)]
         elif self._since_wall is not None:
             tasks = [t for t in tasks if t["start"] >= self._since_wall]
-        if self.window_seconds is not None:
-            tasks = [t for t in tasks if t["stop"] >= now - self.window_seconds]
-        horizon = now - RESOURCE_WINDOW
+        if self.options.window is not None:
+            tasks = [t for t in tasks if t["stop"] >= now - self.options.window]
+        horizon = now - self.options.resource_window
         samples = [r for r in snap.get("resources") or () if r["time"] >= horizon]
         snap = {**snap, "tasks": list(tasks), "resources": samples}
         self.metrics.apply(snap)
@@ -280,17 +228,16 @@ class Live:
     def _show(self) -> None:
         from nbcluster.widgets.widget import LiveWidget
 
-        assert self._display is not None or self._text is not None
-        if self._text is not None:
+        if not self._output.widgets:
             self.shown = True
             return
-        self.widget = LiveWidget(window=self.window_seconds)
+        self.widget = LiveWidget(window=self.options.window, resource_window=self.options.resource_window)
         # The first delta carries everything gathered before the widget appeared.
         self._pending_tasks = list(self.metrics.tasks)
         self._pending_samples = [r for series in self.metrics.samples.values() for r in series]
         self._push(reset=True)
-        assert self._display is not None
-        self._display.show(
+        assert self._output.display is not None
+        self._output.display.show(
             {
                 WIDGET_MIME: {"version_major": 2, "version_minor": 1, "model_id": self.widget.model_id},
                 "text/plain": self._text_line(),
@@ -299,9 +246,9 @@ class Live:
         self.shown = True
 
     def _push(self, reset: bool = False) -> None:
-        if self._text is not None:
+        if self._output.text is not None:
             if self.counts:
-                self._text.update(self.counts)
+                self._output.text.update(self.counts)
             return
         w = self.widget
         if w is None:
@@ -325,10 +272,12 @@ class Live:
                 w.progress = self.counts
             if self.grid != w.grid:
                 w.grid = self.grid
-            # Send a delta when something is new, or about once a second so the live
-            # time axis keeps moving while nothing finishes.
-            if news or self._seq % 4 == 0:
+            # Send a delta when something is new, or every `refresh` seconds so the
+            # live time axis keeps moving while nothing finishes.
+            now = self._clock()
+            if news or now - self._last_delta >= self.options.refresh:
                 w.delta = delta
+                self._last_delta = now
 
     # -- the end --------------------------------------------------------------------------
 
@@ -349,9 +298,9 @@ class Live:
             self.counts.pop("eta", None)
         if not self.shown:
             return
-        if self._text is not None:
+        if self._output.text is not None:
             if self.counts:
-                self._text.finish(self.counts)
+                self._output.text.finish(self.counts)
             return
         if self.widget is not None:
             # Sync the final counts first: a front end that ignores display updates keeps
@@ -361,10 +310,11 @@ class Live:
             self.counts or None,
             self.metrics.to_view(),
             self.grid or None,
-            window=self.window_seconds,
+            window=self.options.window,
+            resource_window=self.options.resource_window,
         )
-        assert self._display is not None
-        self._display.update({"text/html": self.final_html, "text/plain": self._text_line()})
+        assert self._output.display is not None
+        self._output.display.update({"text/html": self.final_html, "text/plain": self._text_line()})
         if self.widget is not None:
             self.widget.close()
 

@@ -2,8 +2,11 @@
 
 A saved notebook reopened without its kernel, nbconvert's HTML, and GitHub's viewer can
 show no widget, only what the output's mimebundle holds. So when a run ends the widget's
-output is replaced by this HTML, drawn from the same data and with the same layout, CSS
-variables (with fallbacks) and colours as ``static/graphs.js``; keep the two in step.
+output is replaced by this HTML. It is drawn from the same data as ``static/graphs.js``
+draws live, with the same structure and classes, and every colour, font, size and label
+taken from the same ``static/theme.json`` (`nbcluster.widgets._theme`); only the code is
+written twice, and tests/test_drawing_browser.py renders one snapshot both ways in
+Chromium and compares lanes, bars, colours and labels.
 
 No ``<script>`` and no stylesheet: everything is inline styles and SVG, which survives
 notebook trust rules and HTML export alike. Charts stretch with the page the same way as
@@ -17,40 +20,27 @@ from collections.abc import Iterable, Mapping
 from html import escape
 from typing import Any
 
-C = {
-    "fg": "var(--jp-ui-font-color1, #1f1f1f)",
-    "fg2": "var(--jp-ui-font-color2, #616161)",
-    "border": "var(--jp-border-color2, #d0d0d0)",
-    "track": "var(--jp-layout-color2, #eeeeee)",
-    "done": "var(--jp-success-color1, #388e3c)",
-    "error": "var(--jp-error-color1, #d32f2f)",
-    "running": "var(--jp-brand-color2, #64b5f6)",
-    "cpu": "var(--jp-brand-color1, #1976d2)",
-    "memory": "var(--jp-warn-color1, #f57c00)",
-    "gpu": "var(--jp-success-color1, #388e3c)",
-    "font": "var(--jp-ui-font-family, system-ui, -apple-system, 'Segoe UI', sans-serif)",
-    "fontSize": "var(--jp-ui-font-size1, 13px)",
-    "small": "var(--jp-ui-font-size0, 11px)",
-}
+from nbcluster.widgets._theme import TEXT, THEME, VARS, css
 
 
 def prefix_color(prefix: str) -> str:
-    """The colour graphs.js gives `prefix` (FNV-1a over UTF-16 code units, hue 30..330)."""
+    """The colour graphs.js gives `prefix` (FNV-1a over UTF-16 code units)."""
     h = 2166136261
     data = str(prefix).encode("utf-16-le")
     for i in range(0, len(data), 2):
         h ^= data[i] | (data[i + 1] << 8)
         h = (h * 16777619) & 0xFFFFFFFF
-    return f"hsl({30 + h % 300}, 55%, 55%)"
+    p = THEME["prefix"]
+    return f"hsl({p['hueStart'] + h % p['hueSpan']}, {p['saturation']}%, {p['lightness']}%)"
 
 
 def format_bytes(n: float | None) -> str:
     if n is None or not math.isfinite(n):
         return "?"
-    units = ["B", "kB", "MB", "GB", "TB"]
+    step, units = THEME["bytes"]["step"], THEME["bytes"]["units"]
     i, v = 0, abs(n)
-    while v >= 1000 and i < len(units) - 1:
-        v /= 1000
+    while v >= step and i < len(units) - 1:
+        v /= step
         i += 1
     return f"{v:.0f} {units[i]}" if v >= 100 or i == 0 else f"{v:.1f} {units[i]}"
 
@@ -68,17 +58,12 @@ def format_duration(seconds: float | None) -> str:
     return f"{int(s // 3600)} h {round((s % 3600) / 60)} min"
 
 
-def _style(**props: str) -> str:
-    css = ";".join(f"{k.replace('_', '-')}:{v}" for k, v in props.items())
-    return f'style="{escape(css)}"'
+def _div(style: str, inner: str, attrs: str = "") -> str:
+    return f'<div{attrs} style="{escape(style)}">{inner}</div>'
 
 
-def _box(cls: str, inner: str, extra: str = "") -> str:
-    return (
-        f'<div class="{cls}" {extra} '
-        f"{_style(font_family=C['font'], font_size=C['small'], color=C['fg'], margin='4px 0')}>"
-        f"{inner}</div>"
-    )
+def _box(cls: str, inner: str, extra: str = "", styles: str = "box") -> str:
+    return _div(css(styles), inner, f' class="{cls}"{extra}')
 
 
 def progress_line(counts: Mapping[str, Any]) -> str:
@@ -117,22 +102,17 @@ def render_progress(counts: Mapping[str, Any]) -> str:
 
     def seg(n: int, color: str, cls: str) -> str:
         width = f"{100 * n / total if total else 0:.3f}%"
-        return f'<div class="{cls}" {_style(width=width, background=color)}></div>'
+        return _div(css("", width=width, background=color), "", f' class="{cls}"')
 
-    bar = (
-        f"<div {_style(display='flex', height='10px', background=C['track'], border_radius='2px', overflow='hidden')}>"
-        + seg(done, C["done"], "nbc-done")
-        + seg(failed, C["error"], "nbc-failed")
-        + seg(running, C["running"], "nbc-running")
-        + "</div>"
-    )
+    bar = _div(
+        css("bar"),
+        seg(done, VARS["done"], "nbc-done") + seg(failed, VARS["error"], "nbc-failed")
+        + seg(running, VARS["running"], "nbc-running"),
+    )  # fmt: skip
     label = counts.get("label")
-    label_html = f"<b {_style(margin_right='0.5em')}>{escape(str(label))}</b>" if label else ""
-    text = (
-        f'<div class="nbc-progress-text" {_style(margin_top="2px", font_size=C["fontSize"])}>'
-        f"{label_html}{escape(progress_line(counts))}</div>"
-    )
-    data = f'data-done="{done}" data-failed="{failed}" data-total="{total}" data-percent="{pct}"'
+    label_html = f'<b style="{escape(css("progressLabel"))}">{escape(str(label))}</b>' if label else ""
+    text = _div(css("progressText"), label_html + escape(progress_line(counts)), ' class="nbc-progress-text"')
+    data = f' data-done="{done}" data-failed="{failed}" data-total="{total}" data-percent="{pct}"'
     if counts.get("state"):
         data += f' data-state="{escape(str(counts["state"]))}"'
     return _box("nbc-progress", bar + text, data)
@@ -143,27 +123,21 @@ def render_grid(grid: Mapping[str, Any]) -> str:
     if not rows:
         return ""
     params = list(grid.get("params") or [])
-    th = _style(
-        text_align="left", padding="1px 8px", border_bottom=f"1px solid {C['border']}", color=C["fg2"]
-    )
-    head = "<tr>" + "".join(f"<th {th}>{escape(str(p))}</th>" for p in [*params, "result"]) + "</tr>"
+    th = escape(css("th"))
+    head = "<tr>" + "".join(f'<th style="{th}">{escape(str(p))}</th>' for p in [*params, "result"]) + "</tr>"
     body = []
+    td = escape(css("td"))
     for r in rows:
         cells = "".join(
-            f"<td {_style(padding='1px 8px')}>{escape(str((r.get('params') or {}).get(p)))}</td>"
-            for p in params
+            f'<td style="{td}">{escape(str((r.get("params") or {}).get(p)))}</td>' for p in params
         )
-        color = C["error"] if r.get("status") == "error" else C["fg"]
+        value_css = css("value", color=VARS["error"]) if r.get("status") == "error" else css("value")
         value = "…" if r.get("value") is None else str(r["value"])
-        cells += f"<td {_style(padding='1px 8px', font_family='var(--jp-code-font-family, monospace)', color=color)}>{escape(value)}</td>"
+        cells += f'<td style="{escape(value_css)}">{escape(value)}</td>'
         body.append(f'<tr class="nbc-grid-row">{cells}</tr>')
-    table = f"<table {_style(border_collapse='collapse', font_size=C['small'])}>{head}{''.join(body)}</table>"
+    table = f'<table style="{escape(css("table"))}">{head}{"".join(body)}</table>'
     total = grid.get("total")
-    more = (
-        f"<div {_style(color=C['fg2'])}>best {len(rows)} of {total}</div>"
-        if total and total > len(rows)
-        else ""
-    )
+    more = _div(css("note"), f"best {len(rows)} of {total}") if total and total > len(rows) else ""
     return _box("nbc-grid", table + more)
 
 
@@ -194,79 +168,103 @@ def _split_digits(text: str) -> list[str]:
 def _label(view: Mapping[str, Any], addr: str) -> str:
     w = (view.get("workers") or {}).get(addr)
     if not w:
-        return f"{addr} (gone)"
-    return f"{w['name']} (simulated GPU)" if (w.get("gpu") or {}).get("simulated") else str(w["name"])
+        return f"{addr} ({TEXT['gone']})"
+    return f"{w['name']} ({TEXT['simulated']})" if (w.get("gpu") or {}).get("simulated") else str(w["name"])
 
 
-def _svg(width: int, height: int, css_height: str, inner: str, extra_style: str = "") -> str:
+def _svg(width: int, height: int, css_height: str, inner: str, styles: str = "chart") -> str:
+    style = escape(css(styles, height=css_height))
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" preserveAspectRatio="none" '
-        f'style="width:100%;height:{css_height};display:block;background:{C["track"]};{extra_style}">{inner}</svg>'
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'preserveAspectRatio="none" style="{style}">{inner}</svg>'
     )
 
 
-def render_task_stream(view: Mapping[str, Any], window: float | None = None) -> str:
-    tasks = list(view.get("tasks") or ())
-    workers = view.get("workers") or {}
-    lanes = _lane_order(view)
+# -- task stream (the units of graphs.js's renderTaskStream) --------------------------------
+
+
+def _time_span(view: Mapping[str, Any], window: float | None) -> tuple[float, float]:
+    tasks = view.get("tasks") or ()
     end = max([view.get("now") or 0.0, *(t["stop"] for t in tasks)])
     start = min(t["start"] for t in tasks) if tasks else end - 1
     if window is not None and end - start > window:
         start = end - window
-    span = max(end - start, 1e-3)
-    W = 1000
-    by_worker: dict[str, list[Mapping[str, Any]]] = {}
-    for t in tasks:
+    return start, max(end - start, 1e-3)
+
+
+def _tasks_by_worker(view: Mapping[str, Any], start: float) -> dict[str, list[Mapping[str, Any]]]:
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for t in view.get("tasks") or ():
         if t["stop"] >= start:
-            by_worker.setdefault(t["worker"], []).append(t)
-    out = []
-    for addr in lanes:
-        nthreads = max(1, int((workers.get(addr) or {}).get("nthreads") or 1))
-        row_end = [-math.inf] * nthreads
-        row_h = 10
-        rects = []
-        for t in sorted(by_worker.get(addr, ()), key=lambda t: t["start"]):
-            row = next((i for i, e in enumerate(row_end) if e <= t["start"]), nthreads - 1)
-            row_end[row] = t["stop"]
-            t0 = max(t["start"], start)
-            x = (t0 - start) / span * W
-            w = max((t["stop"] - t0) / span * W, 1.5)
-            failed = t.get("status") == "error"
-            fill = C["error"] if failed else prefix_color(t["prefix"])
-            tip = f"{t['prefix']} on {_label(view, addr)}: {format_duration(t['stop'] - t['start'])}"
-            tip += " (failed)" if failed else ""
-            rects.append(
-                f'<rect class="{"nbc-task-error" if failed else "nbc-task"}" x="{x:.2f}" y="{row * row_h + 1}" '
-                f'width="{w:.2f}" height="{row_h - 2}" style="fill:{fill}"><title>{escape(tip)}</title></rect>'
-            )
-        svg = _svg(
-            W, nthreads * row_h, f"{max(12, nthreads * 8)}px", "".join(rects), "flex:1 1 auto;min-width:0"
-        )
-        label_style = _style(
-            width="7em",
-            flex="none",
-            overflow="hidden",
-            text_overflow="ellipsis",
-            white_space="nowrap",
-            color=C["fg2"],
-        )
-        out.append(
-            f'<div class="nbc-lane" data-worker="{escape(addr)}" {_style(display="flex", align_items="center", gap="6px", margin="2px 0")}>'
-            f"<div {label_style}>{escape(_label(view, addr))}</div>{svg}</div>"
-        )
-    if not lanes:
-        out.append(f"<div {_style(color=C['fg2'])}>no workers</div>")
-    axis_style = _style(
-        display="flex", justify_content="space-between", color=C["fg2"], margin_left="calc(7em + 6px)"
+            out.setdefault(t["worker"], []).append(t)
+    for tasks in out.values():
+        tasks.sort(key=lambda t: t["start"])
+    return out
+
+
+def _pack_rows(tasks: list[Mapping[str, Any]], nthreads: int) -> list[int]:
+    row_end = [-math.inf] * nthreads
+    rows = []
+    for t in tasks:
+        row = next((i for i, e in enumerate(row_end) if e <= t["start"]), nthreads - 1)
+        row_end[row] = t["stop"]
+        rows.append(row)
+    return rows
+
+
+def _task_bar(t: Mapping[str, Any], row: int, start: float, span: float, who: str) -> str:
+    g = THEME["stream"]
+    failed = t.get("status") == "error"
+    t0 = max(t["start"], start)
+    x = (t0 - start) / span * g["width"]
+    w = max((t["stop"] - t0) / span * g["width"], g["minBar"])
+    fill = VARS["error"] if failed else prefix_color(t["prefix"])
+    tip = f"{t['prefix']} on {who}: {format_duration(t['stop'] - t['start'])}" + (
+        " (failed)" if failed else ""
     )
-    out.append(f"<div {axis_style}><span>-{escape(format_duration(span))}</span><span>end</span></div>")
+    return (
+        f'<rect class="{"nbc-task-error" if failed else "nbc-task"}" x="{x:.2f}" y="{row * g["rowHeight"] + 1}" '
+        f'width="{w:.2f}" height="{g["rowHeight"] - 2}" style="fill:{fill}"><title>{escape(tip)}</title></rect>'
+    )
+
+
+def _lane(
+    view: Mapping[str, Any], addr: str, tasks: list[Mapping[str, Any]], start: float, span: float
+) -> str:
+    g = THEME["stream"]
+    nthreads = max(1, int(((view.get("workers") or {}).get(addr) or {}).get("nthreads") or 1))
+    who = _label(view, addr)
+    bars = "".join(
+        _task_bar(t, row, start, span, who) for t, row in zip(tasks, _pack_rows(tasks, nthreads), strict=True)
+    )
+    pixels = f"{max(g['minPixels'], nthreads * g['rowPixels'])}px"
+    svg = _svg(g["width"], nthreads * g["rowHeight"], pixels, bars, "chart laneChart")
+    return _div(
+        css("lane"),
+        _div(css("label laneLabel"), escape(who)) + svg,
+        f' class="nbc-lane" data-worker="{escape(addr)}"',
+    )
+
+
+def render_task_stream(view: Mapping[str, Any], window: float | None = None) -> str:
+    lanes = _lane_order(view)
+    start, span = _time_span(view, window)
+    tasks = _tasks_by_worker(view, start)
+    out = [_lane(view, addr, tasks.get(addr, []), start, span) for addr in lanes]
+    if not lanes:
+        out.append(_div(css("note"), escape(TEXT["noWorkers"])))
+    ends = f"<span>-{escape(format_duration(span))}</span><span>{escape(TEXT['frozenEnd'])}</span>"
+    out.append(_div(css("axis"), ends))
     return _box("nbc-stream", "".join(out))
+
+
+# -- resources ------------------------------------------------------------------------------
 
 
 def _sparkline(
     series: Iterable[Mapping[str, Any]], key: str, t0: float, t1: float, vmax: float, color: str
 ) -> str:
-    W, H = 300, 40
+    W, H = THEME["spark"]["width"], THEME["spark"]["height"]
     pts = [r for r in series if r["time"] >= t0 and r.get(key) is not None]
     inner = ""
     if pts:
@@ -276,18 +274,28 @@ def _sparkline(
             xy.insert(0, (max(0.0, xy[0][0] - 4), xy[0][1]))
         line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
         inner = (
-            f'<polygon points="{xy[0][0]:.1f},{H} {line} {xy[-1][0]:.1f},{H}" style="fill:{color};fill-opacity:0.25;stroke:none"/>'
-            f'<polyline points="{line}" vector-effect="non-scaling-stroke" style="fill:none;stroke:{color};stroke-width:1.5"/>'
+            f'<polygon points="{xy[0][0]:.1f},{H} {line} {xy[-1][0]:.1f},{H}" style="{escape(css("area", fill=color))}"/>'
+            f'<polyline points="{line}" vector-effect="non-scaling-stroke" style="{escape(css("line", stroke=color))}"/>'
         )
-    return _svg(W, H, "26px", inner)
+    return _svg(W, H, THEME["spark"]["pixels"], inner)
 
 
 def _chart_cell(label: str, svg: str) -> str:
-    label_style = _style(color=C["fg2"], white_space="nowrap", overflow="hidden", text_overflow="ellipsis")
-    return f"<div {_style(min_width='0')}><div {label_style}>{escape(label)}</div>{svg}</div>"
+    return _div(css("cell"), _div(css("label"), escape(label)) + svg)
 
 
-def render_resources(view: Mapping[str, Any], window: float = 60.0) -> str:
+def _gpu_cell(series: list[Mapping[str, Any]], last: Mapping[str, Any], t0: float, t1: float) -> str:
+    if last.get("gpu_util") is None:
+        return _div(css("note middle"), escape(TEXT["noGpu"]))
+    gpu = f"GPU {round(last['gpu_util'])}%"
+    if last.get("gpu_memory") is not None:
+        gpu += f" · {format_bytes(last['gpu_memory'])}"
+        if last.get("gpu_memory_total"):
+            gpu += f" / {format_bytes(last['gpu_memory_total'])}"
+    return _chart_cell(gpu, _sparkline(series, "gpu_util", t0, t1, 100, VARS["gpu"]))
+
+
+def render_resources(view: Mapping[str, Any], window: float | None = None) -> str:
     workers = view.get("workers") or {}
     samples = view.get("samples") or {}
     addrs = [a for a in _lane_order(view) if a in workers or a in samples]
@@ -297,53 +305,31 @@ def render_resources(view: Mapping[str, Any], window: float = 60.0) -> str:
     t1 = view.get("now") or 0.0
     # Fit young histories to the width rather than leave most of each chart blank.
     firsts = [samples[a][0]["time"] for a in addrs if samples.get(a)]
-    t0 = max(t1 - window, min([t1 - 1, *firsts]))
+    t0 = max(t1 - (math.inf if window is None else window), min([t1 - 1, *firsts]))
     cells = []
     for addr in addrs:
         w = workers.get(addr) or {}
         series = list(samples.get(addr, ()))
         last = series[-1] if series else {}
-        name_style = _style(
-            color=C["fg2"],
-            overflow="hidden",
-            text_overflow="ellipsis",
-            white_space="nowrap",
-            align_self="center",
-        )
         cells.append(
-            f'<div class="nbc-resource-worker" data-worker="{escape(addr)}" {name_style}>{escape(_label(view, addr))}</div>'
+            _div(
+                css("label middle"),
+                escape(_label(view, addr)),
+                f' class="nbc-resource-worker" data-worker="{escape(addr)}"',
+            )
         )
         cpu_max = max([100 * (w.get("nthreads") or 1), *(r.get("cpu") or 0 for r in series)])
         cpu = "?" if last.get("cpu") is None else f"{round(last['cpu'])}"
-        cells.append(_chart_cell(f"CPU {cpu}%", _sparkline(series, "cpu", t0, t1, cpu_max, C["cpu"])))
+        cells.append(_chart_cell(f"CPU {cpu}%", _sparkline(series, "cpu", t0, t1, cpu_max, VARS["cpu"])))
         limit = last.get("memory_limit") or w.get("memory_limit") or 0
         mem_max = max([limit, *(r.get("memory") or 0 for r in series), 1])
         mem = f"Mem {format_bytes(last.get('memory'))}" + (f" / {format_bytes(limit)}" if limit else "")
-        cells.append(_chart_cell(mem, _sparkline(series, "memory", t0, t1, mem_max, C["memory"])))
+        cells.append(_chart_cell(mem, _sparkline(series, "memory", t0, t1, mem_max, VARS["memory"])))
         if any_gpu:
-            if last.get("gpu_util") is not None:
-                gpu = f"GPU {round(last['gpu_util'])}%"
-                if last.get("gpu_memory") is not None:
-                    gpu += f" · {format_bytes(last['gpu_memory'])}"
-                    if last.get("gpu_memory_total"):
-                        gpu += f" / {format_bytes(last['gpu_memory_total'])}"
-                cells.append(_chart_cell(gpu, _sparkline(series, "gpu_util", t0, t1, 100, C["gpu"])))
-            else:
-                cells.append(f"<div {_style(color=C['fg2'], align_self='center')}>no GPU</div>")
-    columns = "7em 1fr 1fr 1fr" if any_gpu else "7em 1fr 1fr"
-    grid_style = _style(
-        display="grid", grid_template_columns=columns, gap="2px 8px", align_items="end",
-        font_family=C["font"], font_size=C["small"], color=C["fg"], margin="4px 0",
-    )  # fmt: skip
-    return f'<div class="nbc-resources" {grid_style}>{"".join(cells)}</div>'
-
-
-def _heading(title: str) -> str:
-    style = _style(
-        color=C["fg2"], font_family=C["font"], font_size=C["small"],
-        text_transform="uppercase", letter_spacing="0.04em", margin_top="6px",
-    )  # fmt: skip
-    return f"<div {style}>{escape(title)}</div>"
+            cells.append(_gpu_cell(series, last, t0, t1))
+    return _box(
+        "nbc-resources", "".join(cells), styles="box resources resourcesGpu" if any_gpu else "box resources"
+    )
 
 
 def render_html(
@@ -352,7 +338,7 @@ def render_html(
     grid: Mapping[str, Any] | None = None,
     *,
     window: float | None = None,
-    resource_window: float = 60.0,
+    resource_window: float | None = None,
 ) -> str:
     """The whole frozen widget: progress, grid table, task stream and worker charts."""
     parts = []
@@ -361,6 +347,6 @@ def render_html(
     if grid:
         parts.append(render_grid(grid))
     if view and (view.get("workers") or view.get("tasks")):
-        parts.append(_heading("Tasks") + render_task_stream(view, window))
-        parts.append(_heading("Workers") + render_resources(view, resource_window))
-    return f'<div class="nbc-live nbc-static" {_style(padding="4px 0", max_width="1100px")}>{"".join(parts)}</div>'
+        parts.append(_div(css("heading"), escape(TEXT["tasks"])) + render_task_stream(view, window))
+        parts.append(_div(css("heading"), escape(TEXT["workers"])) + render_resources(view, resource_window))
+    return _div(css("live"), "".join(parts), ' class="nbc-live nbc-static"')

@@ -1,26 +1,29 @@
 """`LiveWidget`: the anywidget model the notebook front end draws (``static/widget.js``).
 
-The ESM sent to the browser is ``graphs.js`` followed by ``widget.js`` without its import
-line. anywidget loads the module from a string, where ``import "./graphs.js"`` cannot
-resolve; concatenating at import time keeps both files real, separately testable ``.js``
-files and needs no bundler. Both define only distinct top-level names, so the result is one
-valid module.
+The ESM sent to the browser is ``graphs.js`` (with ``theme.json`` inlined in place of its
+import) followed by ``widget.js`` without its import line. anywidget loads the module from
+a string, where no relative import can resolve; assembling it at import time keeps the
+files real, separately testable ``.js`` and ``.json`` files and needs no bundler. They
+define only distinct top-level names, so the result is one valid module.
+
+The settings the front end needs (the view's bounds, the chart windows) travel as traits,
+read from Dask config (`nbcluster.config`) when the widget is made.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import anywidget
 import traitlets
 
-STATIC = Path(__file__).parent / "static"
+from nbcluster import config
+from nbcluster.widgets._theme import STATIC, inline_theme
 
 
 def build_esm() -> str:
     """graphs.js + widget.js as one ES module."""
-    graphs = (STATIC / "graphs.js").read_text(encoding="utf-8")
+    graphs = inline_theme((STATIC / "graphs.js").read_text(encoding="utf-8"))
     widget = (STATIC / "widget.js").read_text(encoding="utf-8")
     widget, n = re.subn(r'^import \{[^}]*\} from "\./graphs\.js";\n', "", widget, flags=re.M)
     if n != 1:
@@ -46,4 +49,14 @@ class LiveWidget(anywidget.AnyWidget):
     #: seconds of task stream shown; None shows the whole run
     window = traitlets.Float(None, allow_none=True).tag(sync=True)
     #: seconds of resource history shown
-    resource_window = traitlets.Float(60.0).tag(sync=True)
+    resource_window = traitlets.Float().tag(sync=True)
+    #: the front end's view bounds: {maxTasks, maxSamples}
+    limits = traitlets.Dict().tag(sync=True)
+
+    @traitlets.default("resource_window")
+    def _resource_window(self) -> float:
+        return config.seconds("widget.resource-window")
+
+    @traitlets.default("limits")
+    def _limits(self) -> dict[str, int]:
+        return config.view_limits()

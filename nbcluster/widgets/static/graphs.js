@@ -4,55 +4,64 @@
 // Design
 // - Pure DOM + SVG, no libraries, no network: it must work offline in JupyterLab 4,
 //   Notebook 7, VS Code and a plain page.
-// - Colours and fonts come from JupyterLab's CSS variables (`--jp-*`), each with a fallback,
-//   so light and dark themes both read well and the code also works outside JupyterLab.
-//   They are set as inline styles (SVG presentation attributes cannot take `var()`), so no
-//   stylesheet has to be installed.
+// - Every colour, font, size and label comes from theme.json beside this file, which
+//   nbcluster/widgets/_static.py (the frozen picture of a saved notebook) reads too; no
+//   such constant is written here. Colours are JupyterLab's CSS variables (`--jp-*`),
+//   each with a fallback, so light and dark themes both read well and the code also works
+//   outside JupyterLab. They are set as inline styles (SVG presentation attributes cannot
+//   take `var()`), so no stylesheet has to be installed.
 // - Every render function replaces the container's children: at 2-5 Hz and a few thousand
 //   bars that is cheaper and simpler than diffing.
 // - Charts stretch to the container's width without measuring it: each chart is an SVG
 //   with a fixed viewBox and preserveAspectRatio="none", lines use
 //   vector-effect="non-scaling-stroke", and text lives in HTML beside the SVG.
 // - The data is the `nbcluster_metrics` snapshot format documented in
-//   nbcluster/metrics/__init__.py, folded into a bounded "view" by applySnapshot().
-//   nbcluster/widgets/_static.py draws the same pictures in Python for saved notebooks;
-//   keep the two in step (colours: prefixColor; layout: same classes and structure).
+//   nbcluster/metrics/__init__.py, folded into a bounded "view" by applySnapshot(). The
+//   view's bounds come from the Python side (Dask config `nbcluster.widget.max-*`).
+// - _static.py draws the same pictures in Python (same classes and structure);
+//   tests/test_drawing_browser.py renders one snapshot both ways in Chromium and compares
+//   lanes, bars, colours and labels.
 //
 // Stable exports (the sidebar depends on these names):
-//   createView(limits?) -> view
+//   createView(limits) -> view
 //   applySnapshot(view, snapshot) -> view          fold one snapshot (or delta) into a view
 //   renderTaskStream(container, view, opts?)       one lane per worker, a bar per task
 //   renderResources(container, view, opts?)        per-worker CPU / memory / GPU charts
 //   renderProgress(container, counts)              done / running / failed / total bar
 //   renderGrid(container, grid)                    parameter/result table, rows as given
-//   prefixColor(prefix), formatBytes(n), formatDuration(seconds)
+//   progressLine(counts)                           the progress text ("3 / 10 done (30%) · ...")
+//   prefixColor(prefix), formatBytes(n), formatDuration(seconds), themeStyle(names), THEME
+//
+// The widget's ESM (nbcluster/widgets/widget.py) replaces the import line below with the
+// JSON itself, as anywidget loads a module from a string, where no relative import resolves.
+import THEME from "./theme.json";
+
+export { THEME };
 
 const SVG_NS = "http://www.w3.org/2000/svg";
+const T = THEME.text;
 
-export const COLORS = {
-  fg: "var(--jp-ui-font-color1, #1f1f1f)",
-  fg2: "var(--jp-ui-font-color2, #616161)",
-  border: "var(--jp-border-color2, #d0d0d0)",
-  track: "var(--jp-layout-color2, #eeeeee)",
-  done: "var(--jp-success-color1, #388e3c)",
-  error: "var(--jp-error-color1, #d32f2f)",
-  running: "var(--jp-brand-color2, #64b5f6)",
-  cpu: "var(--jp-brand-color1, #1976d2)",
-  memory: "var(--jp-warn-color1, #f57c00)",
-  gpu: "var(--jp-success-color1, #388e3c)",
-  font: "var(--jp-ui-font-family, system-ui, -apple-system, 'Segoe UI', sans-serif)",
-  fontSize: "var(--jp-ui-font-size1, 13px)",
-  small: "var(--jp-ui-font-size0, 11px)",
-};
+// Each named style of theme.json with its '@name' references filled in from vars.
+const STYLES = Object.fromEntries(
+  Object.entries(THEME.styles).map(([name, style]) => [
+    name,
+    Object.fromEntries(Object.entries(style).map(([k, v]) =>
+      [k, v.replace(/@(\w+)/g, (_, ref) => THEME.vars[ref])])),
+  ]),
+);
+const V = THEME.vars;
 
-const DEFAULT_LIMITS = { maxTasks: 5000, maxSamples: 600 };
+// The merged inline style of the named theme styles (later names win), plus `extra`.
+function st(names, extra) {
+  return Object.assign({}, ...names.split(" ").map((n) => STYLES[n]), extra || {});
+}
 
 // ---------------------------------------------------------------------------------------
 // Formatting helpers
 
 // FNV-1a over UTF-16 code units; _static.py computes the same hue so a prefix keeps its
-// colour between the live widget and the saved snapshot. Hues 30..330 keep clear of red,
-// which means "failed".
+// colour between the live widget and the saved snapshot. The hue range keeps clear of
+// red, which means "failed".
 export function prefixColor(prefix) {
   let h = 2166136261;
   const s = String(prefix);
@@ -60,16 +69,17 @@ export function prefixColor(prefix) {
     h ^= s.charCodeAt(i);
     h = Math.imul(h, 16777619) >>> 0;
   }
-  return `hsl(${30 + (h % 300)}, 55%, 55%)`;
+  const p = THEME.prefix;
+  return `hsl(${p.hueStart + (h % p.hueSpan)}, ${p.saturation}%, ${p.lightness}%)`;
 }
 
 export function formatBytes(n) {
   if (n === undefined || n === null || !isFinite(n)) return "?";
-  const units = ["B", "kB", "MB", "GB", "TB"];
+  const { step, units } = THEME.bytes;
   let i = 0;
   let v = Math.abs(n);
-  while (v >= 1000 && i < units.length - 1) {
-    v /= 1000;
+  while (v >= step && i < units.length - 1) {
+    v /= step;
     i++;
   }
   return `${v >= 100 || i === 0 ? v.toFixed(0) : v.toFixed(1)} ${units[i]}`;
@@ -87,15 +97,10 @@ export function formatDuration(seconds) {
 // ---------------------------------------------------------------------------------------
 // View: the bounded local accumulation of snapshots
 
+// limits: {maxTasks, maxSamples}, from the Python side (widget trait, the server's page
+// config), so the live view and the frozen picture keep the same history.
 export function createView(limits) {
-  return {
-    cursor: null,
-    now: 0,
-    workers: {},
-    tasks: [],
-    samples: {},
-    limits: { ...DEFAULT_LIMITS, ...(limits || {}) },
-  };
+  return { cursor: null, now: 0, workers: {}, tasks: [], samples: {}, limits: { ...limits } };
 }
 
 export function applySnapshot(view, snap) {
@@ -131,21 +136,13 @@ function s(tag, attrs, style) {
   return el;
 }
 
-function chartSvg(width, height, cssHeight) {
-  return s(
-    "svg",
-    { viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none" },
-    { width: "100%", height: cssHeight, display: "block", background: COLORS.track },
-  );
+function chartSvg(width, height, cssHeight, style) {
+  return s("svg", { viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none" },
+    st(`chart${style ? " " + style : ""}`, { height: cssHeight }));
 }
 
-function rootBox(cls) {
-  const root = h("div", {
-    fontFamily: COLORS.font,
-    fontSize: COLORS.small,
-    color: COLORS.fg,
-    margin: "4px 0",
-  });
+function rootBox(cls, style) {
+  const root = h("div", st(`box${style ? " " + style : ""}`));
   root.className = cls;
   return root;
 }
@@ -162,68 +159,88 @@ function laneOrder(view) {
 
 function workerLabel(view, addr) {
   const w = view.workers[addr];
-  if (!w) return `${addr} (gone)`;
-  return w.gpu && w.gpu.simulated ? `${w.name} (simulated GPU)` : String(w.name);
+  if (!w) return `${addr} (${T.gone})`;
+  return w.gpu && w.gpu.simulated ? `${w.name} (${T.simulated})` : String(w.name);
 }
 
 // ---------------------------------------------------------------------------------------
 // Task stream
 
-// opts.window: seconds shown, ending at view.now (default 60); null shows the whole span.
-export function renderTaskStream(container, view, opts) {
-  const o = { window: 60, ...(opts || {}) };
-  const root = rootBox("nbc-stream");
-  const lanes = laneOrder(view);
+// The time span drawn: from the first task (or `window` seconds back) to the latest instant.
+function timeSpan(view, window) {
   const end = Math.max(view.now, ...view.tasks.map((t) => t.stop));
   let start = view.tasks.length ? Math.min(...view.tasks.map((t) => t.start)) : end - 1;
-  if (o.window !== null && end - start > o.window) start = end - o.window;
-  const span = Math.max(end - start, 1e-3);
-  const W = 1000;
+  if (window !== null && end - start > window) start = end - window;
+  return { start, span: Math.max(end - start, 1e-3) };
+}
 
-  const byWorker = {};
+// Tasks still visible at `start`, per worker, in start order.
+function tasksByWorker(view, start) {
+  const out = {};
   for (const t of view.tasks) {
-    if (t.stop < start) continue;
-    (byWorker[t.worker] || (byWorker[t.worker] = [])).push(t);
+    if (t.stop >= start) (out[t.worker] || (out[t.worker] = [])).push(t);
   }
-  for (const addr of lanes) {
-    const tasks = (byWorker[addr] || []).sort((a, b) => a.start - b.start);
-    const nthreads = Math.max(1, (view.workers[addr] || {}).nthreads || 1);
-    // Greedy packing into one row per thread; overlap beyond that shares the last row.
-    const rowEnd = new Array(nthreads).fill(-Infinity);
-    const lane = h("div", { display: "flex", alignItems: "center", gap: "6px", margin: "2px 0" });
-    lane.className = "nbc-lane";
-    lane.dataset.worker = addr;
-    lane.append(
-      h("div", { width: "7em", flex: "none", overflow: "hidden", textOverflow: "ellipsis",
-        whiteSpace: "nowrap", color: COLORS.fg2 }, workerLabel(view, addr)),
-    );
-    const rowH = 10;
-    const svg = chartSvg(W, nthreads * rowH, `${Math.max(12, nthreads * 8)}px`);
-    svg.style.flex = "1 1 auto";
-    svg.style.minWidth = "0";
-    for (const t of tasks) {
-      let row = rowEnd.findIndex((e) => e <= t.start);
-      if (row < 0) row = nthreads - 1;
-      rowEnd[row] = t.stop;
-      const x = ((Math.max(t.start, start) - start) / span) * W;
-      const w = Math.max(((t.stop - Math.max(t.start, start)) / span) * W, 1.5);
-      const rect = s("rect", { x: x.toFixed(2), y: row * rowH + 1, width: w.toFixed(2), height: rowH - 2 }, {
-        fill: t.status === "error" ? COLORS.error : prefixColor(t.prefix),
-      });
-      rect.classList.add(t.status === "error" ? "nbc-task-error" : "nbc-task");
-      const title = s("title");
-      title.textContent = `${t.prefix} on ${workerLabel(view, addr)}: ${formatDuration(t.stop - t.start)}${t.status === "error" ? " (failed)" : ""}`;
-      rect.append(title);
-      svg.append(rect);
-    }
-    lane.append(svg);
-    root.append(lane);
-  }
-  if (!lanes.length) root.append(h("div", { color: COLORS.fg2 }, "no workers"));
-  const axis = h("div", { display: "flex", justifyContent: "space-between", color: COLORS.fg2,
-    marginLeft: "calc(7em + 6px)" });
-  axis.append(h("span", null, `-${formatDuration(span)}`), h("span", null, "now"));
-  root.append(axis);
+  for (const list of Object.values(out)) list.sort((a, b) => a.start - b.start);
+  return out;
+}
+
+// Greedy packing into one row per thread; overlap beyond that shares the last row.
+function packRows(tasks, nthreads) {
+  const rowEnd = new Array(nthreads).fill(-Infinity);
+  return tasks.map((t) => {
+    let row = rowEnd.findIndex((e) => e <= t.start);
+    if (row < 0) row = nthreads - 1;
+    rowEnd[row] = t.stop;
+    return row;
+  });
+}
+
+function taskBar(t, row, time, who) {
+  const { width, rowHeight, minBar } = THEME.stream;
+  const failed = t.status === "error";
+  const t0 = Math.max(t.start, time.start);
+  const x = ((t0 - time.start) / time.span) * width;
+  const w = Math.max(((t.stop - t0) / time.span) * width, minBar);
+  const rect = s("rect", { x: x.toFixed(2), y: row * rowHeight + 1, width: w.toFixed(2), height: rowHeight - 2 },
+    { fill: failed ? V.error : prefixColor(t.prefix) });
+  rect.classList.add(failed ? "nbc-task-error" : "nbc-task");
+  const title = s("title");
+  title.textContent = `${t.prefix} on ${who}: ${formatDuration(t.stop - t.start)}${failed ? " (failed)" : ""}`;
+  rect.append(title);
+  return rect;
+}
+
+function lane(view, addr, tasks, time) {
+  const { width, rowHeight, rowPixels, minPixels } = THEME.stream;
+  const nthreads = Math.max(1, (view.workers[addr] || {}).nthreads || 1);
+  const who = workerLabel(view, addr);
+  const svg = chartSvg(width, nthreads * rowHeight, `${Math.max(minPixels, nthreads * rowPixels)}px`, "laneChart");
+  const rows = packRows(tasks, nthreads);
+  tasks.forEach((t, i) => svg.append(taskBar(t, rows[i], time, who)));
+  const node = h("div", st("lane"));
+  node.className = "nbc-lane";
+  node.dataset.worker = addr;
+  node.append(h("div", st("label laneLabel"), who), svg);
+  return node;
+}
+
+function timeAxis(span, endLabel) {
+  const axis = h("div", st("axis"));
+  axis.append(h("span", null, `-${formatDuration(span)}`), h("span", null, endLabel));
+  return axis;
+}
+
+// opts.window: seconds shown, ending at view.now; null or absent shows the whole span.
+// opts.end: the label of the axis' right end (default: "now").
+export function renderTaskStream(container, view, opts) {
+  const o = opts || {};
+  const root = rootBox("nbc-stream");
+  const lanes = laneOrder(view);
+  const time = timeSpan(view, o.window ?? null);
+  const tasks = tasksByWorker(view, time.start);
+  for (const addr of lanes) root.append(lane(view, addr, tasks[addr] || [], time));
+  if (!lanes.length) root.append(h("div", st("note"), T.noWorkers));
+  root.append(timeAxis(time.span, o.end ?? T.liveEnd));
   container.replaceChildren(root);
   return root;
 }
@@ -232,9 +249,8 @@ export function renderTaskStream(container, view, opts) {
 // Resources
 
 function sparkline(series, key, t0, t1, vmax, color) {
-  const W = 300;
-  const H = 40;
-  const svg = chartSvg(W, H, "26px");
+  const { width: W, height: H, pixels } = THEME.spark;
+  const svg = chartSvg(W, H, pixels);
   const pts = series.filter((r) => r.time >= t0 && r[key] !== undefined && r[key] !== null);
   if (pts.length) {
     const span = Math.max(t1 - t0, 1e-3);
@@ -243,32 +259,38 @@ function sparkline(series, key, t0, t1, vmax, color) {
     const line = xy.map(([x, y]) => `${x.toFixed(1)},${y.toFixed(1)}`).join(" ");
     svg.append(
       s("polygon", { points: `${xy[0][0].toFixed(1)},${H} ${line} ${xy[xy.length - 1][0].toFixed(1)},${H}` },
-        { fill: color, fillOpacity: "0.25", stroke: "none" }),
-      s("polyline", { points: line, "vector-effect": "non-scaling-stroke" },
-        { fill: "none", stroke: color, strokeWidth: "1.5" }),
+        st("area", { fill: color })),
+      s("polyline", { points: line, "vector-effect": "non-scaling-stroke" }, st("line", { stroke: color })),
     );
   }
   return svg;
 }
 
-function chartCell(label, svg) {
-  const cell = h("div", { minWidth: "0" });
-  cell.append(h("div", { color: COLORS.fg2, whiteSpace: "nowrap", overflow: "hidden",
-    textOverflow: "ellipsis" }, label), svg);
+function chartCell(text, svg) {
+  const cell = h("div", st("cell"));
+  cell.append(h("div", st("label"), text), svg);
   return cell;
 }
 
-// opts.window: seconds of history shown (default 60).
+function hasGpu(view, addr) {
+  return !!(view.workers[addr] || {}).gpu || (view.samples[addr] || []).some((r) => r.gpu_util !== undefined);
+}
+
+function gpuCell(series, last, t0, t1) {
+  if (last.gpu_util === undefined) return h("div", st("note middle"), T.noGpu);
+  const mem = last.gpu_memory !== undefined
+    ? ` · ${formatBytes(last.gpu_memory)}${last.gpu_memory_total ? ` / ${formatBytes(last.gpu_memory_total)}` : ""}`
+    : "";
+  return chartCell(`GPU ${Math.round(last.gpu_util)}%${mem}`, sparkline(series, "gpu_util", t0, t1, 100, V.gpu));
+}
+
+// opts.window: seconds of history shown; null or absent shows all the view holds.
 export function renderResources(container, view, opts) {
-  const o = { window: 60, ...(opts || {}) };
-  const root = rootBox("nbc-resources");
+  const o = { window: Infinity, ...(opts || {}) };
+  if (o.window === null) o.window = Infinity;
   const addrs = laneOrder(view).filter((a) => view.workers[a] || view.samples[a]);
-  const anyGpu = addrs.some((a) => (view.workers[a] || {}).gpu ||
-    (view.samples[a] || []).some((r) => r.gpu_util !== undefined));
-  root.style.display = "grid";
-  root.style.gridTemplateColumns = anyGpu ? "7em 1fr 1fr 1fr" : "7em 1fr 1fr";
-  root.style.gap = "2px 8px";
-  root.style.alignItems = "end";
+  const anyGpu = addrs.some((a) => hasGpu(view, a));
+  const root = rootBox("nbc-resources", anyGpu ? "resources resourcesGpu" : "resources");
   const t1 = view.now;
   // Fit young histories to the width rather than leave most of each chart blank.
   const firsts = addrs.map((a) => ((view.samples[a] || [])[0] || {}).time).filter((t) => t !== undefined);
@@ -277,30 +299,19 @@ export function renderResources(container, view, opts) {
     const w = view.workers[addr] || {};
     const series = view.samples[addr] || [];
     const last = series[series.length - 1] || {};
-    const name = h("div", { color: COLORS.fg2, overflow: "hidden", textOverflow: "ellipsis",
-      whiteSpace: "nowrap", alignSelf: "center" }, workerLabel(view, addr));
+    const name = h("div", st("label middle"), workerLabel(view, addr));
     name.className = "nbc-resource-worker";
     name.dataset.worker = addr;
     root.append(name);
     const cpuMax = Math.max(100 * (w.nthreads || 1), ...series.map((r) => r.cpu || 0));
     root.append(chartCell(`CPU ${last.cpu === undefined ? "?" : Math.round(last.cpu)}%`,
-      sparkline(series, "cpu", t0, t1, cpuMax, COLORS.cpu)));
+      sparkline(series, "cpu", t0, t1, cpuMax, V.cpu)));
     const limit = last.memory_limit || w.memory_limit || 0;
     const memMax = Math.max(limit, ...series.map((r) => r.memory || 0), 1);
     root.append(chartCell(
       `Mem ${formatBytes(last.memory)}${limit ? ` / ${formatBytes(limit)}` : ""}`,
-      sparkline(series, "memory", t0, t1, memMax, COLORS.memory)));
-    if (anyGpu) {
-      if (last.gpu_util !== undefined) {
-        const mem = last.gpu_memory !== undefined
-          ? ` · ${formatBytes(last.gpu_memory)}${last.gpu_memory_total ? ` / ${formatBytes(last.gpu_memory_total)}` : ""}`
-          : "";
-        root.append(chartCell(`GPU ${Math.round(last.gpu_util)}%${mem}`,
-          sparkline(series, "gpu_util", t0, t1, 100, COLORS.gpu)));
-      } else {
-        root.append(h("div", { color: COLORS.fg2, alignSelf: "center" }, "no GPU"));
-      }
-    }
+      sparkline(series, "memory", t0, t1, memMax, V.memory)));
+    if (anyGpu) root.append(gpuCell(series, last, t0, t1));
   }
   container.replaceChildren(root);
   return root;
@@ -311,6 +322,22 @@ export function renderResources(container, view, opts) {
 
 // counts: {done, running, failed, total} and optionally pending, cancelled, rate (items/s), eta (s),
 // elapsed (s), state ("running" | "done" | "failed" | "cancelled"), label.
+export function progressLine(c) {
+  const total = Math.max(0, c.total || 0);
+  const done = c.done || 0;
+  const failed = c.failed || 0;
+  const pct = total ? Math.floor((100 * (done + failed)) / total) : 0;
+  const parts = [`${done} / ${total} done (${pct}%)`];
+  if (failed) parts.push(`${failed} failed`);
+  if (c.cancelled) parts.push(`${c.cancelled} cancelled`);
+  if (c.running) parts.push(`${c.running} running`);
+  else if (c.pending) parts.push(`${c.pending} pending`);
+  if (c.rate) parts.push(`${c.rate >= 10 ? Math.round(c.rate) : c.rate.toFixed(1)} items/s`);
+  if (c.state === "running" && c.eta !== undefined && c.eta !== null) parts.push(`ETA ${formatDuration(c.eta)}`);
+  if (c.state && c.state !== "running" && c.elapsed !== undefined) parts.push(`${c.state} in ${formatDuration(c.elapsed)}`);
+  return parts.join(" · ");
+}
+
 export function renderProgress(container, counts) {
   const c = counts || {};
   const total = Math.max(0, c.total || 0);
@@ -328,28 +355,18 @@ export function renderProgress(container, counts) {
   root.dataset.percent = String(pct);
   if (c.state) root.dataset.state = c.state;
 
-  const bar = h("div", { display: "flex", height: "10px", background: COLORS.track,
-    borderRadius: "2px", overflow: "hidden" });
+  const bar = h("div", st("bar"));
   const seg = (n, color, cls) => {
     const el = h("div", { width: `${total ? (100 * n) / total : 0}%`, background: color });
     el.className = cls;
     return el;
   };
-  bar.append(seg(done, COLORS.done, "nbc-done"), seg(failed, COLORS.error, "nbc-failed"),
-    seg(running, COLORS.running, "nbc-running"));
+  bar.append(seg(done, V.done, "nbc-done"), seg(failed, V.error, "nbc-failed"), seg(running, V.running, "nbc-running"));
   root.append(bar);
 
-  const parts = [`${done} / ${total} done (${pct}%)`];
-  if (failed) parts.push(`${failed} failed`);
-  if (c.cancelled) parts.push(`${c.cancelled} cancelled`);
-  if (c.running) parts.push(`${c.running} running`);
-  else if (c.pending) parts.push(`${c.pending} pending`);
-  if (c.rate) parts.push(`${c.rate >= 10 ? Math.round(c.rate) : c.rate.toFixed(1)} items/s`);
-  if (c.state === "running" && c.eta !== undefined && c.eta !== null) parts.push(`ETA ${formatDuration(c.eta)}`);
-  if (c.state && c.state !== "running" && c.elapsed !== undefined) parts.push(`${c.state} in ${formatDuration(c.elapsed)}`);
-  const text = h("div", { marginTop: "2px", fontSize: COLORS.fontSize }, parts.join(" · "));
+  const text = h("div", st("progressText"), progressLine(c));
   text.className = "nbc-progress-text";
-  if (c.label) text.prepend(h("b", { marginRight: "0.5em" }, String(c.label)));
+  if (c.label) text.prepend(h("b", st("progressLabel"), String(c.label)));
   root.append(text);
   container.replaceChildren(root);
   return root;
@@ -369,27 +386,30 @@ export function renderGrid(container, grid) {
     container.replaceChildren();
     return root;
   }
-  const table = h("table", { borderCollapse: "collapse", fontSize: COLORS.small });
+  const table = h("table", st("table"));
   const head = h("tr");
-  for (const p of [...(g.params || []), "result"]) {
-    head.append(h("th", { textAlign: "left", padding: "1px 8px", borderBottom: `1px solid ${COLORS.border}`,
-      color: COLORS.fg2 }, p));
-  }
+  for (const p of [...(g.params || []), "result"]) head.append(h("th", st("th"), p));
   table.append(head);
   for (const r of rows) {
     const tr = h("tr");
     tr.className = "nbc-grid-row";
-    for (const p of g.params || []) {
-      tr.append(h("td", { padding: "1px 8px" }, String((r.params || {})[p])));
-    }
-    tr.append(h("td", { padding: "1px 8px", fontFamily: "var(--jp-code-font-family, monospace)",
-      color: r.status === "error" ? COLORS.error : COLORS.fg }, r.value === undefined ? "…" : String(r.value)));
+    for (const p of g.params || []) tr.append(h("td", st("td"), String((r.params || {})[p])));
+    tr.append(h("td", st("value", r.status === "error" ? { color: V.error } : null),
+      r.value === undefined ? "…" : String(r.value)));
     table.append(tr);
   }
   root.append(table);
   if (g.total && g.total > rows.length) {
-    root.append(h("div", { color: COLORS.fg2 }, `best ${rows.length} of ${g.total}`));
+    root.append(h("div", st("note"), `best ${rows.length} of ${g.total}`));
   }
   container.replaceChildren(root);
   return root;
+}
+
+// ---------------------------------------------------------------------------------------
+// Theme access for the code around the charts (widget.js)
+
+// The inline style of theme.json's named styles, e.g. themeStyle("heading").
+export function themeStyle(names) {
+  return st(names);
 }

@@ -9,14 +9,14 @@
 //
 // Python builds the ESM it sends by concatenating graphs.js and this file, minus the import
 // line below: anywidget loads the ESM from a string, where a relative import cannot resolve.
-import { applySnapshot, COLORS, createView, renderGrid, renderProgress, renderResources, renderTaskStream } from "./graphs.js";
+import { applySnapshot, createView, renderGrid, renderProgress, renderResources, renderTaskStream, THEME, themeStyle } from "./graphs.js";
 
 const VIEWS = new WeakMap();
 
 function viewOf(model) {
   let view = VIEWS.get(model);
   if (!view) {
-    view = createView();
+    view = createView(model.get("limits"));
     VIEWS.set(model, view);
   }
   return view;
@@ -38,8 +38,7 @@ function section(title) {
   const box = document.createElement("div");
   const head = document.createElement("div");
   head.textContent = title;
-  Object.assign(head.style, { color: COLORS.fg2, fontFamily: COLORS.font, fontSize: COLORS.small,
-    textTransform: "uppercase", letterSpacing: "0.04em", marginTop: "6px" });
+  Object.assign(head.style, themeStyle("heading"));
   const body = document.createElement("div");
   box.append(head, body);
   return { box, body };
@@ -55,11 +54,11 @@ export default {
 
   render({ model, el }) {
     el.classList.add("nbc-live");
-    Object.assign(el.style, { padding: "4px 0", maxWidth: "1100px" });
+    Object.assign(el.style, themeStyle("live"));
     const progress = document.createElement("div");
     const grid = document.createElement("div");
-    const stream = section("Tasks");
-    const resources = section("Workers");
+    const stream = section(THEME.text.tasks);
+    const resources = section(THEME.text.workers);
     el.append(progress, grid, stream.box, resources.box);
 
     let pending = false;
@@ -75,7 +74,7 @@ export default {
       resources.box.style.display = hasCluster ? "" : "none";
       if (hasCluster) {
         renderTaskStream(stream.body, view, { window: model.get("window") || null });
-        renderResources(resources.body, view, { window: model.get("resource_window") || 60 });
+        renderResources(resources.body, view, { window: model.get("resource_window") });
       }
     };
     // Coalesce bursts of trait changes into one redraw per frame.

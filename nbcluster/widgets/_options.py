@@ -1,0 +1,47 @@
+"""`LiveOptions`: what a live view shows and how often, with Dask config defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nbcluster import config
+from nbcluster.widgets._progress import Best
+
+TaskFilter = Callable[[dict[str, Any]], bool]
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """The keyword arguments of `nbcluster.widgets.live` / `status` (documented there).
+
+    `delay`, `interval`, `refresh` and `resource_window` left at None take their
+    ``nbcluster.widget.*`` Dask config value when the view starts (`resolved`).
+    """
+
+    label: str | None = None
+    delay: float | None = None
+    interval: float | None = None
+    refresh: float | None = None
+    best: Best = "max"
+    window: float | None = None
+    resource_window: float | None = None
+    live_for: float | None = None
+    history: bool = False
+    task_filter: TaskFilter | None = None
+
+    def resolved(self) -> LiveOptions:
+        """These options with every unset timing read from Dask config."""
+
+        def pick(value: float | None, key: str) -> float:
+            return config.seconds(f"widget.{key}") if value is None else value
+
+        return dataclasses.replace(
+            self,
+            delay=pick(self.delay, "delay"),
+            interval=pick(self.interval, "interval"),
+            refresh=pick(self.refresh, "refresh"),
+            resource_window=pick(self.resource_window, "resource-window"),
+        )
