@@ -1,17 +1,21 @@
 // The drawing code is shared with the notebook widget: nbcluster/widgets/static/graphs.js
-// is the single source. tsc takes its types from graphs.d.ts beside it (tsconfig rootDirs
-// makes './graphs' resolve there); this script puts the module itself next to the compiled
-// panel so the bundler picks it up. Nothing is copied into src/ or committed twice.
+// and the theme.json it imports are the single source. tsc takes the types from graphs.d.ts
+// beside them (tsconfig rootDirs makes './graphs' resolve there); this script puts the
+// module and its theme next to the compiled panel so the bundler picks them up. Nothing is
+// copied into src/ or committed twice.
 import { copyFileSync, existsSync, mkdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const here = dirname(fileURLToPath(import.meta.url));
-const source = join(here, '..', '..', 'nbcluster', 'widgets', 'static', 'graphs.js');
-const target = join(here, '..', 'lib', 'graphs.js');
-if (!existsSync(source)) {
-  console.error(`copy-graphs: ${source} is missing; build from a full nbcluster checkout`);
-  process.exit(1);
+const from = join(here, '..', '..', 'nbcluster', 'widgets', 'static');
+const to = join(here, '..', 'lib');
+mkdirSync(to, { recursive: true });
+for (const name of ['graphs.js', 'theme.json']) {
+  const source = join(from, name);
+  if (!existsSync(source)) {
+    console.error(`copy-graphs: ${source} is missing; build from a full nbcluster checkout`);
+    process.exit(1);
+  }
+  copyFileSync(source, join(to, name));
 }
-mkdirSync(dirname(target), { recursive: true });
-copyFileSync(source, target);

@@ -9,6 +9,7 @@ import { KernelMessage } from '@jupyterlab/services';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { ClusterPanel } from './panel';
+import { ISidebarSettings, sidebarSettings } from './settings';
 import { CommandIDs, PANEL_ID, PLUGIN_ID } from './tokens';
 
 const clusterIcon = new LabIcon({
@@ -74,7 +75,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
       return `${notebook.title.label} now uses cluster ${name}`;
     };
 
-    const panel = new ClusterPanel({ useInNotebook });
+    let settings: ISidebarSettings;
+    try {
+      settings = sidebarSettings();
+    } catch (error) {
+      console.error((error as Error).message);
+      return;
+    }
+    const panel = new ClusterPanel({ useInNotebook, settings });
     panel.id = PANEL_ID;
     panel.title.icon = clusterIcon;
     app.shell.add(panel, 'left', { rank: 210 });

@@ -14,12 +14,15 @@ import {
   View
 } from './graphs';
 import { dashboardURL, requestAPI } from './handler';
+import { ISidebarSettings } from './settings';
 import { LiveStream } from './stream';
 import { ICluster, IProfilesReply, StreamMessage } from './tokens';
 
 export interface IClusterPanelOptions {
   /** Runs `%cluster use NAME` in the active notebook; rejects with a message to show. */
   useInNotebook: (name: string) => Promise<string>;
+  /** From the server's Dask config. */
+  settings: ISidebarSettings;
 }
 
 function div(className: string, text?: string): HTMLDivElement {
@@ -36,7 +39,7 @@ function div(className: string, text?: string): HTMLDivElement {
  * live graphs of the selected cluster.
  *
  * Nothing is cached beyond what is on screen: the server pushes the full cluster list
- * every half second (api/stream), so a cluster started in a kernel or the CLI appears,
+ * every `nbcluster.sidebar.interval` (api/stream), so a cluster started in a kernel or the CLI appears,
  * and one that died disappears, without any action here. Actions go through REST and
  * their result arrives with the next push.
  */
@@ -102,7 +105,7 @@ export class ClusterPanel extends Widget {
   }
 
   dispose(): void {
-    this.stream.close();
+    this.stream.dispose();
     super.dispose();
   }
 
@@ -219,7 +222,7 @@ export class ClusterPanel extends Widget {
       return;
     }
     this.selected = name;
-    this.view = createView();
+    this.view = this.newView();
     this.groups = [];
     for (const card of this.cards.values()) {
       card.setSelected(card.name === name);
@@ -245,16 +248,21 @@ export class ClusterPanel extends Widget {
 
   private addSnapshot(snapshot: Snapshot): void {
     if (snapshot.gap) {
-      this.view = createView(); // the server dropped records we never saw: redraw
+      this.view = this.newView(); // the server dropped records we never saw: redraw
     }
     applySnapshot(this.view, snapshot);
     this.groups = snapshot.groups ?? this.groups;
     this.draw();
   }
 
+  private newView(): View {
+    return createView(this.options.settings.limits);
+  }
+
   private draw(): void {
-    renderTaskStream(this.taskStream, this.view);
-    renderResources(this.resources, this.view);
+    const window = this.options.settings.window;
+    renderTaskStream(this.taskStream, this.view, { window });
+    renderResources(this.resources, this.view, { window });
     const counts = { done: 0, running: 0, failed: 0, total: 0 };
     for (const g of this.groups) {
       counts.done += g.done;
@@ -300,7 +308,7 @@ export class ClusterPanel extends Widget {
     if (connected && this.selected !== null) {
       // A new connection starts a new cursor: the server resends what its rings hold,
       // which would double what the view already has.
-      this.view = createView();
+      this.view = this.newView();
       this.groups = [];
     }
     this.status.textContent = connected ? '' : 'connecting…';
@@ -324,10 +332,11 @@ export class ClusterPanel extends Widget {
   private readonly stopping = new Set<string>();
   private readonly stream = new LiveStream(
     message => this.onMessage(message),
-    connected => this.setConnected(connected)
+    connected => this.setConnected(connected),
+    this.options.settings
   );
   private clusters: ICluster[] = [];
   private selected: string | null = null;
-  private view: View = createView();
+  private view: View = this.newView();
   private groups: NonNullable<Snapshot['groups']> = [];
 }

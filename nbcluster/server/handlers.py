@@ -53,6 +53,7 @@ from tornado import web
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 import nbcluster
+from nbcluster import config
 from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.spec import NAME_PATTERN, NAME_RULE, START_OPTIONS, parse_bounds
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable, NbclusterError
@@ -64,8 +65,6 @@ T = TypeVar("T")
 
 #: Seconds one scheduler gets to answer a list/info call before it is shown unreachable.
 INFO_TIMEOUT_S = 3.0
-#: Seconds between two pushes on the live stream.
-STREAM_INTERVAL_S = 0.5
 #: Registry fields safe to show in a browser (the entry also holds credential paths).
 PUBLIC_ENTRY_KEYS = ("name", "address", "dashboard", "owner_pid", "created", "spec")
 #: The start body: the declared start options, and the backend profile.
@@ -304,7 +303,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     """Live updates for one sidebar: the cluster list, and metrics for the watched cluster.
 
     The browser sends ``{"watch": name}`` (or ``{"watch": null}``); every
-    `STREAM_INTERVAL_S` the server sends ``{"type": "clusters", "clusters": [...]}`` and,
+    ``nbcluster.sidebar.interval`` (Dask config) the server sends ``{"type": "clusters", "clusters": [...]}`` and,
     while a cluster is watched, ``{"type": "metrics", "name": ..., "snapshot": {...}}`` with
     only the records after the previous push. ``{"type": "gone", "name": ...}`` says the
     watched cluster no longer exists. The server polls; the browser only listens.
@@ -361,7 +360,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             except Exception:
                 # One failed poll must not end the stream; the next tick tries again.
                 self.log.exception("nbcluster stream: poll failed")
-            await asyncio.sleep(STREAM_INTERVAL_S)
+            await asyncio.sleep(config.seconds("sidebar.interval"))
 
     async def push_metrics(self, name: str, clusters: dict[str, dict[str, Any]]) -> None:
         cluster = clusters.get(name)

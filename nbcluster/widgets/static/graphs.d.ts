@@ -83,21 +83,29 @@ export interface Grid {
   total?: number;
 }
 
-export const COLORS: Record<string, string>;
-export function createView(limits?: Partial<View['limits']>): View;
+/** theme.json: how the graphs look, shared with the frozen picture drawn in Python. */
+export const THEME: {
+  vars: Record<string, string>;
+  styles: Record<string, Record<string, string>>;
+  text: Record<string, string>;
+  [section: string]: unknown;
+};
+export function createView(limits: View['limits']): View;
 export function applySnapshot(view: View, snapshot: Partial<Snapshot>): View;
 export function renderTaskStream(
   container: HTMLElement,
   view: View,
-  opts?: { window?: number | null }
+  opts?: { window?: number | null; end?: string }
 ): HTMLElement;
 export function renderResources(
   container: HTMLElement,
   view: View,
-  opts?: { window?: number }
+  opts?: { window?: number | null }
 ): HTMLElement;
 export function renderProgress(container: HTMLElement, counts: Counts): HTMLElement;
 export function renderGrid(container: HTMLElement, grid: Grid): HTMLElement;
 export function prefixColor(prefix: string): string;
 export function formatBytes(n: number): string;
 export function formatDuration(seconds: number): string;
+export function progressLine(counts: Counts): string;
+export function themeStyle(names: string): Record<string, string>;
