@@ -4,7 +4,8 @@ The test starts `jupyter lab` (or `jupyter notebook`) on a free loopback port wi
 Debian's Chromium through Playwright, runs its `%%distribute` cell, and watches the widget: the live view
 (drawn by graphs.js in the browser) with one lane per worker, then the frozen picture at
 100%. It switches to the dark theme to check the picture follows JupyterLab's CSS
-variables, and fails if the page asks anything of the network beyond the local server.
+variables, with every label of the picture at a contrast of at least 7 in the dark theme,
+and fails if the page asks anything of the network beyond the local server.
 Screenshots go to test-artifacts/live-browser/<app>/ (printed). A missing Chromium fails
 the test: it is never skipped.
 """
@@ -29,7 +30,10 @@ from playwright.sync_api import expect, sync_playwright
 
 from nbcluster.cluster.handle import ClusterHandle
 
-CHROMIUM = "/usr/bin/chromium"
+sys.path.insert(0, str(Path(__file__).parent))
+from browser_helpers import launch_chromium
+from test_widgets_browser import CONTRAST, MIN_CONTRAST
+
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "live-browser"
 
 SETUP = """\
@@ -150,7 +154,7 @@ def test_widget_renders_live_and_freezes_in_the_browser(
 
     outside: list[str] = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        browser = launch_chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.on(
@@ -192,9 +196,15 @@ def test_widget_renders_live_and_freezes_in_the_browser(
                 "window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})"
             )
             page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+            # A theme change shows JupyterLab's splash over the page while it fades: a
+            # screenshot taken then looks dim whatever the picture's colours.
+            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=30_000)
             dark = frozen.locator(".nbc-progress-text").evaluate("e => getComputedStyle(e).color")
             frozen.screenshot(path=str(artifacts / "final-dark.png"))
             assert light != dark, "the picture's text colour does not follow the theme"
+            measured = frozen.evaluate(CONTRAST)
+            poor = [m for m in measured if m["ratio"] < MIN_CONTRAST]
+            assert len(measured) > 10 and not poor, f"hard to read in the dark theme: {poor[:5]}"
         except Exception:
             page.screenshot(path=str(artifacts / "failure.png"))
             print("browser console:", *console[-30:], sep="\n  ")

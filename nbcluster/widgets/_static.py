@@ -5,7 +5,7 @@ show no widget, only what the output's mimebundle holds. So when a run ends the 
 output is replaced by this HTML. It is drawn from the same data as ``static/graphs.js``
 draws live, with the same structure and classes, and every colour, font, size and label
 taken from the same ``static/theme.json`` (`nbcluster.widgets._theme`); only the code is
-written twice, and tests/test_drawing_browser.py renders one snapshot both ways in
+written twice, and tests/test_widgets_browser.py renders one snapshot both ways in
 Chromium and compares lanes, bars, colours and labels.
 
 No ``<script>`` and no stylesheet: everything is inline styles and SVG, which survives
@@ -131,11 +131,11 @@ def render_grid(grid: Mapping[str, Any]) -> str:
         cells = "".join(
             f'<td style="{td}">{escape(str((r.get("params") or {}).get(p)))}</td>' for p in params
         )
-        value_css = css("value", color=VARS["error"]) if r.get("status") == "error" else css("value")
+        value_css = css("value valueError" if r.get("status") == "error" else "value")
         value = "…" if r.get("value") is None else str(r["value"])
         cells += f'<td style="{escape(value_css)}">{escape(value)}</td>'
         body.append(f'<tr class="nbc-grid-row">{cells}</tr>')
-    table = f'<table style="{escape(css("table"))}">{head}{"".join(body)}</table>'
+    table = f'<table style="{escape(css("table"))}"><tbody>{head}{"".join(body)}</tbody></table>'
     total = grid.get("total")
     more = _div(css("note"), f"best {len(rows)} of {total}") if total and total > len(rows) else ""
     return _box("nbc-grid", table + more)

@@ -19,7 +19,7 @@
 //   nbcluster/metrics/__init__.py, folded into a bounded "view" by applySnapshot(). The
 //   view's bounds come from the Python side (Dask config `nbcluster.widget.max-*`).
 // - _static.py draws the same pictures in Python (same classes and structure);
-//   tests/test_drawing_browser.py renders one snapshot both ways in Chromium and compares
+//   tests/test_widgets_browser.py renders one snapshot both ways in Chromium and compares
 //   lanes, bars, colours and labels.
 //
 // Stable exports (the sidebar depends on these names):
@@ -357,7 +357,7 @@ export function renderProgress(container, counts) {
 
   const bar = h("div", st("bar"));
   const seg = (n, color, cls) => {
-    const el = h("div", { width: `${total ? (100 * n) / total : 0}%`, background: color });
+    const el = h("div", { width: `${(total ? (100 * n) / total : 0).toFixed(3)}%`, background: color });
     el.className = cls;
     return el;
   };
@@ -387,17 +387,19 @@ export function renderGrid(container, grid) {
     return root;
   }
   const table = h("table", st("table"));
+  const body = h("tbody"); // what an HTML parser adds to the frozen picture's table
   const head = h("tr");
   for (const p of [...(g.params || []), "result"]) head.append(h("th", st("th"), p));
-  table.append(head);
+  body.append(head);
   for (const r of rows) {
     const tr = h("tr");
     tr.className = "nbc-grid-row";
     for (const p of g.params || []) tr.append(h("td", st("td"), String((r.params || {})[p])));
-    tr.append(h("td", st("value", r.status === "error" ? { color: V.error } : null),
+    tr.append(h("td", st(r.status === "error" ? "value valueError" : "value"),
       r.value === undefined ? "…" : String(r.value)));
-    table.append(tr);
+    body.append(tr);
   }
+  table.append(body);
   root.append(table);
   if (g.total && g.total > rows.length) {
     root.append(h("div", st("note"), `best ${rows.length} of ${g.total}`));

@@ -1,0 +1,215 @@
+"""One drawing, checked in a real Chromium: graphs.js (the live widget, the sidebar) and
+_static.py (the frozen picture of a saved notebook) draw the same snapshot alike, and every
+label they write reads well in JupyterLab's light and dark themes.
+
+The page is the real theme CSS of the installed JupyterLab (its ``--jp-*`` variables) and
+graphs.js with theme.json, loaded as the widget's ESM loads it; no Jupyter server needed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from nbcluster.widgets._static import render_html
+from nbcluster.widgets._theme import STATIC, inline_theme
+
+sys.path.insert(0, str(Path(__file__).parent))
+from browser_helpers import launch_chromium
+
+THEMES = Path(sys.prefix) / "share" / "jupyter" / "lab" / "themes" / "@jupyterlab"
+PARTS = (".nbc-progress", ".nbc-grid", ".nbc-stream", ".nbc-resources")
+# WCAG's enhanced level (AAA), as the labels are small (--jp-ui-font-size0, 11px). The
+# secondary grey the labels had (--jp-ui-font-color2) measured 6.0 on the dark theme's
+# notebook background and 4.6 on the light one.
+MIN_CONTRAST = 7.0
+
+W0, W1, W2 = "tcp://10.0.0.1:1", "tcp://10.0.0.2:1", "tcp://10.0.0.3:1"
+COUNTS = {
+    "done": 7,
+    "failed": 2,
+    "running": 1,
+    "total": 12,
+    "state": "done",
+    "elapsed": 75.0,
+    "label": "sweep",
+}
+GRID = {
+    "params": ["lr", "depth"],
+    "rows": [
+        {"params": {"lr": "0.1", "depth": "3"}, "value": "0.93", "status": "ok"},
+        {"params": {"lr": "0.3", "depth": "2"}, "value": "failed", "status": "error"},
+        {"params": {"lr": "0.2", "depth": "4"}, "status": "pending"},
+    ],
+    "total": 9,
+}
+
+
+def _view() -> dict[str, Any]:
+    # Worker "10" sorts after "2" (numeric order); W2 is gone but still has a task; W0's
+    # GPU is a simulation (no GPU on the test machine), so the GPU column shows.
+    workers = {
+        W0: {"name": "2", "nthreads": 2, "memory_limit": 4_000_000_000, "resources": {},
+             "gpu": {"name": "Sim", "memory_total": 80_000_000_000, "simulated": True}},
+        W1: {"name": "10", "nthreads": 1, "memory_limit": 0, "resources": {}},
+    }  # fmt: skip
+    tasks = [
+        {"prefix": "inc", "worker": W0, "start": 100.0, "stop": 103.0, "status": "ok"},
+        {"prefix": "inc", "worker": W0, "start": 101.0, "stop": 102.0, "status": "ok"},
+        {"prefix": "slow_inc", "worker": W0, "start": 101.5, "stop": 104.0, "status": "ok"},
+        {"prefix": "train", "worker": W1, "start": 100.5, "stop": 109.0, "status": "ok"},
+        {"prefix": "train", "worker": W1, "start": 109.0, "stop": 109.2, "status": "error"},
+        {"prefix": "inc", "worker": W2, "start": 102.0, "stop": 102.5, "status": "ok"},
+    ]
+    sample = {"cpu": 150.0, "memory": 2.5e8, "memory_limit": 4e9, "net_read": 0.0, "net_write": 0.0}
+    samples = {
+        W0: [{**sample, "worker": W0, "time": 100.0 + i, "cpu": 20.0 * i, "gpu_util": 10.0 * i,
+              "gpu_memory": 1.5e9, "gpu_memory_total": 8e10} for i in range(6)],
+        W1: [{**sample, "worker": W1, "time": 104.0 + i} for i in range(3)],
+    }  # fmt: skip
+    return {"now": 110.0, "workers": workers, "tasks": tasks, "samples": samples}
+
+
+PAGE = """<!doctype html><html><head><meta charset="utf-8"><style>{theme}</style>
+<style>body {{ background: var({background}); margin: 8px; width: 900px; }}</style></head>
+<body><div id="frozen">{frozen}</div><div id="live"></div></body></html>"""
+
+# Draw the same data with graphs.js into #live, in the frozen picture's order.
+DRAW_LIVE = """([counts, grid, view, resourceWindow, end]) => {
+  const live = document.getElementById("live");
+  const part = () => live.appendChild(document.createElement("div"));
+  G.renderProgress(part(), counts);
+  G.renderGrid(part(), grid);
+  G.renderTaskStream(part(), view, { window: null, end });
+  G.renderResources(part(), view, { window: resourceWindow });
+}"""
+
+# What a reader sees of each element: its structure, text, geometry and computed colours.
+DESCRIBE = """(root) => {
+  const props = ["color", "backgroundColor", "fill", "stroke", "fontSize", "fontFamily", "fontWeight",
+    "display", "width", "height", "marginLeft", "gridTemplateColumns", "opacity", "fillOpacity",
+    "whiteSpace", "textOverflow", "borderBottomColor"];
+  const attrs = ["class", "data-worker", "data-percent", "data-state", "data-done", "data-failed",
+    "data-total", "x", "y", "width", "height", "viewBox", "points", "preserveAspectRatio"];
+  const out = [];
+  for (const el of [root, ...root.querySelectorAll("*")]) {
+    const cs = getComputedStyle(el);
+    const own = [...el.childNodes].filter((n) => n.nodeType === 3).map((n) => n.data).join("");
+    out.push({ tag: el.tagName.toLowerCase(), text: own,
+      attrs: Object.fromEntries(attrs.map((a) => [a, el.getAttribute(a)])),
+      style: Object.fromEntries(props.map((p) => [p, cs[p]])) });
+  }
+  return out;
+}"""
+
+# WCAG contrast of every element that writes text, against what is painted behind it.
+CONTRAST = """(root) => {
+  const rgba = (s) => { const m = s.match(/[\\d.]+/g).map(Number); return m.length === 3 ? [...m, 1] : m; };
+  const over = (top, bottom) => top.slice(0, 3).map((c, i) => c * top[3] + bottom[i] * (1 - top[3]));
+  const background = (el) => {
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgba(getComputedStyle(e).backgroundColor);
+      if (c[3] > 0) layers.push(c);
+      if (c[3] === 1) break;
+    }
+    return layers.reverse().reduce((acc, c) => over(c, acc), [255, 255, 255]);
+  };
+  const lum = (rgb) => { const [r, g, b] = rgb.map((v) => { v /= 255;
+    return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; }); return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+  // Ancestors' opacity and filters change what is painted, not the computed colour.
+  const dimming = (el) => {
+    let opacity = 1;
+    const filters = [];
+    for (let e = el; e; e = e.parentElement) {
+      const cs = getComputedStyle(e);
+      opacity *= Number(cs.opacity);
+      if (cs.filter !== "none") filters.push(cs.filter);
+    }
+    return { opacity, filters };
+  };
+  const out = [];
+  for (const el of root.querySelectorAll("*")) {
+    const own = [...el.childNodes].filter((n) => n.nodeType === 3).map((n) => n.data).join("").trim();
+    if (!own || el.closest("svg")) continue;
+    const bg = background(el);
+    const { opacity, filters } = dimming(el);
+    const color = rgba(getComputedStyle(el).color);
+    const fg = over([...color.slice(0, 3), color[3] * opacity], bg);
+    const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+    out.push({ text: own, ratio: (a + 0.05) / (b + 0.05), color: getComputedStyle(el).color,
+      background: bg.map(Math.round).join(","), opacity, filters });
+  }
+  return out;
+}"""
+
+
+def _module() -> str:
+    graphs = inline_theme((STATIC / "graphs.js").read_text(encoding="utf-8"))
+    return graphs + "\nwindow.G = { renderProgress, renderGrid, renderTaskStream, renderResources, THEME };\n"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_playwright() as p:
+        b = launch_chromium(p)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _open(browser: Any, theme: str, background: str) -> Any:
+    css = (THEMES / f"theme-{theme}-extension" / "index.css").read_text(encoding="utf-8")
+    view = _view()
+    frozen = render_html(COUNTS, view, GRID, window=None, resource_window=5.0)
+    page = browser.new_page(viewport={"width": 1000, "height": 1400})
+    page.set_content(PAGE.format(theme=css, background=background, frozen=frozen))
+    page.add_script_tag(content=_module(), type="module")
+    page.wait_for_function("window.G !== undefined")
+    end = page.evaluate("G.THEME.text.frozenEnd")
+    page.evaluate(DRAW_LIVE, [COUNTS, GRID, view, 5.0, end])
+    return page
+
+
+def test_live_and_frozen_pictures_draw_the_same_snapshot_alike(browser: Any) -> None:
+    page = _open(browser, "light", "--jp-layout-color0")
+    try:
+        for part in PARTS:
+            live = page.locator(f"#live {part}").evaluate(DESCRIBE)
+            frozen = page.locator(f"#frozen {part}").evaluate(DESCRIBE)
+            assert len(live) == len(frozen), f"{part}: {len(live)} elements live, {len(frozen)} frozen"
+            for a, b in zip(live, frozen, strict=True):
+                assert a == b, f"{part} differs:\nlive   {json.dumps(a)}\nfrozen {json.dumps(b)}"
+        # The comparison is only worth something if the picture holds what the data says.
+        stream = page.locator("#frozen .nbc-stream")
+        assert stream.locator(".nbc-lane").evaluate_all("ls => ls.map(l => l.dataset.worker)") == [W0, W1, W2]
+        assert stream.locator(".nbc-task").count() == 5 and stream.locator(".nbc-task-error").count() == 1
+        assert "2 (simulated GPU)" in stream.inner_text() and f"{W2} (gone)" in stream.inner_text()
+        fills = set(stream.locator(".nbc-task").evaluate_all("rs => rs.map(r => getComputedStyle(r).fill)"))
+        assert len(fills) == 3  # one colour per prefix: inc, slow_inc, train
+        assert "no GPU" in page.locator("#frozen .nbc-resources").inner_text()
+        assert page.locator("#frozen .nbc-grid-row").count() == 3
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+@pytest.mark.parametrize("background", ["--jp-layout-color0", "--jp-layout-color1"])  # notebook, sidebar
+def test_every_label_keeps_a_readable_contrast(browser: Any, theme: str, background: str) -> None:
+    page = _open(browser, theme, background)
+    try:
+        for root in ("#live", "#frozen"):
+            measured = page.locator(root).evaluate(CONTRAST)
+            assert len(measured) > 20, "the picture lost its labels"
+            print(theme, background, root, "lowest contrast:", min(m["ratio"] for m in measured))
+            poor = [m for m in measured if m["ratio"] < MIN_CONTRAST]
+            assert not poor, f"{theme} theme, {root}: text below a {MIN_CONTRAST} contrast: {poor[:5]}"
+    finally:
+        page.close()
