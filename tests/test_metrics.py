@@ -16,6 +16,7 @@ import time
 import tracemalloc
 from types import SimpleNamespace
 
+import dask.config
 import pytest
 from distributed import Scheduler
 
@@ -94,6 +95,22 @@ def test_task_ring_stays_bounded_and_old_cursors_see_a_gap() -> None:
         return True
 
     assert _run_with_plugin(body, task_capacity=10)
+
+
+def test_ring_sizes_come_from_dask_config() -> None:
+    def body(s, plugin):
+        for i in range(12):
+            plugin.transition(f"inc-{i}", "processing", "memory", **_report(i))
+        snap = plugin.nbcluster_metrics()
+        return len(snap["tasks"]), plugin.samples.capacity, plugin.sample_interval
+
+    settings = {
+        "nbcluster.metrics.task-capacity": 5,
+        "nbcluster.metrics.sample-capacity": 3,
+        "nbcluster.metrics.sample-interval": "2s",
+    }
+    with dask.config.set(settings):
+        assert _run_with_plugin(body) == (5, 3, 2.0)
 
 
 def test_memory_stays_flat_when_the_ring_is_full() -> None:
@@ -291,7 +308,9 @@ def test_client_feed_from_a_thread_and_plugin_is_idempotent(cluster: ClusterHand
 def test_window_folds_snapshots_and_stays_bounded(cluster: ClusterHandle) -> None:
     client = cluster.client
     client.gather(client.map(slow_inc, range(200, 206)))
-    window = MetricsWindow(max_tasks=4, max_samples=3)
+    # The bounds every live view shares (the widget and the sidebar get them from Python).
+    with dask.config.set({"nbcluster.widget.max-tasks": 4, "nbcluster.widget.max-samples": 3}):
+        window = MetricsWindow()
     window.poll(cluster.metrics)
     assert window.cursor is not None and len(window.workers) == 2
     assert len(window.tasks) == 4  # only the newest four

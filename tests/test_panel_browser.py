@@ -8,6 +8,8 @@ test-artifacts/<test name>/ (paths printed).
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 import nbcluster
+from nbcluster import config
 from nbcluster.cluster.spec import NAME_RULE
 from tests.browser_helpers import JupyterLab, Screenshots, launch_chromium
 
@@ -179,6 +182,42 @@ def test_panel_lists_a_cluster_started_elsewhere_with_its_dashboard(lab: Jupyter
     expect(outside).to_have_count(0)
     expect(page.get_by_text("Cluster outside is gone")).to_be_visible()
     shot("gone")
+
+
+def test_panel_stream_reconnects_and_rests_while_hidden(lab: JupyterLab, page: Any) -> None:
+    # Every api/stream connection passes through here, so the test can drop one as a
+    # server restart or a proxy timeout would.
+    sockets: list[tuple[Any, Any]] = []
+
+    def relay(ws: Any) -> None:
+        sockets.append((ws, ws.connect_to_server()))
+
+    page.route_web_socket(re.compile(r".*/nbcluster/api/stream.*"), relay)
+    page.goto(f"{lab.url}lab/workspaces/stream?token={lab.token}")
+    tab = page.locator('.jp-SideBar [data-id="nbcluster-sidebar"]')
+    tab.click()
+    panel = page.locator(".nbc-panel")
+    expect(panel).to_have_attribute("data-connected", "true")
+    # Its settings are the server's Dask config, not constants of the front end.
+    sent = page.evaluate("JSON.parse(document.getElementById('jupyter-config-data').textContent)")
+    assert json.loads(sent["nbclusterSidebar"]) == config.sidebar_settings()
+
+    # Dropped: the panel says so, then reconnects by itself.
+    page_side, server_side = sockets[-1]
+    server_side.close()
+    page_side.close()
+    expect(panel).to_have_attribute("data-connected", "false")
+    expect(panel).to_have_attribute("data-connected", "true")
+    assert len(sockets) == 2
+
+    # Hidden, the panel lets its stream go (the server stops polling for it); shown again,
+    # it opens a new one.
+    tab.click()
+    expect(panel).to_be_hidden()
+    expect(panel).to_have_attribute("data-connected", "false")
+    tab.click()
+    expect(panel).to_have_attribute("data-connected", "true")
+    assert len(sockets) == 3
 
 
 def test_panel_in_notebook_7(tmp_path: Path, request: pytest.FixtureRequest) -> None:

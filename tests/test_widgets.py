@@ -14,9 +14,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+import dask.config
 import pytest
+import yaml
 from distributed import as_completed
 
 from nbcluster.cluster.handle import ClusterHandle
@@ -24,6 +27,8 @@ from nbcluster.widgets import live, status
 from nbcluster.widgets._progress import RateMeter, TextBar, is_finished, rank_grid
 from nbcluster.widgets._static import format_bytes, format_duration, prefix_color, render_html
 from nbcluster.widgets.widget import build_esm
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # -- pure pieces --------------------------------------------------------------------------
 
@@ -328,3 +333,39 @@ def test_closing_an_unfinished_run_freezes_it_as_stopped() -> None:
     html = rec.updates[-1]["text/html"]
     assert 'data-state="stopped"' in html and "1 / 10 done (10%)" in html and "ETA" not in html
     assert "nbc-lane" not in html  # no feed: progress only
+
+
+# -- settings (Dask config) -----------------------------------------------------------------
+
+
+def test_timings_and_bounds_come_from_dask_config() -> None:
+    counts = Counts(10)
+    now = [0.0]  # the clock seam: the delay is measured on it
+    settings = {
+        "nbcluster.widget.delay": "30s",
+        "nbcluster.widget.max-tasks": 7,
+        "nbcluster.widget.max-samples": 3,
+        "nbcluster.widget.resource-window": "5s",
+    }
+    with dask.config.set(settings):
+        early, late = Recorder(), Recorder()
+        before = live(counts, None, interval=0.05, _display=early, _widgets=True, _clock=lambda: now[0])
+        after = live(counts, None, interval=0.05, _display=late, _widgets=True, _clock=lambda: now[0])
+    now[0] = 29.0
+    before.close()  # its last poll is still inside the configured delay
+    now[0] = 31.0
+    after.close()
+    assert early.shown == [] and before.widget is None
+    assert len(late.shown) == 1
+    # What the front end draws with: the widget's traits.
+    assert after.widget.limits == {"maxTasks": 7, "maxSamples": 3}
+    assert after.widget.resource_window == 5.0
+    assert after.metrics.tasks.maxlen == 7
+
+
+def test_every_live_graph_setting_has_a_readme_row() -> None:
+    defaults = yaml.safe_load((ROOT / "nbcluster" / "nbcluster.yaml").read_text())["nbcluster"]
+    readme = (ROOT / "README.md").read_text()
+    for section in ("widget", "sidebar", "metrics"):
+        for key, value in defaults[section].items():
+            assert f"| `{section}.{key}` | `{value}` |" in readme, f"README lacks {section}.{key}"

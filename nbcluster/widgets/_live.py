@@ -85,7 +85,7 @@ class Live:
 
     def _init_state(self) -> None:
         o = self.options
-        self.metrics = MetricsWindow()
+        self.metrics = MetricsWindow(max_tasks=o.limits["maxTasks"], max_samples=o.limits["maxSamples"])
         self._since_wall = None if o.history else time.time() - CLOCK_SLACK_S
         self.widget: Any = None
         self.shown = False
@@ -231,7 +231,8 @@ class Live:
         if not self._output.widgets:
             self.shown = True
             return
-        self.widget = LiveWidget(window=self.options.window, resource_window=self.options.resource_window)
+        o = self.options
+        self.widget = LiveWidget(window=o.window, resource_window=o.resource_window, limits=o.limits)
         # The first delta carries everything gathered before the widget appeared.
         self._pending_tasks = list(self.metrics.tasks)
         self._pending_samples = [r for series in self.metrics.samples.values() for r in series]

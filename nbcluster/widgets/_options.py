@@ -17,8 +17,9 @@ TaskFilter = Callable[[dict[str, Any]], bool]
 class LiveOptions:
     """The keyword arguments of `nbcluster.widgets.live` / `status` (documented there).
 
-    `delay`, `interval`, `refresh` and `resource_window` left at None take their
-    ``nbcluster.widget.*`` Dask config value when the view starts (`resolved`).
+    `delay`, `interval`, `refresh`, `resource_window` and `limits` left at None take their
+    ``nbcluster.widget.*`` Dask config value when the view starts (`resolved`), so a
+    `dask.config.set` around the start holds for the whole run.
     """
 
     label: str | None = None
@@ -31,6 +32,8 @@ class LiveOptions:
     live_for: float | None = None
     history: bool = False
     task_filter: TaskFilter | None = None
+    #: the view's bounds, {maxTasks, maxSamples} (``nbcluster.widget.max-*``)
+    limits: dict[str, int] | None = None
 
     def resolved(self) -> LiveOptions:
         """These options with every unset timing read from Dask config."""
@@ -44,4 +47,5 @@ class LiveOptions:
             interval=pick(self.interval, "interval"),
             refresh=pick(self.refresh, "refresh"),
             resource_window=pick(self.resource_window, "resource-window"),
+            limits=config.view_limits() if self.limits is None else self.limits,
         )
