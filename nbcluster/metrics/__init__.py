@@ -72,7 +72,9 @@ Client side
 (`ClusterHandle.metrics` is the same thing for nbcluster's own clusters), and
 `MetricsWindow` folds successive snapshots into a bounded local view (tasks, samples per
 worker) for drawing -- the Python twin of ``applySnapshot`` in
-``nbcluster/widgets/static/graphs.js``.
+``nbcluster/widgets/static/graphs.js``, with the same bounds (Dask config
+``nbcluster.widget.max-tasks`` / ``max-samples``). The plugin's ring sizes are
+``nbcluster.metrics.*``.
 """
 
 from __future__ import annotations

@@ -66,13 +66,18 @@ def _box(cls: str, inner: str, extra: str = "", styles: str = "box") -> str:
     return _div(css(styles), inner, f' class="{cls}"{extra}')
 
 
-def progress_line(counts: Mapping[str, Any]) -> str:
-    """The text under the progress bar (also the terminal bar's and text/plain's text)."""
+def _tally(counts: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
+    """total, done, failed, running, and the percent finished (done or failed)."""
     total = max(0, int(counts.get("total") or 0))
     done = int(counts.get("done") or 0)
     failed = int(counts.get("failed") or 0)
     running = int(counts.get("running") or 0)
-    pct = (100 * (done + failed)) // total if total else 0
+    return total, done, failed, running, (100 * (done + failed)) // total if total else 0
+
+
+def progress_line(counts: Mapping[str, Any]) -> str:
+    """The text under the progress bar (also the terminal bar's and text/plain's text)."""
+    total, done, failed, running, pct = _tally(counts)
     parts = [f"{done} / {total} done ({pct}%)"]
     if failed:
         parts.append(f"{failed} failed")
@@ -94,11 +99,7 @@ def progress_line(counts: Mapping[str, Any]) -> str:
 
 
 def render_progress(counts: Mapping[str, Any]) -> str:
-    total = max(0, int(counts.get("total") or 0))
-    done = int(counts.get("done") or 0)
-    failed = int(counts.get("failed") or 0)
-    running = int(counts.get("running") or 0)
-    pct = (100 * (done + failed)) // total if total else 0
+    total, done, failed, running, pct = _tally(counts)
 
     def seg(n: int, color: str, cls: str) -> str:
         width = f"{100 * n / total if total else 0:.3f}%"
