@@ -1,11 +1,17 @@
-"""The engine of a run: what it sends (`Job`), where items may run (`placement`), and the
-driver thread that submits batches and streams them back (`Engine`).
+"""The engine of a run: the driver thread that submits batches and streams them back.
 
-`Engine._drive` owns everything between the first submit and the last result. It keeps
+An `Engine` is made from a `Job` (what to run: `job.py`) and a `Link` (where: `target.py`,
+None when every item runs in the kernel). It owns the run's `RunState` (`state.py`) and
+is the only thing that writes it; the `Results` view reads it, and `run.Run` hands the
+user's verbs (cancel, retry) to the engine.
+
+Policy
+------
+`_drive` owns everything between the first submit and the last result. It keeps
 `in-flight` batches per usable worker thread submitted (one running, the next already
 waiting on the worker, so no thread waits for the kernel between batches), sizes each new
 batch with `batching.Batcher` (one item until an item time is measured, then growing), and
-turns each finished batch into `Results` deliveries. Per batch it decides:
+turns each finished batch into deliveries to the state (`_settle`). Per batch it decides:
 
 - a worker-side failure of the whole batch (the worker died too often: `KilledWorker`)
   fails its items, which `--retries` may resubmit like any failed item;
@@ -15,6 +21,13 @@ turns each finished batch into `Results` deliveries. Per batch it decides:
 - a batch that found a scattered value *lost* (every worker holding it died) makes the
   engine scatter it again from the kernel and resubmit the batch, up to 10 times a run.
 
+State of one start (the first run, each retry): `_Backlog`, the items not yet submitted
+(in order, failed items put back in front) with their attempts and the batch sizer;
+`_pending`, each submitted future -> the item indices of its batch; `token`, the start's
+stop token. Worked example, 2 threads, `in-flight` 2, 400 items of 10 ms: four batches of
+one item go out; as each comes back its items are delivered and the backlog tops the
+pending batches up to four again, now of 25 items (0.25 s), shrinking to 5 at the end.
+
 Stopping (`cancel()`: Ctrl-C in the waiting cell, or `Results.cancel()`) keeps finished
 work. Nothing more is submitted; every worker is told the run's stop token
 (`worker.stop_run`), so each running batch returns after its current item with the items
@@ -22,14 +35,14 @@ it finished, and batches still queued return at once. The kernel waits for those
 (`distribute.cancel-grace`, 2 s, at most) and delivers them; whatever is still out after
 that (an item that runs for minutes) is cancelled on the scheduler, and its items count as
 cancelled. Because only `in-flight` batches per thread are ever out, a stop drains in about
-one item's time. Each start (the first run, each `retry()`) has its own token, so a
-retry is not stopped by an earlier cancel.
+one item's time. Each start has its own token, so a retry is not stopped by an earlier
+cancel.
 
 A cluster that goes away mid-run (its supervisor killed, its scheduler gone) is noticed
 by a watch thread within half a second (`_watch`): the items not yet finished are given up
-as *lost* (not failed: nothing is wrong with them), the run ends, and the client is closed
-at once, so that its reconnect attempts log nothing into the cell. `retry()` then
-connects afresh, to whatever cluster is current by then.
+as *lost* (not failed: nothing is wrong with them), the run ends, and the link is closed
+at once, so that its client's reconnect attempts log nothing into the cell. `retry()` then
+opens the link afresh, to whatever cluster is current by then.
 
 `--everywhere` uses `_drive_everywhere`: one task pinned to each worker, and a task whose
 worker leaves the cluster is failed rather than left waiting forever.
@@ -39,10 +52,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import marshal
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import cloudpickle
@@ -50,87 +62,25 @@ import cloudpickle
 from nbcluster import config
 from nbcluster.distribute import worker
 from nbcluster.distribute.batching import Batcher
-from nbcluster.distribute.capture import Capture, pin_soon, shipments
-from nbcluster.distribute.cell import Cell
-from nbcluster.distribute.plan import Plan
-from nbcluster.distribute.results import Results
-from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
+from nbcluster.distribute.capture import pin_soon, shipments
+from nbcluster.distribute.job import Job
+from nbcluster.distribute.state import RunState
+from nbcluster.distribute.target import Link
+from nbcluster.errors import ClusterUnreachable
 
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
-
-
-class Job:
-    """What a run sends: the code, the captured names, and how items are placed."""
-
-    def __init__(self, *, cell: Cell | None, fn: Any, seed: int | None, gpus: Any, cpus: Any, cpu_only: bool,
-                 retries: int, batch: int | str):  # fmt: skip
-        self.cell, self.fn, self.seed = cell, fn, seed
-        self.gpus, self.cpus, self.cpu_only = gpus, cpus, cpu_only
-        self.retries, self.batch = retries, batch
-        self.capture = Capture()
-
-    def spec(
-        self, the_plan: Plan, *, for_workers: bool, large: list[tuple[str, str, int]] | None = None
-    ) -> dict[str, Any]:
-        spec: dict[str, Any] = {
-            "kind": "cell" if self.cell is not None else "function",
-            "mode": the_plan.mode,
-            "names": the_plan.names,
-            "target": the_plan.target,
-            "unpacks": the_plan.unpacks,
-            "positional": the_plan.positional,
-            "seed": self.seed,
-            "large": large or [],
-            "modules": self.capture.modules,
-            "values": self.capture.values,
-        }
-        if self.cell is not None:
-            body, last = self.cell.body, self.cell.last
-            if for_workers:
-                body = marshal.dumps(body)
-                last = None if last is None else marshal.dumps(last)
-            spec.update(filename=self.cell.filename, source=self.cell.source, body=body, last=last)
-        else:
-            spec["fn"] = self.fn
-            if for_workers:
-                try:
-                    spec["fn"] = cloudpickle.dumps(self.fn)
-                except Exception as e:
-                    name = getattr(self.fn, "__name__", repr(self.fn))
-                    raise BadArgument(
-                        f"the function {name} cannot be sent to the workers: {type(e).__name__}: {e}"
-                    ) from None
-        return spec
-
-    def check_items(self, the_plan: Plan, first: int) -> None:
-        """Fail early, naming the item, when item values cannot travel."""
-        if the_plan.mode == "everywhere":
-            return
-        try:
-            cloudpickle.dumps(the_plan.items[first])
-        except Exception as e:
-            raise BadArgument(
-                f"item {first} ({the_plan.describe(first)}) cannot be sent to the workers: "
-                f"{type(e).__name__}: {e}"
-            ) from None
+CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
 
 
 class Engine:
-    """Submits and follows one Results' batches; see the module docstring."""
+    """Runs one job's items and writes their state; see the module docstring."""
 
-    def __init__(self, job: Job, run_id: str, *, client: Any, cluster: str | None):
+    def __init__(self, job: Job, run_id: str, link: Link | None):
         self.job = job
         self.run_id = run_id
-        self.client = client
-        self.cluster = cluster
-        self.connected = False
-        self.handle: Any = None  # the cluster's handle, when this engine found the client itself
-        self.local_only = False
-        self.eligible: list[str] = []
-        self.threads = 1
-        self.submit_kwargs: dict[str, Any] = {}
-        self.results: Results | None = None
-        self.plan: Plan | None = None
+        self.link = link
+        self.local_only = link is None  # a --local run is retried in the kernel too
+        self.state = RunState(len(job.plan))
         self.context_key = f"nbcluster-context-{run_id}"
         self.context: tuple[str, bytes | None] | None = None  # (key, inline blob or None)
         self._context_blob = b""
@@ -147,38 +97,21 @@ class Engine:
         self._seq = itertools.count()
         self._completed: Any = None
 
+    @property
+    def client(self) -> Any:
+        """The run's Dask client; None for a --local run, or once its cluster went away."""
+        return self.link.client if self.link is not None else None
+
     # -- set-up (kernel main thread) -------------------------------------------------------
-    def connect(self) -> None:
-        if self.connected:
-            return
-        if self.client is None:
-            from nbcluster._current import handle_for
-
-            try:
-                self.handle = handle_for(self.cluster)
-            except NoCluster as e:
-                raise NoCluster(f"{e}; or run the items in this kernel with --local") from None
-            self.client = self.handle.client
-        try:
-            workers = self.client.scheduler_info()["workers"]
-        except (OSError, TimeoutError) as e:
-            raise ClusterUnreachable(f"the cluster's scheduler does not answer: {e}") from None
-        self.submit_kwargs, self.threads, self.eligible = placement(self.job, workers)
-        self.connected = True
-
-    def bind(self, results: Results, the_plan: Plan) -> None:
-        self.results, self.plan = results, the_plan
-        results._engine = self
-
     def ship(self) -> list[str]:
         """Scatter large values (cached) and this run's context blob; report lines."""
-        assert self.plan is not None
-        self.connect()
+        assert self.link is not None
         if self.context is not None:
             return []
+        client = self.link.open().client
         try:
-            large, notes = shipments(self.client).ship(self.client, self.job.capture.large)
-            blob = cloudpickle.dumps(self.job.spec(self.plan, for_workers=True, large=large))
+            large, notes = shipments(client).ship(client, self.job.capture.large)
+            blob = self.job.for_workers(large)
             self._context_blob = blob
             if len(blob) > worker.INLINE_CONTEXT:
                 self._context_future = self._scatter_context()
@@ -206,14 +139,11 @@ class Engine:
         out its connect timeout. Batches that were already running report the loss too:
         once the value is back on the cluster they are simply submitted again.
         """
+        client = self.client
         try:
-            current = self._context_future if key == self.context_key else shipments(self.client).future(key)
+            current = self._context_future if key == self.context_key else shipments(client).future(key)
             # A value lost with all its holders shows as a cancelled future here.
-            if (
-                current is not None
-                and current.status == "finished"
-                and self.client.who_has([current]).get(key)
-            ):
+            if current is not None and current.status == "finished" and client.who_has([current]).get(key):
                 return True
             self._reships += 1
             if self._reships > 10:
@@ -222,91 +152,44 @@ class Engine:
             if key == self.context_key:
                 self._context_future = self._scatter_context(workers)
                 return True
-            return shipments(self.client).reship(self.client, key, self.job.capture.large, workers)
+            return shipments(client).reship(client, key, self.job.capture.large, workers)
         except (OSError, TimeoutError):
             return False
 
-    def run_local(self, indices: range | list[int]) -> bool:
+    def run_local(self, indices: Iterable[int]) -> bool:
         """Run items in the kernel; False if one failed (then nothing is sent)."""
-        assert self.results is not None and self.plan is not None
-        namespace = {"__name__": "__main__", **self.job.capture.direct}
-        context = worker.Context(self.job.spec(self.plan, for_workers=False), namespace)
+        context = self.job.for_kernel()
+        items = self.job.plan.items
         for i in indices:
-            out = worker.run_items(context, [i], [self.plan.items[i]], capture=False)
-            self.results._deliver([i], out["values"], out["errors"], {}, where="the kernel")
+            out = worker.run_items(context, [i], [items[i]], capture=False)
+            self._deliver([i], out["values"], out["errors"], {}, where=KERNEL)
             if out["errors"]:
                 return False
         return True
 
-    # -- driving (a background thread) -------------------------------------------------------
-    def start(self, indices: list[int]) -> None:
-        self._starts += 1
-        self.token = f"{self.run_id}-{self._starts}"
-        self._stopping = False
-        self.stop_sent.clear()
-        name = f"nbcluster-distribute-{self.run_id}"
-        target = self._drive_everywhere if self.plan and self.plan.mode == "everywhere" else self._drive
-        driver = threading.Thread(target=target, args=(indices,), name=name, daemon=True)
-        driver.start()
-        threading.Thread(target=self._watch, args=(driver,), name=f"{name}-watch", daemon=True).start()
+    def give_up(self) -> None:
+        """Nothing (more) is sent: the items still pending count as cancelled, the run ends."""
+        self.state.end()
 
-    def _watch(self, driver: threading.Thread) -> None:
-        """End the run if its cluster goes away (see the module docstring)."""
-        unanswered = 0
-        while driver.is_alive():
-            driver.join(WATCH_S)
-            if not driver.is_alive() or self._stopping:
-                return
-            reason = self._gone()
-            # An external scheduler is judged by the client's connection alone; a dropped
-            # connection that comes back within a couple of seconds is not a lost cluster.
-            unanswered = unanswered + 1 if reason else 0
-            if reason and (reason != "its scheduler stopped answering" or unanswered * WATCH_S >= 2):
-                self._lose(reason)
-                return
-
-    def _gone(self) -> str | None:
-        entry = getattr(self.handle, "entry", None) or {}
-        pid = entry.get("supervisor_pid")
-        if pid:
-            from nbcluster.cluster import registry
-
-            if not registry.process_alive(pid, entry.get("supervisor_started")):
-                return "its supervisor exited"
-        if self.client.status != "running":
-            return "its scheduler stopped answering"
-        return None
-
-    def _lose(self, reason: str) -> None:
-        assert self.results is not None
-        with self._lock:
-            self._stopping = True
-            self._pending.clear()
-            completed = self._completed
-        name = getattr(self.handle, "name", None) or self.cluster or "the cluster"
-        self.results._lose(f"cluster {name!r} stopped answering ({reason})")
-        if completed is not None:
-            completed.clear()
-        client, self.connected, self.context = self.client, False, None
-        if self.handle is not None:  # ours to drop: retry() connects afresh
-            self.client, self.handle = None, None
-        with contextlib.suppress(Exception):
-            client.close(timeout=2)
-
-    def retry(self, indices: list[int]) -> None:
-        """Run `indices` again (Results.retry waits and reports)."""
-        assert self.results is not None
-        if self.local_only:  # a --local run is retried in the kernel too
-            self.results._begin(indices)
+    # -- the user's verbs, through run.Run ---------------------------------------------------
+    def retry(self) -> bool:
+        """Run the failed and cancelled items again; False if there are none."""
+        indices = self.state.unfinished()
+        if not indices:
+            return False
+        if self.local_only:
+            self.state.begin(indices)
             try:
                 self.run_local(indices)
             finally:
-                self.results._end()
-            return
-        self.connect()
+                self.state.end()
+            return True
+        assert self.link is not None
+        self.link.open()
         self.ship()
-        self.results._begin(indices)
+        self.state.begin(indices)
         self.start(indices)
+        return True
 
     def cancel(self) -> None:
         """Stop the run, keeping every item that finished (see the module docstring)."""
@@ -319,6 +202,7 @@ class Engine:
             with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
                 self._idle.wait(config.seconds("distribute.cancel-grace"))
         self._cancel_outstanding()
+        self.state.cancel_pending()
 
     def _cancel_outstanding(self) -> None:
         """Cancel on the scheduler whatever is still out; its items are given up."""
@@ -338,136 +222,185 @@ class Engine:
             self.client.run(worker.stop_run, self.token, on_error="return")
         self.stop_sent.set()
 
+    # -- driving (a background thread) -------------------------------------------------------
+    def start(self, indices: list[int]) -> None:
+        """Submit `indices` from a driver thread, watched by a thread that notices a lost cluster."""
+        self._starts += 1
+        self.token = f"{self.run_id}-{self._starts}"
+        self._stopping = False
+        self.stop_sent.clear()
+        name = f"nbcluster-distribute-{self.run_id}"
+        target = self._drive_everywhere if self.job.plan.mode == "everywhere" else self._drive
+        driver = threading.Thread(target=target, args=(indices,), name=name, daemon=True)
+        driver.start()
+        threading.Thread(target=self._watch, args=(driver,), name=f"{name}-watch", daemon=True).start()
+
+    def _watch(self, driver: threading.Thread) -> None:
+        """End the run if its cluster goes away (see the module docstring)."""
+        assert self.link is not None
+        unanswered = 0
+        while driver.is_alive():
+            driver.join(WATCH_S)
+            if not driver.is_alive() or self._stopping:
+                return
+            reason = self.link.gone()
+            # An external scheduler is judged by the client's connection alone; a dropped
+            # connection that comes back within a couple of seconds is not a lost cluster.
+            unanswered = unanswered + 1 if reason else 0
+            if reason and (reason != "its scheduler stopped answering" or unanswered * WATCH_S >= 2):
+                self._lose(reason)
+                return
+
+    def _lose(self, reason: str) -> None:
+        assert self.link is not None
+        with self._lock:
+            self._stopping = True
+            self._pending.clear()
+            completed = self._completed
+        self.state.lose(f"cluster {self.link.name!r} stopped answering ({reason})")
+        if completed is not None:
+            completed.clear()
+        self.context = None
+        self.link.close()
+
     def _drive(self, indices: list[int]) -> None:
         from distributed import as_completed
 
-        assert self.results is not None
-        attempts = dict.fromkeys(indices, 0)
-
-        def may_retry(i: int) -> bool:
-            if attempts[i] >= self.job.retries:
-                return False
-            attempts[i] += 1
-            return True
-
-        batcher = Batcher.from_config(self.threads, None if self.job.batch == "auto" else int(self.job.batch))
-        limit = max(1, int(config.get("distribute.in-flight"))) * self.threads
-        queue = deque(indices)  # not yet submitted, in order
+        assert self.link is not None
+        backlog = _Backlog(indices, self.job, self.link.threads)
         completed = as_completed(loop=self.client.loop, with_results=True, raise_errors=False)
         with self._lock:
             self._completed = completed
         try:
-            self._top_up(completed, queue, batcher, limit)
+            self._top_up(completed, backlog)
             for future, result in completed:
-                with self._lock:
-                    batch = self._pending.pop(future, None)
-                if batch is None:
-                    continue  # cancelled on the scheduler: its items were given up
-                gone = None if future.status == "finished" or self._stopping else self._gone()
-                if gone is not None:  # not the items' failure: Dask cancels what a dead cluster held
-                    self._lose(gone)
+                if not self._settle(future, result, backlog):
                     break
-                retry, fatal = self._handle(future, result, batch, may_retry, batcher)
-                if fatal is not None:
-                    self.results._fail(list(queue), fatal)
-                    queue.clear()
-                    self._cancel_outstanding()
+                self._top_up(completed, backlog)
+                if self._drained():
                     break
-                queue.extendleft(reversed(retry))
-                self._top_up(completed, queue, batcher, limit)
-                with self._lock:
-                    if not self._pending:
-                        self._idle.set()
-                        break
         except Exception as e:  # an nbcluster bug must not leave the cell waiting forever
-            error = RuntimeError(f"nbcluster internal error while running the items: {type(e).__name__}: {e}")
-            error.__cause__ = e  # its frames go in the record, for the bug report
-            self.results._fail(
-                [i for i in indices if self.results._state[i] == 0], worker.error_record(error)
-            )
+            self._fail(self.state.pending(indices), _internal_error(e))
         finally:
             with self._lock:
                 self._completed = None
                 self._idle.set()
-            self.results._end()
+            self.state.end()
 
-    def _top_up(self, completed: Any, queue: deque[int], batcher: Batcher, limit: int) -> None:
-        """Submit batches from the front of `queue` until `limit` are out."""
-        while queue and len(self._pending) < limit and not self._stopping:
-            size = batcher.next_size(len(queue))
-            self._submit(completed, [queue.popleft() for _ in range(size)], batcher.budget)
+    def _settle(self, future: Any, result: Any, backlog: _Backlog) -> bool:
+        """Take in one finished batch; False when the run cannot go on."""
+        with self._lock:
+            batch = self._pending.pop(future, None)
+        if batch is None:
+            return True  # cancelled on the scheduler: its items were given up
+        assert self.link is not None
+        # A batch that did not finish may have been cancelled by Dask with a dead cluster:
+        # not the items' failure.
+        gone = None if future.status == "finished" or self._stopping else self.link.gone()
+        if gone is not None:
+            self._lose(gone)
+            return False
+        retry, fatal = self._handle(future, result, batch, backlog)
+        if fatal is not None:
+            self._fail(backlog.drain(), fatal)
+            self._cancel_outstanding()
+            return False
+        backlog.put_back(retry)
+        return True
+
+    def _drained(self) -> bool:
+        """Nothing is out any more (and nothing was topped up): the start is over."""
+        with self._lock:
+            if self._pending:
+                return False
+            self._idle.set()
+            return True
+
+    def _top_up(self, completed: Any, backlog: _Backlog) -> None:
+        """Submit batches from the front of the backlog until `in-flight` per thread are out."""
+        while backlog.items and len(self._pending) < backlog.limit and not self._stopping:
+            self._submit(completed, backlog.take(), backlog.batcher.budget)
 
     def _submit(self, completed: Any, batch: list[int], budget: float | None = None) -> None:
-        assert self.plan is not None and self.results is not None
         indices: Any = batch
         if batch and batch[-1] - batch[0] == len(batch) - 1:
             indices = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
+        items = self.job.plan.items
         try:
-            blob = cloudpickle.dumps((indices, [self.plan.items[i] for i in batch], budget))
+            blob = cloudpickle.dumps((indices, [items[i] for i in batch], budget))
         except Exception as e:
-            self.results._fail(
-                batch, worker.error_record(TypeError(f"the item values cannot be sent to the workers: {e}"))
-            )
+            error = TypeError(f"the item values cannot be sent to the workers: {e}")
+            self._fail(batch, worker.error_record(error))
             return
         key = f"distribute-{self.run_id}-{next(self._seq)}"
+        assert self.link is not None
         with self._lock:
             if self._stopping:
                 return
             future = self.client.submit(
                 worker.run_batch, self.context, blob, self.token,
-                key=key, pure=False, **self.submit_kwargs,
+                key=key, pure=False, **self.link.submit_kwargs,
             )  # fmt: skip
             self._pending[future] = indices
             self._idle.clear()
         completed.add(future)
 
     def _handle(
-        self,
-        future: Any,
-        result: Any,
-        indices: Any,
-        may_retry: Callable[[int], bool] | None = None,
-        batcher: Batcher | None = None,
+        self, future: Any, result: Any, indices: Any, backlog: _Backlog | None = None
     ) -> tuple[list[int], dict[str, Any] | None]:
-        """Deliver one batch, holding back failed items `may_retry` takes for another attempt.
+        """Deliver one batch, holding back the failed items the backlog takes for another attempt.
 
         Returns (items to submit again, fatal record). Items a stopped batch did not reach
         stay pending (the run is ending: they become cancelled), unless the run goes on,
         when they are submitted again.
         """
-        assert self.results is not None
         outcome = _unpack(future, result, len(indices))
         if outcome.lost is not None:
             if self._reship(*outcome.lost):
                 return list(indices), None  # not the items' fault: no attempt used
             lost = worker.error_record(RuntimeError("a captured value was lost with the workers holding it"))
-            outcome = _Outcome(
-                [None] * len(indices), dict.fromkeys(range(len(indices)), lost), {}, fatal=lost
-            )
+            every = dict.fromkeys(range(len(indices)), lost)
+            outcome = _Outcome([None] * len(indices), every, {}, fatal=lost)
         values, errors, outputs = outcome.values, outcome.errors, outcome.outputs
-        if batcher is not None and outcome.seconds is not None:
-            batcher.observe(len(values), outcome.seconds)
         retry: list[int] = []
-        if outcome.fatal is None and may_retry is not None:
-            retry = [indices[j] for j in errors if may_retry(indices[j])]
+        if backlog is not None:
+            if outcome.seconds is not None:
+                backlog.batcher.observe(len(values), outcome.seconds)
+            if outcome.fatal is None:
+                retry = [indices[j] for j in errors if backlog.may_retry(indices[j])]
         if len(values) < len(indices) and not self._stopping:
             retry += list(indices[len(values) :])
         if retry:
             held = set(retry)
             keep = [j for j in range(len(values)) if indices[j] not in held]
-            self.results._deliver(
+            self._deliver(
                 [indices[j] for j in keep],
                 [values[j] for j in keep],
                 {k: errors[j] for k, j in enumerate(keep) if j in errors},
                 {i: o for i, o in outputs.items() if i not in held},
             )
         else:
-            self.results._deliver(indices, values, errors, outputs)
+            self._deliver(indices, values, errors, outputs)
         return retry, outcome.fatal
 
+    def _deliver(
+        self,
+        indices: Sequence[int],
+        values: Sequence[Any],
+        records: dict[int, dict[str, Any]],
+        outputs: dict[int, Any],
+        where: str = CLUSTER,
+    ) -> None:
+        """Store a batch in the state, its failure records made `ItemError`s."""
+        errors = {j: self.job.item_error(indices[j], record, where) for j, record in records.items()}
+        self.state.deliver(indices, values, errors, outputs)
+
+    def _fail(self, indices: Sequence[int], record: dict[str, Any]) -> None:
+        self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
+
     def _drive_everywhere(self, indices: list[int]) -> None:
-        assert self.results is not None and self.plan is not None
-        items = self.plan.items
+        assert self.link is not None
+        items, placed = self.job.plan.items, self.link.submit_kwargs
         futures: dict[Any, int] = {}
         changed = threading.Event()
 
@@ -478,7 +411,7 @@ class Engine:
                 future = self.client.submit(
                     worker.run_batch, self.context, cloudpickle.dumps(([i], [None], None)), self.token,
                     key=f"distribute-{self.run_id}-{next(self._seq)}", pure=False,
-                    workers=[items[i]], allow_other_workers=False, **self.submit_kwargs,
+                    workers=[items[i]], allow_other_workers=False, **placed,
                 )  # fmt: skip
                 self._pending[future] = [i]
                 self._idle.clear()
@@ -505,24 +438,68 @@ class Engine:
                     with self._lock:
                         if not self._pending:
                             self._idle.set()
-                # A task pinned to a worker that has left would wait forever: fail it instead.
-                try:
-                    alive = set(self.client.scheduler_info()["workers"])
-                except Exception:
-                    if self._stopping:
-                        break  # the cluster went away: _lose has ended the run
-                    raise
-                for future in pending:
-                    i = futures[future]
-                    if future.status == "pending" and items[i] not in alive:
-                        with self._lock:
-                            self._pending.pop(future, None)
-                        future.cancel()
-                        left = RuntimeError(f"worker {items[i]} left the cluster before running the cell")
-                        self.results._fail([i], worker.error_record(left))
+                if not self._fail_departed({f: futures[f] for f in pending}):
+                    break  # the cluster went away: _lose has ended the run
         finally:
             self._idle.set()
-            self.results._end()
+            self.state.end()
+
+    def _fail_departed(self, pinned: dict[Any, int]) -> bool:
+        """Fail the tasks pinned to a worker that has left (they would wait forever).
+
+        False when the cluster itself is gone and the run is stopping.
+        """
+        items = self.job.plan.items
+        try:
+            alive = set(self.client.scheduler_info()["workers"])
+        except Exception:
+            if self._stopping:
+                return False
+            raise
+        for future, i in pinned.items():
+            if future.status == "pending" and items[i] not in alive:
+                with self._lock:
+                    self._pending.pop(future, None)
+                future.cancel()
+                left = RuntimeError(f"worker {items[i]} left the cluster before running the cell")
+                self._fail([i], worker.error_record(left))
+        return True
+
+
+class _Backlog:
+    """One start's items not yet submitted (in order), their attempts, and the batch sizer."""
+
+    def __init__(self, indices: list[int], job: Job, threads: int):
+        self.items = deque(indices)
+        self.retries = job.retries
+        self.attempts = dict.fromkeys(indices, 0)
+        self.batcher = Batcher.from_config(threads, job.fixed_batch)
+        self.limit = max(1, int(config.get("distribute.in-flight"))) * threads  # batches out at once
+
+    def take(self) -> list[int]:
+        """The next batch, sized by the batcher."""
+        return [self.items.popleft() for _ in range(self.batcher.next_size(len(self.items)))]
+
+    def may_retry(self, i: int) -> bool:
+        """Whether failed item `i` has an attempt left (`--retries`); uses it up if so."""
+        if self.attempts[i] >= self.retries:
+            return False
+        self.attempts[i] += 1
+        return True
+
+    def put_back(self, indices: list[int]) -> None:
+        self.items.extendleft(reversed(indices))
+
+    def drain(self) -> list[int]:
+        taken = list(self.items)
+        self.items.clear()
+        return taken
+
+
+def _internal_error(e: Exception) -> dict[str, Any]:
+    error = RuntimeError(f"nbcluster internal error while running the items: {type(e).__name__}: {e}")
+    error.__cause__ = e  # its frames go in the record, for the bug report
+    return worker.error_record(error)
 
 
 class _Outcome(NamedTuple):
@@ -560,56 +537,6 @@ def _outcome(future: Any) -> Any:
         return future.result()
     except BaseException as e:
         return e
-
-
-def placement(job: Job, workers: dict[str, Any]) -> tuple[dict[str, Any], int, list[str]]:
-    """Resource restrictions for `--gpus/--cpus/--cpu-only`, usable threads, eligible workers.
-
-    nbcluster's CPU workers advertise `{"CPU": threads}` and GPU workers `{"GPU": 1}`, so
-    `--cpu-only` is simply a `CPU` restriction: it can never land on a GPU worker.
-    """
-    resources: dict[str, float] = {}
-    if job.gpus:
-        resources["GPU"] = job.gpus
-    if job.cpus:
-        resources["CPU"] = job.cpus
-    offered = {k for w in workers.values() for k in (w.get("resources") or {})}
-    if job.cpu_only and "CPU" not in resources:
-        if "CPU" in offered:
-            resources["CPU"] = 1
-        elif "GPU" in offered:
-            raise BadArgument(
-                "--cpu-only: this cluster's workers do not say which ones are CPU workers (none "
-                "advertises a CPU resource); start the cluster with nbcluster, or drop --cpu-only"
-            )
-    if "CPU" in resources and "CPU" not in offered and workers:
-        raise BadArgument(
-            "--cpus needs workers that advertise a CPU resource (nbcluster's clusters do); this "
-            "cluster's workers advertise none"
-        )
-    eligible, threads = [], 0
-    for address, info in workers.items():
-        have = info.get("resources") or {}
-        if all(have.get(k, 0) >= v for k, v in resources.items()):
-            eligible.append(address)
-            slots = min([int(have[k] // v) for k, v in resources.items()], default=info.get("nthreads", 1))
-            threads += max(1, min(slots, info.get("nthreads", 1)))
-    if resources and workers and not eligible:
-        wanted = ", ".join(f"{k}={v:g}" for k, v in resources.items())
-        fix = " Start GPU workers with `%cluster start --gpus N`." if "GPU" in resources else ""
-        raise BadArgument(f"no worker offers {wanted} per item (workers offer: {_offers(workers)}).{fix}")
-    kwargs = {"resources": resources} if resources else {}
-    return kwargs, max(threads, 1), eligible
-
-
-def _offers(workers: dict[str, Any]) -> str:
-    kinds = sorted(
-        {
-            ", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) or "no resources"
-            for w in workers.values()
-        }
-    )
-    return "; ".join(kinds)
 
 
 def _batch_failure(exc: Any) -> dict[str, Any]:

@@ -12,12 +12,10 @@ all" stops) that IPython shows as one line.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from nbcluster.distribute.results import Results
 from nbcluster.errors import ClusterLost
-
-if TYPE_CHECKING:
-    from nbcluster.distribute.results import Results
 
 SHOWN_OUTPUTS = 5  # items whose output is printed in full; the rest are counted
 
@@ -39,7 +37,7 @@ def follow(results: Results) -> None:
     printer = _Printer(results)
     try:
         while not results.done:
-            results._wait_change(printer.seen, 1.0)
+            results._state.wait_output(printer.seen, 1.0)
             printer.flush()
         printer.flush()
     except KeyboardInterrupt:
@@ -80,7 +78,8 @@ class _Printer:
         self.hidden = 0
 
     def flush(self) -> None:
-        order = self.results._output_order
+        state = self.results._state
+        order = state.output_order
         new, self.seen = order[self.seen : len(order)], len(order)
         for i in new:
             if self.shown >= SHOWN_OUTPUTS:
@@ -89,7 +88,7 @@ class _Printer:
             self.shown += 1
             described = self.results._plan.describe(i)
             sys.stdout.write(f"── item {i}{f' ({described})' if described else ''} ──\n")
-            for stream, payload in self.results._outputs.get(i, []):
+            for stream, payload in state.outputs.get(i, []):
                 if stream == "display":
                     _show(payload)
                 else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import itertools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nbcluster.errors import BadArgument
@@ -33,8 +33,6 @@ class Plan:
     names: tuple[str, ...] = ()
     target: str = ""  # for "over": the target as written ("x", "a, b")
     positional: bool = False  # for "over" with an iterable and a function: fn(item)
-    expression: str = ""
-    workers: list[str] = field(default_factory=list)  # for "everywhere"
 
     def __len__(self) -> int:
         return len(self.items)
@@ -63,14 +61,16 @@ class Plan:
 
     def describe(self, i: int) -> str:
         """`x=3`, `lr=0.1, depth=5`: how messages name an item."""
-        params = self.params(i)
-        if not params:
-            return ""
-        parts = []
-        for k, v in params.items():
-            text = repr(v)
-            parts.append(f"{k}={text if len(text) <= 40 else text[:37] + '...'}")
-        return ", ".join(parts)
+        return describe(self.params(i))
+
+
+def describe(params: dict[str, Any]) -> str:
+    """Parameters as messages show them: `lr=0.1, depth=5`, long values cut short."""
+    parts = []
+    for k, v in params.items():
+        text = repr(v)
+        parts.append(f"{k}={text if len(text) <= 40 else text[:37] + '...'}")
+    return ", ".join(parts)
 
 
 def plan(
@@ -88,22 +88,18 @@ def plan(
         return _over(over, evaluate)
     if grid is not None:
         names, lists = _named_lists(grid, "grid", evaluate)
-        return Plan("grid", list(itertools.product(*lists)), names, expression=_text(grid))
+        return Plan("grid", list(itertools.product(*lists)), names)
     if zip is not None:
         names, lists = _named_lists(zip, "zip", evaluate)
         lengths = {n: len(v) for n, v in builtins_zip(names, lists)}
         if len(set(lengths.values())) > 1:
             detail = ", ".join(f"{n} has {k}" for n, k in lengths.items())
             raise BadArgument(f"--zip needs lists of the same length: {detail}")
-        return Plan("zip", list(builtins_zip(*lists)), names, expression=_text(zip))
+        return Plan("zip", list(builtins_zip(*lists)), names)
     return Plan("once", [None])
 
 
 builtins_zip = zip
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
 
 
 def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
@@ -124,7 +120,7 @@ def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
     expression = ast.get_source_segment(f"for {over}:\n    pass", loop.iter) or ""
     target = ast.get_source_segment(f"for {over}:\n    pass", loop.target) or names[0]
     items = _materialize(evaluate(expression, "over"), "over", expression)
-    return Plan("over", items, tuple(names), target=target.strip("()[] "), expression=expression)
+    return Plan("over", items, tuple(names), target=target.strip("()[] "))
 
 
 def _target_names(node: ast.expr) -> list[str] | None:

@@ -1,18 +1,23 @@
-"""`distribute()` and `wait()`: the API that `%%distribute` parses its line into.
+"""`distribute()` and `wait()`, the API that `%%distribute` parses its line into, and `Run`,
+the controls of one run.
 
 The order of a run, and why:
 
 1. Validate arguments, parse the cell, evaluate `--over/--grid/--zip` in the user's
-   namespace, capture the free names (pickling each: a bad one is named here), connect to
-   the cluster and check resource restrictions can be met. Any of these failing raises an
-   `NbclusterError` with one message, and nothing has been sent or written.
-2. Create the `Results` (written to `--into` now, so a `--no-wait` variable exists at
-   once), run the first `--local K` items in the kernel, ship large values (once per
-   worker, cached) and the cell's context blob.
+   namespace into a `Plan`, capture the free names (pickling each: a bad one is named
+   here), connect to the cluster and check resource restrictions can be met (`Link`), and
+   make the `Job` (a function or an item that cannot travel is named here). Any of these
+   failing raises an `NbclusterError` with one message, and nothing has been sent or
+   written. (`--everywhere` connects first: its items are the cluster's workers.)
+2. Make the `Engine` (which owns the run's state) and the `Results` view (written to
+   `--into` now, so a `--no-wait` variable exists at once), run the first `--local K`
+   items in the kernel, ship large values (once per worker, cached) and the cell's
+   context blob.
 3. A driver thread (`engine.Engine._drive`) submits the batches, one item each until an
    item time is measured, then growing (`batching.py`), streams each finished batch into
-   the `Results` and resubmits failed items while `--retries` allow. It is the only thread that talks to Dask after the start, so
-   `--no-wait` is the same code with the kernel's main thread returning at once.
+   the state and resubmits failed items while `--retries` allow. It is the only thread
+   that talks to Dask after the start, so `--no-wait` is the same code with the kernel's
+   main thread returning at once.
 4. With `wait=True`, the main thread follows the `Results` (`follow.py`): it prints item
    output as it arrives, then one summary line and the first traceback if items failed.
    Ctrl-C / the stop button lands there: the engine stops the run (running batches return
@@ -20,8 +25,11 @@ The order of a run, and why:
    `Interrupted` exception (a `KeyboardInterrupt`, so "Run all" stops) ends the cell with
    one line instead of a traceback.
 
-Worker loss: Dask re-runs the batches a dead worker held (its nanny restarts it);
-`Results` ignores any second delivery for an item, so every item is reported exactly once.
+The user's verbs on a run (`Results.cancel()`, `.retry()`, `.futures`) all land in `Run`,
+which hands them to the engine and follows a retry in the kernel as step 4 does.
+
+Worker loss: Dask re-runs the batches a dead worker held (its nanny restarts it); the
+state ignores any second delivery for an item, so every item is reported exactly once.
 """
 
 from __future__ import annotations
@@ -32,14 +40,17 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from nbcluster.distribute.capture import Capture, capture, code_index, human
+from nbcluster.distribute.capture import Capture, capture, human
 from nbcluster.distribute.cell import Cell
-from nbcluster.distribute.engine import Engine, Job
+from nbcluster.distribute.engine import Engine
 from nbcluster.distribute.follow import Interrupted, follow, interrupted, report
+from nbcluster.distribute.job import Job
 from nbcluster.distribute.options import DistributeOptions
 from nbcluster.distribute.plan import Plan, plan
 from nbcluster.distribute.results import Results
-from nbcluster.errors import BadArgument
+from nbcluster.distribute.state import DONE
+from nbcluster.distribute.target import Link, Needs
+from nbcluster.errors import BadArgument, NbclusterError
 
 
 def distribute(
@@ -76,73 +87,114 @@ def distribute(
     _check(
         body, into, gpus, cpus, cpu_only, retries, batch, seed, everywhere, local, over, grid, zip, namespace
     )
-    frame_globals = None
-    if namespace is None:
+    home = namespace
+    if namespace is None:  # the caller's variables; --into goes to its globals
         caller = sys._getframe(1)
-        frame_globals = caller.f_globals
-        namespace = {**caller.f_globals, **caller.f_locals}
+        home, namespace = caller.f_globals, {**caller.f_globals, **caller.f_locals}
     run_id = _run_id()
-    cell = fn = None
+    cell = None
     if isinstance(body, str):
         cell = Cell.parse(body, filename=f"<distribute-{run_id}>", first_line=first_line)
-    else:
-        fn = body
-    job = Job(
-        cell=cell, fn=fn, seed=seed, gpus=gpus, cpus=cpus, cpu_only=cpu_only, retries=retries, batch=batch
-    )
-    engine = Engine(job, run_id, client=client, cluster=cluster)
-
-    if everywhere:
-        engine.connect()
-        the_plan = Plan("everywhere", list(engine.eligible))
-        if not the_plan.items:
-            raise BadArgument("--everywhere: the cluster has no workers right now; scale it up first")
-    else:
-        the_plan = plan(over=over, grid=grid, zip=zip, evaluate=_evaluator(namespace))
-    n = len(the_plan)
-    n_local = n if local in ("all", True) else min(int(local), n)
-    remote = n_local < n
-    if cell is not None and fn is None:
-        bound = [*the_plan.names, *(["seed"] if seed is not None else [])]
-        job.capture = capture(cell.free_names(bound), namespace, pickle_values=remote)
+    link = Link(Needs(gpus, cpus, cpu_only), client=client, cluster=cluster)
+    items = _items(everywhere, link, over, grid, zip, namespace)
+    n_local = len(items) if local in ("all", True) else min(int(local), len(items))
+    remote = n_local < len(items)
+    captured = _capture(cell, items, seed, namespace, pickle_values=remote)
     if remote:
-        engine.connect()
-        job.check_items(the_plan, n_local)
-        job.spec(the_plan, for_workers=True)  # a function that cannot travel fails here
-    results = Results(the_plan, run_id=run_id, label=into)
-    results.code_index = code_index([*job.capture.direct.values(), *([fn] if fn is not None else [])])
-    engine.bind(results, the_plan)
-    results._begin([])
+        link.open()
+    job = Job(
+        items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=seed,
+        retries=retries, batch=batch, sent_from=n_local if remote else None,
+    )  # fmt: skip
+    run = Run(Engine(job, run_id, link if remote else None), label=into)
     if into is not None:
-        (frame_globals if frame_globals is not None else namespace)[into] = results
+        home[into] = run.results
     if progress is not None:
-        results.subscribe(progress)
-        progress(results)
+        run.results.subscribe(progress)
+        progress(run.results)
+    return run.start(n_local, wait)
 
-    engine.local_only = not remote
-    try:
-        if (n_local and not engine.run_local(range(n_local))) or not remote:
-            # A failure in the kernel stops the fan-out: that is what --local K is for.
-            results._cancel_pending()
-            results._end()
-            report(results)
-            return results
-        notes = engine.ship()
-    except BaseException as e:
-        # Interrupted (or failed) before anything was submitted: the results end here.
-        results._cancel_pending()
-        results._end()
-        if isinstance(e, KeyboardInterrupt):
-            raise interrupted(results) from None
-        raise
-    line = _shipped_line(job.capture, notes)
-    if line:
-        results.shipped = line
-        print(line)
-    engine.start(list(range(n_local, n)))
-    if wait:
-        follow(results)
-    return results
+
+def _items(everywhere: bool, link: Link, over: Any, grid: Any, zip_: Any, namespace: Any) -> Plan:
+    """The plan: from `--over/--grid/--zip`, or for `--everywhere` the workers that qualify."""
+    if not everywhere:
+        return plan(over=over, grid=grid, zip=zip_, evaluate=_evaluator(namespace))
+    workers = link.open().eligible
+    if not workers:
+        raise BadArgument("--everywhere: the cluster has no workers right now; scale it up first")
+    return Plan("everywhere", list(workers))
+
+
+def _capture(
+    cell: Cell | None, items: Plan, seed: int | None, namespace: Any, pickle_values: bool
+) -> Capture:
+    """The notebook values the cell reads (a function carries its own)."""
+    if cell is None:
+        return Capture()
+    bound = [*items.names, *(["seed"] if seed is not None else [])]
+    return capture(cell.free_names(bound), namespace, pickle_values=pickle_values)
+
+
+class Run:
+    """One run's controls: start, follow, cancel, retry, futures; `Results` hands its verbs here."""
+
+    def __init__(self, engine: Engine, *, label: str | None):
+        self.engine = engine
+        self.results = Results(engine.state, engine.job.plan, self, run_id=engine.run_id, label=label)
+        self._futures: list[Any] | None = None
+
+    @property
+    def client(self) -> Any:
+        return self.engine.client
+
+    def start(self, n_local: int, wait: bool) -> Results:
+        """Run the first `n_local` items here, then send the rest; follow them if `wait`."""
+        engine, results = self.engine, self.results
+        try:
+            if (n_local and not engine.run_local(range(n_local))) or engine.local_only:
+                # A failure in the kernel stops the fan-out: that is what --local K is for.
+                engine.give_up()
+                report(results)
+                return results
+            notes = engine.ship()
+        except BaseException as e:
+            # Interrupted (or failed) before anything was submitted: the results end here.
+            engine.give_up()
+            if isinstance(e, KeyboardInterrupt):
+                raise interrupted(results) from None
+            raise
+        line = _shipped_line(engine.job.capture, notes)
+        if line:
+            print(line)
+        engine.start(list(range(n_local, len(results))))
+        if wait:
+            follow(results)
+        return results
+
+    def cancel(self) -> None:
+        self.engine.cancel()
+
+    def retry(self, wait: bool) -> None:
+        if not self.results.done:
+            raise NbclusterError("the run is still going: wait for it (or cancel it) before retrying")
+        if self.engine.retry() and wait:
+            follow(self.results)
+
+    def futures(self) -> list[Any]:
+        self.results.wait()
+        if self._futures is None:
+            client = self.engine.client
+            if client is None:
+                raise NbclusterError("these results never reached a cluster (they ran with --local)")
+            state = self.engine.state
+            with state.lock:
+                ok = [i for i, s in enumerate(state.status) if s == DONE]
+                values = [state.values[i] for i in ok]
+            futures: list[Any] = [None] * len(state)
+            for i, f in zip(ok, client.scatter(values, hash=False), strict=True):
+                futures[i] = f
+            self._futures = futures
+        return self._futures
 
 
 def wait(target: Results | str, *, namespace: dict[str, Any] | None = None) -> Results:

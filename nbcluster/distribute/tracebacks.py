@@ -25,6 +25,8 @@ from typing import Any
 
 import cloudpickle
 
+from nbcluster.distribute.plan import describe
+
 
 class RemoteError(Exception):
     """Stands in for an exception that could not be brought back from the worker."""
@@ -176,10 +178,3 @@ def _notebook_cell(filename: str) -> int | None:
     count = mapping.get(filename)
     return count if isinstance(count, int) else None
 
-
-def describe(params: dict[str, Any]) -> str:
-    parts = []
-    for k, v in params.items():
-        text = repr(v)
-        parts.append(f"{k}={text if len(text) <= 40 else text[:37] + '...'}")
-    return ", ".join(parts)

@@ -8,9 +8,8 @@ engine's first call and ignores the rest.
 What is read, all through the observation surface documented in results.py: ``counts()``
 and ``done`` every tick; for ``--grid`` runs ``params``, ``values()`` and ``errors`` when the
 counts change; ``run_id`` to pick this run's batches (``distribute-<run id>-<n>``) out of the
-cluster's task stream. Two private attributes are read defensively: ``_plan.mode`` (to
-recognise a grid run when the caller does not say) and ``_engine.client`` (the run's Dask
-client, whose connection the metrics feed reuses).
+cluster's task stream; ``mode`` to recognise a grid run when the caller does not say, and
+``client`` (the run's Dask client), whose connection the metrics feed reuses.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ class ResultsProgress:
     def __init__(self, results: Any, grid: bool | None = None) -> None:
         self.results = results
         if grid is None:
-            grid = getattr(getattr(results, "_plan", None), "mode", None) == "grid"
+            grid = results.mode == "grid"
         self.grid = bool(grid) and len(results) <= GRID_MAX_ITEMS
         self._params: list[dict[str, Any]] | None = None
         self._grid_key: tuple[int, ...] | None = None
@@ -76,5 +75,5 @@ def task_filter_for(results: Any) -> Callable[[dict[str, Any]], bool]:
 
 def feed_for(results: Any) -> Feed | None:
     """The metrics feed over the run's own Dask client, if the run has one."""
-    client = getattr(getattr(results, "_engine", None), "client", None)
+    client = results.client
     return client_feed(client) if client is not None else None

@@ -1,0 +1,124 @@
+"""`Job`: what a run runs, made once in the kernel before anything is sent.
+
+A job is the run's code (a parsed `Cell` or a function), its `Plan` (the items and the
+names each binds), the notebook values the code captured (`Capture`), the seed, and the
+policy for failures and batch sizes. Everything that can fail on the user's input fails
+while the job is made, naming the culprit, before anything reaches the cluster: a function
+that cannot be pickled, an item that cannot travel.
+
+The plan travels one way: `run.distribute` builds it and hands it to the job, the engine
+reads the items from `job.plan` for each batch, and `for_workers` writes how an item binds
+names into the context blob each worker loads once (`worker.Context`). The code is
+serialised once, here (marshal for a cell's code objects, which keeps their filename for
+tracebacks; cloudpickle for a function); `for_workers` adds the keys of the large values
+shipped (which depend on the cluster) and pickles the context, once per start.
+
+A failure record coming back from an item becomes an `ItemError` here (`item_error`): the
+job knows the item's parameters and where the notebook functions it shipped came from.
+"""
+
+from __future__ import annotations
+
+import marshal
+from typing import Any
+
+import cloudpickle
+
+from nbcluster.distribute import worker
+from nbcluster.distribute.capture import Capture, code_index
+from nbcluster.distribute.cell import Cell
+from nbcluster.distribute.plan import Plan
+from nbcluster.distribute.tracebacks import ItemError
+from nbcluster.errors import BadArgument
+
+
+class Job:
+    """One run's code, items and captured names; see the module docstring.
+
+    `sent_from` is the index of the first item that runs on the workers (after the
+    `--local K` items), or None when every item runs in the kernel.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        cell: Cell | None = None,
+        fn: Any = None,
+        capture: Capture | None = None,
+        seed: int | None = None,
+        retries: int = 0,
+        batch: int | str = "auto",
+        sent_from: int | None = None,
+    ):
+        self.plan, self.cell, self.fn, self.seed = plan, cell, fn, seed
+        self.capture = capture if capture is not None else Capture()
+        self.retries = retries
+        self.fixed_batch = None if batch == "auto" else int(batch)
+        self.code_index = code_index([*self.capture.direct.values(), *([fn] if fn is not None else [])])
+        self._wire: dict[str, Any] | None = None
+        if sent_from is not None:
+            self._check_item(sent_from)
+            self._wire = self._serialised_code()
+
+    def for_kernel(self) -> worker.Context:
+        """The context `--local` items run in: the code and the captured values as they are."""
+        code: dict[str, Any] = {"fn": self.fn}
+        if self.cell is not None:
+            code = {"filename": self.cell.filename, "source": self.cell.source}
+            code.update(body=self.cell.body, last=self.cell.last)
+        namespace = {"__name__": "__main__", **self.capture.direct}
+        return worker.Context({**self._binding(), **code, "large": []}, namespace)
+
+    def for_workers(self, large: list[tuple[str, str, int]]) -> bytes:
+        """The context blob the workers load: code, binding, captured names, large values' keys."""
+        assert self._wire is not None, "a job made for the kernel only sends nothing"
+        spec = {**self._binding(), **self._wire, "large": large}
+        spec.update(modules=self.capture.modules, values=self.capture.values)
+        return cloudpickle.dumps(spec)
+
+    def item_error(self, index: int, record: dict[str, Any], where: str) -> ItemError:
+        """A failure record from item `index`, run on `where` ("the cluster" or "the kernel")."""
+        return ItemError(index, self.plan.params(index), record, where, self.code_index)
+
+    def _binding(self) -> dict[str, Any]:
+        """How an item binds names, for `worker.Context`."""
+        plan = self.plan
+        return {
+            "kind": "cell" if self.cell is not None else "function",
+            "mode": plan.mode,
+            "names": plan.names,
+            "target": plan.target,
+            "unpacks": plan.unpacks,
+            "positional": plan.positional,
+            "seed": self.seed,
+        }
+
+    def _serialised_code(self) -> dict[str, Any]:
+        if self.cell is not None:
+            last = self.cell.last
+            return {
+                "filename": self.cell.filename,
+                "source": self.cell.source,
+                "body": marshal.dumps(self.cell.body),
+                "last": None if last is None else marshal.dumps(last),
+            }
+        try:
+            return {"fn": cloudpickle.dumps(self.fn)}
+        except Exception as e:
+            name = getattr(self.fn, "__name__", repr(self.fn))
+            raise BadArgument(
+                f"the function {name} cannot be sent to the workers: {type(e).__name__}: {e}"
+            ) from None
+
+    def _check_item(self, first: int) -> None:
+        """Fail early, naming the item, when item values cannot travel."""
+        if self.plan.mode == "everywhere":
+            return
+        try:
+            cloudpickle.dumps(self.plan.items[first])
+        except Exception as e:
+            raise BadArgument(
+                f"item {first} ({self.plan.describe(first)}) cannot be sent to the workers: "
+                f"{type(e).__name__}: {e}"
+            ) from None

@@ -1,0 +1,217 @@
+"""`RunState`: the per-item record of one run, written by its engine alone.
+
+Every item is in exactly one state: *pending* (queued or running), *done*, *failed* or
+*cancelled*. A delivery for an item that has already left *pending* is ignored, which is
+what makes "every item exactly once" hold when Dask re-runs a batch after losing a
+worker, or a batch returns after a cancel.
+
+Shape, for a run of `n` items:
+
+- `status`: a `bytearray(n)` of `PENDING`, `DONE`, `FAILED`, `CANCELLED`;
+- `values[i]`: item `i`'s value once *done* (else None);
+- `errors[i]`: an `ItemError` for each *failed* item;
+- `outputs[i]`: what item `i` printed, as `[stream, payload]` chunks (stream `stdout`,
+  `stderr` or `display`), and `output_order`, the items with output in arrival order;
+- `lost`: why the unfinished items were given up (the cluster went away), else None;
+- `started`, `ended`: wall-clock times (`ended` is None while the run goes on).
+
+A state is made running: the first start is its creation. Each `retry()` is a further
+start (`begin`); the state finishes when its last start `end`s, and then whatever is still
+pending counts as cancelled. Writers are the engine's driver thread and, for `--local`
+items, the kernel's main thread; readers (the `Results` view, the waiting cell, the live
+widget) may be any thread. One re-entrant lock guards it all; `changed` wakes the waiters.
+
+Listeners: `subscribe(fn)` calls `fn()` after every change, from the writing thread, so it
+must be quick; listeners are dropped once the run has finished, so that a finished run kept
+in IPython's output history does not keep its live view (and the view's metrics) alive.
+An exception in a listener is printed to stderr and does not stop the run.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from nbcluster.distribute.tracebacks import ItemError
+
+PENDING, DONE, FAILED, CANCELLED = 0, 1, 2, 3
+
+
+class RunState:
+    """What is known about each item of one run; see the module docstring."""
+
+    def __init__(self, n: int):
+        self.status = bytearray(n)
+        self.values: list[Any] = [None] * n
+        self.errors: dict[int, ItemError] = {}
+        self.outputs: dict[int, list[list[Any]]] = {}
+        self.output_order: list[int] = []
+        self.lost: str | None = None
+        self.started = time.time()
+        self.ended: float | None = None
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.finished = threading.Event()
+        self._tally = {DONE: 0, FAILED: 0, CANCELLED: 0}
+        self._starts = 1  # starts (the first, retries) not yet ended
+        self._listeners: list[Callable[[], None]] = []
+        self._done_callbacks: list[Callable[[], None]] = []
+
+    def __len__(self) -> int:
+        return len(self.status)
+
+    # -- reading -------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        with self.lock:
+            done, failed, cancelled = self._tally[DONE], self._tally[FAILED], self._tally[CANCELLED]
+        total = len(self)
+        running = total - done - failed - cancelled
+        return {"total": total, "done": done, "failed": failed, "cancelled": cancelled, "running": running}
+
+    def all_done(self) -> bool:
+        return self._tally[DONE] == len(self)
+
+    def unfinished(self) -> list[int]:
+        """The items a retry runs again: failed or cancelled."""
+        with self.lock:
+            return [i for i, s in enumerate(self.status) if s in (FAILED, CANCELLED)]
+
+    def pending(self, indices: Iterable[int]) -> list[int]:
+        with self.lock:
+            return [i for i in indices if self.status[i] == PENDING]
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the run has finished, or `timeout` seconds have passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.changed:
+            while not self.finished.is_set():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                # Short waits, so that Ctrl-C in the kernel lands within a second.
+                self.changed.wait(1.0 if left is None else min(left, 1.0))
+
+    def wait_output(self, seen: int, timeout: float) -> None:
+        """Block until more items have output than `seen`, the run ends, or `timeout`."""
+        with self.changed:
+            if len(self.output_order) == seen and not self.finished.is_set():
+                self.changed.wait(timeout)
+
+    def subscribe(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call `fn()` after every change; returns the function that unsubscribes."""
+        with self.lock:
+            self._listeners.append(fn)
+
+        def unsubscribe() -> None:
+            with self.lock:
+                if fn in self._listeners:
+                    self._listeners.remove(fn)
+
+        return unsubscribe
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` once the run has finished (now, if it has)."""
+        with self.lock:
+            if not self.finished.is_set():
+                self._done_callbacks.append(fn)
+                return
+        _call(fn)
+
+    # -- writing: the engine only ---------------------------------------------------------
+    def begin(self, indices: Iterable[int]) -> None:
+        """A retry starts: `indices` are pending again, and the run is going again."""
+        with self.lock:
+            for i in indices:
+                if self.status[i] != PENDING:
+                    self._tally[self.status[i]] -= 1
+                    self.status[i] = PENDING
+                    self.errors.pop(i, None)
+                    self.outputs.pop(i, None)
+            self._starts += 1
+            self.lost = None
+            self.finished.clear()
+            self.ended = None
+
+    def deliver(
+        self,
+        indices: Sequence[int],
+        values: Sequence[Any],
+        errors: dict[int, ItemError],
+        outputs: dict[int, list[list[Any]]],
+    ) -> None:
+        """Store a batch: `values[j]` is item `indices[j]`'s value, `errors[j]` its failure."""
+        with self.lock:
+            for j, value in enumerate(values):
+                i = indices[j]
+                if self.status[i] != PENDING:
+                    continue  # a re-run after a lost worker, or a result after cancel
+                error = errors.get(j)
+                if error is None:
+                    self.values[i] = value
+                    self.status[i] = DONE
+                else:
+                    self.errors[i] = error
+                    self.status[i] = FAILED
+                self._tally[self.status[i]] += 1
+                if i in outputs:
+                    self.outputs[i] = outputs[i]
+                    self.output_order.append(i)
+            self.changed.notify_all()
+        self._notify()
+
+    def cancel_pending(self) -> None:
+        with self.lock:
+            changed = self._cancel_pending()
+            self.changed.notify_all()
+        if changed:
+            self._notify()
+
+    def lose(self, reason: str) -> None:
+        """The cluster went away: the unfinished items are given up (a retry runs them)."""
+        with self.lock:
+            self.lost = reason
+        self.cancel_pending()
+
+    def end(self) -> None:
+        """One start is over; the last one to end finishes the run."""
+        with self.lock:
+            self._starts -= 1
+            if self._starts > 0:
+                return
+            self._cancel_pending()  # never delivered: cancelled, never lost
+            self.ended = time.time()
+            self.finished.set()
+            self.changed.notify_all()
+            callbacks, self._done_callbacks = self._done_callbacks, []
+        self._notify()
+        with self.lock:
+            if self.finished.is_set():  # not restarted meanwhile: nothing more to tell
+                self._listeners = []
+        for fn in callbacks:
+            _call(fn)
+
+    def _cancel_pending(self) -> bool:
+        if sum(self._tally.values()) == len(self):
+            return False
+        for i, s in enumerate(self.status):
+            if s == PENDING:
+                self.status[i] = CANCELLED
+                self._tally[CANCELLED] += 1
+        return True
+
+    def _notify(self) -> None:
+        with self.lock:
+            listeners = list(self._listeners)
+        for fn in listeners:
+            _call(fn)
+
+
+def _call(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:
+        print(f"nbcluster: a Results listener failed:\n{traceback.format_exc()}", file=sys.stderr)

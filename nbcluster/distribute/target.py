@@ -1,0 +1,137 @@
+"""Where a run's items go: its link to the cluster, and which workers may take them.
+
+`Link(needs, client=..., cluster=...)` is made before anything else of a run, and opened
+(`open()`) only when items leave the kernel: a `--local` run never needs a cluster. Opening
+finds the client (the one given, the named cluster's, or the current one), asks the
+scheduler for its workers once, and works out the placement of the run's items from their
+`Needs`: the Dask resource restrictions, the workers that can take them (`--everywhere`
+runs once on each) and how many items can run at once there (the batch sizing's
+`threads`).
+
+A link whose cluster went away is `close()`d by the engine; a retry `open()`s it again, to
+whatever cluster is current by then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, NamedTuple
+
+from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
+
+
+class Needs(NamedTuple):
+    """What each item asks of a worker: `--gpus`, `--cpus`, `--cpu-only`."""
+
+    gpus: float | None = None
+    cpus: float | None = None
+    cpu_only: bool = False
+
+
+class Link:
+    """A run's connection to its cluster; see the module docstring."""
+
+    def __init__(self, needs: Needs, *, client: Any = None, cluster: str | None = None):
+        self.needs = needs
+        self.cluster = cluster
+        self.client = client
+        self.handle: Any = None  # the cluster's handle, when the link found the client itself
+        self.submit_kwargs: dict[str, Any] = {}
+        self.threads = 1
+        self.eligible: list[str] = []
+        self.is_open = False
+
+    def open(self) -> Link:
+        """Connect (once) and place the items; a mistake or an absent cluster is one message."""
+        if self.is_open:
+            return self
+        if self.client is None:
+            from nbcluster._current import handle_for
+
+            try:
+                self.handle = handle_for(self.cluster)
+            except NoCluster as e:
+                raise NoCluster(f"{e}; or run the items in this kernel with --local") from None
+            self.client = self.handle.client
+        try:
+            workers = self.client.scheduler_info()["workers"]
+        except (OSError, TimeoutError) as e:
+            raise ClusterUnreachable(f"the cluster's scheduler does not answer: {e}") from None
+        self.submit_kwargs, self.threads, self.eligible = placement(self.needs, workers)
+        self.is_open = True
+        return self
+
+    @property
+    def name(self) -> str:
+        return getattr(self.handle, "name", None) or self.cluster or "the cluster"
+
+    def gone(self) -> str | None:
+        """Why the cluster is gone (its supervisor exited, its scheduler stopped answering), or None."""
+        entry = getattr(self.handle, "entry", None) or {}
+        pid = entry.get("supervisor_pid")
+        if pid:
+            from nbcluster.cluster import registry
+
+            if not registry.process_alive(pid, entry.get("supervisor_started")):
+                return "its supervisor exited"
+        if self.client.status != "running":
+            return "its scheduler stopped answering"
+        return None
+
+    def close(self) -> None:
+        """Drop a cluster that went away; its client stops trying to reconnect at once."""
+        client, self.is_open = self.client, False
+        if self.handle is not None:  # found by this link: open() finds the current one afresh
+            self.client, self.handle = None, None
+        with contextlib.suppress(Exception):
+            client.close(timeout=2)
+
+
+def placement(needs: Needs, workers: dict[str, Any]) -> tuple[dict[str, Any], int, list[str]]:
+    """Resource restrictions for `--gpus/--cpus/--cpu-only`, usable threads, eligible workers.
+
+    nbcluster's CPU workers advertise `{"CPU": threads}` and GPU workers `{"GPU": 1}`, so
+    `--cpu-only` is simply a `CPU` restriction: it can never land on a GPU worker.
+    """
+    resources: dict[str, float] = {}
+    if needs.gpus:
+        resources["GPU"] = needs.gpus
+    if needs.cpus:
+        resources["CPU"] = needs.cpus
+    offered = {k for w in workers.values() for k in (w.get("resources") or {})}
+    if needs.cpu_only and "CPU" not in resources:
+        if "CPU" in offered:
+            resources["CPU"] = 1
+        elif "GPU" in offered:
+            raise BadArgument(
+                "--cpu-only: this cluster's workers do not say which ones are CPU workers (none "
+                "advertises a CPU resource); start the cluster with nbcluster, or drop --cpu-only"
+            )
+    if "CPU" in resources and "CPU" not in offered and workers:
+        raise BadArgument(
+            "--cpus needs workers that advertise a CPU resource (nbcluster's clusters do); this "
+            "cluster's workers advertise none"
+        )
+    eligible, threads = [], 0
+    for address, info in workers.items():
+        have = info.get("resources") or {}
+        if all(have.get(k, 0) >= v for k, v in resources.items()):
+            eligible.append(address)
+            slots = min([int(have[k] // v) for k, v in resources.items()], default=info.get("nthreads", 1))
+            threads += max(1, min(slots, info.get("nthreads", 1)))
+    if resources and workers and not eligible:
+        wanted = ", ".join(f"{k}={v:g}" for k, v in resources.items())
+        fix = " Start GPU workers with `%cluster start --gpus N`." if "GPU" in resources else ""
+        raise BadArgument(f"no worker offers {wanted} per item (workers offer: {_offers(workers)}).{fix}")
+    kwargs = {"resources": resources} if resources else {}
+    return kwargs, max(threads, 1), eligible
+
+
+def _offers(workers: dict[str, Any]) -> str:
+    kinds = sorted(
+        {
+            ", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) or "no resources"
+            for w in workers.values()
+        }
+    )
+    return "; ".join(kinds)
