@@ -364,3 +364,24 @@ def test_notebook_display_is_a_compact_table(ns: dict[str, Any]) -> None:
     assert "ZeroDivisionError: division by zero" in page
     text = repr(res)
     assert text.startswith("Results: 12 items · 8 ok · 4 failed") and "  ... 4 more" in text
+
+
+def test_results_cannot_be_written_by_user_code() -> None:
+    # Only the run's engine writes its state: the view's attributes are read-only and what
+    # it returns are copies, so a slip in user code cannot change the results.
+    res = distribute("x * 2", over="x in range(3)", namespace={}, local="all", into="res")
+    for name in ("ok", "done", "params", "errors", "label", "run_id", "started", "ended", "lost", "futures"):
+        with pytest.raises(AttributeError):
+            setattr(res, name, None)
+    with pytest.raises(AttributeError):
+        res.extra = 1  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        res[0] = 99  # type: ignore[index]
+    res.values()[0] = 99
+    res.params[0]["x"] = 99
+    res.counts()["done"] = 0
+    res.errors.append("not an error")
+    assert list(res) == [0, 2, 4] and res.values() == [0, 2, 4]
+    assert res.params == [{"x": 0}, {"x": 1}, {"x": 2}]
+    assert res.counts() == {"total": 3, "done": 3, "failed": 0, "cancelled": 0, "running": 0}
+    assert res.errors == [] and res.ok and res.label == "res"

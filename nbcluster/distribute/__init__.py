@@ -3,10 +3,13 @@
 One engine, two front ends: the magic parses its line (`args.py`) and calls `distribute`
 with the cell and the user's namespace; Python code calls `distribute` directly.
 Modules, in the order a run uses them: `options` (the flags, declared and checked once),
-`args` (the magic's line), `run` (the API: checks, then the run's steps), `cell` (source -> code, free names), `plan` (items, batch
-sizes), `capture` (what travels and how), `engine` (submit, stream, retry, cancel),
-`worker` (what runs on the workers), `results` (what comes back), `tracebacks` (failed
-items), `follow` (waiting in the kernel: output, summary, Ctrl-C).
+`args` (the magic's line), `run` (the API: checks, then the run's steps; `Run`, the
+controls of a run), `cell` (source -> code, free names), `plan` (the items), `capture`
+(what travels and how), `target` (the cluster link: where items may run), `job` (what
+runs, made once), `engine` (submit, stream, retry, cancel), `batching` (batch sizes),
+`worker` (what runs on the workers), `state` (each item's state, written by the engine
+alone), `results` (the read-only view the user gets), `tracebacks` (failed items),
+`follow` (waiting in the kernel: output, summary, Ctrl-C).
 """
 
 from __future__ import annotations
