@@ -144,22 +144,27 @@ class RunState:
         outputs: dict[int, list[list[Any]]],
     ) -> None:
         """Store a batch: `values[j]` is item `indices[j]`'s value, `errors[j]` its failure."""
+        status, stored = self.status, self.values  # locals: this loop runs once per item
+        done = failed = 0
         with self.lock:
             for j, value in enumerate(values):
                 i = indices[j]
-                if self.status[i] != PENDING:
+                if status[i] != PENDING:
                     continue  # a re-run after a lost worker, or a result after cancel
-                error = errors.get(j)
+                error = errors.get(j) if errors else None
                 if error is None:
-                    self.values[i] = value
-                    self.status[i] = DONE
+                    stored[i] = value
+                    status[i] = DONE
+                    done += 1
                 else:
                     self.errors[i] = error
-                    self.status[i] = FAILED
-                self._tally[self.status[i]] += 1
-                if i in outputs:
+                    status[i] = FAILED
+                    failed += 1
+                if outputs and i in outputs:
                     self.outputs[i] = outputs[i]
                     self.output_order.append(i)
+            self._tally[DONE] += done
+            self._tally[FAILED] += failed
             self.changed.notify_all()
         self._notify()
 
