@@ -10,6 +10,7 @@ from __future__ import annotations
 import dask
 from distributed import Client
 
+from nbcluster._compat import set_global_client
 from nbcluster.cluster import registry
 from nbcluster.cluster.handle import ClusterHandle, connect
 from nbcluster.errors import NoCluster
@@ -44,11 +45,7 @@ def use(handle: ClusterHandle) -> ClusterHandle:
     global _current
     handle = remember(handle)
     client = handle.client
-    # Dask keeps its default client in a module global; set_as_default is the public way,
-    # but only at construction, so re-point it here for a client we already hold.
-    from distributed.client import _set_global_client
-
-    _set_global_client(client)
+    set_global_client(client)
     dask.config.set(scheduler="dask.distributed")
     _current = handle
     return handle
@@ -61,10 +58,8 @@ def forget(name: str) -> None:
     if handle is not None:
         handle.close_client()
     if _current is not None and _current.name == name:
+        # Its client was closed above, which is what takes it off Dask's defaults.
         _current = None
-        from distributed.client import _set_global_client
-
-        _set_global_client(None)
 
 
 def current() -> ClusterHandle | None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from distributed.deploy.adaptive import Adaptive
 
+from nbcluster._compat import prefix_duration
 from nbcluster.cluster.kinds import worker_kind
 
 
@@ -51,7 +52,7 @@ def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
     ready = [ts for ts in waiting if not needs_gpu(ts)]
     # Dask's estimate of the expected run time of 100 ready tasks, scaled to all of them.
     sample = ready[:100]
-    ready_time = sum(scheduler._get_prefix_duration(ts.prefix) for ts in sample)
+    ready_time = sum(prefix_duration(scheduler, ts.prefix) for ts in sample)
     if len(ready) > len(sample):
         ready_time *= len(ready) / len(sample)
     running = sum(len(ws.processing) for ws in workers)

@@ -360,12 +360,14 @@ def _safe_str(e: BaseException) -> str:
 def _task_cancelled() -> bool:
     """True when this thread's Dask task was cancelled (best effort; False outside Dask)."""
     try:
-        from distributed.worker import get_worker, thread_state
+        from distributed.worker import thread_state
+
+        from nbcluster._compat import worker_task
 
         key = getattr(thread_state, "key", None)
         if key is None:
             return False
-        ts = get_worker().state.tasks.get(key)
+        ts = worker_task(key)
         return ts is None or ts.state in ("cancelled", "released", "forgotten")
     except Exception:
         return False

@@ -1,0 +1,45 @@
+"""Every private Dask API nbcluster uses, in one place.
+
+Dask does not promise these names across releases. Each is wrapped here, and
+`tests/test_compat.py` exercises each one against the installed Dask, so an upgrade that
+moves one fails that test by name instead of breaking a feature quietly (the cancellation
+check, for one, swallows errors by design).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distributed import Client
+
+
+def set_global_client(client: Client) -> None:
+    """Make `client` Dask's default client.
+
+    `Client(set_as_default=True)` is the public way, but only at construction; a kernel
+    switching between clusters it already holds clients for must re-point the default.
+    (There is no way to set "no default": Dask drops a client from its defaults when it
+    is closed.)
+    """
+    from distributed.client import _set_global_client
+
+    _set_global_client(client)
+
+
+def prefix_duration(scheduler: Any, prefix: Any) -> float:
+    """The scheduler's expected run time, in seconds, of one task of `prefix` (a TaskPrefix).
+
+    Dask's own estimate (measured average, else twice the longest run, else the configured
+    unknown-task duration), so nbcluster's adaptive targets agree with Dask's.
+    """
+    return float(scheduler._get_prefix_duration(prefix))
+
+
+def worker_task(key: Any) -> Any | None:
+    """This worker's state record of task `key` (it has `.state`), or None if it has none.
+
+    Raises ValueError outside a Dask worker (as `get_worker` does).
+    """
+    from distributed import get_worker
+
+    return get_worker().state.tasks.get(key)

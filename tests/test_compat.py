@@ -1,0 +1,72 @@
+"""The private Dask APIs in `nbcluster._compat` still do what nbcluster relies on.
+
+Each test drives the wrapper against the installed Dask, on a real in-process scheduler and
+worker, so a Dask upgrade that renames or changes one fails here, by name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from distributed import Client, LocalCluster, default_client
+from distributed.worker import thread_state
+
+from nbcluster import _compat
+
+
+@pytest.fixture(scope="module")
+def local() -> Iterator[tuple[LocalCluster, Client]]:
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        client = Client(cluster, set_as_default=False)
+        try:
+            yield cluster, client
+        finally:
+            client.close()
+
+
+def test_set_global_client_repoints_the_default(local: tuple[LocalCluster, Client]) -> None:
+    # A kernel switching back to a cluster whose client it already holds (`%cluster use`).
+    cluster, first = local
+    # Not `with Client(...)`: entering a client makes it current for the block, above any default.
+    second = Client(cluster, set_as_default=True)
+    try:
+        assert default_client() is second
+        _compat.set_global_client(first)
+        assert default_client() is first
+        _compat.set_global_client(second)
+        assert default_client() is second
+    finally:
+        second.close()
+    # Closing a client is what takes it off the defaults (`_current.forget` relies on it).
+    assert default_client() is first
+
+
+def _nap(seconds: float) -> float:
+    time.sleep(seconds)  # the work whose duration the scheduler measures
+    return seconds
+
+
+def test_prefix_duration_reads_the_schedulers_measurement(local: tuple[LocalCluster, Client]) -> None:
+    cluster, client = local
+    assert client.submit(_nap, 0.2, key="nap-1").result() == 0.2
+    prefix = cluster.scheduler.task_prefixes["nap"]
+    assert 0.2 <= _compat.prefix_duration(cluster.scheduler, prefix) < 5
+
+
+def _own_state() -> tuple[str | None, object]:
+    record = _compat.worker_task(thread_state.key)
+    return (record.state if record is not None else None), _compat.worker_task("no-such-key")
+
+
+def test_worker_task_sees_the_running_task(local: tuple[LocalCluster, Client]) -> None:
+    _, client = local
+    # nbcluster's cancellation check reads this record and treats errors as "not
+    # cancelled", so only this test notices if Dask moves it.
+    assert client.submit(_own_state, pure=False).result() == ("executing", None)
+
+
+def test_worker_task_outside_a_worker_says_so() -> None:
+    with pytest.raises(ValueError):
+        _compat.worker_task("anything")
