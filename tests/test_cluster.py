@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import ssl
 import stat
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import pytest
 from distributed import Client, Security, get_worker
 
 import nbcluster
-from nbcluster.cluster import registry
+from nbcluster.cluster import backends, registry
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable
 
 
@@ -151,13 +153,35 @@ def test_kept_cluster_outlives_its_owner(runtime_dir):
     handle.stop()
 
 
-def test_tls_is_required(runtime_dir):
+def _tls_probe(address: str, ca: str, cert: str | None = None, key: str | None = None) -> str:
+    """What the scheduler does with a TLS client that trusts `ca` and presents `cert`:
+    "answered" (it sent its Dask handshake) or "refused: <the alert it sent>"."""
+    context = ssl.create_default_context(cafile=ca)
+    context.check_hostname = False  # the cluster's certificate names "dask-internal"
+    if cert:
+        context.load_cert_chain(cert, key)
+    host, port = address.removeprefix("tls://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as raw, context.wrap_socket(raw) as tls:
+        try:
+            return "answered" if tls.recv(64) else "closed"
+        except (ssl.SSLError, ConnectionResetError) as error:
+            return f"refused: {error}"
+
+
+def test_tls_is_required(runtime_dir, tmp_path):
     handle = nbcluster.start(workers=0)
     host_port = handle.address.removeprefix("tls://")
     with pytest.raises((OSError, TimeoutError)):
         Client(f"tcp://{host_port}", timeout=3)
     with pytest.raises((OSError, TimeoutError)):
-        Client(handle.address, security=Security.temporary(), timeout=3)  # somebody else's certificate
+        Client(handle.address, security=Security.temporary(), timeout=3)  # the client refuses the server
+    # The scheduler itself refuses clients that trust it but cannot prove they hold the
+    # cluster's key (a TLS alert from the server, not a failed check on the client's side).
+    tls = handle.entry["tls"]
+    assert _tls_probe(handle.address, tls["ca_file"], tls["cert"], tls["key"]) == "answered"
+    assert "alert certificate required" in _tls_probe(handle.address, tls["ca_file"])
+    _, foreign = backends.write_credentials(tmp_path, "stranger")
+    assert "alert unknown ca" in _tls_probe(handle.address, tls["ca_file"], foreign["cert"], foreign["key"])
     # The credentials are private to the user.
     for key in ("cert", "key"):
         mode = stat.S_IMODE(os.stat(handle.entry["tls"][key]).st_mode)

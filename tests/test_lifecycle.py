@@ -233,10 +233,10 @@ def test_entries_of_another_user_or_with_loose_permissions_are_refused(runtime_d
 
 
 def test_corrupted_entries_are_ignored_and_pruned(runtime_dir, live_process):
-    from nbcluster.cluster.registry import _write_private
+    from nbcluster.cluster.registry import write_private
 
     for name, text in [("torn", '{"name": "torn", "sta'), ("listed", "[1, 2]")]:
-        _write_private(runtime_dir / f"{name}.json", text)
+        write_private(runtime_dir / f"{name}.json", text)
     (runtime_dir / "torn.key.pem").write_text("left by a crash")
     _plant(runtime_dir, "good", live_process)
     assert [h.name for h in nbcluster.clusters()] == ["good"]

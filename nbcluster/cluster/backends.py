@@ -33,6 +33,7 @@ from nbcluster import config
 from nbcluster.cluster.adaptive import KindAdaptive
 from nbcluster.cluster.gpu import GPU, SIMULATE_ENV
 from nbcluster.cluster.kinds import GPU_RESOURCE, KINDS, check_kind, worker_kind
+from nbcluster.cluster.registry import write_private
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.cluster.worker_memory import MemoryTrim
 from nbcluster.errors import BadArgument
@@ -74,10 +75,8 @@ def write_credentials(directory: Path, name: str) -> tuple[Security, dict[str, s
     key_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    for path, data in ((cert_path, cert.public_bytes(serialization.Encoding.PEM)), (key_path, key_pem)):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+    write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    write_private(key_path, key_pem)
     tls = {"ca_file": str(cert_path), "cert": str(cert_path), "key": str(key_path)}
     return security_from(tls), tls
 

@@ -57,11 +57,17 @@ def runtime_dir(override: str | os.PathLike[str] | None = None) -> Path:
     return path
 
 
-def _write_private(path: Path, text: str, *, exclusive: bool = False) -> None:
+def write_private(path: Path, data: str | bytes, *, exclusive: bool = False) -> None:
+    """Write a file only this user can read: every registry entry and credential goes here.
+
+    Not `jupyter_core.paths.secure_write`: claiming a name needs `O_EXCL`, which it lacks.
+    The file is 0600 from its first byte (created so, and re-set in case it existed).
+    """
     flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
     fd = os.open(path, flags, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(fd, 0o600)
+        f.write(data.encode() if isinstance(data, str) else data)
 
 
 def claim(directory: Path, name: str, entry: dict[str, Any]) -> bool:
@@ -69,7 +75,7 @@ def claim(directory: Path, name: str, entry: dict[str, Any]) -> bool:
     path = directory / f"{name}.json"
     for _ in range(2):
         try:
-            _write_private(path, json.dumps(entry), exclusive=True)
+            write_private(path, json.dumps(entry), exclusive=True)
             return True
         except FileExistsError:
             if read(directory, name) is not None:
@@ -81,7 +87,7 @@ def claim(directory: Path, name: str, entry: dict[str, Any]) -> bool:
 def update(directory: Path, name: str, entry: dict[str, Any]) -> None:
     """Rewrite an entry atomically, so readers never see half a file."""
     tmp = directory / f".{name}.json.tmp"
-    _write_private(tmp, json.dumps(entry))
+    write_private(tmp, json.dumps(entry))
     os.replace(tmp, directory / f"{name}.json")
 
 
