@@ -93,12 +93,17 @@ def test_notebook_runs(path: Path, no_leftovers: Path, monkeypatch: pytest.Monke
 def test_a_failing_item_fails_the_notebook(tmp_path: Path, no_leftovers: Path) -> None:
     """A failing item does not raise in the cell, so the check must read the outputs."""
     nb = nbformat.v4.new_notebook()
+    # In this process (--local) and on a real cluster with its live widget, as the notebooks run.
     nb.cells = [
         nbformat.v4.new_code_cell("%load_ext nbcluster"),
         nbformat.v4.new_code_cell('%%distribute --local --over "x in [1, 0, 2]" --into r\n1 / x'),
-        nbformat.v4.new_code_cell("r.ok"),
+        nbformat.v4.new_code_cell("%cluster start --workers 1"),
+        nbformat.v4.new_code_cell('%%distribute --over "x in [0, 1, 0, 3]" --into s\n1 / x'),
+        nbformat.v4.new_code_cell("%cluster stop"),
     ]
     path = tmp_path / "failing.ipynb"
     nbformat.write(nb, path)
     found = problems(execute(path))
-    assert len(found) == 1 and "1/3 items failed: ZeroDivisionError" in found[0], found
+    assert len(found) == 2, found
+    assert found[0].startswith("cell 1: 1/3 items failed: ZeroDivisionError"), found
+    assert found[1].startswith("cell 3: 2/4 items failed: ZeroDivisionError"), found
