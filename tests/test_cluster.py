@@ -18,6 +18,7 @@ from distributed import Client, Security, get_worker
 
 import nbcluster
 from nbcluster.cluster import backends, registry
+from nbcluster.cluster.gpu import SIMULATE_ENV
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable
 
 
@@ -218,7 +219,8 @@ def test_restart_replaces_worker_processes(runtime_dir):
     assert before and after and not before & after
 
 
-def test_bad_input_is_one_clear_error(runtime_dir):
+def test_bad_input_is_one_clear_error(runtime_dir, monkeypatch):
+    monkeypatch.setenv(SIMULATE_ENV, "0")  # a machine without GPUs, whatever this one has
     with pytest.raises(BadArgument, match="whole number"):
         nbcluster.start(workers="two")
     with pytest.raises(BadArgument, match="at least 1"):

@@ -11,6 +11,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
+from nbcluster.cluster.gpu import SIMULATE_ENV
 from nbcluster.cluster.info import ClusterInfo, ClusterList
 from nbcluster.cluster.spec import START_OPTIONS, check_name, parse_bounds, parse_count
 from nbcluster.distribute.options import FLAGS
@@ -80,7 +81,8 @@ def test_use_switches_the_current_cluster(shell):
         ("stop", "no cluster is running"),
     ],
 )
-def test_bad_input_raises_one_usage_error(shell, line, message):
+def test_bad_input_raises_one_usage_error(shell, line, message, monkeypatch):
+    monkeypatch.setenv(SIMULATE_ENV, "0")  # a machine without GPUs, whatever this one has
     with pytest.raises(UsageError, match=message) as info:
         magic(shell, line)
     assert "\n" not in str(info.value).strip() and "Traceback" not in str(info.value)
