@@ -32,6 +32,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     _SESSION_DIR = Path(tempfile.mkdtemp(prefix="nbcluster-test-"))
     os.environ["NBCLUSTER_RUNTIME_DIR"] = str(_SESSION_DIR)
+    # The processes tests start (kernels, the CLI, Jupyter servers) import this checkout's
+    # nbcluster too, as this process does (pyproject's `pythonpath`), not an installed copy.
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
 
 
 def _stop_all(directory: Path) -> None:

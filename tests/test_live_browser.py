@@ -29,10 +29,8 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from nbcluster.cluster.handle import ClusterHandle
-
-sys.path.insert(0, str(Path(__file__).parent))
-from browser_helpers import launch_chromium
-from test_widgets_browser import CONTRAST, MIN_CONTRAST
+from tests.browser_helpers import launch_chromium
+from tests.test_widgets_browser import CONTRAST, MIN_CONTRAST
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "live-browser"
 
