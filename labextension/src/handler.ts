@@ -20,7 +20,7 @@ export async function requestAPI<T>(endPoint = '', init: RequestInit = {}): Prom
     throw new ServerConnection.NetworkError(error as TypeError);
   }
   const text = await response.text();
-  let data: any = undefined;
+  let data: { message?: string } | undefined = undefined;
   if (text.length > 0) {
     try {
       data = JSON.parse(text);
