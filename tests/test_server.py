@@ -12,15 +12,21 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from jupyter_server.auth.authorizer import Authorizer
+from tornado import web
 from tornado.httpclient import HTTPClientError
-from tornado.websocket import WebSocketClientConnection
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+from tornado.websocket import WebSocketClientConnection, WebSocketHandler
 
 import nbcluster
+from nbcluster.cluster import registry
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -37,6 +43,7 @@ ROUTES = [
     ("POST", "api/clusters/anything/adapt"),
     ("POST", "api/clusters/anything/restart"),
     ("GET", "api/clusters/anything/metrics"),
+    ("POST", "dashboard/anything/status"),
 ]
 
 
@@ -318,3 +325,155 @@ async def test_a_cluster_without_dashboard_has_no_proxy(api) -> None:
     assert status == 201
     status, _ = await api("GET", "dashboard/plain/status")
     assert status == 404
+
+
+# -- the dashboard proxy, against a stand-in dashboard that reports what reached it ----------
+
+
+class Upstream:
+    """A loopback HTTP + websocket server standing in for a cluster's Bokeh dashboard: it
+    records every request's method and headers, and answers with headers of its own."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        upstream = self
+
+        class Page(web.RequestHandler):
+            def get(self, path: str) -> None:
+                upstream.seen.append(("GET", dict(self.request.headers)))
+                if path == "old":
+                    self.redirect("/status")  # as Bokeh's root sends the browser to /status
+                    return
+                self.set_header("Set-Cookie", "upstream=session")
+                self.set_header("X-Internal", "not for the browser")
+                self.set_header("Cache-Control", "no-store")
+                self.write({"path": path})
+
+            def post(self, path: str) -> None:
+                upstream.seen.append(("POST", dict(self.request.headers)))
+                self.write("changed")
+
+        class Socket(WebSocketHandler):
+            def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+                return subprotocols[0] if subprotocols else None
+
+            def open(self) -> None:
+                upstream.seen.append(("WS", dict(self.request.headers)))
+
+            def on_message(self, message: str | bytes) -> None:
+                self.write_message(f"echo {message}")
+
+        app = web.Application([(r"/ws", Socket), (r"/(.*)", Page)])
+        sock, self.port = bind_unused_port("127.0.0.1")
+        self.server = HTTPServer(app)
+        self.server.add_sockets([sock])
+
+
+
+def plant(directory: Path, name: str, dashboard: str) -> None:
+    """A registry entry for cluster `name` with this `dashboard` address; this test's own
+    process stands in for the supervisor, so the entry is live."""
+    me = psutil.Process()
+    entry = {
+        "name": name, "state": "running", "address": "tls://127.0.0.1:9",
+        "supervisor_pid": me.pid, "supervisor_started": me.create_time(), "dashboard": dashboard,
+    }  # fmt: skip
+    registry.update(directory, name, entry)
+
+
+@pytest.fixture
+def upstream(runtime_dir: Path, jp_serverapp: Any) -> Iterator[Upstream]:
+    server = Upstream()  # on the server's event loop, which jp_serverapp has made current
+    plant(runtime_dir, "echo", f"http://127.0.0.1:{server.port}/status")
+    yield server
+    server.server.stop()
+    registry.remove(runtime_dir, "echo")
+
+
+async def test_dashboard_proxy_passes_no_credentials_either_way(api, upstream, jp_auth_header) -> None:
+    status, page = await api("GET", "dashboard/echo/status", headers={**jp_auth_header, "Cookie": "_xsrf=abc; login=secret"})
+    assert status == 200 and page == {"path": "status"}
+    ((method, headers),) = upstream.seen
+    assert method == "GET" and headers["Host"] == f"127.0.0.1:{upstream.port}"
+    assert not {"Authorization", "Cookie"} & set(headers), headers
+    assert all(jp_auth_header["Authorization"].split()[-1] not in v for v in headers.values())
+
+
+async def test_dashboard_proxy_returns_only_safe_response_headers(jp_fetch, upstream) -> None:
+    response = await jp_fetch("nbcluster", "dashboard", "echo", "status")
+    assert response.headers["Cache-Control"] == "no-store"
+    assert response.headers["Content-Type"].startswith("application/json")
+    assert "Set-Cookie" not in response.headers or "upstream" not in response.headers["Set-Cookie"]
+    assert "X-Internal" not in response.headers
+
+
+async def test_dashboard_proxy_keeps_redirects_inside_the_proxy(jp_fetch, upstream) -> None:
+    with pytest.raises(HTTPClientError) as moved:
+        await jp_fetch("nbcluster", "dashboard", "echo", "old", follow_redirects=False)
+    assert moved.value.code == 302
+    assert moved.value.response.headers["Location"] == f"{BASE_URL}nbcluster/dashboard/echo/status"
+
+
+async def test_dashboard_proxy_relays_only_get(api, upstream) -> None:
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        status, _ = await api(method, "dashboard/echo/status", body=None if method == "DELETE" else "{}")
+        assert status == 405, method
+    assert upstream.seen == []
+
+
+async def test_dashboard_proxy_refuses_a_dashboard_off_loopback(api, runtime_dir: Path) -> None:
+    plant(runtime_dir, "planted", "http://192.0.2.1:8787/status")  # TEST-NET-1: never reached
+    try:
+        status, reply = await api("GET", "dashboard/planted/status")
+    finally:
+        registry.remove(runtime_dir, "planted")
+    assert status == 403 and "not on loopback" in str(reply)
+
+
+async def test_dashboard_websocket_is_bridged_without_credentials(jp_ws_fetch, upstream) -> None:
+    # Bokeh sends its session token as a second subprotocol.
+    ws = await jp_ws_fetch("nbcluster", "dashboard", "echo", "ws", subprotocols=["bokeh", "t0ken"])
+    try:
+        assert ws.selected_subprotocol == "bokeh"
+        await ws.write_message("hello")
+        assert await ws.read_message() == "echo hello"
+    finally:
+        ws.close()
+    ((method, headers),) = upstream.seen
+    assert method == "WS" and not {"Authorization", "Cookie"} & set(headers), headers
+    assert [p.strip() for p in headers["Sec-Websocket-Protocol"].split(",")] == ["bokeh", "t0ken"]
+
+
+async def test_dashboard_websocket_needs_a_login(jp_ws_fetch, upstream) -> None:
+    with pytest.raises(HTTPClientError) as refused:
+        await jp_ws_fetch("nbcluster", "dashboard", "echo", "ws", headers={"Authorization": ""})
+    assert refused.value.code == 403
+    assert upstream.seen == []
+
+
+class NoNbcluster(Authorizer):
+    """An authorizer that grants nothing on nbcluster (a JupyterHub user without the scope)."""
+
+    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
+        return resource != "nbcluster"
+
+
+async def test_the_authorizer_decides_who_sees_the_dashboard(api, jp_ws_fetch, jp_serverapp, upstream) -> None:
+    jp_serverapp.web_app.settings["authorizer"] = NoNbcluster(parent=jp_serverapp)
+    status, _ = await api("GET", "dashboard/echo/status")
+    assert status == 403
+    with pytest.raises(HTTPClientError) as refused:
+        await jp_ws_fetch("nbcluster", "dashboard", "echo", "ws")
+    assert refused.value.code == 403
+    assert upstream.seen == []
+
+
+async def test_a_dashboard_that_does_not_answer_is_a_502(api, runtime_dir: Path) -> None:
+    sock, port = bind_unused_port("127.0.0.1")
+    sock.close()  # nothing listens there any more
+    plant(runtime_dir, "gone", f"http://127.0.0.1:{port}/status")
+    try:
+        status, reply = await api("GET", "dashboard/gone/status")
+    finally:
+        registry.remove(runtime_dir, "gone")
+    assert status == 502 and "does not answer" in str(reply)
