@@ -19,9 +19,7 @@ from playwright.sync_api import sync_playwright
 
 from nbcluster.widgets._static import render_html
 from nbcluster.widgets._theme import STATIC, inline_theme
-
-sys.path.insert(0, str(Path(__file__).parent))
-from browser_helpers import launch_chromium
+from tests.browser_helpers import launch_chromium
 
 THEMES = Path(sys.prefix) / "share" / "jupyter" / "lab" / "themes" / "@jupyterlab"
 PARTS = (".nbc-progress", ".nbc-grid", ".nbc-stream", ".nbc-resources")
@@ -155,7 +153,8 @@ def _module() -> str:
     return graphs + "\nwindow.G = { renderProgress, renderGrid, renderTaskStream, renderResources, THEME };\n"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: a module-wide sync Playwright keeps its loop running under
+# pytest-jupyter's per-test loop fixture, which then fails to close it
 def browser() -> Iterator[Any]:
     with sync_playwright() as p:
         b = launch_chromium(p)
