@@ -48,11 +48,14 @@ start.__doc__ = f"""{_start.__doc__}
     """
 
 
-def use(name_or_address: str) -> ClusterHandle:
-    """Make a running cluster (by name or address) the current one of this process."""
+def use(name_or_address: str, *, security: Any = None) -> ClusterHandle:
+    """Make a running cluster (by name or address) the current one of this process.
+
+    `security` is ``(CA, CERT, KEY)`` for a ``tls://`` scheduler run by someone else.
+    """
     from nbcluster import _current
 
-    return _current.use(connect(name_or_address))
+    return _current.use(connect(name_or_address, security=security))
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

@@ -22,7 +22,7 @@ from nbcluster.cluster.kinds import KINDS
 from nbcluster.cluster.spec import FORCE_HELP, START_OPTIONS, parse_bounds, parse_count
 from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
 
-COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart")
+COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart", "profiles")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,6 +74,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
     s = sub.add_parser("use", help="make a cluster the current one (by name or tls:// address)")
     s.add_argument("target")
+    s.add_argument("--security", metavar="CA,CERT,KEY", help="PEM files for a tls:// scheduler run by someone else")
 
     s = sub.add_parser("stop", help="stop a cluster and its workers")
     s.add_argument("name", nargs="?")
@@ -81,6 +82,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
     s = sub.add_parser("restart", help="restart the workers (the cluster stays)")
     s.add_argument("name", nargs="?")
+
+    sub.add_parser("profiles", help="where clusters can run: the profiles in Dask config")
     return p
 
 
@@ -192,10 +195,20 @@ class Runner:
     def do_use(self, ns: argparse.Namespace) -> ClusterInfo:
         if not self.in_kernel:
             raise BadArgument("`use` picks the cluster of a notebook kernel: run `%cluster use NAME` there")
-        handle = nbcluster.use(ns.target)
+        handle = nbcluster.use(ns.target, security=ns.security)
         info = handle.info()
         info.note = f"Using cluster {handle.name!r}: %%distribute and Dask's default client now run there."
+        if not handle.managed:
+            info.note += " It is external: scale, adapt and stop belong to whoever runs it."
         return info
+
+    def do_profiles(self, ns: argparse.Namespace) -> str:
+        from nbcluster.cluster import profiles
+
+        rows = [(p.name, p.backend, p.description) for p in profiles.all()]
+        widths = [max(len(r[i]) for r in [("name", "backend", ""), *rows]) for i in range(2)]
+        lines = [f"{n:<{widths[0]}}  {b:<{widths[1]}}  {d}".rstrip() for n, b, d in rows]
+        return "\n".join([*lines, "Start one with `--profile NAME`; add profiles under nbcluster.profiles in Dask config."])
 
     def do_stop(self, ns: argparse.Namespace) -> str:
         if ns.all and ns.name:

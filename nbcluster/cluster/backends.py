@@ -16,8 +16,7 @@ dask-cuda's own worker spec (CPU affinity, its memory management), with nbcluste
 resource tag and TLS settings laid over it.
 
 Multi-machine deployments (dask-jobqueue, dask-kubernetes, dask-gateway, SSH) are Dask's
-own projects; `profiles()` lists what the server may offer and `nbcluster.connect` takes
-the address of any scheduler they start.
+own projects, named by profiles (`profiles.py`) and hosted through `deploy.py`.
 """
 
 from __future__ import annotations
@@ -37,11 +36,6 @@ from nbcluster.cluster.registry import write_private
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.cluster.worker_memory import MemoryTrim
 from nbcluster.errors import BadArgument
-
-
-def profiles() -> list[dict[str, Any]]:
-    """Backend profiles a front end may offer when starting a cluster."""
-    return [{"name": "local", "description": "Worker processes on this machine (CPU and GPU)"}]
 
 
 def write_credentials(directory: Path, name: str) -> tuple[Security, dict[str, str]]:

@@ -4,6 +4,14 @@ A handle is a registry entry plus the means to talk to its scheduler: control ca
 nbcluster's scheduler RPC handlers over TLS with the cluster's own credentials, and
 `handle.client` is an ordinary `distributed.Client`. A handle caches nothing the scheduler
 can answer: `info()` asks every time.
+
+Where the scheduler runs elsewhere (SSH, a gateway, Kubernetes), the supervisor serves the
+same ``nbcluster_*`` handlers on its own address, ``control`` in the entry, with
+``control_tls`` (see ``deploy.py``): `arpc` sends them there, and everything else
+(``identity``, the Dask client) to the scheduler. A scheduler nbcluster did not start
+(`connect` to an address) is *external*: its status is the scheduler's own ``identity``,
+its metrics come from nbcluster's plugin where the scheduler accepted it, and scale, adapt,
+restart and stop are refused with the reason.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +40,7 @@ from nbcluster import _aio, config
 from nbcluster.cluster import registry, startlog
 from nbcluster.cluster.backends import security_from
 from nbcluster.cluster.info import ClusterInfo
-from nbcluster.cluster.kinds import check_kind, worker_kind
+from nbcluster.cluster.kinds import check_kind
 from nbcluster.cluster.spec import ClusterSpec, check_name, parse_bounds, parse_count
 from nbcluster.errors import BadArgument, ClusterFailed, ClusterNotFound, ClusterUnreachable
 
@@ -41,8 +50,24 @@ _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str
     weakref.WeakKeyDictionary()
 )
 
-CONNECT_TIMEOUT_S = 5
 STOP_TIMEOUT_S = 30
+
+
+def connect_timeout() -> float:
+    """`nbcluster.timeouts.connect`: how long reaching a scheduler may take."""
+    return config.seconds("timeouts.connect")
+
+
+def _comm_for(address: str) -> None:
+    """Make the comm for `address` known to Dask: a gateway's ``gateway://`` is registered
+    by importing dask-gateway (in every process that connects, not only the supervisor)."""
+    if address.startswith("gateway://"):
+        try:
+            import dask_gateway  # noqa: F401
+        except ImportError:
+            raise BadArgument(
+                f"{address} is a dask-gateway address: `pip install 'nbcluster[gateway]'`"
+            ) from None
 
 
 class ClusterHandle:
@@ -84,19 +109,22 @@ class ClusterHandle:
 
     # -- talking to the scheduler -----------------------------------------------------
 
-    def _connection_args(self) -> dict[str, Any]:
-        sec = self.security or Security()
-        return sec.get_connection_args("client")
+    def _route(self, op: str) -> tuple[str, dict[str, str] | None]:
+        """Where `op` goes, with which credentials: nbcluster's handlers to the control
+        address where the supervisor serves them itself, the rest to the scheduler."""
+        if op.startswith("nbcluster_") and self.entry.get("control"):
+            return self.entry["control"], self.entry.get("control_tls")
+        return self.address, self.entry.get("tls")
 
-    async def _pool(self) -> ConnectionPool:
-        """This loop's pooled connections to this scheduler (see `_pools`)."""
+    async def _pool(self, address: str, tls: dict[str, str] | None) -> ConnectionPool:
+        """This loop's pooled connections to this address (see `_pools`)."""
         by_key = _pools.setdefault(asyncio.get_running_loop(), {})
-        key = (self.address, json.dumps(self.entry.get("tls"), sort_keys=True))
+        key = (address, json.dumps(tls, sort_keys=True))
         pool = by_key.get(key)
         if pool is None:
-            pool = by_key[key] = ConnectionPool(
-                limit=4, connection_args=self._connection_args(), timeout=CONNECT_TIMEOUT_S
-            )
+            _comm_for(address)
+            args = (security_from(tls) if tls else Security()).get_connection_args("client")
+            pool = by_key[key] = ConnectionPool(limit=4, connection_args=args, timeout=connect_timeout())
             await pool.start()
         return pool
 
@@ -107,8 +135,9 @@ class ClusterHandle:
         `ClusterUnreachable`; an error raised by the handler itself (say a `BadArgument`)
         comes through as that error.
         """
-        pool = await self._pool()
-        call = asyncio.ensure_future(getattr(pool(self.address), op)(**kwargs))
+        address, tls = self._route(op)
+        pool = await self._pool(address, tls)
+        call = asyncio.ensure_future(getattr(pool(address), op)(**kwargs))
         try:
             done, _ = await asyncio.wait({call}, timeout=timeout)
             if not done:
@@ -123,7 +152,7 @@ class ClusterHandle:
             # cancels a pending connect twice and the second raises RuntimeError ("Cannot
             # change state of expiring Timeout"): the first already did the job.
             with contextlib.suppress(RuntimeError):
-                pool.remove(self.address)
+                pool.remove(address)
             if isinstance(e, ClusterUnreachable):
                 raise
             raise ClusterUnreachable(
@@ -137,21 +166,17 @@ class ClusterHandle:
     def _need_managed(self, what: str) -> None:
         if not self.managed:
             raise BadArgument(
-                f"{what} needs a cluster started by nbcluster; {self.address} was started elsewhere, "
+                f"{what} is unavailable for {self.address}: it is an external cluster (started elsewhere), "
                 "so scale or stop it with the tool that started it"
             )
 
     async def ainfo(self) -> dict[str, Any]:
         if not self.managed:
             ident = await self.arpc("identity")
-            workers = [
-                {"name": str(w.get("name")), "address": a, "kind": worker_kind(w.get("resources")),
-                 "nthreads": w.get("nthreads", 0), "memory_limit": w.get("memory_limit", 0),
-                 "memory": w.get("metrics", {}).get("memory", 0), "cpu": w.get("metrics", {}).get("cpu", 0.0),
-                 "resources": w.get("resources") or {}, "processing": 0, "gpu": None}
-                for a, w in ident.get("workers", {}).items()
-            ]
-            return {"name": self.name, "address": self.address, "workers": workers, "tasks": {}}
+            return {
+                "name": self.name, "address": self.address, "external": True, "tasks": {},
+                "workers": [_identity_row(a, w) for a, w in ident.get("workers", {}).items()],
+            }  # fmt: skip
         info = await self.arpc("nbcluster_info")
         info["workers"] = list(info["workers"])  # msgpack turns lists into tuples
         return info
@@ -161,6 +186,8 @@ class ClusterHandle:
         return ClusterInfo(_aio.run(self.ainfo()))
 
     async def ametrics(self, since: int | None = None) -> dict[str, Any]:
+        if not self.managed and not self.entry.get("metrics"):
+            return _basic_snapshot(await self.arpc("identity"))
         return await self.arpc("nbcluster_metrics", since=since)
 
     def metrics(self, since: int | None = None) -> dict[str, Any]:
@@ -221,9 +248,10 @@ class ClusterHandle:
     def client(self) -> Client:
         """A `distributed.Client` connected to this cluster (made on first use)."""
         if self._client is None or self._client.status in ("closed", "closing"):
+            _comm_for(self.address)
             try:
                 self._client = Client(
-                    self.address, security=self.security, set_as_default=False, timeout=CONNECT_TIMEOUT_S
+                    self.address, security=self.security, set_as_default=False, timeout=connect_timeout()
                 )
             except (OSError, asyncio.TimeoutError):
                 raise ClusterUnreachable(
@@ -275,42 +303,114 @@ def _looks_like_address(text: str) -> bool:
     return "://" in text or (":" in text and text.rsplit(":", 1)[-1].isdigit())
 
 
-def connect(name_or_address: str, *, runtime_dir: str | os.PathLike[str] | None = None) -> ClusterHandle:
-    """A handle on a running cluster, by registry name or scheduler address."""
+def _identity_row(address: str, w: dict[str, Any]) -> dict[str, Any]:
+    """A worker of the scheduler's own ``identity`` answer as a status row."""
+    from nbcluster.cluster.deploy import worker_row
+
+    metrics = w.get("metrics") or {}
+    return worker_row(
+        name=w.get("name"), address=address, host=w.get("host"), nthreads=w.get("nthreads", 0),
+        memory_limit=w.get("memory_limit"), memory=metrics.get("memory", 0), cpu=metrics.get("cpu", 0.0),
+        resources=w.get("resources"), processing=metrics.get("task_counts", {}).get("executing", 0),
+    )  # fmt: skip
+
+
+def _basic_snapshot(ident: dict[str, Any]) -> dict[str, Any]:
+    """A metrics snapshot (the format in `nbcluster.metrics`) from the scheduler's own
+    ``identity``, for a scheduler without nbcluster's plugin: the workers, no history."""
+    workers = {
+        a: {"name": str(w.get("name")), "nthreads": w.get("nthreads", 0), "memory_limit": w.get("memory_limit") or 0,
+            "resources": dict(w.get("resources") or {}), "processing": 0}
+        for a, w in ident.get("workers", {}).items()
+    }  # fmt: skip
+    return {"version": 1, "cursor": 0, "gap": False, "now": time.time(), "workers": workers,
+            "tasks": [], "resources": [], "groups": []}  # fmt: skip
+
+
+def _tls_files(security: Sequence[str] | None) -> dict[str, str] | None:
+    """``(CA, CERT, KEY)`` paths, checked, as an entry's ``tls``."""
+    if security is None:
+        return None
+    if isinstance(security, str):
+        security = security.split(",")
+    parts = [str(p).strip() for p in security]
+    if len(parts) != 3 or not all(parts):
+        raise BadArgument("--security takes three files, CA,CERT,KEY: e.g. --security ca.pem,cert.pem,key.pem")
+    for part in parts:
+        path = Path(part).expanduser()
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise BadArgument(f"--security: cannot read {part}: give the path of a PEM file you can read")
+    ca, cert, key = (str(Path(p).expanduser().resolve()) for p in parts)
+    return {"ca_file": ca, "cert": cert, "key": key}
+
+
+def connect(
+    name_or_address: str,
+    *,
+    security: Sequence[str] | str | None = None,
+    runtime_dir: str | os.PathLike[str] | None = None,
+) -> ClusterHandle:
+    """A handle on a running cluster, by registry name or scheduler address.
+
+    `security` is ``(CA, CERT, KEY)`` (or ``"CA,CERT,KEY"``): the files for a ``tls://``
+    scheduler run by someone else. Such an external cluster gets nbcluster's metrics plugin
+    where its scheduler accepts it (it must import nbcluster), else the basic view.
+    """
     directory = registry.runtime_dir(runtime_dir)
     target = str(name_or_address).strip()
-    if _looks_like_address(target):
-        for entry in registry.entries(directory):
-            if entry.get("address") == target:
-                return ClusterHandle(entry, directory=directory)
-        handle = ClusterHandle({"name": target, "address": target, "external": True}, directory=directory)
-        if target.startswith("tls://") and Security().get_connection_args("client").get("ssl_context") is None:
-            raise ClusterUnreachable(
-                f"no scheduler answers at {target} that nbcluster can reach: it holds credentials only "
-                "for clusters it started (`%cluster list`); for another TLS scheduler set dask's "
-                "distributed.comm.tls options"
-            )
-        try:
-            handle.rpc("identity", timeout=CONNECT_TIMEOUT_S)
-        except ClusterUnreachable:
-            hint = (
-                " nbcluster holds credentials only for clusters it started; for another TLS scheduler "
-                "set dask's distributed.comm.tls options"
-                if target.startswith("tls://")
-                else ""
-            )
-            raise ClusterUnreachable(
-                f"no scheduler answers at {target} within {CONNECT_TIMEOUT_S} s: check the address, "
-                f"or `%cluster list` for nbcluster's clusters.{hint}"
-            ) from None
-        return handle
-    check_name(target)
-    entry = registry.read(directory, target)
+    tls = _tls_files(security)
+    if not _looks_like_address(target):
+        if tls is not None:
+            raise BadArgument("--security is for an address (tls://HOST:PORT); a cluster nbcluster started has its own")
+        return _registered(directory, target)
+    for entry in registry.entries(directory):
+        if entry.get("address") == target:
+            return ClusterHandle(entry, directory=directory)
+    if target.startswith("tls://") and tls is None and Security().get_connection_args("client").get("ssl_context") is None:
+        raise ClusterUnreachable(
+            f"no scheduler answers at {target} that nbcluster can reach without credentials: "
+            f"`%cluster use {target} --security CA,CERT,KEY` with the files its administrator gave you"
+        )
+    handle = ClusterHandle({"name": target, "address": target, "external": True, "tls": tls}, directory=directory)
+    timeout = connect_timeout()
+    try:
+        handle.rpc("identity", timeout=timeout)
+    except ClusterUnreachable:
+        hint = " Check the --security files: the scheduler may have refused them." if tls else ""
+        raise ClusterUnreachable(
+            f"no scheduler answers at {target} within {timeout:g} s (nbcluster.timeouts.connect): check "
+            f"the address, or `%cluster list` for nbcluster's clusters.{hint}"
+        ) from None
+    handle.entry["metrics"] = _install_metrics(handle)
+    return handle
+
+
+def _install_metrics(handle: ClusterHandle) -> bool:
+    """nbcluster's metrics plugin on an external scheduler, where it allows it."""
+    from nbcluster.metrics.plugin import MetricsPlugin
+
+    async def register() -> None:
+        _comm_for(handle.address)
+        async with Client(
+            handle.address, security=handle.security, asynchronous=True, set_as_default=False, timeout=connect_timeout()
+        ) as client:
+            await client.register_plugin(MetricsPlugin())
+
+    try:
+        _aio.run(asyncio.wait_for(register(), connect_timeout()))
+    except Exception:
+        return False  # refused (no nbcluster there, or pickled plugins off): the basic view
+    return True
+
+
+def _registered(directory: Path, name: str) -> ClusterHandle:
+    check_name(name)
+    entry = registry.read(directory, name)
     if entry is None or entry.get("state") != "running":
         known = [e["name"] for e in registry.entries(directory)]
         running = f" Running: {', '.join(known)}." if known else " None is running."
         raise ClusterNotFound(
-            f"no cluster named {target!r}.{running} Start it with `%cluster start --name {target}`."
+            f"no cluster named {name!r}.{running} Start it with `%cluster start --name {name}`."
         )
     return ClusterHandle(entry, directory=directory)
 
@@ -332,6 +432,7 @@ def start(
     dashboard: bool = False,
     gpu_backend: str | None = None,
     *,
+    profile: str | None = None,
     force: bool = False,
     owner_pid: int | None = None,
     runtime_dir: str | os.PathLike[str] | None = None,
@@ -346,10 +447,15 @@ def start(
     The size is checked against `nbcluster.limits` before anything starts; `force=True`
     lifts the limits derived from the machine, not those set in Dask config. A cluster not
     ready within `nbcluster.timeouts.start` is torn down, and the error names its log.
+
+    `profile` names where the cluster runs (`nbcluster.profiles` in Dask config, default
+    ``local``): a batch system, a gateway, SSH hosts or Kubernetes. `workers`, `threads`
+    and `memory` override the profile's options where they apply (jobs, cores and memory
+    per job for dask-jobqueue). Stop cancels whatever the backend started.
     """
     spec = ClusterSpec.from_user(
         workers=workers, threads=threads, memory=memory, gpus=gpus, name=name, keep=keep, dashboard=dashboard,
-        gpu_backend=gpu_backend, force=force,
+        gpu_backend=gpu_backend, profile=profile, force=force,
     )
     directory = registry.runtime_dir(runtime_dir)
     owner = None if keep else (owner_pid or os.getpid())

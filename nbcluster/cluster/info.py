@@ -21,6 +21,21 @@ def _owner(pid: int | None) -> str:
     return f"pid {pid}" if pid else "kept (no owner)"
 
 
+def _where(d: dict[str, Any]) -> str:
+    """The owner, or for a scheduler nbcluster did not start, that it is external."""
+    if d.get("external"):
+        return "external: started elsewhere, scale and stop are its owner's"
+    owner = f"owner: {_owner(d.get('owner_pid'))}"
+    backend = d.get("profile") if d.get("profile") not in (None, "local") else None
+    return f"profile {backend} ({d.get('backend')}), {owner}" if backend else owner
+
+
+def _worker_place(w: dict[str, Any]) -> str:
+    """Where a worker runs: its host, and its batch job where there is one."""
+    job = f" job {w['job_id']}" if w.get("job_id") else ""
+    return f"{w.get('host') or ''}{job}"
+
+
 def _gpu_label(gpu: dict[str, Any] | None) -> str:
     if not gpu:
         return ""
@@ -76,7 +91,7 @@ class ClusterInfo:
         lines = [self.note] if self.note else []
         lines += [
             f"Cluster {d.get('name')!r} at {d.get('address')} "
-            f"(owner: {_owner(d.get('owner_pid'))}, up {_age(d.get('created'), now)})",
+            f"({_where(d)}" + (")" if d.get("external") else f", up {_age(d.get('created'), now)})"),
             "  " + self._summary(),
         ]
         if d.get("dashboard"):
@@ -85,7 +100,8 @@ class ClusterInfo:
             lines.append(
                 f"  {w['name']:<8} {w['kind']}  {w['nthreads']} thr  "
                 f"{format_bytes(w['memory'] or 0)} / {format_bytes(w['memory_limit'] or 0)}  "
-                f"cpu {w.get('cpu', 0):.0f}%  running {w.get('processing', 0)}  {_gpu_label(w.get('gpu'))}".rstrip()
+                f"cpu {w.get('cpu', 0):.0f}%  running {w.get('processing', 0)}  {_worker_place(w)}  "
+                f"{_gpu_label(w.get('gpu'))}".rstrip()
             )
         return "\n".join(lines)
 
@@ -98,6 +114,7 @@ class ClusterInfo:
             f"<td>{e(str(w['name']))}</td><td>{e(w['kind'])}</td><td>{w['nthreads']}</td>"
             f"<td>{e(format_bytes(w['memory'] or 0))} / {e(format_bytes(w['memory_limit'] or 0))}</td>"
             f"<td>{w.get('cpu', 0):.0f}%</td><td>{w.get('processing', 0)}</td>"
+            f"<td>{e(w.get('host') or '')}</td><td>{e(str(w.get('job_id') or ''))}</td>"
             f"<td>{e(_gpu_label(w.get('gpu')))}</td>"
             "</tr>"
             for w in self.workers
@@ -112,9 +129,9 @@ class ClusterInfo:
             f'<div class="nbcluster-status">{note}'
             f"<strong>Cluster {e(str(d.get('name')))}</strong> <code>{e(str(d.get('address')))}</code>"
             f"<div>{e(self._summary())}</div>"
-            f"<div>Owner: {e(_owner(d.get('owner_pid')))}; up {e(_age(d.get('created'), now))}</div>{dash}"
+            f"<div>{e(_where(d).capitalize())}; up {e(_age(d.get('created'), now))}</div>{dash}"
             "<table><thead><tr><th>worker</th><th>kind</th><th>threads</th><th>memory</th>"
-            "<th>CPU</th><th>running</th><th>GPU</th></tr></thead>"
+            "<th>CPU</th><th>running</th><th>host</th><th>job</th><th>GPU</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></div>"
         )
 

@@ -29,7 +29,8 @@ import psutil
 
 from nbcluster.errors import NbclusterError
 
-SUFFIXES = (".json", ".cert.pem", ".key.pem", ".log")
+# The .scheduler-*.pem files hold credentials a backend brings (a gateway's), beside our own.
+SUFFIXES = (".json", ".cert.pem", ".key.pem", ".scheduler-ca.pem", ".scheduler-cert.pem", ".scheduler-key.pem", ".log")
 log = logging.getLogger("nbcluster")
 
 

@@ -27,7 +27,6 @@ from nbcluster.errors import BadArgument
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
 NAME_RULE = "use letters, digits, '-', '_' or '.', starting with a letter or digit (at most 63 characters)"
 DEFAULT_NAME = "local"
-BACKENDS = ("local",)
 GPU_BACKENDS = ("builtin", "dask-cuda")
 
 
@@ -63,6 +62,7 @@ START_OPTIONS = (
     StartOption("keep", "keep running after the kernel (or server) that started it exits"),
     StartOption("dashboard", "start Dask's dashboard (loopback only)"),
     StartOption("gpu-backend", "GPU worker implementation: builtin (default) or dask-cuda", "NAME"),
+    StartOption("profile", "where to run: a profile from `nbcluster profiles` (default: local)", "NAME"),
     StartOption("force", FORCE_HELP),
 )
 
@@ -139,6 +139,8 @@ class ClusterSpec:
     dashboard: bool = False
     backend: str = "local"
     gpu_backend: str = "builtin"
+    #: The backend profile (`profiles.py`) the cluster runs on; `backend` is its backend.
+    profile: str = "local"
 
     @classmethod
     def from_user(
@@ -151,19 +153,23 @@ class ClusterSpec:
         name: str | None = None,
         keep: bool = False,
         dashboard: bool = False,
-        backend: str = "local",
+        profile: str | None = None,
         gpu_backend: str | None = None,
         force: bool = False,
     ) -> ClusterSpec:
         """Validate a start request, including its size against `limits` (`force` lifts the
-        machine-derived limits, not those set in config)."""
+        machine-derived limits, not those set in config). An unknown `profile`, or one whose
+        backend's package is missing, is refused here with the fix."""
+        from nbcluster.cluster import profiles
+
+        chosen = profiles.get(profile)
+        if not chosen.local:
+            chosen.deployment_class()  # a missing extra is named now, not in the supervisor's log
         gpu_backend = gpu_backend or "builtin"
         if gpu_backend not in GPU_BACKENDS:
             raise BadArgument(f"--gpu-backend {gpu_backend!r}: use one of {', '.join(GPU_BACKENDS)}")
         if dashboard and importlib.util.find_spec("bokeh") is None:
             raise BadArgument("--dashboard needs bokeh: `pip install bokeh`, or start without --dashboard")
-        if backend not in BACKENDS:
-            raise BadArgument(f"unknown backend profile {backend!r}: use one of {', '.join(BACKENDS)}")
         spec = cls(
             workers=None if workers is None else parse_count(workers, "--workers"),
             threads=None if threads is None else parse_count(threads, "--threads", minimum=1),
@@ -172,8 +178,9 @@ class ClusterSpec:
             name=None if name is None else check_name(name),
             keep=bool(keep),
             dashboard=bool(dashboard),
-            backend=backend,
+            backend=chosen.backend,
             gpu_backend=gpu_backend,
+            profile=chosen.name,
         )
         spec.check_limits(force=force)
         return spec
@@ -200,7 +207,10 @@ class ClusterSpec:
         machine: limits.Machine | None = None,
     ) -> None:
         """Raise `LimitExceeded` if this cluster with these many workers breaks a limit
-        (for `scale` and `adapt --max` as well as `start`)."""
+        (for `scale` and `adapt --max` as well as `start`). The limits describe this
+        machine, so only local clusters have them; a batch system or gateway sets its own."""
+        if self.backend != "local":
+            return
         limits.check(
             request, cpu_workers, self.threads or 1, self.memory,
             gpu_workers=gpu_workers, force=force, machine=machine,

@@ -65,100 +65,139 @@ from typing import Any
 
 import dask.config
 import psutil
+from distributed.core import Server
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from nbcluster import config
-from nbcluster.cluster import backends, gpu, registry, startlog
-from nbcluster.cluster.kinds import worker_kind
+from nbcluster.cluster import backends, deploy, gpu, profiles, registry, startlog
 from nbcluster.cluster.lifeline import GRACE_S, Lifeline, kill_descendants
 from nbcluster.cluster.spec import ClusterSpec, parse_count
 from nbcluster.errors import NbclusterError
 
 
-class ControlPlugin(SchedulerPlugin):
-    """The `nbcluster_*` scheduler RPC handlers that every front end uses."""
+class Control:
+    """The `nbcluster_*` RPC handlers that every front end uses, over one `Deployment`.
 
-    name = "nbcluster-control"
+    Served by the scheduler (as `ControlPlugin`) where it runs in this process, else by
+    this process's own control server (see `deploy.py`).
+    """
 
-    def __init__(self, cluster: backends.NbSpecCluster, entry: dict[str, Any], stop: asyncio.Event):
-        self.cluster = cluster
+    def __init__(self, deployment: deploy.Deployment, entry: dict[str, Any], stop: asyncio.Event):
+        self.deployment = deployment
         self.entry = entry
         self.stop_event = stop
 
-    async def start(self, scheduler: Any) -> None:
-        self.scheduler = scheduler
-        scheduler.handlers.update(
-            nbcluster_info=self.info,
-            nbcluster_scale=self.scale,
-            nbcluster_adapt=self.adapt,
-            nbcluster_restart=self.restart,
-            nbcluster_stop=self.stop,
-        )
+    def handlers(self) -> dict[str, Any]:
+        handlers = {
+            "nbcluster_info": self.info,
+            "nbcluster_scale": self.scale,
+            "nbcluster_adapt": self.adapt,
+            "nbcluster_restart": self.restart,
+            "nbcluster_stop": self.stop,
+        }
+        if self.deployment.scheduler is None:
+            handlers["nbcluster_metrics"] = self.metrics
+        return handlers
 
-    def info(self) -> dict[str, Any]:
-        s = self.scheduler
-        devices = self.cluster.devices
-        workers = []
-        for ws in s.workers.values():
-            device = devices.get(ws.name)
-            workers.append(
-                {
-                    "name": str(ws.name),
-                    "address": ws.address,
-                    "kind": worker_kind(ws.resources),
-                    "nthreads": ws.nthreads,
-                    "memory_limit": ws.memory_limit,
-                    "memory": ws.metrics.get("memory", 0),
-                    "cpu": ws.metrics.get("cpu", 0.0),
-                    "resources": dict(ws.resources or {}),
-                    "processing": len(ws.processing),
-                    "gpu": device.to_dict() if device else None,
-                }
-            )
+    async def info(self) -> dict[str, Any]:
+        d = self.deployment
+        workers, tasks = self._local_state() if d.scheduler is not None else await self._remote_state()
         workers.sort(key=lambda w: (w["kind"], w["name"]))
+        return {
+            **{k: self.entry.get(k) for k in ("name", "address", "dashboard", "owner_pid", "created", "spec", "backend", "profile")},
+            "supervisor_pid": os.getpid(),
+            "workers": workers,
+            "requested": d.requested_by_kind(),
+            "adaptive": d.adaptive_bounds,
+            "tasks": tasks,
+        }  # fmt: skip
+
+    def _local_state(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        s, d = self.deployment.scheduler, self.deployment
+        workers = [
+            deploy.worker_row(
+                name=ws.name, address=ws.address, host=ws.host, nthreads=ws.nthreads,
+                memory_limit=ws.memory_limit, memory=ws.metrics.get("memory", 0), cpu=ws.metrics.get("cpu", 0.0),
+                resources=ws.resources, processing=len(ws.processing), gpu=d.gpu(str(ws.name)),
+                job_id=d.job_id(str(ws.name)),
+            )
+            for ws in s.workers.values()
+        ]
         states: dict[str, int] = {}
         for ts in s.tasks.values():
             states[ts.state] = states.get(ts.state, 0) + 1
-        adaptive = self.cluster.adaptive_bounds
-        return {
-            **{k: self.entry.get(k) for k in ("name", "address", "dashboard", "owner_pid", "created", "spec")},
-            "supervisor_pid": os.getpid(),
-            "workers": workers,
-            "requested": self.cluster.requested_by_kind(),
-            "adaptive": adaptive,
-            "tasks": {
-                "processing": states.get("processing", 0),
-                "waiting": states.get("waiting", 0) + states.get("queued", 0) + states.get("no-worker", 0),
-                "memory": states.get("memory", 0),
-                "erred": states.get("erred", 0),
-            },
+        return workers, {
+            "processing": states.get("processing", 0),
+            "waiting": states.get("waiting", 0) + states.get("queued", 0) + states.get("no-worker", 0),
+            "memory": states.get("memory", 0),
+            "erred": states.get("erred", 0),
         }
+
+    async def _remote_state(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        ident = await self.deployment.scheduler_identity()
+        workers = [
+            deploy.worker_row(
+                name=w.get("name"), address=a, host=w.get("host"), nthreads=w.get("nthreads", 0),
+                memory_limit=w.get("memory_limit"), memory=(w.get("metrics") or {}).get("memory", 0),
+                cpu=(w.get("metrics") or {}).get("cpu", 0.0), resources=w.get("resources"),
+                processing=(w.get("metrics") or {}).get("task_counts", {}).get("executing", 0),
+            )
+            for a, w in ident.get("workers", {}).items()
+        ]
+        # The scheduler's task table is not ours to walk from here.
+        return workers, {}
 
     async def scale(self, n: int, kind: str = "cpu", force: bool = False) -> dict[str, Any]:
         n = parse_count(n, "the number of workers")
+        d = self.deployment
+        d.check_kind(kind)
         # The limits hold here as well as in the caller: a direct RPC gets no further.
-        counts = {**self.cluster.requested_by_kind(), kind: n}
-        self.cluster.nb_spec.check_size(f"scale {n}", counts.get("cpu", 0), counts.get("gpu", 0), force=force)
-        await self.cluster.scale_kind(n, kind)
-        return {"requested": self.cluster.requested_by_kind()}
+        counts = {**d.requested_by_kind(), kind: n}
+        self.spec.check_size(f"scale {n}", counts.get("cpu", 0), counts.get("gpu", 0), force=force)
+        await d.scale(n, kind)
+        return {"requested": d.requested_by_kind()}
 
     async def adapt(self, minimum: int, maximum: int, force: bool = False) -> dict[str, Any]:
         hi = parse_count(maximum, "--max")
-        self.cluster.nb_spec.check_size(f"adapt --max {hi}", hi, len(self.cluster.all_devices), force=force)
-        self.cluster.adapt_bounded(minimum, maximum)
-        return {"adaptive": self.cluster.adaptive_bounds}
+        gpus = getattr(self.deployment, "gpu_count", 0)
+        self.spec.check_size(f"adapt --max {hi}", hi, gpus, force=force)
+        self.deployment.adapt(minimum, maximum)
+        return {"adaptive": self.deployment.adaptive_bounds}
+
+    @property
+    def spec(self) -> ClusterSpec:
+        return self.deployment.spec
 
     async def restart(self, timeout: float = 60) -> str:
+        if self.deployment.scheduler is None:
+            await self.deployment.restart()  # type: ignore[attr-defined]
+            return "restarted"
         # Not waiting for "as many workers as before": adaptivity may legitimately retire
         # some meanwhile. Each nanny still returns only once its new worker process is up.
-        await self.scheduler.restart(
+        await self.deployment.scheduler.restart(
             timeout=timeout, wait_for_workers=False, stimulus_id=f"nbcluster-restart-{time.time()}"
         )
         return "restarted"
 
+    async def metrics(self, since: int | None = None) -> Any:
+        # The scheduler is elsewhere: its metrics plugin answers, through our client.
+        return await self.deployment.client.scheduler.nbcluster_metrics(since=since)  # type: ignore[attr-defined]
+
     async def stop(self) -> str:
         self.stop_event.set()
         return "stopping"
+
+
+class ControlPlugin(SchedulerPlugin):
+    """Installs `Control`'s handlers on a scheduler running in this process."""
+
+    name = "nbcluster-control"
+
+    def __init__(self, control: Control):
+        self.control = control
+
+    async def start(self, scheduler: Any) -> None:
+        scheduler.handlers.update(self.control.handlers())
 
 
 def _load_metrics_plugin() -> SchedulerPlugin | None:
@@ -209,6 +248,154 @@ class _Reporter:
         self.fd = None
 
 
+class _Supervision:
+    """One supervisor's run, in the order of the lifecycle above: `claim`, `start`, `serve`
+    (or `fail`). It holds the state the steps share: the entry, the stop event, the
+    deployment and, for a remote scheduler, the control server."""
+
+    def __init__(self, spec: ClusterSpec, directory: Path, owner_pid: int | None, report: _Reporter,
+                 log: Path, lifeline: Lifeline):  # fmt: skip
+        self.spec, self.directory, self.report, self.log, self.lifeline = spec, directory, report, log, lifeline
+        me = psutil.Process()
+        self.entry: dict[str, Any] = {
+            "state": "starting",
+            "supervisor_pid": me.pid,
+            "supervisor_started": me.create_time(),
+            "owner_pid": owner_pid,
+            "started_by": os.getppid(),
+            "owner_started": psutil.Process(owner_pid).create_time() if owner_pid else None,
+            "created": time.time(),
+            "spec": spec.to_dict(),
+            "backend": spec.backend,
+            "profile": spec.profile,
+        }
+        self.stop = asyncio.Event()
+        self.name = ""
+        self.deployment: deploy.Deployment | None = None
+        self.control_server: Server | None = None
+
+    def watch(self) -> None:
+        """From now on a signal or the owner's death stops this run: gracefully once running,
+        by cutting the start short before that."""
+        main_task = asyncio.current_task()
+        assert main_task is not None
+
+        def on_stop() -> None:
+            self.stop.set()
+            if self.entry["state"] == "starting":
+                main_task.cancel()
+
+        self.lifeline.attach(asyncio.get_running_loop(), on_stop)
+        if self.entry["owner_pid"]:
+            self.lifeline.watch_owner(self.entry["owner_pid"], self.entry["owner_started"])
+
+    def claim(self, force: bool) -> bool:
+        try:
+            # Checked here too, so a request that did not come through `start` cannot bypass it.
+            self.spec.check_limits(force=force)
+            self.name = _claim_name(self.directory, self.spec, self.entry)
+        except NbclusterError as e:
+            # A mistake the message fully explains (or the name is taken): no log worth keeping.
+            self.log.unlink(missing_ok=True)
+            self.report({"ok": False, "error": str(e)})
+            return False
+        self.entry["name"] = self.name
+        self.lifeline.claimed(self.directory, self.name)
+        return True
+
+    async def start(self) -> None:
+        security, tls = backends.write_credentials(self.directory, self.name)
+        self.entry["tls"] = tls
+        profile = profiles.get(self.spec.profile)
+        devices = gpu.select(self.spec.gpus, gpu.discover()) if profile.local else []
+        # For every nanny this process will make (scale-ups later too): this process
+        # exists for this one cluster, so the setting is global here.
+        dask.config.set({"distributed.nanny.pre-spawn-environ": config.worker_pre_spawn_environ()})
+        self.deployment = d = deploy.make(
+            self.spec, profile, directory=self.directory, name=self.name, devices=devices,
+            security=security, tls=tls,
+        )  # fmt: skip
+        await d.start()
+        control = Control(d, self.entry, self.stop)
+        if d.scheduler is not None:
+            for plugin in (ControlPlugin(control), _load_metrics_plugin()):
+                if plugin is not None:
+                    # add_plugin on a running scheduler does not call start(); we must.
+                    d.scheduler.add_plugin(plugin)
+                    await plugin.start(d.scheduler)
+        else:
+            self.control_server = await deploy.serve_control(control.handlers(), security)
+            self.entry["control"] = self.control_server.address
+            # The scheduler's credentials, where the backend brings its own (a gateway).
+            self.entry["tls"] = getattr(d, "tls", None) or tls
+            self.entry["control_tls"] = tls
+            self.entry["metrics"] = await _register_metrics(d)
+        self.entry.update(
+            state="running", address=d.address, dashboard=d.dashboard, gpus=[x.to_dict() for x in devices]
+        )
+        registry.update(self.directory, self.name, self.entry)
+        with contextlib.suppress(OSError):  # no failure to keep: it is the cluster's log now
+            self.log.rename(self.directory / f"{self.name}.log")
+        self.report({"ok": True, "entry": self.entry})
+
+    async def fail(self, e: BaseException) -> None:
+        """Undo a start that did not finish, and say why in one line."""
+        if isinstance(e, asyncio.CancelledError):
+            message = f"stopped during start-up ({self.lifeline.reason or 'cancelled'})"
+        elif isinstance(e, NbclusterError):
+            message = str(e)
+        else:
+            message = _one_line(e)
+            traceback.print_exc()
+        await self._close(lifeline_grace() if self.lifeline.reason else 10)
+        kill_descendants()  # whatever the close did not finish: no worker outlives a failed start
+        registry.remove(self.directory, self.name)
+        kept = startlog.keep_failed(self.log) if self.entry["state"] == "starting" else None
+        with contextlib.suppress(OSError, AssertionError):  # the requester may be gone
+            self.report({"ok": False, "error": f"{message}; its log: {kept or '(none)'}"})
+
+    async def serve(self) -> None:
+        """Run until stopped, then remove everything this cluster started."""
+        try:
+            await self.stop.wait()
+        finally:
+            # The entry goes first: from now on nobody should hand this cluster new work.
+            registry.update(self.directory, self.name, {**self.entry, "state": "stopping"})
+            # A signal or a dead owner leaves GRACE_S before the lifeline's watchdog ends the
+            # process anyway; an explicit `nbcluster_stop` may take its time.
+            await self._close(lifeline_grace() if self.lifeline.reason else 20)
+            registry.remove(self.directory, self.name)
+
+    async def _close(self, budget: float) -> None:
+        if self.control_server is not None:
+            self.control_server.stop()
+        if self.deployment is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self.deployment.close(timeout=min(budget, 10)), budget)
+
+
+def _one_line(e: BaseException) -> str:
+    """An unexpected error as one line: its type and first line (the log has the rest)."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+async def _register_metrics(d: deploy.Deployment) -> bool:
+    """The metrics plugin on a scheduler elsewhere, through a client, where it accepts it
+    (it must be able to import nbcluster); False leaves the basic status view."""
+    from nbcluster.metrics.plugin import MetricsPlugin
+
+    client = getattr(d, "client", None)
+    if client is None:
+        return False
+    try:
+        await client.register_plugin(MetricsPlugin())
+    except Exception as e:
+        print(f"metrics plugin not registered on the scheduler ({_one_line(e)}); status only", file=sys.stderr)
+        return False
+    return True
+
+
 async def run(
     spec: ClusterSpec,
     directory: Path,
@@ -219,97 +406,18 @@ async def run(
     lifeline: Lifeline,
     force: bool = False,
 ) -> int:
-    me = psutil.Process()
-    owner_started = psutil.Process(owner_pid).create_time() if owner_pid else None
-    entry: dict[str, Any] = {
-        "state": "starting",
-        "supervisor_pid": me.pid,
-        "supervisor_started": me.create_time(),
-        "owner_pid": owner_pid,
-        "started_by": os.getppid(),
-        "owner_started": owner_started,
-        "created": time.time(),
-        "spec": spec.to_dict(),
-    }
-    stop = asyncio.Event()
-    main_task = asyncio.current_task()
-    assert main_task is not None
-
-    def on_stop() -> None:
-        # Running: stop.set() is the graceful path. Starting: cut the start short.
-        stop.set()
-        if entry["state"] == "starting":
-            main_task.cancel()
-
-    lifeline.attach(asyncio.get_running_loop(), on_stop)
-    if owner_pid:
-        lifeline.watch_owner(owner_pid, owner_started)
-    try:
-        # Checked here too, so a request that did not come through `start` cannot bypass it.
-        spec.check_limits(force=force)
-        name = _claim_name(directory, spec, entry)
-    except NbclusterError as e:
-        # A mistake the message fully explains (or the name is taken): no log worth keeping.
-        log.unlink(missing_ok=True)
-        report({"ok": False, "error": str(e)})
+    """Claim a name, start the cluster, report, then serve it until stopped (see the module
+    docstring for each step); the exit status is 0 for a cluster that ran."""
+    run = _Supervision(spec, directory, owner_pid, report, log, lifeline)
+    run.watch()
+    if not run.claim(force):
         return 1
-    entry["name"] = name
-    lifeline.claimed(directory, name)
-    cluster = None
     try:
-        security, tls = backends.write_credentials(directory, name)
-        entry["tls"] = tls
-        devices = gpu.select(spec.gpus, gpu.discover())
-        # For every nanny this process will make (scale-ups later too): this process
-        # exists for this one cluster, so the setting is global here.
-        dask.config.set({"distributed.nanny.pre-spawn-environ": config.worker_pre_spawn_environ()})
-        cluster = backends.local_cluster(spec, devices, security)
-        await cluster
-        for plugin in (ControlPlugin(cluster, entry, stop), _load_metrics_plugin()):
-            if plugin is not None:
-                # add_plugin on a running scheduler does not call start(); we must.
-                cluster.scheduler.add_plugin(plugin)
-                await plugin.start(cluster.scheduler)
-        entry.update(
-            state="running",
-            address=cluster.scheduler_address,
-            dashboard=backends.dashboard_url(cluster) if spec.dashboard else None,
-            gpus=[d.to_dict() for d in devices],
-        )
-        registry.update(directory, name, entry)
-        with contextlib.suppress(OSError):  # no failure to keep: it is the cluster's log now
-            log.rename(directory / f"{name}.log")
-        report({"ok": True, "entry": entry})
+        await run.start()
     except (Exception, asyncio.CancelledError) as e:
-        if isinstance(e, asyncio.CancelledError):
-            message = f"stopped during start-up ({lifeline.reason or 'cancelled'})"
-        elif isinstance(e, NbclusterError):
-            message = str(e)
-        else:
-            message = f"{type(e).__name__}: {e}"
-            traceback.print_exc()
-        if cluster is not None:
-            budget = lifeline_grace() if lifeline.reason else 10
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(cluster.close(timeout=budget), budget)
-        kill_descendants()  # whatever the close did not finish: no worker outlives a failed start
-        registry.remove(directory, name)
-        kept = startlog.keep_failed(log) if entry["state"] == "starting" else None
-        with contextlib.suppress(OSError, AssertionError):  # the requester may be gone
-            report({"ok": False, "error": f"{message}; its log: {kept or '(none)'}"})
+        await run.fail(e)
         return 1
-
-    try:
-        await stop.wait()
-    finally:
-        # The entry goes first: from now on nobody should hand this cluster new work.
-        registry.update(directory, name, {**entry, "state": "stopping"})
-        # A signal or a dead owner leaves GRACE_S before the lifeline's watchdog ends the
-        # process anyway; an explicit `nbcluster_stop` may take its time.
-        budget = lifeline_grace() if lifeline.reason else 20
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(cluster.close(timeout=min(budget, 10)), budget)
-        registry.remove(directory, name)
+    await run.serve()
     return 0
 
 

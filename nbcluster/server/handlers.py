@@ -3,7 +3,7 @@
 Every route lives under ``<base_url>nbcluster/`` and requires Jupyter's own authentication
 (token header, or login cookie plus XSRF token for state-changing verbs)::
 
-    GET    api/profiles                   {"profiles": [{"name", "description"}, ...],
+    GET    api/profiles                   {"profiles": [{"name", "backend", "description"}, ...],
                                            "name_pattern": regex, "name_rule": text}
     GET    api/clusters                   {"clusters": [cluster, ...]}
     POST   api/clusters                   start one; body below -> 201 cluster
@@ -74,10 +74,10 @@ _STATUS = {BadArgument: 400, ClusterNotFound: 404, ClusterUnreachable: 503}
 
 
 def profiles() -> list[dict[str, Any]]:
-    """The backend profiles the start form offers (the cluster layer decides which)."""
-    from nbcluster.cluster.backends import profiles as backend_profiles
+    """The backend profiles the start form offers: those in this server's Dask config."""
+    from nbcluster.cluster import profiles as declared
 
-    return backend_profiles()
+    return [p.to_dict() for p in declared.all()]
 
 
 async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -217,10 +217,7 @@ class ClustersHandler(ApiBase):
     @api_errors
     async def post(self) -> None:
         data = self.body(START_FIELDS)
-        profile = data.pop("profile", None) or "local"
-        known = [p["name"] for p in profiles()]
-        if profile not in known:
-            raise BadArgument(f"unknown profile {profile!r}; this server offers: {', '.join(known)}")
+        data["profile"] = data.get("profile") or "local"  # checked by `start`, with the known ones named
         for option in START_OPTIONS:
             if option.switch:
                 flag(data, option.field)

@@ -1,0 +1,462 @@
+"""The deployment a supervisor hosts, for every backend, behind one small interface.
+
+A `Deployment` wraps one Dask deployment object (nbcluster's own `NbSpecCluster`, a
+dask-jobqueue cluster, an `SSHCluster`, a `GatewayCluster`, a dask-kubernetes `KubeCluster`)
+and answers what the `nbcluster_*` control handlers need: start, scale, adapt, restart,
+close, the workers' rows for the status, and what was asked for.
+
+Where the scheduler runs decides where the control handlers live:
+
+- **in the supervisor** (``local`` and the dask-jobqueue backends): the scheduler is an
+  object in this process, and `Control` is installed on it as a scheduler plugin, as it
+  always was. Front ends call ``nbcluster_*`` at the scheduler's address.
+- **elsewhere** (``ssh``, ``gateway``, ``kubernetes``): the supervisor serves the same
+  handlers on a `distributed.core.Server` of its own, on ``tls://127.0.0.1`` with the
+  cluster's nbcluster credentials; its address is ``control`` in the registry entry, and
+  ``nbcluster_metrics`` is passed on to the scheduler, where the metrics plugin is
+  registered through a client (when the scheduler refuses it the graphs stay empty and the
+  status still works). Front ends only swap the address.
+
+TLS: the local and jobqueue backends use the cluster's own certificate (`write_credentials`);
+jobqueue and SSH workers read the same files on their hosts (a shared home directory), and
+get them as ``--tls-*`` options (jobqueue) or as inherited Dask config (SSH). A gateway
+brings its own credentials, which are written 0600 beside the entry like ours.
+
+Workers out of reach: a worker on another host has no ``kill -9`` path from here. `close`
+asks the backend to end them (``scancel``, the gateway's shutdown, the SSH session's end, the
+operator's delete); a worker that misses that (its host cut off) ends through its
+``--death-timeout`` once it cannot reach the scheduler.
+
+What it leaves out: the deployment projects' own config (``jobqueue.slurm``, ``gateway``),
+which they read themselves; profile options pass through unchanged except where `--workers`,
+`--threads` and `--memory` override them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import dask.config
+from distributed import Client, Security
+from distributed.core import Server
+
+from nbcluster import config
+from nbcluster.cluster import backends
+from nbcluster.cluster.gpu import GPU
+from nbcluster.cluster.kinds import worker_kind
+from nbcluster.cluster.profiles import JOBQUEUE, Profile
+from nbcluster.cluster.spec import ClusterSpec
+from nbcluster.errors import BadArgument
+
+#: What a worker of a remote-host backend waits for an unreachable scheduler before exiting.
+DEATH_TIMEOUT = "60s"
+
+
+def worker_row(
+    *, name: Any, address: str, host: str | None, nthreads: int, memory_limit: int | None, memory: int,
+    cpu: float, resources: dict[str, Any] | None, processing: int, gpu: dict[str, Any] | None = None,
+    job_id: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One worker as `nbcluster_info` reports it, whatever the backend."""
+    resources = dict(resources or {})
+    return {
+        "name": str(name), "address": address, "host": host, "job_id": job_id,
+        "kind": worker_kind(resources), "nthreads": nthreads,
+        "memory_limit": memory_limit, "memory": memory, "cpu": cpu, "resources": resources,
+        "processing": processing, "gpu": gpu,
+    }  # fmt: skip
+
+
+class Deployment:
+    """One backend's cluster object; subclasses say how each operation maps onto it."""
+
+    #: The scheduler object when it runs in this process, else None.
+    scheduler: Any = None
+    adaptive_bounds: dict[str, int] | None = None
+
+    def __init__(self, spec: ClusterSpec, profile: Profile):
+        self.spec = spec
+        self.profile = profile
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def address(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def dashboard(self) -> str | None:
+        return None
+
+    def requested_by_kind(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def check_kind(self, kind: str) -> None:
+        if kind != "cpu":
+            raise BadArgument(
+                f"the {self.profile.backend} backend has one kind of worker: scale it without --kind "
+                "(GPU workers come from the profile's options)"
+            )
+
+    async def scale(self, n: int, kind: str = "cpu") -> None:
+        raise NotImplementedError
+
+    def adapt(self, minimum: int, maximum: int) -> None:
+        raise NotImplementedError
+
+    def job_id(self, worker_name: str) -> str | None:
+        return None
+
+    def gpu(self, worker_name: str) -> dict[str, Any] | None:
+        return None
+
+    async def close(self, timeout: float) -> None:
+        raise NotImplementedError
+
+
+class LocalDeployment(Deployment):
+    """nbcluster's own SpecCluster: CPU and GPU worker processes on this machine."""
+
+    def __init__(self, spec: ClusterSpec, profile: Profile, devices: list[GPU], security: Security):
+        super().__init__(spec, profile)
+        self.cluster = backends.local_cluster(spec, devices, security)
+
+    async def start(self) -> None:
+        await self.cluster
+        self.scheduler = self.cluster.scheduler
+
+    @property
+    def address(self) -> str:
+        return self.cluster.scheduler_address
+
+    @property
+    def dashboard(self) -> str | None:
+        return backends.dashboard_url(self.cluster) if self.spec.dashboard else None
+
+    @property
+    def adaptive_bounds(self) -> dict[str, int] | None:  # type: ignore[override]
+        return self.cluster.adaptive_bounds
+
+    def requested_by_kind(self) -> dict[str, int]:
+        return self.cluster.requested_by_kind()
+
+    def check_kind(self, kind: str) -> None:
+        pass  # both kinds; scale_kind names a missing GPU
+
+    async def scale(self, n: int, kind: str = "cpu") -> None:
+        await self.cluster.scale_kind(n, kind)
+
+    def adapt(self, minimum: int, maximum: int) -> None:
+        self.cluster.adapt_bounded(minimum, maximum)
+
+    def gpu(self, worker_name: str) -> dict[str, Any] | None:
+        device = self.cluster.devices.get(worker_name)
+        return device.to_dict() if device else None
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.cluster.all_devices)
+
+    async def close(self, timeout: float) -> None:
+        await self.cluster.close(timeout=timeout)
+
+
+class _SpecBased(Deployment):
+    """A backend whose object is a Dask `SpecCluster` (dask-jobqueue, SSH): one worker spec
+    per worker, so scale/adapt are the SpecCluster's own."""
+
+    cluster: Any
+
+    @property
+    def address(self) -> str:
+        return self.cluster.scheduler_address
+
+    def requested_by_kind(self) -> dict[str, int]:
+        return {"cpu": len(self.cluster.worker_spec), "gpu": 0}
+
+    async def scale(self, n: int, kind: str = "cpu") -> None:
+        self.check_kind(kind)
+        self._stop_adaptive()
+        self.cluster.scale(n)
+        # SpecCluster.scale only schedules the change; waiting for it makes `scale` return
+        # once the jobs are submitted (or cancelled), so squeue already shows them.
+        await self.cluster._correct_state()
+
+    def adapt(self, minimum: int, maximum: int) -> None:
+        self.cluster.adapt(minimum=minimum, maximum=maximum, interval="500ms", wait_count=3)
+        self.adaptive_bounds = {"minimum": minimum, "maximum": maximum}
+
+    def _stop_adaptive(self) -> None:
+        if self.cluster._adaptive is not None:
+            self.cluster._adaptive.stop()
+        self.adaptive_bounds = None
+
+    async def close(self, timeout: float) -> None:
+        self._stop_adaptive()
+        await self.cluster.close(timeout=timeout)
+
+
+class JobqueueDeployment(_SpecBased):
+    """A dask-jobqueue cluster: the scheduler runs here, each worker is a batch job."""
+
+    def __init__(self, spec: ClusterSpec, profile: Profile, security: Security):
+        super().__init__(spec, profile)
+        options = dict(profile.options)
+        if spec.threads is not None:
+            options["cores"] = spec.threads
+        if spec.memory is not None:
+            options["memory"] = f"{spec.memory}B"
+        scheduler_options = {
+            "dashboard": spec.dashboard, "dashboard_address": "127.0.0.1:0", **(options.get("scheduler_options") or {}),
+        }  # fmt: skip
+        options.update(
+            scheduler_options=scheduler_options, security=security, protocol="tls://", n_workers=0,
+            asynchronous=True,
+        )  # fmt: skip
+        # The workers present these files: they must be readable where the jobs run (a
+        # shared home directory provides that; the README says so).
+        options.setdefault("death_timeout", DEATH_TIMEOUT)
+        self.cluster = profile.deployment_class()(**options)
+        self.initial = spec.workers if spec.workers is not None else int(profile.options.get("n_workers", 1))
+
+    async def start(self) -> None:
+        await self.cluster
+        self.scheduler = self.cluster.scheduler
+        if self.initial:
+            await self.scale(self.initial)
+
+    @property
+    def dashboard(self) -> str | None:
+        return backends.dashboard_url(self.cluster) if self.spec.dashboard else None
+
+    def job_id(self, worker_name: str) -> str | None:
+        job = self.cluster.workers.get(worker_name)
+        return getattr(job, "job_id", None)
+
+    def job_script(self) -> str:
+        return self.cluster.job_script()
+
+
+class _Remote(Deployment):
+    """A backend whose scheduler runs elsewhere: the supervisor talks to it as a client."""
+
+    client: Client | None = None
+    security: Security
+
+    async def connect_client(self) -> None:
+        timeout = config.seconds("timeouts.connect")
+        self.client = await Client(
+            self.address, security=self.security, asynchronous=True, set_as_default=False, timeout=timeout
+        )
+
+    async def scheduler_identity(self) -> dict[str, Any]:
+        assert self.client is not None
+        return await self.client.scheduler.identity()
+
+    async def restart(self) -> None:
+        assert self.client is not None
+        await self.client.restart(wait_for_workers=False)
+
+    async def close_client(self) -> None:
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+
+
+class SSHDeployment(_Remote, _SpecBased):
+    """`SSHCluster`: the scheduler on the first host, one worker per further host."""
+
+    def __init__(self, spec: ClusterSpec, profile: Profile, security: Security, tls: dict[str, str]):
+        super().__init__(spec, profile)
+        self.security = security
+        options = dict(profile.options)
+        timeout = config.seconds("timeouts.connect")
+        options["connect_options"] = {"connect_timeout": timeout, **(options.get("connect_options") or {})}
+        scheduler_options = {"protocol": "tls", "dashboard": spec.dashboard, **(options.get("scheduler_options") or {})}
+        worker_options = {"protocol": "tls", "death_timeout": DEATH_TIMEOUT, **(options.get("worker_options") or {})}
+        if spec.threads is not None:
+            worker_options["nthreads"] = spec.threads
+        if spec.memory is not None:
+            worker_options["memory_limit"] = spec.memory
+        options.update(scheduler_options=scheduler_options, worker_options=worker_options)
+        # SSHCluster ships this process's Dask config to every remote process: the TLS
+        # settings go that way (file paths: they must exist on the hosts, a shared home).
+        dask.config.set(tls_config(tls))
+        self.cluster = profile.deployment_class()(**options, security=security, asynchronous=True)
+        self.initial = spec.workers
+
+    async def start(self) -> None:
+        await self.cluster
+        if not self.cluster.new_spec and self.cluster.worker_spec:
+            # SSHCluster has no template for new workers: a scale-up repeats the last host.
+            self.cluster.new_spec = dict(self.cluster.worker_spec[max(self.cluster.worker_spec)])
+        await self.connect_client()
+        if self.initial is not None:
+            await self.scale(self.initial)
+
+    async def close(self, timeout: float) -> None:
+        await self.close_client()
+        await _SpecBased.close(self, timeout)
+
+
+class GatewayDeployment(_Remote):
+    """A dask-gateway cluster: the gateway runs the scheduler and workers, with its own TLS."""
+
+    def __init__(self, spec: ClusterSpec, profile: Profile, directory: Path, name: str):
+        super().__init__(spec, profile)
+        self.options = dict(profile.options)
+        self.directory, self.name = directory, name
+        self.cluster: Any = None
+        self.tls: dict[str, str] = {}
+
+    async def start(self) -> None:
+        cls = self.profile.deployment_class()
+        from dask_gateway import Gateway
+
+        timeout = config.seconds("timeouts.connect")
+        gateway_keys = ("address", "proxy_address", "public_address", "auth")
+        gateway = Gateway(**{k: self.options[k] for k in gateway_keys if k in self.options}, asynchronous=True)
+        try:
+            # Reachable, and the credentials good, before anything is created.
+            await asyncio.wait_for(gateway.list_clusters(), timeout)
+        except asyncio.TimeoutError:
+            raise BadArgument(f"the gateway at {gateway.address} did not answer within {timeout:g} s") from None
+        finally:
+            await gateway.close()
+        self.cluster = await cls(**self.options, asynchronous=True)
+        self.tls = write_pem_credentials(self.directory, self.name, self.cluster.security)
+        self.security = backends.security_from(self.tls)
+        if self.spec.workers:
+            await self.scale(self.spec.workers)
+        await self.connect_client()
+
+    @property
+    def address(self) -> str:
+        return self.cluster.scheduler_address
+
+    @property
+    def dashboard(self) -> str | None:
+        return self.cluster.dashboard_link
+
+    def requested_by_kind(self) -> dict[str, int]:
+        return {"cpu": self._requested, "gpu": 0}
+
+    _requested = 0
+
+    async def scale(self, n: int, kind: str = "cpu") -> None:
+        self.check_kind(kind)
+        await self.cluster.scale(n)
+        self._requested, self.adaptive_bounds = n, None
+
+    def adapt(self, minimum: int, maximum: int) -> None:
+        self.cluster.adapt(minimum=minimum, maximum=maximum)
+        self.adaptive_bounds = {"minimum": minimum, "maximum": maximum}
+
+    async def close(self, timeout: float) -> None:
+        await self.close_client()
+        if self.cluster is not None:
+            await asyncio.wait_for(self.cluster.shutdown(), timeout)
+
+
+class KubernetesDeployment(_Remote):
+    """dask-kubernetes' operator `KubeCluster`, from the resources `kubernetes.render` makes."""
+
+    def __init__(self, spec: ClusterSpec, profile: Profile, security: Security, tls: dict[str, str], name: str):
+        super().__init__(spec, profile)
+        self.security, self.tls, self.name = security, tls, name
+        self.cluster: Any = None
+
+    async def start(self) -> None:
+        from nbcluster.cluster import kubernetes
+
+        cls = self.profile.deployment_class()
+        r = kubernetes.render(
+            self.name, self.profile.options, tls=self.tls, workers=self.spec.workers,
+            threads=self.spec.threads, memory=self.spec.memory,
+        )  # fmt: skip
+        if r.secret is not None:
+            import kr8s.asyncio.objects
+
+            await kr8s.asyncio.objects.Secret(r.secret).create()
+        self.cluster = await cls(custom_cluster_spec=r.cluster, asynchronous=True, **r.kwargs)
+        if r.gpu_workers:
+            await self.cluster.add_worker_group("gpu", custom_spec=r.gpu_workers)
+        await self.connect_client()
+
+    @property
+    def address(self) -> str:
+        # The operator reports tcp://; the pods listen on TLS (see kubernetes.py).
+        return self.cluster.scheduler_address.replace("tcp://", "tls://", 1)
+
+    def requested_by_kind(self) -> dict[str, int]:
+        return {"cpu": len(self.cluster.scheduler_info.get("workers", {})), "gpu": 0}
+
+    async def scale(self, n: int, kind: str = "cpu") -> None:
+        self.check_kind(kind)
+        await self.cluster.scale(n)
+
+    def adapt(self, minimum: int, maximum: int) -> None:
+        self.cluster.adapt(minimum=minimum, maximum=maximum)
+        self.adaptive_bounds = {"minimum": minimum, "maximum": maximum}
+
+    async def close(self, timeout: float) -> None:
+        await self.close_client()
+        if self.cluster is not None:
+            await asyncio.wait_for(self.cluster.close(), timeout)
+
+
+def make(
+    spec: ClusterSpec, profile: Profile, *, directory: Path, name: str, devices: list[GPU],
+    security: Security, tls: dict[str, str],
+) -> Deployment:  # fmt: skip
+    """The deployment for `profile`, not started yet (``await deployment.start()``): the
+    caller holds it, and can close it, whenever a start is cut short."""
+    if profile.local:
+        return LocalDeployment(spec, profile, devices, security)
+    if devices:
+        raise BadArgument(
+            f"--gpus is for local clusters; the {profile.backend} backend's GPU workers come from its profile's options"
+        )
+    if profile.backend in JOBQUEUE:
+        return JobqueueDeployment(spec, profile, security)
+    if profile.backend == "ssh":
+        return SSHDeployment(spec, profile, security, tls)
+    if profile.backend == "gateway":
+        return GatewayDeployment(spec, profile, directory, name)
+    if profile.backend == "kubernetes":
+        return KubernetesDeployment(spec, profile, security, tls, name)
+    raise BadArgument(f"unknown backend {profile.backend!r}")  # profiles.get checked already
+
+
+def tls_config(tls: dict[str, str]) -> dict[str, Any]:
+    """Dask config that makes every process reading it use these credentials for TLS."""
+    return {
+        "distributed.comm.require-encryption": True,
+        "distributed.comm.tls.ca-file": tls["ca_file"],
+        **{f"distributed.comm.tls.{role}.{part}": tls[part] for role in ("scheduler", "worker", "client") for part in ("cert", "key")},
+    }  # fmt: skip
+
+
+def write_pem_credentials(directory: Path, name: str, security: Security) -> dict[str, str]:
+    """A backend's in-memory credentials (a gateway's) as 0600 files beside the entry, so
+    every front end connects to its scheduler the way it does to ours."""
+    paths = {part: directory / f"{name}.scheduler-{part}.pem" for part in ("ca", "cert", "key")}
+    pems = {"ca": security.tls_ca_file, "cert": security.tls_client_cert, "key": security.tls_client_key}
+    for part, path in paths.items():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(pems[part])
+    return {"ca_file": str(paths["ca"]), "cert": str(paths["cert"]), "key": str(paths["key"])}
+
+
+async def serve_control(handlers: dict[str, Any], security: Security) -> Server:
+    """The supervisor's own control endpoint, for backends whose scheduler is elsewhere:
+    the same handlers, behind the cluster's TLS (a client certificate from its CA)."""
+    server = Server(handlers)
+    await server.listen("tls://127.0.0.1:0", **security.get_listen_args("scheduler"))
+    return server

@@ -1,0 +1,124 @@
+"""Backend profiles: named places a cluster can run, kept in Dask's config.
+
+A profile is ``nbcluster.profiles.NAME: {backend, description, options}`` (defaults in
+``nbcluster.yaml``; users add theirs in ``~/.config/dask/*.yaml`` or ``DASK_`` variables).
+`backend` picks a Dask deployment class (`BACKENDS`), and `options` are that class's keyword
+arguments, so a profile reads like the Dask call it stands for: ``SLURMCluster(**options)``.
+
+Profiles are read when asked for, never cached: a `dask.config.set` in a notebook shows in
+the next `%cluster start`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import dask.config
+
+from nbcluster.errors import BadArgument
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where a backend's deployment class lives, and the extra that installs it."""
+
+    module: str
+    cls: str
+    extra: str | None = None
+    #: Imported too, to check the extra is whole (SSHCluster lives in distributed but needs asyncssh).
+    needs: str | None = None
+
+    def load(self) -> type:
+        """The deployment class; a missing package is one line with the pip command."""
+        try:
+            if self.needs:
+                importlib.import_module(self.needs)
+            return getattr(importlib.import_module(self.module), self.cls)
+        except ImportError as e:
+            raise BadArgument(
+                f"this profile needs {e.name or self.module}: `pip install 'nbcluster[{self.extra}]'`"
+            ) from None
+
+
+def _jobqueue(cls: str) -> Backend:
+    return Backend("dask_jobqueue", cls, "jobqueue")
+
+
+BACKENDS: dict[str, Backend | None] = {
+    "local": None,  # nbcluster's own SpecCluster (backends.py)
+    "slurm": _jobqueue("SLURMCluster"),
+    "pbs": _jobqueue("PBSCluster"),
+    "sge": _jobqueue("SGECluster"),
+    "lsf": _jobqueue("LSFCluster"),
+    "htcondor": _jobqueue("HTCondorCluster"),
+    "gateway": Backend("dask_gateway", "GatewayCluster", "gateway"),
+    "ssh": Backend("distributed.deploy.ssh", "SSHCluster", "ssh", needs="asyncssh"),
+    "kubernetes": Backend("dask_kubernetes.operator", "KubeCluster", "kubernetes"),
+}
+JOBQUEUE = ("slurm", "pbs", "sge", "lsf", "htcondor")
+#: Backends whose scheduler runs somewhere else than in the supervisor.
+REMOTE_SCHEDULER = ("gateway", "ssh", "kubernetes")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    backend: str
+    description: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def local(self) -> bool:
+        return self.backend == "local"
+
+    def deployment_class(self) -> type:
+        backend = BACKENDS[self.backend]
+        assert backend is not None, "the local backend has no Dask deployment class"
+        return backend.load()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "backend": self.backend, "description": self.description}
+
+
+def _declared() -> dict[str, Any]:
+    return dict(dask.config.get("nbcluster.profiles", default=None) or {})
+
+
+def _parse(name: str, raw: Any) -> Profile:
+    where = f"profile {name!r} (nbcluster.profiles.{name} in Dask config)"
+    if not isinstance(raw, dict):
+        raise BadArgument(f"{where} must be a mapping with backend, description and options")
+    backend = raw.get("backend", "local")
+    if backend not in BACKENDS:
+        raise BadArgument(f"{where} names an unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    options = raw.get("options") or {}
+    if not isinstance(options, dict):
+        raise BadArgument(f"{where}: options must be a mapping of keyword arguments, not {options!r}")
+    return Profile(name, backend, str(raw.get("description") or ""), dict(options))
+
+
+def get(name: str | None) -> Profile:
+    """The profile called `name` (None: ``local``), checked; unknown names list the known ones."""
+    name = name or "local"
+    declared = _declared()
+    if name not in declared:
+        raise BadArgument(
+            f"unknown profile {name!r}: known profiles are {', '.join(sorted(declared)) or 'none'}; "
+            "define it under nbcluster.profiles in Dask config (see `nbcluster profiles`)"
+        )
+    return _parse(name, declared[name])
+
+
+def all() -> builtins.list[Profile]:
+    """Every declared profile, ``local`` first; a malformed one is skipped, not fatal here
+    (starting it names the mistake)."""
+    found = []
+    for name, raw in _declared().items():
+        try:
+            found.append(_parse(name, raw))
+        except BadArgument:
+            continue
+    return sorted(found, key=lambda p: (p.name != "local", p.name))
