@@ -208,7 +208,9 @@ class JobqueueDeployment(_SpecBased):
         super().__init__(spec, profile)
         options = dict(profile.options)
         if spec.threads is not None:
-            options["cores"] = spec.threads
+            # One worker per job with that many threads (jobqueue would split the cores
+            # into several worker processes).
+            options.update(cores=spec.threads, processes=1)
         if spec.memory is not None:
             options["memory"] = f"{spec.memory}B"
         scheduler_options = {
@@ -218,9 +220,8 @@ class JobqueueDeployment(_SpecBased):
             scheduler_options=scheduler_options, security=security, protocol="tls://", n_workers=0,
             asynchronous=True,
         )  # fmt: skip
-        # The workers present these files: they must be readable where the jobs run (a
-        # shared home directory provides that; the README says so).
-        options.setdefault("death_timeout", DEATH_TIMEOUT)
+        # The workers present the cluster's certificate files (`--tls-*` in the job
+        # script): they must be readable where the jobs run, which a shared home provides.
         self.cluster = profile.deployment_class()(**options)
         self.initial = spec.workers if spec.workers is not None else int(profile.options.get("n_workers", 1))
 
@@ -229,6 +230,14 @@ class JobqueueDeployment(_SpecBased):
         self.scheduler = self.cluster.scheduler
         if self.initial:
             await self.scale(self.initial)
+
+    async def scale(self, n: int, kind: str = "cpu") -> None:
+        try:
+            await super().scale(n, kind)
+        except RuntimeError as e:
+            # dask-jobqueue's message is the whole command and its output; the batch
+            # system's own error is the line that says what is wrong.
+            raise BadArgument(f"the batch system refused the job: {_submit_error(str(e))}") from None
 
     @property
     def dashboard(self) -> str | None:
@@ -240,6 +249,13 @@ class JobqueueDeployment(_SpecBased):
 
     def job_script(self) -> str:
         return self.cluster.job_script()
+
+
+def _submit_error(text: str) -> str:
+    """The submit command's own error line (``sbatch: error: ...``) in dask-jobqueue's message."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower() and not line.startswith("Command")]
+    return errors[-1] if errors else (lines[-1] if lines else "no reason given")
 
 
 class _Remote(Deployment):

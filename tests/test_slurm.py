@@ -1,0 +1,152 @@
+"""nbcluster on a real SLURM: a `slurm` profile, from a real kernel, with squeue as the witness.
+
+The session's SLURM (munged, slurmctld, slurmd from a generated conf, `slurm_service.py`)
+runs the workers as batch jobs on this machine; the supervisor hosts dask-jobqueue's
+`SLURMCluster`. What a user would check is checked with SLURM's own commands: the jobs a
+start submits, the third job a `scale 3` adds, an empty queue after `stop`, and every item of
+a cell back exactly once when one worker's job is cancelled under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import dask.config
+import pytest
+import yaml
+from kernel_session import kernel
+from slurm_service import PARTITION, SlurmService, running
+
+import nbcluster
+from nbcluster.cluster import backends, deploy, profiles
+from nbcluster.cluster.spec import ClusterSpec
+from nbcluster.errors import ClusterFailed
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def hpc_profile(jobs_dir: Path, queue: str = PARTITION) -> dict:
+    return {
+        "backend": "slurm",
+        "description": "The test machine's SLURM, debug partition",
+        "options": {
+            "queue": queue,
+            "cores": 1,
+            "memory": "1GB",
+            "walltime": "00:10:00",
+            "python": sys.executable,
+            # Test traffic stays on loopback (BUILD-NOTES: addresses in tests).
+            "scheduler_options": {"host": "127.0.0.1"},
+            "worker_extra_args": ["--host", "127.0.0.1"],
+            "job_extra_directives": ["--oversubscribe"],
+            "log_directory": str(jobs_dir),
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[SlurmService]:
+    with running() as service:
+        yield service
+
+
+@pytest.fixture
+def hpc(slurm: SlurmService, tmp_path: Path, runtime_dir: Path) -> Iterator[dict[str, str]]:
+    """The `hpc` and `nowhere` profiles, in this process's Dask config and in a DASK_CONFIG
+    folder for kernels; afterwards no job of the test is left in the queue."""
+    folder = tmp_path / "dask"
+    folder.mkdir()
+    defined = {"hpc": hpc_profile(tmp_path / "jobs"), "nowhere": hpc_profile(tmp_path / "jobs", "nosuchpartition")}
+    (folder / "profiles.yaml").write_text(yaml.safe_dump({"nbcluster": {"profiles": defined}}))
+    with dask.config.set({f"nbcluster.profiles.{k}": v for k, v in defined.items()}):
+        yield {"DASK_CONFIG": str(folder), "NBCLUSTER_RUNTIME_DIR": str(runtime_dir), **slurm.env}
+    for handle in nbcluster.clusters(runtime_dir=runtime_dir):
+        handle.stop()
+    slurm.wait_jobs(lambda jobs: not jobs)
+
+
+def test_a_notebook_starts_scales_and_stops_a_slurm_cluster(slurm, hpc):
+    with kernel(hpc) as k:
+        k.run("%load_ext nbcluster").ok()
+        started = k.run("%cluster start --profile hpc --workers 2").ok()
+        assert "Started cluster" in started.text and "slurm" in started.text
+        assert len(slurm.jobs()) == 2
+        k.run("import nbcluster; nbcluster.current().client.wait_for_workers(2, timeout=60)").ok()
+        ids = {j["id"] for j in slurm.jobs()}
+        status = k.run("%cluster status").ok().text
+        for job in ids:
+            assert f"job {job}" in status, status
+        assert "127.0.0.1" in status
+
+        k.run('%%distribute --over "x in range(50)" --into squares\nx * x').ok()
+        assert k.value("sorted(squares.values())") == [x * x for x in range(50)]
+
+        k.run("%cluster scale 3").ok()
+        jobs = slurm.jobs()
+        assert len(jobs) == 3 and ids < {j["id"] for j in jobs}
+
+        k.run("%cluster stop").ok()
+        assert slurm.jobs() == []
+
+
+def test_a_cancelled_job_mid_cell_loses_no_item(slurm, hpc, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with kernel(hpc) as k:
+        k.run("%load_ext nbcluster\n%cluster start --profile hpc --workers 2").ok()
+        k.run("import nbcluster; nbcluster.current().client.wait_for_workers(2, timeout=60)").ok()
+        cell = k.submit(
+            f'%%distribute --over "x in range(50)" --batch 1 --into got\n'
+            f"import time, pathlib, os\n"
+            f"pathlib.Path({str(marks)!r}, f'{{x}}-{{os.getpid()}}').touch()\n"
+            f"time.sleep(0.2)\n"
+            f"x + 1000"
+        )
+        # Items leave a mark as they start: once a few have, the cell is well under way.
+        deadline = time.monotonic() + 60
+        while len(list(marks.iterdir())) < 6:
+            assert time.monotonic() < deadline, "the cell did not get going"
+            time.sleep(0.05)
+        victim = slurm.jobs()[0]["id"]
+        slurm.run("scancel", victim)
+        reply = k.collect(cell, timeout=120).ok()
+        got = k.value("list(got.values())")
+        assert sorted(got) == [x + 1000 for x in range(50)], reply.text
+        slurm.wait_jobs(lambda jobs: victim not in {j["id"] for j in jobs})
+        assert f"job {victim}" not in k.run("%cluster status").ok().text
+        k.run("%cluster stop").ok()
+
+
+def test_a_partition_that_does_not_exist_is_sbatchs_own_error_in_one_line(slurm, hpc):
+    with pytest.raises(ClusterFailed) as failed:
+        nbcluster.start(profile="nowhere", workers=1)
+    message = str(failed.value)
+    assert "\n" not in message
+    assert "sbatch: error: Batch job submission failed: Invalid partition name specified" in message
+    assert nbcluster.clusters() == []
+
+
+def test_the_job_script_carries_tls_and_resource_settings(slurm, hpc, runtime_dir):
+    security, tls = backends.write_credentials(runtime_dir, "script")
+    spec = ClusterSpec.from_user(profile="hpc", workers=0, threads=2, memory="2GiB")
+
+    async def script() -> str:
+        d = deploy.make(spec, profiles.get("hpc"), directory=runtime_dir, name="script", devices=[],
+                        security=security, tls=tls)  # fmt: skip
+        await d.start()
+        try:
+            return d.job_script()  # type: ignore[attr-defined]
+        finally:
+            await d.close(timeout=10)
+
+    text = asyncio.run(script())
+    assert f"--tls-ca-file {tls['ca_file']}" in text
+    assert f"--tls-cert {tls['cert']}" in text and f"--tls-key {tls['key']}" in text
+    assert "--protocol tls://" in text and " tls://127.0.0.1:" in text
+    assert f"#SBATCH -p {PARTITION}" in text
+    assert "#SBATCH --cpus-per-task=2" in text and "--nthreads 2" in text
+    assert "#SBATCH --mem=" in text and "--memory-limit 2.00GiB" in text
