@@ -1,0 +1,140 @@
+"""`%cluster use ADDRESS --security CA,CERT,KEY`: a TLS scheduler someone else runs.
+
+The "someone else" is a real `dask scheduler` and `dask worker` started here from the
+command line with their own credentials, as an administrator would. nbcluster attaches with
+the files it is given, shows the cluster as external, refuses to scale or stop it, and gets
+its metrics from nbcluster's plugin when the scheduler accepts it, or the basic view when it
+does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import dask.config
+import pytest
+
+import nbcluster
+from nbcluster import commands
+from nbcluster.cluster import backends
+from nbcluster.errors import BadArgument, ClusterUnreachable
+
+
+def _credentials(folder: Path, name: str) -> tuple[str, str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    _, tls = backends.write_credentials(folder, name)
+    return tls["ca_file"], tls["cert"], tls["key"]
+
+
+def _tls_args(files: tuple[str, str, str]) -> list[str]:
+    ca, cert, key = files
+    return ["--tls-ca-file", ca, "--tls-cert", cert, "--tls-key", key]
+
+
+@pytest.fixture(params=["plugins allowed", "plugins refused"])
+def someone_elses_scheduler(request, tmp_path: Path) -> Iterator[tuple[str, tuple[str, str, str], bool]]:
+    """A TLS scheduler with one worker, started from the command line, always stopped."""
+    files = _credentials(tmp_path / "admin", "theirs")
+    allowed = request.param == "plugins allowed"
+    env = dict(os.environ)
+    info = tmp_path / "scheduler.json"
+    preload: list[str] = []
+    if not allowed:
+        # A scheduler whose Python has no nbcluster cannot unpickle nbcluster's plugin.
+        without = tmp_path / "without_nbcluster.py"
+        without.write_text("import sys\nsys.modules['nbcluster'] = None\n")
+        preload = ["--preload", str(without)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+             "--protocol", "tls", "--no-dashboard", "--scheduler-file", str(info), *preload, *_tls_args(files)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not info.exists() or not info.read_text().strip():  # the scheduler says nothing when ready
+            assert time.monotonic() < deadline and procs[0].poll() is None, "the scheduler did not start"
+            time.sleep(0.05)
+        address = json.loads(info.read_text())["address"]
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", address, "--host", "127.0.0.1",
+                 "--nthreads", "1", "--no-nanny", "--no-dashboard", *_tls_args(files)],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+        yield address, files, allowed
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def test_use_with_security_attaches_as_external(runtime_dir, someone_elses_scheduler):
+    address, files, allowed = someone_elses_scheduler
+    runner = commands.Runner(in_kernel=True)
+    shown = runner.run(commands.parse(f"use {address} --security {','.join(files)}"))
+    assert "It is external" in shown.note
+    handle = nbcluster.current()
+    assert handle is not None and not handle.managed
+    handle.client.wait_for_workers(1, timeout=30)
+    status = repr(handle.info())
+    assert "external: started elsewhere" in status and "127.0.0.1" in status
+
+    assert handle.client.submit(sum, [1, 2]).result(timeout=30) == 3
+    snapshot = handle.metrics()
+    assert len(snapshot["workers"]) == 1
+    # The plugin records tasks; the basic view (the scheduler's own identity) has none.
+    assert bool(snapshot["tasks"]) == allowed == handle.entry["metrics"]
+
+    for line in ("scale 3", "adapt --min 1 --max 2", "stop"):
+        with pytest.raises(BadArgument, match=f"unavailable for {address}: it is an external cluster"):
+            runner.run(commands.parse(line))
+
+
+@pytest.mark.parametrize("someone_elses_scheduler", ["plugins allowed"], indirect=True)
+def test_wrong_credentials_are_one_line_within_the_connect_timeout(runtime_dir, someone_elses_scheduler, tmp_path):
+    address, _, _ = someone_elses_scheduler
+    strangers = _credentials(tmp_path / "strangers", "other")
+    started = time.monotonic()
+    with dask.config.set({"nbcluster.timeouts.connect": "3s"}), pytest.raises(ClusterUnreachable) as error:
+        nbcluster.use(address, security=strangers)
+    assert time.monotonic() - started < 3 + 2
+    assert "Check the --security files" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_silent_address_gives_up_at_the_connect_timeout(runtime_dir, tmp_path):
+    files = _credentials(tmp_path / "mine", "mine")
+    with socket.socket() as silent:  # accepts connections (the kernel does) but never speaks
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        address = f"tls://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        with dask.config.set({"nbcluster.timeouts.connect": "2s"}), pytest.raises(ClusterUnreachable) as error:
+            nbcluster.use(address, security=files)
+        assert time.monotonic() - started < 2 + 2
+    assert f"no scheduler answers at {address} within 2 s" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("security", "message"),
+    [
+        ("ca.pem,cert.pem", "--security takes three files, CA,CERT,KEY"),
+        ("nosuch-ca.pem,nosuch-cert.pem,nosuch-key.pem", "cannot read nosuch-ca.pem"),
+    ],
+)
+def test_bad_security_files_are_one_line(runtime_dir, security, message):
+    with pytest.raises(BadArgument, match=message):
+        commands.Runner(in_kernel=True).run(commands.parse(f"use tls://127.0.0.1:9 --security {security}"))
