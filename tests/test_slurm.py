@@ -10,6 +10,8 @@ a cell back exactly once when one worker's job is cancelled under it.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -150,3 +152,14 @@ def test_the_job_script_carries_tls_and_resource_settings(slurm, hpc, runtime_di
     assert f"#SBATCH -p {PARTITION}" in text
     assert "#SBATCH --cpus-per-task=2" in text and "--nthreads 2" in text
     assert "#SBATCH --mem=" in text and "--memory-limit 2.00GiB" in text
+
+
+def test_the_owner_watch_cancels_the_jobs_of_a_dead_kernel(slurm, hpc, runtime_dir):
+    with kernel(hpc) as k:
+        k.run("%load_ext nbcluster\n%cluster start --profile hpc --workers 2").ok()
+        k.run("import nbcluster; nbcluster.current().client.wait_for_workers(2, timeout=60)").ok()
+        assert len(slurm.jobs()) == 2
+        os.kill(k.km.provisioner.process.pid, signal.SIGKILL)  # nothing in the kernel gets to clean up
+        # The supervisor's close cancels them (scancel), well before a worker's death timeout.
+        slurm.wait_jobs(lambda jobs: not jobs, timeout=30)
+    assert nbcluster.clusters(runtime_dir=runtime_dir) == []

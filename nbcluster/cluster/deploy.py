@@ -279,9 +279,19 @@ class _Remote(Deployment):
         await self.client.restart(wait_for_workers=False)
 
     async def close_client(self) -> None:
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                await self.client.close()
+        """End the workers through the scheduler, then disconnect.
+
+        A remote worker has no ``kill`` path from here, and one that only loses its scheduler
+        keeps trying to reconnect until its death timeout; retiring it makes its nanny exit now.
+        """
+        if self.client is None:
+            return
+        with contextlib.suppress(Exception):
+            workers = list((await self.scheduler_identity()).get("workers", {}))
+            if workers:
+                await self.client.scheduler.retire_workers(workers=workers, close_workers=True, remove=True)
+        with contextlib.suppress(Exception):
+            await self.client.close()
 
 
 class SSHDeployment(_Remote, _SpecBased):

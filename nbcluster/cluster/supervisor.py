@@ -7,18 +7,21 @@ stdin: the spec, the runtime dir, the owner pid and the environment. Nobody else
 What it owns
     - the cluster's name, claimed with an ``O_EXCL`` registry entry (`registry.claim`);
     - its TLS credentials: a fresh self-signed certificate and key, written 0600 next to the
-      entry. The scheduler and workers listen on ``tls://127.0.0.1`` and require a client
-      certificate signed by that CA, so only holders of the files can connect;
-    - the Dask deployment object (a `SpecCluster`, see `backends.py`) with the scheduler
-      running in this process and each worker in its own nanny-managed process;
-    - nbcluster's scheduler plugins: `ControlPlugin` (scale/adapt/restart/stop/info RPC
-      handlers, below) and, when available, the metrics plugin.
+      entry. The scheduler and workers require a client certificate signed by that CA, so
+      only holders of the files can connect (a gateway brings its own, see `deploy.py`);
+    - the Dask deployment object of the cluster's profile (`deploy.Deployment`): the local
+      backend's `SpecCluster` (`backends.py`), a dask-jobqueue cluster, an `SSHCluster`, a
+      `GatewayCluster` or a `KubeCluster`;
+    - the control handlers (`Control`: info/scale/adapt/restart/stop), installed on the
+      scheduler as `ControlPlugin` where it runs in this process (local, jobqueue), else
+      served on a TLS `distributed.core.Server` of this process (``control`` in the entry);
+      and the metrics plugin, on the scheduler here or registered through a client there.
 
 State
-    ``cluster`` (the SpecCluster), ``stop`` (an asyncio.Event set by `nbcluster_stop`, or by
-    the `Lifeline` on a signal or the owner's death), and the registry entry, whose
-    ``state`` goes ``starting`` -> ``running`` -> ``stopping`` and which is deleted on the
-    way out.
+    `_Supervision` holds it: ``deployment``, ``stop`` (an asyncio.Event set by
+    `nbcluster_stop`, or by the `Lifeline` on a signal or the owner's death), the control
+    server if any, and the registry entry, whose ``state`` goes ``starting`` -> ``running``
+    -> ``stopping`` and which is deleted on the way out.
 
 Lifecycle
     0. from launch on, SIGTERM/SIGINT/SIGHUP and the owner's death go to the `Lifeline`
@@ -27,7 +30,8 @@ Lifecycle
     1. check the size against `limits` (again: a request that bypassed `start` gets no
        further), claim a name (``local``, ``local-2``, ... for the default), write the
        credentials;
-    2. start the SpecCluster, add the plugins, rewrite the entry with the address;
+    2. start the deployment, add the control handlers and the metrics plugin, rewrite the
+       entry with the address (and ``control``, ``backend``, ``profile``);
     3. write one JSON line ({"ok": true, "entry": ...} or {"ok": false, "error": ...}) to
        the ready pipe: `nbcluster.start` blocks on that line, so there is no polling. If
        it is not there within ``nbcluster.timeouts.start``, the requester tears this
@@ -37,7 +41,10 @@ Lifecycle
     4. wait for ``stop``; the owner watch sets it within a second of the owner process
        dying (also on ``kill -9``), unless the cluster was started with ``--keep`` (no
        owner);
-    5. close the cluster (nannies kill their workers), delete the entry and credentials.
+    5. close the deployment, delete the entry and credentials. Local nannies kill their
+       workers; other backends end theirs their own way (``scancel``, the gateway's
+       shutdown, retiring SSH workers), and a worker out of reach (its host cut off) ends
+       through its death timeout once it cannot reach the scheduler.
 
 Worked example: a kernel (pid 4242) runs ``%cluster start --workers 2``. The supervisor
 claims ``local.json`` with ``{"state": "starting", "supervisor_pid": ...}``, starts
@@ -71,7 +78,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from nbcluster import config
 from nbcluster.cluster import backends, deploy, gpu, profiles, registry, startlog
 from nbcluster.cluster.lifeline import GRACE_S, Lifeline, kill_descendants
-from nbcluster.cluster.spec import ClusterSpec, parse_count
+from nbcluster.cluster.spec import DEFAULT_NAME, ClusterSpec, parse_count
 from nbcluster.errors import NbclusterError
 
 
@@ -218,17 +225,13 @@ def _claim_name(directory: Path, spec: ClusterSpec, entry: dict[str, Any]) -> st
             f"a cluster named {spec.name!r} is already running: `%cluster use {spec.name}` "
             "to use it, or pick another --name"
         )
+    # Named after the profile (``hpc``, ``hpc-2``, ...), so a list tells where each runs.
+    base = spec.profile if spec.profile != "local" else DEFAULT_NAME
     for i in range(1, 1000):
-        name = spec_default_name(i)
+        name = base if i == 1 else f"{base}-{i}"
         if registry.claim(directory, name, {**entry, "name": name}):
             return name
     raise NbclusterError("no free cluster name: stop some clusters (`nbcluster list`)")
-
-
-def spec_default_name(i: int) -> str:
-    from nbcluster.cluster.spec import DEFAULT_NAME
-
-    return DEFAULT_NAME if i == 1 else f"{DEFAULT_NAME}-{i}"
 
 
 class _Reporter:
