@@ -58,7 +58,7 @@ START_OPTIONS = (
     StartOption("threads", "threads per worker (default: 1)", "T"),
     StartOption("memory", "memory limit per worker, e.g. 4GiB (default: a share of RAM)", "SIZE"),
     StartOption("gpus", "`auto` or N: one worker per GPU (default: none)", "auto|N"),
-    StartOption("name", "cluster name (default: local, then local-2, ...)", "NAME"),
+    StartOption("name", "cluster name (default: local, then local-2, ...; on a profile, the profile's name)", "NAME"),
     StartOption("keep", "keep running after the kernel (or server) that started it exits"),
     StartOption("dashboard", "start Dask's dashboard (loopback only)"),
     StartOption("gpu-backend", "GPU worker implementation: builtin (default) or dask-cuda", "NAME"),
