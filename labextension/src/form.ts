@@ -99,8 +99,9 @@ export class NewClusterForm {
       ...reply.profiles.map(p => {
         const option = document.createElement('option');
         option.value = p.name;
-        option.textContent = p.name;
-        option.title = p.description;
+        // The description says where it runs ("Campus cluster, debug partition").
+        option.textContent = p.description ? `${p.name}: ${p.description}` : p.name;
+        option.title = `${p.backend} backend`;
         return option;
       })
     );

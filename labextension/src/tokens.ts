@@ -50,8 +50,10 @@ export interface ICluster {
   tasks?: { processing?: number; waiting?: number; [state: string]: number | undefined };
 }
 
+/** A backend profile from Dask config (`nbcluster.profiles.NAME`). */
 export interface IProfile {
   name: string;
+  backend: string;
   description: string;
 }
 
