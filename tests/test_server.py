@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dask.config
 import psutil
 import pytest
 from jupyter_server.auth.authorizer import Authorizer
@@ -168,6 +169,13 @@ async def test_profiles_list_the_local_backend(api) -> None:
     status, body = await api("GET", "api/profiles")
     assert status == 200
     assert "local" in [p["name"] for p in body["profiles"]]
+
+
+async def test_profiles_come_from_dask_config_with_backend_and_description(api) -> None:
+    with dask.config.set({"nbcluster.profiles.hpc": {"backend": "slurm", "description": "Campus SLURM"}}):
+        status, body = await api("GET", "api/profiles")
+    assert status == 200
+    assert {"name": "hpc", "backend": "slurm", "description": "Campus SLURM"} in body["profiles"]
 
 
 async def test_profiles_carry_the_name_rule_the_server_enforces(api) -> None:
