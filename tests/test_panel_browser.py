@@ -104,7 +104,10 @@ def test_panel_start_scale_use_watch_stop(lab: JupyterLab, page: Any) -> None:
     expect(form.locator(".nbc-form-error")).to_contain_text("Memory per worker")
     shot("form-error")
     form.locator('input[name="memory"]').fill("")
-    expect(form.locator('select[name="profile"] option[value="local"]')).to_be_attached()
+    # Each profile is offered with its description (from Dask config).
+    expect(form.locator('select[name="profile"] option[value="local"]')).to_have_text(
+        "local: Worker processes on this machine (CPU and GPU)"
+    )
     form.get_by_role("button", name="Start cluster").click()
 
     web = card(page, "web")
