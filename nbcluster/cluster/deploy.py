@@ -444,10 +444,6 @@ def make(
     caller holds it, and can close it, whenever a start is cut short."""
     if profile.local:
         return LocalDeployment(spec, profile, devices, security)
-    if devices:
-        raise BadArgument(
-            f"--gpus is for local clusters; the {profile.backend} backend's GPU workers come from its profile's options"
-        )
     if profile.backend in JOBQUEUE:
         return JobqueueDeployment(spec, profile, security)
     if profile.backend == "ssh":

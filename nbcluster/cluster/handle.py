@@ -476,7 +476,8 @@ def _find_reusable(directory: Path, spec: ClusterSpec) -> dict[str, Any] | None:
     # An unnamed cluster is reused by the process that started it, so re-running a
     # notebook's `%cluster start` never piles up local, local-2, ...
     for entry in registry.entries(directory):
-        if entry.get("spec", {}).get("name") is None and entry.get("started_by") == os.getpid():
+        theirs = entry.get("spec", {})
+        if theirs.get("name") is None and theirs.get("profile", "local") == spec.profile and entry.get("started_by") == os.getpid():
             return entry
     return None
 

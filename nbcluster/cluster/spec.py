@@ -165,6 +165,11 @@ class ClusterSpec:
         chosen = profiles.get(profile)
         if not chosen.local:
             chosen.deployment_class()  # a missing extra is named now, not in the supervisor's log
+            if gpus not in (None, 0, "0") or gpu_backend:
+                raise BadArgument(
+                    f"--gpus and --gpu-backend are for local clusters; on the {chosen.backend} backend "
+                    "GPU workers come from the profile's options"
+                )
         gpu_backend = gpu_backend or "builtin"
         if gpu_backend not in GPU_BACKENDS:
             raise BadArgument(f"--gpu-backend {gpu_backend!r}: use one of {', '.join(GPU_BACKENDS)}")

@@ -349,6 +349,8 @@ class _Supervision:
             message = str(e)
         else:
             message = _one_line(e)
+            if self.spec.backend != "local":
+                message = f"the {self.spec.backend} backend could not start the cluster: {message}"
             traceback.print_exc()
         await self._close(lifeline_grace() if self.lifeline.reason else 10)
         kill_descendants()  # whatever the close did not finish: no worker outlives a failed start
@@ -378,7 +380,12 @@ class _Supervision:
 
 
 def _one_line(e: BaseException) -> str:
-    """An unexpected error as one line: its type and first line (the log has the rest)."""
+    """An unexpected error as one line: the cause at the bottom of the chain (the backends
+    wrap theirs: "Cluster failed to start: ..."), its type and first line; the log has the rest."""
+    while e.__cause__ is not None and not isinstance(e, TimeoutError):  # asyncio's is "from" a CancelledError
+        e = e.__cause__
+    if isinstance(e, TimeoutError):
+        return f"no answer within {config.seconds('timeouts.connect'):g} s (nbcluster.timeouts.connect)"
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
 
