@@ -351,7 +351,16 @@ class GatewayDeployment(_Remote):
             # Reachable, and the credentials good, before anything is created.
             await asyncio.wait_for(gateway.list_clusters(), timeout)
         except asyncio.TimeoutError:
-            raise BadArgument(f"the gateway at {gateway.address} did not answer within {timeout:g} s") from None
+            raise BadArgument(
+                f"the gateway at {gateway.address} did not answer within {timeout:g} s (nbcluster.timeouts.connect)"
+            ) from None
+        except Exception as e:
+            if getattr(e, "status", None) in (401, 403):
+                raise BadArgument(
+                    f"the gateway at {gateway.address} refused the credentials ({e.status}): check the "
+                    "profile's auth option or the gateway.auth settings in Dask config"
+                ) from None
+            raise
         finally:
             await gateway.close()
         self.cluster = await cls(**self.options, asynchronous=True)
@@ -464,11 +473,12 @@ def tls_config(tls: dict[str, str]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def write_pem_credentials(directory: Path, name: str, security: Security) -> dict[str, str]:
-    """A backend's in-memory credentials (a gateway's) as 0600 files beside the entry, so
-    every front end connects to its scheduler the way it does to ours."""
+def write_pem_credentials(directory: Path, name: str, security: Any) -> dict[str, str]:
+    """A gateway's in-memory credentials (its `GatewaySecurity`: a self-signed certificate,
+    which is also the CA) as 0600 files beside the entry, so every front end connects to its
+    scheduler the way it does to ours."""
     paths = {part: directory / f"{name}.scheduler-{part}.pem" for part in ("ca", "cert", "key")}
-    pems = {"ca": security.tls_ca_file, "cert": security.tls_client_cert, "key": security.tls_client_key}
+    pems = {"ca": security.tls_cert, "cert": security.tls_cert, "key": security.tls_key}
     for part, path in paths.items():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

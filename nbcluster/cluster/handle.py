@@ -570,8 +570,9 @@ def _spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool
     proc = launched.proc
     timeout = config.seconds("timeouts.start")
     # The caller's nbcluster settings too: a `dask.config.set` in a notebook applies to the
-    # clusters it starts, as it would to a LocalCluster started there.
-    settings = {"nbcluster": dask.config.get("nbcluster")}
+    # clusters it starts, as it would to a LocalCluster started there. So do the sections
+    # of the deployment projects a profile leaves the rest to (`jobqueue.slurm`, `gateway`).
+    settings = {k: dask.config.config[k] for k in _FORWARDED_CONFIG if k in dask.config.config}
     request = {
         "spec": spec.to_dict(), "runtime_dir": str(directory), "owner": owner, "env": dict(os.environ),
         "force": force, "config": settings,
@@ -609,6 +610,10 @@ def _spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool
     _reap_children()
     _children.append(proc)
     return message["entry"]
+
+
+#: Dask config sections a supervisor gets from the process that asks it for a cluster.
+_FORWARDED_CONFIG = ("nbcluster", "jobqueue", "gateway", "kubernetes")
 
 
 def _tear_down(proc: subprocess.Popen[bytes]) -> None:
