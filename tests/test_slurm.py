@@ -163,3 +163,13 @@ def test_the_owner_watch_cancels_the_jobs_of_a_dead_kernel(slurm, hpc, runtime_d
         # The supervisor's close cancels them (scancel), well before a worker's death timeout.
         slurm.wait_jobs(lambda jobs: not jobs, timeout=30)
     assert nbcluster.clusters(runtime_dir=runtime_dir) == []
+
+
+def test_the_cli_starts_and_stops_a_slurm_cluster(slurm, hpc, cli):
+    started = cli("start", "--profile", "hpc", "--workers", "1", env=hpc)
+    assert started.returncode == 0, started.stderr
+    assert "Started cluster 'hpc'" in started.stdout and len(slurm.jobs()) == 1
+    assert "hpc" in cli("list", env=hpc).stdout
+    stopped = cli("stop", "hpc", env=hpc)
+    assert stopped.returncode == 0, stopped.stderr
+    assert slurm.jobs() == []
