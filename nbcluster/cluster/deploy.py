@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,33 @@ def worker_row(
         "memory_limit": memory_limit, "memory": memory, "cpu": cpu, "resources": resources,
         "processing": processing, "gpu": gpu,
     }  # fmt: skip
+
+
+def identity_rows(identity: dict[str, Any]) -> list[dict[str, Any]]:
+    """The workers of a scheduler's own ``identity`` answer as status rows."""
+    rows = []
+    for address, w in identity.get("workers", {}).items():
+        metrics = w.get("metrics") or {}
+        rows.append(
+            worker_row(
+                name=w.get("name"), address=address, host=w.get("host"), nthreads=w.get("nthreads", 0),
+                memory_limit=w.get("memory_limit"), memory=metrics.get("memory", 0), cpu=metrics.get("cpu", 0.0),
+                resources=w.get("resources"), processing=metrics.get("task_counts", {}).get("executing", 0),
+            )
+        )
+    return rows
+
+
+def basic_snapshot(identity: dict[str, Any]) -> dict[str, Any]:
+    """A metrics snapshot (the format in `nbcluster.metrics`) from a scheduler's own
+    ``identity``, where nbcluster's plugin is not there: the workers, no history."""
+    workers = {
+        w["address"]: {"name": w["name"], "nthreads": w["nthreads"], "memory_limit": w["memory_limit"] or 0,
+                       "resources": w["resources"], "processing": w["processing"]}
+        for w in identity_rows(identity)
+    }  # fmt: skip
+    return {"version": 1, "cursor": 0, "gap": False, "now": time.time(), "workers": workers,
+            "tasks": [], "resources": [], "groups": []}  # fmt: skip
 
 
 class Deployment:

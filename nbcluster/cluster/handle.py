@@ -39,6 +39,7 @@ from distributed.core import ConnectionPool
 from nbcluster import _aio, config
 from nbcluster.cluster import registry, startlog
 from nbcluster.cluster.backends import security_from
+from nbcluster.cluster.deploy import basic_snapshot, identity_rows
 from nbcluster.cluster.info import ClusterInfo
 from nbcluster.cluster.kinds import check_kind
 from nbcluster.cluster.spec import ClusterSpec, check_name, parse_bounds, parse_count
@@ -175,7 +176,7 @@ class ClusterHandle:
             ident = await self.arpc("identity")
             return {
                 "name": self.name, "address": self.address, "external": True, "tasks": {},
-                "workers": [_identity_row(a, w) for a, w in ident.get("workers", {}).items()],
+                "workers": identity_rows(ident),
             }  # fmt: skip
         info = await self.arpc("nbcluster_info")
         info["workers"] = list(info["workers"])  # msgpack turns lists into tuples
@@ -187,7 +188,7 @@ class ClusterHandle:
 
     async def ametrics(self, since: int | None = None) -> dict[str, Any]:
         if not self.managed and not self.entry.get("metrics"):
-            return _basic_snapshot(await self.arpc("identity"))
+            return basic_snapshot(await self.arpc("identity"))
         return await self.arpc("nbcluster_metrics", since=since)
 
     def metrics(self, since: int | None = None) -> dict[str, Any]:
@@ -301,30 +302,6 @@ def _reap_children() -> None:
 
 def _looks_like_address(text: str) -> bool:
     return "://" in text or (":" in text and text.rsplit(":", 1)[-1].isdigit())
-
-
-def _identity_row(address: str, w: dict[str, Any]) -> dict[str, Any]:
-    """A worker of the scheduler's own ``identity`` answer as a status row."""
-    from nbcluster.cluster.deploy import worker_row
-
-    metrics = w.get("metrics") or {}
-    return worker_row(
-        name=w.get("name"), address=address, host=w.get("host"), nthreads=w.get("nthreads", 0),
-        memory_limit=w.get("memory_limit"), memory=metrics.get("memory", 0), cpu=metrics.get("cpu", 0.0),
-        resources=w.get("resources"), processing=metrics.get("task_counts", {}).get("executing", 0),
-    )  # fmt: skip
-
-
-def _basic_snapshot(ident: dict[str, Any]) -> dict[str, Any]:
-    """A metrics snapshot (the format in `nbcluster.metrics`) from the scheduler's own
-    ``identity``, for a scheduler without nbcluster's plugin: the workers, no history."""
-    workers = {
-        a: {"name": str(w.get("name")), "nthreads": w.get("nthreads", 0), "memory_limit": w.get("memory_limit") or 0,
-            "resources": dict(w.get("resources") or {}), "processing": 0}
-        for a, w in ident.get("workers", {}).items()
-    }  # fmt: skip
-    return {"version": 1, "cursor": 0, "gap": False, "now": time.time(), "workers": workers,
-            "tasks": [], "resources": [], "groups": []}  # fmt: skip
 
 
 def _tls_files(security: Sequence[str] | None) -> dict[str, str] | None:

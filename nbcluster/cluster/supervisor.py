@@ -141,18 +141,8 @@ class Control:
         }
 
     async def _remote_state(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
-        ident = await self.deployment.scheduler_identity()
-        workers = [
-            deploy.worker_row(
-                name=w.get("name"), address=a, host=w.get("host"), nthreads=w.get("nthreads", 0),
-                memory_limit=w.get("memory_limit"), memory=(w.get("metrics") or {}).get("memory", 0),
-                cpu=(w.get("metrics") or {}).get("cpu", 0.0), resources=w.get("resources"),
-                processing=(w.get("metrics") or {}).get("task_counts", {}).get("executing", 0),
-            )
-            for a, w in ident.get("workers", {}).items()
-        ]
-        # The scheduler's task table is not ours to walk from here.
-        return workers, {}
+        # The scheduler's task table is not ours to walk from here: workers only.
+        return deploy.identity_rows(await self.deployment.scheduler_identity()), {}
 
     async def scale(self, n: int, kind: str = "cpu", force: bool = False) -> dict[str, Any]:
         n = parse_count(n, "the number of workers")
@@ -187,7 +177,10 @@ class Control:
         return "restarted"
 
     async def metrics(self, since: int | None = None) -> Any:
-        # The scheduler is elsewhere: its metrics plugin answers, through our client.
+        # The scheduler is elsewhere: its metrics plugin answers, through our client, or
+        # where it refused the plugin, the scheduler's own view of the workers.
+        if not self.entry.get("metrics"):
+            return deploy.basic_snapshot(await self.deployment.scheduler_identity())
         return await self.deployment.client.scheduler.nbcluster_metrics(since=since)  # type: ignore[attr-defined]
 
     async def stop(self) -> str:
