@@ -433,6 +433,7 @@ class KubernetesDeployment(_Remote):
         super().__init__(spec, profile)
         self.security, self.tls, self.name = security, tls, name
         self.cluster: Any = None
+        self.secret: Any = None
 
     async def start(self) -> None:
         from nbcluster.cluster import kubernetes
@@ -445,7 +446,9 @@ class KubernetesDeployment(_Remote):
         if r.secret is not None:
             import kr8s.asyncio.objects
 
-            await kr8s.asyncio.objects.Secret(r.secret).create()
+            # Awaiting the object binds it to the cluster's API (kubeconfig) before creating it.
+            self.secret = await kr8s.asyncio.objects.Secret(r.secret)
+            await self.secret.create()
         self.cluster = await cls(custom_cluster_spec=r.cluster, asynchronous=True, **r.kwargs)
         if r.gpu_workers:
             await self.cluster.add_worker_group("gpu", custom_spec=r.gpu_workers)
@@ -469,8 +472,12 @@ class KubernetesDeployment(_Remote):
 
     async def close(self, timeout: float) -> None:
         await self.close_client()
-        if self.cluster is not None:
-            await asyncio.wait_for(self.cluster.close(), timeout)
+        try:
+            if self.cluster is not None:
+                await asyncio.wait_for(self.cluster.close(), timeout)
+        finally:
+            if self.secret is not None:
+                await self.secret.delete()
 
 
 def make(
