@@ -195,6 +195,8 @@ class ControlPlugin(SchedulerPlugin):
 
     def __init__(self, control: Control):
         self.control = control
+        # The metrics plugin reads `cluster.devices` here to label simulated GPUs.
+        self.cluster = getattr(control.deployment, "cluster", None)
 
     async def start(self, scheduler: Any) -> None:
         scheduler.handlers.update(self.control.handlers())
