@@ -11,7 +11,6 @@ the next `%cluster start`.
 
 from __future__ import annotations
 
-import builtins
 import importlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,8 +58,6 @@ BACKENDS: dict[str, Backend | None] = {
     "kubernetes": Backend("dask_kubernetes.operator", "KubeCluster", "kubernetes"),
 }
 JOBQUEUE = ("slurm", "pbs", "sge", "lsf", "htcondor")
-#: Backends whose scheduler runs somewhere else than in the supervisor.
-REMOTE_SCHEDULER = ("gateway", "ssh", "kubernetes")
 
 
 @dataclass(frozen=True)
@@ -112,7 +109,7 @@ def get(name: str | None) -> Profile:
     return _parse(name, declared[name])
 
 
-def all() -> builtins.list[Profile]:
+def all() -> list[Profile]:
     """Every declared profile, ``local`` first; a malformed one is skipped, not fatal here
     (starting it names the mistake)."""
     found = []
