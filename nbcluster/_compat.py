@@ -43,3 +43,18 @@ def worker_task(key: Any) -> Any | None:
     from distributed import get_worker
 
     return get_worker().state.tasks.get(key)
+
+
+async def apply_scale(cluster: Any) -> None:
+    """Wait until a `SpecCluster` has started or stopped the workers its spec now asks for.
+
+    `SpecCluster.scale` only schedules that; a scale that returns once the batch jobs are
+    submitted (or cancelled) must wait for it.
+    """
+    await cluster._correct_state()
+
+
+def stop_adaptive(cluster: Any) -> None:
+    """Stop a Dask cluster's `adapt()`, if one runs (an explicit scale takes control back)."""
+    if cluster._adaptive is not None:
+        cluster._adaptive.stop()

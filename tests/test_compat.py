@@ -6,6 +6,7 @@ worker, so a Dask upgrade that renames or changes one fails here, by name.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -70,3 +71,18 @@ def test_worker_task_sees_the_running_task(local: tuple[LocalCluster, Client]) -
 def test_worker_task_outside_a_worker_says_so() -> None:
     with pytest.raises(ValueError):
         _compat.worker_task("anything")
+
+
+def test_apply_scale_and_stop_adaptive_on_a_spec_cluster() -> None:
+    # How the supervisor scales dask-jobqueue and SSH clusters (nbcluster/cluster/deploy.py).
+    async def check() -> None:
+        async with LocalCluster(n_workers=0, processes=False, dashboard_address=":0", asynchronous=True) as cluster:
+            cluster.scale(2)
+            await _compat.apply_scale(cluster)
+            assert len(cluster.workers) == 2 and len(cluster.scheduler.workers) == 2
+            adaptive = cluster.adapt(minimum=1, maximum=3)
+            _compat.stop_adaptive(cluster)
+            assert adaptive.periodic_callback is None or not adaptive.periodic_callback.is_running()
+            _compat.stop_adaptive(cluster)  # nothing running: no error
+
+    asyncio.run(check())

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -45,8 +44,8 @@ import dask.config
 from distributed import Client, Security
 from distributed.core import Server
 
-from nbcluster import config
-from nbcluster.cluster import backends
+from nbcluster import _compat, config
+from nbcluster.cluster import backends, registry
 from nbcluster.cluster.gpu import GPU
 from nbcluster.cluster.kinds import worker_kind
 from nbcluster.cluster.profiles import JOBQUEUE, Profile
@@ -213,15 +212,14 @@ class _SpecBased(Deployment):
         self.cluster.scale(n)
         # SpecCluster.scale only schedules the change; waiting for it makes `scale` return
         # once the jobs are submitted (or cancelled), so squeue already shows them.
-        await self.cluster._correct_state()
+        await _compat.apply_scale(self.cluster)
 
     def adapt(self, minimum: int, maximum: int) -> None:
         self.cluster.adapt(minimum=minimum, maximum=maximum, interval="500ms", wait_count=3)
         self.adaptive_bounds = {"minimum": minimum, "maximum": maximum}
 
     def _stop_adaptive(self) -> None:
-        if self.cluster._adaptive is not None:
-            self.cluster._adaptive.stop()
+        _compat.stop_adaptive(self.cluster)
         self.adaptive_bounds = None
 
     async def close(self, timeout: float) -> None:
@@ -515,9 +513,7 @@ def write_pem_credentials(directory: Path, name: str, security: Any) -> dict[str
     paths = {part: directory / f"{name}.scheduler-{part}.pem" for part in ("ca", "cert", "key")}
     pems = {"ca": security.tls_cert, "cert": security.tls_cert, "key": security.tls_key}
     for part, path in paths.items():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(pems[part])
+        registry.write_private(path, pems[part])
     return {"ca_file": str(paths["ca"]), "cert": str(paths["cert"]), "key": str(paths["key"])}
 
 
