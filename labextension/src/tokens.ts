@@ -32,6 +32,9 @@ export interface IWorker {
   cpu: number;
   processing: number;
   gpu: IGpu | null;
+  /** Where it runs, and its batch job where there is one (dask-jobqueue backends). */
+  host?: string | null;
+  job_id?: string | null;
 }
 
 /** One entry of GET api/clusters: the scheduler's answer, or the registry entry alone. */
