@@ -173,3 +173,20 @@ def test_the_cli_starts_and_stops_a_slurm_cluster(slurm, hpc, cli):
     stopped = cli("stop", "hpc", env=hpc)
     assert stopped.returncode == 0, stopped.stderr
     assert slurm.jobs() == []
+
+
+def test_the_sidebars_rest_api_starts_scales_and_stops_a_slurm_cluster(slurm, hpc, tmp_path):
+    from lifecycle_helpers import JupyterServer
+
+    with JupyterServer(tmp_path / "server", env={k: v for k, v in hpc.items() if k != "NBCLUSTER_RUNTIME_DIR"}) as server:
+        status, profiles_body = server.api("GET", "api/profiles")
+        assert status == 200
+        assert {"name": "hpc", "backend": "slurm", "description": "The test machine's SLURM, debug partition"} in profiles_body["profiles"]
+        status, started = server.api("POST", "api/clusters", {"profile": "hpc", "workers": 1})
+        assert status == 201, started
+        assert started["name"] == "hpc" and started["backend"] == "slurm" and len(slurm.jobs()) == 1
+        status, scaled = server.api("POST", "api/clusters/hpc/scale", {"workers": 2})
+        assert status == 200, scaled
+        assert len(slurm.jobs()) == 2
+        status, _ = server.api("DELETE", "api/clusters/hpc")
+        assert status == 204 and slurm.jobs() == []

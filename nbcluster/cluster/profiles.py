@@ -12,6 +12,7 @@ the next `%cluster start`.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,16 +31,18 @@ class Backend:
     #: Imported too, to check the extra is whole (SSHCluster lives in distributed but needs asyncssh).
     needs: str | None = None
 
+    def check(self) -> None:
+        """A missing package is one line with the pip command. Found, not imported: a
+        front end checks this in any thread, and dask-jobqueue sets a signal handler on
+        import, which only the main thread may (the supervisor imports it there)."""
+        for package in (self.module.split(".")[0], self.needs):
+            if package and importlib.util.find_spec(package) is None:
+                raise BadArgument(f"this profile needs {package}: `pip install 'nbcluster[{self.extra}]'`")
+
     def load(self) -> type:
-        """The deployment class; a missing package is one line with the pip command."""
-        try:
-            if self.needs:
-                importlib.import_module(self.needs)
-            return getattr(importlib.import_module(self.module), self.cls)
-        except ImportError as e:
-            raise BadArgument(
-                f"this profile needs {e.name or self.module}: `pip install 'nbcluster[{self.extra}]'`"
-            ) from None
+        """The deployment class (in the supervisor's main thread)."""
+        self.check()
+        return getattr(importlib.import_module(self.module), self.cls)
 
 
 def _jobqueue(cls: str) -> Backend:
@@ -70,6 +73,11 @@ class Profile:
     @property
     def local(self) -> bool:
         return self.backend == "local"
+
+    def check_installed(self) -> None:
+        backend = BACKENDS[self.backend]
+        if backend is not None:
+            backend.check()
 
     def deployment_class(self) -> type:
         backend = BACKENDS[self.backend]

@@ -164,7 +164,7 @@ class ClusterSpec:
 
         chosen = profiles.get(profile)
         if not chosen.local:
-            chosen.deployment_class()  # a missing extra is named now, not in the supervisor's log
+            chosen.check_installed()  # a missing extra is named now, not in the supervisor's log
             if gpus not in (None, 0, "0") or gpu_backend:
                 raise BadArgument(
                     f"--gpus and --gpu-backend are for local clusters; on the {chosen.backend} backend "
