@@ -190,3 +190,15 @@ def test_the_sidebars_rest_api_starts_scales_and_stops_a_slurm_cluster(slurm, hp
         assert len(slurm.jobs()) == 2
         status, _ = server.api("DELETE", "api/clusters/hpc")
         assert status == 204 and slurm.jobs() == []
+
+
+def test_a_kept_slurm_cluster_outlives_its_kernel(slurm, hpc, runtime_dir):
+    with kernel(hpc) as k:
+        k.run("%load_ext nbcluster\n%cluster start --profile hpc --workers 1 --keep").ok()
+        os.kill(k.km.provisioner.process.pid, signal.SIGKILL)
+        k.km.provisioner.process.wait()
+    [kept] = nbcluster.clusters(runtime_dir=runtime_dir)
+    assert kept.name == "hpc" and kept.entry["owner_pid"] is None  # no owner: nothing to watch
+    assert len(slurm.jobs()) == 1
+    kept.stop()
+    assert slurm.jobs() == []
