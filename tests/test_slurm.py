@@ -20,13 +20,14 @@ from pathlib import Path
 import dask.config
 import pytest
 import yaml
-from kernel_session import kernel
-from slurm_service import PARTITION, SlurmService, running
 
 import nbcluster
 from nbcluster.cluster import backends, deploy, profiles
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import ClusterFailed
+from tests.kernel_session import kernel
+from tests.lifecycle_helpers import JupyterServer
+from tests.slurm_service import PARTITION, SlurmService, running
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -176,8 +177,6 @@ def test_the_cli_starts_and_stops_a_slurm_cluster(slurm, hpc, cli):
 
 
 def test_the_sidebars_rest_api_starts_scales_and_stops_a_slurm_cluster(slurm, hpc, tmp_path):
-    from lifecycle_helpers import JupyterServer
-
     with JupyterServer(tmp_path / "server", env={k: v for k, v in hpc.items() if k != "NBCLUSTER_RUNTIME_DIR"}) as server:
         status, profiles_body = server.api("GET", "api/profiles")
         assert status == 200
