@@ -12,6 +12,7 @@ scheduler or worker process it left (they are its children), also when the test 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -134,10 +135,8 @@ class GatewayServer:
             self.proc.kill()
             self.proc.wait()
         for p in family:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
         psutil.wait_procs(family, timeout=10)
         self.proc = None
 

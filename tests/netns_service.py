@@ -23,6 +23,7 @@ Where namespaces cannot be made (no root, no `ip`), entering fails the test with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -124,10 +125,8 @@ class Hosts:
             # network alive after `ip netns del`; it belongs to this test, so end it.
             pids = _ip("netns", "pids", ns, check=False).stdout.split()
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             _ip("netns", "del", ns, check=False)
         self._made = []
 

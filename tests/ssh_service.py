@@ -12,11 +12,11 @@ behind (Dask schedulers and workers started over SSH), also when the test failed
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,10 +146,8 @@ def _family(pid: int) -> list[psutil.Process]:
 
 
 def _kill(p: psutil.Process) -> None:
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess):
         p.kill()
-    except psutil.NoSuchProcess:
-        pass
 
 
 @pytest.fixture

@@ -1,0 +1,117 @@
+"""The `gateway` backend against a real dask-gateway server on loopback (`gateway_service`).
+
+The profile names the gateway's address; the credentials sit in dask-gateway's own
+`gateway.auth` config, in a YAML file of a `DASK_CONFIG` folder, as a user keeps them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import dask.config
+import psutil
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import nbcluster
+from nbcluster.cluster.info import ClusterList
+from tests.gateway_service import GatewayServer, gateway_server  # noqa: F401 - fixture
+from tests.lifecycle_helpers import JupyterServer
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def shell(runtime_dir: Path) -> InteractiveShell:
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbcluster")
+    return ip
+
+
+def use_gateway(server: GatewayServer, folder: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> Any:
+    """This process and the clusters it starts see `server.config(**kwargs)`."""
+    monkeypatch.setenv("DASK_CONFIG", str(server.write_config(folder, **kwargs)))
+    return dask.config.set(server.config(**kwargs))
+
+
+def magic(ip: InteractiveShell, line: str) -> Any:
+    return ip.run_line_magic("cluster", line)
+
+
+def cell(ip: InteractiveShell, source: str) -> Any:
+    result = ip.run_cell(source)
+    if result.error_before_exec or result.error_in_exec:
+        raise result.error_before_exec or result.error_in_exec
+    return result.result
+
+
+def test_profile_starts_scales_lists_and_stops_a_gateway_cluster(
+    gateway_server: GatewayServer, shell: InteractiveShell, runtime_dir: Path, tmp_path: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    with use_gateway(gateway_server, tmp_path / "dask", monkeypatch):
+        magic(shell, "start --profile campus --name campus")
+        try:
+            handle = nbcluster.current()
+            magic(shell, "scale 2")
+            info = handle.info()
+            assert len(info.workers) == 2, info.workers
+            # The workers are the gateway's processes, not ones nbcluster spawned here.
+            gateway_workers = {p.pid for p in gateway_server.clusters_running() if "worker" in p.cmdline()}
+            assert len(gateway_workers) == 2
+
+            out = cell(shell, '%%distribute --over "x in range(30)"\nimport os\n(x * x, os.getppid())')
+            assert [value for value, _ in out] == [x * x for x in range(30)]
+            # Each item ran in a worker process whose parent is one of the gateway's workers.
+            ran_under = {parent for _, parent in out}
+            assert ran_under <= gateway_workers | {p.pid for p in _children(gateway_workers)}, ran_under
+
+            listing = magic(shell, "list")
+            assert isinstance(listing, ClusterList) and "campus" in repr(listing)
+            with JupyterServer(tmp_path / "server", env={"NBCLUSTER_RUNTIME_DIR": str(runtime_dir)}) as server:
+                status, body = server.api("GET", "api/clusters")
+            assert status == 200, body
+            [row] = [c for c in body["clusters"] if c["name"] == "campus"]
+            assert row["state"] == "running" and len(row["workers"]) == 2, row
+        finally:
+            running = gateway_server.clusters_running()
+            magic(shell, "stop campus")
+        # Stop shuts the gateway cluster down: its scheduler and workers exit...
+        _, alive = psutil.wait_procs(running, timeout=30)
+        assert not alive, f"gateway processes outlived %cluster stop by 30 s: {alive}"
+        # ...and the gateway no longer lists it.
+        assert _gateway_clusters(gateway_server) == []
+        assert nbcluster.clusters() == []
+
+
+def test_wrong_password_is_one_clear_line(
+    gateway_server: GatewayServer, shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:  # fmt: skip
+    with use_gateway(gateway_server, tmp_path / "dask", monkeypatch, password="not-the-password"):
+        started = time.monotonic()
+        with pytest.raises(UsageError) as info:
+            magic(shell, "start --profile campus")
+    message = str(info.value).strip()
+    assert "\n" not in message and "Traceback" not in message, message
+    assert "campus" in message and ("credentials" in message or "password" in message or "401" in message), message
+    assert time.monotonic() - started < 10 + 5  # the connect timeout, and the start's own cost
+    assert nbcluster.clusters() == [] and gateway_server.clusters_running() == []
+
+
+def _children(pids: set[int]) -> list[psutil.Process]:
+    out = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            out += psutil.Process(pid).children(recursive=True)
+    return out
+
+
+def _gateway_clusters(server: GatewayServer) -> list[str]:
+    from dask_gateway import BasicAuth, Gateway
+
+    with Gateway(server.address, auth=BasicAuth("student", server.password)) as gateway:
+        return [c.name for c in gateway.list_clusters()]
