@@ -50,7 +50,7 @@ from nbcluster.cluster.gpu import GPU
 from nbcluster.cluster.kinds import worker_kind
 from nbcluster.cluster.profiles import JOBQUEUE, Profile
 from nbcluster.cluster.spec import ClusterSpec
-from nbcluster.errors import BadArgument
+from nbcluster.errors import BadArgument, ClusterUnreachable
 
 #: What a worker of a remote-host backend waits for an unreachable scheduler before exiting.
 DEATH_TIMEOUT = "60s"
@@ -343,13 +343,30 @@ class SSHDeployment(_Remote, _SpecBased):
         self.initial = spec.workers
 
     async def start(self) -> None:
-        await self.cluster
+        try:
+            await self.cluster
+        except RuntimeError as e:
+            # SpecCluster wraps the SSH failure; its cause is what the user can act on.
+            raise ClusterUnreachable(self._ssh_failure(e.__cause__ or e)) from None
         if not self.cluster.new_spec and self.cluster.worker_spec:
             # SSHCluster has no template for new workers: a scale-up repeats the last host.
             self.cluster.new_spec = dict(self.cluster.worker_spec[max(self.cluster.worker_spec)])
         await self.connect_client()
         if self.initial is not None:
             await self.scale(self.initial)
+
+    def _ssh_failure(self, cause: BaseException) -> str:
+        options = self.profile.options
+        hosts = ", ".join(dict.fromkeys(options.get("hosts") or []))
+        port = (options.get("connect_options") or {}).get("port", 22)
+        if isinstance(cause, asyncio.TimeoutError):
+            timeout = config.seconds("timeouts.connect")
+            return (
+                f"no SSH answer from {hosts} (port {port}) within {timeout:g} s (nbcluster.timeouts.connect): "
+                f"check the hosts and port in profile {self.profile.name!r}"
+            )
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        return f"SSH to {hosts} (port {port}) failed: {reason}; check profile {self.profile.name!r}"
 
     async def close(self, timeout: float) -> None:
         await self.close_client()
