@@ -96,7 +96,7 @@ def test_a_key_the_host_refuses_is_one_clear_line(
             magic(shell, "start --profile lab")
     message = str(info.value).strip()
     assert "\n" not in message and "Traceback" not in message, message
-    assert "127.0.0.1" in message and "lab" in message, message
+    assert "SSH to 127.0.0.1" in message and "Permission denied" in message and "'lab'" in message, message
     assert time.monotonic() - started < 10 + 5  # the connect timeout, and the start's own cost
     assert nbcluster.clusters() == [] and started_by_sshd(ssh_server) == []
 
@@ -118,6 +118,7 @@ def test_a_host_that_never_answers_fails_within_the_connect_timeout(
                 magic(shell, "start --profile lab")
             took = time.monotonic() - started
     message = str(info.value).strip()
-    assert "\n" not in message and "127.0.0.1" in message, message
+    assert "\n" not in message and "no SSH answer from 127.0.0.1" in message, message
+    assert "nbcluster.timeouts.connect" in message and "'lab'" in message, message
     assert 3 <= took < 3 + 10, took
     assert nbcluster.clusters() == []
