@@ -6,8 +6,11 @@ The profile names the gateway's address; the credentials sit in dask-gateway's o
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,8 @@ def test_profile_starts_scales_lists_and_stops_a_gateway_cluster(
         try:
             handle = nbcluster.current()
             magic(shell, "scale 2")
+            # The gateway starts workers after the request returns, as a batch system would.
+            handle.client.wait_for_workers(2, timeout=120)
             info = handle.info()
             assert len(info.workers) == 2, info.workers
             # The workers are the gateway's processes, not ones nbcluster spawned here.
@@ -97,7 +102,7 @@ def test_wrong_password_is_one_clear_line(
             magic(shell, "start --profile campus")
     message = str(info.value).strip()
     assert "\n" not in message and "Traceback" not in message, message
-    assert "campus" in message and ("credentials" in message or "password" in message or "401" in message), message
+    assert "refused the credentials" in message and "gateway.auth" in message and "'campus'" in message, message
     assert time.monotonic() - started < 10 + 5  # the connect timeout, and the start's own cost
     assert nbcluster.clusters() == [] and gateway_server.clusters_running() == []
 
@@ -111,7 +116,9 @@ def _children(pids: set[int]) -> list[psutil.Process]:
 
 
 def _gateway_clusters(server: GatewayServer) -> list[str]:
-    from dask_gateway import BasicAuth, Gateway
-
-    with Gateway(server.address, auth=BasicAuth("student", server.password)) as gateway:
-        return [c.name for c in gateway.list_clusters()]
+    """The clusters the gateway runs, from its REST API (its Python client's `__del__`
+    fails once closed, a warning in every test that uses it)."""
+    token = base64.b64encode(f"student:{server.password}".encode()).decode()
+    request = urllib.request.Request(f"{server.address}/api/v1/clusters/", headers={"Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return list(json.load(response))
