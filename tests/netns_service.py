@@ -67,6 +67,8 @@ class Hosts:
             self._build()
         except subprocess.CalledProcessError as e:
             self.__exit__(*sys.exc_info())
+            if e.cmd[0] != "ip":
+                raise
             pytest.fail(f"cannot create network namespaces here: `{' '.join(e.cmd)}` said {e.stderr.strip()!r}")
         except BaseException:
             self.__exit__(*sys.exc_info())
@@ -74,6 +76,7 @@ class Hosts:
         return self
 
     def _build(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
         for ns in (self.switch, *self.names):
             _ip("netns", "add", ns)
             self._made.append(ns)
@@ -106,6 +109,10 @@ class Hosts:
 
     def run_in(self, i: int, *command: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*self.prefix(i), *command], capture_output=True, text=True, **kwargs)
+
+    def pids(self, i: int) -> list[int]:
+        """The processes running on host i."""
+        return [int(pid) for pid in _ip("netns", "pids", self.names[i], check=False).stdout.split()]
 
     def cut(self, i: int) -> None:
         _ip("-n", self.switch, "link", "set", self._cables[i], "down")
