@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -122,3 +123,22 @@ def _gateway_clusters(server: GatewayServer) -> list[str]:
     request = urllib.request.Request(f"{server.address}/api/v1/clusters/", headers={"Authorization": f"Basic {token}"})
     with urllib.request.urlopen(request, timeout=10) as response:
         return list(json.load(response))
+
+
+def test_a_gateway_that_never_answers_fails_within_the_connect_timeout(shell: InteractiveShell) -> None:
+    # Accepts the connection, then says nothing: only the connect timeout ends the wait.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        profile = {"backend": "gateway", "description": "silent", "options": {"address": address}}
+        settings = {"nbcluster.profiles.campus": profile, "nbcluster.timeouts.connect": "3s"}
+        with dask.config.set(settings):
+            started = time.monotonic()
+            with pytest.raises(UsageError) as info:
+                magic(shell, "start --profile campus")
+            took = time.monotonic() - started
+    message = str(info.value).strip()
+    assert "\n" not in message and f"the gateway at {address} did not answer within 3 s" in message, message
+    assert 3 <= took < 3 + 10, took
+    assert nbcluster.clusters() == []
