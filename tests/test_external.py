@@ -9,8 +9,10 @@ does not.
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -38,15 +40,21 @@ def _tls_args(files: tuple[str, str, str]) -> list[str]:
     return ["--tls-ca-file", ca, "--tls-cert", cert, "--tls-key", key]
 
 
-@pytest.fixture(params=["plugins allowed", "plugins refused"])
+@pytest.fixture(params=["plugins allowed", "plugins blocked", "no nbcluster"])
 def someone_elses_scheduler(request, tmp_path: Path) -> Iterator[tuple[str, tuple[str, str, str], bool]]:
-    """A TLS scheduler with one worker, started from the command line, always stopped."""
+    """A TLS scheduler with one worker, started from the command line, always stopped.
+
+    Two ways to refuse nbcluster's plugin: an administrator's blocked handler (nbcluster is
+    importable there, so `%%distribute` runs), or a scheduler without nbcluster at all.
+    """
     files = _credentials(tmp_path / "admin", "theirs")
     allowed = request.param == "plugins allowed"
     env = dict(os.environ)
     info = tmp_path / "scheduler.json"
     preload: list[str] = []
-    if not allowed:
+    if request.param == "plugins blocked":
+        env["DASK_DISTRIBUTED__SCHEDULER__BLOCKED_HANDLERS"] = '["register_scheduler_plugin"]'
+    if request.param == "no nbcluster":
         # A scheduler whose Python has no nbcluster cannot unpickle nbcluster's plugin.
         without = tmp_path / "without_nbcluster.py"
         without.write_text("import sys\nsys.modules['nbcluster'] = None\n")
@@ -82,6 +90,18 @@ def someone_elses_scheduler(request, tmp_path: Path) -> Iterator[tuple[str, tupl
                 p.wait()
 
 
+def _sampled(handle, timeout: float = 30) -> dict:
+    """The first snapshot with a resource sample of every worker (a plugin registered a
+    moment ago has not copied a heartbeat yet; the scheduler's own view has them at once)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        snapshot = handle.metrics()
+        if snapshot["workers"] and {r["worker"] for r in snapshot["resources"]} == set(snapshot["workers"]):
+            return snapshot
+        assert time.monotonic() < deadline, f"no worker samples within {timeout} s"
+        time.sleep(0.1)  # samples arrive with heartbeats, which announce nothing to a client
+
+
 def test_use_with_security_attaches_as_external(runtime_dir, someone_elses_scheduler):
     address, files, allowed = someone_elses_scheduler
     runner = commands.Runner(in_kernel=True)
@@ -98,6 +118,11 @@ def test_use_with_security_attaches_as_external(runtime_dir, someone_elses_sched
     assert len(snapshot["workers"]) == 1
     # The plugin records tasks; the basic view (the scheduler's own identity) has none.
     assert bool(snapshot["tasks"]) == allowed == handle.entry["metrics"]
+    assert snapshot.get("basic", False) == (not allowed)
+    # CPU and memory either way; passing the cursor back never repeats a sample.
+    sampled = _sampled(handle)
+    later = handle.metrics(sampled["cursor"])
+    assert not {r["time"] for r in sampled["resources"]} & {r["time"] for r in later["resources"]}
 
     for line in ("scale 3", "adapt --min 1 --max 2", "stop"):
         with pytest.raises(BadArgument, match=f"unavailable for {address}: it is an external cluster"):
@@ -138,3 +163,50 @@ def test_a_silent_address_gives_up_at_the_connect_timeout(runtime_dir, tmp_path)
 def test_bad_security_files_are_one_line(runtime_dir, security, message):
     with pytest.raises(BadArgument, match=message):
         commands.Runner(in_kernel=True).run(commands.parse(f"use tls://127.0.0.1:9 --security {security}"))
+
+
+
+def _graphs_fall_back(view: str, allowed: bool) -> None:
+    """The frozen picture: no task stream and the line saying why exactly where the plugin
+    was refused, and the worker's CPU and memory charts either way."""
+    from nbcluster.widgets._theme import TEXT
+
+    assert (html.escape(TEXT["noPlugin"]) in view) == (not allowed)
+    assert view.count('class="nbc-resource-worker"') == 1
+    assert re.search(r"CPU \d+%", view) and re.search(r"Mem \d", view) and "<polyline" in view
+
+
+@pytest.mark.parametrize("someone_elses_scheduler", ["plugins allowed", "plugins blocked"], indirect=True)
+def test_a_distribute_runs_widget_falls_back_to_the_schedulers_own_view(runtime_dir, someone_elses_scheduler):
+    from nbcluster.distribute import distribute
+    from nbcluster.widgets import progress_hook
+    from tests.test_widgets import Recorder, square
+
+    address, files, allowed = someone_elses_scheduler
+    handle = nbcluster.use(address, security=files)
+    assert handle.entry["metrics"] == allowed
+    handle.client.wait_for_workers(1, timeout=30)
+    rec = Recorder()
+    hook = progress_hook(delay=0, interval=0.1, _display=rec, _widgets=True)
+    results = distribute(square, over=range(4), batch=1, client=handle.client, progress=hook)
+    hook.live.close()
+    assert results.values() == [0, 1, 4, 9]
+    run = rec.updates[-1]["text/html"]
+    assert "4 / 4 done" in run and run.count('class="nbc-task"') == (4 if allowed else 0)
+    _graphs_fall_back(run, allowed)
+
+
+def test_cluster_status_graphs_fall_back_to_the_schedulers_own_view(runtime_dir, someone_elses_scheduler):
+    from nbcluster.widgets import status
+    from tests.test_widgets import Recorder
+
+    address, files, allowed = someone_elses_scheduler
+    handle = nbcluster.use(address, security=files)
+    handle.client.wait_for_workers(1, timeout=30)
+    rec = Recorder()
+    shown = status(handle, live_for=1.0, interval=0.1, _display=rec, _widgets=True)
+    shown._thread.join(30)
+    assert shown.frozen and len(rec.shown) == 1
+    # The live widget got the same view: the worker's samples, and whether it is basic.
+    assert shown.widget.delta["basic"] == (not allowed)
+    _graphs_fall_back(rec.updates[-1]["text/html"], allowed)

@@ -164,9 +164,9 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-def _open(browser: Any, theme: str, background: str) -> Any:
+def _open(browser: Any, theme: str, background: str, view: dict[str, Any] | None = None) -> Any:
     css = (THEMES / f"theme-{theme}-extension" / "index.css").read_text(encoding="utf-8")
-    view = _view()
+    view = view or _view()
     frozen = render_html(COUNTS, view, GRID, window=None, resource_window=5.0)
     page = browser.new_page(viewport={"width": 1000, "height": 1400})
     page.set_content(PAGE.format(theme=css, background=background, frozen=frozen))
@@ -177,15 +177,19 @@ def _open(browser: Any, theme: str, background: str) -> Any:
     return page
 
 
+def _assert_drawn_alike(page: Any) -> None:
+    for part in PARTS:
+        live = page.locator(f"#live {part}").evaluate(DESCRIBE)
+        frozen = page.locator(f"#frozen {part}").evaluate(DESCRIBE)
+        assert len(live) == len(frozen), f"{part}: {len(live)} elements live, {len(frozen)} frozen"
+        for a, b in zip(live, frozen, strict=True):
+            assert a == b, f"{part} differs:\nlive   {json.dumps(a)}\nfrozen {json.dumps(b)}"
+
+
 def test_live_and_frozen_pictures_draw_the_same_snapshot_alike(browser: Any) -> None:
     page = _open(browser, "light", "--jp-layout-color0")
     try:
-        for part in PARTS:
-            live = page.locator(f"#live {part}").evaluate(DESCRIBE)
-            frozen = page.locator(f"#frozen {part}").evaluate(DESCRIBE)
-            assert len(live) == len(frozen), f"{part}: {len(live)} elements live, {len(frozen)} frozen"
-            for a, b in zip(live, frozen, strict=True):
-                assert a == b, f"{part} differs:\nlive   {json.dumps(a)}\nfrozen {json.dumps(b)}"
+        _assert_drawn_alike(page)
         # The comparison is only worth something if the picture holds what the data says.
         stream = page.locator("#frozen .nbc-stream")
         assert stream.locator(".nbc-lane").evaluate_all("ls => ls.map(l => l.dataset.worker)") == [W0, W1, W2]
@@ -212,3 +216,17 @@ def test_every_label_keeps_a_readable_contrast(browser: Any, theme: str, backgro
             assert not poor, f"{theme} theme, {root}: text below a {MIN_CONTRAST} contrast: {poor[:5]}"
     finally:
         page.close()
+
+
+def test_the_schedulers_own_view_says_what_the_task_stream_needs(browser: Any) -> None:
+    # A scheduler without nbcluster's plugin: workers and samples, no tasks (`basic`).
+    page = _open(browser, "light", "--jp-layout-color0", {**_view(), "tasks": [], "basic": True})
+    try:
+        _assert_drawn_alike(page)
+        stream = page.locator("#live .nbc-stream")
+        assert stream.locator(".nbc-lane").count() == 0
+        assert stream.inner_text() == page.evaluate("G.THEME.text.noPlugin")
+        assert page.locator("#live .nbc-resources polyline").count() > 0
+    finally:
+        page.close()
+

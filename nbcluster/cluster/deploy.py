@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import dask.config
@@ -86,16 +87,35 @@ def identity_rows(identity: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def basic_snapshot(identity: dict[str, Any]) -> dict[str, Any]:
+def basic_snapshot(identity: dict[str, Any], since: int | None = None) -> dict[str, Any]:
     """A metrics snapshot (the format in `nbcluster.metrics`) from a scheduler's own
-    ``identity``, where nbcluster's plugin is not there: the workers, no history."""
-    workers = {
-        w["address"]: {"name": w["name"], "nthreads": w["nthreads"], "memory_limit": w["memory_limit"] or 0,
-                       "resources": w["resources"], "processing": w["processing"]}
-        for w in identity_rows(identity)
-    }  # fmt: skip
-    return {"version": 1, "cursor": 0, "gap": False, "now": time.time(), "workers": workers,
-            "tasks": [], "resources": [], "groups": []}  # fmt: skip
+    ``identity``, where nbcluster's plugin is not there: the workers and their latest
+    heartbeat samples (CPU, memory), no task records and no history, marked ``basic``.
+
+    Each heartbeat is sent once: the cursor is the scheduler's clock, in milliseconds, just
+    past the newest heartbeat it had received, so passing it back as `since` returns only
+    the samples of heartbeats received since.
+    """
+    from nbcluster.metrics.plugin import _sample  # the plugin's own sample shape, GPU included
+
+    workers, samples, cursor = {}, [], since or 0
+    for row in identity_rows(identity):
+        address = row["address"]
+        workers[address] = {
+            "name": row["name"], "nthreads": row["nthreads"], "memory_limit": row["memory_limit"] or 0,
+            "resources": row["resources"], "processing": row["processing"],
+        }  # fmt: skip
+        reported = identity["workers"][address]
+        metrics = reported.get("metrics") or {}
+        seen = int((reported.get("last_seen") or 0) * 1000)
+        if metrics.get("time") is None or (since is not None and seen < since):
+            continue
+        # `_sample` reads a WorkerState; an identity answer holds the same fields as a dict.
+        ws = SimpleNamespace(memory_limit=reported.get("memory_limit"), metrics=metrics, extra=reported)
+        samples.append(_sample(address, ws, metrics))  # type: ignore[arg-type]
+        cursor = max(cursor, seen + 1)
+    return {"version": 1, "cursor": cursor, "gap": False, "now": time.time(), "basic": True,
+            "workers": workers, "tasks": [], "resources": samples, "groups": []}  # fmt: skip
 
 
 class Deployment:

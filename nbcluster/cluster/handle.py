@@ -188,7 +188,7 @@ class ClusterHandle:
 
     async def ametrics(self, since: int | None = None) -> dict[str, Any]:
         if not self.managed and not self.entry.get("metrics"):
-            return basic_snapshot(await self.arpc("identity"))
+            return basic_snapshot(await self.arpc("identity"), since)
         return await self.arpc("nbcluster_metrics", since=since)
 
     def metrics(self, since: int | None = None) -> dict[str, Any]:

@@ -180,7 +180,7 @@ class Control:
         # The scheduler is elsewhere: its metrics plugin answers, through our client, or
         # where it refused the plugin, the scheduler's own view of the workers.
         if not self.entry.get("metrics"):
-            return deploy.basic_snapshot(await self.deployment.scheduler_identity())
+            return deploy.basic_snapshot(await self.deployment.scheduler_identity(), since)
         return await self.deployment.client.scheduler.nbcluster_metrics(since=since)  # type: ignore[attr-defined]
 
     async def stop(self) -> str:

@@ -29,6 +29,10 @@ Times are seconds since the epoch (float; task and sample times are the workers'
       "gap": False,              # True: records after `since` were dropped (ring overflow,
                                  # or `since` came from another scheduler); redraw from scratch
       "now": 1718000000.25,      # scheduler clock when the snapshot was taken
+      "basic": True,             # present only in the scheduler's own view, served where
+                                 # nbcluster's plugin is not on the scheduler: workers and
+                                 # their latest samples, no tasks, groups or history
+                                 # (`nbcluster.cluster.deploy.basic_snapshot`)
       "workers": {               # every worker connected now (always complete, not a delta)
         "tcp://127.0.0.1:40000": {
           "name": "0",           # str(worker name)

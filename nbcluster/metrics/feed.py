@@ -30,11 +30,25 @@ Feed = Callable[[int | None], Snapshot]
 def client_feed(client: Client) -> Feed:
     """A feed that calls the scheduler's ``nbcluster_metrics`` handler through `client`.
 
-    Safe to call from any thread except the client's event loop thread.
+    A scheduler without nbcluster's plugin (one someone else runs, that refused it) has no
+    such handler: from then on the feed serves the basic view from the scheduler's own
+    ``identity`` (workers, CPU and memory; no task stream), marked ``basic``, as
+    `ClusterHandle.metrics` does. Safe to call from any thread except the client's event
+    loop thread.
     """
+    basic = False
 
     def fetch(since: int | None = None) -> Snapshot:
-        return client.sync(client.scheduler.nbcluster_metrics, since=since)
+        nonlocal basic
+        if not basic:
+            snap = client.sync(client.scheduler.nbcluster_metrics, since=since)
+            if snap is not None:
+                return snap
+            # Dask answers None to an operation the scheduler has no handler for.
+            basic, since = True, None
+        from nbcluster.cluster.deploy import basic_snapshot
+
+        return basic_snapshot(client.sync(client.scheduler.identity), since)
 
     return fetch
 
@@ -59,6 +73,8 @@ class MetricsWindow:
         max_samples = limits["maxSamples"] if max_samples is None else max_samples
         self.cursor: int | None = None
         self.now = 0.0
+        #: True while the feed serves the scheduler's own view (no plugin: no task stream).
+        self.basic = False
         self.workers: dict[str, dict[str, Any]] = {}
         self.tasks: deque[dict[str, Any]] = deque(maxlen=max_tasks)
         self.samples: dict[str, deque[dict[str, Any]]] = {}
@@ -68,6 +84,7 @@ class MetricsWindow:
         """Fold one snapshot (as returned for ``since=self.cursor``) into the window."""
         self.cursor = snap.get("cursor", self.cursor)
         self.now = max(self.now, snap.get("now") or 0.0)
+        self.basic = bool(snap.get("basic"))
         if "workers" in snap:
             self.workers = snap["workers"]
         self.tasks.extend(snap.get("tasks", ()))
@@ -88,6 +105,7 @@ class MetricsWindow:
         return {
             "cursor": self.cursor,
             "now": self.now,
+            "basic": self.basic,
             "workers": self.workers,
             "tasks": list(self.tasks),
             "samples": {w: list(s) for w, s in self.samples.items()},

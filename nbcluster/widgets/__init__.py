@@ -35,7 +35,9 @@ It is called from a background thread every ``nbcluster.widget.interval`` (4 tim
 by default), so it must be cheap and thread-safe (reading a few counters is). ``feed`` is a callable ``since -> snapshot``
 (`nbcluster.metrics.client_feed(client)`, `ClusterHandle.metrics`; a `ClusterHandle` itself
 is taken to mean its client's feed), see `nbcluster.metrics` for the format; None shows
-progress only.
+progress only. On a scheduler without nbcluster's plugin (one someone else runs that refused
+it) the client's feed serves the scheduler's own view: the worker charts, and in place of
+the task stream one line saying that it needs the plugin there.
 
 What a user sees: nothing for ``delay`` seconds (``nbcluster.widget.delay``: instant cells
 stay clean); then, in a

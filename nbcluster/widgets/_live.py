@@ -203,8 +203,9 @@ class Live:
         try:
             snap = self.feed(self.metrics.cursor)
         except Exception as e:
-            # A cluster without the metrics plugin, or one that went away: keep the
-            # progress bar, drop the graphs.
+            # A cluster that went away (or a feed that breaks): keep the progress bar,
+            # drop the graphs. A scheduler without the plugin is not this: its client
+            # feed falls back to the scheduler's own view.
             logger.info("nbcluster live widget: no metrics (%s: %s)", type(e).__name__, e)
             self.feed = None
             return
@@ -255,7 +256,9 @@ class Live:
         if w is None:
             return
         self._seq += 1
-        delta: dict[str, Any] = {"seq": self._seq, "now": self.metrics.now, "cursor": self.metrics.cursor}
+        delta: dict[str, Any] = {
+            "seq": self._seq, "now": self.metrics.now, "cursor": self.metrics.cursor, "basic": self.metrics.basic,
+        }  # fmt: skip
         news = reset
         if reset:
             delta["reset"] = True

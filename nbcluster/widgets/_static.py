@@ -248,6 +248,9 @@ def _lane(
 
 
 def render_task_stream(view: Mapping[str, Any], window: float | None = None) -> str:
+    if view.get("basic"):
+        # The scheduler's own view has workers but no task records: say why, not empty lanes.
+        return _box("nbc-stream", _div(css("note"), escape(TEXT["noPlugin"])))
     lanes = _lane_order(view)
     start, span = _time_span(view, window)
     tasks = _tasks_by_worker(view, start)

@@ -48,6 +48,8 @@ export interface Snapshot {
   cursor: number;
   gap: boolean;
   now: number;
+  /** The scheduler's own view (no nbcluster plugin there): workers and samples, no tasks. */
+  basic?: boolean;
   workers: Record<string, WorkerInfo>;
   tasks: TaskRecord[];
   resources: ResourceSample[];
@@ -57,6 +59,7 @@ export interface Snapshot {
 export interface View {
   cursor: number | null;
   now: number;
+  basic: boolean;
   workers: Record<string, WorkerInfo>;
   tasks: TaskRecord[];
   samples: Record<string, ResourceSample[]>;

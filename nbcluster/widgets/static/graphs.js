@@ -100,13 +100,14 @@ export function formatDuration(seconds) {
 // limits: {maxTasks, maxSamples}, from the Python side (widget trait, the server's page
 // config), so the live view and the frozen picture keep the same history.
 export function createView(limits) {
-  return { cursor: null, now: 0, workers: {}, tasks: [], samples: {}, limits: { ...limits } };
+  return { cursor: null, now: 0, basic: false, workers: {}, tasks: [], samples: {}, limits: { ...limits } };
 }
 
 export function applySnapshot(view, snap) {
   if (!snap) return view;
   if (snap.cursor !== undefined) view.cursor = snap.cursor;
   if (snap.now) view.now = Math.max(view.now, snap.now);
+  view.basic = !!snap.basic;
   if (snap.workers) view.workers = snap.workers;
   const { maxTasks, maxSamples } = view.limits;
   for (const t of snap.tasks || []) view.tasks.push(t);
@@ -235,6 +236,12 @@ function timeAxis(span, endLabel) {
 export function renderTaskStream(container, view, opts) {
   const o = opts || {};
   const root = rootBox("nbc-stream");
+  if (view.basic) {
+    // The scheduler's own view has workers but no task records: say why, not empty lanes.
+    root.append(h("div", st("note"), T.noPlugin));
+    container.replaceChildren(root);
+    return root;
+  }
   const lanes = laneOrder(view);
   const time = timeSpan(view, o.window ?? null);
   const tasks = tasksByWorker(view, time.start);
