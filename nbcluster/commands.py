@@ -179,6 +179,9 @@ class Runner:
 
     def do_list(self, ns: argparse.Namespace) -> ClusterList:
         handles = clusters()
+        current = _current.current() if self.in_kernel else None
+        if current is not None and not current.managed:
+            handles.append(current)  # attached with `use`: in no registry, yet where work runs
 
         async def one(h: ClusterHandle) -> dict[str, Any]:
             try:
@@ -189,7 +192,6 @@ class Runner:
         async def every() -> list[dict[str, Any]]:
             return list(await asyncio.gather(*(one(h) for h in handles)))
 
-        current = _current.current() if self.in_kernel else None
         return ClusterList(_aio.run(every()), current.name if current else None)
 
     def do_use(self, ns: argparse.Namespace) -> ClusterInfo:

@@ -249,3 +249,34 @@ def test_dashboard_only_when_asked_and_on_loopback(runtime_dir):
     assert handle.dashboard_link.startswith("http://127.0.0.1:")
     with urllib.request.urlopen(handle.dashboard_link.replace("/status", "/health"), timeout=10) as r:
         assert r.status == 200
+
+
+def _listing_entries() -> list[dict]:
+    worker = {"nthreads": 2}
+    return [
+        {"name": "local", "address": "tls://127.0.0.1:1", "profile": "local", "backend": "local",
+         "owner_pid": 42, "created": 940.0, "workers": [worker, worker]},
+        {"name": "hpc", "address": "tls://10.0.0.5:2", "profile": "hpc", "backend": "slurm",
+         "owner_pid": None, "created": 400.0, "workers": []},
+        # The registry entry alone: its scheduler did not answer.
+        {"name": "farm", "address": "tls://10.0.0.6:3", "profile": "ssh", "backend": "ssh",
+         "owner_pid": 7, "created": 1000.0},
+        {"name": "tls://sched:8786", "address": "tls://sched:8786", "external": True, "workers": [worker]},
+    ]  # fmt: skip
+
+
+def test_list_says_where_each_cluster_runs():
+    from nbcluster.cluster.info import ClusterList
+
+    listing = ClusterList(_listing_entries(), current="hpc", now=1000.0)
+    assert repr(listing).splitlines() == [
+        " name              runs on      address            workers        owner              age",
+        " local             local        tls://127.0.0.1:1  2 (4 cores)    pid 42             60.00 s",
+        "*hpc               hpc (slurm)  tls://10.0.0.5:2   0 (0 cores)    kept (no owner)    600.00 s",
+        " farm              ssh          tls://10.0.0.6:3   not answering  pid 7              0.00 us",
+        " tls://sched:8786  external     tls://sched:8786   1 (2 cores)    started elsewhere  ?",
+    ]
+    page = listing._repr_html_()
+    assert "<th>runs on</th>" in page
+    cells = [row.split("</td><td>") for row in page.split("<tr><td>")[1:]]
+    assert [c[1] for c in cells] == ["local", "hpc (slurm)", "ssh", "external"]

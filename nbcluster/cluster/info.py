@@ -21,13 +21,24 @@ def _owner(pid: int | None) -> str:
     return f"pid {pid}" if pid else "kept (no owner)"
 
 
+def _runs_on(d: dict[str, Any]) -> str:
+    """Where a cluster runs: ``local``, its profile with the backend the name does not
+    already say (``hpc (slurm)``, ``slurm``), or ``external`` for a scheduler nbcluster did
+    not start."""
+    if d.get("external"):
+        return "external"
+    profile = d.get("profile") or (d.get("spec") or {}).get("profile") or "local"
+    backend = d.get("backend") or ("local" if profile == "local" else None)
+    return profile if backend in (None, profile) else f"{profile} ({backend})"
+
+
 def _where(d: dict[str, Any]) -> str:
     """The owner, or for a scheduler nbcluster did not start, that it is external."""
     if d.get("external"):
         return "external: started elsewhere, scale and stop are its owner's"
     owner = f"owner: {_owner(d.get('owner_pid'))}"
-    backend = d.get("profile") if d.get("profile") not in (None, "local") else None
-    return f"profile {backend} ({d.get('backend')}), {owner}" if backend else owner
+    runs_on = _runs_on(d)
+    return f"profile {runs_on}, {owner}" if runs_on != "local" else owner
 
 
 def _worker_place(w: dict[str, Any]) -> str:
@@ -137,10 +148,11 @@ class ClusterInfo:
 
 
 class ClusterList:
-    """What `%cluster list` shows: every registered cluster with its live worker count.
+    """What `%cluster list` shows: every registered cluster with where it runs (its profile
+    and backend, or external) and its live worker count.
 
     Items are `nbcluster_info` answers, or bare registry entries (``workers`` absent) for
-    clusters whose scheduler did not answer in time.
+    clusters whose scheduler did not answer in time; an external cluster is its ``info``.
     """
 
     def __init__(self, entries: list[dict[str, Any]], current: str | None = None, *, now: float | None = None):
@@ -164,9 +176,10 @@ class ClusterList:
             rows.append(
                 (
                     mark + e["name"],
+                    _runs_on(e),
                     e.get("address", ""),
                     size,
-                    _owner(e.get("owner_pid")),
+                    "started elsewhere" if e.get("external") else _owner(e.get("owner_pid")),
                     _age(e.get("created"), now),
                 )
             )
@@ -175,7 +188,7 @@ class ClusterList:
     def __repr__(self) -> str:
         if not self.entries:
             return "No clusters running. Start one with `%cluster start` (or `nbcluster start`)."
-        header = (" name", "address", "workers", "owner", "age")
+        header = (" name", "runs on", "address", "workers", "owner", "age")
         rows = [header, *self._rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows)
@@ -187,6 +200,6 @@ class ClusterList:
             "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in self._rows()
         )
         return (
-            '<table class="nbcluster-list"><thead><tr><th>name</th><th>address</th>'
+            '<table class="nbcluster-list"><thead><tr><th>name</th><th>runs on</th><th>address</th>'
             f"<th>workers</th><th>owner</th><th>age</th></tr></thead><tbody>{body}</tbody></table>"
         )

@@ -66,7 +66,7 @@ T = TypeVar("T")
 #: Seconds one scheduler gets to answer a list/info call before it is shown unreachable.
 INFO_TIMEOUT_S = 3.0
 #: Registry fields safe to show in a browser (the entry also holds credential paths).
-PUBLIC_ENTRY_KEYS = ("name", "address", "dashboard", "owner_pid", "created", "spec")
+PUBLIC_ENTRY_KEYS = ("name", "address", "dashboard", "owner_pid", "created", "spec", "profile", "backend")
 #: The start body: the declared start options, and the backend profile.
 START_FIELDS = tuple(dict.fromkeys([*(o.field for o in START_OPTIONS), "profile"]))
 
