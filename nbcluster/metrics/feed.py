@@ -14,6 +14,7 @@ JavaScript view, which is what the static (saved-notebook) renderer draws.
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -27,25 +28,29 @@ Snapshot = dict[str, Any]
 Feed = Callable[[int | None], Snapshot]
 
 
+# Clients whose scheduler has no `nbcluster_metrics` handler. Asked once per client, not once
+# per feed: each asking logs a traceback on a scheduler that is someone else's.
+_without_plugin: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
 def client_feed(client: Client) -> Feed:
     """A feed that calls the scheduler's ``nbcluster_metrics`` handler through `client`.
 
     A scheduler without nbcluster's plugin (one someone else runs, that refused it) has no
-    such handler: from then on the feed serves the basic view from the scheduler's own
+    such handler: there the feed serves the basic view from the scheduler's own
     ``identity`` (workers, CPU and memory; no task stream), marked ``basic``, as
     `ClusterHandle.metrics` does. Safe to call from any thread except the client's event
     loop thread.
     """
-    basic = False
 
     def fetch(since: int | None = None) -> Snapshot:
-        nonlocal basic
-        if not basic:
+        if client not in _without_plugin:
             snap = client.sync(client.scheduler.nbcluster_metrics, since=since)
             if snap is not None:
                 return snap
             # Dask answers None to an operation the scheduler has no handler for.
-            basic, since = True, None
+            _without_plugin.add(client)
+            since = None
         from nbcluster.cluster.deploy import basic_snapshot
 
         return basic_snapshot(client.sync(client.scheduler.identity), since)
@@ -62,6 +67,7 @@ def ensure_plugin(client: Client) -> None:
     from nbcluster.metrics.plugin import MetricsPlugin
 
     client.register_plugin(MetricsPlugin())  # idempotent: the plugin class says so
+    _without_plugin.discard(client)
 
 
 class MetricsWindow:
