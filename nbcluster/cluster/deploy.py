@@ -14,8 +14,9 @@ Where the scheduler runs decides where the control handlers live:
   handlers on a `distributed.core.Server` of its own, on ``tls://127.0.0.1`` with the
   cluster's nbcluster credentials; its address is ``control`` in the registry entry, and
   ``nbcluster_metrics`` is passed on to the scheduler, where the metrics plugin is
-  registered through a client (when the scheduler refuses it the graphs stay empty and the
-  status still works). Front ends only swap the address.
+  registered through a client (when the scheduler refuses it, `basic_snapshot` serves the
+  scheduler's own view: workers, CPU and memory, no task stream). Front ends only swap the
+  address.
 
 TLS: the local and jobqueue backends use the cluster's own certificate (`write_credentials`);
 jobqueue and SSH workers read the same files on their hosts (a shared home directory), and
