@@ -422,7 +422,7 @@ class GatewayDeployment(_Remote):
             if getattr(e, "status", None) in (401, 403):
                 raise BadArgument(
                     f"the gateway at {gateway.address} refused the credentials ({e.status}): check the "
-                    "profile's auth option or the gateway.auth settings in Dask config"
+                    f"auth option of profile {self.profile.name!r} or `gateway.auth` in Dask config"
                 ) from None
             raise
         finally:
