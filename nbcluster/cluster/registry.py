@@ -64,11 +64,17 @@ def write_private(path: Path, data: str | bytes, *, exclusive: bool = False) -> 
     Not `jupyter_core.paths.secure_write`: claiming a name needs `O_EXCL`, which it lacks.
     The file is 0600 from its first byte (created so, and re-set in case it existed).
     """
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
-    fd = os.open(path, flags, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(fd, 0o600)
+    with os.fdopen(open_private(path, exclusive=exclusive), "wb") as f:
         f.write(data.encode() if isinstance(data, str) else data)
+
+
+def open_private(path: Path, *, exclusive: bool = False, append: bool = False) -> int:
+    """A descriptor for writing a 0600 file (see `write_private`); `append` for logs that
+    several writers share, such as a supervisor's start log."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC) | (os.O_APPEND if append else 0)
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
 
 
 def claim(directory: Path, name: str, entry: dict[str, Any]) -> bool:

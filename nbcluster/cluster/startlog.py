@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 from nbcluster import config
+from nbcluster.cluster import registry
 
 STARTING = ".start-"
 FAILED = "failed-start-"
@@ -77,7 +78,7 @@ def open_locked(log: Path) -> int:
     process never sees it unlocked.
     """
     making = log.with_name(f".making-{log.name}")
-    fd = os.open(making, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+    fd = registry.open_private(making, exclusive=True, append=True)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.rename(making, log)
     return fd
