@@ -56,6 +56,10 @@ from _results import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.* (the services) and this checkout's nbcluster
+# Imported before any `dask.config.set` block: one that adds the first `nbcluster.*` key
+# removes the whole `nbcluster` section on exit, defaults an import inside it put there too.
+import nbcluster  # noqa: E402
+
 # Workers elsewhere cannot import bench/real_work.py: its kernel travels by value.
 cloudpickle.register_pickle_by_value(real_work)
 
@@ -68,8 +72,19 @@ def inc(x: int) -> int:
     return x + 1
 
 
+# Functions of this module travel by value (it is __main__) with the globals they name: the
+# kernel itself, not the real_work module (whose other imports workers cannot resolve).
+KERNEL = real_work.kernel
+
+
 def mc(i: int) -> float:
-    return real_work.kernel("mc50k", i, SPEEDUP_POINTS)
+    return KERNEL("mc50k", i, SPEEDUP_POINTS)
+
+
+def timed(name: str, seed: int) -> float:
+    t = time.perf_counter()
+    KERNEL(name, seed)
+    return time.perf_counter() - t
 
 
 @dataclass
@@ -174,8 +189,6 @@ def measure_cluster(side: str, backend: Backend, tiny: int, out: dict[str, list[
     samples to `out` under ``"<what>|<side>"``."""
     from distributed import Client
 
-    import nbcluster
-
     def add(what: str, value: float) -> None:
         out.setdefault(f"{what}|{side}", []).append(value)
 
@@ -200,8 +213,8 @@ def measure_cluster(side: str, backend: Backend, tiny: int, out: dict[str, list[
         add("tiny", (time.perf_counter() - t) / tiny)
 
         for name in KERNELS:
-            client.submit(real_work.timed, name, 0, pure=False).result()  # warm-up
-            add(f"item {name}", client.submit(real_work.timed, name, 1, pure=False).result())
+            client.submit(timed, name, 0, pure=False).result()  # warm-up
+            add(f"item {name}", client.submit(timed, name, 1, pure=False).result())
 
         t = time.perf_counter()
         if side == "nbcluster":
