@@ -155,6 +155,19 @@ def test_the_job_script_carries_tls_and_resource_settings(slurm, hpc, runtime_di
     assert "#SBATCH --mem=" in text and "--memory-limit 2.00GiB" in text
 
 
+def test_batch_job_workers_get_nbclusters_worker_environment(slurm, hpc):
+    # The malloc setting that keeps numpy items as fast on a worker as in a fresh process
+    # (nbcluster.worker.pre-spawn-environ) reaches workers that run as batch jobs too.
+    handle = nbcluster.start(profile="hpc", workers=1)
+    try:
+        handle.client.wait_for_workers(1, timeout=60)
+        # A lambda: `os.environ.get` itself would pickle this process's os.environ along.
+        [value] = handle.client.run(lambda: os.environ.get("MALLOC_MMAP_THRESHOLD_")).values()
+        assert value == str(dask.config.get("nbcluster.worker.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_"))
+    finally:
+        handle.stop()
+
+
 def test_the_owner_watch_cancels_the_jobs_of_a_dead_kernel(slurm, hpc, runtime_dir):
     with kernel(hpc) as k:
         k.run("%load_ext nbcluster\n%cluster start --profile hpc --workers 2").ok()
