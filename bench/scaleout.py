@@ -23,8 +23,9 @@ What is timed, per cluster:
    process (`bench/real_work.py`'s `python` and `mc50k` kernels, after one warm-up item);
 4. **speedup**: real_work's 12 `mc50k` items of 30 M points on the 2 workers, against the
    serial run in a fresh process and `multiprocessing.Pool(2)` (both measured in each round);
-5. **stop**: from the stop call until the backend shows nothing left: `squeue` empty, no
-   process of the SSH sessions alive, no gateway scheduler or worker process.
+5. **stop**: from the stop call until nothing is left: `squeue` empty; every process the
+   SSH sessions or the gateway ran before the stop has exited (`SSHCluster.close()` returns
+   in ~0.03 s, but the remote Pythons, orphaned, live on for seconds).
 
 Both sides get the dashboard off (nbcluster's default) and 127.0.0.1 addresses; nbcluster's
 clusters use TLS (always), the peers Dask's default plain TCP, as a user calling the class
@@ -175,8 +176,14 @@ SERVICES = {"slurm": slurm_backend, "ssh": ssh_backend, "gateway": gateway_backe
 # -- one cluster, measured ---------------------------------------------------------------
 
 
-def wait_gone(backend: Backend, timeout: float = 60) -> None:
-    # squeue and the process table have no event to wait on: poll them.
+def wait_gone(backend: Backend, before: list[Any], timeout: float = 60) -> None:
+    """Until nothing of the cluster is left: every process it had before the stop has
+    exited (an SSH session's Python outlives the session's end by seconds, as an orphan,
+    so "sshd has no children" is not enough), and the backend lists nothing."""
+    _, alive = psutil.wait_procs([p for p in before if isinstance(p, psutil.Process)], timeout=timeout)
+    if alive:
+        raise RuntimeError(f"{backend.name}: processes still there {timeout:g} s after stop: {alive}")
+    # squeue has no event to wait on: poll it.
     deadline = time.monotonic() + timeout
     while left := backend.leftovers():
         if time.monotonic() > deadline:
@@ -223,6 +230,7 @@ def measure_cluster(side: str, backend: Backend, tiny: int, out: dict[str, list[
             client.gather(client.map(mc, range(SPEEDUP_ITEMS), pure=False))
         add("speedup", time.perf_counter() - t)
     finally:
+        before = backend.leftovers()
         t = time.perf_counter()
         if handle is not None:
             handle.stop()
@@ -231,7 +239,7 @@ def measure_cluster(side: str, backend: Backend, tiny: int, out: dict[str, list[
                 client.close()
             if cluster is not None:
                 cluster.close()
-        wait_gone(backend)
+        wait_gone(backend, before)
         add("stop", time.perf_counter() - t)
 
 
