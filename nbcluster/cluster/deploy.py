@@ -23,6 +23,11 @@ jobqueue and SSH workers read the same files on their hosts (a shared home direc
 get them as ``--tls-*`` options (jobqueue) or as inherited Dask config (SSH). A gateway
 brings its own credentials, which are written 0600 beside the entry like ours.
 
+Worker environment: nbcluster's tuning (`nbcluster.worker.pre-spawn-environ`, the malloc
+setting) reaches SSH workers with the Dask config `SSHCluster` ships to the hosts, and batch
+jobs through one line of the job script (`_worker_environ_prologue`); a gateway's or an
+operator's workers get the environment their administrator configured.
+
 Workers out of reach: a worker on another host has no ``kill -9`` path from here. `close`
 asks the backend to end them (``scancel``, the gateway's shutdown, the SSH session's end, the
 operator's delete); a worker that misses that (its host cut off) ends through its
