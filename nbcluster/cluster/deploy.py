@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shlex
 import time
 from pathlib import Path
@@ -313,8 +314,10 @@ def _worker_environ_prologue() -> list[str]:
     (bench/scaleout.py). A variable set in the submitting environment still wins: sbatch
     and its peers pass it on, and the nanny prefers it to its config.
     """
-    environ = {k: None if v is None else str(v) for k, v in config.worker_pre_spawn_environ().items()}
-    return [f"export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON={shlex.quote(repr(environ))}"]
+    # A Python literal (Dask parses DASK_ variables with literal_eval), in double quotes
+    # so that the job script stays readable; None removes one of Dask's variables.
+    items = (f"{json.dumps(k)}: {'None' if v is None else json.dumps(str(v))}" for k, v in config.worker_pre_spawn_environ().items())
+    return [f"export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON={shlex.quote('{' + ', '.join(items) + '}')}"]
 
 
 def _prologue(profile: Profile) -> list[str]:
