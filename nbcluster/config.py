@@ -17,12 +17,21 @@ import yaml
 _DEFAULTS = Path(__file__).with_name("nbcluster.yaml")
 
 with _DEFAULTS.open() as _f:
-    dask.config.update_defaults(yaml.safe_load(_f))
+    _SHIPPED: dict[str, Any] = yaml.safe_load(_f)
+dask.config.update_defaults(_SHIPPED)
 
 
 def get(key: str) -> Any:
-    """The value of `nbcluster.<key>`."""
-    return dask.config.get(f"nbcluster.{key}")
+    """The value of `nbcluster.<key>`.
+
+    Falls back to the shipped default: a ``with dask.config.set({"nbcluster...": ...})``
+    entered before nbcluster was imported restores, on leaving, the config it saw on
+    entering, which had no ``nbcluster`` section, and so drops the defaults registered since.
+    """
+    try:
+        return dask.config.get(f"nbcluster.{key}")
+    except KeyError:
+        return dask.config.get(f"nbcluster.{key}", config=_SHIPPED)
 
 
 def seconds(key: str) -> float:
