@@ -16,8 +16,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
-import dask.config
-
+from nbcluster import config
 from nbcluster.errors import BadArgument
 
 
@@ -89,7 +88,7 @@ class Profile:
 
 
 def _declared() -> dict[str, Any]:
-    return dict(dask.config.get("nbcluster.profiles", default=None) or {})
+    return dict(config.get("profiles") or {})
 
 
 def _parse(name: str, raw: Any) -> Profile:
