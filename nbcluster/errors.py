@@ -42,3 +42,15 @@ class ClusterLost(ClusterUnreachable):
     def _render_traceback_(self) -> list[str]:
         # IPython shows this one line instead of a traceback of nbcluster's waiting loop.
         return [f"ClusterLost: {self.args[0]}"]
+
+
+class ClusterCannotRun(NbclusterError, RuntimeError):
+    """The cluster cannot load nbcluster's tasks (nbcluster is missing where they are
+    unpickled); `results` holds what finished before, and `retry()` runs the rest."""
+
+    def __init__(self, message: str, results: object = None):
+        super().__init__(message)
+        self.results = results
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"ClusterCannotRun: {self.args[0]}"]

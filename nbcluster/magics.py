@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from nbcluster import commands
 from nbcluster.distribute.args import help_text
-from nbcluster.errors import ClusterLost, NbclusterError
+from nbcluster.errors import ClusterCannotRun, ClusterLost, NbclusterError
 
 
 @magics_class
@@ -39,7 +39,7 @@ class NbclusterMagics(Magics):
                 return wait(parse_wait_line(line), namespace=self.shell.user_ns)
             kwargs = parse_distribute_line(line)
             results = distribute(cell, namespace=self.shell.user_ns, progress=widgets.progress_hook(), **kwargs)
-        except ClusterLost:
+        except (ClusterLost, ClusterCannotRun):
             raise  # one line too, and sys.last_value.results keeps what finished
         except NbclusterError as e:
             raise UsageError(str(e)) from None

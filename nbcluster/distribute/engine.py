@@ -20,6 +20,11 @@ turns each finished batch into deliveries to the state (`_settle`). Per batch it
   one message, and nothing more is submitted;
 - a batch that found a scattered value *lost* (every worker holding it died) makes the
   engine scatter it again from the kernel and resubmit the batch, up to 10 times a run.
+- a batch that failed because nbcluster cannot be imported where it was unpickled (the
+  scheduler unpickles every task's graph, so one without nbcluster refuses them all)
+  *halts* the run: nothing more is submitted, the unfinished items are given up, not
+  failed, and the waiting cell ends with one line naming the fix (`ClusterCannotRun`).
+  It is looked for only in a batch that failed: a finished batch costs nothing more.
 
 State of one start (the first run, each retry): `_Backlog`, the items not yet submitted
 (in order, failed items put back in front) with their attempts and the batch sizer;
@@ -355,6 +360,13 @@ class Engine:
         when they are submitted again.
         """
         outcome = _unpack(future, result, len(indices))
+        if outcome.halt is not None:
+            self._cancel_outstanding()
+            self.state.halt(
+                f"the cluster at {self.client.scheduler.address} cannot load nbcluster's tasks ({outcome.halt}): "
+                "nbcluster must be installed where its scheduler runs and on its workers"
+            )
+            return [], None
         if outcome.lost is not None:
             if self._reship(*outcome.lost):
                 return list(indices), None  # not the items' fault: no attempt used
@@ -509,12 +521,17 @@ class _Outcome(NamedTuple):
     seconds: float | None = None  # time the items took on the worker
     fatal: dict[str, Any] | None = None  # the context could not load: every batch would fail
     lost: tuple[str, str | None] | None = None  # (key no worker holds any more, who asked)
+    halt: str | None = None  # nbcluster could not be imported to unpickle the batch: why
 
 
 def _unpack(future: Any, result: Any, n: int) -> _Outcome:
     record: dict[str, Any] | None = None
     if future.status != "finished":
-        record = _batch_failure(result[1] if isinstance(result, tuple) else result)
+        exc = result[1] if isinstance(result, tuple) else result
+        missing = _nbcluster_missing(exc)
+        if missing is not None:
+            return _Outcome([], {}, {}, halt=missing)
+        record = _batch_failure(exc)
     else:
         try:
             data = cloudpickle.loads(result)
@@ -537,6 +554,21 @@ def _outcome(future: Any) -> Any:
         return future.result()
     except BaseException as e:
         return e
+
+
+def _nbcluster_missing(exc: Any) -> str | None:
+    """The import error in `exc`'s chain that names nbcluster, as one line, else None.
+
+    Dask wraps the scheduler's failure to unpickle a graph in its own multi-line
+    RuntimeError; the cause it keeps says which module was missing.
+    """
+    for _ in range(8):  # a chain is short; a cycle must not hang the driver
+        if not isinstance(exc, BaseException):
+            return None
+        if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] == "nbcluster":
+            return f"{type(exc).__name__}: {exc}"
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _batch_failure(exc: Any) -> dict[str, Any]:

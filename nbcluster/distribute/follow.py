@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from nbcluster.distribute.results import Results
-from nbcluster.errors import ClusterLost
+from nbcluster.errors import ClusterCannotRun, ClusterLost
 
 SHOWN_OUTPUTS = 5  # items whose output is printed in full; the rest are counted
 
@@ -47,6 +47,8 @@ def follow(results: Results) -> None:
     report(results)
     if results.lost:
         raise lost(results)
+    if results._state.halted:
+        raise cannot_run(results)
 
 
 def interrupted(results: Results) -> Interrupted:
@@ -64,6 +66,16 @@ def lost(results: Results) -> ClusterLost:
     return ClusterLost(
         f"{results.lost}: {c['done']}/{c['total']} items finished and are in {name}; "
         f"start a cluster and run {name}.retry()",
+        results,
+    )
+
+
+def cannot_run(results: Results) -> ClusterCannotRun:
+    c = results.counts()
+    name = results.label or "sys.last_value.results"
+    return ClusterCannotRun(
+        f"{results._state.halted}, then {name}.retry() runs the rest; "
+        f"{c['done']}/{c['total']} items finished and are in {name}",
         results,
     )
 

@@ -13,6 +13,8 @@ Shape, for a run of `n` items:
 - `outputs[i]`: what item `i` printed, as `[stream, payload]` chunks (stream `stdout`,
   `stderr` or `display`), and `output_order`, the items with output in arrival order;
 - `lost`: why the unfinished items were given up (the cluster went away), else None;
+- `halted`: why they were given up on a cluster that is there but cannot run them
+  (nbcluster missing on its scheduler), else None;
 - `started`, `ended`: wall-clock times (`ended` is None while the run goes on).
 
 A state is made running: the first start is its creation. Each `retry()` is a further
@@ -51,6 +53,7 @@ class RunState:
         self.outputs: dict[int, list[list[Any]]] = {}
         self.output_order: list[int] = []
         self.lost: str | None = None
+        self.halted: str | None = None
         self.started = time.time()
         self.ended: float | None = None
         self.lock = threading.RLock()
@@ -132,7 +135,7 @@ class RunState:
                     self.errors.pop(i, None)
                     self.outputs.pop(i, None)
             self._starts += 1
-            self.lost = None
+            self.lost = self.halted = None
             self.finished.clear()
             self.ended = None
 
@@ -179,6 +182,12 @@ class RunState:
         """The cluster went away: the unfinished items are given up (a retry runs them)."""
         with self.lock:
             self.lost = reason
+        self.cancel_pending()
+
+    def halt(self, reason: str) -> None:
+        """The cluster cannot run the items: the unfinished ones are given up (a retry runs them)."""
+        with self.lock:
+            self.halted = reason
         self.cancel_pending()
 
     def end(self) -> None:
