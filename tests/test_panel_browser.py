@@ -20,6 +20,7 @@ from playwright.sync_api import expect, sync_playwright
 
 import nbcluster
 from nbcluster import config
+from nbcluster.cluster.info import ClusterList
 from nbcluster.cluster.spec import NAME_RULE
 from tests.browser_helpers import JupyterLab, Screenshots, launch_chromium
 
@@ -114,9 +115,13 @@ def test_panel_start_scale_use_watch_stop(lab: JupyterLab, page: Any) -> None:
     expect(web).to_have_attribute("data-workers", "2", timeout=CLUSTER_TIMEOUT_MS)
     expect(web.locator(".nbc-card-stats")).to_contain_text("2 workers")
     expect(web.locator(".nbc-card-meta")).to_contain_text("owned by this Jupyter server")
+    # Where it runs, in the words of `%cluster list`'s "runs on" column.
+    expect(web.locator(".nbc-card-runs-on")).to_have_text("local")
     shot("cluster-started")
     # Started through the server, visible to every other process through the registry.
-    assert [h.name for h in nbcluster.clusters(runtime_dir=lab.runtime_dir)] == ["web"]
+    handles = nbcluster.clusters(runtime_dir=lab.runtime_dir)
+    assert [h.name for h in handles] == ["web"]
+    assert re.search(r"^ web +local +tls://", repr(ClusterList([h.entry for h in handles])), re.M)
 
     web.locator('[data-role="scale"]').fill("3")
     web.get_by_role("button", name="Scale").click()

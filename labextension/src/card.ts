@@ -32,6 +32,17 @@ function numberInput(role: string, label: string): HTMLInputElement {
 }
 
 /**
+ * Where a cluster runs, in the words of `%cluster list` (`_runs_on` in
+ * nbcluster/cluster/info.py): `local`, or its profile with the backend the name does not
+ * already say (`hpc (slurm)`, `slurm`).
+ */
+export function runsOn(cluster: ICluster): string {
+  const profile = cluster.profile || cluster.spec?.profile || 'local';
+  const backend = cluster.backend || (profile === 'local' ? 'local' : null);
+  return backend === null || backend === profile ? profile : `${profile} (${backend})`;
+}
+
+/**
  * One cluster in the list. Built once and updated in place on every push, so a number
  * being typed into "scale" survives the refreshes. Clicks are handled by the panel
  * (one delegated listener), which reads `data-action` and the card's `data-name`.
@@ -45,7 +56,8 @@ export class ClusterCard {
     const head = el('div', 'nbc-card-head');
     head.dataset.action = 'select';
     head.title = 'Show live graphs for this cluster';
-    head.append(el('span', 'nbc-card-name', name), this.badge);
+    this.runsOnLabel.title = 'Where it runs: the backend profile it was started with';
+    head.append(el('span', 'nbc-card-name', name), this.runsOnLabel, this.badge);
 
     this.scaleInput = numberInput('scale', `Number of workers of ${name}`);
     this.minInput = numberInput('adapt-min', `Adaptive minimum of ${name}`);
@@ -80,6 +92,7 @@ export class ClusterCard {
     this.node.dataset.workers = String(workers.length);
     this.badge.textContent = running ? 'running' : 'not answering';
     this.badge.dataset.state = cluster.state;
+    this.runsOnLabel.textContent = runsOn(cluster);
 
     const cores = workers.reduce((n, w) => n + w.nthreads, 0);
     const memory = workers.reduce((n, w) => n + (w.memory_limit || 0), 0);
@@ -148,6 +161,7 @@ export class ClusterCard {
   }
 
   private readonly badge = el('span', 'nbc-badge');
+  private readonly runsOnLabel = el('span', 'nbc-card-runs-on');
   private readonly stats = el('div', 'nbc-card-stats');
   private readonly meta = el('div', 'nbc-card-meta');
   private readonly error = el('div', 'nbc-card-error');
