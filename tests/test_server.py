@@ -240,6 +240,7 @@ async def test_a_cluster_through_every_route(api, jp_ws_fetch, runtime_dir: Path
     assert status == 201, cluster
     assert cluster["state"] == "running"
     assert cluster["server_owned"] is True
+    assert cluster["runs_on"] == "local"  # the words of `%cluster list`, for the sidebar card
     assert len(cluster["workers"]) == 1
 
     # Another process (an IPython like another kernel's) sees it in `%cluster list`.
@@ -322,6 +323,7 @@ async def test_a_cluster_that_stops_answering_is_listed_as_unreachable(api) -> N
         (frozen,) = listing["clusters"]
         assert frozen["state"] == "unreachable" and frozen["name"] == "frozen"
         assert "tls" not in frozen  # credential paths stay on the server
+        assert frozen["runs_on"] == "local"  # from the registry entry when it cannot answer
     finally:
         os.kill(supervisor, signal.SIGCONT)
     status, listing = await api("GET", "api/clusters")

@@ -32,17 +32,6 @@ function numberInput(role: string, label: string): HTMLInputElement {
 }
 
 /**
- * Where a cluster runs, in the words of `%cluster list` (`_runs_on` in
- * nbcluster/cluster/info.py): `local`, or its profile with the backend the name does not
- * already say (`hpc (slurm)`, `slurm`).
- */
-export function runsOn(cluster: ICluster): string {
-  const profile = cluster.profile || cluster.spec?.profile || 'local';
-  const backend = cluster.backend || (profile === 'local' ? 'local' : null);
-  return backend === null || backend === profile ? profile : `${profile} (${backend})`;
-}
-
-/**
  * One cluster in the list. Built once and updated in place on every push, so a number
  * being typed into "scale" survives the refreshes. Clicks are handled by the panel
  * (one delegated listener), which reads `data-action` and the card's `data-name`.
@@ -92,7 +81,7 @@ export class ClusterCard {
     this.node.dataset.workers = String(workers.length);
     this.badge.textContent = running ? 'running' : 'not answering';
     this.badge.dataset.state = cluster.state;
-    this.runsOnLabel.textContent = runsOn(cluster);
+    this.runsOnLabel.textContent = cluster.runs_on;
 
     const cores = workers.reduce((n, w) => n + w.nthreads, 0);
     const memory = workers.reduce((n, w) => n + (w.memory_limit || 0), 0);

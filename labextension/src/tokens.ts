@@ -47,10 +47,8 @@ export interface ICluster {
   /** True when this Jupyter server owns it (it stops when the server stops). */
   server_owned: boolean;
   created: number | null;
-  /** The backend profile it was started with, and that profile's backend (registry entry). */
-  profile?: string | null;
-  backend?: string | null;
-  spec?: { profile?: string | null } | null;
+  /** Where it runs, in the words of `%cluster list`: `local`, `hpc (slurm)`, `external`. */
+  runs_on: string;
   workers?: IWorker[];
   requested?: { cpu: number; gpu: number };
   adaptive?: { minimum: number; maximum: number } | null;

@@ -21,10 +21,10 @@ def _owner(pid: int | None) -> str:
     return f"pid {pid}" if pid else "kept (no owner)"
 
 
-def _runs_on(d: dict[str, Any]) -> str:
+def runs_on(d: dict[str, Any]) -> str:
     """Where a cluster runs: ``local``, its profile with the backend the name does not
     already say (``hpc (slurm)``, ``slurm``), or ``external`` for a scheduler nbcluster did
-    not start."""
+    not start (the sidebar card shows the same words, sent by the REST list)."""
     if d.get("external"):
         return "external"
     profile = d.get("profile") or (d.get("spec") or {}).get("profile") or "local"
@@ -37,8 +37,8 @@ def _where(d: dict[str, Any]) -> str:
     if d.get("external"):
         return "external: started elsewhere, scale and stop are its owner's"
     owner = f"owner: {_owner(d.get('owner_pid'))}"
-    runs_on = _runs_on(d)
-    return f"profile {runs_on}, {owner}" if runs_on != "local" else owner
+    where = runs_on(d)
+    return f"profile {where}, {owner}" if where != "local" else owner
 
 
 def _worker_place(w: dict[str, Any]) -> str:
@@ -176,7 +176,7 @@ class ClusterList:
             rows.append(
                 (
                     mark + e["name"],
-                    _runs_on(e),
+                    runs_on(e),
                     e.get("address", ""),
                     size,
                     "started elsewhere" if e.get("external") else _owner(e.get("owner_pid")),

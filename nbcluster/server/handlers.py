@@ -55,6 +55,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 import nbcluster
 from nbcluster import config
 from nbcluster.cluster.handle import start as start_cluster
+from nbcluster.cluster.info import runs_on
 from nbcluster.cluster.spec import NAME_PATTERN, NAME_RULE, START_OPTIONS, parse_bounds
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable, NbclusterError
 
@@ -129,7 +130,7 @@ async def describe(handle: ClusterHandle) -> dict[str, Any]:
     else:
         state = "running"
     owner = info.get("owner_pid", handle.entry.get("owner_pid"))
-    return {**info, "state": state, "server_owned": owner == os.getpid()}
+    return {**info, "state": state, "server_owned": owner == os.getpid(), "runs_on": runs_on(info)}
 
 
 async def describe_all() -> list[dict[str, Any]]:
