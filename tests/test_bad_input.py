@@ -20,6 +20,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from nbcluster import cli, commands
 from nbcluster.distribute.options import FLAGS
+from tests.shell_helpers import load_shell
 
 JUNK = ['"', "'", '"""', "(", ")", "[", "]", "{", "}", "-", "--", "---", "=", ",", ":", "\\", "#", ";",
         "0", "-1", "1.5", "1e9", "99999999999999999999", "nan", "-0", "x", "in", "None", "é", "🙂"]  # fmt: skip
@@ -60,9 +61,7 @@ def _clean(message: str) -> bool:
 
 @pytest.fixture
 def shell(runtime_dir: Any) -> InteractiveShell:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbcluster")
-    return ip
+    return load_shell()
 
 
 def test_generated_cluster_lines_give_one_clean_line(shell: InteractiveShell, capsys: Any) -> None:

@@ -11,20 +11,13 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from nbcluster.distribute import Results
+from tests.shell_helpers import cell, load_shell
 
 
 @pytest.fixture
 def shell(cluster: Any) -> InteractiveShell:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbcluster")
-    return ip
+    return load_shell()
 
-
-def cell(ip: InteractiveShell, source: str) -> Any:
-    result = ip.run_cell(source)
-    if result.error_before_exec or result.error_in_exec:
-        raise result.error_before_exec or result.error_in_exec
-    return result.result
 
 
 def test_cell_runs_per_item_with_notebook_names_and_is_the_output(shell: InteractiveShell) -> None:

@@ -25,15 +25,14 @@ import nbcluster
 from nbcluster.cluster.info import ClusterList
 from tests.gateway_service import GatewayServer, gateway_server  # noqa: F401 - fixture
 from tests.lifecycle_helpers import JupyterServer
+from tests.shell_helpers import cell, load_shell, magic
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture
 def shell(runtime_dir: Path) -> InteractiveShell:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbcluster")
-    return ip
+    return load_shell()
 
 
 def use_gateway(server: GatewayServer, folder: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> Any:
@@ -42,15 +41,6 @@ def use_gateway(server: GatewayServer, folder: Path, monkeypatch: pytest.MonkeyP
     return dask.config.set(server.config(**kwargs))
 
 
-def magic(ip: InteractiveShell, line: str) -> Any:
-    return ip.run_line_magic("cluster", line)
-
-
-def cell(ip: InteractiveShell, source: str) -> Any:
-    result = ip.run_cell(source)
-    if result.error_before_exec or result.error_in_exec:
-        raise result.error_before_exec or result.error_in_exec
-    return result.result
 
 
 def test_profile_starts_scales_lists_and_stops_a_gateway_cluster(

@@ -19,6 +19,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
+from tests.shell_helpers import cell, load_shell, magic
 from tests.ssh_service import SSHServer, keypair, ssh_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(240)
@@ -40,20 +41,9 @@ def profile(server: SSHServer, **connect: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def shell(runtime_dir: Path) -> InteractiveShell:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbcluster")
-    return ip
+    return load_shell()
 
 
-def magic(ip: InteractiveShell, line: str) -> Any:
-    return ip.run_line_magic("cluster", line)
-
-
-def cell(ip: InteractiveShell, source: str) -> Any:
-    result = ip.run_cell(source)
-    if result.error_before_exec or result.error_in_exec:
-        raise result.error_before_exec or result.error_in_exec
-    return result.result
 
 
 def started_by_sshd(server: SSHServer) -> list[psutil.Process]:
