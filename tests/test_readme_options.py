@@ -1,6 +1,6 @@
 """The README's option tables say what the declarations say.
 
-The flags of `%%distribute` (`nbcluster.distribute.options`) and the start options of
+The settings in `nbcluster.yaml` are each named in the README too. The flags of `%%distribute` (`nbcluster.distribute.options`) and the start options of
 `%cluster`, the CLI and the REST body (`nbcluster.cluster.spec.START_OPTIONS`) are each
 declared once; these tests fail when the README's tables drift from them, and print the
 table to paste.
@@ -64,3 +64,22 @@ def test_declared_defaults_are_the_api_defaults() -> None:
         assert parameters[flag.dest].default == flag.default, flag.name
     # Every start option is an argument of the one check of a start request.
     assert {o.field for o in START_OPTIONS} <= set(inspect.signature(ClusterSpec.from_user).parameters)
+
+
+def _leaves(tree: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in tree.items():
+        # A mapping the user writes whole (an environment, the profiles) is one setting.
+        if isinstance(value, dict) and key not in ("pre-spawn-environ", "profiles"):
+            keys += _leaves(value, f"{prefix}{key}.")
+        else:
+            keys.append(prefix + key)
+    return keys
+
+
+def test_every_setting_in_nbcluster_yaml_is_documented() -> None:
+    import yaml
+
+    shipped = yaml.safe_load((Path(__file__).parent.parent / "nbcluster" / "nbcluster.yaml").read_text())
+    missing = [k for k in _leaves(shipped["nbcluster"]) if f"`{k}`" not in README and f"`nbcluster.{k}`" not in README]
+    assert not missing, f"README names no row or line for these nbcluster.yaml keys: {missing}"
