@@ -1,9 +1,9 @@
 """The README's option tables say what the declarations say.
 
-The settings in `nbcluster.yaml` are each named in the README too. The flags of `%%distribute` (`nbcluster.distribute.options`) and the start options of
+The flags of `%%distribute` (`nbcluster.distribute.options`) and the start options of
 `%cluster`, the CLI and the REST body (`nbcluster.cluster.spec.START_OPTIONS`) are each
 declared once; these tests fail when the README's tables drift from them, and print the
-table to paste.
+table to paste. Every key in `nbcluster.yaml` must be named in the README too.
 """
 
 from __future__ import annotations
