@@ -393,7 +393,7 @@ def test_results_cannot_be_written_by_user_code() -> None:
     # Only the run's engine writes its state: the view's attributes are read-only and what
     # it returns are copies, so a slip in user code cannot change the results.
     res = distribute("x * 2", over="x in range(3)", namespace={}, local="all", into="res")
-    for name in ("ok", "done", "params", "errors", "label", "run_id", "started", "ended", "lost", "futures"):
+    for name in ("ok", "done", "params", "errors", "label", "run_id", "started", "ended", "lost", "halted", "futures"):
         with pytest.raises(AttributeError):
             setattr(res, name, None)
     with pytest.raises(AttributeError):

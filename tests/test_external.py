@@ -192,6 +192,7 @@ def test_distribute_on_a_scheduler_without_nbcluster_is_one_line_keeping_what_fi
             # Once for the run: no item failed (nor was retried), the rest were not run.
             assert k.value("res.counts()") == {"total": 40, "done": 2, "failed": 0, "cancelled": 38, "running": 0}
             assert k.value("res.values()[:3]") == [0, 1, None]
+            assert "stopped: the cluster at" in k.value("repr(res)")  # also for a --no-wait run
         # IPython shows the exception as that one line, not a traceback.
         assert k.value("__import__('sys').last_value._render_traceback_()") == [reply.error]
 

@@ -108,6 +108,12 @@ class Results:
         """Why the unfinished items were given up (the cluster went away), else None."""
         return self._state.lost
 
+    @property
+    def halted(self) -> str | None:
+        """Why the run stopped before its items could run (the cluster cannot load
+        nbcluster's tasks), else None; `retry()` runs the rest once that is fixed."""
+        return self._state.halted
+
     # -- list-like -----------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._state)
@@ -289,6 +295,9 @@ class Results:
         parts += [f"{c[k]} {k}" for k in ("failed", "cancelled", "running") if c[k]]
         if self.ended is not None:
             parts.append(f"{self.ended - self.started:.2f} s")
+        # A run left with --no-wait shows why it stopped here, where its owner looks next.
+        if self.lost or self.halted:
+            parts.append(f"stopped: {self.lost or self.halted}")
         return " · ".join(parts)
 
     def _shown_rows(self) -> list[int]:
