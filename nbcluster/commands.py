@@ -32,8 +32,8 @@ class _Parser(argparse.ArgumentParser):
         usage = " ".join(self.format_usage().split()).removeprefix("usage: ")  # argparse wraps it: one line
         raise BadArgument(f"{message}. Usage: {usage}")
 
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        # Only --help gets here (errors go through error()): show help, stop quietly.
+    def print_help(self, file: object = None) -> NoReturn:
+        # argparse's --help prints, then exits: the front end prints the text once, instead.
         raise HelpShown(self.format_help())
 
 

@@ -55,7 +55,7 @@ def test_cli_help(cli):
     assert result.returncode == 0 and "scale" in result.stdout
     result = cli("start", "--help")
     text = "".join(result.stdout.split())  # argparse wraps to the terminal's width
-    assert result.returncode == 0
+    assert result.returncode == 0 and text.count("usage:") == 1  # shown once, not twice
     for option in START_OPTIONS:
         assert f"--{option.flag}" in text and "".join(option.help.split()) in text, option.flag
 

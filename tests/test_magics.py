@@ -109,6 +109,7 @@ def test_mistakes_show_the_cores_own_message(shell, line, core):
 def test_help_is_made_from_the_declarations(shell, capsys):
     magic(shell, "start --help")
     text = "".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
+    assert text.count("usage:") == 1  # shown once, not twice
     for option in START_OPTIONS:
         assert f"--{option.flag}" in text and "".join(option.help.split()) in text, option.flag
     # `%%distribute?` shows the magic's docstring: every declared flag, with its help.
