@@ -169,11 +169,18 @@ class Control:
         if self.deployment.scheduler is None:
             await self.deployment.restart()  # type: ignore[attr-defined]
             return "restarted"
-        # Not waiting for "as many workers as before": adaptivity may legitimately retire
-        # some meanwhile. Each nanny still returns only once its new worker process is up.
-        await self.deployment.scheduler.restart(
-            timeout=timeout, wait_for_workers=False, stimulus_id=f"nbcluster-restart-{time.time()}"
-        )
+        scheduler = self.deployment.scheduler
+        before = len(scheduler.workers)
+        # Not Dask's wait_for_workers: adaptivity may legitimately retire some meanwhile,
+        # and that would fail the restart.
+        await scheduler.restart(timeout=timeout, wait_for_workers=False, stimulus_id=f"nbcluster-restart-{time.time()}")
+        # A nanny returns once its new process runs, before that worker has registered: wait
+        # for them, or the status printed after a restart shows 0 workers.
+        deadline = time.monotonic() + timeout
+        while len(scheduler.workers) < before and self.deployment.adaptive_bounds is None:
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
         return "restarted"
 
     async def metrics(self, since: int | None = None) -> Any:
