@@ -67,6 +67,8 @@ def test_distribute_runs_on_ssh_workers_and_stop_ends_them(ssh_server: SSHServer
             assert [value for value, _ in out] == list(range(1, 41))
             ran_in = {pid for _, pid in out}
             assert ran_in <= remote, f"items ran in processes sshd did not start: {ran_in - remote}"
+            # A restart returns with the workers back, so the status it prints shows them.
+            assert len(magic(shell, "restart").workers) == 2
         finally:
             spawned = started_by_sshd(ssh_server)
             magic(shell, "stop lab")

@@ -166,22 +166,28 @@ class Control:
         return self.deployment.spec
 
     async def restart(self, timeout: float = 60) -> str:
+        before = await self._worker_count()
         if self.deployment.scheduler is None:
             await self.deployment.restart()  # type: ignore[attr-defined]
-            return "restarted"
-        scheduler = self.deployment.scheduler
-        before = len(scheduler.workers)
-        # Not Dask's wait_for_workers: adaptivity may legitimately retire some meanwhile,
-        # and that would fail the restart.
-        await scheduler.restart(timeout=timeout, wait_for_workers=False, stimulus_id=f"nbcluster-restart-{time.time()}")
-        # A nanny returns once its new process runs, before that worker has registered: wait
-        # for them, or the status printed after a restart shows 0 workers.
+        else:
+            # Not Dask's wait_for_workers: adaptivity may legitimately retire some meanwhile,
+            # and that would fail the restart.
+            await self.deployment.scheduler.restart(
+                timeout=timeout, wait_for_workers=False, stimulus_id=f"nbcluster-restart-{time.time()}"
+            )
+        # The restart returns once the new worker processes run, before they have registered:
+        # wait for them, or the status printed after a restart shows 0 workers.
         deadline = time.monotonic() + timeout
-        while len(scheduler.workers) < before and self.deployment.adaptive_bounds is None:
-            if time.monotonic() > deadline:
+        while self.deployment.adaptive_bounds is None and time.monotonic() < deadline:
+            if await self._worker_count() >= before:
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
         return "restarted"
+
+    async def _worker_count(self) -> int:
+        if self.deployment.scheduler is None:
+            return len((await self.deployment.scheduler_identity()).get("workers", {}))  # type: ignore[attr-defined]
+        return len(self.deployment.scheduler.workers)
 
     async def metrics(self, since: int | None = None) -> Any:
         # The scheduler is elsewhere: its metrics plugin answers, through our client, or
