@@ -38,7 +38,31 @@ def seconds(key: str) -> float:
     """A duration setting (`50ms`, `2s` or a number of seconds) in seconds."""
     from dask.utils import parse_timedelta
 
-    return float(parse_timedelta(get(key), default="seconds"))
+    value = get(key)
+    try:
+        return float(parse_timedelta(value, default="seconds"))
+    except (KeyError, ValueError, TypeError):  # dask's own errors list every unit: not one line
+        raise _bad(key, value, "a duration such as 2s or 500ms") from None
+
+
+def count(key: str, minimum: int = 0) -> int | None:
+    """A whole-number setting, or None where it is unset (`null`)."""
+    value = get(key)
+    if value is None:
+        return None
+    try:
+        number = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or number < minimum:
+        raise _bad(key, value, f"a whole number (at least {minimum})")
+    return number
+
+
+def _bad(key: str, value: Any, what: str) -> Exception:
+    from nbcluster.errors import BadArgument
+
+    return BadArgument(f"nbcluster.{key} is {value!r} in Dask config: set it to {what}, or remove it for the default")
 
 
 def worker_pre_spawn_environ() -> dict[str, Any]:

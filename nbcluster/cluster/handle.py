@@ -543,9 +543,9 @@ def _take(directory: Path) -> _Launched:
 
 
 def _spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool = False) -> dict[str, Any]:
+    timeout = config.seconds("timeouts.start")  # a bad setting stops us before a process is taken
     launched = _take(directory)
     proc = launched.proc
-    timeout = config.seconds("timeouts.start")
     # The caller's nbcluster settings too: a `dask.config.set` in a notebook applies to the
     # clusters it starts, as it would to a LocalCluster started there. So do the sections
     # of the deployment projects a profile leaves the rest to (`jobqueue.slurm`, `gateway`).

@@ -64,7 +64,7 @@ def limit(key: str, machine: Machine, *, force: bool = False) -> Limit:
     """The limit in force for `key` ("max-workers", "max-threads" or "max-memory")."""
     setting = config.get(f"limits.{key}")
     if setting is not None:
-        value = int(parse_bytes(setting)) if key == "max-memory" and isinstance(setting, str) else int(setting)
+        value = int(parse_bytes(setting)) if key == "max-memory" and isinstance(setting, str) else config.count(f"limits.{key}", 1)
         return Limit(key, value, True, "")
     if key == "max-memory":
         return Limit(key, None if force else machine.memory, False, "its RAM")
@@ -74,9 +74,9 @@ def limit(key: str, machine: Machine, *, force: bool = False) -> Limit:
 
 def default_workers(machine: Machine | None = None) -> int:
     """CPU workers when none are asked for: `nbcluster.defaults.workers`, else one per core."""
-    setting = config.get("defaults.workers")
+    setting = config.count("defaults.workers")
     if setting is not None:
-        return int(setting)
+        return setting
     return (machine or Machine.here()).cores
 
 

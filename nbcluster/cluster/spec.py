@@ -229,8 +229,8 @@ class ClusterSpec:
         Python that holds the GIL.
         """
         cores = cpu_count or os.cpu_count() or 1
-        default = config.get("defaults.workers")
-        workers = self.workers if self.workers is not None else int(default) if default is not None else cores
+        default = config.count("defaults.workers")
+        workers = self.workers if self.workers is not None else default if default is not None else cores
         threads = self.threads if self.threads is not None else 1
         return ClusterSpec(**{**asdict(self), "workers": workers, "threads": threads})
 
