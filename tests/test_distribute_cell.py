@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from nbcluster.distribute.batching import Batcher
@@ -63,6 +65,10 @@ def test_capture_names_unknown_and_unpicklable_variables() -> None:
         capture(Cell.parse("a = 1\nb = y", filename="<t5>", first_line=2).free_names(), {})
     with pytest.raises(BadArgument, match=r"`lock` cannot be sent to the workers: TypeError: cannot pickle"):
         capture({"lock": 2}, {"lock": threading.Lock()})
+    # cloudpickle would copy a read-mode file's contents: the file itself cannot travel.
+    with open(__file__) as f, pytest.raises(BadArgument, match=r"`f` is an open file .* open it inside the cell"):
+        capture({"f": 2}, {"f": f})
+    assert capture({"buffer": 2}, {"buffer": io.BytesIO(b"in memory")}).names == ["buffer"]  # a value, not a file
     # A name only a function reads is resolved when it runs, as in the kernel.
     assert capture({"later": None}, {}).names == []
 

@@ -21,6 +21,7 @@ defines is left for Python to resolve when it runs, as in the kernel.
 from __future__ import annotations
 
 import hashlib
+import io
 import pickle
 import threading
 import weakref
@@ -102,6 +103,11 @@ def code_index(values: Any) -> dict[str, list[tuple[str, int, int]]]:
 
 
 def _add(result: Capture, name: str, value: Any) -> None:
+    if isinstance(value, io.IOBase) and hasattr(value, "name"):  # a file, not a BytesIO/StringIO
+        # cloudpickle would send a snapshot of a read-mode file's contents, not the file.
+        raise BadArgument(
+            f"`{name}` is an open file and cannot be sent to the workers: open it inside the cell instead"
+        )
     buffers: list[pickle.PickleBuffer] = []
     try:
         header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
