@@ -42,6 +42,7 @@ def test_errors_show_cell_lines_and_notebook_functions(shell: InteractiveShell, 
     assert "  Cell line 3\n    inverse(y)\n" in err
     assert ", line 2, in inverse\n    return 1 / v\n" in err
     assert "Cell In[" in err  # the notebook cell that defined `inverse`
+    assert "(inv.errors lists the failures" in err  # the hint names the variable that holds them
     # Re-raised in a later cell: IPython shows the remote frames, not nbcluster's.
     shell.run_cell("inv.raise_first()")
     shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
@@ -49,6 +50,15 @@ def test_errors_show_cell_lines_and_notebook_functions(shell: InteractiveShell, 
         "ZeroDivisionError" in shown and "----> 3 inverse(y)" in shown and "----> 2     return 1 / v" in shown
     )
     assert "nbcluster/distribute" not in shown
+
+
+def test_without_into_the_hint_names_no_variable_that_does_not_exist(shell: InteractiveShell, capsys: Any) -> None:
+    capsys.readouterr()
+    cell(shell, '%%distribute --over "x in [1, 0]"\n1 / x')
+    err = capsys.readouterr().err
+    assert "1/2 items failed" in err and "`_` right after the cell" in err
+    assert "results.errors" not in err
+    assert cell(shell, "_.errors[0].index") == 1
 
 
 def test_bad_input_is_a_usage_error(shell: InteractiveShell) -> None:

@@ -131,8 +131,11 @@ def report(results: Results) -> None:
     errors = results.errors
     if not errors:
         return
-    name = results.label or "results"
     text = results.summary() + "\n" + errors[0].traceback
-    text += f"({name}.errors lists the failures, {name}.raise_first() raises the first, {name}.retry() re-runs them)\n"
+    if results.label:
+        name = results.label
+        text += f"({name}.errors lists the failures, {name}.raise_first() raises the first, {name}.retry() re-runs them)\n"
+    else:  # no variable holds them yet: say where they are rather than invent a name
+        text += "(the results, `_` right after the cell, have .errors, .raise_first() and .retry(); --into NAME keeps them)\n"
     sys.stderr.write(text)
     sys.stderr.flush()
