@@ -207,9 +207,11 @@ class Runner:
     def do_profiles(self, ns: argparse.Namespace) -> str:
         from nbcluster.cluster import profiles
 
-        rows = [(p.name, p.backend, p.description) for p in profiles.all()]
+        usable, mistakes = profiles.checked()
+        rows = [(p.name, p.backend, p.description) for p in usable]
         widths = [max(len(r[i]) for r in [("name", "backend", ""), *rows]) for i in range(2)]
         lines = [f"{n:<{widths[0]}}  {b:<{widths[1]}}  {d}".rstrip() for n, b, d in rows]
+        lines += [f"Not usable: {m}" for m in mistakes]
         return "\n".join([*lines, "Start one with `--profile NAME`; add profiles under nbcluster.profiles in Dask config."])
 
     def do_stop(self, ns: argparse.Namespace) -> str:

@@ -32,6 +32,13 @@ def test_a_profile_set_in_dask_config_is_offered_and_described():
     assert "campus  gateway  The campus gateway" in text
 
 
+def test_the_listing_names_a_malformed_profile_instead_of_hiding_it():
+    with dask.config.set({"nbcluster.profiles.cray": {"backend": "cray"}}):
+        assert [p.name for p in profiles.all()] == ["local"]  # never offered to start
+        text = commands.Runner(in_kernel=False).run(commands.parse("profiles"))
+    assert "Not usable: profile 'cray' (nbcluster.profiles.cray in Dask config) names an unknown backend 'cray'" in text
+
+
 def test_nbcluster_profiles_reads_the_users_config_folder(cli, tmp_path):
     (tmp_path / "mine.yaml").write_text(yaml.safe_dump({"nbcluster": {"profiles": {"campus": CAMPUS}}}))
     listed = cli("profiles", env={"DASK_CONFIG": str(tmp_path)})

@@ -117,12 +117,17 @@ def get(name: str | None) -> Profile:
 
 
 def all() -> list[Profile]:
-    """Every declared profile, ``local`` first; a malformed one is skipped, not fatal here
-    (starting it names the mistake)."""
-    found = []
+    """Every usable profile, ``local`` first (see `checked` for the malformed ones)."""
+    return checked()[0]
+
+
+def checked() -> tuple[list[Profile], list[str]]:
+    """The usable profiles, ``local`` first, and what is wrong with each malformed one: a
+    listing shows those too, rather than leave a profile the user wrote out silently."""
+    found, mistakes = [], []
     for name, raw in _declared().items():
         try:
             found.append(_parse(name, raw))
-        except BadArgument:
-            continue
-    return sorted(found, key=lambda p: (p.name != "local", p.name))
+        except BadArgument as e:
+            mistakes.append(str(e))
+    return sorted(found, key=lambda p: (p.name != "local", p.name)), mistakes
