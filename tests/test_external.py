@@ -217,6 +217,12 @@ def test_a_distribute_runs_widget_falls_back_to_the_schedulers_own_view(runtime_
     handle = nbcluster.use(address, security=files)
     assert handle.entry["metrics"] == allowed
     handle.client.wait_for_workers(1, timeout=30)
+    # The plugin copies heartbeat samples every metrics.sample-interval; a run this short can
+    # end before the first, so wait for one (the scheduler's own view has one at once).
+    deadline = time.monotonic() + 30
+    while not handle.metrics().get("resources"):
+        assert time.monotonic() < deadline, "no worker sample reached the scheduler within 30 s"
+        time.sleep(0.1)
     rec = Recorder()
     hook = progress_hook(delay=0, interval=0.1, _display=rec, _widgets=True)
     results = distribute(square, over=range(4), batch=1, client=handle.client, progress=hook)
