@@ -98,7 +98,11 @@ def users_venv() -> Path:
 
 
 def proxy_command() -> Path:
-    """configurable-http-proxy 5 from npm."""
+    """configurable-http-proxy 5 from npm: the one on PATH (the README's test command
+    installs it), else installed once into the cache."""
+    installed = shutil.which("configurable-http-proxy")
+    if installed:
+        return Path(installed)
 
     def build(folder: Path) -> None:
         folder.mkdir(parents=True)

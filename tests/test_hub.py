@@ -93,9 +93,10 @@ def as_user(user: User, hub: Hub, code: str, timeout: float = 60) -> Any:
 # -- a kernel through the proxy ------------------------------------------------------------
 
 
-async def _run_cells(hub: Hub, user: User, cells: list[str]) -> list[list[dict[str, Any]]]:
+async def _run_cells(hub: Hub, user: User, cells: list[str], *, keep_kernel: bool = False) -> list[list[dict[str, Any]]]:
     """Run `cells` in a new kernel of `user`'s server, through the hub's proxy (REST, then
-    the kernel's websocket); each cell's iopub messages, in order."""
+    the kernel's websocket); each cell's iopub messages, in order. The kernel is shut
+    down afterwards unless `keep_kernel`."""
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
 
@@ -128,7 +129,8 @@ async def _run_cells(hub: Hub, user: User, cells: list[str]) -> list[list[dict[s
             outputs.append(seen)
     finally:
         ws.close()
-        hub.request("DELETE", f"/user/{user.name}/api/kernels/{kernel['id']}", token=token)
+        if not keep_kernel:
+            hub.request("DELETE", f"/user/{user.name}/api/kernels/{kernel['id']}", token=token)
     return outputs
 
 
@@ -409,19 +411,25 @@ def test_b_s_browser_session_cannot_open_a_s_server(hub: Hub, alice: User, bob: 
 
 
 def test_stopping_a_server_stops_its_clusters_but_not_the_kept_one(hub: Hub, alice: User, alices: dict[str, Any]) -> None:
-    supervisors = {n: c["supervisor_pid"] for n, c in alices.items()}
-    assert all(psutil.pid_exists(pid) for pid in supervisors.values())
+    # A cluster of a kernel still running, besides the server's own ("alice") and the kept one.
+    [start] = asyncio.run(_run_cells(hub, alice, ["%load_ext nbcluster\n%cluster start --workers 1 --name kern"], keep_kernel=True))
+    assert "error" not in {m["msg_type"] for m in start}, text_of(start)
+    status, listed = rest(hub, alice, "GET", "api/clusters")
+    supervisors = {c["name"]: c["supervisor_pid"] for c in listed["clusters"]}
+    assert sorted(supervisors) == ["alice", "alice-kept", "kern"]
+    doomed = [supervisors["alice"], supervisors["kern"]]
     began = time.monotonic()
     status, reply = hub.api("DELETE", f"/users/{alice.name}/server")  # as the idle culler or an admin does
     assert status in (202, 204), reply
-    # Polled: the supervisor is another user's process, with nothing to wait on from here.
-    while psutil.pid_exists(supervisors["alice"]) and time.monotonic() - began < 15:
+    # Polled: the supervisors are another user's processes, with nothing to wait on from here.
+    while any(psutil.pid_exists(pid) for pid in doomed) and time.monotonic() - began < 15:
         time.sleep(0.1)
     took = time.monotonic() - began
-    assert not psutil.pid_exists(supervisors["alice"]), "the server's cluster outlived it"
-    assert took <= 10, f"the server's cluster stopped {took:.1f} s after the hub stopped the server"
+    print(f"the server's and its kernel's clusters stopped {took:.1f} s after DELETE /hub/api/users/NAME/server")
+    assert not any(psutil.pid_exists(pid) for pid in doomed), "a cluster of the server or its kernel outlived it"
+    assert took <= 10, f"the clusters stopped {took:.1f} s after the hub was asked to stop the server"
     assert psutil.pid_exists(supervisors["alice-kept"])
-    assert not (alice.registry / "alice.json").exists()
+    assert not (alice.registry / "alice.json").exists() and not (alice.registry / "kern.json").exists()
     hub.wait_server(alice, ready=False)
     # Next login: the kept cluster is there, running, in the list.
     hub.start_server(alice)

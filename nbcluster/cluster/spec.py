@@ -59,7 +59,7 @@ START_OPTIONS = (
     StartOption("gpus", "`auto` or N: one worker per GPU (default: none)", "auto|N"),
     StartOption("name", "cluster name (default: local, then local-2, ...; on a profile, the profile's name)", "NAME"),
     StartOption("keep", "keep running after the kernel (or server) that started it exits"),
-    StartOption("dashboard", "start Dask's dashboard (loopback only)"),
+    StartOption("dashboard", "start Dask's dashboard (opened through Jupyter: the sidebar's Dashboard link)"),
     StartOption("gpu-backend", "GPU worker implementation: builtin (default) or dask-cuda", "NAME"),
     StartOption("profile", "where to run: a profile from `nbcluster profiles` (default: local)", "NAME"),
     StartOption("force", FORCE_HELP),
