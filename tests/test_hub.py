@@ -176,11 +176,7 @@ def test_the_sidebar_works_through_the_proxy(hub: Hub, who: int, request: pytest
             page.set_default_timeout(60_000)
             shot = Screenshots(page, request.node.name)
             # Log in at the hub, as a student does; the hub sends them to their own lab.
-            page.goto(f"{hub.url}/hub/login?next=/user/{user.name}/lab")
-            page.locator("#username_input").fill(user.name)
-            page.locator("#password_input").fill(PASSWORD)
-            page.locator("#login_submit").click()
-            page.wait_for_url(f"{hub.url}/user/{user.name}/lab*")
+            log_in(page, hub, user, f"/user/{user.name}/lab")
             page.locator('.jp-SideBar [data-id="nbcluster-sidebar"]').click()
             panel = page.locator(".nbc-panel")
             expect(panel).to_have_attribute("data-connected", "true")  # the websocket, proxied
@@ -225,12 +221,37 @@ def test_a_kernel_runs_cluster_start_and_distribute(hub: Hub, who: int) -> None:
     assert names(hub, user) == []
 
 
-def test_the_dashboard_opens_on_the_users_own_route(hub: Hub, alice: User) -> None:
+def log_in(page: Any, hub: Hub, user: User, next_path: str = "") -> None:
+    """The hub's login form, as a student fills it in."""
+    page.goto(f"{hub.url}/hub/login" + (f"?next={next_path}" if next_path else ""))
+    page.locator("#username_input").fill(user.name)
+    page.locator("#password_input").fill(PASSWORD)
+    page.locator("#login_submit").click()
+    page.wait_for_url(f"{hub.url}/user/{user.name}/**")
+
+
+def test_the_dashboard_opens_on_the_users_own_route(hub: Hub, alice: User, request: pytest.FixtureRequest) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.browser_helpers import Screenshots, launch_chromium
+
     status, cluster = rest(hub, alice, "POST", "api/clusters", {"workers": 1, "name": "dash", "dashboard": True})
     assert status == 201, cluster
     try:
         status, page = rest(hub, alice, "GET", "dashboard/dash/status")
         assert status == 200 and "bokeh" in page.lower()
+        # In the browser: Bokeh's document comes over its websocket, through the hub's
+        # proxy and the user's server (no socket, no canvas).
+        with sync_playwright() as p:
+            browser = launch_chromium(p)
+            try:
+                tab = browser.new_page(viewport={"width": 1400, "height": 900})
+                log_in(tab, hub, alice, f"/user/{alice.name}/nbcluster/dashboard/dash/status")
+                assert tab.url.startswith(f"{hub.url}/user/{alice.name}/nbcluster/dashboard/dash/")
+                expect(tab.locator("canvas").first).to_be_visible(timeout=60_000)
+                Screenshots(tab, request.node.name)("dashboard-through-the-hub")
+            finally:
+                browser.close()
     finally:
         rest(hub, alice, "DELETE", "api/clusters/dash")
 
@@ -394,11 +415,7 @@ def test_b_s_browser_session_cannot_open_a_s_server(hub: Hub, alice: User, bob: 
         browser = launch_chromium(p)
         try:
             page = browser.new_page()
-            page.goto(f"{hub.url}/hub/login")
-            page.locator("#username_input").fill(bob.name)
-            page.locator("#password_input").fill(PASSWORD)
-            page.locator("#login_submit").click()
-            page.wait_for_url(f"{hub.url}/user/{bob.name}/**")
+            log_in(page, hub, bob)
             for path in ("lab", "nbcluster/api/clusters", "nbcluster/dashboard/alice/status"):
                 # The navigation's last answer, after A's server sent the browser to the hub.
                 response = page.goto(f"{hub.url}/user/{alice.name}/{path}")
