@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("NBCLUSTER_HUB_CACHE", "/var/tmp/nbcluster-hub-cache"))
 SYSTEM_PYTHON = "/usr/bin/python3"
 PREFIX = "nbct-"
+HUB_PREFIX = "nbcluster-hub-"
 PASSWORD = "course-hub-" + secrets.token_hex(8)
 START_TIMEOUT_S = 120
 
@@ -169,8 +170,22 @@ def remove_user(name: str) -> None:
         raise RuntimeError(f"could not remove user {name}")
 
 
-def remove_stale_users() -> None:
-    """Users of an earlier test session that was killed before its clean-up (its pid is gone)."""
+def remove_stale() -> None:
+    """What an earlier test session killed before its clean-up (its pid is gone) left: its
+    hub and proxy (found by their working folder), their folders, and its users."""
+    stale = re.compile(rf"{re.escape(tempfile.gettempdir())}/{HUB_PREFIX}(\d+)-")
+
+    def abandoned(path: str) -> bool:
+        found = stale.match(path)
+        return bool(found) and not psutil.pid_exists(int(found.group(1)))  # type: ignore[union-attr]
+
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if abandoned(p.cwd() + "/"):
+                p.kill()
+    for folder in Path(tempfile.gettempdir()).glob(f"{HUB_PREFIX}*"):
+        if abandoned(f"{folder}/"):
+            shutil.rmtree(folder, ignore_errors=True)
     for record in pwd.getpwall():
         found = re.fullmatch(rf"{PREFIX}(\d+)-\w+", record.pw_name)
         if found and not psutil.pid_exists(int(found.group(1))):
@@ -179,7 +194,7 @@ def remove_stale_users() -> None:
 
 @contextlib.contextmanager
 def two_users() -> Iterator[tuple[User, User]]:
-    remove_stale_users()
+    remove_stale()
     names = [f"{PREFIX}{os.getpid()}-{x}" for x in "ab"]
     made: list[User] = []
     try:
@@ -206,8 +221,9 @@ class Hub:
         self.token = secrets.token_hex(24)
         self.proc: subprocess.Popen[str] | None = None
         self._ready = threading.Event()
-        self.private = Path(tempfile.mkdtemp(prefix="nbcluster-hub-"))  # 0700: the hub's state
-        self.shared = Path(tempfile.mkdtemp(prefix="nbcluster-hub-users-"))  # what users read
+        # Named after this process, so a later session can tell an abandoned hub (`remove_stale`).
+        self.private = Path(tempfile.mkdtemp(prefix=f"{HUB_PREFIX}{os.getpid()}-"))  # 0700: the hub's state
+        self.shared = Path(tempfile.mkdtemp(prefix=f"{HUB_PREFIX}{os.getpid()}-users-"))  # what users read
         self.log_path = self.private / "jupyterhub.log"
         #: The environment the spawner gives each server (`as_user` runs commands in it).
         self.user_env: dict[str, str] = {}
