@@ -146,7 +146,9 @@ class User:
 def create_user(name: str) -> User:
     subprocess.run(["useradd", "-m", "-s", "/bin/bash", name], check=True, capture_output=True)
     record = pwd.getpwnam(name)
-    Path(record.pw_dir).chmod(0o750)  # as a home folder on a shared machine is
+    # Open to all, as many shared machines' homes are (Debian's old default): the home's
+    # mode does none of the protecting, the runtime folder's and nbcluster's own modes do.
+    Path(record.pw_dir).chmod(0o755)
     return User(name, record.pw_uid, record.pw_gid, Path(record.pw_dir))
 
 
