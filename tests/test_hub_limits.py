@@ -97,6 +97,18 @@ def test_the_site_can_turn_the_dashboard_off(site: Path) -> None:
     ClusterSpec().check_limits(machine=BIG)  # no dashboard asked: fine
 
 
+def test_a_user_may_turn_the_dashboard_off_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    ClusterSpec(dashboard=True).check_limits(machine=BIG)
+    monkeypatch.setenv("DASK_NBCLUSTER__LIMITS__DASHBOARD", "false")
+    dask.config.refresh()
+    try:
+        with pytest.raises(LimitExceeded, match=r"--dashboard is turned off in Dask config"):
+            ClusterSpec(dashboard=True).check_limits(machine=BIG)
+    finally:
+        monkeypatch.delenv("DASK_NBCLUSTER__LIMITS__DASHBOARD")
+        dask.config.refresh()
+
+
 def test_a_bad_site_file_is_one_line_naming_it(site: Path) -> None:
     site.write_text("nbcluster: {limits: {max-workers: lots}}")
     with pytest.raises(nbcluster.errors.BadArgument, match=rf"max-workers is 'lots' in {site}: set it to a whole number"):

@@ -142,6 +142,8 @@ def dashboard_allowed() -> Path | str | None:
 
 
 def _switch(value: object, where: str) -> bool:
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"  # DASK_NBCLUSTER__LIMITS__DASHBOARD=false
     if value is None or isinstance(value, bool):
         return value is not False
     raise BadArgument(f"nbcluster.limits.dashboard is {value!r} in {where}: set it to true or false")
