@@ -4,10 +4,21 @@ Importing this module registers the defaults, as dask-jobqueue does with `jobque
 users override them in `~/.config/dask/*.yaml`, `/etc/dask/*.yaml` or `DASK_NBCLUSTER__...`
 variables. Code reads a key where it needs it (`get("distribute.cancel-grace")`), so a
 `dask.config.set` in a notebook takes effect for the next cell.
+
+Site settings. Dask merges its config folders with the user's own (`~/.config/dask`,
+`DASK_CONFIG`) above the site's (`/etc/dask`, or `$DASK_ROOT_CONFIG` in its place), so
+through `get` a student's file outranks an instructor's. For the few settings that are an
+administrator's decision (`nbcluster.limits.*`, `nbcluster.defaults.*`), `site` reads the
+site files themselves, every time it is asked: `/etc/dask` and `$DASK_ROOT_CONFIG` both
+(setting the variable adds a folder, it cannot hide `/etc/dask`). The caller combines what
+it finds with the user's view so that the user can only go below it (`cluster/limits.py`).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +45,59 @@ def get(key: str) -> Any:
         return dask.config.get(f"nbcluster.{key}", config=_SHIPPED)
 
 
+#: The site folder Dask reads unless `DASK_ROOT_CONFIG` names another; both count here.
+SITE_FOLDER = "/etc/dask"
+
+
+@dataclass(frozen=True)
+class SiteValue:
+    """One site file's value for a setting, and the file, for messages that name it."""
+
+    value: Any
+    path: Path
+
+
+def site_folders(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """The folders of the site config: `/etc/dask`, and `$DASK_ROOT_CONFIG` if set."""
+    environ = os.environ if environ is None else environ
+    folders = [Path(SITE_FOLDER)]
+    root = environ.get("DASK_ROOT_CONFIG")
+    if root and Path(root) != folders[0]:
+        folders.append(Path(root))
+    return folders
+
+
+def site(key: str, environ: Mapping[str, str] | None = None) -> list[SiteValue]:
+    """Every site file's value of `nbcluster.<key>`, in Dask's file order (empty: unset).
+
+    Read from the files on each call, never from the merged config that a user's own
+    files, `DASK_CONFIG` or a `dask.config.set` can change.
+    """
+    found = []
+    for folder in site_folders(environ):
+        try:
+            files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".yaml", ".yml", ".json"))
+        except OSError:  # no such folder: nothing set there
+            continue
+        for path in files:
+            try:
+                data = yaml.safe_load(path.read_text()) or {}
+            except (OSError, yaml.YAMLError) as e:
+                raise _bad_site(path, f"cannot be read ({type(e).__name__})") from None
+            if not isinstance(data, dict):
+                raise _bad_site(path, "is not a mapping of settings")
+            value = dask.config.get(f"nbcluster.{key}", default=None, config=data)
+            if value is not None:
+                found.append(SiteValue(value, path))
+    return found
+
+
+def _bad_site(path: Path, what: str) -> Exception:
+    from nbcluster.errors import BadArgument
+
+    return BadArgument(f"the site config {path} {what}: nbcluster's limits cannot be known; ask the administrator to fix it")
+
+
 def seconds(key: str) -> float:
     """A duration setting (`50ms`, `2s` or a number of seconds) in seconds."""
     from dask.utils import parse_timedelta
@@ -47,7 +111,12 @@ def seconds(key: str) -> float:
 
 def count(key: str, minimum: int = 0) -> int | None:
     """A whole-number setting, or None where it is unset (`null`)."""
-    value = get(key)
+    return as_count(key, get(key), minimum)
+
+
+def as_count(key: str, value: Any, minimum: int = 0, where: str = "Dask config") -> int | None:
+    """`value` of setting `key` as a whole number (None stays None); `where` it was set
+    (a site file's path) goes in the message of a bad one."""
     if value is None:
         return None
     try:
@@ -55,14 +124,14 @@ def count(key: str, minimum: int = 0) -> int | None:
     except ValueError:
         number = None
     if number is None or number < minimum:
-        raise _bad(key, value, f"a whole number (at least {minimum})")
+        raise _bad(key, value, f"a whole number (at least {minimum})", where)
     return number
 
 
-def _bad(key: str, value: Any, what: str) -> Exception:
+def _bad(key: str, value: Any, what: str, where: str = "Dask config") -> Exception:
     from nbcluster.errors import BadArgument
 
-    return BadArgument(f"nbcluster.{key} is {value!r} in Dask config: set it to {what}, or remove it for the default")
+    return BadArgument(f"nbcluster.{key} is {value!r} in {where}: set it to {what}, or remove it for the default")
 
 
 def worker_pre_spawn_environ() -> dict[str, Any]:

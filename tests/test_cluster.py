@@ -244,11 +244,15 @@ def test_bad_input_is_one_clear_error(runtime_dir, monkeypatch):
 def test_dashboard_only_when_asked_and_on_loopback(runtime_dir):
     import urllib.request
 
+    from nbcluster.cluster.private_http import client_context
+
     plain = nbcluster.start(workers=0, name="plain")
     assert plain.dashboard_link is None
     handle = nbcluster.start(workers=0, name="dash", dashboard=True)
-    assert handle.dashboard_link.startswith("http://127.0.0.1:")
-    with urllib.request.urlopen(handle.dashboard_link.replace("/status", "/health"), timeout=10) as r:
+    # TLS with the cluster's own certificate (test_hub_dashboard.py: nobody else gets in).
+    assert handle.dashboard_link.startswith("https://127.0.0.1:")
+    health = handle.dashboard_link.replace("/status", "/health")
+    with urllib.request.urlopen(health, timeout=10, context=client_context(handle.entry["tls"])) as r:
         assert r.status == 200
 
 

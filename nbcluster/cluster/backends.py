@@ -26,12 +26,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from distributed import Nanny, Scheduler, Security, SpecCluster
+from distributed import Nanny, Security, SpecCluster
 
 from nbcluster import config
 from nbcluster.cluster.adaptive import KindAdaptive
 from nbcluster.cluster.gpu import GPU, SIMULATE_ENV
 from nbcluster.cluster.kinds import GPU_RESOURCE, KINDS, check_kind, worker_kind
+from nbcluster.cluster.private_http import PrivateScheduler, PrivateWorker
 from nbcluster.cluster.registry import write_private
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.cluster.worker_memory import MemoryTrim
@@ -105,7 +106,9 @@ class NbSpecCluster(SpecCluster):
         for device in devices:
             workers.update(self._gpu_spec(device))
         scheduler = {
-            "cls": Scheduler,
+            # The HTTP servers (dashboard, /json, /metrics) require the cluster's
+            # certificate, like its comms (private_http.py).
+            "cls": PrivateScheduler,
             "options": {
                 "protocol": "tls",
                 "host": "127.0.0.1",
@@ -138,6 +141,7 @@ class NbSpecCluster(SpecCluster):
             "protocol": "tls",
             "security": self._security,
             "dashboard": False,
+            "worker_class": PrivateWorker,
             # Gives back what the heap keeps for reuse (see worker_memory.py).
             "plugins": (MemoryTrim(config.seconds("worker.trim-interval")),),
         }
@@ -256,4 +260,5 @@ def local_cluster(spec: ClusterSpec, devices: list[GPU], security: Security) -> 
 
 def dashboard_url(cluster: SpecCluster) -> str | None:
     port = cluster.scheduler.http_server.port if cluster.scheduler.http_server else None
-    return f"http://127.0.0.1:{port}/status" if port else None
+    # https: the dashboard requires the cluster's certificate (private_http.py).
+    return f"https://127.0.0.1:{port}/status" if port else None

@@ -55,7 +55,7 @@ from distributed import Client, Security
 from distributed.core import Server
 
 from nbcluster import _compat, config
-from nbcluster.cluster import backends, registry
+from nbcluster.cluster import backends, private_http, registry
 from nbcluster.cluster.gpu import GPU
 from nbcluster.cluster.kinds import worker_kind
 from nbcluster.cluster.profiles import JOBQUEUE, Profile
@@ -272,7 +272,8 @@ class JobqueueDeployment(_SpecBased):
             "dashboard": spec.dashboard, "dashboard_address": "127.0.0.1:0", **(options.get("scheduler_options") or {}),
         }  # fmt: skip
         options.update(
-            scheduler_options=scheduler_options, security=security, protocol="tls://", n_workers=0,
+            scheduler_options=scheduler_options, scheduler_cls=private_http.PrivateScheduler,
+            security=security, protocol="tls://", n_workers=0,
             asynchronous=True, job_script_prologue=[*_worker_environ_prologue(), *_prologue(profile)],
         )  # fmt: skip
         # The workers present the cluster's certificate files (`--tls-*` in the job
@@ -561,6 +562,11 @@ def make(
 ) -> Deployment:  # fmt: skip
     """The deployment for `profile`, not started yet (``await deployment.start()``): the
     caller holds it, and can close it, whenever a start is cut short."""
+    if profile.local or profile.backend in JOBQUEUE:
+        # The scheduler (and local workers) run here: their HTTP servers, the dashboard
+        # among them, answer only holders of the cluster's certificate (private_http.py).
+        # This process exists for this one cluster, so the setting is global here.
+        dask.config.set(private_http.settings(tls))
     if profile.local:
         return LocalDeployment(spec, profile, devices, security)
     if profile.backend in JOBQUEUE:

@@ -16,13 +16,25 @@ The three limits, each a Dask config key under ``nbcluster.limits.``:
 ``null`` (the default) means the value derived from this machine. ``force=True`` (``--force``)
 lifts the machine-derived values, up to `FORCE_CEILING` x cores processes and threads, which
 nothing but the config passes: it keeps even a forced typo from filling the process table.
-A value set in config is a decision (an instructor's cap on a shared hub): ``--force`` does
-not lift it, and the message says so.
+A value set in config is a decision: ``--force`` does not lift it, and the message says so.
+
+Site ceilings. A value in the site config (``/etc/dask``, ``$DASK_ROOT_CONFIG``: see
+`config.site`) is an administrator's, an instructor's cap on a shared hub: the limit in
+force is the smallest of the site files' values and the user's own (their files,
+``DASK_CONFIG``, ``dask.config.set``, what a kernel forwards to its supervisor), so a user
+can lower it and never raise it, and the message names the site file. The same holds for
+``nbcluster.defaults.workers`` (`default_workers`), and for ``nbcluster.limits.dashboard``,
+a switch: ``false`` in a site file turns ``--dashboard`` off for everyone (`check_dashboard`).
+
+This guards against mistakes, not against a user set on getting round it: the checks run in
+the user's own processes, which the user controls. Hard limits are the spawner's (cgroups,
+containers): see the README, "On a shared JupyterHub".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 from dask.utils import format_bytes, parse_bytes
@@ -58,26 +70,95 @@ class Limit:
     value: int | None  # None: no cap (memory under --force)
     configured: bool  # set in Dask config, so --force does not lift it
     derived: str  # how the machine value comes about, for the message
+    site: Path | None = None  # the site file whose value this is, if it is one
+
+
+def _size(key: str, value: object, where: str) -> int:
+    if key != "max-memory":
+        number = config.as_count(f"limits.{key}", value, 1, where)
+        assert number is not None
+        return number
+    try:
+        return int(parse_bytes(value)) if isinstance(value, str) else int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise BadArgument(
+            f"nbcluster.limits.max-memory is {value!r} in {where}: set it to a size such as 64GiB, "
+            "or remove it for the default"
+        ) from None
+
+
+def configured(key: str) -> Limit | None:
+    """The limit for `key` set in config, or None: the smallest of the site files' values
+    and the user's own (a tie names the site file)."""
+    candidates = [(_size(key, v.value, str(v.path)), 0, v.path) for v in config.site(f"limits.{key}")]
+    own = config.get(f"limits.{key}")
+    if own is not None:
+        candidates.append((_size(key, own, "Dask config"), 1, None))
+    if not candidates:
+        return None
+    value, _, path = min(candidates, key=lambda c: c[:2])
+    return Limit(key, value, True, "", path)
 
 
 def limit(key: str, machine: Machine, *, force: bool = False) -> Limit:
     """The limit in force for `key` ("max-workers", "max-threads" or "max-memory")."""
-    setting = config.get(f"limits.{key}")
-    if setting is not None:
-        value = int(parse_bytes(setting)) if key == "max-memory" and isinstance(setting, str) else config.count(f"limits.{key}", 1)
-        return Limit(key, value, True, "")
+    chosen = configured(key)
+    if chosen is not None:
+        return chosen
     if key == "max-memory":
         return Limit(key, None if force else machine.memory, False, "its RAM")
     per_core = FORCE_CEILING if force else PER_CORE
     return Limit(key, per_core * machine.cores, False, f"{per_core} x {machine.cores} cores")
 
 
-def default_workers(machine: Machine | None = None) -> int:
-    """CPU workers when none are asked for: `nbcluster.defaults.workers`, else one per core."""
-    setting = config.count("defaults.workers")
-    if setting is not None:
-        return setting
-    return (machine or Machine.here()).cores
+def default_workers(cores: int, threads: int = 1) -> int:
+    """CPU workers of a start without ``--workers``.
+
+    `nbcluster.defaults.workers` (a site file's value is the most a user's own can be),
+    else one per `cores`; and never more than a limit set in config allows at `threads`
+    threads each, so that a plain start on a hub whose cap is 2 gets 2 workers instead of
+    a refusal.
+    """
+    values = [config.as_count("defaults.workers", v.value, 0, str(v.path)) for v in config.site("defaults.workers")]
+    values.append(config.count("defaults.workers"))
+    chosen = [v for v in values if v is not None]
+    workers = min(chosen) if chosen else cores
+    for key, per_worker in (("max-workers", 1), ("max-threads", threads)):
+        cap = configured(key)
+        if cap is not None and cap.value is not None:
+            workers = min(workers, max(cap.value // per_worker, 1))
+    return workers
+
+
+def dashboard_allowed() -> Path | str | None:
+    """None if ``--dashboard`` may be used, else where it was turned off (a site file's path,
+    or "Dask config")."""
+    for v in config.site("limits.dashboard"):
+        if not _switch(v.value, str(v.path)):
+            return v.path
+    if not _switch(config.get("limits.dashboard"), "Dask config"):
+        return "Dask config"
+    return None
+
+
+def _switch(value: object, where: str) -> bool:
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"  # DASK_NBCLUSTER__LIMITS__DASHBOARD=false
+    if value is None or isinstance(value, bool):
+        return value is not False
+    raise BadArgument(f"nbcluster.limits.dashboard is {value!r} in {where}: set it to true or false")
+
+
+def check_dashboard() -> None:
+    """Raise `LimitExceeded` if ``--dashboard`` is turned off (`nbcluster.limits.dashboard`)."""
+    where = dashboard_allowed()
+    if where is None:
+        return
+    by = f"by this machine's administrator in {where}" if isinstance(where, Path) else "in Dask config"
+    raise LimitExceeded(
+        f"--dashboard is turned off {by} (nbcluster.limits.dashboard: false): start without --dashboard; "
+        "the live graphs of the notebook and the sidebar need no dashboard"
+    )
 
 
 def check(
@@ -111,6 +192,11 @@ def check(
             continue
         shown = format_bytes(cap.value) if key == "max-memory" else str(cap.value)
         setting = f"nbcluster.limits.{key}"
+        if cap.site is not None:
+            raise LimitExceeded(
+                f"{request} means {described}, above the limit of {shown} that this machine's administrator "
+                f"set in {cap.site} ({setting}); neither your own config nor --force can raise it: ask for less"
+            )
         if cap.configured:
             raise LimitExceeded(
                 f"{request} means {described}, above the limit of {shown} set in Dask config ({setting}); "

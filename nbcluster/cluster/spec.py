@@ -18,7 +18,6 @@ from typing import Any
 
 from dask.utils import format_bytes, parse_bytes
 
-from nbcluster import config
 from nbcluster.cluster import limits
 from nbcluster.errors import BadArgument
 
@@ -60,7 +59,7 @@ START_OPTIONS = (
     StartOption("gpus", "`auto` or N: one worker per GPU (default: none)", "auto|N"),
     StartOption("name", "cluster name (default: local, then local-2, ...; on a profile, the profile's name)", "NAME"),
     StartOption("keep", "keep running after the kernel (or server) that started it exits"),
-    StartOption("dashboard", "start Dask's dashboard (loopback only)"),
+    StartOption("dashboard", "start Dask's dashboard (opened through Jupyter: the sidebar's Dashboard link)"),
     StartOption("gpu-backend", "GPU worker implementation: builtin (default) or dask-cuda", "NAME"),
     StartOption("profile", "where to run: a profile from `nbcluster profiles` (default: local)", "NAME"),
     StartOption("force", FORCE_HELP),
@@ -191,7 +190,10 @@ class ClusterSpec:
         return spec
 
     def check_limits(self, *, force: bool = False, machine: limits.Machine | None = None) -> None:
-        """Raise `LimitExceeded` if this cluster would start larger than the limits allow."""
+        """Raise `LimitExceeded` if this cluster would start larger than the limits allow,
+        or with a dashboard where `nbcluster.limits.dashboard` turns it off."""
+        if self.dashboard:
+            limits.check_dashboard()
         resolved = self.resolved(machine.cores if machine else None)
         assert resolved.workers is not None
         request = f"--workers {resolved.workers}" + ("" if self.workers is not None else " (the default)")
@@ -223,15 +225,15 @@ class ClusterSpec:
 
     def resolved(self, cpu_count: int | None = None) -> ClusterSpec:
         """Fill in machine-dependent defaults: `nbcluster.defaults.workers` (else one per
-        core) single-threaded workers.
+        core, at most what a limit set in config allows: `limits.default_workers`)
+        single-threaded workers.
 
         Processes, not threads, are the default because notebook code is mostly pure
         Python that holds the GIL.
         """
         cores = cpu_count or os.cpu_count() or 1
-        default = config.count("defaults.workers")
-        workers = self.workers if self.workers is not None else default if default is not None else cores
         threads = self.threads if self.threads is not None else 1
+        workers = self.workers if self.workers is not None else limits.default_workers(cores, threads)
         return ClusterSpec(**{**asdict(self), "workers": workers, "threads": threads})
 
     def to_dict(self) -> dict[str, Any]:

@@ -27,9 +27,10 @@ Lifecycle
     0. from launch on, SIGTERM/SIGINT/SIGHUP and the owner's death go to the `Lifeline`
        (``lifeline.py``): in every phase, busy or not, the process is gone within 2 s and
        takes its workers with it;
-    1. check the size against `limits` (again: a request that bypassed `start` gets no
-       further), claim a name (``local``, ``local-2``, ... for the default), write the
-       credentials;
+    1. check the size (and ``--dashboard``) against `limits` (again: a request that
+       bypassed `start` gets no further; the site config's ceilings are read from its files
+       here, so the requester's forwarded config cannot raise them), claim a name
+       (``local``, ``local-2``, ... for the default), write the credentials;
     2. start the deployment, add the control handlers and the metrics plugin, rewrite the
        entry with the address (and ``control``, ``backend``, ``profile``);
     3. write one JSON line ({"ok": true, "entry": ...} or {"ok": false, "error": ...}) to
@@ -52,9 +53,10 @@ claims ``local.json`` with ``{"state": "starting", "supervisor_pid": ...}``, sta
 ``owner_pid: 4242``, and prints the entry. The kernel is killed; within a second the owner
 watch sets ``stop``; the workers are closed and ``local.json`` is gone.
 
-What it leaves out: it never runs user code, has no HTTP server of its own (the Dask
-dashboard only with ``--dashboard``, on loopback), and keeps no state that the scheduler
-or the registry can answer.
+What it leaves out: it never runs user code, has no HTTP server of its own (Dask's
+scheduler has one, the dashboard only with ``--dashboard``: on loopback, and only for
+holders of the cluster's certificate, see ``private_http.py``), and keeps no state that
+the scheduler or the registry can answer.
 """
 
 from __future__ import annotations

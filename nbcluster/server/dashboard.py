@@ -13,6 +13,12 @@ module adds is which target, who may, and what passes:
 - the target is only ever the ``dashboard`` address of a registered cluster, looked up by
   name; the request cannot name a host or port, so the proxy is no open relay (no SSRF);
 - only loopback targets are proxied: a registry entry is trusted, but not that much;
+- a cluster's dashboard requires a client certificate of the cluster's own CA (its HTTP
+  server speaks only TLS, `nbcluster.cluster.private_http`), so that another user of the
+  machine cannot read it from its loopback port: the proxy presents the cluster's
+  certificate, from the files named in the registry entry, which only their owner can read.
+  `ProxyHandler` only speaks plain HTTP upstream, so the scheme, the TLS context and the
+  websocket's connection are ours (an ``http`` entry is relayed as before);
 - "read" on the "nbcluster" resource is required, as for the REST routes, so a custom
   authorizer (JupyterHub's scopes) decides who sees dashboards;
 - the browser's cookies and ``Authorization`` header (Jupyter's token) are not forwarded,
@@ -25,14 +31,18 @@ module adds is which target, who may, and what passes:
 
 from __future__ import annotations
 
+import ssl
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from jupyter_server.utils import ensure_async, url_path_join
 from jupyter_server_proxy.handlers import ProxyHandler
-from tornado import httputil, web
+from jupyter_server_proxy.websocket import pingable_ws_connect
+from tornado import httpclient, httputil, web
 
 import nbcluster
+from nbcluster.cluster.private_http import client_context
 from nbcluster.errors import NbclusterError
 from nbcluster.server.handlers import in_thread
 
@@ -50,8 +60,17 @@ FORWARD_REQUEST = (
 FORWARD_RESPONSE = ("Content-Type", "Cache-Control", "ETag", "Last-Modified", "Content-Encoding", "Location")
 
 
-async def dashboard_target(name: str) -> tuple[str, int]:
-    """(host, port) of `name`'s dashboard; a 404 if it has none, a 403 if not on loopback."""
+@dataclass(frozen=True)
+class Target:
+    """Where a cluster's dashboard is, and the TLS context that reaches it (None: plain HTTP)."""
+
+    host: str
+    port: int
+    tls: ssl.SSLContext | None
+
+
+async def dashboard_target(name: str) -> Target:
+    """`name`'s dashboard; a 404 if it has none, a 403 if not on loopback."""
     try:
         handle = await in_thread(nbcluster.connect, name)
     except NbclusterError as error:
@@ -60,10 +79,16 @@ async def dashboard_target(name: str) -> tuple[str, int]:
     parts = urlsplit(link) if link else None
     if parts is None or parts.port is None or parts.hostname is None:
         raise web.HTTPError(404, reason=f"cluster {name} has no dashboard; start it with dashboard=True")
-    if parts.hostname not in LOOPBACK or parts.scheme != "http":
+    if parts.hostname not in LOOPBACK or parts.scheme not in ("http", "https"):
         # nbcluster only ever registers loopback dashboards: anything else was planted.
         raise web.HTTPError(403, reason=f"cluster {name}'s dashboard is not on loopback; the proxy refuses it")
-    return parts.hostname, parts.port
+    tls = None
+    if parts.scheme == "https":
+        try:
+            tls = client_context(handle.entry["tls"])
+        except (KeyError, TypeError, OSError, ssl.SSLError):
+            raise web.HTTPError(502, reason=f"cluster {name}'s certificate cannot be read") from None
+    return Target(parts.hostname, parts.port, tls)
 
 
 def keep_safe_headers(response: Any) -> None:
@@ -98,8 +123,19 @@ class DashboardProxyHandler(ProxyHandler):
     def proxy_request_headers(self) -> httputil.HTTPHeaders:
         return httputil.HTTPHeaders({k: v for k, v in self.request.headers.items() if k in FORWARD_REQUEST})
 
+    def get_client_uri(self, protocol: str, host: str, port: int, proxied_path: str) -> str:
+        if self.target.tls is not None:
+            protocol = {"http": "https", "ws": "wss"}[protocol]
+        return str(super().get_client_uri(protocol, host, port, proxied_path))
+
+    def proxy_request_options(self) -> dict[str, Any]:
+        options = dict(super().proxy_request_options())
+        if self.target.tls is not None:
+            options["ssl_options"] = self.target.tls
+        return options
+
     async def http_get(self, name: str, path: str) -> None:
-        host, port = self.target
+        host, port = self.target.host, self.target.port
         try:
             await self.proxy(host, port, path)
         except (OSError, web.HTTPError) as error:
@@ -110,11 +146,38 @@ class DashboardProxyHandler(ProxyHandler):
             raise web.HTTPError(502, reason="the cluster's dashboard does not answer") from None
 
     async def open(self, name: str, path: str) -> None:
-        host, port = self.target
         try:
-            await self.proxy_open(host, port, path)
+            await self._open_upstream(path)
         except OSError:
             self.close(1011, "the cluster's dashboard does not answer")
+
+    async def _open_upstream(self, path: str) -> None:
+        """`ProxyHandler.proxy_open`, with the cluster's TLS context on the upstream socket
+        (its own builds the request without one): messages and pings are relayed both ways."""
+        if not path.startswith("/"):
+            path = "/" + path
+        request = httpclient.HTTPRequest(
+            url=self.get_client_uri("ws", self.target.host, self.target.port, path),
+            headers=self.proxy_request_headers(),
+            ssl_options=self.target.tls,
+        )
+
+        def on_message(message: str | bytes | None) -> None:
+            self._record_activity()
+            if message is None:
+                self.close()
+            else:
+                self.write_message(message, binary=isinstance(message, bytes))
+
+        def on_ping(data: bytes) -> None:
+            self._record_activity()
+            self.ping(data)
+
+        # `self.ws` is where ProxyHandler's on_message/on_ping/on_close relay the browser's side.
+        self.ws = await pingable_ws_connect(
+            request=request, on_message_callback=on_message, on_ping_callback=on_ping,
+            subprotocols=self._requested_subprotocols,
+        )  # fmt: skip
 
     def _only_get(self, *args: Any, **kwargs: Any) -> None:
         raise web.HTTPError(405, reason="the dashboard proxy relays only GET")
