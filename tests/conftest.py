@@ -4,6 +4,10 @@ Every test session gets its own registry folder (NBCLUSTER_RUNTIME_DIR), so test
 or stop a developer's clusters. Whatever a test starts is stopped by its fixture; at the end
 of the session any supervisor or worker process this session spawned and left behind is
 killed and reported as a failure of the session.
+
+Lanes: every test of the modules named in `LANES` gets those markers here, in one place
+(registered, with what they mean, in pyproject.toml). `pytest -m "not slow"` is the quick
+lane; a test marked `root` skips, saying why, when pytest does not run as root.
 """
 
 from __future__ import annotations
@@ -17,13 +21,60 @@ from pathlib import Path
 
 import psutil
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
 from nbcluster import _current
 from nbcluster.cluster import registry
 from nbcluster.cluster.handle import ClusterHandle
+from tests.shell_helpers import load_shell
 
 _SESSION_DIR: Path | None = None
+
+# Test module -> its lanes. `browser`: headless Chromium; `services`: a real SLURM, sshd,
+# dask-gateway, network namespaces or JupyterHub started by the test; `root`: needs root
+# (daemons that switch users, `ip netns`, sshd logins as root); `slow`: left out of the
+# quick lane (`-m "not slow"`) because it takes tens of seconds or more.
+LANES: dict[str, tuple[str, ...]] = {
+    "test_live_browser": ("browser", "slow"),
+    "test_panel_browser": ("browser", "slow"),
+    "test_widgets_browser": ("browser", "slow"),
+    "test_slurm": ("services", "root", "slow"),
+    "test_ssh": ("services", "root", "slow"),
+    "test_netns": ("services", "root", "slow"),
+    "test_gateway": ("services", "slow"),
+    "test_hub*": ("services", "root", "slow"),
+    "test_notebooks": ("slow",),
+    "test_nbgrader": ("slow",),
+    "test_binder": ("slow",),
+    "test_load": ("slow",),
+}
+
+
+def lanes(module: str) -> tuple[str, ...]:
+    """The markers `LANES` gives test module `module` (a name such as ``test_slurm``)."""
+    from fnmatch import fnmatchcase
+
+    return tuple(m for pattern, marks in LANES.items() if fnmatchcase(module, pattern) for m in marks)
+
+
+def root_skip(euid: int) -> pytest.MarkDecorator | None:
+    """The skip a `root` test gets when pytest runs as user `euid`; None as root."""
+    if euid == 0:
+        return None
+    return pytest.mark.skip(
+        reason="needs root (it starts daemons that switch users, network namespaces or root sshd logins); "
+        "run as root, as .ci/run does"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = root_skip(os.geteuid())
+    for item in items:
+        for marker in lanes(item.path.stem):
+            item.add_marker(marker)
+        if skip is not None and item.get_closest_marker("root") is not None:
+            item.add_marker(skip)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -102,6 +153,14 @@ def cluster(_shared_cluster: ClusterHandle) -> ClusterHandle:
     """A shared 2-worker x 1-thread cluster, current for this process (and Dask's default
     client) during the test, whatever earlier tests made current. Do not scale or stop it."""
     return _current.use(_shared_cluster)
+
+
+@pytest.fixture
+def shell(runtime_dir: Path) -> InteractiveShell:
+    """An in-process IPython shell with nbcluster loaded, on this test's own registry.
+
+    A test that runs cells on the shared cluster asks for `cluster` after `shell`."""
+    return load_shell()
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from nbcluster import cli, commands
 from nbcluster.distribute.options import FLAGS
-from tests.shell_helpers import load_shell
 
 JUNK = ['"', "'", '"""', "(", ")", "[", "]", "{", "}", "-", "--", "---", "=", ",", ":", "\\", "#", ";",
         "0", "-1", "1.5", "1e9", "99999999999999999999", "nan", "-0", "x", "in", "None", "é", "🙂"]  # fmt: skip
@@ -57,11 +56,6 @@ def distribute_lines(count: int, seed: int) -> list[str]:
 
 def _clean(message: str) -> bool:
     return "\n" not in message.strip() and "Traceback" not in message and 'File "' not in message
-
-
-@pytest.fixture
-def shell(runtime_dir: Any) -> InteractiveShell:
-    return load_shell()
 
 
 def test_generated_cluster_lines_give_one_clean_line(shell: InteractiveShell, capsys: Any) -> None:
