@@ -5,9 +5,9 @@ or stop a developer's clusters. Whatever a test starts is stopped by its fixture
 of the session any supervisor or worker process this session spawned and left behind is
 killed and reported as a failure of the session.
 
-Lanes: every test of the modules named in `LANES` gets those markers here, in one place
-(registered, with what they mean, in pyproject.toml). `pytest -m "not slow"` is the quick
-lane; a test marked `root` skips, saying why, when pytest does not run as root.
+Lanes: the tests `tests/lanes.py` names (whole modules, or single tests) get those markers
+here, in one place (registered, with what they mean, in pyproject.toml). `pytest -m "not slow"` is
+the quick lane; a test marked `root` skips, saying why, when pytest does not run as root.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,51 +28,16 @@ import nbcluster
 from nbcluster import _current
 from nbcluster.cluster import registry
 from nbcluster.cluster.handle import ClusterHandle
+from tests.lanes import lanes, root_skip
 from tests.shell_helpers import load_shell
 
 _SESSION_DIR: Path | None = None
 
-# Test module -> its lanes. `browser`: headless Chromium; `services`: a real SLURM, sshd,
-# dask-gateway, network namespaces or JupyterHub started by the test; `root`: needs root
-# (daemons that switch users, `ip netns`, sshd logins as root); `slow`: left out of the
-# quick lane (`-m "not slow"`) because it takes tens of seconds or more.
-LANES: dict[str, tuple[str, ...]] = {
-    "test_live_browser": ("browser", "slow"),
-    "test_panel_browser": ("browser", "slow"),
-    "test_widgets_browser": ("browser", "slow"),
-    "test_slurm": ("services", "root", "slow"),
-    "test_ssh": ("services", "root", "slow"),
-    "test_netns": ("services", "root", "slow"),
-    "test_gateway": ("services", "slow"),
-    "test_hub*": ("services", "root", "slow"),
-    "test_notebooks": ("slow",),
-    "test_nbgrader": ("slow",),
-    "test_binder": ("slow",),
-    "test_load": ("slow",),
-}
-
-
-def lanes(module: str) -> tuple[str, ...]:
-    """The markers `LANES` gives test module `module` (a name such as ``test_slurm``)."""
-    from fnmatch import fnmatchcase
-
-    return tuple(m for pattern, marks in LANES.items() if fnmatchcase(module, pattern) for m in marks)
-
-
-def root_skip(euid: int) -> pytest.MarkDecorator | None:
-    """The skip a `root` test gets when pytest runs as user `euid`; None as root."""
-    if euid == 0:
-        return None
-    return pytest.mark.skip(
-        reason="needs root (it starts daemons that switch users, network namespaces or root sshd logins); "
-        "run as root, as .ci/run does"
-    )
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip = root_skip(os.geteuid())
     for item in items:
-        for marker in lanes(item.path.stem):
+        test = getattr(item, "originalname", None) or item.name
+        for marker in lanes(item.path.stem, test):
             item.add_marker(marker)
         if skip is not None and item.get_closest_marker("root") is not None:
             item.add_marker(skip)
@@ -161,6 +127,35 @@ def shell(runtime_dir: Path) -> InteractiveShell:
 
     A test that runs cells on the shared cluster asks for `cluster` after `shell`."""
     return load_shell()
+
+
+def _processes_of(directory: Path) -> list[psutil.Process]:
+    """Processes (other than this one and its parents) that run with this test's registry."""
+    skip = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid in skip:
+            continue
+        try:
+            if proc.environ().get("NBCLUSTER_RUNTIME_DIR") == str(directory):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.fixture
+def no_leftovers(runtime_dir: Path) -> Iterator[Path]:
+    """Fails the test if a process of the notebook's is still running a while after its kernel
+    stopped (clusters stop within a second or two of their owner); kills any such process."""
+    directory = Path(os.environ["NBCLUSTER_RUNTIME_DIR"])
+    yield directory
+    deadline = time.monotonic() + 15
+    while (left := _processes_of(directory)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for proc in left:
+        proc.kill()
+    assert not left, f"processes left running: {[' '.join(p.cmdline()[:4]) for p in left]}"
 
 
 @pytest.fixture
