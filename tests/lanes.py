@@ -32,6 +32,12 @@ LANES: dict[str, tuple[str, ...]] = {
     "test_widgets_kernel": ("slow",),
     "test_kubernetes_spec": ("slow",),
     "test_magics::test_kernel_killed_leaves_no_processes": ("slow",),
+    "test_magics::test_cluster_magic_lifecycle": ("slow",),
+    "test_magics::test_use_switches_the_current_cluster": ("slow",),
+    "test_worker_env::test_the_worker_environment_is_a_dask_setting": ("slow",),
+    "test_limits::test_cli_refuses_and_config_caps_hold_against_force": ("slow",),
+    "test_limits::test_force_starts_past_the_machine_memory_limit": ("slow",),
+    "test_server::test_a_cluster_through_every_route": ("slow",),
     "test_engine::test_a_cluster_killed_mid_cell_ends_the_cell_with_one_line": ("slow",),
     "test_bad_input::test_cluster_stop_in_*": ("slow",),
 }

@@ -46,7 +46,7 @@ def test_shell_is_defined_once_in_conftest() -> None:
         path.name
         for path in [TESTS / "conftest.py", *TEST_FILES]
         for node in ast.walk(_tree(path))
-        if isinstance(node, ast.FunctionDef) and node.name == "shell"
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "shell"
     ]
     assert where == ["conftest.py"]
 
@@ -64,17 +64,17 @@ def test_every_lane_entry_names_what_exists() -> None:
     assert missing == []
 
 
-def _functions(path: Path, pattern: str) -> list[ast.FunctionDef]:
+def _functions(path: Path, pattern: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
     from fnmatch import fnmatchcase
 
-    return [n for n in ast.walk(_tree(path)) if isinstance(n, ast.FunctionDef) and fnmatchcase(n.name, pattern)]
+    return [n for n in ast.walk(_tree(path)) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and fnmatchcase(n.name, pattern)]
 
 
 def test_lanes_by_module_and_by_test() -> None:
     assert set(lanes("test_slurm", "test_anything")) == {"services", "root", "slow"}
     assert set(lanes("test_hub_isolation", "test_anything")) == {"services", "root", "slow"}
     assert lanes("test_magics", "test_kernel_killed_leaves_no_processes") == ("slow",)
-    assert lanes("test_magics", "test_cluster_magic_lifecycle") == ()
+    assert lanes("test_magics", "test_bad_input_raises_one_usage_error") == ()
     assert root_skip(0) is None
     skip = root_skip(1000)
     assert skip is not None and "needs root" in skip.kwargs["reason"]
