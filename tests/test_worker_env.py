@@ -66,7 +66,8 @@ def test_workers_take_arrays_from_the_heap_not_from_mmap(cluster: Any) -> None:
 
 def _churn() -> tuple[list[bytearray], int]:
     """240 MB of arrays freed again under small objects that stay (the result, kept by the
-    client): glibc cannot give that heap back by itself, only `malloc_trim` can."""
+    client): glibc cannot give that heap back by itself, only `malloc_trim` can. Returns
+    them and the process's RSS while the arrays were alive."""
     import numpy as np
     import psutil
 
@@ -74,8 +75,9 @@ def _churn() -> tuple[list[bytearray], int]:
     for _ in range(60):
         temporary.append(np.ones(500_000))  # 4 MB: from the heap, below the mmap threshold
         kept.append(bytearray(2000))
+    peak = psutil.Process().memory_info().rss
     del temporary
-    return kept, psutil.Process().memory_info().rss
+    return kept, peak
 
 
 def _rss() -> int:
@@ -92,10 +94,10 @@ def test_every_worker_trims_its_heap_after_work(cluster: Any) -> None:
     for address in client.scheduler_info()["workers"]:
         # Lambdas, so that Dask pickles by value (a plain function here goes by reference).
         held = client.submit(lambda: _churn(), workers=[address], pure=False)
-        _, rss = held.result()
+        _, peak = held.result()
         deadline = time.monotonic() + 5 * interval + 10
-        while (now := client.run(lambda: _rss(), workers=[address])[address]) > rss - 150_000_000:
-            assert time.monotonic() < deadline, f"{address} still holds {now / 1e6:.0f} MB ({rss / 1e6:.0f} MB after the work)"
+        while (now := client.run(lambda: _rss(), workers=[address])[address]) > peak - 150_000_000:
+            assert time.monotonic() < deadline, f"{address} still holds {now / 1e6:.0f} MB ({peak / 1e6:.0f} MB at work)"
             time.sleep(0.1)
         del held
 
