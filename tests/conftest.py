@@ -6,8 +6,8 @@ of the session any supervisor or worker process this session spawned and left be
 killed and reported as a failure of the session.
 
 Lanes: the tests `tests/lanes.py` names (whole modules, or single tests) get those markers
-here, in one place (registered, with what they mean, in pyproject.toml). `pytest -m "not slow"` is
-the quick lane; a test marked `root` skips, saying why, when pytest does not run as root.
+here, in one place (registered, with what they mean, in pyproject.toml). `pytest -m "not
+slow"` is the quick lane; a test marked `root` skips, saying why, when not run as root.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from tests.lanes import lanes, root_skip
 from tests.shell_helpers import load_shell
 
 _SESSION_DIR: Path | None = None
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip = root_skip(os.geteuid())

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
@@ -65,9 +66,8 @@ def test_every_lane_entry_names_what_exists() -> None:
 
 
 def _functions(path: Path, pattern: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
-    from fnmatch import fnmatchcase
-
-    return [n for n in ast.walk(_tree(path)) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and fnmatchcase(n.name, pattern)]
+    functions = (n for n in ast.walk(_tree(path)) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))
+    return [f for f in functions if fnmatchcase(f.name, pattern)]
 
 
 def test_lanes_by_module_and_by_test() -> None:
@@ -97,4 +97,5 @@ def test_root_tests_skip_with_the_reason_when_not_root(tmp_path: Path) -> None:
         env={**os.environ, "HOME": str(tmp_path), "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "needs root" in done.stdout and " skipped" in done.stdout and "passed" not in done.stdout, done.stdout
+    out = done.stdout
+    assert "needs root" in out and " skipped" in out and "passed" not in out, out
