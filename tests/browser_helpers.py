@@ -203,3 +203,50 @@ class Screenshots:
         self.page.screenshot(path=str(path))
         print(f"screenshot: {path}")
         return path
+
+
+# WCAG's enhanced level (AAA), as the labels are small (--jp-ui-font-size0, 11px). The
+# secondary grey the labels had (--jp-ui-font-color2) measured 6.0 on the dark theme's
+# notebook background and 4.6 on the light one.
+MIN_CONTRAST = 7.0
+
+# WCAG contrast of every element that writes text, against what is painted behind it.
+CONTRAST = """(root) => {
+  const rgba = (s) => { const m = s.match(/[\\d.]+/g).map(Number); return m.length === 3 ? [...m, 1] : m; };
+  const over = (top, bottom) => top.slice(0, 3).map((c, i) => c * top[3] + bottom[i] * (1 - top[3]));
+  const background = (el) => {
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgba(getComputedStyle(e).backgroundColor);
+      if (c[3] > 0) layers.push(c);
+      if (c[3] === 1) break;
+    }
+    return layers.reverse().reduce((acc, c) => over(c, acc), [255, 255, 255]);
+  };
+  const lum = (rgb) => { const [r, g, b] = rgb.map((v) => { v /= 255;
+    return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; }); return 0.2126 * r + 0.7152 * g + 0.0722 * b; };
+  // Ancestors' opacity and filters change what is painted, not the computed colour.
+  const dimming = (el) => {
+    let opacity = 1;
+    const filters = [];
+    for (let e = el; e; e = e.parentElement) {
+      const cs = getComputedStyle(e);
+      opacity *= Number(cs.opacity);
+      if (cs.filter !== "none") filters.push(cs.filter);
+    }
+    return { opacity, filters };
+  };
+  const out = [];
+  for (const el of root.querySelectorAll("*")) {
+    const own = [...el.childNodes].filter((n) => n.nodeType === 3).map((n) => n.data).join("").trim();
+    if (!own || el.closest("svg")) continue;
+    const bg = background(el);
+    const { opacity, filters } = dimming(el);
+    const color = rgba(getComputedStyle(el).color);
+    const fg = over([...color.slice(0, 3), color[3] * opacity], bg);
+    const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+    out.push({ text: own, ratio: (a + 0.05) / (b + 0.05), color: getComputedStyle(el).color,
+      background: bg.map(Math.round).join(","), opacity, filters });
+  }
+  return out;
+}"""

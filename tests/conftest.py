@@ -4,6 +4,10 @@ Every test session gets its own registry folder (NBCLUSTER_RUNTIME_DIR), so test
 or stop a developer's clusters. Whatever a test starts is stopped by its fixture; at the end
 of the session any supervisor or worker process this session spawned and left behind is
 killed and reported as a failure of the session.
+
+Lanes: the tests `tests/lanes.py` names (whole modules, or single tests) get those markers
+here, in one place (registered, with what they mean, in pyproject.toml). `pytest -m "not
+slow"` is the quick lane; a test marked `root` skips, saying why, when not run as root.
 """
 
 from __future__ import annotations
@@ -12,18 +16,32 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
 from nbcluster import _current
 from nbcluster.cluster import registry
 from nbcluster.cluster.handle import ClusterHandle
+from tests.lanes import lanes, root_skip
+from tests.shell_helpers import load_shell
 
 _SESSION_DIR: Path | None = None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = root_skip(os.geteuid())
+    for item in items:
+        test = getattr(item, "originalname", None) or item.name
+        for marker in lanes(item.path.stem, test):
+            item.add_marker(marker)
+        if skip is not None and item.get_closest_marker("root") is not None:
+            item.add_marker(skip)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -102,6 +120,43 @@ def cluster(_shared_cluster: ClusterHandle) -> ClusterHandle:
     """A shared 2-worker x 1-thread cluster, current for this process (and Dask's default
     client) during the test, whatever earlier tests made current. Do not scale or stop it."""
     return _current.use(_shared_cluster)
+
+
+@pytest.fixture
+def shell(runtime_dir: Path) -> InteractiveShell:
+    """An in-process IPython shell with nbcluster loaded, on this test's own registry.
+
+    A test that runs cells on the shared cluster asks for `cluster` after `shell`."""
+    return load_shell()
+
+
+def _processes_of(directory: Path) -> list[psutil.Process]:
+    """Processes (other than this one and its parents) that run with this test's registry."""
+    skip = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid in skip:
+            continue
+        try:
+            if proc.environ().get("NBCLUSTER_RUNTIME_DIR") == str(directory):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.fixture
+def no_leftovers(runtime_dir: Path) -> Iterator[Path]:
+    """Fails the test if a process of the notebook's is still running a while after its kernel
+    stopped (clusters stop within a second or two of their owner); kills any such process."""
+    directory = Path(os.environ["NBCLUSTER_RUNTIME_DIR"])
+    yield directory
+    deadline = time.monotonic() + 15
+    while (left := _processes_of(directory)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for proc in left:
+        proc.kill()
+    assert not left, f"processes left running: {[' '.join(p.cmdline()[:4]) for p in left]}"
 
 
 @pytest.fixture

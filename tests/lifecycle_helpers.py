@@ -4,6 +4,7 @@
   loopback port with a token, in private config/runtime folders and its own cluster
   registry. Ready when it prints its "is running at" line (an event, not a sleep); always
   stopped, with the clusters it owns, on exit.
+- `wait_catching`: waits until a process handles a signal (its kernel signal mask).
 - `wait_gone`: waits for processes to exit on their pidfds (an event the kernel sends, so
   the measured time is the real one, not a polling interval).
 - `busy_start_env`: environment that makes a cluster's start hang with the scheduler's
@@ -63,6 +64,20 @@ def wait_gone(procs: list[psutil.Process], timeout: float) -> tuple[float, list[
             os.close(fd)
     alive = [p for p in fds.values() if _running(p)]
     return time.monotonic() - start, alive
+
+
+def wait_catching(pid: int, sig: int, timeout: float = 60) -> None:
+    """Return once process `pid` has a handler for `sig` (the kernel's SigCgt mask), so a
+    signal sent now reaches its handler, not the default action; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = Path(f"/proc/{pid}/status").read_text()
+        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+        if caught & (1 << (sig - 1)):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} installed no handler for signal {sig} within {timeout} s")
+        time.sleep(0.01)
 
 
 def _running(p: psutil.Process) -> bool:

@@ -3,8 +3,11 @@ gives one clean line (or works), never a traceback from nbcluster's internals.
 
 The lines are random mixes of the real words and flags with quotes, brackets, dashes and
 numbers (seeded, so a failure reproduces). No cluster runs in the test's registry, so a
-line that happens to be valid cannot change anything, except `start`, which always gets
-at least one defect mixed in.
+`%cluster` line that happens to be valid cannot change anything, except `start`, which
+always gets at least one defect mixed in. `%%distribute` lines run on the shared cluster,
+so that they get past "no cluster" to the planning and the run; besides the character
+soup, `flag_lines` gives well-formed flags with good and bad values. A line that works
+must show its result and nothing on stderr.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ import subprocess
 import sys
 from typing import Any
 
-import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
+import nbcluster
 from nbcluster import cli, commands
+from nbcluster.distribute import Results
 from nbcluster.distribute.options import FLAGS
-from tests.shell_helpers import load_shell
 
 JUNK = ['"', "'", '"""', "(", ")", "[", "]", "{", "}", "-", "--", "---", "=", ",", ":", "\\", "#", ";",
         "0", "-1", "1.5", "1e9", "99999999999999999999", "nan", "-0", "x", "in", "None", "é", "🙂"]  # fmt: skip
@@ -55,28 +58,80 @@ def distribute_lines(count: int, seed: int) -> list[str]:
     ]
 
 
+# After `%cluster stop`, within a bound or this fails: every Dask client is closed (an open
+# one would reconnect and log), and each live view still polling (the status view lives on)
+# has polled the stopped cluster twice more. What any of them printed is then in the output.
+QUIET_AFTER_STOP = """
+import gc, sys, threading, time
+from distributed import Client
+from nbcluster.widgets._live import Live
+deadline = time.monotonic() + 10
+while open_clients := [c for c in Client._instances if c.status != "closed"]:
+    assert time.monotonic() < deadline, f"clients still open 10 s after the stop: {open_clients}"
+    time.sleep(0.05)
+polled = []
+for view in [o for o in gc.get_objects() if isinstance(o, Live) and o._thread.is_alive()]:
+    def counted(tick=view._tick, ticks=threading.Semaphore(0)):
+        try:
+            return tick()
+        finally:
+            ticks.release()
+    view._tick = counted  # the real poll, counted
+    polled.append(counted.__defaults__[1])
+for ticks in polled:
+    assert ticks.acquire(timeout=10) and ticks.acquire(timeout=10), "a live view stopped polling"
+sys.stdout.flush(); sys.stderr.flush()
+"""
+
+# Values for each kind of `%%distribute` flag (options.py), good ones and bad ones.
+VALUES = {
+    "expr": ['"x in range(3)"', '"a, b in [(1, 2), (3, 4)]"', '"a=[1, 2], b=[10, 20]"', '"x in []"',
+             '"x in nope"', '"x in range(3"', '"x in 5"', '"a=[1], [2]"', '"a=[]"', '"a=[1, 2], b=[3]"'],
+    "name": ["res", "out_2", "1x", "def", "é"],
+    "amount": ["1", "0.5", "0", "-1", "x", "nan"],
+    "count": ["0", "2", "-1", "x", "1.5"],
+    "batch": ["auto", "1", "3", "0", "x"],
+    "int": ["0", "7", "-1", "x"],
+    "local": ["", "1", "0", "-1", "x"],
+    "text": ["nope", "shared", '"a b"'],
+    "switch": [""],
+}  # fmt: skip
+
+
+def flag_lines(count: int, seed: int) -> list[str]:
+    """Lines of one to four real flags, each with a value that fits its kind or does not."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(count):
+        flags = rng.sample(FLAGS, rng.randint(1, 4))
+        lines.append(" ".join(f"--{f.name} {rng.choice(VALUES[f.kind])}".strip() for f in flags))
+    return lines
+
+
 def _clean(message: str) -> bool:
     return "\n" not in message.strip() and "Traceback" not in message and 'File "' not in message
 
 
-@pytest.fixture
-def shell(runtime_dir: Any) -> InteractiveShell:
-    return load_shell()
-
-
 def test_generated_cluster_lines_give_one_clean_line(shell: InteractiveShell, capsys: Any) -> None:
-    bad = []
+    bad, worked = [], []
     for tokens in cluster_lines(300, seed=1):
         line = " ".join(tokens)
         try:
-            shell.run_line_magic("cluster", line)
+            value = shell.run_line_magic("cluster", line)
         except UsageError as e:
             if not _clean(str(e)):
                 bad.append((line, str(e)))
         except Exception as e:  # anything else is a traceback in the notebook
             bad.append((line, f"{type(e).__name__}: {e}"))
-    capsys.readouterr()
+        else:
+            # A line that works shows what it did (a value, or printed lines), and only that.
+            out, err = capsys.readouterr()
+            worked.append(line)
+            if (value is None and not out.strip()) or err:
+                bad.append((line, f"showed {value!r}, printed {out!r}, stderr {err!r}"))
+        capsys.readouterr()
     assert bad == []
+    assert worked and nbcluster.clusters() == []
 
 
 def test_generated_cli_arguments_give_one_line_and_status_2(runtime_dir: Any, capsys: Any) -> None:
@@ -87,23 +142,43 @@ def test_generated_cli_arguments_give_one_line_and_status_2(runtime_dir: Any, ca
         except BaseException as e:
             bad.append((argv, f"{type(e).__name__}: {e}"))
             continue
-        _, err = capsys.readouterr()
+        out, err = capsys.readouterr()
         if status == 2 and not (err.startswith("nbcluster: error: ") and _clean(err)):
             bad.append((argv, err))
+        elif status == 0 and (not out.strip() or err):
+            bad.append((argv, f"exit status 0 printed {out!r}, stderr {err!r}"))
         elif status not in (0, 2):
             bad.append((argv, f"exit status {status}: {err}"))
     assert bad == []
 
 
-def test_generated_distribute_lines_give_one_clean_line(shell: InteractiveShell, capsys: Any) -> None:
-    bad = []
-    for line in distribute_lines(300, seed=3):
+def test_generated_distribute_lines_give_one_clean_line_or_the_results(
+    shell: InteractiveShell, cluster: Any, capsys: Any
+) -> None:
+    bad, worked = [], 0
+    for line in distribute_lines(300, seed=3) + flag_lines(200, seed=4):
+        for name in VALUES["name"]:
+            shell.user_ns.pop(name, None)
+        capsys.readouterr()
         result = shell.run_cell(f"%%distribute {line}\n1\n")
         error = result.error_before_exec or result.error_in_exec
-        if error is not None and not (isinstance(error, UsageError) and _clean(str(error))):
-            bad.append((line, f"{type(error).__name__}: {error}"))
-    capsys.readouterr()
+        if error is not None:
+            if not (isinstance(error, UsageError) and _clean(str(error))) or "no cluster is running" in str(error):
+                bad.append((line, f"{type(error).__name__}: {error}"))
+            continue
+        # It ran: the cell's value, or the --into variable, holds every item's value, 1.
+        into = next((n for n in VALUES["name"] if f"--into {n}" in line), None)
+        res = shell.user_ns.get(into) if into else result.result
+        if not isinstance(res, Results) or (into is not None and result.result is not None):
+            bad.append((line, f"gave {result.result!r}, --into variable {res!r}"))
+            continue
+        res.wait(60)  # --no-wait gives it back at once
+        worked += 1
+        err = capsys.readouterr().err
+        if not (res.ok and len(res) and set(res.values()) == {1}) or err:
+            bad.append((line, f"{res.counts()}: {res.values()[:5]}, stderr {err!r}"))
     assert bad == []
+    assert worked >= 20, worked  # the lines reach the run, not only the parser
 
 
 def test_cluster_stop_in_terminal_ipython_prints_only_its_line(runtime_dir: Any, tmp_path: Any) -> None:
@@ -111,7 +186,7 @@ def test_cluster_stop_in_terminal_ipython_prints_only_its_line(runtime_dir: Any,
     script.write_text(
         "%load_ext nbcluster\n%cluster start --workers 1\n"
         "from distributed import default_client\ndefault_client().submit(sum, [1, 2]).result()\n"
-        "%cluster status\n%cluster stop\nimport time\ntime.sleep(3)\n"  # a reconnect would log here
+        f"%cluster status\n%cluster stop\n{QUIET_AFTER_STOP}\nprint('quiet')\n"
     )
     done = subprocess.run(
         [sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", str(script)],
@@ -120,7 +195,7 @@ def test_cluster_stop_in_terminal_ipython_prints_only_its_line(runtime_dir: Any,
         timeout=180,
     )
     assert done.returncode == 0, done.stderr
-    assert "Stopped 'local'." in done.stdout
+    assert "Stopped 'local'." in done.stdout and done.stdout.rstrip().endswith("quiet"), done.stdout
     assert done.stderr == ""
 
 
@@ -143,12 +218,30 @@ def test_cluster_stop_in_a_kernel_prints_only_its_line(runtime_dir: Any) -> None
         assert reply["content"]["status"] == "ok", (code, seen)
         return seen
 
+    def late(code: str) -> list[str]:
+        """What any cell's output got while `code` ran: a background thread's output goes
+        to the cell that started it (the status view's), not to the one running now."""
+        msg_id = kc.execute(code)
+        seen: list[str] = []
+        while True:
+            msg = kc.get_iopub_msg(timeout=120)
+            kind, content = msg["header"]["msg_type"], msg["content"]
+            if kind == "status" and msg["parent_header"].get("msg_id") == msg_id and content["execution_state"] == "idle":
+                break
+            if kind in ("stream", "error", "display_data", "execute_result"):
+                seen.append(f"{kind}: {content.get('text') or content.get('evalue') or content.get('data')}")
+        while (reply := kc.get_shell_msg(timeout=120))["parent_header"].get("msg_id") != msg_id:
+            pass
+        assert reply["content"]["status"] == "ok", (reply["content"], seen)
+        return seen
+
     try:
         outputs("%load_ext nbcluster\n%cluster start --workers 1\nx = 1")
         outputs("from distributed import default_client\ndefault_client().submit(sum, [1, 2]).result()")
         outputs("%cluster status")  # its live view keeps polling the cluster after the cell
         assert outputs("%cluster stop") == ["stdout: Stopped 'local'.\n"]
-        assert outputs("import time\ntime.sleep(3)") == []  # nothing arrives late either
+        assert late(QUIET_AFTER_STOP) == []  # nothing arrives late either
+        assert outputs("len(polled)") == ["execute_result: 1"]  # the status view was watched
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -81,8 +81,16 @@ def test_apply_scale_and_stop_adaptive_on_a_spec_cluster() -> None:
             await _compat.apply_scale(cluster)
             assert len(cluster.workers) == 2 and len(cluster.scheduler.workers) == 2
             adaptive = cluster.adapt(minimum=1, maximum=3)
+            # adapt() starts its periodic callback from the event loop: let it.
+            async def started() -> None:
+                while adaptive.state != "running":
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(started(), 10)
+            callback = adaptive.periodic_callback
+            assert callback is not None and callback.is_running()
             _compat.stop_adaptive(cluster)
-            assert adaptive.periodic_callback is None or not adaptive.periodic_callback.is_running()
+            assert adaptive.state == "stopped" and not callback.is_running()
             _compat.stop_adaptive(cluster)  # nothing running: no error
 
     asyncio.run(check())

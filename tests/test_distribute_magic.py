@@ -11,12 +11,12 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 from nbcluster.distribute import Results
-from tests.shell_helpers import cell, load_shell
+from tests.shell_helpers import cell
 
 
-@pytest.fixture
-def shell(cluster: Any) -> InteractiveShell:
-    return load_shell()
+@pytest.fixture(autouse=True)
+def _on_the_shared_cluster(shell: InteractiveShell, cluster: Any) -> None:
+    """Every cell here runs on the shared cluster (made current after `shell`'s fresh start)."""
 
 
 

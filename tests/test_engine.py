@@ -90,9 +90,26 @@ def test_a_stop_keeps_every_finished_item_and_starts_nothing_new(cluster: Any) -
 
 
 def test_a_stopped_run_counts_what_it_kept(cluster: Any) -> None:
-    res: Results = distribute("x", over="x in range(5)", namespace={})
-    res.cancel()  # after the end: nothing changes
-    assert res.ok and res.counts()["cancelled"] == 0
+    # Items 0-2 finish; 3-5 wait on an event that is set only after the stop, so they are
+    # still out when the grace ends: cancelled on the scheduler, counted as cancelled.
+    tag = _tag()
+    three = threading.Event()
+    cell = "from distributed import Event\nif x >= 3:\n    Event(f'{tag}-go').wait()\nx"
+    res: Results = distribute(
+        cell, namespace={"tag": tag}, over="x in range(6)", batch=1, wait=False,
+        progress=lambda r: r.counts()["done"] >= 3 and three.set(),
+    )  # fmt: skip
+    try:
+        assert three.wait(30), res.counts()
+        with dask.config.set({"nbcluster.distribute.cancel-grace": "0.5s"}):
+            res.cancel()
+        kept = {"total": 6, "done": 3, "failed": 0, "cancelled": 3, "running": 0}
+        assert res.counts() == kept and not res.ok
+        assert res.values(missing=None) == [0, 1, 2, None, None, None]
+    finally:
+        Event(f"{tag}-go", client=cluster.client).set()
+    res.cancel()  # again, once stopped: nothing changes
+    assert res.counts() == kept
 
 
 def test_a_cluster_killed_mid_cell_ends_the_cell_with_one_line(runtime_dir: Any, capfd: Any) -> None:

@@ -211,7 +211,7 @@ def _graphs_fall_back(view: str, allowed: bool) -> None:
 def test_a_distribute_runs_widget_falls_back_to_the_schedulers_own_view(runtime_dir, someone_elses_scheduler):
     from nbcluster.distribute import distribute
     from nbcluster.widgets import progress_hook
-    from tests.test_widgets import Recorder, square
+    from tests.widget_helpers import Recorder, square
 
     address, files, allowed = someone_elses_scheduler
     handle = nbcluster.use(address, security=files)
@@ -235,7 +235,7 @@ def test_a_distribute_runs_widget_falls_back_to_the_schedulers_own_view(runtime_
 
 def test_cluster_status_graphs_fall_back_to_the_schedulers_own_view(runtime_dir, someone_elses_scheduler):
     from nbcluster.widgets import status
-    from tests.test_widgets import Recorder
+    from tests.widget_helpers import Recorder
 
     address, files, allowed = someone_elses_scheduler
     handle = nbcluster.use(address, security=files)

@@ -25,14 +25,9 @@ import nbcluster
 from nbcluster.cluster.info import ClusterList
 from tests.gateway_service import GatewayServer, gateway_server  # noqa: F401 - fixture
 from tests.lifecycle_helpers import JupyterServer
-from tests.shell_helpers import cell, load_shell, magic
+from tests.shell_helpers import cell, magic
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def shell(runtime_dir: Path) -> InteractiveShell:
-    return load_shell()
 
 
 def use_gateway(server: GatewayServer, folder: Path, monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> Any:

@@ -29,8 +29,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from nbcluster.cluster.handle import ClusterHandle
-from tests.browser_helpers import launch_chromium
-from tests.test_widgets_browser import CONTRAST, MIN_CONTRAST
+from tests.browser_helpers import CONTRAST, MIN_CONTRAST, launch_chromium
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "live-browser"
 

@@ -8,7 +8,6 @@ import signal
 import psutil
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
 from nbcluster.cluster.gpu import SIMULATE_ENV
@@ -16,17 +15,7 @@ from nbcluster.cluster.info import ClusterInfo, ClusterList
 from nbcluster.cluster.spec import START_OPTIONS, check_name, parse_bounds, parse_count
 from nbcluster.distribute.options import FLAGS
 from nbcluster.errors import BadArgument
-
-
-@pytest.fixture
-def shell(runtime_dir):
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "nbcluster")
-    return ip
-
-
-def magic(ip: InteractiveShell, line: str):
-    return ip.run_line_magic("cluster", line)
+from tests.shell_helpers import magic
 
 
 def test_cluster_magic_lifecycle(shell, capsys):

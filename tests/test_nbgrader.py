@@ -19,7 +19,6 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from test_notebooks import no_leftovers  # noqa: F401 - the fixture: no process of a notebook outlives it
 
 ROOT = Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -9,14 +9,10 @@ is stopped, and none of its processes (kernel, supervisors, workers) is left run
 
 from __future__ import annotations
 
-import os
 import re
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 from nbclient import NotebookClient
 
@@ -50,35 +46,6 @@ def problems(nb: nbformat.NotebookNode) -> list[str]:
             elif out.output_type == "stream" and out.name == "stderr" and FAILED_ITEMS.search(out.text):
                 found.append(f"cell {index}: {out.text.strip()}")
     return found
-
-
-def _mine(directory: Path) -> list[psutil.Process]:
-    """Processes (other than this one and its parents) that run with this test's registry."""
-    skip = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid in skip:
-            continue
-        try:
-            if proc.environ().get("NBCLUSTER_RUNTIME_DIR") == str(directory):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-@pytest.fixture
-def no_leftovers(runtime_dir: Path) -> Iterator[Path]:
-    """Fails the test if a process of the notebook's is still running a while after its kernel
-    stopped (clusters stop within a second or two of their owner); kills any such process."""
-    directory = Path(os.environ["NBCLUSTER_RUNTIME_DIR"])
-    yield directory
-    deadline = time.monotonic() + 15
-    while (left := _mine(directory)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for proc in left:
-        proc.kill()
-    assert not left, f"processes left running: {[' '.join(p.cmdline()[:4]) for p in left]}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -19,7 +19,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
-from tests.shell_helpers import cell, load_shell, magic
+from tests.shell_helpers import cell, magic
 from tests.ssh_service import SSHServer, keypair, ssh_server  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(240)
@@ -37,11 +37,6 @@ def profile(server: SSHServer, **connect: Any) -> dict[str, Any]:
             "remote_python": sys.executable,
         },
     }
-
-
-@pytest.fixture
-def shell(runtime_dir: Path) -> InteractiveShell:
-    return load_shell()
 
 
 

@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from nbcluster.widgets import live, status
 from nbcluster.widgets._progress import RateMeter, TextBar, is_finished, rank_grid
 from nbcluster.widgets._static import format_bytes, format_duration, prefix_color, render_html
 from nbcluster.widgets.widget import build_esm
+from tests.widget_helpers import Recorder, broken, square
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,37 +146,6 @@ def test_widget_esm_is_one_module() -> None:
 
 
 # -- the poller, driven by real Dask work ---------------------------------------------------
-
-
-class Recorder:
-    """The display seam: keeps what would have been shown in a notebook output."""
-
-    def __init__(self) -> None:
-        self.shown: list[dict[str, Any]] = []
-        self.updates: list[dict[str, Any]] = []
-        self.first_shown = threading.Event()
-
-    def show(self, bundle: dict[str, Any]) -> None:
-        self.shown.append(bundle)
-        self.first_shown.set()
-
-    def update(self, bundle: dict[str, Any]) -> None:
-        self.updates.append(bundle)
-
-
-def _task_functions():
-    # Local functions are shipped by value: the cluster cannot import this test module.
-    def square(x: int) -> int:
-        time.sleep(0.05)
-        return x * x
-
-    def broken(x: int) -> int:
-        raise ZeroDivisionError(x)
-
-    return square, broken
-
-
-square, broken = _task_functions()
 
 
 class Counts:
