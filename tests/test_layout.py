@@ -72,7 +72,7 @@ def _functions(path: Path, pattern: str) -> list[ast.FunctionDef | ast.AsyncFunc
 
 def test_lanes_by_module_and_by_test() -> None:
     assert set(lanes("test_slurm", "test_anything")) == {"services", "root", "slow"}
-    assert set(lanes("test_hub_isolation", "test_anything")) == {"services", "root", "slow"}
+    assert set(lanes("test_hub", "test_anything")) == {"services", "root", "slow"}
     assert lanes("test_magics", "test_kernel_killed_leaves_no_processes") == ("slow",)
     assert lanes("test_magics", "test_bad_input_raises_one_usage_error") == ()
     assert root_skip(0) is None
