@@ -49,9 +49,12 @@ notebook and nbconvert show. In terminal IPython or plain Python: a one-line tex
 
 The freeze happens in the cell itself when the run is over by the cell's end (an IPython
 ``post_run_cell`` hook), so even a client that records only the cell's own messages
-(nbclient, ``nbconvert --execute``) keeps the final picture. A run that outlives its cell
-(``--no-wait``) and a status view freeze later, from the poller, by display id; a notebook
-saved while one of those is still live holds the widget, which needs the kernel to draw.
+(nbclient, ``nbconvert --execute``) keeps the final picture. A status view (``%cluster
+status``) has no end of its own: it freezes when the next cell starts (a ``pre_run_cell``
+hook, so the update travels with that cell's messages), when its cluster goes away, or
+after ``live_for`` seconds, whichever comes first. A run that outlives its cell
+(``--no-wait``) freezes later, from the poller, by display id. Only a notebook saved while
+its last cell's view is still live holds the widget, which needs the kernel to draw.
 
 The drawing code is ``static/graphs.js``, shared with the JupyterLab sidebar panel; the
 frozen picture is drawn by ``_static.py`` from the same ``static/theme.json``. The timings
@@ -142,6 +145,8 @@ def progress_hook(feed: Feed | None = None, **kwargs: Any) -> Callable[[Any], No
 
 def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0, **kwargs: Any) -> Live:
     """Show a cluster's recent task stream and worker charts, live for `live_for` seconds.
+
+    In a kernel the view also freezes when the next cell starts or the cluster goes away.
 
     `cluster` is a `ClusterHandle` (its Dask client's connection is reused: a fresh
     connection per poll, as `handle.metrics` makes, costs the kernel ~8x the CPU) or any

@@ -77,11 +77,21 @@ class Live:
         # No graphs to draw in a terminal.
         self.feed = feed if self._output.widgets else None
         self._init_state()
+        if progress is None and self.options.delay == 0:
+            # A status view shows at once, in its own cell's messages: a client that
+            # records only those (nbclient) would miss a display sent a moment later.
+            self._tick()
         self._start_polling()
         # Test seams replace the output; then the test closes the widget itself.
         self._ipython = None if seams.replaced else shell()
         if self._ipython is not None:
             self._ipython.events.register("post_run_cell", self._on_cell_end)
+            if progress is None:
+                # A status view has no end of its own: it is live while its cell is the
+                # latest one, and freezes as the next cell starts (in that cell's
+                # messages, which every client records), so a saved notebook holds the
+                # picture, never a widget that needs this kernel to draw.
+                self._ipython.events.register("pre_run_cell", self._on_next_cell)
 
     def _init_state(self) -> None:
         o = self.options
@@ -103,6 +113,7 @@ class Live:
         self._pending_samples: list[dict[str, Any]] = []
         self._end_state: str | None = None
         self._stop = threading.Event()
+        self._caller_freezes = False
         self._lock = threading.Lock()
 
     def _start_polling(self) -> None:
@@ -119,9 +130,14 @@ class Live:
         (e.g. "cancelled" after an interrupt). Safe to call more than once."""
         if state is not None and self._end_state is None:
             self._end_state = state
-        self._stop.set()
         if threading.current_thread() is not self._thread:
+            # The caller freezes, in its own context: the picture is then part of the cell
+            # that closes the view (ipykernel takes a message's parent from the context),
+            # which is the next cell for a status view.
+            self._caller_freezes = True
+            self._stop.set()
             self._thread.join(timeout)
+        self._stop.set()
         self._freeze()
 
     def __enter__(self) -> Live:
@@ -136,10 +152,12 @@ class Live:
         # the cell's reply, and a terminal's final bar belongs before the next prompt. If
         # the run is over, freeze now, synchronously, in the main thread; a run that goes
         # on (--no-wait) freezes later from the poller.
+        if self.progress_source is None:
+            return  # a status view: it freezes when the next cell starts
         ip, self._ipython = self._ipython, None
         if ip is not None:
             ip.events.unregister("post_run_cell", self._on_cell_end)
-        if self.frozen or self.progress_source is None:
+        if self.frozen:
             return
         try:
             finished = is_finished(self.progress_source())
@@ -147,6 +165,13 @@ class Live:
             finished = False
         if finished:
             self.close()
+
+    def _on_next_cell(self, info: Any = None) -> None:
+        ip, self._ipython = self._ipython, None
+        if ip is not None:
+            ip.events.unregister("pre_run_cell", self._on_next_cell)
+            ip.events.unregister("post_run_cell", self._on_cell_end)
+        self.close()
 
     # -- the poller thread ----------------------------------------------------------------
 
@@ -164,7 +189,8 @@ class Live:
         except Exception:
             logger.exception("nbcluster live widget failed; freezing it")
         finally:
-            self._freeze()
+            if not self._caller_freezes:
+                self._freeze()
 
     def _tick(self) -> bool:
         """One poll: read, maybe show, push. Returns whether the run has finished."""
@@ -208,6 +234,8 @@ class Live:
             # feed falls back to the scheduler's own view.
             logger.info("nbcluster live widget: no metrics (%s: %s)", type(e).__name__, e)
             self.feed = None
+            if self.progress_source is None:
+                self._stop.set()  # a status view of a cluster that is gone: freeze it
             return
         # The first answer holds the scheduler's whole history (up to its ring sizes); keep
         # only what can be drawn, so the first message to the front end stays small.
