@@ -62,7 +62,9 @@ def count(key: str, minimum: int = 0) -> int | None:
 def _bad(key: str, value: Any, what: str) -> Exception:
     from nbcluster.errors import BadArgument
 
-    return BadArgument(f"nbcluster.{key} is {value!r} in Dask config: set it to {what}, or remove it for the default")
+    return BadArgument(
+        f"nbcluster.{key} is {value!r} in Dask config: set it to {what}, or remove it for the default"
+    )
 
 
 def worker_pre_spawn_environ() -> dict[str, Any]:

@@ -145,7 +145,12 @@ def test_kernel_sends_increasing_progress_and_saves_the_final_picture(
     assert done == sorted(done) and len(set(done)) > 1, done
     final = [s["progress"] for s in grid_updates if "progress" in s][-1]
     assert (final["done"], final["total"], final["state"]) == (12, 12, "done")
-    pushed = [t["key"] for s in grid_updates if "delta" in s for t in s["delta"].get("tasks", [])]
+    pushed = [
+        (t["worker"], t["start"], t["stop"])
+        for s in grid_updates
+        if "delta" in s
+        for t in s["delta"].get("tasks", [])
+    ]
     assert len(pushed) == len(set(pushed)) == 12
     grid_outputs = [o for o in saved.cells[2].outputs if o.get("output_type") == "display_data"]
     assert len(grid_outputs) == 1 and WIDGET_MIME not in grid_outputs[0]["data"]
@@ -217,5 +222,7 @@ def test_cluster_status_is_saved_as_a_picture_not_a_widget(cluster: ClusterHandl
     nbformat.write(nb, path)
     outputs = nbformat.read(path, as_version=4).cells[1].outputs
     assert not [o for o in outputs if WIDGET_MIME in o.get("data", {})], "a widget was saved"
-    pictures = [o["data"]["text/html"] for o in outputs if "nbc-static" in o.get("data", {}).get("text/html", "")]
+    pictures = [
+        o["data"]["text/html"] for o in outputs if "nbc-static" in o.get("data", {}).get("text/html", "")
+    ]
     assert len(pictures) == 1 and 'class="nbc-resources"' in pictures[0]

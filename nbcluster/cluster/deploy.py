@@ -88,9 +88,15 @@ def identity_rows(identity: dict[str, Any]) -> list[dict[str, Any]]:
         metrics = w.get("metrics") or {}
         rows.append(
             worker_row(
-                name=w.get("name"), address=address, host=w.get("host"), nthreads=w.get("nthreads", 0),
-                memory_limit=w.get("memory_limit"), memory=metrics.get("memory", 0), cpu=metrics.get("cpu", 0.0),
-                resources=w.get("resources"), processing=metrics.get("task_counts", {}).get("executing", 0),
+                name=w.get("name"),
+                address=address,
+                host=w.get("host"),
+                nthreads=w.get("nthreads", 0),
+                memory_limit=w.get("memory_limit"),
+                memory=metrics.get("memory", 0),
+                cpu=metrics.get("cpu", 0.0),
+                resources=w.get("resources"),
+                processing=metrics.get("task_counts", {}).get("executing", 0),
             )
         )
     return rows
@@ -317,7 +323,10 @@ def _worker_environ_prologue() -> list[str]:
     """
     # A Python literal (Dask parses DASK_ variables with literal_eval), in double quotes
     # so that the job script stays readable; None removes one of Dask's variables.
-    items = (f"{json.dumps(k)}: {'None' if v is None else json.dumps(str(v))}" for k, v in config.worker_pre_spawn_environ().items())
+    items = (
+        f"{json.dumps(k)}: {'None' if v is None else json.dumps(str(v))}"
+        for k, v in config.worker_pre_spawn_environ().items()
+    )
     return [f"export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON={shlex.quote('{' + ', '.join(items) + '}')}"]
 
 
@@ -384,8 +393,16 @@ class SSHDeployment(_Remote, _SpecBased):
         options = dict(profile.options)
         timeout = config.seconds("timeouts.connect")
         options["connect_options"] = {"connect_timeout": timeout, **(options.get("connect_options") or {})}
-        scheduler_options = {"protocol": "tls", "dashboard": spec.dashboard, **(options.get("scheduler_options") or {})}
-        worker_options = {"protocol": "tls", "death_timeout": DEATH_TIMEOUT, **(options.get("worker_options") or {})}
+        scheduler_options = {
+            "protocol": "tls",
+            "dashboard": spec.dashboard,
+            **(options.get("scheduler_options") or {}),
+        }
+        worker_options = {
+            "protocol": "tls",
+            "death_timeout": DEATH_TIMEOUT,
+            **(options.get("worker_options") or {}),
+        }
         if spec.threads is not None:
             worker_options["nthreads"] = spec.threads
         if spec.memory is not None:
@@ -445,7 +462,9 @@ class GatewayDeployment(_Remote):
 
         timeout = config.seconds("timeouts.connect")
         gateway_keys = ("address", "proxy_address", "public_address", "auth")
-        gateway = Gateway(**{k: self.options[k] for k in gateway_keys if k in self.options}, asynchronous=True)
+        gateway = Gateway(
+            **{k: self.options[k] for k in gateway_keys if k in self.options}, asynchronous=True
+        )
         try:
             # Reachable, and the credentials good, before anything is created.
             await asyncio.wait_for(gateway.list_clusters(), timeout)
@@ -503,7 +522,9 @@ class GatewayDeployment(_Remote):
 class KubernetesDeployment(_Remote):
     """dask-kubernetes' operator `KubeCluster`, from the resources `kubernetes.render` makes."""
 
-    def __init__(self, spec: ClusterSpec, profile: Profile, security: Security, tls: dict[str, str], name: str):
+    def __init__(
+        self, spec: ClusterSpec, profile: Profile, security: Security, tls: dict[str, str], name: str
+    ):
         super().__init__(spec, profile)
         self.security, self.tls, self.name = security, tls, name
         self.cluster: Any = None

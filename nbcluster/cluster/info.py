@@ -155,7 +155,9 @@ class ClusterList:
     clusters whose scheduler did not answer in time; an external cluster is its ``info``.
     """
 
-    def __init__(self, entries: list[dict[str, Any]], current: str | None = None, *, now: float | None = None):
+    def __init__(
+        self, entries: list[dict[str, Any]], current: str | None = None, *, now: float | None = None
+    ):
         self.entries = entries
         self.current = current
         self._now = now
@@ -171,7 +173,11 @@ class ClusterList:
         rows = []
         for e in self.entries:
             ws = e.get("workers")
-            size = f"{len(ws)} ({sum(w['nthreads'] for w in ws)} cores)" if isinstance(ws, (list, tuple)) else "not answering"
+            size = (
+                f"{len(ws)} ({sum(w['nthreads'] for w in ws)} cores)"
+                if isinstance(ws, (list, tuple))
+                else "not answering"
+            )
             mark = "*" if e["name"] == self.current else " "
             rows.append(
                 (
@@ -191,7 +197,9 @@ class ClusterList:
         header = (" name", "runs on", "address", "workers", "owner", "age")
         rows = [header, *self._rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows)
+        return "\n".join(
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows
+        )
 
     def _repr_html_(self) -> str:
         if not self.entries:

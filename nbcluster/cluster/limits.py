@@ -64,7 +64,11 @@ def limit(key: str, machine: Machine, *, force: bool = False) -> Limit:
     """The limit in force for `key` ("max-workers", "max-threads" or "max-memory")."""
     setting = config.get(f"limits.{key}")
     if setting is not None:
-        value = int(parse_bytes(setting)) if key == "max-memory" and isinstance(setting, str) else config.count(f"limits.{key}", 1)
+        value = (
+            int(parse_bytes(setting))
+            if key == "max-memory" and isinstance(setting, str)
+            else config.count(f"limits.{key}", 1)
+        )
         return Limit(key, value, True, "")
     if key == "max-memory":
         return Limit(key, None if force else machine.memory, False, "its RAM")
@@ -104,7 +108,10 @@ def check(
     }
     if memory is not None:
         total = memory * processes
-        sizes["max-memory"] = (total, f"{format_bytes(total)} of worker memory ({processes} x {format_bytes(memory)})")
+        sizes["max-memory"] = (
+            total,
+            f"{format_bytes(total)} of worker memory ({processes} x {format_bytes(memory)})",
+        )
     for key, (size, described) in sizes.items():
         cap = limit(key, machine, force=force)
         if cap.value is None or size <= cap.value:

@@ -62,7 +62,9 @@ async def dashboard_target(name: str) -> tuple[str, int]:
         raise web.HTTPError(404, reason=f"cluster {name} has no dashboard; start it with dashboard=True")
     if parts.hostname not in LOOPBACK or parts.scheme != "http":
         # nbcluster only ever registers loopback dashboards: anything else was planted.
-        raise web.HTTPError(403, reason=f"cluster {name}'s dashboard is not on loopback; the proxy refuses it")
+        raise web.HTTPError(
+            403, reason=f"cluster {name}'s dashboard is not on loopback; the proxy refuses it"
+        )
     return parts.hostname, parts.port
 
 
@@ -87,7 +89,9 @@ class DashboardProxyHandler(ProxyHandler):
         await super().prepare(*args, **kwargs)  # authentication: a login redirect, or 403
         if self._finished:
             return
-        if not await ensure_async(self.authorizer.is_authorized(self, self.current_user, "read", "nbcluster")):
+        if not await ensure_async(
+            self.authorizer.is_authorized(self, self.current_user, "read", "nbcluster")
+        ):
             raise web.HTTPError(403, reason="not authorized to read nbcluster dashboards")
         name = self.path_kwargs["name"]
         # Resolved here, before a websocket is accepted, so a bad name is a plain 404/403.

@@ -72,6 +72,7 @@ from nbcluster.widgets._options import LiveOptions
 from nbcluster.widgets._output import Seams
 from nbcluster.widgets._progress import Best
 from nbcluster.widgets._results import ResultsProgress, feed_for, is_results, task_filter_for
+from nbcluster.widgets._theme import THEME
 
 __all__ = ["Live", "live", "progress_hook", "status"]
 
@@ -161,5 +162,5 @@ def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0
 
 def _as_feed(obj: Any) -> Feed | None:
     if obj is not None and hasattr(obj, "client") and callable(getattr(obj, "metrics", None)):
-        return client_feed(obj.client)
+        return client_feed(obj.client, detail=THEME["stream"]["maxLanes"])
     return obj

@@ -49,6 +49,12 @@ from nbcluster.widgets._progress import (
 logger = logging.getLogger(__name__)
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+# The comm to the browser stays bounded however busy the cluster: an update carries at
+# most this many task records (the newest), without the fields the drawing does not use.
+# At 4 updates a second that is about 45 kB/s; the stream draws at most
+# THEME.stream.maxBars bars in any case.
+MAX_TASKS_PER_UPDATE = 100
+_TASK_FIELDS = ("prefix", "worker", "start", "stop", "status")
 # Tasks that started before a run began belong to earlier work. The slack absorbs clock
 # differences between this machine and the workers; a caller that can name its tasks
 # passes a task_filter instead (distribute runs do, by key).
@@ -109,8 +115,10 @@ class Live:
         self._last_delta = self._t0
         self._seq = 0
         self._sent_workers: Any = None
+        self._sent_summary: Any = None
         self._pending_tasks: list[dict[str, Any]] = []
         self._pending_samples: list[dict[str, Any]] = []
+        self._pending_bands: list[dict[str, Any]] = []
         self._end_state: str | None = None
         self._stop = threading.Event()
         self._caller_freezes = False
@@ -253,6 +261,7 @@ class Live:
         self.metrics.apply(snap)
         self._pending_tasks.extend(snap["tasks"])
         self._pending_samples.extend(samples)
+        self._pending_bands.extend(snap.get("bands") or ())
 
     def _show(self) -> None:
         from nbcluster.widgets.widget import LiveWidget
@@ -263,8 +272,9 @@ class Live:
         o = self.options
         self.widget = LiveWidget(window=o.window, resource_window=o.resource_window, limits=o.limits)
         # The first delta carries everything gathered before the widget appeared.
-        self._pending_tasks = list(self.metrics.tasks)
+        self._pending_tasks = list(self.metrics.tasks)[-_static.THEME["stream"]["maxBars"] :]
         self._pending_samples = [r for series in self.metrics.samples.values() for r in series]
+        self._pending_bands = list(self.metrics.bands)
         self._push(reset=True)
         assert self._output.display is not None
         self._output.display.show(
@@ -293,8 +303,17 @@ class Live:
         if reset or self.metrics.workers != self._sent_workers:
             delta["workers"] = self._sent_workers = self.metrics.workers
             news = True
+        if self.metrics.summary is not None and (reset or self.metrics.summary != self._sent_summary):
+            delta["summary"] = self._sent_summary = self.metrics.summary
+            news = True
         if self._pending_tasks:
-            delta["tasks"], self._pending_tasks = self._pending_tasks, []
+            limit = None if reset else MAX_TASKS_PER_UPDATE
+            tasks = self._pending_tasks[-limit:] if limit else self._pending_tasks
+            delta["tasks"] = [{k: t[k] for k in _TASK_FIELDS if k in t} for t in tasks]
+            self._pending_tasks = []
+            news = True
+        if self._pending_bands:
+            delta["bands"], self._pending_bands = self._pending_bands, []
             news = True
         if self._pending_samples:
             delta["resources"], self._pending_samples = self._pending_samples, []

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbcluster.metrics.feed import Feed, client_feed
+from nbcluster.widgets._theme import THEME
 
 GRID_MAX_ITEMS = 5000
 _MISSING = object()
@@ -76,4 +77,4 @@ def task_filter_for(results: Any) -> Callable[[dict[str, Any]], bool]:
 def feed_for(results: Any) -> Feed | None:
     """The metrics feed over the run's own Dask client, if the run has one."""
     client = results.client
-    return client_feed(client) if client is not None else None
+    return client_feed(client, detail=THEME["stream"]["maxLanes"]) if client is not None else None
