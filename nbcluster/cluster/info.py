@@ -55,6 +55,36 @@ def _gpu_label(gpu: dict[str, Any] | None) -> str:
     return f"GPU {gpu['index']}: {gpu['name']}{mem}{sim}"
 
 
+def cluster_totals(data: dict[str, Any]) -> dict[str, int]:
+    """Workers, cores, memory used and available, and GPUs of an `nbcluster_info` answer.
+
+    The memory available is the sum of the workers' limits, but never more than a host
+    has: Dask's default limit gives every worker its share of the machine when it starts,
+    so workers added later (scale, adapt) would sum past the machine's RAM. ``host_memory``
+    (from the supervisor, for the hosts it can see) holds each host's RAM. The sidebar's
+    card shows these same numbers (the server sends them as ``totals``).
+    """
+    ws = data.get("workers") or []
+    host_memory = data.get("host_memory") or {}
+    limits: dict[str, int] = {}
+    for w in ws:
+        host = str(w.get("host") or "")
+        limits[host] = limits.get(host, 0) + int(w.get("memory_limit") or 0)
+    memory_limit = sum(min(total, host_memory.get(h) or total) for h, total in limits.items())
+    return {
+        "workers": len(ws),
+        "cores": sum(int(w.get("nthreads") or 0) for w in ws),
+        "memory": sum(int(w.get("memory") or 0) for w in ws),
+        "memory_limit": memory_limit,
+        "gpus": sum(1 for w in ws if w.get("gpu")),
+        "simulated_gpus": sum(1 for w in ws if (w.get("gpu") or {}).get("simulated")),
+    }
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 class ClusterInfo:
     """What `%cluster status` shows: the cluster, its workers, GPUs and tasks."""
 
@@ -76,13 +106,7 @@ class ClusterInfo:
 
     @property
     def totals(self) -> dict[str, Any]:
-        ws = self.workers
-        return {
-            "workers": len(ws),
-            "cores": sum(w["nthreads"] for w in ws),
-            "memory": sum(w["memory_limit"] or 0 for w in ws),
-            "gpus": sum(1 for w in ws if w.get("gpu")),
-        }
+        return cluster_totals(self.data)
 
     def _summary(self) -> str:
         d, t = self.data, self.totals
@@ -90,8 +114,9 @@ class ClusterInfo:
         adaptive = d.get("adaptive")
         adapt = f", adaptive {adaptive['minimum']}-{adaptive['maximum']}" if adaptive else ""
         return (
-            f"{t['workers']} workers, {t['cores']} cores, {format_bytes(t['memory'])}"
-            + (f", {t['gpus']} GPUs" if t["gpus"] else "")
+            f"{_plural(t['workers'], 'worker')}, {_plural(t['cores'], 'core')}, "
+            f"{format_bytes(t['memory'])} used of {format_bytes(t['memory_limit'])}"
+            + (f", {_plural(t['gpus'], 'GPU')}" if t["gpus"] else "")
             + f"; tasks: {tasks.get('processing', 0)} running, {tasks.get('waiting', 0)} waiting"
             + adapt
         )

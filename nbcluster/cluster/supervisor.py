@@ -82,6 +82,19 @@ from nbcluster.cluster.spec import DEFAULT_NAME, ClusterSpec, parse_count
 from nbcluster.errors import NbclusterError
 
 
+def _host_memory(hosts: set[Any]) -> dict[str, int]:
+    """The RAM of the hosts among `hosts` that are this machine (what psutil can see)."""
+    import socket
+
+    import psutil
+
+    own = {"localhost", socket.gethostname()}
+    for addrs in psutil.net_if_addrs().values():
+        own.update(a.address for a in addrs)
+    total = psutil.virtual_memory().total
+    return {str(h): total for h in hosts if h in own}
+
+
 class Control:
     """The `nbcluster_*` RPC handlers that every front end uses, over one `Deployment`.
 
@@ -117,7 +130,14 @@ class Control:
             "requested": d.requested_by_kind(),
             "adaptive": d.adaptive_bounds,
             "tasks": tasks,
+            "clients": self._clients(),
+            "host_memory": _host_memory({w["host"] for w in workers}),
         }  # fmt: skip
+
+    def _clients(self) -> int | None:
+        """Dask clients on the scheduler (kernels using the cluster), where it runs here."""
+        s = self.deployment.scheduler
+        return None if s is None else sum(1 for c in s.clients if c != "fire-and-forget")
 
     def _local_state(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
         s, d = self.deployment.scheduler, self.deployment

@@ -60,6 +60,11 @@ def client_feed(client: Client, detail: int | None = None) -> Feed:
     return fetch
 
 
+def has_plugin(client: Client) -> bool:
+    """Whether `client`'s scheduler has nbcluster's plugin, as far as its feeds found."""
+    return client not in _without_plugin
+
+
 def ensure_plugin(client: Client) -> None:
     """Install `MetricsPlugin` on `client`'s scheduler unless it is already there.
 

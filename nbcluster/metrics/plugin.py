@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 SNAPSHOT_VERSION = 1
 MAX_GROUPS = 20
+#: Runs whose item counts are kept (`nbcluster_progress`), the latest reported last.
+MAX_RUNS = 20
 #: Distributions kept (one per sampling round with news: ~8 minutes at 500 ms).
 BAND_CAPACITY = 1000
 
@@ -82,6 +84,7 @@ class MetricsPlugin(SchedulerPlugin):
         self._next = 0  # the sequence number the next record gets; also the cursor
         self._last_sample_time: dict[str, float] = {}
         self._latest: dict[str, dict[str, Any]] = {}
+        self.runs: dict[str, dict[str, Any]] = {}
         self._scheduler: Scheduler | None = None
         self._callback: PeriodicCallback | None = None
 
@@ -90,6 +93,7 @@ class MetricsPlugin(SchedulerPlugin):
     async def start(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
         scheduler.handlers["nbcluster_metrics"] = self.nbcluster_metrics
+        scheduler.handlers["nbcluster_progress"] = self.nbcluster_progress
         if self._callback is None:
             self._callback = PeriodicCallback(self.sample, self.sample_interval * 1000)
             self._callback.start()
@@ -101,6 +105,8 @@ class MetricsPlugin(SchedulerPlugin):
         handlers = self._scheduler.handlers if self._scheduler is not None else {}
         if handlers.get("nbcluster_metrics") == self.nbcluster_metrics:
             del handlers["nbcluster_metrics"]
+        if handlers.get("nbcluster_progress") == self.nbcluster_progress:
+            del handlers["nbcluster_progress"]
 
     # -- recording ------------------------------------------------------------------------
 
@@ -156,6 +162,17 @@ class MetricsPlugin(SchedulerPlugin):
                 del last[addr]
                 self._latest.pop(addr, None)
 
+    def nbcluster_progress(self, run: str, counts: dict[str, Any]) -> None:
+        """A kernel's report of one ``%%distribute`` run's item counts (its live view
+        sends them as they change): a batch task holds many items, so only the kernel
+        knows how many items are done. Served in snapshots as ``runs``."""
+        keep = ("label", "done", "failed", "total", "cancelled", "state", "elapsed")
+        record = {"run": str(run), **{k: counts[k] for k in keep if k in counts}, "time": time.time()}
+        self.runs.pop(record["run"], None)
+        self.runs[record["run"]] = record
+        while len(self.runs) > MAX_RUNS:
+            self.runs.pop(next(iter(self.runs)))
+
     # -- serving --------------------------------------------------------------------------
 
     def nbcluster_metrics(self, since: int | None = None, detail: int | None = None) -> dict[str, Any]:
@@ -203,6 +220,7 @@ class MetricsPlugin(SchedulerPlugin):
             ],
             "resources": resources,
             "bands": self.bands.since(since),
+            "runs": list(self.runs.values()),
             "groups": _groups(scheduler),
         }
 

@@ -71,7 +71,7 @@ from nbcluster.widgets._live import Live, as_progress_source
 from nbcluster.widgets._options import LiveOptions
 from nbcluster.widgets._output import Seams
 from nbcluster.widgets._progress import Best
-from nbcluster.widgets._results import ResultsProgress, feed_for, is_results, task_filter_for
+from nbcluster.widgets._results import ResultsProgress, feed_for, is_results, reporter_for, task_filter_for
 from nbcluster.widgets._theme import THEME
 
 __all__ = ["Live", "live", "progress_hook", "status"]
@@ -113,7 +113,9 @@ def live(
     """
     seams = Seams.pop_from(kwargs)
     feed = _as_feed(feed)
+    report = None
     if is_results(progress):
+        report = reporter_for(progress)
         kwargs.setdefault("task_filter", task_filter_for(progress))
         if feed is None:
             feed = feed_for(progress)
@@ -124,7 +126,7 @@ def live(
         kwargs.pop("grid", None)
         source = as_progress_source(progress)
     options = LiveOptions(label=label, delay=delay, interval=interval, best=best, **kwargs)
-    return Live(source, feed, options, seams)
+    return Live(source, feed, options, seams, report=report)
 
 
 def progress_hook(feed: Feed | None = None, **kwargs: Any) -> Callable[[Any], None]:

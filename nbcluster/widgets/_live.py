@@ -31,6 +31,7 @@ import contextvars
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nbcluster.metrics.feed import Feed, MetricsWindow
@@ -74,8 +75,13 @@ class Live:
         feed: Feed | None,
         options: LiveOptions | None = None,
         seams: Seams | None = None,
+        report: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.progress_source = progress
+        # Where the run's item counts go as they change (the scheduler's plugin, for the
+        # sidebar), or None.
+        self._report = report
+        self._reported: dict[str, Any] | None = None
         self.options = (options or LiveOptions()).resolved()
         seams = seams or Seams()
         self._clock = seams.clock
@@ -200,9 +206,25 @@ class Live:
             if not self._caller_freezes:
                 self._freeze()
 
+    def _send_report(self) -> None:
+        if self._report is None or not self.counts:
+            return
+        keep = ("label", "done", "failed", "total", "cancelled", "state", "elapsed")
+        counts = {k: self.counts[k] for k in keep if self.counts.get(k) is not None}
+        if {**counts, "elapsed": None} == {**(self._reported or {}), "elapsed": None}:
+            return
+        try:
+            self._report(counts)
+        except Exception as e:
+            logger.info("nbcluster live widget: cannot report progress (%s: %s)", type(e).__name__, e)
+            self._report = None
+            return
+        self._reported = counts
+
     def _tick(self) -> bool:
         """One poll: read, maybe show, push. Returns whether the run has finished."""
         finished = self._read_progress()
+        self._send_report()
         self._read_metrics()
         if not self.shown and (finished or self._clock() - self._t0 < self.options.delay):
             return finished  # instant runs stay clean: nothing is ever shown
@@ -347,6 +369,7 @@ class Live:
             # a frozen "running" with an ETA would be a lie.
             self.counts = {**self.counts, "state": self._end_state or "stopped"}
             self.counts.pop("eta", None)
+        self._send_report()
         if not self.shown:
             return
         if self._output.text is not None:
