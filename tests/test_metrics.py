@@ -320,3 +320,33 @@ def test_window_folds_snapshots_and_stays_bounded(cluster: ClusterHandle) -> Non
     view = window.to_view()
     assert len(view["tasks"]) == 4
     assert all(len(s) <= 3 for s in view["samples"].values())
+
+
+# -- summaries that do not grow with the workers ------------------------------------------
+
+
+def test_spread_and_band_describe_every_worker_in_three_numbers() -> None:
+    from nbcluster.metrics.summary import band, spread
+
+    assert spread([]) is None and spread([5.0]) == [5.0, 5.0, 5.0]
+    assert spread([4.0, 1.0, 3.0, 2.0]) == [1.0, 2.5, 4.0]
+    samples = [{"cpu": float(i), "memory": 10 * i, "memory_limit": 100} for i in range(1000)]
+    b = band(7.0, [*samples, {"cpu": 50.0, "memory": 0, "memory_limit": 100, "gpu_util": 80.0}])
+    assert b["workers"] == 1001 and b["cpu"] == [0.0, 499.0, 999.0] and b["memory_limit"] == 100
+    assert b["gpu_util"] == [80.0, 80.0, 80.0]  # over the workers that report a GPU only
+    assert "gpu_util" not in band(7.0, samples)
+
+
+def test_run_progress_reports_are_kept_per_run_and_bounded() -> None:
+    from nbcluster.metrics.plugin import MAX_RUNS
+
+    def body(s, plugin):
+        for i in range(MAX_RUNS + 5):
+            plugin.nbcluster_progress(f"run{i}", {"done": i, "total": 20, "state": "running", "junk": 1})
+        plugin.nbcluster_progress("run7", {"done": 20, "total": 20, "state": "done", "elapsed": 3.0})
+        runs = plugin.nbcluster_metrics()["runs"]
+        assert len(runs) == MAX_RUNS and runs[-1]["run"] == "run7" and runs[-1]["state"] == "done"
+        assert "junk" not in runs[0] and runs[0]["run"] == "run5"  # the oldest five went
+        return True
+
+    assert _run_with_plugin(body)

@@ -153,7 +153,9 @@ def test_panel_start_scale_use_watch_stop(lab: JupyterLab, page: Any) -> None:
     assert tasks.count() > 10
     shot("cell-done")
 
+    # The notebook's kernel uses it: the panel asks before stopping.
     web.get_by_role("button", name="Stop").click()
+    page.locator(".jp-Dialog").get_by_role("button", name="Stop it").click()
     expect(web).to_have_count(0, timeout=CLUSTER_TIMEOUT_MS)
     expect(panel.locator(".nbc-empty")).to_be_visible()
     assert nbcluster.clusters(runtime_dir=lab.runtime_dir) == []
@@ -278,6 +280,8 @@ def test_panel_card_reads_right_and_asks_before_stopping(lab: JupyterLab, page: 
         panel = page.locator(".nbc-panel")
         c = card(page, "card")
         expect(c).to_have_attribute("data-workers", "1", timeout=CLUSTER_TIMEOUT_MS)
+        c.locator(".nbc-card-head").click()  # its live graphs
+        expect(c).to_have_class(re.compile("nbc-selected"))
         stats = c.locator(".nbc-card-stats")
         # "1 core", not "1 cores"; memory used of what the machine has, in binary units.
         expect(stats).to_contain_text("1 worker · 1 core · ")
