@@ -27,7 +27,15 @@ from nbcluster.cluster.backends import security_from
 async def main(address: str, tls: str, count: int, host: str, prefix: str) -> None:
     security = security_from(json.loads(tls)) if tls != "null" else None
     workers = [
-        Worker(address, nthreads=1, memory_limit="1GiB", name=f"{prefix}-{i}", host=host, security=security)
+        Worker(
+            address,
+            nthreads=1,
+            memory_limit="1GiB",
+            name=f"{prefix}-{i}",
+            host=host,
+            security=security,
+            dashboard=False,
+        )
         for i in range(count)
     ]
     await asyncio.gather(*workers)
