@@ -11,8 +11,9 @@ Two parts, each printed as a table and, with --write, kept in bench/RESULTS.md:
 2. A real nbcluster cluster (its own scheduler, supervisor and plugins, over TLS) with
    N-1 simulated workers: real Dask workers, hosted many to a process on loopback
    addresses (tests/sim_workers.py) -- a SIMULATION of N machines' workers on this one.
-   Per size: the bytes of one `nbcluster_metrics` answer with every worker described
-   against the `detail=16` answer the widget and the sidebar fetch; the lines of
+   Per size: the bytes of one second of `nbcluster_metrics` news (an answer `since` the
+   cursor of a second before) with every worker described, against the `detail=16`
+   answer the widget and the sidebar fetch (no tasks run meanwhile); the lines of
    `%cluster status`; the bytes of one sidebar stream push of the cluster (compact) against
    the full REST answer; and the status widget's comm traffic in bytes/s while 2,000
    tiny tasks run, over the time they take.
@@ -117,8 +118,12 @@ def cluster_figures(n: int) -> dict[str, Any]:
                 handle.client.wait_for_workers(total, timeout=600)
                 handle.client.gather(handle.client.map(inc, range(200)))
                 time.sleep(1.5)  # a few sampling rounds, so both answers carry samples and bands
-                full = len(json.dumps(handle.metrics(), default=str))
-                detail = len(json.dumps(handle.metrics(detail=16), default=str))
+                # One second of news, as a poller that keeps up gets it: every worker
+                # described, against the 16 busiest and the summary.
+                cursor = handle.metrics(detail=16)["cursor"]
+                time.sleep(1.0)
+                full = len(json.dumps(handle.metrics(cursor), default=str))
+                detail = len(json.dumps(handle.metrics(cursor, detail=16), default=str))
                 status_lines = len(repr(handle.info()).splitlines())
                 import asyncio
 
@@ -168,7 +173,7 @@ def main() -> None:
         print(real[-1], flush=True)
     lines += ["", "A real nbcluster cluster, 1 real worker and the rest SIMULATED (many Dask workers "
               "in a few processes on loopback addresses, tests/sim_workers.py); one run each:", "",
-              "| workers | metrics, every worker (kB) | metrics, detail=16 (kB) | `%cluster status` lines "
+              "| workers | metrics per s, every worker (kB) | metrics per s, detail=16 (kB) | `%cluster status` lines "
               "| REST cluster (kB) | sidebar push (kB) | widget comm (kB/s) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     lines += [f"| {r['workers']} | {r['full_kb']:.1f} | {r['detail_kb']:.1f} | {r['status_lines']} | "
               f"{r['rest_kb']:.1f} | {r['push_kb']:.1f} | {r['comm_kbps']:.1f} |" for r in real]  # fmt: skip
