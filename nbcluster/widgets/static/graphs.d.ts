@@ -145,6 +145,7 @@ export function renderResources(
 export function renderProgress(container: HTMLElement, counts: Counts): HTMLElement;
 export function renderGrid(container: HTMLElement, grid: Grid): HTMLElement;
 export function prefixColor(prefix: string): string;
+export function hostOf(address: string): string;
 export function formatBytes(n: number): string;
 export function formatDuration(seconds: number): string;
 export function progressLine(counts: Counts): string;

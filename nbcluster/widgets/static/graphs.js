@@ -25,12 +25,17 @@
 // Stable exports (the sidebar depends on these names):
 //   createView(limits) -> view
 //   applySnapshot(view, snapshot) -> view          fold one snapshot (or delta) into a view
-//   renderTaskStream(container, view, opts?)       one lane per worker, a bar per task
-//   renderResources(container, view, opts?)        per-worker CPU / memory / GPU charts
+//   renderTaskStream(container, view, opts?)       a lane per worker (grouped past 16), a bar per task
+//   renderResources(container, view, opts?)        per-worker CPU / memory / GPU charts, or
+//                                                  distributions across workers past 8
 //   renderProgress(container, counts)              done / running / failed / total bar
 //   renderGrid(container, grid)                    parameter/result table, rows as given
 //   progressLine(counts)                           the progress text ("3 / 10 done (30%) · ...")
-//   prefixColor(prefix), formatBytes(n), formatDuration(seconds), themeStyle(names), THEME
+//   prefixColor(prefix), formatBytes(n), formatDuration(seconds), hostOf(address),
+//   themeStyle(names), THEME
+//
+// At scale the picture keeps its size: see laneGroups() and renderBands(); the limits are
+// theme.json's stream.maxLanes / maxRows / maxBars and resources.maxWorkers.
 //
 // The widget's ESM (nbcluster/widgets/widget.py) replaces the import line below with the
 // JSON itself, as anywidget loads a module from a string, where no relative import resolves.
