@@ -350,3 +350,17 @@ def test_run_progress_reports_are_kept_per_run_and_bounded() -> None:
         return True
 
     assert _run_with_plugin(body)
+
+
+def test_window_drops_a_departed_workers_charts_and_keeps_bands() -> None:
+    from nbcluster.metrics.feed import MetricsWindow
+
+    a, b = "tls://127.0.0.1:1", "tls://127.0.0.1:2"
+    sample = {"cpu": 1.0, "memory": 1, "memory_limit": 2, "net_read": 0.0, "net_write": 0.0}
+    window = MetricsWindow(max_tasks=10, max_samples=3)
+    window.apply({"cursor": 2, "workers": {a: {}, b: {}}, "resources": [{**sample, "worker": a, "time": 1.0},
+                  {**sample, "worker": b, "time": 1.0}], "bands": [{"time": 1.0, "workers": 2}] * 5})  # fmt: skip
+    # Adapt took `a` away (restarts and adapt bring new addresses all the time).
+    window.apply({"cursor": 3, "workers": {b: {}}, "summary": {"workers": 1}, "resources": []})
+    assert set(window.samples) == {b} and len(window.bands) == 3
+    assert window.to_view()["summary"] == {"workers": 1}

@@ -43,7 +43,8 @@ What a user sees: nothing for ``delay`` seconds (``nbcluster.widget.delay``: ins
 stay clean); then, in a
 kernel (JupyterLab, Notebook 7, VS Code), the widget: a progress bar with items/s and ETA,
 the grid table best first, a task stream with one lane per worker, and per-worker CPU /
-memory / GPU charts. When the run ends (the source says so, or ``close()``), the output
+memory / GPU charts (on a large cluster: lanes by host or the busiest and "others", and
+distributions across workers; departed workers share one lane). When the run ends (the source says so, or ``close()``), the output
 is replaced by a static HTML/SVG picture of the final state, which is what a saved
 notebook and nbconvert show. In terminal IPython or plain Python: a one-line text bar.
 
