@@ -364,3 +364,23 @@ def test_window_drops_a_departed_workers_charts_and_keeps_bands() -> None:
     window.apply({"cursor": 3, "workers": {b: {}}, "summary": {"workers": 1}, "resources": []})
     assert set(window.samples) == {b} and len(window.bands) == 3
     assert window.to_view()["summary"] == {"workers": 1}
+
+
+def test_the_schedulers_own_view_of_many_workers_is_drawn_as_distributions() -> None:
+    # A scheduler without nbcluster's plugin: its `identity` answer, 20 workers.
+    from nbcluster.cluster.deploy import basic_snapshot
+    from nbcluster.metrics.feed import MetricsWindow
+    from nbcluster.widgets._static import render_resources
+
+    identity = {"workers": {
+        f"tls://10.0.0.{i}:1": {"name": str(i), "host": f"10.0.0.{i}", "nthreads": 1, "memory_limit": 2**30,
+                               "last_seen": 100.0, "metrics": {"time": 100.0, "cpu": float(i), "memory": 2**20}}
+        for i in range(20)
+    }}  # fmt: skip
+    snap = basic_snapshot(identity)
+    assert snap["bands"][0]["workers"] == 20 and snap["bands"][0]["cpu"] == [0.0, 9.5, 19.0]
+    assert basic_snapshot(identity, since=snap["cursor"])["bands"] == []  # no news, no band
+    window = MetricsWindow()
+    window.apply(snap)
+    html = render_resources(window.to_view())
+    assert 'class="nbc-resource-band"' in html and 'class="nbc-resource-worker"' not in html

@@ -105,15 +105,17 @@ def identity_rows(identity: dict[str, Any]) -> list[dict[str, Any]]:
 def basic_snapshot(identity: dict[str, Any], since: int | None = None) -> dict[str, Any]:
     """A metrics snapshot (the format in `nbcluster.metrics`) from a scheduler's own
     ``identity``, where nbcluster's plugin is not there: the workers and their latest
-    heartbeat samples (CPU, memory), no task records and no history, marked ``basic``.
+    heartbeat samples (CPU, memory) and their distribution (``bands``), no task records and
+    no history, marked ``basic``.
 
     Each heartbeat is sent once: the cursor is the scheduler's clock, in milliseconds, just
     past the newest heartbeat it had received, so passing it back as `since` returns only
     the samples of heartbeats received since.
     """
     from nbcluster.metrics.plugin import _sample  # the plugin's own sample shape, GPU included
+    from nbcluster.metrics.summary import band
 
-    workers, samples, cursor = {}, [], since or 0
+    workers, samples, latest, cursor = {}, [], [], since or 0
     for row in identity_rows(identity):
         address = row["address"]
         workers[address] = {
@@ -123,14 +125,22 @@ def basic_snapshot(identity: dict[str, Any], since: int | None = None) -> dict[s
         reported = identity["workers"][address]
         metrics = reported.get("metrics") or {}
         seen = int((reported.get("last_seen") or 0) * 1000)
-        if metrics.get("time") is None or (since is not None and seen < since):
+        if metrics.get("time") is None:
             continue
         # `_sample` reads a WorkerState; an identity answer holds the same fields as a dict.
         ws = SimpleNamespace(memory_limit=reported.get("memory_limit"), metrics=metrics, extra=reported)
-        samples.append(_sample(address, ws, metrics))  # type: ignore[arg-type]
+        sample = _sample(address, ws, metrics)  # type: ignore[arg-type]
+        latest.append(sample)
+        if since is not None and seen < since:
+            continue
+        samples.append(sample)
         cursor = max(cursor, seen + 1)
-    return {"version": 1, "cursor": cursor, "gap": False, "now": time.time(), "basic": True,
-            "workers": workers, "tasks": [], "resources": samples, "groups": []}  # fmt: skip
+    now = time.time()
+    # With news, the distribution of every worker's latest sample, which the graphs draw
+    # past a few workers (as the plugin's bands).
+    bands = [band(now, latest)] if samples else []
+    return {"version": 1, "cursor": cursor, "gap": False, "now": now, "basic": True,
+            "workers": workers, "tasks": [], "resources": samples, "bands": bands, "groups": []}  # fmt: skip
 
 
 class Deployment:
