@@ -16,7 +16,9 @@ Two parts, each printed as a table and, with --write, kept in bench/RESULTS.md:
    answer the widget and the sidebar fetch (no tasks run meanwhile); the lines of
    `%cluster status`; the bytes of one sidebar stream push of the cluster (compact) against
    the full REST answer; and the status widget's comm traffic in bytes/s while 2,000
-   tiny tasks run, over the time they take.
+   tiny tasks run, over the time they take; and, on the scheduler, the CPU time of the
+   metrics plugin's sampling round and of one `detail=16` answer (median of 5), with the
+   share of one core they take with one widget or sidebar open.
 
 Run: /work/venv/bin/python bench/scale.py [--sizes 10,100,1000] [--runs 5] [--write]
 """
@@ -97,6 +99,32 @@ class Recorder:
         pass
 
 
+def _plugin_cost(dask_scheduler: Any) -> dict[str, float]:
+    """On the scheduler: the CPU of the metrics plugin's sampling round (every 500 ms), in
+    the worst case of news from every worker, and of one `detail=16` answer since the
+    cursor before it (4 a second per open widget or sidebar)."""
+    import time as t
+
+    plugin = dask_scheduler.plugins["nbcluster-metrics"]
+    rounds, answers = [], []
+    for _ in range(5):
+        cursor = plugin._next
+        plugin._last_sample_time.clear()  # the worst round: news from every worker at once
+        t0 = t.process_time()
+        plugin.sample()
+        t1 = t.process_time()
+        plugin.nbcluster_metrics(since=cursor, detail=16)
+        answers.append(t.process_time() - t1)
+        rounds.append(t1 - t0)
+    sample_ms, answer_ms = 1000 * sorted(rounds)[2], 1000 * sorted(answers)[2]
+    # Share of one core: 2 rounds a second, and one open view polling 4 times a second.
+    return {
+        "sample_ms": sample_ms,
+        "answer_ms": answer_ms,
+        "plugin_pct": (2 * sample_ms + 4 * answer_ms) / 10,
+    }
+
+
 def cluster_figures(n: int) -> dict[str, Any]:
     import nbcluster
     from nbcluster import widgets
@@ -125,6 +153,7 @@ def cluster_figures(n: int) -> dict[str, Any]:
                 full = len(json.dumps(handle.metrics(cursor), default=str))
                 detail = len(json.dumps(handle.metrics(cursor, detail=16), default=str))
                 status_lines = len(repr(handle.info()).splitlines())
+                plugin_ms = handle.client.run_on_scheduler(_plugin_cost)
                 import asyncio
 
                 described = asyncio.run(describe(handle))
@@ -142,7 +171,7 @@ def cluster_figures(n: int) -> dict[str, Any]:
                 time.sleep(1.0)
                 elapsed = time.perf_counter() - t0
                 view.close()
-                return {"workers": total, "full_kb": full / 1000, "detail_kb": detail / 1000,
+                return {"workers": total, "full_kb": full / 1000, "detail_kb": detail / 1000, **plugin_ms,
                         "status_lines": status_lines, "rest_kb": rest / 1000, "push_kb": push / 1000,
                         "comm_kbps": sum(sent) / elapsed / 1000, "updates": len(sent)}  # fmt: skip
         finally:
@@ -174,9 +203,11 @@ def main() -> None:
     lines += ["", "A real nbcluster cluster, 1 real worker and the rest SIMULATED (many Dask workers "
               "in a few processes on loopback addresses, tests/sim_workers.py); one run each:", "",
               "| workers | metrics per s, every worker (kB) | metrics per s, detail=16 (kB) | `%cluster status` lines "
-              "| REST cluster (kB) | sidebar push (kB) | widget comm (kB/s) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| REST cluster (kB) | sidebar push (kB) | widget comm (kB/s) | plugin: round / answer (ms) "
+              "| plugin share of a core, one view open |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     lines += [f"| {r['workers']} | {r['full_kb']:.1f} | {r['detail_kb']:.1f} | {r['status_lines']} | "
-              f"{r['rest_kb']:.1f} | {r['push_kb']:.1f} | {r['comm_kbps']:.1f} |" for r in real]  # fmt: skip
+              f"{r['rest_kb']:.1f} | {r['push_kb']:.1f} | {r['comm_kbps']:.1f} | "
+              f"{r['sample_ms']:.2f} / {r['answer_ms']:.2f} | {r['plugin_pct']:.2f}% |" for r in real]  # fmt: skip
     body = "\n".join(lines)
     print(body)
     if args.write:
