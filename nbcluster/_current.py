@@ -75,8 +75,10 @@ def handle_for(cluster: str | None = None) -> ClusterHandle:
         return remember(connect(cluster))
     handle = current()
     if handle is None:
-        raise NoCluster("no cluster is running for this kernel: start one with `%cluster start` "
-                        "(or `nbcluster.start()`), or pick one with `%cluster use NAME`")
+        raise NoCluster(
+            "no cluster is running for this kernel: start one with `%cluster start` "
+            "(or `nbcluster.start()`), or pick one with `%cluster use NAME`"
+        )
     return handle
 
 

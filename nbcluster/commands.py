@@ -74,7 +74,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
     s = sub.add_parser("use", help="make a cluster the current one (by name or tls:// address)")
     s.add_argument("target")
-    s.add_argument("--security", metavar="CA,CERT,KEY", help="PEM files for a tls:// scheduler run by someone else")
+    s.add_argument(
+        "--security", metavar="CA,CERT,KEY", help="PEM files for a tls:// scheduler run by someone else"
+    )
 
     s = sub.add_parser("stop", help="stop a cluster and its workers")
     s.add_argument("name", nargs="?")
@@ -212,7 +214,9 @@ class Runner:
         widths = [max(len(r[i]) for r in [("name", "backend", ""), *rows]) for i in range(2)]
         lines = [f"{n:<{widths[0]}}  {b:<{widths[1]}}  {d}".rstrip() for n, b, d in rows]
         lines += [f"Not usable: {m}" for m in mistakes]
-        return "\n".join([*lines, "Start one with `--profile NAME`; add profiles under nbcluster.profiles in Dask config."])
+        return "\n".join(
+            [*lines, "Start one with `--profile NAME`; add profiles under nbcluster.profiles in Dask config."]
+        )
 
     def do_stop(self, ns: argparse.Namespace) -> str:
         if ns.all and ns.name:

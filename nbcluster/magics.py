@@ -38,7 +38,9 @@ class NbclusterMagics(Magics):
             if cell is None:
                 return wait(parse_wait_line(line), namespace=self.shell.user_ns)
             kwargs = parse_distribute_line(line)
-            results = distribute(cell, namespace=self.shell.user_ns, progress=widgets.progress_hook(), **kwargs)
+            results = distribute(
+                cell, namespace=self.shell.user_ns, progress=widgets.progress_hook(), **kwargs
+            )
         except (ClusterLost, ClusterCannotRun):
             raise  # one line too, and sys.last_value.results keeps what finished
         except NbclusterError as e:
@@ -48,4 +50,6 @@ class NbclusterMagics(Magics):
 
     # `%cluster?` and `%%distribute?` show the parsers' own help: made from the declarations.
     cluster.__doc__ = commands.build_parser("%cluster").format_help()
-    distribute.__doc__ = f"{help_text()}\n`%distribute wait NAME` waits for the results of a --no-wait cell.\n"
+    distribute.__doc__ = (
+        f"{help_text()}\n`%distribute wait NAME` waits for the results of a --no-wait cell.\n"
+    )

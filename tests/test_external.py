@@ -114,7 +114,7 @@ def test_use_with_security_attaches_as_external(runtime_dir, someone_elses_sched
     assert "external: started elsewhere" in status and "127.0.0.1" in status
     # In no registry, yet listed in this kernel: it is where its work runs.
     listing = runner.run(commands.parse("list"))
-    assert f"*{address}  external  {address}  1 (1 cores)  started elsewhere" in repr(listing)
+    assert f"*{address}  external  {address}  1 (1 core)  started elsewhere" in repr(listing)
 
     assert handle.client.submit(sum, [1, 2]).result(timeout=30) == 3
     snapshot = handle.metrics()

@@ -320,3 +320,67 @@ def test_window_folds_snapshots_and_stays_bounded(cluster: ClusterHandle) -> Non
     view = window.to_view()
     assert len(view["tasks"]) == 4
     assert all(len(s) <= 3 for s in view["samples"].values())
+
+
+# -- summaries that do not grow with the workers ------------------------------------------
+
+
+def test_spread_and_band_describe_every_worker_in_three_numbers() -> None:
+    from nbcluster.metrics.summary import band, spread
+
+    assert spread([]) is None and spread([5.0]) == [5.0, 5.0, 5.0]
+    assert spread([4.0, 1.0, 3.0, 2.0]) == [1.0, 2.5, 4.0]
+    samples = [{"cpu": float(i), "memory": 10 * i, "memory_limit": 100} for i in range(1000)]
+    b = band(7.0, [*samples, {"cpu": 50.0, "memory": 0, "memory_limit": 100, "gpu_util": 80.0}])
+    assert b["workers"] == 1001 and b["cpu"] == [0.0, 499.0, 999.0] and b["memory_limit"] == 100
+    assert b["gpu_util"] == [80.0, 80.0, 80.0]  # over the workers that report a GPU only
+    assert "gpu_util" not in band(7.0, samples)
+
+
+def test_run_progress_reports_are_kept_per_run_and_bounded() -> None:
+    from nbcluster.metrics.plugin import MAX_RUNS
+
+    def body(s, plugin):
+        for i in range(MAX_RUNS + 5):
+            plugin.nbcluster_progress(f"run{i}", {"done": i, "total": 20, "state": "running", "junk": 1})
+        plugin.nbcluster_progress("run7", {"done": 20, "total": 20, "state": "done", "elapsed": 3.0})
+        runs = plugin.nbcluster_metrics()["runs"]
+        assert len(runs) == MAX_RUNS and runs[-1]["run"] == "run7" and runs[-1]["state"] == "done"
+        assert "junk" not in runs[0] and runs[0]["run"] == "run5"  # the oldest five went
+        return True
+
+    assert _run_with_plugin(body)
+
+
+def test_window_drops_a_departed_workers_charts_and_keeps_bands() -> None:
+    from nbcluster.metrics.feed import MetricsWindow
+
+    a, b = "tls://127.0.0.1:1", "tls://127.0.0.1:2"
+    sample = {"cpu": 1.0, "memory": 1, "memory_limit": 2, "net_read": 0.0, "net_write": 0.0}
+    window = MetricsWindow(max_tasks=10, max_samples=3)
+    window.apply({"cursor": 2, "workers": {a: {}, b: {}}, "resources": [{**sample, "worker": a, "time": 1.0},
+                  {**sample, "worker": b, "time": 1.0}], "bands": [{"time": 1.0, "workers": 2}] * 5})  # fmt: skip
+    # Adapt took `a` away (restarts and adapt bring new addresses all the time).
+    window.apply({"cursor": 3, "workers": {b: {}}, "summary": {"workers": 1}, "resources": []})
+    assert set(window.samples) == {b} and len(window.bands) == 3
+    assert window.to_view()["summary"] == {"workers": 1}
+
+
+def test_the_schedulers_own_view_of_many_workers_is_drawn_as_distributions() -> None:
+    # A scheduler without nbcluster's plugin: its `identity` answer, 20 workers.
+    from nbcluster.cluster.deploy import basic_snapshot
+    from nbcluster.metrics.feed import MetricsWindow
+    from nbcluster.widgets._static import render_resources
+
+    identity = {"workers": {
+        f"tls://10.0.0.{i}:1": {"name": str(i), "host": f"10.0.0.{i}", "nthreads": 1, "memory_limit": 2**30,
+                               "last_seen": 100.0, "metrics": {"time": 100.0, "cpu": float(i), "memory": 2**20}}
+        for i in range(20)
+    }}  # fmt: skip
+    snap = basic_snapshot(identity)
+    assert snap["bands"][0]["workers"] == 20 and snap["bands"][0]["cpu"] == [0.0, 9.5, 19.0]
+    assert basic_snapshot(identity, since=snap["cursor"])["bands"] == []  # no news, no band
+    window = MetricsWindow()
+    window.apply(snap)
+    html = render_resources(window.to_view())
+    assert 'class="nbc-resource-band"' in html and 'class="nbc-resource-worker"' not in html

@@ -153,7 +153,9 @@ def test_panel_start_scale_use_watch_stop(lab: JupyterLab, page: Any) -> None:
     assert tasks.count() > 10
     shot("cell-done")
 
+    # The notebook's kernel uses it: the panel asks before stopping.
     web.get_by_role("button", name="Stop").click()
+    page.locator(".jp-Dialog").get_by_role("button", name="Stop it").click()
     expect(web).to_have_count(0, timeout=CLUSTER_TIMEOUT_MS)
     expect(panel.locator(".nbc-empty")).to_be_visible()
     assert nbcluster.clusters(runtime_dir=lab.runtime_dir) == []
@@ -248,3 +250,131 @@ def test_panel_in_notebook_7(tmp_path: Path, request: pytest.FixtureRequest) -> 
             shot("final")
             browser.close()
             handle.stop()
+
+
+def _functions() -> Any:
+    # A local function is shipped by value: the workers cannot import this test module.
+    def square(x: int) -> int:
+        import time
+
+        time.sleep(0.1)
+        return x * x
+
+    return square
+
+
+_square = _functions()
+
+
+def test_panel_card_reads_right_and_asks_before_stopping(lab: JupyterLab, page: Any) -> None:
+    from nbcluster.distribute import distribute
+    from nbcluster.widgets import progress_hook
+    from tests.test_widgets_browser import CONTRAST, MIN_CONTRAST
+
+    shot = Screenshots(page, "test_panel_card_reads_right_and_asks_before_stopping")
+    # Started by this process, which keeps a Dask client on it: a notebook kernel using it.
+    handle = nbcluster.start(workers=1, name="card", runtime_dir=lab.runtime_dir)
+    try:
+        page.goto(f"{lab.url}lab/workspaces/card?token={lab.token}")
+        page.locator('.jp-SideBar [data-id="nbcluster-sidebar"]').click()
+        panel = page.locator(".nbc-panel")
+        c = card(page, "card")
+        expect(c).to_have_attribute("data-workers", "1", timeout=CLUSTER_TIMEOUT_MS)
+        c.locator(".nbc-card-head").click()  # its live graphs
+        expect(c).to_have_class(re.compile("nbc-selected"))
+        stats = c.locator(".nbc-card-stats")
+        # "1 core", not "1 cores"; memory used of what the machine has, in binary units.
+        expect(stats).to_contain_text("1 worker · 1 core · ")
+        assert re.search(r"[\d.]+ [kMG]iB used of [\d.]+ [MG]iB", stats.inner_text()), stats.inner_text()
+        assert not re.search(r"\d (kB|MB|GB)\b", stats.inner_text())
+        # The empty-list note sets its commands as code, not in literal backticks.
+        empty = panel.locator(".nbc-empty")
+        assert "`" not in empty.text_content() and empty.locator("code").count() == 2
+        # Every box says what it is, and min/max stay on one line with their button.
+        for text in ("Workers", "Min", "Max"):
+            expect(c.locator(".nbc-inline-label", has_text=text)).to_be_visible()
+        tops = c.locator(".nbc-adapt-row > *").evaluate_all(
+            "els => els.map(e => e.getBoundingClientRect().top)"
+        )
+        assert len(tops) == 3 and max(tops) - min(tops) < 4, tops
+        # The form's size errors say "add --force": the form has that switch.
+        panel.get_by_role("button", name="New cluster").click()
+        expect(
+            panel.locator(".nbc-field", has_text="--force").locator('input[name="force"]')
+        ).to_be_attached()
+        panel.get_by_role("button", name="Cancel").click()
+
+        # Resized behind the panel's back (as adapt does): the scale box follows.
+        handle.scale(2)
+        expect(c).to_have_attribute("data-workers", "2", timeout=CLUSTER_TIMEOUT_MS)
+        expect(c.locator('[data-role="scale"]')).to_have_value("2")
+        expect(stats).to_contain_text("2 workers · 2 cores")
+
+        # A run of 12 items in batches of 4: the sidebar counts items, as the cell does.
+        hook = progress_hook(delay=0, interval=0.1, _display=_Sink(), _widgets=True)
+        results = distribute(_square, over=range(12), batch=4, client=handle.client, progress=hook)
+        hook.live.close()
+        assert results.values() == [x * x for x in range(12)]
+        progress = panel.locator(".nbc-graph-progress")
+        expect(progress).to_contain_text("12 / 12 done (100%)")
+        expect(progress).to_contain_text("done in")
+        shot("items-counted")
+
+        # Restart says what it did; the old workers' tasks share one "departed" lane.
+        c.get_by_role("button", name="Restart workers").click()
+        expect(c.get_by_role("button", name="Restarting…")).to_be_visible()
+        expect(page.get_by_text("Restarted 2 workers of card")).to_be_visible(timeout=CLUSTER_TIMEOUT_MS)
+        expect(panel.locator('.nbc-graph-tasks .nbc-lane[data-lane="departed"]')).to_contain_text(
+            "2 departed workers"
+        )
+        assert "(gone)" not in panel.locator(".nbc-graph-tasks").inner_text()
+        expect(panel.locator(".nbc-graph-tasks .nbc-lane")).to_have_count(3)  # 2 new workers, 1 departed
+        shot("restarted")
+
+        # The dark theme: the badge and the card's text stay readable.
+        use_theme(page, "JupyterLab Dark")
+        expect(page.locator("body")).to_have_attribute("data-jp-theme-light", "false")
+        expect(c.locator(".nbc-badge")).to_have_text("running")
+        page.wait_for_function(
+            "getComputedStyle(document.querySelector('.nbc-panel')).backgroundColor !== 'rgb(255, 255, 255)'"
+        )
+        measured = c.evaluate(CONTRAST)
+        labels = [m for m in measured if m["text"] == "running" or m["text"].startswith("2 workers")]
+        assert len(labels) == 2, measured
+        assert all(m["ratio"] >= MIN_CONTRAST for m in labels), labels
+        shot("dark")
+
+        # Stop asks first: a kernel (this process) uses the cluster.
+        c.get_by_role("button", name="Stop").click()
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text("Stop cluster card?")
+        expect(dialog).to_contain_text("1 notebook kernel uses it")
+        dialog.get_by_role("button", name="Cancel").click()
+        expect(dialog).to_have_count(0)
+        assert [h.name for h in nbcluster.clusters(runtime_dir=lab.runtime_dir)] == ["card"]
+        c.get_by_role("button", name="Stop").click()
+        page.locator(".jp-Dialog").get_by_role("button", name="Stop it").click()
+        expect(c).to_have_count(0, timeout=CLUSTER_TIMEOUT_MS)
+        assert nbcluster.clusters(runtime_dir=lab.runtime_dir) == []
+    finally:
+        page.keyboard.press("Escape")
+        use_theme(page, "JupyterLab Light")  # the theme is a user setting: later tests' pages share it
+        if nbcluster.clusters(runtime_dir=lab.runtime_dir):
+            handle.stop()
+
+
+def use_theme(page: Any, name: str) -> None:
+    page.keyboard.press("Control+Shift+C")
+    page.locator(".lm-CommandPalette-input").fill(f"Use Theme: {name}")
+    expect(page.locator(".lm-CommandPalette-item.lm-mod-active", has_text=name)).to_be_visible()
+    page.keyboard.press("Enter")
+
+
+class _Sink:
+    """The display seam: the widget goes nowhere (this test watches the sidebar)."""
+
+    def show(self, bundle: dict[str, Any]) -> None:
+        pass
+
+    def update(self, bundle: dict[str, Any]) -> None:
+        pass

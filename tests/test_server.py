@@ -242,10 +242,13 @@ async def test_a_cluster_through_every_route(api, jp_ws_fetch, runtime_dir: Path
     assert cluster["server_owned"] is True
     assert cluster["runs_on"] == "local"  # the words of `%cluster list`, for the sidebar card
     assert len(cluster["workers"]) == 1
+    # What the card shows, computed once here; and no kernel uses it yet (stop asks then).
+    assert cluster["totals"]["workers"] == 1 and cluster["totals"]["cores"] == 1
+    assert cluster["totals"]["memory_limit"] > 0 and cluster["clients"] == 0
 
     # Another process (an IPython like another kernel's) sees it in `%cluster list`.
     out = python("%load_ext nbcluster\n%cluster list", runtime_dir)
-    assert "rest" in out and "1 (1 cores)" in out
+    assert "rest" in out and "1 (1 core)" in out
 
     status, reply = await api("POST", "api/clusters", {"name": "rest"})
     assert status == 409
@@ -281,12 +284,14 @@ async def test_a_cluster_through_every_route(api, jp_ws_fetch, runtime_dir: Path
     try:
         first = json.loads(await ws.read_message())
         assert first["type"] == "clusters" and first["clusters"][0]["name"] == "rest"
+        # Totals, not one row per worker: a push costs the same at 2 workers or 2,000.
+        assert "workers" not in first["clusters"][0] and "cores" in first["clusters"][0]["totals"]
         await ws.write_message(json.dumps({"watch": "rest"}))
         kinds = set()
         while "metrics" not in kinds:
             message = json.loads(await ws.read_message())
             kinds.add(message["type"])
-        assert message["snapshot"]["version"] == 1
+        assert message["snapshot"]["version"] == 1 and "summary" in message["snapshot"]
     finally:
         ws.close()
 

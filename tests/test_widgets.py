@@ -19,6 +19,7 @@ from typing import Any
 import dask.config
 import pytest
 import yaml
+from dask.utils import format_bytes as dask_format_bytes
 from distributed import as_completed
 
 from nbcluster.cluster.handle import ClusterHandle
@@ -41,7 +42,9 @@ def test_prefix_colours_match_graphs_js() -> None:
 
 
 def test_formatting() -> None:
-    assert format_bytes(1_234_567) == "1.2 MB"
+    # One binary format everywhere, Dask's own (which `%cluster status` prints).
+    assert format_bytes(1_234_567) == "1.18 MiB" == dask_format_bytes(1_234_567)
+    assert format_bytes(25_232_932_864) == "23.50 GiB" == dask_format_bytes(25_232_932_864)
     assert format_bytes(512) == "512 B"
     assert format_duration(75) == "1 min 15 s"
     assert format_duration(3.25) == "3.2 s"
@@ -134,7 +137,7 @@ def test_static_picture_shows_progress_lanes_failures_and_no_scripts() -> None:
 
 def test_static_picture_has_a_gpu_column_only_with_gpus() -> None:
     html = render_html(None, _view(gpu=True))
-    assert "GPU 50% · 1.0 GB" in html and "no GPU" in html  # worker 1 has none
+    assert "GPU 50% · 0.93 GiB" in html and "no GPU" in html  # worker 1 has none
 
 
 def test_widget_esm_is_one_module() -> None:

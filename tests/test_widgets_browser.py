@@ -9,6 +9,7 @@ graphs.js with theme.json, loaded as the widget's ESM loads it; no Jupyter serve
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,7 +90,7 @@ DESCRIBE = """(root) => {
   const props = ["color", "backgroundColor", "fill", "stroke", "fontSize", "fontFamily", "fontWeight",
     "display", "width", "height", "marginLeft", "gridTemplateColumns", "opacity", "fillOpacity",
     "whiteSpace", "textOverflow", "borderBottomColor"];
-  const attrs = ["class", "data-worker", "data-percent", "data-state", "data-done", "data-failed",
+  const attrs = ["class", "data-worker", "data-lane", "data-percent", "data-state", "data-done", "data-failed",
     "data-total", "x", "y", "width", "height", "viewBox", "points", "preserveAspectRatio"];
   const out = [];
   for (const el of [root, ...root.querySelectorAll("*")]) {
@@ -146,9 +147,10 @@ def test_live_and_frozen_pictures_draw_the_same_snapshot_alike(browser: Any) -> 
         _assert_drawn_alike(page)
         # The comparison is only worth something if the picture holds what the data says.
         stream = page.locator("#frozen .nbc-stream")
-        assert stream.locator(".nbc-lane").evaluate_all("ls => ls.map(l => l.dataset.worker)") == [W0, W1, W2]
+        lanes = "ls => ls.map(l => l.dataset.worker || l.dataset.lane)"
+        assert stream.locator(".nbc-lane").evaluate_all(lanes) == [W0, W1, "departed"]
         assert stream.locator(".nbc-task").count() == 5 and stream.locator(".nbc-task-error").count() == 1
-        assert "2 (simulated GPU)" in stream.inner_text() and f"{W2} (gone)" in stream.inner_text()
+        assert "2 (simulated GPU)" in stream.inner_text() and "1 departed worker" in stream.inner_text()
         fills = set(stream.locator(".nbc-task").evaluate_all("rs => rs.map(r => getComputedStyle(r).fill)"))
         assert len(fills) == 3  # one colour per prefix: inc, slow_inc, train
         assert "no GPU" in page.locator("#frozen .nbc-resources").inner_text()
@@ -184,3 +186,80 @@ def test_the_schedulers_own_view_says_what_the_task_stream_needs(browser: Any) -
     finally:
         page.close()
 
+
+def big_view(workers: int = 1000, hosts: int = 1, tasks: int = 4000, seed: int = 0) -> dict[str, Any]:
+    """A synthetic snapshot of a large cluster, as the plugin serves it with ``detail=16``:
+    the 16 busiest workers described, all of them summarised, resources as bands."""
+    import random
+
+    rnd = random.Random(seed)
+    addrs = [f"tls://10.0.0.{1 + i % hosts}:{9000 + i}" for i in range(workers)]
+    table = {
+        a: {"name": str(i), "nthreads": 2, "memory_limit": 4 * 2**30, "resources": {}}
+        for i, a in enumerate(addrs)
+    }
+    detailed = dict(list(table.items())[:16])
+    records = []
+    for _ in range(tasks):
+        start = 100 + rnd.random() * 50
+        records.append({"prefix": rnd.choice(["inc", "train"]), "worker": rnd.choice(addrs), "start": start,
+                        "stop": start + rnd.random() * 3, "status": "error" if rnd.random() < 0.01 else "ok"})  # fmt: skip
+    by_host: dict[str, int] = {}
+    for a in addrs:
+        host = a.split("//")[1].rsplit(":", 1)[0]
+        by_host[host] = by_host.get(host, 0) + 1
+    summary = {
+        "workers": workers, "threads": 2 * workers, "processing": workers, "memory": workers * 2**30,
+        "memory_limit": workers * 4 * 2**30, "more_hosts": max(0, len(by_host) - 20),
+        "hosts": [{"host": h, "workers": n, "threads": 2 * n, "processing": n, "memory": n * 2**30,
+                   "memory_limit": n * 4 * 2**30} for h, n in sorted(by_host.items())[:20]],
+    }  # fmt: skip
+    bands = [
+        {"time": 100.0 + i + rnd.random() / 3, "workers": workers,
+         "cpu": sorted(rnd.random() * 200 for _ in range(3)),
+         "memory": sorted(rnd.random() * 3e9 for _ in range(3)), "memory_limit": 4 * 2**30}
+        for i in range(60)
+    ]  # fmt: skip
+    return {
+        "now": 160.0,
+        "workers": detailed,
+        "summary": summary,
+        "tasks": records,
+        "samples": {},
+        "bands": bands,
+    }
+
+
+@pytest.mark.parametrize("hosts", [1, 10])
+def test_a_thousand_workers_draw_a_bounded_picture(browser: Any, hosts: int) -> None:
+    view = big_view(hosts=hosts)
+    page = _open(browser, "light", "--jp-layout-color0", view)
+    try:
+        _assert_drawn_alike(page)
+        stream = page.locator("#live .nbc-stream")
+        lanes = stream.locator(".nbc-lane").evaluate_all(
+            "ls => ls.map(l => l.dataset.worker || l.dataset.lane)"
+        )
+        if hosts == 1:  # the busiest 15 workers, then everyone else
+            assert len(lanes) == 16 and lanes[-1] == "others"
+            assert "985 other workers" in stream.inner_text()
+        else:  # one lane per host
+            assert (
+                len(lanes) == 10
+                and all(lane.startswith("host:") for lane in lanes)
+                and "(100 workers)" in stream.inner_text()
+            )
+        # The DOM is bounded by the theme's caps, not by 1,000 workers or 4,000 tasks.
+        bars = stream.locator("rect").count()
+        assert bars == page.evaluate("G.THEME.stream.maxBars")
+        nodes = page.locator("#live").evaluate("el => el.querySelectorAll('*').length")
+        assert nodes < 2 * bars + 200, nodes
+        resources = page.locator("#live .nbc-resources")
+        assert resources.locator(".nbc-resource-band").inner_text() == "1000 workers (median, min\u2013max)"
+        assert (
+            resources.locator("polygon").count() == 2
+            and resources.locator(".nbc-resource-worker").count() == 0
+        )
+        assert re.search(r"CPU \d+% \(\d+%\u2013\d+%\)\nMem [\d.]+ [MG]iB \(", resources.inner_text())
+    finally:
+        page.close()

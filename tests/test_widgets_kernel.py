@@ -145,7 +145,12 @@ def test_kernel_sends_increasing_progress_and_saves_the_final_picture(
     assert done == sorted(done) and len(set(done)) > 1, done
     final = [s["progress"] for s in grid_updates if "progress" in s][-1]
     assert (final["done"], final["total"], final["state"]) == (12, 12, "done")
-    pushed = [t["key"] for s in grid_updates if "delta" in s for t in s["delta"].get("tasks", [])]
+    pushed = [
+        (t["worker"], t["start"], t["stop"])
+        for s in grid_updates
+        if "delta" in s
+        for t in s["delta"].get("tasks", [])
+    ]
     assert len(pushed) == len(set(pushed)) == 12
     grid_outputs = [o for o in saved.cells[2].outputs if o.get("output_type") == "display_data"]
     assert len(grid_outputs) == 1 and WIDGET_MIME not in grid_outputs[0]["data"]
@@ -196,3 +201,28 @@ def test_distribute_magic_cell_ends_with_the_frozen_picture(cluster: ClusterHand
     assert len(frozen) == 1 and not [o for o in outputs if WIDGET_MIME in o["data"]]
     assert 'data-percent="100"' in frozen[0] and frozen[0].count('class="nbc-task"') == 40
     assert frozen[0].count('class="nbc-lane"') == 2
+
+
+STATUS_CELLS = ["%load_ext nbcluster\n%cluster use {name}", "%cluster status", "1 + 1"]
+
+
+def test_cluster_status_is_saved_as_a_picture_not_a_widget(cluster: ClusterHandle, tmp_path: Path) -> None:
+    # Notebook 00 runs `%cluster status` and moves on: every saved copy used to hold the
+    # live widget, which a reopened notebook shows as "Error displaying widget: model not
+    # found". The view must freeze into the static picture once the next cell runs.
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c.format(name=cluster.name)) for c in STATUS_CELLS]
+    client = RecordingClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    shown = [m for m in client.messages[1] if m["msg_type"] == "display_data"]
+    assert any(WIDGET_MIME in m["content"]["data"] for m in shown), "status showed no live view"
+    path = tmp_path / "saved.ipynb"
+    nbformat.write(nb, path)
+    outputs = nbformat.read(path, as_version=4).cells[1].outputs
+    assert not [o for o in outputs if WIDGET_MIME in o.get("data", {})], "a widget was saved"
+    pictures = [
+        o["data"]["text/html"] for o in outputs if "nbc-static" in o.get("data", {}).get("text/html", "")
+    ]
+    assert len(pictures) == 1 and 'class="nbc-resources"' in pictures[0]

@@ -28,7 +28,27 @@ function numberInput(role: string, label: string): HTMLInputElement {
   i.inputMode = 'numeric';
   i.dataset.role = role;
   i.setAttribute('aria-label', label);
+  // Typed by the user: the cluster's own numbers no longer overwrite it.
+  i.addEventListener('input', () => (i.dataset.edited = 'true'));
   return i;
+}
+
+/** A visible label around an input, so each box says what it is. */
+function labelled(text: string, input: HTMLInputElement): HTMLLabelElement {
+  const label = el('label', 'nbc-inline-label');
+  label.append(el('span', '', text), input);
+  return label;
+}
+
+function plural(n: number, word: string): string {
+  return `${n} ${word}${n === 1 ? '' : 's'}`;
+}
+
+/** Show `value` in an input unless the user is editing it. */
+function follow(input: HTMLInputElement, value: number): void {
+  if (document.activeElement !== input && input.dataset.edited !== 'true') {
+    input.value = String(value);
+  }
 }
 
 /**
@@ -51,13 +71,15 @@ export class ClusterCard {
     this.scaleInput = numberInput('scale', `Number of workers of ${name}`);
     this.minInput = numberInput('adapt-min', `Adaptive minimum of ${name}`);
     this.maxInput = numberInput('adapt-max', `Adaptive maximum of ${name}`);
-    const scale = el('div', 'nbc-card-row');
+    const scale = el('div', 'nbc-card-row nbc-scale-row');
     scale.append(
-      this.scaleInput,
-      button('scale', 'Scale', 'Have exactly this many CPU workers'),
-      this.minInput,
-      el('span', 'nbc-dash', '–'),
-      this.maxInput,
+      labelled('Workers', this.scaleInput),
+      button('scale', 'Scale', 'Have exactly this many CPU workers')
+    );
+    const adapt = el('div', 'nbc-card-row nbc-adapt-row');
+    adapt.append(
+      labelled('Min', this.minInput),
+      labelled('Max', this.maxInput),
       button('adapt', 'Adapt', 'Let the cluster grow and shrink between min and max by load')
     );
     this.dashboard = el('a', 'nbc-link', 'Dashboard');
@@ -71,34 +93,35 @@ export class ClusterCard {
       this.dashboard
     );
     this.error.setAttribute('role', 'alert');
-    this.node.append(head, this.stats, this.meta, scale, actions, this.error);
+    this.node.append(head, this.stats, this.meta, scale, adapt, actions, this.error);
   }
 
   update(cluster: ICluster, dashboardURL: string): void {
     const workers = cluster.workers ?? [];
     const running = cluster.state === 'running';
     this.node.dataset.state = cluster.state;
-    this.node.dataset.workers = String(workers.length);
     this.badge.textContent = running ? 'running' : 'not answering';
     this.badge.dataset.state = cluster.state;
     this.runsOnLabel.textContent = cluster.runs_on;
 
-    const cores = workers.reduce((n, w) => n + w.nthreads, 0);
-    const memory = workers.reduce((n, w) => n + (w.memory_limit || 0), 0);
-    const gpus = workers.filter(w => w.gpu).length;
-    // Simulated GPUs (NBCLUSTER_SIMULATE_GPUS) must never pass for real ones.
-    const simulated = workers.some(w => w.gpu?.simulated);
+    // The server's totals (nbcluster/cluster/info.py), the same `%cluster status` prints;
+    // the stream sends these instead of one row per worker.
+    const t = cluster.totals;
+    const count = t?.workers ?? workers.length;
+    this.node.dataset.workers = String(count);
     const requested = cluster.requested ? cluster.requested.cpu + cluster.requested.gpu : null;
-    const parts = running
-      ? [
-          `${workers.length} worker${workers.length === 1 ? '' : 's'}` +
-            (requested !== null && requested !== workers.length ? ` (${requested} requested)` : ''),
-          `${cores} cores`,
-          formatBytes(memory),
-          `${gpus}${simulated ? ' simulated' : ''} GPU${gpus === 1 ? '' : 's'}`,
-          `${cluster.tasks?.processing ?? 0} running tasks`
-        ]
-      : ['its scheduler does not answer'];
+    const parts =
+      running && t
+        ? [
+            plural(count, 'worker') +
+              (requested !== null && requested !== count ? ` (${requested} requested)` : ''),
+            plural(t.cores, 'core'),
+            `${formatBytes(t.memory)} used of ${formatBytes(t.memory_limit)}`,
+            // Simulated GPUs (NBCLUSTER_SIMULATE_GPUS) must never pass for real ones.
+            t.gpus ? `${t.gpus}${t.simulated_gpus ? ' simulated' : ''} GPU${t.gpus === 1 ? '' : 's'}` : 'no GPUs',
+            plural(cluster.tasks?.processing ?? 0, 'running task')
+          ]
+        : ['its scheduler does not answer'];
     if (cluster.adaptive) {
       parts.push(`adaptive ${cluster.adaptive.minimum}–${cluster.adaptive.maximum}`);
     }
@@ -118,13 +141,12 @@ export class ClusterCard {
     for (const b of this.node.querySelectorAll<HTMLButtonElement>('button')) {
       b.disabled = this.busy || (!running && b.dataset.action !== 'stop');
     }
-    // Prefill the inputs once, so they start from the cluster's state, then leave them
-    // to the user.
-    if (!this.prefilled && running) {
-      this.prefilled = true;
-      this.scaleInput.value = String(cluster.requested?.cpu ?? workers.length);
-      this.minInput.value = String(cluster.adaptive?.minimum ?? 1);
-      this.maxInput.value = String(cluster.adaptive?.maximum ?? Math.max(workers.length, 4));
+    // The inputs follow the cluster (adapt resizes it behind the user's back) until the
+    // user types in one; a scale or adapt from this card hands them back (`release`).
+    if (running) {
+      follow(this.scaleInput, cluster.requested?.cpu ?? count);
+      follow(this.minInput, cluster.adaptive?.minimum ?? 1);
+      follow(this.maxInput, cluster.adaptive?.maximum ?? Math.max(count, 4));
     }
   }
 
@@ -137,6 +159,22 @@ export class ClusterCard {
     this.node.classList.toggle('nbc-busy', busy);
     for (const b of this.node.querySelectorAll<HTMLButtonElement>('button')) {
       b.disabled = busy;
+    }
+  }
+
+  /** After an action: the inputs follow the cluster again. */
+  release(): void {
+    for (const input of [this.scaleInput, this.minInput, this.maxInput]) {
+      delete input.dataset.edited;
+    }
+  }
+
+  /** Say what the card is doing on the button that started it ("Restarting…"). */
+  setWorking(action: string, text: string | null): void {
+    const b = this.node.querySelector<HTMLButtonElement>(`button[data-action="${action}"]`);
+    if (b) {
+      b.dataset.label = b.dataset.label ?? b.textContent ?? '';
+      b.textContent = text ?? b.dataset.label;
     }
   }
 
@@ -158,6 +196,5 @@ export class ClusterCard {
   private readonly scaleInput: HTMLInputElement;
   private readonly minInput: HTMLInputElement;
   private readonly maxInput: HTMLInputElement;
-  private prefilled = false;
   private busy = false;
 }

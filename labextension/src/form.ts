@@ -58,6 +58,7 @@ export class NewClusterForm {
     this.name = input('name', 'text', 'auto');
     this.keep = input('keep', 'checkbox', '');
     this.dashboard = input('dashboard', 'checkbox', '');
+    this.force = input('force', 'checkbox', '');
     this.profile = document.createElement('select');
     this.profile.name = 'profile';
     this.profile.className = 'jp-mod-styled';
@@ -85,6 +86,8 @@ export class NewClusterForm {
       field('Keep alive', this.keep, 'keep running when this server stops'),
       field('Dask dashboard', this.dashboard, 'serve the Bokeh dashboard (proxied by Jupyter)'),
       field('Backend', this.profile),
+      // The server's size messages say "add --force": this is that switch.
+      field('Force (--force)', this.force, "allow sizes past this machine's own limits (never past a limit set in config)"),
       this.error,
       buttons
     );
@@ -110,6 +113,9 @@ export class NewClusterForm {
   /** The request body, or an Error naming the first bad field (also shown in the form). */
   read(): IStartRequest {
     const body: IStartRequest = { keep: this.keep.checked, dashboard: this.dashboard.checked };
+    if (this.force.checked) {
+      body.force = true;
+    }
     try {
       body.workers = count(this.workers.value, 'Workers', 0);
       body.threads = count(this.threads.value, 'Threads per worker', 1);
@@ -162,6 +168,7 @@ export class NewClusterForm {
   private readonly name: HTMLInputElement;
   private readonly keep: HTMLInputElement;
   private readonly dashboard: HTMLInputElement;
+  private readonly force: HTMLInputElement;
   private readonly profile: HTMLSelectElement;
   private readonly error: HTMLElement;
   private readonly submit: HTMLButtonElement;

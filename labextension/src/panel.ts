@@ -1,4 +1,4 @@
-import { Notification } from '@jupyterlab/apputils';
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
@@ -6,6 +6,7 @@ import { ClusterCard } from './card';
 import { NewClusterForm } from './form';
 import {
   applySnapshot,
+  Counts,
   createView,
   renderProgress,
   renderResources,
@@ -32,6 +33,24 @@ function div(className: string, text?: string): HTMLDivElement {
     node.textContent = text;
   }
   return node;
+}
+
+/** "No clusters running…", with the commands set as code (not in literal backticks). */
+function emptyNote(): HTMLDivElement {
+  const note = div('nbc-empty');
+  const code = (text: string) => {
+    const c = document.createElement('code');
+    c.textContent = text;
+    return c;
+  };
+  note.append(
+    'No clusters running. Start one here, with ',
+    code('%cluster start'),
+    ' in a notebook, or ',
+    code('nbcluster start'),
+    '.'
+  );
+  return note;
 }
 
 /**
@@ -187,18 +206,30 @@ export class ClusterPanel extends Widget {
             })
           });
           break;
-        case 'restart':
-          await requestAPI(`${path}/restart`, { method: 'POST', body: '{}' });
+        case 'restart': {
+          card.setWorking('restart', 'Restarting…');
+          const after = await requestAPI<ICluster>(`${path}/restart`, { method: 'POST', body: '{}' });
+          const n = after.totals?.workers ?? 0;
+          Notification.success(`Restarted ${n} worker${n === 1 ? '' : 's'} of ${card.name}`, {
+            autoClose: 4000
+          });
           break;
-        case 'stop':
+        }
+        case 'stop': {
+          if (!(await this.confirmStop(card.name))) {
+            return;
+          }
+          card.setWorking('stop', 'Stopping…');
           this.stopping.add(card.name);
           await requestAPI(path, { method: 'DELETE' });
           this.updateClusters(this.clusters.filter(c => c.name !== card.name));
           return;
+        }
         case 'use':
           Notification.success(await this.options.useInNotebook(card.name), { autoClose: 4000 });
           break;
       }
+      card.release();
       // Show the result now rather than on the next push.
       const cluster = await requestAPI<ICluster>(path);
       this.updateClusters([...this.clusters.filter(c => c.name !== cluster.name), cluster]);
@@ -206,8 +237,35 @@ export class ClusterPanel extends Widget {
       this.stopping.delete(card.name);
       card.showError((error as Error).message);
     } finally {
+      card.setWorking(action, null);
       card.setBusy(false);
     }
+  }
+
+  /**
+   * Stopping a cluster that is working, or that a notebook uses, loses that work: ask
+   * first, saying why. An idle cluster nobody else uses stops at once.
+   */
+  private async confirmStop(name: string): Promise<boolean> {
+    const cluster = this.clusters.find(c => c.name === name);
+    const running = cluster?.tasks?.processing ?? 0;
+    const clients = cluster?.clients ?? 0;
+    const reasons: string[] = [];
+    if (running) {
+      reasons.push(`${running} task${running === 1 ? ' is' : 's are'} running on it`);
+    }
+    if (clients) {
+      reasons.push(`${clients} notebook kernel${clients === 1 ? ' uses' : 's use'} it`);
+    }
+    if (!reasons.length) {
+      return true;
+    }
+    const result = await showDialog({
+      title: `Stop cluster ${name}?`,
+      body: `${reasons.join(' and ')}. Stopping it ends that work and every worker.`,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop it' })]
+    });
+    return result.button.accept;
   }
 
   private count(text: string, what: string): number {
@@ -223,7 +281,7 @@ export class ClusterPanel extends Widget {
     }
     this.selected = name;
     this.view = this.newView();
-    this.groups = [];
+    this.runs = [];
     for (const card of this.cards.values()) {
       card.setSelected(card.name === name);
     }
@@ -251,7 +309,7 @@ export class ClusterPanel extends Widget {
       this.view = this.newView(); // the server dropped records we never saw: redraw
     }
     applySnapshot(this.view, snapshot);
-    this.groups = snapshot.groups ?? this.groups;
+    this.runs = snapshot.runs ?? this.runs;
     this.draw();
   }
 
@@ -263,14 +321,15 @@ export class ClusterPanel extends Widget {
     const window = this.options.settings.window;
     renderTaskStream(this.taskStream, this.view, { window });
     renderResources(this.resources, this.view, { window });
-    const counts = { done: 0, running: 0, failed: 0, total: 0 };
-    for (const g of this.groups) {
-      counts.done += g.done;
-      counts.running += g.running;
-      counts.failed += g.failed;
-      counts.total += g.total;
+    // Items, as the cell counts them: the latest `%%distribute` run's own report (a batch
+    // task holds many items, so the scheduler's task counts would not match the cell).
+    // Once it has ended it stays shown with its outcome ("done in 3.2 s"), never "0 / 0".
+    const run = this.runs.length ? this.runs[this.runs.length - 1] : null;
+    if (run) {
+      renderProgress(this.progress, { ...run, running: 0, label: run.label ?? undefined } as Counts);
+    } else {
+      this.progress.replaceChildren(div('nbc-idle', 'No %%distribute run yet on this cluster.'));
     }
-    renderProgress(this.progress, counts);
   }
 
   private updateClusters(clusters: ICluster[]): void {
@@ -309,7 +368,7 @@ export class ClusterPanel extends Widget {
       // A new connection starts a new cursor: the server resends what its rings hold,
       // which would double what the view already has.
       this.view = this.newView();
-      this.groups = [];
+      this.runs = [];
     }
     this.status.textContent = connected ? '' : 'connecting…';
     this.node.dataset.connected = String(connected);
@@ -317,10 +376,7 @@ export class ClusterPanel extends Widget {
 
   private readonly form = new NewClusterForm();
   private readonly status = div('nbc-status');
-  private readonly empty = div(
-    'nbc-empty',
-    'No clusters running. Start one here, with `%cluster start` in a notebook, or `nbcluster start`.'
-  );
+  private readonly empty = emptyNote();
   private readonly list = div('nbc-list');
   private readonly graphs = div('nbc-graphs');
   private readonly graphsTitle = div('nbc-graphs-title');
@@ -338,5 +394,5 @@ export class ClusterPanel extends Widget {
   private clusters: ICluster[] = [];
   private selected: string | null = null;
   private view: View = this.newView();
-  private groups: NonNullable<Snapshot['groups']> = [];
+  private runs: NonNullable<Snapshot['runs']> = [];
 }

@@ -53,6 +53,20 @@ export interface ICluster {
   requested?: { cpu: number; gpu: number };
   adaptive?: { minimum: number; maximum: number } | null;
   tasks?: { processing?: number; waiting?: number; [state: string]: number | undefined };
+  /** Dask clients connected to its scheduler (notebook kernels using it). */
+  clients?: number;
+  /** Totals over every worker, as `%cluster status` prints them (nbcluster/cluster/info.py). */
+  totals?: ITotals;
+}
+
+/** `cluster_totals` in nbcluster/cluster/info.py; memory is capped at each host's RAM. */
+export interface ITotals {
+  workers: number;
+  cores: number;
+  memory: number;
+  memory_limit: number;
+  gpus: number;
+  simulated_gpus: number;
 }
 
 /** A backend profile from Dask config (`nbcluster.profiles.NAME`). */
@@ -81,6 +95,7 @@ export interface IStartRequest {
   keep?: boolean;
   dashboard?: boolean;
   profile?: string;
+  force?: boolean;
 }
 
 /** Messages on the api/stream websocket (server -> browser). */

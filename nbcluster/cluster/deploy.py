@@ -88,9 +88,15 @@ def identity_rows(identity: dict[str, Any]) -> list[dict[str, Any]]:
         metrics = w.get("metrics") or {}
         rows.append(
             worker_row(
-                name=w.get("name"), address=address, host=w.get("host"), nthreads=w.get("nthreads", 0),
-                memory_limit=w.get("memory_limit"), memory=metrics.get("memory", 0), cpu=metrics.get("cpu", 0.0),
-                resources=w.get("resources"), processing=metrics.get("task_counts", {}).get("executing", 0),
+                name=w.get("name"),
+                address=address,
+                host=w.get("host"),
+                nthreads=w.get("nthreads", 0),
+                memory_limit=w.get("memory_limit"),
+                memory=metrics.get("memory", 0),
+                cpu=metrics.get("cpu", 0.0),
+                resources=w.get("resources"),
+                processing=metrics.get("task_counts", {}).get("executing", 0),
             )
         )
     return rows
@@ -99,15 +105,17 @@ def identity_rows(identity: dict[str, Any]) -> list[dict[str, Any]]:
 def basic_snapshot(identity: dict[str, Any], since: int | None = None) -> dict[str, Any]:
     """A metrics snapshot (the format in `nbcluster.metrics`) from a scheduler's own
     ``identity``, where nbcluster's plugin is not there: the workers and their latest
-    heartbeat samples (CPU, memory), no task records and no history, marked ``basic``.
+    heartbeat samples (CPU, memory) and their distribution (``bands``), no task records and
+    no history, marked ``basic``.
 
     Each heartbeat is sent once: the cursor is the scheduler's clock, in milliseconds, just
     past the newest heartbeat it had received, so passing it back as `since` returns only
     the samples of heartbeats received since.
     """
     from nbcluster.metrics.plugin import _sample  # the plugin's own sample shape, GPU included
+    from nbcluster.metrics.summary import band
 
-    workers, samples, cursor = {}, [], since or 0
+    workers, samples, latest, cursor = {}, [], [], since or 0
     for row in identity_rows(identity):
         address = row["address"]
         workers[address] = {
@@ -117,14 +125,22 @@ def basic_snapshot(identity: dict[str, Any], since: int | None = None) -> dict[s
         reported = identity["workers"][address]
         metrics = reported.get("metrics") or {}
         seen = int((reported.get("last_seen") or 0) * 1000)
-        if metrics.get("time") is None or (since is not None and seen < since):
+        if metrics.get("time") is None:
             continue
         # `_sample` reads a WorkerState; an identity answer holds the same fields as a dict.
         ws = SimpleNamespace(memory_limit=reported.get("memory_limit"), metrics=metrics, extra=reported)
-        samples.append(_sample(address, ws, metrics))  # type: ignore[arg-type]
+        sample = _sample(address, ws, metrics)  # type: ignore[arg-type]
+        latest.append(sample)
+        if since is not None and seen < since:
+            continue
+        samples.append(sample)
         cursor = max(cursor, seen + 1)
-    return {"version": 1, "cursor": cursor, "gap": False, "now": time.time(), "basic": True,
-            "workers": workers, "tasks": [], "resources": samples, "groups": []}  # fmt: skip
+    now = time.time()
+    # With news, the distribution of every worker's latest sample, which the graphs draw
+    # past a few workers (as the plugin's bands).
+    bands = [band(now, latest)] if samples else []
+    return {"version": 1, "cursor": cursor, "gap": False, "now": now, "basic": True,
+            "workers": workers, "tasks": [], "resources": samples, "bands": bands, "groups": []}  # fmt: skip
 
 
 class Deployment:
@@ -318,7 +334,10 @@ def _worker_environ_prologue() -> list[str]:
     """
     # A Python literal (Dask parses DASK_ variables with literal_eval), in double quotes
     # so that the job script stays readable; None removes one of Dask's variables.
-    items = (f"{json.dumps(k)}: {'None' if v is None else json.dumps(str(v))}" for k, v in config.worker_pre_spawn_environ().items())
+    items = (
+        f"{json.dumps(k)}: {'None' if v is None else json.dumps(str(v))}"
+        for k, v in config.worker_pre_spawn_environ().items()
+    )
     return [f"export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON={shlex.quote('{' + ', '.join(items) + '}')}"]
 
 
@@ -385,8 +404,16 @@ class SSHDeployment(_Remote, _SpecBased):
         options = dict(profile.options)
         timeout = config.seconds("timeouts.connect")
         options["connect_options"] = {"connect_timeout": timeout, **(options.get("connect_options") or {})}
-        scheduler_options = {"protocol": "tls", "dashboard": spec.dashboard, **(options.get("scheduler_options") or {})}
-        worker_options = {"protocol": "tls", "death_timeout": DEATH_TIMEOUT, **(options.get("worker_options") or {})}
+        scheduler_options = {
+            "protocol": "tls",
+            "dashboard": spec.dashboard,
+            **(options.get("scheduler_options") or {}),
+        }
+        worker_options = {
+            "protocol": "tls",
+            "death_timeout": DEATH_TIMEOUT,
+            **(options.get("worker_options") or {}),
+        }
         if spec.threads is not None:
             worker_options["nthreads"] = spec.threads
         if spec.memory is not None:
@@ -446,7 +473,9 @@ class GatewayDeployment(_Remote):
 
         timeout = config.seconds("timeouts.connect")
         gateway_keys = ("address", "proxy_address", "public_address", "auth")
-        gateway = Gateway(**{k: self.options[k] for k in gateway_keys if k in self.options}, asynchronous=True)
+        gateway = Gateway(
+            **{k: self.options[k] for k in gateway_keys if k in self.options}, asynchronous=True
+        )
         try:
             # Reachable, and the credentials good, before anything is created.
             await asyncio.wait_for(gateway.list_clusters(), timeout)
@@ -504,7 +533,9 @@ class GatewayDeployment(_Remote):
 class KubernetesDeployment(_Remote):
     """dask-kubernetes' operator `KubeCluster`, from the resources `kubernetes.render` makes."""
 
-    def __init__(self, spec: ClusterSpec, profile: Profile, security: Security, tls: dict[str, str], name: str):
+    def __init__(
+        self, spec: ClusterSpec, profile: Profile, security: Security, tls: dict[str, str], name: str
+    ):
         super().__init__(spec, profile)
         self.security, self.tls, self.name = security, tls, name
         self.cluster: Any = None

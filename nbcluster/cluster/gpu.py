@@ -88,8 +88,7 @@ def discover(environ: dict[str, str] | None = None) -> list[GPU]:
         if not simulated.isdigit():
             raise BadArgument(f"{SIMULATE_ENV}={simulated!r} must be a whole number of GPUs")
         return [
-            GPU(i, "Simulated GPU", 16 * 2**30, f"SIM-{i}", simulated=True)
-            for i in range(int(simulated))
+            GPU(i, "Simulated GPU", 16 * 2**30, f"SIM-{i}", simulated=True) for i in range(int(simulated))
         ]
     return _nvml() or _nvidia_smi()
 

@@ -186,14 +186,15 @@ class ClusterHandle:
         """Live state: workers (with GPUs), cores, memory, running tasks."""
         return ClusterInfo(_aio.run(self.ainfo()))
 
-    async def ametrics(self, since: int | None = None) -> dict[str, Any]:
+    async def ametrics(self, since: int | None = None, detail: int | None = None) -> dict[str, Any]:
         if not self.managed and not self.entry.get("metrics"):
             return basic_snapshot(await self.arpc("identity"), since)
-        return await self.arpc("nbcluster_metrics", since=since)
+        return await self.arpc("nbcluster_metrics", since=since, detail=detail)
 
-    def metrics(self, since: int | None = None) -> dict[str, Any]:
-        """New task-stream records and resource samples since a cursor (see nbcluster.metrics)."""
-        return _aio.run(self.ametrics(since))
+    def metrics(self, since: int | None = None, detail: int | None = None) -> dict[str, Any]:
+        """New task-stream records and resource samples since a cursor (see nbcluster.metrics);
+        `detail` caps the workers described one by one (the busiest; all are summarised)."""
+        return _aio.run(self.ametrics(since, detail))
 
     @property
     def spec(self) -> ClusterSpec:
@@ -312,7 +313,9 @@ def _tls_files(security: Sequence[str] | None) -> dict[str, str] | None:
         security = security.split(",")
     parts = [str(p).strip() for p in security]
     if len(parts) != 3 or not all(parts):
-        raise BadArgument("--security takes three files, CA,CERT,KEY: e.g. --security ca.pem,cert.pem,key.pem")
+        raise BadArgument(
+            "--security takes three files, CA,CERT,KEY: e.g. --security ca.pem,cert.pem,key.pem"
+        )
     for part in parts:
         path = Path(part).expanduser()
         if not path.is_file() or not os.access(path, os.R_OK):
@@ -338,17 +341,25 @@ def connect(
     tls = _tls_files(security)
     if not _looks_like_address(target):
         if tls is not None:
-            raise BadArgument("--security is for an address (tls://HOST:PORT); a cluster nbcluster started has its own")
+            raise BadArgument(
+                "--security is for an address (tls://HOST:PORT); a cluster nbcluster started has its own"
+            )
         return _registered(directory, target)
     for entry in registry.entries(directory):
         if entry.get("address") == target:
             return ClusterHandle(entry, directory=directory)
-    if target.startswith("tls://") and tls is None and Security().get_connection_args("client").get("ssl_context") is None:
+    if (
+        target.startswith("tls://")
+        and tls is None
+        and Security().get_connection_args("client").get("ssl_context") is None
+    ):
         raise ClusterUnreachable(
             f"no scheduler answers at {target} that nbcluster can reach without credentials: "
             f"`%cluster use {target} --security CA,CERT,KEY` with the files its administrator gave you"
         )
-    handle = ClusterHandle({"name": target, "address": target, "external": True, "tls": tls}, directory=directory)
+    handle = ClusterHandle(
+        {"name": target, "address": target, "external": True, "tls": tls}, directory=directory
+    )
     timeout = connect_timeout()
     try:
         handle.rpc("identity", timeout=timeout)
@@ -369,7 +380,11 @@ def _install_metrics(handle: ClusterHandle) -> bool:
     async def register() -> None:
         _comm_for(handle.address)
         async with Client(
-            handle.address, security=handle.security, asynchronous=True, set_as_default=False, timeout=connect_timeout()
+            handle.address,
+            security=handle.security,
+            asynchronous=True,
+            set_as_default=False,
+            timeout=connect_timeout(),
         ) as client:
             await client.register_plugin(MetricsPlugin())
 
@@ -431,8 +446,16 @@ def start(
     per job for dask-jobqueue). Stop cancels whatever the backend started.
     """
     spec = ClusterSpec.from_user(
-        workers=workers, threads=threads, memory=memory, gpus=gpus, name=name, keep=keep, dashboard=dashboard,
-        gpu_backend=gpu_backend, profile=profile, force=force,
+        workers=workers,
+        threads=threads,
+        memory=memory,
+        gpus=gpus,
+        name=name,
+        keep=keep,
+        dashboard=dashboard,
+        gpu_backend=gpu_backend,
+        profile=profile,
+        force=force,
     )
     directory = registry.runtime_dir(runtime_dir)
     owner = None if keep else (owner_pid or os.getpid())
@@ -454,7 +477,11 @@ def _find_reusable(directory: Path, spec: ClusterSpec) -> dict[str, Any] | None:
     # notebook's `%cluster start` never piles up local, local-2, ...
     for entry in registry.entries(directory):
         theirs = entry.get("spec", {})
-        if theirs.get("name") is None and theirs.get("profile", "local") == spec.profile and entry.get("started_by") == os.getpid():
+        if (
+            theirs.get("name") is None
+            and theirs.get("profile", "local") == spec.profile
+            and entry.get("started_by") == os.getpid()
+        ):
             return entry
     return None
 
@@ -489,7 +516,15 @@ def _launch(directory: Path) -> _Launched:
     startlog.prune_stale(directory)
     log = startlog.new_path(directory)
     ready_r, ready_w = os.pipe()
-    cmd = [sys.executable, "-m", "nbcluster.cluster.supervisor", "--ready-fd", str(ready_w), "--log", str(log)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nbcluster.cluster.supervisor",
+        "--ready-fd",
+        str(ready_w),
+        "--log",
+        str(log),
+    ]
     fd = startlog.open_locked(log)
     try:
         # A new session: a kernel interrupt (SIGINT to the kernel's process group) must not

@@ -55,6 +55,85 @@ def _gpu_label(gpu: dict[str, Any] | None) -> str:
     return f"GPU {gpu['index']}: {gpu['name']}{mem}{sim}"
 
 
+def cluster_totals(data: dict[str, Any]) -> dict[str, int]:
+    """Workers, cores, memory used and available, and GPUs of an `nbcluster_info` answer.
+
+    The memory available is the sum of the workers' limits, but never more than a host
+    has: Dask's default limit gives every worker its share of the machine when it starts,
+    so workers added later (scale, adapt) would sum past the machine's RAM. ``host_memory``
+    (from the supervisor, for the hosts it can see) holds each host's RAM. The sidebar's
+    card shows these same numbers (the server sends them as ``totals``).
+    """
+    ws = data.get("workers") or []
+    host_memory = data.get("host_memory") or {}
+    limits: dict[str, int] = {}
+    for w in ws:
+        host = str(w.get("host") or "")
+        limits[host] = limits.get(host, 0) + int(w.get("memory_limit") or 0)
+    memory_limit = sum(min(total, host_memory.get(h) or total) for h, total in limits.items())
+    return {
+        "workers": len(ws),
+        "cores": sum(int(w.get("nthreads") or 0) for w in ws),
+        "memory": sum(int(w.get("memory") or 0) for w in ws),
+        "memory_limit": memory_limit,
+        "gpus": sum(1 for w in ws if w.get("gpu")),
+        "simulated_gpus": sum(1 for w in ws if (w.get("gpu") or {}).get("simulated")),
+    }
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+#: Up to this many workers, status lists every one; past it, a summary (`Scale`).
+MAX_ROWS = 16
+#: The busiest workers a summary still lists one by one.
+BUSIEST = 5
+#: Host-and-kind groups a summary lists (the largest); the rest are counted.
+MAX_GROUPS = 20
+
+
+class Scale:
+    """What status shows of a large cluster: workers by host and kind, the busiest few
+    workers, and how many are idle -- the same size at 20 workers or 20,000."""
+
+    def __init__(self, workers: list[dict[str, Any]]):
+        groups: dict[tuple[str, str], dict[str, Any]] = {}
+        for w in workers:
+            key = (str(w.get("host") or "?"), str(w.get("kind") or "cpu"))
+            g = groups.setdefault(key, {"host": key[0], "kind": key[1], "workers": 0, "threads": 0,
+                                        "running": 0, "idle": 0, "memory": 0, "memory_limit": 0})  # fmt: skip
+            g["workers"] += 1
+            g["threads"] += int(w.get("nthreads") or 0)
+            g["running"] += int(w.get("processing") or 0)
+            g["idle"] += not w.get("processing")
+            g["memory"] += int(w.get("memory") or 0)
+            g["memory_limit"] += int(w.get("memory_limit") or 0)
+        ranked = sorted(groups.values(), key=lambda g: (-g["workers"], g["host"], g["kind"]))
+        self.groups = ranked[:MAX_GROUPS]
+        self.more = ranked[MAX_GROUPS:]
+        busy = [w for w in workers if w.get("processing")]
+        self.busiest = sorted(busy, key=lambda w: (-int(w["processing"]), -float(w.get("cpu") or 0)))[
+            :BUSIEST
+        ]
+        self.idle = len(workers) - len(busy)
+        self.total = len(workers)
+
+    def group_line(self, g: dict[str, Any]) -> str:
+        return (
+            f"{_plural(g['workers'], g['kind'] + ' worker')}, {_plural(g['threads'], 'thread')}, "
+            f"{g['running']} running, {g['idle']} idle, "
+            f"{format_bytes(g['memory'])} / {format_bytes(g['memory_limit'])}"
+        )
+
+    def more_line(self) -> str:
+        n = sum(g["workers"] for g in self.more)
+        return f"and {_plural(len(self.more), 'more host group')} ({_plural(n, 'worker')})"
+
+    def idle_line(self) -> str:
+        return f"idle: {self.idle} of {self.total} workers run nothing"
+
+
 class ClusterInfo:
     """What `%cluster status` shows: the cluster, its workers, GPUs and tasks."""
 
@@ -76,13 +155,7 @@ class ClusterInfo:
 
     @property
     def totals(self) -> dict[str, Any]:
-        ws = self.workers
-        return {
-            "workers": len(ws),
-            "cores": sum(w["nthreads"] for w in ws),
-            "memory": sum(w["memory_limit"] or 0 for w in ws),
-            "gpus": sum(1 for w in ws if w.get("gpu")),
-        }
+        return cluster_totals(self.data)
 
     def _summary(self) -> str:
         d, t = self.data, self.totals
@@ -90,8 +163,9 @@ class ClusterInfo:
         adaptive = d.get("adaptive")
         adapt = f", adaptive {adaptive['minimum']}-{adaptive['maximum']}" if adaptive else ""
         return (
-            f"{t['workers']} workers, {t['cores']} cores, {format_bytes(t['memory'])}"
-            + (f", {t['gpus']} GPUs" if t["gpus"] else "")
+            f"{_plural(t['workers'], 'worker')}, {_plural(t['cores'], 'core')}, "
+            f"{format_bytes(t['memory'])} used of {format_bytes(t['memory_limit'])}"
+            + (f", {_plural(t['gpus'], 'GPU')}" if t["gpus"] else "")
             + f"; tasks: {tasks.get('processing', 0)} running, {tasks.get('waiting', 0)} waiting"
             + adapt
         )
@@ -107,7 +181,16 @@ class ClusterInfo:
         ]
         if d.get("dashboard"):
             lines.append(f"  dashboard: {d['dashboard']}")
-        for w in self.workers:
+        rows = self.workers
+        if len(rows) > MAX_ROWS:
+            scale = Scale(rows)
+            lines.append("  by host and kind:")
+            lines += [f"    {g['host']:<16} {scale.group_line(g)}" for g in scale.groups]
+            if scale.more:
+                lines.append(f"    {scale.more_line()}")
+            lines.append(f"  {scale.idle_line()}; busiest:" if scale.busiest else f"  {scale.idle_line()}")
+            rows = scale.busiest
+        for w in rows:
             lines.append(
                 f"  {w['name']:<8} {w['kind']}  {w['nthreads']} thr  "
                 f"{format_bytes(w['memory'] or 0)} / {format_bytes(w['memory_limit'] or 0)}  "
@@ -120,6 +203,22 @@ class ClusterInfo:
         d = self.data
         now = self._now or time.time()
         e = html.escape
+        workers = self.workers
+        groups = ""
+        if len(workers) > MAX_ROWS:
+            scale = Scale(workers)
+            cells = "".join(
+                f"<tr><td>{e(g['host'])}</td><td>{e(scale.group_line(g))}</td></tr>" for g in scale.groups
+            )
+            if scale.more:
+                cells += f'<tr><td colspan="2">{e(scale.more_line())}</td></tr>'
+            groups = (
+                f'<table class="nbcluster-groups"><thead><tr><th>host</th><th>by kind</th></tr></thead>'
+                f"<tbody>{cells}</tbody></table><div>{e(scale.idle_line())}"
+                + ("; the busiest:" if scale.busiest else "")
+                + "</div>"
+            )
+            workers = scale.busiest
         rows = "".join(
             "<tr>"
             f"<td>{e(str(w['name']))}</td><td>{e(w['kind'])}</td><td>{w['nthreads']}</td>"
@@ -128,7 +227,7 @@ class ClusterInfo:
             f"<td>{e(w.get('host') or '')}</td><td>{e(str(w.get('job_id') or ''))}</td>"
             f"<td>{e(_gpu_label(w.get('gpu')))}</td>"
             "</tr>"
-            for w in self.workers
+            for w in workers
         )
         dash = (
             f'<div>Dashboard: <a href="{e(d["dashboard"])}" target="_blank">{e(d["dashboard"])}</a></div>'
@@ -140,7 +239,7 @@ class ClusterInfo:
             f'<div class="nbcluster-status">{note}'
             f"<strong>Cluster {e(str(d.get('name')))}</strong> <code>{e(str(d.get('address')))}</code>"
             f"<div>{e(self._summary())}</div>"
-            f"<div>{e(_where(d).capitalize())}; up {e(_age(d.get('created'), now))}</div>{dash}"
+            f"<div>{e(_where(d).capitalize())}; up {e(_age(d.get('created'), now))}</div>{dash}{groups}"
             "<table><thead><tr><th>worker</th><th>kind</th><th>threads</th><th>memory</th>"
             "<th>CPU</th><th>running</th><th>host</th><th>job</th><th>GPU</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></div>"
@@ -155,7 +254,9 @@ class ClusterList:
     clusters whose scheduler did not answer in time; an external cluster is its ``info``.
     """
 
-    def __init__(self, entries: list[dict[str, Any]], current: str | None = None, *, now: float | None = None):
+    def __init__(
+        self, entries: list[dict[str, Any]], current: str | None = None, *, now: float | None = None
+    ):
         self.entries = entries
         self.current = current
         self._now = now
@@ -171,7 +272,11 @@ class ClusterList:
         rows = []
         for e in self.entries:
             ws = e.get("workers")
-            size = f"{len(ws)} ({sum(w['nthreads'] for w in ws)} cores)" if isinstance(ws, (list, tuple)) else "not answering"
+            size = (
+                f"{len(ws)} ({_plural(sum(w['nthreads'] for w in ws), 'core')})"
+                if isinstance(ws, (list, tuple))
+                else "not answering"
+            )
             mark = "*" if e["name"] == self.current else " "
             rows.append(
                 (
@@ -191,7 +296,9 @@ class ClusterList:
         header = (" name", "runs on", "address", "workers", "owner", "age")
         rows = [header, *self._rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows)
+        return "\n".join(
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in rows
+        )
 
     def _repr_html_(self) -> str:
         if not self.entries:

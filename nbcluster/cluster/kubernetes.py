@@ -68,9 +68,7 @@ def resource_name(name: str) -> str:
     """`name` as a Kubernetes resource name (lowercase letters, digits and '-')."""
     safe = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:40].strip("-")
     if not _DNS_LABEL.match(safe):
-        raise BadArgument(
-            f"cluster name {name!r} gives no Kubernetes name: use letters or digits in it"
-        )
+        raise BadArgument(f"cluster name {name!r} gives no Kubernetes name: use letters or digits in it")
     return safe
 
 
@@ -245,7 +243,9 @@ def _secret(name: str, namespace: str, tls: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _use_tls(pod: dict[str, Any], secret: dict[str, Any], *, scheduler: bool = False, address: str = "") -> None:
+def _use_tls(
+    pod: dict[str, Any], secret: dict[str, Any], *, scheduler: bool = False, address: str = ""
+) -> None:
     pod.setdefault("volumes", []).append(
         {"name": "nbcluster-tls", "secret": {"secretName": secret["metadata"]["name"], "defaultMode": 0o400}}
     )

@@ -129,7 +129,9 @@ class Lifeline:
 def _note(text: str) -> None:
     # Stderr is the supervisor's log: a line there says why a cluster went away.
     with contextlib.suppress(OSError, ValueError):
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} - nbcluster.lifeline - {text}", file=sys.stderr, flush=True)
+        print(
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')} - nbcluster.lifeline - {text}", file=sys.stderr, flush=True
+        )
 
 
 def kill_descendants() -> None:

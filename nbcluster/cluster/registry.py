@@ -30,7 +30,15 @@ import psutil
 from nbcluster.errors import NbclusterError
 
 # The .scheduler-*.pem files hold credentials a backend brings (a gateway's), beside our own.
-SUFFIXES = (".json", ".cert.pem", ".key.pem", ".scheduler-ca.pem", ".scheduler-cert.pem", ".scheduler-key.pem", ".log")
+SUFFIXES = (
+    ".json",
+    ".cert.pem",
+    ".key.pem",
+    ".scheduler-ca.pem",
+    ".scheduler-cert.pem",
+    ".scheduler-key.pem",
+    ".log",
+)
 log = logging.getLogger("nbcluster")
 
 
@@ -52,7 +60,9 @@ def runtime_dir(override: str | os.PathLike[str] | None = None) -> Path:
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as error:
-        raise RuntimeDirError(f"cannot create the cluster registry folder {path} ({error.strerror}): {fix}") from None
+        raise RuntimeDirError(
+            f"cannot create the cluster registry folder {path} ({error.strerror}): {fix}"
+        ) from None
     if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
         raise RuntimeDirError(f"cannot write to the cluster registry folder {path}: {fix}")
     return path
@@ -71,7 +81,9 @@ def write_private(path: Path, data: str | bytes, *, exclusive: bool = False) -> 
 def open_private(path: Path, *, exclusive: bool = False, append: bool = False) -> int:
     """A descriptor for writing a 0600 file (see `write_private`); `append` for logs that
     several writers share, such as a supervisor's start log."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC) | (os.O_APPEND if append else 0)
+    flags = (
+        os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC) | (os.O_APPEND if append else 0)
+    )
     fd = os.open(path, flags, 0o600)
     os.fchmod(fd, 0o600)
     return fd
@@ -137,7 +149,9 @@ def _read_trusted(path: Path) -> str | None:
             _warn_once(path, st, f"belongs to another user (uid {st.st_uid})")
             return None
         if st.st_mode & 0o077:
-            _warn_once(path, st, f"is readable or writable by others (mode {stat.S_IMODE(st.st_mode):o}, not 600)")
+            _warn_once(
+                path, st, f"is readable or writable by others (mode {stat.S_IMODE(st.st_mode):o}, not 600)"
+            )
             return None
         return f.read()
 
@@ -150,7 +164,9 @@ def _warn_once(path: Path, st: os.stat_result | None, why: str) -> None:
     key = (str(path), st.st_ino if st else 0, st.st_mtime if st else 0.0)
     if key not in _warned:
         _warned.add(key)
-        log.warning("nbcluster: ignoring registry entry %s: it %s; remove it if you do not know it", path, why)
+        log.warning(
+            "nbcluster: ignoring registry entry %s: it %s; remove it if you do not know it", path, why
+        )
 
 
 def read(directory: Path, name: str) -> dict[str, Any] | None:

@@ -53,11 +53,15 @@ FORCE_HELP = "go past the limits derived from this machine (not those set in con
 #: The start options, declared once: the `%cluster`/CLI parser, their `--help`, the REST
 #: body's fields and the README's table are all made from this.
 START_OPTIONS = (
-    StartOption("workers", "CPU worker processes (default: one per core, or `nbcluster.defaults.workers`)", "N"),
+    StartOption(
+        "workers", "CPU worker processes (default: one per core, or `nbcluster.defaults.workers`)", "N"
+    ),
     StartOption("threads", "threads per worker (default: 1)", "T"),
     StartOption("memory", "memory limit per worker, e.g. 4GiB (default: a share of RAM)", "SIZE"),
     StartOption("gpus", "`auto` or N: one worker per GPU (default: none)", "auto|N"),
-    StartOption("name", "cluster name (default: local, then local-2, ...; on a profile, the profile's name)", "NAME"),
+    StartOption(
+        "name", "cluster name (default: local, then local-2, ...; on a profile, the profile's name)", "NAME"
+    ),
     StartOption("keep", "keep running after the kernel (or server) that started it exits"),
     StartOption("dashboard", "start Dask's dashboard (opened through Jupyter: the sidebar's Dashboard link)"),
     StartOption("gpu-backend", "GPU worker implementation: builtin (default) or dask-cuda", "NAME"),
@@ -87,7 +91,9 @@ def parse_bounds(minimum: Any, maximum: Any, names: tuple[str, str] = ("--min", 
     what the caller's user typed (flags, or a REST body's fields)."""
     lo, hi = parse_count(minimum, names[0]), parse_count(maximum, names[1])
     if lo > hi:
-        raise BadArgument(f"{names[0]} {lo} is above {names[1]} {hi}: the minimum must not exceed the maximum")
+        raise BadArgument(
+            f"{names[0]} {lo} is above {names[1]} {hi}: the minimum must not exceed the maximum"
+        )
     return lo, hi
 
 
@@ -98,9 +104,7 @@ def parse_memory(value: Any) -> int | None:
     try:
         n = int(value) if isinstance(value, int) else parse_bytes(str(value))
     except (ValueError, TypeError):
-        raise BadArgument(
-            f"--memory {value!r} is not a size: write it like 4GiB, 512MiB or 2GB"
-        ) from None
+        raise BadArgument(f"--memory {value!r} is not a size: write it like 4GiB, 512MiB or 2GB") from None
     if n < 64 * 2**20:
         raise BadArgument(f"--memory {value!r} is too small: give each worker at least 64MiB")
     return n

@@ -84,6 +84,19 @@ from nbcluster.cluster.spec import DEFAULT_NAME, ClusterSpec, parse_count
 from nbcluster.errors import NbclusterError
 
 
+def _host_memory(hosts: set[Any]) -> dict[str, int]:
+    """The RAM of the hosts among `hosts` that are this machine (what psutil can see)."""
+    import socket
+
+    import psutil
+
+    own = {"localhost", socket.gethostname()}
+    for addrs in psutil.net_if_addrs().values():
+        own.update(a.address for a in addrs)
+    total = psutil.virtual_memory().total
+    return {str(h): total for h in hosts if h in own}
+
+
 class Control:
     """The `nbcluster_*` RPC handlers that every front end uses, over one `Deployment`.
 
@@ -119,15 +132,29 @@ class Control:
             "requested": d.requested_by_kind(),
             "adaptive": d.adaptive_bounds,
             "tasks": tasks,
+            "clients": self._clients(),
+            "host_memory": _host_memory({w["host"] for w in workers}),
         }  # fmt: skip
+
+    def _clients(self) -> int | None:
+        """Dask clients on the scheduler (kernels using the cluster), where it runs here."""
+        s = self.deployment.scheduler
+        return None if s is None else sum(1 for c in s.clients if c != "fire-and-forget")
 
     def _local_state(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
         s, d = self.deployment.scheduler, self.deployment
         workers = [
             deploy.worker_row(
-                name=ws.name, address=ws.address, host=ws.host, nthreads=ws.nthreads,
-                memory_limit=ws.memory_limit, memory=ws.metrics.get("memory", 0), cpu=ws.metrics.get("cpu", 0.0),
-                resources=ws.resources, processing=len(ws.processing), gpu=d.gpu(str(ws.name)),
+                name=ws.name,
+                address=ws.address,
+                host=ws.host,
+                nthreads=ws.nthreads,
+                memory_limit=ws.memory_limit,
+                memory=ws.metrics.get("memory", 0),
+                cpu=ws.metrics.get("cpu", 0.0),
+                resources=ws.resources,
+                processing=len(ws.processing),
+                gpu=d.gpu(str(ws.name)),
                 job_id=d.job_id(str(ws.name)),
             )
             for ws in s.workers.values()
@@ -191,12 +218,12 @@ class Control:
             return len((await self.deployment.scheduler_identity()).get("workers", {}))  # type: ignore[attr-defined]
         return len(self.deployment.scheduler.workers)
 
-    async def metrics(self, since: int | None = None) -> Any:
+    async def metrics(self, since: int | None = None, detail: int | None = None) -> Any:
         # The scheduler is elsewhere: its metrics plugin answers, through our client, or
         # where it refused the plugin, the scheduler's own view of the workers.
         if not self.entry.get("metrics"):
             return deploy.basic_snapshot(await self.deployment.scheduler_identity(), since)
-        return await self.deployment.client.scheduler.nbcluster_metrics(since=since)  # type: ignore[attr-defined]
+        return await self.deployment.client.scheduler.nbcluster_metrics(since=since, detail=detail)  # type: ignore[attr-defined]
 
     async def stop(self) -> str:
         self.stop_event.set()
@@ -268,7 +295,13 @@ class _Supervision:
 
     def __init__(self, spec: ClusterSpec, directory: Path, owner_pid: int | None, report: _Reporter,
                  log: Path, lifeline: Lifeline):  # fmt: skip
-        self.spec, self.directory, self.report, self.log, self.lifeline = spec, directory, report, log, lifeline
+        self.spec, self.directory, self.report, self.log, self.lifeline = (
+            spec,
+            directory,
+            report,
+            log,
+            lifeline,
+        )
         me = psutil.Process()
         self.entry: dict[str, Any] = {
             "state": "starting",
@@ -411,7 +444,9 @@ async def _register_metrics(d: deploy.Deployment) -> bool:
     try:
         await client.register_plugin(MetricsPlugin())
     except Exception as e:
-        print(f"metrics plugin not registered on the scheduler ({_one_line(e)}); status only", file=sys.stderr)
+        print(
+            f"metrics plugin not registered on the scheduler ({_one_line(e)}); status only", file=sys.stderr
+        )
         return False
     return True
 

@@ -206,6 +206,8 @@ def _read(flag: Flag, text: str) -> Any:
     try:
         number = float(text) if flag.kind == "amount" else int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--{flag.name} needs {_EXPECTED[flag.kind]}, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--{flag.name} needs {_EXPECTED[flag.kind]}, got {text!r}"
+        ) from None
     # A whole amount stays an int: `--gpus 1` asks for the resource GPU=1, not 1.0.
     return int(number) if number == int(number) else number

@@ -89,7 +89,9 @@ class DistributeOptions:
             raise BadArgument(f"--into needs a Python variable name, got {self.into!r}")
         for name in ("gpus", "cpus"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            ):
                 raise BadArgument(f"--{name} needs a number above 0, got {value!r}")
         if self.cpu_only and self.gpus:
             raise BadArgument("--cpu-only and --gpus contradict each other: pick one")
@@ -126,4 +128,3 @@ FLAGS: tuple[Flag, ...] = tuple(
     )
     for f in fields(DistributeOptions)
 )
-

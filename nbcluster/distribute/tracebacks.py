@@ -177,4 +177,3 @@ def _notebook_cell(filename: str) -> int | None:
     mapping = getattr(compiler, "_filename_map", {}) or {}
     count = mapping.get(filename)
     return count if isinstance(count, int) else None
-

@@ -164,7 +164,9 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
         return cloudpickle.dumps({"fatal": error_record(e)})
     indices, items, budget = pickle.loads(batch)
     _install_streams()
-    return dump_result(run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget))
+    return dump_result(
+        run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
+    )
 
 
 def stop_run(token: str) -> None:

@@ -8,7 +8,9 @@ worker heartbeat leaves its latest system-monitor sample in ``WorkerState.metric
 `MetricsPlugin` (``nbcluster/metrics/plugin.py``) copies those facts, as small tuples, into
 two bounded ring buffers, and serves them through one scheduler RPC handler::
 
-    nbcluster_metrics(since: int | None = None) -> dict      # the snapshot below
+    nbcluster_metrics(since: int | None = None, detail: int | None = None) -> dict
+                                                   # the snapshot below
+    nbcluster_progress(run: str, counts: dict)     # a kernel reports a run's item counts
 
 Every record gets a sequence number from one counter shared by both rings; the snapshot's
 ``cursor`` is the next number to be handed out. A caller passes the cursor back as ``since``
@@ -33,7 +35,15 @@ Times are seconds since the epoch (float; task and sample times are the workers'
                                  # nbcluster's plugin is not on the scheduler: workers and
                                  # their latest samples, no tasks, groups or history
                                  # (`nbcluster.cluster.deploy.basic_snapshot`)
-      "workers": {               # every worker connected now (always complete, not a delta)
+      "summary": {               # every worker connected now, in a bounded shape
+        "workers": 1000, "threads": 2000, "processing": 640,
+        "memory": 123456789000, "memory_limit": 4000000000000,
+        "hosts": [{"host": "10.0.0.1", "workers": 50, "threads": 100, "processing": 32,
+                   "memory": ..., "memory_limit": ...}, ...],   # most workers first, <= 20
+        "more_hosts": 30,                 # hosts not listed
+      },
+      "workers": {               # every worker connected now (always complete, not a delta),
+                                 # or with `detail=N` only the N busiest (by tasks assigned)
         "tcp://127.0.0.1:40000": {
           "name": "0",           # str(worker name)
           "nthreads": 1,
@@ -49,12 +59,23 @@ Times are seconds since the epoch (float; task and sample times are the workers'
          "worker": "tcp://127.0.0.1:40000",
          "start": 1718000000.01, "stop": 1718000000.02, "status": "ok"},   # or "error"
       ],
-      "resources": [             # worker samples with seq >= since, oldest first
+      "resources": [             # worker samples with seq >= since, oldest first (with
+                                 # `detail=N`, only those of the workers listed above)
         {"worker": "tcp://127.0.0.1:40000", "time": 1718000000.2,
          "cpu": 98.5, "memory": 123456789, "memory_limit": 2000000000,
          "net_read": 1024.0, "net_write": 2048.0,
          # only where the worker reports an NVML GPU (never zero-filled):
          "gpu_util": 87.0, "gpu_memory": 1073741824, "gpu_memory_total": 150000000000},
+      ],
+      "bands": [                 # per sampling round with news, seq >= since: every worker's
+                                 # latest sample as [min, median, max] (metrics/summary.py)
+        {"time": 1718000000.2, "workers": 1000, "cpu": [0.0, 45.5, 100.0],
+         "memory": [...], "memory_limit": 4000000000, "gpu_util": [...]},  # gpu_util: if any
+      ],
+      "runs": [                  # the latest reported %%distribute runs (<= 20), latest last:
+                                 # item counts, which a batch task cannot tell the scheduler
+        {"run": "3f2a...", "label": None, "done": 12, "failed": 0, "total": 20,
+         "state": "running", "elapsed": 2.5, "time": 1718000000.1},
       ],
       "groups": [                # task groups the scheduler still knows, newest last (<= 20)
         {"group": "inc", "prefix": "inc", "total": 100, "done": 40,
@@ -69,6 +90,9 @@ later versions; readers ignore fields they do not know. ``start``/``stop`` of a 
 ``compute`` action; a task that failed before computing has ``start == stop``.
 
 Samples arrive with worker heartbeats, about twice a second per worker on small clusters.
+The live widget and the sidebar ask with ``detail=16``: what they fetch then does not grow
+with the number of workers (``summary`` and ``bands`` stand for the rest); the graphs
+switch to lanes by host (or the busiest and "others") and to distributions on their own.
 
 Client side
 -----------

@@ -33,8 +33,10 @@ Feed = Callable[[int | None], Snapshot]
 _without_plugin: weakref.WeakSet[Client] = weakref.WeakSet()
 
 
-def client_feed(client: Client) -> Feed:
+def client_feed(client: Client, detail: int | None = None) -> Feed:
     """A feed that calls the scheduler's ``nbcluster_metrics`` handler through `client`.
+
+    `detail` caps the workers the snapshots describe one by one (see the plugin).
 
     A scheduler without nbcluster's plugin (one someone else runs, that refused it) has no
     such handler: there the feed serves the basic view from the scheduler's own
@@ -45,7 +47,7 @@ def client_feed(client: Client) -> Feed:
 
     def fetch(since: int | None = None) -> Snapshot:
         if client not in _without_plugin:
-            snap = client.sync(client.scheduler.nbcluster_metrics, since=since)
+            snap = client.sync(client.scheduler.nbcluster_metrics, since=since, detail=detail)
             if snap is not None:
                 return snap
             # Dask answers None to an operation the scheduler has no handler for.
@@ -56,6 +58,11 @@ def client_feed(client: Client) -> Feed:
         return basic_snapshot(client.sync(client.scheduler.identity), since)
 
     return fetch
+
+
+def has_plugin(client: Client) -> bool:
+    """Whether `client`'s scheduler has nbcluster's plugin, as far as its feeds found."""
+    return client not in _without_plugin
 
 
 def ensure_plugin(client: Client) -> None:
@@ -84,6 +91,10 @@ class MetricsWindow:
         self.workers: dict[str, dict[str, Any]] = {}
         self.tasks: deque[dict[str, Any]] = deque(maxlen=max_tasks)
         self.samples: dict[str, deque[dict[str, Any]]] = {}
+        #: The plugin's distributions across all workers (``bands``), for large clusters.
+        self.bands: deque[dict[str, Any]] = deque(maxlen=max_samples)
+        #: The plugin's totals over all workers (``summary``), or None.
+        self.summary: dict[str, Any] | None = None
         self.max_samples = max_samples
 
     def apply(self, snap: Snapshot) -> None:
@@ -91,9 +102,15 @@ class MetricsWindow:
         self.cursor = snap.get("cursor", self.cursor)
         self.now = max(self.now, snap.get("now") or 0.0)
         self.basic = bool(snap.get("basic"))
+        if snap.get("summary"):
+            self.summary = snap["summary"]
         if "workers" in snap:
             self.workers = snap["workers"]
+            # A departed worker's charts go with it, as in graphs.js.
+            for addr in [a for a in self.samples if a not in self.workers]:
+                del self.samples[addr]
         self.tasks.extend(snap.get("tasks", ()))
+        self.bands.extend(snap.get("bands", ()))
         for r in snap.get("resources", ()):
             series = self.samples.get(r["worker"])
             if series is None:
@@ -113,6 +130,8 @@ class MetricsWindow:
             "now": self.now,
             "basic": self.basic,
             "workers": self.workers,
+            "summary": self.summary,
             "tasks": list(self.tasks),
             "samples": {w: list(s) for w, s in self.samples.items()},
+            "bands": list(self.bands),
         }

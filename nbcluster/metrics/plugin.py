@@ -36,6 +36,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from nbcluster import config
+from nbcluster.metrics import summary as summarize
 from nbcluster.metrics._ring import SeqRing
 
 if TYPE_CHECKING:
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
 
 SNAPSHOT_VERSION = 1
 MAX_GROUPS = 20
+#: Runs whose item counts are kept (`nbcluster_progress`), the latest reported last.
+MAX_RUNS = 20
+#: Distributions kept (one per sampling round with news: ~8 minutes at 500 ms).
+BAND_CAPACITY = 1000
 
 # (prefix, group, worker, start, stop, ok, key); the key is the scheduler's own object (a
 # reference, not a copy), turned into a string only when a snapshot is served.
@@ -71,11 +76,15 @@ class MetricsPlugin(SchedulerPlugin):
     ) -> None:
         self.tasks: SeqRing[TaskRecord] = SeqRing(_setting(task_capacity, "metrics.task-capacity"))
         self.samples: SeqRing[dict[str, Any]] = SeqRing(_setting(sample_capacity, "metrics.sample-capacity"))
+        # One record per sampling round: every worker's latest sample, as min/median/max.
+        self.bands: SeqRing[dict[str, Any]] = SeqRing(BAND_CAPACITY)
         self.sample_interval = (
             config.seconds("metrics.sample-interval") if sample_interval is None else sample_interval
         )
         self._next = 0  # the sequence number the next record gets; also the cursor
         self._last_sample_time: dict[str, float] = {}
+        self._latest: dict[str, dict[str, Any]] = {}
+        self.runs: dict[str, dict[str, Any]] = {}
         self._scheduler: Scheduler | None = None
         self._callback: PeriodicCallback | None = None
 
@@ -84,6 +93,7 @@ class MetricsPlugin(SchedulerPlugin):
     async def start(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
         scheduler.handlers["nbcluster_metrics"] = self.nbcluster_metrics
+        scheduler.handlers["nbcluster_progress"] = self.nbcluster_progress
         if self._callback is None:
             self._callback = PeriodicCallback(self.sample, self.sample_interval * 1000)
             self._callback.start()
@@ -95,6 +105,8 @@ class MetricsPlugin(SchedulerPlugin):
         handlers = self._scheduler.handlers if self._scheduler is not None else {}
         if handlers.get("nbcluster_metrics") == self.nbcluster_metrics:
             del handlers["nbcluster_metrics"]
+        if handlers.get("nbcluster_progress") == self.nbcluster_progress:
+            del handlers["nbcluster_progress"]
 
     # -- recording ------------------------------------------------------------------------
 
@@ -128,21 +140,47 @@ class MetricsPlugin(SchedulerPlugin):
         if self._scheduler is None:
             return
         last = self._last_sample_time
+        latest = []
+        news = False
         for addr, ws in self._scheduler.workers.items():
             m = ws.metrics
             t = m.get("time")
-            if t is None or last.get(addr) == t:
+            if t is None:
+                continue
+            if last.get(addr) == t:
+                latest.append(self._latest[addr])
                 continue
             last[addr] = t
-            self.samples.append(self._stamp(), _sample(addr, ws, m))
+            sample = self._latest[addr] = _sample(addr, ws, m)
+            self.samples.append(self._stamp(), sample)
+            latest.append(sample)
+            news = True
+        if news:
+            self.bands.append(self._stamp(), summarize.band(time.time(), latest))
         if len(last) > 2 * len(self._scheduler.workers) + 16:
             for addr in [a for a in last if a not in self._scheduler.workers]:
                 del last[addr]
+                self._latest.pop(addr, None)
+
+    def nbcluster_progress(self, run: str, counts: dict[str, Any]) -> None:
+        """A kernel's report of one ``%%distribute`` run's item counts (its live view
+        sends them as they change): a batch task holds many items, so only the kernel
+        knows how many items are done. Served in snapshots as ``runs``."""
+        keep = ("label", "done", "failed", "total", "cancelled", "state", "elapsed")
+        record = {"run": str(run), **{k: counts[k] for k in keep if k in counts}, "time": time.time()}
+        self.runs.pop(record["run"], None)
+        self.runs[record["run"]] = record
+        while len(self.runs) > MAX_RUNS:
+            self.runs.pop(next(iter(self.runs)))
 
     # -- serving --------------------------------------------------------------------------
 
-    def nbcluster_metrics(self, since: int | None = None) -> dict[str, Any]:
-        """The snapshot of records with sequence number ``>= since`` (see `nbcluster.metrics`)."""
+    def nbcluster_metrics(self, since: int | None = None, detail: int | None = None) -> dict[str, Any]:
+        """The snapshot of records with sequence number ``>= since`` (see `nbcluster.metrics`).
+
+        `detail`: describe at most this many workers one by one (the busiest), with only
+        their resource samples; ``summary`` and ``bands`` cover them all. None: every one.
+        """
         scheduler = self._scheduler
         assert scheduler is not None, "MetricsPlugin.start() has not run"
         cursor = self._next
@@ -152,14 +190,22 @@ class MetricsPlugin(SchedulerPlugin):
             # one): start the reader over.
             since, gap = None, True
         gap = gap or self.tasks.lost_since(since) or self.samples.lost_since(since)
+        detailed = scheduler.workers
+        resources = self.samples.since(since)
+        if detail is not None and len(detailed) > detail:
+            busiest = sorted(detailed.values(), key=lambda ws: (-len(ws.processing), str(ws.name)))[
+                : max(0, detail)
+            ]
+            detailed = {ws.address: ws for ws in busiest}
+            resources = [r for r in resources if r["worker"] in detailed]
+        devices = _devices(scheduler)
         return {
             "version": SNAPSHOT_VERSION,
             "cursor": cursor,
             "gap": gap,
             "now": time.time(),
-            "workers": {
-                addr: _worker_info(ws, _devices(scheduler)) for addr, ws in scheduler.workers.items()
-            },
+            "summary": _summary(scheduler),
+            "workers": {addr: _worker_info(ws, devices) for addr, ws in detailed.items()},
             "tasks": [
                 {
                     "key": str(k),
@@ -172,7 +218,9 @@ class MetricsPlugin(SchedulerPlugin):
                 }
                 for p, g, w, b, e, ok, k in self.tasks.since(since)
             ],
-            "resources": self.samples.since(since),
+            "resources": resources,
+            "bands": self.bands.since(since),
+            "runs": list(self.runs.values()),
             "groups": _groups(scheduler),
         }
 
@@ -256,6 +304,24 @@ def _sample(addr: str, ws: WorkerState, m: dict[str, Any]) -> dict[str, Any]:
         if static is not None:
             out["gpu_memory_total"] = static["memory_total"]
     return out
+
+
+def _summary(scheduler: Scheduler) -> dict[str, Any]:
+    rows = [
+        {"host": ws.host, "nthreads": ws.nthreads, "processing": len(ws.processing),
+         "memory": ws.metrics.get("memory", 0), "memory_limit": ws.memory_limit or 0}
+        for ws in scheduler.workers.values()
+    ]  # fmt: skip
+    hosts, more = summarize.hosts(rows)
+    return {
+        "workers": len(rows),
+        "threads": sum(r["nthreads"] for r in rows),
+        "processing": sum(r["processing"] for r in rows),
+        "memory": sum(r["memory"] for r in rows),
+        "memory_limit": sum(r["memory_limit"] for r in rows),
+        "hosts": hosts,
+        "more_hosts": more,
+    }
 
 
 def _groups(scheduler: Scheduler) -> list[dict[str, Any]]:

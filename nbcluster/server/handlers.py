@@ -55,7 +55,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 import nbcluster
 from nbcluster import config
 from nbcluster.cluster.handle import start as start_cluster
-from nbcluster.cluster.info import runs_on
+from nbcluster.cluster.info import cluster_totals, runs_on
 from nbcluster.cluster.spec import NAME_PATTERN, NAME_RULE, START_OPTIONS, parse_bounds
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable, NbclusterError
 
@@ -70,6 +70,10 @@ INFO_TIMEOUT_S = 3.0
 PUBLIC_ENTRY_KEYS = ("name", "address", "dashboard", "owner_pid", "created", "spec", "profile", "backend")
 #: The start body: the declared start options, and the backend profile.
 START_FIELDS = tuple(dict.fromkeys([*(o.field for o in START_OPTIONS), "profile"]))
+
+#: Workers the sidebar's metrics describe one by one (the busiest; the plugin summarises
+#: all of them): the task stream's lane count (theme.json ``stream.maxLanes``).
+DETAIL_WORKERS = 16
 
 _STATUS = {BadArgument: 400, ClusterNotFound: 404, ClusterUnreachable: 503}
 
@@ -130,7 +134,16 @@ async def describe(handle: ClusterHandle) -> dict[str, Any]:
     else:
         state = "running"
     owner = info.get("owner_pid", handle.entry.get("owner_pid"))
-    return {**info, "state": state, "server_owned": owner == os.getpid(), "runs_on": runs_on(info)}
+    out = {**info, "state": state, "server_owned": owner == os.getpid(), "runs_on": runs_on(info)}
+    if state == "running":
+        out["totals"] = cluster_totals(info)
+    return out
+
+
+def compact(cluster: dict[str, Any]) -> dict[str, Any]:
+    """A cluster for the live stream: its ``totals`` in place of one row per worker, so a
+    push costs the same at 2 workers or 2,000 (the card shows only totals)."""
+    return {k: v for k, v in cluster.items() if k not in ("workers", "host_memory")}
 
 
 async def describe_all() -> list[dict[str, Any]]:
@@ -303,7 +316,9 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     The browser sends ``{"watch": name}`` (or ``{"watch": null}``); every
     ``nbcluster.sidebar.interval`` (Dask config) the server sends ``{"type": "clusters", "clusters": [...]}`` and,
     while a cluster is watched, ``{"type": "metrics", "name": ..., "snapshot": {...}}`` with
-    only the records after the previous push. ``{"type": "gone", "name": ...}`` says the
+    only the records after the previous push (at most `DETAIL_WORKERS` workers one by one,
+    all of them in ``summary`` and ``bands``). A pushed cluster carries ``totals`` instead
+    of its worker rows (`compact`). ``{"type": "gone", "name": ...}`` says the
     watched cluster no longer exists. The server polls; the browser only listens.
     """
 
@@ -349,7 +364,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         while True:
             try:
                 clusters = await describe_all()
-                await self.write_message({"type": "clusters", "clusters": clusters})
+                await self.write_message({"type": "clusters", "clusters": [compact(c) for c in clusters]})
                 name = self.watch
                 if name is not None:
                     await self.push_metrics(name, {c["name"]: c for c in clusters})
@@ -370,7 +385,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             return
         handle = await in_thread(nbcluster.connect, name)
         try:
-            snapshot = await asyncio.wait_for(handle.ametrics(self.cursor), INFO_TIMEOUT_S)
+            snapshot = await asyncio.wait_for(handle.ametrics(self.cursor, DETAIL_WORKERS), INFO_TIMEOUT_S)
         except (NbclusterError, asyncio.TimeoutError):
             return
         if self.watch != name:

@@ -43,15 +43,19 @@ What a user sees: nothing for ``delay`` seconds (``nbcluster.widget.delay``: ins
 stay clean); then, in a
 kernel (JupyterLab, Notebook 7, VS Code), the widget: a progress bar with items/s and ETA,
 the grid table best first, a task stream with one lane per worker, and per-worker CPU /
-memory / GPU charts. When the run ends (the source says so, or ``close()``), the output
+memory / GPU charts (on a large cluster: lanes by host or the busiest and "others", and
+distributions across workers; departed workers share one lane). When the run ends (the source says so, or ``close()``), the output
 is replaced by a static HTML/SVG picture of the final state, which is what a saved
 notebook and nbconvert show. In terminal IPython or plain Python: a one-line text bar.
 
 The freeze happens in the cell itself when the run is over by the cell's end (an IPython
 ``post_run_cell`` hook), so even a client that records only the cell's own messages
-(nbclient, ``nbconvert --execute``) keeps the final picture. A run that outlives its cell
-(``--no-wait``) and a status view freeze later, from the poller, by display id; a notebook
-saved while one of those is still live holds the widget, which needs the kernel to draw.
+(nbclient, ``nbconvert --execute``) keeps the final picture. A status view (``%cluster
+status``) has no end of its own: it freezes when the next cell starts (a ``pre_run_cell``
+hook, so the update travels with that cell's messages), when its cluster goes away, or
+after ``live_for`` seconds, whichever comes first. A run that outlives its cell
+(``--no-wait``) freezes later, from the poller, by display id. Only a notebook saved while
+its last cell's view is still live holds the widget, which needs the kernel to draw.
 
 The drawing code is ``static/graphs.js``, shared with the JupyterLab sidebar panel; the
 frozen picture is drawn by ``_static.py`` from the same ``static/theme.json``. The timings
@@ -68,7 +72,8 @@ from nbcluster.widgets._live import Live, as_progress_source
 from nbcluster.widgets._options import LiveOptions
 from nbcluster.widgets._output import Seams
 from nbcluster.widgets._progress import Best
-from nbcluster.widgets._results import ResultsProgress, feed_for, is_results, task_filter_for
+from nbcluster.widgets._results import ResultsProgress, feed_for, is_results, reporter_for, task_filter_for
+from nbcluster.widgets._theme import THEME
 
 __all__ = ["Live", "live", "progress_hook", "status"]
 
@@ -109,7 +114,9 @@ def live(
     """
     seams = Seams.pop_from(kwargs)
     feed = _as_feed(feed)
+    report = None
     if is_results(progress):
+        report = reporter_for(progress)
         kwargs.setdefault("task_filter", task_filter_for(progress))
         if feed is None:
             feed = feed_for(progress)
@@ -120,7 +127,7 @@ def live(
         kwargs.pop("grid", None)
         source = as_progress_source(progress)
     options = LiveOptions(label=label, delay=delay, interval=interval, best=best, **kwargs)
-    return Live(source, feed, options, seams)
+    return Live(source, feed, options, seams, report=report)
 
 
 def progress_hook(feed: Feed | None = None, **kwargs: Any) -> Callable[[Any], None]:
@@ -143,6 +150,8 @@ def progress_hook(feed: Feed | None = None, **kwargs: Any) -> Callable[[Any], No
 def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0, **kwargs: Any) -> Live:
     """Show a cluster's recent task stream and worker charts, live for `live_for` seconds.
 
+    In a kernel the view also freezes when the next cell starts or the cluster goes away.
+
     `cluster` is a `ClusterHandle` (its Dask client's connection is reused: a fresh
     connection per poll, as `handle.metrics` makes, costs the kernel ~8x the CPU) or any
     feed. After `live_for` seconds (None: until ``close()``) the picture freezes, so the
@@ -156,5 +165,5 @@ def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0
 
 def _as_feed(obj: Any) -> Feed | None:
     if obj is not None and hasattr(obj, "client") and callable(getattr(obj, "metrics", None)):
-        return client_feed(obj.client)
+        return client_feed(obj.client, detail=THEME["stream"]["maxLanes"])
     return obj

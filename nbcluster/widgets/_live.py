@@ -31,6 +31,7 @@ import contextvars
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nbcluster.metrics.feed import Feed, MetricsWindow
@@ -49,6 +50,12 @@ from nbcluster.widgets._progress import (
 logger = logging.getLogger(__name__)
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+# The comm to the browser stays bounded however busy the cluster: an update carries at
+# most this many task records (the newest), without the fields the drawing does not use.
+# At 4 updates a second that is about 45 kB/s; the stream draws at most
+# THEME.stream.maxBars bars in any case.
+MAX_TASKS_PER_UPDATE = 100
+_TASK_FIELDS = ("prefix", "worker", "start", "stop", "status")
 # Tasks that started before a run began belong to earlier work. The slack absorbs clock
 # differences between this machine and the workers; a caller that can name its tasks
 # passes a task_filter instead (distribute runs do, by key).
@@ -68,8 +75,13 @@ class Live:
         feed: Feed | None,
         options: LiveOptions | None = None,
         seams: Seams | None = None,
+        report: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.progress_source = progress
+        # Where the run's item counts go as they change (the scheduler's plugin, for the
+        # sidebar), or None.
+        self._report = report
+        self._reported: dict[str, Any] | None = None
         self.options = (options or LiveOptions()).resolved()
         seams = seams or Seams()
         self._clock = seams.clock
@@ -77,11 +89,21 @@ class Live:
         # No graphs to draw in a terminal.
         self.feed = feed if self._output.widgets else None
         self._init_state()
+        if progress is None and self.options.delay == 0:
+            # A status view shows at once, in its own cell's messages: a client that
+            # records only those (nbclient) would miss a display sent a moment later.
+            self._tick()
         self._start_polling()
         # Test seams replace the output; then the test closes the widget itself.
         self._ipython = None if seams.replaced else shell()
         if self._ipython is not None:
             self._ipython.events.register("post_run_cell", self._on_cell_end)
+            if progress is None:
+                # A status view has no end of its own: it is live while its cell is the
+                # latest one, and freezes as the next cell starts (in that cell's
+                # messages, which every client records), so a saved notebook holds the
+                # picture, never a widget that needs this kernel to draw.
+                self._ipython.events.register("pre_run_cell", self._on_next_cell)
 
     def _init_state(self) -> None:
         o = self.options
@@ -99,10 +121,13 @@ class Live:
         self._last_delta = self._t0
         self._seq = 0
         self._sent_workers: Any = None
+        self._sent_summary: Any = None
         self._pending_tasks: list[dict[str, Any]] = []
         self._pending_samples: list[dict[str, Any]] = []
+        self._pending_bands: list[dict[str, Any]] = []
         self._end_state: str | None = None
         self._stop = threading.Event()
+        self._caller_freezes = False
         self._lock = threading.Lock()
 
     def _start_polling(self) -> None:
@@ -119,9 +144,14 @@ class Live:
         (e.g. "cancelled" after an interrupt). Safe to call more than once."""
         if state is not None and self._end_state is None:
             self._end_state = state
-        self._stop.set()
         if threading.current_thread() is not self._thread:
+            # The caller freezes, in its own context: the picture is then part of the cell
+            # that closes the view (ipykernel takes a message's parent from the context),
+            # which is the next cell for a status view.
+            self._caller_freezes = True
+            self._stop.set()
             self._thread.join(timeout)
+        self._stop.set()
         self._freeze()
 
     def __enter__(self) -> Live:
@@ -136,10 +166,12 @@ class Live:
         # the cell's reply, and a terminal's final bar belongs before the next prompt. If
         # the run is over, freeze now, synchronously, in the main thread; a run that goes
         # on (--no-wait) freezes later from the poller.
+        if self.progress_source is None:
+            return  # a status view: it freezes when the next cell starts
         ip, self._ipython = self._ipython, None
         if ip is not None:
             ip.events.unregister("post_run_cell", self._on_cell_end)
-        if self.frozen or self.progress_source is None:
+        if self.frozen:
             return
         try:
             finished = is_finished(self.progress_source())
@@ -147,6 +179,13 @@ class Live:
             finished = False
         if finished:
             self.close()
+
+    def _on_next_cell(self, info: Any = None) -> None:
+        ip, self._ipython = self._ipython, None
+        if ip is not None:
+            ip.events.unregister("pre_run_cell", self._on_next_cell)
+            ip.events.unregister("post_run_cell", self._on_cell_end)
+        self.close()
 
     # -- the poller thread ----------------------------------------------------------------
 
@@ -164,11 +203,28 @@ class Live:
         except Exception:
             logger.exception("nbcluster live widget failed; freezing it")
         finally:
-            self._freeze()
+            if not self._caller_freezes:
+                self._freeze()
+
+    def _send_report(self) -> None:
+        if self._report is None or not self.counts:
+            return
+        keep = ("label", "done", "failed", "total", "cancelled", "state", "elapsed")
+        counts = {k: self.counts[k] for k in keep if self.counts.get(k) is not None}
+        if {**counts, "elapsed": None} == {**(self._reported or {}), "elapsed": None}:
+            return
+        try:
+            self._report(counts)
+        except Exception as e:
+            logger.info("nbcluster live widget: cannot report progress (%s: %s)", type(e).__name__, e)
+            self._report = None
+            return
+        self._reported = counts
 
     def _tick(self) -> bool:
         """One poll: read, maybe show, push. Returns whether the run has finished."""
         finished = self._read_progress()
+        self._send_report()
         self._read_metrics()
         if not self.shown and (finished or self._clock() - self._t0 < self.options.delay):
             return finished  # instant runs stay clean: nothing is ever shown
@@ -208,6 +264,8 @@ class Live:
             # feed falls back to the scheduler's own view.
             logger.info("nbcluster live widget: no metrics (%s: %s)", type(e).__name__, e)
             self.feed = None
+            if self.progress_source is None:
+                self._stop.set()  # a status view of a cluster that is gone: freeze it
             return
         # The first answer holds the scheduler's whole history (up to its ring sizes); keep
         # only what can be drawn, so the first message to the front end stays small.
@@ -225,6 +283,7 @@ class Live:
         self.metrics.apply(snap)
         self._pending_tasks.extend(snap["tasks"])
         self._pending_samples.extend(samples)
+        self._pending_bands.extend(snap.get("bands") or ())
 
     def _show(self) -> None:
         from nbcluster.widgets.widget import LiveWidget
@@ -235,8 +294,9 @@ class Live:
         o = self.options
         self.widget = LiveWidget(window=o.window, resource_window=o.resource_window, limits=o.limits)
         # The first delta carries everything gathered before the widget appeared.
-        self._pending_tasks = list(self.metrics.tasks)
+        self._pending_tasks = list(self.metrics.tasks)[-_static.THEME["stream"]["maxBars"] :]
         self._pending_samples = [r for series in self.metrics.samples.values() for r in series]
+        self._pending_bands = list(self.metrics.bands)
         self._push(reset=True)
         assert self._output.display is not None
         self._output.display.show(
@@ -265,8 +325,17 @@ class Live:
         if reset or self.metrics.workers != self._sent_workers:
             delta["workers"] = self._sent_workers = self.metrics.workers
             news = True
+        if self.metrics.summary is not None and (reset or self.metrics.summary != self._sent_summary):
+            delta["summary"] = self._sent_summary = self.metrics.summary
+            news = True
         if self._pending_tasks:
-            delta["tasks"], self._pending_tasks = self._pending_tasks, []
+            limit = None if reset else MAX_TASKS_PER_UPDATE
+            tasks = self._pending_tasks[-limit:] if limit else self._pending_tasks
+            delta["tasks"] = [{k: t[k] for k in _TASK_FIELDS if k in t} for t in tasks]
+            self._pending_tasks = []
+            news = True
+        if self._pending_bands:
+            delta["bands"], self._pending_bands = self._pending_bands, []
             news = True
         if self._pending_samples:
             delta["resources"], self._pending_samples = self._pending_samples, []
@@ -300,6 +369,7 @@ class Live:
             # a frozen "running" with an ETA would be a lie.
             self.counts = {**self.counts, "state": self._end_state or "stopped"}
             self.counts.pop("eta", None)
+        self._send_report()
         if not self.shown:
             return
         if self._output.text is not None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbcluster.metrics.feed import Feed, client_feed
+from nbcluster.widgets._theme import THEME
 
 GRID_MAX_ITEMS = 5000
 _MISSING = object()
@@ -73,7 +74,22 @@ def task_filter_for(results: Any) -> Callable[[dict[str, Any]], bool]:
     return lambda t: str(t.get("key", "")).startswith(prefix)
 
 
+def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
+    """Send the run's item counts to the scheduler's plugin (``nbcluster_progress``), so
+    the sidebar shows items as the cell counts them; None where the run has no client."""
+    client = results.client
+    if client is None:
+        return None
+    from nbcluster.metrics.feed import has_plugin
+
+    def report(counts: dict[str, Any]) -> None:
+        if has_plugin(client):
+            client.sync(client.scheduler.nbcluster_progress, run=results.run_id, counts=counts)
+
+    return report
+
+
 def feed_for(results: Any) -> Feed | None:
     """The metrics feed over the run's own Dask client, if the run has one."""
     client = results.client
-    return client_feed(client) if client is not None else None
+    return client_feed(client, detail=THEME["stream"]["maxLanes"]) if client is not None else None

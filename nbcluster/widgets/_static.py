@@ -16,9 +16,12 @@ the live ones (fixed viewBox, ``preserveAspectRatio="none"``, non-scaling stroke
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from html import escape
 from typing import Any
+
+from dask.utils import format_bytes as dask_format_bytes
 
 from nbcluster.widgets._theme import TEXT, THEME, VARS, css
 
@@ -35,14 +38,10 @@ def prefix_color(prefix: str) -> str:
 
 
 def format_bytes(n: float | None) -> str:
+    """Dask's own `dask.utils.format_bytes` ("1.50 GiB"), as graphs.js's formatBytes."""
     if n is None or not math.isfinite(n):
         return "?"
-    step, units = THEME["bytes"]["step"], THEME["bytes"]["units"]
-    i, v = 0, abs(n)
-    while v >= step and i < len(units) - 1:
-        v /= step
-        i += 1
-    return f"{v:.0f} {units[i]}" if v >= 100 or i == 0 else f"{v:.1f} {units[i]}"
+    return dask_format_bytes(round(n)) if n >= 2**10 * 0.9 else f"{round(n)} B"
 
 
 def format_duration(seconds: float | None) -> str:
@@ -142,18 +141,14 @@ def render_grid(grid: Mapping[str, Any]) -> str:
     return _box("nbc-grid", table + more)
 
 
-def _lane_order(view: Mapping[str, Any]) -> list[str]:
+def _natural(text: str) -> tuple[Any, ...]:
+    # Numeric-aware, like localeCompare(..., {numeric: true}) in graphs.js.
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in _split_digits(text))
+
+
+def _by_name(view: Mapping[str, Any]) -> list[str]:
     workers = view.get("workers") or {}
-    addrs = dict.fromkeys(workers)
-    for t in view.get("tasks") or ():
-        addrs.setdefault(t["worker"])
-
-    def key(a: str) -> tuple[Any, ...]:
-        name = str(workers[a]["name"]) if a in workers else a
-        # Numeric-aware, like localeCompare(..., {numeric: true}) in graphs.js.
-        return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in _split_digits(name))
-
-    return sorted(addrs, key=key)
+    return sorted(workers, key=lambda a: _natural(str(workers[a]["name"])))
 
 
 def _split_digits(text: str) -> list[str]:
@@ -167,10 +162,82 @@ def _split_digits(text: str) -> list[str]:
 
 
 def _label(view: Mapping[str, Any], addr: str) -> str:
-    w = (view.get("workers") or {}).get(addr)
-    if not w:
-        return f"{addr} ({TEXT['gone']})"
+    w = view["workers"][addr]
     return f"{w['name']} ({TEXT['simulated']})" if (w.get("gpu") or {}).get("simulated") else str(w["name"])
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def host_of(addr: str) -> str:
+    """``"tls://10.0.0.1:8786"`` -> ``"10.0.0.1"`` (graphs.js's hostOf)."""
+    return re.sub(r":\d+$", "", re.sub(r"^[a-z0-9+.-]+://", "", str(addr), flags=re.I))
+
+
+def _worker_count(view: Mapping[str, Any]) -> int:
+    summary = view.get("summary")
+    return int(summary["workers"]) if summary else len(view.get("workers") or {})
+
+
+def lane_groups(
+    view: Mapping[str, Any], tasks: list[Mapping[str, Any]], start: float
+) -> list[dict[str, Any]]:
+    """The task stream's lanes, grouped as graphs.js's laneGroups does (see there)."""
+    g = THEME["stream"]
+    max_lanes, max_rows = g["maxLanes"], g["maxRows"]
+    workers = view.get("workers") or {}
+
+    def rows(n: int) -> int:
+        return min(max_rows, max(1, n))
+
+    def threads(a: str) -> int:
+        return int((workers.get(a) or {}).get("nthreads") or 1)
+
+    def one(a: str) -> dict[str, Any]:
+        return {"key": a, "worker": a, "label": _label(view, a), "workers": {a}, "rows": rows(threads(a))}
+
+    known = _by_name(view)
+    total = _worker_count(view)
+    if total <= max_lanes and len(known) == total:
+        lanes = [one(a) for a in known]
+        gone = [a for a in dict.fromkeys(t["worker"] for t in tasks) if a not in workers]
+        if gone:
+            lanes.append(
+                {
+                    "key": "departed",
+                    "label": _plural(len(gone), TEXT["departed"]),
+                    "workers": set(gone),
+                    "rows": 1,
+                }
+            )
+        return lanes
+    hosts: dict[str, int] = {}
+    for a in known:
+        hosts[host_of(a)] = hosts.get(host_of(a), 0) + 1
+    summary = view.get("summary") or {}
+    for h in summary.get("hosts") or ():
+        hosts[h["host"]] = h["workers"]
+    if 1 < len(hosts) <= max_lanes and not summary.get("more_hosts"):
+        return [
+            {"key": f"host:{h}", "label": f"{h} ({_plural(hosts[h], TEXT['worker'])})", "host": h,
+             "workers": None, "rows": rows(hosts[h])}
+            for h in sorted(hosts, key=_natural)
+        ]  # fmt: skip
+    busy: dict[str, float] = {}
+    for t in tasks:
+        busy[t["worker"]] = busy.get(t["worker"], 0) + (t["stop"] - max(t["start"], start))
+    shown = sorted(known, key=lambda a: -busy.get(a, 0))[: max_lanes - 1]
+    lanes = [one(a) for a in shown]
+    lanes.append(
+        {
+            "key": "others",
+            "label": _plural(total - len(shown), TEXT["other"]),
+            "workers": None,
+            "rows": max_rows,
+        }
+    )
+    return lanes
 
 
 def _svg(width: int, height: int, css_height: str, inner: str, styles: str = "chart") -> str:
@@ -193,13 +260,29 @@ def _time_span(view: Mapping[str, Any], window: float | None) -> tuple[float, fl
     return start, max(end - start, 1e-3)
 
 
-def _tasks_by_worker(view: Mapping[str, Any], start: float) -> dict[str, list[Mapping[str, Any]]]:
-    out: dict[str, list[Mapping[str, Any]]] = {}
-    for t in view.get("tasks") or ():
-        if t["stop"] >= start:
-            out.setdefault(t["worker"], []).append(t)
-    for tasks in out.values():
-        tasks.sort(key=lambda t: t["start"])
+def _visible_tasks(view: Mapping[str, Any], start: float) -> list[Mapping[str, Any]]:
+    shown = [t for t in view.get("tasks") or () if t["stop"] >= start]
+    cap = THEME["stream"]["maxBars"]
+    return sorted(shown, key=lambda t: t["stop"])[-cap:] if len(shown) > cap else shown
+
+
+def _tasks_by_lane(
+    lanes: list[dict[str, Any]], tasks: list[Mapping[str, Any]]
+) -> list[list[Mapping[str, Any]]]:
+    out: list[list[Mapping[str, Any]]] = [[] for _ in lanes]
+    rest = next((i for i, lane in enumerate(lanes) if lane["workers"] is None and not lane.get("host")), -1)
+    for t in tasks:
+        i = next(
+            (
+                i for i, lane in enumerate(lanes)
+                if (host_of(t["worker"]) == lane["host"] if lane.get("host") else t["worker"] in (lane["workers"] or ()))
+            ),
+            rest,
+        )  # fmt: skip
+        if i >= 0:
+            out[i].append(t)
+    for tasks_ in out:
+        tasks_.sort(key=lambda t: t["start"])
     return out
 
 
@@ -229,32 +312,34 @@ def _task_bar(t: Mapping[str, Any], row: int, start: float, span: float, who: st
     )
 
 
-def _lane(
-    view: Mapping[str, Any], addr: str, tasks: list[Mapping[str, Any]], start: float, span: float
-) -> str:
+def _lane(group: Mapping[str, Any], tasks: list[Mapping[str, Any]], start: float, span: float) -> str:
     g = THEME["stream"]
-    nthreads = max(1, int(((view.get("workers") or {}).get(addr) or {}).get("nthreads") or 1))
-    who = _label(view, addr)
+    n = group["rows"]
+    who = group["label"]
     bars = "".join(
-        _task_bar(t, row, start, span, who) for t, row in zip(tasks, _pack_rows(tasks, nthreads), strict=True)
+        _task_bar(t, row, start, span, who) for t, row in zip(tasks, _pack_rows(tasks, n), strict=True)
     )
-    pixels = f"{max(g['minPixels'], nthreads * g['rowPixels'])}px"
-    svg = _svg(g["width"], nthreads * g["rowHeight"], pixels, bars, "chart laneChart")
-    return _div(
-        css("lane"),
-        _div(css("label laneLabel"), escape(who)) + svg,
-        f' class="nbc-lane" data-worker="{escape(addr)}"',
+    pixels = f"{max(g['minPixels'], n * g['rowPixels'])}px"
+    svg = _svg(g["width"], n * g["rowHeight"], pixels, bars, "chart laneChart")
+    data = (
+        f'data-worker="{escape(group["worker"])}"'
+        if group.get("worker")
+        else f'data-lane="{escape(group["key"])}"'
     )
+    return _div(css("lane"), _div(css("label laneLabel"), escape(who)) + svg, f' class="nbc-lane" {data}')
 
 
 def render_task_stream(view: Mapping[str, Any], window: float | None = None) -> str:
     if view.get("basic"):
         # The scheduler's own view has workers but no task records: say why, not empty lanes.
         return _box("nbc-stream", _div(css("note"), escape(TEXT["noPlugin"])))
-    lanes = _lane_order(view)
     start, span = _time_span(view, window)
-    tasks = _tasks_by_worker(view, start)
-    out = [_lane(view, addr, tasks.get(addr, []), start, span) for addr in lanes]
+    shown = _visible_tasks(view, start)
+    lanes = lane_groups(view, shown, start)
+    out = [
+        _lane(group, tasks, start, span)
+        for group, tasks in zip(lanes, _tasks_by_lane(lanes, shown), strict=True)
+    ]
     if not lanes:
         out.append(_div(css("note"), escape(TEXT["noWorkers"])))
     ends = f"<span>-{escape(format_duration(span))}</span><span>{escape(TEXT['frozenEnd'])}</span>"
@@ -299,10 +384,79 @@ def _gpu_cell(series: list[Mapping[str, Any]], last: Mapping[str, Any], t0: floa
     return _chart_cell(gpu, _sparkline(series, "gpu_util", t0, t1, 100, VARS["gpu"]))
 
 
+def _bandline(bands: list[Mapping[str, Any]], key: str, t0: float, t1: float, vmax: float, color: str) -> str:
+    W, H = THEME["spark"]["width"], THEME["spark"]["height"]
+    pts = [b for b in bands if b["time"] >= t0 and b.get(key)]
+    inner = ""
+    if pts:
+        span = max(t1 - t0, 1e-3)
+
+        def line(i: int) -> list[tuple[float, float]]:
+            xy = [((b["time"] - t0) / span * W, H - min(b[key][i], vmax) / vmax * (H - 2)) for b in pts]
+            if len(xy) == 1:
+                xy.insert(0, (max(0.0, xy[0][0] - 4), xy[0][1]))
+            return xy
+
+        def fmt(xy: list[tuple[float, float]]) -> str:
+            return " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+
+        area = fmt(line(2) + line(0)[::-1])
+        inner = (
+            f'<polygon points="{area}" style="{escape(css("area", fill=color))}"/>'
+            f'<polyline points="{fmt(line(1))}" vector-effect="non-scaling-stroke" style="{escape(css("line", stroke=color))}"/>'
+        )
+    return _svg(W, H, THEME["spark"]["pixels"], inner)
+
+
+def _band_label(name: str, spread: list[float] | None, fmt: Any) -> str:
+    return f"{name} {fmt(spread[1])} ({fmt(spread[0])}\u2013{fmt(spread[2])})" if spread else f"{name} ?"
+
+
+def _pct(v: float) -> str:
+    return f"{math.floor(v + 0.5)}%"  # Math.round
+
+
+def _render_bands(view: Mapping[str, Any], window: float | None) -> str:
+    bands = list(view.get("bands") or ())
+    any_gpu = any(b.get("gpu_util") for b in bands)
+    t1 = view.get("now") or 0.0
+    t0 = max(t1 - (math.inf if window is None else window), min(t1 - 1, bands[0]["time"]))
+    last = bands[-1]
+    label = f"{_plural(_worker_count(view), TEXT['worker'])} ({TEXT['spread']})"
+    cells = [_div(css("label middle"), escape(label), ' class="nbc-resource-band"')]
+    cpu_max = max([100, *(b["cpu"][2] if b.get("cpu") else 0 for b in bands)])
+    cells.append(
+        _chart_cell(
+            _band_label("CPU", last.get("cpu"), _pct), _bandline(bands, "cpu", t0, t1, cpu_max, VARS["cpu"])
+        )
+    )
+    mem_max = max(
+        [1, *(max(b["memory"][2] if b.get("memory") else 0, b.get("memory_limit") or 0) for b in bands)]
+    )
+    cells.append(
+        _chart_cell(
+            _band_label("Mem", last.get("memory"), format_bytes),
+            _bandline(bands, "memory", t0, t1, mem_max, VARS["memory"]),
+        )
+    )
+    if any_gpu:
+        cells.append(
+            _chart_cell(
+                _band_label("GPU", last.get("gpu_util"), _pct),
+                _bandline(bands, "gpu_util", t0, t1, 100, VARS["gpu"]),
+            )
+        )
+    return _box(
+        "nbc-resources", "".join(cells), styles="box resources resourcesGpu" if any_gpu else "box resources"
+    )
+
+
 def render_resources(view: Mapping[str, Any], window: float | None = None) -> str:
+    if view.get("bands") and _worker_count(view) > THEME["resources"]["maxWorkers"]:
+        return _render_bands(view, window)
     workers = view.get("workers") or {}
     samples = view.get("samples") or {}
-    addrs = [a for a in _lane_order(view) if a in workers or a in samples]
+    addrs = _by_name(view)
     any_gpu = any(
         (workers.get(a) or {}).get("gpu") or any("gpu_util" in r for r in samples.get(a, ())) for a in addrs
     )

@@ -43,6 +43,38 @@ export interface GroupProgress {
   waiting: number;
 }
 
+/** A `%%distribute` run's item counts, as its kernel reports them to the plugin. */
+export interface RunProgress {
+  run: string;
+  label?: string | null;
+  done: number;
+  failed: number;
+  total: number;
+  cancelled?: number;
+  state: string;
+  elapsed?: number;
+  time: number;
+}
+
+export interface Band {
+  time: number;
+  workers: number;
+  cpu: [number, number, number] | null;
+  memory: [number, number, number] | null;
+  memory_limit: number;
+  gpu_util?: [number, number, number];
+}
+
+export interface Summary {
+  workers: number;
+  threads: number;
+  processing: number;
+  memory: number;
+  memory_limit: number;
+  hosts: { host: string; workers: number; threads: number; processing: number; memory: number; memory_limit: number }[];
+  more_hosts: number;
+}
+
 export interface Snapshot {
   version: number;
   cursor: number;
@@ -54,6 +86,9 @@ export interface Snapshot {
   tasks: TaskRecord[];
   resources: ResourceSample[];
   groups?: GroupProgress[];
+  runs?: RunProgress[];
+  bands?: Band[];
+  summary?: Summary;
 }
 
 export interface View {
@@ -63,6 +98,8 @@ export interface View {
   workers: Record<string, WorkerInfo>;
   tasks: TaskRecord[];
   samples: Record<string, ResourceSample[]>;
+  bands: Band[];
+  summary: Summary | null;
   limits: { maxTasks: number; maxSamples: number };
 }
 
@@ -108,6 +145,7 @@ export function renderResources(
 export function renderProgress(container: HTMLElement, counts: Counts): HTMLElement;
 export function renderGrid(container: HTMLElement, grid: Grid): HTMLElement;
 export function prefixColor(prefix: string): string;
+export function hostOf(address: string): string;
 export function formatBytes(n: number): string;
 export function formatDuration(seconds: number): string;
 export function progressLine(counts: Counts): string;

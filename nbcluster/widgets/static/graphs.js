@@ -25,12 +25,17 @@
 // Stable exports (the sidebar depends on these names):
 //   createView(limits) -> view
 //   applySnapshot(view, snapshot) -> view          fold one snapshot (or delta) into a view
-//   renderTaskStream(container, view, opts?)       one lane per worker, a bar per task
-//   renderResources(container, view, opts?)        per-worker CPU / memory / GPU charts
+//   renderTaskStream(container, view, opts?)       a lane per worker (grouped past 16), a bar per task
+//   renderResources(container, view, opts?)        per-worker CPU / memory / GPU charts, or
+//                                                  distributions across workers past 8
 //   renderProgress(container, counts)              done / running / failed / total bar
 //   renderGrid(container, grid)                    parameter/result table, rows as given
 //   progressLine(counts)                           the progress text ("3 / 10 done (30%) · ...")
-//   prefixColor(prefix), formatBytes(n), formatDuration(seconds), themeStyle(names), THEME
+//   prefixColor(prefix), formatBytes(n), formatDuration(seconds), hostOf(address),
+//   themeStyle(names), THEME
+//
+// At scale the picture keeps its size: see laneGroups() and renderBands(); the limits are
+// theme.json's stream.maxLanes / maxRows / maxBars and resources.maxWorkers.
 //
 // The widget's ESM (nbcluster/widgets/widget.py) replaces the import line below with the
 // JSON itself, as anywidget loads a module from a string, where no relative import resolves.
@@ -73,16 +78,16 @@ export function prefixColor(prefix) {
   return `hsl(${p.hueStart + (h % p.hueSpan)}, ${p.saturation}%, ${p.lightness}%)`;
 }
 
+// Binary units, exactly as Dask's own `dask.utils.format_bytes` writes them ("1.50 GiB"),
+// which `%cluster status` uses: one format everywhere.
+const BYTE_UNITS = [["Pi", 2 ** 50], ["Ti", 2 ** 40], ["Gi", 2 ** 30], ["Mi", 2 ** 20], ["ki", 2 ** 10]];
+
 export function formatBytes(n) {
   if (n === undefined || n === null || !isFinite(n)) return "?";
-  const { step, units } = THEME.bytes;
-  let i = 0;
-  let v = Math.abs(n);
-  while (v >= step && i < units.length - 1) {
-    v /= step;
-    i++;
+  for (const [prefix, k] of BYTE_UNITS) {
+    if (n >= k * 0.9) return `${(n / k).toFixed(2)} ${prefix}B`;
   }
-  return `${v >= 100 || i === 0 ? v.toFixed(0) : v.toFixed(1)} ${units[i]}`;
+  return `${Math.round(n)} B`;
 }
 
 export function formatDuration(seconds) {
@@ -100,7 +105,8 @@ export function formatDuration(seconds) {
 // limits: {maxTasks, maxSamples}, from the Python side (widget trait, the server's page
 // config), so the live view and the frozen picture keep the same history.
 export function createView(limits) {
-  return { cursor: null, now: 0, basic: false, workers: {}, tasks: [], samples: {}, limits: { ...limits } };
+  return { cursor: null, now: 0, basic: false, workers: {}, summary: null, tasks: [], samples: {}, bands: [],
+    limits: { ...limits } };
 }
 
 export function applySnapshot(view, snap) {
@@ -108,7 +114,13 @@ export function applySnapshot(view, snap) {
   if (snap.cursor !== undefined) view.cursor = snap.cursor;
   if (snap.now) view.now = Math.max(view.now, snap.now);
   view.basic = !!snap.basic;
-  if (snap.workers) view.workers = snap.workers;
+  if (snap.summary) view.summary = snap.summary;
+  if (snap.workers) {
+    view.workers = snap.workers;
+    // A departed worker's charts go with it (adapt and restarts bring new addresses all
+    // the time); its finished tasks stay in the stream, in one "departed" lane.
+    for (const addr of Object.keys(view.samples)) if (!snap.workers[addr]) delete view.samples[addr];
+  }
   const { maxTasks, maxSamples } = view.limits;
   for (const t of snap.tasks || []) view.tasks.push(t);
   if (view.tasks.length > maxTasks) view.tasks.splice(0, view.tasks.length - maxTasks);
@@ -117,6 +129,8 @@ export function applySnapshot(view, snap) {
     series.push(r);
     if (series.length > maxSamples) series.splice(0, series.length - maxSamples);
   }
+  for (const b of snap.bands || []) view.bands.push(b);
+  if (view.bands.length > maxSamples) view.bands.splice(0, view.bands.length - maxSamples);
   return view;
 }
 
@@ -148,20 +162,64 @@ function rootBox(cls, style) {
   return root;
 }
 
-// Lane order: by worker name, numerically when names are numbers ("2" before "10").
-function laneOrder(view) {
-  const addrs = new Set(Object.keys(view.workers));
-  for (const t of view.tasks) addrs.add(t.worker);
-  const name = (a) => (view.workers[a] ? String(view.workers[a].name) : a);
-  return [...addrs].sort((a, b) =>
-    name(a).localeCompare(name(b), undefined, { numeric: true }),
-  );
+// Worker order: by name, numerically when names are numbers ("2" before "10").
+function byName(view) {
+  const name = (a) => String(view.workers[a].name);
+  return Object.keys(view.workers).sort((a, b) => name(a).localeCompare(name(b), undefined, { numeric: true }));
 }
 
 function workerLabel(view, addr) {
   const w = view.workers[addr];
-  if (!w) return `${addr} (${T.gone})`;
   return w.gpu && w.gpu.simulated ? `${w.name} (${T.simulated})` : String(w.name);
+}
+
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
+}
+
+// "tls://10.0.0.1:8786" -> "10.0.0.1"
+export function hostOf(addr) {
+  return String(addr).replace(/^[a-z0-9+.-]+:\/\//i, "").replace(/:\d+$/, "");
+}
+
+// How many workers the cluster has: the plugin's summary counts all of them, where the
+// snapshot describes only the busiest ones.
+function workerCount(view) {
+  return view.summary ? view.summary.workers : Object.keys(view.workers).length;
+}
+
+// The lanes of the task stream: [{key, label, workers: Set | null (all others), rows}].
+// One lane per worker while they fit (THEME.stream.maxLanes), tasks of departed workers
+// in one lane of their own. Past that, one lane per host if the hosts fit, else the
+// busiest workers (by task time shown) and one lane for all the others: the picture
+// stays the same size at 10 workers or 10,000. _static.py groups the same way.
+function laneGroups(view, tasks, start) {
+  const { maxLanes, maxRows } = THEME.stream;
+  const rows = (n) => Math.min(maxRows, Math.max(1, n));
+  const threads = (a) => (view.workers[a] || {}).nthreads || 1;
+  const known = byName(view);
+  const total = workerCount(view);
+  if (total <= maxLanes && known.length === total) {
+    const lanes = known.map((a) => ({ key: a, worker: a, label: workerLabel(view, a), workers: new Set([a]), rows: rows(threads(a)) }));
+    const gone = [...new Set(tasks.map((t) => t.worker))].filter((a) => !view.workers[a]);
+    if (gone.length) lanes.push({ key: "departed", label: `${plural(gone.length, T.departed)}`, workers: new Set(gone), rows: 1 });
+    return lanes;
+  }
+  const hosts = new Map();
+  for (const a of known) hosts.set(hostOf(a), (hosts.get(hostOf(a)) || 0) + 1);
+  for (const h of (view.summary || {}).hosts || []) hosts.set(h.host, h.workers);
+  if (hosts.size > 1 && hosts.size <= maxLanes && !(view.summary || {}).more_hosts) {
+    return [...hosts.keys()].sort((a, b) => a.localeCompare(b, undefined, { numeric: true })).map((host) => ({
+      key: `host:${host}`, label: `${host} (${plural(hosts.get(host), T.worker)})`, host, workers: null,
+      rows: rows(hosts.get(host)) }));
+  }
+  const busy = new Map();
+  for (const t of tasks) busy.set(t.worker, (busy.get(t.worker) || 0) + (t.stop - Math.max(t.start, start)));
+  const order = known.slice().sort((a, b) => (busy.get(b) || 0) - (busy.get(a) || 0));
+  const shown = order.slice(0, maxLanes - 1);
+  const lanes = shown.map((a) => ({ key: a, worker: a, label: workerLabel(view, a), workers: new Set([a]), rows: rows(threads(a)) }));
+  lanes.push({ key: "others", label: `${plural(total - shown.length, T.other)}`, workers: null, rows: maxRows });
+  return lanes;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -175,13 +233,25 @@ function timeSpan(view, window) {
   return { start, span: Math.max(end - start, 1e-3) };
 }
 
-// Tasks still visible at `start`, per worker, in start order.
-function tasksByWorker(view, start) {
-  const out = {};
-  for (const t of view.tasks) {
-    if (t.stop >= start) (out[t.worker] || (out[t.worker] = [])).push(t);
+// Tasks still visible at `start`: the newest THEME.stream.maxBars of them, so the DOM
+// stays bounded however fast tasks finish (2,000 bars took 130 ms a frame in Chromium
+// here, 500 about 45).
+function visibleTasks(view, start) {
+  const shown = view.tasks.filter((t) => t.stop >= start);
+  const { maxBars } = THEME.stream;
+  return shown.length > maxBars ? shown.slice().sort((a, b) => a.stop - b.stop).slice(-maxBars) : shown;
+}
+
+// Each lane's tasks, in start order; a lane with `workers: null` takes what no other does.
+function tasksByLane(lanes, tasks) {
+  const out = lanes.map(() => []);
+  const rest = lanes.findIndex((l) => l.workers === null && !l.host);
+  for (const t of tasks) {
+    let i = lanes.findIndex((l) => (l.host ? hostOf(t.worker) === l.host : l.workers && l.workers.has(t.worker)));
+    if (i < 0) i = rest;
+    if (i >= 0) out[i].push(t);
   }
-  for (const list of Object.values(out)) list.sort((a, b) => a.start - b.start);
+  for (const list of out) list.sort((a, b) => a.start - b.start);
   return out;
 }
 
@@ -211,17 +281,17 @@ function taskBar(t, row, time, who) {
   return rect;
 }
 
-function lane(view, addr, tasks, time) {
+function lane(group, tasks, time) {
   const { width, rowHeight, rowPixels, minPixels } = THEME.stream;
-  const nthreads = Math.max(1, (view.workers[addr] || {}).nthreads || 1);
-  const who = workerLabel(view, addr);
-  const svg = chartSvg(width, nthreads * rowHeight, `${Math.max(minPixels, nthreads * rowPixels)}px`, "laneChart");
-  const rows = packRows(tasks, nthreads);
-  tasks.forEach((t, i) => svg.append(taskBar(t, rows[i], time, who)));
+  const n = group.rows;
+  const svg = chartSvg(width, n * rowHeight, `${Math.max(minPixels, n * rowPixels)}px`, "laneChart");
+  const rows = packRows(tasks, n);
+  tasks.forEach((t, i) => svg.append(taskBar(t, rows[i], time, group.label)));
   const node = h("div", st("lane"));
   node.className = "nbc-lane";
-  node.dataset.worker = addr;
-  node.append(h("div", st("label laneLabel"), who), svg);
+  if (group.worker) node.dataset.worker = group.worker;
+  else node.dataset.lane = group.key;
+  node.append(h("div", st("label laneLabel"), group.label), svg);
   return node;
 }
 
@@ -242,10 +312,11 @@ export function renderTaskStream(container, view, opts) {
     container.replaceChildren(root);
     return root;
   }
-  const lanes = laneOrder(view);
   const time = timeSpan(view, o.window ?? null);
-  const tasks = tasksByWorker(view, time.start);
-  for (const addr of lanes) root.append(lane(view, addr, tasks[addr] || [], time));
+  const shown = visibleTasks(view, time.start);
+  const lanes = laneGroups(view, shown, time.start);
+  const tasks = tasksByLane(lanes, shown);
+  lanes.forEach((group, i) => root.append(lane(group, tasks[i], time)));
   if (!lanes.length) root.append(h("div", st("note"), T.noWorkers));
   root.append(timeAxis(time.span, o.end ?? T.liveEnd));
   container.replaceChildren(root);
@@ -291,11 +362,69 @@ function gpuCell(series, last, t0, t1) {
   return chartCell(`GPU ${Math.round(last.gpu_util)}%${mem}`, sparkline(series, "gpu_util", t0, t1, 100, V.gpu));
 }
 
+// A band chart: the min-max range of every worker as an area, the median as a line.
+function bandline(bands, key, t0, t1, vmax, color) {
+  const { width: W, height: H, pixels } = THEME.spark;
+  const svg = chartSvg(W, H, pixels);
+  const pts = bands.filter((b) => b.time >= t0 && b[key]);
+  if (pts.length) {
+    const span = Math.max(t1 - t0, 1e-3);
+    const x = (b) => ((b.time - t0) / span) * W;
+    const y = (v) => H - (Math.min(v, vmax) / vmax) * (H - 2);
+    const fmt = (p) => `${p[0].toFixed(1)},${p[1].toFixed(1)}`;
+    const hi = pts.map((b) => [x(b), y(b[key][2])]);
+    const lo = pts.map((b) => [x(b), y(b[key][0])]);
+    const mid = pts.map((b) => [x(b), y(b[key][1])]);
+    if (pts.length === 1) for (const line of [hi, lo, mid]) line.unshift([Math.max(0, line[0][0] - 4), line[0][1]]);
+    svg.append(
+      s("polygon", { points: [...hi, ...lo.reverse()].map(fmt).join(" ") }, st("area", { fill: color })),
+      s("polyline", { points: mid.map(fmt).join(" "), "vector-effect": "non-scaling-stroke" }, st("line", { stroke: color })),
+    );
+  }
+  return svg;
+}
+
+// "CPU 45% (0–100%)": the median, then the range, of the latest band.
+function bandLabel(name, spread, fmt) {
+  return spread ? `${name} ${fmt(spread[1])} (${fmt(spread[0])}–${fmt(spread[2])})` : `${name} ?`;
+}
+
+// Past THEME.resources.maxWorkers, one row of distributions (min / median / max across
+// workers, from the plugin's `bands`) replaces the one row per worker.
+function renderBands(root, view, t0, t1) {
+  const bands = view.bands;
+  const last = bands[bands.length - 1] || {};
+  const name = h("div", st("label middle"), `${plural(workerCount(view), T.worker)} (${T.spread})`);
+  name.className = "nbc-resource-band";
+  root.append(name);
+  const pct = (v) => `${Math.round(v)}%`;
+  const cpuMax = Math.max(100, ...bands.map((b) => (b.cpu ? b.cpu[2] : 0)));
+  root.append(chartCell(bandLabel("CPU", last.cpu, pct), bandline(bands, "cpu", t0, t1, cpuMax, V.cpu)));
+  const memMax = Math.max(1, ...bands.map((b) => Math.max(b.memory ? b.memory[2] : 0, b.memory_limit || 0)));
+  root.append(chartCell(bandLabel("Mem", last.memory, formatBytes), bandline(bands, "memory", t0, t1, memMax, V.memory)));
+  if (bands.some((b) => b.gpu_util)) {
+    root.append(chartCell(bandLabel("GPU", last.gpu_util, pct), bandline(bands, "gpu_util", t0, t1, 100, V.gpu)));
+  }
+}
+
+function useBands(view) {
+  return (view.bands || []).length > 0 && workerCount(view) > THEME.resources.maxWorkers;
+}
+
 // opts.window: seconds of history shown; null or absent shows all the view holds.
 export function renderResources(container, view, opts) {
   const o = { window: Infinity, ...(opts || {}) };
   if (o.window === null) o.window = Infinity;
-  const addrs = laneOrder(view).filter((a) => view.workers[a] || view.samples[a]);
+  if (useBands(view)) {
+    const anyGpu = view.bands.some((b) => b.gpu_util);
+    const root = rootBox("nbc-resources", anyGpu ? "resources resourcesGpu" : "resources");
+    const t1 = view.now;
+    const t0 = Math.max(t1 - o.window, Math.min(t1 - 1, view.bands[0].time));
+    renderBands(root, view, t0, t1);
+    container.replaceChildren(root);
+    return root;
+  }
+  const addrs = byName(view);
   const anyGpu = addrs.some((a) => hasGpu(view, a));
   const root = rootBox("nbc-resources", anyGpu ? "resources resourcesGpu" : "resources");
   const t1 = view.now;

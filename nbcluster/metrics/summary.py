@@ -1,0 +1,67 @@
+"""Summaries that stay the same size however many workers a cluster has.
+
+A cluster of 1,000 workers cannot be shown, or sent to a browser four times a second, one
+worker at a time. These functions reduce per-worker facts to a bounded shape, shared by the
+scheduler plugin (``bands`` and ``summary`` in each snapshot), ``%cluster status`` and the
+sidebar:
+
+- `spread`: ``[min, median, max]`` of some values (the charts draw these as a band);
+- `band`: one such spread per resource, across every worker's latest sample;
+- `hosts`: workers, threads, running tasks and memory per host, the busiest hosts first,
+  at most `MAX_HOSTS` of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+#: At most this many hosts are described one by one (the rest are counted, not named).
+MAX_HOSTS = 20
+
+
+def spread(values: Sequence[float]) -> list[float] | None:
+    """``[min, median, max]`` of `values`, or None when there are none."""
+    if not values:
+        return None
+    v = sorted(values)
+    n = len(v)
+    median = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+    return [v[0], median, v[-1]]
+
+
+def band(time: float, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The distribution across workers of their latest samples (the plugin's sample shape).
+
+    GPU fields are spread over the workers that report them, and left out where none does.
+    """
+    rows = list(samples)
+    out: dict[str, Any] = {
+        "time": time,
+        "workers": len(rows),
+        "cpu": spread([r.get("cpu") or 0.0 for r in rows]),
+        "memory": spread([r.get("memory") or 0 for r in rows]),
+        "memory_limit": (spread([r.get("memory_limit") or 0 for r in rows]) or [0, 0, 0])[1],
+    }
+    gpu = [r["gpu_util"] for r in rows if r.get("gpu_util") is not None]
+    if gpu:
+        out["gpu_util"] = spread(gpu)
+    return out
+
+
+def hosts(workers: Iterable[Mapping[str, Any]], limit: int = MAX_HOSTS) -> tuple[list[dict[str, Any]], int]:
+    """Per-host totals of worker rows (``host``, ``nthreads``, ``processing``, ``memory``,
+    ``memory_limit``), the most workers first; returns (the first `limit`, how many more)."""
+    by_host: dict[str, dict[str, Any]] = {}
+    for w in workers:
+        host = str(w.get("host") or "?")
+        h = by_host.setdefault(
+            host, {"host": host, "workers": 0, "threads": 0, "processing": 0, "memory": 0, "memory_limit": 0}
+        )
+        h["workers"] += 1
+        h["threads"] += int(w.get("nthreads") or 0)
+        h["processing"] += int(w.get("processing") or 0)
+        h["memory"] += int(w.get("memory") or 0)
+        h["memory_limit"] += int(w.get("memory_limit") or 0)
+    ranked = sorted(by_host.values(), key=lambda h: (-h["workers"], h["host"]))
+    return ranked[:limit], max(0, len(ranked) - limit)
