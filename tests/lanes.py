@@ -33,6 +33,7 @@ LANES: dict[str, tuple[str, ...]] = {
     "test_external": ("slow",),
     "test_widgets_kernel": ("slow",),
     "test_kubernetes_spec": ("slow",),
+    "test_scale": ("slow",),
     "test_magics::test_kernel_killed_leaves_no_processes": ("slow",),
     "test_magics::test_cluster_magic_lifecycle": ("slow",),
     "test_magics::test_use_switches_the_current_cluster": ("slow",),

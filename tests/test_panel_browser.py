@@ -269,7 +269,7 @@ _square = _functions()
 def test_panel_card_reads_right_and_asks_before_stopping(lab: JupyterLab, page: Any) -> None:
     from nbcluster.distribute import distribute
     from nbcluster.widgets import progress_hook
-    from tests.test_widgets_browser import CONTRAST, MIN_CONTRAST
+    from tests.browser_helpers import CONTRAST, MIN_CONTRAST
 
     shot = Screenshots(page, "test_panel_card_reads_right_and_asks_before_stopping")
     # Started by this process, which keeps a Dask client on it: a notebook kernel using it.
