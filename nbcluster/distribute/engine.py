@@ -52,8 +52,16 @@ cancelled. Because only `in-flight` batches per thread are ever out, a stop drai
 one item's time. Each start has its own token, so a retry is not stopped by an earlier
 cancel.
 
+Adaptive clusters: the scheduler sees only the batches out, never the backlog in the
+kernel, so every half second the watch thread (`_watch`) reports the backlog to the
+scheduler (`nbcluster_backlog`: items left and their expected seconds), where the adaptive
+target counts it as queued work (`cluster/adaptive.py`), and re-reads the workers: the
+backlog's `limit` grows with the threads that joined, so a new worker gets batches at
+once, and shrinks with those that left. A cluster without that handler (a scheduler
+nbcluster did not start) answers the first report with an error, and gets no more.
+
 A cluster that goes away mid-run (its supervisor killed, its scheduler gone) is noticed
-by a watch thread within half a second (`_watch`): the items not yet finished are given up
+by the same watch thread within half a second: the items not yet finished are given up
 as *lost* (not failed: nothing is wrong with them), the run ends, and the link is closed
 at once, so that its client's reconnect attempts log nothing into the cell. `retry()` then
 opens the link afresh, to whatever cluster is current by then.
@@ -80,7 +88,7 @@ from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
 from nbcluster.distribute.job import Job
 from nbcluster.distribute.state import RunState
-from nbcluster.distribute.target import Link
+from nbcluster.distribute.target import Link, placement
 from nbcluster.errors import ClusterUnreachable, WorkerKilled
 
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
@@ -112,6 +120,8 @@ class Engine:
         self.stop_sent = threading.Event()  # every worker has been told the token
         self._seq = itertools.count()
         self._completed: Any = None
+        self._backlog: _Backlog | None = None  # the running start's, for the watch thread
+        self._reports = True  # the scheduler takes backlog reports (until it refuses one)
 
     @property
     def client(self) -> Any:
@@ -260,12 +270,50 @@ class Engine:
             if not driver.is_alive() or self._stopping:
                 return
             reason = self.link.gone()
+            if reason is None:
+                self._follow_cluster()
             # An external scheduler is judged by the client's connection alone; a dropped
             # connection that comes back within a couple of seconds is not a lost cluster.
             unanswered = unanswered + 1 if reason else 0
             if reason and (reason != "its scheduler stopped answering" or unanswered * WATCH_S >= 2):
                 self._lose(reason)
                 return
+
+    def _follow_cluster(self) -> None:
+        """Report the backlog for the adaptive target; size it to the workers there now."""
+        backlog, link, client = self._backlog, self.link, self.client
+        if backlog is None or link is None or client is None:
+            return
+        try:
+            _, threads, _ = placement(link.needs, client.scheduler_info()["workers"])
+        except Exception:  # the scheduler busy, or no worker fits any more: keep the last
+            threads = None
+        if threads is not None:
+            backlog.resize(threads)
+        if self._reports:
+            self._report(backlog.held(), backlog.batcher.seconds_per_item)
+
+    def _report(self, items: int, per_item: float | None) -> None:
+        """Send the scheduler this run's held-back work (from the client's event loop)."""
+        import dask.config
+        from dask.utils import parse_timedelta
+
+        assert self.link is not None
+        client = self.client
+        kind = "gpu" if self.link.needs.gpus else "cpu"
+        if per_item is None:  # nothing measured yet: what Dask assumes of an unknown task
+            per_item = float(parse_timedelta(dask.config.get("distributed.scheduler.unknown-task-duration")))
+
+        async def send() -> None:
+            try:
+                await client.scheduler.nbcluster_backlog(
+                    run=self.run_id, kind=kind, items=items, seconds=items * per_item
+                )
+            except Exception:  # not nbcluster's scheduler (or gone): stop asking it
+                self._reports = False
+
+        with contextlib.suppress(Exception):
+            client.loop.add_callback(send)
 
     def _lose(self, reason: str) -> None:
         assert self.link is not None
@@ -288,6 +336,7 @@ class Engine:
         completed = as_completed(loop=self.client.loop, with_results=True, raise_errors=False)
         with self._lock:
             self._completed = completed
+            self._backlog = backlog
         try:
             self._top_up(completed, backlog)
             for future, result in completed:
@@ -301,7 +350,10 @@ class Engine:
         finally:
             with self._lock:
                 self._completed = None
+                self._backlog = None
                 self._idle.set()
+            if self._reports and self.client is not None:
+                self._report(0, 0.0)  # nothing held back any more
             self.state.end()
 
     def _settle(self, future: Any, result: Any, backlog: _Backlog) -> bool:
@@ -529,7 +581,17 @@ class _Backlog:
         self.retries = job.retries
         self.attempts = dict.fromkeys(indices, 0)
         self.batcher = Batcher.from_config(threads, job.fixed_batch)
-        self.limit = max(1, int(config.get("distribute.in-flight"))) * threads  # batches out at once
+        self.per_thread = max(1, int(config.get("distribute.in-flight")))
+        self.limit = self.per_thread * threads  # batches out at once
+
+    def resize(self, threads: int) -> None:
+        """The cluster now has `threads` usable threads (workers joined or left)."""
+        self.batcher.threads = max(threads, 1)
+        self.limit = self.per_thread * max(threads, 1)
+
+    def held(self) -> int:
+        """Items not submitted yet."""
+        return len(self.items) + sum(len(part) for part in self.suspects)
 
     def take(self) -> list[int]:
         """The next batch, sized by the batcher."""
