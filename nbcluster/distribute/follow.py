@@ -110,8 +110,10 @@ class _Printer:
 
     def finish(self) -> None:
         if self.hidden:
-            name = self.results.label or "results"
-            print(f"── … and {self.hidden} more items printed output: {name}.output(i) shows item i's ──")
+            name = self.results.label
+            # Without --into no variable holds the results yet: they are the cell's `_`.
+            where = f"{name}.output(i)" if name else "`_.output(i)` right after the cell"
+            print(f"── … and {self.hidden} more items printed output: {where} shows item i's ──")
 
 
 def _show(bundle: dict[str, Any]) -> None:
