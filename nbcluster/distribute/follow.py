@@ -42,13 +42,22 @@ def follow(results: Results) -> None:
         printer.flush()
     except KeyboardInterrupt:
         results.cancel()
+        end_open_lines()  # a terminal's bar: "Interrupted:" on a line of its own
         raise interrupted(results) from None
     printer.finish()
     report(results)
+    end_open_lines()
     if results.lost:
         raise lost(results)
     if results._state.halted:
         raise cannot_run(results)
+
+
+def end_open_lines() -> None:
+    """End a terminal progress bar's line, so that what follows does not share it."""
+    from nbcluster.widgets._output import end_open_lines as end
+
+    end()
 
 
 def interrupted(results: Results) -> Interrupted:
@@ -93,6 +102,8 @@ class _Printer:
         state = self.results._state
         order = state.output_order
         new, self.seen = order[self.seen : len(order)], len(order)
+        if new:
+            end_open_lines()
         for i in new:
             if self.shown >= SHOWN_OUTPUTS:
                 self.hidden += 1
@@ -110,6 +121,7 @@ class _Printer:
 
     def finish(self) -> None:
         if self.hidden:
+            end_open_lines()
             name = self.results.label
             # Without --into no variable holds the results yet: they are the cell's `_`.
             where = f"{name}.output(i)" if name else "`_.output(i)` right after the cell"
@@ -133,6 +145,7 @@ def report(results: Results) -> None:
     errors = results.errors
     if not errors:
         return
+    end_open_lines()
     text = results.summary() + "\n" + errors[0].traceback
     if results.label:
         name = results.label
