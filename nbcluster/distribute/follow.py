@@ -12,6 +12,7 @@ all" stops) that IPython shows as one line.
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from nbcluster.distribute.results import Results
@@ -36,6 +37,7 @@ def follow(results: Results) -> None:
     """Wait in the kernel's main thread, printing output as it comes; Ctrl-C cancels."""
     printer = _Printer(results)
     try:
+        _hold_for_widget(results)
         while not results.done:
             results._state.wait_output(printer.seen, 1.0)
             printer.flush()
@@ -51,6 +53,26 @@ def follow(results: Results) -> None:
         raise lost(results)
     if results._state.halted:
         raise cannot_run(results)
+
+
+def _hold_for_widget(results: Results) -> None:
+    """In a kernel, print no item output before the live widget is in the cell.
+
+    The widget appears `widget.delay` after the start (so instant cells stay clean), from
+    its own thread. Output printed before that went above it and the rest below: a
+    notebook showed items 0-3 over the widget and item 4 under it. So item output waits
+    until the widget is shown, the run is over, or one refresh past the delay has gone by
+    (a run with no widget: `distribute()` called directly).
+    """
+    from nbcluster import config
+    from nbcluster.widgets._output import in_kernel, widget_shown_since
+
+    if not in_kernel():
+        return
+    start = time.monotonic()
+    until = start + config.seconds("widget.delay") + 2 * config.seconds("widget.interval")
+    while not results.done and not widget_shown_since(start) and time.monotonic() < until:
+        results.wait(min(0.05, max(until - time.monotonic(), 0)))
 
 
 def end_open_lines() -> None:

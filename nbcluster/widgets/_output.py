@@ -62,7 +62,17 @@ class KernelDisplay:
     def show(self, bundle: dict[str, Any]) -> None:
         from IPython.display import display
 
+        global _last_shown
         self._handle = display(bundle, raw=True, display_id=True)
+        _last_shown = time.monotonic()
+
+
+_last_shown = float("-inf")  # when a live widget was last put into a cell (time.monotonic)
+
+
+def widget_shown_since(t: float) -> bool:
+    """Whether a live widget has been displayed since `t` (a `time.monotonic()` reading)."""
+    return _last_shown >= t
 
     def update(self, bundle: dict[str, Any]) -> None:
         if self._handle is not None:
