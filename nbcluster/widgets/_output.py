@@ -66,6 +66,10 @@ class KernelDisplay:
         self._handle = display(bundle, raw=True, display_id=True)
         _last_shown = time.monotonic()
 
+    def update(self, bundle: dict[str, Any]) -> None:
+        if self._handle is not None:
+            self._handle.update(bundle, raw=True)
+
 
 _last_shown = float("-inf")  # when a live widget was last put into a cell (time.monotonic)
 
@@ -73,10 +77,6 @@ _last_shown = float("-inf")  # when a live widget was last put into a cell (time
 def widget_shown_since(t: float) -> bool:
     """Whether a live widget has been displayed since `t` (a `time.monotonic()` reading)."""
     return _last_shown >= t
-
-    def update(self, bundle: dict[str, Any]) -> None:
-        if self._handle is not None:
-            self._handle.update(bundle, raw=True)
 
 
 def shell() -> Any:
