@@ -58,3 +58,13 @@ def stop_adaptive(cluster: Any) -> None:
     """Stop a Dask cluster's `adapt()`, if one runs (an explicit scale takes control back)."""
     if cluster._adaptive is not None:
         cluster._adaptive.stop()
+
+
+def nanny_logs(client: Client, nanny: str, n: int = 12) -> list[tuple[str, str]]:
+    """The last `n` log records `(level, message)` of the nanny at `nanny`, newest first.
+
+    `Client.get_worker_logs(nanny=True)` finds nannies through their workers; a worker that
+    just died has none registered, while its nanny is alive and says how it ended. This asks
+    the nanny itself, over the client's connection pool (with the cluster's TLS).
+    """
+    return client.sync(lambda: client.rpc(nanny).get_logs(n=n))  # type: ignore[no-any-return]

@@ -54,3 +54,10 @@ class ClusterCannotRun(NbclusterError, RuntimeError):
 
     def _render_traceback_(self) -> list[str]:
         return [f"ClusterCannotRun: {self.args[0]}"]
+
+
+class WorkerKilled(NbclusterError, RuntimeError):
+    """An item's worker process died each time it ran the item (a crash, or out of memory).
+
+    The item's failure record carries this; the rest of the run goes on.
+    """

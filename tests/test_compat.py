@@ -94,3 +94,21 @@ def test_apply_scale_and_stop_adaptive_on_a_spec_cluster() -> None:
             _compat.stop_adaptive(cluster)  # nothing running: no error
 
     asyncio.run(check())
+
+
+def test_nanny_logs_reads_a_nannys_own_log() -> None:
+    # A real nanny process: its log says it started, newest record first.
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            host="127.0.0.1",
+            dashboard_address=None,
+            worker_dashboard_address=None,
+        ) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        [nanny] = [w["nanny"] for w in client.scheduler_info()["workers"].values()]
+        records = _compat.nanny_logs(client, nanny)
+    assert records and all(isinstance(level, str) and isinstance(msg, str) for level, msg in records)
+    assert any("Start Nanny at" in msg for _, msg in records), records

@@ -114,7 +114,7 @@ def test_plans_over_grid_zip() -> None:
         ({"over": "x range(3)"}, "--over needs `NAME in ITERABLE`"),
         ({"over": "x.y in range(3)"}, "--over binds plain names"),
         ({"over": "x in []"}, "--over: [] is empty, so there is nothing to run"),
-        ({"over": "x in 5"}, "--over: 5 is not iterable (it is a int)"),
+        ({"over": "x in 5"}, "--over: 5 is not iterable (it is an int)"),
         ({"grid": "lr 0.1"}, "--grid needs NAME=VALUES pairs"),
         ({"grid": "[1, 2]"}, "--grid needs NAME=VALUES pairs"),
         ({"grid": "a=[1], a=[2]"}, "--grid names a parameter twice"),

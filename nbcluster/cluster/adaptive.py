@@ -18,6 +18,15 @@ retirement) with three things replaced:
     ready tasks, divided by the threads per worker;
 - scaling up or down touches its kind only (`NbSpecCluster.scale_kind`).
 
+Work the scheduler cannot see counts too. A `%%distribute` run keeps only about two
+batches per worker thread submitted (so that a stop drains in one item's time and new
+batches are sized from what came back); the rest waits in the kernel. Seen from the
+scheduler alone that is never a backlog, and the cluster never grew for a run. So each
+run reports what it holds back (`nbcluster_backlog`: items and their expected seconds,
+per kind) every half second while it runs, and the targets add it, as if those items
+were queued tasks; a report not renewed within `BACKLOG_TTL` (a kernel that died) counts
+no more.
+
 Example: 1 CPU worker, GPU workers adaptive in [0, 2], and 5 items submitted with
 ``--gpus 1``. They sit in the scheduler's "no-worker" set (nothing offers `GPU`), so the
 GPU target is min(5, 2) = 2 and two GPU workers start; the CPU target is unchanged.
@@ -28,12 +37,46 @@ idle GPU workers are retired.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from distributed.deploy.adaptive import Adaptive
 
 from nbcluster._compat import prefix_duration
 from nbcluster.cluster.kinds import worker_kind
+
+BACKLOG_TTL = 10.0  # seconds a run's report of its held-back work counts
+
+
+class Backlogs:
+    """The work each running `%%distribute` holds back in its kernel, by run (see above)."""
+
+    def __init__(self, clock: Any = time.monotonic):
+        self.clock = clock
+        self._runs: dict[str, tuple[str, int, float, float]] = {}  # run -> (kind, items, seconds, expires)
+
+    def report(self, run: str, kind: str, items: int, seconds: float) -> None:
+        """Run `run` holds back `items` items of `kind` (about `seconds` of work); 0 ends it."""
+        if items <= 0:
+            self._runs.pop(run, None)
+        else:
+            self._runs[run] = (kind, int(items), float(seconds), self.clock() + BACKLOG_TTL)
+
+    def total(self, kind: str) -> tuple[int, float]:
+        """(items, seconds) held back for workers of `kind`, by every run still reporting."""
+        now = self.clock()
+        for run in [r for r, (_, _, _, expires) in self._runs.items() if expires < now]:
+            del self._runs[run]
+        held = [(n, sec) for k, n, sec, _ in self._runs.values() if k == kind]
+        return sum(n for n, _ in held), sum(sec for _, sec in held)
+
+
+def backlogs(scheduler: Any) -> Backlogs:
+    """The scheduler's `Backlogs` (made on first use)."""
+    found = scheduler.extensions.get("nbcluster-backlogs")
+    if found is None:
+        found = scheduler.extensions["nbcluster-backlogs"] = Backlogs()
+    return found  # type: ignore[no-any-return]
 
 
 def needs_gpu(ts: Any) -> bool:
@@ -44,10 +87,11 @@ def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
     """Desired number of workers of `kind` for the scheduler's current work."""
     workers = [ws for ws in scheduler.workers.values() if worker_kind(ws.resources) == kind]
     waiting = [ts for ts in scheduler.unrunnable] + list(scheduler.queued)
+    held, held_time = backlogs(scheduler).total(kind)
     if kind == "gpu":
         ready = sum(1 for ts in waiting if needs_gpu(ts))
         running = sum(1 for ws in workers for ts in ws.processing if needs_gpu(ts))
-        return ready + running
+        return ready + running + held
 
     ready = [ts for ts in waiting if not needs_gpu(ts)]
     # Dask's estimate of the expected run time of 100 ready tasks, scaled to all of them.
@@ -57,9 +101,9 @@ def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
         ready_time *= len(ready) / len(sample)
     running = sum(len(ws.processing) for ws in workers)
     occupancy = sum(ws.occupancy for ws in workers)
-    cores = math.ceil((occupancy + ready_time) / target_duration)
-    cores = min(cores, len(ready) + running)
-    if ready and not workers:
+    cores = math.ceil((occupancy + ready_time + held_time) / target_duration)
+    cores = min(cores, len(ready) + running + held)
+    if (ready or held) and not workers:
         cores = max(cores, 1)
     threads = (sum(ws.nthreads for ws in workers) / len(workers)) if workers else 1
     return math.ceil(cores / max(threads, 1))

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from distributed import Nanny, Security, SpecCluster
+from distributed.core import Status
+from distributed.deploy.cluster import Cluster
 
 from nbcluster import config
 from nbcluster.cluster.adaptive import KindAdaptive
@@ -126,6 +128,21 @@ class NbSpecCluster(SpecCluster):
             name=spec.name,
             **kwargs,
         )
+
+    def _update_worker_status(self, op: str, msg: Any) -> None:
+        # SpecCluster hard-closes a worker that has not registered again
+        # `distributed.deploy.lost-worker-timeout` (15 s) after it left: meant for a lost
+        # batch job. Here each worker has a nanny that restarts its process itself, and an
+        # item that kills its worker each time can leave it down at that very instant: the
+        # close then took the nanny too, for good, and the cluster sat with no workers.
+        # While the nanny runs, its worker is coming back: no timer.
+        if op == "remove":
+            name = (self.scheduler_info.get("workers", {}).get(msg) or {}).get("name")
+            nanny = self.workers.get(name)
+            if isinstance(nanny, Nanny) and nanny.status == Status.running:
+                Cluster._update_worker_status(self, op, msg)
+                return
+        super()._update_worker_status(op, msg)
 
     def _cpu_template(self) -> dict[str, Any]:
         threads = self.nb_spec.threads or 1

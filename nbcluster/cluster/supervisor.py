@@ -119,7 +119,15 @@ class Control:
         }
         if self.deployment.scheduler is None:
             handlers["nbcluster_metrics"] = self.metrics
+        else:
+            handlers["nbcluster_backlog"] = self.backlog
         return handlers
+
+    def backlog(self, run: str, kind: str, items: int, seconds: float) -> None:
+        """A `%%distribute` run's work held back in its kernel, for the adaptive targets."""
+        from nbcluster.cluster.adaptive import backlogs
+
+        backlogs(self.deployment.scheduler).report(str(run), str(kind), int(items), float(seconds))
 
     async def info(self) -> dict[str, Any]:
         d = self.deployment

@@ -3,6 +3,11 @@
 nbcluster's workers start with `MALLOC_MMAP_THRESHOLD_` raised (see `nbcluster.yaml`), so
 arrays up to 64 MiB come from the heap and are reused, not mmapped and faulted in afresh
 each time: that is what makes numpy code run as fast on a worker as in a fresh process.
+They also raise `MALLOC_TRIM_THRESHOLD_` from Dask's 64 KiB to 128 MiB: with 64 KiB,
+every free() that left more than that at the top of a heap gave it back to the system, and
+the next array faulted its pages in again (which arrays end up at the top depends on what
+was allocated after them: after a worker's first `%%distribute` batch, a numpy loop took
+15,600 page faults an item instead of 96, for the rest of the worker's life).
 The price is that glibc keeps freed heap memory for reuse: after a task that allocated and
 freed 2 GB in 1-50 MB arrays, a worker held 226 MiB where Dask's default leaves 76 MiB.
 

@@ -13,8 +13,16 @@ waiting on the worker, so no thread waits for the kernel between batches), sizes
 batch with `batching.Batcher` (one item until an item time is measured, then growing), and
 turns each finished batch into deliveries to the state (`_settle`). Per batch it decides:
 
-- a worker-side failure of the whole batch (the worker died too often: `KilledWorker`)
-  fails its items, which `--retries` may resubmit like any failed item;
+- a batch whose workers kept dying (`KilledWorker`: Dask ran it on
+  `allowed-failures + 1` workers, and each died) is split, not failed: one item that
+  crashes its worker (`os._exit`, a segfault, past the memory limit) must not take the
+  items batched with it down too. The halves become *suspects*, and a suspect runs
+  *alone*: nothing else of the run is out while it runs (the others drain first), because
+  Dask counts a death against every task a worker holds, queued ones too, and a suspect
+  killed beside another batch proves nothing. A batch of one item killed while it ran
+  alone is the culprit: that item fails with `WorkerKilled`, one line with the count and
+  the last thing the worker's nanny logged (exit status, or the memory limit it passed).
+  The run then goes on as before, on the restarted workers;
 - a batch whose context cannot load on the worker (a module missing there) is *fatal*:
   every other batch would fail the same way, so the rest is failed at once, with that
   one message, and nothing more is submitted;
@@ -27,7 +35,8 @@ turns each finished batch into deliveries to the state (`_settle`). Per batch it
   It is looked for only in a batch that failed: a finished batch costs nothing more.
 
 State of one start (the first run, each retry): `_Backlog`, the items not yet submitted
-(in order, failed items put back in front) with their attempts and the batch sizer;
+(in order, failed items put back in front) with their attempts, the batch sizer and the
+suspects;
 `_pending`, each submitted future -> the item indices of its batch; `token`, the start's
 stop token. Worked example, 2 threads, `in-flight` 2, 400 items of 10 ms: four batches of
 one item go out; as each comes back its items are delivered and the backlog tops the
@@ -43,8 +52,16 @@ cancelled. Because only `in-flight` batches per thread are ever out, a stop drai
 one item's time. Each start has its own token, so a retry is not stopped by an earlier
 cancel.
 
+Adaptive clusters: the scheduler sees only the batches out, never the backlog in the
+kernel, so every half second the watch thread (`_watch`) reports the backlog to the
+scheduler (`nbcluster_backlog`: items left and their expected seconds), where the adaptive
+target counts it as queued work (`cluster/adaptive.py`), and re-reads the workers: the
+backlog's `limit` grows with the threads that joined, so a new worker gets batches at
+once, and shrinks with those that left. A cluster without that handler (a scheduler
+nbcluster did not start) answers the first report with an error, and gets no more.
+
 A cluster that goes away mid-run (its supervisor killed, its scheduler gone) is noticed
-by a watch thread within half a second (`_watch`): the items not yet finished are given up
+by the same watch thread within half a second: the items not yet finished are given up
 as *lost* (not failed: nothing is wrong with them), the run ends, and the link is closed
 at once, so that its client's reconnect attempts log nothing into the cell. `retry()` then
 opens the link afresh, to whatever cluster is current by then.
@@ -57,6 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -70,8 +88,8 @@ from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
 from nbcluster.distribute.job import Job
 from nbcluster.distribute.state import RunState
-from nbcluster.distribute.target import Link
-from nbcluster.errors import ClusterUnreachable
+from nbcluster.distribute.target import Link, placement
+from nbcluster.errors import ClusterUnreachable, WorkerKilled
 
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
@@ -93,6 +111,7 @@ class Engine:
         self._reships = 0
         self._lock = threading.Lock()
         self._pending: dict[Any, Any] = {}  # future -> the item indices of its batch
+        self._alone: Any = None  # the batch that has been the only one out since its submit
         self._stopping = False  # cancel() was called: submit nothing more
         self._idle = threading.Event()  # set while no batch is out (and delivered)
         self._idle.set()
@@ -101,6 +120,8 @@ class Engine:
         self.stop_sent = threading.Event()  # every worker has been told the token
         self._seq = itertools.count()
         self._completed: Any = None
+        self._backlog: _Backlog | None = None  # the running start's, for the watch thread
+        self._reports = True  # the scheduler takes backlog reports (until it refuses one)
 
     @property
     def client(self) -> Any:
@@ -249,12 +270,50 @@ class Engine:
             if not driver.is_alive() or self._stopping:
                 return
             reason = self.link.gone()
+            if reason is None:
+                self._follow_cluster()
             # An external scheduler is judged by the client's connection alone; a dropped
             # connection that comes back within a couple of seconds is not a lost cluster.
             unanswered = unanswered + 1 if reason else 0
             if reason and (reason != "its scheduler stopped answering" or unanswered * WATCH_S >= 2):
                 self._lose(reason)
                 return
+
+    def _follow_cluster(self) -> None:
+        """Report the backlog for the adaptive target; size it to the workers there now."""
+        backlog, link, client = self._backlog, self.link, self.client
+        if backlog is None or link is None or client is None:
+            return
+        try:
+            _, threads, _ = placement(link.needs, client.scheduler_info()["workers"])
+        except Exception:  # the scheduler busy, or no worker fits any more: keep the last
+            threads = None
+        if threads is not None:
+            backlog.resize(threads)
+        if self._reports:
+            self._report(backlog.held(), backlog.batcher.seconds_per_item)
+
+    def _report(self, items: int, per_item: float | None) -> None:
+        """Send the scheduler this run's held-back work (from the client's event loop)."""
+        import dask.config
+        from dask.utils import parse_timedelta
+
+        assert self.link is not None
+        client = self.client
+        kind = "gpu" if self.link.needs.gpus else "cpu"
+        if per_item is None:  # nothing measured yet: what Dask assumes of an unknown task
+            per_item = float(parse_timedelta(dask.config.get("distributed.scheduler.unknown-task-duration")))
+
+        async def send() -> None:
+            try:
+                await client.scheduler.nbcluster_backlog(
+                    run=self.run_id, kind=kind, items=items, seconds=items * per_item
+                )
+            except Exception:  # not nbcluster's scheduler (or gone): stop asking it
+                self._reports = False
+
+        with contextlib.suppress(Exception):
+            client.loop.add_callback(send)
 
     def _lose(self, reason: str) -> None:
         assert self.link is not None
@@ -272,10 +331,12 @@ class Engine:
         from distributed import as_completed
 
         assert self.link is not None
+        _quiet_rescheduling()
         backlog = _Backlog(indices, self.job, self.link.threads)
         completed = as_completed(loop=self.client.loop, with_results=True, raise_errors=False)
         with self._lock:
             self._completed = completed
+            self._backlog = backlog
         try:
             self._top_up(completed, backlog)
             for future, result in completed:
@@ -289,13 +350,17 @@ class Engine:
         finally:
             with self._lock:
                 self._completed = None
+                self._backlog = None
                 self._idle.set()
+            if self._reports and self.client is not None:
+                self._report(0, 0.0)  # nothing held back any more
             self.state.end()
 
     def _settle(self, future: Any, result: Any, backlog: _Backlog) -> bool:
         """Take in one finished batch; False when the run cannot go on."""
         with self._lock:
             batch = self._pending.pop(future, None)
+            alone, self._alone = self._alone is future, None
         if batch is None:
             return True  # cancelled on the scheduler: its items were given up
         assert self.link is not None
@@ -305,7 +370,7 @@ class Engine:
         if gone is not None:
             self._lose(gone)
             return False
-        retry, fatal = self._handle(future, result, batch, backlog)
+        retry, fatal = self._handle(future, result, batch, backlog, alone=alone)
         if fatal is not None:
             self._fail(backlog.drain(), fatal)
             self._cancel_outstanding()
@@ -322,7 +387,14 @@ class Engine:
             return True
 
     def _top_up(self, completed: Any, backlog: _Backlog) -> None:
-        """Submit batches from the front of the backlog until `in-flight` per thread are out."""
+        """Submit batches from the front of the backlog until `in-flight` per thread are out.
+
+        While there are suspects, one at a time runs alone instead (see the module docstring).
+        """
+        if backlog.suspects:
+            if not self._pending and not self._stopping:
+                self._submit(completed, backlog.suspects.popleft(), backlog.batcher.budget)
+            return
         while backlog.items and len(self._pending) < backlog.limit and not self._stopping:
             self._submit(completed, backlog.take(), backlog.batcher.budget)
 
@@ -346,20 +418,28 @@ class Engine:
                 worker.run_batch, self.context, blob, self.token,
                 key=key, pure=False, **self.link.submit_kwargs,
             )  # fmt: skip
+            self._alone = None if self._pending else future
             self._pending[future] = indices
             self._idle.clear()
         completed.add(future)
 
     def _handle(
-        self, future: Any, result: Any, indices: Any, backlog: _Backlog | None = None
+        self, future: Any, result: Any, indices: Any, backlog: _Backlog | None = None, *, alone: bool = True
     ) -> tuple[list[int], dict[str, Any] | None]:
         """Deliver one batch, holding back the failed items the backlog takes for another attempt.
 
         Returns (items to submit again, fatal record). Items a stopped batch did not reach
         stay pending (the run is ending: they become cancelled), unless the run goes on,
-        when they are submitted again.
+        when they are submitted again. `alone`: no other batch was out while this one was.
         """
         outcome = _unpack(future, result, len(indices))
+        if outcome.killed is not None:
+            if backlog is not None and not (alone and len(indices) == 1):
+                backlog.suspect(list(indices))  # not an attempt: which item it was is not known yet
+                return [], None
+            for i in indices:
+                self._fail([i], self._killed(i, outcome.killed))
+            return [], None
         if outcome.halt is not None:
             self._cancel_outstanding()
             self.state.halt(
@@ -409,6 +489,20 @@ class Engine:
 
     def _fail(self, indices: Sequence[int], record: dict[str, Any]) -> None:
         self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
+
+    def _killed(self, index: int, killed: Any) -> dict[str, Any]:
+        """The failure record of item `index`, whose worker died each time it ran it."""
+        described = self.job.plan.describe(index)
+        message = (
+            f"item {index}{f' ({described})' if described else ''} killed its worker "
+            f"{killed.allowed_failures + 1} times (a crash or out of memory)"
+        )
+        said = _last_words(self.client, killed.last_worker)
+        if said:
+            message += f"; the worker's nanny logged: {said}"
+        record = worker.error_record(WorkerKilled(message))
+        record["chain"][0]["frames"] = []  # the engine's frames: nothing the user can act on
+        return record
 
     def _drive_everywhere(self, indices: list[int]) -> None:
         assert self.link is not None
@@ -483,10 +577,21 @@ class _Backlog:
 
     def __init__(self, indices: list[int], job: Job, threads: int):
         self.items = deque(indices)
+        self.suspects: deque[list[int]] = deque()  # parts of killed batches, each to run alone
         self.retries = job.retries
         self.attempts = dict.fromkeys(indices, 0)
         self.batcher = Batcher.from_config(threads, job.fixed_batch)
-        self.limit = max(1, int(config.get("distribute.in-flight"))) * threads  # batches out at once
+        self.per_thread = max(1, int(config.get("distribute.in-flight")))
+        self.limit = self.per_thread * threads  # batches out at once
+
+    def resize(self, threads: int) -> None:
+        """The cluster now has `threads` usable threads (workers joined or left)."""
+        self.batcher.threads = max(threads, 1)
+        self.limit = self.per_thread * max(threads, 1)
+
+    def held(self) -> int:
+        """Items not submitted yet."""
+        return len(self.items) + sum(len(part) for part in self.suspects)
 
     def take(self) -> list[int]:
         """The next batch, sized by the batcher."""
@@ -502,10 +607,34 @@ class _Backlog:
     def put_back(self, indices: list[int]) -> None:
         self.items.extendleft(reversed(indices))
 
+    def suspect(self, indices: list[int]) -> None:
+        """A batch whose workers kept dying: its halves run alone, one after the other."""
+        half = (len(indices) + 1) // 2
+        self.suspects.extend(part for part in (indices[:half], indices[half:]) if part)
+
     def drain(self) -> list[int]:
-        taken = list(self.items)
+        taken = [*(i for part in self.suspects for i in part), *self.items]
         self.items.clear()
+        self.suspects.clear()
         return taken
+
+
+class _Rescheduling(logging.Filter):
+    """Drops the client's "Couldn't gather 1 keys, rescheduling" warning.
+
+    A worker that dies holding a finished batch's result makes Dask compute that batch
+    again, and the run takes the result from the second computation; nothing is lost, so
+    nothing belongs in the cell (where the kernel's log handler would print it).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Couldn't gather")
+
+
+def _quiet_rescheduling() -> None:
+    log = logging.getLogger("distributed.client")
+    if not any(isinstance(f, _Rescheduling) for f in log.filters):
+        log.addFilter(_Rescheduling())
 
 
 def _internal_error(e: Exception) -> dict[str, Any]:
@@ -521,16 +650,21 @@ class _Outcome(NamedTuple):
     seconds: float | None = None  # time the items took on the worker
     fatal: dict[str, Any] | None = None  # the context could not load: every batch would fail
     lost: tuple[str, str | None] | None = None  # (key no worker holds any more, who asked)
+    killed: Any = None  # Dask's KilledWorker: every worker that ran the batch died
     halt: str | None = None  # nbcluster could not be imported to unpickle the batch: why
 
 
 def _unpack(future: Any, result: Any, n: int) -> _Outcome:
     record: dict[str, Any] | None = None
-    if future.status != "finished":
+    # A result blob is a result even if the future reads "lost" by now: the worker that
+    # held it died after it was gathered.
+    if future.status != "finished" and not isinstance(result, bytes):
         exc = result[1] if isinstance(result, tuple) else result
         missing = _nbcluster_missing(exc)
         if missing is not None:
             return _Outcome([], {}, {}, halt=missing)
+        if _is_killed_worker(exc):
+            return _Outcome([], {}, {}, killed=exc)
         record = _batch_failure(exc)
     else:
         try:
@@ -571,12 +705,41 @@ def _nbcluster_missing(exc: Any) -> str | None:
     return None
 
 
-def _batch_failure(exc: Any) -> dict[str, Any]:
+def _is_killed_worker(exc: Any) -> bool:
     from distributed import KilledWorker
 
-    if isinstance(exc, KilledWorker):
-        exc = KilledWorker(f"the workers running these items kept dying (a crash, or out of memory?): {exc}")
-    elif isinstance(exc, BaseException) and type(exc).__name__ == "CancelledError":
+    return isinstance(exc, KilledWorker) and len(exc.args) == 3
+
+
+def _last_words(client: Any, last: Any) -> str | None:
+    """What the nanny of a worker that died last logged about it, as one line, else None.
+
+    The nanny outlives its worker (and restarts it); its log says how the worker ended
+    ("Worker process 4242 exited with status 1", or that it passed its memory budget).
+    Dask keeps no stderr of the dead process itself.
+    """
+    from nbcluster._compat import nanny_logs
+
+    nanny = getattr(last, "nanny", None)
+    if client is None or not nanny:
+        return None
+    try:
+        records = nanny_logs(client, nanny)
+    except Exception:  # no nanny (a plain `dask worker --no-nanny`), or it is gone too
+        return None
+    # Newest first. Nannies that share a process share its log: keep this worker's lines.
+    pid = getattr(last, "pid", None)
+    lines = [str(msg).split(" - ", 3)[-1].strip() for _, msg in records]
+    lines = [line for line in lines if pid is None or f"pid={pid})" in line or f"process {pid} " in line]
+    for wanted in ("memory budget", "Worker process"):
+        for line in lines:
+            if wanted in line:
+                return line
+    return None
+
+
+def _batch_failure(exc: Any) -> dict[str, Any]:
+    if isinstance(exc, BaseException) and type(exc).__name__ == "CancelledError":
         exc = type(exc)("the batch was cancelled on the cluster")
     elif not isinstance(exc, BaseException):
         exc = RuntimeError(f"the batch failed: {exc!r}")

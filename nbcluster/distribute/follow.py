@@ -12,6 +12,7 @@ all" stops) that IPython shows as one line.
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from nbcluster.distribute.results import Results
@@ -36,19 +37,49 @@ def follow(results: Results) -> None:
     """Wait in the kernel's main thread, printing output as it comes; Ctrl-C cancels."""
     printer = _Printer(results)
     try:
+        _hold_for_widget(results)
         while not results.done:
             results._state.wait_output(printer.seen, 1.0)
             printer.flush()
         printer.flush()
     except KeyboardInterrupt:
         results.cancel()
+        end_open_lines()  # a terminal's bar: "Interrupted:" on a line of its own
         raise interrupted(results) from None
     printer.finish()
     report(results)
+    end_open_lines()
     if results.lost:
         raise lost(results)
     if results._state.halted:
         raise cannot_run(results)
+
+
+def _hold_for_widget(results: Results) -> None:
+    """In a kernel, print no item output before the live widget is in the cell.
+
+    The widget appears `widget.delay` after the start (so instant cells stay clean), from
+    its own thread. Output printed before that went above it and the rest below: a
+    notebook showed items 0-3 over the widget and item 4 under it. So item output waits
+    until the widget is shown, the run is over, or one refresh past the delay has gone by
+    (a run with no widget: `distribute()` called directly).
+    """
+    from nbcluster import config
+    from nbcluster.widgets._output import in_kernel, widget_shown_since
+
+    if not in_kernel():
+        return
+    start = time.monotonic()
+    until = start + config.seconds("widget.delay") + 2 * config.seconds("widget.interval")
+    while not results.done and not widget_shown_since(start) and time.monotonic() < until:
+        results.wait(min(0.05, max(until - time.monotonic(), 0)))
+
+
+def end_open_lines() -> None:
+    """End a terminal progress bar's line, so that what follows does not share it."""
+    from nbcluster.widgets._output import end_open_lines as end
+
+    end()
 
 
 def interrupted(results: Results) -> Interrupted:
@@ -93,6 +124,8 @@ class _Printer:
         state = self.results._state
         order = state.output_order
         new, self.seen = order[self.seen : len(order)], len(order)
+        if new:
+            end_open_lines()
         for i in new:
             if self.shown >= SHOWN_OUTPUTS:
                 self.hidden += 1
@@ -110,8 +143,11 @@ class _Printer:
 
     def finish(self) -> None:
         if self.hidden:
-            name = self.results.label or "results"
-            print(f"── … and {self.hidden} more items printed output: {name}.output(i) shows item i's ──")
+            end_open_lines()
+            name = self.results.label
+            # Without --into no variable holds the results yet: they are the cell's `_`.
+            where = f"{name}.output(i)" if name else "`_.output(i)` right after the cell"
+            print(f"── … and {self.hidden} more items printed output: {where} shows item i's ──")
 
 
 def _show(bundle: dict[str, Any]) -> None:
@@ -131,6 +167,7 @@ def report(results: Results) -> None:
     errors = results.errors
     if not errors:
         return
+    end_open_lines()
     text = results.summary() + "\n" + errors[0].traceback
     if results.label:
         name = results.label

@@ -178,7 +178,12 @@ def _materialize(values: Any, flag: str, what: str) -> list[Any]:
     try:
         items = list(values)
     except TypeError:
-        raise BadArgument(f"--{flag}: {what} is not iterable (it is a {type(values).__name__})") from None
+        raise BadArgument(f"--{flag}: {what} is not iterable (it is {_a(type(values).__name__)})") from None
     if not items:
         raise BadArgument(f"--{flag}: {what} is empty, so there is nothing to run")
     return items
+
+
+def _a(noun: str) -> str:
+    """`noun` with its article: "an int", "a float"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"

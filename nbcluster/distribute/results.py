@@ -8,7 +8,9 @@ holds no state of its own and cannot be written: its attributes are properties, 
 its methods return (lists, dicts) are fresh copies.
 
 User-facing surface: `len`, indexing and iteration (values; a failed item re-raises its
-own exception), `.params`, `.errors`, `.ok`, `.done`, `.to_pandas()`, `.retry()`,
+own exception; iterating a run with items cancelled or still running raises `NotReady`
+before yielding anything, naming `.values()`, which lists every value with a stand-in
+for the missing ones), `.params`, `.errors`, `.ok`, `.done`, `.to_pandas()`, `.retry()`,
 `.raise_first()`, `.output(i)`, `.wait()`, `.cancel()`, `.futures`, `.started` and
 `.ended` (wall-clock times), and a compact table as the notebook display.
 
@@ -50,7 +52,11 @@ _SHOW_ROWS = 8
 
 
 class NotReady(NbclusterError):
-    """An item asked for has not finished yet."""
+    """An item asked for has not finished yet (or was cancelled)."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows the one line, not the frames of Results' own indexing.
+        return [f"NotReady: {self.args[0]}"]
 
 
 class Control(Protocol):
@@ -141,6 +147,16 @@ class Results:
         )
 
     def __iter__(self) -> Iterator[Any]:
+        # All or nothing: a loop over the values must not stop halfway, nor zip them with
+        # the params out of step. Failed items still re-raise their own error, in order.
+        c = self.counts()
+        if c["cancelled"] or c["running"]:
+            what = "was interrupted" if c["cancelled"] else "is still running"
+            wait = "" if c["cancelled"] else f", `%distribute wait {self._label or 'NAME'}` waits for the rest"
+            raise NotReady(
+                f"the run {what} ({self._progress_text()}): .values() lists every value, with None "
+                f"for the missing ones{wait}; .retry() runs what is missing"
+            )
         for i in range(len(self)):
             yield self[i]
 
@@ -314,8 +330,10 @@ class Results:
             text = repr(self._state.values[i])
             return text if len(text) <= 60 else text[:57] + "..."
         if state == FAILED:
+            # Whole: the end of a message is often what says what to do ("cannot be sent
+            # back to the kernel: cannot pickle '_thread.lock' object").
             e = self._state.errors[i]
-            return f"{e.type_name}: {e.message}"[:80]
+            return f"{e.type_name}: {e.message}"
         return "cancelled" if state == CANCELLED else "…"
 
 

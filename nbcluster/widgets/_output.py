@@ -4,11 +4,46 @@ recorder (the `Seams`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nbcluster.widgets._progress import TextBar
+
+
+class LineBar(TextBar):
+    """A `TextBar` that ends its line before anything else is printed (`end_open_lines`).
+
+    Redrawn in place, the bar leaves the cursor at the end of its line; item output or an
+    `Interrupted:` line printed then would be glued onto it (`... ETA 3.0 s── item 2 ──`).
+    """
+
+    def update(self, counts: Mapping[str, Any]) -> None:
+        super().update(counts)
+        if self.live:
+            _OPEN.add(self)
+
+    def finish(self, counts: Mapping[str, Any]) -> None:
+        _OPEN.discard(self)
+        super().finish(counts)
+
+    def end_line(self) -> None:
+        """Leave the bar's line: the next redraw starts on a line of its own."""
+        _OPEN.discard(self)
+        if self._last_len:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._last_len = 0
+
+
+_OPEN: weakref.WeakSet[LineBar] = weakref.WeakSet()  # bars whose line the cursor is still on
+
+
+def end_open_lines() -> None:
+    """End the line of every bar drawn in place, before other output is printed."""
+    for bar in list(_OPEN):
+        bar.end_line()
 
 
 class Display(Protocol):
@@ -27,11 +62,21 @@ class KernelDisplay:
     def show(self, bundle: dict[str, Any]) -> None:
         from IPython.display import display
 
+        global _last_shown
         self._handle = display(bundle, raw=True, display_id=True)
+        _last_shown = time.monotonic()
 
     def update(self, bundle: dict[str, Any]) -> None:
         if self._handle is not None:
             self._handle.update(bundle, raw=True)
+
+
+_last_shown = float("-inf")  # when a live widget was last put into a cell (time.monotonic)
+
+
+def widget_shown_since(t: float) -> bool:
+    """Whether a live widget has been displayed since `t` (a `time.monotonic()` reading)."""
+    return _last_shown >= t
 
 
 def shell() -> Any:
@@ -89,7 +134,7 @@ class Output:
         widgets = in_kernel() if seams.widgets is None else seams.widgets
         if widgets:
             return cls(seams.display if seams.display is not None else KernelDisplay(), seams.text)
-        return cls(seams.display, seams.text if seams.text is not None else TextBar())
+        return cls(seams.display, seams.text if seams.text is not None else LineBar())
 
     @property
     def widgets(self) -> bool:

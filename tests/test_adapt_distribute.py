@@ -1,0 +1,45 @@
+"""`%%distribute` on an adaptive cluster: the run's backlog grows it, and it shrinks after.
+
+The engine keeps only about two batches per worker thread submitted, so the scheduler
+alone never sees a backlog; the run reports what it holds back (issue 21, defect 3). A
+real adaptive cluster (`adapt --min 1 --max 3`): 80 items of 0.25 s, 20 s of work, are
+4 workers' worth at Dask's 5 s target duration, so it must reach its maximum.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import nbcluster
+from nbcluster.distribute import distribute
+
+ITEM = "import time\nfrom distributed import get_worker\ntime.sleep(0.25)\nget_worker().name"
+
+
+def test_a_run_grows_an_adaptive_cluster_to_its_max_and_it_shrinks_back(runtime_dir: Any) -> None:
+    handle = nbcluster.start(workers=1, threads=1, name="adaptive")
+    handle.adapt(1, 3)
+    client = handle.client
+    res = distribute(ITEM, over="x in range(80)", namespace={}, client=client)
+    assert res.ok
+    # Three workers ran items: the cluster grew to its max, and the new workers got batches.
+    assert len(set(res)) == 3, sorted(set(res))
+    deadline = time.monotonic() + 60
+    while len(client.scheduler_info()["workers"]) > 1 and time.monotonic() < deadline:
+        time.sleep(0.2)  # Dask's adaptive loop retires idle workers: there is no event to wait on
+    assert len(client.scheduler_info()["workers"]) == 1
+
+
+def test_a_backlog_report_counts_until_it_is_ended_or_goes_stale() -> None:
+    from nbcluster.cluster.adaptive import BACKLOG_TTL, Backlogs
+
+    now = [100.0]
+    held = Backlogs(clock=lambda: now[0])
+    held.report("run-a", "cpu", 40, 10.0)
+    held.report("run-b", "gpu", 2, 4.0)
+    assert held.total("cpu") == (40, 10.0) and held.total("gpu") == (2, 4.0)
+    held.report("run-a", "cpu", 0, 0.0)  # the run ended
+    assert held.total("cpu") == (0, 0.0)
+    now[0] += BACKLOG_TTL + 1  # a kernel that died stops counting
+    assert held.total("gpu") == (0, 0.0)

@@ -1,0 +1,70 @@
+"""What a new user meets in `Results` and the messages around it (issue 21, defects 7 and 9)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from nbcluster.distribute import distribute
+from nbcluster.distribute.follow import Interrupted
+from nbcluster.distribute.results import NotReady
+from nbcluster.errors import BadArgument
+
+STOPS_AT_1 = "if x == 1:\n    raise KeyboardInterrupt\nx"
+
+
+def interrupted(ns: dict[str, Any]) -> Any:
+    # Ctrl-C in item 1 of a kernel run: item 0 done, 1-3 cancelled (no cluster needed).
+    with pytest.raises(Interrupted):
+        distribute(STOPS_AT_1, namespace=ns, over="x in range(4)", local="all", into="res")
+    return ns["res"]
+
+
+def test_iterating_an_interrupted_run_says_in_one_line_to_use_values() -> None:
+    res = interrupted({})
+    with pytest.raises(NotReady) as info:
+        list(res)
+    message = str(info.value)
+    assert message == (
+        "the run was interrupted (1/4 done, 3 cancelled): .values() lists every value, with None "
+        "for the missing ones; .retry() runs what is missing"
+    )
+    assert info.value._render_traceback_() == [f"NotReady: {message}"]  # IPython shows that line alone
+    assert res.values() == [0, None, None, None]
+    assert [v for v in res.values(missing=...) if v is not ...] == [0]
+
+
+def test_a_finished_run_iterates_like_a_list() -> None:
+    ns: dict[str, Any] = {}
+    res = distribute("x", namespace=ns, over="x in range(3)", local="all", into="res")
+    assert list(res) == [0, 1, 2]  # a finished run iterates as a list does
+
+
+def test_printed_output_of_a_run_without_into_points_at_underscore(cluster: Any, capsys: Any) -> None:
+    distribute("print('hello', x)\nx", namespace={}, over="x in range(8)")
+    out = capsys.readouterr().out
+    assert "── … and 3 more items printed output: `_.output(i)` right after the cell shows item i's ──" in out
+    assert "results.output" not in out
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        ("a=[1, 2], b=3", "--grid: b is not iterable (it is an int)"),
+        ("a=[1, 2], b=0.5", "--grid: b is not iterable (it is a float)"),
+    ],
+)
+def test_a_value_that_is_not_iterable_is_named_with_its_article(grid: str, message: str) -> None:
+    with pytest.raises(BadArgument) as info:
+        distribute("a", namespace={}, grid=grid, local="all")
+    assert str(info.value) == message
+
+
+def test_the_results_table_shows_the_whole_unpicklable_result_message(cluster: Any) -> None:
+    res = distribute("import threading\nthreading.Lock()", namespace={}, over="x in range(2)")
+    [first, _] = res.errors
+    assert first.message.endswith("cannot pickle '_thread.lock' object"), first.message
+    table = res._repr_html_()
+    assert "cannot pickle &#x27;_thread.lock&#x27; object</td>" in table, table
+    assert f"{first.type_name}: {first.message}" in repr(res)
