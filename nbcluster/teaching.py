@@ -27,7 +27,17 @@ from typing import Any, NamedTuple
 import psutil
 
 #: Process names (lower case, prefixes) of web browsers, whose CPU counts as the notebook's.
-BROWSERS = ("chrome", "chromium", "firefox", "safari", "msedge", "microsoft edge", "brave", "opera", "vivaldi")
+BROWSERS = (
+    "chrome",
+    "chromium",
+    "firefox",
+    "safari",
+    "msedge",
+    "microsoft edge",
+    "brave",
+    "opera",
+    "vivaldi",
+)
 #: Cores other programs may use during a timing before its speed check is skipped.
 LIMIT = 0.25
 

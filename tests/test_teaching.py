@@ -49,7 +49,9 @@ def test_a_busy_program_counts_as_a_disturbance(spinners: dict[str, psutil.Proce
     assert not teaching.undisturbed(timing.others)
 
 
-def test_the_browser_and_the_jupyter_server_work_for_the_notebook(spinners: dict[str, psutil.Process]) -> None:
+def test_the_browser_and_the_jupyter_server_work_for_the_notebook(
+    spinners: dict[str, psutil.Process],
+) -> None:
     mine = {p.pid for p in teaching.ours()}
     assert spinners["chromium-renderer"].pid in mine, "the browser drawing the notebook is not a disturbance"
     assert spinners["compiler"].pid not in mine, "any other program is"
