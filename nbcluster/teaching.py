@@ -43,7 +43,14 @@ LIMIT = 0.25
 
 
 def small() -> bool:
-    """True when ``NBCLUSTER_SMALL`` asks for the quick sizes (what the test suite runs)."""
+    """Whether the notebooks should run their quick sizes.
+
+    Returns
+    -------
+    bool
+        True when ``NBCLUSTER_SMALL`` is set to anything but ``""`` or ``"0"`` (the test suite
+        sets it).
+    """
     return os.environ.get("NBCLUSTER_SMALL", "") not in ("", "0")
 
 
@@ -57,7 +64,18 @@ def cores() -> int:
 
 
 def workers(cap: int = 4) -> int:
-    """One single-threaded worker per core, at most `cap` (a course hub's usual limit)."""
+    """How many workers a notebook starts: one single-threaded worker per core.
+
+    Parameters
+    ----------
+    cap : int
+        At most this many (a course hub's usual limit).
+
+    Returns
+    -------
+    int
+        ``min(cores(), cap)``, at least 1.
+    """
     return max(1, min(cores(), cap))
 
 
@@ -77,8 +95,18 @@ def _is_browser(proc: psutil.Process) -> bool:
 
 
 def ours(me: psutil.Process | None = None) -> list[psutil.Process]:
-    """The processes working for this notebook: itself, its descendants, its ancestors, and
-    web browsers (see the module docstring)."""
+    """The processes working for this notebook (see the module docstring).
+
+    Parameters
+    ----------
+    me : psutil.Process, optional
+        The kernel's process (default: this one).
+
+    Returns
+    -------
+    list of psutil.Process
+        It, its descendants, its ancestors, and every web browser's process.
+    """
     me = me or psutil.Process()
     found = {p.pid: p for p in [me, *me.children(recursive=True), *me.parents()]}
     for proc in psutil.process_iter():
@@ -107,6 +135,18 @@ def timed(run: Callable[[], Any], *, _ours: Callable[[], list[psutil.Process]] =
 
     Processes of ours that start during the run (a new worker) are counted from zero; those
     that end during it lose their share, which can only make a run look *more* disturbed.
+
+    Parameters
+    ----------
+    run : callable
+        Called once, without arguments.
+    _ours : callable
+        Test seam: what counts as the notebook's own processes (default `ours`).
+
+    Returns
+    -------
+    Timing
+        Wall seconds, cores other programs used on average during them, and ``run()``'s result.
     """
     before = _ours()
     machine0, used0 = _cpu_seconds(before)
@@ -120,8 +160,20 @@ def timed(run: Callable[[], Any], *, _ours: Callable[[], list[psutil.Process]] =
 
 
 def best_times(*runs: Callable[[], Any], repeats: int = 3) -> list[tuple[float, float]]:
-    """For each run: (seconds, cores other programs used) of its fastest of `repeats` runs,
-    the runs taken in turns."""
+    """Time several runs in turns (A, B, A, B, ...) and keep the fastest of each.
+
+    Parameters
+    ----------
+    *runs : callable
+        Each called `repeats` times, without arguments.
+    repeats : int
+        Runs of each.
+
+    Returns
+    -------
+    list of (float, float)
+        For each run, in order: (seconds, cores other programs used) of its fastest run.
+    """
     kept: list[list[tuple[float, float]]] = [[] for _ in runs]
     for _ in range(repeats):
         for times, run in zip(kept, runs, strict=True):
@@ -130,8 +182,20 @@ def best_times(*runs: Callable[[], Any], repeats: int = 3) -> list[tuple[float, 
 
 
 def undisturbed(*others: float, limit: float = LIMIT) -> bool:
-    """True if other programs used under `limit` cores during each of these timings; prints
-    why the speed checks are skipped otherwise."""
+    """Whether speed checks may run on these timings; prints why not, otherwise.
+
+    Parameters
+    ----------
+    *others : float
+        Cores other programs used during each timing (`Timing.others`).
+    limit : float
+        The most any timing may have had.
+
+    Returns
+    -------
+    bool
+        True if every one is under `limit`.
+    """
     worst = max(others, default=0.0)
     if worst >= limit:
         print(
