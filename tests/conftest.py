@@ -154,9 +154,14 @@ def no_leftovers(runtime_dir: Path) -> Iterator[Path]:
     deadline = time.monotonic() + 15
     while (left := _processes_of(directory)) and time.monotonic() < deadline:
         time.sleep(0.5)
+    names = []
     for proc in left:
-        proc.kill()
-    assert not left, f"processes left running: {[' '.join(p.cmdline()[:4]) for p in left]}"
+        try:
+            names.append(" ".join(proc.cmdline()[:4]))
+            proc.kill()
+        except psutil.Error:  # it ended meanwhile (a zombie has no command line)
+            names.append(f"pid {proc.pid}")
+    assert not left, f"processes left running: {names}"
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
-"""The notebooks are nbgrader assignments: student versions lose the solutions, still run up to
-their first exercise, and the instructor's version autogrades to full marks.
+"""The notebooks are nbgrader assignments: student versions lose the solutions and the hidden
+tests, still run up to their first exercise, and the instructor's version of every notebook
+autogrades to full marks. (That a wrong answer scores zero in every graded cell is checked where
+the notebooks run, in `test_notebooks.py`, with its table of wrong answers.)
 
 One temporary course directory per test module: `source/nbcluster/` holds copies of every
-notebook, `nbgrader generate_assignment` writes `release/nbcluster/`. Autograding runs whole
-notebooks, so it covers two quick ones (`AUTOGRADED`); the other checks cover them all.
+notebook, `nbgrader generate_assignment` writes `release/nbcluster/`, and one `nbgrader autograde`
+grades the instructor's copies of them all (`AUTOGRADED`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import nbcluster
+
 ROOT = Path(__file__).parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -31,7 +35,9 @@ def _has_exercise(path: Path) -> bool:
 
 
 EXERCISES = [p for p in NOTEBOOKS if _has_exercise(p)]
-AUTOGRADED = ["04-simulation", "05-gpu-workers"]
+AUTOGRADED = [p.stem for p in EXERCISES]
+MIN_AUTOGRADED_POINTS = 40  # over the course
+HIDDEN = ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
 ASSIGNMENT = "nbcluster"
 
 
@@ -40,7 +46,7 @@ def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess[str]:
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     done = subprocess.run(
         [sys.executable, "-m", "nbgrader", *args, "--CourseDirectory.root=" + str(course)],
-        cwd=course, capture_output=True, text=True, timeout=900, env={**os.environ, "PATH": path},
+        cwd=course, capture_output=True, text=True, timeout=1800, env={**os.environ, "PATH": path},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done
@@ -63,6 +69,9 @@ def course(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def solution_lines(cell: nbformat.NotebookNode) -> list[str]:
+    """The lines of a solution: its BEGIN/END SOLUTION region, or the whole cell without one."""
+    if "### BEGIN SOLUTION" not in cell.source:
+        return [line.strip() for line in cell.source.splitlines() if line.strip()]
     lines, inside = [], False
     for line in cell.source.splitlines():
         if "### BEGIN SOLUTION" in line:
@@ -74,15 +83,41 @@ def solution_lines(cell: nbformat.NotebookNode) -> list[str]:
     return lines
 
 
-def test_every_notebook_has_a_graded_exercise() -> None:
+def without_hidden_tests(source: str) -> list[str]:
+    """The non-blank lines of a test cell as students see it: hidden tests taken out."""
+    lines, inside = [], False
+    for line in source.splitlines():
+        if HIDDEN[0] in line:
+            inside = True
+        elif HIDDEN[1] in line:
+            inside = False
+        elif not inside and line.strip():
+            lines.append(line)
+    return lines
+
+
+def _grading(cell: nbformat.NotebookNode) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+def test_every_notebook_has_graded_exercises() -> None:
     assert len(EXERCISES) == len(NOTEBOOKS) - 1, "only 00-getting-started has no exercise"
+    points = 0.0
     for path in EXERCISES:
         cells = nbformat.read(path, as_version=4).cells
-        graded = [c for c in cells if c.metadata.get("nbgrader", {}).get("grade")]
-        assert graded and all("VERIFY" in c.source for c in graded), path.name
+        auto = [c for c in cells if _grading(c).get("grade") and c.cell_type == "code"]
+        manual = [c for c in cells if _grading(c).get("grade") and c.cell_type == "markdown"]
+        assert auto and all("VERIFY" in c.source for c in auto), path.name
+        assert all(_grading(c).get("solution") for c in manual), (
+            f"{path.name}: a graded markdown cell is an answer"
+        )
+        assert any(HIDDEN[0] in c.source for c in auto), f"{path.name}: no hidden tests"
+        assert manual, f"{path.name}: no manually graded explain cell"
+        points += sum(float(_grading(c)["points"]) for c in auto)
         for cell in cells:
-            if cell.metadata.get("nbgrader", {}).get("solution"):
-                assert solution_lines(cell), f"{path.name}: a solution cell without a solution region"
+            if _grading(cell).get("solution"):
+                assert solution_lines(cell), f"{path.name}: an empty solution cell"
+    assert points >= MIN_AUTOGRADED_POINTS, points
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -91,12 +126,17 @@ def test_student_version_has_no_solutions(course: Path, path: Path) -> None:
     released = nbformat.read(course / "release" / ASSIGNMENT / path.name, as_version=4)
     assert len(released.cells) == len(source.cells)
     text = "\n".join(c.source for c in released.cells)
-    assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
+    assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text and "HIDDEN TESTS" not in text
     for mine, theirs in zip(source.cells, released.cells, strict=True):
-        if mine.metadata.get("nbgrader", {}).get("solution"):
-            assert "raise NotImplementedError()" in theirs.source
+        if _grading(mine).get("solution"):
+            stub = "raise NotImplementedError()" if mine.cell_type == "code" else "YOUR ANSWER HERE"
+            assert stub in theirs.source
             student = {line.strip() for line in theirs.source.splitlines()}
             assert not student & set(solution_lines(mine)), f"solution left in {path.name}: {theirs.source}"
+        elif HIDDEN[0] in mine.source:
+            assert theirs.source.splitlines() and without_hidden_tests(mine.source) == without_hidden_tests(
+                theirs.source
+            )
         else:
             assert theirs.source == mine.source  # everything else reaches the students unchanged
 
@@ -108,19 +148,27 @@ def test_student_version_runs_up_to_the_first_exercise(
 ) -> None:
     monkeypatch.setenv("NBCLUSTER_SMALL", "1")
     nb = nbformat.read(course / "release" / ASSIGNMENT / path.name, as_version=4)
-    grading = [c.metadata.get("nbgrader", {}) for c in nb.cells]
+    grading = [_grading(c) for c in nb.cells]
     first = next(i for i, g in enumerate(grading) if g.get("solution"))
-    graded = next(i for i, g in enumerate(grading) if g.get("grade") and i > first)
+    graded = next(
+        i for i, g in enumerate(grading) if g.get("grade") and i > first and nb.cells[i].cell_type == "code"
+    )
     nb.cells = nb.cells[: graded + 1]  # up to the exercise's graded VERIFY cell
     NotebookClient(nb, timeout=240, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()  # fmt: skip
     errors = [(i, o.ename) for i, c in enumerate(nb.cells) if c.cell_type == "code"
               for o in c.outputs if o.output_type == "error"]  # fmt: skip
     # Everything before the exercise runs; the first error is the stub that students replace,
-    # raised by the exercise cell itself or, for a function to write, by its VERIFY cell.
-    assert errors and errors[0][1] == "NotImplementedError" and errors[0][0] in (first, graded), errors
+    # raised by the exercise cell itself or, for a function to write, by the first cell that
+    # calls it (its VERIFY cell, or a cell that uses it on the way there).
+    assert errors and errors[0][1] == "NotImplementedError" and first <= errors[0][0] <= graded, errors
+    # A kept cluster (06 starts one from a terminal) outlives the kernel by design; the rest of
+    # the notebook, which stops it, does not run here.
+    for handle in nbcluster.clusters():
+        handle.stop()
 
 
+@pytest.mark.timeout(1800)  # every notebook, one after another: about 10 minutes on 2 cores
 @pytest.mark.usefixtures("no_leftovers")
 def test_instructor_version_autogrades_to_full_marks(course: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from nbgrader.api import Gradebook
@@ -136,8 +184,13 @@ def test_instructor_version_autogrades_to_full_marks(course: Path, monkeypatch: 
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         for name in AUTOGRADED:
             notebook = gradebook.find_submission_notebook(name, ASSIGNMENT, "instructor")
-            assert notebook.max_score > 0
-            assert notebook.score == notebook.max_score, (name, notebook.score, notebook.max_score)
+            # The explain cells wait for a person (written_score); everything else is automatic.
+            assert notebook.max_code_score > 0 and notebook.max_written_score > 0
+            assert notebook.code_score == notebook.max_code_score, (
+                name,
+                notebook.code_score,
+                notebook.max_code_score,
+            )
     autograded = course / "autograded" / "instructor" / ASSIGNMENT
     for name in AUTOGRADED:
         nb = json.loads((autograded / f"{name}.ipynb").read_text())

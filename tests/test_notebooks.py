@@ -1,38 +1,210 @@
-"""The teaching notebooks run top to bottom on a real kernel, as in CI and on Binder.
+"""The teaching notebooks run top to bottom on a real kernel, as in CI and on Binder, and each
+graded cell tells a right answer from a wrong one.
 
 Every `notebooks/*.ipynb` is picked up (a new notebook needs no edit here) and executed with
 `NBCLUSTER_SMALL=1`, the size CI can afford, and a per-cell timeout. A notebook passes when
 no cell raised, no `%%distribute` cell reported failed items (a failing item does not raise:
-the cell ends with a summary line on stderr, which is checked here), every cluster it started
-is stopped, and none of its processes (kernel, supervisors, workers) is left running.
+the cell ends with a summary line on stderr, which is checked here, except in a cell tagged
+``failures-expected``), every cluster it started is stopped, and none of its processes
+(kernel, supervisors, workers) is left running.
+
+The same run grades every exercise twice, with nbgrader's own rule (`determine_grade`: a graded
+cell that raised or wrote to stderr scores zero): first with a deliberately wrong answer from
+`WRONG`, whose graded cell must score zero, then with the instructor's answer, which must score
+full marks, before the notebook goes on. The wrong answers are plausible mistakes; several pass
+the visible tests and are caught only by the hidden ones (marked "hidden" below).
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from nbgrader.utils import determine_grade
 
 import nbcluster
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT = 240  # seconds; a whole small-mode notebook takes about a minute
 FAILED_ITEMS = re.compile(r"\d+/\d+ items failed")
+EXPECTED_FAILURES = "failures-expected"  # a cell tag: its failed items are the lesson
+
+# A wrong answer for every exercise (the grade_id of its solution cell), as a student might write
+# it: the whole new source of the solution cell.
+WRONG = {
+    # 01
+    "parallel-loop": "%%distribute --into parallel\n[pi_chunk(POINTS, seed) for seed in range(CHUNKS)]",
+    "amdahl": "def amdahl(f, p):\n    return f + (1 - f) * p",  # Gustafson's law (hidden)
+    "batch-by-hand": '%%distribute --over "group in [range(ITEMS)]" --batch 1 --into by_hand\n'
+    "[x * x for x in group]",  # one group: one worker idle (hidden)
+    # 02
+    "average": "def average(grads):\n    return [sum(parts) for parts in zip(*grads)]",
+    "parallel-gradient": "def parallel_gradient(params, batch, seed):\n"
+    "    local = client.gather(shards)  # the shards come to the kernel\n"
+    "    return average([gradient(params, s, batch // len(local), seed + i) for i, s in enumerate(local)])",
+    "step-model": 'c, k = np.polyfit(BATCHES, [step_seconds[b, "one worker"] for b in BATCHES], 1)\n'
+    "break_even = c / k",  # the coefficients swapped (hidden)
+    "comm-bytes": "def server_bytes(n, W):\n    return 2 * n * W\n\n\n"
+    "def ring_bytes(n, W):\n    return 2 * (W - 1) * n",  # whole gradients, not pieces (hidden)
+    "light-closure": "def light_norm(x):\n    return float(np.linalg.norm(np.full(10, x))) * big.shape[0]",  # (hidden)
+    # 03
+    "best-third": "def best_third(scores):\n"
+    "    return sorted(range(len(scores)), key=lambda i: scores[i])[: max(1, len(scores) // 3)]",
+    "utilisation": "def utilisation(trials, workers):\n"
+    '    return sum(t["stop"] - t["start"] for t in trials) / (max(t["stop"] for t in trials) - '
+    'min(t["start"] for t in trials))',
+    "asha": "def asha(n, first_budget, eta=3, seed=2):\n"
+    "    rng = np.random.default_rng(seed)\n"
+    "    futures = [client.submit(fit_score, **sample(rng), epochs=first_budget, pure=False) for _ in range(n)]\n"
+    "    return {first_budget: [(f.result()['score'], None, f.result()) for f in futures]}",  # no promotions
+    # 04
+    "ars-update": "def ars_update(theta, plus, minus, deltas, step, top):\n"
+    "    plus, minus, deltas = np.asarray(plus), np.asarray(minus), np.asarray(deltas)\n"
+    "    sigma = np.concatenate([plus, minus]).std() + 1e-8\n"
+    "    return theta + step / (top * sigma) * ((plus - minus)[:, None] * deltas).sum(axis=0)",  # keeps all
+    "probe-all": "def probe_all(theta, seed):\n"
+    "    results = [try_direction(theta, seed + i) for i in range(DIRECTIONS)]  # in the kernel\n"
+    "    return tuple(np.array(column) for column in zip(*results))",  # (hidden)
+    "evaluation": '%%distribute --over "episode in range(20)" --seed 2024 --into evaluation\n'
+    "rollout(theta, 1, seed)[0]",  # a numpy integer, not an int
+    # 05
+    "logistic-step": "def logistic_step(xp, X, y, w, lr):\n"
+    "    p = 1.0 / (1.0 + np.exp(-(X @ w)))\n    return w - lr * (X.T @ (p - y)) / len(y)",
+    "gpu-cell": "%%distribute --cpu-only --into update\nfit(states, labels, w)",
+    "break-even": "def gpu_break_even(L, c, g, b, B):\n"
+    '    return L / (c - g) if c > g else float("inf")',  # forgets the bus (hidden)
+    # 06
+    "everywhere": "%%distribute --into worker_pids\nimport os\nos.getpid()",
+    "pbs-profile": 'pbs = {"backend": "jobqueue.pbs", "description": "PBS",\n'
+    '       "options": {"queue": "workq", "cores": 2, "memory": "4GiB"}}',
+    # 07
+    "kill-worker": "def kill_worker(address):\n    return client.run(os.getpid)[address]",  # forgets to kill
+    "retries": '%%distribute --over "i in range(N)" --into fetched\nfetch(i)',
+    "retry-failed": "prepare()\nloaded = nbcluster.distribute(load, over=range(N))\n"
+    "for error in loaded.errors:\n    write_input(error.index)\n"
+    "loaded = nbcluster.distribute(load, over=range(N))  # a new run: all items again (hidden)",
+    "lineage": "def resilient_shard(i, worker):\n    return client.scatter(make_shard(i), workers=[worker])",
+    # 08
+    "laws": "def amdahl(f, p):\n    return 1.0 / (f + (1.0 - f) / p)\n\n\n"
+    "def gustafson(s, p):\n    return 1.0 / (s + (1.0 - s) / p)",  # Amdahl twice (hidden)
+    "alpha-beta": "def fit_alpha_beta(sizes, seconds):\n"
+    "    return tuple(np.polyfit(np.asarray(sizes, float), np.asarray(seconds, float), 1))",
+    "makespans": "def static_makespan(durations, workers):\n"
+    "    return max(sum(b) for b in np.array_split(np.asarray(durations, float), workers))\n\n\n"
+    "def greedy_makespan(durations, workers):\n    return sum(durations) / workers",
+    "dynamic": '%%distribute --over "block in blocks" --batch 1 --into dynamic\nplay_block(block)',
+    # 09
+    "capstone-train": "def train(iterations, seed=1000):\n"
+    "    reset_attempts()\n"
+    "    theta, log = np.zeros(4), []\n"
+    "    for k in range(iterations):\n"
+    "        chaos(k)\n"
+    "        start = time.perf_counter()\n"
+    "        current = theta\n"
+    "        results = nbcluster.distribute(lambda probe, seed: flaky_probe(current, seed), "
+    "over=range(DIRECTIONS), seed=seed + k)\n"  # no retries
+    "        plus, minus, deltas = (np.array(column) for column in zip(*results))\n"
+    "        theta = ars_update(theta, plus, minus, deltas, step=0.02, top=DIRECTIONS // 2)\n"
+    "        log.append({'iteration': k, 'probes': len(results), 'mean_reward': 0.0, 'seconds': 1.0})\n"
+    "    return theta, log",
+    "capstone-accounting": 'accounting = {"reported": sum(e["probes"] for e in log), "ran": sum(attempts().values())}\n'
+    'accounting["repeated"] = 0  # exactly once, it assumes (hidden)',
+}
 
 
-def execute(path: Path, cwd: Path | None = None) -> nbformat.NotebookNode:
-    """Run a notebook top to bottom in a fresh kernel; raises on the first cell that raises."""
+def _grading(cell: nbformat.NotebookNode) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+def _graded_cells(nb: nbformat.NotebookNode, index: int) -> list[int]:
+    """The graded code cells after solution cell `index`, up to the next solution cell."""
+    found = []
+    for i in range(index + 1, len(nb.cells)):
+        grading = _grading(nb.cells[i])
+        if nb.cells[i].cell_type != "code":
+            continue
+        if grading.get("solution"):
+            break
+        if grading.get("grade"):
+            found.append(i)
+    assert found, f"solution cell {index} has no graded cell after it"
+    return found
+
+
+def _try_wrong(
+    client: NotebookClient, nb: nbformat.NotebookNode, first: int, graded: list[int], wrong: str
+) -> list[float]:
+    """Run the cells from `first` to the last of `graded` with the wrong answer in cell `first`;
+    nbgrader's scores of the graded cells.
+
+    The copies run at the end of the notebook (nbclient files a cell's outputs, live-widget
+    updates included, by its index) and are removed afterwards, with the display ids they made.
+    """
+    trial = [copy.deepcopy(c) for c in nb.cells[first : graded[-1] + 1]]
+    trial[0].source = wrong
+    start = len(nb.cells)
+    nb.cells.extend(trial)
+    try:
+        for offset, cell in enumerate(trial):
+            client.execute_cell(cell, start + offset)
+    finally:
+        del nb.cells[start:]
+        for places in client._display_id_map.values():
+            for i in range(start, start + len(trial)):
+                places.pop(i, None)
+    return [determine_grade(trial[i - first])[0] for i in graded]
+
+
+class Grade(NamedTuple):
+    """One graded cell's scores by nbgrader's rule, with a wrong answer and as written."""
+
+    exercise: str  # the grade_id of the solution cell it grades
+    wrong: float | None
+    right: float | None
+    points: float
+
+
+def execute(
+    path: Path, cwd: Path | None = None, grades: dict[str, Grade] | None = None
+) -> nbformat.NotebookNode:
+    """Run a notebook top to bottom in a fresh kernel; a cell that raises does not stop it.
+
+    With `grades` (a dict to fill, by graded cell's grade_id), every exercise in `WRONG` is first
+    run with its wrong answer and the cells up to its last graded cell, then as written.
+    """
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
         nb,
         timeout=CELL_TIMEOUT,
         kernel_name="python3",
+        allow_errors=True,
         resources={"metadata": {"path": str(cwd or path.parent)}},
     )
-    client.execute()
+    client.reset_execution_trackers()
+    wrong_scores: dict[int, tuple[str, float | None]] = {}
+    with client.setup_kernel():
+        assert client.kc is not None
+        client.wait_for_reply(client.kc.kernel_info())
+        for index, cell in enumerate(nb.cells):
+            exercise = _grading(cell).get("grade_id")
+            if (
+                grades is not None
+                and cell.cell_type == "code"
+                and _grading(cell).get("solution")
+                and exercise in WRONG
+            ):
+                graded = _graded_cells(nb, index)
+                scores = _try_wrong(client, nb, index, graded, WRONG[exercise])
+                wrong_scores.update({i: (exercise, score) for i, score in zip(graded, scores, strict=True)})
+            client.execute_cell(cell, index)
+            if grades is not None and index in wrong_scores:
+                score, points = determine_grade(cell)
+                grades[_grading(cell)["grade_id"]] = Grade(*wrong_scores[index], score, points)
     return nb
 
 
@@ -40,21 +212,39 @@ def problems(nb: nbformat.NotebookNode) -> list[str]:
     """Error outputs, and failed-item summaries that a %%distribute cell wrote to stderr."""
     found = []
     for index, cell in enumerate(nb.cells):
+        expected = EXPECTED_FAILURES in cell.metadata.get("tags", [])
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if out.output_type == "error":
                 found.append(f"cell {index}: {out.ename}: {out.evalue}")
-            elif out.output_type == "stream" and out.name == "stderr" and FAILED_ITEMS.search(out.text):
+            elif (
+                out.output_type == "stream"
+                and out.name == "stderr"
+                and FAILED_ITEMS.search(out.text)
+                and not expected
+            ):
                 found.append(f"cell {index}: {out.text.strip()}")
     return found
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path: Path, no_leftovers: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_runs_and_tells_right_from_wrong(
+    path: Path, no_leftovers: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("NBCLUSTER_SMALL", "1")
-    nb = execute(path)
+    grades: dict[str, Grade] = {}
+    nb = execute(path, grades=grades)
     assert problems(nb) == []
     # Each notebook cleans up after itself: it stops what it started.
     assert nbcluster.clusters() == []
+    exercises = {
+        _grading(c)["grade_id"] for c in nb.cells if c.cell_type == "code" and _grading(c).get("solution")
+    }
+    graded = {g.exercise for g in grades.values()}
+    assert graded == exercises, f"exercises without a wrong answer in WRONG: {exercises - graded}"
+    for grade_id, grade in grades.items():
+        assert grade.right == grade.points > 0, f"{grade_id}: the instructor's answer scored {grade}"
+        assert grade.wrong == 0, f"{grade_id}: the wrong answer to {grade.exercise} scored {grade}"
 
 
 def test_a_failing_item_fails_the_notebook(tmp_path: Path, no_leftovers: Path) -> None:
@@ -66,8 +256,10 @@ def test_a_failing_item_fails_the_notebook(tmp_path: Path, no_leftovers: Path) -
         nbformat.v4.new_code_cell('%%distribute --local --over "x in [1, 0, 2]" --into r\n1 / x'),
         nbformat.v4.new_code_cell("%cluster start --workers 1"),
         nbformat.v4.new_code_cell('%%distribute --over "x in [0, 1, 0, 3]" --into s\n1 / x'),
+        nbformat.v4.new_code_cell('%%distribute --over "x in [0, 1]" --into t\n1 / x'),
         nbformat.v4.new_code_cell("%cluster stop"),
     ]
+    nb.cells[4].metadata["tags"] = [EXPECTED_FAILURES]  # a lesson about failures: not a problem
     path = tmp_path / "failing.ipynb"
     nbformat.write(nb, path)
     found = problems(execute(path))

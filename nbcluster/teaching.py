@@ -1,0 +1,205 @@
+"""What the teaching notebooks share: sizes, core counts, and timings that know when they were disturbed.
+
+A timing on a shared machine means something only if nothing else competed for the cores
+meanwhile. `timed` measures a run and how many cores' worth of CPU *other programs* used
+during it; `best_times` takes several runs in turns (A, B, A, B, ...) so that a slow spell of
+the machine hits them alike, and keeps the fastest of each; `undisturbed` says whether the
+speed checks may run.
+
+"Other programs" leaves out everything that works *for* the notebook: this kernel and its
+descendants (the cluster's supervisor and workers), its ancestors (the Jupyter server that
+relays the live view, the terminal or test runner that started it) and the web browsers
+drawing it. Without that, the browser redrawing the live graphs and the server relaying them
+counted as a disturbance, and small mode on a laptop skipped every speed check. A video
+playing in another browser tab is therefore not seen: the notebooks say so.
+
+The busy time of the machine comes from ``/proc/stat`` (through psutil), which in a container
+is the host's: on a busy shared host the checks are skipped, as they should be.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import psutil
+
+#: Process names (lower case, prefixes) of web browsers, whose CPU counts as the notebook's.
+BROWSERS = (
+    "chrome",
+    "chromium",
+    "firefox",
+    "safari",
+    "msedge",
+    "microsoft edge",
+    "brave",
+    "opera",
+    "vivaldi",
+)
+#: Cores other programs may use during a timing before its speed check is skipped.
+LIMIT = 0.25
+
+
+def small() -> bool:
+    """Whether the notebooks should run their quick sizes.
+
+    Returns
+    -------
+    bool
+        True when ``NBCLUSTER_SMALL`` is set to anything but ``""`` or ``"0"`` (the test suite
+        sets it).
+    """
+    return os.environ.get("NBCLUSTER_SMALL", "") not in ("", "0")
+
+
+def cores() -> int:
+    """Cores this process may use: Dask's ``CPU_COUNT`` (which respects CPU affinity and a
+    container's CPU quota, as on Binder or a hub), and no more than the physical cores (two
+    hyperthreads of one core do not compute twice as fast)."""
+    from dask.system import CPU_COUNT
+
+    return max(1, min(CPU_COUNT, psutil.cpu_count(logical=False) or CPU_COUNT))
+
+
+def workers(cap: int = 4) -> int:
+    """How many workers a notebook starts: one single-threaded worker per core.
+
+    Parameters
+    ----------
+    cap : int
+        At most this many (a course hub's usual limit).
+
+    Returns
+    -------
+    int
+        ``min(cores(), cap)``, at least 1.
+    """
+    return max(1, min(cores(), cap))
+
+
+class Timing(NamedTuple):
+    """One timed run: wall seconds, cores other programs used meanwhile, and its result."""
+
+    seconds: float
+    others: float
+    result: Any
+
+
+def _is_browser(proc: psutil.Process) -> bool:
+    try:
+        return proc.name().lower().startswith(BROWSERS)
+    except psutil.Error:
+        return False
+
+
+def ours(me: psutil.Process | None = None) -> list[psutil.Process]:
+    """The processes working for this notebook (see the module docstring).
+
+    Parameters
+    ----------
+    me : psutil.Process, optional
+        The kernel's process (default: this one).
+
+    Returns
+    -------
+    list of psutil.Process
+        It, its descendants, its ancestors, and every web browser's process.
+    """
+    me = me or psutil.Process()
+    found = {p.pid: p for p in [me, *me.children(recursive=True), *me.parents()]}
+    for proc in psutil.process_iter():
+        if proc.pid not in found and _is_browser(proc):
+            found[proc.pid] = proc
+    return list(found.values())
+
+
+def _cpu_seconds(procs: Iterable[psutil.Process]) -> tuple[float, dict[int, float]]:
+    """(busy CPU seconds of the whole machine, CPU seconds of each of `procs` by pid)."""
+    c = psutil.cpu_times()
+    # busy time of all cores, plus time a virtual machine's host gave to someone else (steal)
+    machine = sum(getattr(c, f, 0.0) for f in ("user", "system", "nice", "irq", "softirq", "steal"))
+    used = {}
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            used[p.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+    return machine, used
+
+
+def timed(run: Callable[[], Any], *, _ours: Callable[[], list[psutil.Process]] = ours) -> Timing:
+    """Run `run()` and time it, with how many cores' worth of CPU other programs used meanwhile.
+
+    Processes of ours that start during the run (a new worker) are counted from zero; those
+    that end during it lose their share, which can only make a run look *more* disturbed.
+
+    Parameters
+    ----------
+    run : callable
+        Called once, without arguments.
+    _ours : callable
+        Test seam: what counts as the notebook's own processes (default `ours`).
+
+    Returns
+    -------
+    Timing
+        Wall seconds, cores other programs used on average during them, and ``run()``'s result.
+    """
+    before = _ours()
+    machine0, used0 = _cpu_seconds(before)
+    start = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - start
+    after = {p.pid: p for p in [*before, *_ours()]}.values()
+    machine1, used1 = _cpu_seconds(after)
+    mine = sum(t - used0.get(pid, 0.0) for pid, t in used1.items())
+    return Timing(seconds, max(0.0, (machine1 - machine0) - mine) / seconds, result)
+
+
+def best_times(*runs: Callable[[], Any], repeats: int = 3) -> list[tuple[float, float]]:
+    """Time several runs in turns (A, B, A, B, ...) and keep the fastest of each.
+
+    Parameters
+    ----------
+    *runs : callable
+        Each called `repeats` times, without arguments.
+    repeats : int
+        Runs of each.
+
+    Returns
+    -------
+    list of (float, float)
+        For each run, in order: (seconds, cores other programs used) of its fastest run.
+    """
+    kept: list[list[tuple[float, float]]] = [[] for _ in runs]
+    for _ in range(repeats):
+        for times, run in zip(kept, runs, strict=True):
+            times.append(timed(run)[:2])
+    return [min(times) for times in kept]
+
+
+def undisturbed(*others: float, limit: float = LIMIT) -> bool:
+    """Whether speed checks may run on these timings; prints why not, otherwise.
+
+    Parameters
+    ----------
+    *others : float
+        Cores other programs used during each timing (`Timing.others`).
+    limit : float
+        The most any timing may have had.
+
+    Returns
+    -------
+    bool
+        True if every one is under `limit`.
+    """
+    worst = max(others, default=0.0)
+    if worst >= limit:
+        print(
+            f"Other programs used up to {worst:.1f} cores during these timings: the speed checks "
+            "are skipped (correctness is still checked). Close what else is running and rerun to see them."
+        )
+    return worst < limit

@@ -1,0 +1,113 @@
+"""nbcluster.teaching, the notebooks' shared timing helper: what counts as a disturbance.
+
+Real processes throughout: busy programs are real spinning processes, re-parented away from
+this test (as a program the student did not start would be), and the "browser" is a real
+process whose name is a browser's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nbcluster import teaching
+
+
+def _orphan(tmp_path: Path, name: str) -> psutil.Process:
+    """A spinning Python, run as `name`, that is not a descendant of this process."""
+    link = tmp_path / name
+    link.symlink_to(sys.executable)
+    out = subprocess.run(
+        ["sh", "-c", f"{link} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    proc = psutil.Process(int(out.stdout))
+    assert proc.pid not in {p.pid for p in psutil.Process().children(recursive=True)}
+    return proc
+
+
+@pytest.fixture
+def spinners(tmp_path: Path) -> Iterator[dict[str, psutil.Process]]:
+    procs = {name: _orphan(tmp_path, name) for name in ("chromium-renderer", "compiler")}
+    yield procs
+    for proc in procs.values():
+        proc.kill()
+
+
+def test_a_busy_program_counts_as_a_disturbance(spinners: dict[str, psutil.Process]) -> None:
+    # Only this process is ours here: both spinners are other programs, about 2 cores' worth
+    # on a 2-core machine, and at least most of one core whatever else the machine runs.
+    timing = teaching.timed(lambda: time.sleep(1.0), _ours=lambda: [psutil.Process()])
+    assert timing.others > 0.6, timing
+    assert not teaching.undisturbed(timing.others)
+
+
+def test_the_browser_and_the_jupyter_server_work_for_the_notebook(
+    spinners: dict[str, psutil.Process],
+) -> None:
+    mine = {p.pid for p in teaching.ours()}
+    assert spinners["chromium-renderer"].pid in mine, "the browser drawing the notebook is not a disturbance"
+    assert spinners["compiler"].pid not in mine, "any other program is"
+    assert psutil.Process().ppid() in mine, "the process that started the kernel (the Jupyter server) is ours"
+
+
+def _busy_seconds() -> float:
+    c = psutil.cpu_times()
+    return sum(getattr(c, f, 0.0) for f in ("user", "system", "nice", "irq", "softirq", "steal"))
+
+
+def test_our_own_children_are_not_a_disturbance() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        kid = psutil.Process(child.pid)
+        machine0, kid0 = _busy_seconds(), sum(kid.cpu_times()[:2])
+        timing = teaching.timed(lambda: time.sleep(1.0))
+        machine1, kid1 = _busy_seconds(), sum(kid.cpu_times()[:2])
+    finally:
+        child.kill()
+        child.wait()
+    # One interval, counted twice: other helpers share this machine, so no reading is zero, but
+    # the child's CPU must not be among the other programs'.
+    by_child = (kid1 - kid0) / timing.seconds
+    everyone = (machine1 - machine0) / timing.seconds
+    assert by_child > 0.2, f"the child barely ran ({by_child:.2f} cores): nothing to tell"
+    assert timing.others < everyone - by_child + 0.15, (timing, everyone, by_child)
+
+
+def test_cores_respects_the_cpu_affinity_a_container_or_taskset_gives() -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores to restrict to 1")
+    code = "import os; os.sched_setaffinity(0, {0}); from nbcluster import teaching; print(teaching.cores())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+    assert teaching.workers(cap=1) == 1
+
+
+def test_best_times_keeps_the_fastest_of_each_and_takes_turns() -> None:
+    order: list[str] = []
+    delays = iter([0.05, 0.01, 0.02, 0.03, 0.04, 0.02])
+
+    def run(name: str):
+        def go() -> None:
+            order.append(name)
+            time.sleep(next(delays))
+
+        return go
+
+    (a, _), (b, _) = teaching.best_times(run("a"), run("b"), repeats=3)
+    assert order == ["a", "b"] * 3
+    assert 0.02 <= a < 0.03 and 0.01 <= b < 0.02, (a, b)
+
+
+def test_undisturbed_says_why_it_skips(capsys: pytest.CaptureFixture[str]) -> None:
+    assert teaching.undisturbed(0.0, 0.1)
+    assert capsys.readouterr().out == ""
+    assert not teaching.undisturbed(0.1, 0.9)
+    assert "0.9 cores" in capsys.readouterr().out
