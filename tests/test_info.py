@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nbcluster.cluster.info import BUSIEST, MAX_ROWS, ClusterInfo, cluster_totals
+from nbcluster.cluster.info import BUSIEST, MAX_ROWS, ClusterInfo, cluster_totals, proxied_dashboard
 
 GIB = 2**30
 
@@ -55,3 +55,14 @@ def test_status_of_a_thousand_workers_is_a_summary() -> None:
     assert "and 13 more host groups (" in text  # 30 CPU groups and 3 GPU ones: the largest 20 named
     html = _info(workers)._repr_html_()
     assert html.count("<tr>") < 2 * MAX_ROWS + 10
+
+
+def test_a_loopback_dashboard_is_linked_through_jupyter_under_the_hub_prefix() -> None:
+    # It asks for the cluster's certificate, which a browser lacks; the server extension has it.
+    local = {"name": "my run", "dashboard": "https://127.0.0.1:8787/status"}
+    assert proxied_dashboard(local, prefix="/user/alice/") == "/user/alice/nbcluster/dashboard/my%20run/status"
+    assert proxied_dashboard(local, prefix="/") == "/nbcluster/dashboard/my%20run/status"
+    # A gateway's dashboard sits behind the gateway's own proxy and auth: linked as it is.
+    remote = {"name": "gw", "dashboard": "https://gateway.example/clusters/gw/status"}
+    assert proxied_dashboard(remote, prefix="/") is None
+    assert "dashboard: https://gateway.example/clusters/gw/status" in repr(_info([], **remote))

@@ -295,8 +295,12 @@ async def test_a_cluster_through_every_route(api, jp_ws_fetch, runtime_dir: Path
     finally:
         ws.close()
 
-    # The dashboard, proxied behind Jupyter's auth under the base_url.
-    status, page = await api("GET", "dashboard/rest/status")
+    # The dashboard, proxied behind Jupyter's auth under the base_url: the link `%cluster
+    # status` shows opens it (the dashboard's own https address asks for the certificate).
+    [handle] = nbcluster.clusters()
+    href = re.search(r'Dashboard: <a href="([^"]+)"', handle.info()._repr_html_()).group(1)
+    assert href == "/nbcluster/dashboard/rest/status" and "in Jupyter" in repr(handle.info())
+    status, page = await api("GET", href.removeprefix("/nbcluster/"))
     assert status == 200 and "Dask" in page
 
     status, _ = await api("DELETE", "api/clusters/rest")

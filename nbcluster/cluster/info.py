@@ -7,8 +7,10 @@ they never fetch anything themselves.
 from __future__ import annotations
 
 import html
+import os
 import time
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 from dask.utils import format_bytes, format_time
 
@@ -39,6 +41,29 @@ def _where(d: dict[str, Any]) -> str:
     owner = f"owner: {_owner(d.get('owner_pid'))}"
     where = runs_on(d)
     return f"profile {where}, {owner}" if where != "local" else owner
+
+
+def proxied_dashboard(d: dict[str, Any], prefix: str | None = None) -> str | None:
+    """The path that opens a cluster's dashboard through the Jupyter server, or None.
+
+    A dashboard nbcluster serves on loopback answers only holders of the cluster's
+    certificate, which a browser does not have; the server extension presents it
+    (``<base_url>nbcluster/dashboard/NAME/``). `prefix` is the server's base URL: on a
+    JupyterHub the spawner gives kernels ``JUPYTERHUB_SERVICE_PREFIX`` (``/user/NAME/``),
+    elsewhere it is ``/``. A dashboard elsewhere (a gateway's) is linked as it is.
+    """
+    link, name = d.get("dashboard"), d.get("name")
+    if not link or not name or urlsplit(link).hostname not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    base = prefix if prefix is not None else os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/")
+    return f"{base.rstrip('/')}/nbcluster/dashboard/{quote(str(name), safe='')}/status"
+
+
+def _dashboard_line(d: dict[str, Any]) -> str:
+    proxied = proxied_dashboard(d)
+    if proxied is None:
+        return f"  dashboard: {d['dashboard']}"
+    return f"  dashboard: {proxied} in Jupyter ({d['dashboard']} asks for the cluster's certificate)"
 
 
 def _worker_place(w: dict[str, Any]) -> str:
@@ -180,7 +205,7 @@ class ClusterInfo:
             "  " + self._summary(),
         ]
         if d.get("dashboard"):
-            lines.append(f"  dashboard: {d['dashboard']}")
+            lines.append(_dashboard_line(d))
         rows = self.workers
         if len(rows) > MAX_ROWS:
             scale = Scale(rows)
@@ -229,11 +254,8 @@ class ClusterInfo:
             "</tr>"
             for w in workers
         )
-        dash = (
-            f'<div>Dashboard: <a href="{e(d["dashboard"])}" target="_blank">{e(d["dashboard"])}</a></div>'
-            if d.get("dashboard")
-            else ""
-        )
+        href = (proxied_dashboard(d) or d["dashboard"]) if d.get("dashboard") else None
+        dash = f'<div>Dashboard: <a href="{e(href)}" target="_blank">{e(href)}</a></div>' if href else ""
         note = f"<div>{e(self.note)}</div>" if self.note else ""
         return (
             f'<div class="nbcluster-status">{note}'
