@@ -55,6 +55,18 @@ def labextension_dir() -> Path:
     )
 
 
+def drain(stream: IO[str], log_path: Path, marker: str, ready: threading.Event) -> None:
+    """Copy a server's output to `log_path` (shown when a test fails), setting `ready` at the
+    line that contains `marker`, or at EOF. Reading to EOF keeps the pipe from filling up."""
+    with open(log_path, "w") as log:
+        for line in stream:
+            log.write(line)
+            log.flush()
+            if marker in line:
+                ready.set()
+    ready.set()
+
+
 class ServerLog:
     """A Jupyter server process: its output in `log_path` (`_ready` is set once it says it
     is running), and its shutdown with every cluster left in `runtime_dir`."""
@@ -78,15 +90,7 @@ class ServerLog:
             handle.stop()
 
     def _drain(self, stream: IO[str]) -> None:
-        # The whole log goes to a file (shown when a test fails); the "running at" line
-        # is the readiness event. Reading to EOF also keeps the pipe from filling up.
-        with open(self.log_path, "w") as log:
-            for line in stream:
-                log.write(line)
-                log.flush()
-                if "is running at" in line:
-                    self._ready.set()
-        self._ready.set()
+        drain(stream, self.log_path, "is running at", self._ready)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -43,7 +43,7 @@ from typing import Any
 
 import psutil
 
-from tests.browser_helpers import ARTIFACTS, free_port, labextension_dir
+from tests.browser_helpers import ARTIFACTS, drain, free_port, labextension_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("NBCLUSTER_HUB_CACHE", "/var/tmp/nbcluster-hub-cache"))
@@ -306,13 +306,7 @@ class Hub:
 
     def _drain(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        with open(self.log_path, "w") as log:
-            for line in self.proc.stdout:
-                log.write(line)
-                log.flush()
-                if "JupyterHub is now running at" in line:
-                    self._ready.set()
-        self._ready.set()
+        drain(self.proc.stdout, self.log_path, "JupyterHub is now running at", self._ready)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -40,25 +40,35 @@ class Kernel:
     def submit(self, code: str) -> str:
         return self.kc.execute(code, store_history=True)
 
-    def collect(self, msg_id: str, timeout: float = 120) -> Reply:
-        reply = Reply()
+    def messages(self, msg_id: str, timeout: float = 120) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(type, content) of each iopub message of cell `msg_id`, in the order a front end
+        shows them, until the kernel is idle again."""
         while True:
             try:
                 msg = self.kc.get_iopub_msg(timeout=timeout)
             except queue.Empty:
-                raise AssertionError(f"the cell gave no output for {timeout} s; so far: {reply.text}") from None
+                raise AssertionError(f"the cell gave no output for {timeout} s") from None
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "status" and content["execution_state"] == "idle":
-                return reply
-            if kind == "stream":
-                reply.text += content["text"]
-            elif kind in ("execute_result", "display_data"):
-                reply.outputs.append(content["data"])
-                reply.text += content["data"].get("text/plain", "") + "\n"
-            elif kind == "error":
-                reply.error = f"{content['ename']}: {content['evalue']}"
+                return
+            yield kind, content
+
+    def collect(self, msg_id: str, timeout: float = 120) -> Reply:
+        reply = Reply()
+        try:
+            for kind, content in self.messages(msg_id, timeout):
+                if kind == "stream":
+                    reply.text += content["text"]
+                elif kind in ("execute_result", "display_data"):
+                    reply.outputs.append(content["data"])
+                    reply.text += content["data"].get("text/plain", "") + "\n"
+                elif kind == "error":
+                    reply.error = f"{content['ename']}: {content['evalue']}"
+        except AssertionError as silent:
+            raise AssertionError(f"{silent}; so far: {reply.text}") from None
+        return reply
 
     def run(self, code: str, timeout: float = 120) -> Reply:
         return self.collect(self.submit(code), timeout)

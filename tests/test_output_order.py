@@ -8,7 +8,6 @@ order a notebook front end shows the outputs in.
 
 from __future__ import annotations
 
-import queue
 from typing import Any
 
 from kernel_session import kernel
@@ -19,24 +18,15 @@ CELL = '%%distribute --over "x in range(8)" --batch 1\nimport time\ntime.sleep(0
 
 def outputs_in_order(k: Any, code: str, timeout: float = 120) -> list[str]:
     """'widget' or 'item' for each output of the cell, in the order the kernel sent them."""
-    msg_id = k.submit(code)
     order: list[str] = []
-    while True:
-        try:
-            msg = k.kc.get_iopub_msg(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"the cell gave no output for {timeout} s; so far: {order}") from None
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "status" and content["execution_state"] == "idle":
-            return order
+    for kind, content in k.messages(k.submit(code), timeout):
         if kind == "stream" and "── item" in content["text"]:
             order.append("item")
         elif kind == "display_data" and WIDGET in content["data"]:
             order.append("widget")
         elif kind == "error":
             raise AssertionError(f"{content['ename']}: {content['evalue']}")
+    return order
 
 
 def test_item_output_comes_after_the_live_widget() -> None:
