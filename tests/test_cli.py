@@ -15,7 +15,7 @@ def test_cli_lifecycle(runtime_dir, cli):
     assert started.returncode == 0, started.stderr
     assert "nbcluster stop term" in started.stdout
     listed = cli("list")
-    assert listed.returncode == 0 and "term" in listed.stdout and "1 (1 cores)" in listed.stdout
+    assert listed.returncode == 0 and "term" in listed.stdout and "1 (1 core)" in listed.stdout
     assert cli("scale", "2").returncode == 0  # the only running cluster needs no name
     assert "2 workers" in cli("status", "term").stdout
     assert cli("adapt", "--min", "1", "--max", "3").returncode == 0
