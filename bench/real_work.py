@@ -159,7 +159,7 @@ def main() -> None:
 
     import nbcluster
 
-    plain = LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None)
+    plain = LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0")
     plain_client = Client(plain)
     handle = nbcluster.start(workers=2, threads=1, name="bench-real-work")
     try:

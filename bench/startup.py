@@ -54,7 +54,7 @@ def localcluster_once() -> float:
     from distributed import Client, LocalCluster
 
     t0 = time.perf_counter()
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address="127.0.0.1:0")
     client = Client(cluster)
     assert client.submit(lambda: 1).result() == 1
     elapsed = time.perf_counter() - t0

@@ -19,7 +19,7 @@ from nbcluster import _compat
 
 @pytest.fixture(scope="module")
 def local() -> Iterator[tuple[LocalCluster, Client]]:
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0") as cluster:
         client = Client(cluster, set_as_default=False)
         try:
             yield cluster, client
@@ -76,7 +76,7 @@ def test_worker_task_outside_a_worker_says_so() -> None:
 def test_apply_scale_and_stop_adaptive_on_a_spec_cluster() -> None:
     # How the supervisor scales dask-jobqueue and SSH clusters (nbcluster/cluster/deploy.py).
     async def check() -> None:
-        async with LocalCluster(n_workers=0, processes=False, dashboard_address=":0", asynchronous=True) as cluster:
+        async with LocalCluster(n_workers=0, processes=False, dashboard_address="127.0.0.1:0", asynchronous=True) as cluster:
             cluster.scale(2)
             await _compat.apply_scale(cluster)
             assert len(cluster.workers) == 2 and len(cluster.scheduler.workers) == 2
@@ -103,8 +103,8 @@ def test_nanny_logs_reads_a_nannys_own_log() -> None:
             n_workers=1,
             threads_per_worker=1,
             host="127.0.0.1",
-            dashboard_address=None,
-            worker_dashboard_address=None,
+            dashboard_address="127.0.0.1:0",
+            worker_dashboard_address="127.0.0.1:0",
         ) as cluster,
         Client(cluster, set_as_default=False) as client,
     ):
