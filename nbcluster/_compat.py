@@ -67,4 +67,5 @@ def nanny_logs(client: Client, nanny: str, n: int = 12) -> list[tuple[str, str]]
     just died has none registered, while its nanny is alive and says how it ended. This asks
     the nanny itself, over the client's connection pool (with the cluster's TLS).
     """
-    return client.sync(lambda: client.rpc(nanny).get_logs(n=n))  # type: ignore[no-any-return]
+    logs: list[tuple[str, str]] = client.sync(lambda: client.rpc(nanny).get_logs(n=n))
+    return logs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
@@ -11,9 +11,14 @@ from nbcluster import commands
 from nbcluster.distribute.args import help_text
 from nbcluster.errors import ClusterCannotRun, ClusterLost, NbclusterError
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
 
 @magics_class
 class NbclusterMagics(Magics):
+    shell: InteractiveShell  # never None here: IPython registers the magics with its shell
+
     @line_magic
     def cluster(self, line: str) -> Any:
         """Start, scale, adapt, inspect and stop clusters: `%cluster --help`."""

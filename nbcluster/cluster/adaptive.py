@@ -38,12 +38,15 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.deploy.adaptive import Adaptive
 
 from nbcluster._compat import prefix_duration
 from nbcluster.cluster.kinds import worker_kind
+
+if TYPE_CHECKING:  # backends imports this module: the annotation only
+    from nbcluster.cluster.backends import NbSpecCluster
 
 BACKLOG_TTL = 10.0  # seconds a run's report of its held-back work counts
 
@@ -73,10 +76,10 @@ class Backlogs:
 
 def backlogs(scheduler: Any) -> Backlogs:
     """The scheduler's `Backlogs` (made on first use)."""
-    found = scheduler.extensions.get("nbcluster-backlogs")
+    found: Backlogs | None = scheduler.extensions.get("nbcluster-backlogs")
     if found is None:
         found = scheduler.extensions["nbcluster-backlogs"] = Backlogs()
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def needs_gpu(ts: Any) -> bool:
@@ -89,9 +92,9 @@ def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
     waiting = [ts for ts in scheduler.unrunnable] + list(scheduler.queued)
     held, held_time = backlogs(scheduler).total(kind)
     if kind == "gpu":
-        ready = sum(1 for ts in waiting if needs_gpu(ts))
-        running = sum(1 for ws in workers for ts in ws.processing if needs_gpu(ts))
-        return ready + running + held
+        ready_gpu = sum(1 for ts in waiting if needs_gpu(ts))
+        running_gpu = sum(1 for ws in workers for ts in ws.processing if needs_gpu(ts))
+        return ready_gpu + running_gpu + held
 
     ready = [ts for ts in waiting if not needs_gpu(ts)]
     # Dask's estimate of the expected run time of 100 ready tasks, scaled to all of them.
@@ -101,16 +104,18 @@ def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
         ready_time *= len(ready) / len(sample)
     running = sum(len(ws.processing) for ws in workers)
     occupancy = sum(ws.occupancy for ws in workers)
-    cores = math.ceil((occupancy + ready_time + held_time) / target_duration)
+    cores: int = math.ceil((occupancy + ready_time + held_time) / target_duration)
     cores = min(cores, len(ready) + running + held)
     if (ready or held) and not workers:
         cores = max(cores, 1)
-    threads = (sum(ws.nthreads for ws in workers) / len(workers)) if workers else 1
+    threads: float = (sum(ws.nthreads for ws in workers) / len(workers)) if workers else 1
     return math.ceil(cores / max(threads, 1))
 
 
 class KindAdaptive(Adaptive):
     """Dask's Adaptive for one worker kind of an `NbSpecCluster`."""
+
+    cluster: NbSpecCluster
 
     def __init__(self, cluster: Any, kind: str, **kwargs: Any):
         self.kind = kind
@@ -136,10 +141,13 @@ class KindAdaptive(Adaptive):
 
     async def workers_to_close(self, target: int) -> list[Any]:
         scheduler = self.cluster.scheduler
+        assert scheduler is not None  # Adaptive runs on a started cluster only
         mine = [ws for ws in scheduler.workers.values() if worker_kind(ws.resources) == self.kind]
         # Idle workers first, holding the least data first: retiring them moves least.
         idle = sorted((ws for ws in mine if not ws.processing), key=lambda ws: ws.nbytes)
         return [ws.name for ws in idle[: max(len(mine) - target, 0)]]
 
-    async def scale_up(self, n: int) -> None:
+    # Dask's AdaptiveCore annotates scale_up with scale_down's argument (workers) and the
+    # reverse; Adaptive, the class it runs as, calls scale_up(n) with a count.
+    async def scale_up(self, n: int) -> None:  # type: ignore[override]
         await self.cluster.scale_kind(n, self.kind, adaptive=True)

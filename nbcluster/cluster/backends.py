@@ -102,7 +102,7 @@ class NbSpecCluster(SpecCluster):
         self.adaptive_bounds: dict[str, int] | None = None
         self._kind_adaptives: list[KindAdaptive] = []
         self._security = security
-        workers = {}
+        workers: dict[str, Any] = {}
         for _ in range(spec.workers or 0):
             workers.update(self._new_spec("cpu", taken=workers))
         for device in devices:
@@ -276,6 +276,7 @@ def local_cluster(spec: ClusterSpec, devices: list[GPU], security: Security) -> 
 
 
 def dashboard_url(cluster: SpecCluster) -> str | None:
+    assert cluster.scheduler is not None  # asked of a started cluster
     port = cluster.scheduler.http_server.port if cluster.scheduler.http_server else None
     # https: the dashboard requires the cluster's certificate (private_http.py).
     return f"https://127.0.0.1:{port}/status" if port else None

@@ -46,13 +46,14 @@ import contextlib
 import json
 import shlex
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import dask.config
 from distributed import Client, Security
-from distributed.core import Server
+from distributed.core import PooledRPCCall, Server, rpc
 
 from nbcluster import _compat, config
 from nbcluster.cluster import backends, private_http, registry
@@ -129,7 +130,7 @@ def basic_snapshot(identity: dict[str, Any], since: int | None = None) -> dict[s
             continue
         # `_sample` reads a WorkerState; an identity answer holds the same fields as a dict.
         ws = SimpleNamespace(memory_limit=reported.get("memory_limit"), metrics=metrics, extra=reported)
-        sample = _sample(address, ws, metrics)  # type: ignore[arg-type]
+        sample = _sample(address, ws, metrics)
         latest.append(sample)
         if since is not None and seen < since:
             continue
@@ -187,6 +188,17 @@ class Deployment:
     def gpu(self, worker_name: str) -> dict[str, Any] | None:
         return None
 
+    # Where the scheduler runs elsewhere (`scheduler` is None), the supervisor asks it
+    # through these.
+    async def scheduler_identity(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def scheduler_metrics(self, since: int | None, detail: int | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def restart(self) -> None:
+        raise NotImplementedError
+
     async def close(self, timeout: float) -> None:
         raise NotImplementedError
 
@@ -210,6 +222,8 @@ class LocalDeployment(Deployment):
     def dashboard(self) -> str | None:
         return backends.dashboard_url(self.cluster) if self.spec.dashboard else None
 
+    # Read-only here, where the base class has a plain attribute: the cluster keeps the
+    # bounds (NbSpecCluster.adapt_bounded), and nothing sets them on this object.
     @property
     def adaptive_bounds(self) -> dict[str, int] | None:  # type: ignore[override]
         return self.cluster.adaptive_bounds
@@ -235,7 +249,8 @@ class LocalDeployment(Deployment):
         return len(self.cluster.all_devices)
 
     async def close(self, timeout: float) -> None:
-        await self.cluster.close(timeout=timeout)
+        # An asynchronous cluster's close() is its coroutine (Dask types it for both modes).
+        await cast("Awaitable[None]", self.cluster.close(timeout=timeout))
 
 
 class _SpecBased(Deployment):
@@ -369,8 +384,17 @@ class _Remote(Deployment):
         )
 
     async def scheduler_identity(self) -> dict[str, Any]:
-        assert self.client is not None
-        return await self.client.scheduler.identity()
+        identity: dict[str, Any] = await self._scheduler_rpc().identity()
+        return identity
+
+    async def scheduler_metrics(self, since: int | None, detail: int | None) -> dict[str, Any]:
+        snapshot: dict[str, Any] = await self._scheduler_rpc().nbcluster_metrics(since=since, detail=detail)
+        return snapshot
+
+    def _scheduler_rpc(self) -> rpc | PooledRPCCall:
+        # Both are set once connect_client has returned, which start does before anything else.
+        assert self.client is not None and self.client.scheduler is not None
+        return self.client.scheduler
 
     async def restart(self) -> None:
         assert self.client is not None
@@ -387,7 +411,7 @@ class _Remote(Deployment):
         with contextlib.suppress(Exception):
             workers = list((await self.scheduler_identity()).get("workers", {}))
             if workers:
-                await self.client.scheduler.retire_workers(workers=workers, close_workers=True, remove=True)
+                await self._scheduler_rpc().retire_workers(workers=workers, close_workers=True, remove=True)
 
     async def close_client(self) -> None:
         if self.client is not None:
@@ -484,9 +508,10 @@ class GatewayDeployment(_Remote):
                 f"the gateway at {gateway.address} did not answer within {timeout:g} s (nbcluster.timeouts.connect)"
             ) from None
         except Exception as e:
-            if getattr(e, "status", None) in (401, 403):
+            status = getattr(e, "status", None)
+            if status in (401, 403):
                 raise BadArgument(
-                    f"the gateway at {gateway.address} refused the credentials ({e.status}): check the "
+                    f"the gateway at {gateway.address} refused the credentials ({status}): check the "
                     f"auth option of profile {self.profile.name!r} or `gateway.auth` in Dask config"
                 ) from None
             raise

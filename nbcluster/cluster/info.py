@@ -176,7 +176,8 @@ class ClusterInfo:
 
     @property
     def workers(self) -> list[dict[str, Any]]:
-        return self.data.get("workers", [])
+        workers: list[dict[str, Any]] = self.data.get("workers", [])
+        return workers
 
     @property
     def totals(self) -> dict[str, Any]:
@@ -291,7 +292,7 @@ class ClusterList:
 
     def _rows(self) -> list[tuple[str, ...]]:
         now = self._now or time.time()
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for e in self.entries:
             ws = e.get("workers")
             size = (

@@ -9,7 +9,7 @@ scheduler) or only planned (the resources in its spec).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from nbcluster.errors import BadArgument
 
@@ -26,4 +26,4 @@ def worker_kind(resources: Mapping[str, Any] | None) -> str:
 def check_kind(kind: Any, what: str = "kind") -> str:
     if kind not in KINDS:
         raise BadArgument(f"{what} must be {' or '.join(map(repr, KINDS))}, not {kind!r}")
-    return kind
+    return cast(str, kind)  # one of KINDS

@@ -79,6 +79,8 @@ def _size(key: str, value: object, where: str) -> int:
         assert number is not None
         return number
     try:
+        # `value` is whatever the config file holds: int() of a wrong type raises the
+        # TypeError turned into the message below, which is the check.
         return int(parse_bytes(value)) if isinstance(value, str) else int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         raise BadArgument(
@@ -90,7 +92,9 @@ def _size(key: str, value: object, where: str) -> int:
 def configured(key: str) -> Limit | None:
     """The limit for `key` set in config, or None: the smallest of the site files' values
     and the user's own (a tie names the site file)."""
-    candidates = [(_size(key, v.value, str(v.path)), 0, v.path) for v in config.site(f"limits.{key}")]
+    candidates: list[tuple[int, int, Path | None]] = [
+        (_size(key, v.value, str(v.path)), 0, v.path) for v in config.site(f"limits.{key}")
+    ]
     own = config.get(f"limits.{key}")
     if own is not None:
         candidates.append((_size(key, own, "Dask config"), 1, None))

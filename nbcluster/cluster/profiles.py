@@ -41,7 +41,8 @@ class Backend:
     def load(self) -> type:
         """The deployment class (in the supervisor's main thread)."""
         self.check()
-        return getattr(importlib.import_module(self.module), self.cls)
+        cls: type = getattr(importlib.import_module(self.module), self.cls)
+        return cls
 
 
 def _jobqueue(cls: str) -> Backend:

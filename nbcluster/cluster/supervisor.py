@@ -205,7 +205,7 @@ class Control:
     async def restart(self, timeout: float = 60) -> str:
         before = await self._worker_count()
         if self.deployment.scheduler is None:
-            await self.deployment.restart()  # type: ignore[attr-defined]
+            await self.deployment.restart()
         else:
             # Not Dask's wait_for_workers: adaptivity may legitimately retire some meanwhile,
             # and that would fail the restart.
@@ -223,7 +223,7 @@ class Control:
 
     async def _worker_count(self) -> int:
         if self.deployment.scheduler is None:
-            return len((await self.deployment.scheduler_identity()).get("workers", {}))  # type: ignore[attr-defined]
+            return len((await self.deployment.scheduler_identity()).get("workers", {}))
         return len(self.deployment.scheduler.workers)
 
     async def metrics(self, since: int | None = None, detail: int | None = None) -> Any:
@@ -231,7 +231,7 @@ class Control:
         # where it refused the plugin, the scheduler's own view of the workers.
         if not self.entry.get("metrics"):
             return deploy.basic_snapshot(await self.deployment.scheduler_identity(), since)
-        return await self.deployment.client.scheduler.nbcluster_metrics(since=since, detail=detail)  # type: ignore[attr-defined]
+        return await self.deployment.scheduler_metrics(since, detail)
 
     async def stop(self) -> str:
         self.stop_event.set()

@@ -33,7 +33,7 @@ from __future__ import annotations
 import ast
 import builtins
 import linecache
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import CodeType
 
@@ -63,12 +63,14 @@ class Cell:
         if not tree.body:
             raise BadArgument("the cell is empty: write the code to run below the %%distribute line")
         last = None
-        if isinstance(tree.body[-1], ast.Expr):
-            expr = ast.Expression(tree.body.pop().value)
+        tail = tree.body[-1]
+        if isinstance(tail, ast.Expr):
+            tree.body.pop()
+            expr = ast.Expression(tail.value)
             last = compile(expr, filename, "eval")
         body = compile(tree, filename, "exec")
         walker = _FreeNames()
-        walker.run(tree.body + ([expr.body] if last is not None else []))  # type: ignore[list-item]
+        walker.run(tree.body + ([expr.body] if last is not None else []))
         register_source(filename, padded)
         return cls(padded, filename, body, last, walker.immediate, walker.deferred - walker.bound)
 
@@ -217,7 +219,7 @@ class _FreeNames(ast.NodeVisitor):
         if node.rest:
             self._store(node.rest)
 
-    def visit_Global(self, node: ast.Global) -> None:
+    def visit_Global(self, node: ast.Global | ast.Nonlocal) -> None:
         pass
 
     visit_Nonlocal = visit_Global
@@ -288,7 +290,7 @@ class _CompScope(_Scope):
     __slots__ = ()
 
 
-def _locals_of(body: list[ast.stmt]) -> set[str]:
+def _locals_of(body: Sequence[ast.AST]) -> set[str]:
     """Names a function body binds (so they are local to it), not looking into nested scopes."""
     found: set[str] = set()
     declared_global: set[str] = set()

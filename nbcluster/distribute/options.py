@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import keyword
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeGuard
 
 from nbcluster.errors import BadArgument
 
@@ -113,7 +113,7 @@ class DistributeOptions:
             raise BadArgument("--everywhere runs on the workers; it cannot be combined with --local")
 
 
-def _whole(value: Any) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from nbcluster.distribute.plan import Plan, describe
 from nbcluster.distribute.state import CANCELLED, DONE, FAILED, RunState
@@ -342,4 +342,4 @@ def _chunk_text(stream: str, payload: Any) -> str:
         return str(payload.get("text/plain", "")) + "\n"
     if stream == "stderr":
         return "".join(f"[stderr] {line}" for line in payload.splitlines(keepends=True))
-    return payload
+    return cast(str, payload)  # stdout's text

@@ -87,10 +87,11 @@ def distribute(
     _check(
         body, into, gpus, cpus, cpu_only, retries, batch, seed, everywhere, local, over, grid, zip, namespace
     )
-    home = namespace
     if namespace is None:  # the caller's variables; --into goes to its globals
         caller = sys._getframe(1)
         home, namespace = caller.f_globals, {**caller.f_globals, **caller.f_locals}
+    else:
+        home = namespace
     run_id = _run_id()
     cell = None
     if isinstance(body, str):

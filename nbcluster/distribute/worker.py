@@ -65,8 +65,9 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from types import CodeType
-from typing import Any
+from typing import Any, TextIO
 
 import cloudpickle
 
@@ -100,9 +101,12 @@ class Context:
         self.positional: bool = spec["positional"]
         self.seed: int | None = spec["seed"]
         self.large: list[tuple[str, str, int]] = spec["large"]  # (name, key, size)
-        self.fn = spec.get("fn")
+        # The function of a "function" item; the code of a "cell" one.
+        self.fn: Callable[..., Any] | None = spec.get("fn")
         self.namespace = namespace
-        self.body = self.last = self.bind = None
+        self.body: CodeType | None = None
+        self.last: CodeType | None = None
+        self.bind: CodeType | None = None
         if self.kind == "cell":
             filename, source = spec["filename"], spec["source"]
             linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
@@ -253,7 +257,8 @@ def _run_one(context: Context, base: dict[str, Any], item: Any, index: int) -> A
             kwargs = dict(zip(context.names, item, strict=True))
         if seed is not None:
             kwargs["seed"] = seed
-        return context.fn(*args, **kwargs)  # type: ignore[misc]
+        assert context.fn is not None  # set for every "function" context
+        return context.fn(*args, **kwargs)
     ns = dict(base)
     if context.mode == "over":
         if context.bind is not None:
@@ -266,8 +271,9 @@ def _run_one(context: Context, base: dict[str, Any], item: Any, index: int) -> A
         ns.update(zip(context.names, item, strict=True))
     if seed is not None:
         ns["seed"] = seed
-    exec(context.body, ns)  # type: ignore[arg-type]
-    return eval(context.last, ns) if context.last is not None else None  # type: ignore[arg-type]
+    assert context.body is not None  # set for every "cell" context
+    exec(context.body, ns)
+    return eval(context.last, ns) if context.last is not None else None
 
 
 def item_seed(seed: int, index: int) -> int:
@@ -302,7 +308,7 @@ def dump_result(result: dict[str, Any]) -> bytes:
 # -- errors ---------------------------------------------------------------------------------
 def error_record(e: BaseException) -> dict[str, Any]:
     """Everything the kernel needs to show and re-raise `e`, with this module's frames gone."""
-    chain = []
+    chain: list[dict[str, Any]] = []
     seen: set[int] = set()
     current: BaseException | None = e
     relation = ""
@@ -362,7 +368,7 @@ def _safe_str(e: BaseException) -> str:
 def _task_cancelled() -> bool:
     """True when this thread's Dask task was cancelled (best effort; False outside Dask)."""
     try:
-        from distributed.worker import thread_state
+        from dask.context import thread_state  # the object distributed.worker re-exports
 
         from nbcluster._compat import worker_task
 
@@ -419,7 +425,9 @@ def _fetch(key: str, size: int, *, keep: bool = True) -> Any:
         except KeyError:
             client = get_client()
             # state="memory" is how Dask's own Variable hands a Future to another client.
-            future = Future(key, client, state="memory")
+            # Dask annotates `state` as a FutureState, yet looks it up in its string-keyed
+            # `Client._state_handlers`, as its Variable does.
+            future: Future[Any] = Future(key, client, state="memory")  # type: ignore[arg-type]
             try:
                 value = _gather_watching(client, future)
             except Lost:
@@ -510,7 +518,7 @@ def _remember(worker: Any, key: str, value: Any, size: int) -> None:
 class _ItemStream(io.TextIOBase):
     """Writes go to the running item's buffer in this thread, else to the real stream."""
 
-    def __init__(self, name: str, real: Any):
+    def __init__(self, name: str, real: TextIO):
         self.name_ = name
         self.real = real
 
@@ -538,6 +546,8 @@ class _ItemStream(io.TextIOBase):
     def isatty(self) -> bool:
         return False
 
+    # TextIOBase declares `encoding` a plain attribute; this one is the real stream's, read
+    # when asked.
     @property
     def encoding(self) -> str:  # type: ignore[override]
         return getattr(self.real, "encoding", "utf-8")
@@ -554,6 +564,8 @@ def _install_streams() -> None:
     # In a notebook `display` is a builtin (IPython puts it there); cells and notebook
     # functions call it unqualified, so a worker needs one too.
     if not hasattr(builtins, "display"):
+        # The builtins stub has no `display`: IPython adds one at run time, as this does (and
+        # ruff's B010 asks for this form rather than setattr).
         builtins.display = display  # type: ignore[attr-defined]
 
 

@@ -46,8 +46,10 @@ def client_feed(client: Client, detail: int | None = None) -> Feed:
     """
 
     def fetch(since: int | None = None) -> Snapshot:
+        scheduler = client.scheduler
+        assert scheduler is not None  # set on a connected client, which a feed is made from
         if client not in _without_plugin:
-            snap = client.sync(client.scheduler.nbcluster_metrics, since=since, detail=detail)
+            snap: Snapshot | None = client.sync(scheduler.nbcluster_metrics, since=since, detail=detail)
             if snap is not None:
                 return snap
             # Dask answers None to an operation the scheduler has no handler for.
@@ -55,7 +57,7 @@ def client_feed(client: Client, detail: int | None = None) -> Feed:
             since = None
         from nbcluster.cluster.deploy import basic_snapshot
 
-        return basic_snapshot(client.sync(client.scheduler.identity), since)
+        return basic_snapshot(client.sync(scheduler.identity), since)
 
     return fetch
 

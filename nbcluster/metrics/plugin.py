@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -53,6 +53,18 @@ BAND_CAPACITY = 1000
 # (prefix, group, worker, start, stop, ok, key); the key is the scheduler's own object (a
 # reference, not a copy), turned into a string only when a snapshot is served.
 TaskRecord = tuple[str, str, str, float, float, bool, Any]
+
+
+class Reported(Protocol):
+    """What a sample reads of a worker: a `WorkerState`, or the same fields of a scheduler's
+    ``identity`` answer (`cluster.deploy.basic_snapshot`)."""
+
+    @property
+    def memory_limit(self) -> int | None: ...
+    @property
+    def metrics(self) -> dict[str, Any]: ...
+    @property
+    def extra(self) -> dict[str, Any]: ...
 
 
 class MetricsPlugin(SchedulerPlugin):
@@ -122,12 +134,11 @@ class MetricsPlugin(SchedulerPlugin):
         if not worker:
             # Erred without running anywhere (e.g. KilledWorker): nothing to draw in a lane.
             return
-        begin = end = None
+        compute: tuple[float, float] | None = None
         for ss in kwargs.get("startstops") or ():
             if ss.get("action") == "compute":
-                begin, end = ss["start"], ss["stop"]
-        if begin is None:
-            begin = end = time.time()
+                compute = ss["start"], ss["stop"]
+        begin, end = compute if compute is not None else (time.time(),) * 2
         ts = self._scheduler.tasks.get(key) if self._scheduler is not None else None
         if ts is not None:
             prefix, group = ts.prefix.name, ts.group.name
@@ -239,7 +250,7 @@ def _setting(value: int | None, key: str) -> int:
     return int(config.get(key)) if value is None else value
 
 
-def _gpu_static(ws: WorkerState) -> dict[str, Any] | None:
+def _gpu_static(ws: Reported) -> dict[str, Any] | None:
     gpu = ws.extra.get("gpu")
     if isinstance(gpu, dict) and gpu.get("memory-total") is not None:
         return {"name": gpu.get("name"), "memory_total": gpu["memory-total"]}
@@ -278,7 +289,7 @@ def _worker_info(ws: WorkerState, devices: dict[str, dict[str, Any]] | None = No
     return info
 
 
-def _sample(addr: str, ws: WorkerState, m: dict[str, Any]) -> dict[str, Any]:
+def _sample(addr: str, ws: Reported, m: dict[str, Any]) -> dict[str, Any]:
     net = m.get("host_net_io") or {}
     out: dict[str, Any] = {
         "worker": addr,
@@ -292,7 +303,8 @@ def _sample(addr: str, ws: WorkerState, m: dict[str, Any]) -> dict[str, Any]:
     # Two routes carry NVML readings: the system monitor's flat keys, and the `gpu` metric
     # distributed adds once NVML initialises. Either may be missing; None means the
     # driver does not support the reading, which is "absent", not zero.
-    gpu_metric = m.get("gpu") if isinstance(m.get("gpu"), dict) else {}
+    gpu = m.get("gpu")
+    gpu_metric = gpu if isinstance(gpu, dict) else {}
     util = m.get("gpu_utilization", gpu_metric.get("utilization"))
     used = m.get("gpu_memory_used", gpu_metric.get("memory-used"))
     if util is not None:

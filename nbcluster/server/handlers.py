@@ -96,23 +96,20 @@ async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
-    def settle(result: T | None, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
+    def settle(outcome: Callable[[], None]) -> None:
+        if not future.done():
+            outcome()
 
     def work() -> None:
+        outcome: Callable[[], None]
         try:
             result = func(*args, **kwargs)
         except BaseException as error:
-            outcome: tuple[Any, BaseException | None] = (None, error)
+            outcome = functools.partial(future.set_exception, error)
         else:
-            outcome = (result, None)
+            outcome = functools.partial(future.set_result, result)
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-            loop.call_soon_threadsafe(settle, *outcome)
+            loop.call_soon_threadsafe(settle, outcome)
 
     threading.Thread(target=work, name=f"nbcluster-{getattr(func, '__name__', 'call')}", daemon=True).start()
     return await future

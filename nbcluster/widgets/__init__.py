@@ -64,14 +64,13 @@ and bounds are Dask config keys under ``nbcluster.widget.`` (README, Settings).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from nbcluster.metrics.feed import Feed, client_feed
 from nbcluster.widgets._live import Live, as_progress_source
 from nbcluster.widgets._options import LiveOptions
 from nbcluster.widgets._output import Seams
-from nbcluster.widgets._progress import Best
+from nbcluster.widgets._progress import Best, ProgressSource
 from nbcluster.widgets._results import ResultsProgress, feed_for, is_results, reporter_for, task_filter_for
 from nbcluster.widgets._theme import THEME
 
@@ -114,6 +113,7 @@ def live(
     """
     seams = Seams.pop_from(kwargs)
     feed = _as_feed(feed)
+    source: ProgressSource | None
     report = None
     if is_results(progress):
         report = reporter_for(progress)
@@ -130,7 +130,7 @@ def live(
     return Live(source, feed, options, seams, report=report)
 
 
-def progress_hook(feed: Feed | None = None, **kwargs: Any) -> Callable[[Any], None]:
+def progress_hook(feed: Feed | None = None, **kwargs: Any) -> ProgressHook:
     """A ``progress=`` callback for `nbcluster.distribute`: shows the run's live widget.
 
     The first call (the engine makes it before submitting anything) starts
@@ -139,12 +139,20 @@ def progress_hook(feed: Feed | None = None, **kwargs: Any) -> Callable[[Any], No
     (default: shown for ``--grid`` runs).
     """
 
-    def hook(results: Any) -> None:
-        if hook.live is None:  # type: ignore[attr-defined]
-            hook.live = live(results, feed, **kwargs)  # type: ignore[attr-defined]
+    return ProgressHook(feed, kwargs)
 
-    hook.live = None  # type: ignore[attr-defined]
-    return hook
+
+class ProgressHook:
+    """The callback `progress_hook` returns; `live` is its `Live` once the first call started it."""
+
+    def __init__(self, feed: Feed | None, kwargs: dict[str, Any]):
+        self.feed = feed
+        self.kwargs = kwargs
+        self.live: Live | None = None
+
+    def __call__(self, results: Any) -> None:
+        if self.live is None:
+            self.live = live(results, self.feed, **self.kwargs)
 
 
 def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0, **kwargs: Any) -> Live:
@@ -166,4 +174,4 @@ def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0
 def _as_feed(obj: Any) -> Feed | None:
     if obj is not None and hasattr(obj, "client") and callable(getattr(obj, "metrics", None)):
         return client_feed(obj.client, detail=THEME["stream"]["maxLanes"])
-    return obj
+    return cast("Feed | None", obj)  # already a feed, or None

@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from nbcluster.metrics.feed import Feed, MetricsWindow
 from nbcluster.widgets import _static
@@ -46,6 +46,7 @@ from nbcluster.widgets._progress import (
     rank_grid,
     text_line,
 )
+from nbcluster.widgets._theme import THEME
 
 logger = logging.getLogger(__name__)
 
@@ -294,7 +295,7 @@ class Live:
         o = self.options
         self.widget = LiveWidget(window=o.window, resource_window=o.resource_window, limits=o.limits)
         # The first delta carries everything gathered before the widget appeared.
-        self._pending_tasks = list(self.metrics.tasks)[-_static.THEME["stream"]["maxBars"] :]
+        self._pending_tasks = list(self.metrics.tasks)[-THEME["stream"]["maxBars"] :]
         self._pending_samples = [r for series in self.metrics.samples.values() for r in series]
         self._pending_bands = list(self.metrics.bands)
         self._push(reset=True)
@@ -397,11 +398,12 @@ def as_progress_source(obj: Any) -> ProgressSource | None:
     """Accept a callable, or an object with a ``progress()`` method."""
     if obj is None:
         return None
+    # Any callable is taken on trust: what it returns is checked as it is read.
     if callable(obj):
-        return obj
+        return cast(ProgressSource, obj)
     method = getattr(obj, "progress", None)
     if callable(method):
-        return method
+        return cast(ProgressSource, method)
     raise TypeError(
         f"expected a callable returning progress counts, or an object with .progress(); got {obj!r}"
     )

@@ -35,17 +35,31 @@ class LiveOptions:
     #: the view's bounds, {maxTasks, maxSamples} (``nbcluster.widget.max-*``)
     limits: dict[str, int] | None = None
 
-    def resolved(self) -> LiveOptions:
+    def resolved(self) -> ResolvedOptions:
         """These options with every unset timing read from Dask config."""
 
         def pick(value: float | None, key: str) -> float:
             return config.seconds(f"widget.{key}") if value is None else value
 
-        return dataclasses.replace(
-            self,
-            delay=pick(self.delay, "delay"),
-            interval=pick(self.interval, "interval"),
-            refresh=pick(self.refresh, "refresh"),
-            resource_window=pick(self.resource_window, "resource-window"),
-            limits=config.view_limits() if self.limits is None else self.limits,
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return ResolvedOptions(
+            **{
+                **given,
+                "delay": pick(self.delay, "delay"),
+                "interval": pick(self.interval, "interval"),
+                "refresh": pick(self.refresh, "refresh"),
+                "resource_window": pick(self.resource_window, "resource-window"),
+                "limits": config.view_limits() if self.limits is None else self.limits,
+            }
         )
+
+
+@dataclass(frozen=True)
+class ResolvedOptions(LiveOptions):
+    """`LiveOptions.resolved`: the same options, with the timings and limits always set."""
+
+    delay: float = 0.0
+    interval: float = 0.0
+    refresh: float = 0.0
+    resource_window: float = 0.0
+    limits: dict[str, int] = dataclasses.field(default_factory=dict)

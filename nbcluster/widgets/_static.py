@@ -185,7 +185,8 @@ def lane_groups(
 ) -> list[dict[str, Any]]:
     """The task stream's lanes, grouped as graphs.js's laneGroups does (see there)."""
     g = THEME["stream"]
-    max_lanes, max_rows = g["maxLanes"], g["maxRows"]
+    max_lanes: int = g["maxLanes"]
+    max_rows: int = g["maxRows"]
     workers = view.get("workers") or {}
 
     def rows(n: int) -> int:
