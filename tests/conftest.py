@@ -69,13 +69,25 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _stop_all(_SESSION_DIR)
     leftovers = [
         p for p in psutil.Process().children(recursive=True)
-        if "nbcluster" in " ".join(_cmdline(p)) or "multiprocessing" in " ".join(_cmdline(p))
+        if ("nbcluster" in " ".join(_cmdline(p)) or "multiprocessing" in " ".join(_cmdline(p)))
+        and not _own_resource_tracker(p)
     ]  # fmt: skip
+    names = [" ".join(_cmdline(p)[:6]) for p in leftovers]
     for p in leftovers:
         p.kill()
     if leftovers:
-        print(f"\nnbcluster tests left {len(leftovers)} processes behind; killed them", file=sys.stderr)
+        print(f"\nnbcluster tests left {len(leftovers)} processes behind; killed them: {names}", file=sys.stderr)
         session.exitstatus = 1
+
+
+def _own_resource_tracker(p: psutil.Process) -> bool:
+    """multiprocessing's resource tracker of this pytest process: started by the first
+    spawned child (an in-process LocalCluster's nanny), it lives until this process exits,
+    by design. Not something a test left behind; a tracker of any other process is."""
+    try:
+        return p.ppid() == os.getpid() and "multiprocessing.resource_tracker" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _cmdline(p: psutil.Process) -> list[str]:
