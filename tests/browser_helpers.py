@@ -55,6 +55,18 @@ def labextension_dir() -> Path:
     )
 
 
+def terminate(proc: subprocess.Popen[str] | None, grace: float = 30) -> None:
+    """SIGTERM a server, and SIGKILL its process group if it has not exited within `grace`
+    seconds (the group catches anything it left behind)."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
 def drain(stream: IO[str], log_path: Path, marker: str, ready: threading.Event) -> None:
     """Copy a server's output to `log_path` (shown when a test fails), setting `ready` at the
     line that contains `marker`, or at EOF. Reading to EOF keeps the pipe from filling up."""
@@ -77,15 +89,9 @@ class ServerLog:
     _ready: threading.Event
 
     def _shut_down(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            # SIGTERM lets the server shut down its kernels; the clusters it owns follow
-            # it (owner watch). The process group catches anything it left behind.
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        # SIGTERM lets the server shut down its kernels; the clusters it owns follow it
+        # (owner watch).
+        terminate(self.proc)
         for handle in nbcluster.clusters(runtime_dir=self.runtime_dir):
             handle.stop()
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import psutil
 
-from tests.browser_helpers import ARTIFACTS, drain, free_port, labextension_dir
+from tests.browser_helpers import ARTIFACTS, drain, free_port, labextension_dir, terminate
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("NBCLUSTER_HUB_CACHE", "/var/tmp/nbcluster-hub-cache"))
@@ -312,14 +312,8 @@ class Hub:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def __exit__(self, *exc: Any) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            # SIGTERM: the hub stops the users' servers (cleanup_servers) and its proxy.
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        # SIGTERM: the hub stops the users' servers (cleanup_servers) and its proxy.
+        terminate(self.proc)
         # The proxy runs in the hub's session; anything of it still there goes too.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if self.proc is not None:
