@@ -127,3 +127,34 @@ def test_the_worker_environment_is_a_dask_setting(runtime_dir: Any) -> None:
 def test_libc_has_malloc_trim() -> None:
     # The trim needs glibc; a libc without it would leave the heap unreturned silently.
     assert hasattr(ctypes.CDLL("libc.so.6"), "malloc_trim")
+
+
+def test_a_kernel_that_ran_a_plain_dask_cluster_still_gets_nbclusters_environment(
+    runtime_dir: Any, monkeypatch: Any
+) -> None:
+    from distributed import LocalCluster
+
+    ours = str(config.get("worker.pre-spawn-environ")["MALLOC_TRIM_THRESHOLD_"])
+    # monkeypatch restores the variable after the test, whoever set it.
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    # A real Dask nanny in this process copies Dask's worker variables into os.environ.
+    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"):
+        pass
+    dask_own = str(dask.config.get("distributed.nanny.pre-spawn-environ")["MALLOC_TRIM_THRESHOLD_"])
+    assert os.environ.get("MALLOC_TRIM_THRESHOLD_") == dask_own != ours
+    handle = nbcluster.cluster.handle.start(workers=1, name="after-dask")
+    try:
+        env = handle.client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+        assert set(env.values()) == {ours}
+    finally:
+        handle.stop()
+
+
+def test_a_worker_variable_the_user_set_still_wins(runtime_dir: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")
+    handle = nbcluster.cluster.handle.start(workers=1, name="user-env")
+    try:
+        env = handle.client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+        assert set(env.values()) == {"1048576"}
+    finally:
+        handle.stop()

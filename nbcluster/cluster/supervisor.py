@@ -364,6 +364,7 @@ class _Supervision:
         devices = gpu.select(self.spec.gpus, gpu.discover()) if profile.local else []
         # For every nanny this process will make (scale-ups later too): this process
         # exists for this one cluster, so the setting is global here.
+        config.drop_copied_dask_environ(os.environ)
         dask.config.set({"distributed.nanny.pre-spawn-environ": config.worker_pre_spawn_environ()})
         self.deployment = d = deploy.make(
             self.spec, profile, directory=self.directory, name=self.name, devices=devices,
