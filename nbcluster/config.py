@@ -24,6 +24,9 @@ from typing import Any
 
 import dask.config
 import yaml
+from dask.utils import parse_timedelta
+
+from nbcluster.errors import BadArgument
 
 _DEFAULTS = Path(__file__).with_name("nbcluster.yaml")
 
@@ -93,15 +96,11 @@ def site(key: str, environ: Mapping[str, str] | None = None) -> list[SiteValue]:
 
 
 def _bad_site(path: Path, what: str) -> Exception:
-    from nbcluster.errors import BadArgument
-
     return BadArgument(f"the site config {path} {what}: nbcluster's limits cannot be known; ask the administrator to fix it")
 
 
 def seconds(key: str) -> float:
     """A duration setting (`50ms`, `2s` or a number of seconds) in seconds."""
-    from dask.utils import parse_timedelta
-
     value = get(key)
     try:
         return float(parse_timedelta(value, default="seconds"))
@@ -129,8 +128,6 @@ def as_count(key: str, value: Any, minimum: int = 0, where: str = "Dask config")
 
 
 def _bad(key: str, value: Any, what: str, where: str = "Dask config") -> Exception:
-    from nbcluster.errors import BadArgument
-
     return BadArgument(f"nbcluster.{key} is {value!r} in {where}: set it to {what}, or remove it for the default")
 
 

@@ -35,14 +35,12 @@ keeps serving while a cluster starts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
 import os
-import threading
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized, ws_authenticated
@@ -54,15 +52,16 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 import nbcluster
 from nbcluster import config
+from nbcluster.cluster import profiles as declared
 from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import cluster_totals, runs_on
 from nbcluster.cluster.spec import NAME_PATTERN, NAME_RULE, START_OPTIONS, parse_bounds
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable, NbclusterError
+from nbcluster.server._threads import in_thread
+from nbcluster.server.dashboard import DashboardProxyHandler
 
 if TYPE_CHECKING:
     from nbcluster.cluster.handle import ClusterHandle
-
-T = TypeVar("T")
 
 #: Seconds one scheduler gets to answer a list/info call before it is shown unreachable.
 INFO_TIMEOUT_S = 3.0
@@ -80,39 +79,7 @@ _STATUS = {BadArgument: 400, ClusterNotFound: 404, ClusterUnreachable: 503}
 
 def profiles() -> list[dict[str, Any]]:
     """The backend profiles the start form offers: those in this server's Dask config."""
-    from nbcluster.cluster import profiles as declared
-
     return [p.to_dict() for p in declared.all()]
-
-
-async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a blocking call of the Python API in a daemon thread and await its result.
-
-    Not the loop's default executor: Python joins those threads at exit, so a cluster
-    start in progress (up to `nbcluster.timeouts.start`) would hold up the Jupyter
-    server's shutdown. A daemon thread is abandoned at exit instead; the supervisor it
-    was talking to watches the server's pid and stops by itself (`Lifeline`).
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(outcome: Callable[[], None]) -> None:
-        if not future.done():
-            outcome()
-
-    def work() -> None:
-        outcome: Callable[[], None]
-        try:
-            result = func(*args, **kwargs)
-        except BaseException as error:
-            outcome = functools.partial(future.set_exception, error)
-        else:
-            outcome = functools.partial(future.set_result, result)
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-            loop.call_soon_threadsafe(settle, outcome)
-
-    threading.Thread(target=work, name=f"nbcluster-{getattr(func, '__name__', 'call')}", daemon=True).start()
-    return await future
 
 
 async def describe(handle: ClusterHandle) -> dict[str, Any]:
@@ -392,8 +359,6 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
 
 def setup_handlers(web_app: web.Application) -> None:
-    from nbcluster.server.dashboard import DashboardProxyHandler
-
     base = url_path_join(web_app.settings["base_url"], "nbcluster")
     name = f"(?P<name>{NAME_PATTERN})"
     routes: list[tuple[str, type[web.RequestHandler]]] = [
