@@ -17,6 +17,7 @@ it finds with the user's view so that the user can only go below it (`cluster/li
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,26 +27,50 @@ import dask.config
 import yaml
 from dask.utils import parse_timedelta
 
-from nbcluster.errors import BadArgument
+from nbcluster import config_schema
+from nbcluster.errors import BadArgument, SettingWarning
 
-_DEFAULTS = Path(__file__).with_name("nbcluster.yaml")
-
-with _DEFAULTS.open() as _f:
+with config_schema.DEFAULTS.open() as _f:
     _SHIPPED: dict[str, Any] = yaml.safe_load(_f)
 dask.config.update_defaults(_SHIPPED)
 
+#: The unknown-setting messages already given: each is given once a process.
+_warned: set[str] = set()
+
 
 def get(key: str) -> Any:
-    """The value of `nbcluster.<key>`.
+    """The value of `nbcluster.<key>`; a `BadArgument` if it is not of the setting's kind.
 
     Falls back to the shipped default: a ``with dask.config.set({"nbcluster...": ...})``
     entered before nbcluster was imported restores, on leaving, the config it saw on
     entering, which had no ``nbcluster`` section, and so drops the defaults registered since.
     """
+    warn_unknown()
     try:
-        return dask.config.get(f"nbcluster.{key}")
+        value = dask.config.get(f"nbcluster.{key}")
     except KeyError:
-        return dask.config.get(f"nbcluster.{key}", config=_SHIPPED)
+        value = dask.config.get(f"nbcluster.{key}", config=_SHIPPED)
+    setting = config_schema.SETTINGS.get(key)
+    wanted = None if setting is None else config_schema.expected(setting, value)
+    if wanted:
+        raise _bad(key, value, wanted)
+    return value
+
+
+def warn_unknown() -> None:
+    """Warn (`SettingWarning`, once a key) about each key under `nbcluster.` that is no
+    setting, wherever it came from: a YAML file, a `DASK_NBCLUSTER__` variable, or a
+    `dask.config.set`; nothing reads such a key, so a typo would otherwise pass unseen."""
+    section = dask.config.config.get("nbcluster")
+    if not isinstance(section, Mapping):
+        return
+    for message in config_schema.unknown(section, config_schema.SETTINGS):
+        if message not in _warned:
+            _warned.add(message)
+            warnings.warn(message, SettingWarning, stacklevel=3)
+
+
+warn_unknown()
 
 
 #: The site folder Dask reads unless `DASK_ROOT_CONFIG` names another; both count here.
