@@ -141,12 +141,19 @@ def api_errors(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitabl
     return wrapper
 
 
+def api_verb(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None] | None]:
+    """A REST verb: `web.authenticated` (who are you: a login redirect or 403 otherwise),
+    `authorized` ("read" for GET, "write" for the rest, on the "nbcluster" resource), then
+    `api_errors`. Every verb of `ApiBase` goes through it, so none can miss a check."""
+    return web.authenticated(authorized(api_errors(method)))
+
+
 class ApiBase(APIHandler):
     """JSON in and out.
 
-    Every verb is `authenticated` (who are you) and `authorized` (may you): a server with
-    a custom authorizer (e.g. JupyterHub's scopes) can grant "read" or "write" on the
-    "nbcluster" resource, as for Jupyter's own "kernels" or "contents".
+    Every verb is an `api_verb`: `authenticated` (who are you) and `authorized` (may you):
+    a server with a custom authorizer (e.g. JupyterHub's scopes) can grant "read" or
+    "write" on the "nbcluster" resource, as for Jupyter's own "kernels" or "contents".
     """
 
     auth_resource = "nbcluster"
@@ -175,24 +182,18 @@ class ApiBase(APIHandler):
 
 
 class ProfilesHandler(ApiBase):
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def get(self) -> None:
         # The name rule travels with the profiles, so the start form's hint is the server's rule.
         self.finish({"profiles": profiles(), "name_pattern": NAME_PATTERN, "name_rule": NAME_RULE})
 
 
 class ClustersHandler(ApiBase):
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def get(self) -> None:
         self.finish({"clusters": await describe_all()})
 
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def post(self) -> None:
         data = self.body(START_FIELDS)
         data["profile"] = data.get("profile") or "local"  # checked by `start`, with the known ones named
@@ -218,15 +219,11 @@ class ClustersHandler(ApiBase):
 
 
 class ClusterHandler(ApiBase):
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def get(self, name: str) -> None:
         self.finish(await describe(await self.handle(name)))
 
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def delete(self, name: str) -> None:
         handle = await self.handle(name)
         await in_thread(handle.stop)
@@ -237,9 +234,7 @@ class ClusterHandler(ApiBase):
 class ActionHandler(ApiBase):
     """scale / adapt / restart: the `ClusterHandle` methods, which check the values."""
 
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def post(self, name: str, action: str) -> None:
         handle = await self.handle(name)  # its methods check the values, and that nbcluster started it
         if action == "scale":
@@ -259,9 +254,7 @@ class ActionHandler(ApiBase):
 
 
 class MetricsHandler(ApiBase):
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def get(self, name: str) -> None:
         since_arg = self.get_query_argument("since", None)
         since = None
