@@ -50,7 +50,7 @@ def get(key: str) -> Any:
         value = dask.config.get(f"nbcluster.{key}")
     except KeyError:
         value = dask.config.get(f"nbcluster.{key}", config=_SHIPPED)
-    setting = config_schema.SETTINGS.get(key)
+    setting = config_schema.settings().get(key)
     wanted = None if setting is None else config_schema.expected(setting, value)
     if wanted:
         raise _bad(key, value, wanted)
@@ -60,17 +60,16 @@ def get(key: str) -> Any:
 def warn_unknown() -> None:
     """Warn (`SettingWarning`, once a key) about each key under `nbcluster.` that is no
     setting, wherever it came from: a YAML file, a `DASK_NBCLUSTER__` variable, or a
-    `dask.config.set`; nothing reads such a key, so a typo would otherwise pass unseen."""
+    `dask.config.set`; nothing reads such a key, so a typo would otherwise pass unseen.
+    `get` calls it, so a process warns where it reads its settings, and after a
+    `dask.config.set` at the next read."""
     section = dask.config.config.get("nbcluster")
     if not isinstance(section, Mapping):
         return
-    for message in config_schema.unknown(section, config_schema.SETTINGS):
+    for message in config_schema.unknown(section, config_schema.settings()):
         if message not in _warned:
             _warned.add(message)
             warnings.warn(message, SettingWarning, stacklevel=3)
-
-
-warn_unknown()
 
 
 #: The site folder Dask reads unless `DASK_ROOT_CONFIG` names another; both count here.

@@ -15,6 +15,7 @@ should be.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ def load(path: Path = DEFAULTS) -> dict[str, Setting]:
     """Every setting of the YAML at `path` (nbcluster's own defaults), by dotted key below
     ``nbcluster.``; sections (``widget``) are settings of kind ``section``."""
     text = path.read_text()
-    defaults = yaml.safe_load(text)["nbcluster"]
+    defaults = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["nbcluster"]
     settings: dict[str, Setting] = {}
     for keys, comment in _comments(text):
         key = ".".join(keys[1:])
@@ -167,4 +168,8 @@ def _unknown(section: Mapping[str, Any], known: Mapping[str, Setting], below: st
             yield from _unknown(value, known, f"{setting.key}.")
 
 
-SETTINGS = load()
+@functools.cache
+def settings() -> dict[str, Setting]:
+    """nbcluster's settings (`load` of the shipped `nbcluster.yaml`), read once a process, at
+    the first setting it reads: a process that reads none (a plain worker) never parses them."""
+    return load()

@@ -125,19 +125,19 @@ def test_every_setting_in_nbcluster_yaml_has_a_description_and_a_kind() -> None:
         found = []
         for name, value in section.items():
             found.append(f"{below}{name}")
-            if isinstance(value, dict) and config_schema.SETTINGS[f"{below}{name}"].kind == "section":
+            if isinstance(value, dict) and config_schema.settings()[f"{below}{name}"].kind == "section":
                 found += keys(value, f"{below}{name}.")
         return found
 
     every = keys(shipped)
-    assert sorted(every) == sorted(config_schema.SETTINGS)
-    undescribed = [k for k in every if len(config_schema.SETTINGS[k].description) < 20]
+    assert sorted(every) == sorted(config_schema.settings())
+    undescribed = [k for k in every if len(config_schema.settings()[k].description) < 20]
     assert not undescribed, f"settings of nbcluster.yaml with no comment above them: {undescribed}"
-    assert {s.kind for s in config_schema.SETTINGS.values()} <= {"section", *config_schema.KINDS}
+    assert {s.kind for s in config_schema.settings().values()} <= {"section", *config_schema.KINDS}
     # The kinds the readers rely on, one of each.
-    assert config_schema.SETTINGS["widget.delay"].kind == "duration"
-    assert config_schema.SETTINGS["limits.max-memory"].kind == "size"
-    assert config_schema.SETTINGS["profiles"].kind == "mapping"
+    assert config_schema.settings()["widget.delay"].kind == "duration"
+    assert config_schema.settings()["limits.max-memory"].kind == "size"
+    assert config_schema.settings()["profiles"].kind == "mapping"
 
 
 def test_the_readme_states_every_setting_with_its_default() -> None:
@@ -145,7 +145,7 @@ def test_the_readme_states_every_setting_with_its_default() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     rows = re.findall(r"^\| `(?:nbcluster\.)?([a-z-]+\.[a-z.-]+)` \| `([^`]*)`", readme, re.MULTILINE)
     stated = {key: yaml.safe_load(default) for key, default in rows}
-    settings = config_schema.SETTINGS
+    settings = config_schema.settings()
     assert sorted(set(stated) - set(settings)) == [], "README rows that name no setting"
     assert {k: v for k, v in stated.items() if v != settings[k].default} == {}, "README defaults that differ"
     leaves = {k for k, s in settings.items() if s.kind != "section" and k != "profiles"}  # profiles: its own section
