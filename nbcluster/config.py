@@ -17,6 +17,7 @@ it finds with the user's view so that the user can only go below it (`cluster/li
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,25 +25,51 @@ from typing import Any
 
 import dask.config
 import yaml
+from dask.utils import parse_timedelta
 
-_DEFAULTS = Path(__file__).with_name("nbcluster.yaml")
+from nbcluster import config_schema
+from nbcluster.errors import BadArgument, SettingWarning
 
-with _DEFAULTS.open() as _f:
+with config_schema.DEFAULTS.open() as _f:
     _SHIPPED: dict[str, Any] = yaml.safe_load(_f)
 dask.config.update_defaults(_SHIPPED)
 
+#: The unknown-setting messages already given: each is given once a process.
+_warned: set[str] = set()
+
 
 def get(key: str) -> Any:
-    """The value of `nbcluster.<key>`.
+    """The value of `nbcluster.<key>`; a `BadArgument` if it is not of the setting's kind.
 
     Falls back to the shipped default: a ``with dask.config.set({"nbcluster...": ...})``
     entered before nbcluster was imported restores, on leaving, the config it saw on
     entering, which had no ``nbcluster`` section, and so drops the defaults registered since.
     """
+    warn_unknown()
     try:
-        return dask.config.get(f"nbcluster.{key}")
+        value = dask.config.get(f"nbcluster.{key}")
     except KeyError:
-        return dask.config.get(f"nbcluster.{key}", config=_SHIPPED)
+        value = dask.config.get(f"nbcluster.{key}", config=_SHIPPED)
+    setting = config_schema.settings().get(key)
+    wanted = None if setting is None else config_schema.expected(setting, value)
+    if wanted:
+        raise _bad(key, value, wanted)
+    return value
+
+
+def warn_unknown() -> None:
+    """Warn (`SettingWarning`, once a key) about each key under `nbcluster.` that is no
+    setting, wherever it came from: a YAML file, a `DASK_NBCLUSTER__` variable, or a
+    `dask.config.set`; nothing reads such a key, so a typo would otherwise pass unseen.
+    `get` calls it, so a process warns where it reads its settings, and after a
+    `dask.config.set` at the next read."""
+    section = dask.config.config.get("nbcluster")
+    if not isinstance(section, Mapping):
+        return
+    for message in config_schema.unknown(section, config_schema.settings()):
+        if message not in _warned:
+            _warned.add(message)
+            warnings.warn(message, SettingWarning, stacklevel=3)
 
 
 #: The site folder Dask reads unless `DASK_ROOT_CONFIG` names another; both count here.
@@ -93,15 +120,11 @@ def site(key: str, environ: Mapping[str, str] | None = None) -> list[SiteValue]:
 
 
 def _bad_site(path: Path, what: str) -> Exception:
-    from nbcluster.errors import BadArgument
-
     return BadArgument(f"the site config {path} {what}: nbcluster's limits cannot be known; ask the administrator to fix it")
 
 
 def seconds(key: str) -> float:
     """A duration setting (`50ms`, `2s` or a number of seconds) in seconds."""
-    from dask.utils import parse_timedelta
-
     value = get(key)
     try:
         return float(parse_timedelta(value, default="seconds"))
@@ -129,8 +152,6 @@ def as_count(key: str, value: Any, minimum: int = 0, where: str = "Dask config")
 
 
 def _bad(key: str, value: Any, what: str, where: str = "Dask config") -> Exception:
-    from nbcluster.errors import BadArgument
-
     return BadArgument(f"nbcluster.{key} is {value!r} in {where}: set it to {what}, or remove it for the default")
 
 

@@ -61,3 +61,8 @@ class WorkerKilled(NbclusterError, RuntimeError):
 
     The item's failure record carries this; the rest of the run goes on.
     """
+
+
+# -- settings (config_schema.py)
+class SettingWarning(UserWarning):
+    """A key under `nbcluster.` in Dask's config that is no setting (a typo): it is ignored."""

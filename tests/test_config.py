@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import dask.config
 import psutil
 import pytest
+import yaml
 
 import nbcluster
-from nbcluster.errors import BadArgument
+import nbcluster.config
+from nbcluster import config_schema
+from nbcluster.errors import BadArgument, SettingWarning
 
 SCRIPT = """
 import dask.config
@@ -45,3 +52,101 @@ def test_a_bad_setting_is_one_line_naming_the_key(runtime_dir, key, value, expec
     assert nbcluster.clusters() == []
     # Refused before a supervisor was taken: nothing new runs.
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+# -- the schema: unknown keys warn once, naming the nearest setting ---------------------------
+
+TYPO = "nbcluster: unknown setting 'nbcluster.widgets.delay' (did you mean 'nbcluster.widget.delay'?); it is ignored"
+# A fresh process that reads a setting three times, with every warning shown (`-W always`).
+READ_THRICE = "import nbcluster.config as c\nfor _ in range(3):\n    c.get('widget.delay')\nprint(c.get('widget.delay'))"
+
+
+def fresh_process(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}
+    clean["DASK_CONFIG"] = str(tmp_path / "dask")  # no ~/.config/dask of this machine's
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", READ_THRICE],
+        capture_output=True, text=True, timeout=120, env={**clean, **env},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "750ms"  # the typo changed nothing
+    return done
+
+
+def test_a_typo_in_a_users_yaml_file_warns_once_naming_the_setting(tmp_path: Path) -> None:
+    (tmp_path / "dask").mkdir()
+    (tmp_path / "dask" / "nbcluster.yaml").write_text("nbcluster:\n  widgets:\n    delay: 2s\n")
+    done = fresh_process(tmp_path, {})
+    assert done.stderr.count(TYPO) == 1, done.stderr
+
+
+def test_a_typo_in_an_environment_variable_warns_once(tmp_path: Path) -> None:
+    done = fresh_process(tmp_path, {"DASK_NBCLUSTER__WIDGETS__DELAY": "2s"})
+    assert done.stderr.count(TYPO) == 1, done.stderr
+
+
+def test_the_shipped_settings_warn_of_nothing(tmp_path: Path) -> None:
+    # Environment variables spell `max-tasks` as MAX_TASKS: the same setting, no warning.
+    done = fresh_process(tmp_path, {"DASK_NBCLUSTER__WIDGET__MAX_TASKS": "10"})
+    assert "SettingWarning" not in done.stderr, done.stderr
+
+
+def test_a_typo_in_dask_config_set_warns_once_at_the_next_read() -> None:
+    typo = {"nbcluster.sidebar.intervall": "1s", "nbcluster.profiles.mine": {"backend": "local"}}
+    with dask.config.set(typo), pytest.warns(SettingWarning) as caught:
+        for _ in range(3):
+            nbcluster.config.seconds("sidebar.interval")
+    # A profile is the user's own name, not a typo: only the misspelt key is named.
+    assert [str(w.message) for w in caught] == [
+        "nbcluster: unknown setting 'nbcluster.sidebar.intervall' (did you mean "
+        "'nbcluster.sidebar.interval'?); it is ignored"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "read", "expected"),
+    [
+        ("widget.max-tasks", "lots", nbcluster.config.view_limits, "set it to a whole number"),
+        ("sidebar.reconnect", [1], nbcluster.config.sidebar_settings, "set it to a duration such as 2s"),
+        ("limits.dashboard", "maybe", lambda: nbcluster.config.get("limits.dashboard"), "set it to true or false"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_one_line(key: str, value: Any, read: Any, expected: str) -> None:
+    with dask.config.set({f"nbcluster.{key}": value}), pytest.raises(BadArgument) as raised:
+        read()
+    message = str(raised.value)
+    assert message.startswith(f"nbcluster.{key} is {value!r} in Dask config: {expected}") and "\n" not in message
+
+
+def test_every_setting_in_nbcluster_yaml_has_a_description_and_a_kind() -> None:
+    shipped = yaml.safe_load(config_schema.DEFAULTS.read_text())["nbcluster"]
+
+    def keys(section: dict[str, Any], below: str = "") -> list[str]:
+        found = []
+        for name, value in section.items():
+            found.append(f"{below}{name}")
+            if isinstance(value, dict) and config_schema.settings()[f"{below}{name}"].kind == "section":
+                found += keys(value, f"{below}{name}.")
+        return found
+
+    every = keys(shipped)
+    assert sorted(every) == sorted(config_schema.settings())
+    undescribed = [k for k in every if len(config_schema.settings()[k].description) < 20]
+    assert not undescribed, f"settings of nbcluster.yaml with no comment above them: {undescribed}"
+    assert {s.kind for s in config_schema.settings().values()} <= {"section", *config_schema.KINDS}
+    # The kinds the readers rely on, one of each.
+    assert config_schema.settings()["widget.delay"].kind == "duration"
+    assert config_schema.settings()["limits.max-memory"].kind == "size"
+    assert config_schema.settings()["profiles"].kind == "mapping"
+
+
+def test_the_readme_states_every_setting_with_its_default() -> None:
+    # The README's tables restate nbcluster.yaml: a renamed key or a changed default fails here.
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = re.findall(r"^\| `(?:nbcluster\.)?([a-z-]+\.[a-z.-]+)` \| `([^`]*)`", readme, re.MULTILINE)
+    stated = {key: yaml.safe_load(default) for key, default in rows}
+    settings = config_schema.settings()
+    assert sorted(set(stated) - set(settings)) == [], "README rows that name no setting"
+    assert {k: v for k, v in stated.items() if v != settings[k].default} == {}, "README defaults that differ"
+    leaves = {k for k, s in settings.items() if s.kind != "section" and k != "profiles"}  # profiles: its own section
+    assert sorted(leaves - set(stated)) == [], "settings the README does not list"

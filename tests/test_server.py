@@ -145,18 +145,31 @@ async def test_stream_refuses_a_websocket_without_a_token(jp_ws_fetch) -> None:
     assert refused.value.code == 403
 
 
-async def test_dashboard_sends_an_anonymous_browser_to_the_login_page(jp_fetch) -> None:
+class AskedAbout(Authorizer):
+    """Grants all, noting whom it was asked about (JupyterHub's reads that user's scopes)."""
+
+    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
+        self.parent.asked_about.append(user)
+        return True
+
+
+async def test_dashboard_sends_an_anonymous_browser_to_the_login_page(jp_fetch, jp_serverapp, upstream) -> None:
+    jp_serverapp.asked_about = []
+    jp_serverapp.web_app.settings["authorizer"] = AskedAbout(parent=jp_serverapp)
     with pytest.raises(HTTPClientError) as refused:
         await jp_fetch(
             "nbcluster",
             "dashboard",
-            "anything",
+            "echo",
             "status",
             headers={"Authorization": ""},
             follow_redirects=False,
         )
     assert refused.value.code == 302
     assert refused.value.response.headers["Location"].startswith(BASE_URL + "login")
+    # Nothing runs past the redirect: no authorizer is asked about nobody, nothing is relayed.
+    assert jp_serverapp.asked_about == []
+    assert upstream.seen == []
 
 
 async def test_routes_live_under_the_base_url_only(http_server_client, jp_auth_header) -> None:

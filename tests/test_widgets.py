@@ -9,7 +9,9 @@ Kernel and browser behaviour are in test_widgets_kernel.py and test_live_browser
 from __future__ import annotations
 
 import io
+import json
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ from dask.utils import format_bytes as dask_format_bytes
 from distributed import as_completed
 
 from nbcluster.cluster.handle import ClusterHandle
+from nbcluster.cluster.info import ClusterInfo
 from nbcluster.widgets import live, status
 from nbcluster.widgets._progress import RateMeter, TextBar, is_finished, rank_grid
 from nbcluster.widgets._static import format_bytes, format_duration, prefix_color, render_html
@@ -39,6 +42,31 @@ def test_prefix_colours_match_graphs_js() -> None:
     assert prefix_color("inc") == "hsl(313, 55%, 55%)"
     assert prefix_color("slow_inc") == "hsl(261, 55%, 55%)"
     assert prefix_color("é😀x") == "hsl(221, 55%, 55%)"
+
+
+#: Worker memory sizes around each unit's 0.9 switch, and a 1 GB (decimal) one.
+SIZES = [0, 512, 921, 922, 1023, 1024, 943_718, 1_234_567, 10**9, 12 * 2**30, 25_232_932_864, 3 * 2**50]
+
+
+def test_status_widget_and_sidebar_write_a_workers_memory_alike(tmp_path: Path) -> None:
+    # `%cluster status` (ClusterInfo), the saved picture (_static) and the live widget and
+    # sidebar (graphs.js's formatBytes, run by node as the browser would) show the same text.
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: graphs.js cannot run here")
+    script = tmp_path / "graphs.mjs"
+    source = (ROOT / "nbcluster/widgets/static/graphs.js").read_text()
+    theme = (ROOT / "nbcluster/widgets/static/theme.json").read_text()
+    script.write_text(source.replace('import THEME from "./theme.json";', f"const THEME = {theme};"))
+    code = f"import('{script.as_uri()}').then(g => console.log(JSON.stringify({SIZES}.map(g.formatBytes))))"
+    in_js = json.loads(subprocess.run([node, "-e", code], capture_output=True, text=True, check=True).stdout)
+    for size, sidebar in zip(SIZES, in_js, strict=True):
+        worker = {"name": "w", "address": "tls://127.0.0.1:9", "host": "127.0.0.1", "kind": "cpu", "nthreads": 1,
+                  "memory": size, "memory_limit": size, "cpu": 0.0, "processing": 0, "gpu": None}  # fmt: skip
+        info = ClusterInfo({"name": "c", "address": "tls://127.0.0.1:1", "workers": [worker], "tasks": {}}, now=1.0)
+        row = next(line for line in repr(info).splitlines() if line.strip().startswith("w "))
+        assert f" {sidebar} / {sidebar} " in row, (size, row)
+        assert format_bytes(size) == sidebar == dask_format_bytes(size)
 
 
 def test_formatting() -> None:

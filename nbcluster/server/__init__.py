@@ -7,7 +7,11 @@ Installing the package enables it through
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from nbcluster import config
+from nbcluster.server.handlers import setup_handlers
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
@@ -15,11 +19,6 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
-    import json
-
-    from nbcluster import config
-    from nbcluster.server.handlers import setup_handlers
-
     setup_handlers(server_app.web_app)
     # The sidebar's settings (Dask config) reach the browser in JupyterLab's and Notebook 7's
     # page config, so the TypeScript keeps no defaults of its own.

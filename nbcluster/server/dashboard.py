@@ -44,7 +44,7 @@ from tornado import httpclient, httputil, web
 import nbcluster
 from nbcluster.cluster.private_http import client_context
 from nbcluster.errors import NbclusterError
-from nbcluster.server.handlers import in_thread
+from nbcluster.server._threads import in_thread
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: Request headers the proxy passes on; everything else (cookies, tokens) stays here.
@@ -110,8 +110,8 @@ class DashboardProxyHandler(ProxyHandler):
 
     async def prepare(self, *args: Any, **kwargs: Any) -> None:
         await super().prepare(*args, **kwargs)  # authentication: a login redirect, or 403
-        if self._finished:
-            return
+        if not self.current_user:
+            return  # ProxyHandler has sent an anonymous browser to the login page
         if not await ensure_async(self.authorizer.is_authorized(self, self.current_user, "read", "nbcluster")):
             raise web.HTTPError(403, reason="not authorized to read nbcluster dashboards")
         name = self.path_kwargs["name"]

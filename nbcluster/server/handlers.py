@@ -35,14 +35,12 @@ keeps serving while a cluster starts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
 import os
-import threading
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized, ws_authenticated
@@ -54,15 +52,16 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 import nbcluster
 from nbcluster import config
+from nbcluster.cluster import profiles as declared
 from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import cluster_totals, runs_on
 from nbcluster.cluster.spec import NAME_PATTERN, NAME_RULE, START_OPTIONS, parse_bounds
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable, NbclusterError
+from nbcluster.server._threads import in_thread
+from nbcluster.server.dashboard import DashboardProxyHandler
 
 if TYPE_CHECKING:
     from nbcluster.cluster.handle import ClusterHandle
-
-T = TypeVar("T")
 
 #: Seconds one scheduler gets to answer a list/info call before it is shown unreachable.
 INFO_TIMEOUT_S = 3.0
@@ -80,39 +79,7 @@ _STATUS = {BadArgument: 400, ClusterNotFound: 404, ClusterUnreachable: 503}
 
 def profiles() -> list[dict[str, Any]]:
     """The backend profiles the start form offers: those in this server's Dask config."""
-    from nbcluster.cluster import profiles as declared
-
     return [p.to_dict() for p in declared.all()]
-
-
-async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a blocking call of the Python API in a daemon thread and await its result.
-
-    Not the loop's default executor: Python joins those threads at exit, so a cluster
-    start in progress (up to `nbcluster.timeouts.start`) would hold up the Jupyter
-    server's shutdown. A daemon thread is abandoned at exit instead; the supervisor it
-    was talking to watches the server's pid and stops by itself (`Lifeline`).
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(outcome: Callable[[], None]) -> None:
-        if not future.done():
-            outcome()
-
-    def work() -> None:
-        outcome: Callable[[], None]
-        try:
-            result = func(*args, **kwargs)
-        except BaseException as error:
-            outcome = functools.partial(future.set_exception, error)
-        else:
-            outcome = functools.partial(future.set_result, result)
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-            loop.call_soon_threadsafe(settle, outcome)
-
-    threading.Thread(target=work, name=f"nbcluster-{getattr(func, '__name__', 'call')}", daemon=True).start()
-    return await future
 
 
 async def describe(handle: ClusterHandle) -> dict[str, Any]:
@@ -174,12 +141,19 @@ def api_errors(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitabl
     return wrapper
 
 
+def api_verb(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None] | None]:
+    """A REST verb: `web.authenticated` (who are you: a login redirect or 403 otherwise),
+    `authorized` ("read" for GET, "write" for the rest, on the "nbcluster" resource), then
+    `api_errors`. Every verb of `ApiBase` goes through it, so none can miss a check."""
+    return web.authenticated(authorized(api_errors(method)))
+
+
 class ApiBase(APIHandler):
     """JSON in and out.
 
-    Every verb is `authenticated` (who are you) and `authorized` (may you): a server with
-    a custom authorizer (e.g. JupyterHub's scopes) can grant "read" or "write" on the
-    "nbcluster" resource, as for Jupyter's own "kernels" or "contents".
+    Every verb is an `api_verb`: `authenticated` (who are you) and `authorized` (may you):
+    a server with a custom authorizer (e.g. JupyterHub's scopes) can grant "read" or
+    "write" on the "nbcluster" resource, as for Jupyter's own "kernels" or "contents".
     """
 
     auth_resource = "nbcluster"
@@ -208,24 +182,18 @@ class ApiBase(APIHandler):
 
 
 class ProfilesHandler(ApiBase):
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def get(self) -> None:
         # The name rule travels with the profiles, so the start form's hint is the server's rule.
         self.finish({"profiles": profiles(), "name_pattern": NAME_PATTERN, "name_rule": NAME_RULE})
 
 
 class ClustersHandler(ApiBase):
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def get(self) -> None:
         self.finish({"clusters": await describe_all()})
 
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def post(self) -> None:
         data = self.body(START_FIELDS)
         data["profile"] = data.get("profile") or "local"  # checked by `start`, with the known ones named
@@ -251,15 +219,11 @@ class ClustersHandler(ApiBase):
 
 
 class ClusterHandler(ApiBase):
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def get(self, name: str) -> None:
         self.finish(await describe(await self.handle(name)))
 
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def delete(self, name: str) -> None:
         handle = await self.handle(name)
         await in_thread(handle.stop)
@@ -270,9 +234,7 @@ class ClusterHandler(ApiBase):
 class ActionHandler(ApiBase):
     """scale / adapt / restart: the `ClusterHandle` methods, which check the values."""
 
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def post(self, name: str, action: str) -> None:
         handle = await self.handle(name)  # its methods check the values, and that nbcluster started it
         if action == "scale":
@@ -292,9 +254,7 @@ class ActionHandler(ApiBase):
 
 
 class MetricsHandler(ApiBase):
-    @web.authenticated
-    @authorized
-    @api_errors
+    @api_verb
     async def get(self, name: str) -> None:
         since_arg = self.get_query_argument("since", None)
         since = None
@@ -392,8 +352,6 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
 
 def setup_handlers(web_app: web.Application) -> None:
-    from nbcluster.server.dashboard import DashboardProxyHandler
-
     base = url_path_join(web_app.settings["base_url"], "nbcluster")
     name = f"(?P<name>{NAME_PATTERN})"
     routes: list[tuple[str, type[web.RequestHandler]]] = [

@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol, TextIO
 
+from nbcluster.widgets._static import progress_line
+
 Best = Literal["max", "min"] | None
 GRID_ROWS = 10
 
@@ -109,8 +111,6 @@ def rank_grid(grid: Mapping[str, Any] | None, best: Best, limit: int = GRID_ROWS
 
 def text_line(counts: Mapping[str, Any], width: int = 24) -> str:
     """``label [#####.....] 12 / 40 done (30%) · ...``: the terminal bar, and text/plain."""
-    from nbcluster.widgets._static import progress_line
-
     total = counts.get("total") or 0
     finished = (counts.get("done") or 0) + (counts.get("failed") or 0)
     filled = int(width * finished / total) if total else 0

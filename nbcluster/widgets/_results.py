@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nbcluster.metrics.feed import Feed, client_feed
+from nbcluster.metrics.feed import Feed, client_feed, has_plugin
 from nbcluster.widgets._theme import THEME
 
 GRID_MAX_ITEMS = 5000
@@ -80,8 +80,6 @@ def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
     client = results.client
     if client is None:
         return None
-    from nbcluster.metrics.feed import has_plugin
-
     def report(counts: dict[str, Any]) -> None:
         if has_plugin(client):
             client.sync(client.scheduler.nbcluster_progress, run=results.run_id, counts=counts)

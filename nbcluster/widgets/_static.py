@@ -351,6 +351,29 @@ def render_task_stream(view: Mapping[str, Any], window: float | None = None) -> 
 # -- resources ------------------------------------------------------------------------------
 
 
+def _points(values: Iterable[tuple[float, float]], t0: float, t1: float, vmax: float) -> list[tuple[float, float]]:
+    """``(time, value)`` pairs as a sparkline's points: time across from `t0` to `t1`, value
+    up to `vmax` (clamped there); a lone point gets a short run before it, so that it shows."""
+    W, H = THEME["spark"]["width"], THEME["spark"]["height"]
+    span = max(t1 - t0, 1e-3)
+    xy = [((t - t0) / span * W, H - min(v, vmax) / vmax * (H - 2)) for t, v in values]
+    if len(xy) == 1:
+        xy.insert(0, (max(0.0, xy[0][0] - 4), xy[0][1]))
+    return xy
+
+
+def _svg_points(xy: Iterable[tuple[float, float]]) -> str:
+    return " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+
+
+def _area_under(area: str, line: str, color: str) -> str:
+    """A chart's shaded `area` (polygon points) and its `line` (polyline points) in `color`."""
+    return (
+        f'<polygon points="{area}" style="{escape(css("area", fill=color))}"/>'
+        f'<polyline points="{line}" vector-effect="non-scaling-stroke" style="{escape(css("line", stroke=color))}"/>'
+    )
+
+
 def _sparkline(
     series: Iterable[Mapping[str, Any]], key: str, t0: float, t1: float, vmax: float, color: str
 ) -> str:
@@ -358,15 +381,9 @@ def _sparkline(
     pts = [r for r in series if r["time"] >= t0 and r.get(key) is not None]
     inner = ""
     if pts:
-        span = max(t1 - t0, 1e-3)
-        xy = [((r["time"] - t0) / span * W, H - min(r[key], vmax) / vmax * (H - 2)) for r in pts]
-        if len(xy) == 1:
-            xy.insert(0, (max(0.0, xy[0][0] - 4), xy[0][1]))
-        line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
-        inner = (
-            f'<polygon points="{xy[0][0]:.1f},{H} {line} {xy[-1][0]:.1f},{H}" style="{escape(css("area", fill=color))}"/>'
-            f'<polyline points="{line}" vector-effect="non-scaling-stroke" style="{escape(css("line", stroke=color))}"/>'
-        )
+        xy = _points(((r["time"], r[key]) for r in pts), t0, t1, vmax)
+        line = _svg_points(xy)
+        inner = _area_under(f"{xy[0][0]:.1f},{H} {line} {xy[-1][0]:.1f},{H}", line, color)
     return _svg(W, H, THEME["spark"]["pixels"], inner)
 
 
@@ -390,22 +407,11 @@ def _bandline(bands: list[Mapping[str, Any]], key: str, t0: float, t1: float, vm
     pts = [b for b in bands if b["time"] >= t0 and b.get(key)]
     inner = ""
     if pts:
-        span = max(t1 - t0, 1e-3)
 
-        def line(i: int) -> list[tuple[float, float]]:
-            xy = [((b["time"] - t0) / span * W, H - min(b[key][i], vmax) / vmax * (H - 2)) for b in pts]
-            if len(xy) == 1:
-                xy.insert(0, (max(0.0, xy[0][0] - 4), xy[0][1]))
-            return xy
+        def line(i: int) -> list[tuple[float, float]]:  # a band is (low, middle, high)
+            return _points(((b["time"], b[key][i]) for b in pts), t0, t1, vmax)
 
-        def fmt(xy: list[tuple[float, float]]) -> str:
-            return " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
-
-        area = fmt(line(2) + line(0)[::-1])
-        inner = (
-            f'<polygon points="{area}" style="{escape(css("area", fill=color))}"/>'
-            f'<polyline points="{fmt(line(1))}" vector-effect="non-scaling-stroke" style="{escape(css("line", stroke=color))}"/>'
-        )
+        inner = _area_under(_svg_points(line(2) + line(0)[::-1]), _svg_points(line(1)), color)
     return _svg(W, H, THEME["spark"]["pixels"], inner)
 
 

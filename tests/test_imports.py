@@ -1,0 +1,308 @@
+"""nbcluster's own import graph: no cycle, and no import hidden inside a function.
+
+Every module of `nbcluster/` is parsed with `ast` (nothing is imported, so an import that
+only a worker or an optional dependency would reach counts the same as any other). An edge
+``a -> b`` is an ``import`` or ``from ... import`` in `a`, at any depth (module level,
+class bodies, functions), that loads `b`:
+
+- ``import a.b.c`` and ``from a.b import c`` load `a.b.c` (or `a.b` when `c` is a name in
+  it) and every package above it, because importing a module runs its packages'
+  ``__init__`` first; the packages that contain the importing module itself are left out,
+  since Python has already started them before the importing module runs;
+- relative imports are resolved against the importing module's package;
+- imports under ``if TYPE_CHECKING:`` are left out: they never run.
+
+A cycle is a strongly connected component of that graph, reported as ``a -> b -> a``. A
+function-level import of an nbcluster module is the usual way a cycle is hidden, so each
+one must be in `ALLOWED_LOCAL` with the reason it cannot be at the top.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "nbcluster"
+
+#: Function-level imports of nbcluster modules that stay, as (importing module, imported
+#: module): each for a reason a top-level import would not serve.
+ALLOWED_LOCAL: dict[tuple[str, str], str] = {
+    ("nbcluster.widgets._live", "nbcluster.widgets.widget"): (
+        "anywidget and ipywidgets (0.1 s) load only once a run lasts long enough to show a widget"
+    ),
+}
+
+# -- Left to the other parts of issue 17 (wire17: cluster/ and metrics/; lean17: the package
+# `__init__`, magics, commands and distribute/). The lead empties both after merging them;
+# `test_allow_lists_are_current` fails on any entry that is gone.
+
+#: Cycles still in the tree, each as the set of modules of its strongly connected component.
+EXPECTED_CYCLES: list[frozenset[str]] = [
+    frozenset({"nbcluster", "nbcluster.magics", "nbcluster.commands"}),  # lean17
+    frozenset({"nbcluster.cluster.deploy", "nbcluster.metrics", "nbcluster.metrics.feed"}),  # wire17
+]
+
+#: Function-level imports in those areas.
+EXPECTED_LOCAL: set[tuple[str, str]] = {
+    # lean17
+    ("nbcluster", "nbcluster._current"),
+    ("nbcluster", "nbcluster.cluster.handle"),
+    ("nbcluster", "nbcluster.magics"),
+    ("nbcluster.commands", "nbcluster.cluster.profiles"),
+    ("nbcluster.commands", "nbcluster.widgets"),
+    ("nbcluster.distribute.batching", "nbcluster.config"),
+    ("nbcluster.distribute.engine", "nbcluster._compat"),
+    ("nbcluster.distribute.follow", "nbcluster.config"),
+    ("nbcluster.distribute.follow", "nbcluster.widgets._output"),
+    ("nbcluster.distribute.target", "nbcluster._current"),
+    ("nbcluster.distribute.target", "nbcluster.cluster.registry"),
+    ("nbcluster.distribute.worker", "nbcluster._compat"),
+    ("nbcluster.magics", "nbcluster.distribute"),
+    ("nbcluster.magics", "nbcluster.widgets"),
+    # wire17
+    ("nbcluster.cluster.backends", "nbcluster.cluster.spec"),
+    ("nbcluster.cluster.deploy", "nbcluster.cluster.kubernetes"),
+    ("nbcluster.cluster.deploy", "nbcluster.metrics.plugin"),
+    ("nbcluster.cluster.deploy", "nbcluster.metrics.summary"),
+    ("nbcluster.cluster.handle", "nbcluster.cluster.gpu"),
+    ("nbcluster.cluster.handle", "nbcluster.metrics.plugin"),
+    ("nbcluster.cluster.spec", "nbcluster.cluster.profiles"),
+    ("nbcluster.cluster.supervisor", "nbcluster.cluster.adaptive"),
+    ("nbcluster.cluster.supervisor", "nbcluster.metrics.plugin"),
+    ("nbcluster.metrics.feed", "nbcluster.cluster.deploy"),
+    ("nbcluster.metrics.feed", "nbcluster.metrics.plugin"),
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One import statement's effect: `source` loads `target`, at `line`."""
+
+    source: str
+    target: str
+    line: int
+    local: bool  # inside a function
+    named: bool  # the module the statement names (not a package above it)
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Every module below `root`, by dotted name (a package by its own name)."""
+    return {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, local: bool = False) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement that can run, and whether it is inside a function."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, local
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:  # the `else:` of `if TYPE_CHECKING` does run
+                yield from _imports(ast.Module(body=[child], type_ignores=[]), local)
+        else:
+            inner = local or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            yield from _imports(node, inner)
+
+
+def _resolve(source: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = source.split(".") if is_package else source.split(".")[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _loaded(target: str, source: str, known: set[str]) -> Iterator[tuple[str, bool]]:
+    """`target` and the packages above it that importing it runs, as seen from `source`."""
+    parts = target.split(".")
+    for depth in range(1, len(parts)):
+        package = ".".join(parts[:depth])
+        if package in known and not (source == package or source.startswith(package + ".")):
+            yield package, False
+    if target in known:
+        yield target, True
+
+
+def edges(root: Path = ROOT) -> list[Edge]:
+    """Every import edge between nbcluster's modules."""
+    found = modules(root)
+    known = set(found)
+    result = []
+    for source, path in found.items():
+        is_package = path.name == "__init__.py"
+        for node, local in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = _resolve(source, is_package, node)
+                # `from pkg import mod` loads pkg.mod; `from mod import name` loads mod.
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            for target in targets:
+                for loaded, named in _loaded(target, source, known):
+                    if loaded != source:
+                        result.append(Edge(source, loaded, node.lineno, local, named))
+    return result
+
+
+def _successors(graph: list[Edge]) -> dict[str, set[str]]:
+    succ: dict[str, set[str]] = {}
+    for edge in graph:
+        succ.setdefault(edge.source, set()).add(edge.target)
+    return succ
+
+
+def components(graph: list[Edge]) -> list[frozenset[str]]:
+    """The strongly connected components of two or more modules of `graph`: each holds a
+    cycle, and every module of it is on one."""
+    succ = _successors(graph)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+
+    def connect(node: str) -> None:  # Tarjan's algorithm; the graph has ~60 nodes
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(succ.get(node, ())):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for node in sorted(succ):
+        if node not in index:
+            connect(node)
+    return sorted(found, key=min)
+
+
+def cycles(graph: list[Edge]) -> list[list[str]]:
+    """A cycle of each component, as the path ``a -> b -> ... -> a`` from its first module."""
+    succ = _successors(graph)
+    return [_path_through(component, succ) for component in components(graph)]
+
+
+def _path_through(component: frozenset[str], succ: dict[str, set[str]]) -> list[str]:
+    """A shortest cycle through the component's first module, by breadth-first search."""
+    start = min(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(succ.get(node, set()) & component):
+                if nxt == start:
+                    path = [start]
+                    while node != start:
+                        path.append(node)
+                        node = came_from[node]
+                    return [start, *reversed(path[1:]), start]
+                if nxt not in came_from:
+                    came_from[nxt] = node
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"{sorted(component)} is not strongly connected")
+
+
+def _described(graph: list[Edge], path: list[str]) -> str:
+    steps = []
+    for source, target in itertools.pairwise(path):
+        edge = min((e for e in graph if e.source == source and e.target == target), key=lambda e: e.line)
+        steps.append(f"{source} -> {target} (line {edge.line}{', in a function' if edge.local else ''})")
+    return " -> ".join(path) + "\n      " + "\n      ".join(steps)
+
+
+def test_no_import_cycle() -> None:
+    graph = edges()
+    succ = _successors(graph)
+    found = [_path_through(c, succ) for c in components(graph) if c not in EXPECTED_CYCLES]
+    assert not found, "import cycles in nbcluster/:\n  " + "\n  ".join(_described(graph, p) for p in found)
+
+
+def test_no_hidden_import() -> None:
+    local = {(e.source, e.target): e for e in sorted(edges(), key=lambda e: -e.line) if e.local and e.named}
+    hidden = sorted(set(local) - set(ALLOWED_LOCAL) - EXPECTED_LOCAL)
+    assert not hidden, (
+        "function-level imports of nbcluster modules (move them to the top, or add them to "
+        "ALLOWED_LOCAL with the reason they cannot be):\n  "
+        + "\n  ".join(f"{s} -> {t} (line {local[s, t].line})" for s, t in hidden)
+    )
+
+
+def test_allow_lists_are_current() -> None:
+    """An entry whose import is gone (or moved to the top) is dropped, so the lists stay short."""
+    graph = edges()
+    local = {(e.source, e.target) for e in graph if e.local and e.named}
+    stale_local = sorted((set(ALLOWED_LOCAL) | EXPECTED_LOCAL) - local)
+    assert not stale_local, (
+        f"ALLOWED_LOCAL or EXPECTED_LOCAL name imports that are not function-level: {stale_local}"
+    )
+    present = set(components(graph))
+    stale = [sorted(c) for c in EXPECTED_CYCLES if c not in present]
+    assert not stale, f"EXPECTED_CYCLES lists cycles that are gone: {stale}"
+
+
+@pytest.mark.parametrize(
+    ("files", "cycle"),
+    [
+        (
+            {"a.py": "from pkg import b\n", "b.py": "def f():\n    from . import a\n"},
+            "pkg.a -> pkg.b -> pkg.a",
+        ),
+        ({"__init__.py": "from pkg.a import x\n", "a.py": "from pkg import y\n"}, "pkg -> pkg.a -> pkg"),
+        (
+            {
+                "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n",
+                "b.py": "import pkg.a\n",
+            },
+            "",
+        ),
+        ({"__init__.py": "from pkg import a\n", "a.py": "from pkg import b\n", "b.py": "x = 1\n"}, ""),
+        (
+            {
+                "sub/__init__.py": "from pkg.sub.c import z\n",
+                "sub/c.py": "from ..a import q\n",
+                "a.py": "import pkg.sub\n",
+            },
+            "pkg.a -> pkg.sub -> pkg.sub.c -> pkg.a",
+        ),
+    ],
+    ids=["function-level", "package-init", "type-checking", "submodule-of-own-package", "relative"],
+)
+def test_walker_finds_cycles(tmp_path: Path, files: dict[str, str], cycle: str) -> None:
+    """The walker itself, on small packages whose cycles are known."""
+    root = tmp_path / "pkg"
+    for name, text in {"__init__.py": "", **files}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    found = [" -> ".join(path) for path in cycles(edges(root))]
+    assert found == ([cycle] if cycle else [])
