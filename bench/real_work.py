@@ -22,7 +22,12 @@ fits), so this measures that work itself, with four kernels:
    as a user's kernel would fork it). Every method runs once per round, on the same
    workers or pool each round: repeated cells, as in a notebook. The first round (the
    first cell) and the median of the later ones are shown apart, because a worker that
-   slows down after its first batch looks fine in a first-cell benchmark.
+   slows down after its first batch looks fine in a first-cell benchmark. Each item also
+   reports its own thread's CPU time: on a busy machine wall times move with the load, CPU
+   times show whether a worker's environment makes the work itself slower. The Pool's
+   processes have run part 1's kernels first, whose 4 MB arrays raise glibc's dynamic mmap
+   threshold there; a Pool forked before any work faults its arrays in afresh and takes
+   about twice the CPU an item (/tmp probes, issue 21), so this is the Pool at its best.
 3. **Memory**: RSS of a worker after a task that allocates and frees about 2 GB in arrays
    of 1 to 50 MB (a few alive at a time, small objects kept between them), against a
    plain Dask worker (target: at most Dask's default + 10 %).
@@ -84,6 +89,14 @@ def kernel(name: str, seed: int = 0, points: int = 6_000_000) -> float:
     raise ValueError(name)
 
 
+def cpu_of(name: str, seed: int, points: int) -> float:
+    """One item's CPU time in the thread that ran it: unlike wall time, other processes on a
+    busy machine barely change it, so it shows whether an environment slows the work itself."""
+    t = time.thread_time()
+    kernel(name, seed, points)
+    return time.thread_time() - t
+
+
 def timed(name: str, seed: int = 0) -> float:
     t = time.perf_counter()
     kernel(name, seed)
@@ -129,9 +142,8 @@ def child(args: list[str]) -> None:
         return
     if name == "serial":
         t = time.perf_counter()
-        for i in range(n):
-            kernel("mc50k", i, SPEEDUP_POINTS)
-        print(json.dumps(time.perf_counter() - t))
+        cpu = [cpu_of("mc50k", i, SPEEDUP_POINTS) for i in range(n)]
+        print(json.dumps([time.perf_counter() - t, cpu]))
         return
     print(json.dumps([timed(name, i) for i in range(n)]))
 
@@ -195,22 +207,30 @@ def measure(runs: int, pool: Any, plain: Any, handle: Any) -> str:
         print(f"per-item round {r + 1}/{runs} done", file=sys.stderr)
 
     speed: dict[str, list[float]] = {}
+    item_cpu: dict[str, list[float]] = {}  # every item's CPU seconds, later cells only
     n = SPEEDUP_ITEMS
-    for _ in range(max(runs, 2)):  # at least one cell after the first
-        speed.setdefault("serial (fresh process)", []).append(fresh("serial", str(n)))
+    args = (["mc50k"] * n, range(n), [SPEEDUP_POINTS] * n)
+
+    def record(label: str, seconds: float, cpu: list[float], cell: int) -> None:
+        speed.setdefault(label, []).append(seconds)
+        if cell:
+            item_cpu.setdefault(label, []).extend(cpu)
+
+    for cell in range(max(runs, 2)):  # at least one cell after the first
+        record("serial (fresh process)", *fresh("serial", str(n)), cell)
         t = time.perf_counter()
-        results = nbcluster.distribute(lambda i: kernel("mc50k", i, SPEEDUP_POINTS), over=range(n), client=nb)
+        results = nbcluster.distribute(lambda i: cpu_of("mc50k", i, SPEEDUP_POINTS), over=range(n), client=nb)
         assert results.ok
-        speed.setdefault("%%distribute", []).append(time.perf_counter() - t)
+        record("%%distribute", time.perf_counter() - t, list(results.values()), cell)
         t = time.perf_counter()
-        nb.gather(nb.map(kernel, ["mc50k"] * n, range(n), [SPEEDUP_POINTS] * n, pure=False))
-        speed.setdefault("client.map (nbcluster's workers, after %%distribute)", []).append(time.perf_counter() - t)
+        cpu = nb.gather(nb.map(cpu_of, *args, pure=False))
+        record("client.map (nbcluster's workers, after %%distribute)", time.perf_counter() - t, cpu, cell)
         t = time.perf_counter()
-        plain.gather(plain.map(kernel, ["mc50k"] * n, range(n), [SPEEDUP_POINTS] * n, pure=False))
-        speed.setdefault("client.map (plain Dask)", []).append(time.perf_counter() - t)
+        cpu = plain.gather(plain.map(cpu_of, *args, pure=False))
+        record("client.map (plain Dask)", time.perf_counter() - t, cpu, cell)
         t = time.perf_counter()
-        pool.starmap(kernel, [("mc50k", i, SPEEDUP_POINTS) for i in range(n)], chunksize=1)
-        speed.setdefault("multiprocessing.Pool(2), forked", []).append(time.perf_counter() - t)
+        cpu = pool.starmap(cpu_of, zip(*args, strict=True), chunksize=1)
+        record("multiprocessing.Pool(2), forked", time.perf_counter() - t, cpu, cell)
 
     memory: dict[str, list[float]] = {}
     for _ in range(max(3, runs // 2)):
@@ -248,16 +268,22 @@ def measure(runs: int, pool: Any, plain: Any, handle: Any) -> str:
         "",
         f"**Speedup**, {SPEEDUP_ITEMS} `mc50k` items of {SPEEDUP_POINTS / 1e6:.0f} M points on 2 workers "
         "against the serial run, in the first round (cell) and in the later ones (median), and "
-        "each method's later-cell time against the forked Pool's:",
+        "each method's later-cell time against the forked Pool's; then the median CPU time of one "
+        "item in the later cells (the thread's own, which a busy machine barely changes) against "
+        "the Pool's:",
         "",
-        "| method | first cell s | later cells s | speedup, later cells | vs Pool |",
-        "|---|---:|---:|---:|---:|",
+        "| method | first cell s | later cells s | speedup, later cells | vs Pool | item CPU s | vs Pool |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    pool_later = statistics.median(speed["multiprocessing.Pool(2), forked"][1:])
+    pool_label = "multiprocessing.Pool(2), forked"
+    pool_later = statistics.median(speed[pool_label][1:])
+    pool_cpu = statistics.median(item_cpu[pool_label])
     for label, values in speed.items():
         later = statistics.median(values[1:])
+        cpu = statistics.median(item_cpu[label])
         lines.append(
-            f"| {label} | {values[0]:.2f} | {later:.2f} | {serial / later:.2f}x | {later / pool_later:.2f}x |"
+            f"| {label} | {values[0]:.2f} | {later:.2f} | {serial / later:.2f}x | {later / pool_later:.2f}x "
+            f"| {cpu:.3f} | {cpu / pool_cpu:.2f}x |"
         )
     dask_rss = statistics.median(memory["Dask worker (default env), 2 s later"])
     lines += [
