@@ -13,7 +13,6 @@ import shlex
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-import nbcluster
 from nbcluster import _aio, _current
 from nbcluster.cluster.handle import ClusterHandle, clusters, connect
 from nbcluster.cluster.handle import start as start_cluster
@@ -150,7 +149,7 @@ class Runner:
     def do_start(self, ns: argparse.Namespace) -> ClusterInfo:
         options = {o.field: getattr(ns, o.field) for o in START_OPTIONS if o.field != "keep"}
         if self.in_kernel:
-            handle = nbcluster.start(keep=ns.keep, **options)
+            handle = _current.start(keep=ns.keep, **options)
         else:
             handle = start_cluster(keep=True, **options)
         info = handle.info()
@@ -199,7 +198,7 @@ class Runner:
     def do_use(self, ns: argparse.Namespace) -> ClusterInfo:
         if not self.in_kernel:
             raise BadArgument("`use` picks the cluster of a notebook kernel: run `%cluster use NAME` there")
-        handle = nbcluster.use(ns.target, security=ns.security)
+        handle = _current.attach(ns.target, security=ns.security)
         info = handle.info()
         info.note = f"Using cluster {handle.name!r}: %%distribute and Dask's default client now run there."
         if not handle.managed:
