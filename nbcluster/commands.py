@@ -19,7 +19,7 @@ from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import ClusterInfo, ClusterList
 from nbcluster.cluster.kinds import KINDS
 from nbcluster.cluster.spec import FORCE_HELP, START_OPTIONS, parse_bounds, parse_count
-from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
+from nbcluster.errors import BadArgument, ClusterUnreachable, HelpShown, NoCluster
 
 COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart", "profiles")
 
@@ -34,12 +34,6 @@ class _Parser(argparse.ArgumentParser):
     def print_help(self, file: object = None) -> NoReturn:
         # argparse's --help prints, then exits: the front end prints the text once, instead.
         raise HelpShown(self.format_help())
-
-
-class HelpShown(Exception):
-    def __init__(self, text: str):
-        super().__init__(text)
-        self.text = text
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:

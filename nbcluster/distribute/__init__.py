@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nbcluster.distribute.args import parse_distribute_line, parse_wait_line
-    from nbcluster.distribute.results import NotReady, Results
-    from nbcluster.distribute.run import Interrupted, distribute, wait
+    from nbcluster.distribute.results import Results
+    from nbcluster.distribute.run import distribute, wait
     from nbcluster.distribute.tracebacks import ItemError
+    from nbcluster.errors import Interrupted, NotReady
 
 __all__ = [
     "Interrupted",
@@ -39,9 +40,9 @@ __all__ = [
 
 # public name -> the module that defines it
 _LAZY = {
-    "Interrupted": "nbcluster.distribute.run",
+    "Interrupted": "nbcluster.errors",
     "ItemError": "nbcluster.distribute.tracebacks",
-    "NotReady": "nbcluster.distribute.results",
+    "NotReady": "nbcluster.errors",
     "Results": "nbcluster.distribute.results",
     "distribute": "nbcluster.distribute.run",
     "parse_distribute_line": "nbcluster.distribute.args",

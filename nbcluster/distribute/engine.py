@@ -425,7 +425,7 @@ class Engine:
 
     def _handle(
         self, future: Any, result: Any, indices: Any, backlog: _Backlog | None = None, *, alone: bool = True
-    ) -> tuple[list[int], dict[str, Any] | None]:
+    ) -> tuple[list[int], worker.ErrorRecord | None]:
         """Deliver one batch, holding back the failed items the backlog takes for another attempt.
 
         Returns (items to submit again, fatal record). Items a stopped batch did not reach
@@ -479,7 +479,7 @@ class Engine:
         self,
         indices: Sequence[int],
         values: Sequence[Any],
-        records: dict[int, dict[str, Any]],
+        records: dict[int, worker.ErrorRecord],
         outputs: dict[int, Any],
         where: str = CLUSTER,
     ) -> None:
@@ -487,10 +487,10 @@ class Engine:
         errors = {j: self.job.item_error(indices[j], record, where) for j, record in records.items()}
         self.state.deliver(indices, values, errors, outputs)
 
-    def _fail(self, indices: Sequence[int], record: dict[str, Any]) -> None:
+    def _fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
         self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
 
-    def _killed(self, index: int, killed: Any) -> dict[str, Any]:
+    def _killed(self, index: int, killed: Any) -> worker.ErrorRecord:
         """The failure record of item `index`, whose worker died each time it ran it."""
         described = self.job.plan.describe(index)
         message = (
@@ -500,9 +500,7 @@ class Engine:
         said = _last_words(self.client, killed.last_worker)
         if said:
             message += f"; the worker's nanny logged: {said}"
-        record = worker.error_record(WorkerKilled(message))
-        record["chain"][0]["frames"] = []  # the engine's frames: nothing the user can act on
-        return record
+        return worker.error_record(WorkerKilled(message), frames=False)
 
     def _drive_everywhere(self, indices: list[int]) -> None:
         assert self.link is not None
@@ -637,7 +635,7 @@ def _quiet_rescheduling() -> None:
         log.addFilter(_Rescheduling())
 
 
-def _internal_error(e: Exception) -> dict[str, Any]:
+def _internal_error(e: Exception) -> worker.ErrorRecord:
     error = RuntimeError(f"nbcluster internal error while running the items: {type(e).__name__}: {e}")
     error.__cause__ = e  # its frames go in the record, for the bug report
     return worker.error_record(error)
@@ -645,17 +643,17 @@ def _internal_error(e: Exception) -> dict[str, Any]:
 
 class _Outcome(NamedTuple):
     values: list[Any]  # of the first len(values) items of the batch: fewer if it stopped early
-    errors: dict[int, dict[str, Any]]  # by position in the batch
+    errors: dict[int, worker.ErrorRecord]  # by position in the batch
     outputs: dict[int, Any]  # by item index
     seconds: float | None = None  # time the items took on the worker
-    fatal: dict[str, Any] | None = None  # the context could not load: every batch would fail
+    fatal: worker.ErrorRecord | None = None  # the context could not load: every batch would fail
     lost: tuple[str, str | None] | None = None  # (key no worker holds any more, who asked)
     killed: Any = None  # Dask's KilledWorker: every worker that ran the batch died
     halt: str | None = None  # nbcluster could not be imported to unpickle the batch: why
 
 
 def _unpack(future: Any, result: Any, n: int) -> _Outcome:
-    record: dict[str, Any] | None = None
+    record: worker.ErrorRecord | None = None
     # A result blob is a result even if the future reads "lost" by now: the worker that
     # held it died after it was gathered.
     if future.status != "finished" and not isinstance(result, bytes):
@@ -738,12 +736,9 @@ def _last_words(client: Any, last: Any) -> str | None:
     return None
 
 
-def _batch_failure(exc: Any) -> dict[str, Any]:
+def _batch_failure(exc: Any) -> worker.ErrorRecord:
     if isinstance(exc, BaseException) and type(exc).__name__ == "CancelledError":
         exc = type(exc)("the batch was cancelled on the cluster")
     elif not isinstance(exc, BaseException):
         exc = RuntimeError(f"the batch failed: {exc!r}")
-    record = worker.error_record(exc)
-    for link in record["chain"]:
-        link["frames"] = []  # Dask's own frames: nothing the user can act on
-    return record
+    return worker.error_record(exc, frames=False)
