@@ -28,8 +28,8 @@ def test_the_item_of_a_worker_that_left_fails_and_the_others_finish(shell: Inter
     blocker = client.submit(time.sleep, 60, key="blocker", workers=[busy], pure=False)
     while not client.processing([busy])[busy]:  # its only thread taken: the cell's task will wait
         polled.wait(0.05)
-    assert cell(shell, "%%distribute --everywhere --no-wait --into res\nimport os\nos.getpid()") is None
-    res = shell.user_ns["res"]
+    assert cell(shell, "%%distribute --everywhere --no-wait --into everywhere_res\nimport os\nos.getpid()") is None
+    res = shell.user_ns["everywhere_res"]
     assert isinstance(res, Results)
     one_done = threading.Event()
     res.subscribe(lambda r: r.counts()["done"] and one_done.set())

@@ -38,8 +38,8 @@ def test_a_failed_item_shows_group_members_notes_and_causes(
     shell: InteractiveShell, cluster: Any, capsys: Any, where: str
 ) -> None:
     capsys.readouterr()
-    res = cell(shell, f'%%distribute --over "x in [7]"{where} --into res\n{CELL}')
-    assert res is None and shell.user_ns["res"].counts()["failed"] == 1
+    res = cell(shell, f'%%distribute --over "x in [7]"{where} --into group_res\n{CELL}')
+    assert res is None and shell.user_ns["group_res"].counts()["failed"] == 1
     err = capsys.readouterr().err
     assert "1/1 items failed: ExceptionGroup at item 0 (x=7)" in err
     shown = [
@@ -61,7 +61,7 @@ def test_a_failed_item_shows_group_members_notes_and_causes(
     assert found == sorted(found)  # in Python's order
     assert "nbcluster" not in err.replace("nbcluster: ", "")  # no frame of nbcluster's own
     with pytest.raises(Exception) as raised:  # still the item's own exception, to re-raise
-        shell.user_ns["res"].raise_first()
+        shell.user_ns["group_res"].raise_first()
     assert type(raised.value).__name__ == "ExceptionGroup"  # a builtin from 3.11 (ruff targets 3.10)
     assert [type(e) for e in raised.value.exceptions] == [ValueError, TypeError]
 
@@ -83,7 +83,7 @@ def test_an_exception_class_the_kernel_cannot_import_is_shown_by_name(
         "path.unlink()\n"
         "raise mod.Odd('only on the worker')\n"
     )
-    cell(shell, f'%%distribute --over "x in [1]" --into odd\n{source}')
+    cell(shell, f'%%distribute --over "x in [1]" --into odd_res\n{source}')
     err = capsys.readouterr().err
     assert "onlyhere1.Odd: only on the worker" in err
     assert "  Cell line 9\n    raise mod.Odd('only on the worker')\n" in err

@@ -10,6 +10,7 @@ real `%%distribute` cells (items, output, `display`, a failing item, a large cap
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 
@@ -84,3 +85,16 @@ def test_import_nbcluster_loads_neither_dask_client_nor_ipython() -> None:
 
 def _client(shell: InteractiveShell) -> Client:
     return _current.client_for("lean")
+
+
+def test_the_worker_package_imports_only_worker_side_modules() -> None:
+    # What a worker unpickling `run_batch` loads, in a fresh process: the worker package
+    # and the few cheap modules it names, nothing else of nbcluster's (and not even Dask's
+    # Client: the worker process has it, but the package must not need it to load).
+    probe = "import sys, nbcluster.distribute.worker\nprint(sorted(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    loaded = ast.literal_eval(out)
+    allowed = {"nbcluster", "nbcluster.config", "nbcluster.errors", "nbcluster.distribute"}
+    ours = [m for m in loaded if m.startswith("nbcluster")]
+    assert [m for m in ours if m not in allowed and not m.startswith("nbcluster.distribute.worker")] == []
+    assert "nbcluster.distribute.worker.records" in ours and "distributed" not in loaded
