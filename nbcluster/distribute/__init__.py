@@ -6,8 +6,10 @@ Modules, in the order a run uses them: `options` (the flags, declared and checke
 `args` (the magic's line), `run` (the API: checks, then the run's steps; `Run`, the
 controls of a run), `cell` (source -> code, free names), `plan` (the items), `capture`
 (what travels and how), `target` (the cluster link: where items may run), `job` (what
-runs, made once), `engine` (submit, stream, retry, cancel), `batching` (batch sizes),
-`worker` (what runs on the workers), `state` (each item's state, written by the engine
+runs, made once), `engine` (submit, stream, retry, cancel), `everywhere` (the engine's
+strategy for `--everywhere`: one task pinned to each worker), `batching` (batch sizes),
+`worker/` (what runs on the workers, and nothing else: the tasks, `context`, `objects`,
+`items`, `output`, `records`, `stopping`), `state` (each item's state, written by the engine
 alone), `results` (the read-only view the user gets), `tracebacks` (failed items),
 `follow` (waiting in the kernel: output, summary, Ctrl-C).
 
