@@ -14,6 +14,8 @@ the widgets, the cluster handle) that it never runs.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from nbcluster import config as _config  # noqa: F401 - registers nbcluster's Dask config defaults
@@ -65,6 +67,24 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """`nbcluster` itself: `nbcluster.distribute` stays the function.
+
+    Importing a submodule sets it as an attribute of its package, once, when it is first
+    loaded: the subpackage `nbcluster.distribute` would then hide the function of that name
+    (when it was eager, the function's import simply came after). Refused here, the name
+    is left to `__getattr__`, which loads the function.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "distribute" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def use(name_or_address: str, *, security: Any = None) -> ClusterHandle:

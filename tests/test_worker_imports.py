@@ -98,3 +98,17 @@ def test_the_worker_package_imports_only_worker_side_modules() -> None:
     ours = [m for m in loaded if m.startswith("nbcluster")]
     assert [m for m in ours if m not in allowed and not m.startswith("nbcluster.distribute.worker")] == []
     assert "nbcluster.distribute.worker.records" in ours and "distributed" not in loaded
+
+
+def test_nbcluster_distribute_stays_the_function_whichever_loads_first() -> None:
+    # Loading the subpackage `nbcluster.distribute` (a worker, `%load_ext`) sets it as an
+    # attribute of `nbcluster`; the function of that name must still be what users call.
+    probe = (
+        "import nbcluster.distribute.worker, nbcluster\n"
+        "from nbcluster.distribute.run import distribute\n"
+        "assert nbcluster.distribute is distribute, nbcluster.distribute\n"
+        "print(nbcluster.distribute('x * 2', over='x in range(3)', local=True, namespace={}).values())\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines()[-1] == "[0, 2, 4]"
