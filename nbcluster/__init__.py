@@ -19,13 +19,13 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from nbcluster import config as _config  # noqa: F401 - registers nbcluster's Dask config defaults
+from nbcluster.errors import NbclusterError  # imports nothing: as cheap as a name
 
 if TYPE_CHECKING:
     from nbcluster._current import current, start
     from nbcluster.cluster.handle import ClusterHandle, clusters, connect
     from nbcluster.distribute.results import Results
     from nbcluster.distribute.run import distribute, wait
-    from nbcluster.errors import NbclusterError
 
 __all__ = [
     "ClusterHandle",
@@ -52,7 +52,6 @@ _LAZY = {
     "Results": "nbcluster.distribute.results",
     "distribute": "nbcluster.distribute.run",
     "wait": "nbcluster.distribute.run",
-    "NbclusterError": "nbcluster.errors",
 }
 
 
