@@ -8,8 +8,9 @@ pickled if it could be rebuilt. Here, in the kernel, `ItemError` readies it once
 - frames of notebook functions come back named "<dynamic-code>" (cloudpickle renames the
   file of every function it ships by value); `capture.code_index` maps them back to the
   notebook cell that defined the function;
-- each part's class is a stand-in of the same name (`_stand_in`), so the standard
-  formatting prints `mymodule.MyError: ...` without importing anything;
+- while the traceback is formatted (once, on first use), each part's class is a stand-in
+  of the same name (`_stand_in`), so the standard formatting prints `mymodule.MyError: ...`
+  without importing anything; the record itself keeps no stand-in (it stays picklable);
 - `traceback` formats it as Python would, with the cell's own lines: "Cell line 3" for the
   distributed cell (its source is in `linecache`), "Cell In[5], line 2" for a function
   from notebook cell 5 (`_CellStack`);
@@ -22,6 +23,7 @@ pickled if it could be rebuilt. Here, in the kernel, `ItemError` readies it once
 from __future__ import annotations
 
 import functools
+import threading
 import traceback
 from typing import Any
 
@@ -52,6 +54,7 @@ class ItemError:
         self._record = record
         self.where = where  # "the cluster" or "the kernel"
         self._exception: BaseException | None = None
+        self._text: str | None = None
 
     @property
     def exception(self) -> BaseException:
@@ -72,7 +75,9 @@ class ItemError:
     @property
     def traceback(self) -> str:
         """The remote traceback as text: the cell's lines with cell line numbers."""
-        return "".join(self._record["traceback"].format())
+        if self._text is None:
+            self._text = _formatted(self._record)
+        return self._text
 
     def __repr__(self) -> str:
         return f"<ItemError item {self.index} ({describe(self.params)}): {self.type_name}: {self.message}>"
@@ -120,7 +125,7 @@ def _rebuilt_traceback(frames: list[tuple[str, int, str]]) -> Any:
 
 def _ready(record: ErrorRecord, index: dict[str, list[tuple[str, int, int]]]) -> None:
     """Make a record's traceback print in this kernel (see the module docstring); idempotent."""
-    for part, type_name in zip(parts(record["traceback"]), record["types"], strict=True):
+    for part in parts(record["traceback"]):
         for frame in part.stack:
             if frame.filename == "<dynamic-code>":
                 found = {f for f, first, last in index.get(frame.name, []) if first <= (frame.lineno or 0) <= last}
@@ -128,7 +133,22 @@ def _ready(record: ErrorRecord, index: dict[str, list[tuple[str, int, int]]]) ->
                     frame.filename = found.pop()
         if not isinstance(part.stack, _CellStack):
             part.stack = _CellStack(part.stack)  # not from_list: it makes a plain StackSummary
-        part.exc_type = _stand_in(**type_name)
+
+
+_FORMATTING = threading.Lock()  # the stand-ins are put in place for one formatting at a time
+
+
+def _formatted(record: ErrorRecord) -> str:
+    """The record's traceback as Python prints it, each part's class a stand-in meanwhile."""
+    with _FORMATTING:
+        every = list(zip(parts(record["traceback"]), record["types"], strict=True))
+        try:
+            for part, type_name in every:
+                part.exc_type = _stand_in(**type_name)
+            return "".join(record["traceback"].format())
+        finally:
+            for part, _ in every:
+                part.exc_type = BaseException  # as it travelled
 
 
 @functools.lru_cache(maxsize=256)
