@@ -80,9 +80,9 @@ def measure_nbcluster(runs: int) -> list[dict[str, float]]:
 
 
 def measure_client_map(runs: int) -> list[dict[str, float]]:
-    import nbcluster
+    from nbcluster.cluster.handle import start
 
-    handle = nbcluster.cluster.handle.start(workers=2, threads=1, name=f"bench-latency-map-{os.getpid()}")
+    handle = start(workers=2, threads=1, name=f"bench-latency-map-{os.getpid()}")
     client = handle.client
     out = []
     try:

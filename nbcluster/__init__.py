@@ -5,19 +5,27 @@
 >>> cluster.client.submit(sum, [1, 2]).result()
 3
 >>> cluster.stop()
+
+The public names are loaded on first use (PEP 562): a Dask worker unpickling an item
+imports `nbcluster` too, and must not pay for the kernel side (Dask's Client, IPython,
+the widgets, the cluster handle) that it never runs.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 from nbcluster import config as _config  # noqa: F401 - registers nbcluster's Dask config defaults
-from nbcluster._current import current
-from nbcluster.cluster.handle import ClusterHandle, clusters, connect
-from nbcluster.cluster.handle import start as _start
-from nbcluster.distribute import Results, distribute, wait
-from nbcluster.errors import NbclusterError
+from nbcluster.errors import NbclusterError  # imports nothing: as cheap as a name
+
+if TYPE_CHECKING:
+    from nbcluster._current import current, start
+    from nbcluster.cluster.handle import ClusterHandle, clusters, connect
+    from nbcluster.distribute.results import Results
+    from nbcluster.distribute.run import distribute, wait
 
 __all__ = [
     "ClusterHandle",
@@ -34,18 +42,48 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+# public name -> the module that defines it
+_LAZY = {
+    "ClusterHandle": "nbcluster.cluster.handle",
+    "clusters": "nbcluster.cluster.handle",
+    "connect": "nbcluster.cluster.handle",
+    "current": "nbcluster._current",
+    "start": "nbcluster._current",
+    "Results": "nbcluster.distribute.results",
+    "distribute": "nbcluster.distribute.run",
+    "wait": "nbcluster.distribute.run",
+}
 
-@functools.wraps(_start)
-def start(*args: Any, **kwargs: Any) -> ClusterHandle:
-    from nbcluster import _current
 
-    return _current.use(_start(*args, **kwargs))
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nbcluster' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain module attribute
+    return value
 
 
-start.__doc__ = f"""{_start.__doc__}
-    The cluster also becomes this process's current one, and its Client Dask's default
-    client (`nbcluster.cluster.handle.start` does neither, for servers and scripts).
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """`nbcluster` itself: `nbcluster.distribute` stays the function.
+
+    Importing a submodule sets it as an attribute of its package, once, when it is first
+    loaded: the subpackage `nbcluster.distribute` would then hide the function of that name
+    (when it was eager, the function's import simply came after). Refused here, the name
+    is left to `__getattr__`, which loads the function.
     """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "distribute" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def use(name_or_address: str, *, security: Any = None) -> ClusterHandle:
@@ -55,7 +93,7 @@ def use(name_or_address: str, *, security: Any = None) -> ClusterHandle:
     """
     from nbcluster import _current
 
-    return _current.use(connect(name_or_address, security=security))
+    return _current.attach(name_or_address, security=security)
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

@@ -69,3 +69,31 @@ def nanny_logs(client: Client, nanny: str, n: int = 12) -> list[tuple[str, str]]
     """
     logs: list[tuple[str, str]] = client.sync(lambda: client.rpc(nanny).get_logs(n=n))
     return logs
+
+
+# -- distribute/ (lean17) ---------------------------------------------------------------------
+def running_task_key() -> Any | None:
+    """The key of the Dask task this thread is running, or None outside a task.
+
+    `distributed.worker.thread_state` (the object `dask.context` defines) is private.
+    """
+    from dask.context import thread_state
+
+    return getattr(thread_state, "key", None)
+
+
+def ipython_cell_number(filename: str) -> int | None:
+    """The execution count of the IPython cell whose code has `filename`, if IPython runs here.
+
+    IPython's `compile._filename_map` (the names it gives each cell's code) is private.
+    Imports nothing: a process without a running IPython shell has no such cell.
+    """
+    import sys
+
+    shell_module = sys.modules.get("IPython.core.interactiveshell")
+    if shell_module is None or not shell_module.InteractiveShell.initialized():
+        return None
+    compiler = getattr(shell_module.InteractiveShell.instance(), "compile", None)
+    mapping = getattr(compiler, "_filename_map", {}) or {}
+    count = mapping.get(filename)
+    return count if isinstance(count, int) else None

@@ -7,12 +7,16 @@ cluster stopped from the sidebar or another kernel is noticed at once.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import dask
 from distributed import Client
 
 from nbcluster._compat import set_global_client
 from nbcluster.cluster import registry
 from nbcluster.cluster.handle import ClusterHandle, connect
+from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.errors import NoCluster
 
 _current: ClusterHandle | None = None
@@ -85,3 +89,19 @@ def handle_for(cluster: str | None = None) -> ClusterHandle:
 def client_for(cluster: str | None = None) -> Client:
     """The `distributed.Client` of the named cluster, or of the current one."""
     return handle_for(cluster).client
+
+
+@functools.wraps(start_cluster)
+def start(*args: Any, **kwargs: Any) -> ClusterHandle:
+    return use(start_cluster(*args, **kwargs))
+
+
+start.__doc__ = f"""{start_cluster.__doc__}
+    The cluster also becomes this process's current one, and its Client Dask's default
+    client (`nbcluster.cluster.handle.start` does neither, for servers and scripts).
+    """
+
+
+def attach(name_or_address: str, *, security: Any = None) -> ClusterHandle:
+    """Make a running cluster (by name or address) the current one: `nbcluster.use`."""
+    return use(connect(name_or_address, security=security))

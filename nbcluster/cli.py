@@ -10,14 +10,14 @@ import sys
 from collections.abc import Sequence
 
 from nbcluster import commands
-from nbcluster.errors import NbclusterError
+from nbcluster.errors import HelpShown, NbclusterError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         result = commands.Runner(in_kernel=False).run(commands.parse(args, prog="nbcluster"))
-    except commands.HelpShown as shown:
+    except HelpShown as shown:
         print(shown.text)
         return 0
     except NbclusterError as e:

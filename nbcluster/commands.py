@@ -13,14 +13,13 @@ import shlex
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-import nbcluster
 from nbcluster import _aio, _current
 from nbcluster.cluster.handle import ClusterHandle, clusters, connect
 from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import ClusterInfo, ClusterList
 from nbcluster.cluster.kinds import KINDS
 from nbcluster.cluster.spec import FORCE_HELP, START_OPTIONS, parse_bounds, parse_count
-from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
+from nbcluster.errors import BadArgument, ClusterUnreachable, HelpShown, NoCluster
 
 COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart", "profiles")
 
@@ -35,12 +34,6 @@ class _Parser(argparse.ArgumentParser):
     def print_help(self, file: object = None) -> NoReturn:
         # argparse's --help prints, then exits: the front end prints the text once, instead.
         raise HelpShown(self.format_help())
-
-
-class HelpShown(Exception):
-    def __init__(self, text: str):
-        super().__init__(text)
-        self.text = text
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -150,7 +143,7 @@ class Runner:
     def do_start(self, ns: argparse.Namespace) -> ClusterInfo:
         options = {o.field: getattr(ns, o.field) for o in START_OPTIONS if o.field != "keep"}
         if self.in_kernel:
-            handle = nbcluster.start(keep=ns.keep, **options)
+            handle = _current.start(keep=ns.keep, **options)
         else:
             handle = start_cluster(keep=True, **options)
         info = handle.info()
@@ -199,7 +192,7 @@ class Runner:
     def do_use(self, ns: argparse.Namespace) -> ClusterInfo:
         if not self.in_kernel:
             raise BadArgument("`use` picks the cluster of a notebook kernel: run `%cluster use NAME` there")
-        handle = nbcluster.use(ns.target, security=ns.security)
+        handle = _current.attach(ns.target, security=ns.security)
         info = handle.info()
         info.note = f"Using cluster {handle.name!r}: %%distribute and Dask's default client now run there."
         if not handle.managed:

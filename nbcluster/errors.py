@@ -63,6 +63,56 @@ class WorkerKilled(NbclusterError, RuntimeError):
     """
 
 
+# -- distribute/ and the commands (lean17) ----------------------------------------------------
+# The worker imports this module (for `Lost`): it stays free of imports.
+
+
+class Lost(Exception):
+    """A scattered value no worker holds any more (worker -> kernel, never shown: the
+    kernel sends the value again)."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+class RemoteError(NbclusterError):
+    """Stands in for an item's exception that could not be brought back from the worker;
+    `str()` is the original's `Type: message`."""
+
+
+class NotReady(NbclusterError):
+    """An item asked for has not finished yet (or was cancelled)."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows the one line, not the frames of Results' own indexing.
+        return [f"NotReady: {self.args[0]}"]
+
+
+class Interrupted(KeyboardInterrupt):
+    """The user stopped a waiting cell; outstanding items were cancelled on the cluster.
+
+    A KeyboardInterrupt (not an `NbclusterError`): a user's `except Exception:` around a
+    run must not swallow Ctrl-C. `results` holds what finished.
+    """
+
+    def __init__(self, message: str, results: object):
+        super().__init__(message)
+        self.results = results
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython shows this instead of a traceback of nbcluster's waiting loop.
+        return [f"Interrupted: {self.args[0]}"]
+
+
+class HelpShown(Exception):
+    """`--help` was asked for: the front end prints `text` (argparse would print and exit)."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
 # -- settings (config_schema.py)
 class SettingWarning(UserWarning):
     """A key under `nbcluster.` in Dask's config that is no setting (a typo): it is ignored."""

@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from nbcluster import commands
 from nbcluster.distribute.args import help_text
-from nbcluster.errors import ClusterCannotRun, ClusterLost, NbclusterError
+from nbcluster.errors import ClusterCannotRun, ClusterLost, HelpShown, NbclusterError
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -24,7 +24,7 @@ class NbclusterMagics(Magics):
         """Start, scale, adapt, inspect and stop clusters: `%cluster --help`."""
         try:
             result = commands.Runner(in_kernel=True).run(commands.parse(line))
-        except commands.HelpShown as shown:
+        except HelpShown as shown:
             print(shown.text)
             return None
         except NbclusterError as e:

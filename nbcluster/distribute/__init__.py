@@ -6,18 +6,28 @@ Modules, in the order a run uses them: `options` (the flags, declared and checke
 `args` (the magic's line), `run` (the API: checks, then the run's steps; `Run`, the
 controls of a run), `cell` (source -> code, free names), `plan` (the items), `capture`
 (what travels and how), `target` (the cluster link: where items may run), `job` (what
-runs, made once), `engine` (submit, stream, retry, cancel), `batching` (batch sizes),
-`worker` (what runs on the workers), `state` (each item's state, written by the engine
+runs, made once), `engine` (submit, stream, retry, cancel), `everywhere` (the engine's
+strategy for `--everywhere`: one task pinned to each worker), `batching` (batch sizes),
+`worker/` (what runs on the workers, and nothing else: the tasks, `context`, `objects`,
+`items`, `output`, `records`, `stopping`), `state` (each item's state, written by the engine
 alone), `results` (the read-only view the user gets), `tracebacks` (failed items),
 `follow` (waiting in the kernel: output, summary, Ctrl-C).
+
+The names below load on first use (PEP 562): a worker unpickling a batch imports this
+package on its way to `worker`, and must not import the kernel side with it.
 """
 
 from __future__ import annotations
 
-from nbcluster.distribute.args import parse_distribute_line, parse_wait_line
-from nbcluster.distribute.results import NotReady, Results
-from nbcluster.distribute.run import Interrupted, distribute, wait
-from nbcluster.distribute.tracebacks import ItemError
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nbcluster.distribute.args import parse_distribute_line, parse_wait_line
+    from nbcluster.distribute.results import Results
+    from nbcluster.distribute.run import distribute, wait
+    from nbcluster.distribute.tracebacks import ItemError
+    from nbcluster.errors import Interrupted, NotReady
 
 __all__ = [
     "Interrupted",
@@ -29,3 +39,28 @@ __all__ = [
     "parse_wait_line",
     "wait",
 ]
+
+# public name -> the module that defines it
+_LAZY = {
+    "Interrupted": "nbcluster.errors",
+    "ItemError": "nbcluster.distribute.tracebacks",
+    "NotReady": "nbcluster.errors",
+    "Results": "nbcluster.distribute.results",
+    "distribute": "nbcluster.distribute.run",
+    "parse_distribute_line": "nbcluster.distribute.args",
+    "parse_wait_line": "nbcluster.distribute.args",
+    "wait": "nbcluster.distribute.run",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nbcluster.distribute' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -9,6 +9,13 @@ Each flag with its whole value then goes, as one `--flag=value` word, to an argp
 parser made from the declaration (`options.DistributeOptions`), which reads the values;
 `DistributeOptions` checks them.
 
+Why not `tokenize`: the line is not Python but words with Python inside, and tokenize
+does not tell its mistakes apart the way this line needs: an unterminated quote comes
+back as an error token (not an error) before Python 3.12 and as a TokenError from 3.12,
+a stray `)` or `$` is an error in one version and a token in another, a `#` starts a
+comment, and f-strings split into several tokens from 3.12. Matching the scanner's
+behaviour took as many special cases as the scanner has lines (tried: issue 17).
+
 Nothing is evaluated here: expressions go to `distribute()`, which evaluates them in the
 user's namespace and reports their errors.
 """

@@ -66,13 +66,15 @@ as *lost* (not failed: nothing is wrong with them), the run ends, and the link i
 at once, so that its client's reconnect attempts log nothing into the cell. `retry()` then
 opens the link afresh, to whatever cluster is current by then.
 
-`--everywhere` uses `_drive_everywhere`: one task pinned to each worker, and a task whose
-worker leaves the cluster is failed rather than left waiting forever.
+`--everywhere` is its own strategy (`everywhere.py`): one task pinned to each worker, and
+a task whose worker leaves the cluster is failed rather than left waiting forever. It
+drives the same tasks through the engine's `submit_task`/`settle_task` verbs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import threading
@@ -83,7 +85,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from nbcluster import config
-from nbcluster.distribute import worker
+from nbcluster.distribute import everywhere, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
 from nbcluster.distribute.job import Job
@@ -256,7 +258,7 @@ class Engine:
         self._stopping = False
         self.stop_sent.clear()
         name = f"nbcluster-distribute-{self.run_id}"
-        target = self._drive_everywhere if self.job.plan.mode == "everywhere" else self._drive
+        target = functools.partial(everywhere.drive, self) if self.job.plan.mode == "everywhere" else self._drive
         driver = threading.Thread(target=target, args=(indices,), name=name, daemon=True)
         driver.start()
         threading.Thread(target=self._watch, args=(driver,), name=f"{name}-watch", daemon=True).start()
@@ -409,23 +411,14 @@ class Engine:
             error = TypeError(f"the item values cannot be sent to the workers: {e}")
             self._fail(batch, worker.error_record(error))
             return
-        key = f"distribute-{self.run_id}-{next(self._seq)}"
         assert self.link is not None
-        with self._lock:
-            if self._stopping:
-                return
-            future = self.client.submit(
-                worker.run_batch, self.context, blob, self.token,
-                key=key, pure=False, **self.link.submit_kwargs,
-            )  # fmt: skip
-            self._alone = None if self._pending else future
-            self._pending[future] = indices
-            self._idle.clear()
-        completed.add(future)
+        future = self.submit_task(indices, blob, **self.link.submit_kwargs)
+        if future is not None:
+            completed.add(future)
 
     def _handle(
         self, future: Any, result: Any, indices: Any, backlog: _Backlog | None = None, *, alone: bool = True
-    ) -> tuple[list[int], dict[str, Any] | None]:
+    ) -> tuple[list[int], worker.ErrorRecord | None]:
         """Deliver one batch, holding back the failed items the backlog takes for another attempt.
 
         Returns (items to submit again, fatal record). Items a stopped batch did not reach
@@ -479,7 +472,7 @@ class Engine:
         self,
         indices: Sequence[int],
         values: Sequence[Any],
-        records: dict[int, dict[str, Any]],
+        records: dict[int, worker.ErrorRecord],
         outputs: dict[int, Any],
         where: str = CLUSTER,
     ) -> None:
@@ -487,10 +480,10 @@ class Engine:
         errors = {j: self.job.item_error(indices[j], record, where) for j, record in records.items()}
         self.state.deliver(indices, values, errors, outputs)
 
-    def _fail(self, indices: Sequence[int], record: dict[str, Any]) -> None:
+    def _fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
         self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
 
-    def _killed(self, index: int, killed: Any) -> dict[str, Any]:
+    def _killed(self, index: int, killed: Any) -> worker.ErrorRecord:
         """The failure record of item `index`, whose worker died each time it ran it."""
         described = self.job.plan.describe(index)
         message = (
@@ -500,76 +493,63 @@ class Engine:
         said = _last_words(self.client, killed.last_worker)
         if said:
             message += f"; the worker's nanny logged: {said}"
-        record = worker.error_record(WorkerKilled(message))
-        record["chain"][0]["frames"] = []  # the engine's frames: nothing the user can act on
-        return record
+        return worker.error_record(WorkerKilled(message), frames=False)
 
-    def _drive_everywhere(self, indices: list[int]) -> None:
+    # -- the tasks a strategy drives (everywhere.Tasks) ---------------------------------------
+    @property
+    def items(self) -> list[Any]:
+        return self.job.plan.items
+
+    @property
+    def placement(self) -> dict[str, Any]:
         assert self.link is not None
-        items, placed = self.job.plan.items, self.link.submit_kwargs
-        futures: dict[Any, int] = {}
-        changed = threading.Event()
+        return self.link.submit_kwargs
 
-        def submit(i: int) -> None:
-            with self._lock:
-                if self._stopping:
-                    return
-                future = self.client.submit(
-                    worker.run_batch, self.context, cloudpickle.dumps(([i], [None], None)), self.token,
-                    key=f"distribute-{self.run_id}-{next(self._seq)}", pure=False,
-                    workers=[items[i]], allow_other_workers=False, **placed,
-                )  # fmt: skip
-                self._pending[future] = [i]
-                self._idle.clear()
-            futures[future] = i
-            future.add_done_callback(lambda _: changed.set())
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
 
-        try:
-            for i in indices:
-                submit(i)
-            while True:
-                with self._lock:
-                    pending = [f for f in futures if f in self._pending]
-                if not pending or self._stopping:
-                    break
-                # Woken by a finished task, or once a second to look for departed workers.
-                changed.wait(1.0)
-                changed.clear()
-                for future in [f for f in pending if f.done()]:
-                    with self._lock:
-                        batch = self._pending.pop(future, None)
-                    if batch is not None:
-                        for i in self._handle(future, _outcome(future), batch)[0]:
-                            submit(i)
-                    with self._lock:
-                        if not self._pending:
-                            self._idle.set()
-                if not self._fail_departed({f: futures[f] for f in pending}):
-                    break  # the cluster went away: _lose has ended the run
-        finally:
-            self._idle.set()
-            self.state.end()
-
-    def _fail_departed(self, pinned: dict[Any, int]) -> bool:
-        """Fail the tasks pinned to a worker that has left (they would wait forever).
-
-        False when the cluster itself is gone and the run is stopping.
-        """
-        items = self.job.plan.items
-        try:
-            alive = set(self.client.scheduler_info()["workers"])
-        except Exception:
+    def submit_task(self, indices: Any, blob: bytes, **where: Any) -> Any | None:
+        """Submit one task running `indices` (their items in `blob`); None once stopping."""
+        with self._lock:
             if self._stopping:
-                return False
-            raise
-        for future, i in pinned.items():
-            if future.status == "pending" and items[i] not in alive:
-                with self._lock:
-                    self._pending.pop(future, None)
-                future.cancel()
-                left = RuntimeError(f"worker {items[i]} left the cluster before running the cell")
-                self._fail([i], worker.error_record(left))
-        return True
+                return None
+            future = self.client.submit(
+                worker.run_batch, self.context, blob, self.token,
+                key=f"distribute-{self.run_id}-{next(self._seq)}", pure=False, **where,
+            )  # fmt: skip
+            self._alone = None if self._pending else future
+            self._pending[future] = indices
+            self._idle.clear()
+        return future
+
+    def outstanding(self, futures: list[Any]) -> list[Any]:
+        """Those of `futures` still out (not taken in, withdrawn or cancelled)."""
+        with self._lock:
+            return [f for f in futures if f in self._pending]
+
+    def settle_task(self, future: Any) -> list[int]:
+        """Take in one finished task; the items to submit again."""
+        with self._lock:
+            batch = self._pending.pop(future, None)
+        retry = [] if batch is None else self._handle(future, _outcome(future), batch)[0]
+        with self._lock:
+            if not self._pending:
+                self._idle.set()
+        return retry
+
+    def withdraw(self, future: Any) -> None:
+        """Stop waiting for a task (its items are then failed or given up by the caller)."""
+        with self._lock:
+            self._pending.pop(future, None)
+
+    def fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
+        self._fail(indices, record)
+
+    def finish(self) -> None:
+        """The start is over: nothing is out, the state ends."""
+        self._idle.set()
+        self.state.end()
 
 
 class _Backlog:
@@ -637,7 +617,7 @@ def _quiet_rescheduling() -> None:
         log.addFilter(_Rescheduling())
 
 
-def _internal_error(e: Exception) -> dict[str, Any]:
+def _internal_error(e: Exception) -> worker.ErrorRecord:
     error = RuntimeError(f"nbcluster internal error while running the items: {type(e).__name__}: {e}")
     error.__cause__ = e  # its frames go in the record, for the bug report
     return worker.error_record(error)
@@ -645,17 +625,17 @@ def _internal_error(e: Exception) -> dict[str, Any]:
 
 class _Outcome(NamedTuple):
     values: list[Any]  # of the first len(values) items of the batch: fewer if it stopped early
-    errors: dict[int, dict[str, Any]]  # by position in the batch
+    errors: dict[int, worker.ErrorRecord]  # by position in the batch
     outputs: dict[int, Any]  # by item index
     seconds: float | None = None  # time the items took on the worker
-    fatal: dict[str, Any] | None = None  # the context could not load: every batch would fail
+    fatal: worker.ErrorRecord | None = None  # the context could not load: every batch would fail
     lost: tuple[str, str | None] | None = None  # (key no worker holds any more, who asked)
     killed: Any = None  # Dask's KilledWorker: every worker that ran the batch died
     halt: str | None = None  # nbcluster could not be imported to unpickle the batch: why
 
 
 def _unpack(future: Any, result: Any, n: int) -> _Outcome:
-    record: dict[str, Any] | None = None
+    record: worker.ErrorRecord | None = None
     # A result blob is a result even if the future reads "lost" by now: the worker that
     # held it died after it was gathered.
     if future.status != "finished" and not isinstance(result, bytes):
@@ -738,12 +718,9 @@ def _last_words(client: Any, last: Any) -> str | None:
     return None
 
 
-def _batch_failure(exc: Any) -> dict[str, Any]:
+def _batch_failure(exc: Any) -> worker.ErrorRecord:
     if isinstance(exc, BaseException) and type(exc).__name__ == "CancelledError":
         exc = type(exc)("the batch was cancelled on the cluster")
     elif not isinstance(exc, BaseException):
         exc = RuntimeError(f"the batch failed: {exc!r}")
-    record = worker.error_record(exc)
-    for link in record["chain"]:
-        link["frames"] = []  # Dask's own frames: nothing the user can act on
-    return record
+    return worker.error_record(exc, frames=False)

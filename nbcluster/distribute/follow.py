@@ -16,21 +16,9 @@ import time
 from typing import Any
 
 from nbcluster.distribute.results import Results
-from nbcluster.errors import ClusterCannotRun, ClusterLost
+from nbcluster.errors import ClusterCannotRun, ClusterLost, Interrupted
 
 SHOWN_OUTPUTS = 5  # items whose output is printed in full; the rest are counted
-
-
-class Interrupted(KeyboardInterrupt):
-    """The user stopped a waiting cell; outstanding items were cancelled on the cluster."""
-
-    def __init__(self, message: str, results: Results):
-        super().__init__(message)
-        self.results = results
-
-    def _render_traceback_(self) -> list[str]:
-        # IPython shows this instead of a traceback of nbcluster's waiting loop.
-        return [f"Interrupted: {self.args[0]}"]
 
 
 def follow(results: Results) -> None:

@@ -77,7 +77,7 @@ class Job:
         spec.update(modules=self.capture.modules, values=self.capture.values)
         return cloudpickle.dumps(spec)
 
-    def item_error(self, index: int, record: dict[str, Any], where: str) -> ItemError:
+    def item_error(self, index: int, record: worker.ErrorRecord, where: str) -> ItemError:
         """A failure record from item `index`, run on `where` ("the cluster" or "the kernel")."""
         return ItemError(index, self.plan.params(index), record, where, self.code_index)
 

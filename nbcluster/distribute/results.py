@@ -46,17 +46,9 @@ from typing import Any, Protocol, cast
 from nbcluster.distribute.plan import Plan, describe
 from nbcluster.distribute.state import CANCELLED, DONE, FAILED, RunState
 from nbcluster.distribute.tracebacks import ItemError, reraise
-from nbcluster.errors import NbclusterError
+from nbcluster.errors import NbclusterError, NotReady
 
 _SHOW_ROWS = 8
-
-
-class NotReady(NbclusterError):
-    """An item asked for has not finished yet (or was cancelled)."""
-
-    def _render_traceback_(self) -> list[str]:
-        # IPython shows the one line, not the frames of Results' own indexing.
-        return [f"NotReady: {self.args[0]}"]
 
 
 class Control(Protocol):

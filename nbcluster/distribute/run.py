@@ -43,14 +43,14 @@ from typing import Any
 from nbcluster.distribute.capture import Capture, capture, human
 from nbcluster.distribute.cell import Cell
 from nbcluster.distribute.engine import Engine
-from nbcluster.distribute.follow import Interrupted, follow, interrupted, report
+from nbcluster.distribute.follow import follow, interrupted, report
 from nbcluster.distribute.job import Job
 from nbcluster.distribute.options import DistributeOptions
 from nbcluster.distribute.plan import Plan, plan
 from nbcluster.distribute.results import Results
 from nbcluster.distribute.state import DONE
 from nbcluster.distribute.target import Link, Needs
-from nbcluster.errors import BadArgument, NbclusterError
+from nbcluster.errors import BadArgument, Interrupted, NbclusterError
 
 
 def distribute(

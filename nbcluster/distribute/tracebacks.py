@@ -1,16 +1,19 @@
 """Failed items: the exception, its remote traceback as text, and re-raising it.
 
-A worker sends an error *record* per failed item (`worker.error_record`): the exception's
-chain, each link's type, message and frames `(filename, line, function)` with nbcluster's
-own frames already removed, and the exception pickled if it could be rebuilt. Here, in
-the kernel:
+A worker sends an error *record* per failed item (`worker.records`): the exception as the
+standard library's `traceback.TracebackException` (its chain, `ExceptionGroup` members
+and notes, nbcluster's own frames already removed, classes by name), and the exception
+pickled if it could be rebuilt. Here, in the kernel, `ItemError` readies it once:
 
 - frames of notebook functions come back named "<dynamic-code>" (cloudpickle renames the
   file of every function it ships by value); `capture.code_index` maps them back to the
-  notebook cell that defined the function (`_restore_filenames`);
-- `format_chain` writes the traceback as Python would, with the cell's own lines: "Cell
-  line 3" for the distributed cell (its source is in `linecache`), "Cell In[5], line 2"
-  for a function from notebook cell 5;
+  notebook cell that defined the function;
+- while the traceback is formatted (once, on first use), each part's class is a stand-in
+  of the same name (`_stand_in`), so the standard formatting prints `mymodule.MyError: ...`
+  without importing anything; the record itself keeps no stand-in (it stays picklable);
+- `traceback` formats it as Python would, with the cell's own lines: "Cell line 3" for the
+  distributed cell (its source is in `linecache`), "Cell In[5], line 2" for a function
+  from notebook cell 5 (`_CellStack`);
 - `reraise` raises the original exception object with real traceback objects rebuilt
   from the frames (tblib), so IPython, pdb and `except ZeroDivisionError:` see it as the
   user's own error; nbcluster's raising frames carry `__tracebackhide__`, which IPython
@@ -19,17 +22,17 @@ the kernel:
 
 from __future__ import annotations
 
-import linecache
-import sys
+import functools
+import threading
+import traceback
 from typing import Any
 
 import cloudpickle
 
+from nbcluster._compat import ipython_cell_number
 from nbcluster.distribute.plan import describe
-
-
-class RemoteError(Exception):
-    """Stands in for an exception that could not be brought back from the worker."""
+from nbcluster.distribute.worker.records import ErrorRecord, parts
+from nbcluster.errors import RemoteError
 
 
 class ItemError:
@@ -39,12 +42,11 @@ class ItemError:
         self,
         index: int,
         params: dict[str, Any],
-        record: dict[str, Any],
+        record: ErrorRecord,
         where: str,
         code_index: dict[str, list[tuple[str, int, int]]] | None = None,
     ):
-        if code_index:
-            _restore_filenames(record["chain"], code_index)
+        _ready(record, code_index or {})
         self.index = index
         self.params = params
         self.type_name: str = record["type"]
@@ -52,15 +54,17 @@ class ItemError:
         self._record = record
         self.where = where  # "the cluster" or "the kernel"
         self._exception: BaseException | None = None
+        self._text: str | None = None
 
     @property
     def exception(self) -> BaseException:
         """The item's exception, of its original type where it could be rebuilt."""
         if self._exception is None:
             exc: BaseException | None = None
-            if self._record.get("exception"):
+            blob = self._record["exception"]
+            if blob:
                 try:
-                    exc = cloudpickle.loads(self._record["exception"])
+                    exc = cloudpickle.loads(blob)
                 except Exception:
                     exc = None
             if exc is None:
@@ -71,7 +75,9 @@ class ItemError:
     @property
     def traceback(self) -> str:
         """The remote traceback as text: the cell's lines with cell line numbers."""
-        return format_chain(self._record["chain"])
+        if self._text is None:
+            self._text = _formatted(self._record)
+        return self._text
 
     def __repr__(self) -> str:
         return f"<ItemError item {self.index} ({describe(self.params)}): {self.type_name}: {self.message}>"
@@ -81,7 +87,7 @@ def reraise(error: ItemError) -> None:
     """Raise the item's own exception with its remote frames (see module docstring)."""
     __tracebackhide__ = True
     exc = error.exception
-    tb = _rebuilt_traceback(error._record["chain"][0]["frames"])
+    tb = _rebuilt_traceback([(f.filename, f.lineno or 0, f.name) for f in error._record["traceback"].stack])
     where = f"item {error.index}{', ' + describe(error.params) if error.params else ''}, run on {error.where}"
     # With the frames rebuilt the traceback shows the cell's lines itself; otherwise the
     # note carries the remote traceback as text.
@@ -117,63 +123,56 @@ def _rebuilt_traceback(frames: list[tuple[str, int, str]]) -> Any:
         return None
 
 
-def _restore_filenames(chain: list[dict[str, Any]], index: dict[str, list[tuple[str, int, int]]]) -> None:
-    for link in chain:
-        frames = []
-        for filename, lineno, name in link["frames"]:
-            if filename == "<dynamic-code>":
-                found = {f for f, first, last in index.get(name, []) if first <= lineno <= last}
+def _ready(record: ErrorRecord, index: dict[str, list[tuple[str, int, int]]]) -> None:
+    """Make a record's traceback print in this kernel (see the module docstring); idempotent."""
+    for part in parts(record["traceback"]):
+        for frame in part.stack:
+            if frame.filename == "<dynamic-code>":
+                found = {f for f, first, last in index.get(frame.name, []) if first <= (frame.lineno or 0) <= last}
                 if len(found) == 1:
-                    filename = found.pop()
-            frames.append((filename, lineno, name))
-        link["frames"] = frames
+                    frame.filename = found.pop()
+        if not isinstance(part.stack, _CellStack):
+            part.stack = _CellStack(part.stack)  # not from_list: it makes a plain StackSummary
 
 
-def format_chain(chain: list[dict[str, Any]]) -> str:
-    """A Python-style traceback for a remote exception chain, causes first."""
-    parts: list[str] = []
-    for k in range(len(chain) - 1, -1, -1):
-        link = chain[k]
-        parts.append(_format_one(link))
-        if k > 0:
-            parts.append(
-                "\nThe above exception was the direct cause of the following exception:\n\n"
-                if link["relation"] == "cause"
-                else "\nDuring handling of the above exception, another exception occurred:\n\n"
-            )
-    return "".join(parts)
+_FORMATTING = threading.Lock()  # the stand-ins are put in place for one formatting at a time
 
 
-def _format_one(link: dict[str, Any]) -> str:
-    lines = []
-    if link["frames"]:
-        lines.append("Traceback (most recent call last):\n")
-    for filename, lineno, name in link["frames"]:
-        lines.append(f"  {_where(filename, lineno, name)}\n")
-        source = linecache.getline(filename, lineno).strip()
-        if source:
-            lines.append(f"    {source}\n")
-    message = link["message"]
-    lines.append(f"{link['type']}: {message}\n" if message else f"{link['type']}\n")
-    return "".join(lines)
+def _formatted(record: ErrorRecord) -> str:
+    """The record's traceback as Python prints it, each part's class a stand-in meanwhile."""
+    with _FORMATTING:
+        every = list(zip(parts(record["traceback"]), record["types"], strict=True))
+        try:
+            for part, type_name in every:
+                part.exc_type = _stand_in(**type_name)
+            return "".join(record["traceback"].format())
+        finally:
+            for part, _ in every:
+                part.exc_type = BaseException  # as it travelled
+
+
+@functools.lru_cache(maxsize=256)
+def _stand_in(module: str, qualname: str, syntax: bool) -> type[BaseException]:
+    """A class named as the remote one, for printing (a SyntaxError prints its caret)."""
+    cls = type(qualname.rpartition(".")[2], (SyntaxError if syntax else Exception,), {})
+    cls.__module__, cls.__qualname__ = module, qualname
+    return cls
+
+
+class _CellStack(traceback.StackSummary):
+    """Frames printed with cell names: "Cell line 3", "Cell In[5], line 2, in f"."""
+
+    def format_frame_summary(self, frame_summary: traceback.FrameSummary) -> str:
+        where = _where(frame_summary.filename, frame_summary.lineno or 0, frame_summary.name)
+        line = frame_summary.line  # read here, in the kernel, from linecache
+        return f"  {where}\n" + (f"    {line}\n" if line else "")
 
 
 def _where(filename: str, lineno: int, name: str) -> str:
     in_name = "" if name == "<module>" else f", in {name}"
     if filename.startswith("<distribute-"):
         return f"Cell line {lineno}{in_name}"
-    cell = _notebook_cell(filename)
+    cell = ipython_cell_number(filename)
     if cell is not None:
         return f"Cell In[{cell}], line {lineno}{in_name}"
     return f'File "{filename}", line {lineno}, in {name}'
-
-
-def _notebook_cell(filename: str) -> int | None:
-    """The execution count of the notebook cell a function was defined in, if IPython knows."""
-    shell_module = sys.modules.get("IPython.core.interactiveshell")
-    if shell_module is None or not shell_module.InteractiveShell.initialized():
-        return None
-    compiler = getattr(shell_module.InteractiveShell.instance(), "compile", None)
-    mapping = getattr(compiler, "_filename_map", {}) or {}
-    count = mapping.get(filename)
-    return count if isinstance(count, int) else None

@@ -1,0 +1,100 @@
+"""`--everywhere`: the cell once on each worker, as one task pinned to that worker.
+
+The engine's strategy for a plan whose items are worker addresses (`run.py` makes it from
+the workers that qualify). It shares the engine's tasks and state (submitting, taking in
+a finished task, failing items: the `Tasks` below) but none of the batch driver's policy:
+no batching, no backlog, no suspects. What it adds: a task pinned to a worker that leaves
+the cluster would wait forever (`allow_other_workers=False`), so every second the
+workers still there are read, and the item of a departed one is failed.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+import cloudpickle
+
+from nbcluster.distribute.worker import ErrorRecord, error_record
+
+LOOK_S = 1.0  # how often to look for departed workers while tasks are out
+
+
+class Tasks(Protocol):
+    """What the strategy asks of the engine (`engine.Engine`)."""
+
+    @property
+    def client(self) -> Any: ...
+
+    @property
+    def items(self) -> list[Any]:
+        """The plan's items: worker addresses."""
+
+    @property
+    def placement(self) -> dict[str, Any]:
+        """The submit keywords every task of the run takes (its resources)."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def submit_task(self, indices: list[int], blob: bytes, **where: Any) -> Any | None: ...
+
+    def outstanding(self, futures: list[Any]) -> list[Any]: ...
+
+    def settle_task(self, future: Any) -> list[int]: ...
+
+    def withdraw(self, future: Any) -> None: ...
+
+    def fail(self, indices: list[int], record: ErrorRecord) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def drive(tasks: Tasks, indices: list[int]) -> None:
+    """Run item `i` on worker `tasks.items[i]`, for each of `indices`, until all are in."""
+    futures: dict[Any, int] = {}
+    changed = threading.Event()
+
+    def submit(i: int) -> None:
+        blob = cloudpickle.dumps(([i], [None], None))
+        future = tasks.submit_task(
+            [i], blob, workers=[tasks.items[i]], allow_other_workers=False, **tasks.placement
+        )
+        if future is not None:
+            futures[future] = i
+            future.add_done_callback(lambda _: changed.set())
+
+    try:
+        for i in indices:
+            submit(i)
+        while True:
+            out = tasks.outstanding(list(futures))
+            if not out or tasks.stopping:
+                break
+            # Woken by a finished task, or once a second to look for departed workers.
+            changed.wait(LOOK_S)
+            changed.clear()
+            for future in [f for f in out if f.done()]:
+                for i in tasks.settle_task(future):
+                    submit(i)
+            if not _fail_departed(tasks, {f: futures[f] for f in out}):
+                break  # the cluster went away: the engine has ended the run
+    finally:
+        tasks.finish()
+
+
+def _fail_departed(tasks: Tasks, pinned: dict[Any, int]) -> bool:
+    """Fail the tasks pinned to a worker that has left; False when the cluster itself is gone."""
+    try:
+        alive = set(tasks.client.scheduler_info()["workers"])
+    except Exception:
+        if tasks.stopping:
+            return False
+        raise
+    for future, i in pinned.items():
+        if future.status == "pending" and tasks.items[i] not in alive:
+            tasks.withdraw(future)
+            future.cancel()
+            left = RuntimeError(f"worker {tasks.items[i]} left the cluster before running the cell")
+            tasks.fail([i], error_record(left))
+    return True

@@ -1,0 +1,88 @@
+"""What runs on a worker (and, for `--local`, in the kernel): one batch of items.
+
+A Dask task is `run_batch((context_key, inline_context), batch, token)`, with no Dask
+dependencies at all, so the scheduler treats every batch as a root task and hands them
+out from its queue to whichever thread is free. Items are pickled by reference to the
+three tasks here (`run_batch`, `stop_run`, `pin`): keep their names.
+
+- `batch` is one opaque blob `(indices, items, budget)`: Dask never walks into it (walking
+  a list of 2,500 items costs ~16 us per item; an opaque blob ~1 us).
+- The cell's *context* (code, small captured values, how an item binds names) is
+  unpickled once per worker: `context.py`.
+- *Large values* are kept outside Dask's store, in an LRU: `objects.py`. A key that no
+  worker holds any more (every holder died) comes back as `{"lost": key}`; the kernel
+  scatters it again and resubmits the batch.
+- The items run in `items.py`; their prints and `display()`s are kept apart per item in
+  `output.py`; an item's exception becomes a record in `records.py`.
+
+A batch may carry a time *budget*: it returns, between items, once the budget is spent,
+with the items it reached; the kernel sends the rest again. So a batch sized from a
+misleading estimate still comes back on time (see `batching.py`).
+
+The task returns one opaque blob: per-item values, error records, captured output, the
+time spent in the items (for the batch sizing in `batching.py`). A batch never raises
+for an item. Only a context that cannot even be loaded fails the whole batch, again as a
+returned record (`{"fatal": record}`).
+
+Stopping (`stopping.py`): a batch carries its run's *stop token*. `stop_run(token)`, sent
+to every worker by the kernel on interrupt or `Results.cancel()`, makes a batch return
+before its next item with the items it finished, `"stopped": True`. So a cancel keeps
+finished work, and a worker thread is free again one item later (Dask cannot stop a
+running thread, and cancelling the task on the scheduler would throw the finished items
+away). A batch whose Dask task was cancelled outright also stops, checked every 50 ms.
+
+This package imports nothing from nbcluster but `errors` and `_compat`: a worker needs
+cloudpickle and Dask, and loads no kernel-side module (`tests/test_worker_imports.py`).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import cloudpickle
+
+from nbcluster.distribute.worker import output, stopping
+from nbcluster.distribute.worker.context import INLINE_CONTEXT, Context, load
+from nbcluster.distribute.worker.items import dump_result, run_items
+from nbcluster.distribute.worker.objects import address, fetch, pin
+from nbcluster.distribute.worker.records import ErrorRecord, error_record
+from nbcluster.errors import Lost
+
+__all__ = [
+    "INLINE_CONTEXT",
+    "Context",
+    "ErrorRecord",
+    "error_record",
+    "pin",
+    "run_batch",
+    "run_items",
+    "stop_run",
+]
+
+
+def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None = None) -> bytes:
+    """The Dask task: run a batch of items, return the opaque result blob."""
+    if stopping.stopped(token):  # queued before the stop: nothing to load or run
+        return cloudpickle.dumps(
+            {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True}
+        )
+    try:
+        loaded = load(*context)
+        large_values = tuple(fetch(key, size) for _, key, size in loaded.large)
+    except Lost as e:
+        return cloudpickle.dumps({"lost": e.key, "worker": address()})
+    except BaseException as e:
+        return cloudpickle.dumps({"fatal": error_record(e)})
+    indices, items, budget = pickle.loads(batch)
+    output.install()
+    return dump_result(
+        run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
+    )
+
+
+def stop_run(token: str) -> None:
+    """Make running and queued batches of the run with this stop token return early.
+
+    Run on every worker with `client.run` (in its event loop).
+    """
+    stopping.stop(token)

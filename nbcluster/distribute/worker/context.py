@@ -1,0 +1,102 @@
+"""Worker side: a cell run's context, unpickled once per worker and cached.
+
+The *context* is one opaque pickled blob per cell run: the cell's code (or function), the
+small captured variables (each pickled on its own in the kernel, so a bad one is named
+before anything is sent), modules to import, how an item binds names, the seed, and the
+Dask keys of the large values. Up to `INLINE_CONTEXT` bytes it rides inline in every
+batch; above that it is scattered and fetched by key. Either way each worker unpickles it
+once (`load`, cached in `_CONTEXTS`) however many batches it runs. For `--local` the
+kernel builds a `Context` directly (`job.for_kernel`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import linecache
+import marshal
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from types import CodeType
+from typing import Any
+
+import cloudpickle
+
+from nbcluster.distribute.worker.objects import fetch
+
+INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
+_CONTEXTS: OrderedDict[str, Context] = OrderedDict()
+_CONTEXTS_LOCK = threading.Lock()
+_KEEP_CONTEXTS = 8
+
+
+class Context:
+    """A cell run's shared state on one worker (or in the kernel for --local)."""
+
+    def __init__(self, spec: dict[str, Any], namespace: dict[str, Any]):
+        self.kind: str = spec["kind"]
+        self.mode: str = spec["mode"]
+        self.names: tuple[str, ...] = tuple(spec["names"])
+        self.target: str = spec["target"]
+        self.unpacks: bool = spec["unpacks"]
+        self.positional: bool = spec["positional"]
+        self.seed: int | None = spec["seed"]
+        self.large: list[tuple[str, str, int]] = spec["large"]  # (name, key, size)
+        # The function of a "function" item; the code of a "cell" one.
+        self.fn: Callable[..., Any] | None = spec.get("fn")
+        self.namespace = namespace
+        self.body: CodeType | None = None
+        self.last: CodeType | None = None
+        self.bind: CodeType | None = None
+        if self.kind == "cell":
+            filename, source = spec["filename"], spec["source"]
+            linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+            # marshal, not cloudpickle: cloudpickle renames every code object's file to
+            # "<dynamic-code>", and the cell's filename is what maps tracebacks to cell lines.
+            self.body = spec["body"] if isinstance(spec["body"], CodeType) else marshal.loads(spec["body"])
+            last = spec["last"]
+            self.last = marshal.loads(last) if isinstance(last, bytes) else last
+            if self.unpacks and self.mode == "over":
+                self.bind = compile(
+                    f"{self.target} = __nbcluster_item__", "<--over>", "exec", dont_inherit=True
+                )
+
+    @classmethod
+    def from_payload(cls, payload: bytes) -> Context:
+        spec = cloudpickle.loads(payload)
+        namespace: dict[str, Any] = {"__name__": "__main__"}
+        for name, module in spec["modules"].items():
+            try:
+                namespace[name] = importlib.import_module(module)
+            except ImportError as e:
+                raise ImportError(
+                    f"the cell uses `{name}` (module {module}), which cannot be imported on the "
+                    f"worker: {e}. Install it on the workers"
+                ) from None
+        for name, blob in spec["values"].items():
+            try:
+                namespace[name] = cloudpickle.loads(blob)
+            except Exception as e:
+                raise RuntimeError(
+                    f"the variable `{name}` could not be loaded on the worker: {type(e).__name__}: {e} "
+                    "(is a module it needs missing there?)"
+                ) from None
+        if spec["kind"] == "function":
+            spec["fn"] = cloudpickle.loads(spec["fn"])
+        return cls(spec, namespace)
+
+
+def load(key: str, inline: bytes | None) -> Context:
+    """The context of a run: cached, else unpickled from `inline` or fetched by `key`."""
+    with _CONTEXTS_LOCK:
+        context = _CONTEXTS.get(key)
+        if context is not None:
+            _CONTEXTS.move_to_end(key)
+            return context
+    # Unpickle outside the lock; two threads racing on the first batch both build one.
+    context = Context.from_payload(inline if inline is not None else fetch(key, 0, keep=False))
+    with _CONTEXTS_LOCK:
+        _CONTEXTS[key] = context
+        while len(_CONTEXTS) > _KEEP_CONTEXTS:
+            _CONTEXTS.popitem(last=False)
+    return context

@@ -1,0 +1,118 @@
+"""Worker side: an item's exception as a record the kernel can show and re-raise.
+
+The traceback is the standard library's `traceback.TracebackException`, which walks the
+chain (`raise ... from`, an exception raised while handling another), `ExceptionGroup`
+members and `__notes__`, and guards against cycles. Made wire-safe here, once:
+
+- nbcluster's own frames (the batch runner's `exec`) are dropped from every part;
+- source lines are not read here: the kernel reads them (`lookup_lines=False`), from the
+  notebook's cells and functions, which a worker does not have;
+- exception classes do not travel (a class the kernel cannot import would make the whole
+  record unloadable): each part's class goes by name in `types`, in `parts()` order, and
+  the kernel puts a stand-in class of that name back (`tracebacks.py`); notes travel as
+  strings.
+
+The exception object itself travels pickled, where it can be rebuilt, so the kernel can
+raise the item's own exception (`tracebacks.reraise`).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Iterator
+from typing import TypedDict
+
+import cloudpickle
+
+_DISTRIBUTE = os.path.dirname(os.path.dirname(os.path.normcase(os.path.abspath(__file__))))
+
+
+class TypeName(TypedDict):
+    """An exception class by name: as Python prints it (`module.Qualname`, bare for builtins)."""
+
+    module: str
+    qualname: str
+    syntax: bool  # a SyntaxError: printed with its file, line and caret
+
+
+class ErrorRecord(TypedDict):
+    """One failed item, as it crosses from worker to kernel (inside a batch's result blob)."""
+
+    type: str  # "ZeroDivisionError", "mymodule.MyError"
+    message: str
+    traceback: traceback.TracebackException  # classes removed: see `types`
+    types: list[TypeName]  # the class of each part of `traceback`, in `parts()` order
+    exception: bytes | None  # the exception, cloudpickled, if it could be rebuilt
+
+
+def error_record(e: BaseException, *, frames: bool = True) -> ErrorRecord:
+    """Everything the kernel needs to show and re-raise `e`, nbcluster's frames gone.
+
+    `frames=False` drops every frame: for failures the kernel makes itself (a worker that
+    died, a batch Dask refused), whose frames are nbcluster's or Dask's, nothing the user
+    can act on.
+    """
+    tb = traceback.TracebackException.from_exception(e, lookup_lines=False)
+    types: list[TypeName] = []
+    for part in parts(tb):
+        cls = part.exc_type
+        types.append(
+            {
+                "module": getattr(cls, "__module__", "builtins"),
+                "qualname": getattr(cls, "__qualname__", "Exception"),
+                "syntax": isinstance(cls, type) and issubclass(cls, SyntaxError),
+            }
+        )
+        part.exc_type = BaseException  # a builtin stand-in; the class travels by name in `types`
+        part.stack = traceback.StackSummary.from_list(
+            [f for f in part.stack if frames and not _internal(f.filename)]
+        )
+        notes = getattr(part, "__notes__", None)
+        if notes is not None:
+            # vars(): Python 3.10's TracebackException has no `__notes__` to type-check against.
+            vars(part)["__notes__"] = (
+                [_safe_str(n) for n in notes] if isinstance(notes, list | tuple) else [_safe_str(notes)]
+            )
+    exception: bytes | None
+    try:
+        exception = cloudpickle.dumps(e)
+        cloudpickle.loads(exception)  # an exception that cannot be rebuilt is useless later
+    except Exception:
+        exception = None
+    return {
+        "type": type_name(types[0]),
+        "message": str(tb),
+        "traceback": tb,
+        "types": types,
+        "exception": exception,
+    }
+
+
+def parts(tb: traceback.TracebackException) -> Iterator[traceback.TracebackException]:
+    """`tb` and every exception it holds: causes, contexts, exception group members."""
+    todo = [tb]
+    while todo:
+        part = todo.pop()
+        yield part
+        # `exceptions` (group members) exists from Python 3.11.
+        linked = [part.__cause__, part.__context__, *(getattr(part, "exceptions", None) or ())]
+        todo.extend(reversed([p for p in linked if p is not None]))
+
+
+def type_name(t: TypeName) -> str:
+    """The class as Python's traceback prints it."""
+    return t["qualname"] if t["module"] in ("builtins", "__main__") else f"{t['module']}.{t['qualname']}"
+
+
+def _internal(filename: str) -> bool:
+    if filename.startswith("<"):
+        return False  # a cell's code ("<distribute-...>"), or one compiled by the user
+    return os.path.normcase(os.path.abspath(filename)).startswith(_DISTRIBUTE)
+
+
+def _safe_str(value: object) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"

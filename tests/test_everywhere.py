@@ -1,0 +1,45 @@
+"""`--everywhere` (its own strategy, `distribute/everywhere.py`) on a cluster of its own.
+
+A task pinned to a worker waits for that worker alone; when the worker leaves before
+running it, the item must fail with a line saying so, while the other workers' items
+finish, rather than leave the cell waiting forever.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from IPython.core.interactiveshell import InteractiveShell
+
+from nbcluster import _current
+from nbcluster.distribute import Results
+from tests.shell_helpers import cell, magic
+
+
+def test_the_item_of_a_worker_that_left_fails_and_the_others_finish(shell: InteractiveShell) -> None:
+    magic(shell, "start --workers 2 --threads 1 --name everywhere")
+    client = _current.client_for("everywhere")
+    client.wait_for_workers(2)
+    busy, free = sorted(client.scheduler_info()["workers"])
+    polled = threading.Event()  # never set: a wait between looks at the scheduler
+    blocker = client.submit(time.sleep, 60, key="blocker", workers=[busy], pure=False)
+    while not client.processing([busy])[busy]:  # its only thread taken: the cell's task will wait
+        polled.wait(0.05)
+    assert cell(shell, "%%distribute --everywhere --no-wait --into everywhere_res\nimport os\nos.getpid()") is None
+    res = shell.user_ns["everywhere_res"]
+    assert isinstance(res, Results)
+    one_done = threading.Event()
+    res.subscribe(lambda r: r.counts()["done"] and one_done.set())
+    assert one_done.wait(60), res.counts()  # the free worker ran its item
+    os.kill(client.run(os.getpid, workers=[busy])[busy], signal.SIGKILL)
+    res.wait(60)
+    assert res.counts() == {"total": 2, "done": 1, "failed": 1, "cancelled": 0, "running": 0}
+    assert isinstance(res[free], int)  # the pid of the worker that stayed
+    [error] = res.errors
+    assert error.message == f"worker {busy} left the cluster before running the cell"
+    assert res.params[error.index] == {"worker": busy}
+    client.cancel(blocker)
+
