@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from nbcluster import _aio, _current
+from nbcluster.cluster import profiles
 from nbcluster.cluster.handle import ClusterHandle, clusters, connect
 from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import ClusterInfo, ClusterList
@@ -200,8 +201,6 @@ class Runner:
         return info
 
     def do_profiles(self, ns: argparse.Namespace) -> str:
-        from nbcluster.cluster import profiles
-
         usable, mistakes = profiles.checked()
         rows = [(p.name, p.backend, p.description) for p in usable]
         widths = [max(len(r[i]) for r in [("name", "backend", ""), *rows]) for i in range(2)]

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import math
 
+from nbcluster import config
+
 
 class Batcher:
     """Sizes batches for one run from what the finished batches measured."""
@@ -57,8 +59,6 @@ class Batcher:
 
     @classmethod
     def from_config(cls, threads: int, fixed: int | None = None) -> Batcher:
-        from nbcluster import config
-
         return cls(
             threads,
             fixed=fixed,

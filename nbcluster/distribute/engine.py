@@ -85,6 +85,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from nbcluster import config
+from nbcluster._compat import nanny_logs
 from nbcluster.distribute import everywhere, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
@@ -698,8 +699,6 @@ def _last_words(client: Any, last: Any) -> str | None:
     ("Worker process 4242 exited with status 1", or that it passed its memory budget).
     Dask keeps no stderr of the dead process itself.
     """
-    from nbcluster._compat import nanny_logs
-
     nanny = getattr(last, "nanny", None)
     if client is None or not nanny:
         return None

@@ -15,8 +15,11 @@ import sys
 import time
 from typing import Any
 
+from nbcluster import config
 from nbcluster.distribute.results import Results
 from nbcluster.errors import ClusterCannotRun, ClusterLost, Interrupted
+from nbcluster.widgets._output import end_open_lines as end_open_lines_of_bar
+from nbcluster.widgets._output import in_kernel, widget_shown_since
 
 SHOWN_OUTPUTS = 5  # items whose output is printed in full; the rest are counted
 
@@ -52,9 +55,6 @@ def _hold_for_widget(results: Results) -> None:
     until the widget is shown, the run is over, or one refresh past the delay has gone by
     (a run with no widget: `distribute()` called directly).
     """
-    from nbcluster import config
-    from nbcluster.widgets._output import in_kernel, widget_shown_since
-
     if not in_kernel():
         return
     start = time.monotonic()
@@ -65,9 +65,7 @@ def _hold_for_widget(results: Results) -> None:
 
 def end_open_lines() -> None:
     """End a terminal progress bar's line, so that what follows does not share it."""
-    from nbcluster.widgets._output import end_open_lines as end
-
-    end()
+    end_open_lines_of_bar()
 
 
 def interrupted(results: Results) -> Interrupted:

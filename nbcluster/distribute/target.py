@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, NamedTuple
 
+from nbcluster._current import handle_for
+from nbcluster.cluster import registry
 from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
 
 
@@ -46,8 +48,6 @@ class Link:
         if self.is_open:
             return self
         if self.client is None:
-            from nbcluster._current import handle_for
-
             try:
                 self.handle = handle_for(self.cluster)
             except NoCluster as e:
@@ -69,11 +69,8 @@ class Link:
         """Why the cluster is gone (its supervisor exited, its scheduler stopped answering), or None."""
         entry = getattr(self.handle, "entry", None) or {}
         pid = entry.get("supervisor_pid")
-        if pid:
-            from nbcluster.cluster import registry
-
-            if not registry.process_alive(pid, entry.get("supervisor_started")):
-                return "its supervisor exited"
+        if pid and not registry.process_alive(pid, entry.get("supervisor_started")):
+            return "its supervisor exited"
         if self.client.status != "running":
             return "its scheduler stopped answering"
         return None
