@@ -32,8 +32,8 @@ class ClusterFailed(NbclusterError, RuntimeError):
     """A cluster could not be started; the message includes the supervisor's reason."""
 
 
-class ClusterLost(ClusterUnreachable):
-    """The cluster went away while a cell ran; `results` holds what finished before."""
+class _RunEnded(NbclusterError):
+    """A run ended before all its items did; `results` holds what finished before."""
 
     def __init__(self, message: str, results: object = None):
         super().__init__(message)
@@ -41,19 +41,16 @@ class ClusterLost(ClusterUnreachable):
 
     def _render_traceback_(self) -> list[str]:
         # IPython shows this one line instead of a traceback of nbcluster's waiting loop.
-        return [f"ClusterLost: {self.args[0]}"]
+        return [f"{type(self).__name__}: {self.args[0]}"]
 
 
-class ClusterCannotRun(NbclusterError, RuntimeError):
+class ClusterLost(_RunEnded, ClusterUnreachable):
+    """The cluster went away while a cell ran; `results` holds what finished before."""
+
+
+class ClusterCannotRun(_RunEnded, RuntimeError):
     """The cluster cannot load nbcluster's tasks (nbcluster is missing where they are
     unpickled); `results` holds what finished before, and `retry()` runs the rest."""
-
-    def __init__(self, message: str, results: object = None):
-        super().__init__(message)
-        self.results = results
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"ClusterCannotRun: {self.args[0]}"]
 
 
 class WorkerKilled(NbclusterError, RuntimeError):
