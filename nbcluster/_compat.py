@@ -69,3 +69,12 @@ def nanny_logs(client: Client, nanny: str, n: int = 12) -> list[tuple[str, str]]
     """
     logs: list[tuple[str, str]] = client.sync(lambda: client.rpc(nanny).get_logs(n=n))
     return logs
+
+
+# cluster/ (speccluster.py)
+def base_update_worker_status(cluster: Any, op: str, msg: Any) -> None:
+    """`distributed.deploy.cluster.Cluster`'s own bookkeeping of a worker's arrival or
+    departure, without `SpecCluster`'s lost-worker timer on top (see `NbSpecCluster`)."""
+    from distributed.deploy.cluster import Cluster
+
+    Cluster._update_worker_status(cluster, op, msg)

@@ -61,3 +61,13 @@ class WorkerKilled(NbclusterError, RuntimeError):
 
     The item's failure record carries this; the rest of the run goes on.
     """
+
+
+# cluster/ and metrics/ (moved here from cluster/registry.py)
+class RuntimeDirError(NbclusterError, OSError):
+    """The registry folder cannot be created or written."""
+
+
+# cluster/ (moved here from cluster/limits.py)
+class LimitExceeded(BadArgument):
+    """A requested size is above a limit; the message names it and how to raise it."""

@@ -25,13 +25,13 @@ import pytest
 
 import nbcluster
 from nbcluster import commands
-from nbcluster.cluster import backends
+from nbcluster.cluster import credentials
 from nbcluster.errors import BadArgument, ClusterUnreachable
 
 
 def _credentials(folder: Path, name: str) -> tuple[str, str, str]:
     folder.mkdir(parents=True, exist_ok=True)
-    _, tls = backends.write_credentials(folder, name)
+    _, tls = credentials.write_credentials(folder, name)
     return tls["ca_file"], tls["cert"], tls["key"]
 
 

@@ -45,8 +45,8 @@ from distributed.deploy.adaptive import Adaptive
 from nbcluster._compat import prefix_duration
 from nbcluster.cluster.kinds import worker_kind
 
-if TYPE_CHECKING:  # backends imports this module: the annotation only
-    from nbcluster.cluster.backends import NbSpecCluster
+if TYPE_CHECKING:  # speccluster imports this module: the annotation only
+    from nbcluster.cluster.speccluster import NbSpecCluster
 
 BACKLOG_TTL = 10.0  # seconds a run's report of its held-back work counts
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from dask.utils import format_bytes, parse_bytes
 
+from nbcluster._wire import SpecFields
 from nbcluster.cluster import limits
 from nbcluster.errors import BadArgument
 
@@ -240,10 +242,11 @@ class ClusterSpec:
         workers = self.workers if self.workers is not None else limits.default_workers(cores, threads)
         return ClusterSpec(**{**asdict(self), "workers": workers, "threads": threads})
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> SpecFields:
+        # The dataclass's fields are SpecFields' keys (tests/test_wire.py holds them equal).
+        return cast(SpecFields, asdict(self))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ClusterSpec:
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterSpec:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})

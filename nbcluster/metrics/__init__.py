@@ -34,7 +34,7 @@ Times are seconds since the epoch (float; task and sample times are the workers'
       "basic": True,             # present only in the scheduler's own view, served where
                                  # nbcluster's plugin is not on the scheduler: workers and
                                  # their latest samples, no tasks, groups or history
-                                 # (`nbcluster.cluster.deploy.basic_snapshot`)
+                                 # (`nbcluster.metrics.basic`)
       "summary": {               # every worker connected now, in a bounded shape
         "workers": 1000, "threads": 2000, "processing": 640,
         "memory": 123456789000, "memory_limit": 4000000000000,
