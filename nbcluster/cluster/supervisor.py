@@ -7,7 +7,7 @@ stdin: the spec, the runtime dir, the owner pid and the environment. Nobody else
 What it owns
     - the cluster's name, claimed with an ``O_EXCL`` registry entry (`registry.claim`);
     - its TLS credentials: a fresh self-signed certificate and key, written 0600 next to the
-      entry. The scheduler and workers require a client certificate signed by that CA, so
+      entry (`credentials.py`). The scheduler and workers require a client certificate signed by that CA, so
       only holders of the files can connect (a gateway brings its own, see `deploy.py`);
     - the Dask deployment object of the cluster's profile (`deploy.Deployment`): the local
       backend's `NbSpecCluster` (`speccluster.py`), a dask-jobqueue cluster, an `SSHCluster`, a
