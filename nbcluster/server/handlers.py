@@ -16,9 +16,10 @@ Every route lives under ``<base_url>nbcluster/`` and requires Jupyter's own auth
     WS     api/stream                     live list + metrics, see `StreamHandler`
     *      dashboard/<name>/<path>        the cluster's Dask dashboard, see `dashboard.py`
 
-A *cluster* is the scheduler's ``nbcluster_info`` answer plus ``"state": "running"``, or,
-for a registered cluster whose scheduler does not answer in time, its registry entry with
-``"state": "unreachable"``. Start body (`START_FIELDS`, all optional): the start options
+A *cluster* (`nbcluster._wire.Cluster`, ``ICluster`` in the sidebar) is the scheduler's
+``nbcluster_info`` answer plus ``"state": "running"``, or, for a registered cluster whose
+scheduler does not answer in time, its registry entry's public fields with
+``"state": "unreachable"`` (`unreachable`). Start body (`START_FIELDS`, all optional): the start options
 declared in `nbcluster.cluster.spec.START_OPTIONS`, and ``profile``. Values are checked by
 the cluster layer, which every front end shares, and sizes against
 `nbcluster.cluster.limits` before the supervisor is asked (which checks again); ``force``
