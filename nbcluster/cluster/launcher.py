@@ -58,7 +58,7 @@ class _Launched:
 
 
 _spare: _Launched | None = None
-#: Supervisors started from this process that run clusters (see `_reap_children`).
+#: Supervisors started from this process that run clusters (see `reap_children`).
 _children: list[subprocess.Popen[bytes]] = []
 _keep_warm = False
 _spare_lock = threading.Lock()
