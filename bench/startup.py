@@ -39,14 +39,15 @@ def nbcluster_once() -> float:
 def nbcluster_cold_once() -> float:
     """The same without the spare supervisor `%load_ext` launches: a cold Python start-up."""
     from nbcluster.cluster import handle as lifecycle
+    from nbcluster.cluster import launcher
 
-    lifecycle.discard_spare()
+    launcher.discard_spare()
     t0 = time.perf_counter()
     cluster = lifecycle.start(workers=2, threads=1, name="bench-cold")
     assert cluster.client.submit(lambda: 1).result() == 1
     elapsed = time.perf_counter() - t0
     cluster.stop()
-    lifecycle.prewarm()  # back to the notebook's state for the next %cluster start sample
+    launcher.prewarm()  # back to the notebook's state for the next %cluster start sample
     return elapsed
 
 

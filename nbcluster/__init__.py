@@ -103,7 +103,7 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext nbcluster`: register `%cluster` and `%%distribute`."""
-    from nbcluster.cluster.handle import prewarm
+    from nbcluster.cluster.launcher import prewarm
     from nbcluster.magics import NbclusterMagics
 
     ipython.register_magics(NbclusterMagics)

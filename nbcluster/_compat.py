@@ -97,3 +97,11 @@ def ipython_cell_number(filename: str) -> int | None:
     mapping = getattr(compiler, "_filename_map", {}) or {}
     count = mapping.get(filename)
     return count if isinstance(count, int) else None
+
+# cluster/ (speccluster.py)
+def base_update_worker_status(cluster: Any, op: str, msg: Any) -> None:
+    """`distributed.deploy.cluster.Cluster`'s own bookkeeping of a worker's arrival or
+    departure, without `SpecCluster`'s lost-worker timer on top (see `NbSpecCluster`)."""
+    from distributed.deploy.cluster import Cluster
+
+    Cluster._update_worker_status(cluster, op, msg)

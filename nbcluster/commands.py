@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from nbcluster import _aio, _current
@@ -179,13 +179,13 @@ class Runner:
         if current is not None and not current.managed:
             handles.append(current)  # attached with `use`: in no registry, yet where work runs
 
-        async def one(h: ClusterHandle) -> dict[str, Any]:
+        async def one(h: ClusterHandle) -> Mapping[str, Any]:
             try:
                 return await h.ainfo()
             except ClusterUnreachable:
                 return h.entry
 
-        async def every() -> list[dict[str, Any]]:
+        async def every() -> list[Mapping[str, Any]]:
             return list(await asyncio.gather(*(one(h) for h in handles)))
 
         return ClusterList(_aio.run(every()), current.name if current else None)

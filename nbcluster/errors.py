@@ -113,3 +113,12 @@ class HelpShown(Exception):
 # -- settings (config_schema.py)
 class SettingWarning(UserWarning):
     """A key under `nbcluster.` in Dask's config that is no setting (a typo): it is ignored."""
+
+# cluster/ and metrics/ (moved here from cluster/registry.py)
+class RuntimeDirError(NbclusterError, OSError):
+    """The registry folder cannot be created or written."""
+
+
+# cluster/ (moved here from cluster/limits.py)
+class LimitExceeded(BadArgument):
+    """A requested size is above a limit; the message names it and how to raise it."""

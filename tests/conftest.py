@@ -62,7 +62,7 @@ def _stop_all(directory: Path) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    from nbcluster.cluster.handle import discard_spare
+    from nbcluster.cluster.launcher import discard_spare
 
     discard_spare()
     if _SESSION_DIR is not None:
@@ -100,7 +100,7 @@ def _cmdline(p: psutil.Process) -> list[str]:
 @pytest.fixture
 def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A registry of this test's own; clusters left in it are stopped afterwards."""
-    from nbcluster.cluster.handle import discard_spare
+    from nbcluster.cluster.launcher import discard_spare
 
     directory = tmp_path / "runtime"
     monkeypatch.setenv("NBCLUSTER_RUNTIME_DIR", str(directory))

@@ -21,7 +21,7 @@ import sys
 
 from distributed import Worker
 
-from nbcluster.cluster.backends import security_from
+from nbcluster.cluster.credentials import security_from
 
 
 async def main(address: str, tls: str, count: int, host: str, prefix: str) -> None:

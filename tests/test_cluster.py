@@ -17,7 +17,7 @@ import pytest
 from distributed import Client, Security, get_worker
 
 import nbcluster
-from nbcluster.cluster import backends, registry
+from nbcluster.cluster import credentials, registry
 from nbcluster.cluster.gpu import SIMULATE_ENV
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable
 
@@ -181,7 +181,7 @@ def test_tls_is_required(runtime_dir, tmp_path):
     tls = handle.entry["tls"]
     assert _tls_probe(handle.address, tls["ca_file"], tls["cert"], tls["key"]) == "answered"
     assert "alert certificate required" in _tls_probe(handle.address, tls["ca_file"])
-    _, foreign = backends.write_credentials(tmp_path, "stranger")
+    _, foreign = credentials.write_credentials(tmp_path, "stranger")
     assert "alert unknown ca" in _tls_probe(handle.address, tls["ca_file"], foreign["cert"], foreign["key"])
     # The credentials are private to the user.
     for key in ("cert", "key"):

@@ -25,13 +25,14 @@ import pytest
 
 import nbcluster
 from nbcluster import commands
-from nbcluster.cluster import backends
+from nbcluster._wire import ClusterState, ExternalEntry, Snapshot, problems
+from nbcluster.cluster import credentials
 from nbcluster.errors import BadArgument, ClusterUnreachable
 
 
 def _credentials(folder: Path, name: str) -> tuple[str, str, str]:
     folder.mkdir(parents=True, exist_ok=True)
-    _, tls = backends.write_credentials(folder, name)
+    _, tls = credentials.write_credentials(folder, name)
     return tls["ca_file"], tls["cert"], tls["key"]
 
 
@@ -112,6 +113,9 @@ def test_use_with_security_attaches_as_external(runtime_dir, someone_elses_sched
     handle.client.wait_for_workers(1, timeout=30)
     status = repr(handle.info())
     assert "external: started elsewhere" in status and "127.0.0.1" in status
+    # The shapes nbcluster_info and the registry have, from the scheduler's own identity.
+    assert problems(handle.entry, ExternalEntry) == []
+    assert problems(handle.info().to_dict(), ClusterState) == []
     # In no registry, yet listed in this kernel: it is where its work runs.
     listing = runner.run(commands.parse("list"))
     assert f"*{address}  external  {address}  1 (1 core)  started elsewhere" in repr(listing)
@@ -124,6 +128,7 @@ def test_use_with_security_attaches_as_external(runtime_dir, someone_elses_sched
     assert snapshot.get("basic", False) == (not allowed)
     # CPU and memory either way; passing the cursor back never repeats a sample.
     sampled = _sampled(handle)
+    assert problems(sampled, Snapshot) == []  # the plugin's, or the basic view
     later = handle.metrics(sampled["cursor"])
     assert not {r["time"] for r in sampled["resources"]} & {r["time"] for r in later["resources"]}
 

@@ -19,11 +19,10 @@ import dask
 import pytest
 
 import nbcluster
-from nbcluster.cluster import handle as handle_module
-from nbcluster.cluster import limits
-from nbcluster.cluster.limits import LimitExceeded, Machine
+from nbcluster.cluster import launcher, limits
+from nbcluster.cluster.limits import Machine
 from nbcluster.cluster.spec import ClusterSpec
-from nbcluster.errors import ClusterFailed
+from nbcluster.errors import ClusterFailed, LimitExceeded
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -142,7 +141,7 @@ def test_the_supervisor_applies_the_site_cap_to_requests_that_skip_the_client(si
         for spec, expected in ((ClusterSpec(workers=3), "nbcluster.limits.max-workers"),
                                (ClusterSpec(workers=1, dashboard=True), "nbcluster.limits.dashboard")):  # fmt: skip
             with pytest.raises(ClusterFailed) as error:
-                handle_module._spawn(spec, runtime_dir, None, force=True)
+                launcher.spawn(spec, runtime_dir, None, force=True)
             assert str(site) in str(error.value) and expected in str(error.value)
         # And scale/adapt sent straight to the scheduler, past the client's check.
         handle = nbcluster.start(workers=1, name="capped")

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from nbcluster.cluster import kubernetes
-from nbcluster.cluster.backends import write_credentials
+from nbcluster.cluster.credentials import write_credentials
 from nbcluster.errors import BadArgument
 
 IMAGE = "ghcr.io/dask/dask:2026.8.0-py3.11"

@@ -24,7 +24,7 @@ import pytest
 
 import nbcluster
 from nbcluster.cluster import registry, startlog
-from nbcluster.cluster.handle import prewarm
+from nbcluster.cluster.launcher import prewarm
 from nbcluster.errors import ClusterFailed
 from tests.lifecycle_helpers import JupyterServer, Signal, busy_start_env, family, wait_catching, wait_gone
 
@@ -96,10 +96,10 @@ def test_sigterm_stops_a_running_cluster_and_its_workers_within_2_s(runtime_dir)
 
 
 def test_a_spare_supervisor_leaves_at_once_on_sigterm(runtime_dir):
-    from nbcluster.cluster import handle as handle_module
+    from nbcluster.cluster import launcher
 
     prewarm(runtime_dir)
-    spare = handle_module._spare
+    spare = launcher._spare
     assert spare is not None
     try:
         # Past its imports, as a spare waiting for a request is: a signal before that meets
@@ -110,16 +110,16 @@ def test_a_spare_supervisor_leaves_at_once_on_sigterm(runtime_dir):
         took, alive = wait_gone([psutil.Process(spare.proc.pid)], timeout=5)
         assert not alive and took < 2.0
     finally:
-        handle_module.discard_spare()
+        launcher.discard_spare()
     # Its .start log went with it.
     assert list(runtime_dir.iterdir()) == []
 
 
 def test_a_killed_supervisors_start_log_is_pruned_but_a_live_ones_is_not(runtime_dir):
-    from nbcluster.cluster import handle as handle_module
+    from nbcluster.cluster import launcher
 
     prewarm(runtime_dir)
-    spare = handle_module._spare
+    spare = launcher._spare
     assert spare is not None
     try:
         (log,) = runtime_dir.glob(".start-*.log")
@@ -130,7 +130,7 @@ def test_a_killed_supervisors_start_log_is_pruned_but_a_live_ones_is_not(runtime
         startlog.prune_stale(runtime_dir)
         assert not log.exists()
     finally:
-        handle_module.discard_spare()
+        launcher.discard_spare()
 
 
 def test_a_cluster_started_here_stops_promptly_from_another_process_and_leaves_no_zombie(runtime_dir, cli):

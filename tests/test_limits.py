@@ -16,8 +16,9 @@ from IPython.core.error import UsageError
 
 import nbcluster
 from nbcluster.cluster import limits
-from nbcluster.cluster.limits import LimitExceeded, Machine
+from nbcluster.cluster.limits import Machine
 from nbcluster.cluster.spec import ClusterSpec
+from nbcluster.errors import LimitExceeded
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 

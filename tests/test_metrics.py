@@ -23,7 +23,7 @@ from distributed import Scheduler
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.metrics import MetricsWindow, client_feed, ensure_plugin, install
 from nbcluster.metrics._ring import SeqRing
-from nbcluster.metrics.plugin import _sample
+from nbcluster.metrics.plugin import resource_sample
 
 # -- SeqRing ------------------------------------------------------------------------------
 
@@ -174,16 +174,16 @@ def test_gpu_fields_are_reported_only_when_present() -> None:
         "gpu_utilization": 87,
         "gpu_memory_used": 3_000_000_000,
     }
-    s = _sample("tcp://gpu:1", gpu_worker, metrics)
+    s = resource_sample("tcp://gpu:1", gpu_worker, metrics)
     assert (s["gpu_util"], s["gpu_memory"], s["gpu_memory_total"]) == (87, 3_000_000_000, 80_000_000_000)
 
     # The other route distributed uses: the `gpu` metric; utilisation unsupported (None).
     metrics2 = {"time": 6.0, "cpu": 1.0, "memory": 1, "gpu": {"utilization": None, "memory-used": 7}}
-    s2 = _sample("tcp://gpu:1", gpu_worker, metrics2)
+    s2 = resource_sample("tcp://gpu:1", gpu_worker, metrics2)
     assert "gpu_util" not in s2 and s2["gpu_memory"] == 7
 
     cpu_worker = SimpleNamespace(memory_limit=0, extra={}, metrics={})
-    s3 = _sample("tcp://cpu:1", cpu_worker, {"time": 1.0, "cpu": 3.0, "memory": 9})
+    s3 = resource_sample("tcp://cpu:1", cpu_worker, {"time": 1.0, "cpu": 3.0, "memory": 9})
     assert not [k for k in s3 if k.startswith("gpu")]
     assert s3["net_read"] == 0.0 and s3["memory_limit"] == 0
 
@@ -328,12 +328,12 @@ def test_window_folds_snapshots_and_stays_bounded(cluster: ClusterHandle) -> Non
 def test_spread_and_band_describe_every_worker_in_three_numbers() -> None:
     from nbcluster.metrics.summary import band, spread
 
-    assert spread([]) is None and spread([5.0]) == [5.0, 5.0, 5.0]
-    assert spread([4.0, 1.0, 3.0, 2.0]) == [1.0, 2.5, 4.0]
+    assert spread([]) is None and spread([5.0]) == (5.0, 5.0, 5.0)
+    assert spread([4.0, 1.0, 3.0, 2.0]) == (1.0, 2.5, 4.0)
     samples = [{"cpu": float(i), "memory": 10 * i, "memory_limit": 100} for i in range(1000)]
     b = band(7.0, [*samples, {"cpu": 50.0, "memory": 0, "memory_limit": 100, "gpu_util": 80.0}])
-    assert b["workers"] == 1001 and b["cpu"] == [0.0, 499.0, 999.0] and b["memory_limit"] == 100
-    assert b["gpu_util"] == [80.0, 80.0, 80.0]  # over the workers that report a GPU only
+    assert b["workers"] == 1001 and b["cpu"] == (0.0, 499.0, 999.0) and b["memory_limit"] == 100
+    assert b["gpu_util"] == (80.0, 80.0, 80.0)  # over the workers that report a GPU only
     assert "gpu_util" not in band(7.0, samples)
 
 
@@ -368,7 +368,7 @@ def test_window_drops_a_departed_workers_charts_and_keeps_bands() -> None:
 
 def test_the_schedulers_own_view_of_many_workers_is_drawn_as_distributions() -> None:
     # A scheduler without nbcluster's plugin: its `identity` answer, 20 workers.
-    from nbcluster.cluster.deploy import basic_snapshot
+    from nbcluster.metrics.basic import basic_snapshot
     from nbcluster.metrics.feed import MetricsWindow
     from nbcluster.widgets._static import render_resources
 
@@ -378,7 +378,7 @@ def test_the_schedulers_own_view_of_many_workers_is_drawn_as_distributions() -> 
         for i in range(20)
     }}  # fmt: skip
     snap = basic_snapshot(identity)
-    assert snap["bands"][0]["workers"] == 20 and snap["bands"][0]["cpu"] == [0.0, 9.5, 19.0]
+    assert snap["bands"][0]["workers"] == 20 and snap["bands"][0]["cpu"] == (0.0, 9.5, 19.0)
     assert basic_snapshot(identity, since=snap["cursor"])["bands"] == []  # no news, no band
     window = MetricsWindow()
     window.apply(snap)

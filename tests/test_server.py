@@ -27,6 +27,7 @@ from tornado.testing import bind_unused_port
 from tornado.websocket import WebSocketClientConnection, WebSocketHandler
 
 import nbcluster
+from nbcluster._wire import Cluster, Snapshot, problems
 from nbcluster.cluster import registry
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -251,6 +252,7 @@ async def test_metrics_cursor_must_be_a_number(api) -> None:
 async def test_a_cluster_through_every_route(api, jp_ws_fetch, runtime_dir: Path) -> None:
     status, cluster = await api("POST", "api/clusters", {"workers": 1, "name": "rest", "dashboard": True})
     assert status == 201, cluster
+    assert problems(cluster, Cluster) == []  # the shape tokens.ts declares (tests/test_wire.py)
     assert cluster["state"] == "running"
     assert cluster["server_owned"] is True
     assert cluster["runs_on"] == "local"  # the words of `%cluster list`, for the sidebar card
@@ -269,6 +271,7 @@ async def test_a_cluster_through_every_route(api, jp_ws_fetch, runtime_dir: Path
 
     status, listing = await api("GET", "api/clusters")
     assert [c["name"] for c in listing["clusters"]] == ["rest"]
+    assert problems(listing["clusters"], list[Cluster]) == []
 
     for bad, message in [
         ({"workers": "x"}, "whole number"),
@@ -289,6 +292,7 @@ async def test_a_cluster_through_every_route(api, jp_ws_fetch, runtime_dir: Path
 
     status, snapshot = await api("GET", "api/clusters/rest/metrics")
     assert status == 200 and snapshot["version"] == 1
+    assert problems(snapshot, Snapshot) == [] and snapshot["resources"], snapshot
     status, later = await api("GET", "api/clusters/rest/metrics", params={"since": snapshot["cursor"]})
     assert status == 200 and later["cursor"] >= snapshot["cursor"]
 
@@ -299,12 +303,14 @@ async def test_a_cluster_through_every_route(api, jp_ws_fetch, runtime_dir: Path
         assert first["type"] == "clusters" and first["clusters"][0]["name"] == "rest"
         # Totals, not one row per worker: a push costs the same at 2 workers or 2,000.
         assert "workers" not in first["clusters"][0] and "cores" in first["clusters"][0]["totals"]
+        assert problems(first["clusters"], list[Cluster]) == []
         await ws.write_message(json.dumps({"watch": "rest"}))
         kinds = set()
         while "metrics" not in kinds:
             message = json.loads(await ws.read_message())
             kinds.add(message["type"])
         assert message["snapshot"]["version"] == 1 and "summary" in message["snapshot"]
+        assert problems(message["snapshot"], Snapshot) == []
     finally:
         ws.close()
 
@@ -344,6 +350,7 @@ async def test_a_cluster_that_stops_answering_is_listed_as_unreachable(api) -> N
         status, listing = await api("GET", "api/clusters")
         (frozen,) = listing["clusters"]
         assert frozen["state"] == "unreachable" and frozen["name"] == "frozen"
+        assert problems(frozen, Cluster) == []
         assert "tls" not in frozen  # credential paths stay on the server
         assert frozen["runs_on"] == "local"  # from the registry entry when it cannot answer
     finally:

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 import nbcluster
-from nbcluster.cluster import backends, deploy, profiles
+from nbcluster.cluster import credentials, deploy, profiles
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import ClusterFailed
 from tests.kernel_session import kernel
@@ -134,7 +134,7 @@ def test_a_partition_that_does_not_exist_is_sbatchs_own_error_in_one_line(slurm,
 
 
 def test_the_job_script_carries_tls_and_resource_settings(slurm, hpc, runtime_dir):
-    security, tls = backends.write_credentials(runtime_dir, "script")
+    security, tls = credentials.write_credentials(runtime_dir, "script")
     spec = ClusterSpec.from_user(profile="hpc", workers=0, threads=2, memory="2GiB")
 
     async def script() -> str:

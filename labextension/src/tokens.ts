@@ -1,6 +1,9 @@
 // Ids, constants and the shapes of the server's JSON. No side effects: safe to import
 // anywhere. The routes are documented in nbcluster/server/handlers.py; the metrics
 // snapshot in nbcluster/metrics/__init__.py (typed in graphs.d.ts, shared with the widget).
+// IGpu, IWorker, ICluster, ITotals and IClusterSpec are the TypedDicts of nbcluster/_wire.py
+// (GpuDevice, WorkerRow, Cluster, Totals, SpecFields): tests/test_wire.py fails when a field
+// here and there differs in name, optionality or type.
 
 export const PLUGIN_ID = 'nbcluster:plugin';
 export const PANEL_ID = 'nbcluster-sidebar';
@@ -15,11 +18,13 @@ export namespace CommandIDs {
 /** A worker memory size such as 4GiB, 512MiB or 2GB (Dask's parse_bytes accepts more). */
 export const MEMORY_PATTERN = /^\s*\d+(\.\d+)?\s*(b|k|m|g|t|kb|mb|gb|tb|kib|mib|gib|tib)?\s*$/i;
 
+/** A GPU the supervisor assigned to a worker; `simulated`: made up for a course or a test. */
 export interface IGpu {
   index: number;
-  name: string | null;
-  memory_total?: number;
-  simulated?: boolean;
+  name: string;
+  memory_total: number | null;
+  uuid: string | null;
+  simulated: boolean;
 }
 
 export interface IWorker {
@@ -27,14 +32,29 @@ export interface IWorker {
   address: string;
   kind: 'cpu' | 'gpu';
   nthreads: number;
-  memory_limit: number;
+  memory_limit: number | null;
   memory: number;
   cpu: number;
+  resources: Record<string, number>;
   processing: number;
   gpu: IGpu | null;
   /** Where it runs, and its batch job where there is one (dask-jobqueue backends). */
-  host?: string | null;
-  job_id?: string | null;
+  host: string | null;
+  job_id: string | null;
+}
+
+/** What a cluster was started with (`ClusterSpec`). */
+export interface IClusterSpec {
+  workers: number | null;
+  threads: number | null;
+  memory: number | null;
+  gpus: number | string | null;
+  name: string | null;
+  keep: boolean;
+  dashboard: boolean;
+  backend: string;
+  gpu_backend: string;
+  profile: string;
 }
 
 /** One entry of GET api/clusters: the scheduler's answer, or the registry entry alone. */
@@ -49,12 +69,21 @@ export interface ICluster {
   created: number | null;
   /** Where it runs, in the words of `%cluster list`: `local`, `hpc (slurm)`, `external`. */
   runs_on: string;
+  spec?: IClusterSpec | null;
+  backend?: string | null;
+  profile?: string | null;
+  supervisor_pid?: number;
+  /** A scheduler nbcluster did not start: scale, adapt, restart and stop are refused. */
+  external?: boolean;
+  /** Absent from the live stream (which sends `totals` instead) and when unreachable. */
   workers?: IWorker[];
   requested?: { cpu: number; gpu: number };
-  adaptive?: { minimum: number; maximum: number } | null;
-  tasks?: { processing?: number; waiting?: number; [state: string]: number | undefined };
+  adaptive?: { minimum: number; maximum: number; gpu_maximum?: number } | null;
+  tasks?: { processing?: number; waiting?: number; memory?: number; erred?: number };
   /** Dask clients connected to its scheduler (notebook kernels using it). */
-  clients?: number;
+  clients?: number | null;
+  /** RAM of each host the supervisor can see (absent from the live stream). */
+  host_memory?: Record<string, number>;
   /** Totals over every worker, as `%cluster status` prints them (nbcluster/cluster/info.py). */
   totals?: ITotals;
 }

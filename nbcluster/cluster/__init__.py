@@ -1,1 +1,2 @@
-"""Cluster lifecycle: spec, supervisor process, registry, client-side handle, GPUs, backends."""
+"""Cluster lifecycle: spec, supervisor process and its launcher, registry, client-side handle,
+GPUs, backends."""

@@ -38,15 +38,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from distributed.deploy.adaptive import Adaptive
 
 from nbcluster._compat import prefix_duration
 from nbcluster.cluster.kinds import worker_kind
-
-if TYPE_CHECKING:  # backends imports this module: the annotation only
-    from nbcluster.cluster.backends import NbSpecCluster
 
 BACKLOG_TTL = 10.0  # seconds a run's report of its held-back work counts
 
@@ -112,35 +109,51 @@ def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
     return math.ceil(cores / max(threads, 1))
 
 
+class KindScaled(Protocol):
+    """What a `KindAdaptive` uses of its cluster, an `NbSpecCluster` (speccluster.py, which
+    imports this module: described here, not imported)."""
+
+    scheduler: Any
+
+    @property
+    def plan(self) -> Any: ...
+    @property
+    def requested(self) -> Any: ...
+    @property
+    def observed(self) -> Any: ...
+    def kind_of(self, name: str) -> str: ...
+    async def scale_kind(self, n: int, kind: str = "cpu", *, adaptive: bool = False) -> None: ...
+
+
 class KindAdaptive(Adaptive):
     """Dask's Adaptive for one worker kind of an `NbSpecCluster`."""
 
-    cluster: NbSpecCluster
-
     def __init__(self, cluster: Any, kind: str, **kwargs: Any):
         self.kind = kind
+        #: The cluster, typed for what this class uses of it (Adaptive types it as a Cluster).
+        self.kinds: KindScaled = cluster
         super().__init__(cluster, **kwargs)
 
     def _mine(self, names: Any) -> set[Any]:
-        return {n for n in names if self.cluster.kind_of(n) == self.kind}
+        return {n for n in names if self.kinds.kind_of(n) == self.kind}
 
     @property
     def plan(self) -> set[Any]:
-        return self._mine(self.cluster.plan)
+        return self._mine(self.kinds.plan)
 
     @property
     def requested(self) -> set[Any]:
-        return self._mine(self.cluster.requested)
+        return self._mine(self.kinds.requested)
 
     @property
     def observed(self) -> set[Any]:
-        return self._mine(self.cluster.observed)
+        return self._mine(self.kinds.observed)
 
     async def target(self) -> int:
-        return kind_target(self.cluster.scheduler, self.kind, self.target_duration)
+        return kind_target(self.kinds.scheduler, self.kind, self.target_duration)
 
     async def workers_to_close(self, target: int) -> list[Any]:
-        scheduler = self.cluster.scheduler
+        scheduler = self.kinds.scheduler
         assert scheduler is not None  # Adaptive runs on a started cluster only
         mine = [ws for ws in scheduler.workers.values() if worker_kind(ws.resources) == self.kind]
         # Idle workers first, holding the least data first: retiring them moves least.
@@ -150,4 +163,4 @@ class KindAdaptive(Adaptive):
     # Dask's AdaptiveCore annotates scale_up with scale_down's argument (workers) and the
     # reverse; Adaptive, the class it runs as, calls scale_up(n) with a count.
     async def scale_up(self, n: int) -> None:  # type: ignore[override]
-        await self.cluster.scale_kind(n, self.kind, adaptive=True)
+        await self.kinds.scale_kind(n, self.kind, adaptive=True)

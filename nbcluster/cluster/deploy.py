@@ -3,7 +3,8 @@
 A `Deployment` wraps one Dask deployment object (nbcluster's own `NbSpecCluster`, a
 dask-jobqueue cluster, an `SSHCluster`, a `GatewayCluster`, a dask-kubernetes `KubeCluster`)
 and answers what the `nbcluster_*` control handlers need: start, scale, adapt, restart,
-close, the workers' rows for the status, and what was asked for.
+close, what a worker's status row needs from the backend (its GPU, its batch job), and
+what was asked for. The rows themselves are `info.worker_row`; the TLS files, `credentials.py`.
 
 Where the scheduler runs decides where the control handlers live:
 
@@ -14,11 +15,11 @@ Where the scheduler runs decides where the control handlers live:
   handlers on a `distributed.core.Server` of its own, on ``tls://127.0.0.1`` with the
   cluster's nbcluster credentials; its address is ``control`` in the registry entry, and
   ``nbcluster_metrics`` is passed on to the scheduler, where the metrics plugin is
-  registered through a client (when the scheduler refuses it, `basic_snapshot` serves the
+  registered through a client (when the scheduler refuses it, `metrics.basic.basic_snapshot` serves the
   scheduler's own view: workers, CPU and memory, no task stream). Front ends only swap the
   address.
 
-TLS: the local and jobqueue backends use the cluster's own certificate (`write_credentials`);
+TLS: the local and jobqueue backends use the cluster's own certificate (`credentials.write_credentials`);
 jobqueue and SSH workers read the same files on their hosts (a shared home directory), and
 get them as ``--tls-*`` options (jobqueue) or as inherited Dask config (SSH). A gateway
 brings its own credentials, which are written 0600 beside the entry like ours.
@@ -45,10 +46,8 @@ import asyncio
 import contextlib
 import json
 import shlex
-import time
 from collections.abc import Awaitable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import dask.config
@@ -56,9 +55,10 @@ from distributed import Client, Security
 from distributed.core import PooledRPCCall, Server, rpc
 
 from nbcluster import _compat, config
-from nbcluster.cluster import backends, private_http, registry
+from nbcluster._wire import Bounds, Credentials, GpuDevice, Requested, Snapshot
+from nbcluster.cluster import kubernetes, private_http, speccluster
+from nbcluster.cluster.credentials import security_from, tls_config, write_pem_credentials
 from nbcluster.cluster.gpu import GPU
-from nbcluster.cluster.kinds import worker_kind
 from nbcluster.cluster.profiles import JOBQUEUE, Profile
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import BadArgument, ClusterUnreachable
@@ -67,89 +67,12 @@ from nbcluster.errors import BadArgument, ClusterUnreachable
 DEATH_TIMEOUT = "60s"
 
 
-def worker_row(
-    *, name: Any, address: str, host: str | None, nthreads: int, memory_limit: int | None, memory: int,
-    cpu: float, resources: dict[str, Any] | None, processing: int, gpu: dict[str, Any] | None = None,
-    job_id: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """One worker as `nbcluster_info` reports it, whatever the backend."""
-    resources = dict(resources or {})
-    return {
-        "name": str(name), "address": address, "host": host, "job_id": job_id,
-        "kind": worker_kind(resources), "nthreads": nthreads,
-        "memory_limit": memory_limit, "memory": memory, "cpu": cpu, "resources": resources,
-        "processing": processing, "gpu": gpu,
-    }  # fmt: skip
-
-
-def identity_rows(identity: dict[str, Any]) -> list[dict[str, Any]]:
-    """The workers of a scheduler's own ``identity`` answer as status rows."""
-    rows = []
-    for address, w in identity.get("workers", {}).items():
-        metrics = w.get("metrics") or {}
-        rows.append(
-            worker_row(
-                name=w.get("name"),
-                address=address,
-                host=w.get("host"),
-                nthreads=w.get("nthreads", 0),
-                memory_limit=w.get("memory_limit"),
-                memory=metrics.get("memory", 0),
-                cpu=metrics.get("cpu", 0.0),
-                resources=w.get("resources"),
-                processing=metrics.get("task_counts", {}).get("executing", 0),
-            )
-        )
-    return rows
-
-
-def basic_snapshot(identity: dict[str, Any], since: int | None = None) -> dict[str, Any]:
-    """A metrics snapshot (the format in `nbcluster.metrics`) from a scheduler's own
-    ``identity``, where nbcluster's plugin is not there: the workers and their latest
-    heartbeat samples (CPU, memory) and their distribution (``bands``), no task records and
-    no history, marked ``basic``.
-
-    Each heartbeat is sent once: the cursor is the scheduler's clock, in milliseconds, just
-    past the newest heartbeat it had received, so passing it back as `since` returns only
-    the samples of heartbeats received since.
-    """
-    from nbcluster.metrics.plugin import _sample  # the plugin's own sample shape, GPU included
-    from nbcluster.metrics.summary import band
-
-    workers, samples, latest, cursor = {}, [], [], since or 0
-    for row in identity_rows(identity):
-        address = row["address"]
-        workers[address] = {
-            "name": row["name"], "nthreads": row["nthreads"], "memory_limit": row["memory_limit"] or 0,
-            "resources": row["resources"], "processing": row["processing"],
-        }  # fmt: skip
-        reported = identity["workers"][address]
-        metrics = reported.get("metrics") or {}
-        seen = int((reported.get("last_seen") or 0) * 1000)
-        if metrics.get("time") is None:
-            continue
-        # `_sample` reads a WorkerState; an identity answer holds the same fields as a dict.
-        ws = SimpleNamespace(memory_limit=reported.get("memory_limit"), metrics=metrics, extra=reported)
-        sample = _sample(address, ws, metrics)
-        latest.append(sample)
-        if since is not None and seen < since:
-            continue
-        samples.append(sample)
-        cursor = max(cursor, seen + 1)
-    now = time.time()
-    # With news, the distribution of every worker's latest sample, which the graphs draw
-    # past a few workers (as the plugin's bands).
-    bands = [band(now, latest)] if samples else []
-    return {"version": 1, "cursor": cursor, "gap": False, "now": now, "basic": True,
-            "workers": workers, "tasks": [], "resources": samples, "bands": bands, "groups": []}  # fmt: skip
-
-
 class Deployment:
     """One backend's cluster object; subclasses say how each operation maps onto it."""
 
     #: The scheduler object when it runs in this process, else None.
     scheduler: Any = None
-    adaptive_bounds: dict[str, int] | None = None
+    adaptive_bounds: Bounds | None = None
 
     def __init__(self, spec: ClusterSpec, profile: Profile):
         self.spec = spec
@@ -166,7 +89,7 @@ class Deployment:
     def dashboard(self) -> str | None:
         return None
 
-    def requested_by_kind(self) -> dict[str, int]:
+    def requested_by_kind(self) -> Requested:
         raise NotImplementedError
 
     def check_kind(self, kind: str) -> None:
@@ -185,7 +108,7 @@ class Deployment:
     def job_id(self, worker_name: str) -> str | None:
         return None
 
-    def gpu(self, worker_name: str) -> dict[str, Any] | None:
+    def gpu(self, worker_name: str) -> GpuDevice | None:
         return None
 
     # Where the scheduler runs elsewhere (`scheduler` is None), the supervisor asks it
@@ -193,7 +116,7 @@ class Deployment:
     async def scheduler_identity(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    async def scheduler_metrics(self, since: int | None, detail: int | None) -> dict[str, Any]:
+    async def scheduler_metrics(self, since: int | None, detail: int | None) -> Snapshot:
         raise NotImplementedError
 
     async def restart(self) -> None:
@@ -208,7 +131,7 @@ class LocalDeployment(Deployment):
 
     def __init__(self, spec: ClusterSpec, profile: Profile, devices: list[GPU], security: Security):
         super().__init__(spec, profile)
-        self.cluster = backends.local_cluster(spec, devices, security)
+        self.cluster = speccluster.local_cluster(spec, devices, security)
 
     async def start(self) -> None:
         await self.cluster
@@ -216,19 +139,20 @@ class LocalDeployment(Deployment):
 
     @property
     def address(self) -> str:
-        return self.cluster.scheduler_address
+        address: str = self.cluster.scheduler_address
+        return address
 
     @property
     def dashboard(self) -> str | None:
-        return backends.dashboard_url(self.cluster) if self.spec.dashboard else None
+        return speccluster.dashboard_url(self.cluster) if self.spec.dashboard else None
 
     # Read-only here, where the base class has a plain attribute: the cluster keeps the
     # bounds (NbSpecCluster.adapt_bounded), and nothing sets them on this object.
     @property
-    def adaptive_bounds(self) -> dict[str, int] | None:  # type: ignore[override]
+    def adaptive_bounds(self) -> Bounds | None:  # type: ignore[override]
         return self.cluster.adaptive_bounds
 
-    def requested_by_kind(self) -> dict[str, int]:
+    def requested_by_kind(self) -> Requested:
         return self.cluster.requested_by_kind()
 
     def check_kind(self, kind: str) -> None:
@@ -240,7 +164,7 @@ class LocalDeployment(Deployment):
     def adapt(self, minimum: int, maximum: int) -> None:
         self.cluster.adapt_bounded(minimum, maximum)
 
-    def gpu(self, worker_name: str) -> dict[str, Any] | None:
+    def gpu(self, worker_name: str) -> GpuDevice | None:
         device = self.cluster.devices.get(worker_name)
         return device.to_dict() if device else None
 
@@ -261,9 +185,10 @@ class _SpecBased(Deployment):
 
     @property
     def address(self) -> str:
-        return self.cluster.scheduler_address
+        address: str = self.cluster.scheduler_address
+        return address
 
-    def requested_by_kind(self) -> dict[str, int]:
+    def requested_by_kind(self) -> Requested:
         return {"cpu": len(self.cluster.worker_spec), "gpu": 0}
 
     async def scale(self, n: int, kind: str = "cpu") -> None:
@@ -328,14 +253,15 @@ class JobqueueDeployment(_SpecBased):
 
     @property
     def dashboard(self) -> str | None:
-        return backends.dashboard_url(self.cluster) if self.spec.dashboard else None
+        return speccluster.dashboard_url(self.cluster) if self.spec.dashboard else None
 
     def job_id(self, worker_name: str) -> str | None:
         job = self.cluster.workers.get(worker_name)
         return getattr(job, "job_id", None)
 
     def job_script(self) -> str:
-        return self.cluster.job_script()
+        script: str = self.cluster.job_script()
+        return script
 
 
 def _worker_environ_prologue() -> list[str]:
@@ -387,8 +313,8 @@ class _Remote(Deployment):
         identity: dict[str, Any] = await self._scheduler_rpc().identity()
         return identity
 
-    async def scheduler_metrics(self, since: int | None, detail: int | None) -> dict[str, Any]:
-        snapshot: dict[str, Any] = await self._scheduler_rpc().nbcluster_metrics(since=since, detail=detail)
+    async def scheduler_metrics(self, since: int | None, detail: int | None) -> Snapshot:
+        snapshot: Snapshot = await self._scheduler_rpc().nbcluster_metrics(since=since, detail=detail)
         return snapshot
 
     def _scheduler_rpc(self) -> rpc | PooledRPCCall:
@@ -422,7 +348,7 @@ class _Remote(Deployment):
 class SSHDeployment(_Remote, _SpecBased):
     """`SSHCluster`: the scheduler on the first host, one worker per further host."""
 
-    def __init__(self, spec: ClusterSpec, profile: Profile, security: Security, tls: dict[str, str]):
+    def __init__(self, spec: ClusterSpec, profile: Profile, security: Security, tls: Credentials):
         super().__init__(spec, profile)
         self.security = security
         options = dict(profile.options)
@@ -489,7 +415,7 @@ class GatewayDeployment(_Remote):
         self.options = dict(profile.options)
         self.directory, self.name = directory, name
         self.cluster: Any = None
-        self.tls: dict[str, str] = {}
+        self.tls: Credentials | None = None
 
     async def start(self) -> None:
         cls = self.profile.deployment_class()
@@ -519,20 +445,22 @@ class GatewayDeployment(_Remote):
             await gateway.close()
         self.cluster = await cls(**self.options, asynchronous=True)
         self.tls = write_pem_credentials(self.directory, self.name, self.cluster.security)
-        self.security = backends.security_from(self.tls)
+        self.security = security_from(self.tls)
         if self.spec.workers:
             await self.scale(self.spec.workers)
         await self.connect_client()
 
     @property
     def address(self) -> str:
-        return self.cluster.scheduler_address
+        address: str = self.cluster.scheduler_address
+        return address
 
     @property
     def dashboard(self) -> str | None:
-        return self.cluster.dashboard_link
+        link: str | None = self.cluster.dashboard_link
+        return link
 
-    def requested_by_kind(self) -> dict[str, int]:
+    def requested_by_kind(self) -> Requested:
         return {"cpu": self._requested, "gpu": 0}
 
     _requested = 0
@@ -559,7 +487,7 @@ class KubernetesDeployment(_Remote):
     """dask-kubernetes' operator `KubeCluster`, from the resources `kubernetes.render` makes."""
 
     def __init__(
-        self, spec: ClusterSpec, profile: Profile, security: Security, tls: dict[str, str], name: str
+        self, spec: ClusterSpec, profile: Profile, security: Security, tls: Credentials, name: str
     ):
         super().__init__(spec, profile)
         self.security, self.tls, self.name = security, tls, name
@@ -567,8 +495,6 @@ class KubernetesDeployment(_Remote):
         self.secret: Any = None
 
     async def start(self) -> None:
-        from nbcluster.cluster import kubernetes
-
         cls = self.profile.deployment_class()
         r = kubernetes.render(
             self.name, self.profile.options, tls=self.tls, workers=self.spec.workers,
@@ -588,9 +514,10 @@ class KubernetesDeployment(_Remote):
     @property
     def address(self) -> str:
         # The operator reports tcp://; the pods listen on TLS (see kubernetes.py).
-        return self.cluster.scheduler_address.replace("tcp://", "tls://", 1)
+        address: str = self.cluster.scheduler_address
+        return address.replace("tcp://", "tls://", 1)
 
-    def requested_by_kind(self) -> dict[str, int]:
+    def requested_by_kind(self) -> Requested:
         return {"cpu": len(self.cluster.scheduler_info.get("workers", {})), "gpu": 0}
 
     async def scale(self, n: int, kind: str = "cpu") -> None:
@@ -614,7 +541,7 @@ class KubernetesDeployment(_Remote):
 
 def make(
     spec: ClusterSpec, profile: Profile, *, directory: Path, name: str, devices: list[GPU],
-    security: Security, tls: dict[str, str],
+    security: Security, tls: Credentials,
 ) -> Deployment:  # fmt: skip
     """The deployment for `profile`, not started yet (``await deployment.start()``): the
     caller holds it, and can close it, whenever a start is cut short."""
@@ -634,26 +561,6 @@ def make(
     if profile.backend == "kubernetes":
         return KubernetesDeployment(spec, profile, security, tls, name)
     raise BadArgument(f"unknown backend {profile.backend!r}")  # profiles.get checked already
-
-
-def tls_config(tls: dict[str, str]) -> dict[str, Any]:
-    """Dask config that makes every process reading it use these credentials for TLS."""
-    return {
-        "distributed.comm.require-encryption": True,
-        "distributed.comm.tls.ca-file": tls["ca_file"],
-        **{f"distributed.comm.tls.{role}.{part}": tls[part] for role in ("scheduler", "worker", "client") for part in ("cert", "key")},
-    }  # fmt: skip
-
-
-def write_pem_credentials(directory: Path, name: str, security: Any) -> dict[str, str]:
-    """A gateway's in-memory credentials (its `GatewaySecurity`: a self-signed certificate,
-    which is also the CA) as 0600 files beside the entry, so every front end connects to its
-    scheduler the way it does to ours."""
-    paths = {part: directory / f"{name}.scheduler-{part}.pem" for part in ("ca", "cert", "key")}
-    pems = {"ca": security.tls_cert, "cert": security.tls_cert, "key": security.tls_key}
-    for part, path in paths.items():
-        registry.write_private(path, pems[part])
-    return {"ca_file": str(paths["ca"]), "cert": str(paths["cert"]), "key": str(paths["key"])}
 
 
 async def serve_control(handlers: dict[str, Any], security: Security) -> Server:

@@ -16,8 +16,9 @@ import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import cast
 
+from nbcluster._wire import GpuDevice
 from nbcluster.errors import BadArgument
 
 SIMULATE_ENV = "NBCLUSTER_SIMULATE_GPUS"
@@ -31,8 +32,9 @@ class GPU:
     uuid: str | None = None
     simulated: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> GpuDevice:
+        # The dataclass's fields are GpuDevice's keys (tests/test_wire.py holds them equal).
+        return cast(GpuDevice, asdict(self))
 
 
 def _nvml() -> list[GPU]:

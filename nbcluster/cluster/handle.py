@@ -12,6 +12,10 @@ same ``nbcluster_*`` handlers on its own address, ``control`` in the entry, with
 (`connect` to an address) is *external*: its status is the scheduler's own ``identity``,
 its metrics come from nbcluster's plugin where the scheduler accepted it, and scale, adapt,
 restart and stop are refused with the reason.
+
+`start` decides whether a running cluster is reused and checks the request; the process
+itself comes from the launcher (``launcher.py``: the supervisor, its pre-warmed spare, the
+reaping of those that exited). The entry a handle holds is `_wire.Entry`.
 """
 
 from __future__ import annotations
@@ -20,38 +24,30 @@ import asyncio
 import contextlib
 import json
 import os
-import select
-import signal
-import subprocess
-import sys
-import threading
-import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import dask.config
 from distributed import Client, Security
 from distributed.core import ConnectionPool
 
 from nbcluster import _aio, config
-from nbcluster.cluster import registry, startlog
-from nbcluster.cluster.backends import security_from
-from nbcluster.cluster.deploy import basic_snapshot, identity_rows
-from nbcluster.cluster.info import ClusterInfo
+from nbcluster._wire import ClusterState, Credentials, Entry, ExternalEntry, RegistryEntry, Snapshot
+from nbcluster.cluster import gpu, launcher, registry
+from nbcluster.cluster.credentials import security_from
+from nbcluster.cluster.info import ClusterInfo, identity_rows
 from nbcluster.cluster.kinds import check_kind
 from nbcluster.cluster.spec import ClusterSpec, check_name, parse_bounds, parse_count
-from nbcluster.errors import BadArgument, ClusterFailed, ClusterNotFound, ClusterUnreachable
+from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable
+from nbcluster.metrics.basic import basic_snapshot
+from nbcluster.metrics.plugin import MetricsPlugin
 
 # Control connections, pooled per event loop and scheduler: the sidebar polls every open
 # cluster twice a second, and a TLS handshake per poll would cost more than the poll.
 _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], ConnectionPool]] = (
     weakref.WeakKeyDictionary()
 )
-
-STOP_TIMEOUT_S = 30
 
 
 def connect_timeout() -> float:
@@ -74,7 +70,7 @@ def _comm_for(address: str) -> None:
 class ClusterHandle:
     """One running cluster, as seen from a client process."""
 
-    def __init__(self, entry: dict[str, Any], *, directory: Path | None = None, reused: bool = False):
+    def __init__(self, entry: Entry, *, directory: Path | None = None, reused: bool = False):
         self.entry = entry
         self.directory = directory
         #: True when `start` found this cluster already running instead of starting it.
@@ -94,7 +90,7 @@ class ClusterHandle:
     @property
     def managed(self) -> bool:
         """False for a scheduler nbcluster did not start (no control handlers there)."""
-        return not self.entry.get("external")
+        return not self.entry["external"]
 
     @property
     def security(self) -> Security | None:
@@ -103,21 +99,22 @@ class ClusterHandle:
 
     @property
     def dashboard_link(self) -> str | None:
-        return self.entry.get("dashboard")
+        return None if self.entry["external"] else self.entry.get("dashboard")
 
     def __repr__(self) -> str:
         return f"<ClusterHandle {self.name!r} {self.address}>"
 
     # -- talking to the scheduler -----------------------------------------------------
 
-    def _route(self, op: str) -> tuple[str, dict[str, str] | None]:
+    def _route(self, op: str) -> tuple[str, Credentials | None]:
         """Where `op` goes, with which credentials: nbcluster's handlers to the control
         address where the supervisor serves them itself, the rest to the scheduler."""
-        if op.startswith("nbcluster_") and self.entry.get("control"):
-            return self.entry["control"], self.entry.get("control_tls")
-        return self.address, self.entry.get("tls")
+        entry = self.entry
+        if op.startswith("nbcluster_") and not entry["external"] and "control" in entry:
+            return entry["control"], entry.get("control_tls")
+        return self.address, entry.get("tls")
 
-    async def _pool(self, address: str, tls: dict[str, str] | None) -> ConnectionPool:
+    async def _pool(self, address: str, tls: Credentials | None) -> ConnectionPool:
         """This loop's pooled connections to this address (see `_pools`)."""
         by_key = _pools.setdefault(asyncio.get_running_loop(), {})
         key = (address, json.dumps(tls, sort_keys=True))
@@ -171,14 +168,14 @@ class ClusterHandle:
                 "so scale or stop it with the tool that started it"
             )
 
-    async def ainfo(self) -> dict[str, Any]:
+    async def ainfo(self) -> ClusterState:
         if not self.managed:
             ident = await self.arpc("identity")
             return {
                 "name": self.name, "address": self.address, "external": True, "tasks": {},
-                "workers": identity_rows(ident),
+                "workers": identity_rows(ident), "dashboard": None, "owner_pid": None, "created": None,
             }  # fmt: skip
-        info = await self.arpc("nbcluster_info")
+        info: ClusterState = await self.arpc("nbcluster_info")
         info["workers"] = list(info["workers"])  # msgpack turns lists into tuples
         return info
 
@@ -186,12 +183,13 @@ class ClusterHandle:
         """Live state: workers (with GPUs), cores, memory, running tasks."""
         return ClusterInfo(_aio.run(self.ainfo()))
 
-    async def ametrics(self, since: int | None = None, detail: int | None = None) -> dict[str, Any]:
-        if not self.managed and not self.entry.get("metrics"):
+    async def ametrics(self, since: int | None = None, detail: int | None = None) -> Snapshot:
+        if self.entry["external"] and not self.entry.get("metrics"):
             return basic_snapshot(await self.arpc("identity"), since)
-        return await self.arpc("nbcluster_metrics", since=since, detail=detail)
+        snapshot: Snapshot = await self.arpc("nbcluster_metrics", since=since, detail=detail)
+        return snapshot
 
-    def metrics(self, since: int | None = None, detail: int | None = None) -> dict[str, Any]:
+    def metrics(self, since: int | None = None, detail: int | None = None) -> Snapshot:
         """New task-stream records and resource samples since a cursor (see nbcluster.metrics);
         `detail` caps the workers described one by one (the busiest; all are summarised)."""
         return _aio.run(self.ametrics(since, detail))
@@ -199,7 +197,7 @@ class ClusterHandle:
     @property
     def spec(self) -> ClusterSpec:
         """What the cluster was started with (threads and memory per worker)."""
-        return ClusterSpec.from_dict(self.entry.get("spec") or {})
+        return ClusterSpec() if self.entry["external"] else ClusterSpec.from_dict(self.entry.get("spec") or {})
 
     def scale(self, n: int, kind: str = "cpu", *, force: bool = False) -> None:
         """Have `n` workers of `kind` ("cpu" or "gpu"); returns once they are up or gone.
@@ -231,18 +229,20 @@ class ClusterHandle:
 
     def stop(self) -> None:
         """Stop the cluster and all its worker processes; returns when they are gone."""
-        self._need_managed("stop")
+        entry = self.entry
+        if entry["external"]:
+            self._need_managed("stop")
+            return
         self.close_client()
-        pid = self.entry.get("supervisor_pid")
-        # A supervisor that cannot answer still gets terminated by _wait_gone.
+        # A supervisor that cannot answer still gets terminated by wait_gone.
         with contextlib.suppress(ClusterUnreachable):
             self.rpc("nbcluster_stop", timeout=10)
-        _wait_gone(pid, self.entry.get("supervisor_started"))
-        _reap_children()
-        if _keep_warm and self.directory is not None:
+        launcher.wait_gone(entry["supervisor_pid"], entry["supervisor_started"])
+        launcher.reap_children()
+        if launcher.keep_warm() and self.directory is not None:
             # Replenish now rather than right after a start, where the spare's imports
             # would compete with the new cluster's workers for the cores.
-            prewarm(self.directory)
+            launcher.prewarm(self.directory)
 
     # -- the Dask client --------------------------------------------------------------
 
@@ -268,36 +268,6 @@ class ClusterHandle:
             self._client = None
 
 
-def _wait_gone(pid: int | None, started: float | None) -> None:
-    """Wait for a supervisor to exit (SIGTERM after STOP_TIMEOUT_S, SIGKILL 10 s later).
-
-    On its pidfd, which is readable once the process has exited: a supervisor that is not
-    our child stays a zombie until the process that started it reaps it, and waiting for
-    the pid to disappear would wait out the whole timeout (it did: 40 s per CLI stop).
-    """
-    if not registry.process_alive(pid, started):
-        return
-    assert pid is not None
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        for timeout, then in ((STOP_TIMEOUT_S, signal.SIGTERM), (10, signal.SIGKILL)):
-            if select.select([fd], [], [], timeout)[0]:
-                return
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(fd, then)
-    finally:
-        os.close(fd)
-
-
-def _reap_children() -> None:
-    """Collect the exit status of supervisors this process started and that have exited
-    (stopped from elsewhere), so that none stays a zombie while this process lives."""
-    _children[:] = [proc for proc in _children if proc.poll() is None]
-
-
 # -- finding and starting clusters ------------------------------------------------------
 
 
@@ -305,7 +275,7 @@ def _looks_like_address(text: str) -> bool:
     return "://" in text or (":" in text and text.rsplit(":", 1)[-1].isdigit())
 
 
-def _tls_files(security: Sequence[str] | None) -> dict[str, str] | None:
+def _tls_files(security: Sequence[str] | None) -> Credentials | None:
     """``(CA, CERT, KEY)`` paths, checked, as an entry's ``tls``."""
     if security is None:
         return None
@@ -357,9 +327,8 @@ def connect(
             f"no scheduler answers at {target} that nbcluster can reach without credentials: "
             f"`%cluster use {target} --security CA,CERT,KEY` with the files its administrator gave you"
         )
-    handle = ClusterHandle(
-        {"name": target, "address": target, "external": True, "tls": tls}, directory=directory
-    )
+    external: ExternalEntry = {"name": target, "address": target, "external": True, "tls": tls}
+    handle = ClusterHandle(external, directory=directory)
     timeout = connect_timeout()
     try:
         handle.rpc("identity", timeout=timeout)
@@ -369,14 +338,12 @@ def connect(
             f"no scheduler answers at {target} within {timeout:g} s (nbcluster.timeouts.connect): check "
             f"the address, or `%cluster list` for nbcluster's clusters.{hint}"
         ) from None
-    handle.entry["metrics"] = _install_metrics(handle)
+    external["metrics"] = _install_metrics(handle)
     return handle
 
 
 def _install_metrics(handle: ClusterHandle) -> bool:
     """nbcluster's metrics plugin on an external scheduler, where it allows it."""
-    from nbcluster.metrics.plugin import MetricsPlugin
-
     async def register() -> None:
         _comm_for(handle.address)
         async with Client(
@@ -410,7 +377,7 @@ def _registered(directory: Path, name: str) -> ClusterHandle:
 def clusters(*, runtime_dir: str | os.PathLike[str] | None = None) -> list[ClusterHandle]:
     """Every running cluster in the registry, whoever started it, oldest first."""
     directory = registry.runtime_dir(runtime_dir)
-    _reap_children()
+    launcher.reap_children()
     return [ClusterHandle(e, directory=directory) for e in registry.entries(directory)]
 
 
@@ -464,195 +431,22 @@ def start(
         return ClusterHandle(reusable, directory=directory, reused=True)
     if spec.gpus not in (None, 0):
         # Fail here, with the fix, rather than in the supervisor's log.
-        from nbcluster.cluster import gpu
-
         gpu.select(spec.gpus, gpu.discover())
-    return ClusterHandle(_spawn(spec, directory, owner, force=force), directory=directory)
+    return ClusterHandle(launcher.spawn(spec, directory, owner, force=force), directory=directory)
 
 
-def _find_reusable(directory: Path, spec: ClusterSpec) -> dict[str, Any] | None:
+def _find_reusable(directory: Path, spec: ClusterSpec) -> RegistryEntry | None:
     if spec.name:
         return registry.read(directory, spec.name)
     # An unnamed cluster is reused by the process that started it, so re-running a
     # notebook's `%cluster start` never piles up local, local-2, ...
     for entry in registry.entries(directory):
-        theirs = entry.get("spec", {})
+        theirs = entry.get("spec")
         if (
-            theirs.get("name") is None
-            and theirs.get("profile", "local") == spec.profile
+            theirs is not None
+            and theirs["name"] is None
+            and theirs["profile"] == spec.profile
             and entry.get("started_by") == os.getpid()
         ):
             return entry
     return None
-
-
-@dataclass
-class _Launched:
-    """A supervisor process that has started (and imported) but not yet been asked for a cluster."""
-
-    proc: subprocess.Popen[bytes]
-    ready_r: int
-    log: Path
-
-    def discard(self) -> None:
-        os.close(self.ready_r)
-        if self.proc.stdin:
-            self.proc.stdin.close()  # EOF: the supervisor exits without starting anything
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-_spare: _Launched | None = None
-#: Supervisors started from this process that run clusters (see `_reap_children`).
-_children: list[subprocess.Popen[bytes]] = []
-_keep_warm = False
-_spare_lock = threading.Lock()
-
-
-def _launch(directory: Path) -> _Launched:
-    startlog.prune_stale(directory)
-    log = startlog.new_path(directory)
-    ready_r, ready_w = os.pipe()
-    cmd = [
-        sys.executable,
-        "-m",
-        "nbcluster.cluster.supervisor",
-        "--ready-fd",
-        str(ready_w),
-        "--log",
-        str(log),
-    ]
-    fd = startlog.open_locked(log)
-    try:
-        # A new session: a kernel interrupt (SIGINT to the kernel's process group) must not
-        # reach the cluster; the owner watch is what ties the two together.
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=fd, stderr=fd, pass_fds=(ready_w,), start_new_session=True
-        )
-    finally:
-        os.close(fd)
-        os.close(ready_w)
-    return _Launched(proc, ready_r, log)
-
-
-def prewarm(runtime_dir: str | os.PathLike[str] | None = None) -> None:
-    """Keep one supervisor launched ahead of time, so `start` skips its Python start-up.
-
-    `%load_ext nbcluster` calls this: a spare costs one idle process (it exits when this
-    process does) and saves about half a second on a `%cluster start`. A spare used by a
-    start is replaced when a cluster is next stopped from this process.
-    """
-    global _spare, _keep_warm
-    directory = registry.runtime_dir(runtime_dir)
-    with _spare_lock:
-        _keep_warm = True
-        if _spare is not None and _spare.proc.poll() is None and _spare.log.parent == directory:
-            return
-        if _spare is not None:
-            _spare.discard()
-        _spare = _launch(directory)
-
-
-def discard_spare() -> None:
-    """Stop the spare supervisor, if any, and stop keeping one."""
-    global _spare, _keep_warm
-    with _spare_lock:
-        _keep_warm = False
-        if _spare is not None:
-            _spare.discard()
-            _spare = None
-
-
-def _take(directory: Path) -> _Launched:
-    global _spare
-    with _spare_lock:
-        spare, _spare = _spare, None
-    if spare is not None and spare.proc.poll() is None and spare.log.parent == directory:
-        return spare
-    if spare is not None:
-        spare.discard()
-    return _launch(directory)
-
-
-def _spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool = False) -> dict[str, Any]:
-    timeout = config.seconds("timeouts.start")  # a bad setting stops us before a process is taken
-    launched = _take(directory)
-    proc = launched.proc
-    # The caller's nbcluster settings too: a `dask.config.set` in a notebook applies to the
-    # clusters it starts, as it would to a LocalCluster started there. So do the sections
-    # of the deployment projects a profile leaves the rest to (`jobqueue.slurm`, `gateway`).
-    settings = {k: dask.config.config[k] for k in _FORWARDED_CONFIG if k in dask.config.config}
-    request = {
-        "spec": spec.to_dict(), "runtime_dir": str(directory), "owner": owner, "env": dict(os.environ),
-        "force": force, "config": settings,
-    }  # fmt: skip
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write((json.dumps(request) + "\n").encode())
-        proc.stdin.close()
-        line = _read_line(launched.ready_r, timeout)
-    except BaseException as error:
-        # Too slow, or interrupted (Ctrl-C, a server shutting down): nothing half-started
-        # may stay behind, whatever phase the supervisor is in.
-        _tear_down(proc)
-        if isinstance(error, TimeoutError):
-            log = startlog.keep_failed(launched.log)
-            raise ClusterFailed(
-                f"the cluster was not ready within {timeout:g} s (nbcluster.timeouts.start) and was "
-                f"stopped; its log: {log or '(none)'}"
-            ) from None
-        raise
-    finally:
-        os.close(launched.ready_r)
-    if not line:
-        proc.wait(10)
-        log = startlog.keep_failed(launched.log)
-        tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log else []
-        raise ClusterFailed(
-            f"the cluster supervisor exited before the cluster was up (exit code {proc.poll()}); "
-            f"its log: {log or '(none)'}. Last lines: {' | '.join(tail) or '(none)'}"
-        )
-    message = json.loads(line)
-    if not message.get("ok"):
-        proc.wait(10)
-        raise ClusterFailed(f"the cluster did not start: {message.get('error')}")
-    _reap_children()
-    _children.append(proc)
-    return message["entry"]
-
-
-#: Dask config sections a supervisor gets from the process that asks it for a cluster.
-_FORWARDED_CONFIG = ("nbcluster", "jobqueue", "gateway", "kubernetes")
-
-
-def _tear_down(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a supervisor and its workers: SIGTERM (it exits within 2 s), then SIGKILL."""
-    if proc.poll() is None:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(3)
-    # It runs in a session of its own (see `_launch`), so its process group is it and its
-    # workers: anything still there after the grace period is killed with it.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def _read_line(fd: int, timeout: float) -> str:
-    """The supervisor's one-line report; '' if it exited first; TimeoutError if too slow."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    while not data.endswith(b"\n"):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if ready:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return ""
-            data += chunk
-    return data.decode()

@@ -1,7 +1,13 @@
-"""Displays of cluster state: `ClusterInfo` (one cluster) and `ClusterList` (the registry).
+"""Cluster state as a front end shows it: the status rows, their totals, and the displays.
 
-Both are plain data with a text form (terminals, logs, the CLI) and an HTML form (notebooks);
-they never fetch anything themselves.
+`worker_row` is one worker of an ``nbcluster_info`` answer (`nbcluster._wire.WorkerRow`),
+whatever the backend; the supervisor makes them from its scheduler's `WorkerState`s, and
+from a scheduler's ``identity`` (`identity_rows`) where the scheduler runs elsewhere, as a
+handle does for a scheduler nbcluster did not start. `cluster_totals` sums them the way
+``%cluster status`` and the sidebar's card show them.
+
+`ClusterInfo` (one cluster) and `ClusterList` (the registry) are plain data with a text form
+(terminals, logs, the CLI) and an HTML form (notebooks); they never fetch anything themselves.
 """
 
 from __future__ import annotations
@@ -9,10 +15,50 @@ from __future__ import annotations
 import html
 import os
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from dask.utils import format_bytes, format_time
+
+from nbcluster._wire import ClusterState, GpuDevice, Totals, WorkerRow
+from nbcluster.cluster.kinds import worker_kind
+
+
+def worker_row(
+    *, name: Any, address: str, host: str | None, nthreads: int, memory_limit: int | None, memory: int,
+    cpu: float, resources: Mapping[str, float] | None, processing: int, gpu: GpuDevice | None = None,
+    job_id: str | None = None,
+) -> WorkerRow:  # fmt: skip
+    """One worker as `nbcluster_info` reports it, whatever the backend."""
+    resources = dict(resources or {})
+    return {
+        "name": str(name), "address": address, "host": host, "job_id": job_id,
+        "kind": worker_kind(resources), "nthreads": nthreads,
+        "memory_limit": memory_limit, "memory": memory, "cpu": cpu, "resources": resources,
+        "processing": processing, "gpu": gpu,
+    }  # fmt: skip
+
+
+def identity_rows(identity: Mapping[str, Any]) -> list[WorkerRow]:
+    """The workers of a scheduler's own ``identity`` answer as status rows."""
+    rows = []
+    for address, w in identity.get("workers", {}).items():
+        metrics = w.get("metrics") or {}
+        rows.append(
+            worker_row(
+                name=w.get("name"),
+                address=address,
+                host=w.get("host"),
+                nthreads=w.get("nthreads", 0),
+                memory_limit=w.get("memory_limit"),
+                memory=metrics.get("memory", 0),
+                cpu=metrics.get("cpu", 0.0),
+                resources=w.get("resources"),
+                processing=metrics.get("task_counts", {}).get("executing", 0),
+            )
+        )
+    return rows
 
 
 def _age(created: float | None, now: float) -> str:
@@ -23,7 +69,7 @@ def _owner(pid: int | None) -> str:
     return f"pid {pid}" if pid else "kept (no owner)"
 
 
-def runs_on(d: dict[str, Any]) -> str:
+def runs_on(d: Mapping[str, Any]) -> str:
     """Where a cluster runs: ``local``, its profile with the backend the name does not
     already say (``hpc (slurm)``, ``slurm``), or ``external`` for a scheduler nbcluster did
     not start (the sidebar card shows the same words, sent by the REST list)."""
@@ -34,7 +80,7 @@ def runs_on(d: dict[str, Any]) -> str:
     return profile if backend in (None, profile) else f"{profile} ({backend})"
 
 
-def _where(d: dict[str, Any]) -> str:
+def _where(d: Mapping[str, Any]) -> str:
     """The owner, or for a scheduler nbcluster did not start, that it is external."""
     if d.get("external"):
         return "external: started elsewhere, scale and stop are its owner's"
@@ -43,7 +89,7 @@ def _where(d: dict[str, Any]) -> str:
     return f"profile {where}, {owner}" if where != "local" else owner
 
 
-def proxied_dashboard(d: dict[str, Any], prefix: str | None = None) -> str | None:
+def proxied_dashboard(d: Mapping[str, Any], prefix: str | None = None) -> str | None:
     """The path that opens a cluster's dashboard through the Jupyter server, or None.
 
     A dashboard nbcluster serves on loopback answers only holders of the cluster's
@@ -59,28 +105,29 @@ def proxied_dashboard(d: dict[str, Any], prefix: str | None = None) -> str | Non
     return f"{base.rstrip('/')}/nbcluster/dashboard/{quote(str(name), safe='')}/status"
 
 
-def _dashboard_line(d: dict[str, Any]) -> str:
+def _dashboard_line(d: Mapping[str, Any]) -> str:
     proxied = proxied_dashboard(d)
     if proxied is None:
         return f"  dashboard: {d['dashboard']}"
     return f"  dashboard: {proxied} in Jupyter ({d['dashboard']} asks for the cluster's certificate)"
 
 
-def _worker_place(w: dict[str, Any]) -> str:
+def _worker_place(w: WorkerRow) -> str:
     """Where a worker runs: its host, and its batch job where there is one."""
     job = f" job {w['job_id']}" if w.get("job_id") else ""
     return f"{w.get('host') or ''}{job}"
 
 
-def _gpu_label(gpu: dict[str, Any] | None) -> str:
+def _gpu_label(gpu: GpuDevice | None) -> str:
     if not gpu:
         return ""
-    mem = f", {format_bytes(gpu['memory_total'])}" if gpu.get("memory_total") else ""
+    total = gpu["memory_total"]
+    mem = f", {format_bytes(total)}" if total else ""
     sim = " [simulated]" if gpu.get("simulated") else ""
     return f"GPU {gpu['index']}: {gpu['name']}{mem}{sim}"
 
 
-def cluster_totals(data: dict[str, Any]) -> dict[str, int]:
+def cluster_totals(data: Mapping[str, Any]) -> Totals:
     """Workers, cores, memory used and available, and GPUs of an `nbcluster_info` answer.
 
     The memory available is the sum of the workers' limits, but never more than a host
@@ -122,7 +169,7 @@ class Scale:
     """What status shows of a large cluster: workers by host and kind, the busiest few
     workers, and how many are idle -- the same size at 20 workers or 20,000."""
 
-    def __init__(self, workers: list[dict[str, Any]]):
+    def __init__(self, workers: list[WorkerRow]):
         groups: dict[tuple[str, str], dict[str, Any]] = {}
         for w in workers:
             key = (str(w.get("host") or "?"), str(w.get("kind") or "cpu"))
@@ -162,7 +209,7 @@ class Scale:
 class ClusterInfo:
     """What `%cluster status` shows: the cluster, its workers, GPUs and tasks."""
 
-    def __init__(self, data: dict[str, Any], *, now: float | None = None, note: str | None = None):
+    def __init__(self, data: ClusterState, *, now: float | None = None, note: str | None = None):
         self.data = data
         self._now = now
         #: One line shown above the status (e.g. "Started cluster 'local'.").
@@ -172,15 +219,14 @@ class ClusterInfo:
         return dict(self.data)
 
     def __getitem__(self, key: str) -> Any:
-        return self.data[key]
+        return self.to_dict()[key]
 
     @property
-    def workers(self) -> list[dict[str, Any]]:
-        workers: list[dict[str, Any]] = self.data.get("workers", [])
-        return workers
+    def workers(self) -> list[WorkerRow]:
+        return self.data["workers"]
 
     @property
-    def totals(self) -> dict[str, Any]:
+    def totals(self) -> Totals:
         return cluster_totals(self.data)
 
     def _summary(self) -> str:
@@ -278,7 +324,7 @@ class ClusterList:
     """
 
     def __init__(
-        self, entries: list[dict[str, Any]], current: str | None = None, *, now: float | None = None
+        self, entries: Sequence[Mapping[str, Any]], current: str | None = None, *, now: float | None = None
     ):
         self.entries = entries
         self.current = current

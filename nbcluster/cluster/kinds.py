@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
+from nbcluster._wire import Kind
 from nbcluster.errors import BadArgument
 
 KINDS = ("cpu", "gpu")
@@ -18,7 +19,7 @@ KINDS = ("cpu", "gpu")
 GPU_RESOURCE = "GPU"
 
 
-def worker_kind(resources: Mapping[str, Any] | None) -> str:
+def worker_kind(resources: Mapping[str, Any] | None) -> Kind:
     """ "gpu" for a worker with the GPU resource, else "cpu"."""
     return "gpu" if GPU_RESOURCE in (resources or {}) else "cpu"
 

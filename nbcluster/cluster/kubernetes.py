@@ -41,6 +41,7 @@ from typing import Any
 
 import dask.config
 
+from nbcluster._wire import Credentials
 from nbcluster.errors import BadArgument
 
 TLS_MOUNT = "/etc/nbcluster/tls"
@@ -76,7 +77,7 @@ def render(
     name: str,
     options: dict[str, Any],
     *,
-    tls: dict[str, str] | None,
+    tls: Credentials | None,
     workers: int | None = None,
     threads: int | None = None,
     memory: str | int | None = None,
@@ -232,7 +233,7 @@ def _worker_args(worker: dict[str, Any], threads: int, resources: dict[str, int]
     container["args"] = [*container["args"], *args]
 
 
-def _secret(name: str, namespace: str, tls: dict[str, str]) -> dict[str, Any]:
+def _secret(name: str, namespace: str, tls: Credentials) -> dict[str, Any]:
     files = {"ca.pem": tls["ca_file"], "cert.pem": tls["cert"], "key.pem": tls["key"]}
     return {
         "apiVersion": "v1",

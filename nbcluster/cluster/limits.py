@@ -40,16 +40,12 @@ import psutil
 from dask.utils import format_bytes, parse_bytes
 
 from nbcluster import config
-from nbcluster.errors import BadArgument
+from nbcluster.errors import BadArgument, LimitExceeded
 
 #: Machine-derived caps on processes and threads, per core.
 PER_CORE = 4
 #: What `--force` allows at most, per core, when the config sets no cap of its own.
 FORCE_CEILING = 64
-
-
-class LimitExceeded(BadArgument):
-    """A requested size is above a limit; the message names it and how to raise it."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ binding it to ``127.0.0.1`` keeps out other machines, not the other users of thi
 shared JupyterHub any student could read any other's cluster from its loopback port.
 
 So these servers speak TLS and require a client certificate signed by the cluster's own CA
-(`backends.write_credentials`), the same files the scheduler's comms require, written 0600
+(`credentials.write_credentials`), the same files the scheduler's comms require, written 0600
 for their owner. Dask reads the server side from its config
 (``distributed.scheduler.dashboard.tls.*``, which every Dask server node reads: `settings`),
 but only asks for a client certificate, never requires one; `PrivateScheduler` and
@@ -28,8 +28,10 @@ from typing import Any
 
 from distributed import Scheduler, Worker
 
+from nbcluster._wire import Credentials
 
-def settings(tls: dict[str, str]) -> dict[str, str]:
+
+def settings(tls: Credentials) -> dict[str, str]:
     """Dask config that gives the HTTP servers of this process's Dask nodes (and of the
     workers it spawns, which inherit its config) the cluster's certificate."""
     return {
@@ -70,7 +72,7 @@ class PrivateWorker(Worker):
         require_client_certificates(self)
 
 
-def client_context(tls: dict[str, str]) -> ssl.SSLContext:
+def client_context(tls: Credentials) -> ssl.SSLContext:
     """A client's TLS context for a cluster's HTTP servers: its CA, its certificate.
 
     The certificate names no host (it is the cluster's own CA, pinned here), so the host

@@ -50,7 +50,7 @@ def _jobqueue(cls: str) -> Backend:
 
 
 BACKENDS: dict[str, Backend | None] = {
-    "local": None,  # nbcluster's own SpecCluster (backends.py)
+    "local": None,  # nbcluster's own SpecCluster (speccluster.py)
     "slurm": _jobqueue("SLURMCluster"),
     "pbs": _jobqueue("PBSCluster"),
     "sge": _jobqueue("SGECluster"),

@@ -23,11 +23,12 @@ import logging
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import psutil
 
-from nbcluster.errors import NbclusterError
+from nbcluster._wire import RegistryEntry
+from nbcluster.errors import RuntimeDirError
 
 # The .scheduler-*.pem files hold credentials a backend brings (a gateway's), beside our own.
 SUFFIXES = (
@@ -40,10 +41,6 @@ SUFFIXES = (
     ".log",
 )
 log = logging.getLogger("nbcluster")
-
-
-class RuntimeDirError(NbclusterError, OSError):
-    """The registry folder cannot be created or written."""
 
 
 def runtime_dir(override: str | os.PathLike[str] | None = None) -> Path:
@@ -89,7 +86,7 @@ def open_private(path: Path, *, exclusive: bool = False, append: bool = False) -
     return fd
 
 
-def claim(directory: Path, name: str, entry: dict[str, Any]) -> bool:
+def claim(directory: Path, name: str, entry: RegistryEntry) -> bool:
     """Create `name`'s entry if no live cluster holds the name; False if one does."""
     path = directory / f"{name}.json"
     for _ in range(2):
@@ -103,7 +100,7 @@ def claim(directory: Path, name: str, entry: dict[str, Any]) -> bool:
     return False
 
 
-def update(directory: Path, name: str, entry: dict[str, Any]) -> None:
+def update(directory: Path, name: str, entry: RegistryEntry) -> None:
     """Rewrite an entry atomically, so readers never see half a file."""
     tmp = directory / f".{name}.json.tmp"
     write_private(tmp, json.dumps(entry))
@@ -169,7 +166,7 @@ def _warn_once(path: Path, st: os.stat_result | None, why: str) -> None:
         )
 
 
-def read(directory: Path, name: str) -> dict[str, Any] | None:
+def read(directory: Path, name: str) -> RegistryEntry | None:
     """The live entry for `name`, or None (pruning it if its supervisor is gone)."""
     path = directory / f"{name}.json"
     text = _read_trusted(path)
@@ -186,10 +183,13 @@ def read(directory: Path, name: str) -> dict[str, Any] | None:
     if not process_alive(entry.get("supervisor_pid"), entry.get("supervisor_started")):
         remove(directory, name)
         return None
-    return entry
+    entry.setdefault("external", False)  # the tag, missing from an entry written before it existed
+    # A file this user wrote and nobody else can change (`_read_trusted`), in the
+    # supervisor's format: tests/test_wire.py checks a real one against the type.
+    return cast(RegistryEntry, entry)
 
 
-def entries(directory: Path, *, include_starting: bool = False) -> list[dict[str, Any]]:
+def entries(directory: Path, *, include_starting: bool = False) -> list[RegistryEntry]:
     """Every live cluster, oldest first; stale entries are pruned on the way."""
     found = []
     for path in directory.glob("*.json"):

@@ -13,12 +13,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 from dask.utils import format_bytes, parse_bytes
 
-from nbcluster.cluster import limits
+from nbcluster._wire import SpecFields
+from nbcluster.cluster import limits, profiles
 from nbcluster.errors import BadArgument
 
 #: A cluster name, as a regular expression that Python and JavaScript read alike: the
@@ -163,8 +165,6 @@ class ClusterSpec:
         """Validate a start request, including its size against `limits` (`force` lifts the
         machine-derived limits, not those set in config). An unknown `profile`, or one whose
         backend's package is missing, is refused here with the fix."""
-        from nbcluster.cluster import profiles
-
         chosen = profiles.get(profile)
         if not chosen.local:
             chosen.check_installed()  # a missing extra is named now, not in the supervisor's log
@@ -240,10 +240,11 @@ class ClusterSpec:
         workers = self.workers if self.workers is not None else limits.default_workers(cores, threads)
         return ClusterSpec(**{**asdict(self), "workers": workers, "threads": threads})
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> SpecFields:
+        # The dataclass's fields are SpecFields' keys (tests/test_wire.py holds them equal).
+        return cast(SpecFields, asdict(self))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ClusterSpec:
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterSpec:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})

@@ -7,10 +7,10 @@ stdin: the spec, the runtime dir, the owner pid and the environment. Nobody else
 What it owns
     - the cluster's name, claimed with an ``O_EXCL`` registry entry (`registry.claim`);
     - its TLS credentials: a fresh self-signed certificate and key, written 0600 next to the
-      entry. The scheduler and workers require a client certificate signed by that CA, so
+      entry (`credentials.py`). The scheduler and workers require a client certificate signed by that CA, so
       only holders of the files can connect (a gateway brings its own, see `deploy.py`);
     - the Dask deployment object of the cluster's profile (`deploy.Deployment`): the local
-      backend's `SpecCluster` (`backends.py`), a dask-jobqueue cluster, an `SSHCluster`, a
+      backend's `NbSpecCluster` (`speccluster.py`), a dask-jobqueue cluster, an `SSHCluster`, a
       `GatewayCluster` or a `KubeCluster`;
     - the control handlers (`Control`: info/scale/adapt/restart/stop), installed on the
       scheduler as `ControlPlugin` where it runs in this process (local, jobqueue), else
@@ -78,10 +78,15 @@ from distributed.core import Server
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from nbcluster import config
-from nbcluster.cluster import backends, deploy, gpu, profiles, registry, startlog
+from nbcluster._wire import ClusterState, RegistryEntry, Snapshot, TaskCounts, WorkerRow
+from nbcluster.cluster import deploy, gpu, profiles, registry, startlog
+from nbcluster.cluster.adaptive import backlogs
+from nbcluster.cluster.credentials import write_credentials
+from nbcluster.cluster.info import identity_rows, worker_row
 from nbcluster.cluster.lifeline import GRACE_S, Lifeline, kill_descendants
 from nbcluster.cluster.spec import DEFAULT_NAME, ClusterSpec, parse_count
 from nbcluster.errors import NbclusterError
+from nbcluster.metrics.basic import basic_snapshot
 
 
 def _host_memory(hosts: set[Any]) -> dict[str, int]:
@@ -104,7 +109,7 @@ class Control:
     this process's own control server (see `deploy.py`).
     """
 
-    def __init__(self, deployment: deploy.Deployment, entry: dict[str, Any], stop: asyncio.Event):
+    def __init__(self, deployment: deploy.Deployment, entry: RegistryEntry, stop: asyncio.Event):
         self.deployment = deployment
         self.entry = entry
         self.stop_event = stop
@@ -125,16 +130,15 @@ class Control:
 
     def backlog(self, run: str, kind: str, items: int, seconds: float) -> None:
         """A `%%distribute` run's work held back in its kernel, for the adaptive targets."""
-        from nbcluster.cluster.adaptive import backlogs
-
         backlogs(self.deployment.scheduler).report(str(run), str(kind), int(items), float(seconds))
 
-    async def info(self) -> dict[str, Any]:
-        d = self.deployment
+    async def info(self) -> ClusterState:
+        d, e = self.deployment, self.entry
         workers, tasks = self._local_state() if d.scheduler is not None else await self._remote_state()
         workers.sort(key=lambda w: (w["kind"], w["name"]))
         return {
-            **{k: self.entry.get(k) for k in ("name", "address", "dashboard", "owner_pid", "created", "spec", "backend", "profile")},
+            "name": e["name"], "address": e["address"], "dashboard": e.get("dashboard"), "owner_pid": e["owner_pid"],
+            "created": e["created"], "spec": e["spec"], "backend": e["backend"], "profile": e["profile"],
             "supervisor_pid": os.getpid(),
             "workers": workers,
             "requested": d.requested_by_kind(),
@@ -149,10 +153,10 @@ class Control:
         s = self.deployment.scheduler
         return None if s is None else sum(1 for c in s.clients if c != "fire-and-forget")
 
-    def _local_state(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    def _local_state(self) -> tuple[list[WorkerRow], TaskCounts]:
         s, d = self.deployment.scheduler, self.deployment
         workers = [
-            deploy.worker_row(
+            worker_row(
                 name=ws.name,
                 address=ws.address,
                 host=ws.host,
@@ -177,17 +181,18 @@ class Control:
             "erred": states.get("erred", 0),
         }
 
-    async def _remote_state(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    async def _remote_state(self) -> tuple[list[WorkerRow], TaskCounts]:
         # The scheduler's task table is not ours to walk from here: workers only.
-        return deploy.identity_rows(await self.deployment.scheduler_identity()), {}
+        return identity_rows(await self.deployment.scheduler_identity()), {}
 
     async def scale(self, n: int, kind: str = "cpu", force: bool = False) -> dict[str, Any]:
         n = parse_count(n, "the number of workers")
         d = self.deployment
         d.check_kind(kind)
         # The limits hold here as well as in the caller: a direct RPC gets no further.
-        counts = {**d.requested_by_kind(), kind: n}
-        self.spec.check_size(f"scale {n}", counts.get("cpu", 0), counts.get("gpu", 0), force=force)
+        requested = d.requested_by_kind()
+        cpu, gpu = (n, requested["gpu"]) if kind == "cpu" else (requested["cpu"], n)
+        self.spec.check_size(f"scale {n}", cpu, gpu, force=force)
         await d.scale(n, kind)
         return {"requested": d.requested_by_kind()}
 
@@ -226,11 +231,11 @@ class Control:
             return len((await self.deployment.scheduler_identity()).get("workers", {}))
         return len(self.deployment.scheduler.workers)
 
-    async def metrics(self, since: int | None = None, detail: int | None = None) -> Any:
+    async def metrics(self, since: int | None = None, detail: int | None = None) -> Snapshot:
         # The scheduler is elsewhere: its metrics plugin answers, through our client, or
         # where it refused the plugin, the scheduler's own view of the workers.
         if not self.entry.get("metrics"):
-            return deploy.basic_snapshot(await self.deployment.scheduler_identity(), since)
+            return basic_snapshot(await self.deployment.scheduler_identity(), since)
         return await self.deployment.scheduler_metrics(since, detail)
 
     async def stop(self) -> str:
@@ -262,7 +267,7 @@ def _load_metrics_plugin() -> SchedulerPlugin | None:
     return MetricsPlugin()
 
 
-def _claim_name(directory: Path, spec: ClusterSpec, entry: dict[str, Any]) -> str:
+def _claim_name(directory: Path, spec: ClusterSpec, entry: RegistryEntry) -> str:
     if spec.name:
         if registry.claim(directory, spec.name, {**entry, "name": spec.name}):
             return spec.name
@@ -311,7 +316,9 @@ class _Supervision:
             lifeline,
         )
         me = psutil.Process()
-        self.entry: dict[str, Any] = {
+        self.entry: RegistryEntry = {
+            "name": "",  # until `claim` (which writes the entry) has one
+            "external": False,
             "state": "starting",
             "supervisor_pid": me.pid,
             "supervisor_started": me.create_time(),
@@ -358,7 +365,7 @@ class _Supervision:
         return True
 
     async def start(self) -> None:
-        security, tls = backends.write_credentials(self.directory, self.name)
+        security, tls = write_credentials(self.directory, self.name)
         self.entry["tls"] = tls
         profile = profiles.get(self.spec.profile)
         devices = gpu.select(self.spec.gpus, gpu.discover()) if profile.local else []
@@ -386,7 +393,7 @@ class _Supervision:
             self.entry["control_tls"] = tls
             self.entry["metrics"] = await _register_metrics(d)
         self.entry.update(
-            state="running", address=d.address, dashboard=d.dashboard, gpus=[x.to_dict() for x in devices]
+            {"state": "running", "address": d.address, "dashboard": d.dashboard, "gpus": [x.to_dict() for x in devices]}
         )
         registry.update(self.directory, self.name, self.entry)
         with contextlib.suppress(OSError):  # no failure to keep: it is the cluster's log now

@@ -19,8 +19,10 @@ rings drop their oldest records, and a caller that fell too far behind is told s
 
 Snapshot format (version 1) -- a contract, also read by the sidebar panel (TypeScript)
 -------------------------------------------------------------------------------------
-Plain dicts, lists, strings and numbers, so it travels through msgpack and JSON (a Dask
-client receives the lists as tuples: Dask's msgpack decodes arrays that way).
+Declared as `nbcluster._wire.Snapshot` (and its parts), which mypy holds every producer and
+reader to, and which ``graphs.d.ts`` repeats field by field (tests/test_wire.py compares
+them). Plain dicts, lists, strings and numbers, so it travels through msgpack and JSON (a
+Dask client receives the lists as tuples: Dask's msgpack decodes arrays that way).
 Times are seconds since the epoch (float; task and sample times are the workers' clocks,
 ``now`` the scheduler's), memory in bytes, network in bytes per second, CPU in percent of one core
 (a busy 2-thread worker can read 200)::
@@ -34,7 +36,7 @@ Times are seconds since the epoch (float; task and sample times are the workers'
       "basic": True,             # present only in the scheduler's own view, served where
                                  # nbcluster's plugin is not on the scheduler: workers and
                                  # their latest samples, no tasks, groups or history
-                                 # (`nbcluster.cluster.deploy.basic_snapshot`)
+                                 # (`nbcluster.metrics.basic`)
       "summary": {               # every worker connected now, in a bounded shape
         "workers": 1000, "threads": 2000, "processing": 640,
         "memory": 123456789000, "memory_limit": 4000000000000,
@@ -50,8 +52,11 @@ Times are seconds since the epoch (float; task and sample times are the workers'
           "memory_limit": 2000000000,     # 0 = no limit
           "resources": {"GPU": 1.0},      # Dask worker resources, {} when none
           "processing": 3,                # tasks assigned to it right now
-          "gpu": {"name": "NVIDIA H200", "memory_total": 150000000000},
-                                          # key ABSENT on workers without an NVML GPU
+          "gpu": {"name": "NVIDIA H200", "memory_total": 150000000000, "simulated": False},
+                                          # key ABSENT on workers without a GPU that NVML or
+                                          # the supervisor knows of; "simulated" only where
+                                          # the supervisor assigned the device (True: made up
+                                          # by NBCLUSTER_SIMULATE_GPUS, and every display says so)
         },
       },
       "tasks": [                 # finished tasks with seq >= since, oldest first
@@ -68,9 +73,9 @@ Times are seconds since the epoch (float; task and sample times are the workers'
          "gpu_util": 87.0, "gpu_memory": 1073741824, "gpu_memory_total": 150000000000},
       ],
       "bands": [                 # per sampling round with news, seq >= since: every worker's
-                                 # latest sample as [min, median, max] (metrics/summary.py)
-        {"time": 1718000000.2, "workers": 1000, "cpu": [0.0, 45.5, 100.0],
-         "memory": [...], "memory_limit": 4000000000, "gpu_util": [...]},  # gpu_util: if any
+                                 # latest sample as (min, median, max) (metrics/summary.py)
+        {"time": 1718000000.2, "workers": 1000, "cpu": (0.0, 45.5, 100.0),
+         "memory": (...), "memory_limit": 4000000000, "gpu_util": (...)},  # gpu_util: if any
       ],
       "runs": [                  # the latest reported %%distribute runs (<= 20), latest last:
                                  # item counts, which a batch task cannot tell the scheduler

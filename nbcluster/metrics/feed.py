@@ -20,11 +20,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nbcluster import config
+from nbcluster._wire import Band, ResourceSample, Snapshot, SnapshotWorker, Summary, TaskRecord
+from nbcluster.metrics.basic import basic_snapshot
+from nbcluster.metrics.plugin import MetricsPlugin
 
 if TYPE_CHECKING:
     from distributed import Client
 
-Snapshot = dict[str, Any]
 Feed = Callable[[int | None], Snapshot]
 
 
@@ -55,8 +57,6 @@ def client_feed(client: Client, detail: int | None = None) -> Feed:
             # Dask answers None to an operation the scheduler has no handler for.
             _without_plugin.add(client)
             since = None
-        from nbcluster.cluster.deploy import basic_snapshot
-
         return basic_snapshot(client.sync(scheduler.identity), since)
 
     return fetch
@@ -73,8 +73,6 @@ def ensure_plugin(client: Client) -> None:
     For schedulers nbcluster did not start (e.g. ``connect`` to an address); the
     scheduler must be able to import nbcluster.
     """
-    from nbcluster.metrics.plugin import MetricsPlugin
-
     client.register_plugin(MetricsPlugin())  # idempotent: the plugin class says so
     _without_plugin.discard(client)
 
@@ -90,21 +88,23 @@ class MetricsWindow:
         self.now = 0.0
         #: True while the feed serves the scheduler's own view (no plugin: no task stream).
         self.basic = False
-        self.workers: dict[str, dict[str, Any]] = {}
-        self.tasks: deque[dict[str, Any]] = deque(maxlen=max_tasks)
-        self.samples: dict[str, deque[dict[str, Any]]] = {}
+        self.workers: dict[str, SnapshotWorker] = {}
+        self.tasks: deque[TaskRecord] = deque(maxlen=max_tasks)
+        self.samples: dict[str, deque[ResourceSample]] = {}
         #: The plugin's distributions across all workers (``bands``), for large clusters.
-        self.bands: deque[dict[str, Any]] = deque(maxlen=max_samples)
+        self.bands: deque[Band] = deque(maxlen=max_samples)
         #: The plugin's totals over all workers (``summary``), or None.
-        self.summary: dict[str, Any] | None = None
+        self.summary: Summary | None = None
         self.max_samples = max_samples
 
     def apply(self, snap: Snapshot) -> None:
         """Fold one snapshot (as returned for ``since=self.cursor``) into the window."""
+        # Keys read with .get: a test or a caller may fold in part of a snapshot, as
+        # graphs.js's applySnapshot takes a Partial<Snapshot>.
         self.cursor = snap.get("cursor", self.cursor)
         self.now = max(self.now, snap.get("now") or 0.0)
         self.basic = bool(snap.get("basic"))
-        if snap.get("summary"):
+        if "summary" in snap:
             self.summary = snap["summary"]
         if "workers" in snap:
             self.workers = snap["workers"]

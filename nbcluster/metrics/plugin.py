@@ -15,7 +15,7 @@ What it records, and where from
 
 Records are stored as tuples in two `SeqRing`s sharing one sequence counter; dicts are built
 only when a snapshot is asked for, so the per-task cost is one tuple and one deque append.
-The snapshot format is documented in `nbcluster.metrics`.
+The snapshot format is documented in `nbcluster.metrics` and declared in `nbcluster._wire`.
 
 Installing it: the plugin's `start` registers the ``nbcluster_metrics`` RPC handler, and
 Dask calls `start` only for plugins present when the scheduler starts
@@ -36,6 +36,17 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from nbcluster import config
+from nbcluster._wire import (
+    Band,
+    GpuDevice,
+    GroupProgress,
+    ResourceSample,
+    RunProgress,
+    Snapshot,
+    SnapshotGpu,
+    SnapshotWorker,
+    Summary,
+)
 from nbcluster.metrics import summary as summarize
 from nbcluster.metrics._ring import SeqRing
 
@@ -57,7 +68,7 @@ TaskRecord = tuple[str, str, str, float, float, bool, Any]
 
 class Reported(Protocol):
     """What a sample reads of a worker: a `WorkerState`, or the same fields of a scheduler's
-    ``identity`` answer (`cluster.deploy.basic_snapshot`)."""
+    ``identity`` answer (`basic.basic_snapshot`)."""
 
     @property
     def memory_limit(self) -> int | None: ...
@@ -87,16 +98,16 @@ class MetricsPlugin(SchedulerPlugin):
         sample_interval: float | None = None,
     ) -> None:
         self.tasks: SeqRing[TaskRecord] = SeqRing(_setting(task_capacity, "metrics.task-capacity"))
-        self.samples: SeqRing[dict[str, Any]] = SeqRing(_setting(sample_capacity, "metrics.sample-capacity"))
+        self.samples: SeqRing[ResourceSample] = SeqRing(_setting(sample_capacity, "metrics.sample-capacity"))
         # One record per sampling round: every worker's latest sample, as min/median/max.
-        self.bands: SeqRing[dict[str, Any]] = SeqRing(BAND_CAPACITY)
+        self.bands: SeqRing[Band] = SeqRing(BAND_CAPACITY)
         self.sample_interval = (
             config.seconds("metrics.sample-interval") if sample_interval is None else sample_interval
         )
         self._next = 0  # the sequence number the next record gets; also the cursor
         self._last_sample_time: dict[str, float] = {}
-        self._latest: dict[str, dict[str, Any]] = {}
-        self.runs: dict[str, dict[str, Any]] = {}
+        self._latest: dict[str, ResourceSample] = {}
+        self.runs: dict[str, RunProgress] = {}
         self._scheduler: Scheduler | None = None
         self._callback: PeriodicCallback | None = None
 
@@ -162,7 +173,7 @@ class MetricsPlugin(SchedulerPlugin):
                 latest.append(self._latest[addr])
                 continue
             last[addr] = t
-            sample = self._latest[addr] = _sample(addr, ws, m)
+            sample = self._latest[addr] = resource_sample(addr, ws, m)
             self.samples.append(self._stamp(), sample)
             latest.append(sample)
             news = True
@@ -177,8 +188,22 @@ class MetricsPlugin(SchedulerPlugin):
         """A kernel's report of one ``%%distribute`` run's item counts (its live view
         sends them as they change): a batch task holds many items, so only the kernel
         knows how many items are done. Served in snapshots as ``runs``."""
-        keep = ("label", "done", "failed", "total", "cancelled", "state", "elapsed")
-        record = {"run": str(run), **{k: counts[k] for k in keep if k in counts}, "time": time.time()}
+        record: RunProgress = {"run": str(run), "time": time.time()}
+        # Key by key, so that mypy holds each to its declared type.
+        if "label" in counts:
+            record["label"] = counts["label"]
+        if "done" in counts:
+            record["done"] = counts["done"]
+        if "failed" in counts:
+            record["failed"] = counts["failed"]
+        if "total" in counts:
+            record["total"] = counts["total"]
+        if "cancelled" in counts:
+            record["cancelled"] = counts["cancelled"]
+        if "state" in counts:
+            record["state"] = counts["state"]
+        if "elapsed" in counts:
+            record["elapsed"] = counts["elapsed"]
         self.runs.pop(record["run"], None)
         self.runs[record["run"]] = record
         while len(self.runs) > MAX_RUNS:
@@ -186,7 +211,7 @@ class MetricsPlugin(SchedulerPlugin):
 
     # -- serving --------------------------------------------------------------------------
 
-    def nbcluster_metrics(self, since: int | None = None, detail: int | None = None) -> dict[str, Any]:
+    def nbcluster_metrics(self, since: int | None = None, detail: int | None = None) -> Snapshot:
         """The snapshot of records with sequence number ``>= since`` (see `nbcluster.metrics`).
 
         `detail`: describe at most this many workers one by one (the busiest), with only
@@ -250,7 +275,7 @@ def _setting(value: int | None, key: str) -> int:
     return int(config.get(key)) if value is None else value
 
 
-def _gpu_static(ws: Reported) -> dict[str, Any] | None:
+def _gpu_static(ws: Reported) -> SnapshotGpu | None:
     gpu = ws.extra.get("gpu")
     if isinstance(gpu, dict) and gpu.get("memory-total") is not None:
         return {"name": gpu.get("name"), "memory_total": gpu["memory-total"]}
@@ -260,7 +285,7 @@ def _gpu_static(ws: Reported) -> dict[str, Any] | None:
     return None
 
 
-def _devices(scheduler: Any) -> dict[str, dict[str, Any]]:
+def _devices(scheduler: Any) -> dict[str, GpuDevice]:
     """GPU devices by worker name, as nbcluster's supervisor assigned them (if it did).
 
     NVML tells a worker about its real device; only the supervisor knows that a device is
@@ -271,8 +296,8 @@ def _devices(scheduler: Any) -> dict[str, dict[str, Any]]:
     return {name: d.to_dict() for name, d in devices.items()}
 
 
-def _worker_info(ws: WorkerState, devices: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    info: dict[str, Any] = {
+def _worker_info(ws: WorkerState, devices: dict[str, GpuDevice] | None = None) -> SnapshotWorker:
+    info: SnapshotWorker = {
         "name": str(ws.name),
         "nthreads": ws.nthreads,
         "memory_limit": ws.memory_limit or 0,
@@ -282,16 +307,18 @@ def _worker_info(ws: WorkerState, devices: dict[str, dict[str, Any]] | None = No
     gpu = _gpu_static(ws)
     device = (devices or {}).get(str(ws.name))
     if device is not None:
-        gpu = {"name": device["name"], "memory_total": device["memory_total"], **(gpu or {})}
-        gpu["simulated"] = bool(device.get("simulated"))
+        gpu = {"name": device["name"], "memory_total": device["memory_total"]} if gpu is None else gpu
+        gpu["simulated"] = bool(device["simulated"])
     if gpu is not None:
         info["gpu"] = gpu
     return info
 
 
-def _sample(addr: str, ws: Reported, m: dict[str, Any]) -> dict[str, Any]:
+def resource_sample(addr: str, ws: Reported, m: dict[str, Any]) -> ResourceSample:
+    """One worker's heartbeat sample (``m``: its ``metrics``) in the snapshot's shape, GPU
+    fields only where the worker reports them."""
     net = m.get("host_net_io") or {}
-    out: dict[str, Any] = {
+    out: ResourceSample = {
         "worker": addr,
         "time": m["time"],
         "cpu": m.get("cpu", 0.0),
@@ -318,7 +345,7 @@ def _sample(addr: str, ws: Reported, m: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _summary(scheduler: Scheduler) -> dict[str, Any]:
+def _summary(scheduler: Scheduler) -> Summary:
     rows = [
         {"host": ws.host, "nthreads": ws.nthreads, "processing": len(ws.processing),
          "memory": ws.metrics.get("memory", 0), "memory_limit": ws.memory_limit or 0}
@@ -336,8 +363,8 @@ def _summary(scheduler: Scheduler) -> dict[str, Any]:
     }
 
 
-def _groups(scheduler: Scheduler) -> list[dict[str, Any]]:
-    out = []
+def _groups(scheduler: Scheduler) -> list[GroupProgress]:
+    out: list[GroupProgress] = []
     for tg in itertools.islice(reversed(scheduler.task_groups.values()), MAX_GROUPS):
         st = tg.states
         out.append(

@@ -5,7 +5,7 @@ worker at a time. These functions reduce per-worker facts to a bounded shape, sh
 scheduler plugin (``bands`` and ``summary`` in each snapshot), ``%cluster status`` and the
 sidebar:
 
-- `spread`: ``[min, median, max]`` of some values (the charts draw these as a band);
+- `spread`: ``(min, median, max)`` of some values (the charts draw these as a band);
 - `band`: one such spread per resource, across every worker's latest sample;
 - `hosts`: workers, threads, running tasks and memory per host, the busiest hosts first,
   at most `MAX_HOSTS` of them.
@@ -16,43 +16,45 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from nbcluster._wire import Band, HostTotals, Spread
+
 #: At most this many hosts are described one by one (the rest are counted, not named).
 MAX_HOSTS = 20
 
 
-def spread(values: Sequence[float]) -> list[float] | None:
-    """``[min, median, max]`` of `values`, or None when there are none."""
+def spread(values: Sequence[float]) -> Spread | None:
+    """``(min, median, max)`` of `values`, or None when there are none (a list once sent)."""
     if not values:
         return None
     v = sorted(values)
     n = len(v)
     median = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-    return [v[0], median, v[-1]]
+    return (v[0], median, v[-1])
 
 
-def band(time: float, samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def band(time: float, samples: Iterable[Mapping[str, Any]]) -> Band:
     """The distribution across workers of their latest samples (the plugin's sample shape).
 
     GPU fields are spread over the workers that report them, and left out where none does.
     """
     rows = list(samples)
-    out: dict[str, Any] = {
+    out: Band = {
         "time": time,
         "workers": len(rows),
         "cpu": spread([r.get("cpu") or 0.0 for r in rows]),
         "memory": spread([r.get("memory") or 0 for r in rows]),
-        "memory_limit": (spread([r.get("memory_limit") or 0 for r in rows]) or [0, 0, 0])[1],
+        "memory_limit": (spread([r.get("memory_limit") or 0 for r in rows]) or (0, 0, 0))[1],
     }
-    gpu = [r["gpu_util"] for r in rows if r.get("gpu_util") is not None]
-    if gpu:
-        out["gpu_util"] = spread(gpu)
+    gpu = spread([r["gpu_util"] for r in rows if r.get("gpu_util") is not None])
+    if gpu is not None:
+        out["gpu_util"] = gpu
     return out
 
 
-def hosts(workers: Iterable[Mapping[str, Any]], limit: int = MAX_HOSTS) -> tuple[list[dict[str, Any]], int]:
+def hosts(workers: Iterable[Mapping[str, Any]], limit: int = MAX_HOSTS) -> tuple[list[HostTotals], int]:
     """Per-host totals of worker rows (``host``, ``nthreads``, ``processing``, ``memory``,
     ``memory_limit``), the most workers first; returns (the first `limit`, how many more)."""
-    by_host: dict[str, dict[str, Any]] = {}
+    by_host: dict[str, HostTotals] = {}
     for w in workers:
         host = str(w.get("host") or "?")
         h = by_host.setdefault(

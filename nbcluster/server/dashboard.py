@@ -84,8 +84,11 @@ async def dashboard_target(name: str) -> Target:
         raise web.HTTPError(403, reason=f"cluster {name}'s dashboard is not on loopback; the proxy refuses it")
     tls = None
     if parts.scheme == "https":
+        credentials = handle.entry.get("tls")
         try:
-            tls = client_context(handle.entry["tls"])
+            if credentials is None:
+                raise KeyError("tls")  # an entry without credentials: as one naming unreadable files
+            tls = client_context(credentials)
         except (KeyError, TypeError, OSError, ssl.SSLError):
             raise web.HTTPError(502, reason=f"cluster {name}'s certificate cannot be read") from None
     return Target(parts.hostname, parts.port, tls)

@@ -16,9 +16,10 @@ Every route lives under ``<base_url>nbcluster/`` and requires Jupyter's own auth
     WS     api/stream                     live list + metrics, see `StreamHandler`
     *      dashboard/<name>/<path>        the cluster's Dask dashboard, see `dashboard.py`
 
-A *cluster* is the scheduler's ``nbcluster_info`` answer plus ``"state": "running"``, or,
-for a registered cluster whose scheduler does not answer in time, its registry entry with
-``"state": "unreachable"``. Start body (`START_FIELDS`, all optional): the start options
+A *cluster* (`nbcluster._wire.Cluster`, ``ICluster`` in the sidebar) is the scheduler's
+``nbcluster_info`` answer plus ``"state": "running"``, or, for a registered cluster whose
+scheduler does not answer in time, its registry entry's public fields with
+``"state": "unreachable"`` (`unreachable`). Start body (`START_FIELDS`, all optional): the start options
 declared in `nbcluster.cluster.spec.START_OPTIONS`, and ``profile``. Values are checked by
 the cluster layer, which every front end shares, and sizes against
 `nbcluster.cluster.limits` before the supervisor is asked (which checks again); ``force``
@@ -52,6 +53,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 import nbcluster
 from nbcluster import config
+from nbcluster._wire import Cluster
 from nbcluster.cluster import profiles as declared
 from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import cluster_totals, runs_on
@@ -65,8 +67,6 @@ if TYPE_CHECKING:
 
 #: Seconds one scheduler gets to answer a list/info call before it is shown unreachable.
 INFO_TIMEOUT_S = 3.0
-#: Registry fields safe to show in a browser (the entry also holds credential paths).
-PUBLIC_ENTRY_KEYS = ("name", "address", "dashboard", "owner_pid", "created", "spec", "profile", "backend")
 #: The start body: the declared start options, and the backend profile.
 START_FIELDS = tuple(dict.fromkeys([*(o.field for o in START_OPTIONS), "profile"]))
 
@@ -82,35 +82,51 @@ def profiles() -> list[dict[str, Any]]:
     return [p.to_dict() for p in declared.all()]
 
 
-async def describe(handle: ClusterHandle) -> dict[str, Any]:
+async def describe(handle: ClusterHandle) -> Cluster:
     """One cluster for the browser; never raises for a scheduler that does not answer."""
     try:
         info = await asyncio.wait_for(handle.ainfo(), INFO_TIMEOUT_S)
     except (NbclusterError, asyncio.TimeoutError, OSError):
         # Registered (its supervisor lives) but silent: show it as such, never hang on it.
-        info = {k: handle.entry.get(k) for k in PUBLIC_ENTRY_KEYS}
-        state = "unreachable"
+        return unreachable(handle)
     except Exception:
         # A bug talking to one cluster must not turn every sidebar's listing into a 500.
         logging.getLogger("nbcluster").exception("nbcluster: asking %s for its state failed", handle.name)
-        info = {k: handle.entry.get(k) for k in PUBLIC_ENTRY_KEYS}
-        state = "unreachable"
-    else:
-        state = "running"
-    owner = info.get("owner_pid", handle.entry.get("owner_pid"))
-    out = {**info, "state": state, "server_owned": owner == os.getpid(), "runs_on": runs_on(info)}
-    if state == "running":
-        out["totals"] = cluster_totals(info)
+        return unreachable(handle)
+    cluster: Cluster = {
+        **info, "state": "running", "server_owned": info["owner_pid"] == os.getpid(),
+        "runs_on": runs_on(info), "totals": cluster_totals(info),
+    }  # fmt: skip
+    return cluster
+
+
+def unreachable(handle: ClusterHandle) -> Cluster:
+    """A cluster whose scheduler did not answer: the registry fields safe to show in a
+    browser (the entry also holds credential paths)."""
+    e = handle.entry
+    cluster: Cluster = {
+        "name": e["name"], "address": e["address"], "dashboard": None, "owner_pid": None, "created": None,
+        "state": "unreachable", "server_owned": False, "runs_on": runs_on(e),
+    }  # fmt: skip
+    if not e["external"]:
+        cluster.update({
+            "dashboard": e.get("dashboard"), "owner_pid": e.get("owner_pid"), "created": e.get("created"),
+            "spec": e.get("spec"), "profile": e.get("profile"), "backend": e.get("backend"),
+            "server_owned": e.get("owner_pid") == os.getpid(),
+        })  # fmt: skip
+    return cluster
+
+
+def compact(cluster: Cluster) -> Cluster:
+    """A cluster for the live stream: its ``totals`` in place of one row per worker, so a
+    push costs the same at 2 workers or 2,000 (the card shows only totals)."""
+    out = cluster.copy()
+    out.pop("workers", None)
+    out.pop("host_memory", None)
     return out
 
 
-def compact(cluster: dict[str, Any]) -> dict[str, Any]:
-    """A cluster for the live stream: its ``totals`` in place of one row per worker, so a
-    push costs the same at 2 workers or 2,000 (the card shows only totals)."""
-    return {k: v for k, v in cluster.items() if k not in ("workers", "host_memory")}
-
-
-async def describe_all() -> list[dict[str, Any]]:
+async def describe_all() -> list[Cluster]:
     handles = await in_thread(nbcluster.clusters)
     return list(await asyncio.gather(*(describe(h) for h in handles)))
 
@@ -332,7 +348,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
                 self.log.exception("nbcluster stream: poll failed")
             await asyncio.sleep(config.seconds("sidebar.interval"))
 
-    async def push_metrics(self, name: str, clusters: dict[str, dict[str, Any]]) -> None:
+    async def push_metrics(self, name: str, clusters: dict[str, Cluster]) -> None:
         cluster = clusters.get(name)
         if cluster is None:
             await self.write_message({"type": "gone", "name": name})
@@ -347,7 +363,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             return
         if self.watch != name:
             return  # the browser switched clusters while we waited: this cursor is stale
-        self.cursor = snapshot.get("cursor")
+        self.cursor = snapshot["cursor"]
         await self.write_message({"type": "metrics", "name": name, "snapshot": snapshot})
 
 

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from nbcluster._wire import Band, ResourceSample, TaskRecord
 from nbcluster.metrics.feed import Feed, MetricsWindow
 from nbcluster.widgets import _static
 from nbcluster.widgets._options import LiveOptions
@@ -123,9 +124,9 @@ class Live:
         self._seq = 0
         self._sent_workers: Any = None
         self._sent_summary: Any = None
-        self._pending_tasks: list[dict[str, Any]] = []
-        self._pending_samples: list[dict[str, Any]] = []
-        self._pending_bands: list[dict[str, Any]] = []
+        self._pending_tasks: list[TaskRecord] = []
+        self._pending_samples: list[ResourceSample] = []
+        self._pending_bands: list[Band] = []
         self._end_state: str | None = None
         self._stop = threading.Event()
         self._caller_freezes = False
@@ -332,7 +333,7 @@ class Live:
         if self._pending_tasks:
             limit = None if reset else MAX_TASKS_PER_UPDATE
             tasks = self._pending_tasks[-limit:] if limit else self._pending_tasks
-            delta["tasks"] = [{k: t[k] for k in _TASK_FIELDS if k in t} for t in tasks]
+            delta["tasks"] = [{k: v for k, v in t.items() if k in _TASK_FIELDS} for t in tasks]
             self._pending_tasks = []
             news = True
         if self._pending_bands:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from nbcluster import config
+from nbcluster._wire import TaskRecord
 from nbcluster.widgets._progress import Best
 
-TaskFilter = Callable[[dict[str, Any]], bool]
+TaskFilter = Callable[[TaskRecord], bool]
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from nbcluster._wire import TaskRecord
 from nbcluster.metrics.feed import Feed, client_feed, has_plugin
 from nbcluster.widgets._theme import THEME
 
@@ -69,7 +70,7 @@ class ResultsProgress:
         return {"params": names, "rows": rows}
 
 
-def task_filter_for(results: Any) -> Callable[[dict[str, Any]], bool]:
+def task_filter_for(results: Any) -> Callable[[TaskRecord], bool]:
     prefix = f"distribute-{results.run_id}-"
     return lambda t: str(t.get("key", "")).startswith(prefix)
 

@@ -1,19 +1,23 @@
 // Types for graphs.js (the drawing module shared with the sidebar panel).
-// The snapshot format is documented in nbcluster/metrics/__init__.py.
+// The snapshot format is documented in nbcluster/metrics/__init__.py. WorkerInfo, TaskRecord,
+// ResourceSample, GroupProgress, RunProgress, Band, Summary and Snapshot are the TypedDicts
+// of nbcluster/_wire.py (SnapshotWorker for WorkerInfo): tests/test_wire.py fails when a field
+// here and there differs in name, optionality or type.
 
 export interface WorkerInfo {
   name: string;
   nthreads: number;
   memory_limit: number;
   resources: Record<string, number>;
-  processing?: number;
-  gpu?: { name: string | null; memory_total: number };
+  processing: number;
+  /** `simulated` only where nbcluster's supervisor assigned the device. */
+  gpu?: { name: string | null; memory_total: number | null; simulated?: boolean };
 }
 
 export interface TaskRecord {
-  key?: string;
+  key: string;
   prefix: string;
-  group?: string;
+  group: string;
   worker: string;
   start: number;
   stop: number;
@@ -30,7 +34,7 @@ export interface ResourceSample {
   net_write: number;
   gpu_util?: number;
   gpu_memory?: number;
-  gpu_memory_total?: number;
+  gpu_memory_total?: number | null;
 }
 
 export interface GroupProgress {
@@ -46,14 +50,15 @@ export interface GroupProgress {
 /** A `%%distribute` run's item counts, as its kernel reports them to the plugin. */
 export interface RunProgress {
   run: string;
-  label?: string | null;
-  done: number;
-  failed: number;
-  total: number;
-  cancelled?: number;
-  state: string;
-  elapsed?: number;
   time: number;
+  /** The counts the kernel reported, each where it did. */
+  label?: string | null;
+  done?: number;
+  failed?: number;
+  total?: number;
+  cancelled?: number;
+  state?: string;
+  elapsed?: number;
 }
 
 export interface Band {

@@ -1,6 +1,6 @@
-"""Deployment backends: the Dask cluster object a supervisor hosts.
+"""`NbSpecCluster`: the local backend's Dask cluster object, which a supervisor hosts.
 
-Only the local backend is built in: a `SpecCluster` whose workers are of two kinds,
+The local backend is the one built in: a `SpecCluster` whose workers are of two kinds,
 
 - ``cpu-N``: nanny processes advertising the resource ``{"CPU": threads}``;
 - ``gpu-N``: one nanny process per GPU, pinned with ``CUDA_VISIBLE_DEVICES`` to a distinct
@@ -21,74 +21,22 @@ own projects, named by profiles (`profiles.py`) and hosted through `deploy.py`.
 
 from __future__ import annotations
 
-import datetime
+import dataclasses
 import os
-from pathlib import Path
 from typing import Any
 
 from distributed import Nanny, Security, SpecCluster
 from distributed.core import Status
-from distributed.deploy.cluster import Cluster
 
-from nbcluster import config
+from nbcluster import _compat, config
+from nbcluster._wire import Bounds, Kind, Requested
 from nbcluster.cluster.adaptive import KindAdaptive
 from nbcluster.cluster.gpu import GPU, SIMULATE_ENV
-from nbcluster.cluster.kinds import GPU_RESOURCE, KINDS, check_kind, worker_kind
+from nbcluster.cluster.kinds import GPU_RESOURCE, check_kind, worker_kind
 from nbcluster.cluster.private_http import PrivateScheduler, PrivateWorker
-from nbcluster.cluster.registry import write_private
-from nbcluster.cluster.spec import ClusterSpec
+from nbcluster.cluster.spec import ClusterSpec, parse_bounds
 from nbcluster.cluster.worker_memory import MemoryTrim
 from nbcluster.errors import BadArgument
-
-
-def write_credentials(directory: Path, name: str) -> tuple[Security, dict[str, str]]:
-    """A fresh self-signed certificate for this cluster, in 0600 files; the scheduler,
-    the workers and every client present it, so only holders of the files can connect.
-
-    An EC P-256 key, not Dask's RSA-2048 `Security.temporary()`: generating that costs
-    about 0.6 s here, a third of a cluster's start-up.
-    """
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"nbcluster-{name}")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=365))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("dask-internal")]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / f"{name}.cert.pem", directory / f"{name}.key.pem"
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    write_private(cert_path, cert.public_bytes(serialization.Encoding.PEM))
-    write_private(key_path, key_pem)
-    tls = {"ca_file": str(cert_path), "cert": str(cert_path), "key": str(key_path)}
-    return security_from(tls), tls
-
-
-def security_from(tls: dict[str, str]) -> Security:
-    return Security(
-        require_encryption=True,
-        tls_ca_file=tls["ca_file"],
-        tls_client_cert=tls["cert"],
-        tls_client_key=tls["key"],
-        tls_scheduler_cert=tls["cert"],
-        tls_scheduler_key=tls["key"],
-        tls_worker_cert=tls["cert"],
-        tls_worker_key=tls["key"],
-    )
 
 
 class NbSpecCluster(SpecCluster):
@@ -99,7 +47,7 @@ class NbSpecCluster(SpecCluster):
         self.all_devices = devices
         # worker name -> GPU, for the GPU workers that exist in the plan
         self.devices: dict[str, GPU] = {}
-        self.adaptive_bounds: dict[str, int] | None = None
+        self.adaptive_bounds: Bounds | None = None
         self._kind_adaptives: list[KindAdaptive] = []
         self._security = security
         workers: dict[str, Any] = {}
@@ -129,6 +77,8 @@ class NbSpecCluster(SpecCluster):
             **kwargs,
         )
 
+    # Overrides of SpecCluster's own hooks (`_update_worker_status`, `_close`): a subclass's
+    # methods, which _compat.py cannot hold; what they call of Dask's private API goes there.
     def _update_worker_status(self, op: str, msg: Any) -> None:
         # SpecCluster hard-closes a worker that has not registered again
         # `distributed.deploy.lost-worker-timeout` (15 s) after it left: meant for a lost
@@ -140,7 +90,7 @@ class NbSpecCluster(SpecCluster):
             name = (self.scheduler_info.get("workers", {}).get(msg) or {}).get("name")
             nanny = self.workers.get(name)
             if isinstance(nanny, Nanny) and nanny.status == Status.running:
-                Cluster._update_worker_status(self, op, msg)
+                _compat.base_update_worker_status(self, op, msg)
                 return
         super()._update_worker_status(op, msg)
 
@@ -193,12 +143,12 @@ class NbSpecCluster(SpecCluster):
             i += 1
         return {f"cpu-{i}": self._cpu_template()}
 
-    def kind_of(self, name: str) -> str:
+    def kind_of(self, name: str) -> Kind:
         """The kind of a worker in the spec, started or not."""
         return worker_kind(self.worker_spec[name]["options"].get("resources"))
 
-    def requested_by_kind(self) -> dict[str, int]:
-        counts = dict.fromkeys(KINDS, 0)
+    def requested_by_kind(self) -> Requested:
+        counts: Requested = {"cpu": 0, "gpu": 0}
         for name in self.worker_spec:
             counts[self.kind_of(name)] += 1
         return counts
@@ -222,7 +172,7 @@ class NbSpecCluster(SpecCluster):
                 self.devices.pop(name, None)
         for _ in range(n - len(mine)):
             self.worker_spec.update(self._new_spec(kind, taken=self.worker_spec))
-        await self._correct_state()
+        await _compat.apply_scale(self)
 
     def stop_adaptive(self) -> None:
         for adaptive in self._kind_adaptives:
@@ -232,8 +182,6 @@ class NbSpecCluster(SpecCluster):
 
     def adapt_bounded(self, minimum: Any, maximum: Any) -> None:
         """CPU workers adapt between the bounds; GPU workers (if any) between 0 and one per GPU."""
-        from nbcluster.cluster.spec import parse_bounds
-
         lo, hi = parse_bounds(minimum, maximum)
         self.stop_adaptive()
         options = {"interval": "500ms", "wait_count": 3}
@@ -270,7 +218,7 @@ def local_cluster(spec: ClusterSpec, devices: list[GPU], security: Security) -> 
     can close it, whenever a start is cut short."""
     if spec.workers is None and devices:
         cores = os.cpu_count() or 1
-        spec = ClusterSpec(**{**spec.to_dict(), "workers": max(cores - len(devices), 1)})
+        spec = dataclasses.replace(spec, workers=max(cores - len(devices), 1))
     spec = spec.resolved()
     return NbSpecCluster(spec=spec, devices=devices, security=security, asynchronous=True)
 

@@ -1,0 +1,248 @@
+"""The launcher: starting supervisor processes, a pre-warmed spare, and reaping them.
+
+`nbcluster.start` (through `ClusterHandle`'s module) asks `spawn` for a cluster: it takes
+the spare supervisor if one is ready (`prewarm`, which ``%load_ext nbcluster`` calls: the
+spare has already paid Python's start-up and nbcluster's imports) or launches one, sends it
+the request as one JSON line on its stdin, and blocks on the one-line answer on the ready
+pipe (the protocol is in ``supervisor.py``), within ``nbcluster.timeouts.start``. A start
+that is too slow or interrupted tears the supervisor's whole process group down, so nothing
+half-started stays behind.
+
+Every supervisor runs in a session of its own (a kernel interrupt must not reach the
+cluster). The supervisors this process started are its children: `reap_children` collects
+those that have exited (stopped from elsewhere), so none stays a zombie while this process
+lives, and `wait_gone` waits for one to exit on its pidfd after a stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import dask.config
+
+from nbcluster import _wire, config
+from nbcluster.cluster import registry, startlog
+from nbcluster.cluster.spec import ClusterSpec
+from nbcluster.errors import ClusterFailed
+
+STOP_TIMEOUT_S = 30
+
+
+@dataclass
+class _Launched:
+    """A supervisor process that has started (and imported) but not yet been asked for a cluster."""
+
+    proc: subprocess.Popen[bytes]
+    ready_r: int
+    log: Path
+
+    def discard(self) -> None:
+        os.close(self.ready_r)
+        if self.proc.stdin:
+            self.proc.stdin.close()  # EOF: the supervisor exits without starting anything
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_spare: _Launched | None = None
+#: Supervisors started from this process that run clusters (see `reap_children`).
+_children: list[subprocess.Popen[bytes]] = []
+_keep_warm = False
+_spare_lock = threading.Lock()
+
+
+def _launch(directory: Path) -> _Launched:
+    startlog.prune_stale(directory)
+    log = startlog.new_path(directory)
+    ready_r, ready_w = os.pipe()
+    cmd = [
+        sys.executable,
+        "-m",
+        "nbcluster.cluster.supervisor",
+        "--ready-fd",
+        str(ready_w),
+        "--log",
+        str(log),
+    ]
+    fd = startlog.open_locked(log)
+    try:
+        # A new session: a kernel interrupt (SIGINT to the kernel's process group) must not
+        # reach the cluster; the owner watch is what ties the two together.
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=fd, stderr=fd, pass_fds=(ready_w,), start_new_session=True
+        )
+    finally:
+        os.close(fd)
+        os.close(ready_w)
+    return _Launched(proc, ready_r, log)
+
+
+def prewarm(runtime_dir: str | os.PathLike[str] | None = None) -> None:
+    """Keep one supervisor launched ahead of time, so `start` skips its Python start-up.
+
+    `%load_ext nbcluster` calls this: a spare costs one idle process (it exits when this
+    process does) and saves about half a second on a `%cluster start`. A spare used by a
+    start is replaced when a cluster is next stopped from this process.
+    """
+    global _spare, _keep_warm
+    directory = registry.runtime_dir(runtime_dir)
+    with _spare_lock:
+        _keep_warm = True
+        if _spare is not None and _spare.proc.poll() is None and _spare.log.parent == directory:
+            return
+        if _spare is not None:
+            _spare.discard()
+        _spare = _launch(directory)
+
+
+def discard_spare() -> None:
+    """Stop the spare supervisor, if any, and stop keeping one."""
+    global _spare, _keep_warm
+    with _spare_lock:
+        _keep_warm = False
+        if _spare is not None:
+            _spare.discard()
+            _spare = None
+
+
+def _take(directory: Path) -> _Launched:
+    global _spare
+    with _spare_lock:
+        spare, _spare = _spare, None
+    if spare is not None and spare.proc.poll() is None and spare.log.parent == directory:
+        return spare
+    if spare is not None:
+        spare.discard()
+    return _launch(directory)
+
+
+def spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool = False) -> _wire.RegistryEntry:
+    """A new cluster's registry entry, once its supervisor reports it running; `ClusterFailed`
+    (naming the start log) if it does not."""
+    timeout = config.seconds("timeouts.start")  # a bad setting stops us before a process is taken
+    launched = _take(directory)
+    proc = launched.proc
+    # The caller's nbcluster settings too: a `dask.config.set` in a notebook applies to the
+    # clusters it starts, as it would to a LocalCluster started there. So do the sections
+    # of the deployment projects a profile leaves the rest to (`jobqueue.slurm`, `gateway`).
+    settings = {k: dask.config.config[k] for k in _FORWARDED_CONFIG if k in dask.config.config}
+    request = {
+        "spec": spec.to_dict(), "runtime_dir": str(directory), "owner": owner, "env": dict(os.environ),
+        "force": force, "config": settings,
+    }  # fmt: skip
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.close()
+        line = _read_line(launched.ready_r, timeout)
+    except BaseException as error:
+        # Too slow, or interrupted (Ctrl-C, a server shutting down): nothing half-started
+        # may stay behind, whatever phase the supervisor is in.
+        _tear_down(proc)
+        if isinstance(error, TimeoutError):
+            log = startlog.keep_failed(launched.log)
+            raise ClusterFailed(
+                f"the cluster was not ready within {timeout:g} s (nbcluster.timeouts.start) and was "
+                f"stopped; its log: {log or '(none)'}"
+            ) from None
+        raise
+    finally:
+        os.close(launched.ready_r)
+    if not line:
+        proc.wait(10)
+        log = startlog.keep_failed(launched.log)
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log else []
+        raise ClusterFailed(
+            f"the cluster supervisor exited before the cluster was up (exit code {proc.poll()}); "
+            f"its log: {log or '(none)'}. Last lines: {' | '.join(tail) or '(none)'}"
+        )
+    message = json.loads(line)
+    if not message.get("ok"):
+        proc.wait(10)
+        raise ClusterFailed(f"the cluster did not start: {message.get('error')}")
+    reap_children()
+    _children.append(proc)
+    entry: _wire.RegistryEntry = message["entry"]
+    return entry
+
+
+#: Dask config sections a supervisor gets from the process that asks it for a cluster.
+_FORWARDED_CONFIG = ("nbcluster", "jobqueue", "gateway", "kubernetes")
+
+
+def _tear_down(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a supervisor and its workers: SIGTERM (it exits within 2 s), then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(3)
+    # It runs in a session of its own (see `_launch`), so its process group is it and its
+    # workers: anything still there after the grace period is killed with it.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    """The supervisor's one-line report; '' if it exited first; TimeoutError if too slow."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return ""
+            data += chunk
+    return data.decode()
+
+
+def keep_warm() -> bool:
+    """Whether this process keeps a spare supervisor (`prewarm` was called)."""
+    return _keep_warm
+
+
+def wait_gone(pid: int | None, started: float | None) -> None:
+    """Wait for a supervisor to exit (SIGTERM after STOP_TIMEOUT_S, SIGKILL 10 s later).
+
+    On its pidfd, which is readable once the process has exited: a supervisor that is not
+    our child stays a zombie until the process that started it reaps it, and waiting for
+    the pid to disappear would wait out the whole timeout (it did: 40 s per CLI stop).
+    """
+    if not registry.process_alive(pid, started):
+        return
+    assert pid is not None
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        for timeout, then in ((STOP_TIMEOUT_S, signal.SIGTERM), (10, signal.SIGKILL)):
+            if select.select([fd], [], [], timeout)[0]:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, then)
+    finally:
+        os.close(fd)
+
+
+def reap_children() -> None:
+    """Collect the exit status of supervisors this process started and that have exited
+    (stopped from elsewhere), so that none stays a zombie while this process lives."""
+    _children[:] = [proc for proc in _children if proc.poll() is None]
