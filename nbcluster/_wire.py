@@ -372,6 +372,15 @@ class Snapshot(_SnapshotRequired, total=False):
 #: The TypeScript interface each class is written as: (file below the repository root, name).
 #: A class not named here is written inline where it is used.
 _GRAPHS, _TOKENS = "nbcluster/widgets/static/graphs.d.ts", "labextension/src/tokens.ts"
+class HeldValue(TypedDict):
+    """What a worker says about one `--persist` result it holds (``worker/held.py``): the
+    kernel shows it in the handle's repr without moving the value."""
+
+    type: str  # the value's type name, e.g. "ndarray"
+    shape: str | None  # "(12500000,) float64" for an array, "len 3" for a sized value, else None
+    nbytes: int  # Dask's `sizeof` of the value
+
+
 TS_NAMES: dict[str, tuple[str, str]] = {
     "SnapshotWorker": (_GRAPHS, "WorkerInfo"),
     "TaskRecord": (_GRAPHS, "TaskRecord"),

@@ -73,6 +73,10 @@ class Lost(Exception):
         self.key = key
 
 
+class HandleGone(NbclusterError):
+    """A `--persist` handle whose value no cluster holds any more (stopped, lost, released)."""
+
+
 class RemoteError(NbclusterError):
     """Stands in for an item's exception that could not be brought back from the worker;
     `str()` is the original's `Type: message`."""

@@ -45,6 +45,7 @@ class Capture:
     modules: dict[str, str] = field(default_factory=dict)  # name -> module to import
     large: dict[str, tuple[Any, str, int]] = field(default_factory=dict)  # name -> (value, digest, size)
     direct: dict[str, Any] = field(default_factory=dict)  # every captured value, for --local
+    held: dict[str, Any] = field(default_factory=dict)  # name -> Handle: resolved on the worker
 
     @property
     def names(self) -> list[str]:

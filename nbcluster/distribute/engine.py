@@ -89,9 +89,11 @@ from nbcluster._compat import nanny_logs
 from nbcluster.distribute import everywhere, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
+from nbcluster.distribute.handles import Handle, held_slots
 from nbcluster.distribute.job import Job
 from nbcluster.distribute.state import RunState
 from nbcluster.distribute.target import Link, placement
+from nbcluster.distribute.worker import held
 from nbcluster.errors import ClusterUnreachable, WorkerKilled
 
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
@@ -214,6 +216,7 @@ class Engine:
                 self.state.end()
             return True
         assert self.link is not None
+        self.job.recall_handles()
         self.link.open()
         self.ship()
         self.state.begin(indices)
@@ -255,6 +258,7 @@ class Engine:
     def start(self, indices: list[int]) -> None:
         """Submit `indices` from a driver thread, watched by a thread that notices a lost cluster."""
         self._starts += 1
+        self.state.add_done_callback(self.job.forget_handles)
         self.token = f"{self.run_id}-{self._starts}"
         self._stopping = False
         self.stop_sent.clear()
@@ -336,13 +340,16 @@ class Engine:
         assert self.link is not None
         _quiet_rescheduling()
         backlog = _Backlog(indices, self.job, self.link.threads)
-        completed = as_completed(loop=self.client.loop, with_results=True, raise_errors=False)
+        # A persisted batch's result stays on its worker: only its report is fetched (`_held_report`).
+        keeps = self.job.persist
+        completed = as_completed(loop=self.client.loop, with_results=not keeps, raise_errors=False)
         with self._lock:
             self._completed = completed
             self._backlog = backlog
         try:
             self._top_up(completed, backlog)
-            for future, result in completed:
+            for entry in completed:
+                future, result = (entry, None) if keeps else entry
                 if not self._settle(future, result, backlog):
                     break
                 self._top_up(completed, backlog)
@@ -406,14 +413,22 @@ class Engine:
         if batch and batch[-1] - batch[0] == len(batch) - 1:
             indices = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
         items = self.job.plan.items
+        chosen = [items[i] for i in batch]
+        deps: list[Any] = []
+        if self.job.reads_handles:
+            chosen, deps = held_slots(chosen, len(self.job.capture.held))
         try:
-            blob = cloudpickle.dumps((indices, [items[i] for i in batch], budget))
+            blob = cloudpickle.dumps((indices, chosen, budget))
         except Exception as e:
             error = TypeError(f"the item values cannot be sent to the workers: {e}")
             self._fail(batch, worker.error_record(error))
             return
         assert self.link is not None
-        future = self.submit_task(indices, blob, **self.link.submit_kwargs)
+        where = dict(self.link.submit_kwargs)
+        holders = self._holders(deps)
+        if holders:  # run it where its input is: nothing moves (`worker/held.py`)
+            where.update(workers=holders, allow_other_workers=True)
+        future = self.submit_task(indices, blob, _deps=deps, **where)
         if future is not None:
             completed.add(future)
 
@@ -426,6 +441,8 @@ class Engine:
         stay pending (the run is ending: they become cancelled), unless the run goes on,
         when they are submitted again. `alone`: no other batch was out while this one was.
         """
+        if self.job.persist:
+            result = self._held_report(future, result)
         outcome = _unpack(future, result, len(indices))
         if outcome.killed is not None:
             if backlog is not None and not (alone and len(indices) == 1):
@@ -448,6 +465,8 @@ class Engine:
             every = dict.fromkeys(range(len(indices)), lost)
             outcome = _Outcome([None] * len(indices), every, {}, fatal=lost)
         values, errors, outputs = outcome.values, outcome.errors, outcome.outputs
+        if self.job.persist and outcome.held is not None:
+            values = self._handles(future, indices, outcome.held, errors)
         retry: list[int] = []
         if backlog is not None:
             if outcome.seconds is not None:
@@ -496,6 +515,46 @@ class Engine:
             message += f"; the worker's nanny logged: {said}"
         return worker.error_record(WorkerKilled(message), frames=False)
 
+    # -- --persist (worker/held.py) --------------------------------------------------------------
+    def _held_report(self, future: Any, result: Any) -> Any:
+        """A persisted batch's report blob, fetched by a small task beside it; else its exception."""
+        if future.status != "finished":
+            return result if result is not None else _outcome(future)
+        where = self._holders([future])
+        kwargs = {"workers": where, "allow_other_workers": True} if where else {}
+        return _outcome(self.client.submit(held.report, future, pure=False, **kwargs))
+
+    def _handles(
+        self, future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any]
+    ) -> list[Any]:
+        """One handle per finished item of a persisted batch: a pick task's key beside the batch."""
+        ok = [j for j in range(len(described)) if j not in errors]
+        values: list[Any] = [None] * len(described)
+        if not ok:
+            return values
+        where = self._holders([future])
+        kwargs = {"workers": where, "allow_other_workers": True} if where else {}
+        picks = self.client.map(
+            held.pick, [future] * len(ok), ok, key=[f"persist-{self.run_id}-{indices[j]}" for j in ok],
+            pure=False, **kwargs,
+        )  # fmt: skip
+        for j, pick in zip(ok, picks, strict=True):
+            values[j] = Handle(pick, described[j], indices[j])
+        return values
+
+    def _holders(self, futures: Sequence[Any]) -> list[str]:
+        """The workers holding the first of `futures` that some worker holds (asked now)."""
+        if not futures:
+            return []
+        try:
+            who = self.client.who_has(list(futures))
+        except Exception:  # the scheduler busy or gone: let Dask place it
+            return []
+        for f in futures:
+            if who.get(f.key):
+                return list(who[f.key])
+        return []
+
     # -- the tasks a strategy drives (everywhere.Tasks) ---------------------------------------
     @property
     def items(self) -> list[Any]:
@@ -510,14 +569,24 @@ class Engine:
     def stopping(self) -> bool:
         return self._stopping
 
-    def submit_task(self, indices: Any, blob: bytes, **where: Any) -> Any | None:
-        """Submit one task running `indices` (their items in `blob`); None once stopping."""
+    def submit_task(self, indices: Any, blob: bytes, _deps: Sequence[Any] = (), **where: Any) -> Any | None:
+        """Submit one task running `indices` (their items in `blob`); None once stopping.
+
+        `_deps`: the futures of the handles in the batch's items (after those captured by name).
+        """
+        job = self.job
+        if job.persist or job.reads_handles:
+            captured = job.capture.held
+            names = {name: k for k, name in enumerate(captured)}
+            futures = [h.future for h in captured.values()] + list(_deps)
+            task: tuple[Any, ...] = (held.run_batch_held, self.context, blob, self.token, job.persist, names, *futures)
+        else:
+            task = (worker.run_batch, self.context, blob, self.token)
         with self._lock:
             if self._stopping:
                 return None
             future = self.client.submit(
-                worker.run_batch, self.context, blob, self.token,
-                key=f"distribute-{self.run_id}-{next(self._seq)}", pure=False, **where,
+                *task, key=f"distribute-{self.run_id}-{next(self._seq)}", pure=False, **where,
             )  # fmt: skip
             self._alone = None if self._pending else future
             self._pending[future] = indices
@@ -533,7 +602,8 @@ class Engine:
         """Take in one finished task; the items to submit again."""
         with self._lock:
             batch = self._pending.pop(future, None)
-        retry = [] if batch is None else self._handle(future, _outcome(future), batch)[0]
+        result = None if self.job.persist else _outcome(future)
+        retry = [] if batch is None else self._handle(future, result, batch)[0]
         with self._lock:
             if not self._pending:
                 self._idle.set()
@@ -633,6 +703,7 @@ class _Outcome(NamedTuple):
     lost: tuple[str, str | None] | None = None  # (key no worker holds any more, who asked)
     killed: Any = None  # Dask's KilledWorker: every worker that ran the batch died
     halt: str | None = None  # nbcluster could not be imported to unpickle the batch: why
+    held: list[Any] | None = None  # --persist: the workers' description of each value (HeldValue)
 
 
 def _unpack(future: Any, result: Any, n: int) -> _Outcome:
@@ -660,7 +731,7 @@ def _unpack(future: Any, result: Any, n: int) -> _Outcome:
         return _Outcome([], {}, {}, lost=(data["lost"], data.get("worker")))
     if "fatal" in data:
         return _Outcome([None] * n, dict.fromkeys(range(n), data["fatal"]), {}, fatal=data["fatal"])
-    return _Outcome(data["values"], data["errors"], data["outputs"], data["seconds"])
+    return _Outcome(data["values"], data["errors"], data["outputs"], data["seconds"], held=data.get("held"))
 
 
 def _outcome(future: Any) -> Any:

@@ -24,9 +24,10 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.distribute import worker
+from nbcluster.distribute import handles, worker
 from nbcluster.distribute.capture import Capture, code_index
 from nbcluster.distribute.cell import Cell
+from nbcluster.distribute.handles import held_slots
 from nbcluster.distribute.plan import Plan
 from nbcluster.distribute.tracebacks import ItemError
 from nbcluster.errors import BadArgument
@@ -50,16 +51,32 @@ class Job:
         retries: int = 0,
         batch: int | str = "auto",
         sent_from: int | None = None,
+        persist: bool = False,
+        reads_handles: bool = False,
     ):
         self.plan, self.cell, self.fn, self.seed = plan, cell, fn, seed
         self.capture = capture if capture is not None else Capture()
         self.retries = retries
+        self.persist = persist  # the values stay on the workers, behind handles
+        self.reads_handles = reads_handles  # items or captured names are handles: Dask dependencies
         self.fixed_batch = None if batch == "auto" else int(batch)
         self.code_index = code_index([*self.capture.direct.values(), *([fn] if fn is not None else [])])
         self._wire: dict[str, Any] | None = None
         if sent_from is not None:
             self._check_item(sent_from)
             self._wire = self._serialised_code()
+
+    def forget_handles(self) -> None:
+        """The run is over: hold the handles it read weakly (see `handles.Read`)."""
+        if self.reads_handles:
+            self.plan.items[:] = [handles.forget(item) for item in self.plan.items]
+            self.capture.held = {n: handles.forget(h) for n, h in self.capture.held.items()}
+
+    def recall_handles(self) -> None:
+        """A retry: the handles it reads again, strongly; one line if one is gone."""
+        if self.reads_handles:
+            self.plan.items[:] = [handles.recall(item) for item in self.plan.items]
+            self.capture.held = {n: handles.recall(h) for n, h in self.capture.held.items()}
 
     def for_kernel(self) -> worker.Context:
         """The context `--local` items run in: the code and the captured values as they are."""
@@ -115,8 +132,11 @@ class Job:
         """Fail early, naming the item, when item values cannot travel."""
         if self.plan.mode == "everywhere":
             return
+        item = self.plan.items[first]
+        if self.reads_handles:  # its handles travel as Dask dependencies, not in the blob
+            item = held_slots([item], 0)[0][0]
         try:
-            cloudpickle.dumps(self.plan.items[first])
+            cloudpickle.dumps(item)
         except Exception as e:
             raise BadArgument(
                 f"item {first} ({self.plan.describe(first)}) cannot be sent to the workers: "

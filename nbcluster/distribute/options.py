@@ -78,6 +78,9 @@ class DistributeOptions:
     local: int | str | bool = field(default=0, metadata=_flag(
         "local", "run the first `K` items here in the kernel first, to debug quickly; `--local` alone "
         "runs everything here (no cluster needed)", "[K]"))
+    persist: bool = field(default=False, metadata=_flag(
+        "switch", "keep each result in the memory of the worker that made it (needs `--into`); "
+        "`NAME[i]` is a handle, `NAME.gather()` brings the values here"))
     cluster: str | None = field(default=None, metadata=_flag(
         "text", "use the named cluster instead of the current one", "NAME"))
     # fmt: on
@@ -108,6 +111,12 @@ class DistributeOptions:
         if self.everywhere and any(v is not None for v in (self.over, self.grid, self.zip)):
             raise BadArgument(
                 "--everywhere runs the cell once per worker: it cannot be combined with --over/--grid/--zip"
+            )
+        if self.persist and self.into is None:
+            raise BadArgument("--persist keeps the results on the workers: name them with --into NAME")
+        if self.persist and self.local not in (0, False):
+            raise BadArgument(
+                "--persist keeps the results on the workers, --local runs items in the kernel: drop one of them"
             )
         if self.everywhere and self.local not in (0, False):
             raise BadArgument("--everywhere runs on the workers; it cannot be combined with --local")

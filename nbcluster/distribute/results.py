@@ -12,7 +12,9 @@ own exception; iterating a run with items cancelled or still running raises `Not
 before yielding anything, naming `.values()`, which lists every value with a stand-in
 for the missing ones), `.params`, `.errors`, `.ok`, `.done`, `.to_pandas()`, `.retry()`,
 `.raise_first()`, `.output(i)`, `.wait()`, `.cancel()`, `.futures`, `.started` and
-`.ended` (wall-clock times), and a compact table as the notebook display.
+`.ended` (wall-clock times), and a compact table as the notebook display. A `--persist`
+run's values are `Handle`s (`handles.py`) and it adds `.gather()`, `.gather(i)`,
+`.nbytes` and `.release()`.
 
 Observing a run (the live widget's hook)
 ----------------------------------------
@@ -43,6 +45,7 @@ import html
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, cast
 
+from nbcluster.distribute.handles import Handle
 from nbcluster.distribute.plan import Plan, describe
 from nbcluster.distribute.state import CANCELLED, DONE, FAILED, RunState
 from nbcluster.distribute.tracebacks import ItemError, reraise
@@ -248,6 +251,39 @@ class Results:
         finished values back to the cluster; this waits for the run to finish.
         """
         return self._control.futures()
+
+    # -- persisted results (--persist): the values are handles on the workers ------------------
+    def gather(self, i: int | None = None) -> Any:
+        """Bring persisted values to the kernel: all of them in item order, or item `i`'s."""
+        if i is not None:
+            return self._handle(i).gather()
+        return [self._handle(j).gather() for j in range(len(self))]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the workers hold for these persisted results."""
+        return sum(h.nbytes for h in self._held())
+
+    def release(self) -> None:
+        """Let the workers free every persisted value of this run (handles taken from it too)."""
+        for h in self._held():
+            h.release()
+
+    def _held(self) -> list[Handle]:
+        if not self._persisted():
+            raise NbclusterError("only --persist results live on the workers: these values are already here")
+        with self._state.lock:
+            return [v for v, s in zip(self._state.values, self._state.status, strict=True) if s == DONE]
+
+    def _handle(self, i: int) -> Handle:
+        if not self._persisted():
+            raise NbclusterError("only --persist results live on the workers: these values are already here")
+        value = self[i]
+        assert isinstance(value, Handle)
+        return value
+
+    def _persisted(self) -> bool:
+        return bool(getattr(self._control, "persist", False))
 
     # -- summaries and display ------------------------------------------------------------
     def summary(self) -> str:

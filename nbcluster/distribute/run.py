@@ -37,13 +37,16 @@ from __future__ import annotations
 import builtins
 import secrets
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+from nbcluster.distribute import handles
 from nbcluster.distribute.capture import Capture, capture, human
 from nbcluster.distribute.cell import Cell
 from nbcluster.distribute.engine import Engine
 from nbcluster.distribute.follow import follow, interrupted, report
+from nbcluster.distribute.handles import is_handle
 from nbcluster.distribute.job import Job
 from nbcluster.distribute.options import DistributeOptions
 from nbcluster.distribute.plan import Plan, plan
@@ -70,6 +73,7 @@ def distribute(
     seed: int | None = None,
     everywhere: bool = False,
     local: int | str | bool = 0,
+    persist: bool = False,
     cluster: str | None = None,
     client: Any = None,
     progress: Callable[[Results], None] | None = None,
@@ -83,10 +87,13 @@ def distribute(
     `over`, `grid`, `zip` are strings evaluated in `namespace` (default: the caller's
     globals and locals), or for functions also an iterable / a dict of lists.
     `first_line` is the notebook line number of the body's first line (2 in a cell magic).
+    `persist` keeps each result on the worker that made it: the values of the results are
+    then `Handle`s (see `handles.py`), and `into` must name them.
     """
     _check(
-        body, into, gpus, cpus, cpu_only, retries, batch, seed, everywhere, local, over, grid, zip, namespace
-    )
+        body, into, gpus, cpus, cpu_only, retries, batch, seed, everywhere, local, over, grid, zip, namespace,
+        persist,
+    )  # fmt: skip
     if namespace is None:  # the caller's variables; --into goes to its globals
         caller = sys._getframe(1)
         home, namespace = caller.f_globals, {**caller.f_globals, **caller.f_locals}
@@ -101,11 +108,18 @@ def distribute(
     n_local = len(items) if local in ("all", True) else min(int(local), len(items))
     remote = n_local < len(items)
     captured = _capture(cell, items, seed, namespace, pickle_values=remote)
+    reads = _handles_read(items, captured)
+    if reads and n_local:
+        raise BadArgument(
+            "this cell reads persisted results, which stay on the workers: drop --local, or .gather() them first"
+        )
     if remote:
         link.open()
+        handles.check(reads, link.client)
     job = Job(
         items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=seed,
-        retries=retries, batch=batch, sent_from=n_local if remote else None,
+        retries=retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
+        persist=persist, reads_handles=bool(reads),
     )  # fmt: skip
     run = Run(Engine(job, run_id, link if remote else None), label=into)
     if into is not None:
@@ -129,11 +143,29 @@ def _items(everywhere: bool, link: Link, over: Any, grid: Any, zip_: Any, namesp
 def _capture(
     cell: Cell | None, items: Plan, seed: int | None, namespace: Any, pickle_values: bool
 ) -> Capture:
-    """The notebook values the cell reads (a function carries its own)."""
+    """The notebook values the cell reads (a function carries its own).
+
+    A persisted handle read by name is not pickled: each batch takes its future as a Dask
+    dependency, so the value goes worker to worker (`worker/held.py`).
+    """
     if cell is None:
         return Capture()
     bound = [*items.names, *(["seed"] if seed is not None else [])]
-    return capture(cell.free_names(bound), namespace, pickle_values=pickle_values)
+    free = cell.free_names(bound)
+    held = {name: namespace[name] for name in free if name in namespace and is_handle(namespace[name])}
+    captured = capture({n: line for n, line in free.items() if n not in held}, namespace, pickle_values=pickle_values)
+    captured.held = held
+    return captured
+
+
+def _handles_read(items: Plan, captured: Capture) -> list[Any]:
+    """Every handle the run reads: in its items (one tuple level deep) and captured by name."""
+    found = list(captured.held.values())
+    for item in items.items:
+        for value in item if type(item) is tuple else (item,):
+            if is_handle(value):
+                found.append(value)
+    return found
 
 
 class Run:
@@ -141,8 +173,23 @@ class Run:
 
     def __init__(self, engine: Engine, *, label: str | None):
         self.engine = engine
-        self.results = Results(engine.state, engine.job.plan, self, run_id=engine.run_id, label=label)
+        results = Results(engine.state, engine.job.plan, self, run_id=engine.run_id, label=label)
+        # Weak: the Results are what the notebook holds; without a cycle back to them, `del`
+        # of the variable frees the run (and a --persist run's values) at once, not at a GC.
+        self._results = weakref.ref(results)
+        self._first: Results | None = results  # until start() hands it over
         self._futures: list[Any] | None = None
+
+    @property
+    def results(self) -> Results:
+        results = self._results()
+        assert results is not None, "a Run's verbs come through its Results"
+        return results
+
+    @property
+    def persist(self) -> bool:
+        """The values stay on the workers, behind handles (`--persist`)."""
+        return self.engine.job.persist
 
     @property
     def client(self) -> Any:
@@ -151,6 +198,7 @@ class Run:
     def start(self, n_local: int, wait: bool) -> Results:
         """Run the first `n_local` items here, then send the rest; follow them if `wait`."""
         engine, results = self.engine, self.results
+        self._first = None
         try:
             if (n_local and not engine.run_local(range(n_local))) or engine.local_only:
                 # A failure in the kernel stops the fan-out: that is what --local K is for.
@@ -183,6 +231,8 @@ class Run:
 
     def futures(self) -> list[Any]:
         self.results.wait()
+        if self.persist:  # the values are already Dask keys
+            return [h._future if h is not None else None for h in self.results.values()]
         if self._futures is None:
             client = self.engine.client
             if client is None:
@@ -255,14 +305,15 @@ def _run_id() -> str:
 
 
 def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: Any, batch: Any, seed: Any,
-           everywhere: Any, local: Any, over: Any, grid: Any, zip_: Any, namespace: Any) -> None:  # fmt: skip
+           everywhere: Any, local: Any, over: Any, grid: Any, zip_: Any, namespace: Any,
+           persist: Any) -> None:  # fmt: skip
     if not isinstance(body, str) and not callable(body):
         raise BadArgument(f"distribute() needs cell source (a str) or a function, got {type(body).__name__}")
     if namespace is not None and not hasattr(namespace, "__getitem__"):
         raise BadArgument("namespace= needs a dict of the notebook's variables")
     DistributeOptions(
         over=over, grid=grid, zip=zip_, into=into, gpus=gpus, cpus=cpus, cpu_only=cpu_only,
-        retries=retries, batch=batch, seed=seed, everywhere=everywhere, local=local,
+        retries=retries, batch=batch, seed=seed, everywhere=everywhere, local=local, persist=persist,
     )  # fmt: skip
 
 

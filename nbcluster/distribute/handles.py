@@ -1,0 +1,189 @@
+"""`Handle`: one `--persist` result, left in the memory of the worker that made it.
+
+A handle is a Dask future (the key `persist-<run id>-<item>`, made by the pick task of
+`worker/held.py`) and the worker's description of the value (`_wire.HeldValue`: type,
+shape, size), made where the value is, so that showing a handle moves nothing. Which
+worker holds it is asked of the scheduler when it is shown (it changes: Dask moves and
+recomputes keys), never cached.
+
+Lifetime is Dask's: the value lives while some future for its key does. A handle holds
+the only future the kernel has; so `del`, rebinding, or `release()` of the last handle to a
+value lets Dask free it. A handle whose cluster was stopped (its client closed) or whose
+value was released says so in one line (`HandleGone`) when it is used.
+
+`check(values, client)` is what a run calls before it sends anything: every handle it
+reads (`--over "x in NAME"`, `--zip`, captured by name) must belong to the run's cluster.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from nbcluster._wire import HeldValue
+from nbcluster.distribute.capture import human
+from nbcluster.distribute.worker.held import Slot
+from nbcluster.errors import BadArgument, HandleGone
+
+GONE = "the cluster that held it was stopped; run the cell that made it again (on a running cluster)"
+
+
+class Handle:
+    """A value held on a worker; see the module docstring."""
+
+    __slots__ = ("__weakref__", "_future", "held", "index")
+
+    def __init__(self, future: Any, held: HeldValue, index: int):
+        self._future: Any = future
+        self.held = held
+        self.index = index  # the item of the run that made it
+
+    @property
+    def future(self) -> Any:
+        """The Dask future of the value (for hand-written Dask work); one line if it is gone."""
+        self._check()
+        return self._future
+
+    @property
+    def key(self) -> str:
+        return str(self._future.key) if self._future is not None else ""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the worker holds for it (Dask's `sizeof`, measured on the worker)."""
+        return 0 if self._future is None else self.held["nbytes"]
+
+    @property
+    def gone(self) -> str | None:
+        """Why the value cannot be used any more, or None."""
+        if self._future is None:
+            return "it was released"
+        if self._future.client.status != "running":
+            return GONE
+        if self._future.status in ("cancelled", "lost"):
+            return "no worker holds it any more and Dask could not recompute it; run the cell that made it again"
+        return None
+
+    def where(self) -> str | None:
+        """The name of the worker holding the value now (asked of the scheduler), else None."""
+        if self.gone is not None:
+            return None
+        client = self._future.client
+        holders = client.who_has([self._future]).get(self._future.key) or ()
+        if not holders:
+            return None
+        info = client.scheduler_info()["workers"].get(holders[0], {})
+        return str(info.get("name", holders[0]))
+
+    def gather(self) -> Any:
+        """Bring the value to the kernel."""
+        self._check()
+        try:
+            return self._future.result()
+        except Exception as e:
+            raise HandleGone(f"item {self.index} could not be brought back: {type(e).__name__}: {e}") from None
+
+    def release(self) -> None:
+        """Let Dask free the value (if no other handle to it is left)."""
+        future, self._future = self._future, None
+        if future is not None and future.client.status == "running":
+            future.release()
+
+    def _check(self) -> None:
+        reason = self.gone
+        if reason is not None:
+            raise HandleGone(f"item {self.index}'s value is gone: {reason}")
+
+    def __repr__(self) -> str:
+        reason = self.gone
+        if reason is not None:
+            return f"<gone: {reason}>"
+        held = self.held
+        what = " ".join(part for part in (held["type"], held["shape"]) if part)
+        where = self.where()
+        return f"<on worker {where}: {what}, {human(held['nbytes'])}>" if where else f"<computing: {what}>"
+
+    def __reduce__(self) -> Any:
+        # A handle crossing to a worker inside a blob would hide its key from Dask: runs pass
+        # its future as a task dependency instead (`worker/held.py`), so this is a mistake.
+        raise TypeError(
+            "a persisted handle cannot be pickled; %%distribute passes it to the workers itself"
+        )
+
+
+def is_handle(value: Any) -> bool:
+    return isinstance(value, Handle)
+
+
+def check(values: Iterable[Any], client: Any) -> None:
+    """One line, before anything runs, for a handle that is gone or from another cluster."""
+    for value in values:
+        if not isinstance(value, Handle):
+            continue
+        reason = value.gone
+        if reason is not None:
+            raise BadArgument(f"a persisted result read by this cell is gone: {reason}")
+        if value._future.client is not client and value._future.client.scheduler.address != client.scheduler.address:
+            raise BadArgument(
+                f"a persisted result read by this cell lives on another cluster "
+                f"({value._future.client.scheduler.address}); use --cluster to run there, or .gather() it"
+            )
+
+
+def held_slots(items: list[Any], first: int) -> tuple[list[Any], list[Any]]:
+    """Items with each handle replaced by a `Slot` (from `first` on), and the futures they stand for."""
+    futures: list[Any] = []
+
+    def slot(value: Any) -> Any:
+        if not isinstance(value, Handle):
+            return value
+        futures.append(value.future)
+        return Slot(first + len(futures) - 1)
+
+    out = [tuple(slot(v) for v in item) if type(item) is tuple else slot(item) for item in items]
+    return out, futures
+
+
+class Read:
+    """A finished run's weak reference to a handle it read (an item, or a name it captured).
+
+    A finished run keeps no handle alive: `del` of the notebook's variables frees the value.
+    A retry takes the handle back (`recall`), or says in one line that it is gone.
+    """
+
+    __slots__ = ("_ref", "_text")
+
+    def __init__(self, handle: Handle):
+        self._ref = weakref.ref(handle)
+        self._text = repr(handle)
+
+    def recall(self) -> Handle:
+        handle = self._ref()
+        if handle is None or handle.gone is not None:
+            raise BadArgument(
+                "a persisted result this run read was deleted or released since: run the cells that "
+                "make it again, then this one"
+            )
+        return handle
+
+    def __repr__(self) -> str:
+        return self._text if self._ref() is not None else "<released>"
+
+
+def forget(value: Any) -> Any:
+    """`value` (an item: a handle, a tuple with handles, anything) holding handles weakly."""
+    if isinstance(value, Handle):
+        return Read(value)
+    if type(value) is tuple and any(isinstance(v, Handle) for v in value):
+        return tuple(Read(v) if isinstance(v, Handle) else v for v in value)
+    return value
+
+
+def recall(value: Any) -> Any:
+    """The reverse of `forget`; one line if a handle is gone."""
+    if isinstance(value, Read):
+        return value.recall()
+    if type(value) is tuple and any(isinstance(v, Read) for v in value):
+        return tuple(v.recall() if isinstance(v, Read) else v for v in value)
+    return value

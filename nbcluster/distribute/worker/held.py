@@ -1,0 +1,127 @@
+"""Worker side of `--persist`: a batch whose values stay on the worker, in Dask's store.
+
+A persisted batch is the Dask task `run_batch_held(context, batch, token, *deps)`. It runs
+the items as `run_batch` does, but returns a `Held`: the report blob (errors, output,
+timings, and a `HeldValue` description of each value, made here, where the value is) and
+the values themselves. The kernel never gathers a `Held`. It gathers only `report(held)`,
+a small task on the same worker, then submits one `pick(held, j)` task per finished item,
+pinned (loosely) to that worker: each is one Dask key holding one value, the same Python
+object, so nothing is copied. Once the picks exist the kernel drops the batch's future and
+Dask frees the `Held` (the values live on in the picks). Dask keeps the batch's task as
+lineage: if a worker holding picks dies, Dask runs the batch again and picks again.
+
+`deps` are the values of handles the batch reads (`--over "x in NAME"`, or a handle
+captured by name): Dask resolves them on the worker that runs the batch, fetching from
+another worker if needed, never through the kernel. In the batch's items (and in the
+context's captured names) a `Slot(k)` stands for `deps[k]`.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import cloudpickle
+
+from nbcluster.distribute.worker import output, stopping
+from nbcluster.distribute.worker.context import load
+from nbcluster.distribute.worker.items import dump_result, run_items
+from nbcluster.distribute.worker.objects import address, fetch
+from nbcluster.distribute.worker.records import error_record
+from nbcluster.errors import Lost
+
+if TYPE_CHECKING:
+    from nbcluster._wire import HeldValue
+
+
+class Slot(NamedTuple):
+    """Stands for the `k`-th dependency of the task, in a batch's items or captured names."""
+
+    k: int
+
+
+class Held(NamedTuple):
+    """A persisted batch's result, kept on its worker: the report blob and the values."""
+
+    report: bytes
+    values: list[Any]
+
+
+def run_batch_held(
+    context: tuple[str, bytes | None], batch: bytes, token: str | None, keep: bool, names: dict[str, int], *deps: Any
+) -> Held | bytes:
+    """The Dask task of a `--persist` batch, or (`keep` False) of one that reads handles.
+
+    Without `keep` the values come back to the kernel as `run_batch`'s blob does.
+    """
+    if stopping.stopped(token):
+        return _early(keep, {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True})
+    try:
+        loaded = load(*context)
+        large_values = tuple(fetch(key, size) for _, key, size in loaded.large)
+    except Lost as e:
+        return _early(keep, {"lost": e.key, "worker": address()})
+    except BaseException as e:
+        return _early(keep, {"fatal": error_record(e)})
+    indices, items, budget = pickle.loads(batch)
+    items = [fill(item, deps) for item in items]
+    if names:  # handles captured by name: bound as the cell's globals, for this batch only
+        loaded = copy.copy(loaded)
+        loaded.namespace = {**loaded.namespace, **{n: deps[k] for n, k in names.items()}}
+    output.install()
+    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
+    if not keep:
+        return dump_result(result)
+    values = result["values"]
+    result["values"] = [None] * len(values)
+    result["held"] = [describe(v) for v in values]
+    return Held(_dumps(result), values)
+
+
+def fill(item: Any, deps: tuple[Any, ...]) -> Any:
+    """`item` with each `Slot` replaced by its dependency's value (one tuple level deep)."""
+    if isinstance(item, Slot):
+        return deps[item.k]
+    if type(item) is tuple:
+        return tuple(deps[v.k] if isinstance(v, Slot) else v for v in item)
+    return item
+
+
+def report(held: Held) -> bytes:
+    """The Dask task that brings a persisted batch's report (not its values) to the kernel."""
+    return held.report
+
+
+def pick(held: Held, j: int) -> Any:
+    """The Dask task whose key holds value `j` of a persisted batch (the same object)."""
+    return held.values[j]
+
+
+def describe(value: Any) -> HeldValue:
+    """Type, shape or length, and size of a value, for its handle's repr."""
+    from dask.sizeof import sizeof
+
+    shape = getattr(value, "shape", None)
+    text: str | None = None
+    if isinstance(shape, tuple):
+        dtype = getattr(value, "dtype", None)
+        text = f"{shape}{f' {dtype}' if dtype is not None else ''}"
+    else:
+        try:
+            text = f"len {len(value)}"
+        except Exception:
+            text = None
+    return {"type": type(value).__name__, "shape": text, "nbytes": int(sizeof(value))}
+
+
+def _early(keep: bool, result: dict[str, Any]) -> Held | bytes:
+    """A batch that ran no item: its report alone."""
+    return Held(_dumps(result), []) if keep else _dumps(result)
+
+
+def _dumps(result: dict[str, Any]) -> bytes:
+    try:
+        return cloudpickle.dumps(result)
+    except Exception as e:  # an error record or output that cannot travel: say so for every item
+        return cloudpickle.dumps({"fatal": error_record(TypeError(f"the batch's report cannot travel: {e}"))})
