@@ -538,6 +538,13 @@ class Engine:
             held.pick, [future] * len(ok), ok, key=[f"persist-{self.run_id}-{indices[j]}" for j in ok],
             pure=False, **kwargs,
         )  # fmt: skip
+        from distributed import wait
+
+        # Delivered once they are keys: a finished run's handles all name a worker that holds them.
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                wait(picks, timeout=WATCH_S)
+                break
         for j, pick in zip(ok, picks, strict=True):
             values[j] = Handle(pick, described[j], indices[j])
         return values

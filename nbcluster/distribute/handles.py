@@ -70,10 +70,13 @@ class Handle:
         if self.gone is not None:
             return None
         client = self._future.client
-        holders = client.who_has([self._future]).get(self._future.key) or ()
-        if not holders:
+        try:
+            holders = client.who_has([self._future]).get(self._future.key) or ()
+            if not holders:
+                return None
+            info = client.scheduler_info()["workers"].get(holders[0], {})
+        except Exception:  # the scheduler going away as we ask: no worker to name
             return None
-        info = client.scheduler_info()["workers"].get(holders[0], {})
         return str(info.get("name", holders[0]))
 
     def gather(self) -> Any:
@@ -95,14 +98,19 @@ class Handle:
         if reason is not None:
             raise HandleGone(f"item {self.index}'s value is gone: {reason}")
 
+    def describe(self) -> str:
+        """`ndarray (12500000,) float64, 100.0 MB`: what the worker said of the value."""
+        held = self.held
+        what = " ".join(part for part in (held["type"], held["shape"]) if part)
+        return f"{what}, {human(held['nbytes'])}"
+
     def __repr__(self) -> str:
         reason = self.gone
         if reason is not None:
             return f"<gone: {reason}>"
-        held = self.held
-        what = " ".join(part for part in (held["type"], held["shape"]) if part)
+        what = self.describe()
         where = self.where()
-        return f"<on worker {where}: {what}, {human(held['nbytes'])}>" if where else f"<computing: {what}>"
+        return f"<on worker {where}: {what}>" if where else f"<not held by any worker now: {what}>"
 
     def __reduce__(self) -> Any:
         # A handle crossing to a worker inside a blob would hide its key from Dask: runs pass
@@ -116,14 +124,17 @@ def is_handle(value: Any) -> bool:
     return isinstance(value, Handle)
 
 
-def check(values: Iterable[Any], client: Any) -> None:
-    """One line, before anything runs, for a handle that is gone or from another cluster."""
+def check(values: Iterable[Any], client: Any = None) -> None:
+    """One line, before anything runs, for a handle that is gone or (given the run's
+    `client`) from another cluster."""
     for value in values:
         if not isinstance(value, Handle):
             continue
         reason = value.gone
         if reason is not None:
             raise BadArgument(f"a persisted result read by this cell is gone: {reason}")
+        if client is None:
+            continue
         if value._future.client is not client and value._future.client.scheduler.address != client.scheduler.address:
             raise BadArgument(
                 f"a persisted result read by this cell lives on another cluster "
@@ -156,7 +167,7 @@ class Read:
 
     def __init__(self, handle: Handle):
         self._ref = weakref.ref(handle)
-        self._text = repr(handle)
+        self._text = f"<persisted: {handle.describe()}>"  # asks no scheduler: runs in a listener
 
     def recall(self) -> Handle:
         handle = self._ref()

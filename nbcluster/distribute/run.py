@@ -113,6 +113,7 @@ def distribute(
         raise BadArgument(
             "this cell reads persisted results, which stay on the workers: drop --local, or .gather() them first"
         )
+    handles.check(reads)  # a stopped cluster's handle says so, not that no cluster is current
     if remote:
         link.open()
         handles.check(reads, link.client)

@@ -1,0 +1,225 @@
+"""`--persist`: results that stay on the workers, chained into later cells, on real clusters.
+
+Most tests share one 2-worker cluster of this module's own (100 MB values must not load the
+session's shared cluster); the tests that kill a worker or stop the cluster start their own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+import nbcluster
+from nbcluster import _current
+from nbcluster.cluster.handle import ClusterHandle
+from nbcluster.distribute import Results, distribute
+from nbcluster.distribute.handles import Handle
+from nbcluster.errors import BadArgument, HandleGone
+from tests.shell_helpers import cell, magic
+
+_tick = threading.Event()  # never set: a wait between polls
+
+
+@pytest.fixture(scope="module")
+def _persist_cluster() -> Iterator[ClusterHandle]:
+    handle = nbcluster.start(workers=2, threads=1, name="persist")
+    handle.client.wait_for_workers(2)
+    yield handle
+    _current.forget(handle.name)
+    handle.stop()
+
+
+@pytest.fixture
+def pc(shell: InteractiveShell, _persist_cluster: ClusterHandle) -> ClusterHandle:
+    """This module's cluster, current for the test's shell (asked for after `shell`)."""
+    return _current.use(_persist_cluster)
+
+
+def _until(condition: Callable[[], Any], seconds: float = 10.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        _tick.wait(0.1)
+    return condition()
+
+
+def _persisted_bytes(client: Any, run_id: str) -> int:
+    """What the workers hold in their own stores for the keys of one --persist run."""
+
+    def held(dask_worker: Any, prefix: str) -> int:
+        from dask.sizeof import sizeof
+
+        return sum(sizeof(v) for k, v in dask_worker.data.items() if str(k).startswith(prefix))
+
+    return sum(client.run(held, prefix=f"persist-{run_id}-").values())
+
+
+def _sent_bytes(client: Any) -> int:
+    """Bytes the workers have sent (to each other and to the kernel) since they started."""
+    return sum(client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total).values())
+
+
+def _rss() -> int:
+    return int(psutil.Process().memory_info().rss)
+
+
+def test_persisted_values_stay_on_the_workers_and_the_kernel_stays_flat(
+    shell: InteractiveShell, pc: ClusterHandle
+) -> None:
+    cell(shell, "import numpy as np")
+    before = _rss()
+    cell(shell, '%%distribute --over "x in range(4)" --persist --into shards\nnp.full(12_500_000, float(x))')
+    grown = _rss() - before
+    shards = shell.user_ns["shards"]
+    assert isinstance(shards, Results) and shards.ok
+    assert grown < 20 * 2**20, f"the kernel grew by {grown / 2**20:.1f} MiB while the workers hold 400 MB"
+    handles = [shards[i] for i in range(4)]
+    assert all(isinstance(h, Handle) for h in handles)
+    holders = pc.client.who_has([h.future for h in handles])
+    names = {a: str(w["name"]) for a, w in pc.client.scheduler_info()["workers"].items()}
+    for h in handles:
+        [address] = holders[h.key]
+        assert repr(h) == f"<on worker {names[address]}: ndarray (12500000,) float64, 100.0 MB>"
+    assert shards.nbytes == 4 * 100_000_000
+    assert _persisted_bytes(pc.client, shards.run_id) == 4 * 100_000_000
+    one = shards.gather(2)
+    assert one.shape == (12_500_000,) and one[0] == 2.0
+    del one
+    assert [v[0] for v in shards.gather()] == [0.0, 1.0, 2.0, 3.0]
+    shards.release()
+    assert _until(lambda: _persisted_bytes(pc.client, shards.run_id) == 0)
+
+
+def test_chained_items_run_where_their_value_is_and_move_nothing(shell: InteractiveShell, pc: ClusterHandle) -> None:
+    cell(shell, "import numpy as np\nrates = [0.5, 1.0, 2.0, 4.0]")
+    cell(shell, '%%distribute --over "x in range(4)" --persist --into shards\nnp.full(2_500_000, float(x))')
+    shards = shell.user_ns["shards"]
+    holders = pc.client.who_has([shards[i].future for i in range(4)])
+    sent = _sent_bytes(pc.client)
+    source = "from distributed import get_worker\n(get_worker().address, float(shard.sum()))"
+    cell(shell, f'%%distribute --over "shard in shards" --into sums\n{source}')
+    cell(shell, f'%%distribute --zip "shard=shards, lr=rates" --into scaled\n{source[:-1]} * lr)')
+    moved = _sent_bytes(pc.client) - sent
+    for i, (where, total) in enumerate(shell.user_ns["sums"]):
+        assert (where,) == holders[shards[i].key], f"item {i} ran away from its value"
+        assert total == i * 2_500_000
+    assert [t for _, t in shell.user_ns["scaled"]] == [i * 2_500_000 * r for i, r in enumerate([0.5, 1, 2, 4])]
+    # Each shard is 20 MB: had one moved, this would be millions. The results are a few floats.
+    assert moved < 100_000, f"{moved} bytes moved between the workers and the kernel"
+
+
+def test_a_pipeline_persists_again_and_a_handle_captured_by_name_is_resolved_on_the_workers(
+    shell: InteractiveShell, pc: ClusterHandle
+) -> None:
+    cell(shell, "import numpy as np")
+    cell(shell, '%%distribute --over "x in range(2)" --persist --into shards\nnp.full(1_000_000, float(x + 1))')
+    cell(shell, '%%distribute --over "shard in shards" --persist --into doubled\nshard * 2')
+    doubled = shell.user_ns["doubled"]
+    assert all(isinstance(doubled[i], Handle) for i in range(2))
+    assert [v[0] for v in doubled.gather()] == [2.0, 4.0]
+    cell(shell, "model = doubled[1]")
+    with capture_output() as out:
+        cell(shell, '%%distribute --over "x in range(4)" --into scored\nfloat(model[0]) + x')
+    assert shell.user_ns["scored"].values() == [4.0, 5.0, 6.0, 7.0]
+    assert "model" not in out.stdout, out.stdout  # not sent with the cell: a Dask dependency
+
+
+def test_del_rebinding_and_release_free_the_workers_within_seconds(shell: InteractiveShell, pc: ClusterHandle) -> None:
+    make = '%%distribute --over "x in range(2)" --persist --into {}\nimport numpy as np\nnp.ones(2_500_000)'
+    cell(shell, make.format("a"))
+    a = shell.user_ns["a"].run_id
+    cell(shell, '%%distribute --over "s in a" --into reads\nfloat(s.sum())')  # a finished run reads a
+    cell(shell, "b = a[0]")
+    assert _persisted_bytes(pc.client, a) == 2 * 20_000_000
+    cell(shell, "del a")
+    assert _until(lambda: _persisted_bytes(pc.client, a) == 20_000_000, 5)  # b still holds item 0
+    _tick.wait(0.5)
+    assert _persisted_bytes(pc.client, a) == 20_000_000
+    cell(shell, "b = None")
+    assert _until(lambda: _persisted_bytes(pc.client, a) == 0, 5), "del did not free the workers"
+    cell(shell, make.format("c"))
+    c = shell.user_ns["c"].run_id
+    cell(shell, make.format("c"))  # rebinding c
+    assert _until(lambda: _persisted_bytes(pc.client, c) == 0, 5), "rebinding did not free the workers"
+
+
+def test_failures_retry_and_everywhere_behave_as_without_persist(
+    shell: InteractiveShell, pc: ClusterHandle, tmp_path: Any
+) -> None:
+    flag = tmp_path / "fixed"
+    shell.user_ns["flag"] = str(flag)
+    with capture_output() as out:
+        cell(
+            shell,
+            '%%distribute --over "x in range(3)" --persist --into res\n'
+            "import os\nif x == 1 and not os.path.exists(flag):\n    raise ValueError('not yet')\n[x] * 3",
+        )
+    assert "1/3 items failed: ValueError at item 1 (x=1)" in out.stderr  # as without --persist
+    res = shell.user_ns["res"]
+    assert res.counts()["failed"] == 1 and res.errors[0].type_name == "ValueError"
+    flag.write_text("")
+    res.retry()
+    assert res.ok and res.gather() == [[0] * 3, [1] * 3, [2] * 3]
+    assert re.fullmatch(r"<on worker cpu-[01]: list len 3, \d+ B>", repr(res[1]))
+    cell(shell, "%%distribute --everywhere --persist --into per\nimport os\n{'pid': os.getpid()}")
+    per = shell.user_ns["per"]
+    workers = sorted(pc.client.scheduler_info()["workers"])
+    assert len(per) == 2 and sorted(per.params[i]["worker"] for i in range(2)) == workers
+    cell(shell, '%%distribute --over "v in per" --into pids\nimport os\n(v["pid"], os.getpid())')
+    assert all(mine == theirs for mine, theirs in shell.user_ns["pids"])  # each worker its own value
+
+
+def test_bad_input_is_one_line_before_anything_runs(shell: InteractiveShell, pc: ClusterHandle) -> None:
+    with pytest.raises(UsageError, match=r"^--persist keeps the results on the workers: name them with --into NAME$"):
+        cell(shell, '%%distribute --over "x in range(2)" --persist\nx')
+    with pytest.raises(UsageError, match=r"^--persist keeps the results on the workers, --local runs"):
+        cell(shell, '%%distribute --over "x in range(2)" --persist --local --into r\nx')
+    with pytest.raises(BadArgument, match="name them with --into"):
+        distribute("x", over=range(2), persist=True, namespace={})
+    cell(shell, '%%distribute --over "x in range(2)" --persist --into held\nx')
+    with pytest.raises(UsageError, match="persisted results, which stay on the workers: drop --local"):
+        cell(shell, '%%distribute --over "s in held" --local --into r\ns')
+
+
+def test_a_worker_killed_holding_results_recomputes_them(shell: InteractiveShell) -> None:
+    magic(shell, "start --workers 2 --threads 1 --name killed")
+    client = _current.client_for("killed")
+    client.wait_for_workers(2)
+    cell(shell, '%%distribute --over "x in range(4)" --batch 1 --persist --into held\nimport numpy as np\nnp.full(1000, x)')
+    held = shell.user_ns["held"]
+    victim = held[0].future.client.who_has([held[0].future])[held[0].key][0]
+    os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+    _until(lambda: victim not in client.scheduler_info()["workers"])
+    assert [int(v[0]) for v in held.gather()] == [0, 1, 2, 3]  # Dask's lineage ran the lost items again
+
+
+def test_handles_of_a_stopped_or_other_cluster_are_one_line(shell: InteractiveShell) -> None:
+    magic(shell, "start --workers 1 --threads 1 --name first")
+    cell(shell, '%%distribute --over "x in range(2)" --persist --into held\nx * 10')
+    magic(shell, "start --workers 1 --threads 1 --name second")  # now the current cluster
+    with pytest.raises(UsageError, match=r"lives on another cluster \(tls://127\.0\.0\.1:\d+\); use --cluster"):
+        cell(shell, '%%distribute --over "h in held" --into r\nh')
+    assert cell(shell, '%%distribute --over "h in held" --cluster first --into r\nh + 1') is None
+    assert shell.user_ns["r"].values() == [1, 11]
+    magic(shell, "stop first")
+    held = shell.user_ns["held"]
+    gone = "the cluster that held it was stopped; run the cell that made it again (on a running cluster)"
+    assert repr(held[0]) == f"<gone: {gone}>"
+    with pytest.raises(HandleGone) as e:
+        held.gather()
+    assert str(e.value) == f"item 0's value is gone: {gone}"
+    with pytest.raises(UsageError, match=f"^a persisted result read by this cell is gone: {re.escape(gone)}$"):
+        cell(shell, '%%distribute --over "h in held" --into r\nh')
