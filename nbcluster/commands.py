@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import html
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -20,6 +21,7 @@ from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import ClusterInfo, ClusterList
 from nbcluster.cluster.kinds import KINDS
 from nbcluster.cluster.spec import FORCE_HELP, START_OPTIONS, parse_bounds, parse_count
+from nbcluster.distribute.handles import holdings_lines
 from nbcluster.errors import BadArgument, ClusterUnreachable, HelpShown, NoCluster
 
 COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart", "profiles")
@@ -110,7 +112,12 @@ class LiveClusterInfo(ClusterInfo):
 
         from nbcluster import widgets
 
-        display({"text/plain": repr(self), "text/html": self._repr_html_()}, raw=True)
+        held = holdings_lines(self.handle.client)
+        text, page = repr(self), self._repr_html_()
+        if held:  # what the kernel's --persist runs keep on the workers
+            text += "\n" + "\n".join(held)
+            page += "<pre>" + html.escape("\n".join(held)) + "</pre>"
+        display({"text/plain": text, "text/html": page}, raw=True)
         widgets.status(self.handle)
 
 

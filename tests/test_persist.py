@@ -94,6 +94,13 @@ def test_persisted_values_stay_on_the_workers_and_the_kernel_stays_flat(
         [address] = holders[h.key]
         assert repr(h) == f"<on worker {names[address]}: ndarray (12500000,) float64, 100.0 MB>"
     assert shards.nbytes == 4 * 100_000_000
+    with capture_output() as out:
+        cell(shell, "%cluster status")
+    [shown] = [o.data["text/plain"] for o in out.outputs if "text/plain" in o.data and "Cluster" in o.data["text/plain"]]
+    for address, name in names.items():
+        n = sum(holders[h.key] == (address,) for h in handles)
+        line = f"  {name:<8} holds persisted shards: {n} ({n * 100}.0 MB)"
+        assert (line in shown.splitlines()) == bool(n), shown
     assert _persisted_bytes(pc.client, shards.run_id) == 4 * 100_000_000
     one = shards.gather(2)
     assert one.shape == (12_500_000,) and one[0] == 2.0

@@ -23,8 +23,11 @@ from typing import Any
 
 from nbcluster._wire import HeldValue
 from nbcluster.distribute.capture import human
-from nbcluster.distribute.worker.held import Slot
+from nbcluster.distribute.worker.held import Slot, holdings
 from nbcluster.errors import BadArgument, HandleGone
+
+#: The `--into` name of each --persist run still alive in this kernel, by run id (for status).
+RUNS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 GONE = "the cluster that held it was stopped; run the cell that made it again (on a running cluster)"
 
@@ -118,6 +121,24 @@ class Handle:
         raise TypeError(
             "a persisted handle cannot be pickled; %%distribute passes it to the workers itself"
         )
+
+
+def holdings_lines(client: Any) -> list[str]:
+    """`%cluster status`'s lines on what each worker holds for persisted results (none: [])."""
+    try:
+        held = client.run_on_scheduler(holdings)
+        names = {a: str(w.get("name", a)) for a, w in client.scheduler_info()["workers"].items()}
+    except Exception:  # not nbcluster's scheduler, or it is busy: the status shows without them
+        return []
+    lines = []
+    for address in sorted(held, key=lambda a: names.get(a, a)):
+        parts = []
+        for run_id, (count, nbytes) in sorted(held[address].items()):
+            results = RUNS.get(run_id)
+            label = getattr(results, "label", None) or f"run {run_id}"
+            parts.append(f"{label}: {count} ({human(nbytes)})")
+        lines.append(f"  {names.get(address, address):<8} holds persisted {', '.join(parts)}")
+    return lines
 
 
 def is_handle(value: Any) -> bool:

@@ -123,6 +123,8 @@ def distribute(
         persist=persist, reads_handles=bool(reads),
     )  # fmt: skip
     run = Run(Engine(job, run_id, link if remote else None), label=into)
+    if persist:
+        handles.RUNS[run_id] = run.results
     if into is not None:
         home[into] = run.results
     if progress is not None:

@@ -125,3 +125,18 @@ def _dumps(result: dict[str, Any]) -> bytes:
         return cloudpickle.dumps(result)
     except Exception as e:  # an error record or output that cannot travel: say so for every item
         return cloudpickle.dumps({"fatal": error_record(TypeError(f"the batch's report cannot travel: {e}"))})
+
+
+def holdings(dask_scheduler: Any = None) -> dict[str, dict[str, list[int]]]:
+    """Run on the scheduler (`client.run_on_scheduler`): per worker, per run id, the count and
+    bytes of the `--persist` keys it holds in memory, for `%cluster status`."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for key, ts in dask_scheduler.tasks.items():
+        if not str(key).startswith("persist-") or ts.state != "memory":
+            continue
+        run_id = str(key).split("-")[1]
+        for ws in ts.who_has or ():
+            entry = out.setdefault(ws.address, {}).setdefault(run_id, [0, 0])
+            entry[0] += 1
+            entry[1] += int(ts.nbytes or 0)
+    return out
