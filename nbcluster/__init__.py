@@ -104,7 +104,8 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext nbcluster`: register `%cluster` and `%%distribute`."""
     from nbcluster.cluster.launcher import prewarm
-    from nbcluster.magics import NbclusterMagics
+    from nbcluster.magics import NbclusterMagics, forget_shown_after_cells
 
     ipython.register_magics(NbclusterMagics)
+    forget_shown_after_cells(ipython)
     prewarm()

@@ -9,6 +9,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from nbcluster import commands
 from nbcluster.distribute.args import help_text
+from nbcluster.distribute.handles import forget_shown
 from nbcluster.errors import ClusterCannotRun, ClusterLost, HelpShown, NbclusterError
 
 if TYPE_CHECKING:
@@ -58,3 +59,14 @@ class NbclusterMagics(Magics):
     distribute.__doc__ = (
         f"{help_text()}\n`%distribute wait NAME` waits for the results of a --no-wait cell.\n"
     )
+
+
+def forget_shown_after_cells(ipython: Any) -> None:
+    """After every cell, the output history holds persisted handles weakly (`handles.forget_shown`)."""
+
+    def after(_: Any) -> None:
+        forget_shown(ipython)
+
+    callbacks = ipython.events.callbacks["post_run_cell"]
+    callbacks[:] = [c for c in callbacks if getattr(c, "__qualname__", "") != after.__qualname__]
+    ipython.events.register("post_run_cell", after)

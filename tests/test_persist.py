@@ -155,6 +155,7 @@ def test_del_rebinding_and_release_free_the_workers_within_seconds(shell: Intera
     assert _until(lambda: _persisted_bytes(pc.client, a) == 20_000_000, 5)  # b still holds item 0
     _tick.wait(0.5)
     assert _persisted_bytes(pc.client, a) == 20_000_000
+    cell(shell, "b")  # shown: in Out and `_` now
     cell(shell, "b = None")
     assert _until(lambda: _persisted_bytes(pc.client, a) == 0, 5), "del did not free the workers"
     cell(shell, make.format("c"))

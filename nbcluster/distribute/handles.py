@@ -219,3 +219,37 @@ def recall(value: Any) -> Any:
     if type(value) is tuple and any(isinstance(v, Read) for v in value):
         return tuple(v.recall() if isinstance(v, Read) else v for v in value)
     return value
+
+
+def forget_shown(shell: Any) -> None:
+    """Make the output history (`Out`, `_`, `__`, `___`, `_N`) hold handles weakly.
+
+    Registered after each cell (`post_run_cell`): showing a handle, or the `Results` that
+    holds them, must not keep the workers' memory once the notebook's variables are gone.
+    A weak proxy still works like the value while it lives. IPython's display hook keeps
+    `_`, `__`, `___` itself and tells them from the user's own by identity: its copies
+    become the same proxies; IPython also copies them into `user_ns_hidden`.
+    """
+    out, hook = shell.history_manager.output_hist, shell.displayhook
+    proxies: dict[int, Any] = {}
+
+    def weak(value: Any) -> Any:
+        if not _holds_handles(value):
+            return value
+        return proxies.setdefault(id(value), weakref.proxy(value))
+
+    for n, value in list(out.items()):
+        out[n] = weak(value)
+    for ns in (shell.user_ns, shell.user_ns_hidden):
+        for name in [k for k in ns if k.startswith("_") and (k.strip("_") == "" or k[1:].isdigit())]:
+            ns[name] = weak(ns[name])
+    for name in ("_", "__", "___"):
+        setattr(hook, name, weak(getattr(hook, name, None)))
+
+
+def _holds_handles(value: Any) -> bool:
+    if type(value) in (weakref.ProxyType, weakref.CallableProxyType):
+        return False  # already weak
+    if isinstance(value, Handle):
+        return True
+    return type(value).__name__ == "Results" and bool(getattr(value._control, "persist", False))
