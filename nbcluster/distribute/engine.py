@@ -127,6 +127,8 @@ class Engine:
         self._completed: Any = None
         self._backlog: _Backlog | None = None  # the running start's, for the watch thread
         self._reports = True  # the scheduler takes backlog reports (until it refuses one)
+        self._picks: dict[Any, list[Any]] = {}  # --persist: batch key -> its pick futures, until delivered
+        self._unsettled: list[Any] = []  # --persist: picks delivered, perhaps not computed yet
 
     @property
     def client(self) -> Any:
@@ -364,6 +366,7 @@ class Engine:
                 self._idle.set()
             if self._reports and self.client is not None:
                 self._report(0, 0.0)  # nothing held back any more
+            self._await_picks()
             self.state.end()
 
     def _settle(self, future: Any, result: Any, backlog: _Backlog) -> bool:
@@ -442,7 +445,7 @@ class Engine:
         when they are submitted again. `alone`: no other batch was out while this one was.
         """
         if self.job.persist:
-            result = self._held_report(future, result)
+            result = self._held_report(future, result, len(indices))
         outcome = _unpack(future, result, len(indices))
         if outcome.killed is not None:
             if backlog is not None and not (alone and len(indices) == 1):
@@ -516,38 +519,46 @@ class Engine:
         return worker.error_record(WorkerKilled(message), frames=False)
 
     # -- --persist (worker/held.py) --------------------------------------------------------------
-    def _held_report(self, future: Any, result: Any) -> Any:
-        """A persisted batch's report blob, fetched by a small task beside it; else its exception."""
+    def _held_report(self, future: Any, result: Any, n: int) -> Any:
+        """A persisted batch's report blob, fetched by a small task beside it; else its exception.
+
+        The `n` pick tasks go out with it, in the same round trip (one per item: those of
+        items that failed or were not reached are released once the report says which).
+        """
         if future.status != "finished":
             return result if result is not None else _outcome(future)
         where = self._holders([future])
         kwargs = {"workers": where, "allow_other_workers": True} if where else {}
+        batch = str(future.key).rsplit("-", 1)[-1]
+        self._picks[future.key] = self.client.map(
+            held.pick, [future] * n, range(n), key=[f"persist-{self.run_id}-{j}-{batch}" for j in range(n)],
+            pure=False, **kwargs,
+        )  # fmt: skip
         return _outcome(self.client.submit(held.report, future, pure=False, **kwargs))
 
     def _handles(
         self, future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any]
     ) -> list[Any]:
-        """One handle per finished item of a persisted batch: a pick task's key beside the batch."""
-        ok = [j for j in range(len(described)) if j not in errors]
+        """One handle per finished item of a persisted batch: its pick task's key, beside the batch."""
+        picks = self._picks.pop(future.key, [])
         values: list[Any] = [None] * len(described)
-        if not ok:
-            return values
-        where = self._holders([future])
-        kwargs = {"workers": where, "allow_other_workers": True} if where else {}
-        picks = self.client.map(
-            held.pick, [future] * len(ok), ok, key=[f"persist-{self.run_id}-{indices[j]}" for j in ok],
-            pure=False, **kwargs,
-        )  # fmt: skip
+        for j, pick in enumerate(picks):
+            if j < len(described) and j not in errors:
+                values[j] = Handle(pick, described[j], indices[j])
+                self._unsettled.append(pick)
+            else:
+                pick.release()
+        return values
+
+    def _await_picks(self) -> None:
+        """The start ends once its picks are keys: a finished run's handles name their worker."""
         from distributed import wait
 
-        # Delivered once they are keys: a finished run's handles all name a worker that holds them.
-        while not self._stopping:
+        picks, self._unsettled = self._unsettled, []
+        while picks and not self._stopping:
             with contextlib.suppress(TimeoutError):
                 wait(picks, timeout=WATCH_S)
-                break
-        for j, pick in zip(ok, picks, strict=True):
-            values[j] = Handle(pick, described[j], indices[j])
-        return values
+                return
 
     def _holders(self, futures: Sequence[Any]) -> list[str]:
         """The workers holding the first of `futures` that some worker holds (asked now)."""
@@ -627,6 +638,7 @@ class Engine:
     def finish(self) -> None:
         """The start is over: nothing is out, the state ends."""
         self._idle.set()
+        self._await_picks()
         self.state.end()
 
 
