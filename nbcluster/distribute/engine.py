@@ -534,6 +534,9 @@ class Engine:
             held.pick, [future] * n, range(n), key=[f"persist-{self.run_id}-{j}-{batch}" for j in range(n)],
             pure=False, **kwargs,
         )  # fmt: skip
+        if where:  # read in the worker's event loop: a task would queue behind its next batch
+            with contextlib.suppress(Exception):
+                return self.client.run(held.report_of, str(future.key), workers=where[:1])[where[0]]
         return _outcome(self.client.submit(held.report, future, pure=False, **kwargs))
 
     def _handles(

@@ -3,8 +3,9 @@
 A persisted batch is the Dask task `run_batch_held(context, batch, token, *deps)`. It runs
 the items as `run_batch` does, but returns a `Held`: the report blob (errors, output,
 timings, and a `HeldValue` description of each value, made here, where the value is) and
-the values themselves. The kernel never gathers a `Held`. It gathers only `report(held)`,
-a small task on the same worker, then submits one `pick(held, j)` task per finished item,
+the values themselves. The kernel never gathers a `Held`. It reads only its report, in the
+worker's event loop (`report_of`; a task would wait for the worker's thread, which is
+already running the next batch), or failing that with the small task `report`, and submits one `pick(held, j)` task per finished item,
 pinned (loosely) to that worker: each is one Dask key holding one value, the same Python
 object, so nothing is copied. Once the picks exist the kernel drops the batch's future and
 Dask frees the `Held` (the values live on in the picks). Dask keeps the batch's task as
@@ -91,6 +92,13 @@ def fill(item: Any, deps: tuple[Any, ...]) -> Any:
 def report(held: Held) -> bytes:
     """The Dask task that brings a persisted batch's report (not its values) to the kernel."""
     return held.report
+
+
+def report_of(key: str, dask_worker: Any = None) -> bytes:
+    """`report` read straight from this worker's store (`client.run`, in its event loop),
+    so that the kernel need not wait for the worker's thread, busy with the next batch."""
+    result: Held = dask_worker.data[key]
+    return result.report
 
 
 def pick(held: Held, j: int) -> Any:
