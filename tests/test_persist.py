@@ -212,6 +212,15 @@ def test_a_worker_killed_holding_results_recomputes_them(shell: InteractiveShell
     os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
     _until(lambda: victim not in client.scheduler_info()["workers"])
     assert [int(v[0]) for v in held.gather()] == [0, 1, 2, 3]  # Dask's lineage ran the lost items again
+    held[1].release()
+    held[3].release()
+    with pytest.raises(HandleGone) as e:
+        held.gather()
+    assert str(e.value) == (
+        "items 1, 3 of held are lost (released, or its worker died and Dask could not compute it again): "
+        "run the cell that made held again; held.gather(i) brings the others"
+    )
+    assert int(held.gather(2)[0]) == 2
 
 
 def test_handles_of_a_stopped_or_other_cluster_are_one_line(shell: InteractiveShell) -> None:

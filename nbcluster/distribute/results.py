@@ -49,7 +49,7 @@ from nbcluster.distribute.handles import Handle
 from nbcluster.distribute.plan import Plan, describe
 from nbcluster.distribute.state import CANCELLED, DONE, FAILED, RunState
 from nbcluster.distribute.tracebacks import ItemError, reraise
-from nbcluster.errors import NbclusterError, NotReady
+from nbcluster.errors import HandleGone, NbclusterError, NotReady
 
 _SHOW_ROWS = 8
 
@@ -257,7 +257,20 @@ class Results:
         """Bring persisted values to the kernel: all of them in item order, or item `i`'s."""
         if i is not None:
             return self._handle(i).gather()
-        return [self._handle(j).gather() for j in range(len(self))]
+        values, lost = [], []
+        for j in range(len(self)):
+            try:
+                values.append(self._handle(j).gather())
+            except HandleGone:
+                lost.append(j)
+        if lost:
+            name = self._label or "NAME"
+            raise HandleGone(
+                f"item{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of {name} "
+                f"{'are' if len(lost) > 1 else 'is'} lost (released, or its worker died and Dask could not "
+                f"compute it again): run the cell that made {name} again; {name}.gather(i) brings the others"
+            )
+        return values
 
     @property
     def nbytes(self) -> int:
