@@ -45,7 +45,7 @@ import html
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, cast
 
-from nbcluster.distribute.handles import Handle
+from nbcluster.distribute.handles import GONE, Handle
 from nbcluster.distribute.plan import Plan, describe
 from nbcluster.distribute.state import CANCELLED, DONE, FAILED, RunState
 from nbcluster.distribute.tracebacks import ItemError, reraise
@@ -259,9 +259,12 @@ class Results:
             return self._handle(i).gather()
         values, lost = [], []
         for j in range(len(self)):
+            handle = self._handle(j)
             try:
-                values.append(self._handle(j).gather())
+                values.append(handle.gather())
             except HandleGone:
+                if handle.gone == GONE:
+                    raise  # the cluster was stopped: that is the one line, not a list of every item
                 lost.append(j)
         if lost:
             name = self._label or "NAME"
