@@ -13,11 +13,11 @@ the widgets, the cluster handle) that it never runs.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from nbcluster import _lazy
 from nbcluster import config as _config  # noqa: F401 - registers nbcluster's Dask config defaults
 from nbcluster.errors import NbclusterError  # imports nothing: as cheap as a name
 
@@ -55,17 +55,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'nbcluster' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next lookup is a plain module attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy.attributes(__name__, _LAZY, globals(), __all__)
 
 
 class _Package(types.ModuleType):
