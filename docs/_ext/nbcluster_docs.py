@@ -139,17 +139,18 @@ class DistributeOptionsDirective(SphinxDirective):
 
 
 class SettingsDirective(SphinxDirective):
-    """``nbcluster-settings``: the settings of ``nbcluster.yaml``, or those below ``:below:``."""
+    """``nbcluster-settings``: the settings of ``nbcluster.yaml``, or those below the sections
+    ``:below:`` names (``limits timeouts``)."""
 
     option_spec = {"below": directives.unchanged}
 
     def run(self) -> list[nodes.Node]:
         from nbcluster.config_schema import KINDS, load
 
-        below = self.options.get("below")
+        below = tuple(f"{section}." for section in self.options.get("below", "").split())
         rows = []
         for key, setting in load().items():
-            if setting.kind == "section" or (below and not key.startswith(below + ".")):
+            if setting.kind == "section" or (below and not key.startswith(below)):
                 continue
             default = json.dumps(setting.default) if not isinstance(setting.default, str) else setting.default
             kind = KINDS.get(setting.kind, setting.kind)
