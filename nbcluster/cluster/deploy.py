@@ -33,7 +33,7 @@ Workers out of reach: a worker on another host has no ``kill -9`` path from here
 asks the backend to end them (``scancel``, the gateway's shutdown, the SSH session's end, the
 operator's delete); a worker that misses that (its host cut off) ends through its
 ``--death-timeout`` once it cannot reach the scheduler (its nanny may outlive it: see the
-README, "Workers out of reach").
+the docs' user guide, "Scaling out", "Workers out of reach").
 
 What it leaves out: the deployment projects' own config (``jobqueue.slurm``, ``gateway``),
 which they read themselves; profile options pass through unchanged except where `--workers`,
