@@ -13,11 +13,11 @@ the widgets, the cluster handle) that it never runs.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from nbcluster import _lazy
 from nbcluster import config as _config  # noqa: F401 - registers nbcluster's Dask config defaults
 from nbcluster.errors import NbclusterError  # imports nothing: as cheap as a name
 
@@ -55,17 +55,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'nbcluster' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next lookup is a plain module attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy.attributes(__name__, _LAZY, globals(), __all__)
 
 
 class _Package(types.ModuleType):
@@ -89,7 +79,30 @@ sys.modules[__name__].__class__ = _Package
 def use(name_or_address: str, *, security: Any = None) -> ClusterHandle:
     """Make a running cluster (by name or address) the current one of this process.
 
-    `security` is ``(CA, CERT, KEY)`` for a ``tls://`` scheduler run by someone else.
+    Its Client becomes Dask's default client, so plain Dask code runs there too
+    (``%cluster use NAME`` in a notebook).
+
+    Parameters
+    ----------
+    name_or_address : str
+        A name from `clusters`, or a scheduler address such as ``tls://host:8786``.
+    security : tuple of str, optional
+        ``(CA, CERT, KEY)``: PEM files for a ``tls://`` scheduler run by someone else.
+
+    Returns
+    -------
+    ClusterHandle
+        The cluster, now `current`.
+
+    Raises
+    ------
+    nbcluster.errors.ClusterNotFound
+        No running cluster of that name.
+
+    Examples
+    --------
+    >>> nbcluster.use("shared")                 # started in a terminal: nbcluster start --name shared
+    >>> nbcluster.use("tls://host:8786", security=("ca.pem", "cert.pem", "key.pem"))
     """
     from nbcluster import _current
 
@@ -102,7 +115,20 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """`%load_ext nbcluster`: register `%cluster` and `%%distribute`."""
+    """Register ``%cluster`` and ``%%distribute``: what ``%load_ext nbcluster`` calls.
+
+    It also starts a spare supervisor process in the background, so that the first
+    ``%cluster start`` is quick.
+
+    Parameters
+    ----------
+    ipython : IPython.core.interactiveshell.InteractiveShell
+        The shell to register the magics in.
+
+    Examples
+    --------
+    >>> get_ipython().run_line_magic("load_ext", "nbcluster")
+    """
     from nbcluster.cluster.launcher import prewarm
     from nbcluster.magics import NbclusterMagics, forget_shown_after_cells
 

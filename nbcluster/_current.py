@@ -67,7 +67,19 @@ def forget(name: str) -> None:
 
 
 def current() -> ClusterHandle | None:
-    """The current cluster, or None (also when it has stopped since it was chosen)."""
+    """The current cluster: the one `%%distribute` and Dask's default client use.
+
+    Returns
+    -------
+    ClusterHandle or None
+        None when there is none, also when it has stopped since it was chosen.
+
+    Examples
+    --------
+    >>> nbcluster.start(name="demo")
+    >>> nbcluster.current().name
+    'demo'
+    """
     if _current is not None and not _alive(_current):
         forget(_current.name)
     return _current
@@ -96,10 +108,14 @@ def start(*args: Any, **kwargs: Any) -> ClusterHandle:
     return use(start_cluster(*args, **kwargs))
 
 
-start.__doc__ = f"""{start_cluster.__doc__}
-    The cluster also becomes this process's current one, and its Client Dask's default
-    client (`nbcluster.cluster.handle.start` does neither, for servers and scripts).
-    """
+# The same docstring, with what this start does besides (before its numpydoc sections).
+start.__doc__ = (start_cluster.__doc__ or "").replace(
+    "\n    Parameters\n",
+    "\n    The cluster also becomes this process's current one, and its Client Dask's default\n"
+    "    client (`nbcluster.cluster.handle.start` does neither, for servers and scripts).\n"
+    "\n    Parameters\n",
+    1,
+)
 
 
 def attach(name_or_address: str, *, security: Any = None) -> ClusterHandle:

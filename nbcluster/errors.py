@@ -9,7 +9,20 @@ from __future__ import annotations
 
 
 class NbclusterError(Exception):
-    """A user-fixable problem; `str(error)` is the whole message."""
+    """A problem the user can fix; ``str(error)`` is the whole message, and it says how.
+
+    Every error nbcluster raises on purpose is one of its subclasses (a bad argument, an
+    unknown cluster, a cluster that failed to start or was lost), so one ``except`` catches
+    them all; the magics show only the message, never a traceback.
+
+    Examples
+    --------
+    >>> try:
+    ...     nbcluster.connect("nope")
+    ... except nbcluster.NbclusterError as error:
+    ...     print(error)
+    no cluster named 'nope'. None is running. Start it with `%cluster start --name nope`.
+    """
 
 
 class BadArgument(NbclusterError, ValueError):

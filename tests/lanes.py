@@ -43,6 +43,7 @@ LANES: dict[str, tuple[str, ...]] = {
     "test_server::test_a_cluster_through_every_route": ("slow",),
     "test_engine::test_a_cluster_killed_mid_cell_ends_the_cell_with_one_line": ("slow",),
     "test_bad_input::test_cluster_stop_in_*": ("slow",),
+    "test_docs::test_site_*": ("slow",),
 }
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,15 +137,3 @@ def test_every_setting_in_nbcluster_yaml_has_a_description_and_a_kind() -> None:
     assert config_schema.settings()["widget.delay"].kind == "duration"
     assert config_schema.settings()["limits.max-memory"].kind == "size"
     assert config_schema.settings()["profiles"].kind == "mapping"
-
-
-def test_the_readme_states_every_setting_with_its_default() -> None:
-    # The README's tables restate nbcluster.yaml: a renamed key or a changed default fails here.
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    rows = re.findall(r"^\| `(?:nbcluster\.)?([a-z-]+\.[a-z.-]+)` \| `([^`]*)`", readme, re.MULTILINE)
-    stated = {key: yaml.safe_load(default) for key, default in rows}
-    settings = config_schema.settings()
-    assert sorted(set(stated) - set(settings)) == [], "README rows that name no setting"
-    assert {k: v for k, v in stated.items() if v != settings[k].default} == {}, "README defaults that differ"
-    leaves = {k for k, s in settings.items() if s.kind != "section" and k != "profiles"}  # profiles: its own section
-    assert sorted(leaves - set(stated)) == [], "settings the README does not list"

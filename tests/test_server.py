@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import dask.config
+import jsonschema
 import psutil
 import pytest
 from jupyter_server.auth.authorizer import Authorizer
@@ -29,6 +30,7 @@ from tornado.websocket import WebSocketClientConnection, WebSocketHandler
 import nbcluster
 from nbcluster._wire import Cluster, Snapshot, problems
 from nbcluster.cluster import registry
+from nbcluster.server import openapi
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -77,9 +79,33 @@ def api(jp_fetch):
             response = error.response
         text = response.body.decode() if response.body else ""
         is_json = response.headers.get("Content-Type", "").startswith("application/json")
-        return response.code, (json.loads(text) if is_json and text else text)
+        reply = json.loads(text) if is_json and text else text
+        if path.startswith("api/"):
+            assert_documented(method, path, response.code, reply)
+        return response.code, reply
 
     return call
+
+
+# The components travel with each schema, where its `#/components/...` references point.
+_COMPONENTS = openapi.document()["components"]
+
+
+def assert_documented(method: str, path: str, status: int, reply: Any) -> None:
+    """Every answer of an `api/` route is one the OpenAPI document (the docs' REST
+    reference) declares, for that route, method and status."""
+    try:
+        shape = openapi.response_schema(method, path, status)
+    except KeyError:
+        pytest.fail(f"{method} {path} answered {status}, which the OpenAPI document does not declare")
+    if shape is None:
+        assert reply == "", f"{method} {path} -> {status} should have no body, got {reply!r}"
+        return
+    errors = [
+        f"{'/'.join(map(str, e.absolute_path)) or '$'}: {e.message}"
+        for e in jsonschema.Draft202012Validator({**shape, "components": _COMPONENTS}).iter_errors(reply)
+    ]
+    assert not errors, f"{method} {path} -> {status} differs from the OpenAPI document: {errors[:5]}"
 
 
 def python(code: str, runtime_dir: Path, timeout: float = 60) -> str:

@@ -20,7 +20,6 @@ from typing import Any
 
 import dask.config
 import pytest
-import yaml
 from dask.utils import format_bytes as dask_format_bytes
 from distributed import as_completed
 
@@ -361,11 +360,3 @@ def test_timings_and_bounds_come_from_dask_config() -> None:
     assert after.widget.limits == {"maxTasks": 7, "maxSamples": 3}
     assert after.widget.resource_window == 5.0
     assert after.metrics.tasks.maxlen == 7
-
-
-def test_every_live_graph_setting_has_a_readme_row() -> None:
-    defaults = yaml.safe_load((ROOT / "nbcluster" / "nbcluster.yaml").read_text())["nbcluster"]
-    readme = (ROOT / "README.md").read_text()
-    for section in ("widget", "sidebar", "metrics"):
-        for key, value in defaults[section].items():
-            assert f"| `{section}.{key}` | `{value}` |" in readme, f"README lacks {section}.{key}"

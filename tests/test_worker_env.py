@@ -114,14 +114,18 @@ def test_the_trim_runs_once_after_work() -> None:
     assert calls == [0]
 
 
-def test_the_worker_environment_is_a_dask_setting(runtime_dir: Any) -> None:
-    with dask.config.set({"nbcluster.worker.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 1048576}):
-        handle = nbcluster.cluster.handle.start(workers=1, name="env")
+def _in_new_workers(name: str, variable: str) -> set[str | None]:
+    """`variable` in the environment of the workers of a new 1-worker cluster."""
+    handle = nbcluster.cluster.handle.start(workers=1, name=name)
     try:
-        env = handle.client.run(lambda: os.environ.get("MALLOC_MMAP_THRESHOLD_"))
-        assert set(env.values()) == {"1048576"}
+        return set(handle.client.run(lambda: os.environ.get(variable)).values())
     finally:
         handle.stop()
+
+
+def test_the_worker_environment_is_a_dask_setting(runtime_dir: Any) -> None:
+    with dask.config.set({"nbcluster.worker.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 1048576}):
+        assert _in_new_workers("env", "MALLOC_MMAP_THRESHOLD_") == {"1048576"}
 
 
 def test_libc_has_malloc_trim() -> None:
@@ -142,19 +146,9 @@ def test_a_kernel_that_ran_a_plain_dask_cluster_still_gets_nbclusters_environmen
         pass
     dask_own = str(dask.config.get("distributed.nanny.pre-spawn-environ")["MALLOC_TRIM_THRESHOLD_"])
     assert os.environ.get("MALLOC_TRIM_THRESHOLD_") == dask_own != ours
-    handle = nbcluster.cluster.handle.start(workers=1, name="after-dask")
-    try:
-        env = handle.client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
-        assert set(env.values()) == {ours}
-    finally:
-        handle.stop()
+    assert _in_new_workers("after-dask", "MALLOC_TRIM_THRESHOLD_") == {ours}
 
 
 def test_a_worker_variable_the_user_set_still_wins(runtime_dir: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")
-    handle = nbcluster.cluster.handle.start(workers=1, name="user-env")
-    try:
-        env = handle.client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
-        assert set(env.values()) == {"1048576"}
-    finally:
-        handle.stop()
+    assert _in_new_workers("user-env", "MALLOC_TRIM_THRESHOLD_") == {"1048576"}

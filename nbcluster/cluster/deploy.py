@@ -33,7 +33,7 @@ Workers out of reach: a worker on another host has no ``kill -9`` path from here
 asks the backend to end them (``scancel``, the gateway's shutdown, the SSH session's end, the
 operator's delete); a worker that misses that (its host cut off) ends through its
 ``--death-timeout`` once it cannot reach the scheduler (its nanny may outlive it: see the
-README, "Workers out of reach").
+the docs' user guide, "Scaling out", "Workers out of reach").
 
 What it leaves out: the deployment projects' own config (``jobqueue.slurm``, ``gateway``),
 which they read themselves; profile options pass through unchanged except where `--workers`,
@@ -72,6 +72,8 @@ class Deployment:
 
     #: The scheduler object when it runs in this process, else None.
     scheduler: Any = None
+    #: The backend's own cluster object (a Dask `Cluster`, or dask-gateway's `GatewayCluster`).
+    cluster: Any = None
     adaptive_bounds: Bounds | None = None
 
     def __init__(self, spec: ClusterSpec, profile: Profile):
@@ -83,7 +85,8 @@ class Deployment:
 
     @property
     def address(self) -> str:
-        raise NotImplementedError
+        address: str = self.cluster.scheduler_address
+        return address
 
     @property
     def dashboard(self) -> str | None:
@@ -129,6 +132,8 @@ class Deployment:
 class LocalDeployment(Deployment):
     """nbcluster's own SpecCluster: CPU and GPU worker processes on this machine."""
 
+    cluster: speccluster.NbSpecCluster
+
     def __init__(self, spec: ClusterSpec, profile: Profile, devices: list[GPU], security: Security):
         super().__init__(spec, profile)
         self.cluster = speccluster.local_cluster(spec, devices, security)
@@ -136,11 +141,6 @@ class LocalDeployment(Deployment):
     async def start(self) -> None:
         await self.cluster
         self.scheduler = self.cluster.scheduler
-
-    @property
-    def address(self) -> str:
-        address: str = self.cluster.scheduler_address
-        return address
 
     @property
     def dashboard(self) -> str | None:
@@ -182,11 +182,6 @@ class _SpecBased(Deployment):
     per worker, so scale/adapt are the SpecCluster's own."""
 
     cluster: Any
-
-    @property
-    def address(self) -> str:
-        address: str = self.cluster.scheduler_address
-        return address
 
     def requested_by_kind(self) -> Requested:
         return {"cpu": len(self.cluster.worker_spec), "gpu": 0}
@@ -449,11 +444,6 @@ class GatewayDeployment(_Remote):
         if self.spec.workers:
             await self.scale(self.spec.workers)
         await self.connect_client()
-
-    @property
-    def address(self) -> str:
-        address: str = self.cluster.scheduler_address
-        return address
 
     @property
     def dashboard(self) -> str | None:

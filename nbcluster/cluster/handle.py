@@ -68,7 +68,20 @@ def _comm_for(address: str) -> None:
 
 
 class ClusterHandle:
-    """One running cluster, as seen from a client process."""
+    """One running cluster, as seen from a client process.
+
+    Made by `nbcluster.start`, `nbcluster.connect`, `nbcluster.use` and
+    `nbcluster.clusters`, never directly. It holds no state of the cluster's: each call asks
+    the scheduler, so any number of handles, in any processes, agree.
+
+    Examples
+    --------
+    >>> cluster = nbcluster.start(workers=2)
+    >>> cluster.scale(4)
+    >>> cluster.client.submit(sum, [1, 2]).result()
+    3
+    >>> cluster.stop()
+    """
 
     def __init__(self, entry: Entry, *, directory: Path | None = None, reused: bool = False):
         self.entry = entry
@@ -81,10 +94,12 @@ class ClusterHandle:
 
     @property
     def name(self) -> str:
+        """The cluster's name (for an external scheduler, its address)."""
         return self.entry["name"]
 
     @property
     def address(self) -> str:
+        """The scheduler's address, such as ``tls://127.0.0.1:40123``."""
         return self.entry["address"]
 
     @property
@@ -94,11 +109,17 @@ class ClusterHandle:
 
     @property
     def security(self) -> Security | None:
+        """The `distributed.Security` a client needs (the cluster's own TLS files), or None."""
         tls = self.entry.get("tls")
         return security_from(tls) if tls else None
 
     @property
     def dashboard_link(self) -> str | None:
+        """The Dask dashboard's own address, or None unless started with ``dashboard=True``.
+
+        It asks for the cluster's certificate: a browser opens it through Jupyter instead,
+        at ``<base_url>nbcluster/dashboard/NAME/status`` (the link `info` shows).
+        """
         return None if self.entry["external"] else self.entry.get("dashboard")
 
     def __repr__(self) -> str:
@@ -127,11 +148,27 @@ class ClusterHandle:
         return pool
 
     async def arpc(self, op: str, timeout: float = 30, **kwargs: Any) -> Any:
-        """Call scheduler handler `op` (e.g. ``"nbcluster_scale"``) and return its answer.
+        """Call the scheduler's handler `op` and return its answer (a coroutine).
 
-        A scheduler that cannot be reached, or does not answer within `timeout`, raises
-        `ClusterUnreachable`; an error raised by the handler itself (say a `BadArgument`)
-        comes through as that error.
+        Parameters
+        ----------
+        op : str
+            The handler, such as ``"nbcluster_info"`` or Dask's own ``"identity"``.
+        timeout : float, default 30
+            Seconds the answer may take.
+        **kwargs
+            The handler's arguments.
+
+        Returns
+        -------
+        object
+            The handler's answer, as msgpack carried it (lists may arrive as tuples).
+
+        Raises
+        ------
+        nbcluster.errors.ClusterUnreachable
+            If the scheduler cannot be reached or does not answer within `timeout`. An error
+            the handler raises itself (say a `BadArgument`) comes through as that error.
         """
         address, tls = self._route(op)
         pool = await self._pool(address, tls)
@@ -159,6 +196,27 @@ class ClusterHandle:
             ) from None
 
     def rpc(self, op: str, timeout: float = 30, **kwargs: Any) -> Any:
+        """`arpc`, blocking: call the scheduler's handler `op` and return its answer.
+
+        Parameters
+        ----------
+        op : str
+            The handler, such as ``"nbcluster_info"``.
+        timeout : float, default 30
+            Seconds the answer may take.
+        **kwargs
+            The handler's arguments.
+
+        Returns
+        -------
+        object
+            The handler's answer.
+
+        Raises
+        ------
+        nbcluster.errors.ClusterUnreachable
+            If the scheduler does not answer in time.
+        """
         return _aio.run(self.arpc(op, timeout=timeout, **kwargs))
 
     def _need_managed(self, what: str) -> None:
@@ -169,6 +227,18 @@ class ClusterHandle:
             )
 
     async def ainfo(self) -> ClusterState:
+        """The scheduler's live answer to ``nbcluster_info`` (a coroutine; `info` blocks).
+
+        Returns
+        -------
+        nbcluster._wire.ClusterState
+            Workers (with host, job id, GPU), task counts, spec, backend and owner.
+
+        Raises
+        ------
+        nbcluster.errors.ClusterUnreachable
+            If the scheduler does not answer.
+        """
         if not self.managed:
             ident = await self.arpc("identity")
             return {
@@ -180,18 +250,69 @@ class ClusterHandle:
         return info
 
     def info(self) -> ClusterInfo:
-        """Live state: workers (with GPUs), cores, memory, running tasks."""
+        """The cluster's live state, as ``%cluster status`` shows it.
+
+        Returns
+        -------
+        nbcluster.cluster.info.ClusterInfo
+            Workers (with GPUs), cores, memory and running tasks; a table in a notebook,
+            and its ``data`` the `ainfo` answer.
+
+        Raises
+        ------
+        nbcluster.errors.ClusterUnreachable
+            If the scheduler does not answer.
+
+        Examples
+        --------
+        >>> len(cluster.info().data["workers"])
+        2
+        """
         return ClusterInfo(_aio.run(self.ainfo()))
 
     async def ametrics(self, since: int | None = None, detail: int | None = None) -> Snapshot:
+        """`metrics`, as a coroutine.
+
+        Parameters
+        ----------
+        since : int, optional
+            The ``cursor`` of the previous snapshot (default: everything kept).
+        detail : int, optional
+            How many workers to describe one by one (the busiest; all are summarised).
+
+        Returns
+        -------
+        nbcluster._wire.Snapshot
+            What is new since `since`.
+        """
         if self.entry["external"] and not self.entry.get("metrics"):
             return basic_snapshot(await self.arpc("identity"), since)
         snapshot: Snapshot = await self.arpc("nbcluster_metrics", since=since, detail=detail)
         return snapshot
 
     def metrics(self, since: int | None = None, detail: int | None = None) -> Snapshot:
-        """New task-stream records and resource samples since a cursor (see nbcluster.metrics);
-        `detail` caps the workers described one by one (the busiest; all are summarised)."""
+        """New task-stream records and resource samples since a cursor (see `nbcluster.metrics`).
+
+        The scheduler keeps them in bounded rings, so memory stays flat however long the
+        cluster runs; a ``gap`` in the answer says records were dropped since `since`.
+
+        Parameters
+        ----------
+        since : int, optional
+            The ``cursor`` of the previous snapshot (default: everything kept).
+        detail : int, optional
+            How many workers to describe one by one (the busiest; all are summarised).
+
+        Returns
+        -------
+        nbcluster._wire.Snapshot
+            What is new since `since`, with the ``cursor`` to pass next time.
+
+        Examples
+        --------
+        >>> first = cluster.metrics()
+        >>> later = cluster.metrics(since=first["cursor"])
+        """
         return _aio.run(self.ametrics(since, detail))
 
     @property
@@ -200,10 +321,29 @@ class ClusterHandle:
         return ClusterSpec() if self.entry["external"] else ClusterSpec.from_dict(self.entry.get("spec") or {})
 
     def scale(self, n: int, kind: str = "cpu", *, force: bool = False) -> None:
-        """Have `n` workers of `kind` ("cpu" or "gpu"); returns once they are up or gone.
+        """Have `n` workers of `kind`; returns once they are up or gone.
 
-        `n` is checked against `nbcluster.limits` here and again in the supervisor, before
-        any worker is started; `force=True` lifts the machine-derived limits (see `limits`).
+        This turns adaptive scaling off. `n` is checked against ``nbcluster.limits`` here
+        and again in the supervisor, before any worker is started.
+
+        Parameters
+        ----------
+        n : int
+            The number of workers of that kind.
+        kind : {"cpu", "gpu"}, default "cpu"
+            The worker kind.
+        force : bool, default False
+            Go past the limits derived from the machine (never those set in config).
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            A bad number or kind, a size above the limits, or an external cluster.
+
+        Examples
+        --------
+        >>> cluster.scale(4)
+        >>> cluster.scale(1, kind="gpu")
         """
         self._need_managed("scale")
         n, kind = parse_count(n, "the number of workers"), check_kind(kind)
@@ -213,9 +353,28 @@ class ClusterHandle:
         self.rpc("nbcluster_scale", timeout=120, n=n, kind=kind, force=force)
 
     def adapt(self, minimum: int = 0, maximum: int = 4, *, force: bool = False) -> None:
-        """Let the cluster grow and shrink its CPU workers between the bounds by load.
+        """Let the cluster grow and shrink its CPU workers between the bounds, by load.
 
-        `maximum` is checked against `nbcluster.limits` like a `scale` (`force` as there).
+        An explicit `scale` turns this off again.
+
+        Parameters
+        ----------
+        minimum : int, default 0
+            The fewest CPU workers.
+        maximum : int, default 4
+            The most CPU workers; checked against ``nbcluster.limits`` like a `scale`.
+        force : bool, default False
+            Go past the limits derived from the machine (never those set in config).
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            Bounds that are not counts, `minimum` above `maximum`, a size above the limits,
+            or an external cluster.
+
+        Examples
+        --------
+        >>> cluster.adapt(minimum=1, maximum=8)
         """
         self._need_managed("adapt")
         lo, hi = parse_bounds(minimum, maximum)
@@ -263,6 +422,7 @@ class ClusterHandle:
         return self._client
 
     def close_client(self) -> None:
+        """Close this handle's `client`, if it made one; the cluster keeps running."""
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -302,9 +462,37 @@ def connect(
 ) -> ClusterHandle:
     """A handle on a running cluster, by registry name or scheduler address.
 
-    `security` is ``(CA, CERT, KEY)`` (or ``"CA,CERT,KEY"``): the files for a ``tls://``
-    scheduler run by someone else. Such an external cluster gets nbcluster's metrics plugin
+    A scheduler nbcluster did not start (an address) is an external cluster: it can be used
+    and watched, but not scaled or stopped from here. It gets nbcluster's metrics plugin
     where its scheduler accepts it (it must import nbcluster), else the basic view.
+
+    Parameters
+    ----------
+    name_or_address : str
+        A name from `clusters`, or a scheduler address such as ``tls://host:8786``.
+    security : tuple of str or str, optional
+        ``(CA, CERT, KEY)`` (or ``"CA,CERT,KEY"``): PEM files for a ``tls://`` scheduler
+        run by someone else.
+    runtime_dir : str or path, optional
+        The registry folder (default: ``NBCLUSTER_RUNTIME_DIR``, else Jupyter's runtime
+        folder).
+
+    Returns
+    -------
+    ClusterHandle
+        The cluster; unlike `nbcluster.use`, it does not become the current one.
+
+    Raises
+    ------
+    nbcluster.errors.ClusterNotFound
+        No running cluster of that name (the message names those that run).
+    nbcluster.errors.ClusterUnreachable
+        The address does not answer within ``nbcluster.timeouts.connect``.
+
+    Examples
+    --------
+    >>> nbcluster.connect("local").name
+    'local'
     """
     directory = registry.runtime_dir(runtime_dir)
     target = str(name_or_address).strip()
@@ -375,7 +563,24 @@ def _registered(directory: Path, name: str) -> ClusterHandle:
 
 
 def clusters(*, runtime_dir: str | os.PathLike[str] | None = None) -> list[ClusterHandle]:
-    """Every running cluster in the registry, whoever started it, oldest first."""
+    """Every running cluster in the registry, whoever started it, oldest first.
+
+    Parameters
+    ----------
+    runtime_dir : str or path, optional
+        The registry folder (default: ``NBCLUSTER_RUNTIME_DIR``, else Jupyter's runtime
+        folder).
+
+    Returns
+    -------
+    list of ClusterHandle
+        One per cluster; entries whose supervisor has gone are pruned on the way.
+
+    Examples
+    --------
+    >>> [c.name for c in nbcluster.clusters()]
+    ['local', 'big']
+    """
     directory = registry.runtime_dir(runtime_dir)
     launcher.reap_children()
     return [ClusterHandle(e, directory=directory) for e in registry.entries(directory)]
@@ -411,6 +616,55 @@ def start(
     ``local``): a batch system, a gateway, SSH hosts or Kubernetes. `workers`, `threads`
     and `memory` override the profile's options where they apply (jobs, cores and memory
     per job for dask-jobqueue). Stop cancels whatever the backend started.
+
+    Parameters
+    ----------
+    workers : int, optional
+        CPU worker processes (default: one per core, or ``nbcluster.defaults.workers``).
+    threads : int, optional
+        Threads per worker (default: 1).
+    memory : str or int, optional
+        Memory limit per worker, such as ``"4GiB"`` or bytes (default: a share of RAM).
+    gpus : int or "auto", optional
+        One GPU worker per device: ``"auto"`` for every GPU found, or a number.
+    name : str, optional
+        The cluster's name (default: ``local``, then ``local-2``, ...; on a profile, the
+        profile's name).
+    keep : bool, default False
+        Keep running after the owner process exits (stop it with ``nbcluster stop NAME``).
+    dashboard : bool, default False
+        Start Dask's dashboard (opened through Jupyter's proxy).
+    gpu_backend : str, optional
+        GPU worker implementation: ``"builtin"`` (default) or ``"dask-cuda"``.
+    profile : str, optional
+        Where to run: a profile of ``nbcluster.profiles`` in Dask config (default: local).
+    force : bool, default False
+        Go past the limits derived from this machine (never those set in config).
+    owner_pid : int, optional
+        The process whose exit stops the cluster (default: this one).
+    runtime_dir : str or path, optional
+        The registry folder (default: ``NBCLUSTER_RUNTIME_DIR``, else Jupyter's runtime
+        folder).
+
+    Returns
+    -------
+    ClusterHandle
+        The running cluster; ``reused`` is True when it was already running.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        A value that is not valid, or a size above the limits, with what to do.
+    nbcluster.errors.ClusterFailed
+        The cluster did not start (or not within ``nbcluster.timeouts.start``); the message
+        names its log.
+
+    Examples
+    --------
+    >>> cluster = nbcluster.start(workers=2, memory="1GiB")
+    >>> cluster.info().data["workers"][0]["nthreads"]
+    1
+    >>> cluster.stop()
     """
     spec = ClusterSpec.from_user(
         workers=workers,

@@ -28,7 +28,7 @@ a switch: ``false`` in a site file turns ``--dashboard`` off for everyone (`chec
 
 This guards against mistakes, not against a user set on getting round it: the checks run in
 the user's own processes, which the user controls. Hard limits are the spawner's (cgroups,
-containers): see the README, "On a shared JupyterHub".
+containers): see the docs' user guide, "On a shared JupyterHub".
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class StartOption:
 FORCE_HELP = "go past the limits derived from this machine (not those set in config)"
 
 #: The start options, declared once: the `%cluster`/CLI parser, their `--help`, the REST
-#: body's fields and the README's table are all made from this.
+#: body's fields and the docs' option reference are all made from this.
 START_OPTIONS = (
     StartOption(
         "workers", "CPU worker processes (default: one per core, or `nbcluster.defaults.workers`)", "N"

@@ -19,8 +19,9 @@ package on its way to `worker`, and must not import the kernel side with it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nbcluster import _lazy
 
 if TYPE_CHECKING:
     from nbcluster.distribute.args import parse_distribute_line, parse_wait_line
@@ -53,14 +54,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'nbcluster.distribute' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next lookup is a plain module attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy.attributes(__name__, _LAZY, globals(), __all__)

@@ -2,8 +2,8 @@
 
 `DistributeOptions` is the declaration: each field is one flag, with its type (the
 annotation, and how the magic reads its text: `kind`), its default (the field's) and its
-help. The magic's parser and `%%distribute?` are made from it, and the README's table is
-checked against it (`tests/test_readme_options.py`). Constructing one checks the values;
+help. The magic's parser, `%%distribute?` and the docs' option reference
+(``docs/_ext/nbcluster_docs.py``, checked by ``tests/test_docs.py``) are made from it. Constructing one checks the values;
 `%%distribute` and `distribute()` both do, so both reject the same input with the same
 message.
 

@@ -68,7 +68,26 @@ class Control(Protocol):
 
 
 class Results:
-    """Ordered results of a distributed cell; see the module docstring."""
+    """The results of one `%%distribute` cell or `distribute()` call, in the order of the items.
+
+    A read-only view that fills in while the run goes on. Index it, loop over it or take
+    ``len()`` as a list of the items' values: a failed item re-raises its own exception
+    (with the cell's line numbers) where it is read; an item not finished yet raises
+    `NotReady`, saying how to wait. For a ``--everywhere`` run, a worker's address is also
+    an index. In a notebook it displays as a compact table.
+
+    Examples
+    --------
+    >>> runs = nbcluster.distribute(lambda x: 10 / x, over=[1, 2, 0])
+    >>> runs[1]
+    5.0
+    >>> runs.values()
+    [10.0, 5.0, None]
+    >>> runs.ok, runs.counts()["failed"]
+    (False, 1)
+    >>> runs.errors[0].type_name
+    'ZeroDivisionError'
+    """
 
     __slots__ = ("__weakref__", "_control", "_label", "_plan", "_run_id", "_state")
 
@@ -81,6 +100,7 @@ class Results:
 
     @property
     def run_id(self) -> str:
+        """The run's unique id, as the live graphs and the scheduler know it."""
         return self._run_id
 
     @property
@@ -90,18 +110,22 @@ class Results:
 
     @property
     def mode(self) -> str:
+        """How the items were made: ``"over"``, ``"grid"``, ``"zip"``, ``"once"`` or ``"everywhere"``."""
         return self._plan.mode
 
     @property
     def client(self) -> Any:
+        """The `distributed.Client` the run was submitted through (None for a ``--local`` run)."""
         return self._control.client
 
     @property
     def started(self) -> float:
+        """When the run started: seconds since the epoch (`time.time`)."""
         return self._state.started
 
     @property
     def ended(self) -> float | None:
+        """When the last item finished (seconds since the epoch), or None while it runs."""
         return self._state.ended
 
     @property
@@ -168,6 +192,8 @@ class Results:
 
     @property
     def errors(self) -> list[ItemError]:
+        """The failed items, in item order: each with ``index``, ``params``, ``type_name``,
+        ``message`` and the original ``exception``, its traceback attached."""
         with self._state.lock:
             return [self._state.errors[i] for i in sorted(self._state.errors)]
 
@@ -182,28 +208,102 @@ class Results:
         return self._state.finished.is_set()
 
     def counts(self) -> dict[str, int]:
+        """How many items are in each state now.
+
+        Returns
+        -------
+        dict
+            ``{"total", "done", "failed", "cancelled", "running"}``; ``running`` counts the
+            items queued or executing.
+
+        Examples
+        --------
+        >>> runs.counts()
+        {'total': 3, 'done': 2, 'failed': 1, 'cancelled': 0, 'running': 0}
+        """
         return self._state.counts()
 
     def values(self, missing: Any = None) -> list[Any]:
-        """All values, with `missing` for items that failed, were cancelled or are pending."""
+        """All values, in item order, never raising.
+
+        Parameters
+        ----------
+        missing : object, default None
+            The stand-in for items that failed, were cancelled or are still pending.
+
+        Returns
+        -------
+        list
+            One value per item.
+
+        Examples
+        --------
+        >>> runs.values(missing=float("nan"))
+        [10.0, 5.0, nan]
+        """
         state = self._state
         with state.lock:
             return [v if s == DONE else missing for v, s in zip(state.values, state.status, strict=True)]
 
     def output(self, i: int) -> str:
-        """What item `i` printed (stderr lines marked `[stderr]`)."""
+        """What item `i` printed on its worker.
+
+        Parameters
+        ----------
+        i : int
+            The item's index (negative counts from the end).
+
+        Returns
+        -------
+        str
+            Its stdout and stderr in the order printed, stderr lines marked ``[stderr]``;
+            empty if it printed nothing.
+
+        Raises
+        ------
+        IndexError
+            If there is no item `i`.
+        """
         chunks = self._state.outputs.get(range(len(self))[i], [])
         return "".join(_chunk_text(stream, payload) for stream, payload in chunks)
 
     def raise_first(self) -> None:
-        """Raise the first failed item's exception (original type, remote traceback attached)."""
+        """Raise the first failed item's exception; do nothing when no item failed.
+
+        The exception is the original type, its traceback the item's own, in the cell's
+        line numbers.
+
+        Raises
+        ------
+        Exception
+            The first failed item's exception.
+        """
         __tracebackhide__ = True
         errors = self.errors
         if errors:
             reraise(errors[0])
 
     def to_pandas(self) -> Any:
-        """A DataFrame: one column per parameter, then `result` (and `error` if any failed)."""
+        """The results as a table: one row per item.
+
+        Returns
+        -------
+        pandas.DataFrame
+            One column per parameter (``x``, or the `grid` names), then ``result``, and
+            ``error`` (type and message) when any item failed.
+
+        Raises
+        ------
+        NbclusterError
+            If pandas is not installed.
+
+        Examples
+        --------
+        >>> nbcluster.distribute("lr * 2", grid="lr=[0.1, 0.2]").to_pandas()
+            lr  result
+        0  0.1     0.2
+        1  0.2     0.4
+        """
         try:
             import pandas as pd
         except ImportError:
@@ -221,25 +321,78 @@ class Results:
         return pd.DataFrame(rows)
 
     def wait(self, timeout: float | None = None) -> Results:
-        """Block until the run has finished (or `timeout` seconds have passed)."""
+        """Block until the run has finished, or `timeout` seconds have passed.
+
+        Unlike `nbcluster.wait`, this prints nothing.
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds to wait at most (default: as long as it takes).
+
+        Returns
+        -------
+        Results
+            This view; check `done` after a timeout.
+        """
         self._state.wait(timeout)
         return self
 
     def subscribe(self, fn: Callable[[Results], None]) -> Callable[[], None]:
-        """Call `fn(results)` after every change; returns the unsubscribe function."""
+        """Call `fn` after every change of the run: a progress display's hook.
+
+        Parameters
+        ----------
+        fn : callable
+            Called as ``fn(results)`` from the run's driver thread; keep it quick.
+
+        Returns
+        -------
+        callable
+            Call it (no arguments) to unsubscribe.
+        """
         return self._state.subscribe(lambda: fn(self))
 
     def add_done_callback(self, fn: Callable[[Results], None]) -> None:
-        """Call `fn(results)` once the run has finished (now, if it has)."""
+        """Call `fn` once the run has finished (at once, if it has).
+
+        Parameters
+        ----------
+        fn : callable
+            Called as ``fn(results)``.
+        """
         self._state.add_done_callback(lambda: fn(self))
 
     # -- acting on the run (run.Run does it) ----------------------------------------------
     def cancel(self) -> None:
-        """Cancel the items still pending, on the cluster too; finished ones are kept."""
+        """Cancel the items still pending, on the cluster too; finished ones are kept.
+
+        `retry` runs the cancelled items later. Interrupting the kernel (Ctrl-C) during a
+        waiting cell does the same.
+        """
         self._control.cancel()
 
     def retry(self, wait: bool = True) -> Results:
-        """Run again, in place, the items that failed or were cancelled."""
+        """Run again, in place, the items that failed or were cancelled.
+
+        Fix the cause (a function, a data file) first: the cell's variables are captured
+        again. Finished items are kept, not run again.
+
+        Parameters
+        ----------
+        wait : bool, default True
+            False: return at once, as a ``--no-wait`` cell does.
+
+        Returns
+        -------
+        Results
+            This view, now holding the new attempts.
+
+        Examples
+        --------
+        >>> runs.retry().ok
+        True
+        """
         self._control.retry(wait)
         return self
 
@@ -303,7 +456,13 @@ class Results:
 
     # -- summaries and display ------------------------------------------------------------
     def summary(self) -> str:
-        """One line: how many items failed and the first failure, or that all succeeded."""
+        """One line: how many items failed and the first failure, or that all succeeded.
+
+        Returns
+        -------
+        str
+            Such as ``"3 items done"`` or ``"1/3 items failed: ZeroDivisionError at item 2 (x=0)"``.
+        """
         c = self.counts()
         if not c["failed"]:
             return f"{c['total']} items done" if self.ok else self._progress_text()

@@ -79,16 +79,92 @@ def distribute(
     progress: Callable[[Results], None] | None = None,
     first_line: int = 1,
 ) -> Results:
-    """Run a cell body (source) or a function on the cluster, once per item; see README.
+    """Run a cell body or a function on the cluster, once per item: `%%distribute` in Python.
 
-    `body` is cell source (run with the item's names bound, value of its last expression
-    kept) or a function (called as `fn(x)` for `over`, `fn(a, b)` for a tuple target,
-    `fn(**params)` for `grid`/`zip`, `fn()` otherwise; plus `seed=` with `seed`).
-    `over`, `grid`, `zip` are strings evaluated in `namespace` (default: the caller's
-    globals and locals), or for functions also an iterable / a dict of lists.
-    `first_line` is the notebook line number of the body's first line (2 in a cell magic).
-    `persist` keeps each result on the worker that made it: the values of the results are
-    then `Handle`s (see `handles.py`), and `into` must name them.
+    Each item is one call (or one run of the cell) on a worker; small items are batched
+    into one task, and results stream back as they finish. The options are those of
+    `%%distribute` (its flag ``--cpu-only`` is ``cpu_only=True`` here, ``--no-wait`` is
+    ``wait=False``), with the same defaults and the same checks.
+
+    Parameters
+    ----------
+    body : str or callable
+        Cell source, run with the item's names bound; an item's result is the value of its
+        last expression. Or a function, called as ``body(x)`` for `over`, ``body(a, b)`` for
+        a tuple target such as ``"a, b in pairs"``, ``body(**params)`` for `grid` and `zip`,
+        and ``body()`` otherwise; with `seed`, also ``seed=`` the item's seed.
+    over : str or iterable, optional
+        ``"x in ITERABLE"``: one item per element, evaluated in `namespace`. For a function
+        body, also a plain iterable.
+    grid : str or dict of lists, optional
+        ``"lr=[...], depth=[...]"``: every combination of the named lists (the first name
+        varies slowest).
+    zip : str or dict of lists, optional
+        ``"a=[...], b=[...]"``: the named lists walked in step (the same length each).
+    namespace : dict, optional
+        Where `over`, `grid`, `zip` are evaluated and the cell's free names are looked up;
+        default: the caller's globals and locals. `into` is written here (default: the
+        caller's globals).
+    into : str, optional
+        A variable name: the `Results` are stored there as soon as the run starts.
+    gpus : float, optional
+        GPUs each item needs: it runs only on GPU workers.
+    cpus : float, optional
+        CPU cores each item needs, of a CPU worker.
+    cpu_only : bool, default False
+        Keep items off GPU workers.
+    retries : int, default 0
+        Run a failing item again, up to this many more times.
+    batch : int or "auto", default "auto"
+        Items per task; ``"auto"`` measures the items and batches small ones (the first
+        result still arrives after about one item's time).
+    wait : bool, default True
+        False: return at once; the results fill in while you work (`wait` blocks).
+    seed : int, optional
+        Each item gets its own reproducible ``seed`` (a variable in a cell, a keyword for a
+        function), derived from this and the item's index.
+    everywhere : bool, default False
+        Run once on every worker (set-up code); results are keyed by worker. Not with
+        `over`, `grid`, `zip` or `local`.
+    local : int or bool, default 0
+        Run the first `local` items here in this process first, to debug quickly; True
+        runs every item here (no cluster needed).
+    persist : bool, default False
+        Keep each result in the memory of the worker that made it: the values of the
+        results are then `Handle`s (``results.gather()`` brings them here), and `into`
+        must name them. Not with `local`.
+    cluster : str, optional
+        The name of the cluster to use instead of the current one.
+    client : distributed.Client, optional
+        A Dask client to run on instead of a cluster nbcluster knows.
+    progress : callable, optional
+        Called with the `Results` at the start and after each change (as by
+        `Results.subscribe`): a progress display.
+    first_line : int, default 1
+        The line number of the body's first line, for tracebacks (2 in a cell magic, whose
+        first line is ``%%distribute``).
+
+    Returns
+    -------
+    Results
+        In the order of the items; complete unless ``wait=False``.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        An option that is not valid, with what to write instead.
+    nbcluster.errors.NoCluster
+        No cluster to run on (none current, and neither `cluster` nor `client` given).
+
+    Examples
+    --------
+    >>> import nbcluster
+    >>> cluster = nbcluster.start(workers=2)
+    >>> squares = nbcluster.distribute(lambda x: x * x, over=range(5))
+    >>> squares.values()
+    [0, 1, 4, 9, 16]
+    >>> nbcluster.distribute("x + offset", over="x in range(3)", namespace={"offset": 10}).values()
+    [10, 11, 12]
     """
     _check(
         body, into, gpus, cpus, cpu_only, retries, batch, seed, everywhere, local, over, grid, zip, namespace,
@@ -252,9 +328,31 @@ class Run:
 
 
 def wait(target: Results | str, *, namespace: dict[str, Any] | None = None) -> Results:
-    """Block until a `--no-wait` run finishes, printing its output and failures here.
+    """Block until a ``--no-wait`` run finishes, printing its output and failures here.
 
-    `target` is the `Results` or the name of the variable holding it (`%distribute wait NAME`).
+    Parameters
+    ----------
+    target : Results or str
+        The run's `Results`, or the name of the variable holding them (what
+        ``%distribute wait NAME`` passes).
+    namespace : dict, optional
+        Where a name is looked up; default: the caller's globals.
+
+    Returns
+    -------
+    Results
+        `target`, finished.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        If the name is not defined, or does not hold `Results`.
+
+    Examples
+    --------
+    >>> runs = nbcluster.distribute(slow, over=range(100), wait=False)
+    >>> nbcluster.wait(runs).ok
+    True
     """
     if isinstance(target, str):
         name = target

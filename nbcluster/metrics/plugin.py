@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -188,22 +188,9 @@ class MetricsPlugin(SchedulerPlugin):
         """A kernel's report of one ``%%distribute`` run's item counts (its live view
         sends them as they change): a batch task holds many items, so only the kernel
         knows how many items are done. Served in snapshots as ``runs``."""
-        record: RunProgress = {"run": str(run), "time": time.time()}
-        # Key by key, so that mypy holds each to its declared type.
-        if "label" in counts:
-            record["label"] = counts["label"]
-        if "done" in counts:
-            record["done"] = counts["done"]
-        if "failed" in counts:
-            record["failed"] = counts["failed"]
-        if "total" in counts:
-            record["total"] = counts["total"]
-        if "cancelled" in counts:
-            record["cancelled"] = counts["cancelled"]
-        if "state" in counts:
-            record["state"] = counts["state"]
-        if "elapsed" in counts:
-            record["elapsed"] = counts["elapsed"]
+        # Only the declared keys: the kernel's counts cross a process boundary.
+        reported = {k: counts[k] for k in RunProgress.__optional_keys__ if k in counts}
+        record = cast(RunProgress, {**reported, "run": str(run), "time": time.time()})
         self.runs.pop(record["run"], None)
         self.runs[record["run"]] = record
         while len(self.runs) > MAX_RUNS:

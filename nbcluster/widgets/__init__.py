@@ -59,7 +59,7 @@ its last cell's view is still live holds the widget, which needs the kernel to d
 
 The drawing code is ``static/graphs.js``, shared with the JupyterLab sidebar panel; the
 frozen picture is drawn by ``_static.py`` from the same ``static/theme.json``. The timings
-and bounds are Dask config keys under ``nbcluster.widget.`` (README, Settings).
+and bounds are Dask config keys under ``nbcluster.widget.`` (the docs' settings reference).
 """
 
 from __future__ import annotations
