@@ -79,8 +79,8 @@ class DistributeOptions:
         "local", "run the first `K` items here in the kernel first, to debug quickly; `--local` alone "
         "runs everything here (no cluster needed)", "[K]"))
     persist: bool = field(default=False, metadata=_flag(
-        "switch", "keep each result in the memory of the worker that made it (needs `--into`); "
-        "`NAME[i]` is a handle, `NAME.gather()` brings the values here"))
+        "switch", "keep each result in the memory of the worker that made it, with `--into` naming "
+        "them: `NAME[i]` is a handle and `NAME.gather()` brings the values here"))
     cluster: str | None = field(default=None, metadata=_flag(
         "text", "use the named cluster instead of the current one", "NAME"))
     # fmt: on

@@ -407,7 +407,30 @@ class Results:
 
     # -- persisted results (--persist): the values are handles on the workers ------------------
     def gather(self, i: int | None = None) -> Any:
-        """Bring persisted values to the kernel: all of them in item order, or item `i`'s."""
+        """Bring persisted values (``--persist``) to the kernel.
+
+        Parameters
+        ----------
+        i : int, optional
+            One item's index; default: every item.
+
+        Returns
+        -------
+        object or list
+            Item `i`'s value, or every item's value in item order.
+
+        Raises
+        ------
+        nbcluster.errors.HandleGone
+            The cluster was stopped, or items were lost and Dask could not compute them
+            again: one line that names them and how to rebuild them.
+
+        Examples
+        --------
+        >>> shards = nbcluster.distribute(lambda i: [i] * 3, over=range(4), persist=True, into="shards")
+        >>> shards.gather(1)
+        [1, 1, 1]
+        """
         if i is not None:
             return self._handle(i).gather()
         values, lost = [], []
