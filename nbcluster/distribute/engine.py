@@ -136,7 +136,7 @@ class Engine:
         """Append every batch delivered from now on to `writer`; each start's end closes it."""
         self.journal = writer
         if writer is not None:
-            self.state.add_done_callback(self._end_journal)
+            self.state.on_end(self._end_journal)
 
     def _end_journal(self) -> None:
         if self.journal is not None:
@@ -227,7 +227,6 @@ class Engine:
             self.journal.reopen()
         if self.local_only:
             self.state.begin(indices)
-            self.journal_to(self.journal)
             try:
                 self.run_local(indices)
             finally:
@@ -238,7 +237,6 @@ class Engine:
         self.link.open()
         self.ship()
         self.state.begin(indices)
-        self.journal_to(self.journal)
         self.start(indices)
         return True
 
