@@ -293,3 +293,40 @@ def test_journal_enabled_false_writes_nothing(journals, tmp_path):
     with dask.config.set({"nbcluster.journal.enabled": False}):
         run(tmp_path / "log", 3, local=True)
     assert not journals.exists()
+
+
+def test_distribute_runs_lists_and_forget_deletes(journals, tmp_path, shell, capsys):
+    log = tmp_path / "log"
+    run(log, 4, local=True)
+    first = run(log, 9, local=True)
+    assert first.ok
+    (newest, oldest) = journal.journals(where=journals)
+    capsys.readouterr()
+    shell.run_line_magic("distribute", "runs")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["ID", "WHEN", "CELL", "DONE", "SIZE", "STATE"]
+    assert lines[1].split()[0] == newest.name[:8] and lines[1].split()[-1] == "complete"
+    assert " 9/9 " in lines[1] and " 4/4 " in lines[2] and "with open(log, 'a') as f:" in lines[1]
+    shell.run_line_magic("distribute", f"forget {oldest.name[:8]}")
+    assert capsys.readouterr().out == "Forgot 1 journaled run.\n"
+    assert journal.journals(where=journals) == [newest]
+    with pytest.raises(Exception, match="no journaled run 'abcdef12': `runs` lists their IDs"):
+        shell.run_line_magic("distribute", "forget abcdef12")
+    shell.run_line_magic("distribute", "forget --all")
+    assert capsys.readouterr().out == "Forgot 1 journaled run.\n"
+    shell.run_line_magic("distribute", "runs")
+    assert capsys.readouterr().out == f"No journaled runs (in {journals}).\n"
+
+
+def test_nbcluster_runs_on_the_command_line(journals, tmp_path, cli):
+    run(tmp_path / "log", 3, local=True)
+    (found,) = journal.journals(where=journals)
+    env = {"DASK_NBCLUSTER__JOURNAL__PATH": str(journals)}
+    listed = cli("runs", env=env)
+    assert listed.returncode == 0 and f"{found.name[:8]}" in listed.stdout and "3/3" in listed.stdout, listed
+    bad = cli("runs", "--forget", env=env)
+    assert bad.returncode == 2
+    assert bad.stderr == "nbcluster: error: say which runs to forget: their IDs (from `runs`), or --all\n"
+    gone = cli("runs", "--forget", found.name[:8], env=env)
+    assert gone.returncode == 0 and gone.stdout == "Forgot 1 journaled run.\n", gone
+    assert not found.exists()

@@ -51,6 +51,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import importlib.metadata
 import json
 import os
 import pickle
@@ -65,13 +67,23 @@ from typing import Any, Literal, TypedDict
 import cloudpickle
 from dask.utils import parse_bytes
 
-from nbcluster import __version__, config
+from nbcluster import config
 
 FORMAT = 1  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
 SUFFIX = ".journal"
 _LENGTH = struct.Struct("<I")
 _PLAIN = frozenset({int, float, bool, type(None), complex})
+
+
+@functools.cache
+def _version() -> str:
+    # Not `nbcluster.__version__`: the package imports the kernel side lazily, and this module
+    # must not import the package's __init__ back (tests/test_imports.py).
+    try:
+        return importlib.metadata.version("nbcluster")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class Header(TypedDict):
@@ -199,7 +211,7 @@ def read_header(data: bytes, path: Path) -> tuple[Header, int]:
     if header.get("format") != FORMAT:
         raise Refused(
             f"the journal of {when} was written by nbcluster {header.get('nbcluster', '?')} "
-            f"(journal format {header.get('format')}), which this nbcluster {__version__} cannot read"
+            f"(journal format {header.get('format')}), which this nbcluster {_version()} cannot read"
         )
     return header, end + 1  # type: ignore[return-value]  # checked field by field is not worth it: format matched
 
@@ -410,7 +422,7 @@ def create(identity: str, total: int, first_line: str) -> Writer | None:
         prune(_size("journal.max-size"), base)
         fd = _lock(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
         header: Header = {
-            "format": FORMAT, "nbcluster": __version__, "identity": identity, "total": total,
+            "format": FORMAT, "nbcluster": _version(), "identity": identity, "total": total,
             "first_line": first_line, "started": started,
         }  # fmt: skip
         data = MAGIC + json.dumps(header).encode() + b"\n"
