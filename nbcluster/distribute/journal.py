@@ -13,11 +13,12 @@ Policy
   kernel loses at most the batches that had not reached it (the operating system keeps what
   was written; there is no fsync per batch, which would cost milliseconds each: a journal
   protects against a dead kernel, not a dead machine).
-- **Cheap for tiny items.** A batch whose values are all plain scalars (int, float, bool,
-  None, complex) is pickled as one list. Any other value is pickled on its own (protocol 5,
-  arrays copied once), so that one value that cannot be loaded later (its class is gone)
-  re-runs that item alone, and one above ``nbcluster.journal.max-item-size`` is left out
-  (and re-run) alone.
+- **Cheap for tiny items.** A batch whose values are all builtin data (numbers, strings,
+  lists, tuples, dicts, sets of them: what always loads again) is pickled as one list, at
+  C speed (`_BuiltinsOnly`). A batch with any other value (a class of the user's, an
+  array) has each value pickled on its own (protocol 5, arrays copied once), so that one
+  value that cannot be loaded later (its class is gone) re-runs that item alone, and one
+  above ``nbcluster.journal.max-item-size`` is left out (and re-run) alone.
 - **A journal never breaks a cell.** Any failure to write (a full disk, a folder that
   cannot be written) prints one warning line, and the run goes on unjournaled.
 - **One writer at a time.** A run holds an exclusive ``flock`` on its journal while it
@@ -53,6 +54,7 @@ import contextlib
 import fcntl
 import functools
 import importlib.metadata
+import io
 import json
 import os
 import pickle
@@ -73,7 +75,6 @@ FORMAT = 1  # bump when a record's shape changes: an older reader then refuses t
 MAGIC = b"NBCLUSTER-JOURNAL\n"
 SUFFIX = ".journal"
 _LENGTH = struct.Struct("<I")
-_PLAIN = frozenset({int, float, bool, type(None), complex})
 
 
 @functools.cache
@@ -105,7 +106,7 @@ class Batch(TypedDict):
     where: str  # "the cluster" or "the kernel" (--local)
     indices: Sequence[int]  # a range for a contiguous batch
     failed: list[int]  # item indices that failed: not journaled, re-run on resume
-    plain: list[Any] | None  # the values as they are, when all are plain scalars
+    plain: bytes | None  # the values pickled as one list, when all are builtin data (`_plain`)
     pickled: list[bytes | None] | None  # else one pickle per item; None: left out (too large)
     outputs: dict[int, list[list[Any]]]  # what items printed, by item index
 
@@ -244,7 +245,8 @@ def load(path: Path, *, values: bool = True) -> Loaded:
             continue
         loaded.ended = None  # a retry after an End went on: its End comes later, or never
         failed = set(record["failed"])
-        indices, plain, pickled = record["indices"], record["plain"], record["pickled"]
+        indices, pickled = record["indices"], record["pickled"]
+        plain = None if record["plain"] is None else pickle.loads(record["plain"])
         for j, i in enumerate(indices):
             if i in failed:
                 if i not in done:
@@ -309,12 +311,9 @@ class Writer:
             n = len(values)
             if n < len(indices):  # a stopped batch: the items it did not reach are not in it
                 indices = indices[:n]
-            plain: list[Any] | None = list(values)
-            pickled = None
-            for v in values:
-                if type(v) not in _PLAIN:
-                    plain, pickled = None, [self._pickle(v) for v in values]
-                    break
+            plain, pickled = _plain(values, self._max_item), None
+            if plain is None:
+                pickled = [self._pickle(v) for v in values]
             record: Batch = {
                 "kind": "batch", "at": time.time(), "where": where, "indices": indices,
                 "failed": list(failed), "plain": plain, "pickled": pickled, "outputs": outputs,
@@ -382,6 +381,35 @@ class Writer:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class _Mixed(Exception):
+    pass
+
+
+class _BuiltinsOnly(pickle.Pickler):
+    """A pickler that gives up at the first object that is not builtin data.
+
+    CPython's pickler calls `reducer_override` for every object except None, bools and
+    exact ints, floats, str, bytes, lists, tuples, dicts, sets and frozensets; so a batch of
+    such values pickles at C speed with no call back here, and any other object (a class of
+    the user's, a numpy array) stops it at once.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        raise _Mixed
+
+
+def _plain(values: Sequence[Any], max_item: int) -> bytes | None:
+    """`values` pickled as one list when all are builtin data (they always load again) and
+    the whole is within `max_item`; else None (then each is pickled alone)."""
+    out = io.BytesIO()
+    try:
+        _BuiltinsOnly(out, protocol=5).dump(values)
+    except (_Mixed, RecursionError):
+        return None
+    blob = out.getvalue()
+    return blob if len(blob) <= max_item else None
 
 
 def _journal_failed(e: BaseException, path: Path) -> str:
