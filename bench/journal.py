@@ -100,7 +100,8 @@ def run_pair(cell: str, over: str, ns: dict[str, Any], repeats: int) -> tuple[li
         for enabled in order:
             with dask.config.set({"nbcluster.journal.enabled": enabled}), WriteTimer() as timer:
                 # A fresh identity each time (the `r` and the flag in the cell): no hint, no resume.
-                t = timed(lambda: nbcluster.distribute(f"{cell}  # {r} {enabled}", over=over, namespace=ns))
+                body = f"{cell}  # {r} {enabled}"
+                t = timed(lambda: nbcluster.distribute(body, over=over, namespace=ns))  # noqa: B023 (called at once)
             (on if enabled else off).append(t)
             if enabled:
                 writes.append(timer.seconds)
