@@ -330,3 +330,26 @@ def test_nbcluster_runs_on_the_command_line(journals, tmp_path, cli):
     gone = cli("runs", "--forget", found.name[:8], env=env)
     assert gone.returncode == 0 and gone.stdout == "Forgot 1 journaled run.\n", gone
     assert not found.exists()
+
+
+def test_resume_with_persist_says_in_one_line_that_it_is_not_journaled(cluster, journals, tmp_path, capsys):
+    ns: dict = {"log": str(tmp_path / "log")}
+    held = nbcluster.distribute(CELL, over="x in range(3)", namespace=ns, persist=True, into="held", resume=True)
+    out = capsys.readouterr().out.splitlines()
+    assert "nbcluster: --persist runs are not journaled, so --resume has nothing to pick up: running every item" in out
+    assert held.gather() == [0, 10, 20] and not journals.exists()
+    held.release()
+
+
+def test_a_retry_goes_on_in_the_same_journal(journals, tmp_path):
+    log, flag = tmp_path / "log", tmp_path / "fixed"
+    cell = CELL.replace("x * 10", "if x == 1 and not os.path.exists(flag):\n    raise ValueError('not yet')\nx * 10")
+    ns = {"log": str(log), "flag": str(flag), "os": os}
+    res = nbcluster.distribute(cell, over="x in range(3)", namespace=ns, local=True)
+    (found,) = journal.journals(where=journals)
+    assert journal.load(found).state == "interrupted"
+    flag.touch()
+    res.retry()
+    assert res.ok
+    loaded = journal.load(found)
+    assert loaded.state == "complete" and loaded.values == {0: 0, 1: 10, 2: 20}

@@ -60,6 +60,7 @@ import os
 import pickle
 import struct
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -290,6 +291,8 @@ class Writer:
         self._fd: int | None = fd
         self._max_item = max_item
         self.broken = False
+        # The driver thread writes; whichever thread ends the run closes: never both at once.
+        self._lock = threading.Lock()
 
     @property
     def open(self) -> bool:
@@ -304,9 +307,19 @@ class Writer:
         where: str,
     ) -> None:
         """Append one delivered batch (`values[j]` is item `indices[j]`'s value)."""
-        fd = self._fd
-        if fd is None:
-            return
+        with self._lock:
+            if self._fd is not None:
+                self._write(self._fd, indices, values, failed, outputs, where)
+
+    def _write(
+        self,
+        fd: int,
+        indices: Sequence[int],
+        values: Sequence[Any],
+        failed: Sequence[int],
+        outputs: dict[int, list[list[Any]]],
+        where: str,
+    ) -> None:
         try:
             n = len(values)
             if n < len(indices):  # a stopped batch: the items it did not reach are not in it
@@ -334,20 +347,22 @@ class Writer:
 
     def end(self, done: int, total: int) -> None:
         """The start is over: mark it so, and let go of the journal (another run may take it)."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            record: End = {"kind": "end", "at": time.time(), "done": done, "total": total}
-            _append(fd, pickle.dumps(record, protocol=5))
-        except Exception as e:
-            self._warn(e)
-        finally:
-            os.close(fd)  # releases the lock
+        with self._lock:
+            fd, self._fd = self._fd, None
+            if fd is None:
+                return
+            try:
+                record: End = {"kind": "end", "at": time.time(), "done": done, "total": total}
+                _append(fd, pickle.dumps(record, protocol=5))
+            except Exception as e:
+                self._warn(e)
+            finally:
+                os.close(fd)  # releases the lock
 
     def release(self) -> None:
         """Let go of the journal without marking it (a claim that was not used after all)."""
-        fd, self._fd = self._fd, None
+        with self._lock:
+            fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
 
@@ -356,7 +371,9 @@ class Writer:
         if self._fd is not None or self.broken:
             return
         try:
-            self._fd = _lock(os.open(self.path, os.O_WRONLY | os.O_APPEND))
+            fd = _lock(os.open(self.path, os.O_WRONLY | os.O_APPEND))
+            with self._lock:
+                self._fd = fd
         except BlockingIOError:
             print("nbcluster: another run is using this run's journal now: the retry is not journaled",
                   file=sys.stderr)  # fmt: skip
