@@ -240,42 +240,49 @@ def load(path: Path, *, values: bool = True) -> Loaded:
     header, offset = read_header(data, path)
     loaded = Loaded(path, header, size=len(data))
     done = loaded.values
+    left_out: set[int] = set()
+    unloadable: set[int] = set()
     for record in records(data, offset):
-        if record["kind"] == "end":
-            loaded.ended = record
-            continue
-        loaded.ended = None  # a retry after an End went on: its End comes later, or never
-        failed = set(record["failed"])
-        indices, pickled = record["indices"], record["pickled"]
-        plain = None if record["plain"] is None else pickle.loads(record["plain"])
-        for j, i in enumerate(indices):
-            if i in failed:
-                if i not in done:
-                    loaded.failed.add(i)
-                continue
-            if i in done:
-                continue  # a second delivery (a re-run batch): the first one counted
-            if plain is not None:
-                done[i] = plain[j]
-            else:
-                assert pickled is not None
-                blob = pickled[j]
-                if blob is None:
-                    loaded.left_out += 1
-                    continue
-                if not values:
-                    done[i] = None
-                    continue
-                try:
-                    done[i] = pickle.loads(blob)
-                except Exception:  # its class is gone, its module not installed: re-run it
-                    loaded.unloadable += 1
-                    continue
-            loaded.failed.discard(i)
-        for i, chunks in record["outputs"].items():
-            if i in done:
-                loaded.outputs[i] = chunks
+        try:
+            _take(record, loaded, values, left_out, unloadable)
+        except (KeyError, TypeError, IndexError, AttributeError):
+            break  # a record of the wrong shape: damaged, like a cut one
+    loaded.left_out = len(left_out - done.keys())
+    loaded.unloadable = len(unloadable - done.keys())
+    loaded.failed -= done.keys()
     return loaded
+
+
+def _take(record: Batch | End, loaded: Loaded, values: bool, left_out: set[int], unloadable: set[int]) -> None:
+    """Add one record to `loaded`: the first delivery of an item counts (as in `RunState`)."""
+    done = loaded.values
+    if record["kind"] == "end":
+        loaded.ended = record
+        return
+    loaded.ended = None  # a retry after an End went on: its End comes later, or never
+    failed = set(record["failed"])
+    indices = record["indices"]
+    pickled: list[bytes | None] = record["pickled"] or []
+    plain = None if record["plain"] is None else pickle.loads(record["plain"])
+    for j, i in enumerate(indices):
+        if i in failed:
+            loaded.failed.add(i)
+        elif i in done:
+            continue  # a second delivery (a re-run batch): the first one counted
+        elif plain is not None:
+            done[i] = plain[j]
+        elif (blob := pickled[j]) is None:
+            left_out.add(i)
+        elif not values:
+            done[i] = None
+        else:
+            try:
+                done[i] = pickle.loads(blob)
+            except Exception:  # its class is gone, its module not installed: re-run it
+                unloadable.add(i)
+    for i, chunks in record["outputs"].items():
+        if i in done:
+            loaded.outputs[i] = chunks
 
 
 # -- writing ----------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from nbcluster.distribute.job import Job
 from nbcluster.distribute.options import DistributeOptions
 from nbcluster.distribute.plan import Plan, plan
 from nbcluster.distribute.results import Results
-from nbcluster.distribute.resume import prepare
+from nbcluster.distribute.resume import Resumption, prepare
 from nbcluster.distribute.state import DONE
 from nbcluster.distribute.target import Link, Needs
 from nbcluster.errors import BadArgument, Interrupted, NbclusterError
@@ -221,7 +221,11 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, pers
     """Open the run's journal; with `resume`, fill the state with an earlier run's items (those)."""
     job = engine.job
     ident = None if persist else identity.fingerprint(job.plan, cell, job.fn, job.seed, job.capture)
-    chosen = prepare(ident, len(job.plan), identity.first_line(cell, body), resume=resume, persist=persist)
+    try:
+        chosen = prepare(ident, len(job.plan), identity.first_line(cell, body), resume=resume, persist=persist)
+    except Exception as e:  # a journal must never stop a run
+        print(f"nbcluster: the run journal could not be used ({type(e).__name__}: {e}): running without it")
+        chosen = Resumption()
     if chosen.line:
         print(chosen.line)
     if chosen.values:
