@@ -88,3 +88,36 @@ def test_kill_9_mid_cell_then_resume_in_a_new_kernel(runtime_dir, tmp_path):
         assert all(re.fullmatch(r"[0-9a-f]{32}-\d+-\d+\.journal", p.name) for p in folder.iterdir())
     finally:
         handle.stop()
+
+
+def test_two_kernels_resuming_one_journal_one_wins_the_other_runs_fresh(runtime_dir, tmp_path):
+    log, folder = tmp_path / "log", tmp_path / "journals"
+    env = {"DASK_NBCLUSTER__JOURNAL__PATH": str(folder)}
+    cell = CELL.replace("time.sleep(0.05)", "time.sleep(0.1)")
+    handle = nbcluster.start(workers=2, threads=1, name="j18two")
+    try:
+        setup = f"%load_ext nbcluster\n%cluster use j18two\nlog = {str(log)!r}"
+        with kernel(env=env) as k:  # a first run, stopped after a few items (as Ctrl-C would)
+            k.run(setup).ok()
+            k.run(cell.replace("--into res", "--into res --no-wait")).ok()
+            k.run("import time\nwhile res.counts()['done'] < 10: time.sleep(0.05)\nres.cancel(); res.wait()").ok()
+            done = k.value("res.counts()['done']")
+        (found,) = journal.journals(where=folder)
+        assert oct(found.stat().st_mode & 0o777) == "0o600"
+        with kernel(env=env) as a, kernel(env=env) as b:
+            a.run(setup).ok()
+            b.run(setup).ok()
+            resume = cell.replace("--into res", "--into res --resume")
+            ids = a.submit(resume), b.submit(resume)  # at once: the other one's run is still going
+            replies = [a.collect(ids[0]).ok(), b.collect(ids[1]).ok()]
+            for k in (a, b):
+                assert k.value("res.values()") == [x * x for x in range(N)]
+        lines = sorted(line for r in replies for line in r.text.splitlines() if "resum" in line)
+        assert lines == [
+            f"nbcluster: --resume: another run is using this cell's journal right now: running all {N} items fresh",
+            f"nbcluster: resumed {done}/{N} items from the run of {journal.when(journal.load(found))} "
+            f"(interrupted); running {N - done}",
+        ], lines
+        assert len(journal.journals(where=folder)) == 2  # the one that lost wrote its own
+    finally:
+        handle.stop()
