@@ -21,10 +21,11 @@ from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import ClusterInfo, ClusterList
 from nbcluster.cluster.kinds import KINDS
 from nbcluster.cluster.spec import FORCE_HELP, START_OPTIONS, parse_bounds, parse_count
+from nbcluster.distribute import runs
 from nbcluster.distribute.handles import holdings_lines
 from nbcluster.errors import BadArgument, ClusterUnreachable, HelpShown, NoCluster
 
-COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart", "profiles")
+COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart", "profiles", "runs")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,6 +83,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     s.add_argument("name", nargs="?")
 
     sub.add_parser("profiles", help="where clusters can run: the profiles in Dask config")
+
+    s = sub.add_parser("runs", help="the journaled runs of distribute cells, which --resume picks up")
+    s.add_argument("--forget", nargs="*", metavar="ID", help="delete the journals of these runs (IDs from the list)")
+    s.add_argument("--all", action="store_true", help="with --forget: delete every journal not in use")
     return p
 
 
@@ -216,6 +221,13 @@ class Runner:
         return "\n".join(
             [*lines, "Start one with `--profile NAME`; add profiles under nbcluster.profiles in Dask config."]
         )
+
+    def do_runs(self, ns: argparse.Namespace) -> str:
+        if ns.forget is None:
+            if ns.all:
+                raise BadArgument("--all goes with --forget: `runs --forget --all` deletes every journal")
+            return runs.table()
+        return runs.forget(ns.forget, ns.all)
 
     def do_stop(self, ns: argparse.Namespace) -> str:
         if ns.all and ns.name:

@@ -5,7 +5,7 @@ default is the value there, and its description is the comment block just above 
 on its line). Its kind comes from the default (``2s``: a duration, ``5000``: a whole
 number, ``true``: a switch); where the default cannot say (``null``, or a mapping whose
 keys are the user's own, such as ``profiles``), the description ends with the kind in
-brackets: ``[count]``, ``[size]``, ``[mapping]``.
+brackets: ``[count]``, ``[size]``, ``[mapping]``, ``[path]``.
 
 `unknown` finds the keys of a config (the merged `nbcluster` section of Dask's config) that
 are no setting, naming the nearest one; `expected` says what a value of the wrong kind
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ KINDS = {
     "size": "a size such as 64GiB",
     "switch": "true or false",
     "mapping": "a mapping of names to values",
+    "path": "a folder path",
 }
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_-]+):(?P<rest>.*)$")
 _TAG = re.compile(r"\s*\[(?P<kind>[a-z]+)\]$")
@@ -137,6 +139,8 @@ def _accepts(kind: str, value: Any) -> bool:
         return False
     if kind in ("section", "mapping"):
         return isinstance(value, Mapping)
+    if kind == "path":
+        return isinstance(value, str | os.PathLike)
     if kind == "count":  # the bounds are the reader's (`config.as_count`)
         return isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit())
     if isinstance(value, (int, float)):

@@ -8,6 +8,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from nbcluster import commands
+from nbcluster.distribute import runs
 from nbcluster.distribute.args import help_text
 from nbcluster.distribute.handles import forget_shown
 from nbcluster.errors import ClusterCannotRun, ClusterLost, HelpShown, NbclusterError
@@ -42,6 +43,10 @@ class NbclusterMagics(Magics):
 
         try:
             if cell is None:
+                said = runs.line_magic(line.split())  # `%distribute runs`, `%distribute forget ID`
+                if said is not None:
+                    print(said)
+                    return None
                 return wait(parse_wait_line(line), namespace=self.shell.user_ns)
             kwargs = parse_distribute_line(line)
             results = distribute(
@@ -58,6 +63,7 @@ class NbclusterMagics(Magics):
     cluster.__doc__ = commands.build_parser("%cluster").format_help()
     distribute.__doc__ = (
         f"{help_text()}\n`%distribute wait NAME` waits for the results of a --no-wait cell.\n"
+        "`%distribute runs` lists the journaled runs (for --resume); `%distribute forget ID|--all` deletes them.\n"
     )
 
 

@@ -50,6 +50,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
     _SESSION_DIR = Path(tempfile.mkdtemp(prefix="nbcluster-test-"))
     os.environ["NBCLUSTER_RUNTIME_DIR"] = str(_SESSION_DIR)
+    # Run journals (`--resume`) go to the session's folder too, never a developer's data dir;
+    # the variable reaches the kernels and CLIs tests start, dask.config.set this process.
+    import dask.config
+
+    os.environ["DASK_NBCLUSTER__JOURNAL__PATH"] = str(_SESSION_DIR / "journal")
+    dask.config.set({"nbcluster.journal.path": str(_SESSION_DIR / "journal")})
     # The processes tests start (kernels, the CLI, Jupyter servers) import this checkout's
     # nbcluster too, as this process does (pyproject's `pythonpath`), not an installed copy.
     root = str(Path(__file__).resolve().parent.parent)

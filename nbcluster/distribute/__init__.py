@@ -11,7 +11,10 @@ strategy for `--everywhere`: one task pinned to each worker), `batching` (batch 
 `worker/` (what runs on the workers, and nothing else: the tasks, `context`, `objects`,
 `items`, `output`, `records`, `stopping`), `state` (each item's state, written by the engine
 alone), `results` (the read-only view the user gets), `tracebacks` (failed items),
-`follow` (waiting in the kernel: output, summary, Ctrl-C).
+`follow` (waiting in the kernel: output, summary, Ctrl-C), `journal` (every finished item on
+disk as it arrives), `identity` (what makes two runs the same run), `resume` (`--resume`:
+which journal a run writes and what it takes from an earlier one), `runs` (listing and
+forgetting journals).
 
 The names below load on first use (PEP 562): a worker unpickling a batch imports this
 package on its way to `worker`, and must not import the kernel side with it.

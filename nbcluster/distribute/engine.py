@@ -91,6 +91,7 @@ from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
 from nbcluster.distribute.handles import Handle, held_slots
 from nbcluster.distribute.job import Job
+from nbcluster.distribute.journal import Writer
 from nbcluster.distribute.state import RunState
 from nbcluster.distribute.target import Link, placement
 from nbcluster.distribute.worker import held
@@ -129,6 +130,18 @@ class Engine:
         self._reports = True  # the scheduler takes backlog reports (until it refuses one)
         self._picks: dict[Any, list[Any]] = {}  # --persist: batch key -> its pick futures, until delivered
         self._unsettled: list[Any] = []  # --persist: picks delivered, perhaps not computed yet
+        self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
+
+    def journal_to(self, writer: Writer | None) -> None:
+        """Append every batch delivered from now on to `writer`; each start's end closes it."""
+        self.journal = writer
+        if writer is not None:
+            self.state.on_end(self._end_journal)
+
+    def _end_journal(self) -> None:
+        if self.journal is not None:
+            c = self.state.counts()
+            self.journal.end(c["done"], c["total"])
 
     @property
     def client(self) -> Any:
@@ -210,6 +223,8 @@ class Engine:
         indices = self.state.unfinished()
         if not indices:
             return False
+        if self.journal is not None:
+            self.journal.reopen()
         if self.local_only:
             self.state.begin(indices)
             try:
@@ -502,6 +517,8 @@ class Engine:
         """Store a batch in the state, its failure records made `ItemError`s."""
         errors = {j: self.job.item_error(indices[j], record, where) for j, record in records.items()}
         self.state.deliver(indices, values, errors, outputs)
+        if self.journal is not None:
+            self.journal.write(indices, values, [indices[j] for j in records], outputs, where)
 
     def _fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
         self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})

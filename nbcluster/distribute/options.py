@@ -81,6 +81,9 @@ class DistributeOptions:
     persist: bool = field(default=False, metadata=_flag(
         "switch", "keep each result in the memory of the worker that made it, with `--into` naming "
         "them: `NAME[i]` is a handle and `NAME.gather()` brings the values here"))
+    resume: bool = field(default=False, metadata=_flag(
+        "switch", "pick up the last run of this same cell (same items and inputs), from its journal: "
+        "only the items it did not finish run (a new kernel finds it too)"))
     cluster: str | None = field(default=None, metadata=_flag(
         "text", "use the named cluster instead of the current one", "NAME"))
     # fmt: on
@@ -118,6 +121,8 @@ class DistributeOptions:
             raise BadArgument(
                 "--persist keeps the results on the workers, --local runs items in the kernel: drop one of them"
             )
+        if self.everywhere and self.resume:
+            raise BadArgument("--everywhere runs are not journaled (their items are the workers of now): drop --resume")
         if self.everywhere and self.local not in (0, False):
             raise BadArgument("--everywhere runs on the workers; it cannot be combined with --local")
 

@@ -38,10 +38,10 @@ import builtins
 import secrets
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
-from nbcluster.distribute import handles
+from nbcluster.distribute import handles, identity
 from nbcluster.distribute.capture import Capture, capture, human
 from nbcluster.distribute.cell import Cell
 from nbcluster.distribute.engine import Engine
@@ -51,6 +51,7 @@ from nbcluster.distribute.job import Job
 from nbcluster.distribute.options import DistributeOptions
 from nbcluster.distribute.plan import Plan, plan
 from nbcluster.distribute.results import Results
+from nbcluster.distribute.resume import Resumption, prepare
 from nbcluster.distribute.state import DONE
 from nbcluster.distribute.target import Link, Needs
 from nbcluster.errors import BadArgument, Interrupted, NbclusterError
@@ -74,6 +75,7 @@ def distribute(
     everywhere: bool = False,
     local: int | str | bool = 0,
     persist: bool = False,
+    resume: bool = False,
     cluster: str | None = None,
     client: Any = None,
     progress: Callable[[Results], None] | None = None,
@@ -133,6 +135,10 @@ def distribute(
         Keep each result in the memory of the worker that made it: the values of the
         results are then `Handle`s (``results.gather()`` brings them here), and `into`
         must name them. Not with `local`.
+    resume : bool, default False
+        Pick up the last run of the same cell on the same items and inputs (in this kernel
+        or an earlier one) from its journal: its finished items are taken as they are and
+        only the others run. Without a journal of that run, everything runs.
     cluster : str, optional
         The name of the cluster to use instead of the current one.
     client : distributed.Client, optional
@@ -168,7 +174,7 @@ def distribute(
     """
     _check(
         body, into, gpus, cpus, cpu_only, retries, batch, seed, everywhere, local, over, grid, zip, namespace,
-        persist,
+        persist, resume,
     )  # fmt: skip
     if namespace is None:  # the caller's variables; --into goes to its globals
         caller = sys._getframe(1)
@@ -198,7 +204,9 @@ def distribute(
         retries=retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
         persist=persist, reads_handles=bool(reads),
     )  # fmt: skip
-    run = Run(Engine(job, run_id, link if remote else None), label=into)
+    engine = Engine(job, run_id, link if remote else None)
+    taken = _journal(engine, cell, body, resume=resume, persist=persist or everywhere)
+    run = Run(engine, label=into)
     if persist:
         handles.RUNS[run_id] = run.results
     if into is not None:
@@ -206,7 +214,26 @@ def distribute(
     if progress is not None:
         run.results.subscribe(progress)
         progress(run.results)
-    return run.start(n_local, wait)
+    return run.start(n_local, wait, skip=taken)
+
+
+def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, persist: bool) -> set[int]:
+    """Open the run's journal; with `resume`, fill the state with an earlier run's items (those)."""
+    job = engine.job
+    ident = None if persist else identity.fingerprint(job.plan, cell, job.fn, job.seed, job.capture)
+    try:
+        chosen = prepare(ident, len(job.plan), identity.first_line(cell, body), resume=resume, persist=persist)
+    except Exception as e:  # a journal must never stop a run
+        print(f"nbcluster: the run journal could not be used ({type(e).__name__}: {e}): running without it")
+        chosen = Resumption()
+    if chosen.line:
+        print(chosen.line)
+    if chosen.values:
+        indices = sorted(chosen.values)
+        outputs = {i: chosen.outputs[i] for i in indices if i in chosen.outputs}
+        engine.state.deliver(indices, [chosen.values[i] for i in indices], {}, outputs)
+    engine.journal_to(chosen.writer)
+    return set(chosen.values)
 
 
 def _items(everywhere: bool, link: Link, over: Any, grid: Any, zip_: Any, namespace: Any) -> Plan:
@@ -274,12 +301,17 @@ class Run:
     def client(self) -> Any:
         return self.engine.client
 
-    def start(self, n_local: int, wait: bool) -> Results:
-        """Run the first `n_local` items here, then send the rest; follow them if `wait`."""
+    def start(self, n_local: int, wait: bool, skip: Collection[int] = ()) -> Results:
+        """Run the first `n_local` items here, then send the rest; follow them if `wait`.
+
+        `skip`: items already done (taken from a journal by `--resume`).
+        """
         engine, results = self.engine, self.results
         self._first = None
+        local = [i for i in range(n_local) if i not in skip]
+        rest = [i for i in range(n_local, len(results)) if i not in skip]
         try:
-            if (n_local and not engine.run_local(range(n_local))) or engine.local_only:
+            if (local and not engine.run_local(local)) or engine.local_only or not rest:
                 # A failure in the kernel stops the fan-out: that is what --local K is for.
                 engine.give_up()
                 report(results)
@@ -294,7 +326,7 @@ class Run:
         line = _shipped_line(engine.job.capture, notes)
         if line:
             print(line)
-        engine.start(list(range(n_local, len(results))))
+        engine.start(rest)
         if wait:
             follow(results)
         return results
@@ -407,7 +439,7 @@ def _run_id() -> str:
 
 def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: Any, batch: Any, seed: Any,
            everywhere: Any, local: Any, over: Any, grid: Any, zip_: Any, namespace: Any,
-           persist: Any) -> None:  # fmt: skip
+           persist: Any, resume: Any) -> None:  # fmt: skip
     if not isinstance(body, str) and not callable(body):
         raise BadArgument(f"distribute() needs cell source (a str) or a function, got {type(body).__name__}")
     if namespace is not None and not hasattr(namespace, "__getitem__"):
@@ -415,6 +447,7 @@ def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: A
     DistributeOptions(
         over=over, grid=grid, zip=zip_, into=into, gpus=gpus, cpus=cpus, cpu_only=cpu_only,
         retries=retries, batch=batch, seed=seed, everywhere=everywhere, local=local, persist=persist,
+        resume=resume,
     )  # fmt: skip
 
 

@@ -63,6 +63,7 @@ class RunState:
         self._starts = 1  # starts (the first, retries) not yet ended
         self._listeners: list[Callable[[], None]] = []
         self._done_callbacks: list[Callable[[], None]] = []
+        self._closers: list[Callable[[], None]] = []
 
     def __len__(self) -> int:
         return len(self.status)
@@ -123,6 +124,12 @@ class RunState:
                 self._done_callbacks.append(fn)
                 return
         _call(fn)
+
+    def on_end(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` each time the run ends (its first start, each retry), before anyone
+        waiting sees it finished: the journal's end is written before the cell goes on."""
+        with self.lock:
+            self._closers.append(fn)
 
     # -- writing: the engine only ---------------------------------------------------------
     def begin(self, indices: Iterable[int]) -> None:
@@ -197,6 +204,8 @@ class RunState:
             if self._starts > 0:
                 return
             self._cancel_pending()  # never delivered: cancelled, never lost
+            for fn in self._closers:
+                _call(fn)
             self.ended = time.time()
             self.finished.set()
             self.changed.notify_all()

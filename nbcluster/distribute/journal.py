@@ -1,0 +1,535 @@
+"""The run journal: every finished item on disk as it reaches the kernel, for `--resume`.
+
+A kernel that dies (out of memory, a laptop lid, a hub's idle culler) takes its `Results`
+with it. The journal is the kernel's own append-only record of what had arrived, keyed by
+what the run computes (`identity.py`), so that a new kernel running the same cell on the
+same inputs finds it and runs only what is missing.
+
+Policy
+------
+- **Written where results arrive.** The engine hands each delivered batch to `Writer.write`
+  (the driver thread for cluster items, the main thread for ``--local`` ones). One batch is
+  one record, written with one ``os.write`` on an ``O_APPEND`` file: a ``kill -9`` of the
+  kernel loses at most the batches that had not reached it (the operating system keeps what
+  was written; there is no fsync per batch, which would cost milliseconds each: a journal
+  protects against a dead kernel, not a dead machine).
+- **Cheap for tiny items.** A batch whose values are all builtin data (numbers, strings,
+  lists, tuples, dicts, sets of them: what always loads again) is pickled as one list, at
+  C speed (`_BuiltinsOnly`). A batch with any other value (a class of the user's, an
+  array) has each value pickled on its own (protocol 5, arrays copied once), so that one
+  value that cannot be loaded later (its class is gone) re-runs that item alone, and one
+  above ``nbcluster.journal.max-item-size`` is left out (and re-run) alone.
+- **A journal never breaks a cell.** Any failure to write (a full disk, a folder that
+  cannot be written) prints one warning line, and the run goes on unjournaled.
+- **One writer at a time.** A run holds an exclusive ``flock`` on its journal while it
+  runs (the kernel dying releases it). A run that resumes a journal appends to that same
+  file, so it takes the lock first; a second kernel resuming it at once cannot, and runs
+  fresh in a journal of its own, saying so.
+
+File layout (one file per run, ``<identity>-<start ms>-<pid>.journal``, mode 0600, in a
+0700 folder: `nbcluster.journal.path`, default ``<Jupyter data dir>/nbcluster/journal``)::
+
+    b"NBCLUSTER-JOURNAL\\n"
+    one line of JSON: the `Header` (its "format" is checked before anything is unpickled)
+    records, each a 4-byte little-endian length and a pickle of a `Batch` or an `End`
+
+A reader stops at the first record that is cut short (the kernel was killed in the middle
+of a write), keeping every whole record before it. The run's state, for listings, is:
+*running* while its lock is held, else the state of its last `End` record (*complete* when
+every item was done, *interrupted* otherwise: cancelled, failed items, cluster lost), else
+*killed* (the kernel died mid-run).
+
+Worked example: 1000 items, the kernel killed after 734 arrived. The journal holds a
+header and, say, 40 `Batch` records for 734 items, no `End`. A new kernel's ``--resume``
+finds it (same identity), takes its lock, loads the 734 values into the new run's state,
+submits the other 266, and appends their batches and the `End` to the same file.
+
+Space: before a journal is created, the oldest journals are deleted (those not in use)
+until all of them together fit in ``nbcluster.journal.max-size``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import importlib.metadata
+import io
+import json
+import os
+import pickle
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+import cloudpickle
+from dask.utils import parse_bytes
+
+from nbcluster import config
+
+FORMAT = 1  # bump when a record's shape changes: an older reader then refuses the file
+MAGIC = b"NBCLUSTER-JOURNAL\n"
+SUFFIX = ".journal"
+_LENGTH = struct.Struct("<I")
+
+
+@functools.cache
+def _version() -> str:
+    # Not `nbcluster.__version__`: the package imports the kernel side lazily, and this module
+    # must not import the package's __init__ back (tests/test_imports.py).
+    try:
+        return importlib.metadata.version("nbcluster")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class Header(TypedDict):
+    """The first line of a journal: what run it is, in JSON (readable without unpickling)."""
+
+    format: int
+    nbcluster: str  # the version that wrote it, for the refusal message
+    identity: str
+    total: int  # items in the run
+    first_line: str  # the cell's first line (or the function's name), for `runs`
+    started: float  # wall-clock time
+
+
+class Batch(TypedDict):
+    """One delivered batch."""
+
+    kind: Literal["batch"]
+    at: float  # when it reached the kernel
+    where: str  # "the cluster" or "the kernel" (--local)
+    indices: Sequence[int]  # a range for a contiguous batch
+    failed: list[int]  # item indices that failed: not journaled, re-run on resume
+    plain: bytes | None  # the values pickled as one list, when all are builtin data (`_plain`)
+    pickled: list[bytes | None] | None  # else one pickle per item; None: left out (too large)
+    outputs: dict[int, list[list[Any]]]  # what items printed, by item index
+
+
+class End(TypedDict):
+    """A start of the run ended (the run, or a retry)."""
+
+    kind: Literal["end"]
+    at: float
+    done: int
+    total: int
+
+
+class Refused(Exception):
+    """A journal this nbcluster cannot read (another format): one line says so."""
+
+
+@dataclass
+class Loaded:
+    """What a journal holds, read back."""
+
+    path: Path
+    header: Header
+    values: dict[int, Any] = field(default_factory=dict)  # item -> value, for done items
+    outputs: dict[int, list[list[Any]]] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)  # failed and never done
+    left_out: int = 0  # done, but too large to journal
+    unloadable: int = 0  # done, but the value cannot be loaded now (its class is gone)
+    ended: End | None = None  # the last End record; None: the kernel died mid-run
+    size: int = 0
+
+    @property
+    def state(self) -> str:
+        if self.ended is None:
+            return "killed"
+        return "complete" if self.ended["done"] == self.header["total"] else "interrupted"
+
+
+def folder() -> Path:
+    """The journals' folder (made 0700 on first write)."""
+    configured = config.get("journal.path")
+    if configured:
+        return Path(os.path.expanduser(str(configured)))
+    from jupyter_core.paths import jupyter_data_dir
+
+    return Path(jupyter_data_dir()) / "nbcluster" / "journal"
+
+
+def enabled() -> bool:
+    value = config.get("journal.enabled")
+    return value if isinstance(value, bool) else str(value).strip().lower() == "true"
+
+
+def _size(key: str) -> int:
+    return int(parse_bytes(config.get(key)))
+
+
+def journals(identity: str | None = None, where: Path | None = None) -> list[Path]:
+    """The journal files (of one identity), newest first."""
+    base = where or folder()
+    try:
+        found = list(base.glob(f"{identity or '*'}-*{SUFFIX}"))
+    except OSError:
+        return []
+    return sorted(found, key=_started, reverse=True)
+
+
+def _started(path: Path) -> int:
+    try:
+        return int(path.name.rsplit("-", 2)[-2])
+    except (ValueError, IndexError):
+        return 0
+
+
+def in_use(path: Path) -> bool:
+    """Whether a run holds the journal's lock (it is running, in this kernel or another)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return False
+
+
+# -- reading ----------------------------------------------------------------------------------
+def read_header(data: bytes, path: Path) -> tuple[Header, int]:
+    """The header and the offset of the first record; `Refused` for another format."""
+    when = _when(_started(path) / 1000)
+    if not data.startswith(MAGIC):
+        raise Refused(f"the journal {path.name} is not an nbcluster journal")
+    end = data.find(b"\n", len(MAGIC))
+    try:
+        header = json.loads(data[len(MAGIC) : end if end >= 0 else len(data)])
+    except ValueError:
+        raise Refused(f"the journal of {when} has a damaged header") from None
+    if end < 0 or not isinstance(header, dict):
+        raise Refused(f"the journal of {when} has a damaged header")
+    if header.get("format") != FORMAT:
+        raise Refused(
+            f"the journal of {when} was written by nbcluster {header.get('nbcluster', '?')} "
+            f"(journal format {header.get('format')}), which this nbcluster {_version()} cannot read"
+        )
+    return header, end + 1  # type: ignore[return-value]  # checked field by field is not worth it: format matched
+
+
+def records(data: bytes, offset: int) -> Iterator[Batch | End]:
+    """Each whole record from `offset`; stops at one cut short (or damaged)."""
+    view = memoryview(data)
+    while offset + _LENGTH.size <= len(data):
+        (length,) = _LENGTH.unpack_from(data, offset)
+        start = offset + _LENGTH.size
+        if start + length > len(data):
+            return  # the kernel was killed mid-write
+        try:
+            record = pickle.loads(view[start : start + length])
+        except Exception:
+            return  # damaged: nothing after it can be trusted either
+        yield record
+        offset = start + length
+
+
+def load(path: Path, *, values: bool = True) -> Loaded:
+    """Read a journal; `values=False` counts the items without unpickling their values."""
+    data = path.read_bytes()
+    header, offset = read_header(data, path)
+    loaded = Loaded(path, header, size=len(data))
+    done = loaded.values
+    left_out: set[int] = set()
+    unloadable: set[int] = set()
+    for record in records(data, offset):
+        try:
+            _take(record, loaded, values, left_out, unloadable)
+        except (KeyError, TypeError, IndexError, AttributeError):
+            break  # a record of the wrong shape: damaged, like a cut one
+    loaded.left_out = len(left_out - done.keys())
+    loaded.unloadable = len(unloadable - done.keys())
+    loaded.failed -= done.keys()
+    return loaded
+
+
+def _take(record: Batch | End, loaded: Loaded, values: bool, left_out: set[int], unloadable: set[int]) -> None:
+    """Add one record to `loaded`: the first delivery of an item counts (as in `RunState`)."""
+    done = loaded.values
+    if record["kind"] == "end":
+        loaded.ended = record
+        return
+    loaded.ended = None  # a retry after an End went on: its End comes later, or never
+    failed = set(record["failed"])
+    indices = record["indices"]
+    pickled: list[bytes | None] = record["pickled"] or []
+    plain = None if record["plain"] is None else pickle.loads(record["plain"])
+    for j, i in enumerate(indices):
+        if i in failed:
+            loaded.failed.add(i)
+        elif i in done:
+            continue  # a second delivery (a re-run batch): the first one counted
+        elif plain is not None:
+            done[i] = plain[j]
+        elif (blob := pickled[j]) is None:
+            left_out.add(i)
+        elif not values:
+            done[i] = None
+        else:
+            try:
+                done[i] = pickle.loads(blob)
+            except Exception:  # its class is gone, its module not installed: re-run it
+                unloadable.add(i)
+    for i, chunks in record["outputs"].items():
+        if i in done:
+            loaded.outputs[i] = chunks
+
+
+# -- writing ----------------------------------------------------------------------------------
+class Writer:
+    """Appends one run's batches to its journal; see the module docstring.
+
+    Made by `create` (a new journal) or `claim` (one being resumed). `write` never raises:
+    the first failure prints one warning line and turns the writer off.
+    """
+
+    def __init__(self, path: Path, fd: int, max_item: int):
+        self.path = path
+        self._fd: int | None = fd
+        self._max_item = max_item
+        self.broken = False
+        # The driver thread writes; whichever thread ends the run closes: never both at once.
+        self._lock = threading.Lock()
+
+    @property
+    def open(self) -> bool:
+        return self._fd is not None
+
+    def write(
+        self,
+        indices: Sequence[int],
+        values: Sequence[Any],
+        failed: Sequence[int],
+        outputs: dict[int, list[list[Any]]],
+        where: str,
+    ) -> None:
+        """Append one delivered batch (`values[j]` is item `indices[j]`'s value)."""
+        with self._lock:
+            if self._fd is not None:
+                self._write(self._fd, indices, values, failed, outputs, where)
+
+    def _write(
+        self,
+        fd: int,
+        indices: Sequence[int],
+        values: Sequence[Any],
+        failed: Sequence[int],
+        outputs: dict[int, list[list[Any]]],
+        where: str,
+    ) -> None:
+        try:
+            n = len(values)
+            if n < len(indices):  # a stopped batch: the items it did not reach are not in it
+                indices = indices[:n]
+            plain, pickled = _plain(values, self._max_item), None
+            if plain is None:
+                pickled = [self._pickle(v) for v in values]
+            record: Batch = {
+                "kind": "batch", "at": time.time(), "where": where, "indices": indices,
+                "failed": list(failed), "plain": plain, "pickled": pickled, "outputs": outputs,
+            }  # fmt: skip
+            _append(fd, pickle.dumps(record, protocol=5))
+        except Exception as e:
+            self._give_up(e)
+
+    def _pickle(self, value: Any) -> bytes | None:
+        try:
+            blob = pickle.dumps(value, protocol=5)
+        except Exception:
+            try:  # a lambda, a notebook class instance pickle refuses
+                blob = cloudpickle.dumps(value, protocol=5)
+            except Exception:
+                return None
+        return blob if len(blob) <= self._max_item else None
+
+    def end(self, done: int, total: int) -> None:
+        """The start is over: mark it so, and let go of the journal (another run may take it)."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+            if fd is None:
+                return
+            try:
+                record: End = {"kind": "end", "at": time.time(), "done": done, "total": total}
+                _append(fd, pickle.dumps(record, protocol=5))
+            except Exception as e:
+                self._warn(e)
+            finally:
+                os.close(fd)  # releases the lock
+
+    def release(self) -> None:
+        """Let go of the journal without marking it (a claim that was not used after all)."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def reopen(self) -> None:
+        """A retry: take the journal again (one line, and no journal, if another run has it)."""
+        if self._fd is not None or self.broken:
+            return
+        try:
+            fd = _lock(os.open(self.path, os.O_WRONLY | os.O_APPEND))
+            with self._lock:
+                self._fd = fd
+        except BlockingIOError:
+            print("nbcluster: another run is using this run's journal now: the retry is not journaled",
+                  file=sys.stderr)  # fmt: skip
+        except OSError as e:
+            self._give_up(e)
+
+    def _give_up(self, e: BaseException) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._warn(e)
+
+    def _warn(self, e: BaseException) -> None:
+        if not self.broken:
+            self.broken = True
+            print(f"nbcluster: {_journal_failed(e, self.path)}: the run goes on without a journal "
+                  "(--resume cannot pick it up)", file=sys.stderr)  # fmt: skip
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class _Mixed(Exception):
+    pass
+
+
+class _BuiltinsOnly(pickle.Pickler):
+    """A pickler that gives up at the first object that is not builtin data.
+
+    CPython's pickler calls `reducer_override` for every object except None, bools and
+    exact ints, floats, str, bytes, lists, tuples, dicts, sets and frozensets; so a batch of
+    such values pickles at C speed with no call back here, and any other object (a class of
+    the user's, a numpy array) stops it at once.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        raise _Mixed
+
+
+def _plain(values: Sequence[Any], max_item: int) -> bytes | None:
+    """`values` pickled as one list when all are builtin data (they always load again) and
+    the whole is within `max_item`; else None (then each is pickled alone)."""
+    out = io.BytesIO()
+    try:
+        _BuiltinsOnly(out, protocol=5).dump(values)
+    except (_Mixed, RecursionError):
+        return None
+    blob = out.getvalue()
+    return blob if len(blob) <= max_item else None
+
+
+def _journal_failed(e: BaseException, path: Path) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return f"cannot write the run's journal in {path.parent} ({e.strerror})"
+    return f"cannot write the run's journal ({type(e).__name__}: {e})"
+
+
+def _append(fd: int, blob: bytes) -> None:
+    data = _LENGTH.pack(len(blob)) + blob
+    written = os.write(fd, data)
+    while written < len(data):  # a short write (a signal, a nearly full disk): finish it or fail
+        written += os.write(fd, data[written:])
+
+
+def _lock(fd: int) -> int:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _ensure_folder(base: Path) -> None:
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if base.stat().st_mode & 0o777 != 0o700:
+        os.chmod(base, 0o700)  # a folder made by hand (or by umask) must not show others the values
+
+
+def create(identity: str, total: int, first_line: str) -> Writer | None:
+    """A new journal for a run (pruning old ones to fit); None, with one line, if it cannot be."""
+    base = folder()
+    started = time.time()
+    path = base / f"{identity}-{int(started * 1000)}-{os.getpid()}{SUFFIX}"
+    try:
+        _ensure_folder(base)
+        prune(_size("journal.max-size"), base)
+        fd = _lock(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
+        header: Header = {
+            "format": FORMAT, "nbcluster": _version(), "identity": identity, "total": total,
+            "first_line": first_line, "started": started,
+        }  # fmt: skip
+        data = MAGIC + json.dumps(header).encode() + b"\n"
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(28, "No space left on device")
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
+    except Exception as e:
+        print(f"nbcluster: {_journal_failed(e, path)}: the run goes on without a journal "
+              "(--resume cannot pick it up)", file=sys.stderr)  # fmt: skip
+        return None
+    return Writer(path, fd, _size("journal.max-item-size"))
+
+
+def claim(path: Path) -> Writer | None:
+    """Take a journal to resume it (its lock); None if another run holds it."""
+    try:
+        fd = _lock(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except OSError:  # BlockingIOError: in use; or it was just deleted
+        return None
+    return Writer(path, fd, _size("journal.max-item-size"))
+
+
+def prune(limit: int, base: Path | None = None) -> list[Path]:
+    """Delete the oldest journals not in use until the rest fit in `limit` bytes; those deleted."""
+    found = journals(where=base or folder())  # newest first
+    sizes = {}
+    for path in found:
+        with contextlib.suppress(OSError):
+            sizes[path] = path.stat().st_size
+    total = sum(sizes.values())
+    deleted = []
+    for path in reversed(found):
+        if total <= limit:
+            break
+        if path not in sizes or in_use(path):
+            continue
+        with contextlib.suppress(OSError):
+            path.unlink()
+            total -= sizes[path]
+            deleted.append(path)
+    return deleted
+
+
+def _when(started: float) -> str:
+    """14:02 today, else Nov 30 14:02."""
+    t = time.localtime(started)
+    same_day = time.strftime("%Y%m%d", t) == time.strftime("%Y%m%d")
+    return time.strftime("%H:%M" if same_day else "%b %d %H:%M", t)
+
+
+def when(loaded: Loaded) -> str:
+    return _when(loaded.header["started"])
+

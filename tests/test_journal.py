@@ -1,0 +1,355 @@
+"""The run journal and `--resume` (issue 18), in this process on real clusters.
+
+Executions are counted on the workers' side: each item appends its index to a log file,
+so a test can say exactly which items a resumed run ran again. The real-kernel tests
+(`kill -9` mid-cell) are in `test_journal_kernel.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import dask.config
+import pytest
+
+import nbcluster
+from nbcluster.distribute import journal
+
+CELL = "with open(log, 'a') as f:\n    f.write(f'{x}\\n')\nx * 10"
+
+
+@pytest.fixture
+def journals(tmp_path: Path) -> Iterator[Path]:
+    """A journal folder of the test's own."""
+    where = tmp_path / "journals"
+    with dask.config.set({"nbcluster.journal.path": str(where)}):
+        yield where
+
+
+def executions(log: Path) -> list[int]:
+    return [int(line) for line in log.read_text().split()] if log.exists() else []
+
+
+def run(log: Path, n: int, **kwargs):
+    return nbcluster.distribute(CELL, over=f"x in range({n})", namespace={"log": str(log)}, **kwargs)
+
+
+def record_starts(data: bytes) -> list[int]:
+    """Where each record of a journal's bytes starts (after the magic line and the header)."""
+    offset = data.index(b"\n", data.index(b"\n") + 1) + 1
+    starts = []
+    while offset < len(data):
+        starts.append(offset)
+        offset += 4 + int.from_bytes(data[offset : offset + 4], "little")
+    return starts
+
+
+def stop_after(results, done: int) -> None:
+    """Cancel a --no-wait run once `done` items have finished (as Ctrl-C would)."""
+    reached = threading.Event()
+    results.subscribe(lambda r: reached.set() if r.counts()["done"] >= done or r.done else None)
+    assert reached.wait(120), results.counts()
+    results.cancel()
+    results.wait()
+
+
+def test_journal_files_are_0600_in_a_0700_folder(cluster, journals, tmp_path):
+    run(tmp_path / "log", 20)
+    (found,) = journal.journals(where=journals)
+    assert stat.S_IMODE(journals.stat().st_mode) == 0o700
+    assert stat.S_IMODE(found.stat().st_mode) == 0o600
+    loaded = journal.load(found)
+    assert loaded.state == "complete" and loaded.values == {i: i * 10 for i in range(20)}
+
+
+def test_resume_runs_only_what_the_interrupted_run_did_not_finish(cluster, journals, tmp_path, capsys):
+    log = tmp_path / "log"
+    ns = {"log": str(log), "time": __import__("time")}
+    slow = "time.sleep(0.05)\n" + CELL + "\nprint('item', x)\nx * 10"
+    first = nbcluster.distribute(slow, over="x in range(200)", namespace=ns, wait=False)
+    stop_after(first, 30)
+    done_before = {i for i, v in enumerate(first.values()) if v is not None}
+    assert 30 <= len(done_before) < 200
+    ran_before = executions(log)
+    capsys.readouterr()
+
+    again = nbcluster.distribute(slow, over="x in range(200)", namespace=ns, resume=True, into="res")
+    out = capsys.readouterr().out
+    when = journal.when(journal.load(journal.journals(where=journals)[0]))
+    line = f"nbcluster: resumed {len(done_before)}/200 items from the run of {when} (interrupted); running {200 - len(done_before)}"
+    assert line in out.splitlines(), out
+    assert again.values() == [i * 10 for i in range(200)] and again.ok
+    assert ns["res"] is again
+    assert again.params[7] == {"x": 7}
+    assert again.output(0) == "item 0\n"  # a resumed item's output came back with it
+    # Only the items that had not finished ran again, each once.
+    ran_now = executions(log)[len(ran_before) :]
+    assert sorted(ran_now) == sorted(set(range(200)) - done_before)
+    # The same journal goes on, now complete.
+    (found,) = journal.journals(where=journals)
+    assert journal.load(found).state == "complete"
+
+
+def test_failed_items_run_again_on_resume(cluster, journals, tmp_path):
+    log, flag = tmp_path / "log", tmp_path / "fixed"
+    cell = CELL.replace("x * 10", "if x == 3 and not os.path.exists(flag):\n    raise ValueError('not yet')\nx * 10")
+    ns = {"log": str(log), "flag": str(flag), "os": os}
+    first = nbcluster.distribute(cell, over="x in range(6)", namespace=ns)
+    assert [e.index for e in first.errors] == [3]
+    flag.touch()  # what the user fixed meanwhile is not part of the run's identity
+    again = nbcluster.distribute(cell, over="x in range(6)", namespace=ns, resume=True)
+    assert again.ok and again.values() == [0, 10, 20, 30, 40, 50]
+    assert executions(log)[6:] == [3]
+
+
+def test_no_journal_means_resume_runs_everything_silently(cluster, journals, tmp_path, capsys):
+    res = run(tmp_path / "log", 10, resume=True)
+    assert res.ok and capsys.readouterr().out == "nbcluster: sent log (81 B) with the cell\n"
+    assert sorted(executions(tmp_path / "log")) == list(range(10))
+
+
+def test_another_run_is_another_identity(cluster, journals, tmp_path, capsys):
+    run(tmp_path / "log", 10)
+    capsys.readouterr()
+    res = nbcluster.distribute(CELL, over="x in range(10)", namespace={"log": str(tmp_path / "other")}, resume=True)
+    assert res.ok and "resumed" not in capsys.readouterr().out  # a captured input changed
+    assert len(journal.journals(where=journals)) == 2
+
+
+def test_hint_line_without_resume(cluster, journals, tmp_path, capsys):
+    log = tmp_path / "log"
+    first = run(log, 40, wait=False, batch=1)
+    stop_after(first, 3)
+    done = first.counts()["done"]
+    capsys.readouterr()
+    fresh = run(log, 40)
+    out = capsys.readouterr().out
+    assert f"items done; running it fresh (--resume would run only the {40 - done} missing)" in out, out
+    assert f"was interrupted with {done}/40" in out
+    assert fresh.ok
+
+
+def test_a_journal_cut_mid_record_loads_up_to_its_last_whole_record(journals, tmp_path, capsys):
+    log = tmp_path / "log"
+    run(log, 30, local=True, batch=1)  # in the kernel: one record per item
+    (found,) = journal.journals(where=journals)
+    data = found.read_bytes()
+    starts = record_starts(data)  # the last one is the End
+    found.write_bytes(data[: starts[-2] + 10])  # cut 10 bytes into the last batch's record
+    loaded = journal.load(found)
+    assert loaded.state == "killed" and sorted(loaded.values) == list(range(29))
+    capsys.readouterr()
+    again = run(log, 30, local=True, resume=True)
+    assert "resumed 29/30 items" in capsys.readouterr().out
+    assert again.values() == [i * 10 for i in range(30)]
+    assert executions(log)[30:] == [29]
+
+
+def test_a_journal_of_another_format_is_refused_in_one_line_and_the_cell_runs_fresh(journals, tmp_path, capsys):
+    log = tmp_path / "log"
+    run(log, 5, local=True)
+    (found,) = journal.journals(where=journals)
+    magic, header, rest = found.read_bytes().split(b"\n", 2)
+    old = json.loads(header)
+    old.update(format=99, nbcluster="9.0.0")
+    found.write_bytes(magic + b"\n" + json.dumps(old).encode() + b"\n" + rest)
+    capsys.readouterr()
+    again = run(log, 5, local=True, resume=True)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"nbcluster: --resume: the journal of {journal._when(journal._started(found) / 1000)} was written by "
+        "nbcluster 9.0.0 (journal format 99), which this nbcluster 0.1.0 cannot read: running all 5 items fresh"
+    ], out
+    assert again.ok and executions(log)[5:] == [0, 1, 2, 3, 4]
+
+
+GONE = """
+class Gone:
+    def __init__(self, x):
+        self.x = x
+"""
+
+
+def test_a_value_that_cannot_be_loaded_now_runs_that_item_again(journals, tmp_path, capsys, monkeypatch):
+    module = tmp_path / "mods" / "j18gone.py"
+    module.parent.mkdir()
+    module.write_text(GONE)
+    monkeypatch.syspath_prepend(str(module.parent))
+    import j18gone
+
+    log = tmp_path / "log"
+    cell = CELL.replace("x * 10", "j18gone.Gone(x) if x == 2 else x * 10")
+    ns = {"log": str(log), "j18gone": j18gone}
+    first = nbcluster.distribute(cell, over="x in range(4)", namespace=ns, local=True)
+    assert first[2].x == 2
+    # The class's module is gone now (uninstalled, renamed): its pickle cannot be loaded.
+    module.unlink()
+    del sys.modules["j18gone"]
+    loaded = journal.load(journal.journals(where=journals)[0])
+    assert sorted(loaded.values) == [0, 1, 3] and loaded.unloadable == 1
+    capsys.readouterr()
+    again = nbcluster.distribute(cell, over="x in range(4)", namespace=ns, local=True, resume=True)
+    out = capsys.readouterr().out
+    assert "resumed 3/4 items" in out and "running 1 (1 whose value cannot be loaded now" in out, out
+    assert again[2].x == 2 and executions(log)[4:] == [2]
+
+
+def test_a_value_over_max_item_size_is_not_journaled_and_runs_again(journals, tmp_path, capsys):
+    log = tmp_path / "log"
+    cell = CELL.replace("x * 10", "b'x' * (5000 if x == 1 else 10)")
+    with dask.config.set({"nbcluster.journal.max-item-size": "1kB"}):
+        nbcluster.distribute(cell, over="x in range(3)", namespace={"log": str(log)}, local=True)
+        capsys.readouterr()
+        again = nbcluster.distribute(cell, over="x in range(3)", namespace={"log": str(log)}, local=True, resume=True)
+    out = capsys.readouterr().out
+    assert "resumed 2/3 items" in out and "(1 finished but over nbcluster.journal.max-item-size)" in out, out
+    assert len(again[1]) == 5000 and executions(log)[3:] == [1]
+
+
+def test_an_unwritable_journal_folder_is_one_warning_and_the_run_goes_on(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with dask.config.set({"nbcluster.journal.path": str(blocker / "journals")}):
+        res = run(tmp_path / "log", 5, local=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert res.values() == [0, 10, 20, 30, 40]
+    assert err == [
+        f"nbcluster: cannot write the run's journal in {blocker / 'journals'} (Not a directory): "
+        "the run goes on without a journal (--resume cannot pick it up)"
+    ], err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tiny tmpfs to fill it: needs root")
+def test_a_full_disk_is_one_warning_and_the_run_goes_on(tmp_path, capsys):
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
+    try:
+        cell = CELL.replace("x * 10", "b'y' * 20000")
+        with dask.config.set({"nbcluster.journal.path": str(mount / "j")}):
+            res = nbcluster.distribute(cell, over="x in range(8)", namespace={"log": str(tmp_path / "log")},
+                                       local=True)  # fmt: skip
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert res.ok and [len(v) for v in res.values()] == [20000] * 8
+    assert err == [
+        f"nbcluster: cannot write the run's journal in {mount / 'j'} (No space left on device): "
+        "the run goes on without a journal (--resume cannot pick it up)"
+    ], err
+
+
+def test_two_runs_resuming_one_journal_one_wins_the_other_runs_fresh(journals, tmp_path, capsys):
+    log = tmp_path / "log"
+    run(log, 6, local=True)
+    (found,) = journal.journals(where=journals)
+    # Another kernel has taken the journal to resume it (it holds the journal's lock).
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            from pathlib import Path
+            from nbcluster.distribute import journal
+            writer = journal.claim(Path({str(found)!r}))
+            print("held" if writer else "refused", flush=True)
+            sys.stdin.readline()
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        again = run(log, 6, local=True, resume=True)
+    finally:
+        holder.communicate("\n", timeout=30)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["nbcluster: --resume: another run is using this cell's journal right now: running all 6 items fresh"]
+    assert again.ok and executions(log)[6:] == list(range(6))
+    assert len(journal.journals(where=journals)) == 2  # it wrote its own
+
+
+def test_the_size_bound_prunes_the_oldest_journals_first(journals, tmp_path):
+    for n in range(5):
+        nbcluster.distribute(CELL.replace("x * 10", "b'z' * 4000"), over=f"x in range({n + 3})",
+                             namespace={"log": str(tmp_path / "log")}, local=True)  # fmt: skip
+    made = journal.journals(where=journals)  # newest first
+    sizes = [p.stat().st_size for p in made]
+    assert len(made) == 5
+    # Room for the newest two and a new one: the three oldest go, oldest first.
+    with dask.config.set({"nbcluster.journal.max-size": sizes[0] + sizes[1] + 100}):
+        deleted = journal.prune(journal._size("journal.max-size"), journals)
+    assert deleted == list(reversed(made[2:]))
+    assert journal.journals(where=journals) == made[:2]
+
+
+def test_journal_enabled_false_writes_nothing(journals, tmp_path):
+    with dask.config.set({"nbcluster.journal.enabled": False}):
+        run(tmp_path / "log", 3, local=True)
+    assert not journals.exists()
+
+
+def test_distribute_runs_lists_and_forget_deletes(journals, tmp_path, shell, capsys):
+    log = tmp_path / "log"
+    run(log, 4, local=True)
+    first = run(log, 9, local=True)
+    assert first.ok
+    (newest, oldest) = journal.journals(where=journals)
+    capsys.readouterr()
+    shell.run_line_magic("distribute", "runs")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["ID", "WHEN", "CELL", "DONE", "SIZE", "STATE"]
+    assert lines[1].split()[0] == newest.name[:8] and lines[1].split()[-1] == "complete"
+    assert " 9/9 " in lines[1] and " 4/4 " in lines[2] and "with open(log, 'a') as f:" in lines[1]
+    shell.run_line_magic("distribute", f"forget {oldest.name[:8]}")
+    assert capsys.readouterr().out == "Forgot 1 journaled run.\n"
+    assert journal.journals(where=journals) == [newest]
+    with pytest.raises(Exception, match="no journaled run 'abcdef12': `runs` lists their IDs"):
+        shell.run_line_magic("distribute", "forget abcdef12")
+    shell.run_line_magic("distribute", "forget --all")
+    assert capsys.readouterr().out == "Forgot 1 journaled run.\n"
+    shell.run_line_magic("distribute", "runs")
+    assert capsys.readouterr().out == f"No journaled runs (in {journals}).\n"
+
+
+def test_nbcluster_runs_on_the_command_line(journals, tmp_path, cli):
+    run(tmp_path / "log", 3, local=True)
+    (found,) = journal.journals(where=journals)
+    env = {"DASK_NBCLUSTER__JOURNAL__PATH": str(journals)}
+    listed = cli("runs", env=env)
+    assert listed.returncode == 0 and f"{found.name[:8]}" in listed.stdout and "3/3" in listed.stdout, listed
+    bad = cli("runs", "--forget", env=env)
+    assert bad.returncode == 2
+    assert bad.stderr == "nbcluster: error: say which runs to forget: their IDs (from `runs`), or --all\n"
+    gone = cli("runs", "--forget", found.name[:8], env=env)
+    assert gone.returncode == 0 and gone.stdout == "Forgot 1 journaled run.\n", gone
+    assert not found.exists()
+
+
+def test_resume_with_persist_says_in_one_line_that_it_is_not_journaled(cluster, journals, tmp_path, capsys):
+    ns: dict = {"log": str(tmp_path / "log")}
+    held = nbcluster.distribute(CELL, over="x in range(3)", namespace=ns, persist=True, into="held", resume=True)
+    out = capsys.readouterr().out.splitlines()
+    assert "nbcluster: --persist runs are not journaled, so --resume has nothing to pick up: running every item" in out
+    assert held.gather() == [0, 10, 20] and not journals.exists()
+    held.release()
+
+
+def test_a_retry_goes_on_in_the_same_journal(journals, tmp_path):
+    log, flag = tmp_path / "log", tmp_path / "fixed"
+    cell = CELL.replace("x * 10", "if x == 1 and not os.path.exists(flag):\n    raise ValueError('not yet')\nx * 10")
+    ns = {"log": str(log), "flag": str(flag), "os": os}
+    res = nbcluster.distribute(cell, over="x in range(3)", namespace=ns, local=True)
+    (found,) = journal.journals(where=journals)
+    assert journal.load(found).state == "interrupted"
+    flag.touch()
+    res.retry()
+    assert res.ok
+    loaded = journal.load(found)
+    assert loaded.state == "complete" and loaded.values == {0: 0, 1: 10, 2: 20}

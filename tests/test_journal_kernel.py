@@ -1,0 +1,123 @@
+"""`kill -9` of a real kernel mid-cell, then `--resume` in a new one (issue 18).
+
+The cluster is started by this test process, so it outlives the kernels (as a `--keep`
+cluster, or one on a hub, would). Each item appends its index to a log file on the
+workers' side, so the test counts exactly which items the new kernel ran again: those,
+and only those, that had not reached the killed kernel (what its journal holds).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import nbcluster
+from nbcluster.distribute import journal
+from tests.kernel_session import kernel
+
+N = 120
+CELL = (
+    f'%%distribute --over "x in range({N})" --into res\n'
+    "import time\ntime.sleep(0.05)\n"
+    "with open(log, 'a') as f:\n    f.write(f'{x}\\n')\n"
+    "x * x"
+)
+
+
+def executions(log: Path) -> list[int]:
+    return [int(line) for line in log.read_text().split()] if log.exists() else []
+
+
+def wait_for(condition, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_kill_9_mid_cell_then_resume_in_a_new_kernel(runtime_dir, tmp_path):
+    log, folder, copy = tmp_path / "log", tmp_path / "journals", tmp_path / "copy"
+    env = {"DASK_NBCLUSTER__JOURNAL__PATH": str(folder)}
+    handle = nbcluster.start(workers=2, threads=1, name="j18")
+    try:
+        setup = f"%load_ext nbcluster\n%cluster use j18\nlog = {str(log)!r}"
+        with kernel(env=env) as k:
+            k.run(setup).ok()
+            k.submit(CELL)
+            wait_for(lambda: len(journal.load(journal.journals(where=folder)[0]).values) >= 30
+                     if journal.journals(where=folder) else False, "30 items in the journal")  # fmt: skip
+            os.kill(k.km.provisioner.process.pid, signal.SIGKILL)
+            k.km.provisioner.process.wait()
+        # What reached the kernel before it died is what its journal holds.
+        (found,) = journal.journals(where=folder)
+        killed = journal.load(found)
+        assert killed.state == "killed" and 30 <= len(killed.values) < N
+        reached = set(killed.values)
+        # The batches out when the kernel died still finish on the workers: let them.
+        client = handle.client
+        wait_for(lambda: client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0,
+                 "the dead kernel's batches to end")  # fmt: skip
+        before = len(executions(log))
+        shutil.copytree(folder, copy)
+
+        with kernel(env=env) as k:
+            k.run(setup).ok()
+            reply = k.run(CELL.replace("--into res", "--into res --resume")).ok()
+            when = journal.when(killed)
+            line = f"nbcluster: resumed {len(reached)}/{N} items from the run of {when} (killed); running {N - len(reached)}"
+            assert line in reply.text.splitlines(), reply.text
+            assert k.value("res.values()") == [x * x for x in range(N)]
+            assert k.value("res.ok") is True
+            assert k.value("res.params[5]") == {"x": 5}
+            again = executions(log)[before:]
+            assert sorted(again) == sorted(set(range(N)) - reached)  # each missing item once, no other
+            # Without --resume, an unfinished journal of the cell gives the hint, and it runs fresh.
+            k.run(f"import dask.config; dask.config.set({{'nbcluster.journal.path': {str(copy)!r}}})").ok()
+            fresh = k.run(CELL).ok()
+            hint = (
+                f"nbcluster: the run of this cell at {when} was killed with {len(reached)}/{N} items done; "
+                f"running it fresh (--resume would run only the {N - len(reached)} missing)"
+            )
+            assert hint in fresh.text.splitlines(), fresh.text
+            assert len(executions(log)) == before + len(again) + N
+        assert journal.load(found).state == "complete"
+        assert all(re.fullmatch(r"[0-9a-f]{32}-\d+-\d+\.journal", p.name) for p in folder.iterdir())
+    finally:
+        handle.stop()
+
+
+def test_two_kernels_resuming_one_journal_one_wins_the_other_runs_fresh(runtime_dir, tmp_path):
+    log, folder = tmp_path / "log", tmp_path / "journals"
+    env = {"DASK_NBCLUSTER__JOURNAL__PATH": str(folder)}
+    cell = CELL.replace("time.sleep(0.05)", "time.sleep(0.1)")
+    handle = nbcluster.start(workers=2, threads=1, name="j18two")
+    try:
+        setup = f"%load_ext nbcluster\n%cluster use j18two\nlog = {str(log)!r}"
+        with kernel(env=env) as k:  # a first run, stopped after a few items (as Ctrl-C would)
+            k.run(setup).ok()
+            k.run(cell.replace("--into res", "--into res --no-wait")).ok()
+            k.run("import time\nwhile res.counts()['done'] < 10: time.sleep(0.05)\nres.cancel(); res.wait()").ok()
+            done = k.value("res.counts()['done']")
+        (found,) = journal.journals(where=folder)
+        assert oct(found.stat().st_mode & 0o777) == "0o600"
+        with kernel(env=env) as a, kernel(env=env) as b:
+            a.run(setup).ok()
+            b.run(setup).ok()
+            resume = cell.replace("--into res", "--into res --resume")
+            ids = a.submit(resume), b.submit(resume)  # at once: the other one's run is still going
+            replies = [a.collect(ids[0]).ok(), b.collect(ids[1]).ok()]
+            for k in (a, b):
+                assert k.value("res.values()") == [x * x for x in range(N)]
+        lines = sorted(line for r in replies for line in r.text.splitlines() if "resum" in line)
+        assert lines == [
+            f"nbcluster: --resume: another run is using this cell's journal right now: running all {N} items fresh",
+            f"nbcluster: resumed {done}/{N} items from the run of {journal.when(journal.load(found))} "
+            f"(interrupted); running {N - done}",
+        ], lines
+        assert len(journal.journals(where=folder)) == 2  # the one that lost wrote its own
+    finally:
+        handle.stop()
