@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -196,3 +197,17 @@ def test_instructor_version_autogrades_to_full_marks(course: Path, monkeypatch: 
         nb = json.loads((autograded / f"{name}.ipynb").read_text())
         errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o["output_type"] == "error"]
         assert not errors, (name, errors)
+
+
+def test_the_instructor_kit_states_each_notebooks_points() -> None:
+    """notebooks/README's table of points is the notebooks' own nbgrader metadata."""
+    kit = (ROOT / "notebooks" / "README.md").read_text()
+    stated = {m[1]: (float(m[2]), float(m[3])) for m in re.finditer(r"^\| `([\w-]+)` \|.*\| (\d+) \+ (\d+) \|", kit, re.M)}
+    total = 0.0
+    for path in EXERCISES:
+        cells = nbformat.read(path, as_version=4).cells
+        points = {kind: sum(float(_grading(c)["points"]) for c in cells if _grading(c).get("grade") and c.cell_type == kind)
+                  for kind in ("code", "markdown")}  # fmt: skip
+        assert stated.get(path.stem) == (points["code"], points["markdown"]), path.stem
+        total += points["code"]
+    assert f"({total:.0f} points over the course" in kit

@@ -89,6 +89,7 @@ WRONG = {
     "for error in loaded.errors:\n    write_input(error.index)\n"
     "loaded = nbcluster.distribute(load, over=range(N))  # a new run: all items again (hidden)",
     "lineage": "def resilient_shard(i, worker):\n    return client.scatter(make_shard(i), workers=[worker])",
+    "resume": "sweep = nbcluster.distribute(sweep_item, over=range(M), batch=1)",  # afresh (hidden)
     # 08
     "laws": "def amdahl(f, p):\n    return 1.0 / (f + (1.0 - f) / p)\n\n\n"
     "def gustafson(s, p):\n    return 1.0 / (s + (1.0 - s) / p)",  # Amdahl twice (hidden)
