@@ -353,3 +353,16 @@ def test_a_retry_goes_on_in_the_same_journal(journals, tmp_path):
     assert res.ok
     loaded = journal.load(found)
     assert loaded.state == "complete" and loaded.values == {0: 0, 1: 10, 2: 20}
+
+
+def test_a_run_that_completes_deletes_the_older_journals_of_the_same_run(cluster, journals, tmp_path, capsys):
+    log = tmp_path / "log"
+    ns = {"log": str(log), "time": __import__("time")}
+    slow = "time.sleep(0.05)\n" + CELL
+    stop_after(nbcluster.distribute(slow, over="x in range(100)", namespace=ns, wait=False), 10)
+    other = run(log, 5)  # another run (other items): its journal stays
+    assert other.ok and len(journal.journals(where=journals)) == 2
+    nbcluster.distribute(slow, over="x in range(100)", namespace=ns)  # the first run, fresh and complete
+    newest, kept = journal.journals(where=journals)
+    assert journal.load(newest).state == "complete" and len(journal.load(newest).values) == 100
+    assert journal.load(kept).header["total"] == 5

@@ -45,7 +45,8 @@ finds it (same identity), takes its lock, loads the 734 values into the new run'
 submits the other 266, and appends their batches and the `End` to the same file.
 
 Space: before a journal is created, the oldest journals are deleted (those not in use)
-until all of them together fit in ``nbcluster.journal.max-size``.
+until all of them together fit in ``nbcluster.journal.max-size`` A run that completes deletes the
+older journals of its identity (`superseded`): it holds every item they could give back.
 """
 
 from __future__ import annotations
@@ -365,6 +366,8 @@ class Writer:
                 self._warn(e)
             finally:
                 os.close(fd)  # releases the lock
+        if done == total:
+            superseded(self.path)
 
     def release(self) -> None:
         """Let go of the journal without marking it (a claim that was not used after all)."""
@@ -520,6 +523,22 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
             path.unlink()
             total -= sizes[path]
             deleted.append(path)
+    return deleted
+
+
+def superseded(path: Path) -> list[Path]:
+    """Delete the other journals of `path`'s run that no run is using; those deleted.
+
+    Called when the run in `path` completes: it holds every item, so an older journal of the
+    same identity (killed, interrupted, or complete) can only ever be resumed to less. Without
+    this, every run of a cell would leave a journal until `max-size` pruned it.
+    """
+    deleted = []
+    for other in journals(path.name.split("-", 1)[0], where=path.parent):
+        if other != path and not in_use(other):
+            with contextlib.suppress(OSError):
+                other.unlink()
+                deleted.append(other)
     return deleted
 
 
