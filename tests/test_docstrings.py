@@ -30,8 +30,15 @@ MODULES = (
     "nbcluster._current",
     "nbcluster.cluster.handle",
     "nbcluster.cluster.info",
-    "nbcluster.metrics.feed",
     "nbcluster.widgets",
+    "nbcluster._wire",
+    "nbcluster.metrics",
+    "nbcluster.metrics._ring",
+    "nbcluster.metrics.basic",
+    "nbcluster.metrics.feed",
+    "nbcluster.metrics.plugin",
+    "nbcluster.metrics.preload",
+    "nbcluster.metrics.summary",
 )
 
 
