@@ -1,6 +1,6 @@
 """Every public name has a numpydoc docstring: those in `nbcluster.__all__`, the public
 members of `Results` and `ClusterHandle` (what the docs' Python API reference shows), and
-every public function, class and method defined in the modules of `MODULES`.
+every public function, class and method defined in the modules of `checked_modules`.
 
 A docstring passes when numpydoc parses it, it opens with a summary line, its
 ``Parameters`` name every argument of the signature and nothing else, and it has
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,53 +23,20 @@ from numpydoc.docscrape import NumpyDocString
 import nbcluster
 
 CLASSES = ("Results", "ClusterHandle")
-# Modules whose every public function, class and method is checked (issue 19 goes module by
-# module; a module joins once its docstrings are complete, and then a new name must be too).
-MODULES = (
-    "nbcluster.teaching",
-    "nbcluster._aio",
-    "nbcluster._current",
-    "nbcluster.cluster.adaptive",
-    "nbcluster.cluster.credentials",
-    "nbcluster.cluster.gpu",
-    "nbcluster.cluster.handle",
-    "nbcluster.cluster.info",
-    "nbcluster.cluster.kinds",
-    "nbcluster.cluster.kubernetes",
-    "nbcluster.cluster.launcher",
-    "nbcluster.cluster.lifeline",
-    "nbcluster.cluster.limits",
-    "nbcluster.cluster.private_http",
-    "nbcluster.cluster.profiles",
-    "nbcluster.cluster.registry",
-    "nbcluster.cluster.spec",
-    "nbcluster.cluster.speccluster",
-    "nbcluster.cluster.startlog",
-    "nbcluster.cluster.supervisor",
-    "nbcluster.cluster.worker_memory",
-    "nbcluster.server",
-    "nbcluster.server._threads",
-    "nbcluster.server.dashboard",
-    "nbcluster.server.handlers",
-    "nbcluster.server.openapi",
-    "nbcluster.widgets",
-    "nbcluster.widgets._live",
-    "nbcluster.widgets._options",
-    "nbcluster.widgets._output",
-    "nbcluster.widgets._progress",
-    "nbcluster.widgets._results",
-    "nbcluster.widgets._static",
-    "nbcluster.widgets._theme",
-    "nbcluster.widgets.widget",
-    "nbcluster._wire",
-    "nbcluster.metrics",
-    "nbcluster.metrics._ring",
-    "nbcluster.metrics.basic",
-    "nbcluster.metrics.feed",
-    "nbcluster.metrics.plugin",
-    "nbcluster.metrics.preload",
-    "nbcluster.metrics.summary",
-)
+# Where every public function, class and method is checked: these packages with all their
+# modules (a new module is checked as soon as it exists), and these single modules. The rest
+# of nbcluster (distribute/, magics, cli, commands, config) joins as its docstrings are done.
+PACKAGES = ("nbcluster.cluster", "nbcluster.metrics", "nbcluster.server", "nbcluster.widgets")
+MODULES = ("nbcluster.teaching", "nbcluster._aio", "nbcluster._current", "nbcluster._wire")
+
+
+def checked_modules() -> list[str]:
+    """`PACKAGES`, each with every module in it, then `MODULES`."""
+    found = []
+    for package in PACKAGES:
+        found.append(package)
+        found += [m.name for m in pkgutil.walk_packages(importlib.import_module(package).__path__, f"{package}.")]
+    return found + list(MODULES)
 
 
 def members(cls: type) -> Iterator[tuple[str, Any]]:
@@ -81,8 +49,8 @@ def members(cls: type) -> Iterator[tuple[str, Any]]:
 
 
 def module_names() -> Iterator[tuple[str, Any, bool]]:
-    """(dotted name, object, False) for each public definition of the `MODULES`."""
-    for module_name in MODULES:
+    """(dotted name, object, False) for each public definition of the checked modules."""
+    for module_name in checked_modules():
         module = importlib.import_module(module_name)
         for name, obj in vars(module).items():
             if name.startswith("_") or getattr(obj, "__module__", None) != module_name:
