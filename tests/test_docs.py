@@ -274,6 +274,8 @@ def test_a_graded_run_of_the_notebook_tests_fills_the_docs_cache(
     code = [c for c in shown.cells if c.cell_type == "code"]
     assert [c.execution_count for c in code] == list(range(1, len(code) + 1))
     assert [c.outputs[0].text for c in code] == [f"out {i}\n" for i in range(len(code))]
+    # Rendered with IPython's lexer, which knows `%cluster start --workers $WORKERS`.
+    assert tn.for_students(shown).metadata.language_info.pygments_lexer == "ipython3"
 
 
 def test_site_teaching_pages_are_what_a_student_gets(site: Path) -> None:

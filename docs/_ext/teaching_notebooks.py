@@ -145,6 +145,10 @@ def for_students(nb: NotebookNode) -> NotebookNode:
     # The live views were replaced by their frozen pictures (plain HTML): no widget state
     # is needed, and without it myst-nb loads no widget manager from a CDN.
     out.metadata.pop("widgets", None)
+    # The kernel is IPython's: its magics (`%cluster start --workers $WORKERS`) need its
+    # lexer. A run through nbclient's execute() records it; the graded runs that
+    # tests/test_notebooks.py stores keep the source's language_info, which may lack it.
+    out.metadata.setdefault("language_info", NotebookNode()).setdefault("pygments_lexer", "ipython3")
     for i in solutions:
         if out.cells[i].cell_type == "code":
             out.cells[i].outputs = []
