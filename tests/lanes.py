@@ -16,7 +16,7 @@ LANES: dict[str, tuple[str, ...]] = {
     "test_panel_browser": ("browser", "slow"),
     "test_widgets_browser": ("browser", "slow"),
     "test_docs_screenshots": ("browser", "slow"),
-    "test_docs_vscode": ("browser",),
+    "test_docs_vscode": ("browser", "slow"),
     "test_slurm": ("services", "root", "slow"),
     "test_ssh": ("services", "root", "slow"),
     "test_netns": ("services", "root", "slow"),
