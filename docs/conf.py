@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ copyright = "the nbcluster developers, BSD-3-Clause"
 release = version = nbcluster.__version__
 
 extensions = [
-    "myst_parser",
+    "myst_nb",  # MyST Markdown (it includes myst-parser) and notebooks, executed from a cache
     "sphinx.ext.autodoc",
     "sphinx.ext.viewcode",
     "numpydoc",
@@ -24,12 +25,21 @@ extensions = [
     "sphinxcontrib.httpdomain",
     "sphinxcontrib.openapi",
     "nbcluster_docs",
+    "teaching_notebooks",
 ]
 
-# Markdown pages (MyST); the teaching notebooks are not part of the site yet (they are
-# rendered with outputs once myst-nb executes them from a cache).
-source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+# Markdown pages (MyST); a page whose front matter says `file_format: mystnb` is a notebook
+# whose {code-cell}s are executed when the docs build. Execution goes through jupyter-cache:
+# a page or notebook whose code did not change is not executed again. The teaching notebooks
+# are executed (from the same cache) by _ext/teaching_notebooks.py, and rendered from there.
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
+# NBCLUSTER_DOCS_EXECUTE=0: a quick build that executes nothing (tests/test_docs.py's site).
+nb_execution_mode = "off" if os.environ.get("NBCLUSTER_DOCS_EXECUTE", "1") == "0" else "cache"
+nb_execution_cache_path = str(HERE / "_build" / ".jupyter_cache")
+nb_execution_excludepatterns = ["teaching/notebooks/*"]
+nb_execution_timeout = 240
+nb_execution_raise_on_error = True
+nb_merge_streams = True
 myst_enable_extensions = ["colon_fence", "deflist", "fieldlist"]
 myst_heading_anchors = 3
 

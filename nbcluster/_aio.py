@@ -29,7 +29,25 @@ def _ensure_loop() -> asyncio.AbstractEventLoop:
 
 
 def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-    """Run `coro` on the control loop and wait for it; Ctrl-C cancels it."""
+    """Run `coro` on the control loop and wait for it; Ctrl-C cancels it.
+
+    Parameters
+    ----------
+    coro : Coroutine
+        The coroutine to run on nbcluster's own event loop (a daemon thread).
+    timeout : float, optional
+        Seconds to wait; None waits as long as it takes.
+
+    Returns
+    -------
+    T
+        What the coroutine returned.
+
+    Raises
+    ------
+    TimeoutError
+        When `timeout` passed first (the coroutine is cancelled).
+    """
     future = asyncio.run_coroutine_threadsafe(coro, _ensure_loop())
     try:
         return future.result(timeout)

@@ -33,7 +33,19 @@ def _alive(handle: ClusterHandle) -> bool:
 
 
 def remember(handle: ClusterHandle) -> ClusterHandle:
-    """The process-wide handle for this cluster (reusing its Client if we have one)."""
+    """The process-wide handle for this cluster (reusing its Client if we have one).
+
+    Parameters
+    ----------
+    handle : ClusterHandle
+        A handle just made for a cluster (by `connect` or a start).
+
+    Returns
+    -------
+    ClusterHandle
+        The handle this process already holds for the same cluster (name and address), with
+        `handle`'s registry entry; else `handle` itself, now remembered.
+    """
     known = _handles.get(handle.name)
     if known is not None and known.address == handle.address:
         known.entry, known.reused = handle.entry, handle.reused
@@ -45,7 +57,18 @@ def remember(handle: ClusterHandle) -> ClusterHandle:
 
 
 def use(handle: ClusterHandle) -> ClusterHandle:
-    """Make `handle` the current cluster and its Client Dask's default client."""
+    """Make `handle` the current cluster and its Client Dask's default client.
+
+    Parameters
+    ----------
+    handle : ClusterHandle
+        The cluster to use from now on.
+
+    Returns
+    -------
+    ClusterHandle
+        The remembered handle (see `remember`), now current.
+    """
     global _current
     handle = remember(handle)
     client = handle.client
@@ -56,7 +79,13 @@ def use(handle: ClusterHandle) -> ClusterHandle:
 
 
 def forget(name: str) -> None:
-    """Drop a stopped cluster; if it was current, there is no current cluster any more."""
+    """Drop a stopped cluster; if it was current, there is no current cluster any more.
+
+    Parameters
+    ----------
+    name : str
+        The cluster's name. An unknown name is not an error.
+    """
     global _current
     handle = _handles.pop(name, None)
     if handle is not None:
@@ -86,7 +115,25 @@ def current() -> ClusterHandle | None:
 
 
 def handle_for(cluster: str | None = None) -> ClusterHandle:
-    """The named cluster's handle, or the current one; NoCluster says how to get one."""
+    """The named cluster's handle, or the current one.
+
+    Parameters
+    ----------
+    cluster : str, optional
+        A cluster's name or ``tls://`` address; None for the current cluster.
+
+    Returns
+    -------
+    ClusterHandle
+        Its remembered handle.
+
+    Raises
+    ------
+    NoCluster
+        When `cluster` is None and there is no current cluster (the message says how to get one).
+    ClusterNotFound
+        When no running cluster has that name.
+    """
     if cluster is not None:
         return remember(connect(cluster))
     handle = current()
@@ -99,7 +146,23 @@ def handle_for(cluster: str | None = None) -> ClusterHandle:
 
 
 def client_for(cluster: str | None = None) -> Client:
-    """The `distributed.Client` of the named cluster, or of the current one."""
+    """The `distributed.Client` of the named cluster, or of the current one.
+
+    Parameters
+    ----------
+    cluster : str, optional
+        As in `handle_for`.
+
+    Returns
+    -------
+    distributed.Client
+        The handle's connected client.
+
+    Raises
+    ------
+    NoCluster
+        As `handle_for` does.
+    """
     return handle_for(cluster).client
 
 
@@ -119,5 +182,18 @@ start.__doc__ = (start_cluster.__doc__ or "").replace(
 
 
 def attach(name_or_address: str, *, security: Any = None) -> ClusterHandle:
-    """Make a running cluster (by name or address) the current one: `nbcluster.use`."""
+    """Make a running cluster (by name or address) the current one: `nbcluster.use`.
+
+    Parameters
+    ----------
+    name_or_address : str
+        A registered cluster's name, or a scheduler's ``tls://`` address.
+    security : optional
+        For an address: a `distributed.Security`, or paths (CA, certificate, key).
+
+    Returns
+    -------
+    ClusterHandle
+        The current cluster's handle.
+    """
     return use(connect(name_or_address, security=security))

@@ -147,6 +147,8 @@ class WorkerRow(TypedDict):
 
 
 class Requested(TypedDict):
+    """The workers a cluster was asked for, by kind (the card shows "2 workers (3 requested)")."""
+
     cpu: int
     gpu: int
 
@@ -247,6 +249,8 @@ class _SnapshotGpuStatic(TypedDict):
 
 
 class SnapshotGpu(_SnapshotGpuStatic, total=False):
+    """A worker's GPU in a metrics snapshot: the device, and where it came from."""
+
     #: Present where nbcluster's supervisor assigned the device (True: a simulation).
     simulated: bool
 
@@ -260,11 +264,15 @@ class _SnapshotWorkerRequired(TypedDict):
 
 
 class SnapshotWorker(_SnapshotWorkerRequired, total=False):
+    """One worker in a metrics snapshot (the ones described one by one)."""
+
     #: Absent on workers without a GPU that NVML or the supervisor knows of.
     gpu: SnapshotGpu
 
 
 class TaskRecord(TypedDict):
+    """One finished task of the task stream: its key, group, worker, start and stop."""
+
     key: str
     prefix: str
     group: str
@@ -285,6 +293,8 @@ class _SampleRequired(TypedDict):
 
 
 class ResourceSample(_SampleRequired, total=False):
+    """One worker's CPU and memory (and GPU, where reported) at one heartbeat."""
+
     # Only where the worker reports an NVML GPU: absent, never zero-filled.
     gpu_util: float
     gpu_memory: int
@@ -300,10 +310,14 @@ class _BandRequired(TypedDict):
 
 
 class Band(_BandRequired, total=False):
+    """The distribution across workers of one moment's samples: ``(min, median, max)`` spreads."""
+
     gpu_util: Spread
 
 
 class HostTotals(TypedDict):
+    """One host's workers, threads, running tasks and memory, summed."""
+
     host: str
     workers: int
     threads: int
@@ -313,6 +327,8 @@ class HostTotals(TypedDict):
 
 
 class Summary(TypedDict):
+    """A whole cluster in a few numbers, and its largest hosts (a snapshot's ``summary``)."""
+
     workers: int
     threads: int
     processing: int
@@ -328,6 +344,8 @@ class _RunRequired(TypedDict):
 
 
 class RunProgress(_RunRequired, total=False):
+    """A run's progress as the kernel reported it to the scheduler (the sidebar shows it)."""
+
     # What the kernel reported (`widgets._results`), key by key.
     label: str | None
     done: int
@@ -339,6 +357,8 @@ class RunProgress(_RunRequired, total=False):
 
 
 class GroupProgress(TypedDict):
+    """Progress of one task group (plain Dask work, which no run reports)."""
+
     group: str
     prefix: str
     total: int
@@ -407,6 +427,20 @@ def problems(value: object, shape: Any, where: str = "$") -> list[str]:
 
     For tests and debugging: the producers are typed statically, this checks what really
     arrives (a file, a REST answer, an RPC answer).
+
+    Parameters
+    ----------
+    value : object
+        What arrived (decoded JSON, or an RPC answer).
+    shape : type or annotation
+        The declared shape: a TypedDict of this module, or an annotation they use.
+    where : str
+        The path of `value` in the whole, for the messages (``$`` is the top).
+
+    Returns
+    -------
+    list of str
+        One line per problem, e.g. ``$.workers[0].cpu: str 'x', expected float``.
     """
     if shape is Any or shape is object:
         return []

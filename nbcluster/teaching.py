@@ -55,9 +55,17 @@ def small() -> bool:
 
 
 def cores() -> int:
-    """Cores this process may use: Dask's ``CPU_COUNT`` (which respects CPU affinity and a
-    container's CPU quota, as on Binder or a hub), and no more than the physical cores (two
-    hyperthreads of one core do not compute twice as fast)."""
+    """Cores this process may use.
+
+    Dask's ``CPU_COUNT`` (which respects CPU affinity and a container's CPU quota, as on
+    Binder or a hub), and no more than the physical cores (two hyperthreads of one core do
+    not compute twice as fast).
+
+    Returns
+    -------
+    int
+        At least 1.
+    """
     from dask.system import CPU_COUNT
 
     return max(1, min(CPU_COUNT, psutil.cpu_count(logical=False) or CPU_COUNT))

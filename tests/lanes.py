@@ -15,6 +15,8 @@ LANES: dict[str, tuple[str, ...]] = {
     "test_live_browser": ("browser", "slow"),
     "test_panel_browser": ("browser", "slow"),
     "test_widgets_browser": ("browser", "slow"),
+    "test_docs_screenshots": ("browser", "slow"),
+    "test_docs_vscode": ("browser", "slow"),
     "test_slurm": ("services", "root", "slow"),
     "test_ssh": ("services", "root", "slow"),
     "test_netns": ("services", "root", "slow"),
@@ -44,6 +46,7 @@ LANES: dict[str, tuple[str, ...]] = {
     "test_engine::test_a_cluster_killed_mid_cell_ends_the_cell_with_one_line": ("slow",),
     "test_bad_input::test_cluster_stop_in_*": ("slow",),
     "test_docs::test_site_*": ("slow",),
+    "test_docs::test_teaching_*": ("slow",),
 }
 
 

@@ -1,5 +1,6 @@
-"""Every public name has a numpydoc docstring: those in `nbcluster.__all__`, and the public
-members of `Results` and `ClusterHandle` (what the docs' Python API reference shows).
+"""Every public name has a numpydoc docstring: those in `nbcluster.__all__`, the public
+members of `Results` and `ClusterHandle` (what the docs' Python API reference shows), and
+every public function, class and method defined in the modules of `checked_modules`.
 
 A docstring passes when numpydoc parses it, it opens with a summary line, its
 ``Parameters`` name every argument of the signature and nothing else, and it has
@@ -10,7 +11,9 @@ docstring fails here, with the name and what to add.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +23,44 @@ from numpydoc.docscrape import NumpyDocString
 import nbcluster
 
 CLASSES = ("Results", "ClusterHandle")
+# Where every public function, class and method is checked: these packages with all their
+# modules (a new module is checked as soon as it exists), and these single modules. The rest
+# of nbcluster (distribute/, magics, cli, commands, config) joins as its docstrings are done.
+PACKAGES = ("nbcluster.cluster", "nbcluster.metrics", "nbcluster.server", "nbcluster.widgets")
+MODULES = ("nbcluster.teaching", "nbcluster._aio", "nbcluster._current", "nbcluster._wire")
+
+
+def checked_modules() -> list[str]:
+    """`PACKAGES`, each with every module in it, then `MODULES`."""
+    found = []
+    for package in PACKAGES:
+        found.append(package)
+        found += [m.name for m in pkgutil.walk_packages(importlib.import_module(package).__path__, f"{package}.")]
+    return found + list(MODULES)
+
+
+def members(cls: type) -> Iterator[tuple[str, Any]]:
+    """The public methods and properties `cls` defines itself."""
+    for name, member in vars(cls).items():
+        if not name.startswith("_") and (
+            inspect.isfunction(member) or isinstance(member, (property, staticmethod, classmethod))
+        ):
+            yield name, member
+
+
+def module_names() -> Iterator[tuple[str, Any, bool]]:
+    """(dotted name, object, False) for each public definition of the checked modules."""
+    for module_name in checked_modules():
+        module = importlib.import_module(module_name)
+        for name, obj in vars(module).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != module_name:
+                continue
+            if inspect.isfunction(obj):
+                yield f"{module_name}.{name}", obj, False
+            elif inspect.isclass(obj):
+                yield f"{module_name}.{name}", obj, False
+                for member_name, member in members(obj):
+                    yield f"{module_name}.{name}.{member_name}", member, False
 
 
 def public() -> Iterator[tuple[str, Any, bool]]:
@@ -67,7 +108,9 @@ def problems(obj: Any, needs_example: bool) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("name", "obj", "needs_example"), list(public()), ids=lambda v: v if isinstance(v, str) else ""
+    ("name", "obj", "needs_example"),
+    list(public()) + list(module_names()),
+    ids=lambda v: v if isinstance(v, str) else "",
 )
 def test_public_name_has_a_numpydoc_docstring(name: str, obj: Any, needs_example: bool) -> None:
     found = problems(obj, needs_example)

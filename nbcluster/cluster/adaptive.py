@@ -56,14 +56,37 @@ class Backlogs:
         self._runs: dict[str, tuple[str, int, float, float]] = {}  # run -> (kind, items, seconds, expires)
 
     def report(self, run: str, kind: str, items: int, seconds: float) -> None:
-        """Run `run` holds back `items` items of `kind` (about `seconds` of work); 0 ends it."""
+        """Run `run` holds back `items` items of `kind` (about `seconds` of work); 0 ends it.
+
+        Parameters
+        ----------
+        run : str
+            The run's id.
+        kind : str
+            ``cpu`` or ``gpu``: the workers the items need.
+        items : int
+            Items not yet submitted; 0 or less ends the report.
+        seconds : float
+            About how much work they are.
+        """
         if items <= 0:
             self._runs.pop(run, None)
         else:
             self._runs[run] = (kind, int(items), float(seconds), self.clock() + BACKLOG_TTL)
 
     def total(self, kind: str) -> tuple[int, float]:
-        """(items, seconds) held back for workers of `kind`, by every run still reporting."""
+        """What every run still reporting holds back for workers of `kind`.
+
+        Parameters
+        ----------
+        kind : str
+            ``cpu`` or ``gpu``.
+
+        Returns
+        -------
+        tuple of (int, float)
+            Items, and seconds of work.
+        """
         now = self.clock()
         for run in [r for r, (_, _, _, expires) in self._runs.items() if expires < now]:
             del self._runs[run]
@@ -72,7 +95,18 @@ class Backlogs:
 
 
 def backlogs(scheduler: Any) -> Backlogs:
-    """The scheduler's `Backlogs` (made on first use)."""
+    """The scheduler's `Backlogs` (made on first use).
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+        The cluster's scheduler.
+
+    Returns
+    -------
+    Backlogs
+        Kept among its extensions.
+    """
     found: Backlogs | None = scheduler.extensions.get("nbcluster-backlogs")
     if found is None:
         found = scheduler.extensions["nbcluster-backlogs"] = Backlogs()
@@ -80,11 +114,38 @@ def backlogs(scheduler: Any) -> Backlogs:
 
 
 def needs_gpu(ts: Any) -> bool:
+    """Whether a task is restricted to GPU workers.
+
+    Parameters
+    ----------
+    ts : distributed.scheduler.TaskState
+        The task.
+
+    Returns
+    -------
+    bool
+        True when it needs the GPU resource.
+    """
     return worker_kind(ts.resource_restrictions) == "gpu"
 
 
 def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
-    """Desired number of workers of `kind` for the scheduler's current work."""
+    """Desired number of workers of `kind` for the scheduler's current work.
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+        The cluster's scheduler.
+    kind : str
+        ``cpu`` or ``gpu``.
+    target_duration : float
+        Seconds the ready work should take (Dask's ``adaptive.target-duration``).
+
+    Returns
+    -------
+    int
+        Workers wanted, before the adaptive bounds.
+    """
     workers = [ws for ws in scheduler.workers.values() if worker_kind(ws.resources) == kind]
     waiting = [ts for ts in scheduler.unrunnable] + list(scheduler.queued)
     held, held_time = backlogs(scheduler).total(kind)
@@ -116,13 +177,47 @@ class KindScaled(Protocol):
     scheduler: Any
 
     @property
-    def plan(self) -> Any: ...
+    def plan(self) -> Any:
+        """Dask's ``plan``: the workers the cluster means to have."""
+        ...
+
     @property
-    def requested(self) -> Any: ...
+    def requested(self) -> Any:
+        """Dask's ``requested``: the workers asked of the backend."""
+        ...
+
     @property
-    def observed(self) -> Any: ...
-    def kind_of(self, name: str) -> str: ...
-    async def scale_kind(self, n: int, kind: str = "cpu", *, adaptive: bool = False) -> None: ...
+    def observed(self) -> Any:
+        """Dask's ``observed``: the workers connected."""
+        ...
+
+    def kind_of(self, name: str) -> str:
+        """The kind of worker `name`.
+
+        Parameters
+        ----------
+        name : str
+            A worker's name.
+
+        Returns
+        -------
+        str
+            ``cpu`` or ``gpu``.
+        """
+        ...
+    async def scale_kind(self, n: int, kind: str = "cpu", *, adaptive: bool = False) -> None:
+        """Scale the workers of one kind.
+
+        Parameters
+        ----------
+        n : int
+            Workers of `kind` wanted.
+        kind : str
+            ``cpu`` or ``gpu``.
+        adaptive : bool
+            True when adaptive scaling asks (an explicit scale turns adaptive off).
+        """
+        ...
 
 
 class KindAdaptive(Adaptive):
@@ -139,20 +234,35 @@ class KindAdaptive(Adaptive):
 
     @property
     def plan(self) -> set[Any]:
+        """The planned workers of this kind."""
         return self._mine(self.kinds.plan)
 
     @property
     def requested(self) -> set[Any]:
+        """The requested workers of this kind."""
         return self._mine(self.kinds.requested)
 
     @property
     def observed(self) -> set[Any]:
+        """The connected workers of this kind."""
         return self._mine(self.kinds.observed)
 
     async def target(self) -> int:
         return kind_target(self.kinds.scheduler, self.kind, self.target_duration)
 
     async def workers_to_close(self, target: int) -> list[Any]:
+        """Which workers of this kind to retire: idle ones first, holding the least data first.
+
+        Parameters
+        ----------
+        target : int
+            Workers of this kind to keep.
+
+        Returns
+        -------
+        list
+            Names of the workers to close.
+        """
         scheduler = self.kinds.scheduler
         assert scheduler is not None  # Adaptive runs on a started cluster only
         mine = [ws for ws in scheduler.workers.values() if worker_kind(ws.resources) == self.kind]
@@ -163,4 +273,11 @@ class KindAdaptive(Adaptive):
     # Dask's AdaptiveCore annotates scale_up with scale_down's argument (workers) and the
     # reverse; Adaptive, the class it runs as, calls scale_up(n) with a count.
     async def scale_up(self, n: int) -> None:  # type: ignore[override]
+        """Scale this kind up to `n` workers (Dask's adaptive calls this).
+
+        Parameters
+        ----------
+        n : int
+            Workers of this kind wanted.
+        """
         await self.kinds.scale_kind(n, self.kind, adaptive=True)

@@ -25,6 +25,18 @@ def write_credentials(directory: Path, name: str) -> tuple[Security, Credentials
 
     An EC P-256 key, not Dask's RSA-2048 `Security.temporary()`: generating that costs
     about 0.6 s here, a third of a cluster's start-up.
+
+    Parameters
+    ----------
+    directory : Path
+        The registry folder (the files go beside the cluster's entry).
+    name : str
+        The cluster's name.
+
+    Returns
+    -------
+    tuple of (distributed.Security, Credentials)
+        The security to start the cluster with, and the files' paths for its entry.
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -57,6 +69,18 @@ def write_credentials(directory: Path, name: str) -> tuple[Security, Credentials
 
 
 def security_from(tls: Credentials) -> Security:
+    """The `distributed.Security` of a cluster's credential files (every role uses them).
+
+    Parameters
+    ----------
+    tls : Credentials
+        ``ca_file``, ``cert`` and ``key`` paths.
+
+    Returns
+    -------
+    distributed.Security
+        With encryption required.
+    """
     return Security(
         require_encryption=True,
         tls_ca_file=tls["ca_file"],
@@ -70,7 +94,18 @@ def security_from(tls: Credentials) -> Security:
 
 
 def tls_config(tls: Credentials) -> dict[str, Any]:
-    """Dask config that makes every process reading it use these credentials for TLS."""
+    """Dask config that makes every process reading it use these credentials for TLS.
+
+    Parameters
+    ----------
+    tls : Credentials
+        ``ca_file``, ``cert`` and ``key`` paths.
+
+    Returns
+    -------
+    dict
+        Flat ``distributed.comm.*`` keys (for `dask.config.set` or a worker's environment).
+    """
     return {
         "distributed.comm.require-encryption": True,
         "distributed.comm.tls.ca-file": tls["ca_file"],
@@ -85,7 +120,22 @@ _ROLES = ("scheduler", "worker", "client")
 def write_pem_credentials(directory: Path, name: str, security: Any) -> Credentials:
     """A gateway's in-memory credentials (its `GatewaySecurity`: a self-signed certificate,
     which is also the CA) as 0600 files beside the entry, so every front end connects to its
-    scheduler the way it does to ours."""
+    scheduler the way it does to ours.
+
+    Parameters
+    ----------
+    directory : Path
+        The registry folder.
+    name : str
+        The cluster's name.
+    security : GatewaySecurity
+        Its ``tls_cert`` and ``tls_key`` (PEM strings).
+
+    Returns
+    -------
+    Credentials
+        The files' paths.
+    """
     paths = {part: directory / f"{name}.scheduler-{part}.pem" for part in ("ca", "cert", "key")}
     pems = {"ca": security.tls_cert, "cert": security.tls_cert, "key": security.tls_key}
     for part, path in paths.items():

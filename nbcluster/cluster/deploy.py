@@ -81,21 +81,49 @@ class Deployment:
         self.profile = profile
 
     async def start(self) -> None:
+        """Start the backend's cluster (in the supervisor's event loop).
+
+        Raises
+        ------
+        ClusterFailed
+            Or the backend's own error, when it cannot start; the supervisor reports it.
+        """
         raise NotImplementedError
 
     @property
     def address(self) -> str:
+        """The scheduler's address, as clients reach it."""
         address: str = self.cluster.scheduler_address
         return address
 
     @property
     def dashboard(self) -> str | None:
+        """The dashboard's URL, or None without one."""
         return None
 
     def requested_by_kind(self) -> Requested:
+        """The workers asked for, by kind.
+
+        Returns
+        -------
+        Requested
+            ``{"cpu": n, "gpu": m}``.
+        """
         raise NotImplementedError
 
     def check_kind(self, kind: str) -> None:
+        """Check this backend can scale workers of `kind`.
+
+        Parameters
+        ----------
+        kind : str
+            ``cpu`` or ``gpu``.
+
+        Raises
+        ------
+        BadArgument
+            For a kind the backend does not scale (most have CPU workers only).
+        """
         if kind != "cpu":
             raise BadArgument(
                 f"the {self.profile.backend} backend has one kind of worker: scale it without --kind "
@@ -103,29 +131,96 @@ class Deployment:
             )
 
     async def scale(self, n: int, kind: str = "cpu") -> None:
+        """Scale the workers of `kind` to `n` (turning adaptive scaling off).
+
+        Parameters
+        ----------
+        n : int
+            Workers wanted.
+        kind : str
+            ``cpu`` or ``gpu`` (checked by `check_kind` first).
+        """
         raise NotImplementedError
 
     def adapt(self, minimum: int, maximum: int) -> None:
+        """Let the workers follow the load between the bounds.
+
+        Parameters
+        ----------
+        minimum, maximum : int
+            The bounds (checked).
+        """
         raise NotImplementedError
 
     def job_id(self, worker_name: str) -> str | None:
+        """The batch job a worker runs in.
+
+        Parameters
+        ----------
+        worker_name : str
+            The worker's name.
+
+        Returns
+        -------
+        str or None
+            None where there are no jobs.
+        """
         return None
 
     def gpu(self, worker_name: str) -> GpuDevice | None:
+        """The GPU nbcluster gave a worker.
+
+        Parameters
+        ----------
+        worker_name : str
+            The worker's name.
+
+        Returns
+        -------
+        GpuDevice or None
+            None for a CPU worker, or where the backend assigns devices itself.
+        """
         return None
 
     # Where the scheduler runs elsewhere (`scheduler` is None), the supervisor asks it
     # through these.
     async def scheduler_identity(self) -> dict[str, Any]:
+        """The remote scheduler's ``identity`` answer.
+
+        Returns
+        -------
+        dict
+            Its workers and their metrics.
+        """
         raise NotImplementedError
 
     async def scheduler_metrics(self, since: int | None, detail: int | None) -> Snapshot:
+        """The remote scheduler's metrics plugin's snapshot.
+
+        Parameters
+        ----------
+        since, detail : int or None
+            As `MetricsPlugin.nbcluster_metrics` takes them.
+
+        Returns
+        -------
+        Snapshot
+            Its answer.
+        """
         raise NotImplementedError
 
     async def restart(self) -> None:
+        """Restart the workers of a cluster whose scheduler runs elsewhere."""
         raise NotImplementedError
 
     async def close(self, timeout: float) -> None:
+        """Stop the cluster: its workers, jobs or pods, and its scheduler.
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds a graceful close may take.
+        """
         raise NotImplementedError
 
 
@@ -144,12 +239,14 @@ class LocalDeployment(Deployment):
 
     @property
     def dashboard(self) -> str | None:
+        """The dashboard on loopback (it requires the cluster's certificate), if asked for."""
         return speccluster.dashboard_url(self.cluster) if self.spec.dashboard else None
 
     # Read-only here, where the base class has a plain attribute: the cluster keeps the
     # bounds (NbSpecCluster.adapt_bounded), and nothing sets them on this object.
     @property
     def adaptive_bounds(self) -> Bounds | None:  # type: ignore[override]
+        """The cluster's adaptive bounds, or None while it is not adaptive."""
         return self.cluster.adaptive_bounds
 
     def requested_by_kind(self) -> Requested:
@@ -170,6 +267,7 @@ class LocalDeployment(Deployment):
 
     @property
     def gpu_count(self) -> int:
+        """The GPUs the cluster has (one GPU worker each, at most)."""
         return len(self.cluster.all_devices)
 
     async def close(self, timeout: float) -> None:
@@ -248,6 +346,7 @@ class JobqueueDeployment(_SpecBased):
 
     @property
     def dashboard(self) -> str | None:
+        """The dashboard on loopback (it requires the cluster's certificate), if asked for."""
         return speccluster.dashboard_url(self.cluster) if self.spec.dashboard else None
 
     def job_id(self, worker_name: str) -> str | None:
@@ -255,6 +354,13 @@ class JobqueueDeployment(_SpecBased):
         return getattr(job, "job_id", None)
 
     def job_script(self) -> str:
+        """The batch script a worker job is submitted with (``sbatch``'s, ``qsub``'s).
+
+        Returns
+        -------
+        str
+            dask-jobqueue's script.
+        """
         script: str = self.cluster.job_script()
         return script
 
@@ -447,6 +553,7 @@ class GatewayDeployment(_Remote):
 
     @property
     def dashboard(self) -> str | None:
+        """The gateway's dashboard link (served by the gateway's proxy)."""
         link: str | None = self.cluster.dashboard_link
         return link
 
@@ -503,6 +610,7 @@ class KubernetesDeployment(_Remote):
 
     @property
     def address(self) -> str:
+        """The scheduler's ``tls://`` address."""
         # The operator reports tcp://; the pods listen on TLS (see kubernetes.py).
         address: str = self.cluster.scheduler_address
         return address.replace("tcp://", "tls://", 1)
@@ -534,7 +642,35 @@ def make(
     security: Security, tls: Credentials,
 ) -> Deployment:  # fmt: skip
     """The deployment for `profile`, not started yet (``await deployment.start()``): the
-    caller holds it, and can close it, whenever a start is cut short."""
+    caller holds it, and can close it, whenever a start is cut short.
+
+    Parameters
+    ----------
+    spec : ClusterSpec
+        The checked start request.
+    profile : Profile
+        Where it runs.
+    directory : Path
+        The registry folder (a gateway's credentials are written there).
+    name : str
+        The cluster's name.
+    devices : list of GPU
+        Local GPUs to give one worker each.
+    security : distributed.Security
+        The cluster's TLS credentials.
+    tls : Credentials
+        The same, as file paths.
+
+    Returns
+    -------
+    Deployment
+        The backend's deployment.
+
+    Raises
+    ------
+    BadArgument
+        For an unknown backend.
+    """
     if profile.local or profile.backend in JOBQUEUE:
         # The scheduler (and local workers) run here: their HTTP servers, the dashboard
         # among them, answer only holders of the cluster's certificate (private_http.py).
@@ -555,7 +691,20 @@ def make(
 
 async def serve_control(handlers: dict[str, Any], security: Security) -> Server:
     """The supervisor's own control endpoint, for backends whose scheduler is elsewhere:
-    the same handlers, behind the cluster's TLS (a client certificate from its CA)."""
+    the same handlers, behind the cluster's TLS (a client certificate from its CA).
+
+    Parameters
+    ----------
+    handlers : dict
+        `Control.handlers`.
+    security : distributed.Security
+        The cluster's TLS credentials.
+
+    Returns
+    -------
+    distributed.core.Server
+        Listening on loopback.
+    """
     server = Server(handlers)
     await server.listen("tls://127.0.0.1:0", **security.get_listen_args("scheduler"))
     return server

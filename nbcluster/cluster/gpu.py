@@ -26,6 +26,8 @@ SIMULATE_ENV = "NBCLUSTER_SIMULATE_GPUS"
 
 @dataclass(frozen=True)
 class GPU:
+    """One GPU of this machine (or a simulated one): its index, name, memory and UUID."""
+
     index: int
     name: str
     memory_total: int | None  # bytes
@@ -33,6 +35,13 @@ class GPU:
     simulated: bool = False
 
     def to_dict(self) -> GpuDevice:
+        """The GPU as plain data.
+
+        Returns
+        -------
+        GpuDevice
+            `nbcluster._wire.GpuDevice`.
+        """
         # The dataclass's fields are GpuDevice's keys (tests/test_wire.py holds them equal).
         return cast(GpuDevice, asdict(self))
 
@@ -73,7 +82,18 @@ def _nvidia_smi() -> list[GPU]:
 
 
 def parse_nvidia_smi_list(text: str) -> list[GPU]:
-    """GPUs from `nvidia-smi -L` lines like ``GPU 0: NVIDIA H200 (UUID: GPU-...)``."""
+    """GPUs from `nvidia-smi -L` lines like ``GPU 0: NVIDIA H200 (UUID: GPU-...)``.
+
+    Parameters
+    ----------
+    text : str
+        What ``nvidia-smi -L`` printed.
+
+    Returns
+    -------
+    list of GPU
+        One per GPU line (memory unknown: None); other lines are skipped.
+    """
     gpus = []
     for line in text.splitlines():
         m = re.match(r"GPU (\d+): (.*?)(?: \(UUID: (.*)\))?$", line.strip())
@@ -83,7 +103,23 @@ def parse_nvidia_smi_list(text: str) -> list[GPU]:
 
 
 def discover(environ: dict[str, str] | None = None) -> list[GPU]:
-    """The GPUs of this machine (or the simulated ones, when asked for)."""
+    """The GPUs of this machine (or the simulated ones, when asked for).
+
+    Parameters
+    ----------
+    environ : dict, optional
+        The environment to read ``NBCLUSTER_SIMULATE_GPUS`` from (default `os.environ`).
+
+    Returns
+    -------
+    list of GPU
+        From NVML, else ``nvidia-smi``; [] when there are none.
+
+    Raises
+    ------
+    BadArgument
+        When ``NBCLUSTER_SIMULATE_GPUS`` is not a whole number.
+    """
     env = os.environ if environ is None else environ
     simulated = env.get(SIMULATE_ENV, "").strip()
     if simulated:
@@ -96,7 +132,25 @@ def discover(environ: dict[str, str] | None = None) -> list[GPU]:
 
 
 def select(requested: int | str | None, available: list[GPU]) -> list[GPU]:
-    """The GPUs to give one worker each, for `--gpus auto|N`."""
+    """The GPUs to give one worker each, for `--gpus auto|N`.
+
+    Parameters
+    ----------
+    requested : int, "auto" or None
+        ``--gpus``: a number, every GPU, or none (None or 0).
+    available : list of GPU
+        What `discover` found.
+
+    Returns
+    -------
+    list of GPU
+        The first `requested` GPUs (all for "auto").
+
+    Raises
+    ------
+    BadArgument
+        When more GPUs are asked for than the machine has (the message says what to do).
+    """
     if requested in (None, 0):
         return []
     if requested == "auto":

@@ -51,7 +51,13 @@ _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str
 
 
 def connect_timeout() -> float:
-    """`nbcluster.timeouts.connect`: how long reaching a scheduler may take."""
+    """`nbcluster.timeouts.connect`: how long reaching a scheduler may take.
+
+    Returns
+    -------
+    float
+        Seconds, from Dask config.
+    """
     return config.seconds("timeouts.connect")
 
 

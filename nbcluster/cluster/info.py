@@ -30,7 +30,38 @@ def worker_row(
     cpu: float, resources: Mapping[str, float] | None, processing: int, gpu: GpuDevice | None = None,
     job_id: str | None = None,
 ) -> WorkerRow:  # fmt: skip
-    """One worker as `nbcluster_info` reports it, whatever the backend."""
+    """One worker as `nbcluster_info` reports it, whatever the backend.
+
+    Parameters
+    ----------
+    name : object
+        The worker's Dask name (shown as a string).
+    address : str
+        Its address.
+    host : str or None
+        The host it runs on, where known.
+    nthreads : int
+        Its threads.
+    memory_limit : int or None
+        Its memory limit in bytes.
+    memory : int
+        The memory it uses, in bytes.
+    cpu : float
+        Its CPU use, in percent of one core.
+    resources : Mapping[str, float] or None
+        Its Dask resources (``GPU`` makes it a GPU worker).
+    processing : int
+        Tasks running on it.
+    gpu : GpuDevice, optional
+        Its GPU (name, memory, utilisation), if it has one.
+    job_id : str, optional
+        The batch job it runs in (SLURM, PBS, ...).
+
+    Returns
+    -------
+    WorkerRow
+        The row (`nbcluster._wire.WorkerRow`), with its ``kind`` derived from `resources`.
+    """
     resources = dict(resources or {})
     return {
         "name": str(name), "address": address, "host": host, "job_id": job_id,
@@ -41,7 +72,18 @@ def worker_row(
 
 
 def identity_rows(identity: Mapping[str, Any]) -> list[WorkerRow]:
-    """The workers of a scheduler's own ``identity`` answer as status rows."""
+    """The workers of a scheduler's own ``identity`` answer as status rows.
+
+    Parameters
+    ----------
+    identity : Mapping
+        ``Scheduler.identity()`` (for a scheduler without nbcluster's plugin).
+
+    Returns
+    -------
+    list of WorkerRow
+        One row per worker; no GPUs or jobs (identity does not say).
+    """
     rows = []
     for address, w in identity.get("workers", {}).items():
         metrics = w.get("metrics") or {}
@@ -72,7 +114,18 @@ def _owner(pid: int | None) -> str:
 def runs_on(d: Mapping[str, Any]) -> str:
     """Where a cluster runs: ``local``, its profile with the backend the name does not
     already say (``hpc (slurm)``, ``slurm``), or ``external`` for a scheduler nbcluster did
-    not start (the sidebar card shows the same words, sent by the REST list)."""
+    not start (the sidebar card shows the same words, sent by the REST list).
+
+    Parameters
+    ----------
+    d : Mapping
+        A registry entry or an `nbcluster_info` answer.
+
+    Returns
+    -------
+    str
+        The words, e.g. ``local``, ``hpc (slurm)``, ``external``.
+    """
     if d.get("external"):
         return "external"
     profile = d.get("profile") or (d.get("spec") or {}).get("profile") or "local"
@@ -97,6 +150,18 @@ def proxied_dashboard(d: Mapping[str, Any], prefix: str | None = None) -> str | 
     (``<base_url>nbcluster/dashboard/NAME/``). `prefix` is the server's base URL: on a
     JupyterHub the spawner gives kernels ``JUPYTERHUB_SERVICE_PREFIX`` (``/user/NAME/``),
     elsewhere it is ``/``. A dashboard elsewhere (a gateway's) is linked as it is.
+
+    Parameters
+    ----------
+    d : Mapping
+        A registry entry or an `nbcluster_info` answer (``name``, ``dashboard``).
+    prefix : str, optional
+        The server's base URL; None reads ``JUPYTERHUB_SERVICE_PREFIX`` (else ``/``).
+
+    Returns
+    -------
+    str or None
+        The path, or None when the dashboard is not on loopback (or there is none).
     """
     link, name = d.get("dashboard"), d.get("name")
     if not link or not name or urlsplit(link).hostname not in ("127.0.0.1", "localhost", "::1"):
@@ -135,6 +200,17 @@ def cluster_totals(data: Mapping[str, Any]) -> Totals:
     so workers added later (scale, adapt) would sum past the machine's RAM. ``host_memory``
     (from the supervisor, for the hosts it can see) holds each host's RAM. The sidebar's
     card shows these same numbers (the server sends them as ``totals``).
+
+    Parameters
+    ----------
+    data : Mapping
+        An `nbcluster_info` answer (``workers``, and ``host_memory`` where known).
+
+    Returns
+    -------
+    Totals
+        ``workers``, ``cores``, ``memory``, ``memory_limit``, ``gpus`` and
+        ``simulated_gpus`` (`nbcluster._wire.Totals`).
     """
     ws = data.get("workers") or []
     host_memory = data.get("host_memory") or {}
@@ -192,6 +268,18 @@ class Scale:
         self.total = len(workers)
 
     def group_line(self, g: dict[str, Any]) -> str:
+        """One host-and-kind group as a line of the summary.
+
+        Parameters
+        ----------
+        g : dict
+            One of ``self.groups``.
+
+        Returns
+        -------
+        str
+            e.g. ``4 cpu workers, 4 threads, 2 running, 2 idle, 1.00 GiB / 8.00 GiB``.
+        """
         return (
             f"{_plural(g['workers'], g['kind'] + ' worker')}, {_plural(g['threads'], 'thread')}, "
             f"{g['running']} running, {g['idle']} idle, "
@@ -199,10 +287,24 @@ class Scale:
         )
 
     def more_line(self) -> str:
+        """The line that counts the groups past `MAX_GROUPS`.
+
+        Returns
+        -------
+        str
+            e.g. ``and 3 more host groups (12 workers)``.
+        """
         n = sum(g["workers"] for g in self.more)
         return f"and {_plural(len(self.more), 'more host group')} ({_plural(n, 'worker')})"
 
     def idle_line(self) -> str:
+        """How many workers run nothing.
+
+        Returns
+        -------
+        str
+            e.g. ``idle: 10 of 12 workers run nothing``.
+        """
         return f"idle: {self.idle} of {self.total} workers run nothing"
 
 
@@ -216,6 +318,13 @@ class ClusterInfo:
         self.note = note
 
     def to_dict(self) -> dict[str, Any]:
+        """The status as plain data.
+
+        Returns
+        -------
+        dict
+            A copy of the `nbcluster_info` answer (`nbcluster._wire.ClusterState`).
+        """
         return dict(self.data)
 
     def __getitem__(self, key: str) -> Any:
@@ -223,10 +332,12 @@ class ClusterInfo:
 
     @property
     def workers(self) -> list[WorkerRow]:
+        """One row per worker (`nbcluster._wire.WorkerRow`)."""
         return self.data["workers"]
 
     @property
     def totals(self) -> Totals:
+        """Workers, cores, memory and GPUs in all (`cluster_totals`)."""
         return cluster_totals(self.data)
 
     def _summary(self) -> str:
@@ -334,6 +445,13 @@ class ClusterList:
         return len(self.entries)
 
     def names(self) -> list[str]:
+        """The clusters' names, in the list's order.
+
+        Returns
+        -------
+        list of str
+            One name per entry.
+        """
         return [e["name"] for e in self.entries]
 
     def _rows(self) -> list[tuple[str, ...]]:

@@ -20,11 +20,41 @@ GPU_RESOURCE = "GPU"
 
 
 def worker_kind(resources: Mapping[str, Any] | None) -> Kind:
-    """ "gpu" for a worker with the GPU resource, else "cpu"."""
+    """ "gpu" for a worker with the GPU resource, else "cpu".
+
+    Parameters
+    ----------
+    resources : Mapping or None
+        The worker's Dask resources.
+
+    Returns
+    -------
+    Kind
+        ``"gpu"`` or ``"cpu"``.
+    """
     return "gpu" if GPU_RESOURCE in (resources or {}) else "cpu"
 
 
 def check_kind(kind: Any, what: str = "kind") -> str:
+    """A worker kind given by a user, checked.
+
+    Parameters
+    ----------
+    kind : object
+        What was given (``--kind``, a REST body's ``kind``).
+    what : str
+        How the message names it.
+
+    Returns
+    -------
+    str
+        `kind`, one of ``KINDS``.
+
+    Raises
+    ------
+    BadArgument
+        For anything else, naming the kinds there are.
+    """
     if kind not in KINDS:
         raise BadArgument(f"{what} must be {' or '.join(map(repr, KINDS))}, not {kind!r}")
     return cast(str, kind)  # one of KINDS

@@ -66,7 +66,23 @@ class KubeResources:
 
 
 def resource_name(name: str) -> str:
-    """`name` as a Kubernetes resource name (lowercase letters, digits and '-')."""
+    """`name` as a Kubernetes resource name (lowercase letters, digits and '-').
+
+    Parameters
+    ----------
+    name : str
+        A cluster's name.
+
+    Returns
+    -------
+    str
+        At most 40 characters, a valid DNS label.
+
+    Raises
+    ------
+    BadArgument
+        When nothing of `name` is left (no letters or digits).
+    """
     safe = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:40].strip("-")
     if not _DNS_LABEL.match(safe):
         raise BadArgument(f"cluster name {name!r} gives no Kubernetes name: use letters or digits in it")
@@ -86,17 +102,27 @@ def render(
 
     Parameters
     ----------
-    name:
+    name : str
         The nbcluster cluster name; made into a Kubernetes name with `resource_name`.
-    options:
+    options : dict
         The profile's `options`: `KubeCluster` keyword arguments, plus `gpus`, the number
         of GPU workers (default 0).
-    tls:
+    tls : Credentials or None
         The cluster's credentials (`ca_file`, `cert`, `key` paths, as `write_credentials`
         returns them); None renders a cluster without TLS.
-    workers, threads, memory:
+    workers, threads, memory : optional
         `--workers`, `--threads` and `--memory`: the CPU workers' count, and each worker's
         threads and memory (its pod's request and limit too). None keeps the profile's.
+
+    Returns
+    -------
+    KubeResources
+        The DaskCluster resource, KubeCluster's other options, the TLS secret and the GPU worker group.
+
+    Raises
+    ------
+    BadArgument
+        Without dask-kubernetes installed, or for a name that gives no Kubernetes name.
     """
     try:
         # Importing it also registers its `kubernetes.*` config defaults, read below.

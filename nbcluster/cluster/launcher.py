@@ -96,6 +96,11 @@ def prewarm(runtime_dir: str | os.PathLike[str] | None = None) -> None:
     `%load_ext nbcluster` calls this: a spare costs one idle process (it exits when this
     process does) and saves about half a second on a `%cluster start`. A spare used by a
     start is replaced when a cluster is next stopped from this process.
+
+    Parameters
+    ----------
+    runtime_dir : path, optional
+        The registry folder the spare will serve (default: nbcluster's runtime folder).
     """
     global _spare, _keep_warm
     directory = registry.runtime_dir(runtime_dir)
@@ -130,8 +135,29 @@ def _take(directory: Path) -> _Launched:
 
 
 def spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool = False) -> _wire.RegistryEntry:
-    """A new cluster's registry entry, once its supervisor reports it running; `ClusterFailed`
-    (naming the start log) if it does not."""
+    """A new cluster's registry entry, once its supervisor reports it running.
+
+    Parameters
+    ----------
+    spec : ClusterSpec
+        The checked start request.
+    directory : Path
+        The registry folder.
+    owner : int or None
+        The pid whose exit stops the cluster; None keeps it (``--keep``).
+    force : bool
+        Lift the machine-derived limits (``--force``).
+
+    Returns
+    -------
+    RegistryEntry
+        The running cluster's entry (`nbcluster._wire.RegistryEntry`).
+
+    Raises
+    ------
+    ClusterFailed
+        When the supervisor does not report it running in time (the message names the start log).
+    """
     timeout = config.seconds("timeouts.start")  # a bad setting stops us before a process is taken
     launched = _take(directory)
     proc = launched.proc
@@ -214,7 +240,13 @@ def _read_line(fd: int, timeout: float) -> str:
 
 
 def keep_warm() -> bool:
-    """Whether this process keeps a spare supervisor (`prewarm` was called)."""
+    """Whether this process keeps a spare supervisor.
+
+    Returns
+    -------
+    bool
+        True once `prewarm` was called.
+    """
     return _keep_warm
 
 
@@ -224,6 +256,13 @@ def wait_gone(pid: int | None, started: float | None) -> None:
     On its pidfd, which is readable once the process has exited: a supervisor that is not
     our child stays a zombie until the process that started it reaps it, and waiting for
     the pid to disappear would wait out the whole timeout (it did: 40 s per CLI stop).
+
+    Parameters
+    ----------
+    pid : int or None
+        The supervisor's pid (None: nothing to wait for).
+    started : float or None
+        Its start time, so that a reused pid is not taken for it.
     """
     if not registry.process_alive(pid, started):
         return

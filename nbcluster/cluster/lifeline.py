@@ -46,6 +46,14 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Lifeline:
+    """How a supervisor ends: on a signal, or when its owner exits, gracefully if it can.
+
+    Parameters
+    ----------
+    log : Path
+        The supervisor's start log (removed when it ends before starting anything).
+    """
+
     def __init__(self, log: Path):
         self.log = log
         self.reason: str | None = None
@@ -58,6 +66,7 @@ class Lifeline:
         self._lock = threading.RLock()
 
     def install_signals(self) -> None:
+        """Stop on SIGTERM, SIGINT and SIGHUP (from the main thread)."""
         for sig in SIGNALS:
             signal.signal(sig, self._on_signal)
 
@@ -65,7 +74,15 @@ class Lifeline:
         self.trigger(f"signal {signal.Signals(signum).name}")
 
     def attach(self, loop: asyncio.AbstractEventLoop, on_stop: Callable[[], None]) -> None:
-        """From now on a stop is first asked of `on_stop`, run on `loop`."""
+        """From now on a stop is first asked of `on_stop`, run on `loop`.
+
+        Parameters
+        ----------
+        loop : asyncio.AbstractEventLoop
+            The loop the cluster runs on.
+        on_stop : callable
+            Closes the cluster (called once, on `loop`); a stop already pending calls it now.
+        """
         with self._lock:
             self._loop, self._on_stop = loop, on_stop
             pending = self.reason is not None
@@ -73,10 +90,28 @@ class Lifeline:
             loop.call_soon_threadsafe(on_stop)
 
     def claimed(self, directory: Path, name: str) -> None:
-        """The registry entry the watchdog removes if it has to end the process."""
+        """The registry entry the watchdog removes if it has to end the process.
+
+        Parameters
+        ----------
+        directory : Path
+            The registry folder.
+        name : str
+            The cluster's name.
+        """
         self._claimed = (directory, name)
 
     def watch_owner(self, pid: int, started: float | None) -> None:
+        """Stop when process `pid` exits (a thread polls it).
+
+        Parameters
+        ----------
+        pid : int
+            The owner's pid.
+        started : float or None
+            Its start time, so that a reused pid is not taken for it.
+        """
+
         def poll() -> None:
             while not self._done.wait(OWNER_POLL_S):
                 if not registry.process_alive(pid, started):
@@ -86,7 +121,13 @@ class Lifeline:
         threading.Thread(target=poll, name="nbcluster-owner-watch", daemon=True).start()
 
     def trigger(self, reason: str) -> None:
-        """Stop: gracefully if the loop manages within `GRACE_S`, else by force."""
+        """Stop: gracefully if the loop manages within `GRACE_S`, else by force.
+
+        Parameters
+        ----------
+        reason : str
+            Why, for the log (``its owner (pid 123) exited``). Only the first call counts.
+        """
         with self._lock:
             if self.reason is not None:
                 return

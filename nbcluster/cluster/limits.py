@@ -57,11 +57,20 @@ class Machine:
 
     @classmethod
     def here(cls) -> Machine:
+        """This machine's cores and RAM.
+
+        Returns
+        -------
+        Machine
+            From psutil.
+        """
         return cls(cores=psutil.cpu_count() or 1, memory=psutil.virtual_memory().total)
 
 
 @dataclass(frozen=True)
 class Limit:
+    """One cap in force: its value, and where it comes from (for the refusal's message)."""
+
     key: str  # the config key under nbcluster.limits.
     value: int | None  # None: no cap (memory under --force)
     configured: bool  # set in Dask config, so --force does not lift it
@@ -86,8 +95,19 @@ def _size(key: str, value: object, where: str) -> int:
 
 
 def configured(key: str) -> Limit | None:
-    """The limit for `key` set in config, or None: the smallest of the site files' values
-    and the user's own (a tie names the site file)."""
+    """The limit for `key` set in config: the smallest of the site files' values and the
+    user's own (a tie names the site file).
+
+    Parameters
+    ----------
+    key : str
+        ``max-workers``, ``max-threads`` or ``max-memory``.
+
+    Returns
+    -------
+    Limit or None
+        None when no config sets it.
+    """
     candidates: list[tuple[int, int, Path | None]] = [
         (_size(key, v.value, str(v.path)), 0, v.path) for v in config.site(f"limits.{key}")
     ]
@@ -101,7 +121,23 @@ def configured(key: str) -> Limit | None:
 
 
 def limit(key: str, machine: Machine, *, force: bool = False) -> Limit:
-    """The limit in force for `key` ("max-workers", "max-threads" or "max-memory")."""
+    """The limit in force for `key` ("max-workers", "max-threads" or "max-memory").
+
+    Parameters
+    ----------
+    key : str
+        The limit's name.
+    machine : Machine
+        What the machine-derived limits come from.
+    force : bool
+        ``--force``: lifts the machine-derived limits (to a higher ceiling; memory: none),
+        never a configured one.
+
+    Returns
+    -------
+    Limit
+        The configured limit if there is one, else the machine's.
+    """
     chosen = configured(key)
     if chosen is not None:
         return chosen
@@ -118,6 +154,18 @@ def default_workers(cores: int, threads: int = 1) -> int:
     else one per `cores`; and never more than a limit set in config allows at `threads`
     threads each, so that a plain start on a hub whose cap is 2 gets 2 workers instead of
     a refusal.
+
+    Parameters
+    ----------
+    cores : int
+        The cores to use (one worker each by default).
+    threads : int
+        Threads per worker (``--threads``).
+
+    Returns
+    -------
+    int
+        At least 1.
     """
     values = [config.as_count("defaults.workers", v.value, 0, str(v.path)) for v in config.site("defaults.workers")]
     values.append(config.count("defaults.workers"))
@@ -131,8 +179,13 @@ def default_workers(cores: int, threads: int = 1) -> int:
 
 
 def dashboard_allowed() -> Path | str | None:
-    """None if ``--dashboard`` may be used, else where it was turned off (a site file's path,
-    or "Dask config")."""
+    """Where ``--dashboard`` was turned off, if it was.
+
+    Returns
+    -------
+    Path, str or None
+        None if ``--dashboard`` may be used, else a site file's path, or "Dask config".
+    """
     for v in config.site("limits.dashboard"):
         if not _switch(v.value, str(v.path)):
             return v.path
@@ -173,8 +226,30 @@ def check(
 ) -> None:
     """Raise `LimitExceeded` if `workers` CPU workers (+ `gpu_workers`) break a limit.
 
-    `request` is the user's own words for what was asked ("--workers 1000", "scale 500",
-    "--max 64"); the message starts with it. GPU workers have one thread each.
+    GPU workers have one thread each.
+
+    Parameters
+    ----------
+    request : str
+        The user's own words for what was asked ("--workers 1000", "scale 500",
+        "--max 64"); the message starts with it.
+    workers : int
+        CPU workers.
+    threads : int
+        Threads per CPU worker.
+    memory : int, optional
+        Memory per worker, in bytes.
+    gpu_workers : int
+        GPU workers.
+    force : bool
+        ``--force`` (see `limit`).
+    machine : Machine, optional
+        Default: `Machine.here`.
+
+    Raises
+    ------
+    LimitExceeded
+        Naming the limit, where it comes from, and what to do.
     """
     machine = machine or Machine.here()
     processes = workers + gpu_workers

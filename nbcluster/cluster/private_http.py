@@ -33,7 +33,18 @@ from nbcluster._wire import Credentials
 
 def settings(tls: Credentials) -> dict[str, str]:
     """Dask config that gives the HTTP servers of this process's Dask nodes (and of the
-    workers it spawns, which inherit its config) the cluster's certificate."""
+    workers it spawns, which inherit its config) the cluster's certificate.
+
+    Parameters
+    ----------
+    tls : Credentials
+        The cluster's credential files.
+
+    Returns
+    -------
+    dict
+        Flat ``distributed.scheduler.dashboard.tls.*`` keys.
+    """
     return {
         "distributed.scheduler.dashboard.tls.cert": tls["cert"],
         "distributed.scheduler.dashboard.tls.key": tls["key"],
@@ -47,6 +58,16 @@ def require_client_certificates(node: Any) -> None:
     Called right after Dask made the server, before the event loop runs again, so no
     connection is accepted before. A server without TLS is stopped: nothing is served in
     plain text (the `settings` were not applied).
+
+    Parameters
+    ----------
+    node : distributed.Scheduler or distributed.Worker
+        A node whose HTTP server was just made.
+
+    Raises
+    ------
+    RuntimeError
+        When the server has no TLS (it is stopped first).
     """
     server = node.http_server
     context = getattr(server, "ssl_options", None)
@@ -60,6 +81,13 @@ class PrivateScheduler(Scheduler):
     """A Dask `Scheduler` whose HTTP server (the dashboard) requires the cluster's certificate."""
 
     def start_http_server(self, *args: Any, **kwargs: Any) -> None:
+        """Dask's HTTP server, refusing clients without the cluster's certificate.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Dask's own arguments.
+        """
         super().start_http_server(*args, **kwargs)
         require_client_certificates(self)
 
@@ -68,6 +96,13 @@ class PrivateWorker(Worker):
     """A Dask `Worker` whose HTTP server (``/metrics``) requires the cluster's certificate."""
 
     def start_http_server(self, *args: Any, **kwargs: Any) -> None:
+        """Dask's HTTP server, refusing clients without the cluster's certificate.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Dask's own arguments.
+        """
         super().start_http_server(*args, **kwargs)
         require_client_certificates(self)
 
@@ -77,6 +112,16 @@ def client_context(tls: Credentials) -> ssl.SSLContext:
 
     The certificate names no host (it is the cluster's own CA, pinned here), so the host
     name is not checked; the loopback address is checked by the caller.
+
+    Parameters
+    ----------
+    tls : Credentials
+        The cluster's credential files.
+
+    Returns
+    -------
+    ssl.SSLContext
+        For `urllib` or tornado's HTTP client.
     """
     context = ssl.create_default_context(cafile=tls["ca_file"])
     context.check_hostname = False

@@ -39,7 +39,18 @@ class Backend:
                 raise BadArgument(f"this profile needs {package}: `pip install 'nbcluster[{self.extra}]'`")
 
     def load(self) -> type:
-        """The deployment class (in the supervisor's main thread)."""
+        """The deployment class (in the supervisor's main thread).
+
+        Returns
+        -------
+        type
+            e.g. `dask_jobqueue.SLURMCluster`.
+
+        Raises
+        ------
+        BadArgument
+            When its extra is not installed (the message names it).
+        """
         self.check()
         cls: type = getattr(importlib.import_module(self.module), self.cls)
         return cls
@@ -65,6 +76,8 @@ JOBQUEUE = ("slurm", "pbs", "sge", "lsf", "htcondor")
 
 @dataclass(frozen=True)
 class Profile:
+    """A named place to run clusters (``nbcluster.profiles.NAME``): its backend and options."""
+
     name: str
     backend: str
     description: str = ""
@@ -72,19 +85,41 @@ class Profile:
 
     @property
     def local(self) -> bool:
+        """Whether it runs on this machine (the ``local`` backend)."""
         return self.backend == "local"
 
     def check_installed(self) -> None:
+        """Check the backend's extra is installed.
+
+        Raises
+        ------
+        BadArgument
+            When it is not (the message says what to install).
+        """
         backend = BACKENDS[self.backend]
         if backend is not None:
             backend.check()
 
     def deployment_class(self) -> type:
+        """The Dask deployment class of a non-local profile.
+
+        Returns
+        -------
+        type
+            What `Backend.load` returns.
+        """
         backend = BACKENDS[self.backend]
         assert backend is not None, "the local backend has no Dask deployment class"
         return backend.load()
 
     def to_dict(self) -> dict[str, Any]:
+        """What a listing shows (the options stay out: they may hold credentials).
+
+        Returns
+        -------
+        dict
+            ``name``, ``backend``, ``description``.
+        """
         return {"name": self.name, "backend": self.backend, "description": self.description}
 
 
@@ -106,7 +141,23 @@ def _parse(name: str, raw: Any) -> Profile:
 
 
 def get(name: str | None) -> Profile:
-    """The profile called `name` (None: ``local``), checked; unknown names list the known ones."""
+    """The profile called `name`, checked.
+
+    Parameters
+    ----------
+    name : str or None
+        A profile's name; None for ``local``.
+
+    Returns
+    -------
+    Profile
+        Parsed from Dask config.
+
+    Raises
+    ------
+    BadArgument
+        For an unknown name (listing the known ones) or a malformed profile.
+    """
     name = name or "local"
     declared = _declared()
     if name not in declared:
@@ -118,13 +169,25 @@ def get(name: str | None) -> Profile:
 
 
 def all() -> list[Profile]:
-    """Every usable profile, ``local`` first (see `checked` for the malformed ones)."""
+    """Every usable profile, ``local`` first (see `checked` for the malformed ones).
+
+    Returns
+    -------
+    list of Profile
+        The profiles of Dask config that parse.
+    """
     return checked()[0]
 
 
 def checked() -> tuple[list[Profile], list[str]]:
     """The usable profiles, ``local`` first, and what is wrong with each malformed one: a
-    listing shows those too, rather than leave a profile the user wrote out silently."""
+    listing shows those too, rather than leave a profile the user wrote out silently.
+
+    Returns
+    -------
+    tuple of (list of Profile, list of str)
+        The profiles, and one message per malformed one.
+    """
     found, mistakes = [], []
     for name, raw in _declared().items():
         try:

@@ -44,7 +44,24 @@ log = logging.getLogger("nbcluster")
 
 
 def runtime_dir(override: str | os.PathLike[str] | None = None) -> Path:
-    """The registry folder, created 0700 on first use."""
+    """The registry folder, created 0700 on first use.
+
+    Parameters
+    ----------
+    override : path, optional
+        A folder to use; else ``NBCLUSTER_RUNTIME_DIR``, else Jupyter's runtime folder's
+        ``nbcluster``.
+
+    Returns
+    -------
+    Path
+        The folder.
+
+    Raises
+    ------
+    RuntimeDirError
+        When it cannot be created or written (the message says what to do).
+    """
     if override is not None:
         path = Path(override)
     elif os.environ.get("NBCLUSTER_RUNTIME_DIR"):
@@ -70,14 +87,38 @@ def write_private(path: Path, data: str | bytes, *, exclusive: bool = False) -> 
 
     Not `jupyter_core.paths.secure_write`: claiming a name needs `O_EXCL`, which it lacks.
     The file is 0600 from its first byte (created so, and re-set in case it existed).
+
+    Parameters
+    ----------
+    path : Path
+        The file.
+    data : str or bytes
+        Its content (str is written as UTF-8).
+    exclusive : bool
+        Fail if the file exists (`FileExistsError`) instead of replacing its content.
     """
     with os.fdopen(open_private(path, exclusive=exclusive), "wb") as f:
         f.write(data.encode() if isinstance(data, str) else data)
 
 
 def open_private(path: Path, *, exclusive: bool = False, append: bool = False) -> int:
-    """A descriptor for writing a 0600 file (see `write_private`); `append` for logs that
-    several writers share, such as a supervisor's start log."""
+    """A descriptor for writing a 0600 file (see `write_private`).
+
+    Parameters
+    ----------
+    path : Path
+        The file.
+    exclusive : bool
+        Fail if it exists.
+    append : bool
+        Append instead of truncating: for logs that several writers share, such as a
+        supervisor's start log.
+
+    Returns
+    -------
+    int
+        The open descriptor.
+    """
     flags = (
         os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC) | (os.O_APPEND if append else 0)
     )
@@ -87,7 +128,22 @@ def open_private(path: Path, *, exclusive: bool = False, append: bool = False) -
 
 
 def claim(directory: Path, name: str, entry: RegistryEntry) -> bool:
-    """Create `name`'s entry if no live cluster holds the name; False if one does."""
+    """Create `name`'s entry if no live cluster holds the name.
+
+    Parameters
+    ----------
+    directory : Path
+        The registry folder.
+    name : str
+        The cluster's name.
+    entry : RegistryEntry
+        Its first entry (state ``starting``).
+
+    Returns
+    -------
+    bool
+        False when a live cluster already holds the name.
+    """
     path = directory / f"{name}.json"
     for _ in range(2):
         try:
@@ -101,20 +157,52 @@ def claim(directory: Path, name: str, entry: RegistryEntry) -> bool:
 
 
 def update(directory: Path, name: str, entry: RegistryEntry) -> None:
-    """Rewrite an entry atomically, so readers never see half a file."""
+    """Rewrite an entry atomically, so readers never see half a file.
+
+    Parameters
+    ----------
+    directory : Path
+        The registry folder.
+    name : str
+        The cluster's name.
+    entry : RegistryEntry
+        The whole new entry.
+    """
     tmp = directory / f".{name}.json.tmp"
     write_private(tmp, json.dumps(entry))
     os.replace(tmp, directory / f"{name}.json")
 
 
 def remove(directory: Path, name: str) -> None:
+    """Delete a cluster's entry and the files beside it (credentials, logs); missing ones are fine.
+
+    Parameters
+    ----------
+    directory : Path
+        The registry folder.
+    name : str
+        The cluster's name.
+    """
     for suffix in SUFFIXES:
         with contextlib.suppress(FileNotFoundError):
             (directory / f"{name}{suffix}").unlink()
 
 
 def process_alive(pid: int | None, started: float | None = None) -> bool:
-    """True if `pid` runs and, when `started` is given, is the same process as then."""
+    """Whether a process runs.
+
+    Parameters
+    ----------
+    pid : int or None
+        Its pid (None or 0: no process).
+    started : float, optional
+        Its start time (``psutil``'s), so that a reused pid is not taken for it.
+
+    Returns
+    -------
+    bool
+        True if `pid` runs (not a zombie) and, when `started` is given, is the same process as then.
+    """
     if not pid:
         return False
     try:
@@ -167,7 +255,20 @@ def _warn_once(path: Path, st: os.stat_result | None, why: str) -> None:
 
 
 def read(directory: Path, name: str) -> RegistryEntry | None:
-    """The live entry for `name`, or None (pruning it if its supervisor is gone)."""
+    """The live entry for `name`, pruning it if its supervisor is gone.
+
+    Parameters
+    ----------
+    directory : Path
+        The registry folder.
+    name : str
+        The cluster's name.
+
+    Returns
+    -------
+    RegistryEntry or None
+        None when there is no live entry.
+    """
     path = directory / f"{name}.json"
     text = _read_trusted(path)
     if text is None:
@@ -190,7 +291,20 @@ def read(directory: Path, name: str) -> RegistryEntry | None:
 
 
 def entries(directory: Path, *, include_starting: bool = False) -> list[RegistryEntry]:
-    """Every live cluster, oldest first; stale entries are pruned on the way."""
+    """Every live cluster, oldest first; stale entries are pruned on the way.
+
+    Parameters
+    ----------
+    directory : Path
+        The registry folder.
+    include_starting : bool
+        Also entries whose cluster is still starting.
+
+    Returns
+    -------
+    list of RegistryEntry
+        Oldest first.
+    """
     found = []
     for path in directory.glob("*.json"):
         entry = read(directory, path.name[: -len(".json")])

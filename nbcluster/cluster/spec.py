@@ -43,10 +43,12 @@ class StartOption:
 
     @property
     def field(self) -> str:
+        """The option's name as a Python argument and REST field (``gpu_backend``)."""
         return self.flag.replace("-", "_")
 
     @property
     def switch(self) -> bool:
+        """Whether the option takes no value (``--keep``)."""
         return not self.metavar
 
 
@@ -73,7 +75,27 @@ START_OPTIONS = (
 
 
 def parse_count(value: Any, what: str, *, minimum: int = 0) -> int:
-    """An integer count from user input (int or numeric string), or a BadArgument naming `what`."""
+    """An integer count from user input (int or numeric string).
+
+    Parameters
+    ----------
+    value : object
+        What the user gave.
+    what : str
+        How the message names it (``--workers``).
+    minimum : int
+        The smallest allowed.
+
+    Returns
+    -------
+    int
+        The count.
+
+    Raises
+    ------
+    BadArgument
+        For anything else (a bool, a non-integer, a number below `minimum`), naming `what`.
+    """
     if isinstance(value, bool):
         raise BadArgument(f"{what} must be a whole number, not {value!r}")
     if isinstance(value, str):
@@ -89,8 +111,25 @@ def parse_count(value: Any, what: str, *, minimum: int = 0) -> int:
 
 
 def parse_bounds(minimum: Any, maximum: Any, names: tuple[str, str] = ("--min", "--max")) -> tuple[int, int]:
-    """Adaptive bounds, each a count and the minimum not above the maximum. `names` are
-    what the caller's user typed (flags, or a REST body's fields)."""
+    """Adaptive bounds, each a count and the minimum not above the maximum.
+
+    Parameters
+    ----------
+    minimum, maximum : object
+        What the user gave.
+    names : tuple of (str, str)
+        What the caller's user typed (flags, or a REST body's fields), for the messages.
+
+    Returns
+    -------
+    tuple of (int, int)
+        The bounds.
+
+    Raises
+    ------
+    BadArgument
+        For a bound that is not a count, or a minimum above the maximum.
+    """
     lo, hi = parse_count(minimum, names[0]), parse_count(maximum, names[1])
     if lo > hi:
         raise BadArgument(
@@ -100,7 +139,23 @@ def parse_bounds(minimum: Any, maximum: Any, names: tuple[str, str] = ("--min", 
 
 
 def parse_memory(value: Any) -> int | None:
-    """Bytes from '4GiB', '500MB' or an int; None means Dask's default share of RAM."""
+    """Bytes from '4GiB', '500MB' or an int.
+
+    Parameters
+    ----------
+    value : object
+        ``--memory``: a size, an int, ``"auto"`` or None.
+
+    Returns
+    -------
+    int or None
+        Bytes; None means Dask's default share of RAM.
+
+    Raises
+    ------
+    BadArgument
+        For something that is not a size, or below 64 MiB.
+    """
     if value is None or value == "auto":
         return None
     try:
@@ -113,7 +168,23 @@ def parse_memory(value: Any) -> int | None:
 
 
 def parse_gpus(value: Any) -> int | str | None:
-    """'auto', a count, or None (no GPU workers)."""
+    """``--gpus`` checked.
+
+    Parameters
+    ----------
+    value : object
+        What the user gave.
+
+    Returns
+    -------
+    int, "auto" or None
+        'auto', a count, or None (no GPU workers).
+
+    Raises
+    ------
+    BadArgument
+        For anything else.
+    """
     if value is None:
         return None
     if isinstance(value, str) and value.strip().lower() == "auto":
@@ -122,6 +193,23 @@ def parse_gpus(value: Any) -> int | str | None:
 
 
 def check_name(name: Any) -> str:
+    """A cluster name given by a user, checked against `NAME_RULE`.
+
+    Parameters
+    ----------
+    name : object
+        What the user gave.
+
+    Returns
+    -------
+    str
+        `name`.
+
+    Raises
+    ------
+    BadArgument
+        When it does not follow the rule (the message says it).
+    """
     if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
         raise BadArgument(f"cluster name {name!r} is not usable: {NAME_RULE}")
     return name
@@ -162,9 +250,40 @@ class ClusterSpec:
         gpu_backend: str | None = None,
         force: bool = False,
     ) -> ClusterSpec:
-        """Validate a start request, including its size against `limits` (`force` lifts the
-        machine-derived limits, not those set in config). An unknown `profile`, or one whose
-        backend's package is missing, is refused here with the fix."""
+        """Validate a start request, including its size against `limits`.
+
+        An unknown `profile`, or one whose backend's package is missing, is refused here
+        with the fix.
+
+        Parameters
+        ----------
+        workers, threads, memory, gpus : optional
+            ``--workers``, ``--threads``, ``--memory``, ``--gpus`` as the user gave them.
+        name : str, optional
+            The cluster's name (default: the profile's, or ``local``).
+        keep : bool
+            Keep it running after its owner exits.
+        dashboard : bool
+            Serve Dask's dashboard (needs bokeh).
+        profile : str, optional
+            Where it runs (default ``local``).
+        gpu_backend : str, optional
+            How local GPU workers are told their device (default ``builtin``).
+        force : bool
+            Lift the machine-derived limits, not those set in config.
+
+        Returns
+        -------
+        ClusterSpec
+            The checked request.
+
+        Raises
+        ------
+        BadArgument
+            For a bad value, an unknown profile or a missing package (with the fix).
+        LimitExceeded
+            When the cluster would be larger than a limit allows.
+        """
         chosen = profiles.get(profile)
         if not chosen.local:
             chosen.check_installed()  # a missing extra is named now, not in the supervisor's log
@@ -195,7 +314,20 @@ class ClusterSpec:
 
     def check_limits(self, *, force: bool = False, machine: limits.Machine | None = None) -> None:
         """Raise `LimitExceeded` if this cluster would start larger than the limits allow,
-        or with a dashboard where `nbcluster.limits.dashboard` turns it off."""
+        or with a dashboard where `nbcluster.limits.dashboard` turns it off.
+
+        Parameters
+        ----------
+        force : bool
+            Lift the machine-derived limits.
+        machine : limits.Machine, optional
+            Default: this machine.
+
+        Raises
+        ------
+        LimitExceeded
+            Naming the limit and what to do.
+        """
         if self.dashboard:
             limits.check_dashboard()
         resolved = self.resolved(machine.cores if machine else None)
@@ -219,7 +351,24 @@ class ClusterSpec:
     ) -> None:
         """Raise `LimitExceeded` if this cluster with these many workers breaks a limit
         (for `scale` and `adapt --max` as well as `start`). The limits describe this
-        machine, so only local clusters have them; a batch system or gateway sets its own."""
+        machine, so only local clusters have them; a batch system or gateway sets its own.
+
+        Parameters
+        ----------
+        request : str
+            The user's words for what was asked (the message starts with them).
+        cpu_workers, gpu_workers : int
+            The workers of each kind the cluster would have.
+        force : bool
+            Lift the machine-derived limits.
+        machine : limits.Machine, optional
+            Default: this machine.
+
+        Raises
+        ------
+        LimitExceeded
+            Naming the limit and what to do.
+        """
         if self.backend != "local":
             return
         limits.check(
@@ -234,6 +383,16 @@ class ClusterSpec:
 
         Processes, not threads, are the default because notebook code is mostly pure
         Python that holds the GIL.
+
+        Parameters
+        ----------
+        cpu_count : int, optional
+            The cores to count with (default: this machine's).
+
+        Returns
+        -------
+        ClusterSpec
+            A copy with ``workers`` and ``threads`` set.
         """
         cores = cpu_count or os.cpu_count() or 1
         threads = self.threads if self.threads is not None else 1
@@ -241,10 +400,29 @@ class ClusterSpec:
         return ClusterSpec(**{**asdict(self), "workers": workers, "threads": threads})
 
     def to_dict(self) -> SpecFields:
+        """The request as plain data (what crosses to the supervisor).
+
+        Returns
+        -------
+        SpecFields
+            `nbcluster._wire.SpecFields`.
+        """
         # The dataclass's fields are SpecFields' keys (tests/test_wire.py holds them equal).
         return cast(SpecFields, asdict(self))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterSpec:
+        """A request from `to_dict`'s data; unknown keys are dropped.
+
+        Parameters
+        ----------
+        data : Mapping
+            `nbcluster._wire.SpecFields`.
+
+        Returns
+        -------
+        ClusterSpec
+            Not checked again (it was, where it was made).
+        """
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})

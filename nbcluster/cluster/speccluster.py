@@ -144,16 +144,50 @@ class NbSpecCluster(SpecCluster):
         return {f"cpu-{i}": self._cpu_template()}
 
     def kind_of(self, name: str) -> Kind:
-        """The kind of a worker in the spec, started or not."""
+        """The kind of a worker in the spec, started or not.
+
+        Parameters
+        ----------
+        name : str
+            The worker's name in the spec.
+
+        Returns
+        -------
+        Kind
+            ``cpu`` or ``gpu``.
+        """
         return worker_kind(self.worker_spec[name]["options"].get("resources"))
 
     def requested_by_kind(self) -> Requested:
+        """The workers in the spec, by kind (started or not).
+
+        Returns
+        -------
+        Requested
+            ``{"cpu": n, "gpu": m}``.
+        """
         counts: Requested = {"cpu": 0, "gpu": 0}
         for name in self.worker_spec:
             counts[self.kind_of(name)] += 1
         return counts
 
     async def scale_kind(self, n: int, kind: str = "cpu", *, adaptive: bool = False) -> None:
+        """Scale the workers of one kind, dropping ones not started yet before busy ones.
+
+        Parameters
+        ----------
+        n : int
+            Workers of `kind` wanted.
+        kind : str
+            ``cpu`` or ``gpu``.
+        adaptive : bool
+            True when adaptive scaling asks; an explicit scale turns adaptive off.
+
+        Raises
+        ------
+        BadArgument
+            For an unknown kind, or more GPU workers than the cluster has GPUs.
+        """
         check_kind(kind)
         if kind == "gpu" and n > len(self.all_devices):
             raise BadArgument(
@@ -175,13 +209,25 @@ class NbSpecCluster(SpecCluster):
         await _compat.apply_scale(self)
 
     def stop_adaptive(self) -> None:
+        """Stop adaptive scaling of every kind (the workers stay as they are)."""
         for adaptive in self._kind_adaptives:
             adaptive.stop(reason="nbcluster")
         self._kind_adaptives = []
         self.adaptive_bounds = None
 
     def adapt_bounded(self, minimum: Any, maximum: Any) -> None:
-        """CPU workers adapt between the bounds; GPU workers (if any) between 0 and one per GPU."""
+        """CPU workers adapt between the bounds; GPU workers (if any) between 0 and one per GPU.
+
+        Parameters
+        ----------
+        minimum, maximum : object
+            ``--min`` and ``--max`` as given (checked by `parse_bounds`).
+
+        Raises
+        ------
+        BadArgument
+            For bounds that are not counts, or a minimum above the maximum.
+        """
         lo, hi = parse_bounds(minimum, maximum)
         self.stop_adaptive()
         options = {"interval": "500ms", "wait_count": 3}
@@ -215,7 +261,22 @@ def _dask_cuda_options(device: GPU) -> dict[str, Any]:
 def local_cluster(spec: ClusterSpec, devices: list[GPU], security: Security) -> NbSpecCluster:
     """The local backend's cluster, not started yet (`await` it): CPU workers for the cores
     GPU workers leave. Kept apart from starting so that the caller holds the object, and
-    can close it, whenever a start is cut short."""
+    can close it, whenever a start is cut short.
+
+    Parameters
+    ----------
+    spec : ClusterSpec
+        The checked start request.
+    devices : list of GPU
+        The GPUs to give one worker each.
+    security : distributed.Security
+        The cluster's TLS credentials.
+
+    Returns
+    -------
+    NbSpecCluster
+        Asynchronous, not started.
+    """
     if spec.workers is None and devices:
         cores = os.cpu_count() or 1
         spec = dataclasses.replace(spec, workers=max(cores - len(devices), 1))
@@ -224,6 +285,19 @@ def local_cluster(spec: ClusterSpec, devices: list[GPU], security: Security) -> 
 
 
 def dashboard_url(cluster: SpecCluster) -> str | None:
+    """The dashboard of a started local cluster, on loopback.
+
+    Parameters
+    ----------
+    cluster : distributed.SpecCluster
+        A started cluster.
+
+    Returns
+    -------
+    str or None
+        ``https://127.0.0.1:PORT/status`` (it requires the cluster's certificate), or None
+        without a dashboard.
+    """
     assert cluster.scheduler is not None  # asked of a started cluster
     port = cluster.scheduler.http_server.port if cluster.scheduler.http_server else None
     # https: the dashboard requires the cluster's certificate (private_http.py).

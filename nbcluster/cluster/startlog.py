@@ -35,7 +35,18 @@ FAILED = "failed-start-"
 
 
 def new_path(directory: Path) -> Path:
-    """Where a supervisor being launched writes until its cluster is up."""
+    """Where a supervisor being launched writes until its cluster is up.
+
+    Parameters
+    ----------
+    directory : Path
+        The registry folder.
+
+    Returns
+    -------
+    Path
+        A new ``.start-XXXXXXXX.log`` path in it.
+    """
     return directory / f"{STARTING}{uuid.uuid4().hex[:8]}.log"
 
 
@@ -44,6 +55,16 @@ def keep_failed(log: Path) -> Path | None:
 
     Both the supervisor and the process that launched it may call this for the same start
     (whichever notices first); the second gets the name the first chose.
+
+    Parameters
+    ----------
+    log : Path
+        The start's log.
+
+    Returns
+    -------
+    Path or None
+        The kept log's new path.
     """
     ident = log.name.removeprefix(STARTING).removesuffix(".log")
     kept = log.with_name(f"{FAILED}{time.strftime('%Y%m%d-%H%M%S')}-{ident}.log")
@@ -56,7 +77,15 @@ def keep_failed(log: Path) -> Path | None:
 
 
 def prune(directory: Path, keep: int | None = None) -> None:
-    """Delete all but the newest `keep` (default: the config's) failed-start logs."""
+    """Delete all but the newest `keep` failed-start logs.
+
+    Parameters
+    ----------
+    directory : Path
+        The registry folder.
+    keep : int, optional
+        How many to keep (default: ``nbcluster.logs.failed-starts``).
+    """
     keep = int(config.get("logs.failed-starts")) if keep is None else keep
     logs = sorted(directory.glob(f"{FAILED}*.log"), key=_mtime, reverse=True)
     for old in logs[max(keep, 0) :]:
@@ -76,6 +105,16 @@ def open_locked(log: Path) -> int:
 
     Created under another name and renamed once locked, so that `prune_stale` in another
     process never sees it unlocked.
+
+    Parameters
+    ----------
+    log : Path
+        The log to create (it must not exist).
+
+    Returns
+    -------
+    int
+        The open, locked file descriptor.
     """
     making = log.with_name(f".making-{log.name}")
     fd = registry.open_private(making, exclusive=True, append=True)
@@ -85,7 +124,13 @@ def open_locked(log: Path) -> int:
 
 
 def prune_stale(directory: Path) -> None:
-    """Delete ``.start-`` logs that no living process holds (see the module docstring)."""
+    """Delete ``.start-`` logs that no living process holds (see the module docstring).
+
+    Parameters
+    ----------
+    directory : Path
+        The registry folder.
+    """
     for log in directory.glob(f"{STARTING}*.log"):
         try:
             fd = os.open(log, os.O_RDONLY)

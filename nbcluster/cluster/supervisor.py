@@ -115,6 +115,13 @@ class Control:
         self.stop_event = stop
 
     def handlers(self) -> dict[str, Any]:
+        """The scheduler RPC handlers that control the cluster (``nbcluster_info``, ...).
+
+        Returns
+        -------
+        dict
+            Handler name to coroutine or function.
+        """
         handlers = {
             "nbcluster_info": self.info,
             "nbcluster_scale": self.scale,
@@ -129,10 +136,29 @@ class Control:
         return handlers
 
     def backlog(self, run: str, kind: str, items: int, seconds: float) -> None:
-        """A `%%distribute` run's work held back in its kernel, for the adaptive targets."""
+        """A `%%distribute` run's work held back in its kernel, for the adaptive targets.
+
+        Parameters
+        ----------
+        run : str
+            The run's id.
+        kind : str
+            ``cpu`` or ``gpu``.
+        items : int
+            Items held back (0 ends the report).
+        seconds : float
+            About how much work they are.
+        """
         backlogs(self.deployment.scheduler).report(str(run), str(kind), int(items), float(seconds))
 
     async def info(self) -> ClusterState:
+        """``nbcluster_info``: what ``%cluster status`` shows.
+
+        Returns
+        -------
+        ClusterState
+            The entry's fields, the workers, tasks, clients, adaptive bounds.
+        """
         d, e = self.deployment, self.entry
         workers, tasks = self._local_state() if d.scheduler is not None else await self._remote_state()
         workers.sort(key=lambda w: (w["kind"], w["name"]))
@@ -186,6 +212,29 @@ class Control:
         return identity_rows(await self.deployment.scheduler_identity()), {}
 
     async def scale(self, n: int, kind: str = "cpu", force: bool = False) -> dict[str, Any]:
+        """``nbcluster_scale``: scale one kind of worker, within the limits.
+
+        Parameters
+        ----------
+        n : int
+            Workers of `kind` wanted.
+        kind : str
+            ``cpu`` or ``gpu``.
+        force : bool
+            Lift the machine-derived limits.
+
+        Returns
+        -------
+        dict
+            ``{"requested": {"cpu": ..., "gpu": ...}}``.
+
+        Raises
+        ------
+        BadArgument
+            For a bad count or kind.
+        LimitExceeded
+            Past a limit.
+        """
         n = parse_count(n, "the number of workers")
         d = self.deployment
         d.check_kind(kind)
@@ -197,6 +246,27 @@ class Control:
         return {"requested": d.requested_by_kind()}
 
     async def adapt(self, minimum: int, maximum: int, force: bool = False) -> dict[str, Any]:
+        """``nbcluster_adapt``: adapt CPU workers between the bounds, within the limits.
+
+        Parameters
+        ----------
+        minimum, maximum : int
+            ``--min`` and ``--max``.
+        force : bool
+            Lift the machine-derived limits.
+
+        Returns
+        -------
+        dict
+            ``{"adaptive": bounds}``.
+
+        Raises
+        ------
+        BadArgument
+            For bad bounds.
+        LimitExceeded
+            When ``--max`` is past a limit.
+        """
         hi = parse_count(maximum, "--max")
         gpus = getattr(self.deployment, "gpu_count", 0)
         self.spec.check_size(f"adapt --max {hi}", hi, gpus, force=force)
@@ -205,9 +275,22 @@ class Control:
 
     @property
     def spec(self) -> ClusterSpec:
+        """The cluster's start request."""
         return self.deployment.spec
 
     async def restart(self, timeout: float = 60) -> str:
+        """``nbcluster_restart``: fresh worker processes, and wait until they registered.
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds for the restart and the workers to come back.
+
+        Returns
+        -------
+        str
+            ``"restarted"``.
+        """
         before = await self._worker_count()
         if self.deployment.scheduler is None:
             await self.deployment.restart()
@@ -232,6 +315,18 @@ class Control:
         return len(self.deployment.scheduler.workers)
 
     async def metrics(self, since: int | None = None, detail: int | None = None) -> Snapshot:
+        """``nbcluster_metrics`` for a cluster whose scheduler runs elsewhere (a batch system's).
+
+        Parameters
+        ----------
+        since, detail : int, optional
+            As `MetricsPlugin.nbcluster_metrics` takes them.
+
+        Returns
+        -------
+        Snapshot
+            The scheduler's plugin's answer, or the basic view where it has none.
+        """
         # The scheduler is elsewhere: its metrics plugin answers, through our client, or
         # where it refused the plugin, the scheduler's own view of the workers.
         if not self.entry.get("metrics"):
@@ -239,6 +334,13 @@ class Control:
         return await self.deployment.scheduler_metrics(since, detail)
 
     async def stop(self) -> str:
+        """``nbcluster_stop``: stop the cluster (the supervisor closes it, then exits).
+
+        Returns
+        -------
+        str
+            ``"stopping"``.
+        """
         self.stop_event.set()
         return "stopping"
 
@@ -254,6 +356,13 @@ class ControlPlugin(SchedulerPlugin):
         self.cluster = getattr(control.deployment, "cluster", None)
 
     async def start(self, scheduler: Any) -> None:
+        """Dask's plugin hook: serve `Control`'s handlers on the scheduler.
+
+        Parameters
+        ----------
+        scheduler : distributed.Scheduler
+            The cluster's scheduler.
+        """
         scheduler.handlers.update(self.control.handlers())
 
 
@@ -478,7 +587,30 @@ async def run(
     force: bool = False,
 ) -> int:
     """Claim a name, start the cluster, report, then serve it until stopped (see the module
-    docstring for each step); the exit status is 0 for a cluster that ran."""
+    docstring for each step).
+
+    Parameters
+    ----------
+    spec : ClusterSpec
+        The checked start request.
+    directory : Path
+        The registry folder.
+    owner_pid : int or None
+        The process whose exit stops the cluster; None keeps it.
+    report : callable
+        Sends the one ready (or failure) line to the process that launched us.
+    log : Path
+        This supervisor's start log.
+    lifeline : Lifeline
+        How the process ends on a signal or its owner's exit.
+    force : bool
+        Lift the machine-derived limits.
+
+    Returns
+    -------
+    int
+        The exit status: 0 for a cluster that ran.
+    """
     run = _Supervision(spec, directory, owner_pid, report, log, lifeline)
     run.watch()
     if not run.claim(force):
@@ -494,11 +626,29 @@ async def run(
 
 def lifeline_grace() -> float:
     """What a graceful close may take when the stop came from a signal or the owner: less
-    than the lifeline's grace period, so the close, not the watchdog, usually ends it."""
+    than the lifeline's grace period, so the close, not the watchdog, usually ends it.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
     return GRACE_S * 0.8
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m nbcluster.cluster.supervisor``: read one start request on stdin and run it.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        ``--ready-fd FD --log PATH`` (default: `sys.argv`).
+
+    Returns
+    -------
+    int
+        The exit status.
+    """
     parser = argparse.ArgumentParser(prog="python -m nbcluster.cluster.supervisor")
     parser.add_argument("--ready-fd", type=int, required=True, help="pipe for the one ready line")
     parser.add_argument("--log", type=Path, required=True, help="this process's stdout/stderr file")

@@ -46,6 +46,13 @@ class MemoryTrim(WorkerPlugin):
         self.trims = 0
 
     def setup(self, worker: Any) -> None:
+        """Dask's plugin hook: trim the worker's heap periodically (where glibc can).
+
+        Parameters
+        ----------
+        worker : distributed.Worker
+            The worker the plugin was added to.
+        """
         from tornado.ioloop import PeriodicCallback
 
         self.trim = _malloc_trim()
@@ -56,6 +63,17 @@ class MemoryTrim(WorkerPlugin):
         self.callback.start()
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """Dask's plugin hook: a task that ran may have left memory to give back.
+
+        Parameters
+        ----------
+        key : Key
+            The task's key.
+        start, finish : str
+            The states it moved between.
+        *args, **kwargs
+            Dask's other arguments (unused).
+        """
         if start == "executing":
             self.dirty = True
 
@@ -66,6 +84,13 @@ class MemoryTrim(WorkerPlugin):
             self.trims += 1
 
     def teardown(self, worker: Any) -> None:
+        """Dask's plugin hook: stop trimming.
+
+        Parameters
+        ----------
+        worker : distributed.Worker
+            The worker.
+        """
         callback = getattr(self, "callback", None)
         if callback is not None:
             callback.stop()

@@ -33,17 +33,37 @@ class SeqRing(Generic[T]):
 
     @property
     def capacity(self) -> int:
+        """The most records the ring holds before it drops the oldest."""
         assert self._items.maxlen is not None
         return self._items.maxlen
 
     def append(self, seq: int, record: T) -> None:
-        """Add `record`; `seq` must be larger than every sequence number already here."""
+        """Add `record`, dropping the oldest when the ring is full.
+
+        Parameters
+        ----------
+        seq : int
+            Its sequence number: larger than every one already here.
+        record : T
+            The record.
+        """
         if len(self._items) == self._items.maxlen:
             self.dropped = self._items[0][0]
         self._items.append((seq, record))
 
     def since(self, cursor: int | None) -> list[T]:
-        """Records with `seq >= cursor`, oldest first; everything held when `cursor` is None."""
+        """Records with ``seq >= cursor``, oldest first.
+
+        Parameters
+        ----------
+        cursor : int or None
+            The first sequence number wanted; None for everything held.
+
+        Returns
+        -------
+        list
+            The records.
+        """
         if cursor is None:
             return [record for _, record in self._items]
         out = []
@@ -55,5 +75,16 @@ class SeqRing(Generic[T]):
         return out
 
     def lost_since(self, cursor: int | None) -> bool:
-        """Whether records a reader at `cursor` has not seen were already dropped."""
+        """Whether records a reader at `cursor` has not seen were already dropped.
+
+        Parameters
+        ----------
+        cursor : int or None
+            The reader's cursor; None (a first read) has lost nothing.
+
+        Returns
+        -------
+        bool
+            True when the reader missed records.
+        """
         return cursor is not None and cursor <= self.dropped

@@ -26,6 +26,18 @@ def basic_snapshot(identity: Mapping[str, Any], since: int | None = None) -> Sna
     Each heartbeat is sent once: the cursor is the scheduler's clock, in milliseconds, just
     past the newest heartbeat it had received, so passing it back as `since` returns only
     the samples of heartbeats received since.
+
+    Parameters
+    ----------
+    identity : Mapping
+        ``Scheduler.identity()`` of a scheduler without nbcluster's plugin.
+    since : int, optional
+        The cursor of the previous snapshot; None for the first.
+
+    Returns
+    -------
+    Snapshot
+        Workers, CPU and memory samples, no task stream; marked ``basic``.
     """
     workers: dict[str, SnapshotWorker] = {}
     samples: list[ResourceSample] = []

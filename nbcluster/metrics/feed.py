@@ -45,6 +45,18 @@ def client_feed(client: Client, detail: int | None = None) -> Feed:
     ``identity`` (workers, CPU and memory; no task stream), marked ``basic``, as
     `ClusterHandle.metrics` does. Safe to call from any thread except the client's event
     loop thread.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A connected client of the cluster.
+    detail : int, optional
+        The most workers a snapshot describes one by one; None is the plugin's default.
+
+    Returns
+    -------
+    Feed
+        ``feed(since=None) -> Snapshot``: what is new since the cursor `since`.
     """
 
     def fetch(since: int | None = None) -> Snapshot:
@@ -63,7 +75,18 @@ def client_feed(client: Client, detail: int | None = None) -> Feed:
 
 
 def has_plugin(client: Client) -> bool:
-    """Whether `client`'s scheduler has nbcluster's plugin, as far as its feeds found."""
+    """Whether `client`'s scheduler has nbcluster's plugin, as far as its feeds found.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client its feeds used.
+
+    Returns
+    -------
+    bool
+        False once a feed found no plugin there (until `ensure_plugin` installs one).
+    """
     return client not in _without_plugin
 
 
@@ -72,6 +95,11 @@ def ensure_plugin(client: Client) -> None:
 
     For schedulers nbcluster did not start (e.g. ``connect`` to an address); the
     scheduler must be able to import nbcluster.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A connected client of that scheduler.
     """
     client.register_plugin(MetricsPlugin())  # idempotent: the plugin class says so
     _without_plugin.discard(client)
@@ -98,7 +126,13 @@ class MetricsWindow:
         self.max_samples = max_samples
 
     def apply(self, snap: Snapshot) -> None:
-        """Fold one snapshot (as returned for ``since=self.cursor``) into the window."""
+        """Fold one snapshot (as returned for ``since=self.cursor``) into the window.
+
+        Parameters
+        ----------
+        snap : Snapshot
+            A feed's answer, or part of one (absent keys leave the window as it is).
+        """
         # Keys read with .get: a test or a caller may fold in part of a snapshot, as
         # graphs.js's applySnapshot takes a Partial<Snapshot>.
         self.cursor = snap.get("cursor", self.cursor)
@@ -120,13 +154,31 @@ class MetricsWindow:
             series.append(r)
 
     def poll(self, feed: Feed) -> Snapshot:
-        """Fetch what is new from `feed`, fold it in, and return the snapshot (the delta)."""
+        """Fetch what is new from `feed`, fold it in, and return the snapshot (the delta).
+
+        Parameters
+        ----------
+        feed : Feed
+            Where snapshots come from (`client_feed`).
+
+        Returns
+        -------
+        Snapshot
+            What the feed returned for this window's cursor.
+        """
         snap = feed(self.cursor)
         self.apply(snap)
         return snap
 
     def to_view(self) -> dict[str, Any]:
-        """The window as plain data, shaped like the ``view`` of ``graphs.js``."""
+        """The window as plain data, shaped like the ``view`` of ``graphs.js``.
+
+        Returns
+        -------
+        dict
+            ``cursor``, ``now``, ``basic``, ``workers``, ``summary``, ``tasks``, ``samples``
+            (by worker) and ``bands``, as lists and dicts (JSON-ready).
+        """
         return {
             "cursor": self.cursor,
             "now": self.now,

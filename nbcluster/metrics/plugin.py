@@ -71,11 +71,19 @@ class Reported(Protocol):
     ``identity`` answer (`basic.basic_snapshot`)."""
 
     @property
-    def memory_limit(self) -> int | None: ...
+    def memory_limit(self) -> int | None:
+        """The worker's memory limit in bytes (None: no limit)."""
+        ...
+
     @property
-    def metrics(self) -> dict[str, Any]: ...
+    def metrics(self) -> dict[str, Any]:
+        """The worker's last heartbeat metrics (``time``, ``cpu``, ``memory``, ...)."""
+        ...
+
     @property
-    def extra(self) -> dict[str, Any]: ...
+    def extra(self) -> dict[str, Any]:
+        """What the worker's plugins added to its heartbeat (nbcluster's GPU reading)."""
+        ...
 
 
 class MetricsPlugin(SchedulerPlugin):
@@ -114,6 +122,13 @@ class MetricsPlugin(SchedulerPlugin):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self, scheduler: Scheduler) -> None:
+        """Dask's plugin hook: serve the two handlers and start sampling.
+
+        Parameters
+        ----------
+        scheduler : distributed.Scheduler
+            The scheduler the plugin was added to.
+        """
         self._scheduler = scheduler
         scheduler.handlers["nbcluster_metrics"] = self.nbcluster_metrics
         scheduler.handlers["nbcluster_progress"] = self.nbcluster_progress
@@ -139,6 +154,19 @@ class MetricsPlugin(SchedulerPlugin):
         return seq
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        """Dask's plugin hook: record a task that finished (or erred) on a worker.
+
+        Parameters
+        ----------
+        key : Key
+            The task's key.
+        start, finish : str
+            The states it moved between; only ``processing`` to ``memory`` or ``erred`` count.
+        *args
+            Dask's other positional arguments (unused).
+        **kwargs
+            Dask's details of the transition: ``worker`` and ``startstops`` are read.
+        """
         if start != "processing" or (finish != "memory" and finish != "erred"):
             return
         worker = kwargs.get("worker")
@@ -187,7 +215,15 @@ class MetricsPlugin(SchedulerPlugin):
     def nbcluster_progress(self, run: str, counts: dict[str, Any]) -> None:
         """A kernel's report of one ``%%distribute`` run's item counts (its live view
         sends them as they change): a batch task holds many items, so only the kernel
-        knows how many items are done. Served in snapshots as ``runs``."""
+        knows how many items are done. Served in snapshots as ``runs``.
+
+        Parameters
+        ----------
+        run : str
+            The run's id.
+        counts : dict
+            Its counts (the keys of `nbcluster._wire.RunProgress`; others are dropped).
+        """
         # Only the declared keys: the kernel's counts cross a process boundary.
         reported = {k: counts[k] for k in RunProgress.__optional_keys__ if k in counts}
         record = cast(RunProgress, {**reported, "run": str(run), "time": time.time()})
@@ -201,8 +237,18 @@ class MetricsPlugin(SchedulerPlugin):
     def nbcluster_metrics(self, since: int | None = None, detail: int | None = None) -> Snapshot:
         """The snapshot of records with sequence number ``>= since`` (see `nbcluster.metrics`).
 
-        `detail`: describe at most this many workers one by one (the busiest), with only
-        their resource samples; ``summary`` and ``bands`` cover them all. None: every one.
+        Parameters
+        ----------
+        since : int, optional
+            The cursor of the reader's previous snapshot; None for everything held.
+        detail : int, optional
+            Describe at most this many workers one by one (the busiest), with only their
+            resource samples; ``summary`` and ``bands`` cover them all. None: every one.
+
+        Returns
+        -------
+        Snapshot
+            `nbcluster._wire.Snapshot`; ``gap`` is true when the reader missed records.
         """
         scheduler = self._scheduler
         assert scheduler is not None, "MetricsPlugin.start() has not run"
@@ -249,7 +295,20 @@ class MetricsPlugin(SchedulerPlugin):
 
 
 async def install(scheduler: Scheduler, **kwargs: Any) -> MetricsPlugin:
-    """Add a `MetricsPlugin` to a running scheduler (idempotent) and return the one in use."""
+    """Add a `MetricsPlugin` to a running scheduler (idempotent) and return the one in use.
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+        A running scheduler.
+    **kwargs
+        `MetricsPlugin`'s arguments (ring sizes, the sample interval), for a new plugin.
+
+    Returns
+    -------
+    MetricsPlugin
+        The plugin the scheduler has (an earlier one, if there was).
+    """
     await scheduler.register_scheduler_plugin(
         MetricsPlugin(**kwargs), name=MetricsPlugin.name, idempotent=True
     )
@@ -302,8 +361,23 @@ def _worker_info(ws: WorkerState, devices: dict[str, GpuDevice] | None = None) -
 
 
 def resource_sample(addr: str, ws: Reported, m: dict[str, Any]) -> ResourceSample:
-    """One worker's heartbeat sample (``m``: its ``metrics``) in the snapshot's shape, GPU
-    fields only where the worker reports them."""
+    """One worker's heartbeat sample in the snapshot's shape, GPU fields only where the
+    worker reports them.
+
+    Parameters
+    ----------
+    addr : str
+        The worker's address.
+    ws : Reported
+        The worker (a `WorkerState`, or its part of an ``identity`` answer).
+    m : dict
+        Its heartbeat ``metrics``.
+
+    Returns
+    -------
+    ResourceSample
+        `nbcluster._wire.ResourceSample`.
+    """
     net = m.get("host_net_io") or {}
     out: ResourceSample = {
         "worker": addr,

@@ -14,4 +14,11 @@ if TYPE_CHECKING:
 
 
 async def dask_setup(scheduler: Scheduler) -> None:
+    """Dask's preload hook: install nbcluster's metrics plugin on a starting scheduler.
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+        The scheduler that preloads this module (``--preload nbcluster.metrics.preload``).
+    """
     await install(scheduler)

@@ -23,7 +23,18 @@ MAX_HOSTS = 20
 
 
 def spread(values: Sequence[float]) -> Spread | None:
-    """``(min, median, max)`` of `values`, or None when there are none (a list once sent)."""
+    """``(min, median, max)`` of `values`.
+
+    Parameters
+    ----------
+    values : Sequence of float
+        Any numbers.
+
+    Returns
+    -------
+    Spread or None
+        The three numbers (a list once sent as JSON), or None when there are no values.
+    """
     if not values:
         return None
     v = sorted(values)
@@ -36,6 +47,18 @@ def band(time: float, samples: Iterable[Mapping[str, Any]]) -> Band:
     """The distribution across workers of their latest samples (the plugin's sample shape).
 
     GPU fields are spread over the workers that report them, and left out where none does.
+
+    Parameters
+    ----------
+    time : float
+        The moment the samples describe.
+    samples : Iterable of Mapping
+        Each worker's latest sample (``cpu``, ``memory``, ``memory_limit``, ``gpu_util``).
+
+    Returns
+    -------
+    Band
+        The spreads, with how many workers they cover.
     """
     rows = list(samples)
     out: Band = {
@@ -52,8 +75,20 @@ def band(time: float, samples: Iterable[Mapping[str, Any]]) -> Band:
 
 
 def hosts(workers: Iterable[Mapping[str, Any]], limit: int = MAX_HOSTS) -> tuple[list[HostTotals], int]:
-    """Per-host totals of worker rows (``host``, ``nthreads``, ``processing``, ``memory``,
-    ``memory_limit``), the most workers first; returns (the first `limit`, how many more)."""
+    """Per-host totals of worker rows, the hosts with the most workers first.
+
+    Parameters
+    ----------
+    workers : Iterable of Mapping
+        Worker rows (``host``, ``nthreads``, ``processing``, ``memory``, ``memory_limit``).
+    limit : int
+        The most hosts returned one by one.
+
+    Returns
+    -------
+    tuple of (list of HostTotals, int)
+        The first `limit` hosts, and how many more there are.
+    """
     by_host: dict[str, HostTotals] = {}
     for w in workers:
         host = str(w.get("host") or "?")

@@ -19,6 +19,18 @@ async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     start in progress (up to `nbcluster.timeouts.start`) would hold up the Jupyter
     server's shutdown. A daemon thread is abandoned at exit instead; the supervisor it
     was talking to watches the server's pid and stops by itself (`Lifeline`).
+
+    Parameters
+    ----------
+    func : callable
+        The blocking call.
+    *args, **kwargs
+        Its arguments.
+
+    Returns
+    -------
+    T
+        What `func` returned (what it raised is raised here).
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()

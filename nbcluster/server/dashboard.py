@@ -70,7 +70,24 @@ class Target:
 
 
 async def dashboard_target(name: str) -> Target:
-    """`name`'s dashboard; a 404 if it has none, a 403 if not on loopback."""
+    """`name`'s dashboard, and the TLS context that reaches it.
+
+    Parameters
+    ----------
+    name : str
+        A registered cluster's name.
+
+    Returns
+    -------
+    Target
+        Its loopback host and port.
+
+    Raises
+    ------
+    tornado.web.HTTPError
+        404 for an unknown cluster or one without a dashboard; 403 for a dashboard not on
+        loopback (nbcluster never registers one: it was planted).
+    """
     try:
         handle = await in_thread(nbcluster.connect, name)
     except NbclusterError as error:
@@ -95,7 +112,13 @@ async def dashboard_target(name: str) -> Target:
 
 
 def keep_safe_headers(response: Any) -> None:
-    """`ProxyHandler`'s response rewrite hook: only `FORWARD_RESPONSE` headers come back."""
+    """`ProxyHandler`'s response rewrite hook: only `FORWARD_RESPONSE` headers come back.
+
+    Parameters
+    ----------
+    response : RewritableResponse
+        jupyter-server-proxy's response; its headers are replaced.
+    """
     kept = httputil.HTTPHeaders()
     for key, value in response.headers.get_all():
         if key in FORWARD_RESPONSE:
@@ -112,6 +135,18 @@ class DashboardProxyHandler(ProxyHandler):
         )
 
     async def prepare(self, *args: Any, **kwargs: Any) -> None:
+        """Authenticate, authorize (``read`` on ``nbcluster``) and resolve the target.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Tornado's.
+
+        Raises
+        ------
+        tornado.web.HTTPError
+            403 when not authorized; 404 or 403 from `dashboard_target`.
+        """
         await super().prepare(*args, **kwargs)  # authentication: a login redirect, or 403
         if not self.current_user:
             return  # ProxyHandler has sent an anonymous browser to the login page
@@ -124,20 +159,66 @@ class DashboardProxyHandler(ProxyHandler):
         self.proxy_base = url_path_join("nbcluster", "dashboard", name)
 
     def proxy_request_headers(self) -> httputil.HTTPHeaders:
+        """The request headers relayed: only `FORWARD_REQUEST` ones (no cookies, no token).
+
+        Returns
+        -------
+        tornado.httputil.HTTPHeaders
+            The headers.
+        """
         return httputil.HTTPHeaders({k: v for k, v in self.request.headers.items() if k in FORWARD_REQUEST})
 
     def get_client_uri(self, protocol: str, host: str, port: int, proxied_path: str) -> str:
+        """The upstream URL, over TLS where the dashboard requires the cluster's certificate.
+
+        Parameters
+        ----------
+        protocol : str
+            ``http`` or ``ws``.
+        host : str
+            The dashboard's host.
+        port : int
+            Its port.
+        proxied_path : str
+            The path under the dashboard.
+
+        Returns
+        -------
+        str
+            The URL.
+        """
         if self.target.tls is not None:
             protocol = {"http": "https", "ws": "wss"}[protocol]
         return str(super().get_client_uri(protocol, host, port, proxied_path))
 
     def proxy_request_options(self) -> dict[str, Any]:
+        """The upstream request's options, with the cluster's TLS context where it has one.
+
+        Returns
+        -------
+        dict
+            For tornado's HTTP client.
+        """
         options = dict(super().proxy_request_options())
         if self.target.tls is not None:
             options["ssl_options"] = self.target.tls
         return options
 
     async def http_get(self, name: str, path: str) -> None:
+        """Relay a GET to the dashboard.
+
+        Parameters
+        ----------
+        name : str
+            The cluster's name (from the URL).
+        path : str
+            The path under the dashboard.
+
+        Raises
+        ------
+        tornado.web.HTTPError
+            502 when the dashboard does not answer.
+        """
         host, port = self.target.host, self.target.port
         try:
             await self.proxy(host, port, path)
@@ -149,6 +230,15 @@ class DashboardProxyHandler(ProxyHandler):
             raise web.HTTPError(502, reason="the cluster's dashboard does not answer") from None
 
     async def open(self, name: str, path: str) -> None:
+        """Relay a websocket (Bokeh's) to the dashboard; close it with 1011 if it does not answer.
+
+        Parameters
+        ----------
+        name : str
+            The cluster's name (from the URL).
+        path : str
+            The path under the dashboard.
+        """
         try:
             await self._open_upstream(path)
         except OSError:
@@ -183,6 +273,18 @@ class DashboardProxyHandler(ProxyHandler):
         )  # fmt: skip
 
     def _only_get(self, *args: Any, **kwargs: Any) -> None:
+        """Refuse every method but GET: a dashboard is read, never written through the proxy.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Tornado's.
+
+        Raises
+        ------
+        tornado.web.HTTPError
+            405.
+        """
         raise web.HTTPError(405, reason="the dashboard proxy relays only GET")
 
     post = put = delete = patch = options = head = _only_get

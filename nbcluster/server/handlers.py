@@ -78,12 +78,30 @@ _STATUS = {BadArgument: 400, ClusterNotFound: 404, ClusterUnreachable: 503}
 
 
 def profiles() -> list[dict[str, Any]]:
-    """The backend profiles the start form offers: those in this server's Dask config."""
+    """The backend profiles the start form offers: those in this server's Dask config.
+
+    Returns
+    -------
+    list of dict
+        ``name``, ``backend``, ``description`` of each (`Profile.to_dict`).
+    """
     return [p.to_dict() for p in declared.all()]
 
 
 async def describe(handle: ClusterHandle) -> Cluster:
-    """One cluster for the browser; never raises for a scheduler that does not answer."""
+    """One cluster for the browser; never raises for a scheduler that does not answer.
+
+    Parameters
+    ----------
+    handle : ClusterHandle
+        The cluster.
+
+    Returns
+    -------
+    Cluster
+        Its state, with ``runs_on`` and ``totals`` (`nbcluster._wire.Cluster`); the
+        `unreachable` form when its scheduler does not answer in time.
+    """
     try:
         info = await asyncio.wait_for(handle.ainfo(), INFO_TIMEOUT_S)
     except (NbclusterError, asyncio.TimeoutError, OSError):
@@ -102,7 +120,18 @@ async def describe(handle: ClusterHandle) -> Cluster:
 
 def unreachable(handle: ClusterHandle) -> Cluster:
     """A cluster whose scheduler did not answer: the registry fields safe to show in a
-    browser (the entry also holds credential paths)."""
+    browser (the entry also holds credential paths).
+
+    Parameters
+    ----------
+    handle : ClusterHandle
+        The cluster.
+
+    Returns
+    -------
+    Cluster
+        State ``unreachable``.
+    """
     e = handle.entry
     cluster: Cluster = {
         "name": e["name"], "address": e["address"], "dashboard": None, "owner_pid": None, "created": None,
@@ -119,7 +148,18 @@ def unreachable(handle: ClusterHandle) -> Cluster:
 
 def compact(cluster: Cluster) -> Cluster:
     """A cluster for the live stream: its ``totals`` in place of one row per worker, so a
-    push costs the same at 2 workers or 2,000 (the card shows only totals)."""
+    push costs the same at 2 workers or 2,000 (the card shows only totals).
+
+    Parameters
+    ----------
+    cluster : Cluster
+        As `describe` makes it.
+
+    Returns
+    -------
+    Cluster
+        A copy without ``workers`` and ``host_memory``.
+    """
     out = cluster.copy()
     out.pop("workers", None)
     out.pop("host_memory", None)
@@ -127,12 +167,37 @@ def compact(cluster: Cluster) -> Cluster:
 
 
 async def describe_all() -> list[Cluster]:
+    """Every registered cluster, described at once (`describe`).
+
+    Returns
+    -------
+    list of Cluster
+        In the registry's order.
+    """
     handles = await in_thread(nbcluster.clusters)
     return list(await asyncio.gather(*(describe(h) for h in handles)))
 
 
 def flag(data: dict[str, Any], key: str) -> bool:
-    """A true/false field of a request body (absent: false)."""
+    """A true/false field of a request body (absent: false).
+
+    Parameters
+    ----------
+    data : dict
+        The request body.
+    key : str
+        The field.
+
+    Returns
+    -------
+    bool
+        Its value.
+
+    Raises
+    ------
+    BadArgument
+        When it is not a JSON boolean.
+    """
     value = data.get(key, False)
     if not isinstance(value, bool):
         raise BadArgument(f"{key} must be true or false")
@@ -144,6 +209,16 @@ def api_errors(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitabl
 
     The message is written directly instead of raising `web.HTTPError`, whose log message is
     %-formatted by Tornado: a user's value containing '%' must not break the reply.
+
+    Parameters
+    ----------
+    method : coroutine function
+        A handler's verb.
+
+    Returns
+    -------
+    coroutine function
+        The same verb, answering nbcluster's errors as ``{"message": ...}`` with their status.
     """
 
     @functools.wraps(method)
@@ -160,7 +235,18 @@ def api_errors(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitabl
 def api_verb(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None] | None]:
     """A REST verb: `web.authenticated` (who are you: a login redirect or 403 otherwise),
     `authorized` ("read" for GET, "write" for the rest, on the "nbcluster" resource), then
-    `api_errors`. Every verb of `ApiBase` goes through it, so none can miss a check."""
+    `api_errors`. Every verb of `ApiBase` goes through it, so none can miss a check.
+
+    Parameters
+    ----------
+    method : coroutine function
+        A handler's verb.
+
+    Returns
+    -------
+    coroutine function
+        The checked verb.
+    """
     return web.authenticated(authorized(api_errors(method)))
 
 
@@ -175,12 +261,37 @@ class ApiBase(APIHandler):
     auth_resource = "nbcluster"
 
     def fail(self, status: int, message: str) -> None:
+        """Answer with `status` and ``{"message": message}``, and log it.
+
+        Parameters
+        ----------
+        status : int
+            The HTTP status.
+        message : str
+            One line that says what to do.
+        """
         self.log.info("nbcluster: %s %s -> %d %s", self.request.method, self.request.path, status, message)
         self.set_status(status)
         self.finish({"message": message})
 
     def body(self, allowed: tuple[str, ...]) -> dict[str, Any]:
-        """The request's JSON object, restricted to `allowed` keys, or a BadArgument."""
+        """The request's JSON object, restricted to `allowed` keys.
+
+        Parameters
+        ----------
+        allowed : tuple of str
+            The fields the route takes.
+
+        Returns
+        -------
+        dict
+            The body (``{}`` when empty).
+
+        Raises
+        ------
+        BadArgument
+            For a body that is not a JSON object, or with unknown fields (naming the allowed ones).
+        """
         raw = self.request.body or b"{}"
         try:
             data = json.loads(raw)
@@ -194,12 +305,30 @@ class ApiBase(APIHandler):
         return data
 
     async def handle(self, name: str) -> ClusterHandle:
+        """The handle of the cluster the URL names.
+
+        Parameters
+        ----------
+        name : str
+            The cluster's name.
+
+        Returns
+        -------
+        ClusterHandle
+            Connected.
+
+        Raises
+        ------
+        ClusterNotFound
+            When no running cluster has that name (answered 404).
+        """
         return await in_thread(nbcluster.connect, name)
 
 
 class ProfilesHandler(ApiBase):
     @api_verb
     async def get(self) -> None:
+        """``GET api/profiles``: the profiles and the name rule the start form uses."""
         # The name rule travels with the profiles, so the start form's hint is the server's rule.
         self.finish({"profiles": profiles(), "name_pattern": NAME_PATTERN, "name_rule": NAME_RULE})
 
@@ -207,10 +336,12 @@ class ProfilesHandler(ApiBase):
 class ClustersHandler(ApiBase):
     @api_verb
     async def get(self) -> None:
+        """``GET api/clusters``: every cluster, whoever started it."""
         self.finish({"clusters": await describe_all()})
 
     @api_verb
     async def post(self) -> None:
+        """``POST api/clusters``: start a cluster owned by this server (the start options as JSON)."""
         data = self.body(START_FIELDS)
         data["profile"] = data.get("profile") or "local"  # checked by `start`, with the known ones named
         for option in START_OPTIONS:
@@ -237,10 +368,24 @@ class ClustersHandler(ApiBase):
 class ClusterHandler(ApiBase):
     @api_verb
     async def get(self, name: str) -> None:
+        """``GET api/clusters/NAME``: one cluster, with a row per worker.
+
+        Parameters
+        ----------
+        name : str
+            The cluster's name (from the URL).
+        """
         self.finish(await describe(await self.handle(name)))
 
     @api_verb
     async def delete(self, name: str) -> None:
+        """``DELETE api/clusters/NAME``: stop it (204).
+
+        Parameters
+        ----------
+        name : str
+            The cluster's name (from the URL).
+        """
         handle = await self.handle(name)
         await in_thread(handle.stop)
         self.set_status(204)
@@ -252,6 +397,16 @@ class ActionHandler(ApiBase):
 
     @api_verb
     async def post(self, name: str, action: str) -> None:
+        """``POST api/clusters/NAME/scale|adapt|restart``: change a running cluster.
+
+        Parameters
+        ----------
+        name : str
+            The cluster's name (from the URL).
+        action : str
+            ``scale`` (``workers``, ``kind``, ``force``), ``adapt`` (``minimum``,
+            ``maximum``, ``force``) or ``restart``.
+        """
         handle = await self.handle(name)  # its methods check the values, and that nbcluster started it
         if action == "scale":
             data = self.body(("workers", "kind", "force"))
@@ -272,6 +427,13 @@ class ActionHandler(ApiBase):
 class MetricsHandler(ApiBase):
     @api_verb
     async def get(self, name: str) -> None:
+        """``GET api/clusters/NAME/metrics?since=CURSOR``: a metrics snapshot.
+
+        Parameters
+        ----------
+        name : str
+            The cluster's name (from the URL).
+        """
         since_arg = self.get_query_argument("since", None)
         since = None
         if since_arg not in (None, ""):
@@ -301,12 +463,25 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         """JupyterHandler's HTTP headers make no sense on a websocket upgrade."""
 
     def initialize(self) -> None:
+        """Tornado's hook: nothing watched yet."""
         self.watch: str | None = None
         self.cursor: int | None = None
         self.task: asyncio.Task[None] | None = None
 
     @ws_authenticated
     async def get(self, *args: Any, **kwargs: Any) -> None:
+        """The websocket upgrade, for a user authorized to read nbcluster.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Tornado's.
+
+        Raises
+        ------
+        tornado.web.HTTPError
+            403 when not authorized.
+        """
         # Cookie-authenticated websockets carry no XSRF token; WebSocketMixin.check_origin
         # is what stops another site's page from opening this stream with our cookie.
         if not await ensure_async(
@@ -316,10 +491,24 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         await super().get(*args, **kwargs)
 
     def open(self, *args: Any, **kwargs: Any) -> None:
+        """Start pushing the cluster list (and the watched cluster's metrics).
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Tornado's.
+        """
         super().open(*args, **kwargs)
         self.task = asyncio.ensure_future(self.pump())
 
     def on_message(self, message: str | bytes) -> None:
+        """``{"watch": NAME}`` picks the cluster whose metrics are pushed (null: none).
+
+        Parameters
+        ----------
+        message : str or bytes
+            JSON from the sidebar; anything else is ignored.
+        """
         try:
             data = json.loads(message)
         except ValueError:
@@ -334,6 +523,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             self.task.cancel()
 
     async def pump(self) -> None:
+        """Push the clusters every ``nbcluster.sidebar.interval``, until the socket closes."""
         while True:
             try:
                 clusters = await describe_all()
@@ -349,6 +539,15 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             await asyncio.sleep(config.seconds("sidebar.interval"))
 
     async def push_metrics(self, name: str, clusters: dict[str, Cluster]) -> None:
+        """Push what is new of the watched cluster's metrics, or that it is gone.
+
+        Parameters
+        ----------
+        name : str
+            The watched cluster.
+        clusters : dict
+            This poll's clusters by name.
+        """
         cluster = clusters.get(name)
         if cluster is None:
             await self.write_message({"type": "gone", "name": name})
@@ -368,6 +567,13 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
 
 def setup_handlers(web_app: web.Application) -> None:
+    """Add nbcluster's routes (REST, stream, dashboard proxy) under ``BASE_URL/nbcluster/``.
+
+    Parameters
+    ----------
+    web_app : tornado.web.Application
+        The Jupyter server's application.
+    """
     base = url_path_join(web_app.settings["base_url"], "nbcluster")
     name = f"(?P<name>{NAME_PATTERN})"
     routes: list[tuple[str, type[web.RequestHandler]]] = [

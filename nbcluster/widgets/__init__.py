@@ -95,21 +95,42 @@ def live(
 
     Parameters
     ----------
-    label : shown before the progress text.
-    delay : seconds before anything is shown, so instant cells stay clean (default: Dask
+    progress : Results or ProgressSource
+        What to follow: a distribute `Results`, or any object with a ``counts()`` mapping
+        (``done``, ``failed``, ``running``, ``total``, ``state``).
+    feed : Feed, optional
+        Where the task stream and worker charts come from (a `ClusterHandle`, a client's
+        feed); None shows the progress bar alone (or, for `Results`, the run's client).
+    label : str, optional
+        Shown before the progress text.
+    delay : float, optional
+        Seconds before anything is shown, so instant cells stay clean (default: Dask
         config ``nbcluster.widget.delay``).
-    interval : the poll period in seconds, 2-5 Hz is plenty (``nbcluster.widget.interval``).
-    best : order of grid rows by their numeric value: "max" first, "min" first, or None to
+    interval : float, optional
+        The poll period in seconds, 2-5 Hz is plenty (``nbcluster.widget.interval``).
+    best : {"max", "min", None}
+        Order of grid rows by their numeric value: "max" first, "min" first, or None to
         keep the source's order.
-    refresh : while nothing finishes, the live time axis still moves this often
-        (``nbcluster.widget.refresh``).
-    window : seconds of task stream shown; None shows the whole run.
-    resource_window : seconds of worker charts (``nbcluster.widget.resource-window``).
-    task_filter : a function of a task record (see `nbcluster.metrics`); the task stream
-        shows the records for which it is true. Without one it shows tasks that started
-        after this call.
-    grid : True/False forces or suppresses the grid table of a `Results` (default: shown
-        for ``--grid`` runs).
+    **kwargs
+        ``refresh`` (while nothing finishes, the live time axis still moves this often,
+        ``nbcluster.widget.refresh``); ``window`` (seconds of task stream shown; None shows
+        the whole run); ``resource_window`` (seconds of worker charts,
+        ``nbcluster.widget.resource-window``); ``task_filter`` (a function of a task record,
+        see `nbcluster.metrics`: the task stream shows the records for which it is true;
+        without one it shows tasks that started after this call); ``grid`` (True/False
+        forces or suppresses the grid table of a `Results`; default: shown for ``--grid``
+        runs).
+
+    Returns
+    -------
+    Live
+        The running view; ``close()`` freezes it into its final picture.
+
+    Examples
+    --------
+    >>> results = nbcluster.distribute(slow, over=range(40), wait=False)
+    >>> view = nbcluster.widgets.live(results)
+    >>> results.wait(); view.close()
     """
     seams = Seams.pop_from(kwargs)
     feed = _as_feed(feed)
@@ -135,8 +156,24 @@ def progress_hook(feed: Feed | None = None, **kwargs: Any) -> ProgressHook:
 
     The first call (the engine makes it before submitting anything) starts
     ``live(results, feed, **kwargs)``; later calls do nothing, as the widget polls. The
-    `Live` is kept as ``hook.live``. `grid=True/False` forces or suppresses the table
-    (default: shown for ``--grid`` runs).
+    `Live` is kept as ``hook.live``.
+
+    Parameters
+    ----------
+    feed : Feed, optional
+        As in `live`.
+    **kwargs
+        `live`'s keyword arguments (``grid=True/False`` forces or suppresses the table).
+
+    Returns
+    -------
+    ProgressHook
+        The callback to pass as ``progress=``.
+
+    Examples
+    --------
+    >>> hook = nbcluster.widgets.progress_hook(label="sweep")
+    >>> nbcluster.distribute(fit, over=range(8), progress=hook)
     """
 
     return ProgressHook(feed, kwargs)
@@ -163,8 +200,27 @@ def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0
     `cluster` is a `ClusterHandle` (its Dask client's connection is reused: a fresh
     connection per poll, as `handle.metrics` makes, costs the kernel ~8x the CPU) or any
     feed. After `live_for` seconds (None: until ``close()``) the picture freezes, so the
-    notebook holds a readable snapshot rather than a widget that needs the kernel. Other
-    keyword arguments are `live`'s.
+    notebook holds a readable snapshot rather than a widget that needs the kernel.
+
+    Parameters
+    ----------
+    cluster : ClusterHandle or Feed
+        The cluster to show.
+    live_for : float, optional
+        Seconds the view stays live; None keeps it live until ``close()``.
+    window : float
+        Seconds of recent history shown.
+    **kwargs
+        `live`'s other keyword arguments.
+
+    Returns
+    -------
+    Live
+        The view (what ``%cluster status`` shows under its table).
+
+    Examples
+    --------
+    >>> nbcluster.widgets.status(nbcluster.current(), live_for=60)
     """
     seams = Seams.pop_from(kwargs)
     options = LiveOptions(delay=0.0, live_for=live_for, window=window, history=True, **kwargs)

@@ -142,8 +142,15 @@ class Live:
     # -- public ---------------------------------------------------------------------------
 
     def close(self, state: str | None = None, timeout: float = 10.0) -> None:
-        """Stop polling and freeze the final state; `state` overrides the computed one
-        (e.g. "cancelled" after an interrupt). Safe to call more than once."""
+        """Stop polling and freeze the final state. Safe to call more than once.
+
+        Parameters
+        ----------
+        state : str, optional
+            Overrides the computed end state (e.g. ``"cancelled"`` after an interrupt).
+        timeout : float
+            Seconds to wait for the polling thread to stop.
+        """
         if state is not None and self._end_state is None:
             self._end_state = state
         if threading.current_thread() is not self._thread:
@@ -396,7 +403,23 @@ class Live:
 
 
 def as_progress_source(obj: Any) -> ProgressSource | None:
-    """Accept a callable, or an object with a ``progress()`` method."""
+    """Accept a callable, or an object with a ``progress()`` method.
+
+    Parameters
+    ----------
+    obj : object
+        None, a callable returning counts, or an object with a ``progress()`` method.
+
+    Returns
+    -------
+    ProgressSource or None
+        The callable to poll (None for None).
+
+    Raises
+    ------
+    TypeError
+        For anything else.
+    """
     if obj is None:
         return None
     # Any callable is taken on trust: what it returns is checked as it is read.

@@ -36,7 +36,13 @@ class LiveOptions:
     limits: dict[str, int] | None = None
 
     def resolved(self) -> ResolvedOptions:
-        """These options with every unset timing read from Dask config."""
+        """These options with every unset timing read from Dask config.
+
+        Returns
+        -------
+        ResolvedOptions
+            The same options, every timing a number (``nbcluster.widget.*``).
+        """
 
         def pick(value: float | None, key: str) -> float:
             return config.seconds(f"widget.{key}") if value is None else value

@@ -20,11 +20,25 @@ class LineBar(TextBar):
     """
 
     def update(self, counts: Mapping[str, Any]) -> None:
+        """Redraw the bar (see `TextBar.update`), and remember its line is open.
+
+        Parameters
+        ----------
+        counts : Mapping
+            The run's counts.
+        """
         super().update(counts)
         if self.live:
             _OPEN.add(self)
 
     def finish(self, counts: Mapping[str, Any]) -> None:
+        """Write the final line (see `TextBar.finish`).
+
+        Parameters
+        ----------
+        counts : Mapping
+            The run's final counts.
+        """
         _OPEN.discard(self)
         super().finish(counts)
 
@@ -49,8 +63,25 @@ def end_open_lines() -> None:
 class Display(Protocol):
     """Where the widget goes: the kernel's display system, or a test's recorder."""
 
-    def show(self, bundle: dict[str, Any]) -> None: ...
-    def update(self, bundle: dict[str, Any]) -> None: ...
+    def show(self, bundle: dict[str, Any]) -> None:
+        """Put a MIME bundle into the output area.
+
+        Parameters
+        ----------
+        bundle : dict
+            MIME type to data (the widget view, and HTML and text fallbacks).
+        """
+        ...
+
+    def update(self, bundle: dict[str, Any]) -> None:
+        """Replace what `show` put there.
+
+        Parameters
+        ----------
+        bundle : dict
+            MIME type to data (the frozen picture).
+        """
+        ...
 
 
 class KernelDisplay:
@@ -60,6 +91,13 @@ class KernelDisplay:
         self._handle: Any = None
 
     def show(self, bundle: dict[str, Any]) -> None:
+        """Display `bundle` with a new display id.
+
+        Parameters
+        ----------
+        bundle : dict
+            MIME type to data.
+        """
         from IPython.display import display
 
         global _last_shown
@@ -67,6 +105,13 @@ class KernelDisplay:
         _last_shown = time.monotonic()
 
     def update(self, bundle: dict[str, Any]) -> None:
+        """Replace the displayed output in place (nothing before `show`).
+
+        Parameters
+        ----------
+        bundle : dict
+            MIME type to data.
+        """
         if self._handle is not None:
             self._handle.update(bundle, raw=True)
 
@@ -75,12 +120,29 @@ _last_shown = float("-inf")  # when a live widget was last put into a cell (time
 
 
 def widget_shown_since(t: float) -> bool:
-    """Whether a live widget has been displayed since `t` (a `time.monotonic()` reading)."""
+    """Whether a live widget has been displayed since `t`.
+
+    Parameters
+    ----------
+    t : float
+        A `time.monotonic` reading.
+
+    Returns
+    -------
+    bool
+        True when one was shown at or after `t`.
+    """
     return _last_shown >= t
 
 
 def shell() -> Any:
-    """The running IPython shell (kernel or terminal), or None in plain Python."""
+    """The running IPython shell (kernel or terminal).
+
+    Returns
+    -------
+    InteractiveShell or None
+        None in plain Python.
+    """
     try:
         from IPython import get_ipython
     except ImportError:
@@ -89,7 +151,13 @@ def shell() -> Any:
 
 
 def in_kernel() -> bool:
-    """Whether we run inside a Jupyter kernel (where widgets can show)."""
+    """Whether we run inside a Jupyter kernel (where widgets can show).
+
+    Returns
+    -------
+    bool
+        True in a kernel; False in terminal IPython and plain Python.
+    """
     ip = shell()
     return ip is not None and getattr(ip, "kernel", None) is not None
 
@@ -109,7 +177,18 @@ class Seams:
 
     @classmethod
     def pop_from(cls, kwargs: dict[str, Any]) -> Seams:
-        """The seams among keyword arguments (``_display``, ``_clock``, ...), removed from them."""
+        """The seams among keyword arguments (``_display``, ``_clock``, ...), removed from them.
+
+        Parameters
+        ----------
+        kwargs : dict
+            Keyword arguments of `nbcluster.widgets.live`; the seams are popped from it.
+
+        Returns
+        -------
+        Seams
+            The seams given, the rest at their defaults.
+        """
         given = {
             name: kwargs.pop(f"_{name}")
             for name in ("display", "clock", "text", "widgets")
@@ -119,6 +198,7 @@ class Seams:
 
     @property
     def replaced(self) -> bool:
+        """Whether a test replaced the display or the text bar (then it closes the view)."""
         return self.display is not None or self.text is not None
 
 
@@ -131,6 +211,18 @@ class Output:
 
     @classmethod
     def for_seams(cls, seams: Seams) -> Output:
+        """The output for these seams: the kernel's display in a kernel, else a text bar.
+
+        Parameters
+        ----------
+        seams : Seams
+            What a test replaced, if anything.
+
+        Returns
+        -------
+        Output
+            A display, or a text bar.
+        """
         widgets = in_kernel() if seams.widgets is None else seams.widgets
         if widgets:
             return cls(seams.display if seams.display is not None else KernelDisplay(), seams.text)
@@ -138,4 +230,5 @@ class Output:
 
     @property
     def widgets(self) -> bool:
+        """Whether the output is a widget display (not a text bar)."""
         return self.text is None

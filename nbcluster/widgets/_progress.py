@@ -33,7 +33,20 @@ class RateMeter:
         self._points: deque[tuple[float, int]] = deque()
 
     def add(self, t: float, completed: int) -> float | None:
-        """Record a reading; return the rate, or None while it cannot be told (or is zero)."""
+        """Record a reading and return the rate.
+
+        Parameters
+        ----------
+        t : float
+            When (seconds, any clock).
+        completed : int
+            Items completed by then.
+
+        Returns
+        -------
+        float or None
+            Items per second, or None while it cannot be told (or is zero).
+        """
         points = self._points
         points.append((t, completed))
         while len(points) > 2 and t - points[1][0] >= self.horizon:
@@ -44,7 +57,19 @@ class RateMeter:
 
 
 def is_finished(counts: Mapping[str, Any]) -> bool:
-    """Trust the source's ``finished`` when it gives one; else all items are accounted for."""
+    """Whether a run is over.
+
+    Parameters
+    ----------
+    counts : Mapping
+        The run's counts.
+
+    Returns
+    -------
+    bool
+        The source's ``finished`` when it gives one; else whether done and failed items
+        account for the total.
+    """
     if "finished" in counts:
         return bool(counts["finished"])
     total = counts.get("total") or 0
@@ -54,7 +79,26 @@ def is_finished(counts: Mapping[str, Any]) -> bool:
 def decorate(
     counts: Mapping[str, Any], *, elapsed: float, rate: float | None, state: str, label: str | None
 ) -> dict[str, Any]:
-    """The counts the drawing code takes: the four numbers plus rate, ETA, state, label."""
+    """The counts the drawing code takes: the four numbers plus rate, ETA, state, label.
+
+    Parameters
+    ----------
+    counts : Mapping
+        The run's counts (``done``, ``running``, ``failed``, ``total``, ...).
+    elapsed : float
+        Seconds since the run started.
+    rate : float or None
+        Items per second (`RateMeter`).
+    state : str
+        ``running``, ``done``, ``cancelled``, ...
+    label : str or None
+        Shown before the progress text.
+
+    Returns
+    -------
+    dict
+        What ``graphs.js`` and the frozen picture draw.
+    """
     out: dict[str, Any] = {k: int(counts.get(k) or 0) for k in ("done", "running", "failed", "total")}
     for extra in ("cancelled", "pending"):
         if counts.get(extra):
@@ -89,6 +133,20 @@ def rank_grid(grid: Mapping[str, Any] | None, best: Best, limit: int = GRID_ROWS
 
     Rows with a numeric value sort by it (`best` = "max" or "min"); rows without one
     (pending, failed, non-numeric) follow in their original order.
+
+    Parameters
+    ----------
+    grid : Mapping or None
+        ``params`` and ``rows`` (each ``params`` and ``value``) of a ``--grid`` run.
+    best : {"max", "min", None}
+        Which values come first; None keeps the order.
+    limit : int
+        The most rows shown.
+
+    Returns
+    -------
+    dict
+        ``params``, ``rows`` (at most `limit`) and ``total`` (all rows); {} without rows.
     """
     if not grid or not grid.get("rows"):
         return {}
@@ -110,7 +168,20 @@ def rank_grid(grid: Mapping[str, Any] | None, best: Best, limit: int = GRID_ROWS
 
 
 def text_line(counts: Mapping[str, Any], width: int = 24) -> str:
-    """``label [#####.....] 12 / 40 done (30%) · ...``: the terminal bar, and text/plain."""
+    """``label [#####.....] 12 / 40 done (30%) · ...``: the terminal bar, and text/plain.
+
+    Parameters
+    ----------
+    counts : Mapping
+        Decorated counts (`decorate`).
+    width : int
+        Characters of the bar itself.
+
+    Returns
+    -------
+    str
+        One line.
+    """
     total = counts.get("total") or 0
     finished = (counts.get("done") or 0) + (counts.get("failed") or 0)
     filled = int(width * finished / total) if total else 0
@@ -131,10 +202,24 @@ class TextBar:
         self._last_len = 0
 
     def update(self, counts: Mapping[str, Any]) -> None:
+        """Redraw the line in place, on a terminal only.
+
+        Parameters
+        ----------
+        counts : Mapping
+            Decorated counts (`decorate`).
+        """
         if self.live:
             self._write(text_line(counts), end="")
 
     def finish(self, counts: Mapping[str, Any]) -> None:
+        """Write the final line (also to a log or a pipe).
+
+        Parameters
+        ----------
+        counts : Mapping
+            Decorated final counts.
+        """
         self._write(text_line(counts), end="\n")
 
     def _write(self, text: str, end: str) -> None:

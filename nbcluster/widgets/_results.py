@@ -26,6 +26,18 @@ _MISSING = object()
 
 
 def is_results(obj: Any) -> bool:
+    """Whether `obj` is a distribute `Results` (what `live` reads its counts and grid from).
+
+    Parameters
+    ----------
+    obj : object
+        Anything passed to `nbcluster.widgets.live`.
+
+    Returns
+    -------
+    bool
+        True for a `Results` (duck-typed: ``counts()`` and ``run_id``).
+    """
     return callable(getattr(obj, "counts", None)) and hasattr(obj, "run_id")
 
 
@@ -71,13 +83,36 @@ class ResultsProgress:
 
 
 def task_filter_for(results: Any) -> Callable[[TaskRecord], bool]:
+    """The task-stream filter that keeps a run's own tasks.
+
+    Parameters
+    ----------
+    results : Results
+        The run.
+
+    Returns
+    -------
+    callable
+        True for the task records whose key is one of the run's.
+    """
     prefix = f"distribute-{results.run_id}-"
     return lambda t: str(t.get("key", "")).startswith(prefix)
 
 
 def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
     """Send the run's item counts to the scheduler's plugin (``nbcluster_progress``), so
-    the sidebar shows items as the cell counts them; None where the run has no client."""
+    the sidebar shows items as the cell counts them.
+
+    Parameters
+    ----------
+    results : Results
+        The run.
+
+    Returns
+    -------
+    callable or None
+        ``report(counts)``; None where the run has no client (``--local``).
+    """
     client = results.client
     if client is None:
         return None
@@ -89,6 +124,17 @@ def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
 
 
 def feed_for(results: Any) -> Feed | None:
-    """The metrics feed over the run's own Dask client, if the run has one."""
+    """The metrics feed over the run's own Dask client, if the run has one.
+
+    Parameters
+    ----------
+    results : Results
+        The run.
+
+    Returns
+    -------
+    Feed or None
+        `nbcluster.metrics.feed.client_feed` of its client; None without one.
+    """
     client = results.client
     return client_feed(client, detail=THEME["stream"]["maxLanes"]) if client is not None else None

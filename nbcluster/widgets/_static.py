@@ -27,7 +27,18 @@ from nbcluster.widgets._theme import TEXT, THEME, VARS, css
 
 
 def prefix_color(prefix: str) -> str:
-    """The colour graphs.js gives `prefix` (FNV-1a over UTF-16 code units)."""
+    """The colour graphs.js gives `prefix` (FNV-1a over UTF-16 code units).
+
+    Parameters
+    ----------
+    prefix : str
+        A task prefix (the function's name).
+
+    Returns
+    -------
+    str
+        A CSS ``hsl(...)`` colour.
+    """
     h = 2166136261
     data = str(prefix).encode("utf-16-le")
     for i in range(0, len(data), 2):
@@ -38,13 +49,36 @@ def prefix_color(prefix: str) -> str:
 
 
 def format_bytes(n: float | None) -> str:
-    """Dask's own `dask.utils.format_bytes` ("1.50 GiB"), as graphs.js's formatBytes."""
+    """Dask's own `dask.utils.format_bytes` ("1.50 GiB"), as graphs.js's formatBytes.
+
+    Parameters
+    ----------
+    n : float or None
+        Bytes.
+
+    Returns
+    -------
+    str
+        e.g. ``1.50 GiB``, ``512 B``; ``?`` for None or a non-finite number.
+    """
     if n is None or not math.isfinite(n):
         return "?"
     return dask_format_bytes(round(n)) if n >= 2**10 * 0.9 else f"{round(n)} B"
 
 
 def format_duration(seconds: float | None) -> str:
+    """A duration as the widget writes it (graphs.js's formatDuration).
+
+    Parameters
+    ----------
+    seconds : float or None
+        The duration.
+
+    Returns
+    -------
+    str
+        e.g. ``2.5 s``, ``42 s``, ``3 min 5 s``, ``1 h 2 min``; ``?`` for None.
+    """
     if seconds is None or not math.isfinite(seconds):
         return "?"
     s = max(0.0, seconds)
@@ -75,7 +109,18 @@ def _tally(counts: Mapping[str, Any]) -> tuple[int, int, int, int, int]:
 
 
 def progress_line(counts: Mapping[str, Any]) -> str:
-    """The text under the progress bar (also the terminal bar's and text/plain's text)."""
+    """The text under the progress bar (also the terminal bar's and text/plain's text).
+
+    Parameters
+    ----------
+    counts : Mapping
+        Decorated counts (`nbcluster.widgets._progress.decorate`).
+
+    Returns
+    -------
+    str
+        e.g. ``12 / 40 done (30%) · 2 failed · 3.1 items/s · ETA 9.0 s``.
+    """
     total, done, failed, running, pct = _tally(counts)
     parts = [f"{done} / {total} done ({pct}%)"]
     if failed:
@@ -98,6 +143,18 @@ def progress_line(counts: Mapping[str, Any]) -> str:
 
 
 def render_progress(counts: Mapping[str, Any]) -> str:
+    """The frozen progress bar and its text, as HTML.
+
+    Parameters
+    ----------
+    counts : Mapping
+        Decorated counts.
+
+    Returns
+    -------
+    str
+        An HTML fragment with inline styles (no script).
+    """
     total, done, failed, running, pct = _tally(counts)
 
     def seg(n: int, color: str, cls: str) -> str:
@@ -119,6 +176,18 @@ def render_progress(counts: Mapping[str, Any]) -> str:
 
 
 def render_grid(grid: Mapping[str, Any]) -> str:
+    """The grid table of a ``--grid`` run, as HTML.
+
+    Parameters
+    ----------
+    grid : Mapping
+        A ranked grid (`nbcluster.widgets._progress.rank_grid`).
+
+    Returns
+    -------
+    str
+        An HTML table; "" without rows.
+    """
     rows = grid.get("rows") or []
     if not rows:
         return ""
@@ -171,7 +240,18 @@ def _plural(n: int, word: str) -> str:
 
 
 def host_of(addr: str) -> str:
-    """``"tls://10.0.0.1:8786"`` -> ``"10.0.0.1"`` (graphs.js's hostOf)."""
+    """``"tls://10.0.0.1:8786"`` -> ``"10.0.0.1"`` (graphs.js's hostOf).
+
+    Parameters
+    ----------
+    addr : str
+        A worker's address.
+
+    Returns
+    -------
+    str
+        Its host.
+    """
     return re.sub(r":\d+$", "", re.sub(r"^[a-z0-9+.-]+://", "", str(addr), flags=re.I))
 
 
@@ -183,7 +263,22 @@ def _worker_count(view: Mapping[str, Any]) -> int:
 def lane_groups(
     view: Mapping[str, Any], tasks: list[Mapping[str, Any]], start: float
 ) -> list[dict[str, Any]]:
-    """The task stream's lanes, grouped as graphs.js's laneGroups does (see there)."""
+    """The task stream's lanes, grouped as graphs.js's laneGroups does (see there).
+
+    Parameters
+    ----------
+    view : Mapping
+        A metrics window's view (`nbcluster.metrics.feed.MetricsWindow.to_view`).
+    tasks : list of Mapping
+        The task records shown.
+    start : float
+        The time at the stream's left edge.
+
+    Returns
+    -------
+    list of dict
+        One per lane: a worker, a host, the busiest workers and "others", or departed ones.
+    """
     g = THEME["stream"]
     max_lanes: int = g["maxLanes"]
     max_rows: int = g["maxRows"]
@@ -331,6 +426,20 @@ def _lane(group: Mapping[str, Any], tasks: list[Mapping[str, Any]], start: float
 
 
 def render_task_stream(view: Mapping[str, Any], window: float | None = None) -> str:
+    """The frozen task stream, one lane per worker (or group), as HTML and SVG.
+
+    Parameters
+    ----------
+    view : Mapping
+        A metrics window's view.
+    window : float, optional
+        Seconds shown; None shows the whole run.
+
+    Returns
+    -------
+    str
+        An HTML fragment (a note instead where the scheduler has no nbcluster plugin).
+    """
     if view.get("basic"):
         # The scheduler's own view has workers but no task records: say why, not empty lanes.
         return _box("nbc-stream", _div(css("note"), escape(TEXT["noPlugin"])))
@@ -459,6 +568,20 @@ def _render_bands(view: Mapping[str, Any], window: float | None) -> str:
 
 
 def render_resources(view: Mapping[str, Any], window: float | None = None) -> str:
+    """The frozen CPU and memory (and GPU) charts: per worker, or bands past a few workers.
+
+    Parameters
+    ----------
+    view : Mapping
+        A metrics window's view.
+    window : float, optional
+        Seconds of samples shown.
+
+    Returns
+    -------
+    str
+        An HTML fragment with inline SVG.
+    """
     if view.get("bands") and _worker_count(view) > THEME["resources"]["maxWorkers"]:
         return _render_bands(view, window)
     workers = view.get("workers") or {}
@@ -505,7 +628,26 @@ def render_html(
     window: float | None = None,
     resource_window: float | None = None,
 ) -> str:
-    """The whole frozen widget: progress, grid table, task stream and worker charts."""
+    """The whole frozen widget: progress, grid table, task stream and worker charts.
+
+    Parameters
+    ----------
+    counts : Mapping or None
+        Decorated counts; None for a status view (no progress bar).
+    view : Mapping or None
+        A metrics window's view; None draws no stream and no charts.
+    grid : Mapping, optional
+        A ranked grid.
+    window : float, optional
+        Seconds of task stream shown.
+    resource_window : float, optional
+        Seconds of worker charts shown.
+
+    Returns
+    -------
+    str
+        HTML and inline SVG, no script: what a saved notebook keeps.
+    """
     parts = []
     if counts and counts.get("total") is not None:
         parts.append(render_progress(counts))

@@ -34,8 +34,20 @@ STYLES: dict[str, dict[str, str]] = {
 
 
 def css(names: str, **extra: str) -> str:
-    """The inline CSS of theme styles `names` (space-separated, later ones win) and `extra`
-    (snake_case properties), as graphs.js's ``st(names, extra)`` builds it."""
+    """The inline CSS of theme styles, as graphs.js's ``st(names, extra)`` builds it.
+
+    Parameters
+    ----------
+    names : str
+        Style names of theme.json, space-separated (later ones win).
+    **extra : str
+        More properties, snake_case (``font_size="11px"``).
+
+    Returns
+    -------
+    str
+        ``prop:value;...`` for a ``style`` attribute.
+    """
     props: dict[str, str] = {}
     for name in names.split():
         props.update(STYLES[name])
@@ -44,7 +56,23 @@ def css(names: str, **extra: str) -> str:
 
 
 def inline_theme(graphs_js: str) -> str:
-    """graphs.js with its theme import replaced by the JSON itself (for a string-loaded module)."""
+    """graphs.js with its theme import replaced by the JSON itself (for a string-loaded module).
+
+    Parameters
+    ----------
+    graphs_js : str
+        The source of graphs.js.
+
+    Returns
+    -------
+    str
+        The same module with theme.json inlined.
+
+    Raises
+    ------
+    RuntimeError
+        When graphs.js does not import theme.json on exactly one line.
+    """
     text, n = _IMPORT.subn(lambda _: f"const THEME = {json.dumps(THEME)};\n", graphs_js)
     if n != 1:
         raise RuntimeError("graphs.js must import theme.json on one line")

@@ -22,7 +22,18 @@ from nbcluster.widgets._theme import STATIC, inline_theme
 
 
 def build_esm() -> str:
-    """graphs.js + widget.js as one ES module."""
+    """graphs.js + widget.js as one ES module.
+
+    Returns
+    -------
+    str
+        The widget's ``_esm``.
+
+    Raises
+    ------
+    RuntimeError
+        When widget.js does not import graphs.js on exactly one line.
+    """
     graphs = inline_theme((STATIC / "graphs.js").read_text(encoding="utf-8"))
     widget = (STATIC / "widget.js").read_text(encoding="utf-8")
     widget, n = re.subn(r'^import \{[^}]*\} from "\./graphs\.js";\n', "", widget, flags=re.M)
