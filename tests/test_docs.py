@@ -146,7 +146,7 @@ def test_declared_defaults_are_the_api_defaults() -> None:
 # A fenced code block: its fence, its info string (language or {directive}), and the line
 # above it (where a "% not executed: why" mark goes).
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>`{3,}|~{3,})(?P<info>[^\n`]*)$", re.MULTILINE)
-NOT_EXECUTED = re.compile(r"^% not executed: (?P<why>.{15,})$")
+NOT_EXECUTED = re.compile(r"^ *% not executed: (?P<why>.{15,})$")  # indented: inside a list item
 # Directives that show code without running it; {code-cell} runs, and the rest hold no code.
 SHOWS_CODE = ("{code-block}", "{code}", "{sourcecode}", "{literalinclude}")
 
