@@ -51,6 +51,21 @@ def _grad(shard: Any, w: Any) -> Any:
     return w * 0.0 + float(shard[:1000].sum())
 
 
+def _sum(a: Any) -> float:
+    return float(a.sum())
+
+
+def _warm(client: Any, nbytes: int = 600_000_000) -> None:
+    """Touch and free `nbytes` on each worker, just before a timed pipeline.
+
+    On this machine (a VM) memory freed more than a few seconds ago goes back to the host,
+    and touching it again costs 15-20x (a 100 MB `np.full` took 300-500 ms instead of 20 ms,
+    measured in a plain Python process): whichever side ran second, right after the other
+    freed its 800 MB, would be measured on warm memory. Both sides start warm instead.
+    """
+    client.run(lambda: float(np.ones(nbytes // 8).sum()))
+
+
 def _sent(client: Any) -> int:
     return sum(client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total).values())
 
@@ -99,7 +114,9 @@ def measure(runs: int, steps: int) -> dict[str, Any]:
 
         pipe: dict[str, list[float]] = {"nbcluster": [], "client.submit": []}
         moved: list[int] = []
-        for _ in range(runs):
+
+        def ours() -> None:
+            _warm(client)
             t = time.perf_counter()
             distribute(MAKE, over="i in range(8)", namespace=ns, into="shards", persist=True)
             sent = _sent(client)
@@ -109,13 +126,20 @@ def measure(runs: int, steps: int) -> dict[str, Any]:
             assert sums.values() == [i * 12_500_000.0 for i in range(8)]
             del ns["shards"], ns["sums"], sums
             _settle(client)
+
+        def theirs() -> None:
+            _warm(client)
             t = time.perf_counter()
             made = [client.submit(_make, i, pure=False) for i in range(8)]
-            total = client.gather([client.submit(lambda a: float(a.sum()), f, pure=False) for f in made])
+            total = client.gather([client.submit(_sum, f, pure=False) for f in made])
             pipe["client.submit"].append(time.perf_counter() - t)
             assert total == [i * 12_500_000.0 for i in range(8)]
             del made
             _settle(client)
+
+        for run in range(runs):  # each goes first in every other run
+            for side in (ours, theirs) if run % 2 == 0 else (theirs, ours):
+                side()
         out["pipeline"] = {k: statistics.median(v) for k, v in pipe.items()}
         out["moved"] = statistics.median(moved)
 

@@ -105,3 +105,25 @@ def base_update_worker_status(cluster: Any, op: str, msg: Any) -> None:
     from distributed.deploy.cluster import Cluster
 
     Cluster._update_worker_status(cluster, op, msg)
+
+
+# distribute/ (persist23: a persisted batch's report)
+def run_on_worker(client: Client, address: str, function: Any, *args: Any) -> Any:
+    """`function(*args, dask_worker=...)` in the event loop of the worker at `address`.
+
+    `Client.run` goes through the scheduler, which opens a new connection (a TLS handshake)
+    to the worker for each call (`distributed.scheduler.reuse-broadcast-comm` is off by
+    default); this asks the worker itself, over the client's connection pool, as
+    `nanny_logs` does: one round trip on a kept connection. Raises what the function raised.
+    """
+    from distributed.core import clean_exception
+    from distributed.protocol.pickle import dumps
+
+    async def call() -> Any:
+        return await client.rpc(address).run(function=dumps(function), args=dumps(args))
+
+    response = client.sync(call)
+    if response.get("status") != "OK":
+        _, exc, tb = clean_exception(**response)
+        raise exc.with_traceback(tb)
+    return response["result"]

@@ -85,7 +85,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from nbcluster import config
-from nbcluster._compat import nanny_logs
+from nbcluster._compat import nanny_logs, run_on_worker
 from nbcluster.distribute import everywhere, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
@@ -129,6 +129,7 @@ class Engine:
         self._reports = True  # the scheduler takes backlog reports (until it refuses one)
         self._picks: dict[Any, list[Any]] = {}  # --persist: batch key -> its pick futures, until delivered
         self._unsettled: list[Any] = []  # --persist: picks delivered, perhaps not computed yet
+        self._placed: dict[Any, list[str]] | None = None  # where the handles read were, once per start
 
     @property
     def client(self) -> Any:
@@ -342,6 +343,7 @@ class Engine:
         assert self.link is not None
         _quiet_rescheduling()
         backlog = _Backlog(indices, self.job, self.link.threads)
+        self._placed = None
         # A persisted batch's result stays on its worker: only its report is fetched (`_held_report`).
         keeps = self.job.persist
         completed = as_completed(loop=self.client.loop, with_results=not keeps, raise_errors=False)
@@ -428,7 +430,7 @@ class Engine:
             return
         assert self.link is not None
         where = dict(self.link.submit_kwargs)
-        holders = self._holders(deps)
+        holders = self._placement(deps)
         if holders:  # run it where its input is: nothing moves (`worker/held.py`)
             where.update(workers=holders, allow_other_workers=True)
         future = self.submit_task(indices, blob, _deps=deps, **where)
@@ -536,7 +538,7 @@ class Engine:
         )  # fmt: skip
         if where:  # read in the worker's event loop: a task would queue behind its next batch
             with contextlib.suppress(Exception):
-                return self.client.run(held.report_of, str(future.key), workers=where[:1])[where[0]]
+                return run_on_worker(self.client, where[0], held.report_of, str(future.key))
         return _outcome(self.client.submit(held.report, future, pure=False, **kwargs))
 
     def _handles(
@@ -562,6 +564,23 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 wait(picks, timeout=WATCH_S)
                 return
+
+    def _placement(self, deps: Sequence[Any]) -> list[str]:
+        """Where a batch reading the handles `deps` should run: a hint, asked of the scheduler
+        once per start for every handle the run reads (one round trip, not one a batch);
+        Dask may still run it elsewhere (`allow_other_workers`), and moves the value then."""
+        if not deps:
+            return []
+        if self._placed is None:
+            every = held_slots(self.job.plan.items, 0)[1]
+            try:
+                self._placed = {k: list(v) for k, v in self.client.who_has(every).items()}
+            except Exception:  # the scheduler busy or gone: let Dask place them
+                self._placed = {}
+        for f in deps:
+            if self._placed.get(f.key):
+                return self._placed[f.key]
+        return []
 
     def _holders(self, futures: Sequence[Any]) -> list[str]:
         """The workers holding the first of `futures` that some worker holds (asked now)."""
