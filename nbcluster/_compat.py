@@ -125,5 +125,5 @@ def run_on_worker(client: Client, address: str, function: Any, *args: Any) -> An
     response = client.sync(call)
     if response.get("status") != "OK":
         _, exc, tb = clean_exception(**response)
-        raise exc.with_traceback(tb)
+        raise (exc or RuntimeError(f"the worker at {address} could not run {function}")).with_traceback(tb)
     return response["result"]
