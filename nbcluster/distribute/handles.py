@@ -64,7 +64,7 @@ class Handle:
             return "it was released"
         if self._future.client.status != "running":
             return GONE
-        if self._future.status in ("cancelled", "lost"):
+        if self._future.status in ("cancelled", "lost", "error"):  # error: Dask's recompute failed
             return "no worker holds it any more and Dask could not recompute it; run the cell that made it again"
         return None
 
