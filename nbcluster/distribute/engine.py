@@ -85,7 +85,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from nbcluster import config
-from nbcluster._compat import nanny_logs, run_on_worker
+from nbcluster._compat import nanny_logs, run_on_holder
 from nbcluster.distribute import everywhere, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
@@ -529,17 +529,18 @@ class Engine:
         """
         if future.status != "finished":
             return result if result is not None else _outcome(future)
-        where = self._holders([future])
-        kwargs = {"workers": where, "allow_other_workers": True} if where else {}
         batch = str(future.key).rsplit("-", 1)[-1]
+        # Dask runs each pick where the batch's values are: they are its only dependency.
         self._picks[future.key] = self.client.map(
             held.pick, [future] * n, range(n), key=[f"persist-{self.run_id}-{j}-{batch}" for j in range(n)],
-            pure=False, **kwargs,
+            pure=False,
         )  # fmt: skip
-        if where:  # read in the worker's event loop: a task would queue behind its next batch
-            with contextlib.suppress(Exception):
-                return run_on_worker(self.client, where[0], held.report_of, str(future.key))
-        return _outcome(self.client.submit(held.report, future, pure=False, **kwargs))
+        # Read in the worker's event loop: a task would queue behind the worker's next batch.
+        with contextlib.suppress(Exception):
+            report = run_on_holder(self.client, str(future.key), held.report_of, str(future.key))
+            if report is not None:
+                return report
+        return _outcome(self.client.submit(held.report, future, pure=False))
 
     def _handles(
         self, future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any]
