@@ -247,7 +247,9 @@ class Engine:
             self._pending.clear()
             completed = self._completed
         if futures:
-            self.client.cancel(futures, reason="interrupted from the notebook")
+            self.client.cancel(futures, reason="interrupted from the notebook")  # and their picks
+            for future in futures:
+                self._picks.pop(future.key, None)
         if completed is not None:
             completed.clear()
 
@@ -447,8 +449,11 @@ class Engine:
         when they are submitted again. `alone`: no other batch was out while this one was.
         """
         if self.job.persist:
-            result = self._held_report(future, result, len(indices))
+            result = self._held_report(future, result)
         outcome = _unpack(future, result, len(indices))
+        if outcome.held is None:  # no value to hand out: the batch's picks go (`_handles` takes the others)
+            for pick in self._picks.pop(future.key, ()):
+                pick.release()
         if outcome.killed is not None:
             if backlog is not None and not (alone and len(indices) == 1):
                 backlog.suspect(list(indices))  # not an attempt: which item it was is not known yet
@@ -521,20 +526,10 @@ class Engine:
         return worker.error_record(WorkerKilled(message), frames=False)
 
     # -- --persist (worker/held.py) --------------------------------------------------------------
-    def _held_report(self, future: Any, result: Any, n: int) -> Any:
-        """A persisted batch's report blob, fetched by a small task beside it; else its exception.
-
-        The `n` pick tasks go out with it, in the same round trip (one per item: those of
-        items that failed or were not reached are released once the report says which).
-        """
+    def _held_report(self, future: Any, result: Any) -> Any:
+        """A persisted batch's report blob, read where the batch ran; else its exception."""
         if future.status != "finished":
             return result if result is not None else _outcome(future)
-        batch = str(future.key).rsplit("-", 1)[-1]
-        # Dask runs each pick where the batch's values are: they are its only dependency.
-        self._picks[future.key] = self.client.map(
-            held.pick, [future] * n, range(n), key=[f"persist-{self.run_id}-{j}-{batch}" for j in range(n)],
-            pure=False,
-        )  # fmt: skip
         # Read in the worker's event loop: a task would queue behind the worker's next batch.
         with contextlib.suppress(Exception):
             report = run_on_holder(self.client, str(future.key), held.report_of, str(future.key))
@@ -631,6 +626,15 @@ class Engine:
             )  # fmt: skip
             self._alone = None if self._pending else future
             self._pending[future] = indices
+            if job.persist:
+                # One pick a value, out with its batch: Dask runs them where the batch ran (it
+                # is their only dependency) as soon as it ends, with no round trip to the
+                # kernel; those of items that fail or are not reached are released (`_handle`).
+                n, seq = len(indices), str(future.key).rsplit("-", 1)[-1]
+                self._picks[future.key] = self.client.map(
+                    held.pick, [future] * n, range(n), key=[f"persist-{self.run_id}-{j}-{seq}" for j in range(n)],
+                    pure=False,
+                )  # fmt: skip
             self._idle.clear()
         return future
 
@@ -675,6 +679,11 @@ class _Backlog:
         self.attempts = dict.fromkeys(indices, 0)
         self.batcher = Batcher.from_config(threads, job.fixed_batch)
         self.per_thread = max(1, int(config.get("distribute.in-flight")))
+        if job.reads_handles:
+            # One item a task, each placed where its value is: no batch to size from what comes
+            # back, so all go out at once and wait on their holders, as hand-written futures would
+            # (two a thread left each worker idle for a round trip after every short item).
+            self.per_thread = max(self.per_thread, len(indices))
         self.limit = self.per_thread * threads  # batches out at once
 
     def resize(self, threads: int) -> None:
