@@ -449,7 +449,7 @@ class Engine:
         when they are submitted again. `alone`: no other batch was out while this one was.
         """
         if self.job.persist:
-            result = self._held_report(future, result)
+            result = self._held_report(future, result, len(indices))
         outcome = _unpack(future, result, len(indices))
         if outcome.held is None:  # no value to hand out: the batch's picks go (`_handles` takes the others)
             for pick in self._picks.pop(future.key, ()):
@@ -526,10 +526,21 @@ class Engine:
         return worker.error_record(WorkerKilled(message), frames=False)
 
     # -- --persist (worker/held.py) --------------------------------------------------------------
-    def _held_report(self, future: Any, result: Any) -> Any:
-        """A persisted batch's report blob, read where the batch ran; else its exception."""
+    def _held_report(self, future: Any, result: Any, n: int) -> Any:
+        """A persisted batch's report blob, read where the batch ran; else its exception.
+
+        Its `n` picks go out first (one per item: those of items that failed or were not
+        reached are released once the report says which); Dask runs them where the batch
+        ran, their only dependency. Sent with the batch instead, they kept its tasks alive
+        longer, and the scheduler then put most of a run's batches on one worker (measured:
+        10 tasks on one, 4 on the other, in 5 runs of 6).
+        """
         if future.status != "finished":
             return result if result is not None else _outcome(future)
+        seq = str(future.key).rsplit("-", 1)[-1]
+        self._picks[future.key] = self.client.map(
+            held.pick, [future] * n, range(n), key=[f"persist-{self.run_id}-{j}-{seq}" for j in range(n)], pure=False,
+        )  # fmt: skip
         # Read in the worker's event loop: a task would queue behind the worker's next batch.
         with contextlib.suppress(Exception):
             report = run_on_holder(self.client, str(future.key), held.report_of, str(future.key))
@@ -626,16 +637,6 @@ class Engine:
             )  # fmt: skip
             self._alone = None if self._pending else future
             self._pending[future] = indices
-            if job.persist:
-                # One pick a value, out with its batch: Dask runs them where the batch ran (it
-                # is their only dependency) as soon as it ends, with no round trip to the
-                # kernel; those of items that fail or are not reached are released (`_handle`).
-                n, seq = len(indices), str(future.key).rsplit("-", 1)[-1]
-                self._picks[future.key] = self.client.map(
-                    held.pick, [future] * n, range(n), key=[f"persist-{self.run_id}-{j}-{seq}" for j in range(n)],
-                    pure=False,
-                )  # fmt: skip
-            self._idle.clear()
         return future
 
     def outstanding(self, futures: list[Any]) -> list[Any]:
