@@ -531,9 +531,10 @@ class Engine:
 
         Its `n` picks go out first (one per item: those of items that failed or were not
         reached are released once the report says which); Dask runs them where the batch
-        ran, their only dependency. Sent with the batch instead, they kept its tasks alive
-        longer, and the scheduler then put most of a run's batches on one worker (measured:
-        10 tasks on one, 4 on the other, in 5 runs of 6).
+        ran, their only dependency. Sent with the batch instead, the scheduler put most of a
+        run's batches on one worker (10 tasks on one, 4 on the other, in 5 runs of 6; why
+        was not pinned down: perhaps Dask's root-task placement, the batches then having
+        dependents).
         """
         if future.status != "finished":
             return result if result is not None else _outcome(future)
