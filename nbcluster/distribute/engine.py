@@ -638,6 +638,7 @@ class Engine:
             )  # fmt: skip
             self._alone = None if self._pending else future
             self._pending[future] = indices
+            self._idle.clear()
         return future
 
     def outstanding(self, futures: list[Any]) -> list[Any]:
