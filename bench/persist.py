@@ -9,7 +9,8 @@ On one 2-worker x 1-thread cluster that nbcluster starts, through the Python API
    the peer is 4 `client.submit` futures of the same arrays;
 2. two-cell pipeline: persist 8 x 100 MB, then reduce each where it is (`--over "s in
    shards"`); the peer submits the 8 makers, then 8 reducers on their futures, and
-   gathers the sums (target: at most 1.1x the peer);
+   gathers the sums (target: at most 1.1x the peer). Each side starts on warm memory
+   (`_warm`) and they take turns going first;
 3. step loop: notebook 02's training step, on the notebook's own model code (run from its
    cell) and the digits: 2 persisted shards, then STEPS steps of `distribute` over them whose
    function captures the current weights (the 64-128-10 model, batch 256), as the notebook
