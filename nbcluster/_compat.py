@@ -105,3 +105,35 @@ def base_update_worker_status(cluster: Any, op: str, msg: Any) -> None:
     from distributed.deploy.cluster import Cluster
 
     Cluster._update_worker_status(cluster, op, msg)
+
+
+# distribute/ (persist23: a persisted batch's report)
+def run_on_holder(client: Client, key: str, function: Any, *args: Any) -> Any:
+    """`function(*args, dask_worker=...)` in the event loop of a worker holding `key`; None
+    if none does.
+
+    One round trip from the kernel: the scheduler knows who holds the key and asks that
+    worker over its own kept connection. (`Client.who_has` then `Client.run` is two round
+    trips, and `Client.run` goes through the scheduler's broadcast, which opens a new
+    connection, a TLS handshake, to the worker each time.) Raises what the function raised.
+    """
+    from distributed.protocol.pickle import dumps
+
+    response = client.run_on_scheduler(_run_on_holder, key, dumps(function), dumps(args))
+    if response is None:
+        return None
+    if response.get("status") != "OK":
+        from distributed.core import clean_exception
+
+        _, exc, tb = clean_exception(**response)
+        raise (exc or RuntimeError(f"the worker holding {key} could not run {function}")).with_traceback(tb)
+    return response["result"]
+
+
+async def _run_on_holder(key: str, function: bytes, args: bytes, dask_scheduler: Any = None) -> Any:
+    """On the scheduler: the worker `run` handler's answer, from a worker holding `key`."""
+    ts = dask_scheduler.tasks.get(key)
+    if ts is None or not ts.who_has:
+        return None
+    address = next(iter(ts.who_has)).address
+    return await dask_scheduler.rpc(address).run(function=function, args=args)

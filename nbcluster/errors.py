@@ -139,3 +139,9 @@ class RuntimeDirError(NbclusterError, OSError):
 # cluster/ (moved here from cluster/limits.py)
 class LimitExceeded(BadArgument):
     """A requested size is above a limit; the message names it and how to raise it."""
+
+
+# distribute/ (persist23: worker/held.py)
+class NotRecomputed(NbclusterError, RuntimeError):
+    """A persisted value Dask lost with its worker, whose recomputation ran its item and
+    failed (or did not reach it): the pick task raises this, never hands on a `None`."""

@@ -112,3 +112,22 @@ def test_nanny_logs_reads_a_nannys_own_log() -> None:
         records = _compat.nanny_logs(client, nanny)
     assert records and all(isinstance(level, str) and isinstance(msg, str) for level, msg in records)
     assert any("Start Nanny at" in msg for _, msg in records), records
+
+
+def _stored_length(key: str, dask_worker: object = None) -> int:
+    return len(dask_worker.data[key])  # type: ignore[attr-defined]  # a distributed Worker
+
+
+def test_run_on_holder_runs_in_the_event_loop_of_the_worker_holding_a_key() -> None:
+    # Two real worker processes: the function must run on the one that holds the key.
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        workers = sorted(client.scheduler_info()["workers"])
+        value = client.submit(lambda: "x" * 1000, workers=[workers[1]], pure=False)
+        value.result()
+        assert _compat.run_on_holder(client, value.key, _stored_length, value.key) == 1000
+        assert _compat.run_on_holder(client, "no-such-key", _stored_length, "no-such-key") is None
+        with pytest.raises(KeyError):
+            _compat.run_on_holder(client, value.key, _stored_length, "another-key")

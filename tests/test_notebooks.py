@@ -46,8 +46,10 @@ WRONG = {
     # 02
     "average": "def average(grads):\n    return [sum(parts) for parts in zip(*grads)]",
     "parallel-gradient": "def parallel_gradient(params, batch, seed):\n"
-    "    local = client.gather(shards)  # the shards come to the kernel\n"
-    "    return average([gradient(params, s, batch // len(local), seed + i) for i, s in enumerate(local)])",
+    "    local = shards.gather()  # the shards come to the kernel, and go out again with the items\n"
+    "    grads = nbcluster.distribute(lambda shard, seed: gradient(params, shard, batch // len(local), seed),\n"
+    "                                 over=local, seed=seed)\n"
+    "    return average(list(grads))",  # the right values: only the bytes moved tell
     "step-model": 'c, k = np.polyfit(BATCHES, [step_seconds[b, "one worker"] for b in BATCHES], 1)\n'
     "break_even = c / k",  # the coefficients swapped (hidden)
     "comm-bytes": "def server_bytes(n, W):\n    return 2 * n * W\n\n\n"

@@ -240,3 +240,53 @@ def test_handles_of_a_stopped_or_other_cluster_are_one_line(shell: InteractiveSh
     assert str(e.value) == f"item 0's value is gone: {gone}"
     with pytest.raises(UsageError, match=f"^a persisted result read by this cell is gone: {re.escape(gone)}$"):
         cell(shell, '%%distribute --over "h in held" --into r\nh')
+
+
+def _kill_holder(client: Any, handle: Handle) -> str:
+    """SIGKILL the worker holding `handle`'s value; its address, once the scheduler saw it go."""
+    victim = str(client.who_has([handle.future])[handle.key][0])
+    os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+    assert _until(lambda: victim not in client.scheduler_info()["workers"])
+    return victim
+
+
+def test_a_lost_item_whose_input_is_gone_too_is_named_and_the_others_still_come(
+    shell: InteractiveShell, tmp_path: Any
+) -> None:
+    magic(shell, "start --workers 2 --threads 1 --name unrecoverable")
+    client = _current.client_for("unrecoverable")
+    client.wait_for_workers(2)
+    data = tmp_path / "input.txt"
+    data.write_text("70")
+    shell.user_ns["path"] = str(data)
+    cell(shell, '%%distribute --over "x in range(4)" --batch 1 --persist --into held\nint(open(path).read()) + x')
+    held = shell.user_ns["held"]
+    holders = client.who_has([held[i].future for i in range(4)])
+    data.unlink()  # the cell's input is gone too: Dask's lineage cannot make the lost items again
+    victim = _kill_holder(client, held[0])
+    lost = [i for i in range(4) if holders[held[i].key] == (victim,)]
+    with pytest.raises(HandleGone) as e:
+        held.gather()
+    items = f"item{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))}"
+    assert str(e.value) == (
+        f"{items} of held {'are' if len(lost) > 1 else 'is'} lost (released, or its worker died and Dask could "
+        "not compute it again): run the cell that made held again; held.gather(i) brings the others"
+    )
+    assert [held.gather(i) for i in range(4) if i not in lost] == [70 + i for i in range(4) if i not in lost]
+    with pytest.raises(HandleGone, match=r"^item \d's value is gone: no worker holds it any more"):
+        held.gather(lost[0])
+    assert repr(held[lost[0]]).startswith("<gone: no worker holds it any more")
+
+
+def test_lineage_recomputes_a_chained_value_after_its_input_handles_were_released(shell: InteractiveShell) -> None:
+    magic(shell, "start --workers 2 --threads 1 --name lineage")
+    client = _current.client_for("lineage")
+    client.wait_for_workers(2)
+    cell(shell, '%%distribute --over "x in range(4)" --batch 1 --persist --into shards\nimport numpy as np\nnp.full(1000, x)')
+    cell(shell, '%%distribute --over "s in shards" --persist --into doubled\ns * 2')
+    shards, doubled = shell.user_ns["shards"], shell.user_ns["doubled"]
+    shards.release()
+    assert _until(lambda: _persisted_bytes(client, shards.run_id) == 0)  # the inputs' memory is free
+    _kill_holder(client, doubled[0])
+    # Dask ran the first cell's lost items again, then the second's: its lineage outlives the handles.
+    assert [int(v[0]) for v in doubled.gather()] == [0, 2, 4, 6]

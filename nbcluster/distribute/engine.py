@@ -85,7 +85,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from nbcluster import config
-from nbcluster._compat import nanny_logs
+from nbcluster._compat import nanny_logs, run_on_holder
 from nbcluster.distribute import everywhere, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
@@ -131,6 +131,7 @@ class Engine:
         self._picks: dict[Any, list[Any]] = {}  # --persist: batch key -> its pick futures, until delivered
         self._unsettled: list[Any] = []  # --persist: picks delivered, perhaps not computed yet
         self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
+        self._placed: dict[Any, list[str]] | None = None  # where the handles read were, once per start
 
     def journal_to(self, writer: Writer | None) -> None:
         """Append every batch delivered from now on to `writer`; each start's end closes it."""
@@ -261,7 +262,9 @@ class Engine:
             self._pending.clear()
             completed = self._completed
         if futures:
-            self.client.cancel(futures, reason="interrupted from the notebook")
+            self.client.cancel(futures, reason="interrupted from the notebook")  # and their picks
+            for future in futures:
+                self._picks.pop(future.key, None)
         if completed is not None:
             completed.clear()
 
@@ -357,6 +360,7 @@ class Engine:
         assert self.link is not None
         _quiet_rescheduling()
         backlog = _Backlog(indices, self.job, self.link.threads)
+        self._placed = None
         # A persisted batch's result stays on its worker: only its report is fetched (`_held_report`).
         keeps = self.job.persist
         completed = as_completed(loop=self.client.loop, with_results=not keeps, raise_errors=False)
@@ -443,7 +447,7 @@ class Engine:
             return
         assert self.link is not None
         where = dict(self.link.submit_kwargs)
-        holders = self._holders(deps)
+        holders = self._placement(deps)
         if holders:  # run it where its input is: nothing moves (`worker/held.py`)
             where.update(workers=holders, allow_other_workers=True)
         future = self.submit_task(indices, blob, _deps=deps, **where)
@@ -462,6 +466,9 @@ class Engine:
         if self.job.persist:
             result = self._held_report(future, result, len(indices))
         outcome = _unpack(future, result, len(indices))
+        if outcome.held is None:  # no value to hand out: the batch's picks go (`_handles` takes the others)
+            for pick in self._picks.pop(future.key, ()):
+                pick.release()
         if outcome.killed is not None:
             if backlog is not None and not (alone and len(indices) == 1):
                 backlog.suspect(list(indices))  # not an attempt: which item it was is not known yet
@@ -537,24 +544,27 @@ class Engine:
 
     # -- --persist (worker/held.py) --------------------------------------------------------------
     def _held_report(self, future: Any, result: Any, n: int) -> Any:
-        """A persisted batch's report blob, fetched by a small task beside it; else its exception.
+        """A persisted batch's report blob, read where the batch ran; else its exception.
 
-        The `n` pick tasks go out with it, in the same round trip (one per item: those of
-        items that failed or were not reached are released once the report says which).
+        Its `n` picks go out first (one per item: those of items that failed or were not
+        reached are released once the report says which); Dask runs them where the batch
+        ran, their only dependency. Sent with the batch instead, the scheduler put most of a
+        run's batches on one worker (10 tasks on one, 4 on the other, in 5 runs of 6; why
+        was not pinned down: perhaps Dask's root-task placement, the batches then having
+        dependents).
         """
         if future.status != "finished":
             return result if result is not None else _outcome(future)
-        where = self._holders([future])
-        kwargs = {"workers": where, "allow_other_workers": True} if where else {}
-        batch = str(future.key).rsplit("-", 1)[-1]
+        seq = str(future.key).rsplit("-", 1)[-1]
         self._picks[future.key] = self.client.map(
-            held.pick, [future] * n, range(n), key=[f"persist-{self.run_id}-{j}-{batch}" for j in range(n)],
-            pure=False, **kwargs,
+            held.pick, [future] * n, range(n), key=[f"persist-{self.run_id}-{j}-{seq}" for j in range(n)], pure=False,
         )  # fmt: skip
-        if where:  # read in the worker's event loop: a task would queue behind its next batch
-            with contextlib.suppress(Exception):
-                return self.client.run(held.report_of, str(future.key), workers=where[:1])[where[0]]
-        return _outcome(self.client.submit(held.report, future, pure=False, **kwargs))
+        # Read in the worker's event loop: a task would queue behind the worker's next batch.
+        with contextlib.suppress(Exception):
+            report = run_on_holder(self.client, str(future.key), held.report_of, str(future.key))
+            if report is not None:
+                return report
+        return _outcome(self.client.submit(held.report, future, pure=False))
 
     def _handles(
         self, future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any]
@@ -579,6 +589,23 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 wait(picks, timeout=WATCH_S)
                 return
+
+    def _placement(self, deps: Sequence[Any]) -> list[str]:
+        """Where a batch reading the handles `deps` should run: a hint, asked of the scheduler
+        once per start for every handle the run reads (one round trip, not one a batch);
+        Dask may still run it elsewhere (`allow_other_workers`), and moves the value then."""
+        if not deps:
+            return []
+        if self._placed is None:
+            every = held_slots(self.job.plan.items, 0)[1]
+            try:
+                self._placed = {k: list(v) for k, v in self.client.who_has(every).items()}
+            except Exception:  # the scheduler busy or gone: let Dask place them
+                self._placed = {}
+        for f in deps:
+            if self._placed.get(f.key):
+                return self._placed[f.key]
+        return []
 
     def _holders(self, futures: Sequence[Any]) -> list[str]:
         """The workers holding the first of `futures` that some worker holds (asked now)."""
@@ -672,6 +699,11 @@ class _Backlog:
         self.attempts = dict.fromkeys(indices, 0)
         self.batcher = Batcher.from_config(threads, job.fixed_batch)
         self.per_thread = max(1, int(config.get("distribute.in-flight")))
+        if job.reads_handles:
+            # One item a task, each placed where its value is: no batch to size from what comes
+            # back, so all go out at once and wait on their holders, as hand-written futures would
+            # (two a thread left each worker idle for a round trip after every short item).
+            self.per_thread = max(self.per_thread, len(indices))
         self.limit = self.per_thread * threads  # batches out at once
 
     def resize(self, threads: int) -> None:

@@ -64,7 +64,9 @@ class Handle:
             return "it was released"
         if self._future.client.status != "running":
             return GONE
-        if self._future.status in ("cancelled", "lost"):
+        # Not "lost": Dask's client says that from a worker's death until its lineage has made
+        # the value again, and `result()` waits for that; "error": that recompute failed.
+        if self._future.status in ("cancelled", "error"):
             return "no worker holds it any more and Dask could not recompute it; run the cell that made it again"
         return None
 

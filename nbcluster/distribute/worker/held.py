@@ -30,7 +30,7 @@ from nbcluster.distribute.worker.context import load
 from nbcluster.distribute.worker.items import dump_result, run_items
 from nbcluster.distribute.worker.objects import address, fetch
 from nbcluster.distribute.worker.records import error_record
-from nbcluster.errors import Lost
+from nbcluster.errors import Lost, NotRecomputed
 
 if TYPE_CHECKING:
     from nbcluster._wire import HeldValue
@@ -43,10 +43,18 @@ class Slot(NamedTuple):
 
 
 class Held(NamedTuple):
-    """A persisted batch's result, kept on its worker: the report blob and the values."""
+    """A persisted batch's result, kept on its worker: the report blob and the values.
+
+    `failed`: why an item has no value (its error, or why the batch ran no item). The first
+    time, the kernel makes no pick for those; when Dask runs the batch again to recompute a
+    lost pick (lineage), the item may fail where it once worked (a file it read is gone),
+    and its pick must then fail too, not hold a `None` that looks like a result.
+    """
 
     report: bytes
     values: list[Any]
+    failed: dict[int, str]
+    why: str = ""
 
 
 def run_batch_held(
@@ -77,7 +85,9 @@ def run_batch_held(
     values = result["values"]
     result["values"] = [None] * len(values)
     result["held"] = [describe(v) for v in values]
-    return Held(_dumps(result), values)
+    failed = {j: f"{r['type']}: {r['message']}" for j, r in result["errors"].items()}
+    why = "" if not result["stopped"] else "the batch stopped before it (the run was stopped, or out of time)"
+    return Held(_dumps(result), values, failed, why)
 
 
 def fill(item: Any, deps: tuple[Any, ...]) -> Any:
@@ -103,7 +113,9 @@ def report_of(key: str, dask_worker: Any = None) -> bytes:
 
 def pick(held: Held, j: int) -> Any:
     """The Dask task whose key holds value `j` of a persisted batch (the same object)."""
-    return held.values[j]
+    if j < len(held.values) and j not in held.failed:
+        return held.values[j]
+    raise NotRecomputed(f"computing it again failed: {held.failed.get(j) or held.why or 'the batch ran no item'}")
 
 
 def describe(value: Any) -> HeldValue:
@@ -125,7 +137,12 @@ def describe(value: Any) -> HeldValue:
 
 def _early(keep: bool, result: dict[str, Any]) -> Held | bytes:
     """A batch that ran no item: its report alone."""
-    return Held(_dumps(result), []) if keep else _dumps(result)
+    if not keep:
+        return _dumps(result)
+    why = "the run was stopped" if result.get("stopped") else "a value it reads was lost"
+    if "fatal" in result:
+        why = f"{result['fatal']['type']}: {result['fatal']['message']}"
+    return Held(_dumps(result), [], {}, why)
 
 
 def _dumps(result: dict[str, Any]) -> bytes:
