@@ -194,12 +194,9 @@ def docs_pages() -> list[Path]:
     ]
 
 
-# Pages another change owns, whose marks come with it: each entry is a known gap, not a pass.
-PENDING = {"docs/user-guide/persist.md": "issue 23's page (--persist); it is being rewritten there"}
-
 
 def test_every_code_block_in_the_docs_is_executed_or_says_why_not() -> None:
-    pages = [p for p in docs_pages() if str(p.relative_to(ROOT)) not in PENDING]
+    pages = docs_pages()
     found = [block for page in pages for block in unexecuted_blocks(page)]
     assert not found, (
         "code blocks neither executed ({code-cell} on a `file_format: mystnb` page) nor marked with "
