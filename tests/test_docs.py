@@ -194,7 +194,6 @@ def docs_pages() -> list[Path]:
     ]
 
 
-
 def test_every_code_block_in_the_docs_is_executed_or_says_why_not() -> None:
     pages = docs_pages()
     found = [block for page in pages for block in unexecuted_blocks(page)]
