@@ -32,8 +32,8 @@ operator's workers get the environment their administrator configured.
 Workers out of reach: a worker on another host has no ``kill -9`` path from here. `close`
 asks the backend to end them (``scancel``, the gateway's shutdown, the SSH session's end, the
 operator's delete); a worker that misses that (its host cut off) ends through its
-``--death-timeout`` once it cannot reach the scheduler (its nanny may outlive it: see the
-the docs' user guide, "Scaling out", "Workers out of reach").
+``--death-timeout`` once it cannot reach the scheduler, and an SSH host's nanny with it
+(`nanny_watch`, shipped with the Dask config).
 
 What it leaves out: the deployment projects' own config (``jobqueue.slurm``, ``gateway``),
 which they read themselves; profile options pass through unchanged except where `--workers`,
@@ -56,7 +56,7 @@ from distributed.core import PooledRPCCall, Server, rpc
 
 from nbcluster import _compat, config
 from nbcluster._wire import Bounds, Credentials, GpuDevice, Requested, Snapshot
-from nbcluster.cluster import kubernetes, private_http, speccluster
+from nbcluster.cluster import kubernetes, nanny_watch, private_http, speccluster
 from nbcluster.cluster.credentials import security_from, tls_config, write_pem_credentials
 from nbcluster.cluster.gpu import GPU
 from nbcluster.cluster.profiles import JOBQUEUE, Profile
@@ -277,6 +277,16 @@ def _worker_environ_prologue() -> list[str]:
     return [f"export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON={shlex.quote('{' + ', '.join(items) + '}')}"]
 
 
+def nanny_watch_config() -> dict[str, list[str]]:
+    """Dask config adding `nanny_watch` to every nanny that reads it, after any preload of its own.
+
+    As source text, not a module name: it runs where nbcluster is not installed.
+    """
+    own = list(dask.config.get("distributed.nanny.preload", default=None) or [])
+    text = nanny_watch.preload_text()
+    return {"distributed.nanny.preload": own if text in own else [*own, text]}
+
+
 def _prologue(profile: Profile) -> list[str]:
     """The profile's own job script prologue, else its dask-jobqueue config's."""
     own = profile.options.get("job_script_prologue")
@@ -365,8 +375,10 @@ class SSHDeployment(_Remote, _SpecBased):
             worker_options["memory_limit"] = spec.memory
         options.update(scheduler_options=scheduler_options, worker_options=worker_options)
         # SSHCluster ships this process's Dask config to every remote process: the TLS
-        # settings go that way (file paths: they must exist on the hosts, a shared home).
+        # settings go that way (file paths: they must exist on the hosts, a shared home),
+        # and the watch that ends a nanny whose scheduler is gone (nanny_watch.py).
         dask.config.set(tls_config(tls))
+        dask.config.set(nanny_watch_config())
         self.cluster = profile.deployment_class()(**options, security=security, asynchronous=True)
         self.initial = spec.workers
 
