@@ -26,8 +26,9 @@ brings its own credentials, which are written 0600 beside the entry like ours.
 
 Worker environment: nbcluster's tuning (`nbcluster.worker.pre-spawn-environ`, the malloc
 setting) reaches SSH workers with the Dask config `SSHCluster` ships to the hosts, and batch
-jobs through one line of the job script (`_worker_environ_prologue`); a gateway's or an
-operator's workers get the environment their administrator configured.
+jobs through one line of the job script (`_worker_environ_prologue`), a gateway's through
+its ``environment`` cluster option where it offers one (else `%cluster start` says how its
+administrator can); an operator's workers get the environment their administrator configured.
 
 Workers out of reach: a worker on another host has no ``kill -9`` path from here. `close`
 asks the backend to end them (``scancel``, the gateway's shutdown, the SSH session's end, the
@@ -75,6 +76,8 @@ class Deployment:
     #: The backend's own cluster object (a Dask `Cluster`, or dask-gateway's `GatewayCluster`).
     cluster: Any = None
     adaptive_bounds: Bounds | None = None
+    #: One line for the user at start (`_wire.ClusterState.notice`), if the backend has one.
+    notice: str | None = None
 
     def __init__(self, spec: ClusterSpec, profile: Profile):
         self.spec = spec
@@ -268,13 +271,22 @@ def _worker_environ_prologue() -> list[str]:
     (bench/scaleout.py). A variable set in the submitting environment still wins: sbatch
     and its peers pass it on, and the nanny prefers it to its config.
     """
+    return [f"export {PRE_SPAWN_VARIABLE}={shlex.quote(_pre_spawn_literal())}"]
+
+
+#: The variable that gives a nanny started elsewhere nbcluster's worker environment.
+PRE_SPAWN_VARIABLE = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"
+
+
+def _pre_spawn_literal() -> str:
+    """`config.worker_pre_spawn_environ` as the value of `PRE_SPAWN_VARIABLE`."""
     # A Python literal (Dask parses DASK_ variables with literal_eval), in double quotes
-    # so that the job script stays readable; None removes one of Dask's variables.
+    # so that a job script stays readable; None removes one of Dask's variables.
     items = (
         f"{json.dumps(k)}: {'None' if v is None else json.dumps(str(v))}"
         for k, v in config.worker_pre_spawn_environ().items()
     )
-    return [f"export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON={shlex.quote('{' + ', '.join(items) + '}')}"]
+    return "{" + ", ".join(items) + "}"
 
 
 def nanny_watch_config() -> dict[str, list[str]]:
@@ -414,6 +426,15 @@ class SSHDeployment(_Remote, _SpecBased):
         await _SpecBased.close(self, timeout)
 
 
+#: What `%cluster start` says when a gateway takes no environment from its users.
+GATEWAY_NOTICE = (
+    "The gateway at {address} offers no `environment` cluster option, so its workers run without "
+    "nbcluster's worker environment (numpy items up to 1.7x slower); its administrator can offer one "
+    "in the gateway's config: `from dask_gateway_server.options import Mapping, Options; "
+    'c.Backend.cluster_options = Options(Mapping("environment", default={{}}))`'
+)
+
+
 class GatewayDeployment(_Remote):
     """A dask-gateway cluster: the gateway runs the scheduler and workers, with its own TLS."""
 
@@ -448,14 +469,26 @@ class GatewayDeployment(_Remote):
                     f"auth option of profile {self.profile.name!r} or `gateway.auth` in Dask config"
                 ) from None
             raise
+        else:
+            offered = await gateway.cluster_options()
         finally:
             await gateway.close()
-        self.cluster = await cls(**self.options, asynchronous=True)
+        options = {**self.options, **self._environment(offered, gateway.address)}
+        self.cluster = await cls(**options, asynchronous=True)
         self.tls = write_pem_credentials(self.directory, self.name, self.cluster.security)
         self.security = security_from(self.tls)
         if self.spec.workers:
             await self.scale(self.spec.workers)
         await self.connect_client()
+
+    def _environment(self, offered: Any, address: str) -> dict[str, Any]:
+        """nbcluster's worker environment as the gateway's ``environment`` cluster option,
+        where it offers one (the profile's own variables win); else `notice` says how to offer it."""
+        if "environment" not in offered:
+            self.notice = GATEWAY_NOTICE.format(address=address)
+            return {}
+        own = self.options.get("environment", offered.get("environment")) or {}
+        return {"environment": {PRE_SPAWN_VARIABLE: _pre_spawn_literal(), **own}}
 
     @property
     def dashboard(self) -> str | None:

@@ -136,7 +136,7 @@ class Control:
         d, e = self.deployment, self.entry
         workers, tasks = self._local_state() if d.scheduler is not None else await self._remote_state()
         workers.sort(key=lambda w: (w["kind"], w["name"]))
-        return {
+        state: ClusterState = {
             "name": e["name"], "address": e["address"], "dashboard": e.get("dashboard"), "owner_pid": e["owner_pid"],
             "created": e["created"], "spec": e["spec"], "backend": e["backend"], "profile": e["profile"],
             "supervisor_pid": os.getpid(),
@@ -147,6 +147,9 @@ class Control:
             "clients": self._clients(),
             "host_memory": _host_memory({w["host"] for w in workers}),
         }  # fmt: skip
+        if d.notice:
+            state["notice"] = d.notice
+        return state
 
     def _clients(self) -> int | None:
         """Dask clients on the scheduler (kernels using the cluster), where it runs here."""
