@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +28,13 @@ from typing import Any
 import psutil
 import pytest
 import yaml
+from IPython.core.interactiveshell import InteractiveShell
 
+import nbcluster
+from nbcluster import config
+from nbcluster.errors import ClusterCannotRun
 from tests.netns_service import Hosts, leftover_namespaces
+from tests.shell_helpers import cell, magic
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -138,3 +145,72 @@ def test_remote_nannies_end_within_their_death_timeout_once_the_scheduler_is_gon
             driver.kill()
         driver.wait(timeout=30)
         log.close()
+
+
+# -- a worker without nbcluster, under a scheduler that has it -------------------------------
+
+
+def python_without_nbcluster(folder: Path) -> Path:
+    """A Python environment with this one's packages but not nbcluster: a venv whose only
+    site entry is a ``.pth`` naming this environment's site-packages.
+
+    Python processes ``.pth`` files in site directories only, not in the directories they
+    add: nbcluster's editable install (a ``.pth`` of its own in that folder) is never seen,
+    so ``import nbcluster`` fails as where it was never installed, while dask and
+    distributed are the very versions the scheduler runs, as Dask requires.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=60)
+    python = folder / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(site, "shared.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+@pytest.mark.timeout(90)  # where the batch hangs (Dask never fails it), this ends the test
+def test_a_worker_without_nbcluster_fails_the_batch_in_one_line_naming_it(
+    shell: InteractiveShell, runtime_dir: Path, tmp_path: Path
+) -> None:
+    python = python_without_nbcluster(tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the tests' own path has nbcluster
+    # Run from the test's folder: the checkout's own folder holds the package.
+    probe = subprocess.run(
+        [python, "-c", "import distributed, nbcluster"], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert "No module named 'nbcluster'" in probe.stderr, probe.stderr
+
+    magic(shell, "start --workers 0 --name nonb")
+    handle = nbcluster.current()
+    security = handle.security
+    assert security is not None
+    log = (tmp_path / "worker.log").open("w")
+    worker = subprocess.Popen(
+        [python, "-m", "distributed.cli.dask_worker", handle.address, "--name", "bare-worker", "--nthreads", "1",
+         "--host", "127.0.0.1", "--no-dashboard", "--tls-ca-file", str(security.tls_ca_file),
+         "--tls-cert", str(security.tls_client_cert), "--tls-key", str(security.tls_client_key)],
+        env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        handle.client.wait_for_workers(1, timeout=60)
+        started = time.monotonic()
+        with pytest.raises(ClusterCannotRun) as error:
+            cell(shell, '%%distribute --over "x in range(6)" --into res\nx + 1')
+        took = time.monotonic() - started
+        assert took < config.seconds("timeouts.connect"), took
+        message = str(error.value)
+        pattern = (
+            r"worker bare-worker \(tls://127\.0\.0\.1:\d+\) cannot import nbcluster \(ModuleNotFoundError: "
+            r"No module named 'nbcluster'\): install nbcluster [\w.]+ in the Python environment that runs it "
+            r"\(as on the scheduler\), or stop that worker, then res\.retry\(\) runs the rest; "
+            r"0/6 items finished and are in res"
+        )
+        assert re.fullmatch(pattern, message), message
+        # The worker is still there: the failure was the task's, not its connection's.
+        assert worker.poll() is None and len(handle.info().workers) == 1
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+        log.close()
+        magic(shell, "stop nonb")

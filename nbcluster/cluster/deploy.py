@@ -229,6 +229,7 @@ class JobqueueDeployment(_SpecBased):
             scheduler_options=scheduler_options, scheduler_cls=private_http.PrivateScheduler,
             security=security, protocol="tls://", n_workers=0,
             asynchronous=True, job_script_prologue=[*_worker_environ_prologue(), *_prologue(profile)],
+            worker_extra_args=[*_extra_args(profile), "--preload-nanny", shlex.quote(nanny_watch.preload_text())],
         )  # fmt: skip
         # The workers present the cluster's certificate files (`--tls-*` in the job
         # script): they must be readable where the jobs run, which a shared home provides.
@@ -304,6 +305,18 @@ def _prologue(profile: Profile) -> list[str]:
     own = profile.options.get("job_script_prologue")
     if own is None:
         own = dask.config.get(f"jobqueue.{profile.backend}.job-script-prologue", default=None)
+    return list(own or [])
+
+
+def _extra_args(profile: Profile) -> list[str]:
+    """The profile's own worker arguments, else its dask-jobqueue config's.
+
+    nbcluster adds the nanny watch (`nanny_watch`) as ``--preload-nanny``: ``dask worker``
+    always passes its own (empty) list of nanny preloads, so Dask config cannot add one.
+    """
+    own = profile.options.get("worker_extra_args")
+    if own is None:
+        own = dask.config.get(f"jobqueue.{profile.backend}.worker-extra-args", default=None)
     return list(own or [])
 
 

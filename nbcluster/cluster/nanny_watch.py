@@ -45,7 +45,8 @@ def preload_text() -> str:
     that log for the worker's address: a blank line there reads as a failed start.
     """
     packed = base64.b64encode(zlib.compress(Path(__file__).read_bytes(), 9)).decode()
-    return f"import base64, zlib; exec(zlib.decompress(base64.b64decode({packed!r})))"
+    # No single quote in it: a job script passes it single-quoted (`shlex.quote`) as it is.
+    return f'import base64, zlib; exec(zlib.decompress(base64.b64decode("{packed}")))'
 
 
 def dask_setup(nanny: Any) -> None:
