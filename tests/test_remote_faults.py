@@ -9,11 +9,16 @@ where a worker waits for its task before exiting).
 Then the scheduler side goes, hard: the driver, its supervisor and the scheduler are
 killed with SIGKILL, and in the "cut off" case host 2's cable is pulled first, so that not
 even a TCP reset reaches it. Every process on host 2 that SSH started must be gone within the
-death timeout plus the watch's slack (`nanny_watch`: one echo interval and the close).
+death timeout plus the watch's slack (`nanny_watch`: one echo interval and the close). A cut
+shorter than the death timeout, mended, ends nothing.
+
+Last, a worker whose Python has no nbcluster, under a local cluster's scheduler that has
+it: a `%%distribute` batch there fails at once, in one line naming the worker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -100,10 +105,10 @@ def remote_processes(hosts: Hosts, i: int) -> list[psutil.Process]:
     return out
 
 
-@pytest.mark.parametrize("cut", [False, True], ids=["killed", "cut off"])
-def test_remote_nannies_end_within_their_death_timeout_once_the_scheduler_is_gone(
-    hosts: Hosts, tmp_path: Path, cut: bool
-) -> None:
+@contextlib.contextmanager
+def running_cluster(hosts: Hosts, tmp_path: Path) -> Iterator[list[psutil.Process]]:
+    """The driver on host 0 with its cluster up and a task running on each worker; yields the
+    processes SSH started on the worker host (its two nannies and their workers)."""
     config = tmp_path / "dask"
     config.mkdir()
     (config / "hosts.yaml").write_text(yaml.safe_dump({"nbcluster": {"profiles": {"hosts": profile(hosts)}}}))
@@ -127,7 +132,19 @@ def test_remote_nannies_end_within_their_death_timeout_once_the_scheduler_is_gon
         remote = remote_processes(hosts, 2)
         nannies = [p for p in remote if "distributed.cli.dask_spec" in " ".join(p.cmdline())]
         assert len(nannies) == 2, [p.cmdline() for p in remote]
+        yield remote
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        driver.wait(timeout=30)
+        log.close()
 
+
+@pytest.mark.parametrize("cut", [False, True], ids=["killed", "cut off"])
+def test_remote_nannies_end_within_their_death_timeout_once_the_scheduler_is_gone(
+    hosts: Hosts, tmp_path: Path, cut: bool
+) -> None:
+    with running_cluster(hosts, tmp_path) as remote:
         if cut:
             hosts.cut(2)
         # The driver and its supervisor (host 0, each in a session of its own), the scheduler (host 1).
@@ -140,11 +157,18 @@ def test_remote_nannies_end_within_their_death_timeout_once_the_scheduler_is_gon
             f"{len(alive)} processes on the worker host outlived their scheduler by {took:.1f} s "
             f"(death timeout {DEATH_TIMEOUT_S:g} s): {[' '.join(p.cmdline())[:120] for p in alive]}"
         )
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-        driver.wait(timeout=30)
-        log.close()
+
+
+def test_a_cut_shorter_than_the_death_timeout_ends_nothing(hosts: Hosts, tmp_path: Path) -> None:
+    with running_cluster(hosts, tmp_path) as remote:
+        hosts.cut(2)
+        # Half the death timeout without the scheduler (a wait for nothing to happen).
+        gone, _ = psutil.wait_procs(remote, timeout=DEATH_TIMEOUT_S / 2)
+        hosts.mend(2)
+        assert not gone, [p.pid for p in gone]
+        # The watch counts from the last answer: once the link is back, nothing ends.
+        gone, _ = psutil.wait_procs(remote, timeout=DEATH_TIMEOUT_S + SLACK_S)
+        assert not gone, f"the watch ended {len(gone)} processes after a {DEATH_TIMEOUT_S / 2:g} s cut"
 
 
 # -- a worker without nbcluster, under a scheduler that has it -------------------------------
