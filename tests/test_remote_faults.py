@@ -9,8 +9,9 @@ where a worker waits for its task before exiting).
 Then the scheduler side goes, hard: the driver, its supervisor and the scheduler are
 killed with SIGKILL, and in the "cut off" case host 2's cable is pulled first, so that not
 even a TCP reset reaches it. Every process on host 2 that SSH started must be gone within the
-death timeout plus the watch's slack (`nanny_watch`: one echo interval and the close). A cut
-shorter than the death timeout, mended, ends nothing.
+death timeout plus the watch's slack (`remote_watch`: one echo interval and the close). A cut
+shorter than the death timeout, mended, ends nothing. With only the supervisor's host killed,
+the SSH scheduler ends too, and its nannies after it.
 
 Last, a worker whose Python has no nbcluster, under a local cluster's scheduler that has
 it: a `%%distribute` batch there fails at once, in one line naming the worker.
@@ -169,6 +170,19 @@ def test_a_cut_shorter_than_the_death_timeout_ends_nothing(hosts: Hosts, tmp_pat
         # The watch counts from the last answer: once the link is back, nothing ends.
         gone, _ = psutil.wait_procs(remote, timeout=DEATH_TIMEOUT_S + SLACK_S)
         assert not gone, f"the watch ended {len(gone)} processes after a {DEATH_TIMEOUT_S / 2:g} s cut"
+
+
+def test_the_scheduler_and_its_nannies_end_once_the_supervisor_is_gone(hosts: Hosts, tmp_path: Path) -> None:
+    with running_cluster(hosts, tmp_path) as remote:
+        scheduler_side = remote_processes(hosts, 1)
+        assert any("distributed.cli.dask_spec" in " ".join(p.cmdline()) for p in scheduler_side)
+        # The kernel's side only (the driver and its supervisor, host 0), as when a laptop dies.
+        for p in remote_processes(hosts, 0):
+            p.kill()
+        # The scheduler ends a death timeout after its supervisor's client left, then its
+        # nannies by theirs.
+        _, alive = psutil.wait_procs(scheduler_side + remote, timeout=2 * DEATH_TIMEOUT_S + SLACK_S)
+        assert not alive, f"outlived their supervisor: {[' '.join(p.cmdline())[:120] for p in alive]}"
 
 
 # -- a worker without nbcluster, under a scheduler that has it -------------------------------

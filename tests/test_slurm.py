@@ -217,7 +217,7 @@ def test_a_kept_slurm_cluster_outlives_its_kernel(slurm, hpc, runtime_dir):
 
 
 def test_batch_job_nannies_run_the_watch_that_ends_them_without_their_scheduler(slurm, hpc):
-    # nanny_watch.py, from the job script: the nanny of a job whose scheduler is gone ends
+    # remote_watch.py, from the job script: the nanny of a job whose scheduler is gone ends
     # by its death timeout, not at its walltime (tested end to end in test_remote_faults.py).
     handle = nbcluster.start(profile="hpc", workers=1)
     try:

@@ -33,8 +33,8 @@ administrator can); an operator's workers get the environment their administrato
 Workers out of reach: a worker on another host has no ``kill -9`` path from here. `close`
 asks the backend to end them (``scancel``, the gateway's shutdown, the SSH session's end, the
 operator's delete); a worker that misses that (its host cut off) ends through its
-``--death-timeout`` once it cannot reach the scheduler, and an SSH host's nanny with it
-(`nanny_watch`, shipped with the Dask config).
+``--death-timeout`` once it cannot reach the scheduler, and its nanny with it; an SSH
+scheduler ends once the supervisor's client has been gone as long (`remote_watch`).
 
 What it leaves out: the deployment projects' own config (``jobqueue.slurm``, ``gateway``),
 which they read themselves; profile options pass through unchanged except where `--workers`,
@@ -52,12 +52,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import dask.config
+from dask.utils import parse_timedelta
 from distributed import Client, Security
 from distributed.core import PooledRPCCall, Server, rpc
 
 from nbcluster import _compat, config
 from nbcluster._wire import Bounds, Credentials, GpuDevice, Requested, Snapshot
-from nbcluster.cluster import kubernetes, nanny_watch, private_http, speccluster
+from nbcluster.cluster import kubernetes, private_http, remote_watch, speccluster
 from nbcluster.cluster.credentials import security_from, tls_config, write_pem_credentials
 from nbcluster.cluster.gpu import GPU
 from nbcluster.cluster.profiles import JOBQUEUE, Profile
@@ -229,7 +230,7 @@ class JobqueueDeployment(_SpecBased):
             scheduler_options=scheduler_options, scheduler_cls=private_http.PrivateScheduler,
             security=security, protocol="tls://", n_workers=0,
             asynchronous=True, job_script_prologue=[*_worker_environ_prologue(), *_prologue(profile)],
-            worker_extra_args=[*_extra_args(profile), "--preload-nanny", shlex.quote(nanny_watch.preload_text())],
+            worker_extra_args=[*_extra_args(profile), "--preload-nanny", shlex.quote(remote_watch.preload_text())],
         )  # fmt: skip
         # The workers present the cluster's certificate files (`--tls-*` in the job
         # script): they must be readable where the jobs run, which a shared home provides.
@@ -290,14 +291,17 @@ def _pre_spawn_literal() -> str:
     return "{" + ", ".join(items) + "}"
 
 
-def nanny_watch_config() -> dict[str, list[str]]:
-    """Dask config adding `nanny_watch` to every nanny that reads it, after any preload of its own.
-
-    As source text, not a module name: it runs where nbcluster is not installed.
+def remote_watch_config(supervisor_timeout: float) -> dict[str, list[str]]:
+    """Dask config adding `remote_watch` to every nanny and scheduler that reads it, after any
+    preload of their own. As source text, not a module name: it runs where nbcluster is not
+    installed. A scheduler ends `supervisor_timeout` seconds after the supervisor's client left.
     """
-    own = list(dask.config.get("distributed.nanny.preload", default=None) or [])
-    text = nanny_watch.preload_text()
-    return {"distributed.nanny.preload": own if text in own else [*own, text]}
+    out = {}
+    texts = {"nanny": remote_watch.preload_text(), "scheduler": remote_watch.preload_text(supervisor_timeout)}
+    for role, text in texts.items():
+        own = list(dask.config.get(f"distributed.{role}.preload", default=None) or [])
+        out[f"distributed.{role}.preload"] = own if text in own else [*own, text]
+    return out
 
 
 def _prologue(profile: Profile) -> list[str]:
@@ -311,7 +315,7 @@ def _prologue(profile: Profile) -> list[str]:
 def _extra_args(profile: Profile) -> list[str]:
     """The profile's own worker arguments, else its dask-jobqueue config's.
 
-    nbcluster adds the nanny watch (`nanny_watch`) as ``--preload-nanny``: ``dask worker``
+    nbcluster adds the nanny watch (`remote_watch`) as ``--preload-nanny``: ``dask worker``
     always passes its own (empty) list of nanny preloads, so Dask config cannot add one.
     """
     own = profile.options.get("worker_extra_args")
@@ -336,8 +340,9 @@ class _Remote(Deployment):
     async def connect_client(self) -> None:
         timeout = config.seconds("timeouts.connect")
         self.client = await Client(
-            self.address, security=self.security, asynchronous=True, set_as_default=False, timeout=timeout
-        )
+            self.address, security=self.security, asynchronous=True, set_as_default=False, timeout=timeout,
+            name=remote_watch.SUPERVISOR_CLIENT,  # what an SSH scheduler's watch looks for
+        )  # fmt: skip
 
     async def scheduler_identity(self) -> dict[str, Any]:
         identity: dict[str, Any] = await self._scheduler_rpc().identity()
@@ -401,9 +406,10 @@ class SSHDeployment(_Remote, _SpecBased):
         options.update(scheduler_options=scheduler_options, worker_options=worker_options)
         # SSHCluster ships this process's Dask config to every remote process: the TLS
         # settings go that way (file paths: they must exist on the hosts, a shared home),
-        # and the watch that ends a nanny whose scheduler is gone (nanny_watch.py).
+        # and the watches that end a nanny whose scheduler is gone and a scheduler whose
+        # supervisor is gone (remote_watch.py).
         dask.config.set(tls_config(tls))
-        dask.config.set(nanny_watch_config())
+        dask.config.set(remote_watch_config(parse_timedelta(worker_options["death_timeout"])))
         self.cluster = profile.deployment_class()(**options, security=security, asynchronous=True)
         self.initial = spec.workers
 

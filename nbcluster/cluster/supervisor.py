@@ -45,7 +45,7 @@ Lifecycle
     5. close the deployment, delete the entry and credentials. Local nannies kill their
        workers; other backends end theirs their own way (``scancel``, the gateway's
        shutdown, retiring SSH workers), and a worker out of reach (its host cut off) ends
-       through its death timeout once it cannot reach the scheduler (an SSH nanny too: nanny_watch.py).
+       through its death timeout once it cannot reach the scheduler (its nanny too: remote_watch.py).
 
 Worked example: a kernel (pid 4242) runs ``%cluster start --workers 2``. The supervisor
 claims ``local.json`` with ``{"state": "starting", "supervisor_pid": ...}``, starts
