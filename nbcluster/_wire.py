@@ -210,6 +210,9 @@ class _ClusterFacts(TypedDict, total=False):
     host_memory: dict[str, int]
     #: A scheduler nbcluster did not start: scale, adapt, restart and stop are refused.
     external: bool
+    #: One line the backend has for the user, said at start (a gateway that cannot take
+    #: nbcluster's worker environment, and how its administrator lets it).
+    notice: str
 
 
 class ClusterState(_ClusterCore, _ClusterFacts):

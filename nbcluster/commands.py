@@ -166,6 +166,8 @@ class Runner:
             note = f"Started cluster {handle.name!r}."
             if not self.in_kernel:
                 note += f" It keeps running until `nbcluster stop {handle.name}`; in a notebook: `%cluster use {handle.name}`."
+        if info.data.get("notice"):
+            note += f"\n{info.data['notice']}"
         info.note = note
         return info
 

@@ -30,12 +30,21 @@ import psutil
 import pytest
 import yaml
 
+#: Server config letting users set their clusters' environment (a `Mapping` cluster option).
+OFFER_ENVIRONMENT = (
+    "from dask_gateway_server.options import Mapping, Options\n"
+    "c.Backend.cluster_options = Options(Mapping('environment', default={}))\n"
+)
+
 
 class GatewayServer:
     """dask-gateway-server on 127.0.0.1; `address` is what `Gateway(...)` takes."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, *, extra_config: str | None = None):
         self.folder = folder
+        # Lines of the server's config after the test defaults (default: users may pass an
+        # `environment`, as nbcluster's notice tells an administrator to allow).
+        self.extra_config = OFFER_ENVIRONMENT if extra_config is None else extra_config
         self.password = secrets.token_hex(8)
         self.port, private = _free_port(), _free_port()
         self.address = f"http://127.0.0.1:{self.port}"
@@ -90,7 +99,7 @@ class GatewayServer:
             f"c.LocalBackend.clusters_directory = {str(self.folder / 'clusters')!r}\n"
             # Small workers: the test machine has 2 cores and other tests running.
             "c.ClusterConfig.worker_cores = 1\nc.ClusterConfig.worker_memory = '1 G'\n"
-            "c.ClusterConfig.scheduler_memory = '1 G'\n"
+            "c.ClusterConfig.scheduler_memory = '1 G'\n" + self.extra_config
         )
         with self.log.open("wb") as out:
             # PYTHONPATH reaches the clusters' processes (the backend's inherited_environment).

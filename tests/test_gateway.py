@@ -22,6 +22,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
+from nbcluster import config
 from nbcluster.cluster.info import ClusterList
 from tests.gateway_service import GatewayServer, gateway_server  # noqa: F401 - fixture
 from tests.lifecycle_helpers import JupyterServer
@@ -128,3 +129,58 @@ def test_a_gateway_that_never_answers_fails_within_the_connect_timeout(shell: In
     assert "\n" not in message and f"the gateway at {address} did not answer within 3 s" in message, message
     assert 3 <= took < 3 + 10, took
     assert nbcluster.clusters() == []
+
+
+# -- nbcluster's worker environment on the gateway's workers --------------------------------
+
+ENVIRONMENT_ITEM = (
+    '%%distribute --over "x in range(2)"\nimport os\n'
+    "{k: os.environ.get(k) for k in ('MALLOC_MMAP_THRESHOLD_', 'MALLOC_TRIM_THRESHOLD_')}"
+)
+
+
+def expected_environment() -> dict[str, str | None]:
+    wanted = config.worker_pre_spawn_environ()
+    names = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+    return {k: None if wanted.get(k) is None else str(wanted[k]) for k in names}
+
+
+def start_and_read_environment(
+    server: GatewayServer, shell: InteractiveShell, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, list[dict[str, str | None]]]:
+    """`%cluster start` on `server`'s profile (what it printed), and what one worker's items see."""
+    with use_gateway(server, folder, monkeypatch):
+        started = repr(magic(shell, "start --profile campus --name campus"))
+        try:
+            magic(shell, "scale 1")
+            nbcluster.current().client.wait_for_workers(1, timeout=120)
+            return started, list(cell(shell, ENVIRONMENT_ITEM))
+        finally:
+            magic(shell, "stop campus")
+
+
+def test_gateway_workers_get_nbclusters_worker_environment(
+    gateway_server: GatewayServer, shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:  # fmt: skip
+    # The module's gateway offers the `environment` option (gateway_service.OFFER_ENVIRONMENT).
+    started, seen = start_and_read_environment(gateway_server, shell, tmp_path / "dask", monkeypatch)
+    assert expected_environment()["MALLOC_MMAP_THRESHOLD_"] is not None
+    assert seen == [expected_environment()] * 2, seen
+    assert "offers no `environment`" not in started, started
+
+
+def test_a_gateway_without_the_option_says_how_its_administrator_adds_it(
+    shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with GatewayServer(tmp_path / "bare", extra_config="") as bare:
+        started, seen = start_and_read_environment(bare, shell, tmp_path / "dask-bare", monkeypatch)
+    [line] = [line for line in started.splitlines() if "offers no `environment` cluster option" in line]
+    assert f"The gateway at {bare.address} " in line and "its administrator can offer one" in line, line
+    # Dask's own environment there: what the line warns of.
+    assert seen[0]["MALLOC_MMAP_THRESHOLD_"] is None, seen
+    # The line's own code, in a gateway's config, gives the workers nbcluster's environment.
+    code = line.rsplit("`", 2)[-2].replace("; ", "\n") + "\n"
+    with GatewayServer(tmp_path / "told", extra_config=code) as told:
+        started, seen = start_and_read_environment(told, shell, tmp_path / "dask-told", monkeypatch)
+    assert seen == [expected_environment()] * 2, seen
+    assert "offers no `environment`" not in started, started

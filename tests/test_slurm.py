@@ -214,3 +214,16 @@ def test_a_kept_slurm_cluster_outlives_its_kernel(slurm, hpc, runtime_dir):
     assert len(slurm.jobs()) == 1
     kept.stop()
     assert slurm.jobs() == []
+
+
+def test_batch_job_nannies_run_the_watch_that_ends_them_without_their_scheduler(slurm, hpc):
+    # remote_watch.py, from the job script: the nanny of a job whose scheduler is gone ends
+    # by its death timeout, not at its walltime (tested end to end in test_remote_faults.py).
+    handle = nbcluster.start(profile="hpc", workers=1)
+    try:
+        handle.client.wait_for_workers(1, timeout=60)
+        # In the nanny (Dask passes it as dask_worker); a lambda, pickled by value.
+        watching = lambda dask_worker: not getattr(dask_worker, "_nbcluster_watch", None).done()  # noqa: E731
+        assert list(handle.client.run(watching, nanny=True).values()) == [True]
+    finally:
+        handle.stop()

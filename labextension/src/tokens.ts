@@ -75,6 +75,8 @@ export interface ICluster {
   supervisor_pid?: number;
   /** A scheduler nbcluster did not start: scale, adapt, restart and stop are refused. */
   external?: boolean;
+  /** One line the backend has for the user, said at start (nbcluster/_wire.py). */
+  notice?: string;
   /** Absent from the live stream (which sends `totals` instead) and when unreachable. */
   workers?: IWorker[];
   requested?: { cpu: number; gpu: number };

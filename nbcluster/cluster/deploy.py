@@ -26,14 +26,15 @@ brings its own credentials, which are written 0600 beside the entry like ours.
 
 Worker environment: nbcluster's tuning (`nbcluster.worker.pre-spawn-environ`, the malloc
 setting) reaches SSH workers with the Dask config `SSHCluster` ships to the hosts, and batch
-jobs through one line of the job script (`_worker_environ_prologue`); a gateway's or an
-operator's workers get the environment their administrator configured.
+jobs through one line of the job script (`_worker_environ_prologue`), a gateway's through
+its ``environment`` cluster option where it offers one (else `%cluster start` says how its
+administrator can); an operator's workers get the environment their administrator configured.
 
 Workers out of reach: a worker on another host has no ``kill -9`` path from here. `close`
 asks the backend to end them (``scancel``, the gateway's shutdown, the SSH session's end, the
 operator's delete); a worker that misses that (its host cut off) ends through its
-``--death-timeout`` once it cannot reach the scheduler (its nanny may outlive it: see the
-the docs' user guide, "Scaling out", "Workers out of reach").
+``--death-timeout`` once it cannot reach the scheduler, and its nanny with it; an SSH
+scheduler ends once the supervisor's client has been gone as long (`remote_watch`).
 
 What it leaves out: the deployment projects' own config (``jobqueue.slurm``, ``gateway``),
 which they read themselves; profile options pass through unchanged except where `--workers`,
@@ -51,12 +52,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import dask.config
+from dask.utils import parse_timedelta
 from distributed import Client, Security
 from distributed.core import PooledRPCCall, Server, rpc
 
 from nbcluster import _compat, config
 from nbcluster._wire import Bounds, Credentials, GpuDevice, Requested, Snapshot
-from nbcluster.cluster import kubernetes, private_http, speccluster
+from nbcluster.cluster import kubernetes, private_http, remote_watch, speccluster
 from nbcluster.cluster.credentials import security_from, tls_config, write_pem_credentials
 from nbcluster.cluster.gpu import GPU
 from nbcluster.cluster.profiles import JOBQUEUE, Profile
@@ -75,6 +77,8 @@ class Deployment:
     #: The backend's own cluster object (a Dask `Cluster`, or dask-gateway's `GatewayCluster`).
     cluster: Any = None
     adaptive_bounds: Bounds | None = None
+    #: One line for the user at start (`_wire.ClusterState.notice`), if the backend has one.
+    notice: str | None = None
 
     def __init__(self, spec: ClusterSpec, profile: Profile):
         self.spec = spec
@@ -324,6 +328,7 @@ class JobqueueDeployment(_SpecBased):
             scheduler_options=scheduler_options, scheduler_cls=private_http.PrivateScheduler,
             security=security, protocol="tls://", n_workers=0,
             asynchronous=True, job_script_prologue=[*_worker_environ_prologue(), *_prologue(profile)],
+            worker_extra_args=[*_extra_args(profile), "--preload-nanny", shlex.quote(remote_watch.preload_text())],
         )  # fmt: skip
         # The workers present the cluster's certificate files (`--tls-*` in the job
         # script): they must be readable where the jobs run, which a shared home provides.
@@ -374,13 +379,35 @@ def _worker_environ_prologue() -> list[str]:
     (bench/scaleout.py). A variable set in the submitting environment still wins: sbatch
     and its peers pass it on, and the nanny prefers it to its config.
     """
+    return [f"export {PRE_SPAWN_VARIABLE}={shlex.quote(_pre_spawn_literal())}"]
+
+
+#: The variable that gives a nanny started elsewhere nbcluster's worker environment.
+PRE_SPAWN_VARIABLE = "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"
+
+
+def _pre_spawn_literal() -> str:
+    """`config.worker_pre_spawn_environ` as the value of `PRE_SPAWN_VARIABLE`."""
     # A Python literal (Dask parses DASK_ variables with literal_eval), in double quotes
-    # so that the job script stays readable; None removes one of Dask's variables.
+    # so that a job script stays readable; None removes one of Dask's variables.
     items = (
         f"{json.dumps(k)}: {'None' if v is None else json.dumps(str(v))}"
         for k, v in config.worker_pre_spawn_environ().items()
     )
-    return [f"export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON={shlex.quote('{' + ', '.join(items) + '}')}"]
+    return "{" + ", ".join(items) + "}"
+
+
+def remote_watch_config(supervisor_timeout: float) -> dict[str, list[str]]:
+    """Dask config adding `remote_watch` to every nanny and scheduler that reads it, after any
+    preload of their own. As source text, not a module name: it runs where nbcluster is not
+    installed. A scheduler ends `supervisor_timeout` seconds after the supervisor's client left.
+    """
+    out = {}
+    texts = {"nanny": remote_watch.preload_text(), "scheduler": remote_watch.preload_text(supervisor_timeout)}
+    for role, text in texts.items():
+        own = list(dask.config.get(f"distributed.{role}.preload", default=None) or [])
+        out[f"distributed.{role}.preload"] = own if text in own else [*own, text]
+    return out
 
 
 def _prologue(profile: Profile) -> list[str]:
@@ -388,6 +415,18 @@ def _prologue(profile: Profile) -> list[str]:
     own = profile.options.get("job_script_prologue")
     if own is None:
         own = dask.config.get(f"jobqueue.{profile.backend}.job-script-prologue", default=None)
+    return list(own or [])
+
+
+def _extra_args(profile: Profile) -> list[str]:
+    """The profile's own worker arguments, else its dask-jobqueue config's.
+
+    nbcluster adds the nanny watch (`remote_watch`) as ``--preload-nanny``: ``dask worker``
+    always passes its own (empty) list of nanny preloads, so Dask config cannot add one.
+    """
+    own = profile.options.get("worker_extra_args")
+    if own is None:
+        own = dask.config.get(f"jobqueue.{profile.backend}.worker-extra-args", default=None)
     return list(own or [])
 
 
@@ -407,8 +446,9 @@ class _Remote(Deployment):
     async def connect_client(self) -> None:
         timeout = config.seconds("timeouts.connect")
         self.client = await Client(
-            self.address, security=self.security, asynchronous=True, set_as_default=False, timeout=timeout
-        )
+            self.address, security=self.security, asynchronous=True, set_as_default=False, timeout=timeout,
+            name=remote_watch.SUPERVISOR_CLIENT,  # what an SSH scheduler's watch looks for
+        )  # fmt: skip
 
     async def scheduler_identity(self) -> dict[str, Any]:
         identity: dict[str, Any] = await self._scheduler_rpc().identity()
@@ -471,8 +511,11 @@ class SSHDeployment(_Remote, _SpecBased):
             worker_options["memory_limit"] = spec.memory
         options.update(scheduler_options=scheduler_options, worker_options=worker_options)
         # SSHCluster ships this process's Dask config to every remote process: the TLS
-        # settings go that way (file paths: they must exist on the hosts, a shared home).
+        # settings go that way (file paths: they must exist on the hosts, a shared home),
+        # and the watches that end a nanny whose scheduler is gone and a scheduler whose
+        # supervisor is gone (remote_watch.py).
         dask.config.set(tls_config(tls))
+        dask.config.set(remote_watch_config(parse_timedelta(worker_options["death_timeout"])))
         self.cluster = profile.deployment_class()(**options, security=security, asynchronous=True)
         self.initial = spec.workers
 
@@ -506,6 +549,15 @@ class SSHDeployment(_Remote, _SpecBased):
         await self.retire_workers()
         await self.close_client()
         await _SpecBased.close(self, timeout)
+
+
+#: What `%cluster start` says when a gateway takes no environment from its users.
+GATEWAY_NOTICE = (
+    "The gateway at {address} offers no `environment` cluster option, so its workers run without "
+    "nbcluster's worker environment (numpy items up to 1.7x slower); its administrator can offer one "
+    "in the gateway's config: `from dask_gateway_server.options import Mapping, Options; "
+    'c.Backend.cluster_options = Options(Mapping("environment", default={{}}))`'
+)
 
 
 class GatewayDeployment(_Remote):
@@ -542,14 +594,26 @@ class GatewayDeployment(_Remote):
                     f"auth option of profile {self.profile.name!r} or `gateway.auth` in Dask config"
                 ) from None
             raise
+        else:
+            offered = await gateway.cluster_options()
         finally:
             await gateway.close()
-        self.cluster = await cls(**self.options, asynchronous=True)
+        options = {**self.options, **self._environment(offered, gateway.address)}
+        self.cluster = await cls(**options, asynchronous=True)
         self.tls = write_pem_credentials(self.directory, self.name, self.cluster.security)
         self.security = security_from(self.tls)
         if self.spec.workers:
             await self.scale(self.spec.workers)
         await self.connect_client()
+
+    def _environment(self, offered: Any, address: str) -> dict[str, Any]:
+        """nbcluster's worker environment as the gateway's ``environment`` cluster option,
+        where it offers one (the profile's own variables win); else `notice` says how to offer it."""
+        if "environment" not in offered:
+            self.notice = GATEWAY_NOTICE.format(address=address)
+            return {}
+        own = self.options.get("environment", offered.get("environment")) or {}
+        return {"environment": {PRE_SPAWN_VARIABLE: _pre_spawn_literal(), **own}}
 
     @property
     def dashboard(self) -> str | None:

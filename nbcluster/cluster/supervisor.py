@@ -45,7 +45,7 @@ Lifecycle
     5. close the deployment, delete the entry and credentials. Local nannies kill their
        workers; other backends end theirs their own way (``scancel``, the gateway's
        shutdown, retiring SSH workers), and a worker out of reach (its host cut off) ends
-       through its death timeout once it cannot reach the scheduler (its nanny may outlive it).
+       through its death timeout once it cannot reach the scheduler (its nanny too: remote_watch.py).
 
 Worked example: a kernel (pid 4242) runs ``%cluster start --workers 2``. The supervisor
 claims ``local.json`` with ``{"state": "starting", "supervisor_pid": ...}``, starts
@@ -162,7 +162,7 @@ class Control:
         d, e = self.deployment, self.entry
         workers, tasks = self._local_state() if d.scheduler is not None else await self._remote_state()
         workers.sort(key=lambda w: (w["kind"], w["name"]))
-        return {
+        state: ClusterState = {
             "name": e["name"], "address": e["address"], "dashboard": e.get("dashboard"), "owner_pid": e["owner_pid"],
             "created": e["created"], "spec": e["spec"], "backend": e["backend"], "profile": e["profile"],
             "supervisor_pid": os.getpid(),
@@ -173,6 +173,9 @@ class Control:
             "clients": self._clients(),
             "host_memory": _host_memory({w["host"] for w in workers}),
         }  # fmt: skip
+        if d.notice:
+            state["notice"] = d.notice
+        return state
 
     def _clients(self) -> int | None:
         """Dask clients on the scheduler (kernels using the cluster), where it runs here."""

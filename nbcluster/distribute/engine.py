@@ -29,7 +29,8 @@ turns each finished batch into deliveries to the state (`_settle`). Per batch it
 - a batch that found a scattered value *lost* (every worker holding it died) makes the
   engine scatter it again from the kernel and resubmit the batch, up to 10 times a run.
 - a batch that failed because nbcluster cannot be imported where it was unpickled (the
-  scheduler unpickles every task's graph, so one without nbcluster refuses them all)
+  scheduler unpickles every task's graph, so one without nbcluster refuses them all; a
+  worker without it fails the batch as it runs it, `loadable.py`, named in the line)
   *halts* the run: nothing more is submitted, the unfinished items are given up, not
   failed, and the waiting cell ends with one line naming the fix (`ClusterCannotRun`).
   It is looked for only in a batch that failed: a finished batch costs nothing more.
@@ -86,7 +87,7 @@ import cloudpickle
 
 from nbcluster import config
 from nbcluster._compat import nanny_logs, run_on_holder
-from nbcluster.distribute import everywhere, worker
+from nbcluster.distribute import everywhere, loadable, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
 from nbcluster.distribute.handles import Handle, held_slots
@@ -477,11 +478,9 @@ class Engine:
                 self._fail([i], self._killed(i, outcome.killed))
             return [], None
         if outcome.halt is not None:
+            reason = loadable.halt_reason(self.client, str(future.key), outcome.halt)  # while the key is held
             self._cancel_outstanding()
-            self.state.halt(
-                f"the cluster at {self.client.scheduler.address} cannot load nbcluster's tasks ({outcome.halt}): "
-                "nbcluster must be installed where its scheduler runs and on its workers"
-            )
+            self.state.halt(reason)
             return [], None
         if outcome.lost is not None:
             if self._reship(*outcome.lost):
@@ -646,7 +645,7 @@ class Engine:
             futures = [h.future for h in captured.values()] + list(_deps)
             task: tuple[Any, ...] = (held.run_batch_held, self.context, blob, self.token, job.persist, names, *futures)
         else:
-            task = (worker.run_batch, self.context, blob, self.token)
+            task = loadable.task(worker.run_batch, self.context, blob, self.token)  # fails, not hangs, without nbcluster
         with self._lock:
             if self._stopping:
                 return None

@@ -1,0 +1,66 @@
+"""Batches that fail, not hang, on a worker without nbcluster.
+
+Dask unpickles a task as part of the message that brings it to a worker. A worker that
+cannot import nbcluster failed there, outside any task: its connection to the scheduler
+broke, the worker left, and the batch waited for another worker forever (Dask never failed
+it). `task` sends the call as one ``pickle.loads`` of bytes instead: the message loads
+anywhere, and the import happens when the task runs, where a failure is the task's
+``ModuleNotFoundError``, which the engine turns into one line (`halt_reason`) at once.
+
+The bytes are the call itself: ``pickle.loads`` of them imports the function by name and
+calls it with the arguments (`_Call` reduces to the call), so nothing but the function's
+own module is needed to run it, and nothing of this module on the worker.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+from nbcluster import __version__
+
+
+class _Call:
+    """Pickles as ``fn(*args)``: unpickling makes the call."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return self.fn, self.args
+
+
+def task(fn: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
+    """``client.submit(*task(fn, *args))`` runs ``fn(*args)``; where `fn` cannot be imported,
+    the task fails with that ImportError instead of breaking the worker's connection.
+
+    The arguments must be plain data (no Dask futures: Dask would not see them inside).
+    """
+    return (pickle.loads, pickle.dumps(_Call(fn, args), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _erred_on(key: str, dask_scheduler: Any = None) -> list[tuple[str, str]]:
+    """(name, address) of the workers `key` failed on (run on the scheduler)."""
+    ts = dask_scheduler.tasks.get(key)
+    where = sorted(getattr(ts, "erred_on", None) or ()) if ts is not None else []
+    return [(str(getattr(dask_scheduler.workers.get(a), "name", a)), a) for a in where]
+
+
+def halt_reason(client: Any, key: str, why: str) -> str:
+    """The one line for a batch that could not import nbcluster: the worker it failed on and
+    the fix, where the scheduler can say which worker (it has nbcluster), else the cluster's."""
+    try:
+        workers = client.run_on_scheduler(_erred_on, key)
+    except Exception:  # a scheduler without nbcluster cannot run this: say what is known
+        workers = []
+    if not workers:
+        return (
+            f"the cluster at {client.scheduler.address} cannot load nbcluster's tasks ({why}): "
+            "nbcluster must be installed where its scheduler runs and on its workers"
+        )
+    name, address = workers[0]
+    return (
+        f"worker {name} ({address}) cannot import nbcluster ({why}): install nbcluster {__version__} "
+        "in the Python environment that runs it (as on the scheduler), or stop that worker"
+    )
