@@ -34,6 +34,9 @@ MODULES = (
     "nbcluster._wire",
     # distribute/ one module at a time: engine, run, batching, results, state, worker.items
     # and worker.records are not done yet.
+    "nbcluster.distribute.args",
+    "nbcluster.distribute.capture",
+    "nbcluster.distribute.cell",
     "nbcluster.distribute.worker",
     "nbcluster.distribute.worker.context",
     "nbcluster.distribute.worker.held",
