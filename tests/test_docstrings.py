@@ -37,6 +37,8 @@ MODULES = (
     "nbcluster.distribute.args",
     "nbcluster.distribute.capture",
     "nbcluster.distribute.cell",
+    "nbcluster.distribute.everywhere",
+    "nbcluster.distribute.follow",
     "nbcluster.distribute.worker",
     "nbcluster.distribute.worker.context",
     "nbcluster.distribute.worker.held",
