@@ -39,6 +39,7 @@ MODULES = (
     "nbcluster.distribute.cell",
     "nbcluster.distribute.everywhere",
     "nbcluster.distribute.follow",
+    "nbcluster.distribute.handles",
     "nbcluster.distribute.worker",
     "nbcluster.distribute.worker.context",
     "nbcluster.distribute.worker.held",
