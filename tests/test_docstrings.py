@@ -40,6 +40,8 @@ MODULES = (
     "nbcluster.distribute.everywhere",
     "nbcluster.distribute.follow",
     "nbcluster.distribute.handles",
+    "nbcluster.distribute.identity",
+    "nbcluster.distribute.job",
     "nbcluster.distribute.worker",
     "nbcluster.distribute.worker.context",
     "nbcluster.distribute.worker.held",
