@@ -42,6 +42,7 @@ MODULES = (
     "nbcluster.distribute.handles",
     "nbcluster.distribute.identity",
     "nbcluster.distribute.job",
+    "nbcluster.distribute.journal",
     "nbcluster.distribute.worker",
     "nbcluster.distribute.worker.context",
     "nbcluster.distribute.worker.held",
