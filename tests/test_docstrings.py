@@ -34,6 +34,7 @@ MODULES = (
     "nbcluster._wire",
     # distribute/ one module at a time: engine, run, batching, results, state, worker.items
     # and worker.records are not done yet.
+    "nbcluster.distribute",
     "nbcluster.distribute.args",
     "nbcluster.distribute.capture",
     "nbcluster.distribute.cell",
@@ -43,9 +44,12 @@ MODULES = (
     "nbcluster.distribute.identity",
     "nbcluster.distribute.job",
     "nbcluster.distribute.journal",
+    "nbcluster.distribute.options",
     "nbcluster.distribute.plan",
     "nbcluster.distribute.resume",
     "nbcluster.distribute.runs",
+    "nbcluster.distribute.target",
+    "nbcluster.distribute.tracebacks",
     "nbcluster.distribute.worker",
     "nbcluster.distribute.worker.context",
     "nbcluster.distribute.worker.held",
