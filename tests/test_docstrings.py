@@ -56,6 +56,8 @@ MODULES = (
     "nbcluster.distribute.worker.objects",
     "nbcluster.distribute.worker.output",
     "nbcluster.distribute.worker.stopping",
+    "nbcluster.cli",
+    "nbcluster.commands",
 )
 
 
