@@ -58,6 +58,8 @@ MODULES = (
     "nbcluster.distribute.worker.stopping",
     "nbcluster.cli",
     "nbcluster.commands",
+    "nbcluster.config",
+    "nbcluster.config_schema",
 )
 
 
