@@ -60,6 +60,9 @@ MODULES = (
     "nbcluster.commands",
     "nbcluster.config",
     "nbcluster.config_schema",
+    "nbcluster._compat",
+    "nbcluster._lazy",
+    "nbcluster.errors",
 )
 
 
