@@ -20,6 +20,11 @@ def set_global_client(client: Client) -> None:
     switching between clusters it already holds clients for must re-point the default.
     (There is no way to set "no default": Dask drops a client from its defaults when it
     is closed.)
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client to make the default.
     """
     from distributed.client import _set_global_client
 
@@ -31,6 +36,18 @@ def prefix_duration(scheduler: Any, prefix: Any) -> float:
 
     Dask's own estimate (measured average, else twice the longest run, else the configured
     unknown-task duration), so nbcluster's adaptive targets agree with Dask's.
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+        The scheduler (this runs on it).
+    prefix : distributed.scheduler.TaskPrefix
+        The task prefix, such as the one of a run's batches.
+
+    Returns
+    -------
+    float
+        Seconds.
     """
     return float(scheduler._get_prefix_duration(prefix))
 
@@ -38,7 +55,20 @@ def prefix_duration(scheduler: Any, prefix: Any) -> float:
 def worker_task(key: Any) -> Any | None:
     """This worker's state record of task `key` (it has `.state`), or None if it has none.
 
-    Raises ValueError outside a Dask worker (as `get_worker` does).
+    Parameters
+    ----------
+    key : Any
+        The task's Dask key.
+
+    Returns
+    -------
+    distributed.worker_state_machine.TaskState or None
+        The record; None when this worker has no task of that key (any more).
+
+    Raises
+    ------
+    ValueError
+        Outside a Dask worker (as `get_worker` does).
     """
     from distributed import get_worker
 
@@ -50,12 +80,23 @@ async def apply_scale(cluster: Any) -> None:
 
     `SpecCluster.scale` only schedules that; a scale that returns once the batch jobs are
     submitted (or cancelled) must wait for it.
+
+    Parameters
+    ----------
+    cluster : distributed.SpecCluster
+        The cluster just scaled.
     """
     await cluster._correct_state()
 
 
 def stop_adaptive(cluster: Any) -> None:
-    """Stop a Dask cluster's `adapt()`, if one runs (an explicit scale takes control back)."""
+    """Stop a Dask cluster's `adapt()`, if one runs (an explicit scale takes control back).
+
+    Parameters
+    ----------
+    cluster : distributed.deploy.Cluster
+        The cluster.
+    """
     if cluster._adaptive is not None:
         cluster._adaptive.stop()
 
@@ -66,6 +107,25 @@ def nanny_logs(client: Client, nanny: str, n: int = 12) -> list[tuple[str, str]]
     `Client.get_worker_logs(nanny=True)` finds nannies through their workers; a worker that
     just died has none registered, while its nanny is alive and says how it ended. This asks
     the nanny itself, over the client's connection pool (with the cluster's TLS).
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client of the nanny's cluster.
+    nanny : str
+        The nanny's address.
+    n : int
+        How many records to fetch.
+
+    Returns
+    -------
+    list of (str, str)
+        ``(level, message)`` records, newest first.
+
+    Raises
+    ------
+    OSError
+        When the nanny cannot be reached (it is gone too).
     """
     logs: list[tuple[str, str]] = client.sync(lambda: client.rpc(nanny).get_logs(n=n))
     return logs
@@ -76,6 +136,11 @@ def running_task_key() -> Any | None:
     """The key of the Dask task this thread is running, or None outside a task.
 
     `distributed.worker.thread_state` (the object `dask.context` defines) is private.
+
+    Returns
+    -------
+    Any or None
+        The task's Dask key.
     """
     from dask.context import thread_state
 
@@ -87,6 +152,17 @@ def ipython_cell_number(filename: str) -> int | None:
 
     IPython's `compile._filename_map` (the names it gives each cell's code) is private.
     Imports nothing: a process without a running IPython shell has no such cell.
+
+    Parameters
+    ----------
+    filename : str
+        The file name a code object carries (``co_filename``).
+
+    Returns
+    -------
+    int or None
+        The cell's execution count (``In[N]``); None when no IPython shell runs in this
+        process or the file is not one of its cells.
     """
     import sys
 
@@ -100,8 +176,20 @@ def ipython_cell_number(filename: str) -> int | None:
 
 # cluster/ (speccluster.py)
 def base_update_worker_status(cluster: Any, op: str, msg: Any) -> None:
-    """`distributed.deploy.cluster.Cluster`'s own bookkeeping of a worker's arrival or
-    departure, without `SpecCluster`'s lost-worker timer on top (see `NbSpecCluster`)."""
+    """`distributed.deploy.cluster.Cluster`'s own bookkeeping of a worker's arrival or departure.
+
+    Without `SpecCluster`'s lost-worker timer on top (see `NbSpecCluster`).
+
+    Parameters
+    ----------
+    cluster : distributed.SpecCluster
+        The cluster whose scheduler sent the message.
+    op : str
+        ``"add"`` or ``"remove"``.
+    msg : Any
+        The scheduler's message: the worker's address for ``"remove"``, its details for
+        ``"add"``.
+    """
     from distributed.deploy.cluster import Cluster
 
     Cluster._update_worker_status(cluster, op, msg)
@@ -109,13 +197,33 @@ def base_update_worker_status(cluster: Any, op: str, msg: Any) -> None:
 
 # distribute/ (persist23: a persisted batch's report)
 def run_on_holder(client: Client, key: str, function: Any, *args: Any) -> Any:
-    """`function(*args, dask_worker=...)` in the event loop of a worker holding `key`; None
-    if none does.
+    """`function(*args, dask_worker=...)` in the event loop of a worker holding `key`.
 
     One round trip from the kernel: the scheduler knows who holds the key and asks that
     worker over its own kept connection. (`Client.who_has` then `Client.run` is two round
     trips, and `Client.run` goes through the scheduler's broadcast, which opens a new
-    connection, a TLS handshake, to the worker each time.) Raises what the function raised.
+    connection, a TLS handshake, to the worker each time.)
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The cluster's client.
+    key : str
+        The Dask key whose holder should run `function`.
+    function : callable
+        What to run; it gets the worker as ``dask_worker``.
+    *args : Any
+        Its positional arguments.
+
+    Returns
+    -------
+    Any
+        What `function` returned; None when no worker holds `key`.
+
+    Raises
+    ------
+    Exception
+        What `function` raised on the worker, with its traceback.
     """
     from distributed.protocol.pickle import dumps
 

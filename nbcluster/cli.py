@@ -14,6 +14,25 @@ from nbcluster.errors import HelpShown, NbclusterError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``nbcluster`` command: ``nbcluster start``, ``nbcluster status``, ...
+
+    Parameters
+    ----------
+    argv : Sequence of str, optional
+        The command's words; `sys.argv` after the program name when None.
+
+    Returns
+    -------
+    int
+        The exit status: 0 when it worked (or ``--help`` was shown), 2 for a mistake (one
+        line on stderr), 130 on Ctrl-C.
+
+    Examples
+    --------
+    >>> main(["list"])  # doctest: +SKIP
+    No clusters running. Start one with `%cluster start` (or `nbcluster start`).
+    0
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         result = commands.Runner(in_kernel=False).run(commands.parse(args, prog="nbcluster"))

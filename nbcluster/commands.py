@@ -41,6 +41,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
+    """The parser of the ``cluster`` language: every command and its options.
+
+    The ``start`` options come from `cluster.spec.START_OPTIONS`, the declarations the
+    Python API's `start()` takes too, so the three front ends cannot drift apart.
+
+    Parameters
+    ----------
+    prog : str
+        The program name usage lines show: ``"%cluster"`` or ``"nbcluster"``.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        A parser whose errors raise `BadArgument` and whose ``--help`` raises `HelpShown`,
+        rather than printing and exiting.
+    """
     p = _Parser(prog=prog, description="Start, scale, adapt and stop Dask clusters.")
     sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=_Parser)
     sub.required = True
@@ -91,6 +107,33 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def parse(argv: str | Sequence[str], prog: str = "%cluster") -> argparse.Namespace:
+    """Parse a ``%cluster`` line or the CLI's words into a command.
+
+    Parameters
+    ----------
+    argv : str or Sequence of str
+        A magic's line (split as a shell would) or the CLI's arguments.
+    prog : str
+        The program name for messages.
+
+    Returns
+    -------
+    argparse.Namespace
+        ``command`` (one of `COMMANDS`) and its options.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        For an empty line, an unknown command, an unclosed quote or a bad option, with the
+        usage.
+    nbcluster.errors.HelpShown
+        For ``--help``: it carries the help text, which the front end prints.
+
+    Examples
+    --------
+    >>> parse("scale 4 --kind gpu").kind
+    'gpu'
+    """
     if isinstance(argv, str):
         try:
             args = shlex.split(argv)
@@ -138,6 +181,24 @@ class Runner:
         self.in_kernel = in_kernel
 
     def run(self, ns: argparse.Namespace) -> Any:
+        """Carry out one parsed command.
+
+        Parameters
+        ----------
+        ns : argparse.Namespace
+            The command, from `parse`.
+
+        Returns
+        -------
+        Any
+            What to show: a `ClusterInfo`, a `ClusterList`, or a line of text.
+
+        Raises
+        ------
+        nbcluster.errors.NbclusterError
+            Each command's one-line mistakes (`BadArgument`, `NoCluster`,
+            `ClusterUnreachable`, ...), which the front end shows as one line.
+        """
         return getattr(self, "do_" + ns.command)(ns)
 
     def _target(self, name: str | None) -> ClusterHandle:
@@ -154,6 +215,21 @@ class Runner:
         raise BadArgument(f"several clusters are running ({names}): name one")
 
     def do_start(self, ns: argparse.Namespace) -> ClusterInfo:
+        """``start``: start a cluster, or reuse the running one of that name.
+
+        In a kernel the kernel owns it (stopped with the kernel unless ``--keep``); from a
+        terminal it is always kept.
+
+        Parameters
+        ----------
+        ns : argparse.Namespace
+            The ``start`` options (`cluster.spec.START_OPTIONS`).
+
+        Returns
+        -------
+        ClusterInfo
+            The cluster's status, with a note: started, or already running and reused.
+        """
         options = {o.field: getattr(ns, o.field) for o in START_OPTIONS if o.field != "keep"}
         if self.in_kernel:
             handle = _current.start(keep=ns.keep, **options)
@@ -172,22 +248,84 @@ class Runner:
         return info
 
     def do_scale(self, ns: argparse.Namespace) -> ClusterInfo:
+        """``scale N``: set the number of workers of a kind.
+
+        Parameters
+        ----------
+        ns : argparse.Namespace
+            ``n``, ``kind``, ``name`` (the cluster; default the current one) and ``force``.
+
+        Returns
+        -------
+        ClusterInfo
+            The cluster's status after the request.
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            For a count that is not a whole number, or one over the limits (without ``--force``).
+        """
         n = parse_count(ns.n, "the number of workers")  # a typo is reported before anything else
         handle = self._target(ns.name)
         handle.scale(n, kind=ns.kind, force=ns.force)
         return handle.info()
 
     def do_adapt(self, ns: argparse.Namespace) -> ClusterInfo:
+        """``adapt --min A --max B``: scale CPU workers automatically between A and B.
+
+        Parameters
+        ----------
+        ns : argparse.Namespace
+            ``minimum``, ``maximum``, ``name`` and ``force``.
+
+        Returns
+        -------
+        ClusterInfo
+            The cluster's status.
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            For bounds that are not whole numbers or not in order, or over the limits.
+        """
         lo, hi = parse_bounds(ns.minimum, ns.maximum)  # a typo is reported before anything else
         handle = self._target(ns.name)
         handle.adapt(lo, hi, force=ns.force)
         return handle.info()
 
     def do_status(self, ns: argparse.Namespace) -> ClusterInfo:
+        """``status [NAME]``: a cluster's workers, cores, memory, GPUs and tasks.
+
+        Parameters
+        ----------
+        ns : argparse.Namespace
+            ``name``: the cluster; the current (or only running) one when None.
+
+        Returns
+        -------
+        ClusterInfo
+            In a kernel a `LiveClusterInfo` (the table, what ``--persist`` runs hold, the live
+            graphs); in a terminal the table.
+        """
         handle = self._target(ns.name)
         return LiveClusterInfo(handle.info(), handle) if self.in_kernel else handle.info()
 
     def do_list(self, ns: argparse.Namespace) -> ClusterList:
+        """``list``: every running cluster, whoever started it.
+
+        A cluster attached with ``use`` (in no registry) is listed too. Clusters are asked for
+        their status at once; one that does not answer is shown from its registry entry.
+
+        Parameters
+        ----------
+        ns : argparse.Namespace
+            No options.
+
+        Returns
+        -------
+        ClusterList
+            The clusters, with the current one marked.
+        """
         handles = clusters()
         current = _current.current() if self.in_kernel else None
         if current is not None and not current.managed:
@@ -205,6 +343,24 @@ class Runner:
         return ClusterList(_aio.run(every()), current.name if current else None)
 
     def do_use(self, ns: argparse.Namespace) -> ClusterInfo:
+        """``use NAME|tls://ADDRESS``: make a cluster the kernel's current one.
+
+        Parameters
+        ----------
+        ns : argparse.Namespace
+            ``target`` (a name or scheduler address) and ``security`` (``CA,CERT,KEY`` files
+            for a TLS scheduler run by someone else).
+
+        Returns
+        -------
+        ClusterInfo
+            The cluster's status, with a note that work now runs there.
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            Outside a kernel, where there is no current cluster to set.
+        """
         if not self.in_kernel:
             raise BadArgument("`use` picks the cluster of a notebook kernel: run `%cluster use NAME` there")
         handle = _current.attach(ns.target, security=ns.security)
@@ -215,6 +371,19 @@ class Runner:
         return info
 
     def do_profiles(self, ns: argparse.Namespace) -> str:
+        """``profiles``: where clusters can run, from the profiles in Dask config.
+
+        Parameters
+        ----------
+        ns : argparse.Namespace
+            No options.
+
+        Returns
+        -------
+        str
+            One line per usable profile (name, backend, description), one per profile that is
+            not usable and why, then how to use and add them.
+        """
         usable, mistakes = profiles.checked()
         rows = [(p.name, p.backend, p.description) for p in usable]
         widths = [max(len(r[i]) for r in [("name", "backend", ""), *rows]) for i in range(2)]
@@ -225,6 +394,23 @@ class Runner:
         )
 
     def do_runs(self, ns: argparse.Namespace) -> str:
+        """``runs [--forget ID... | --forget --all]``: list or delete the journaled runs.
+
+        Parameters
+        ----------
+        ns : argparse.Namespace
+            ``forget`` (IDs, or None to list) and ``all``.
+
+        Returns
+        -------
+        str
+            The table of runs (`distribute.runs.table`), or what was forgotten.
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            For ``--all`` without ``--forget``, or IDs `distribute.runs.forget` cannot take.
+        """
         if ns.forget is None:
             if ns.all:
                 raise BadArgument("--all goes with --forget: `runs --forget --all` deletes every journal")
@@ -232,6 +418,23 @@ class Runner:
         return runs.forget(ns.forget, ns.all)
 
     def do_stop(self, ns: argparse.Namespace) -> str:
+        """``stop [NAME | --all]``: stop a cluster (or every one) and its workers.
+
+        Parameters
+        ----------
+        ns : argparse.Namespace
+            ``name`` and ``all``.
+
+        Returns
+        -------
+        str
+            Which clusters were stopped, or that none were running.
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            For both a name and ``--all``.
+        """
         if ns.all and ns.name:
             raise BadArgument("give a cluster name or --all, not both")
         targets = clusters() if ns.all else [self._target(ns.name)]
@@ -245,6 +448,18 @@ class Runner:
         return "Stopped " + ", ".join(repr(h.name) for h in targets) + "."
 
     def do_restart(self, ns: argparse.Namespace) -> ClusterInfo:
+        """``restart [NAME]``: restart a cluster's workers; the cluster stays.
+
+        Parameters
+        ----------
+        ns : argparse.Namespace
+            ``name``: the cluster; the current (or only running) one when None.
+
+        Returns
+        -------
+        ClusterInfo
+            The cluster's status, with a note that its workers restarted.
+        """
         handle = self._target(ns.name)
         handle.restart()
         info = handle.info()

@@ -44,6 +44,27 @@ def get(key: str) -> Any:
     Falls back to the shipped default: a ``with dask.config.set({"nbcluster...": ...})``
     entered before nbcluster was imported restores, on leaving, the config it saw on
     entering, which had no ``nbcluster`` section, and so drops the defaults registered since.
+
+    Parameters
+    ----------
+    key : str
+        The setting's key below ``nbcluster.``, such as ``"widget.delay"``.
+
+    Returns
+    -------
+    Any
+        Its value from Dask config (YAML files, ``DASK_NBCLUSTER__`` variables,
+        ``dask.config.set``), else the shipped default.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        When the value is not of the setting's kind; the message says what to set it to.
+
+    Examples
+    --------
+    >>> get("widget.delay")  # doctest: +SKIP
+    '750ms'
     """
     warn_unknown()
     try:
@@ -85,7 +106,18 @@ class SiteValue:
 
 
 def site_folders(environ: Mapping[str, str] | None = None) -> list[Path]:
-    """The folders of the site config: `/etc/dask`, and `$DASK_ROOT_CONFIG` if set."""
+    """The folders of the site config: `/etc/dask`, and `$DASK_ROOT_CONFIG` if set.
+
+    Parameters
+    ----------
+    environ : Mapping of str to str, optional
+        The environment to read ``DASK_ROOT_CONFIG`` from; `os.environ` when None.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The folders, `/etc/dask` first.
+    """
     environ = os.environ if environ is None else environ
     folders = [Path(SITE_FOLDER)]
     root = environ.get("DASK_ROOT_CONFIG")
@@ -99,6 +131,24 @@ def site(key: str, environ: Mapping[str, str] | None = None) -> list[SiteValue]:
 
     Read from the files on each call, never from the merged config that a user's own
     files, `DASK_CONFIG` or a `dask.config.set` can change.
+
+    Parameters
+    ----------
+    key : str
+        The setting's key below ``nbcluster.``.
+    environ : Mapping of str to str, optional
+        The environment that names the site folders (`site_folders`).
+
+    Returns
+    -------
+    list of SiteValue
+        Each site file's value with its path; [] when no site file sets it.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        When a site file cannot be read or is not a mapping: the limits it may set cannot be
+        known, so the message asks the administrator to fix the file.
     """
     found = []
     for folder in site_folders(environ):
@@ -124,7 +174,23 @@ def _bad_site(path: Path, what: str) -> Exception:
 
 
 def seconds(key: str) -> float:
-    """A duration setting (`50ms`, `2s` or a number of seconds) in seconds."""
+    """A duration setting (`50ms`, `2s` or a number of seconds) in seconds.
+
+    Parameters
+    ----------
+    key : str
+        The setting's key below ``nbcluster.``.
+
+    Returns
+    -------
+    float
+        The duration in seconds.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        When the value is not a duration.
+    """
     value = get(key)
     try:
         return float(parse_timedelta(value, default="seconds"))
@@ -133,13 +199,53 @@ def seconds(key: str) -> float:
 
 
 def count(key: str, minimum: int = 0) -> int | None:
-    """A whole-number setting, or None where it is unset (`null`)."""
+    """A whole-number setting, or None where it is unset (`null`).
+
+    Parameters
+    ----------
+    key : str
+        The setting's key below ``nbcluster.``.
+    minimum : int
+        The smallest value allowed.
+
+    Returns
+    -------
+    int or None
+        The number; None where the setting is ``null``.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        When the value is not a whole number of at least `minimum`.
+    """
     return as_count(key, get(key), minimum)
 
 
 def as_count(key: str, value: Any, minimum: int = 0, where: str = "Dask config") -> int | None:
-    """`value` of setting `key` as a whole number (None stays None); `where` it was set
-    (a site file's path) goes in the message of a bad one."""
+    """`value` of setting `key` as a whole number (None stays None).
+
+    Parameters
+    ----------
+    key : str
+        The setting's key below ``nbcluster.``, for the message.
+    value : Any
+        The value as set: an int or a string of digits (a bool is refused).
+    minimum : int
+        The smallest value allowed.
+    where : str
+        Where it was set (a site file's path), for the message.
+
+    Returns
+    -------
+    int or None
+        The number, or None when `value` is None.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        When it is not a whole number of at least `minimum`; the message names the setting
+        and where it was set.
+    """
     if value is None:
         return None
     try:
@@ -156,7 +262,14 @@ def _bad(key: str, value: Any, what: str, where: str = "Dask config") -> Excepti
 
 
 def worker_pre_spawn_environ() -> dict[str, Any]:
-    """Dask's pre-spawn environment for worker processes with nbcluster's additions."""
+    """Dask's pre-spawn environment for worker processes with nbcluster's additions.
+
+    Returns
+    -------
+    dict of str to Any
+        ``distributed.nanny.pre-spawn-environ``, updated with
+        ``nbcluster.worker.pre-spawn-environ``.
+    """
     merged = dict(dask.config.get("distributed.nanny.pre-spawn-environ") or {})
     merged.update(get("worker.pre-spawn-environ") or {})
     return merged
@@ -195,14 +308,28 @@ def drop_copied_dask_environ(environ: MutableMapping[str, str]) -> list[str]:
 
 
 def view_limits() -> dict[str, int]:
-    """The bounds of a live view of the metrics, as graphs.js's ``createView`` takes them
-    (the widget, the sidebar and `MetricsWindow` keep the same history)."""
+    """The bounds of a live view of the metrics, as graphs.js's ``createView`` takes them.
+
+    The widget, the sidebar and `MetricsWindow` keep the same history.
+
+    Returns
+    -------
+    dict of str to int
+        ``maxTasks`` and ``maxSamples``, from ``widget.max-tasks`` and ``widget.max-samples``.
+    """
     return {"maxTasks": int(get("widget.max-tasks")), "maxSamples": int(get("widget.max-samples"))}
 
 
 def sidebar_settings() -> dict[str, Any]:
-    """What the sidebar reads from the server's page config: its view bounds, chart
-    windows and the reconnect backoff of its stream, in milliseconds."""
+    """What the sidebar reads from the server's page config.
+
+    Returns
+    -------
+    dict of str to Any
+        ``limits`` (its view bounds, `view_limits`), ``window`` (its charts' window, in
+        seconds) and the reconnect backoff of its stream, ``reconnectMs`` and
+        ``reconnectMaxMs``, in milliseconds.
+    """
     return {
         "limits": view_limits(),
         "window": seconds("sidebar.window"),

@@ -52,7 +52,23 @@ class Setting:
 
 
 def canonical(key: str) -> str:
-    """`key` as Dask matches it: ``max_tasks`` (an environment variable's spelling) is ``max-tasks``."""
+    """`key` as Dask matches it: ``max_tasks`` (an environment variable's spelling) is ``max-tasks``.
+
+    Parameters
+    ----------
+    key : str
+        A dotted key below ``nbcluster.``.
+
+    Returns
+    -------
+    str
+        The key with ``-`` for every ``_``.
+
+    Examples
+    --------
+    >>> canonical("widget.max_tasks")
+    'widget.max-tasks'
+    """
     return key.replace("_", "-")
 
 
@@ -96,8 +112,29 @@ def _kind(default: Any, tag: str | None) -> str:
 
 
 def load(path: Path = DEFAULTS) -> dict[str, Setting]:
-    """Every setting of the YAML at `path` (nbcluster's own defaults), by dotted key below
-    ``nbcluster.``; sections (``widget``) are settings of kind ``section``."""
+    """Every setting of the YAML at `path` (nbcluster's own defaults), by dotted key.
+
+    Sections (``widget``) are settings of kind ``section``. A key's meaning is the comment
+    block above it (and on its line); a ``[kind]`` tag there names a kind the default cannot
+    show.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The YAML file; the shipped ``nbcluster.yaml`` by default.
+
+    Returns
+    -------
+    dict of str to Setting
+        Dotted key below ``nbcluster.`` -> the setting: its key, default, kind and
+        description.
+
+    Raises
+    ------
+    ValueError
+        When a default's kind cannot be told and has no ``[kind]`` tag (a mistake in the
+        shipped file).
+    """
     text = path.read_text()
     defaults = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))["nbcluster"]
     settings: dict[str, Setting] = {}
@@ -124,7 +161,20 @@ def _inside_mapping(key: str, settings: Mapping[str, Setting]) -> bool:
 
 
 def expected(setting: Setting, value: Any) -> str | None:
-    """What `value` of `setting` should be instead ("a duration such as 2s"), or None if it is one."""
+    """What `value` of `setting` should be instead ("a duration such as 2s"), or None if it is one.
+
+    Parameters
+    ----------
+    setting : Setting
+        The setting.
+    value : Any
+        Its value as set (None, unset, is always accepted).
+
+    Returns
+    -------
+    str or None
+        What its kind asks for, for the message; None when `value` is acceptable.
+    """
     return None if _accepts(setting.kind, value) else KINDS.get(setting.kind, "a mapping of settings")
 
 
@@ -153,8 +203,21 @@ def _accepts(kind: str, value: Any) -> bool:
 
 
 def unknown(section: Mapping[str, Any], settings: Mapping[str, Setting]) -> Iterator[str]:
-    """A one-line message for each key of `section` (the ``nbcluster`` mapping of a Dask
-    config) that is no setting, naming the nearest one."""
+    """A one-line message for each key of `section` that is no setting, naming the nearest one.
+
+    Parameters
+    ----------
+    section : Mapping of str to Any
+        The ``nbcluster`` mapping of a Dask config.
+    settings : Mapping of str to Setting
+        The known settings (`settings()`).
+
+    Returns
+    -------
+    Iterator of str
+        ``nbcluster: unknown setting 'nbcluster.widget.dealy' (did you mean
+        'nbcluster.widget.delay'?); it is ignored``, one per unknown key.
+    """
     return _unknown(section, {canonical(key): s for key, s in settings.items()}, "")
 
 

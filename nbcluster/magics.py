@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 
 @magics_class
 class NbclusterMagics(Magics):
+    """The ``%cluster`` line magic and the ``%%distribute`` cell (and line) magic.
+
+    Each parses its line with the same declarations as the Python API and the CLI, calls
+    the API, and turns nbcluster's one-line errors into IPython ``UsageError``s (shown
+    without a traceback). `%cluster?` and `%%distribute?` show the parsers' own help.
+    """
     shell: InteractiveShell  # never None here: IPython registers the magics with its shell
 
     @line_magic
@@ -68,7 +74,16 @@ class NbclusterMagics(Magics):
 
 
 def forget_shown_after_cells(ipython: Any) -> None:
-    """After every cell, the output history holds persisted handles weakly (`handles.forget_shown`)."""
+    """After every cell, the output history holds persisted handles weakly (`handles.forget_shown`).
+
+    Registering it again (a second ``%load_ext``) replaces the earlier callback, so it runs
+    once per cell.
+
+    Parameters
+    ----------
+    ipython : IPython.core.interactiveshell.InteractiveShell
+        The kernel's shell.
+    """
 
     def after(_: Any) -> None:
         forget_shown(ipython)

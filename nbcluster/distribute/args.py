@@ -58,18 +58,50 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def usage() -> str:
-    """The one-line usage that messages end with."""
+    """The one-line usage that messages end with.
+
+    Returns
+    -------
+    str
+        ``%%distribute [--over ...] ...``, made by the same parser that reads the line.
+    """
     return " ".join(_parser().format_usage().split()).removeprefix("usage: ")
 
 
 def help_text() -> str:
-    """`%%distribute?`: the usage and every flag, from the declaration."""
+    """`%%distribute?`: the usage and every flag, from the declaration.
+
+    Returns
+    -------
+    str
+        The parser's help: usage, then each flag with its help text.
+    """
     return _parser().format_help()
 
 
 def parse_distribute_line(line: str) -> dict[str, Any]:
     """Keyword arguments for `distribute()` from a `%%distribute` line.
 
+    Parameters
+    ----------
+    line : str
+        The magic's line, without ``%%distribute``. Values may hold spaces inside brackets or
+        quotes (``--over "x in range(3)"``).
+
+    Returns
+    -------
+    dict
+        The arguments `distribute()` takes, with ``first_line`` 2 (the cell's body starts on
+        the notebook cell's second line).
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        For an unknown or repeated flag, a missing or bad value, or flags that do not go
+        together; the message says which.
+
+    Examples
+    --------
     >>> parse_distribute_line('--over "x in range(3)" --into res --no-wait')
     {'first_line': 2, 'over': 'x in range(3)', 'into': 'res', 'wait': False}
     """
@@ -90,7 +122,24 @@ def parse_distribute_line(line: str) -> dict[str, Any]:
 
 
 def parse_wait_line(line: str) -> str:
-    """The NAME of `%distribute wait NAME`; any other line magic use is a mistake."""
+    """The NAME of `%distribute wait NAME`; any other line magic use is a mistake.
+
+    Parameters
+    ----------
+    line : str
+        The line magic's line, such as ``wait res``.
+
+    Returns
+    -------
+    str
+        NAME, the variable holding the results of a ``--no-wait`` cell.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        For anything but ``wait NAME``: the message gives the usage, or says to write
+        ``%%distribute`` (two %) to run a cell.
+    """
     words = _words(line)
     if len(words) == 2 and words[0] == "wait" and words[1].isidentifier():
         return words[1]

@@ -41,6 +41,22 @@ PIN_WAIT_S = 5.0
 
 @dataclass
 class Capture:
+    """The notebook variables one cell run takes with it, sorted by how each travels.
+
+    Attributes
+    ----------
+    values : dict of str to bytes
+        Small values, pickled here (one name at a time).
+    modules : dict of str to str
+        Modules, by the name the cell uses -> the module to import on the worker.
+    large : dict of str to (Any, str, int)
+        Values over `LARGE` bytes of pickle -> (value, content digest, size): scattered once per
+        worker by `Shipments`.
+    direct : dict of str to Any
+        Every captured value as it is, for ``--local``, where nothing is pickled.
+    held : dict of str to Any
+        Handles of ``--persist`` values, by name: resolved on the worker, never fetched here.
+    """
     values: dict[str, bytes] = field(default_factory=dict)  # small: pickled here
     modules: dict[str, str] = field(default_factory=dict)  # name -> module to import
     large: dict[str, tuple[Any, str, int]] = field(default_factory=dict)  # name -> (value, digest, size)
@@ -49,11 +65,42 @@ class Capture:
 
     @property
     def names(self) -> list[str]:
+        """The captured names that travel: modules, small values, then large ones.
+
+        Returns
+        -------
+        list of str
+            The names, in that order.
+        """
         return [*self.modules, *self.values, *self.large]
 
 
 def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool = True) -> Capture:
-    """Collect the free names' values; `pickle_values=False` when nothing leaves the kernel."""
+    """Collect the free names' values; `pickle_values=False` when nothing leaves the kernel.
+
+    Parameters
+    ----------
+    free : dict of str to int or None
+        The cell's free names (`cell.Cell.free_names`) -> the cell line that reads one before
+        binding it, or None for a name read only inside a function the cell defines.
+    namespace : Mapping
+        The user's namespace (IPython's ``user_ns``).
+    pickle_values : bool
+        False for ``--local``: the values are kept in `Capture.direct` only, unpickled.
+
+    Returns
+    -------
+    Capture
+        The modules, small and large values found; builtins and names left for Python to
+        resolve at run time are skipped.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        When a name the cell reads is not defined, or a value cannot travel (an open file,
+        something cloudpickle refuses, a structure nested too deeply): the message names it
+        and says what to do instead.
+    """
     result = Capture()
     for name, line in free.items():
         if name in namespace:
@@ -79,6 +126,17 @@ def code_index(values: Any) -> dict[str, list[tuple[str, int, int]]]:
     cloudpickle renames the file of every code object it ships by value to
     "<dynamic-code>"; names and line numbers survive, so a worker's frame can be mapped
     back to the notebook cell the function was defined in.
+
+    Parameters
+    ----------
+    values : Iterable
+        Captured values; functions, and the methods and properties of classes, are indexed,
+        with every function nested in them.
+
+    Returns
+    -------
+    dict of str to list of (str, int, int)
+        Each code object's name -> the file and line range of every function of that name.
     """
     index: dict[str, list[tuple[str, int, int]]] = {}
     todo: list[Any] = []
@@ -139,6 +197,23 @@ def _why(e: Exception) -> str:
 
 
 def human(size: float) -> str:
+    """A byte count for people: ``"512 B"``, ``"1.5 MB"``.
+
+    Parameters
+    ----------
+    size : float
+        A size in bytes.
+
+    Returns
+    -------
+    str
+        The size in B, kB, MB or GB (powers of 1000), at most one decimal.
+
+    Examples
+    --------
+    >>> human(2_500_000)
+    '2.5 MB'
+    """
     for unit in ("B", "kB", "MB", "GB"):
         if size < 1000 or unit == "GB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
@@ -157,7 +232,26 @@ class Shipments:
     def ship(
         self, client: Any, large: dict[str, tuple[Any, str, int]]
     ) -> tuple[list[tuple[str, str, int]], list[str]]:
-        """(name, key, size) of each large value, and what the report line should say."""
+        """Put each large value on the workers, unless the same content is already there.
+
+        A value is scattered to every worker at most once per content; a name now bound to
+        other content releases the old copy (once no other name uses it).
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The cluster's client.
+        large : dict of str to (Any, str, int)
+            `Capture.large`: name -> (value, digest, size).
+
+        Returns
+        -------
+        shipped : list of (str, str, int)
+            (name, Dask key, size) of each large value, for the run's context.
+        notes : list of str
+            What the report line should say of each ("sent x (200.0 MB) once to each of 4
+            workers", or "already on the workers").
+        """
         shipped, notes = [], []
         with self.lock:
             for name, (value, digest, size) in large.items():
@@ -176,12 +270,41 @@ class Shipments:
         return shipped, notes
 
     def future(self, key: str) -> Any:
+        """The Future that holds a shipped value on the cluster, by its Dask key.
+
+        Parameters
+        ----------
+        key : str
+            The value's Dask key (``nbcluster-capture-<digest>``).
+
+        Returns
+        -------
+        distributed.Future or None
+            Its Future, or None when this client shipped no such value.
+        """
         return self.futures.get(key.removeprefix("nbcluster-capture-"))
 
     def reship(
         self, client: Any, key: str, large: dict[str, tuple[Any, str, int]], workers: list[str] | None
     ) -> bool:
-        """Scatter again a value whose every holder died; False if it is not one of `large`."""
+        """Scatter again a value whose every holder died; False if it is not one of `large`.
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The cluster's client.
+        key : str
+            The Dask key a batch reported lost.
+        large : dict of str to (Any, str, int)
+            The run's large values (`Capture.large`), still held in the kernel.
+        workers : list of str or None
+            Where to put it again; None broadcasts it to every worker.
+
+        Returns
+        -------
+        bool
+            True when the value was scattered again.
+        """
         for value, digest, size in large.values():
             if key == _key(digest):
                 with self.lock:
@@ -209,6 +332,17 @@ def pin_soon(client: Any, future: Any, size: int, wait: float = PIN_WAIT_S) -> N
     the workers that hold the key (they are alive), and waits at most `wait` seconds: a
     worker that died a moment ago would otherwise hold the caller up for its connect
     timeout.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client that scattered the value.
+    future : distributed.Future
+        The value's Future.
+    size : int
+        Its pickled size in bytes (its weight in the workers' LRU).
+    wait : float
+        Seconds to wait at most for the workers' answer.
     """
 
     def run() -> None:
@@ -233,6 +367,18 @@ _SHIPMENTS_LOCK = threading.Lock()
 
 
 def shipments(client: Any) -> Shipments:
+    """The `Shipments` of a client, made on first use and dropped with the client.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The cluster's client.
+
+    Returns
+    -------
+    Shipments
+        The same object for every call with this client.
+    """
     with _SHIPMENTS_LOCK:
         found = _SHIPMENTS.get(client)
         if found is None:

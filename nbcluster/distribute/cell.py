@@ -55,6 +55,39 @@ class Cell:
 
     @classmethod
     def parse(cls, source: str, *, filename: str, first_line: int = 1) -> Cell:
+        """Parse and compile a cell, and find the names it reads from outside.
+
+        The source is padded with blank lines so that its line numbers, in tracebacks too, are
+        the notebook cell's.
+
+        Parameters
+        ----------
+        source : str
+            The cell's body (below the ``%%distribute`` line).
+        filename : str
+            The file name its code objects carry: IPython's name for the cell, so tracebacks point
+            at it.
+        first_line : int
+            The notebook cell line the body starts on.
+
+        Returns
+        -------
+        Cell
+            The compiled cell; its last expression, if it ends with one, is compiled apart as the
+            item's value.
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            For a syntax error (with its cell line, and a hint when the line is an IPython magic
+            or shell command) or an empty cell.
+
+        Examples
+        --------
+        >>> cell = Cell.parse("y = x * 2\\ny", filename="<cell>", first_line=2)
+        >>> cell.free_names()
+        {'x': 2}
+        """
         padded = "\n" * max(first_line - 1, 0) + source
         try:
             tree = ast.parse(padded, filename=filename, mode="exec")
@@ -79,6 +112,16 @@ class Cell:
 
         Maps each name to the line it is first read on (None for names read only inside
         functions), for messages about unknown names.
+
+        Parameters
+        ----------
+        bound : Iterable of str
+            Names bound for each item (the ``--over`` variables, ``seed``), so not captured.
+
+        Returns
+        -------
+        dict of str to int or None
+            Free name -> the cell line it is first read on, or None.
         """
         skip = set(bound)
         names: dict[str, int | None] = {n: line for n, line in self.immediate.items() if n not in skip}
@@ -88,12 +131,32 @@ class Cell:
 
 
 def register_source(filename: str, source: str) -> None:
-    """Make `source` what tracebacks and `inspect` show for `filename` in this process."""
+    """Make `source` what tracebacks and `inspect` show for `filename` in this process.
+
+    Parameters
+    ----------
+    filename : str
+        The file name the code objects carry.
+    source : str
+        The (padded) source to show for it.
+    """
     lines = source.splitlines(keepends=True)
     linecache.cache[filename] = (len(source), None, lines, filename)
 
 
 def is_builtin(name: str) -> bool:
+    """True when `name` needs no capture: a Python builtin, or ``display``.
+
+    Parameters
+    ----------
+    name : str
+        A free name of a cell.
+
+    Returns
+    -------
+    bool
+        Whether the worker has it without the kernel sending it.
+    """
     # `display` is a builtin in IPython only while a cell runs, and workers provide their own.
     return name in _BUILTINS or name == "display"
 

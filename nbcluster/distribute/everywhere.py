@@ -24,7 +24,8 @@ class Tasks(Protocol):
     """What the strategy asks of the engine (`engine.Engine`)."""
 
     @property
-    def client(self) -> Any: ...
+    def client(self) -> Any:
+        """The cluster's Dask client, to read which workers are still there."""
 
     @property
     def items(self) -> list[Any]:
@@ -35,23 +36,89 @@ class Tasks(Protocol):
         """The submit keywords every task of the run takes (its resources)."""
 
     @property
-    def stopping(self) -> bool: ...
+    def stopping(self) -> bool:
+        """True once the run was told to stop (interrupt, cancel, or the cluster gone)."""
 
-    def submit_task(self, indices: list[int], blob: bytes, **where: Any) -> Any | None: ...
+    def submit_task(self, indices: list[int], blob: bytes, **where: Any) -> Any | None:
+        """Submit one task for `indices`, through the engine's bookkeeping.
 
-    def outstanding(self, futures: list[Any]) -> list[Any]: ...
+        Parameters
+        ----------
+        indices : list of int
+            The items the task runs (here always one).
+        blob : bytes
+            The pickled batch, ``(indices, items, budget)``.
+        **where : Any
+            Dask's submit keywords: ``workers``, ``allow_other_workers``, resources.
 
-    def settle_task(self, future: Any) -> list[int]: ...
+        Returns
+        -------
+        distributed.Future or None
+            The task's future; None when the run is stopping and nothing was submitted.
+        """
 
-    def withdraw(self, future: Any) -> None: ...
+    def outstanding(self, futures: list[Any]) -> list[Any]:
+        """Those of `futures` still out (not taken in, withdrawn or cancelled).
 
-    def fail(self, indices: list[int], record: ErrorRecord) -> None: ...
+        Parameters
+        ----------
+        futures : list of distributed.Future
+            The futures submitted so far.
 
-    def finish(self) -> None: ...
+        Returns
+        -------
+        list of distributed.Future
+            Those still to be taken in.
+        """
+
+    def settle_task(self, future: Any) -> list[int]:
+        """Take in a finished task: its values, errors and output.
+
+        Parameters
+        ----------
+        future : distributed.Future
+            A done task.
+
+        Returns
+        -------
+        list of int
+            Items to submit again (a batch that came back lost or stopped short).
+        """
+
+    def withdraw(self, future: Any) -> None:
+        """Stop waiting for a task: the caller then fails its items or gives them up.
+
+        Parameters
+        ----------
+        future : distributed.Future
+            The task.
+        """
+
+    def fail(self, indices: list[int], record: ErrorRecord) -> None:
+        """Record the same error for each of `indices`.
+
+        Parameters
+        ----------
+        indices : list of int
+            The items that failed.
+        record : ErrorRecord
+            Why.
+        """
+
+    def finish(self) -> None:
+        """The strategy is over: nothing is out any more, and the run's state ends."""
 
 
 def drive(tasks: Tasks, indices: list[int]) -> None:
-    """Run item `i` on worker `tasks.items[i]`, for each of `indices`, until all are in."""
+    """Run item `i` on worker `tasks.items[i]`, for each of `indices`, until all are in.
+
+    Parameters
+    ----------
+    tasks : Tasks
+        The engine, whose tasks and state the strategy uses.
+    indices : list of int
+        The items to run, each naming its worker by position in `Tasks.items`.
+    """
     futures: dict[Any, int] = {}
     changed = threading.Event()
 

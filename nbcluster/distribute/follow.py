@@ -25,7 +25,25 @@ SHOWN_OUTPUTS = 5  # items whose output is printed in full; the rest are counted
 
 
 def follow(results: Results) -> None:
-    """Wait in the kernel's main thread, printing output as it comes; Ctrl-C cancels."""
+    """Wait in the kernel's main thread, printing output as it comes; Ctrl-C cancels.
+
+    Once the run is over it prints the failure summary (`report`).
+
+    Parameters
+    ----------
+    results : Results
+        The run to wait for.
+
+    Raises
+    ------
+    nbcluster.errors.Interrupted
+        On Ctrl-C or the stop button: the run is cancelled, and the exception carries the
+        partial results.
+    nbcluster.errors.ClusterLost
+        When the cluster went away during the run; the finished items are kept.
+    nbcluster.errors.ClusterCannotRun
+        When the cluster cannot run the items (none of its workers qualify, say).
+    """
     printer = _Printer(results)
     try:
         _hold_for_widget(results)
@@ -69,6 +87,19 @@ def end_open_lines() -> None:
 
 
 def interrupted(results: Results) -> Interrupted:
+    """The `Interrupted` to raise for a run stopped by Ctrl-C.
+
+    Parameters
+    ----------
+    results : Results
+        The cancelled run.
+
+    Returns
+    -------
+    nbcluster.errors.Interrupted
+        It says how many items finished and were cancelled, and where the partial results
+        are (the ``--into`` name, else ``sys.last_value.results``).
+    """
     c = results.counts()
     where = f"`{results.label}`" if results.label else "sys.last_value.results (use --into NAME to keep them)"
     return Interrupted(
@@ -78,6 +109,19 @@ def interrupted(results: Results) -> Interrupted:
 
 
 def lost(results: Results) -> ClusterLost:
+    """The `ClusterLost` to raise for a run whose cluster went away.
+
+    Parameters
+    ----------
+    results : Results
+        The run.
+
+    Returns
+    -------
+    nbcluster.errors.ClusterLost
+        It says what happened, how many items finished and where they are, and to start a
+        cluster and call ``retry()``.
+    """
     c = results.counts()
     name = results.label or "sys.last_value.results"
     return ClusterLost(
@@ -88,6 +132,18 @@ def lost(results: Results) -> ClusterLost:
 
 
 def cannot_run(results: Results) -> ClusterCannotRun:
+    """The `ClusterCannotRun` to raise for a run the cluster halted (it cannot run the items).
+
+    Parameters
+    ----------
+    results : Results
+        The run.
+
+    Returns
+    -------
+    nbcluster.errors.ClusterCannotRun
+        It says why, that ``retry()`` runs the rest, and where the finished items are.
+    """
     c = results.counts()
     name = results.label or "sys.last_value.results"
     return ClusterCannotRun(
@@ -149,7 +205,13 @@ def _show(bundle: dict[str, Any]) -> None:
 
 
 def report(results: Results) -> None:
-    """The summary line and first traceback, if items failed (to stderr)."""
+    """The summary line and first traceback, if items failed (to stderr).
+
+    Parameters
+    ----------
+    results : Results
+        A finished run; nothing is written when no item failed.
+    """
     errors = results.errors
     if not errors:
         return

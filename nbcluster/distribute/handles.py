@@ -50,6 +50,7 @@ class Handle:
 
     @property
     def key(self) -> str:
+        """The value's Dask key, ``persist-<run id>-<item>``; "" once released."""
         return str(self._future.key) if self._future is not None else ""
 
     @property
@@ -71,7 +72,15 @@ class Handle:
         return None
 
     def where(self) -> str | None:
-        """The name of the worker holding the value now (asked of the scheduler), else None."""
+        """The name of the worker holding the value now (asked of the scheduler), else None.
+
+        Returns
+        -------
+        str or None
+            The worker's name (its address when it has none); None when the value is gone, no
+            worker holds it at the moment (Dask is recomputing it), or the scheduler cannot be
+            asked.
+        """
         if self.gone is not None:
             return None
         client = self._future.client
@@ -85,7 +94,26 @@ class Handle:
         return str(info.get("name", holders[0]))
 
     def gather(self) -> Any:
-        """Bring the value to the kernel."""
+        """Bring the value to the kernel.
+
+        Returns
+        -------
+        Any
+            The value, copied from its worker.
+
+        Raises
+        ------
+        nbcluster.errors.HandleGone
+            When the value is gone (released, its cluster stopped, lost for good) or cannot be
+            brought back; the message says which.
+
+        Examples
+        --------
+        After ``%%distribute --over "i in range(8)" --persist --into shards``:
+
+        >>> shards[2].gather()  # doctest: +SKIP
+        array([0.64, 0.27, ...])
+        """
         self._check()
         try:
             return self._future.result()
@@ -104,7 +132,13 @@ class Handle:
             raise HandleGone(f"item {self.index}'s value is gone: {reason}")
 
     def describe(self) -> str:
-        """`ndarray (12500000,) float64, 100.0 MB`: what the worker said of the value."""
+        """`ndarray (12500000,) float64, 100.0 MB`: what the worker said of the value.
+
+        Returns
+        -------
+        str
+            The type, shape (or length) and size the worker measured, as in the handle's repr.
+        """
         held = self.held
         what = " ".join(part for part in (held["type"], held["shape"]) if part)
         return f"{what}, {human(held['nbytes'])}"
@@ -126,7 +160,19 @@ class Handle:
 
 
 def holdings_lines(client: Any) -> list[str]:
-    """`%cluster status`'s lines on what each worker holds for persisted results (none: [])."""
+    """`%cluster status`'s lines on what each worker holds for persisted results (none: []).
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The cluster's client.
+
+    Returns
+    -------
+    list of str
+        One line per worker holding persisted values: per run, its ``--into`` name (else its
+        run id), the count of values and their size. [] when the scheduler cannot be asked.
+    """
     try:
         held = client.run_on_scheduler(holdings)
         names = {a: str(w.get("name", a)) for a, w in client.scheduler_info()["workers"].items()}
@@ -144,12 +190,38 @@ def holdings_lines(client: Any) -> list[str]:
 
 
 def is_handle(value: Any) -> bool:
+    """True when `value` is a `Handle`.
+
+    Parameters
+    ----------
+    value : Any
+        Anything.
+
+    Returns
+    -------
+    bool
+        Whether it is a persisted result's handle.
+    """
     return isinstance(value, Handle)
 
 
 def check(values: Iterable[Any], client: Any = None) -> None:
-    """One line, before anything runs, for a handle that is gone or (given the run's
-    `client`) from another cluster."""
+    """Check, before anything runs, that every handle a run reads can be read.
+
+    Parameters
+    ----------
+    values : Iterable
+        The values the run reads: its items and captured values; those that are not handles
+        are skipped.
+    client : distributed.Client, optional
+        The run's client: when given, each handle must belong to its cluster.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        For a handle that is gone, or that lives on another cluster (with what to do: use
+        ``--cluster``, or ``.gather()`` it).
+    """
     for value in values:
         if not isinstance(value, Handle):
             continue
@@ -166,7 +238,23 @@ def check(values: Iterable[Any], client: Any = None) -> None:
 
 
 def held_slots(items: list[Any], first: int) -> tuple[list[Any], list[Any]]:
-    """Items with each handle replaced by a `Slot` (from `first` on), and the futures they stand for."""
+    """Items with each handle replaced by a `Slot` (from `first` on), and the futures they stand for.
+
+    Parameters
+    ----------
+    items : list
+        The batch's items: handles, tuples of values and handles, or plain values.
+    first : int
+        The index of the first slot: the task's dependencies before it are the handles the
+        cell captured by name.
+
+    Returns
+    -------
+    items : list
+        The items, each handle replaced by its `Slot` (one tuple level deep).
+    futures : list of distributed.Future
+        The futures of those handles, in slot order: the task's dependencies.
+    """
     futures: list[Any] = []
 
     def slot(value: Any) -> Any:
@@ -193,6 +281,19 @@ class Read:
         self._text = f"<persisted: {handle.describe()}>"  # asks no scheduler: runs in a listener
 
     def recall(self) -> Handle:
+        """The handle back, for a retry.
+
+        Returns
+        -------
+        Handle
+            The handle, while the notebook still holds it.
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            When it was deleted or released since; the message says to run the cells that make it
+            again.
+        """
         handle = self._ref()
         if handle is None or handle.gone is not None:
             raise BadArgument(
@@ -206,7 +307,18 @@ class Read:
 
 
 def forget(value: Any) -> Any:
-    """`value` (an item: a handle, a tuple with handles, anything) holding handles weakly."""
+    """`value` (an item: a handle, a tuple with handles, anything) holding handles weakly.
+
+    Parameters
+    ----------
+    value : Any
+        One item of a finished run.
+
+    Returns
+    -------
+    Any
+        The item with each handle (one tuple level deep) replaced by a `Read`.
+    """
     if isinstance(value, Handle):
         return Read(value)
     if type(value) is tuple and any(isinstance(v, Handle) for v in value):
@@ -215,7 +327,23 @@ def forget(value: Any) -> Any:
 
 
 def recall(value: Any) -> Any:
-    """The reverse of `forget`; one line if a handle is gone."""
+    """The reverse of `forget`; one line if a handle is gone.
+
+    Parameters
+    ----------
+    value : Any
+        An item as `forget` left it.
+
+    Returns
+    -------
+    Any
+        The item with each `Read` turned back into its handle.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        When a handle it read is gone (see `Read.recall`).
+    """
     if isinstance(value, Read):
         return value.recall()
     if type(value) is tuple and any(isinstance(v, Read) for v in value):
@@ -231,6 +359,11 @@ def forget_shown(shell: Any) -> None:
     A weak proxy still works like the value while it lives. IPython's display hook keeps
     `_`, `__`, `___` itself and tells them from the user's own by identity: its copies
     become the same proxies; IPython also copies them into `user_ns_hidden`.
+
+    Parameters
+    ----------
+    shell : IPython.core.interactiveshell.InteractiveShell
+        The kernel's shell.
     """
     out, hook = shell.history_manager.output_hist, shell.displayhook
     proxies: dict[int, Any] = {}

@@ -40,7 +40,27 @@ VERSION = b"nbcluster-run-1"  # part of every identity: change it when what goes
 
 
 def fingerprint(plan: Plan, cell: Cell | None, fn: Any, seed: int | None, captured: Capture) -> str | None:
-    """The run's identity as 32 hex digits; None if its items cannot be fingerprinted."""
+    """The run's identity as 32 hex digits; None if its items cannot be fingerprinted.
+
+    Parameters
+    ----------
+    plan : Plan
+        The run's items and how they bind names.
+    cell : Cell or None
+        The cell run, or None for a function.
+    fn : callable or None
+        The function run, when there is no cell.
+    seed : int or None
+        The run's ``--seed``.
+    captured : Capture
+        The notebook values the code takes with it.
+
+    Returns
+    -------
+    str or None
+        32 hex digits, the same for the same code, items, seed and captured values in any
+        kernel; None when the items cannot be pickled (the run is then not journaled).
+    """
     h = hashlib.blake2b(VERSION, digest_size=16)
 
     def part(tag: str, data: bytes) -> None:
@@ -107,7 +127,21 @@ def _hash_pickle(h: Any, value: Any) -> bool:
 
 
 def first_line(cell: Cell | None, fn: Any) -> str:
-    """What `runs` shows of the run: the cell's first line, or the function's name."""
+    """What `runs` shows of the run: the cell's first line, or the function's name.
+
+    Parameters
+    ----------
+    cell : Cell or None
+        The cell run, or None for a function.
+    fn : Any
+        The function (or module) run, when there is no cell.
+
+    Returns
+    -------
+    str
+        The cell's first non-blank line (at most 80 characters), else ``name()`` of the
+        function.
+    """
     if cell is not None:
         for line in cell.source.splitlines():
             if line.strip():

@@ -79,7 +79,13 @@ class Job:
             self.capture.held = {n: handles.recall(h) for n, h in self.capture.held.items()}
 
     def for_kernel(self) -> worker.Context:
-        """The context `--local` items run in: the code and the captured values as they are."""
+        """The context `--local` items run in: the code and the captured values as they are.
+
+        Returns
+        -------
+        worker.Context
+            A context built in the kernel, with nothing pickled.
+        """
         code: dict[str, Any] = {"fn": self.fn}
         if self.cell is not None:
             code = {"filename": self.cell.filename, "source": self.cell.source}
@@ -88,14 +94,42 @@ class Job:
         return worker.Context({**self._binding(), **code, "large": []}, namespace)
 
     def for_workers(self, large: list[tuple[str, str, int]]) -> bytes:
-        """The context blob the workers load: code, binding, captured names, large values' keys."""
+        """The context blob the workers load: code, binding, captured names, large values' keys.
+
+        Parameters
+        ----------
+        large : list of (str, str, int)
+            (name, Dask key, size) of the large values shipped to this cluster
+            (`capture.Shipments.ship`).
+
+        Returns
+        -------
+        bytes
+            The cloudpickled context spec, which `worker.Context.from_payload` loads.
+        """
         assert self._wire is not None, "a job made for the kernel only sends nothing"
         spec = {**self._binding(), **self._wire, "large": large}
         spec.update(modules=self.capture.modules, values=self.capture.values)
         return cloudpickle.dumps(spec)
 
     def item_error(self, index: int, record: worker.ErrorRecord, where: str) -> ItemError:
-        """A failure record from item `index`, run on `where` ("the cluster" or "the kernel")."""
+        """A failure record from item `index`, run on `where` ("the cluster" or "the kernel").
+
+        Parameters
+        ----------
+        index : int
+            The item's index in the run.
+        record : worker.ErrorRecord
+            The failure record the item's exception became.
+        where : str
+            Where it ran: ``"the cluster"`` or ``"the kernel"``.
+
+        Returns
+        -------
+        ItemError
+            The error with the item's parameters, its traceback mapped to the notebook cells the
+            shipped functions came from.
+        """
         return ItemError(index, self.plan.params(index), record, where, self.code_index)
 
     def _binding(self) -> dict[str, Any]:

@@ -142,13 +142,29 @@ class Loaded:
 
     @property
     def state(self) -> str:
+        """The run's state as its journal records it, for listings.
+
+        Returns
+        -------
+        str
+            ``"complete"`` (its last `End` had every item done), ``"interrupted"`` (an `End` with
+            fewer), or ``"killed"`` (no `End` after the last batch: the kernel died mid-run).
+            Whether it is *running* is `in_use`'s to say.
+        """
         if self.ended is None:
             return "killed"
         return "complete" if self.ended["done"] == self.header["total"] else "interrupted"
 
 
 def folder() -> Path:
-    """The journals' folder (made 0700 on first write)."""
+    """The journals' folder (made 0700 on first write).
+
+    Returns
+    -------
+    pathlib.Path
+        ``nbcluster.journal.path`` when set (``~`` expanded), else
+        ``<Jupyter data dir>/nbcluster/journal``.
+    """
     configured = config.get("journal.path")
     if configured:
         return Path(os.path.expanduser(str(configured)))
@@ -158,6 +174,13 @@ def folder() -> Path:
 
 
 def enabled() -> bool:
+    """Whether runs are journaled (the ``nbcluster.journal.enabled`` setting).
+
+    Returns
+    -------
+    bool
+        The setting, as a bool or the string ``"true"``.
+    """
     value = config.get("journal.enabled")
     return value if isinstance(value, bool) else str(value).strip().lower() == "true"
 
@@ -167,7 +190,21 @@ def _size(key: str) -> int:
 
 
 def journals(identity: str | None = None, where: Path | None = None) -> list[Path]:
-    """The journal files (of one identity), newest first."""
+    """The journal files (of one identity), newest first.
+
+    Parameters
+    ----------
+    identity : str, optional
+        Only the journals of runs with this identity (`identity.fingerprint`); every journal
+        when None.
+    where : pathlib.Path, optional
+        The folder to look in; `folder()` when None.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The journals, newest start first; [] when the folder cannot be read.
+    """
     base = where or folder()
     try:
         found = list(base.glob(f"{identity or '*'}-*{SUFFIX}"))
@@ -184,7 +221,18 @@ def _started(path: Path) -> int:
 
 
 def in_use(path: Path) -> bool:
-    """Whether a run holds the journal's lock (it is running, in this kernel or another)."""
+    """Whether a run holds the journal's lock (it is running, in this kernel or another).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        A journal file.
+
+    Returns
+    -------
+    bool
+        True while some run holds its lock; False otherwise, also when it cannot be opened.
+    """
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -200,7 +248,28 @@ def in_use(path: Path) -> bool:
 
 # -- reading ----------------------------------------------------------------------------------
 def read_header(data: bytes, path: Path) -> tuple[Header, int]:
-    """The header and the offset of the first record; `Refused` for another format."""
+    """The header and the offset of the first record; `Refused` for another format.
+
+    Parameters
+    ----------
+    data : bytes
+        The journal file's contents.
+    path : pathlib.Path
+        Its path: its name gives the start time the messages name.
+
+    Returns
+    -------
+    header : Header
+        The run the journal is of.
+    offset : int
+        Where its first record starts in `data`.
+
+    Raises
+    ------
+    Refused
+        When it is not an nbcluster journal, its header is damaged, or another version of
+        nbcluster wrote it in another format.
+    """
     when = _when(_started(path) / 1000)
     if not data.startswith(MAGIC):
         raise Refused(f"the journal {path.name} is not an nbcluster journal")
@@ -220,7 +289,20 @@ def read_header(data: bytes, path: Path) -> tuple[Header, int]:
 
 
 def records(data: bytes, offset: int) -> Iterator[Batch | End]:
-    """Each whole record from `offset`; stops at one cut short (or damaged)."""
+    """Each whole record from `offset`; stops at one cut short (or damaged).
+
+    Parameters
+    ----------
+    data : bytes
+        The journal file's contents.
+    offset : int
+        Where the first record starts (from `read_header`).
+
+    Yields
+    ------
+    Batch or End
+        Each whole record, in the order written.
+    """
     view = memoryview(data)
     while offset + _LENGTH.size <= len(data):
         (length,) = _LENGTH.unpack_from(data, offset)
@@ -236,7 +318,28 @@ def records(data: bytes, offset: int) -> Iterator[Batch | End]:
 
 
 def load(path: Path, *, values: bool = True) -> Loaded:
-    """Read a journal; `values=False` counts the items without unpickling their values."""
+    """Read a journal; `values=False` counts the items without unpickling their values.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The journal file.
+    values : bool
+        False to only count the items (for listings); their values are then not unpickled.
+
+    Returns
+    -------
+    Loaded
+        The header, the done items' values and outputs, the failed items, and the counts of
+        items left out (too large) or that cannot be loaded now.
+
+    Raises
+    ------
+    Refused
+        When the file is not a journal this nbcluster can read (see `read_header`).
+    OSError
+        When the file cannot be read.
+    """
     data = path.read_bytes()
     header, offset = read_header(data, path)
     loaded = Loaded(path, header, size=len(data))
@@ -304,6 +407,7 @@ class Writer:
 
     @property
     def open(self) -> bool:
+        """True while the writer holds its journal: from `create`, `claim` or `reopen` to `end` or `release`."""
         return self._fd is not None
 
     def write(
@@ -314,7 +418,21 @@ class Writer:
         outputs: dict[int, list[list[Any]]],
         where: str,
     ) -> None:
-        """Append one delivered batch (`values[j]` is item `indices[j]`'s value)."""
+        """Append one delivered batch (`values[j]` is item `indices[j]`'s value).
+
+        Parameters
+        ----------
+        indices : Sequence of int
+            The batch's items.
+        values : Sequence
+            Their values, in the same order (a failed item's is ignored).
+        failed : Sequence of int
+            The items of the batch that failed: not journaled, so a resume runs them again.
+        outputs : dict of int to list
+            What the items printed, by item index (as `worker.output` collects it).
+        where : str
+            ``"the cluster"`` or ``"the kernel"`` (``--local``).
+        """
         with self._lock:
             if self._fd is not None:
                 self._write(self._fd, indices, values, failed, outputs, where)
@@ -354,7 +472,16 @@ class Writer:
         return blob if len(blob) <= self._max_item else None
 
     def end(self, done: int, total: int) -> None:
-        """The start is over: mark it so, and let go of the journal (another run may take it)."""
+        """The start is over: mark it so, and let go of the journal (another run may take it).
+
+        Parameters
+        ----------
+        done : int
+            Items done in the run so far.
+        total : int
+            Items in the run: when every one is done, the run's older journals are deleted
+            (`superseded`).
+        """
         with self._lock:
             fd, self._fd = self._fd, None
             if fd is None:
@@ -468,7 +595,23 @@ def _ensure_folder(base: Path) -> None:
 
 
 def create(identity: str, total: int, first_line: str) -> Writer | None:
-    """A new journal for a run (pruning old ones to fit); None, with one line, if it cannot be."""
+    """A new journal for a run (pruning old ones to fit); None, with one line, if it cannot be.
+
+    Parameters
+    ----------
+    identity : str
+        The run's identity (`identity.fingerprint`).
+    total : int
+        Items in the run.
+    first_line : str
+        What listings show of the run (`identity.first_line`).
+
+    Returns
+    -------
+    Writer or None
+        A writer holding the new journal's lock; None when it cannot be written (one warning
+        line says why, and the run goes on).
+    """
     base = folder()
     started = time.time()
     path = base / f"{identity}-{int(started * 1000)}-{os.getpid()}{SUFFIX}"
@@ -497,7 +640,19 @@ def create(identity: str, total: int, first_line: str) -> Writer | None:
 
 
 def claim(path: Path) -> Writer | None:
-    """Take a journal to resume it (its lock); None if another run holds it."""
+    """Take a journal to resume it (its lock); None if another run holds it.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The journal to resume.
+
+    Returns
+    -------
+    Writer or None
+        A writer appending to it, holding its lock; None when another run holds it or it is
+        gone.
+    """
     try:
         fd = _lock(os.open(path, os.O_WRONLY | os.O_APPEND))
     except OSError:  # BlockingIOError: in use; or it was just deleted
@@ -506,7 +661,20 @@ def claim(path: Path) -> Writer | None:
 
 
 def prune(limit: int, base: Path | None = None) -> list[Path]:
-    """Delete the oldest journals not in use until the rest fit in `limit` bytes; those deleted."""
+    """Delete the oldest journals not in use until the rest fit in `limit` bytes.
+
+    Parameters
+    ----------
+    limit : int
+        The bytes all journals together may take (``nbcluster.journal.max-size``).
+    base : pathlib.Path, optional
+        The journals' folder; `folder()` when None.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The journals deleted.
+    """
     found = journals(where=base or folder())  # newest first
     sizes = {}
     for path in found:
@@ -527,11 +695,21 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
 
 
 def superseded(path: Path) -> list[Path]:
-    """Delete the other journals of `path`'s run that no run is using; those deleted.
+    """Delete the other journals of `path`'s run that no run is using.
 
     Called when the run in `path` completes: it holds every item, so an older journal of the
     same identity (killed, interrupted, or complete) can only ever be resumed to less. Without
     this, every run of a cell would leave a journal until `max-size` pruned it.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The journal of the run that completed.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The journals deleted.
     """
     deleted = []
     for other in journals(path.name.split("-", 1)[0], where=path.parent):
@@ -550,5 +728,17 @@ def _when(started: float) -> str:
 
 
 def when(loaded: Loaded) -> str:
+    """When the journal's run started, for messages: ``14:02`` today, else ``Nov 30 14:02``.
+
+    Parameters
+    ----------
+    loaded : Loaded
+        A journal read back.
+
+    Returns
+    -------
+    str
+        The start time, in local time.
+    """
     return _when(loaded.header["started"])
 

@@ -43,6 +43,20 @@ class Plan:
         return self.mode in ("grid", "zip") or (self.mode == "over" and self.target != self.names[0])
 
     def params(self, i: int) -> dict[str, Any]:
+        """The names item `i` binds, with their values: what messages and `ItemError` show.
+
+        Parameters
+        ----------
+        i : int
+            The item's index.
+
+        Returns
+        -------
+        dict of str to Any
+            ``{"x": 3}``, ``{"lr": 0.1, "depth": 5}``; ``{"worker": address}`` for
+            ``--everywhere``; {} for a cell run once. An item that does not unpack into the
+            ``--over`` target gives ``{"item": value, "unpack error": why}``.
+        """
         value = self.items[i]
         if self.mode == "everywhere":
             return {"worker": value}
@@ -60,12 +74,39 @@ class Plan:
         return dict(zip(self.names, value, strict=True))
 
     def describe(self, i: int) -> str:
-        """`x=3`, `lr=0.1, depth=5`: how messages name an item."""
+        """`x=3`, `lr=0.1, depth=5`: how messages name an item.
+
+        Parameters
+        ----------
+        i : int
+            The item's index.
+
+        Returns
+        -------
+        str
+            Its parameters, as `describe` writes them.
+        """
         return describe(self.params(i))
 
 
 def describe(params: dict[str, Any]) -> str:
-    """Parameters as messages show them: `lr=0.1, depth=5`, long values cut short."""
+    """Parameters as messages show them: `lr=0.1, depth=5`, long values cut short.
+
+    Parameters
+    ----------
+    params : dict of str to Any
+        Names and values (`Plan.params`).
+
+    Returns
+    -------
+    str
+        ``name=repr`` pairs joined by commas, each value's repr cut to 40 characters.
+
+    Examples
+    --------
+    >>> describe({"lr": 0.1, "depth": 5})
+    'lr=0.1, depth=5'
+    """
     parts = []
     for k, v in params.items():
         text = repr(v)
@@ -80,7 +121,39 @@ def plan(
     zip: Any = None,
     evaluate: Callable[[str, str], Any],
 ) -> Plan:
-    """Build the plan; `evaluate(expression, flag)` evaluates in the user's namespace."""
+    """Build the plan from ``--over``, ``--grid`` or ``--zip`` (at most one of them).
+
+    Parameters
+    ----------
+    over : str or Iterable, optional
+        ``"NAME in ITERABLE"`` (or ``"a, b in pairs"``), evaluated in the user's namespace;
+        or an iterable, whose items a function takes as its one argument.
+    grid : str or Mapping, optional
+        ``"lr=[0.1, 0.01], depth=[3, 5]"`` or a mapping of name -> values: every combination.
+    zip : str or Mapping, optional
+        The same form as `grid`: the lists taken side by side (they must be equally long).
+    evaluate : callable
+        ``evaluate(expression, flag)`` evaluates an expression in the user's namespace (the
+        flag names it in messages).
+
+    Returns
+    -------
+    Plan
+        The items and the names each binds; one item binding nothing when none of the three
+        is given.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        For more than one of them, a malformed expression, names that are not Python names
+        or bound twice, an iterable that is not one or is empty, or ``--zip`` lists of
+        different lengths; the message gives the form to use.
+
+    Examples
+    --------
+    >>> plan(grid={"lr": [0.1, 0.01], "depth": [3, 5]}, evaluate=eval).items
+    [(0.1, 3), (0.1, 5), (0.01, 3), (0.01, 5)]
+    """
     given = [name for name, v in (("over", over), ("grid", grid), ("zip", zip)) if v is not None]
     if len(given) > 1:
         raise BadArgument(f"use one of --over, --grid and --zip, not {' and '.join('--' + g for g in given)}")

@@ -39,7 +39,28 @@ class Resumption:
 
 
 def prepare(identity: str | None, total: int, first_line: str, *, resume: bool, persist: bool) -> Resumption:
-    """Choose the run's journal, and load the earlier run's items with `resume`."""
+    """Choose the run's journal, and load the earlier run's items with `resume`.
+
+    Parameters
+    ----------
+    identity : str or None
+        The run's identity (`identity.fingerprint`); None when it has none (not journaled).
+    total : int
+        Items in the run.
+    first_line : str
+        What listings show of the run.
+    resume : bool
+        ``--resume``: take over the newest journal of the same identity, if it can be.
+    persist : bool
+        ``--persist``: such runs are never journaled.
+
+    Returns
+    -------
+    Resumption
+        The writer for this run's journal (the resumed one, a new one, or None), the items
+        taken over with their output, and the line to print: what was resumed, why it could
+        not be, or that an earlier run could be resumed.
+    """
     if persist:
         line = "nbcluster: --persist runs are not journaled, so --resume has nothing to pick up: running every item"
         return Resumption(line=line if resume else None)
@@ -72,7 +93,21 @@ def _take(path: Any, total: int, first_line: str) -> Resumption | None:
 
 
 def resumed_line(loaded: Loaded, total: int) -> str:
-    """``resumed 734/1000 items from the run of 14:02 (killed); running 266``."""
+    """``resumed 734/1000 items from the run of 14:02 (killed); running 266``.
+
+    Parameters
+    ----------
+    loaded : Loaded
+        The journal taken over.
+    total : int
+        Items in the run.
+
+    Returns
+    -------
+    str
+        The line, naming also the finished items that run again (too large to journal, or
+        their value cannot be loaded now).
+    """
     done = len(loaded.values)
     line = (
         f"nbcluster: resumed {done}/{total} items from the run of {journal.when(loaded)} "

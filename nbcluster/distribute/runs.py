@@ -18,7 +18,19 @@ ID_LENGTH = 8
 
 
 def table(where: Path | None = None) -> str:
-    """One line per journal, newest first: ID, when, the cell's first line, done/total, size, state."""
+    """One line per journal, newest first: ID, when, the cell's first line, done/total, size, state.
+
+    Parameters
+    ----------
+    where : pathlib.Path, optional
+        The journals' folder; the configured one (`journal.folder`) when None.
+
+    Returns
+    -------
+    str
+        The table with a line on ``--resume`` and forgetting; or one line saying there are no
+        journaled runs, and where it looked.
+    """
     rows = []
     for path in journal.journals(where=where):
         ident = path.name[:ID_LENGTH]
@@ -42,7 +54,27 @@ def table(where: Path | None = None) -> str:
 
 
 def forget(ids: list[str], every: bool, where: Path | None = None) -> str:
-    """Delete the journals of the runs `ids` (or `every` one); what was done, as one line."""
+    """Delete the journals of the runs `ids` (or `every` one); what was done, as one line.
+
+    Parameters
+    ----------
+    ids : list of str
+        Run IDs as `table` shows them (a journal's name starts with its ID).
+    every : bool
+        ``--all``: every journal.
+    where : pathlib.Path, optional
+        The journals' folder; the configured one when None.
+
+    Returns
+    -------
+    str
+        How many were forgotten, and how many stayed because they are running now.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        For both IDs and `every`, neither, or an ID that names no journal.
+    """
     if every and ids:
         raise BadArgument("give run IDs or --all, not both")
     if not every and not ids:
@@ -68,7 +100,23 @@ def forget(ids: list[str], every: bool, where: Path | None = None) -> str:
 
 
 def line_magic(words: list[str]) -> str | None:
-    """`%distribute runs` and `%distribute forget ID...|--all`; None for any other line."""
+    """`%distribute runs` and `%distribute forget ID...|--all`; None for any other line.
+
+    Parameters
+    ----------
+    words : list of str
+        The line magic's words.
+
+    Returns
+    -------
+    str or None
+        What to print: the table, or what `forget` did.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        From `forget`, for IDs it cannot take.
+    """
     if words[:1] == ["runs"] and len(words) == 1:
         return table()
     if words[:1] == ["forget"]:

@@ -44,7 +44,23 @@ class Link:
         self.is_open = False
 
     def open(self) -> Link:
-        """Connect (once) and place the items; a mistake or an absent cluster is one message."""
+        """Connect (once) and place the items; a mistake or an absent cluster is one message.
+
+        Returns
+        -------
+        Link
+            This link, open: its client, submit keywords, usable threads and eligible workers set.
+
+        Raises
+        ------
+        nbcluster.errors.NoCluster
+            When no cluster is running (or the named one is not), with how to start one or run
+            with ``--local``.
+        nbcluster.errors.ClusterUnreachable
+            When the cluster's scheduler does not answer.
+        nbcluster.errors.BadArgument
+            When the cluster's workers cannot give what the items ask (see `placement`).
+        """
         if self.is_open:
             return self
         if self.client is None:
@@ -63,10 +79,18 @@ class Link:
 
     @property
     def name(self) -> str:
+        """The cluster's name for messages: its handle's, the ``--cluster`` given, else "the cluster"."""
         return getattr(self.handle, "name", None) or self.cluster or "the cluster"
 
     def gone(self) -> str | None:
-        """Why the cluster is gone (its supervisor exited, its scheduler stopped answering), or None."""
+        """Why the cluster is gone (its supervisor exited, its scheduler stopped answering), or None.
+
+        Returns
+        -------
+        str or None
+            The reason, for the one-line message that ends the run; None while the cluster is
+            there.
+        """
         entry = getattr(self.handle, "entry", None) or {}
         pid = entry.get("supervisor_pid")
         if pid and not registry.process_alive(pid, entry.get("supervisor_started")):
@@ -89,6 +113,28 @@ def placement(needs: Needs, workers: dict[str, Any]) -> tuple[dict[str, Any], in
 
     nbcluster's CPU workers advertise `{"CPU": threads}` and GPU workers `{"GPU": 1}`, so
     `--cpu-only` is simply a `CPU` restriction: it can never land on a GPU worker.
+
+    Parameters
+    ----------
+    needs : Needs
+        What each item asks of a worker.
+    workers : dict of str to dict
+        The scheduler's workers (``scheduler_info()["workers"]``), by address.
+
+    Returns
+    -------
+    kwargs : dict
+        The submit keywords (``{"resources": ...}``, or {} when nothing is asked).
+    threads : int
+        How many items the eligible workers can run at once (at least 1).
+    eligible : list of str
+        The addresses of the workers that qualify.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        When no worker offers what is asked, or the workers do not say which ones are CPU
+        workers for ``--cpu-only``/``--cpus``; the message says what they offer.
     """
     resources: dict[str, float] = {}
     if needs.gpus:

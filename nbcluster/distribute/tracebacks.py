@@ -84,7 +84,19 @@ class ItemError:
 
 
 def reraise(error: ItemError) -> None:
-    """Raise the item's own exception with its remote frames (see module docstring)."""
+    """Raise the item's own exception with its remote frames (see module docstring).
+
+    Parameters
+    ----------
+    error : ItemError
+        The failed item.
+
+    Raises
+    ------
+    Exception
+        Always: the item's own exception, with a note naming the item, its parameters and
+        where it ran.
+    """
     __tracebackhide__ = True
     exc = error.exception
     tb = _rebuilt_traceback([(f.filename, f.lineno or 0, f.name) for f in error._record["traceback"].stack])

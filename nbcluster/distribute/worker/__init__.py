@@ -61,7 +61,27 @@ __all__ = [
 
 
 def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None = None) -> bytes:
-    """The Dask task: run a batch of items, return the opaque result blob."""
+    """The Dask task: run a batch of items, return the opaque result blob.
+
+    Parameters
+    ----------
+    context : tuple of (str, bytes or None)
+        The cell's context: its key in the worker's context cache, and the pickled context
+        itself when it travels inline (else the worker fetches it by key, once).
+    batch : bytes
+        The pickled ``(indices, items, budget)`` of this batch.
+    token : str, optional
+        The run's stop token: once `stop_run` was sent it, the batch returns before its next
+        item.
+
+    Returns
+    -------
+    bytes
+        The cloudpickled result: per-item values, error records, output, the count and time of
+        the items run, and ``"stopped"`` when stopped early; or ``{"lost": key, "worker": ...}``
+        when a large value is held by no worker any more, or ``{"fatal": record}`` when the
+        context cannot be loaded. It never raises for an item.
+    """
     if stopping.stopped(token):  # queued before the stop: nothing to load or run
         return cloudpickle.dumps(
             {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True}
@@ -84,5 +104,10 @@ def stop_run(token: str) -> None:
     """Make running and queued batches of the run with this stop token return early.
 
     Run on every worker with `client.run` (in its event loop).
+
+    Parameters
+    ----------
+    token : str
+        The stop token of the run to stop.
     """
     stopping.stop(token)

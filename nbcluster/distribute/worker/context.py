@@ -63,6 +63,29 @@ class Context:
 
     @classmethod
     def from_payload(cls, payload: bytes) -> Context:
+        """Build a worker's context from the pickled blob the kernel sent.
+
+        Imports the modules the cell uses and unpickles each captured value into a fresh
+        ``__main__`` namespace, so a missing module or a value that cannot load here is named.
+
+        Parameters
+        ----------
+        payload : bytes
+            The cloudpickled context spec the kernel made (`job.Job.for_workers`).
+
+        Returns
+        -------
+        Context
+            The context, ready to run items.
+
+        Raises
+        ------
+        ImportError
+            When a module the cell uses cannot be imported on this worker (it says which, and to
+            install it there).
+        RuntimeError
+            When a captured variable cannot be unpickled here (it names the variable).
+        """
         spec = cloudpickle.loads(payload)
         namespace: dict[str, Any] = {"__name__": "__main__"}
         for name, module in spec["modules"].items():
@@ -87,7 +110,28 @@ class Context:
 
 
 def load(key: str, inline: bytes | None) -> Context:
-    """The context of a run: cached, else unpickled from `inline` or fetched by `key`."""
+    """The context of a run: cached, else unpickled from `inline` or fetched by `key`.
+
+    Parameters
+    ----------
+    key : str
+        The context's key: its name in this worker's cache, and its Dask key when it was
+        scattered rather than sent inline.
+    inline : bytes or None
+        The pickled context when it travels with every batch; None when it must be fetched by
+        `key`.
+
+    Returns
+    -------
+    Context
+        The run's context, the same object for every batch on this worker (the last eight
+        runs' contexts are kept).
+
+    Raises
+    ------
+    nbcluster.errors.Lost
+        When the context was scattered and no worker holds it any more.
+    """
     with _CONTEXTS_LOCK:
         context = _CONTEXTS.get(key)
         if context is not None:

@@ -63,6 +63,28 @@ def run_batch_held(
     """The Dask task of a `--persist` batch, or (`keep` False) of one that reads handles.
 
     Without `keep` the values come back to the kernel as `run_batch`'s blob does.
+
+    Parameters
+    ----------
+    context : tuple of (str, bytes or None)
+        The cell's context key and, when it travels inline, the pickled context (as for
+        `run_batch`).
+    batch : bytes
+        The pickled ``(indices, items, budget)``; items may hold `Slot`s.
+    token : str or None
+        The run's stop token.
+    keep : bool
+        True for a `--persist` batch, whose values stay here in a `Held`; False for a batch
+        that only reads handles, whose values travel back.
+    names : dict of str to int
+        Handles captured by name: the cell's global name -> the index of its value in `deps`.
+    *deps : Any
+        The values of the handles the batch reads, which Dask resolves on this worker.
+
+    Returns
+    -------
+    Held or bytes
+        With `keep`, the `Held` (report and values); else the result blob of `run_batch`.
     """
     if stopping.stopped(token):
         return _early(keep, {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True})
@@ -91,7 +113,20 @@ def run_batch_held(
 
 
 def fill(item: Any, deps: tuple[Any, ...]) -> Any:
-    """`item` with each `Slot` replaced by its dependency's value (one tuple level deep)."""
+    """`item` with each `Slot` replaced by its dependency's value (one tuple level deep).
+
+    Parameters
+    ----------
+    item : Any
+        One item of a batch: a `Slot`, a tuple that may hold `Slot`s, or a plain value.
+    deps : tuple
+        The batch task's dependency values.
+
+    Returns
+    -------
+    Any
+        The item with its slots filled in.
+    """
     if isinstance(item, Slot):
         return deps[item.k]
     if type(item) is tuple:
@@ -100,26 +135,87 @@ def fill(item: Any, deps: tuple[Any, ...]) -> Any:
 
 
 def report(held: Held) -> bytes:
-    """The Dask task that brings a persisted batch's report (not its values) to the kernel."""
+    """The Dask task that brings a persisted batch's report (not its values) to the kernel.
+
+    Parameters
+    ----------
+    held : Held
+        The persisted batch's result, which Dask passes in on its worker.
+
+    Returns
+    -------
+    bytes
+        Its pickled report.
+    """
     return held.report
 
 
 def report_of(key: str, dask_worker: Any = None) -> bytes:
-    """`report` read straight from this worker's store (`client.run`, in its event loop),
-    so that the kernel need not wait for the worker's thread, busy with the next batch."""
+    """`report` read straight from this worker's store (`client.run`, in its event loop).
+
+    So the kernel need not wait for the worker's thread, busy with the next batch.
+
+    Parameters
+    ----------
+    key : str
+        The Dask key of the persisted batch.
+    dask_worker : distributed.Worker
+        The worker, which `client.run` passes in.
+
+    Returns
+    -------
+    bytes
+        The batch's pickled report.
+
+    Raises
+    ------
+    KeyError
+        When this worker does not hold the batch (the kernel then asks with `report`).
+    """
     result: Held = dask_worker.data[key]
     return result.report
 
 
 def pick(held: Held, j: int) -> Any:
-    """The Dask task whose key holds value `j` of a persisted batch (the same object)."""
+    """The Dask task whose key holds value `j` of a persisted batch (the same object).
+
+    Parameters
+    ----------
+    held : Held
+        The persisted batch's result.
+    j : int
+        The item's position in the batch.
+
+    Returns
+    -------
+    Any
+        The item's value.
+
+    Raises
+    ------
+    nbcluster.errors.NotRecomputed
+        When the item has no value: it failed, or its batch ran no item. Only reached when
+        Dask computes a lost pick again, since the kernel picks only finished items.
+    """
     if j < len(held.values) and j not in held.failed:
         return held.values[j]
     raise NotRecomputed(f"computing it again failed: {held.failed.get(j) or held.why or 'the batch ran no item'}")
 
 
 def describe(value: Any) -> HeldValue:
-    """Type, shape or length, and size of a value, for its handle's repr."""
+    """Type, shape or length, and size of a value, for its handle's repr.
+
+    Parameters
+    ----------
+    value : Any
+        One item's value, on its worker.
+
+    Returns
+    -------
+    HeldValue
+        ``type`` (the class name), ``shape`` (``"(3, 4) float64"``, ``"len 10"`` or None)
+        and ``nbytes`` (Dask's `sizeof`).
+    """
     from dask.sizeof import sizeof
 
     shape = getattr(value, "shape", None)
@@ -153,8 +249,20 @@ def _dumps(result: dict[str, Any]) -> bytes:
 
 
 def holdings(dask_scheduler: Any = None) -> dict[str, dict[str, list[int]]]:
-    """Run on the scheduler (`client.run_on_scheduler`): per worker, per run id, the count and
-    bytes of the `--persist` keys it holds in memory, for `%cluster status`."""
+    """Per worker, per run id, the count and bytes of the `--persist` keys it holds in memory.
+
+    Run on the scheduler (`client.run_on_scheduler`), for `%cluster status`.
+
+    Parameters
+    ----------
+    dask_scheduler : distributed.Scheduler
+        The scheduler, which `run_on_scheduler` passes in.
+
+    Returns
+    -------
+    dict
+        Worker address -> run id -> ``[count, bytes]``.
+    """
     out: dict[str, dict[str, list[int]]] = {}
     for key, ts in dask_scheduler.tasks.items():
         if not str(key).startswith("persist-") or ts.state != "memory":

@@ -30,6 +30,26 @@ def fetch(key: str, size: int, *, keep: bool = True) -> Any:
     `_OBJECTS_LOCK` is never held while waiting on the network: `pin` takes it from the
     worker's event loop, and a fetch needs that loop to make progress. Threads wanting the
     same key wait for the one fetching it (`_INFLIGHT`).
+
+    Parameters
+    ----------
+    key : str
+        The value's Dask key (from the scatter).
+    size : int
+        Its pickled size in bytes, what it counts for in the LRU's budget.
+    keep : bool
+        Whether to keep it in the LRU afterwards (False for a context, which `context.load`
+        caches itself).
+
+    Returns
+    -------
+    Any
+        The value.
+
+    Raises
+    ------
+    nbcluster.errors.Lost
+        When no worker holds the key any more (the kernel then scatters it again).
     """
     while True:
         with _OBJECTS_LOCK:
@@ -104,7 +124,20 @@ def pin(keys: list[tuple[str, int]], dask_worker: Any = None) -> int:
     """Keep the values just scattered here (`client.run`, in the worker's event loop).
 
     Run right after a broadcast scatter, before Dask's memory manager can drop this
-    worker's replica: the worker then never fetches them again. Returns how many it had.
+    worker's replica: the worker then never fetches them again.
+
+    Parameters
+    ----------
+    keys : list of (str, int)
+        The scattered values' keys with their pickled sizes.
+    dask_worker : distributed.Worker
+        The worker, which `client.run` passes in.
+
+    Returns
+    -------
+    int
+        How many of the keys this worker now keeps (a key it had no replica of is fetched on
+        its first batch instead).
     """
     pinned = 0
     with _OBJECTS_LOCK:
@@ -133,7 +166,13 @@ def _remember(worker: Any, key: str, value: Any, size: int) -> None:
 
 
 def address() -> str | None:
-    """This worker's address, or None outside a Dask worker."""
+    """This worker's address, or None outside a Dask worker.
+
+    Returns
+    -------
+    str or None
+        The address, as the scheduler knows the worker.
+    """
     try:
         from distributed import get_worker
 

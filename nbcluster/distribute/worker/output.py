@@ -21,12 +21,26 @@ _local = threading.local()
 
 
 def collect(outputs: dict[int, list[list[Any]]] | None) -> None:
-    """Send this thread's output to `outputs` from now on (None: to the real streams)."""
+    """Send this thread's output to `outputs` from now on (None: to the real streams).
+
+    Parameters
+    ----------
+    outputs : dict of int to list, or None
+        Where this thread's prints and displays go from now on: item index -> chunks
+        ``[stream, text]`` or ``["display", mimebundle]``, filled in place. None sends them to
+        the real `sys.stdout`/`sys.stderr` again.
+    """
     _local.outputs = outputs
 
 
 def at(index: int) -> None:
-    """The item this thread runs from now on: its output is filed under `index`."""
+    """The item this thread runs from now on: its output is filed under `index`.
+
+    Parameters
+    ----------
+    index : int
+        The item's index in the run.
+    """
     _local.index = index
 
 
@@ -86,7 +100,25 @@ def install() -> None:
 
 
 def display(*objs: Any, raw: bool = False, **_ignored: Any) -> None:
-    """`display()` for worker items: records each object's rich representation for the cell."""
+    """`display()` for worker items: records each object's rich representation for the cell.
+
+    Outside an item (no `collect` in this thread) the plain-text form is printed instead.
+
+    Parameters
+    ----------
+    *objs : Any
+        The objects to show; each becomes a mimebundle, as IPython's formatter makes it (else
+        its ``repr``).
+    raw : bool
+        When True, an object that is a dict is taken as a ready mimebundle, as in IPython.
+    **_ignored : Any
+        IPython's other keywords (``display_id``, ``metadata``...), accepted so cells written
+        for the notebook run unchanged, and ignored.
+
+    Examples
+    --------
+    >>> display({"text/html": "<b>done</b>"}, raw=True)  # doctest: +SKIP
+    """
     outputs = getattr(_local, "outputs", None)
     for obj in objs:
         bundle = obj if raw and isinstance(obj, dict) else _mimebundle(obj)

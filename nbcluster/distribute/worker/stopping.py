@@ -20,6 +20,11 @@ def stop(token: str) -> None:
 
     Called in the worker's event loop; batches read `_STOPPED` from their threads, which a
     dict under the GIL allows.
+
+    Parameters
+    ----------
+    token : str
+        The run's stop token, as its batches carry it.
     """
     _STOPPED[token] = None
     while len(_STOPPED) > _KEEP_STOPPED:
@@ -27,12 +32,30 @@ def stop(token: str) -> None:
 
 
 def stopped(token: str | None) -> bool:
-    """True when the run with this token was told to stop."""
+    """True when the run with this token was told to stop.
+
+    Parameters
+    ----------
+    token : str or None
+        The batch's stop token; None (a batch without one) is never stopped.
+
+    Returns
+    -------
+    bool
+        Whether `stop` was called with `token` (among the last 256 tokens).
+    """
     return token in _STOPPED
 
 
 def cancelled() -> bool:
-    """True when this thread's Dask task was cancelled (best effort; False outside Dask)."""
+    """True when this thread's Dask task was cancelled (best effort; False outside Dask).
+
+    Returns
+    -------
+    bool
+        True when the worker no longer has the running task, or has it cancelled, released or
+        forgotten; False when it runs on, outside a Dask task, or when asking fails.
+    """
     try:
         from nbcluster._compat import running_task_key, worker_task
 
