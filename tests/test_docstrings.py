@@ -24,8 +24,7 @@ import nbcluster
 
 CLASSES = ("Results", "ClusterHandle")
 # Where every public function, class and method is checked: these packages with all their
-# modules (a new module is checked as soon as it exists), and these single modules. The rest
-# of nbcluster (distribute/, magics, cli, commands, config) joins as its docstrings are done.
+# modules (a new module is checked as soon as it exists), and these single modules.
 PACKAGES = ("nbcluster.cluster", "nbcluster.metrics", "nbcluster.server", "nbcluster.widgets")
 MODULES = (
     "nbcluster.teaching",
@@ -57,6 +56,7 @@ MODULES = (
     "nbcluster.distribute.worker.output",
     "nbcluster.distribute.worker.stopping",
     "nbcluster.cli",
+    "nbcluster.magics",
     "nbcluster.commands",
     "nbcluster.config",
     "nbcluster.config_schema",
@@ -84,6 +84,12 @@ def members(cls: type) -> Iterator[tuple[str, Any]]:
             yield name, member
 
 
+# The magics' docstrings are their parsers' help, set when the class is built: what `%cluster?`
+# and `%%distribute?` show, and what the generated options reference is made from. A numpydoc
+# Parameters section ("line", "cell") would only add IPython's calling convention to that help.
+GENERATED_HELP = ("nbcluster.magics.NbclusterMagics.cluster", "nbcluster.magics.NbclusterMagics.distribute")
+
+
 def module_names() -> Iterator[tuple[str, Any, bool]]:
     """(dotted name, object, False) for each public definition of the checked modules."""
     for module_name in checked_modules():
@@ -96,7 +102,8 @@ def module_names() -> Iterator[tuple[str, Any, bool]]:
             elif inspect.isclass(obj):
                 yield f"{module_name}.{name}", obj, False
                 for member_name, member in members(obj):
-                    yield f"{module_name}.{name}.{member_name}", member, False
+                    if f"{module_name}.{name}.{member_name}" not in GENERATED_HELP:
+                        yield f"{module_name}.{name}.{member_name}", member, False
 
 
 def public() -> Iterator[tuple[str, Any, bool]]:

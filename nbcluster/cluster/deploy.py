@@ -398,9 +398,21 @@ def _pre_spawn_literal() -> str:
 
 
 def remote_watch_config(supervisor_timeout: float) -> dict[str, list[str]]:
-    """Dask config adding `remote_watch` to every nanny and scheduler that reads it, after any
-    preload of their own. As source text, not a module name: it runs where nbcluster is not
-    installed. A scheduler ends `supervisor_timeout` seconds after the supervisor's client left.
+    """Dask config adding `remote_watch` to every nanny and scheduler that reads it.
+
+    It comes after any preload of their own, and as source text, not a module name: it runs
+    where nbcluster is not installed.
+
+    Parameters
+    ----------
+    supervisor_timeout : float
+        A scheduler ends this many seconds after the supervisor's client left.
+
+    Returns
+    -------
+    dict of str to list of str
+        ``distributed.nanny.preload`` and ``distributed.scheduler.preload``, each the
+        existing list with the watch appended once.
     """
     out = {}
     texts = {"nanny": remote_watch.preload_text(), "scheduler": remote_watch.preload_text(supervisor_timeout)}

@@ -52,7 +52,17 @@ def preload_text(supervisor_timeout: float | None = None) -> str:
 
     One line, because Dask logs a preload's text as the nanny starts, and SSHCluster reads
     that log for the worker's address: a blank line there reads as a failed start.
-    `supervisor_timeout` arms the scheduler's watch (seconds).
+
+    Parameters
+    ----------
+    supervisor_timeout : float, optional
+        Arms the scheduler's watch: a scheduler running this preload closes once the
+        supervisor's client has been gone this many seconds. None for a nanny's preload.
+
+    Returns
+    -------
+    str
+        One line of Python, free of single quotes, that defines this module's hooks.
     """
     packed = base64.b64encode(zlib.compress(Path(__file__).read_bytes(), 9)).decode()
     # No single quote in it: a job script passes it single-quoted (`shlex.quote`) as it is.
@@ -61,7 +71,14 @@ def preload_text(supervisor_timeout: float | None = None) -> str:
 
 
 def dask_setup(server: Any) -> None:
-    """Start the watch (Dask calls this in the server's event loop as it starts)."""
+    """Start the watch (Dask calls this in the server's event loop as it starts).
+
+    Parameters
+    ----------
+    server : distributed.Nanny or distributed.Scheduler
+        The process's server. A nanny watches its scheduler; a scheduler (with
+        ``SUPERVISOR_TIMEOUT`` set) watches nbcluster's supervisor client.
+    """
     if hasattr(server, "clients") and hasattr(server, "workers"):  # a scheduler
         timeout = globals().get("SUPERVISOR_TIMEOUT")
         if timeout:
