@@ -10,7 +10,6 @@ table of its own.
 from __future__ import annotations
 
 import html
-import importlib.util
 import inspect
 import json
 import os
@@ -18,7 +17,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -29,19 +27,9 @@ from nbcluster.distribute import distribute
 from nbcluster.distribute.options import FLAGS
 from nbcluster.server import openapi
 from nbcluster.server.handlers import START_FIELDS
+from tests.docs_helpers import NAMES, SHOTS, teaching_notebooks
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def teaching_notebooks() -> ModuleType:
-    """docs/_ext/teaching_notebooks.py, the docs' notebook executor (not part of the package)."""
-    spec = importlib.util.spec_from_file_location(
-        "teaching_notebooks", ROOT / "docs" / "_ext" / "teaching_notebooks.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -300,8 +288,6 @@ def test_site_teaching_pages_are_what_a_student_gets(site: Path) -> None:
 
 
 def test_each_screenshot_the_browser_test_takes_is_committed_and_shown() -> None:
-    from tests.test_docs_screenshots import NAMES, SHOTS
-
     pages = "\n".join(p.read_text() for p in docs_pages())
     for name in NAMES:
         assert (SHOTS / f"{name}.png").exists(), f"{name}.png: run tests/test_docs_screenshots.py and commit it"

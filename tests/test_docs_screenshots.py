@@ -20,12 +20,11 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from tests.browser_helpers import JupyterLab, Screenshots, launch_chromium
+from tests.docs_helpers import NAMES, SHOTS
 
 ROOT = Path(__file__).resolve().parent.parent
-SHOTS = ROOT / "docs" / "_static" / "screenshots"
 # The screenshots the docs and the README include; test_docs checks each is referenced.
 CLUSTER_TIMEOUT_MS = 90_000  # a cluster start, and the sidebar seeing it, on a busy 2-core machine
-NAMES = ("live-cell-and-sidebar", "sidebar", "frozen-picture")
 
 CELLS = [
     "%load_ext nbcluster\n%cluster start --workers 2 --name first",

@@ -26,7 +26,7 @@ from playwright.sync_api import sync_playwright
 from nbcluster.widgets._static import render_html
 from nbcluster.widgets.widget import LiveWidget
 from tests.browser_helpers import launch_chromium
-from tests.test_widgets_browser import COUNTS, GRID, _view
+from tests.drawing_helpers import COUNTS, GRID, snapshot
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def offline_page() -> Iterator[tuple[Any, list[str]]]:
 
 
 def test_the_frozen_picture_draws_with_no_network_no_javascript_and_no_jupyterlab_css() -> None:
-    frozen = render_html(COUNTS, _view(), GRID, window=None, resource_window=5.0)
+    frozen = render_html(COUNTS, snapshot(), GRID, window=None, resource_window=5.0)
     # Nothing to run and nothing to fetch (the SVG namespace is a name, not a request).
     assert "<script" not in frozen and not re.search(r"(src|href)=|url\(", frozen)
     with sync_playwright() as p:

@@ -28,7 +28,7 @@ from nbclient import NotebookClient
 from nbgrader.utils import determine_grade
 
 import nbcluster
-from tests.test_docs import teaching_notebooks
+from tests.docs_helpers import teaching_notebooks
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT = 240  # seconds; a whole small-mode notebook takes about a minute

@@ -21,55 +21,10 @@ from playwright.sync_api import sync_playwright
 from nbcluster.widgets._static import render_html
 from nbcluster.widgets._theme import STATIC, inline_theme
 from tests.browser_helpers import CONTRAST, MIN_CONTRAST, launch_chromium
+from tests.drawing_helpers import COUNTS, GRID, W0, W1, snapshot
 
 THEMES = Path(sys.prefix) / "share" / "jupyter" / "lab" / "themes" / "@jupyterlab"
 PARTS = (".nbc-progress", ".nbc-grid", ".nbc-stream", ".nbc-resources")
-
-W0, W1, W2 = "tcp://10.0.0.1:1", "tcp://10.0.0.2:1", "tcp://10.0.0.3:1"
-COUNTS = {
-    "done": 7,
-    "failed": 2,
-    "running": 1,
-    "total": 12,
-    "state": "done",
-    "elapsed": 75.0,
-    "label": "sweep",
-}
-GRID = {
-    "params": ["lr", "depth"],
-    "rows": [
-        {"params": {"lr": "0.1", "depth": "3"}, "value": "0.93", "status": "ok"},
-        {"params": {"lr": "0.3", "depth": "2"}, "value": "failed", "status": "error"},
-        {"params": {"lr": "0.2", "depth": "4"}, "status": "pending"},
-    ],
-    "total": 9,
-}
-
-
-def _view() -> dict[str, Any]:
-    # Worker "10" sorts after "2" (numeric order); W2 is gone but still has a task; W0's
-    # GPU is a simulation (no GPU on the test machine), so the GPU column shows.
-    workers = {
-        W0: {"name": "2", "nthreads": 2, "memory_limit": 4_000_000_000, "resources": {},
-             "gpu": {"name": "Sim", "memory_total": 80_000_000_000, "simulated": True}},
-        W1: {"name": "10", "nthreads": 1, "memory_limit": 0, "resources": {}},
-    }  # fmt: skip
-    tasks = [
-        {"prefix": "inc", "worker": W0, "start": 100.0, "stop": 103.0, "status": "ok"},
-        {"prefix": "inc", "worker": W0, "start": 101.0, "stop": 102.0, "status": "ok"},
-        {"prefix": "slow_inc", "worker": W0, "start": 101.5, "stop": 104.0, "status": "ok"},
-        {"prefix": "train", "worker": W1, "start": 100.5, "stop": 109.0, "status": "ok"},
-        {"prefix": "train", "worker": W1, "start": 109.0, "stop": 109.2, "status": "error"},
-        {"prefix": "inc", "worker": W2, "start": 102.0, "stop": 102.5, "status": "ok"},
-    ]
-    sample = {"cpu": 150.0, "memory": 2.5e8, "memory_limit": 4e9, "net_read": 0.0, "net_write": 0.0}
-    samples = {
-        W0: [{**sample, "worker": W0, "time": 100.0 + i, "cpu": 20.0 * i, "gpu_util": 10.0 * i,
-              "gpu_memory": 1.5e9, "gpu_memory_total": 8e10} for i in range(6)],
-        W1: [{**sample, "worker": W1, "time": 104.0 + i} for i in range(3)],
-    }  # fmt: skip
-    return {"now": 110.0, "workers": workers, "tasks": tasks, "samples": samples}
-
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><style>{theme}</style>
 <style>body {{ background: var({background}); margin: 8px; width: 900px; }}</style></head>
@@ -121,7 +76,7 @@ def browser() -> Iterator[Any]:
 
 def _open(browser: Any, theme: str, background: str, view: dict[str, Any] | None = None) -> Any:
     css = (THEMES / f"theme-{theme}-extension" / "index.css").read_text(encoding="utf-8")
-    view = view or _view()
+    view = view or snapshot()
     frozen = render_html(COUNTS, view, GRID, window=None, resource_window=5.0)
     page = browser.new_page(viewport={"width": 1000, "height": 1400})
     page.set_content(PAGE.format(theme=css, background=background, frozen=frozen))
@@ -176,7 +131,7 @@ def test_every_label_keeps_a_readable_contrast(browser: Any, theme: str, backgro
 
 def test_the_schedulers_own_view_says_what_the_task_stream_needs(browser: Any) -> None:
     # A scheduler without nbcluster's plugin: workers and samples, no tasks (`basic`).
-    page = _open(browser, "light", "--jp-layout-color0", {**_view(), "tasks": [], "basic": True})
+    page = _open(browser, "light", "--jp-layout-color0", {**snapshot(), "tasks": [], "basic": True})
     try:
         _assert_drawn_alike(page)
         stream = page.locator("#live .nbc-stream")
