@@ -366,3 +366,17 @@ def test_a_run_that_completes_deletes_the_older_journals_of_the_same_run(cluster
     newest, kept = journal.journals(where=journals)
     assert journal.load(newest).state == "complete" and len(journal.load(newest).values) == 100
     assert journal.load(kept).header["total"] == 5
+
+
+def test_ended_complete_reads_only_the_last_record(cluster, journals, tmp_path):
+    run(tmp_path / "log", 30, batch=7)
+    (complete,) = journal.journals(where=journals)
+    assert journal.ended_complete(complete)
+    data = complete.read_bytes()
+    starts = record_starts(data)
+    cut = tmp_path / f"{complete.name[:32]}-1-1.journal"
+    cut.write_bytes(data[: starts[-1] + 3])  # the End record cut short: the run was killed
+    assert not journal.ended_complete(cut) and journal.load(cut).state == "killed"
+    cut.write_bytes(data[: starts[-1]])  # whole records, none of them an End
+    assert not journal.ended_complete(cut)
+    assert not journal.ended_complete(tmp_path / "missing.journal")

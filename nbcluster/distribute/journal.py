@@ -317,6 +317,41 @@ def records(data: bytes, offset: int) -> Iterator[Batch | End]:
         offset = start + length
 
 
+def ended_complete(path: Path) -> bool:
+    """Whether the journal's last record says its run finished every item.
+
+    Only that record is unpickled: the other records are stepped over by their lengths. A
+    fresh run of a cell asks this of the previous journal before any hint (`resume._hint`),
+    and a complete one, the usual case, then costs no read of its values.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The journal file.
+
+    Returns
+    -------
+    bool
+        True when its last whole record is an `End` with every item done; False for any
+        other journal, and for one that cannot be read.
+    """
+    try:
+        data = path.read_bytes()
+        _header, offset = read_header(data, path)
+    except (Refused, OSError):
+        return False
+    last = None
+    while offset + _LENGTH.size <= len(data):
+        (length,) = _LENGTH.unpack_from(data, offset)
+        if offset + _LENGTH.size + length > len(data):
+            break  # cut short: the last whole record is the one before
+        last, offset = offset, offset + _LENGTH.size + length
+    if last is None:
+        return False
+    record = next(records(data, last), None)
+    return record is not None and record["kind"] == "end" and record["done"] == record["total"]
+
+
 def load(path: Path, *, values: bool = True) -> Loaded:
     """Read a journal; `values=False` counts the items without unpickling their values.
 

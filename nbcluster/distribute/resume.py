@@ -137,7 +137,7 @@ def _busy_or_refused(path: Any, total: int) -> str:
 
 
 def _hint(path: Any, total: int) -> str | None:
-    if journal.in_use(path):
+    if journal.in_use(path) or journal.ended_complete(path):
         return None
     try:
         loaded = journal.load(path, values=False)
