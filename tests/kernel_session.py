@@ -70,6 +70,20 @@ class Kernel:
             raise AssertionError(f"{silent}; so far: {reply.text}") from None
         return reply
 
+    def so_far(self, msg_id: str) -> str:
+        """The text cell `msg_id` has shown until now, without waiting: for a failing test's message."""
+        text = ""
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                return text
+            if msg["parent_header"].get("msg_id") == msg_id:
+                content = msg["content"]
+                text += content.get("text", "") or content.get("data", {}).get("text/plain", "")
+                if msg["msg_type"] == "error":
+                    text += f"{content['ename']}: {content['evalue']}"
+
     def run(self, code: str, timeout: float = 120) -> Reply:
         return self.collect(self.submit(code), timeout)
 

@@ -32,11 +32,19 @@ def executions(log: Path) -> list[int]:
     return [int(line) for line in log.read_text().split()] if log.exists() else []
 
 
-def wait_for(condition, what: str, timeout: float = 120) -> None:
+def wait_for(condition, what: str, timeout: float = 120, why=lambda: "") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}{why()}")
         time.sleep(0.05)
+
+
+def diagnosis(k, msg_id: str, client) -> str:
+    """What a run that never got going shows: the cell's output, the scheduler's tasks, the workers' logs."""
+    tasks = client.run_on_scheduler(lambda dask_scheduler: {str(t.key): t.state for t in dask_scheduler.tasks.values()})
+    logs = {w: [line for _, line in lines][-15:] for w, lines in client.get_worker_logs().items()}
+    return f"\ncell so far: {k.so_far(msg_id)!r}\nscheduler tasks: {tasks}\nworker logs: {logs}"
 
 
 def test_kill_9_mid_cell_then_resume_in_a_new_kernel(runtime_dir, tmp_path):
@@ -47,9 +55,10 @@ def test_kill_9_mid_cell_then_resume_in_a_new_kernel(runtime_dir, tmp_path):
         setup = f"%load_ext nbcluster\n%cluster use j18\nlog = {str(log)!r}"
         with kernel(env=env) as k:
             k.run(setup).ok()
-            k.submit(CELL)
+            cell = k.submit(CELL)
             wait_for(lambda: len(journal.load(journal.journals(where=folder)[0]).values) >= 30
-                     if journal.journals(where=folder) else False, "30 items in the journal")  # fmt: skip
+                     if journal.journals(where=folder) else False, "30 items in the journal",
+                     why=lambda: diagnosis(k, cell, handle.client))  # fmt: skip
             os.kill(k.km.provisioner.process.pid, signal.SIGKILL)
             k.km.provisioner.process.wait()
         # What reached the kernel before it died is what its journal holds.
