@@ -35,10 +35,11 @@ state ignores any second delivery for an item, so every item is reported exactly
 from __future__ import annotations
 
 import builtins
+import itertools
 import secrets
 import sys
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from nbcluster.distribute import handles, identity
@@ -46,7 +47,7 @@ from nbcluster.distribute.capture import Capture, capture, human
 from nbcluster.distribute.cell import Cell
 from nbcluster.distribute.engine import Engine
 from nbcluster.distribute.follow import follow, interrupted, report
-from nbcluster.distribute.handles import is_handle
+from nbcluster.distribute.handles import Handle, is_handle
 from nbcluster.distribute.job import Job
 from nbcluster.distribute.options import DistributeOptions
 from nbcluster.distribute.plan import Plan, plan
@@ -267,6 +268,12 @@ def _capture(
 def _handles_read(items: Plan, captured: Capture) -> list[Any]:
     """Every handle the run reads: in its items (one tuple level deep) and captured by name."""
     found = list(captured.held.values())
+    # The types first, at C speed (~20 ns an item): items are walked only where a handle is.
+    kinds = set(map(type, items.items))
+    if tuple in kinds:
+        kinds.update(map(type, itertools.chain.from_iterable(i for i in items.items if type(i) is tuple)))
+    if not any(issubclass(kind, Handle) for kind in kinds):
+        return found
     for item in items.items:
         for value in item if type(item) is tuple else (item,):
             if is_handle(value):
@@ -309,7 +316,9 @@ class Run:
         engine, results = self.engine, self.results
         self._first = None
         local = [i for i in range(n_local) if i not in skip]
-        rest = [i for i in range(n_local, len(results)) if i not in skip]
+        rest: Sequence[int] = range(n_local, len(results))  # a range: no list of a million ints
+        if skip:
+            rest = [i for i in rest if i not in skip]
         try:
             if (local and not engine.run_local(local)) or engine.local_only or not rest:
                 # A failure in the kernel stops the fan-out: that is what --local K is for.
