@@ -160,3 +160,27 @@ def test_probes_share_out_the_items_then_batches_take_the_measured_size() -> Non
     assert slow.budget == 0.25  # every sized batch returns within a quarter second
     fixed = Batcher(2, fixed=4)
     assert sizes(fixed, 10, 1.0) == [4, 4, 2] and fixed.budget is None  # --batch N as it is
+
+
+def test_a_batch_delivered_twice_keeps_its_first_values_and_counts_once() -> None:
+    # Consecutive, fresh items are stored by slices; one already delivered (Dask re-ran the
+    # batch after losing a worker) keeps its first value, and the counts add up exactly once.
+    from nbcluster.distribute.state import RunState
+
+    state = RunState(10)
+    state.deliver(range(0, 4), [10, 11, 12], {}, {})  # a batch stopped by its budget: 3 of 4
+    state.deliver(range(2, 6), [90, 91, 92, 93], {}, {})
+    state.deliver([7, 6], [17, 16], {}, {})
+    assert state.values == [10, 11, 12, 91, 92, 93, 16, 17, None, None]
+    assert state.counts() == {"total": 10, "done": 8, "failed": 0, "cancelled": 0, "running": 2}
+
+
+def test_the_backlog_gives_its_items_in_order_with_those_put_back_first() -> None:
+    from nbcluster.distribute.engine import _Queue
+
+    queue = _Queue(range(1_000_000))  # held as one range, not a million ints
+    assert queue.take(3) == [0, 1, 2] and len(queue) == 999_997
+    queue.put_back([9, 1, 2])
+    assert queue.take(5) == [9, 1, 2, 3, 4]
+    rest = _Queue([5, 6, 8, 2])
+    assert rest.take(3) == [5, 6, 8] and list(rest) == [2] and rest.take(9) == [2] and len(rest) == 0

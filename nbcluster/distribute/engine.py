@@ -493,8 +493,9 @@ class Engine:
                 backlog.batcher.observe(len(values), outcome.seconds)
             if outcome.fatal is None:
                 retry = [indices[j] for j in errors if backlog.may_retry(indices[j])]
-        if len(values) < len(indices) and not self._stopping:
-            retry += list(indices[len(values) :])
+        # Items a batch did not reach (its budget was spent) are simply not delivered: the
+        # state and the journal take the first len(values) of `indices`.
+        unreached = list(indices[len(values) :]) if len(values) < len(indices) and not self._stopping else []
         if retry:
             held = set(retry)
             keep = [j for j in range(len(values)) if indices[j] not in held]
@@ -506,7 +507,7 @@ class Engine:
             )
         else:
             self._deliver(indices, values, errors, outputs)
-        return retry, outcome.fatal
+        return retry + unreached, outcome.fatal
 
     def _deliver(
         self,
