@@ -242,6 +242,7 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     million_rows = []
     for name, fn in million.items():
         ip.user_ns.pop("r", None)
+        ip.displayhook.flush()  # IPython's output history must not keep an earlier run's results
         seconds, grown, kept = peak_growth(fn)
         million_rows.append(f"| {name} | {seconds / MILLION * 1e6:.2f} µs | +{grown / 1e6:.0f} MB |")
         del kept

@@ -672,7 +672,7 @@ class _Backlog:
         self.items = _Queue(indices)
         self.suspects: deque[list[int]] = deque()  # parts of killed batches, each to run alone
         self.retries = job.retries
-        self.attempts: dict[int, int] = {}  # attempts used, of the items that failed (a million items: no dict of a million)
+        self.attempts: dict[int, int] = {}  # attempts used, by the failed items only (no dict of a million)
         self.batcher = Batcher.from_config(threads, job.fixed_batch)
         self.per_thread = max(1, int(config.get("distribute.in-flight")))
         self.limit = self.per_thread * threads  # batches out at once

@@ -180,7 +180,11 @@ class RunState:
         self._notify()
 
     def _deliver_fresh(
-        self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError], outputs: dict[int, Any]
+        self,
+        indices: Sequence[int],
+        values: Sequence[Any],
+        errors: dict[int, ItemError],
+        outputs: dict[int, list[list[Any]]],
     ) -> bool:
         """The common batch, stored by slices at C speed (~0.6 us an item less); False if not it.
 
@@ -188,7 +192,9 @@ class RunState:
         output. Lock held.
         """
         n = len(values)
-        if errors or outputs or not isinstance(indices, range) or indices.step != 1 or n > len(indices) or not n:
+        if errors or outputs or not n or not isinstance(indices, range) or indices.step != 1:
+            return False
+        if n > len(indices):
             return False
         start, stop = indices.start, indices.start + n
         if self.status.count(PENDING, start, stop) != n:
