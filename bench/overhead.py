@@ -26,6 +26,8 @@ so drift in the machine's load hits them alike (but 5, run once per peer):
    `map_sync`: the time per item and the kernel's peak RSS growth while it ran (sampled
    every 2 ms from a thread; the results kept, as a user's `--into` keeps them).
 
+`--rss magic` / `--rss fn` measures only 5, one way, in a fresh process.
+
 `--write` replaces the `## overhead` section of bench/RESULTS.md with the table.
 """
 
@@ -123,7 +125,14 @@ def main() -> None:
     parser.add_argument(
         "--write", action="store_true", help="update the ## overhead section of bench/RESULTS.md"
     )
+    parser.add_argument(
+        "--rss", choices=["magic", "fn"],
+        help="only 1,000,000 tiny items once, this way, in this fresh process: time and peak RSS growth",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.rss:
+        print(_fresh_rss(args.rss))
+        return
 
     os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
     # Fork the pool first: IPython replaces sys.modules["__main__"], and forked children
@@ -304,6 +313,35 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     ]
     lines += ["", "**200 MB captured array over 1,000 items**, two cells in a row:", "", *big_rows]
     return "\n".join(lines)
+
+
+def _fresh_rss(how: str) -> str:
+    """1,000,000 tiny items in a fresh kernel-like process: the heap holds nothing from earlier runs."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import nbcluster
+    from nbcluster.distribute import distribute
+
+    os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
+    handle = nbcluster.start(workers=2, threads=1, name="bench-overhead-rss")
+    try:
+        handle.client.wait_for_workers(2)
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "nbcluster")
+        ip.user_ns["inc"] = inc
+
+        def run(n: int) -> Any:
+            if how == "fn":
+                return distribute(lambda x: x + 1, over=range(n))
+            ip.run_cell(f'%%distribute --over "x in range({n})" --into r\nx + 1')
+            return ip.user_ns["r"]
+
+        assert run(1000).ok  # warm: imports, connections, worker caches
+        seconds, grown, kept = peak_growth(lambda: run(MILLION))
+        assert kept.ok
+        return f"{how}: {seconds / MILLION * 1e6:.2f} µs per item, peak RSS growth +{grown / 1e6:.0f} MB"
+    finally:
+        handle.stop()
 
 
 def _joblib(Parallel: Any, delayed: Any, parallel_config: Any, client: Any, fn: Any, n: int) -> Any:
