@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/overhead.py [--repeats 3] [--write]
 
-Three measurements, each a median over `--repeats` runs, peers interleaved round-robin
-so drift in the machine's load hits them alike:
+Five measurements, each a median over `--repeats` runs, peers interleaved round-robin
+so drift in the machine's load hits them alike (but 5, run once per peer):
 
 1. Tiny items (`x + 1`, 20,000 of them): amortized wall time per item for `%%distribute`
    (through a real IPython shell), raw `client.map` + `gather`, joblib's dask backend,
@@ -18,6 +18,15 @@ so drift in the machine's load hits them alike:
 3. A 200 MB array captured by a cell over 1,000 items, run twice: how many copies each
    worker process received (unpickles counted in the worker processes) and the time of
    each run; the second run should send nothing.
+
+4. An 8-item cell (`x + 1`): the fixed cost of a small cell, through the magic, through
+   `distribute(fn)`, ipyparallel's `%%px` (a cell on both engines) and `map_sync`,
+   `client.map` + `gather` and `Pool.map`.
+5. 1,000,000 tiny items once each through the magic, `distribute(fn)` and ipyparallel
+   `map_sync`: the time per item and the kernel's peak RSS growth while it ran (sampled
+   every 2 ms from a thread; the results kept, as a user's `--into` keeps them).
+
+`--rss magic` / `--rss fn` measures only 5, one way, in a fresh process.
 
 `--write` replaces the `## overhead` section of bench/RESULTS.md with the table.
 """
@@ -37,6 +46,8 @@ from typing import Any
 from _results import write_section  # bench/, the script's own folder
 
 TINY = 20_000
+MILLION = 1_000_000
+SMALL = 8
 MAP_ITEMS = 5_000
 WORK_ITEMS = 400
 
@@ -77,6 +88,35 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t
 
 
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_growth(fn: Callable[[], Any]) -> tuple[float, int, Any]:
+    """(seconds, peak RSS growth in bytes, what `fn` returned), RSS sampled every 2 ms."""
+    import gc
+    import threading
+
+    gc.collect()
+    base = _rss()
+    peak = [base]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.002):
+            peak[0] = max(peak[0], _rss())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t = time.perf_counter()
+    kept = fn()
+    elapsed = time.perf_counter() - t
+    done.set()
+    sampler.join()
+    return elapsed, max(peak[0], _rss()) - base, kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -85,7 +125,14 @@ def main() -> None:
     parser.add_argument(
         "--write", action="store_true", help="update the ## overhead section of bench/RESULTS.md"
     )
+    parser.add_argument(
+        "--rss", choices=["magic", "fn"],
+        help="only 1,000,000 tiny items once, this way, in this fresh process: time and peak RSS growth",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.rss:
+        print(_fresh_rss(args.rss))
+        return
 
     os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
     # Fork the pool first: IPython replaces sys.modules["__main__"], and forked children
@@ -179,6 +226,37 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
         for name, fn in work_runs.items():
             work_times[name].append(timed(fn))
 
+    small: dict[str, Callable[[], Any]] = {
+        "%%distribute": lambda: cell(f'%%distribute --over "x in range({SMALL})" --into r\nx + 1'),
+        "distribute(fn)": lambda: distribute(inc, over=range(SMALL)),
+        "ipyparallel %%px": lambda: ip.run_cell_magic("px", "", "y = 1 + 1"),
+        "ipyparallel map_sync": lambda: view.map_sync(inc, range(SMALL)),
+        "client.map + gather": lambda: client.gather(client.map(inc, range(SMALL), pure=False)),
+        "multiprocessing.Pool.map": lambda: pool.map_async(inc, range(SMALL)).get(300),
+    }
+    rc.activate()  # registers %%px in the shell, on all engines
+    for fn in small.values():
+        fn()
+    small_times: dict[str, list[float]] = {name: [] for name in small}
+    for _ in range(max(args.repeats, 5)):
+        for name, fn in small.items():
+            small_times[name].append(timed(fn))
+
+    million: dict[str, Callable[[], Any]] = {
+        "%%distribute": lambda: cell(f'%%distribute --over "x in range({MILLION})" --into r\nx + 1')
+        or ip.user_ns["r"],
+        "distribute(fn)": lambda: distribute(inc, over=range(MILLION)),
+        "ipyparallel map_sync": lambda: view.map_sync(inc, range(MILLION)),
+    }
+    million_rows = []
+    for name, fn in million.items():
+        ip.user_ns.pop("r", None)
+        ip.displayhook.flush()  # IPython's output history must not keep an earlier run's results
+        seconds, grown, kept = peak_growth(fn)
+        million_rows.append(f"| {name} | {seconds / MILLION * 1e6:.2f} µs | +{grown / 1e6:.0f} MB |")
+        del kept
+    ip.user_ns.pop("r", None)
+
     big_rows = _big_array(client, distribute, np)
 
     load = os.getloadavg()
@@ -214,8 +292,56 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
         work_times["%%distribute"]
     )
     lines += ["", f"%%distribute efficiency relative to multiprocessing.Pool in the same runs: {ratio:.2f}."]
+    lines += [
+        "",
+        f"**An {SMALL}-item cell** (`x + 1`), wall time per cell, median of {max(args.repeats, 5)}:",
+        "",
+        "| method | per cell | vs %%distribute |",
+        "|---|---:|---:|",
+    ]
+    ours_small = statistics.median(small_times["%%distribute"])
+    for name, times in small_times.items():
+        per = statistics.median(times)
+        lines.append(f"| {name} | {per * 1e3:.1f} ms | {per / ours_small:.2f}x |")
+    lines += [
+        "",
+        f"**{MILLION:,} tiny items**, once each: time per item, kernel peak RSS growth (results kept):",
+        "",
+        "| method | per item | peak RSS growth |",
+        "|---|---:|---:|",
+        *million_rows,
+    ]
     lines += ["", "**200 MB captured array over 1,000 items**, two cells in a row:", "", *big_rows]
     return "\n".join(lines)
+
+
+def _fresh_rss(how: str) -> str:
+    """1,000,000 tiny items in a fresh kernel-like process: the heap holds nothing from earlier runs."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import nbcluster
+    from nbcluster.distribute import distribute
+
+    os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
+    handle = nbcluster.start(workers=2, threads=1, name="bench-overhead-rss")
+    try:
+        handle.client.wait_for_workers(2)
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "nbcluster")
+        ip.user_ns["inc"] = inc
+
+        def run(n: int) -> Any:
+            if how == "fn":
+                return distribute(lambda x: x + 1, over=range(n))
+            ip.run_cell(f'%%distribute --over "x in range({n})" --into r\nx + 1')
+            return ip.user_ns["r"]
+
+        assert run(1000).ok  # warm: imports, connections, worker caches
+        seconds, grown, kept = peak_growth(lambda: run(MILLION))
+        assert kept.ok
+        return f"{how}: {seconds / MILLION * 1e6:.2f} µs per item, peak RSS growth +{grown / 1e6:.0f} MB"
+    finally:
+        handle.stop()
 
 
 def _joblib(Parallel: Any, delayed: Any, parallel_config: Any, client: Any, fn: Any, n: int) -> Any:

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from nbcluster.distribute.batching import Batcher
+from nbcluster.distribute.batching import PROBE_ITEMS, PROBE_S, Batcher
 from nbcluster.distribute.capture import LARGE, capture
 from nbcluster.distribute.cell import Cell
 from nbcluster.distribute.plan import plan
@@ -140,15 +140,47 @@ def sizes(batcher: Batcher, n: int, seconds_per_item: float, *, first: int = 0) 
     return out
 
 
-def test_batches_start_with_one_item_then_take_the_measured_size() -> None:
-    # 400 items of 10 ms on 2 threads: one item first (the first result after ~10 ms), then
-    # at most 0.25 s per batch, and ~0.05 s batches at the end.
-    got = sizes(Batcher(2), 400, 0.01)
-    assert got[:2] == [1, 25] and sum(got) == 400
-    assert max(got) == 25 and got[-2] == 5 and got[1:-1] == sorted(got[1:-1], reverse=True)
-    # 20,000 tiny items: one round trip to measure, then the rest at once.
-    assert sizes(Batcher(2), 20_000, 1e-6) == [1, 19_999]
-    assert sizes(Batcher(2), 3, 5.0) == [1, 1, 1]  # slow items alone
-    assert Batcher(2).budget == 0.25  # every sized batch returns within a quarter second
+def test_probes_share_out_the_items_then_batches_take_the_measured_size() -> None:
+    # Unmeasured, each of the 4 free slots (2 threads x 2 in flight) gets a share of the items,
+    # with the probe budget: a worker returns after the first item that ends past 5 ms.
+    probe = Batcher(2)
+    assert [probe.next_size(n, free) for n, free in ((8, 4), (6, 3), (4, 2), (2, 1))] == [2, 2, 2, 2]
+    assert probe.next_size(20_000, 4) == 5_000 and probe.next_size(10**6, 4) == PROBE_ITEMS
+    assert probe.next_size(3, 4) == 1 and probe.budget == PROBE_S == 0.005
+    # 400 items of 10 ms on 2 threads: a probe comes back with one item (the first result
+    # after ~10 ms), then at most 0.25 s per batch, and ~0.05 s batches at the end.
+    measured = Batcher(2)
+    measured.observe(1, 0.01)
+    got = sizes(measured, 399, 0.01)
+    assert got[0] == 25 and sum(got) == 399
+    assert max(got) == 25 and got[-2] == 5 and got[:-1] == sorted(got[:-1], reverse=True)
+    slow = Batcher(2)
+    slow.observe(1, 5.0)
+    assert sizes(slow, 3, 5.0) == [1, 1, 1]  # slow items alone
+    assert slow.budget == 0.25  # every sized batch returns within a quarter second
     fixed = Batcher(2, fixed=4)
     assert sizes(fixed, 10, 1.0) == [4, 4, 2] and fixed.budget is None  # --batch N as it is
+
+
+def test_a_batch_delivered_twice_keeps_its_first_values_and_counts_once() -> None:
+    # Consecutive, fresh items are stored by slices; one already delivered (Dask re-ran the
+    # batch after losing a worker) keeps its first value, and the counts add up exactly once.
+    from nbcluster.distribute.state import RunState
+
+    state = RunState(10)
+    state.deliver(range(0, 4), [10, 11, 12], {}, {})  # a batch stopped by its budget: 3 of 4
+    state.deliver(range(2, 6), [90, 91, 92, 93], {}, {})
+    state.deliver([7, 6], [17, 16], {}, {})
+    assert state.values == [10, 11, 12, 91, 92, 93, 16, 17, None, None]
+    assert state.counts() == {"total": 10, "done": 8, "failed": 0, "cancelled": 0, "running": 2}
+
+
+def test_the_backlog_gives_its_items_in_order_with_those_put_back_first() -> None:
+    from nbcluster.distribute.engine import _Queue
+
+    queue = _Queue(range(1_000_000))  # held as one range, not a million ints
+    assert queue.take(3) == [0, 1, 2] and len(queue) == 999_997
+    queue.put_back([9, 1, 2])
+    assert queue.take(5) == [9, 1, 2, 3, 4]
+    rest = _Queue([5, 6, 8, 2])
+    assert rest.take(3) == [5, 6, 8] and list(rest) == [2] and rest.take(9) == [2] and len(rest) == 0

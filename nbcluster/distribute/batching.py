@@ -5,9 +5,14 @@ batches. But a batch's results come back only when the whole batch is done, so a
 first batch delays the first result, and a big last batch leaves one thread working
 alone at the end. The policy:
 
-1. **Probe small.** Until an item time has been measured, batches hold one item each:
-   the first result arrives about one item's duration after the start, whatever the
-   number of items.
+1. **Probe cheaply.** Until an item time has been measured, the first batches share the
+   items out between the free slots (`in-flight` per thread), up to `PROBE_ITEMS` each,
+   with a budget of `PROBE_S`: a worker stops after the first item that ends past the
+   budget. An item slower than 5 ms comes back alone, so the first result arrives about
+   one item's duration after the start, whatever the number of items; tiny items come
+   back by the thousand from the same round trip. An 8-item cell of tiny items is one
+   round of tasks, not two (one item per task, then the rest), and 20,000 tiny items
+   on 2 threads need no second round either.
 2. **Size from measurements.** After that a batch is sized from the mean time per item
    measured on the workers so far, `t` (the time spent in the items only, not in loading
    the cell), like guided self-scheduling:
@@ -25,10 +30,10 @@ alone at the end. The policy:
    (one item, then everything), which matters on a loaded machine where a round trip
    takes tens of milliseconds.
 
-Worked example, 2 threads, 400 items of 10 ms: batches of 1 item until the first comes
-back, then 25 (0.25 s) while more than 200 items are left, shrinking to 5 (0.05 s) at
-the end. 20,000 tiny items (1 us): four batches of 1 item (two in flight per thread),
-then the rest in one batch (20 ms of work).
+Worked example, 2 threads, 400 items of 10 ms: four probes of 100 items, each returning
+after its first item (10 ms, past the probe budget), then 25 (0.25 s) while more than 200
+items are left, shrinking to 5 (0.05 s) at the end. 20,000 tiny items (1 us): four
+probes of 5,000 items (two in flight per thread), each done in 5 ms: nothing more.
 
 A fixed `--batch N` bypasses all of this: N items a batch, and no budget.
 """
@@ -38,6 +43,9 @@ from __future__ import annotations
 import math
 
 from nbcluster import config
+
+PROBE_S = 0.005  # a probe returns after the first item that ends past this: a few ms, below a round trip
+PROBE_ITEMS = 10_000  # at most this many items in a probe: sent back unrun if the items are slow
 
 
 class Batcher:
@@ -69,7 +77,9 @@ class Batcher:
     @property
     def budget(self) -> float | None:
         """Seconds after which a batch returns what it finished (None: run it all)."""
-        return None if self.fixed is not None else self.max_batch
+        if self.fixed is not None:
+            return None
+        return self.max_batch if self.items else PROBE_S
 
     @property
     def seconds_per_item(self) -> float | None:
@@ -82,15 +92,19 @@ class Batcher:
         self.items += count
         self.seconds += seconds
 
-    def next_size(self, remaining: int) -> int:
-        """How many of the `remaining` items the next batch takes (at least 1)."""
+    def next_size(self, remaining: int, free: int = 1) -> int:
+        """How many of the `remaining` items the next batch takes (at least 1).
+
+        `free`: batches that may still be submitted now, the next among them; until an item
+        time is measured they share out the items (a probe each, see the module docstring).
+        """
         if remaining <= 0:
             return 0
         if self.fixed is not None:
             return min(self.fixed, remaining)
         t = self.seconds_per_item
         if t is None:
-            return 1
+            return max(1, min(PROBE_ITEMS, math.ceil(remaining / max(free, 1))))
         t = max(t, 1e-9) * (1 + 1e-9)  # a mean of 0.00999999 s is 10 ms: no 6 where 5 fits
         lo = max(1, math.ceil(self.min_batch / t))
         hi = max(lo, math.ceil(self.max_batch / t))

@@ -10,7 +10,8 @@ Policy
 `_drive` owns everything between the first submit and the last result. It keeps
 `in-flight` batches per usable worker thread submitted (one running, the next already
 waiting on the worker, so no thread waits for the kernel between batches), sizes each new
-batch with `batching.Batcher` (one item until an item time is measured, then growing), and
+batch with `batching.Batcher` (probes sharing out the items until an item time is measured,
+each returning after its first item slower than a few ms, then sized from the time), and
 turns each finished batch into deliveries to the state (`_settle`). Per batch it decides:
 
 - a batch whose workers kept dying (`KilledWorker`: Dask ran it on
@@ -39,9 +40,10 @@ State of one start (the first run, each retry): `_Backlog`, the items not yet su
 (in order, failed items put back in front) with their attempts, the batch sizer and the
 suspects;
 `_pending`, each submitted future -> the item indices of its batch; `token`, the start's
-stop token. Worked example, 2 threads, `in-flight` 2, 400 items of 10 ms: four batches of
-one item go out; as each comes back its items are delivered and the backlog tops the
+stop token. Worked example, 2 threads, `in-flight` 2, 400 items of 10 ms: four batches go out, each
+returning one item; as each comes back its items are delivered and the backlog tops the
 pending batches up to four again, now of 25 items (0.25 s), shrinking to 5 at the end.
+(The four first batches are probes of 100 items, each returning after its first item.)
 
 Stopping (`cancel()`: Ctrl-C in the waiting cell, or `Results.cancel()`) keeps finished
 work. Nothing more is submitted; every worker is told the run's stop token
@@ -80,7 +82,7 @@ import itertools
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import cloudpickle
@@ -276,7 +278,7 @@ class Engine:
         self.stop_sent.set()
 
     # -- driving (a background thread) -------------------------------------------------------
-    def start(self, indices: list[int]) -> None:
+    def start(self, indices: Sequence[int]) -> None:
         """Submit `indices` from a driver thread, watched by a thread that notices a lost cluster."""
         self._starts += 1
         self.state.add_done_callback(self.job.forget_handles)
@@ -355,7 +357,7 @@ class Engine:
         self.context = None
         self.link.close()
 
-    def _drive(self, indices: list[int]) -> None:
+    def _drive(self, indices: Sequence[int]) -> None:
         from distributed import as_completed
 
         assert self.link is not None
@@ -429,7 +431,7 @@ class Engine:
                 self._submit(completed, backlog.suspects.popleft(), backlog.batcher.budget)
             return
         while backlog.items and len(self._pending) < backlog.limit and not self._stopping:
-            self._submit(completed, backlog.take(), backlog.batcher.budget)
+            self._submit(completed, backlog.take(backlog.limit - len(self._pending)), backlog.batcher.budget)
 
     def _submit(self, completed: Any, batch: list[int], budget: float | None = None) -> None:
         indices: Any = batch
@@ -497,8 +499,9 @@ class Engine:
                 backlog.batcher.observe(len(values), outcome.seconds)
             if outcome.fatal is None:
                 retry = [indices[j] for j in errors if backlog.may_retry(indices[j])]
-        if len(values) < len(indices) and not self._stopping:
-            retry += list(indices[len(values) :])
+        # Items a batch did not reach (its budget was spent) are simply not delivered: the
+        # state and the journal take the first len(values) of `indices`.
+        unreached = list(indices[len(values) :]) if len(values) < len(indices) and not self._stopping else []
         if retry:
             held = set(retry)
             keep = [j for j in range(len(values)) if indices[j] not in held]
@@ -510,7 +513,7 @@ class Engine:
             )
         else:
             self._deliver(indices, values, errors, outputs)
-        return retry, outcome.fatal
+        return retry + unreached, outcome.fatal
 
     def _deliver(
         self,
@@ -691,11 +694,11 @@ class Engine:
 class _Backlog:
     """One start's items not yet submitted (in order), their attempts, and the batch sizer."""
 
-    def __init__(self, indices: list[int], job: Job, threads: int):
-        self.items = deque(indices)
+    def __init__(self, indices: Sequence[int], job: Job, threads: int):
+        self.items = _Queue(indices)
         self.suspects: deque[list[int]] = deque()  # parts of killed batches, each to run alone
         self.retries = job.retries
-        self.attempts = dict.fromkeys(indices, 0)
+        self.attempts: dict[int, int] = {}  # attempts used, by the failed items only (no dict of a million)
         self.batcher = Batcher.from_config(threads, job.fixed_batch)
         self.per_thread = max(1, int(config.get("distribute.in-flight")))
         if job.reads_handles:
@@ -714,19 +717,20 @@ class _Backlog:
         """Items not submitted yet."""
         return len(self.items) + sum(len(part) for part in self.suspects)
 
-    def take(self) -> list[int]:
-        """The next batch, sized by the batcher."""
-        return [self.items.popleft() for _ in range(self.batcher.next_size(len(self.items)))]
+    def take(self, free: int = 1) -> list[int]:
+        """The next batch, sized by the batcher; `free`: batches that may go out now, this one too."""
+        return self.items.take(self.batcher.next_size(len(self.items), free))
 
     def may_retry(self, i: int) -> bool:
         """Whether failed item `i` has an attempt left (`--retries`); uses it up if so."""
-        if self.attempts[i] >= self.retries:
+        used = self.attempts.get(i, 0)
+        if used >= self.retries:
             return False
-        self.attempts[i] += 1
+        self.attempts[i] = used + 1
         return True
 
     def put_back(self, indices: list[int]) -> None:
-        self.items.extendleft(reversed(indices))
+        self.items.put_back(indices)
 
     def suspect(self, indices: list[int]) -> None:
         """A batch whose workers kept dying: its halves run alone, one after the other."""
@@ -738,6 +742,66 @@ class _Backlog:
         self.items.clear()
         self.suspects.clear()
         return taken
+
+
+class _Queue:
+    """Item indices in order, held as runs of consecutive ones (ranges), not one int each.
+
+    A backlog of 1,000,000 items is then one range, not a deque of a million ints (~36 MB
+    in the kernel); a batch's indices exist as a list only while it is made.
+    """
+
+    def __init__(self, indices: Sequence[int]):
+        self._runs: deque[range] = deque(_runs(indices))
+        self._count = len(indices)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain.from_iterable(self._runs)
+
+    def take(self, n: int) -> list[int]:
+        """The first `n` indices (fewer if there are fewer), removed."""
+        out: list[int] = []
+        runs = self._runs
+        while runs and len(out) < n:
+            run = runs[0]
+            want = n - len(out)
+            if len(run) <= want:
+                out.extend(runs.popleft())
+            else:
+                out.extend(run[:want])
+                runs[0] = run[want:]
+        self._count -= len(out)
+        return out
+
+    def put_back(self, indices: Sequence[int]) -> None:
+        """`indices` go back in front, in their order."""
+        self._runs.extendleft(reversed(_runs(indices)))
+        self._count += len(indices)
+
+    def clear(self) -> None:
+        self._runs.clear()
+        self._count = 0
+
+
+def _runs(indices: Sequence[int]) -> list[range]:
+    """`indices` as ranges of consecutive ones, in order."""
+    if isinstance(indices, range):
+        return [indices] if len(indices) else []
+    runs: list[range] = []
+    start = previous = None
+    for i in indices:
+        if previous is not None and i == previous + 1:
+            previous = i
+            continue
+        if start is not None and previous is not None:
+            runs.append(range(start, previous + 1))
+        start = previous = i
+    if start is not None and previous is not None:
+        runs.append(range(start, previous + 1))
+    return runs
 
 
 class _Rescheduling(logging.Filter):

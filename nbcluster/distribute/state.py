@@ -157,7 +157,8 @@ class RunState:
         status, stored = self.status, self.values  # locals: this loop runs once per item
         done = failed = 0
         with self.lock:
-            for j, value in enumerate(values):
+            fresh = self._deliver_fresh(indices, values, errors, outputs)
+            for j, value in enumerate(() if fresh else values):
                 i = indices[j]
                 if status[i] != PENDING:
                     continue  # a re-run after a lost worker, or a result after cancel
@@ -177,6 +178,31 @@ class RunState:
             self._tally[FAILED] += failed
             self.changed.notify_all()
         self._notify()
+
+    def _deliver_fresh(
+        self,
+        indices: Sequence[int],
+        values: Sequence[Any],
+        errors: dict[int, ItemError],
+        outputs: dict[int, list[list[Any]]],
+    ) -> bool:
+        """The common batch, stored by slices at C speed (~0.6 us an item less); False if not it.
+
+        It is a run of consecutive items (a `range`), all pending, none failed, none with
+        output. Lock held.
+        """
+        n = len(values)
+        if errors or outputs or not n or not isinstance(indices, range) or indices.step != 1:
+            return False
+        if n > len(indices):
+            return False
+        start, stop = indices.start, indices.start + n
+        if self.status.count(PENDING, start, stop) != n:
+            return False  # some delivered already (a re-run after a lost worker): item by item
+        self.values[start:stop] = values
+        self.status[start:stop] = bytes([DONE]) * n
+        self._tally[DONE] += n
+        return True
 
     def cancel_pending(self) -> None:
         with self.lock:
