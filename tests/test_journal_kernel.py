@@ -43,7 +43,8 @@ def wait_for(condition, what: str, timeout: float = 120, why=lambda: "") -> None
 def diagnosis(k, msg_id: str, client) -> str:
     """What a run that never got going shows: the cell's output, the scheduler's tasks, the workers' logs."""
     tasks = client.run_on_scheduler(lambda dask_scheduler: {str(t.key): t.state for t in dask_scheduler.tasks.values()})
-    logs = {w: [line for _, line in lines][-15:] for w, lines in client.get_worker_logs().items()}
+    # Dask gives each worker's log newest first.
+    logs = {w: [line for _, line in lines][:15] for w, lines in client.get_worker_logs().items()}
     return f"\ncell so far: {k.so_far(msg_id)!r}\nscheduler tasks: {tasks}\nworker logs: {logs}"
 
 
