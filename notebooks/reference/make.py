@@ -27,6 +27,7 @@ import argparse
 import copy
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         if found:
             failed += 1
-            print("  not written: " + "; ".join(found), flush=True)
+            # Kept outside the repository, to read what the run showed.
+            kept = Path(tempfile.gettempdir()) / f"refused-{path.name}"
+            nbformat.write(reference(nb, about), kept)
+            print(f"  not written ({kept} has the run): " + "; ".join(found), flush=True)
             continue
         nbformat.write(reference(nb, about), HERE / path.name)
     return 1 if failed else 0
