@@ -89,7 +89,7 @@ import cloudpickle
 
 from nbcluster import config
 from nbcluster._compat import nanny_logs, run_on_holder
-from nbcluster.distribute import everywhere, loadable, worker
+from nbcluster.distribute import everywhere, loadable, reports, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
 from nbcluster.distribute.handles import Handle, held_slots
@@ -132,6 +132,7 @@ class Engine:
         self._backlog: _Backlog | None = None  # the running start's, for the watch thread
         self._reports = True  # the scheduler takes backlog reports (until it refuses one)
         self._picks: dict[Any, list[Any]] = {}  # --persist: batch key -> its pick futures, until delivered
+        self._inbox: reports.Inbox | None = None  # --persist: the reports the workers push
         self._unsettled: list[Any] = []  # --persist: picks delivered, perhaps not computed yet
         self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
         self._placed: dict[Any, list[str]] | None = None  # where the handles read were, once per start
@@ -284,6 +285,8 @@ class Engine:
         self.state.add_done_callback(self.job.forget_handles)
         self.token = f"{self.run_id}-{self._starts}"
         self._stopping = False
+        if self.job.persist and self._inbox is None and self.client is not None:
+            self._inbox = reports.inbox(self.client)
         self.stop_sent.clear()
         name = f"nbcluster-distribute-{self.run_id}"
         target = functools.partial(everywhere.drive, self) if self.job.plan.mode == "everywhere" else self._drive
@@ -561,7 +564,10 @@ class Engine:
         self._picks[future.key] = self.client.map(
             held.pick, [future] * n, range(n), key=[f"persist-{self.run_id}-{j}-{seq}" for j in range(n)], pure=False,
         )  # fmt: skip
-        # Read in the worker's event loop: a task would queue behind the worker's next batch.
+        # Pushed by the worker ahead of the batch's end (`reports.py`): no round trip.
+        if self._inbox is not None and (pushed := self._inbox.take(str(future.key), 0.0)) is not None:
+            return pushed
+        # Else read in the worker's event loop: a task would queue behind the worker's next batch.
         with contextlib.suppress(Exception):
             report = run_on_holder(self.client, str(future.key), held.report_of, str(future.key))
             if report is not None:
@@ -652,9 +658,10 @@ class Engine:
         with self._lock:
             if self._stopping:
                 return None
-            future = self.client.submit(
-                *task, key=f"distribute-{self.run_id}-{next(self._seq)}", pure=False, **where,
-            )  # fmt: skip
+            key = f"distribute-{self.run_id}-{next(self._seq)}"
+            if job.persist and self._inbox is not None:
+                self._inbox.expect(key)  # before the batch can run: its report may come first
+            future = self.client.submit(*task, key=key, pure=False, **where)
             self._alone = None if self._pending else future
             self._pending[future] = indices
             self._idle.clear()
@@ -688,6 +695,8 @@ class Engine:
         """The start is over: nothing is out, the state ends."""
         self._idle.set()
         self._await_picks()
+        if self._inbox is not None:
+            self._inbox.forget(f"distribute-{self.run_id}-")
         self.state.end()
 
 

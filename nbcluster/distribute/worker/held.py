@@ -36,6 +36,13 @@ if TYPE_CHECKING:
     from nbcluster._wire import HeldValue
 
 
+#: The Dask event topic a persisted batch's report is pushed on (`distribute/reports.py`).
+TOPIC = "nbcluster-held-report"
+#: Reports larger than this (bytes) are not pushed, only read from the worker: the scheduler
+#: keeps a topic's last events, and these must stay small there.
+LARGEST = 8_192
+
+
 class Slot(NamedTuple):
     """Stands for the `k`-th dependency of the task, in a batch's items or captured names."""
 
@@ -109,7 +116,24 @@ def run_batch_held(
     result["held"] = [describe(v) for v in values]
     failed = {j: f"{r['type']}: {r['message']}" for j, r in result["errors"].items()}
     why = "" if not result["stopped"] else "the batch stopped before it (the run was stopped, or out of time)"
-    return Held(_dumps(result), values, failed, why)
+    report = _dumps(result)
+    _push(report)
+    return Held(report, values, failed, why)
+
+
+def _push(report: bytes) -> None:
+    """Send this batch's report to the kernel as a Dask event, before the task ends (`reports.py`)."""
+    if len(report) > LARGEST:
+        return
+    try:
+        from distributed import get_worker
+
+        dask_worker = get_worker()
+        key = dask_worker.get_current_task()
+    except ValueError:  # not in a Dask worker's task (a test calling the task directly)
+        return
+    if key is not None:
+        dask_worker.log_event(TOPIC, {"key": str(key), "report": report})
 
 
 def fill(item: Any, deps: tuple[Any, ...]) -> Any:
