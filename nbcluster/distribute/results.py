@@ -55,16 +55,36 @@ _SHOW_ROWS = 8
 
 
 class Control(Protocol):
-    """What a view hands its verbs to (`run.Run`)."""
+    """What a view hands its verbs to (`run.Run`).
+
+    A `Results` holds no state of its own to act on: what changes the run, or needs its
+    cluster, goes through here.
+    """
 
     @property
-    def client(self) -> Any: ...
+    def client(self) -> Any:
+        """The run's Dask client; None for a ``--local`` run, or once its cluster went away."""
 
-    def cancel(self) -> None: ...
+    def cancel(self) -> None:
+        """Stop the run, keeping every item that finished (what `Results.cancel` does)."""
 
-    def retry(self, wait: bool) -> None: ...
+    def retry(self, wait: bool) -> None:
+        """Run the failed and cancelled items again (what `Results.retry` does).
 
-    def futures(self) -> list[Any]: ...
+        Parameters
+        ----------
+        wait : bool
+            Follow the retry in the cell until it finishes; False returns once it started.
+        """
+
+    def futures(self) -> list[Any]:
+        """Dask futures of the values, once the run has finished (`Results.futures`).
+
+        Returns
+        -------
+        list of distributed.Future or None
+            One per item, None where it did not finish.
+        """
 
 
 class Results:
