@@ -238,6 +238,7 @@ class Results:
 
         Examples
         --------
+        >>> runs = nbcluster.distribute(lambda x: 10 / x, over=[1, 2, 0])
         >>> runs.counts()
         {'total': 3, 'done': 2, 'failed': 1, 'cancelled': 0, 'running': 0}
         """
@@ -258,6 +259,7 @@ class Results:
 
         Examples
         --------
+        >>> runs = nbcluster.distribute(lambda x: 10 / x, over=[1, 2, 0])
         >>> runs.values(missing=float("nan"))
         [10.0, 5.0, nan]
         """
@@ -395,8 +397,9 @@ class Results:
     def retry(self, wait: bool = True) -> Results:
         """Run again, in place, the items that failed or were cancelled.
 
-        Fix the cause (a function, a data file) first: the cell's variables are captured
-        again. Finished items are kept, not run again.
+        A retry runs the same code on the values the run captured, not on the notebook's
+        variables as they are now: fix first a cause outside them (a data file, a service, a
+        worker that ran out of memory). Finished items are kept, not run again.
 
         Parameters
         ----------
@@ -410,8 +413,21 @@ class Results:
 
         Examples
         --------
-        >>> runs.retry().ok
-        True
+        The items read a file that is not there yet; once it is written, the retry succeeds:
+
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "offset")
+        >>> def shift(x):
+        ...     with open(path) as f:
+        ...         return x + int(f.read())
+        >>> runs = nbcluster.distribute(shift, over=range(3))
+        >>> runs.counts()["failed"]
+        3
+        >>> with open(path, "w") as f:
+        ...     f.write("10")
+        2
+        >>> runs.retry().values()
+        [10, 11, 12]
         """
         self._control.retry(wait)
         return self

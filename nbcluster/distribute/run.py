@@ -171,7 +171,12 @@ def distribute(
     >>> squares = nbcluster.distribute(lambda x: x * x, over=range(5))
     >>> squares.values()
     [0, 1, 4, 9, 16]
-    >>> nbcluster.distribute("x + offset", over="x in range(3)", namespace={"offset": 10}).values()
+
+    A cell's source, with the notebook's variables it reads sent along:
+
+    >>> offset = 10
+    >>> nbcluster.distribute("x + offset", over="x in range(3)").values()
+    nbcluster: sent offset (5 B) with the cell
     [10, 11, 12]
     """
     _check(
@@ -462,6 +467,10 @@ def wait(target: Results | str, *, namespace: dict[str, Any] | None = None) -> R
 
     Examples
     --------
+    >>> import time
+    >>> def slow(x):
+    ...     time.sleep(0.01)
+    ...     return x
     >>> runs = nbcluster.distribute(slow, over=range(100), wait=False)
     >>> nbcluster.wait(runs).ok
     True
