@@ -152,7 +152,8 @@ def test_the_skip_check_refuses_what_it_should() -> None:
     bare = parser.get_doctest(">>> f()  # doctest: +SKIP\n", {}, "bare", None, 0)
     explained = parser.get_doctest(
         ">>> # not executed: it needs a GPU, tests/test_gpu.py runs it\n>>> f()  # doctest: +SKIP\n"
-        ">>> g()  # doctest: +SKIP\n>>> 1\n1\n>>> h()  # doctest: +SKIP\n",
+        ">>> g()  # doctest: +SKIP\n>>> 1\n1\n>>> h()  # doctest: +SKIP\n"
+        ">>> k()  # not executed: it needs SLURM, see tests/test_slurm.py  # doctest: +SKIP\n",
         {}, "explained", None, 0,
     )  # fmt: skip
     assert unexplained_skips(bare) == ["f()  # doctest: +SKIP"]
