@@ -101,7 +101,9 @@ def _examples_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
             os.environ.pop("NBCLUSTER_RUNTIME_DIR", None)
         else:
             os.environ["NBCLUSTER_RUNTIME_DIR"] = before_dir
-        _current._current = before if before is not None and _current._alive(before) else None
+        _current._current = None
+        if before is not None and _current._alive(before):
+            _current.use(before)  # and its client Dask's default again, as before this module
 
 
 TESTS = docstring_tests()
