@@ -101,8 +101,15 @@ def use(name_or_address: str, *, security: Any = None) -> ClusterHandle:
 
     Examples
     --------
-    >>> nbcluster.use("shared")                 # started in a terminal: nbcluster start --name shared
-    >>> nbcluster.use("tls://host:8786", security=("ca.pem", "cert.pem", "key.pem"))
+    By name, a cluster started elsewhere (``nbcluster start`` in a terminal, say):
+
+    >>> nbcluster.use("local").name
+    'local'
+
+    By address, a scheduler someone else runs:
+
+    >>> # not executed: it needs a TLS scheduler on another host; tests/test_external.py runs one
+    >>> nbcluster.use("tls://host:8786", security=("ca.pem", "cert.pem", "key.pem"))  # doctest: +SKIP
     """
     from nbcluster import _current
 

@@ -105,9 +105,9 @@ def current() -> ClusterHandle | None:
 
     Examples
     --------
-    >>> nbcluster.start(name="demo")
+    >>> cluster = nbcluster.start()
     >>> nbcluster.current().name
-    'demo'
+    'local'
     """
     if _current is not None and not _alive(_current):
         forget(_current.name)

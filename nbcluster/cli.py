@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Examples
     --------
-    >>> main(["list"])  # doctest: +SKIP
+    >>> main(["list"])
     No clusters running. Start one with `%cluster start` (or `nbcluster start`).
     0
     """

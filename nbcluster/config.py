@@ -63,7 +63,7 @@ def get(key: str) -> Any:
 
     Examples
     --------
-    >>> get("widget.delay")  # doctest: +SKIP
+    >>> get("widget.delay")
     '750ms'
     """
     warn_unknown()

@@ -21,7 +21,7 @@ class NbclusterError(Exception):
     ...     nbcluster.connect("nope")
     ... except nbcluster.NbclusterError as error:
     ...     print(error)
-    no cluster named 'nope'. None is running. Start it with `%cluster start --name nope`.
+    no cluster named 'nope'. ... Start it with `%cluster start --name nope`.
     """
 
 

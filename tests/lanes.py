@@ -47,6 +47,7 @@ LANES: dict[str, tuple[str, ...]] = {
     "test_bad_input::test_cluster_stop_in_*": ("slow",),
     "test_docs::test_site_*": ("slow",),
     "test_docs::test_teaching_*": ("slow",),
+    "test_docstring_examples::test_docstring_example_runs_on_a_cluster": ("slow",),
 }
 
 

@@ -25,36 +25,18 @@ import nbcluster
 CLASSES = ("Results", "ClusterHandle")
 # Where every public function, class and method is checked: these packages with all their
 # modules (a new module is checked as soon as it exists), and these single modules.
-PACKAGES = ("nbcluster.cluster", "nbcluster.metrics", "nbcluster.server", "nbcluster.widgets")
+PACKAGES = (
+    "nbcluster.cluster",
+    "nbcluster.distribute",
+    "nbcluster.metrics",
+    "nbcluster.server",
+    "nbcluster.widgets",
+)
 MODULES = (
     "nbcluster.teaching",
     "nbcluster._aio",
     "nbcluster._current",
     "nbcluster._wire",
-    # distribute/ one module at a time: engine, run, batching, results, state, worker.items
-    # and worker.records are not done yet.
-    "nbcluster.distribute",
-    "nbcluster.distribute.args",
-    "nbcluster.distribute.capture",
-    "nbcluster.distribute.cell",
-    "nbcluster.distribute.everywhere",
-    "nbcluster.distribute.follow",
-    "nbcluster.distribute.handles",
-    "nbcluster.distribute.identity",
-    "nbcluster.distribute.job",
-    "nbcluster.distribute.journal",
-    "nbcluster.distribute.options",
-    "nbcluster.distribute.plan",
-    "nbcluster.distribute.resume",
-    "nbcluster.distribute.runs",
-    "nbcluster.distribute.target",
-    "nbcluster.distribute.tracebacks",
-    "nbcluster.distribute.worker",
-    "nbcluster.distribute.worker.context",
-    "nbcluster.distribute.worker.held",
-    "nbcluster.distribute.worker.objects",
-    "nbcluster.distribute.worker.output",
-    "nbcluster.distribute.worker.stopping",
     "nbcluster.cli",
     "nbcluster.magics",
     "nbcluster.commands",

@@ -49,7 +49,37 @@ PROBE_ITEMS = 10_000  # at most this many items in a probe: sent back unrun if t
 
 
 class Batcher:
-    """Sizes batches for one run from what the finished batches measured."""
+    """Sizes batches for one run from what the finished batches measured.
+
+    One per run, kept by the engine: it asks `next_size` before each batch it submits, sends
+    `budget` with it, and tells `observe` what each finished batch measured.
+
+    Parameters
+    ----------
+    threads : int
+        Worker threads the run has (at least 1 is assumed): sized batches aim at four per
+        thread for the work that is left.
+    fixed : int or None
+        ``--batch N``: every batch takes N items and runs them all (no budget); None sizes
+        them from measurements.
+    min_batch, max_batch : float
+        Seconds of work in the smallest and the largest sized batch; `max_batch` is also the
+        budget of every sized batch.
+
+    Examples
+    --------
+    Two threads, 400 items of 10 ms (the module docstring's worked example): four probes
+    share the items out, then batches are sized from the measured time.
+
+    >>> batcher = Batcher(2)
+    >>> batcher.next_size(400, free=4)
+    100
+    >>> batcher.observe(4, 0.04)
+    >>> batcher.next_size(396), batcher.next_size(30)
+    (25, 5)
+    >>> Batcher(2, fixed=8).next_size(5)
+    5
+    """
 
     def __init__(
         self,
@@ -67,6 +97,20 @@ class Batcher:
 
     @classmethod
     def from_config(cls, threads: int, fixed: int | None = None) -> Batcher:
+        """A batcher with the smallest and largest batch of the settings.
+
+        Parameters
+        ----------
+        threads : int
+            Worker threads the run has.
+        fixed : int or None
+            ``--batch N``, or None to size batches from measurements.
+
+        Returns
+        -------
+        Batcher
+            Sized by ``distribute.min-batch`` and ``distribute.max-batch``.
+        """
         return cls(
             threads,
             fixed=fixed,
@@ -83,10 +127,19 @@ class Batcher:
 
     @property
     def seconds_per_item(self) -> float | None:
+        """Mean seconds an item took on the workers so far; None before any was measured."""
         return self.seconds / self.items if self.items else None
 
     def observe(self, count: int, seconds: float) -> None:
-        """A batch of `count` items finished, having spent `seconds` in its items."""
+        """A batch of `count` items finished, having spent `seconds` in its items.
+
+        Parameters
+        ----------
+        count : int
+            Items the batch ran (a batch that ran none, stopped or sent back, is ignored).
+        seconds : float
+            Time the worker spent in those items, not in loading the cell.
+        """
         if count <= 0:
             return
         self.items += count
@@ -95,8 +148,18 @@ class Batcher:
     def next_size(self, remaining: int, free: int = 1) -> int:
         """How many of the `remaining` items the next batch takes (at least 1).
 
-        `free`: batches that may still be submitted now, the next among them; until an item
-        time is measured they share out the items (a probe each, see the module docstring).
+        Parameters
+        ----------
+        remaining : int
+            Items not yet sent.
+        free : int
+            Batches that may still be submitted now, the next among them; until an item time
+            is measured they share out the items (a probe each, see the module docstring).
+
+        Returns
+        -------
+        int
+            The next batch's size: 0 when nothing remains, else between 1 and `remaining`.
         """
         if remaining <= 0:
             return 0

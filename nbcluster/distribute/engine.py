@@ -105,7 +105,23 @@ CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its erro
 
 
 class Engine:
-    """Runs one job's items and writes their state; see the module docstring."""
+    """Runs one job's items and writes their state; see the module docstring.
+
+    Made by `run.distribute`, which hands the user's verbs to it through `run.Run`; the
+    strategy of an ``--everywhere`` run drives it through the `everywhere.Tasks` verbs
+    (`submit_task`, `settle_task` and the properties beside them).
+
+    Parameters
+    ----------
+    job : Job
+        What to run: the plan of items, the cell or function, what it captured, the options.
+    run_id : str
+        The run's id: its Dask keys are ``distribute-<run id>-<n>``, its stop tokens
+        ``<run id>-<start>``.
+    link : Link or None
+        The cluster to run on; None when every item runs in the kernel (``--local`` with all
+        items), and then a retry runs in the kernel too.
+    """
 
     def __init__(self, job: Job, run_id: str, link: Link | None):
         self.job = job
@@ -138,7 +154,13 @@ class Engine:
         self._placed: dict[Any, list[str]] | None = None  # where the handles read were, once per start
 
     def journal_to(self, writer: Writer | None) -> None:
-        """Append every batch delivered from now on to `writer`; each start's end closes it."""
+        """Append every batch delivered from now on to `writer`; each start's end closes it.
+
+        Parameters
+        ----------
+        writer : Writer or None
+            The run's journal (`journal.py`); None writes no journal.
+        """
         self.journal = writer
         if writer is not None:
             self.state.on_end(self._end_journal)
@@ -155,7 +177,25 @@ class Engine:
 
     # -- set-up (kernel main thread) -------------------------------------------------------
     def ship(self) -> list[str]:
-        """Scatter large values (cached) and this run's context blob; report lines."""
+        """Scatter large values (cached) and this run's context blob; report lines.
+
+        Called on the kernel's main thread before the first submit, and again by a retry
+        after the cluster went away (the context is then sent afresh). A context of up to
+        `worker.INLINE_CONTEXT` bytes travels inline in every batch instead of being
+        scattered.
+
+        Returns
+        -------
+        list of str
+            What shipping did, for the line the cell prints (a large value sent, or one
+            already on the workers from an earlier run); empty when it was shipped already.
+
+        Raises
+        ------
+        nbcluster.errors.ClusterUnreachable
+            When the values cannot be sent (the cluster's connection failed), saying to run
+            the cell again in a moment.
+        """
         assert self.link is not None
         if self.context is not None:
             return []
@@ -208,7 +248,27 @@ class Engine:
             return False
 
     def run_local(self, indices: Iterable[int]) -> bool:
-        """Run items in the kernel; False if one failed (then nothing is sent)."""
+        """Run items in the kernel; False if one failed (then nothing is sent).
+
+        Items run one by one in this thread, their output going to the cell as it is
+        printed; each is delivered (and journaled) as it finishes, and the first failure
+        stops there.
+
+        Parameters
+        ----------
+        indices : iterable of int
+            The items to run (``--local K``: the first K; all of them for ``--local``).
+
+        Returns
+        -------
+        bool
+            True when every one of them succeeded.
+
+        Raises
+        ------
+        KeyboardInterrupt
+            Ctrl-C while an item runs: the items delivered so far are kept.
+        """
         context = self.job.for_kernel()
         items = self.job.plan.items
         for i in indices:
@@ -224,7 +284,26 @@ class Engine:
 
     # -- the user's verbs, through run.Run ---------------------------------------------------
     def retry(self) -> bool:
-        """Run the failed and cancelled items again; False if there are none."""
+        """Run the failed and cancelled items again; False if there are none.
+
+        A run on a cluster opens its link again (to whatever cluster is current, if its own
+        went away), ships what it needs and starts a driver thread, then returns; a run in
+        the kernel runs the items here before it returns. The journal is reopened first.
+
+        Returns
+        -------
+        bool
+            True when a retry started.
+
+        Raises
+        ------
+        nbcluster.errors.NoCluster
+            When no cluster is running to retry on.
+        nbcluster.errors.ClusterUnreachable
+            When the cluster does not answer.
+        nbcluster.errors.HandleGone
+            When a persisted value the run reads is gone.
+        """
         indices = self.state.unfinished()
         if not indices:
             return False
@@ -280,7 +359,17 @@ class Engine:
 
     # -- driving (a background thread) -------------------------------------------------------
     def start(self, indices: Sequence[int]) -> None:
-        """Submit `indices` from a driver thread, watched by a thread that notices a lost cluster."""
+        """Submit `indices` from a driver thread, watched by a thread that notices a lost cluster.
+
+        Returns at once: the driver (`_drive`, or `everywhere.drive` for ``--everywhere``)
+        ends the state's start when its last batch is in. Each start gets its own stop token,
+        so an earlier cancel does not stop it.
+
+        Parameters
+        ----------
+        indices : sequence of int
+            The items to run, in order (a `range` for consecutive ones).
+        """
         self._starts += 1
         self.state.add_done_callback(self.job.forget_handles)
         self.token = f"{self.run_id}-{self._starts}"
@@ -631,21 +720,43 @@ class Engine:
     # -- the tasks a strategy drives (everywhere.Tasks) ---------------------------------------
     @property
     def items(self) -> list[Any]:
+        """The plan's items (for ``--everywhere``: the workers' addresses)."""
         return self.job.plan.items
 
     @property
     def placement(self) -> dict[str, Any]:
+        """The submit keywords every task of the run takes (its resource restrictions)."""
         assert self.link is not None
         return self.link.submit_kwargs
 
     @property
     def stopping(self) -> bool:
+        """True once the run was told to stop (interrupt, cancel, or the cluster gone)."""
         return self._stopping
 
     def submit_task(self, indices: Any, blob: bytes, _deps: Sequence[Any] = (), **where: Any) -> Any | None:
         """Submit one task running `indices` (their items in `blob`); None once stopping.
 
-        `_deps`: the futures of the handles in the batch's items (after those captured by name).
+        The task is `worker.run_batch`, or `held.run_batch_held` for a run that persists or
+        reads persisted values (taking the handles' futures as Dask dependencies); its key
+        is ``distribute-<run id>-<n>``. It is recorded as pending until `settle_task` or
+        `withdraw` takes it.
+
+        Parameters
+        ----------
+        indices : sequence of int
+            The items the task runs (a list, or a `range` when consecutive).
+        blob : bytes
+            The pickled batch, ``(indices, items, budget)``.
+        _deps : sequence of distributed.Future
+            The futures of the handles in the batch's items (after those captured by name).
+        **where : Any
+            Dask's submit keywords: ``workers``, ``allow_other_workers``, resources.
+
+        Returns
+        -------
+        distributed.Future or None
+            The task's future; None when the run is stopping and nothing was submitted.
         """
         job = self.job
         if job.persist or job.reads_handles:
@@ -668,12 +779,39 @@ class Engine:
         return future
 
     def outstanding(self, futures: list[Any]) -> list[Any]:
-        """Those of `futures` still out (not taken in, withdrawn or cancelled)."""
+        """Those of `futures` still out (not taken in, withdrawn or cancelled).
+
+        Parameters
+        ----------
+        futures : list of distributed.Future
+            Futures `submit_task` returned.
+
+        Returns
+        -------
+        list of distributed.Future
+            Those still to be taken in, in the order given.
+        """
         with self._lock:
             return [f for f in futures if f in self._pending]
 
     def settle_task(self, future: Any) -> list[int]:
-        """Take in one finished task; the items to submit again."""
+        """Take in one finished task; the items to submit again.
+
+        Its values, errors and output are delivered to the state (and the journal), as for a
+        batch of the driver thread. A task already withdrawn or cancelled delivers nothing.
+
+        Parameters
+        ----------
+        future : distributed.Future
+            A done task that `submit_task` returned.
+
+        Returns
+        -------
+        list of int
+            Items to submit again: the task's, when a value it reads was lost with its
+            workers and has been sent again, or those it did not reach before it stopped.
+            A failed item is not among them (``--retries`` is not applied here).
+        """
         with self._lock:
             batch = self._pending.pop(future, None)
         result = None if self.job.persist else _outcome(future)
@@ -684,11 +822,26 @@ class Engine:
         return retry
 
     def withdraw(self, future: Any) -> None:
-        """Stop waiting for a task (its items are then failed or given up by the caller)."""
+        """Stop waiting for a task (its items are then failed or given up by the caller).
+
+        Parameters
+        ----------
+        future : distributed.Future
+            A task `submit_task` returned; its result, if it still comes, is ignored.
+        """
         with self._lock:
             self._pending.pop(future, None)
 
     def fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
+        """Record the same error for each of `indices` (in the state and the journal).
+
+        Parameters
+        ----------
+        indices : sequence of int
+            The items that failed.
+        record : ErrorRecord
+            Why, as `worker.error_record` makes it.
+        """
         self._fail(indices, record)
 
     def finish(self) -> None:

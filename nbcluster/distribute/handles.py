@@ -109,10 +109,9 @@ class Handle:
 
         Examples
         --------
-        After ``%%distribute --over "i in range(8)" --persist --into shards``:
-
-        >>> shards[2].gather()  # doctest: +SKIP
-        array([0.64, 0.27, ...])
+        >>> shards = nbcluster.distribute(lambda i: [i] * 3, over=range(4), persist=True, into="shards")
+        >>> shards[2].gather()
+        [2, 2, 2]
         """
         self._check()
         try:

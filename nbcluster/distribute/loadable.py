@@ -35,7 +35,26 @@ def task(fn: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
     """``client.submit(*task(fn, *args))`` runs ``fn(*args)``; where `fn` cannot be imported,
     the task fails with that ImportError instead of breaking the worker's connection.
 
-    The arguments must be plain data (no Dask futures: Dask would not see them inside).
+    Parameters
+    ----------
+    fn : callable
+        A function importable by name (a module's top-level function) where the task runs.
+    *args : Any
+        Its arguments: plain data, pickled with it (no Dask futures: Dask would not see
+        them inside).
+
+    Returns
+    -------
+    tuple
+        ``(pickle.loads, the pickled call)``: what `client.submit` takes as the function and
+        its one argument.
+
+    Examples
+    --------
+    >>> import operator
+    >>> loads, call = task(operator.add, 2, 3)
+    >>> loads(call)
+    5
     """
     return (pickle.loads, pickle.dumps(_Call(fn, args), protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -49,7 +68,24 @@ def _erred_on(key: str, dask_scheduler: Any = None) -> list[tuple[str, str]]:
 
 def halt_reason(client: Any, key: str, why: str) -> str:
     """The one line for a batch that could not import nbcluster: the worker it failed on and
-    the fix, where the scheduler can say which worker (it has nbcluster), else the cluster's."""
+    the fix, where the scheduler can say which worker (it has nbcluster), else the cluster's.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The run's client, to ask the scheduler where the task failed.
+    key : str
+        The failed batch's Dask key (still held, so the scheduler remembers it).
+    why : str
+        The import error, as one line (``ModuleNotFoundError: No module named 'nbcluster'``).
+
+    Returns
+    -------
+    str
+        The line the cell ends with: the worker, its address and the nbcluster version to
+        install there; or, where the scheduler cannot say (it lacks nbcluster itself), that
+        the whole cluster needs nbcluster, on its scheduler and its workers.
+    """
     try:
         workers = client.run_on_scheduler(_erred_on, key)
     except Exception:  # a scheduler without nbcluster cannot run this: say what is known

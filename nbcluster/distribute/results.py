@@ -55,16 +55,36 @@ _SHOW_ROWS = 8
 
 
 class Control(Protocol):
-    """What a view hands its verbs to (`run.Run`)."""
+    """What a view hands its verbs to (`run.Run`).
+
+    A `Results` holds no state of its own to act on: what changes the run, or needs its
+    cluster, goes through here.
+    """
 
     @property
-    def client(self) -> Any: ...
+    def client(self) -> Any:
+        """The run's Dask client; None for a ``--local`` run, or once its cluster went away."""
 
-    def cancel(self) -> None: ...
+    def cancel(self) -> None:
+        """Stop the run, keeping every item that finished (what `Results.cancel` does)."""
 
-    def retry(self, wait: bool) -> None: ...
+    def retry(self, wait: bool) -> None:
+        """Run the failed and cancelled items again (what `Results.retry` does).
 
-    def futures(self) -> list[Any]: ...
+        Parameters
+        ----------
+        wait : bool
+            Follow the retry in the cell until it finishes; False returns once it started.
+        """
+
+    def futures(self) -> list[Any]:
+        """Dask futures of the values, once the run has finished (`Results.futures`).
+
+        Returns
+        -------
+        list of distributed.Future or None
+            One per item, None where it did not finish.
+        """
 
 
 class Results:
@@ -218,6 +238,7 @@ class Results:
 
         Examples
         --------
+        >>> runs = nbcluster.distribute(lambda x: 10 / x, over=[1, 2, 0])
         >>> runs.counts()
         {'total': 3, 'done': 2, 'failed': 1, 'cancelled': 0, 'running': 0}
         """
@@ -238,6 +259,7 @@ class Results:
 
         Examples
         --------
+        >>> runs = nbcluster.distribute(lambda x: 10 / x, over=[1, 2, 0])
         >>> runs.values(missing=float("nan"))
         [10.0, 5.0, nan]
         """
@@ -375,8 +397,9 @@ class Results:
     def retry(self, wait: bool = True) -> Results:
         """Run again, in place, the items that failed or were cancelled.
 
-        Fix the cause (a function, a data file) first: the cell's variables are captured
-        again. Finished items are kept, not run again.
+        A retry runs the same code on the values the run captured, not on the notebook's
+        variables as they are now: fix first a cause outside them (a data file, a service, a
+        worker that ran out of memory). Finished items are kept, not run again.
 
         Parameters
         ----------
@@ -390,8 +413,21 @@ class Results:
 
         Examples
         --------
-        >>> runs.retry().ok
-        True
+        The items read a file that is not there yet; once it is written, the retry succeeds:
+
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "offset")
+        >>> def shift(x):
+        ...     with open(path) as f:
+        ...         return x + int(f.read())
+        >>> runs = nbcluster.distribute(shift, over=range(3))
+        >>> runs.counts()["failed"]
+        3
+        >>> with open(path, "w") as f:
+        ...     f.write("10")
+        2
+        >>> runs.retry().values()
+        [10, 11, 12]
         """
         self._control.retry(wait)
         return self

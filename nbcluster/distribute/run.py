@@ -171,7 +171,12 @@ def distribute(
     >>> squares = nbcluster.distribute(lambda x: x * x, over=range(5))
     >>> squares.values()
     [0, 1, 4, 9, 16]
-    >>> nbcluster.distribute("x + offset", over="x in range(3)", namespace={"offset": 10}).values()
+
+    A cell's source, with the notebook's variables it reads sent along:
+
+    >>> offset = 10
+    >>> nbcluster.distribute("x + offset", over="x in range(3)").values()
+    nbcluster: sent offset (5 B) with the cell
     [10, 11, 12]
     """
     _check(
@@ -283,7 +288,19 @@ def _handles_read(items: Plan, captured: Capture) -> list[Any]:
 
 
 class Run:
-    """One run's controls: start, follow, cancel, retry, futures; `Results` hands its verbs here."""
+    """One run's controls: start, follow, cancel, retry, futures; `Results` hands its verbs here.
+
+    It makes the run's `Results` and holds them weakly: the notebook's variable is what
+    keeps a run alive, so ``del`` of it frees the run (and a ``--persist`` run's values) at
+    once. `distribute` keeps a strong reference only until `start` hands the view over.
+
+    Parameters
+    ----------
+    engine : Engine
+        The run's engine, which owns its state and talks to Dask.
+    label : str or None
+        The ``--into`` name, shown in the view's display and messages.
+    """
 
     def __init__(self, engine: Engine, *, label: str | None):
         self.engine = engine
@@ -296,6 +313,7 @@ class Run:
 
     @property
     def results(self) -> Results:
+        """The run's view (alive while the verb that asks for it runs: it came through it)."""
         results = self._results()
         assert results is not None, "a Run's verbs come through its Results"
         return results
@@ -307,12 +325,39 @@ class Run:
 
     @property
     def client(self) -> Any:
+        """The run's Dask client; None for a ``--local`` run, or once its cluster went away."""
         return self.engine.client
 
     def start(self, n_local: int, wait: bool, skip: Collection[int] = ()) -> Results:
         """Run the first `n_local` items here, then send the rest; follow them if `wait`.
 
-        `skip`: items already done (taken from a journal by `--resume`).
+        When an item run here fails, nothing is sent: the rest count as cancelled, and the
+        cell shows the failure (`--local K` is for that). Otherwise the values are shipped,
+        a line says what was sent, and a driver thread submits the batches.
+
+        Parameters
+        ----------
+        n_local : int
+            How many of the first items run in the kernel (``--local K``).
+        wait : bool
+            Follow the run in the cell (output, summary, first failure) until it finishes.
+        skip : collection of int
+            Items already done (taken from a journal by ``--resume``): not run again.
+
+        Returns
+        -------
+        Results
+            The run's view; finished if `wait`, else filling in.
+
+        Raises
+        ------
+        nbcluster.errors.Interrupted
+            Ctrl-C while the items run here or before anything was submitted, or while
+            following: the results keep what finished.
+        nbcluster.errors.ClusterUnreachable
+            When the cell's values cannot be sent to the workers.
+        nbcluster.errors.ClusterLost, nbcluster.errors.ClusterCannotRun
+            While following: the cluster went away, or cannot run the items (`follow`).
         """
         engine, results = self.engine, self.results
         self._first = None
@@ -342,15 +387,45 @@ class Run:
         return results
 
     def cancel(self) -> None:
+        """Stop the run, keeping every item that finished (`Engine.cancel`)."""
         self.engine.cancel()
 
     def retry(self, wait: bool) -> None:
+        """Run the failed and cancelled items again, following them if `wait`.
+
+        Parameters
+        ----------
+        wait : bool
+            Follow the retry in the cell until it finishes; False returns once it started.
+
+        Raises
+        ------
+        nbcluster.errors.NbclusterError
+            While the run is still going: wait for it or cancel it first.
+        nbcluster.errors.Interrupted
+            Ctrl-C while following the retry.
+        """
         if not self.results.done:
             raise NbclusterError("the run is still going: wait for it (or cancel it) before retrying")
         if self.engine.retry() and wait:
             follow(self.results)
 
     def futures(self) -> list[Any]:
+        """Dask futures of the values, made once (after the run has finished) and kept.
+
+        Results travel back as opaque blobs, so the finished values are scattered to the
+        cluster again; a ``--persist`` run's values are already on it, behind its handles.
+
+        Returns
+        -------
+        list of distributed.Future or None
+            One per item, None where it did not finish.
+
+        Raises
+        ------
+        nbcluster.errors.NbclusterError
+            When the run never reached a cluster (it ran with ``--local``).
+        """
         self.results.wait()
         if self.persist:  # the values are already Dask keys
             return [h._future if h is not None else None for h in self.results.values()]
@@ -392,6 +467,10 @@ def wait(target: Results | str, *, namespace: dict[str, Any] | None = None) -> R
 
     Examples
     --------
+    >>> import time
+    >>> def slow(x):
+    ...     time.sleep(0.01)
+    ...     return x
     >>> runs = nbcluster.distribute(slow, over=range(100), wait=False)
     >>> nbcluster.wait(runs).ok
     True

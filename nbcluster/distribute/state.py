@@ -44,7 +44,28 @@ PENDING, DONE, FAILED, CANCELLED = 0, 1, 2, 3
 
 
 class RunState:
-    """What is known about each item of one run; see the module docstring."""
+    """What is known about each item of one run; see the module docstring.
+
+    Parameters
+    ----------
+    n : int
+        Items in the run: all pending, and the run started (its first start).
+
+    Examples
+    --------
+    A run of three items: two delivered, then its only start ends, and the third, never
+    delivered, counts as cancelled.
+
+    >>> state = RunState(3)
+    >>> state.deliver(range(2), ["a", "b"], {}, {})
+    >>> state.pending(range(3))
+    [2]
+    >>> state.end()
+    >>> state.counts()
+    {'total': 3, 'done': 2, 'failed': 0, 'cancelled': 1, 'running': 0}
+    >>> state.values, state.unfinished()
+    (['a', 'b', None], [2])
+    """
 
     def __init__(self, n: int):
         self.status = bytearray(n)
@@ -70,6 +91,14 @@ class RunState:
 
     # -- reading -------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
+        """How many items are in each state.
+
+        Returns
+        -------
+        dict of str to int
+            ``total``, ``done``, ``failed``, ``cancelled``, and ``running`` (the pending
+            items: queued or running).
+        """
         with self.lock:
             done, failed, cancelled = self._tally[DONE], self._tally[FAILED], self._tally[CANCELLED]
         total = len(self)
@@ -77,19 +106,51 @@ class RunState:
         return {"total": total, "done": done, "failed": failed, "cancelled": cancelled, "running": running}
 
     def all_done(self) -> bool:
+        """Whether every item is done (none failed, cancelled or pending).
+
+        Returns
+        -------
+        bool
+            True when every item has its value.
+        """
         return self._tally[DONE] == len(self)
 
     def unfinished(self) -> list[int]:
-        """The items a retry runs again: failed or cancelled."""
+        """The items a retry runs again: failed or cancelled.
+
+        Returns
+        -------
+        list of int
+            Their indices, in order.
+        """
         with self.lock:
             return [i for i, s in enumerate(self.status) if s in (FAILED, CANCELLED)]
 
     def pending(self, indices: Iterable[int]) -> list[int]:
+        """Those of `indices` still pending: what is left to send of a batch.
+
+        Parameters
+        ----------
+        indices : iterable of int
+            Item indices.
+
+        Returns
+        -------
+        list of int
+            The pending ones among them, in the order given.
+        """
         with self.lock:
             return [i for i in indices if self.status[i] == PENDING]
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until the run has finished, or `timeout` seconds have passed."""
+        """Block until the run has finished, or `timeout` seconds have passed.
+
+        Parameters
+        ----------
+        timeout : float or None
+            Seconds to wait at most; None waits until the end. Either way Ctrl-C in the
+            kernel interrupts it within a second.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.changed:
             while not self.finished.is_set():
@@ -100,13 +161,33 @@ class RunState:
                 self.changed.wait(1.0 if left is None else min(left, 1.0))
 
     def wait_output(self, seen: int, timeout: float) -> None:
-        """Block until more items have output than `seen`, the run ends, or `timeout`."""
+        """Block until more items have output than `seen`, the run ends, or `timeout`.
+
+        Parameters
+        ----------
+        seen : int
+            Items with output the caller has shown (a length of `output_order`).
+        timeout : float
+            Seconds to wait at most.
+        """
         with self.changed:
             if len(self.output_order) == seen and not self.finished.is_set():
                 self.changed.wait(timeout)
 
     def subscribe(self, fn: Callable[[], None]) -> Callable[[], None]:
-        """Call `fn()` after every change; returns the function that unsubscribes."""
+        """Call `fn()` after every change, from the writing thread, until the run finishes.
+
+        Parameters
+        ----------
+        fn : callable
+            Called with no arguments; it must be quick. An exception in it is printed to
+            stderr and does not stop the run.
+
+        Returns
+        -------
+        callable
+            Unsubscribes `fn` when called (doing nothing once it is gone).
+        """
         with self.lock:
             self._listeners.append(fn)
 
@@ -118,7 +199,13 @@ class RunState:
         return unsubscribe
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
-        """Call `fn()` once the run has finished (now, if it has)."""
+        """Call `fn()` once the run has finished (now, if it has).
+
+        Parameters
+        ----------
+        fn : callable
+            Called with no arguments, once; an exception in it is printed to stderr.
+        """
         with self.lock:
             if not self.finished.is_set():
                 self._done_callbacks.append(fn)
@@ -127,13 +214,29 @@ class RunState:
 
     def on_end(self, fn: Callable[[], None]) -> None:
         """Call `fn()` each time the run ends (its first start, each retry), before anyone
-        waiting sees it finished: the journal's end is written before the cell goes on."""
+        waiting sees it finished: the journal's end is written before the cell goes on.
+
+        Parameters
+        ----------
+        fn : callable
+            Called with no arguments, with the state's lock held; an exception in it is
+            printed to stderr.
+        """
         with self.lock:
             self._closers.append(fn)
 
     # -- writing: the engine only ---------------------------------------------------------
     def begin(self, indices: Iterable[int]) -> None:
-        """A retry starts: `indices` are pending again, and the run is going again."""
+        """A retry starts: `indices` are pending again, and the run is going again.
+
+        Their errors and output are dropped, and `lost`, `halted` and `ended` are cleared;
+        the run finishes when this start, and any other still going, has ended.
+
+        Parameters
+        ----------
+        indices : iterable of int
+            The items the retry runs (done items among them are run again too).
+        """
         with self.lock:
             for i in indices:
                 if self.status[i] != PENDING:
@@ -153,7 +256,23 @@ class RunState:
         errors: dict[int, ItemError],
         outputs: dict[int, list[list[Any]]],
     ) -> None:
-        """Store a batch: `values[j]` is item `indices[j]`'s value, `errors[j]` its failure."""
+        """Store a batch: `values[j]` is item `indices[j]`'s value, `errors[j]` its failure.
+
+        Items no longer pending are skipped, so a batch delivered twice (Dask ran it again
+        after losing a worker) or after a cancel changes nothing.
+
+        Parameters
+        ----------
+        indices : sequence of int
+            The run's index of each item in the batch (a `range` for consecutive items).
+        values : sequence
+            The value of each item the batch ran, by position; a failed item's is ignored.
+        errors : dict of int to ItemError
+            The failed items, by position in the batch.
+        outputs : dict of int to list
+            What items printed, by the item's index in the run: ``[stream, payload]``
+            chunks.
+        """
         status, stored = self.status, self.values  # locals: this loop runs once per item
         done = failed = 0
         with self.lock:
@@ -205,6 +324,7 @@ class RunState:
         return True
 
     def cancel_pending(self) -> None:
+        """Mark every pending item cancelled (a batch still out is ignored when it returns)."""
         with self.lock:
             changed = self._cancel_pending()
             self.changed.notify_all()
@@ -212,13 +332,25 @@ class RunState:
             self._notify()
 
     def lose(self, reason: str) -> None:
-        """The cluster went away: the unfinished items are given up (a retry runs them)."""
+        """The cluster went away: the unfinished items are given up (a retry runs them).
+
+        Parameters
+        ----------
+        reason : str
+            Why, in a line the user is shown (`lost`).
+        """
         with self.lock:
             self.lost = reason
         self.cancel_pending()
 
     def halt(self, reason: str) -> None:
-        """The cluster cannot run the items: the unfinished ones are given up (a retry runs them)."""
+        """The cluster cannot run the items: the unfinished ones are given up (a retry runs them).
+
+        Parameters
+        ----------
+        reason : str
+            Why, and what to do, in a line the user is shown (`halted`).
+        """
         with self.lock:
             self.halted = reason
         self.cancel_pending()

@@ -128,9 +128,12 @@ def live(
 
     Examples
     --------
-    >>> results = nbcluster.distribute(slow, over=range(40), wait=False)
+    >>> import time
+    >>> results = nbcluster.distribute(lambda x: time.sleep(0.05), over=range(40), wait=False)
     >>> view = nbcluster.widgets.live(results)
-    >>> results.wait(); view.close()
+    >>> results.wait().ok
+    True
+    >>> view.close()
     """
     seams = Seams.pop_from(kwargs)
     feed = _as_feed(feed)
@@ -173,7 +176,8 @@ def progress_hook(feed: Feed | None = None, **kwargs: Any) -> ProgressHook:
     Examples
     --------
     >>> hook = nbcluster.widgets.progress_hook(label="sweep")
-    >>> nbcluster.distribute(fit, over=range(8), progress=hook)
+    >>> runs = nbcluster.distribute(lambda x: x * x, over=range(8), progress=hook)
+    >>> hook.live.close()
     """
 
     return ProgressHook(feed, kwargs)
@@ -220,7 +224,9 @@ def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0
 
     Examples
     --------
-    >>> nbcluster.widgets.status(nbcluster.current(), live_for=60)
+    >>> cluster = nbcluster.start()
+    >>> view = nbcluster.widgets.status(cluster, live_for=60)
+    >>> view.close()
     """
     seams = Seams.pop_from(kwargs)
     options = LiveOptions(delay=0.0, live_for=live_for, window=window, history=True, **kwargs)

@@ -35,9 +35,44 @@ def run_items(
 ) -> dict[str, Any]:
     """Run items in this thread until done or stopped; never raises for an item's own failure.
 
-    Stops early, between items, when the run was told to stop (`token`) or once `budget`
-    seconds have gone by. Returns the values and errors of the first `count` items, their
-    output, the time they took (`seconds`), and `stopped` if some were not reached.
+    Stops early, between items, when the run was told to stop (`token`), once `budget`
+    seconds have gone by, or when Dask cancelled the task (checked every
+    `stopping.CHECK_S`).
+
+    Parameters
+    ----------
+    context : Context
+        The run's context: the cell's code or function, its captured values, how an item
+        binds names, the seed.
+    indices : sequence of int
+        The run's index of each of `items` (a list or a range), for seeds and output.
+    items : list
+        The items themselves, in order.
+    large_values : tuple
+        The values of ``context.large``, fetched on this worker, in that order: added to the
+        names each item sees.
+    capture : bool
+        True keeps each item's output in the result (on a worker); False lets it go to the
+        real streams (in the kernel, for ``--local``).
+    token : str or None
+        The run's stop token (`stopping.stopped`); None is never stopped.
+    budget : float or None
+        Seconds after which no further item is started (the batch's time budget); None runs
+        them all.
+
+    Returns
+    -------
+    dict
+        ``values`` (one per item run, None where it failed), ``errors`` (position in the
+        batch -> `ErrorRecord`), ``outputs`` (item index -> chunks, when captured),
+        ``count`` (the items run, from the first), ``seconds`` (their time) and ``stopped``
+        (True when some items were not reached).
+
+    Raises
+    ------
+    KeyboardInterrupt
+        Ctrl-C in the kernel during ``--local``: it stops the cell rather than fail one
+        item.
     """
     base = context.namespace
     if large_values:
@@ -116,13 +151,59 @@ def _run_one(context: Context, base: dict[str, Any], item: Any, index: int) -> A
 
 
 def item_seed(seed: int, index: int) -> int:
-    """A 32-bit seed from the cell's seed and the item's index (fits `np.random.seed`)."""
+    """A 32-bit seed from the cell's seed and the item's index (fits `np.random.seed`).
+
+    The same on every worker and every Python (a hash of the text, not Python's `hash`), so
+    an item draws the same numbers wherever and whenever it runs.
+
+    Parameters
+    ----------
+    seed : int
+        The cell's ``--seed``.
+    index : int
+        The item's index in the run.
+
+    Returns
+    -------
+    int
+        Between 0 and 2**32 - 1.
+
+    Examples
+    --------
+    >>> item_seed(42, 0), item_seed(42, 1)
+    (1042318869, 2349893302)
+    """
     digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little")
 
 
 def dump_result(result: dict[str, Any]) -> bytes:
-    """The batch's result as one blob; an item whose value cannot be pickled fails alone."""
+    """The batch's result as one blob; an item whose value cannot be pickled fails alone.
+
+    Parameters
+    ----------
+    result : dict
+        What `run_items` returned; changed in place where a value or an exception cannot be
+        pickled.
+
+    Returns
+    -------
+    bytes
+        `result` cloudpickled. A value that cannot be pickled is replaced by None and its item
+        fails with a `TypeError` saying why; an exception that cannot be pickled travels as
+        its traceback only (``"exception"`` None).
+
+    Examples
+    --------
+    >>> import threading, cloudpickle
+    >>> result = {"values": [1, threading.Lock()], "errors": {}, "outputs": {}, "count": 2,
+    ...           "seconds": 0.1, "stopped": False}
+    >>> back = cloudpickle.loads(dump_result(result))
+    >>> back["values"]
+    [1, None]
+    >>> print(back["errors"][1]["message"])
+    the item's result cannot be sent back to the kernel: TypeError: cannot pickle '_thread.lock' object
+    """
     try:
         return cloudpickle.dumps(result)
     except Exception:

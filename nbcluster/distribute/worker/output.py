@@ -117,7 +117,10 @@ def display(*objs: Any, raw: bool = False, **_ignored: Any) -> None:
 
     Examples
     --------
-    >>> display({"text/html": "<b>done</b>"}, raw=True)  # doctest: +SKIP
+    Outside an item, as here, the plain-text form is printed:
+
+    >>> display({"text/plain": "done", "text/html": "<b>done</b>"}, raw=True)
+    done
     """
     outputs = getattr(_local, "outputs", None)
     for obj in objs:

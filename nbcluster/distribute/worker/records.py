@@ -49,9 +49,32 @@ class ErrorRecord(TypedDict):
 def error_record(e: BaseException, *, frames: bool = True) -> ErrorRecord:
     """Everything the kernel needs to show and re-raise `e`, nbcluster's frames gone.
 
-    `frames=False` drops every frame: for failures the kernel makes itself (a worker that
-    died, a batch Dask refused), whose frames are nbcluster's or Dask's, nothing the user
-    can act on.
+    Parameters
+    ----------
+    e : BaseException
+        The exception an item raised (or one the kernel made for it).
+    frames : bool
+        False drops every frame: for failures the kernel makes itself (a worker that died, a
+        batch Dask refused), whose frames are nbcluster's or Dask's, nothing the user can act
+        on.
+
+    Returns
+    -------
+    ErrorRecord
+        Safe to pickle and to load in a kernel that cannot import the exception's class:
+        the traceback with its classes replaced by names, and the exception itself
+        cloudpickled, or None where it cannot be rebuilt.
+
+    Examples
+    --------
+    >>> try:
+    ...     1 / 0
+    ... except ZeroDivisionError as e:
+    ...     record = error_record(e)
+    >>> record["type"], record["message"]
+    ('ZeroDivisionError', 'division by zero')
+    >>> record["types"]
+    [{'module': 'builtins', 'qualname': 'ZeroDivisionError', 'syntax': False}]
     """
     tb = traceback.TracebackException.from_exception(e, lookup_lines=False)
     types: list[TypeName] = []
@@ -90,7 +113,19 @@ def error_record(e: BaseException, *, frames: bool = True) -> ErrorRecord:
 
 
 def parts(tb: traceback.TracebackException) -> Iterator[traceback.TracebackException]:
-    """`tb` and every exception it holds: causes, contexts, exception group members."""
+    """`tb` and every exception it holds: causes, contexts, exception group members.
+
+    Parameters
+    ----------
+    tb : traceback.TracebackException
+        The outermost exception.
+
+    Yields
+    ------
+    traceback.TracebackException
+        `tb` first, then depth first what it links to, each link's cause before its context
+        and group members after both: the order of `ErrorRecord`'s ``types``.
+    """
     todo = [tb]
     while todo:
         part = todo.pop()
@@ -101,7 +136,25 @@ def parts(tb: traceback.TracebackException) -> Iterator[traceback.TracebackExcep
 
 
 def type_name(t: TypeName) -> str:
-    """The class as Python's traceback prints it."""
+    """The class as Python's traceback prints it.
+
+    Parameters
+    ----------
+    t : TypeName
+        The class by name.
+
+    Returns
+    -------
+    str
+        The bare name for a builtin or a class of ``__main__``, else ``module.Qualname``.
+
+    Examples
+    --------
+    >>> type_name({"module": "builtins", "qualname": "KeyError", "syntax": False})
+    'KeyError'
+    >>> type_name({"module": "json.decoder", "qualname": "JSONDecodeError", "syntax": False})
+    'json.decoder.JSONDecodeError'
+    """
     return t["qualname"] if t["module"] in ("builtins", "__main__") else f"{t['module']}.{t['qualname']}"
 
 
