@@ -33,7 +33,7 @@ import pytest
 
 import nbcluster
 from nbcluster import _current
-from tests.test_docstrings import checked_modules
+from tests.docs_helpers import checked_modules
 
 NOT_EXECUTED = re.compile(r"# not executed: .{15,}")
 # What an example does to the shared cluster that later examples would notice: these run

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import pkgutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,42 +20,9 @@ import pytest
 from numpydoc.docscrape import NumpyDocString
 
 import nbcluster
+from tests.docs_helpers import checked_modules
 
 CLASSES = ("Results", "ClusterHandle")
-# Where every public function, class and method is checked: these packages with all their
-# modules (a new module is checked as soon as it exists), and these single modules.
-PACKAGES = (
-    "nbcluster.cluster",
-    "nbcluster.distribute",
-    "nbcluster.metrics",
-    "nbcluster.server",
-    "nbcluster.widgets",
-)
-MODULES = (
-    "nbcluster.teaching",
-    "nbcluster._aio",
-    "nbcluster._current",
-    "nbcluster._wire",
-    "nbcluster.cli",
-    "nbcluster.magics",
-    "nbcluster.commands",
-    "nbcluster.config",
-    "nbcluster.config_schema",
-    "nbcluster._compat",
-    "nbcluster._lazy",
-    "nbcluster.errors",
-)
-
-
-def checked_modules() -> list[str]:
-    """`PACKAGES`, each with every module in it, then `MODULES`."""
-    found = []
-    for package in PACKAGES:
-        found.append(package)
-        found += [m.name for m in pkgutil.walk_packages(importlib.import_module(package).__path__, f"{package}.")]
-    return found + list(MODULES)
-
-
 def members(cls: type) -> Iterator[tuple[str, Any]]:
     """The public methods and properties `cls` defines itself."""
     for name, member in vars(cls).items():
