@@ -98,12 +98,31 @@ def test_resume_runs_only_what_the_interrupted_run_did_not_finish(cluster, journ
     assert journal.load(found).state == "complete"
 
 
-def test_failed_items_run_again_on_resume(cluster, journals, tmp_path):
+def test_failed_items_run_again_on_resume(shell, cluster, journals, tmp_path, capsys):
     log, flag = tmp_path / "log", tmp_path / "fixed"
     cell = CELL.replace("x * 10", "if x == 3 and not os.path.exists(flag):\n    raise ValueError('not yet')\nx * 10")
     ns = {"log": str(log), "flag": str(flag), "os": os}
     first = nbcluster.distribute(cell, over="x in range(6)", namespace=ns)
     assert [e.index for e in first.errors] == [3]
+    # The journal names the failed item's error (one line, no traceback) and the worker that ran it.
+    (found,) = journal.journals(where=journals)
+    loaded = journal.load(found)
+    workers = {str(w["name"]) for w in cluster.client.scheduler_info()["workers"].values()}
+    assert set(loaded.failed) == {3}
+    failed = loaded.failed[3]
+    assert failed["error"] == "ValueError: not yet" and failed["params"] == "x=3" and failed["worker"] in workers
+    assert sum(loaded.workers.values()) == 5 and set(loaded.workers) <= workers
+    capsys.readouterr()
+    shell.run_line_magic("distribute", "runs")
+    head, row = capsys.readouterr().out.splitlines()[:2]
+    assert head.split() == ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "STATE"]
+    assert row.split()[-5:-2] == ["5/6", "1", row.split()[-3]] and row.split()[-1] == "interrupted", row
+    shell.run_line_magic("distribute", f"runs {found.name[:8]}")
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[1] == "  5/6 done, 1 failed, 0 not run", shown
+    assert f"    item 3 (x=3) on worker {failed['worker']} at " in shown[-1] and shown[-1].endswith(": ValueError: not yet")
+    assert shown[-2] == "  failed (--resume runs them again):"
+    assert "Traceback" not in "\n".join(shown)
     flag.touch()  # what the user fixed meanwhile is not part of the run's identity
     again = nbcluster.distribute(cell, over="x in range(6)", namespace=ns, resume=True)
     assert again.ok and again.values() == [0, 10, 20, 30, 40, 50]
@@ -304,7 +323,7 @@ def test_distribute_runs_lists_and_forget_deletes(journals, tmp_path, shell, cap
     capsys.readouterr()
     shell.run_line_magic("distribute", "runs")
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "WHEN", "CELL", "DONE", "SIZE", "STATE"]
+    assert lines[0].split() == ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "STATE"]
     assert lines[1].split()[0] == newest.name[:8] and lines[1].split()[-1] == "complete"
     assert " 9/9 " in lines[1] and " 4/4 " in lines[2] and "with open(log, 'a') as f:" in lines[1]
     shell.run_line_magic("distribute", f"forget {oldest.name[:8]}")
@@ -324,6 +343,11 @@ def test_nbcluster_runs_on_the_command_line(journals, tmp_path, cli):
     env = {"DASK_NBCLUSTER__JOURNAL__PATH": str(journals)}
     listed = cli("runs", env=env)
     assert listed.returncode == 0 and f"{found.name[:8]}" in listed.stdout and "3/3" in listed.stdout, listed
+    shown = cli("runs", "--show", found.name[:8], env=env)
+    assert shown.returncode == 0, shown
+    assert shown.stdout.splitlines()[1:] == ["  3/3 done, 0 failed, 0 not run", "  done where: the kernel 3"], shown
+    unknown = cli("runs", "--show", "abcdef12", env=env)
+    assert (unknown.returncode, unknown.stderr) == (2, "nbcluster: error: no journaled run 'abcdef12': `runs` lists their IDs\n")
     bad = cli("runs", "--forget", env=env)
     assert bad.returncode == 2
     assert bad.stderr == "nbcluster: error: say which runs to forget: their IDs (from `runs`), or --all\n"

@@ -95,6 +95,7 @@ from nbcluster.distribute.capture import pin_soon, shipments
 from nbcluster.distribute.handles import Handle, held_slots
 from nbcluster.distribute.job import Job
 from nbcluster.distribute.journal import Writer
+from nbcluster.distribute.journal import failure as journal_failure
 from nbcluster.distribute.state import RunState
 from nbcluster.distribute.target import Link, placement
 from nbcluster.distribute.worker import held
@@ -510,9 +511,10 @@ class Engine:
                 [values[j] for j in keep],
                 {k: errors[j] for k, j in enumerate(keep) if j in errors},
                 {i: o for i, o in outputs.items() if i not in held},
+                ran_on=outcome.ran_on,
             )
         else:
-            self._deliver(indices, values, errors, outputs)
+            self._deliver(indices, values, errors, outputs, ran_on=outcome.ran_on)
         return retry + unreached, outcome.fatal
 
     def _deliver(
@@ -522,12 +524,18 @@ class Engine:
         records: dict[int, worker.ErrorRecord],
         outputs: dict[int, Any],
         where: str = CLUSTER,
+        ran_on: tuple[str, str] | None = None,
     ) -> None:
-        """Store a batch in the state, its failure records made `ItemError`s."""
+        """Store a batch in the state, its failure records made `ItemError`s.
+
+        `ran_on`: the worker that ran it, (address, name), for the journal; None in the kernel,
+        or when the kernel failed the items itself.
+        """
         errors = {j: self.job.item_error(indices[j], record, where) for j, record in records.items()}
         self.state.deliver(indices, values, errors, outputs)
         if self.journal is not None:
-            self.journal.write(indices, values, [indices[j] for j in records], outputs, where)
+            failures = {indices[j]: journal_failure(e) for j, e in errors.items()}
+            self.journal.write(indices, values, failures, outputs, where, ran_on)
 
     def _fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
         self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
@@ -838,6 +846,7 @@ class _Outcome(NamedTuple):
     killed: Any = None  # Dask's KilledWorker: every worker that ran the batch died
     halt: str | None = None  # nbcluster could not be imported to unpickle the batch: why
     held: list[Any] | None = None  # --persist: the workers' description of each value (HeldValue)
+    ran_on: tuple[str, str] | None = None  # the worker that ran the batch: (address, name)
 
 
 def _unpack(future: Any, result: Any, n: int) -> _Outcome:
@@ -865,7 +874,10 @@ def _unpack(future: Any, result: Any, n: int) -> _Outcome:
         return _Outcome([], {}, {}, lost=(data["lost"], data.get("worker")))
     if "fatal" in data:
         return _Outcome([None] * n, dict.fromkeys(range(n), data["fatal"]), {}, fatal=data["fatal"])
-    return _Outcome(data["values"], data["errors"], data["outputs"], data["seconds"], held=data.get("held"))
+    return _Outcome(
+        data["values"], data["errors"], data["outputs"], data["seconds"], held=data.get("held"),
+        ran_on=data.get("ran_on"),
+    )  # fmt: skip
 
 
 def _outcome(future: Any) -> Any:

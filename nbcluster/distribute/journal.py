@@ -73,7 +73,7 @@ from dask.utils import parse_bytes
 
 from nbcluster import config
 
-FORMAT = 1  # bump when a record's shape changes: an older reader then refuses the file
+FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
 SUFFIX = ".journal"
 _LENGTH = struct.Struct("<I")
@@ -100,14 +100,29 @@ class Header(TypedDict):
     started: float  # wall-clock time
 
 
+class Failure(TypedDict):
+    """A failed item as its batch's record keeps it: one line, never a traceback."""
+
+    error: str  # "ValueError: not yet": the exception's type and message, as the cell shows them
+    params: str  # "x=3, lr=0.1" (`plan.describe`)
+
+
+class Failed(Failure):
+    """A failed item read back (`Loaded.failed`): with the worker that ran it, and when."""
+
+    worker: str | None  # its name (its address when it has none); None: the kernel, or nbcluster itself
+    at: float
+
+
 class Batch(TypedDict):
     """One delivered batch."""
 
     kind: Literal["batch"]
     at: float  # when it reached the kernel
     where: str  # "the cluster" or "the kernel" (--local)
+    worker: tuple[str, str] | None  # (address, name) of the worker that ran it; None: the kernel ran it
     indices: Sequence[int]  # a range for a contiguous batch
-    failed: list[int]  # item indices that failed: not journaled, re-run on resume
+    errors: dict[int, Failure]  # the items that failed, by item index: re-run on resume
     plain: bytes | None  # the values pickled as one list, when all are builtin data (`_plain`)
     pickled: list[bytes | None] | None  # else one pickle per item; None: left out (too large)
     outputs: dict[int, list[list[Any]]]  # what items printed, by item index
@@ -134,7 +149,8 @@ class Loaded:
     header: Header
     values: dict[int, Any] = field(default_factory=dict)  # item -> value, for done items
     outputs: dict[int, list[list[Any]]] = field(default_factory=dict)
-    failed: set[int] = field(default_factory=set)  # failed and never done
+    failed: dict[int, Failed] = field(default_factory=dict)  # failed and never done, by item
+    workers: dict[str, int] = field(default_factory=dict)  # worker name (or "the kernel") -> items done there
     left_out: int = 0  # done, but too large to journal
     unloadable: int = 0  # done, but the value cannot be loaded now (its class is gone)
     ended: End | None = None  # the last End record; None: the kernel died mid-run
@@ -388,7 +404,8 @@ def load(path: Path, *, values: bool = True) -> Loaded:
             break  # a record of the wrong shape: damaged, like a cut one
     loaded.left_out = len(left_out - done.keys())
     loaded.unloadable = len(unloadable - done.keys())
-    loaded.failed -= done.keys()
+    for i in loaded.failed.keys() & done.keys():
+        del loaded.failed[i]
     return loaded
 
 
@@ -399,13 +416,16 @@ def _take(record: Batch | End, loaded: Loaded, values: bool, left_out: set[int],
         loaded.ended = record
         return
     loaded.ended = None  # a retry after an End went on: its End comes later, or never
-    failed = set(record["failed"])
+    failed = record["errors"]
+    ran_on = record["worker"]
+    name = ran_on[1] if ran_on is not None else record["where"]
     indices = record["indices"]
     pickled: list[bytes | None] = record["pickled"] or []
     plain = None if record["plain"] is None else pickle.loads(record["plain"])
+    before = len(done)
     for j, i in enumerate(indices):
         if i in failed:
-            loaded.failed.add(i)
+            loaded.failed[i] = {**failed[i], "worker": name if ran_on is not None else None, "at": record["at"]}
         elif i in done:
             continue  # a second delivery (a re-run batch): the first one counted
         elif plain is not None:
@@ -419,6 +439,8 @@ def _take(record: Batch | End, loaded: Loaded, values: bool, left_out: set[int],
                 done[i] = pickle.loads(blob)
             except Exception:  # its class is gone, its module not installed: re-run it
                 unloadable.add(i)
+    if len(done) > before:
+        loaded.workers[name] = loaded.workers.get(name, 0) + len(done) - before
     for i, chunks in record["outputs"].items():
         if i in done:
             loaded.outputs[i] = chunks
@@ -449,9 +471,10 @@ class Writer:
         self,
         indices: Sequence[int],
         values: Sequence[Any],
-        failed: Sequence[int],
+        failed: dict[int, Failure],
         outputs: dict[int, list[list[Any]]],
         where: str,
+        ran_on: tuple[str, str] | None = None,
     ) -> None:
         """Append one delivered batch (`values[j]` is item `indices[j]`'s value).
 
@@ -461,25 +484,30 @@ class Writer:
             The batch's items.
         values : Sequence
             Their values, in the same order (a failed item's is ignored).
-        failed : Sequence of int
-            The items of the batch that failed: not journaled, so a resume runs them again.
+        failed : dict of int to Failure
+            The items of the batch that failed, by item index, each with its error's one line
+            (`failure`): their values are not journaled, so a resume runs them again.
         outputs : dict of int to list
             What the items printed, by item index (as `worker.output` collects it).
         where : str
             ``"the cluster"`` or ``"the kernel"`` (``--local``).
+        ran_on : tuple of (str, str), optional
+            The address and name of the worker that ran the batch; None when the kernel ran
+            it, or failed its items itself.
         """
         with self._lock:
             if self._fd is not None:
-                self._write(self._fd, indices, values, failed, outputs, where)
+                self._write(self._fd, indices, values, failed, outputs, where, ran_on)
 
     def _write(
         self,
         fd: int,
         indices: Sequence[int],
         values: Sequence[Any],
-        failed: Sequence[int],
+        failed: dict[int, Failure],
         outputs: dict[int, list[list[Any]]],
         where: str,
+        ran_on: tuple[str, str] | None,
     ) -> None:
         try:
             n = len(values)
@@ -489,8 +517,8 @@ class Writer:
             if plain is None:
                 pickled = [self._pickle(v) for v in values]
             record: Batch = {
-                "kind": "batch", "at": time.time(), "where": where, "indices": indices,
-                "failed": list(failed), "plain": plain, "pickled": pickled, "outputs": outputs,
+                "kind": "batch", "at": time.time(), "where": where, "worker": ran_on, "indices": indices,
+                "errors": failed, "plain": plain, "pickled": pickled, "outputs": outputs,
             }  # fmt: skip
             _append(fd, pickle.dumps(record, protocol=5))
         except Exception as e:
@@ -570,6 +598,27 @@ class Writer:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def failure(error: Any) -> Failure:
+    """A failed item's journal entry: its error in one line, and its parameters.
+
+    Parameters
+    ----------
+    error : nbcluster.distribute.tracebacks.ItemError
+        The item's error, as the run's `Results` holds it.
+
+    Returns
+    -------
+    Failure
+        ``{"error": "ValueError: not yet", "params": "x=3"}``: the exception's type and the
+        first line of its message, as the cell shows them; no traceback.
+    """
+    from nbcluster.distribute.plan import describe
+
+    message = str(error.message).strip().splitlines()
+    line = f"{error.type_name}: {message[0]}" if message else str(error.type_name)
+    return {"error": line, "params": describe(error.params)}
 
 
 class _Mixed(Exception):

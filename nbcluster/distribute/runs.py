@@ -1,13 +1,18 @@
-"""The journaled runs, listed and forgotten: `%distribute runs`, `nbcluster runs [--forget]`.
+"""The journaled runs, listed, shown and forgotten: `%distribute runs [ID]`, `nbcluster runs [--show|--forget]`.
 
 A run's ID is the start of its identity (`identity.py`): the journals of one cell run on
 the same inputs share it, and forgetting an ID deletes them all. A journal in use (its run
 is going on, here or in another kernel) is listed as *running* and never deleted.
+
+`show(ID)` is one run's journal in full: where its items ran (per worker), and each failed
+item with its parameters, worker, time and error line (what `--resume` runs again).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from nbcluster.distribute import journal
@@ -18,7 +23,7 @@ ID_LENGTH = 8
 
 
 def table(where: Path | None = None) -> str:
-    """One line per journal, newest first: ID, when, the cell's first line, done/total, size, state.
+    """One line per journal, newest first: ID, when, the cell's first line, done/total, failed, size, state.
 
     Parameters
     ----------
@@ -37,20 +42,87 @@ def table(where: Path | None = None) -> str:
         try:
             loaded = journal.load(path, values=False)
         except journal.Refused as e:
-            rows.append((ident, journal._when(journal._started(path) / 1000), str(e), "", "", "unreadable"))
+            rows.append((ident, journal._when(journal._started(path) / 1000), str(e), "", "", "", "unreadable"))
             continue
         except OSError:
             continue  # deleted while listing
         state = "running" if journal.in_use(path) else loaded.state
         first = loaded.header["first_line"]
         rows.append((ident, journal.when(loaded), first[:40], f"{len(loaded.values)}/{loaded.header['total']}",
-                     human(loaded.size), state))  # fmt: skip
+                     str(len(loaded.failed)), human(loaded.size), state))  # fmt: skip
     if not rows:
         return f"No journaled runs (in {where or journal.folder()})."
-    head = ("ID", "WHEN", "CELL", "DONE", "SIZE", "STATE")
+    head = ("ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "STATE")
+    return "\n".join([
+        *_columns(head, rows),
+        "`%%distribute ... --resume` picks up a run; `nbcluster runs --show ID` shows its failed items; "
+        "`nbcluster runs --forget ID` deletes it.",
+    ])  # fmt: skip
+
+
+def _columns(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *rows]]
-    return "\n".join([*lines, "`%%distribute ... --resume` picks up a run; `nbcluster runs --forget ID` deletes one."])
+    return ["  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *rows]]
+
+
+def show(ident: str, where: Path | None = None) -> str:
+    """One run's journals in full: counts, where its items ran, and each failed item's error.
+
+    Parameters
+    ----------
+    ident : str
+        A run ID as `table` shows it (or any start of one).
+    where : pathlib.Path, optional
+        The journals' folder; the configured one when None.
+
+    Returns
+    -------
+    str
+        Per journal of the run (newest first): a line with when, the cell's first line and
+        its state; the counts of done, failed and missing items; the items done per worker;
+        and one line per failed item (``item 3 (x=3) on worker w1 at 14:02:07: ValueError:
+        not yet``), which ``--resume`` runs again.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        For an ID that names no journal.
+    """
+    found = [p for p in journal.journals(where=where) if p.name.startswith(ident)]
+    if not found:
+        raise BadArgument(f"no journaled run {ident!r}: `runs` lists their IDs")
+    blocks = []
+    for path in found:
+        try:
+            loaded = journal.load(path, values=False)
+        except journal.Refused as e:
+            blocks.append(f"{path.name[:ID_LENGTH]}: {e}")
+            continue
+        except OSError:
+            continue  # deleted meanwhile
+        blocks.append("\n".join(_shown(path, loaded)))
+    return "\n\n".join(blocks)
+
+
+def _shown(path: Path, loaded: journal.Loaded) -> list[str]:
+    state = "running" if journal.in_use(path) else loaded.state
+    total, done, failed = loaded.header["total"], len(loaded.values), loaded.failed
+    lines = [
+        f"Run {path.name[:ID_LENGTH]} of {journal.when(loaded)} ({state}): {loaded.header['first_line']}",
+        f"  {done}/{total} done, {len(failed)} failed, {total - done - len(failed)} not run",
+    ]
+    if loaded.workers:
+        ran = ", ".join(f"{name} {n}" for name, n in sorted(loaded.workers.items(), key=lambda kv: -kv[1]))
+        lines.append(f"  done where: {ran}")
+    if failed:
+        lines.append("  failed (--resume runs them again):")
+        for i in sorted(failed):
+            f = failed[i]
+            params = f" ({f['params']})" if f["params"] else ""
+            on = f" on worker {f['worker']}" if f["worker"] else ""
+            at = time.strftime("%H:%M:%S", time.localtime(f["at"]))
+            lines.append(f"    item {i}{params}{on} at {at}: {f['error']}")
+    return lines
 
 
 def forget(ids: list[str], every: bool, where: Path | None = None) -> str:
@@ -100,7 +172,7 @@ def forget(ids: list[str], every: bool, where: Path | None = None) -> str:
 
 
 def line_magic(words: list[str]) -> str | None:
-    """`%distribute runs` and `%distribute forget ID...|--all`; None for any other line.
+    """`%distribute runs [ID]` and `%distribute forget ID...|--all`; None for any other line.
 
     Parameters
     ----------
@@ -110,15 +182,17 @@ def line_magic(words: list[str]) -> str | None:
     Returns
     -------
     str or None
-        What to print: the table, or what `forget` did.
+        What to print: the table, one run's journal (`show`), or what `forget` did.
 
     Raises
     ------
     nbcluster.errors.BadArgument
-        From `forget`, for IDs it cannot take.
+        From `forget` and `show`, for IDs they cannot take.
     """
     if words[:1] == ["runs"] and len(words) == 1:
         return table()
+    if words[:1] == ["runs"] and len(words) == 2:
+        return show(words[1])
     if words[:1] == ["forget"]:
         every = "--all" in words[1:]
         return forget([w for w in words[1:] if w != "--all"], every)
