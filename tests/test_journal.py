@@ -115,7 +115,7 @@ def test_failed_items_run_again_on_resume(shell, cluster, journals, tmp_path, ca
     capsys.readouterr()
     shell.run_line_magic("distribute", "runs")
     head, row = capsys.readouterr().out.splitlines()[:2]
-    assert head.split() == ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "STATE"]
+    assert head.split() == ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE"]
     assert row.split()[-5:-2] == ["5/6", "1", row.split()[-3]] and row.split()[-1] == "interrupted", row
     shell.run_line_magic("distribute", f"runs {found.name[:8]}")
     shown = capsys.readouterr().out.splitlines()
@@ -323,7 +323,7 @@ def test_distribute_runs_lists_and_forget_deletes(journals, tmp_path, shell, cap
     capsys.readouterr()
     shell.run_line_magic("distribute", "runs")
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "STATE"]
+    assert lines[0].split() == ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE"]
     assert lines[1].split()[0] == newest.name[:8] and lines[1].split()[-1] == "complete"
     assert " 9/9 " in lines[1] and " 4/4 " in lines[2] and "with open(log, 'a') as f:" in lines[1]
     shell.run_line_magic("distribute", f"forget {oldest.name[:8]}")
@@ -356,13 +356,106 @@ def test_nbcluster_runs_on_the_command_line(journals, tmp_path, cli):
     assert not found.exists()
 
 
-def test_resume_with_persist_says_in_one_line_that_it_is_not_journaled(cluster, journals, tmp_path, capsys):
-    ns: dict = {"log": str(tmp_path / "log")}
-    held = nbcluster.distribute(CELL, over="x in range(3)", namespace=ns, persist=True, into="held", resume=True)
-    out = capsys.readouterr().out.splitlines()
-    assert "nbcluster: --persist runs are not journaled, so --resume has nothing to pick up: running every item" in out
-    assert held.gather() == [0, 10, 20] and not journals.exists()
-    held.release()
+PERSISTED = "with open(log, 'a') as f:\n    f.write(f'{x}\\n')\nimport numpy as np\nnp.full(125_000, x)"  # 1 MB
+
+
+def held_bytes(client) -> int:
+    """What the workers hold in their own stores for --persist values (every run's)."""
+
+    def held(dask_worker) -> int:
+        from dask.sizeof import sizeof
+
+        return sum(sizeof(v) for k, v in dask_worker.data.items() if str(k).startswith("persist-"))
+
+    return sum(client.run(held).values())
+
+
+def sent_bytes(client) -> int:
+    return sum(client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total).values())
+
+
+def until(condition, seconds: float = 5.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        threading.Event().wait(0.05)
+    return True
+
+
+def dead_kernel_run(cluster, log, n: int = 8, keep: int | None = None):
+    """A --persist run by a client that then goes away, as a killed kernel's does; the journal
+    cut to its first `keep` batches (what had reached the kernel). Returns the journal."""
+    from distributed import Client
+
+    dead = Client(cluster.client.scheduler.address, security=cluster.client.security, set_as_default=False)
+    try:
+        ns = {"log": str(log)}
+        first = nbcluster.distribute(PERSISTED, over=f"x in range({n})", namespace=ns, persist=True, into="held",
+                                     client=dead, batch=1)  # fmt: skip
+        assert first.ok and len(first) == n
+    finally:
+        dead.close()
+    (found,) = journal.journals()  # the test's own folder (`journals`)
+    if keep is not None:
+        data = found.read_bytes()
+        found.write_bytes(data[: record_starts(data)[keep]])
+    return found
+
+
+def test_a_killed_persist_run_resumes_from_the_values_its_cluster_kept(cluster, journals, tmp_path, capsys):
+    log = tmp_path / "log"
+    found = dead_kernel_run(cluster, log, keep=6)
+    killed = journal.load(found)
+    assert killed.state == "killed" and len(killed.values) == 6
+    assert all(set(r) == {"key", "dataset", "held"} for r in killed.values.values())  # recipes, not values
+    assert held_bytes(cluster.client) == 8 * 1_000_000  # the dead client's values stayed on the workers
+    before, sent = len(executions(log)), sent_bytes(cluster.client)
+    capsys.readouterr()
+    ns: dict = {"log": str(log)}
+    again = nbcluster.distribute(PERSISTED, over="x in range(8)", namespace=ns, persist=True, into="again", resume=True)
+    out = capsys.readouterr().out
+    line = f"nbcluster: resumed 6/8 items from the run of {journal.when(killed)} (killed); running 2"
+    assert line in out.splitlines(), out
+    assert sorted(executions(log)[before:]) == sorted(set(range(8)) - set(killed.values))  # the kept 6 did not run
+    assert sent_bytes(cluster.client) - sent < 100_000  # no value crossed to the kernel (nor moved)
+    assert all(again[i].nbytes == 1_000_000 and "on worker" in repr(again[i]) for i in range(8))
+    assert [float(v[0]) for v in again.gather()] == [float(x) for x in range(8)]
+    chained = nbcluster.distribute("float(v.sum())", over="v in again", namespace=ns)
+    assert chained.values() == [125_000.0 * x for x in range(8)]
+    assert journal.load(found).state == "complete"
+    # The new kernel's handles own the values now: del frees the workers' memory.
+    del again, chained
+    ns.clear()
+    assert until(lambda: held_bytes(cluster.client) == 0), held_bytes(cluster.client)
+    assert not cluster.client.list_datasets()
+
+
+def test_forget_drops_what_a_killed_persist_run_kept(shell, cluster, journals, tmp_path, capsys):
+    found = dead_kernel_run(cluster, tmp_path / "log")
+    capsys.readouterr()
+    shell.run_line_magic("distribute", "runs")
+    head, row = capsys.readouterr().out.splitlines()[:2]
+    assert head.split()[-2:] == ["HELD", "STATE"]
+    where = cluster.client.scheduler.address
+    assert f" 8 (8.0 MB) on {where} " in row, row
+    shell.run_line_magic("distribute", f"forget {found.name[:8]}")
+    assert capsys.readouterr().out == "Forgot 1 journaled run. Dropped 8 values kept on the cluster for --resume.\n"
+    assert until(lambda: held_bytes(cluster.client) == 0), held_bytes(cluster.client)
+    assert not found.exists() and not cluster.client.list_datasets()
+
+
+def test_with_journaling_off_a_persist_run_publishes_nothing(cluster, journals, tmp_path):
+    with dask.config.set({"nbcluster.journal.enabled": False}):
+        ns: dict = {"log": str(tmp_path / "log")}
+        held = nbcluster.distribute(PERSISTED, over="x in range(3)", namespace=ns, persist=True, into="held")
+        assert held.ok and not cluster.client.list_datasets() and not journals.exists()
+        held.release()
+        del held
+        ns.clear()
+        assert until(lambda: held_bytes(cluster.client) == 0)
 
 
 def test_a_retry_goes_on_in_the_same_journal(journals, tmp_path):

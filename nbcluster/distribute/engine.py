@@ -80,7 +80,9 @@ import contextlib
 import functools
 import itertools
 import logging
+import sys
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -92,7 +94,7 @@ from nbcluster._compat import nanny_logs, run_on_holder
 from nbcluster.distribute import everywhere, loadable, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
-from nbcluster.distribute.handles import Handle, held_slots
+from nbcluster.distribute.handles import Handle, held_slots, publish
 from nbcluster.distribute.job import Job
 from nbcluster.distribute.journal import Writer
 from nbcluster.distribute.journal import failure as journal_failure
@@ -135,13 +137,17 @@ class Engine:
         self._picks: dict[Any, list[Any]] = {}  # --persist: batch key -> its pick futures, until delivered
         self._unsettled: list[Any] = []  # --persist: picks delivered, perhaps not computed yet
         self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
+        self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
         self._placed: dict[Any, list[str]] | None = None  # where the handles read were, once per start
 
     def journal_to(self, writer: Writer | None) -> None:
         """Append every batch delivered from now on to `writer`; each start's end closes it."""
         self.journal = writer
         if writer is not None:
-            self.state.on_end(self._end_journal)
+            # Weakly: a bound method would make a cycle state -> engine -> state, and a --persist
+            # run's handles (in the state) would then outlive `del` until a garbage collection.
+            engine = weakref.ref(self)
+            self.state.on_end(lambda: _call(engine, Engine._end_journal))
 
     def _end_journal(self) -> None:
         if self.journal is not None:
@@ -535,7 +541,8 @@ class Engine:
         self.state.deliver(indices, values, errors, outputs)
         if self.journal is not None:
             failures = {indices[j]: journal_failure(e) for j, e in errors.items()}
-            self.journal.write(indices, values, failures, outputs, where, ran_on)
+            recipes = [v.recipe() if isinstance(v, Handle) else None for v in values] if self.job.persist else None
+            self.journal.write(indices, values, failures, outputs, where, ran_on, recipes)
 
     def _fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
         self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
@@ -588,7 +595,20 @@ class Engine:
                 self._unsettled.append(pick)
             else:
                 pick.release()
+        if self.publish is not None:
+            self._publish([v for v in values if v is not None])
         return values
+
+    def _publish(self, made: list[Handle]) -> None:
+        """Keep a journaled run's new values on the cluster past this kernel (`handles.publish`)."""
+        try:
+            publish(self.client, made, self.publish or "")
+        except Exception as e:  # a journal must never break a cell: the run goes on, unjournaled
+            self.publish = None
+            if self.journal is not None:
+                self.journal.release()
+            print(f"nbcluster: the cluster would not keep this run's values for --resume ({type(e).__name__}: {e}): "
+                  "the run goes on without a journal", file=sys.stderr)  # fmt: skip
 
     def _await_picks(self) -> None:
         """The start ends once its picks are keys: a finished run's handles name their worker."""
@@ -822,6 +842,12 @@ class _Rescheduling(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("Couldn't gather")
+
+
+def _call(ref: weakref.ref[Engine], method: Any) -> None:
+    engine = ref()
+    if engine is not None:
+        method(engine)
 
 
 def _quiet_rescheduling() -> None:

@@ -63,7 +63,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypedDict
@@ -98,6 +98,8 @@ class Header(TypedDict):
     total: int  # items in the run
     first_line: str  # the cell's first line (or the function's name), for `runs`
     started: float  # wall-clock time
+    persist: bool  # a --persist run: its records hold recipes (`handles.Recipe`), not values
+    cluster: str | None  # --persist: the cluster's name (or address) the values are on
 
 
 class Failure(TypedDict):
@@ -125,6 +127,7 @@ class Batch(TypedDict):
     errors: dict[int, Failure]  # the items that failed, by item index: re-run on resume
     plain: bytes | None  # the values pickled as one list, when all are builtin data (`_plain`)
     pickled: list[bytes | None] | None  # else one pickle per item; None: left out (too large)
+    held: list[Any] | None  # --persist: each item's `handles.Recipe` (None: not published), never its value
     outputs: dict[int, list[list[Any]]]  # what items printed, by item index
 
 
@@ -147,7 +150,7 @@ class Loaded:
 
     path: Path
     header: Header
-    values: dict[int, Any] = field(default_factory=dict)  # item -> value, for done items
+    values: dict[int, Any] = field(default_factory=dict)  # item -> value (--persist: its Recipe), for done items
     outputs: dict[int, list[list[Any]]] = field(default_factory=dict)
     failed: dict[int, Failed] = field(default_factory=dict)  # failed and never done, by item
     workers: dict[str, int] = field(default_factory=dict)  # worker name (or "the kernel") -> items done there
@@ -421,7 +424,9 @@ def _take(record: Batch | End, loaded: Loaded, values: bool, left_out: set[int],
     name = ran_on[1] if ran_on is not None else record["where"]
     indices = record["indices"]
     pickled: list[bytes | None] = record["pickled"] or []
-    plain = None if record["plain"] is None else pickle.loads(record["plain"])
+    plain = record["held"] if record["held"] is not None else None
+    if plain is None and record["plain"] is not None:
+        plain = pickle.loads(record["plain"])
     before = len(done)
     for j, i in enumerate(indices):
         if i in failed:
@@ -429,7 +434,10 @@ def _take(record: Batch | End, loaded: Loaded, values: bool, left_out: set[int],
         elif i in done:
             continue  # a second delivery (a re-run batch): the first one counted
         elif plain is not None:
-            done[i] = plain[j]
+            if plain[j] is None and record["held"] is not None:
+                left_out.add(i)  # persisted but not published: nothing to adopt
+            else:
+                done[i] = plain[j]
         elif (blob := pickled[j]) is None:
             left_out.add(i)
         elif not values:
@@ -459,6 +467,8 @@ class Writer:
         self._fd: int | None = fd
         self._max_item = max_item
         self.broken = False
+        # --persist: told the older journals a complete run deletes, first (to unpublish their values).
+        self.before_superseding: Callable[[list[Path]], None] | None = None
         # The driver thread writes; whichever thread ends the run closes: never both at once.
         self._lock = threading.Lock()
 
@@ -475,6 +485,7 @@ class Writer:
         outputs: dict[int, list[list[Any]]],
         where: str,
         ran_on: tuple[str, str] | None = None,
+        held: list[Any] | None = None,
     ) -> None:
         """Append one delivered batch (`values[j]` is item `indices[j]`'s value).
 
@@ -494,10 +505,13 @@ class Writer:
         ran_on : tuple of (str, str), optional
             The address and name of the worker that ran the batch; None when the kernel ran
             it, or failed its items itself.
+        held : list, optional
+            A ``--persist`` batch: each item's `handles.Recipe` (None where it has none),
+            journaled instead of `values`, which are handles.
         """
         with self._lock:
             if self._fd is not None:
-                self._write(self._fd, indices, values, failed, outputs, where, ran_on)
+                self._write(self._fd, indices, values, failed, outputs, where, ran_on, held)
 
     def _write(
         self,
@@ -508,17 +522,20 @@ class Writer:
         outputs: dict[int, list[list[Any]]],
         where: str,
         ran_on: tuple[str, str] | None,
+        held: list[Any] | None,
     ) -> None:
         try:
             n = len(values)
             if n < len(indices):  # a stopped batch: the items it did not reach are not in it
                 indices = indices[:n]
-            plain, pickled = _plain(values, self._max_item), None
-            if plain is None:
-                pickled = [self._pickle(v) for v in values]
+            plain, pickled = None, None
+            if held is None:
+                plain = _plain(values, self._max_item)
+                if plain is None:
+                    pickled = [self._pickle(v) for v in values]
             record: Batch = {
                 "kind": "batch", "at": time.time(), "where": where, "worker": ran_on, "indices": indices,
-                "errors": failed, "plain": plain, "pickled": pickled, "outputs": outputs,
+                "errors": failed, "plain": plain, "pickled": pickled, "held": held, "outputs": outputs,
             }  # fmt: skip
             _append(fd, pickle.dumps(record, protocol=5))
         except Exception as e:
@@ -557,7 +574,7 @@ class Writer:
             finally:
                 os.close(fd)  # releases the lock
         if done == total:
-            superseded(self.path)
+            superseded(self.path, self.before_superseding)
 
     def release(self) -> None:
         """Let go of the journal without marking it (a claim that was not used after all)."""
@@ -678,7 +695,7 @@ def _ensure_folder(base: Path) -> None:
         os.chmod(base, 0o700)  # a folder made by hand (or by umask) must not show others the values
 
 
-def create(identity: str, total: int, first_line: str) -> Writer | None:
+def create(identity: str, total: int, first_line: str, *, cluster: str | None = None) -> Writer | None:
     """A new journal for a run (pruning old ones to fit); None, with one line, if it cannot be.
 
     Parameters
@@ -689,6 +706,9 @@ def create(identity: str, total: int, first_line: str) -> Writer | None:
         Items in the run.
     first_line : str
         What listings show of the run (`identity.first_line`).
+    cluster : str, optional
+        A ``--persist`` run: the name (or address) of the cluster its values stay on; its
+        journal then holds recipes, not values.
 
     Returns
     -------
@@ -705,7 +725,7 @@ def create(identity: str, total: int, first_line: str) -> Writer | None:
         fd = _lock(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
         header: Header = {
             "format": FORMAT, "nbcluster": _version(), "identity": identity, "total": total,
-            "first_line": first_line, "started": started,
+            "first_line": first_line, "started": started, "persist": cluster is not None, "cluster": cluster,
         }  # fmt: skip
         data = MAGIC + json.dumps(header).encode() + b"\n"
         try:
@@ -778,7 +798,7 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
     return deleted
 
 
-def superseded(path: Path) -> list[Path]:
+def superseded(path: Path, before: Callable[[list[Path]], None] | None = None) -> list[Path]:
     """Delete the other journals of `path`'s run that no run is using.
 
     Called when the run in `path` completes: it holds every item, so an older journal of the
@@ -789,18 +809,26 @@ def superseded(path: Path) -> list[Path]:
     ----------
     path : pathlib.Path
         The journal of the run that completed.
+    before : callable, optional
+        Called with the journals about to be deleted, first (a ``--persist`` run unpublishes
+        the values they left on the cluster); its failure deletes nothing.
 
     Returns
     -------
     list of pathlib.Path
         The journals deleted.
     """
+    others = [p for p in journals(path.name.split("-", 1)[0], where=path.parent) if p != path and not in_use(p)]
+    if others and before is not None:
+        try:
+            before(others)
+        except Exception:
+            return []  # their values stay listed by `runs`, to forget by hand
     deleted = []
-    for other in journals(path.name.split("-", 1)[0], where=path.parent):
-        if other != path and not in_use(other):
-            with contextlib.suppress(OSError):
-                other.unlink()
-                deleted.append(other)
+    for other in others:
+        with contextlib.suppress(OSError):
+            other.unlink()
+            deleted.append(other)
     return deleted
 
 

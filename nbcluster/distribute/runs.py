@@ -4,6 +4,12 @@ A run's ID is the start of its identity (`identity.py`): the journals of one cel
 the same inputs share it, and forgetting an ID deletes them all. A journal in use (its run
 is going on, here or in another kernel) is listed as *running* and never deleted.
 
+A `--persist` run's journal holds recipes, and its values are on a cluster (published
+datasets, `handles.py`): the listing asks that cluster what it still holds for each such
+run (the HELD column: how many values, their size, on which cluster), and forgetting one
+drops them there too (`handles.unpublish`), so a killed kernel's values do not stay on the
+workers until the cluster stops.
+
 `show(ID)` is one run's journal in full: where its items ran (per worker), and each failed
 item with its parameters, worker, time and error line (what `--resume` runs again).
 """
@@ -14,8 +20,9 @@ import contextlib
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from nbcluster.distribute import journal
+from nbcluster.distribute import handles, journal
 from nbcluster.distribute.capture import human
 from nbcluster.errors import BadArgument
 
@@ -23,7 +30,8 @@ ID_LENGTH = 8
 
 
 def table(where: Path | None = None) -> str:
-    """One line per journal, newest first: ID, when, the cell's first line, done/total, failed, size, state.
+    """One line per journal, newest first: ID, when, the cell's first line, done/total, failed, size,
+    what a --persist run holds on its cluster, state.
 
     Parameters
     ----------
@@ -37,27 +45,70 @@ def table(where: Path | None = None) -> str:
         journaled runs, and where it looked.
     """
     rows = []
+    clusters = _Clusters()
     for path in journal.journals(where=where):
         ident = path.name[:ID_LENGTH]
         try:
             loaded = journal.load(path, values=False)
         except journal.Refused as e:
-            rows.append((ident, journal._when(journal._started(path) / 1000), str(e), "", "", "", "unreadable"))
+            rows.append((ident, journal._when(journal._started(path) / 1000), str(e), "", "", "", "", "unreadable"))
             continue
         except OSError:
             continue  # deleted while listing
         state = "running" if journal.in_use(path) else loaded.state
         first = loaded.header["first_line"]
         rows.append((ident, journal.when(loaded), first[:40], f"{len(loaded.values)}/{loaded.header['total']}",
-                     str(len(loaded.failed)), human(loaded.size), state))  # fmt: skip
+                     str(len(loaded.failed)), human(loaded.size), clusters.held(path, loaded), state))  # fmt: skip
     if not rows:
         return f"No journaled runs (in {where or journal.folder()})."
-    head = ("ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "STATE")
+    head = ("ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE")
     return "\n".join([
         *_columns(head, rows),
         "`%%distribute ... --resume` picks up a run; `nbcluster runs --show ID` shows its failed items; "
         "`nbcluster runs --forget ID` deletes it.",
     ])  # fmt: skip
+
+
+class _Clusters:
+    """The clients of the clusters --persist journals name, each connected once per listing."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, Any] = {}
+
+    def client(self, name: str) -> Any:
+        """A client of cluster `name`; None when it is not running (its values went with it)."""
+        if name not in self._clients:
+            self._clients[name] = _client_of(name)
+        return self._clients[name]
+
+    def held(self, path: Path, loaded: journal.Loaded) -> str:
+        """``6 (1.2 MB) on pc``: what a --persist run's values hold on its cluster now; "" for other runs."""
+        name = loaded.header.get("cluster")
+        if not loaded.header.get("persist") or not name:
+            return ""
+        client = self.client(name)
+        if client is None:
+            return f"? (cannot reach {name})"
+        try:
+            names = handles.published(client, [handles.dataset_prefix(path.name)])
+        except Exception:
+            return f"? ({name} did not answer)"
+        kept = [r for r in loaded.values.values() if r and r["dataset"] in names]
+        return f"{len(kept)} ({human(sum(r['held']['nbytes'] for r in kept))}) on {name}" if kept else f"none on {name}"
+
+
+def _client_of(name: str) -> Any:
+    """A client of the cluster named (or at the address) `name`: this process's own when it has
+    one (a cluster given to `distribute` as a client has no name), else a connection."""
+    from nbcluster import _current
+
+    for handle in list(_current._handles.values()):
+        if name in (handle.name, handle.address) and handle.client.status == "running":
+            return handle.client
+    try:
+        return _current.handle_for(name).client
+    except Exception:  # not running any more, or not reachable from here
+        return None
 
 
 def _columns(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
@@ -155,20 +206,43 @@ def forget(ids: list[str], every: bool, where: Path | None = None) -> str:
     unknown = [i for i in ids if not any(p.name.startswith(i) for p in found)]
     if unknown:
         raise BadArgument(f"no journaled run {', '.join(map(repr, unknown))}: `runs` lists their IDs")
-    deleted = busy = 0
+    deleted = busy = dropped = 0
+    clusters = _Clusters()
     for path in found:
         if not every and not any(path.name.startswith(i) for i in ids):
             continue
         if journal.in_use(path):
             busy += 1
             continue
+        dropped += _drop_values(path, clusters)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             deleted += 1
     line = f"Forgot {deleted} journaled run{'s' if deleted != 1 else ''}."
+    if dropped:
+        line += f" Dropped {dropped} value{'s' if dropped != 1 else ''} kept on the cluster for --resume."
     if busy:
         line += f" {busy} in use (running now) stayed."
     return line
+
+
+def _drop_values(path: Path, clusters: _Clusters) -> int:
+    """A --persist journal's values on its cluster, unpublished (the workers free them); how many."""
+    try:
+        data = path.read_bytes()
+        header, _ = journal.read_header(data, path)
+    except (journal.Refused, OSError):
+        return 0
+    name = header.get("cluster")
+    if not header.get("persist") or not name:
+        return 0
+    client = clusters.client(name)
+    if client is None:
+        return 0  # the cluster is not running: its values went with it
+    try:
+        return handles.unpublish(client, [handles.dataset_prefix(path.name)])
+    except Exception:
+        return 0
 
 
 def line_magic(words: list[str]) -> str | None:
