@@ -385,15 +385,15 @@ def until(condition, seconds: float = 5.0) -> bool:
     return True
 
 
-def dead_kernel_run(cluster, log, n: int = 8, keep: int | None = None):
+def dead_kernel_run(cluster, log, n: int = 8, keep: int | None = None, cell: str = PERSISTED, ns=None):
     """A --persist run by a client that then goes away, as a killed kernel's does; the journal
     cut to its first `keep` batches (what had reached the kernel). Returns the journal."""
     from distributed import Client
 
     dead = Client(cluster.client.scheduler.address, security=cluster.client.security, set_as_default=False)
     try:
-        ns = {"log": str(log)}
-        first = nbcluster.distribute(PERSISTED, over=f"x in range({n})", namespace=ns, persist=True, into="held",
+        ns = {"log": str(log)} if ns is None else dict(ns)
+        first = nbcluster.distribute(cell, over=f"x in range({n})", namespace=ns, persist=True, into="held",
                                      client=dead, batch=1)  # fmt: skip
         assert first.ok and len(first) == n
     finally:
@@ -445,6 +445,49 @@ def test_forget_drops_what_a_killed_persist_run_kept(shell, cluster, journals, t
     assert capsys.readouterr().out == "Forgot 1 journaled run. Dropped 8 values kept on the cluster for --resume.\n"
     assert until(lambda: held_bytes(cluster.client) == 0), held_bytes(cluster.client)
     assert not found.exists() and not cluster.client.list_datasets()
+
+
+def test_a_kept_value_lost_with_its_worker_runs_again(journals, tmp_path, capsys):
+    import signal
+
+    log, flag = tmp_path / "log", tmp_path / "flag"
+    flag.write_text("yes")
+    cell = PERSISTED.replace("import numpy", "if open(flag).read() == 'no':\n    raise RuntimeError('not now')\nimport numpy")
+    ns: dict = {"log": str(log), "flag": str(flag)}
+    handle = nbcluster.start(workers=2, threads=1, name="j18lost")
+    try:
+        client = handle.client
+        client.wait_for_workers(2)
+        found = dead_kernel_run(handle, log, cell=cell, ns=ns)
+        recipes = journal.load(found).values
+        keys = [r["key"] for r in recipes.values()]
+
+        def states(dask_scheduler, keys):
+            return {k: (dask_scheduler.tasks[k].state, [w.address for w in dask_scheduler.tasks[k].who_has or ()])
+                    for k in keys if k in dask_scheduler.tasks}  # fmt: skip
+
+        holders = client.run_on_scheduler(states, keys=keys)
+        victim = holders[recipes[0]["key"]][1][0]
+        lost = {i for i, r in recipes.items() if victim in holders[r["key"]][1]}
+        assert 0 < len(lost) < 8  # both workers hold some
+        flag.write_text("no")  # Dask's lineage cannot make them again: the cell's input is gone, as a dead kernel's are
+        os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+        assert until(lambda: all(client.run_on_scheduler(states, keys=[recipes[i]["key"] for i in lost]).get(
+            recipes[i]["key"], ("forgotten",))[0] in ("erred", "forgotten") for i in lost), 60)  # fmt: skip
+        flag.write_text("yes")
+        before = len(executions(log))
+        capsys.readouterr()
+        again = nbcluster.distribute(cell, over="x in range(8)", namespace=ns, persist=True, into="again",
+                                     resume=True, client=client)  # fmt: skip
+        out = capsys.readouterr().out
+        line = (f"nbcluster: resumed {8 - len(lost)}/8 items from the run of {journal.when(journal.load(found))} "
+                f"(complete); running {len(lost)} ({len(lost)} finished whose value the cluster no longer holds)")  # fmt: skip
+        assert line in out.splitlines(), out
+        assert [float(v[0]) for v in again.gather()] == [float(x) for x in range(8)]
+        assert sorted(executions(log)[before:]) == sorted(lost)  # the lost ran again, what the living worker kept did not
+        again.release()
+    finally:
+        handle.stop()
 
 
 def test_with_journaling_off_a_persist_run_publishes_nothing(cluster, journals, tmp_path):
