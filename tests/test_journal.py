@@ -410,7 +410,8 @@ def test_a_killed_persist_run_resumes_from_the_values_its_cluster_kept(cluster, 
     found = dead_kernel_run(cluster, log, keep=6)
     killed = journal.load(found)
     assert killed.state == "killed" and len(killed.values) == 6
-    assert all(set(r) == {"key", "dataset", "held"} for r in killed.values.values())  # recipes, not values
+    assert all(set(r) == {"key", "dataset", "held", "params"} for r in killed.values.values())  # recipes, not values
+    assert {r["params"] for r in killed.values.values()} <= {f"x={x}" for x in range(8)}
     assert held_bytes(cluster.client) == 8 * 1_000_000  # the dead client's values stayed on the workers
     before, sent = len(executions(log)), sent_bytes(cluster.client)
     capsys.readouterr()

@@ -541,7 +541,12 @@ class Engine:
         self.state.deliver(indices, values, errors, outputs)
         if self.journal is not None:
             failures = {indices[j]: journal_failure(e) for j, e in errors.items()}
-            recipes = [v.recipe() if isinstance(v, Handle) else None for v in values] if self.job.persist else None
+            recipes = None
+            if self.job.persist:
+                describe = self.job.plan.describe
+                # values may be fewer than indices (a stopped batch): the first len(values) count
+                pairs = zip(indices, values, strict=False)
+                recipes = [v.recipe(describe(i)) if isinstance(v, Handle) else None for i, v in pairs]
             self.journal.write(indices, values, failures, outputs, where, ran_on, recipes)
 
     def _fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:

@@ -51,6 +51,7 @@ class Recipe(TypedDict):
     key: str  # the Dask key holding the value
     dataset: str  # the dataset that keeps the key on the scheduler without a client
     held: HeldValue  # the worker's description of the value, for the handle's repr
+    params: str  # the item's parameters, "x=3" (`plan.describe`), for people reading the journal
 
 
 class Handle:
@@ -71,8 +72,13 @@ class Handle:
         finalizer = self._published
         return self._dataset if finalizer is not None and finalizer.alive else None
 
-    def recipe(self) -> Recipe | None:
-        """What a journal keeps of this handle: its key, dataset and description.
+    def recipe(self, params: str = "") -> Recipe | None:
+        """What a journal keeps of this handle: its key, dataset, description and parameters.
+
+        Parameters
+        ----------
+        params : str
+            The item's parameters as messages show them (`plan.describe`).
 
         Returns
         -------
@@ -82,7 +88,7 @@ class Handle:
         dataset = self.dataset
         if dataset is None or self._future is None:
             return None
-        return {"key": str(self._future.key), "dataset": dataset, "held": self.held}
+        return {"key": str(self._future.key), "dataset": dataset, "held": self.held, "params": params}
 
     @property
     def future(self) -> Any:
