@@ -20,10 +20,10 @@ is their cell's with ``persist`` added, so a run with and one without never shar
 Their `--resume` asks the cluster which of those keys some worker still holds
 (`handles.adopt`), takes those as the new run's handles, and runs the rest: a value lost
 with its worker, on a cluster that restarted, or on another cluster, simply runs again.
-The line then says how many of the finished items the cluster no longer held. A run that
-reads persisted handles (chained) is not journaled (its items are handles: `identity`
-cannot fingerprint them), nor are `--everywhere` runs (their items are the workers of the
-moment).
+The line then says how many of the finished items the cluster no longer held. A
+`--persist` run that reads persisted handles (chained) is not journaled (its values are
+made from handles the identity does not fingerprint, which a new kernel would not have),
+nor are `--everywhere` runs (their items are the workers of the moment).
 
 Worked example: a kernel running ``--persist`` over 8 items is killed after 6 arrived. Its
 journal holds 6 recipes; the cluster holds 6 published datasets. A new kernel's

@@ -207,7 +207,7 @@ def distribute(
         persist=persist, reads_handles=bool(reads),
     )  # fmt: skip
     engine = Engine(job, run_id, link if remote else None)
-    taken = _journal(engine, cell, body, resume=resume, journaled=not (everywhere or reads))
+    taken = _journal(engine, cell, body, resume=resume, journaled=not (everywhere or (persist and reads)))
     run = Run(engine, label=into)
     if persist:
         handles.RUNS[run_id] = run.results
@@ -222,7 +222,7 @@ def distribute(
 def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, journaled: bool) -> set[int]:
     """Open the run's journal; with `resume`, fill the state with an earlier run's items (those).
 
-    `journaled` False (`--everywhere`, or a run reading persisted handles): no journal.
+    `journaled` False (`--everywhere`, or a `--persist` run reading persisted handles): no journal.
     """
     job = engine.job
     ident = identity.fingerprint(job.plan, cell, job.fn, job.seed, job.capture) if journaled else None
