@@ -396,6 +396,9 @@ def dead_kernel_run(cluster, log, n: int = 8, keep: int | None = None, cell: str
         first = nbcluster.distribute(cell, over=f"x in range({n})", namespace=ns, persist=True, into="held",
                                      client=dead, batch=1)  # fmt: skip
         assert first.ok and len(first) == n
+        # Published from the client's loop, not waited for by the run: a kernel killed before
+        # that would leave those items to run again (`handles._Publisher`).
+        assert until(lambda: len(dead.list_datasets()) == n, 30)
     finally:
         dead.close()
     (found,) = journal.journals()  # the test's own folder (`journals`)

@@ -210,54 +210,92 @@ class Handle:
 
 
 # -- datasets: values that outlive the kernel (journaled runs) ---------------------------------
-class _Unpublisher:
-    """Dataset names to unpublish, sent in one call per tick of the client's event loop.
+class _Publisher:
+    """One client's dataset calls, sent in order from its event loop, never waited for.
 
-    Finalizers run wherever the last reference went (the main thread, a GC in any thread):
-    they only queue the name, and the client's loop sends the call.
+    A run's driver thread only queues a batch's names (`put`), and a finalizer, running
+    wherever the last reference went (the main thread, a GC in any thread), only queues the
+    name it frees (`delete`). One coroutine at a time sends them, in the order queued, each
+    run of puts (or deletes) as one call: so a value released at once after it was made is
+    unpublished after it was published, never before, and a batch's delivery does not wait
+    for a scheduler round trip. A put still queued when the kernel dies is lost with it: that
+    item simply runs again on resume (`adopt` finds no dataset).
     """
 
     def __init__(self, client: Any):
         self.client = client
-        self.names: list[str] = []
+        self.ops: list[tuple[str, Any]] = []  # ("put", {name: future}) or ("delete", [name])
         self.lock = threading.Lock()
+        self.sending = False
 
-    def add(self, name: str) -> None:
-        with self.lock:
-            first = not self.names
-            self.names.append(name)
-        if first and self.client.status == "running":
-            # The loop closing: the datasets stay (a dead kernel's do too) until forgotten.
-            with contextlib.suppress(Exception):
-                self.client.loop.add_callback(self._flush)
+    def put(self, named: dict[str, Any]) -> None:
+        self._add(("put", named))
 
-    async def _flush(self) -> None:
+    def delete(self, name: str) -> None:
+        self._add(("delete", [name]))
+
+    def _add(self, op: tuple[str, Any]) -> None:
         with self.lock:
-            names, self.names = self.names, []
-        if names and self.client.status == "running":
+            self.ops.append(op)
+            start, self.sending = not self.sending, True
+        if start:
+            try:
+                self.client.loop.add_callback(self._send)
+            except Exception:  # the loop is closing: the datasets stay (a dead kernel's do too) until forgotten
+                with self.lock:
+                    self.ops.clear()
+                    self.sending = False
+
+    def _next(self) -> tuple[str, Any] | None:
+        """The next run of calls of one kind, merged; None (and no longer sending) when none are left."""
+        with self.lock:
+            if not self.ops or self.client.status != "running":
+                self.ops.clear()
+                self.sending = False
+                return None
+            kind = self.ops[0][0]
+            n = next((k for k, (other, _) in enumerate(self.ops) if other != kind), len(self.ops))
+            taken, self.ops = self.ops[:n], self.ops[n:]
+        if kind == "put":
+            return kind, {name: f for _, named in taken for name, f in named.items()}
+        return kind, [name for _, names in taken for name in names]
+
+    async def _send(self) -> None:
+        while (op := self._next()) is not None:
+            kind, what = op
             with contextlib.suppress(Exception):  # the scheduler going away: its datasets go with it
-                await self.client.unpublish_dataset(names, asynchronous=True)
+                if kind == "put":  # override: an item run again after its value was lost
+                    await self.client.publish_dataset(**what, override=True, asynchronous=True)
+                else:
+                    await self.client.unpublish_dataset(what, asynchronous=True)
 
 
-_UNPUBLISHERS: weakref.WeakKeyDictionary[Any, _Unpublisher] = weakref.WeakKeyDictionary()
+_PUBLISHERS: weakref.WeakKeyDictionary[Any, _Publisher] = weakref.WeakKeyDictionary()
 
 
-def _unpublish_later(unpublisher: _Unpublisher, name: str) -> None:
-    unpublisher.add(name)
+def _publisher(client: Any) -> _Publisher:
+    found = _PUBLISHERS.get(client)
+    if found is None:
+        found = _PUBLISHERS[client] = _Publisher(client)
+    return found
+
+
+def _unpublish_later(publisher: _Publisher, name: str) -> None:
+    publisher.delete(name)
 
 
 def _own(handle: Handle, client: Any, name: str) -> None:
     """Make `handle` unpublish `name` when it is released or collected (not at the kernel's exit)."""
-    unpublisher = _UNPUBLISHERS.get(client)
-    if unpublisher is None:
-        unpublisher = _UNPUBLISHERS[client] = _Unpublisher(client)
-    finalizer = weakref.finalize(handle, _unpublish_later, unpublisher, name)
+    finalizer = weakref.finalize(handle, _unpublish_later, _publisher(client), name)
     finalizer.atexit = False  # a kernel that exits (a restart) leaves its values for --resume
     handle._published, handle._dataset = finalizer, name
 
 
 def publish(client: Any, handles: Sequence[Handle], prefix: str) -> None:
     """Publish each handle's key as the dataset ``<prefix>-<item>``, owned by the handle.
+
+    The call is queued, not waited for (see `_Publisher`): a delivered batch does not wait
+    for the scheduler.
 
     Parameters
     ----------
@@ -267,16 +305,10 @@ def publish(client: Any, handles: Sequence[Handle], prefix: str) -> None:
         A delivered batch's new handles.
     prefix : str
         The run's dataset prefix (`dataset_prefix`).
-
-    Raises
-    ------
-    Exception
-        Whatever the scheduler answers when it cannot publish; the caller warns and goes on.
     """
     if not handles:
         return
-    named = {f"{prefix}-{h.index}": h._future for h in handles}
-    client.publish_dataset(**named, override=True)  # override: an item run again after its key was lost
+    _publisher(client).put({f"{prefix}-{h.index}": h._future for h in handles})
     for h in handles:
         _own(h, client, f"{prefix}-{h.index}")
 
