@@ -124,7 +124,7 @@ def run_pair(
                 t = time.perf_counter()
                 res = nbcluster.distribute(body, over=over, namespace=ns, persist=True, into="held")
                 elapsed = time.perf_counter() - t
-            assert res.ok
+            assert res.ok, (res.counts(), res.errors[:2])
             (on if enabled else off).append(elapsed)
             if enabled:
                 inside.append((timer.publish, timer.write))
