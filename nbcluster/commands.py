@@ -103,6 +103,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     s = sub.add_parser("runs", help="the journaled runs of distribute cells, which --resume picks up")
     s.add_argument("--forget", nargs="*", metavar="ID", help="delete the journals of these runs (IDs from the list)")
     s.add_argument("--all", action="store_true", help="with --forget: delete every journal not in use")
+    s.add_argument("--show", metavar="ID", help="one run's journal: where its items ran, its failed items and their errors")
     return p
 
 
@@ -394,23 +395,29 @@ class Runner:
         )
 
     def do_runs(self, ns: argparse.Namespace) -> str:
-        """``runs [--forget ID... | --forget --all]``: list or delete the journaled runs.
+        """``runs [--show ID | --forget ID... | --forget --all]``: list, show or delete the journaled runs.
 
         Parameters
         ----------
         ns : argparse.Namespace
-            ``forget`` (IDs, or None to list) and ``all``.
+            ``forget`` (IDs, or None to list), ``all`` and ``show`` (an ID, or None).
 
         Returns
         -------
         str
-            The table of runs (`distribute.runs.table`), or what was forgotten.
+            The table of runs (`distribute.runs.table`), one run's journal (`distribute.runs.show`),
+            or what was forgotten.
 
         Raises
         ------
         nbcluster.errors.BadArgument
-            For ``--all`` without ``--forget``, or IDs `distribute.runs.forget` cannot take.
+            For ``--all`` without ``--forget``, ``--show`` with ``--forget``, or IDs
+            `distribute.runs.forget` or `distribute.runs.show` cannot take.
         """
+        if ns.show is not None:
+            if ns.forget is not None or ns.all:
+                raise BadArgument("--show takes one run: `runs --show ID`; forget it with `runs --forget ID`")
+            return runs.show(ns.show)
         if ns.forget is None:
             if ns.all:
                 raise BadArgument("--all goes with --forget: `runs --forget --all` deletes every journal")

@@ -49,7 +49,7 @@ class NbclusterMagics(Magics):
 
         try:
             if cell is None:
-                said = runs.line_magic(line.split())  # `%distribute runs`, `%distribute forget ID`
+                said = runs.line_magic(line.split())  # `%distribute runs [ID]`, `%distribute forget ID`
                 if said is not None:
                     print(said)
                     return None
@@ -69,7 +69,8 @@ class NbclusterMagics(Magics):
     cluster.__doc__ = commands.build_parser("%cluster").format_help()
     distribute.__doc__ = (
         f"{help_text()}\n`%distribute wait NAME` waits for the results of a --no-wait cell.\n"
-        "`%distribute runs` lists the journaled runs (for --resume); `%distribute forget ID|--all` deletes them.\n"
+        "`%distribute runs` lists the journaled runs (for --resume), `%distribute runs ID` shows one (its failed\n"
+        "items and their errors); `%distribute forget ID|--all` deletes them.\n"
     )
 
 

@@ -98,12 +98,31 @@ def test_resume_runs_only_what_the_interrupted_run_did_not_finish(cluster, journ
     assert journal.load(found).state == "complete"
 
 
-def test_failed_items_run_again_on_resume(cluster, journals, tmp_path):
+def test_failed_items_run_again_on_resume(shell, cluster, journals, tmp_path, capsys):
     log, flag = tmp_path / "log", tmp_path / "fixed"
     cell = CELL.replace("x * 10", "if x == 3 and not os.path.exists(flag):\n    raise ValueError('not yet')\nx * 10")
     ns = {"log": str(log), "flag": str(flag), "os": os}
     first = nbcluster.distribute(cell, over="x in range(6)", namespace=ns)
     assert [e.index for e in first.errors] == [3]
+    # The journal names the failed item's error (one line, no traceback) and the worker that ran it.
+    (found,) = journal.journals(where=journals)
+    loaded = journal.load(found)
+    workers = {str(w["name"]) for w in cluster.client.scheduler_info()["workers"].values()}
+    assert set(loaded.failed) == {3}
+    failed = loaded.failed[3]
+    assert failed["error"] == "ValueError: not yet" and failed["params"] == "x=3" and failed["worker"] in workers
+    assert sum(loaded.workers.values()) == 5 and set(loaded.workers) <= workers
+    capsys.readouterr()
+    shell.run_line_magic("distribute", "runs")
+    head, row = capsys.readouterr().out.splitlines()[:2]
+    assert head.split() == ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE"]
+    assert row.split()[-5:-2] == ["5/6", "1", row.split()[-3]] and row.split()[-1] == "interrupted", row
+    shell.run_line_magic("distribute", f"runs {found.name[:8]}")
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[1] == "  5/6 done, 1 failed, 0 not run", shown
+    assert f"    item 3 (x=3) on worker {failed['worker']} at " in shown[-1] and shown[-1].endswith(": ValueError: not yet")
+    assert shown[-2] == "  failed (--resume runs them again):"
+    assert "Traceback" not in "\n".join(shown)
     flag.touch()  # what the user fixed meanwhile is not part of the run's identity
     again = nbcluster.distribute(cell, over="x in range(6)", namespace=ns, resume=True)
     assert again.ok and again.values() == [0, 10, 20, 30, 40, 50]
@@ -304,7 +323,7 @@ def test_distribute_runs_lists_and_forget_deletes(journals, tmp_path, shell, cap
     capsys.readouterr()
     shell.run_line_magic("distribute", "runs")
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "WHEN", "CELL", "DONE", "SIZE", "STATE"]
+    assert lines[0].split() == ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE"]
     assert lines[1].split()[0] == newest.name[:8] and lines[1].split()[-1] == "complete"
     assert " 9/9 " in lines[1] and " 4/4 " in lines[2] and "with open(log, 'a') as f:" in lines[1]
     shell.run_line_magic("distribute", f"forget {oldest.name[:8]}")
@@ -324,6 +343,11 @@ def test_nbcluster_runs_on_the_command_line(journals, tmp_path, cli):
     env = {"DASK_NBCLUSTER__JOURNAL__PATH": str(journals)}
     listed = cli("runs", env=env)
     assert listed.returncode == 0 and f"{found.name[:8]}" in listed.stdout and "3/3" in listed.stdout, listed
+    shown = cli("runs", "--show", found.name[:8], env=env)
+    assert shown.returncode == 0, shown
+    assert shown.stdout.splitlines()[1:] == ["  3/3 done, 0 failed, 0 not run", "  done where: the kernel 3"], shown
+    unknown = cli("runs", "--show", "abcdef12", env=env)
+    assert (unknown.returncode, unknown.stderr) == (2, "nbcluster: error: no journaled run 'abcdef12': `runs` lists their IDs\n")
     bad = cli("runs", "--forget", env=env)
     assert bad.returncode == 2
     assert bad.stderr == "nbcluster: error: say which runs to forget: their IDs (from `runs`), or --all\n"
@@ -332,13 +356,153 @@ def test_nbcluster_runs_on_the_command_line(journals, tmp_path, cli):
     assert not found.exists()
 
 
-def test_resume_with_persist_says_in_one_line_that_it_is_not_journaled(cluster, journals, tmp_path, capsys):
-    ns: dict = {"log": str(tmp_path / "log")}
-    held = nbcluster.distribute(CELL, over="x in range(3)", namespace=ns, persist=True, into="held", resume=True)
-    out = capsys.readouterr().out.splitlines()
-    assert "nbcluster: --persist runs are not journaled, so --resume has nothing to pick up: running every item" in out
-    assert held.gather() == [0, 10, 20] and not journals.exists()
-    held.release()
+PERSISTED = "with open(log, 'a') as f:\n    f.write(f'{x}\\n')\nimport numpy as np\nnp.full(125_000, x)"  # 1 MB
+
+
+def held_bytes(client) -> int:
+    """What the workers hold in their own stores for --persist values (every run's)."""
+
+    def held(dask_worker) -> int:
+        from dask.sizeof import sizeof
+
+        return sum(sizeof(v) for k, v in dask_worker.data.items() if str(k).startswith("persist-"))
+
+    return sum(client.run(held).values())
+
+
+def sent_bytes(client) -> int:
+    return sum(client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total).values())
+
+
+def until(condition, seconds: float = 5.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        threading.Event().wait(0.05)
+    return True
+
+
+def dead_kernel_run(cluster, log, n: int = 8, keep: int | None = None, cell: str = PERSISTED, ns=None):
+    """A --persist run by a client that then goes away, as a killed kernel's does; the journal
+    cut to its first `keep` batches (what had reached the kernel). Returns the journal."""
+    from distributed import Client
+
+    dead = Client(cluster.client.scheduler.address, security=cluster.client.security, set_as_default=False)
+    try:
+        ns = {"log": str(log)} if ns is None else dict(ns)
+        first = nbcluster.distribute(cell, over=f"x in range({n})", namespace=ns, persist=True, into="held",
+                                     client=dead, batch=1)  # fmt: skip
+        assert first.ok and len(first) == n
+        # Published from the client's loop, not waited for by the run: a kernel killed before
+        # that would leave those items to run again (`handles._Publisher`).
+        assert until(lambda: len(dead.list_datasets()) == n, 30)
+    finally:
+        dead.close()
+    (found,) = journal.journals()  # the test's own folder (`journals`)
+    if keep is not None:
+        data = found.read_bytes()
+        found.write_bytes(data[: record_starts(data)[keep]])
+    return found
+
+
+def test_a_killed_persist_run_resumes_from_the_values_its_cluster_kept(cluster, journals, tmp_path, capsys):
+    log = tmp_path / "log"
+    found = dead_kernel_run(cluster, log, keep=6)
+    killed = journal.load(found)
+    assert killed.state == "killed" and len(killed.values) == 6
+    assert all(set(r) == {"key", "dataset", "held", "params"} for r in killed.values.values())  # recipes, not values
+    assert {r["params"] for r in killed.values.values()} <= {f"x={x}" for x in range(8)}
+    assert held_bytes(cluster.client) == 8 * 1_000_000  # the dead client's values stayed on the workers
+    before, sent = len(executions(log)), sent_bytes(cluster.client)
+    capsys.readouterr()
+    ns: dict = {"log": str(log)}
+    again = nbcluster.distribute(PERSISTED, over="x in range(8)", namespace=ns, persist=True, into="again", resume=True)
+    out = capsys.readouterr().out
+    line = f"nbcluster: resumed 6/8 items from the run of {journal.when(killed)} (killed); running 2"
+    assert line in out.splitlines(), out
+    assert sorted(executions(log)[before:]) == sorted(set(range(8)) - set(killed.values))  # the kept 6 did not run
+    assert sent_bytes(cluster.client) - sent < 100_000  # no value crossed to the kernel (nor moved)
+    assert all(again[i].nbytes == 1_000_000 and "on worker" in repr(again[i]) for i in range(8))
+    assert [float(v[0]) for v in again.gather()] == [float(x) for x in range(8)]
+    chained = nbcluster.distribute("float(v.sum())", over="v in again", namespace=ns)
+    assert chained.values() == [125_000.0 * x for x in range(8)]
+    assert journal.load(found).state == "complete"
+    # The new kernel's handles own the values now: del frees the workers' memory.
+    del again, chained
+    ns.clear()
+    assert until(lambda: held_bytes(cluster.client) == 0), held_bytes(cluster.client)
+    assert not cluster.client.list_datasets()
+
+
+def test_forget_drops_what_a_killed_persist_run_kept(shell, cluster, journals, tmp_path, capsys):
+    found = dead_kernel_run(cluster, tmp_path / "log")
+    capsys.readouterr()
+    shell.run_line_magic("distribute", "runs")
+    head, row = capsys.readouterr().out.splitlines()[:2]
+    assert head.split()[-2:] == ["HELD", "STATE"]
+    where = cluster.client.scheduler.address
+    assert f" 8 (8.0 MB) on {where} " in row, row
+    shell.run_line_magic("distribute", f"forget {found.name[:8]}")
+    assert capsys.readouterr().out == "Forgot 1 journaled run. Dropped 8 values kept on the cluster for --resume.\n"
+    assert until(lambda: held_bytes(cluster.client) == 0), held_bytes(cluster.client)
+    assert not found.exists() and not cluster.client.list_datasets()
+
+
+def test_a_kept_value_lost_with_its_worker_runs_again(journals, tmp_path, capsys):
+    import signal
+
+    log, flag = tmp_path / "log", tmp_path / "flag"
+    flag.write_text("yes")
+    cell = PERSISTED.replace("import numpy", "if open(flag).read() == 'no':\n    raise RuntimeError('not now')\nimport numpy")
+    ns: dict = {"log": str(log), "flag": str(flag)}
+    handle = nbcluster.start(workers=2, threads=1, name="j18lost")
+    try:
+        client = handle.client
+        client.wait_for_workers(2)
+        found = dead_kernel_run(handle, log, cell=cell, ns=ns)
+        recipes = journal.load(found).values
+        keys = [r["key"] for r in recipes.values()]
+
+        def states(dask_scheduler, keys):
+            return {k: (dask_scheduler.tasks[k].state, [w.address for w in dask_scheduler.tasks[k].who_has or ()])
+                    for k in keys if k in dask_scheduler.tasks}  # fmt: skip
+
+        holders = client.run_on_scheduler(states, keys=keys)
+        victim = holders[recipes[0]["key"]][1][0]
+        lost = {i for i, r in recipes.items() if victim in holders[r["key"]][1]}
+        assert 0 < len(lost) < 8  # both workers hold some
+        flag.write_text("no")  # Dask's lineage cannot make them again: the cell's input is gone, as a dead kernel's are
+        os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+        assert until(lambda: all(client.run_on_scheduler(states, keys=[recipes[i]["key"] for i in lost]).get(
+            recipes[i]["key"], ("forgotten",))[0] in ("erred", "forgotten") for i in lost), 60)  # fmt: skip
+        flag.write_text("yes")
+        before = len(executions(log))
+        capsys.readouterr()
+        again = nbcluster.distribute(cell, over="x in range(8)", namespace=ns, persist=True, into="again",
+                                     resume=True, client=client)  # fmt: skip
+        out = capsys.readouterr().out
+        line = (f"nbcluster: resumed {8 - len(lost)}/8 items from the run of {journal.when(journal.load(found))} "
+                f"(complete); running {len(lost)} ({len(lost)} finished whose value the cluster no longer holds)")  # fmt: skip
+        assert line in out.splitlines(), out
+        assert [float(v[0]) for v in again.gather()] == [float(x) for x in range(8)]
+        assert sorted(executions(log)[before:]) == sorted(lost)  # the lost ran again, what the living worker kept did not
+        again.release()
+    finally:
+        handle.stop()
+
+
+def test_with_journaling_off_a_persist_run_publishes_nothing(cluster, journals, tmp_path):
+    with dask.config.set({"nbcluster.journal.enabled": False}):
+        ns: dict = {"log": str(tmp_path / "log")}
+        held = nbcluster.distribute(PERSISTED, over="x in range(3)", namespace=ns, persist=True, into="held")
+        assert held.ok and not cluster.client.list_datasets() and not journals.exists()
+        held.release()
+        del held
+        ns.clear()
+        assert until(lambda: held_bytes(cluster.client) == 0)
 
 
 def test_a_retry_goes_on_in_the_same_journal(journals, tmp_path):

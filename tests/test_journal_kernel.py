@@ -134,3 +134,80 @@ def test_two_kernels_resuming_one_journal_one_wins_the_other_runs_fresh(runtime_
         assert journal.load(left).state == "complete" and len(journal.load(left).values) == N
     finally:
         handle.stop()
+
+
+def journaled(folder: Path) -> int:
+    """Items in the newest journal so far; 0 before its header is written (it was just made)."""
+    try:
+        return len(journal.load(journal.journals(where=folder)[0]).values)
+    except (IndexError, journal.Refused, OSError):
+        return 0
+
+
+PERSISTED = (
+    '%%distribute --over "x in range(8)" --batch 1 --persist --into shards\n'
+    "import os, time\nimport numpy as np\n"
+    "while x >= 6 and not os.path.exists(gate):\n    time.sleep(0.02)\n"
+    "with open(log, 'a') as f:\n    f.write(f'{x}\\n')\n"
+    "np.full(125_000, x)"  # 1 MB each
+)
+
+
+def test_kill_9_after_persisted_items_then_resume_adopts_them_in_a_new_kernel(runtime_dir, tmp_path):
+    log, gate, folder = tmp_path / "log", tmp_path / "gate", tmp_path / "journals"
+    env = {"DASK_NBCLUSTER__JOURNAL__PATH": str(folder)}
+    handle = nbcluster.start(workers=2, threads=1, name="j18p")
+    client = handle.client
+
+    def held() -> int:
+        def count(dask_worker) -> int:
+            return sum(1 for k in dask_worker.data if str(k).startswith("persist-"))
+
+        return sum(client.run(count).values())
+
+    def sent() -> int:
+        return sum(client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total).values())
+
+    def busy() -> int:
+        """Tasks the scheduler has out, and tasks the workers' threads still run (a released one too)."""
+        out = client.run_on_scheduler(
+            lambda dask_scheduler: sum(len(w.processing) for w in dask_scheduler.workers.values())
+        )
+        return out + sum(client.run(lambda dask_worker: len(dask_worker.state.executing)).values())
+
+    try:
+        client.wait_for_workers(2)
+        setup = f"%load_ext nbcluster\n%cluster use j18p\nlog = {str(log)!r}\ngate = {str(gate)!r}"
+        with kernel(env=env) as k:
+            k.run(setup).ok()
+            k.submit(PERSISTED)  # items 6 and 7 wait at the gate: the kernel dies with 6 done
+            wait_for(lambda: journaled(folder) >= 6, "6 items in the journal")
+            # Their datasets are published from the kernel's client loop, a moment after: a kill
+            # before that would leave those items to run again, which is not what this checks.
+            wait_for(lambda: len(client.list_datasets()) == 6, "the 6 values published")
+            os.kill(k.km.provisioner.process.pid, signal.SIGKILL)
+            k.km.provisioner.process.wait()
+        (found,) = journal.journals(where=folder)
+        killed = journal.load(found)
+        assert killed.state == "killed" and sorted(killed.values) == [0, 1, 2, 3, 4, 5]
+        # The dead kernel's two batches end, if they had started (their results go with its client).
+        gate.touch()
+        wait_for(lambda: busy() == 0, "the dead kernel's batches to end")
+        wait_for(lambda: held() == 6, "the 6 published values, alone on the workers")
+        before, moved = len(executions(log)), sent()
+
+        with kernel(env=env) as k:
+            k.run(setup).ok()
+            reply = k.run(PERSISTED.replace("--into shards", "--into shards --resume")).ok()
+            line = f"nbcluster: resumed 6/8 items from the run of {journal.when(killed)} (killed); running 2"
+            assert line in reply.text.splitlines(), reply.text
+            assert sorted(executions(log)[before:]) == [6, 7]  # the 6 the cluster kept did not run again
+            assert sent() - moved < 100_000  # no value crossed to the kernel
+            assert k.value("[s.nbytes for s in shards]") == [1_000_000] * 8
+            assert k.value("[float(v[0]) for v in shards.gather()]") == [float(x) for x in range(8)]
+            k.run("del shards").ok()
+            wait_for(lambda: held() == 0, "del to free the workers", timeout=5)
+            assert not client.list_datasets()
+        assert journal.load(found).state == "complete"
+    finally:
+        handle.stop()

@@ -80,7 +80,9 @@ import contextlib
 import functools
 import itertools
 import logging
+import sys
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -92,9 +94,10 @@ from nbcluster._compat import nanny_logs, run_on_holder
 from nbcluster.distribute import everywhere, loadable, reports, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
-from nbcluster.distribute.handles import Handle, held_slots
+from nbcluster.distribute.handles import Handle, held_slots, publish
 from nbcluster.distribute.job import Job
 from nbcluster.distribute.journal import Writer
+from nbcluster.distribute.journal import failure as journal_failure
 from nbcluster.distribute.state import RunState
 from nbcluster.distribute.target import Link, placement
 from nbcluster.distribute.worker import held
@@ -151,6 +154,7 @@ class Engine:
         self._inbox: reports.Inbox | None = None  # --persist: the reports the workers push
         self._unsettled: list[Any] = []  # --persist: picks delivered, perhaps not computed yet
         self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
+        self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
         self._placed: dict[Any, list[str]] | None = None  # where the handles read were, once per start
 
     def journal_to(self, writer: Writer | None) -> None:
@@ -163,7 +167,10 @@ class Engine:
         """
         self.journal = writer
         if writer is not None:
-            self.state.on_end(self._end_journal)
+            # Weakly: a bound method would make a cycle state -> engine -> state, and a --persist
+            # run's handles (in the state) would then outlive `del` until a garbage collection.
+            engine = weakref.ref(self)
+            self.state.on_end(lambda: _call(engine, Engine._end_journal))
 
     def _end_journal(self) -> None:
         if self.journal is not None:
@@ -602,9 +609,10 @@ class Engine:
                 [values[j] for j in keep],
                 {k: errors[j] for k, j in enumerate(keep) if j in errors},
                 {i: o for i, o in outputs.items() if i not in held},
+                ran_on=outcome.ran_on,
             )
         else:
-            self._deliver(indices, values, errors, outputs)
+            self._deliver(indices, values, errors, outputs, ran_on=outcome.ran_on)
         return retry + unreached, outcome.fatal
 
     def _deliver(
@@ -614,12 +622,24 @@ class Engine:
         records: dict[int, worker.ErrorRecord],
         outputs: dict[int, Any],
         where: str = CLUSTER,
+        ran_on: tuple[str, str] | None = None,
     ) -> None:
-        """Store a batch in the state, its failure records made `ItemError`s."""
+        """Store a batch in the state, its failure records made `ItemError`s.
+
+        `ran_on`: the worker that ran it, (address, name), for the journal; None in the kernel,
+        or when the kernel failed the items itself.
+        """
         errors = {j: self.job.item_error(indices[j], record, where) for j, record in records.items()}
         self.state.deliver(indices, values, errors, outputs)
         if self.journal is not None:
-            self.journal.write(indices, values, [indices[j] for j in records], outputs, where)
+            failures = {indices[j]: journal_failure(e) for j, e in errors.items()}
+            recipes = None
+            if self.job.persist:
+                describe = self.job.plan.describe
+                # values may be fewer than indices (a stopped batch): the first len(values) count
+                pairs = zip(indices, values, strict=False)
+                recipes = [v.recipe(describe(i)) if isinstance(v, Handle) else None for i, v in pairs]
+            self.journal.write(indices, values, failures, outputs, where, ran_on, recipes)
 
     def _fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
         self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
@@ -675,7 +695,20 @@ class Engine:
                 self._unsettled.append(pick)
             else:
                 pick.release()
+        if self.publish is not None:
+            self._publish([v for v in values if v is not None])
         return values
+
+    def _publish(self, made: list[Handle]) -> None:
+        """Keep a journaled run's new values on the cluster past this kernel (`handles.publish`)."""
+        try:
+            publish(self.client, made, self.publish or "")
+        except Exception as e:  # a journal must never break a cell: the run goes on, unjournaled
+            self.publish = None
+            if self.journal is not None:
+                self.journal.release()
+            print(f"nbcluster: the cluster would not keep this run's values for --resume ({type(e).__name__}: {e}): "
+                  "the run goes on without a journal", file=sys.stderr)  # fmt: skip
 
     def _await_picks(self) -> None:
         """The start ends once its picks are keys: a finished run's handles name their worker."""
@@ -978,6 +1011,12 @@ class _Rescheduling(logging.Filter):
         return not str(record.msg).startswith("Couldn't gather")
 
 
+def _call(ref: weakref.ref[Engine], method: Any) -> None:
+    engine = ref()
+    if engine is not None:
+        method(engine)
+
+
 def _quiet_rescheduling() -> None:
     log = logging.getLogger("distributed.client")
     if not any(isinstance(f, _Rescheduling) for f in log.filters):
@@ -1000,6 +1039,7 @@ class _Outcome(NamedTuple):
     killed: Any = None  # Dask's KilledWorker: every worker that ran the batch died
     halt: str | None = None  # nbcluster could not be imported to unpickle the batch: why
     held: list[Any] | None = None  # --persist: the workers' description of each value (HeldValue)
+    ran_on: tuple[str, str] | None = None  # the worker that ran the batch: (address, name)
 
 
 def _unpack(future: Any, result: Any, n: int) -> _Outcome:
@@ -1027,7 +1067,10 @@ def _unpack(future: Any, result: Any, n: int) -> _Outcome:
         return _Outcome([], {}, {}, lost=(data["lost"], data.get("worker")))
     if "fatal" in data:
         return _Outcome([None] * n, dict.fromkeys(range(n), data["fatal"]), {}, fatal=data["fatal"])
-    return _Outcome(data["values"], data["errors"], data["outputs"], data["seconds"], held=data.get("held"))
+    return _Outcome(
+        data["values"], data["errors"], data["outputs"], data["seconds"], held=data.get("held"),
+        ran_on=data.get("ran_on"),
+    )  # fmt: skip
 
 
 def _outcome(future: Any) -> Any:

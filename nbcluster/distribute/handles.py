@@ -13,13 +13,26 @@ value was released says so in one line (`HandleGone`) when it is used.
 
 `check(values, client)` is what a run calls before it sends anything: every handle it
 reads (`--over "x in NAME"`, `--zip`, captured by name) must belong to the run's cluster.
+
+Journaled runs (`journal.py`): a journaled `--persist` run also *publishes* each handle's key
+on the scheduler as a Dask dataset of its own (`publish`, named ``nbcluster-<journal>-<item>``),
+so the workers keep the value when the kernel dies and its client with it. Lifetime in the
+kernel that holds the handle is unchanged: releasing the handle (`del`, rebinding,
+`release()`) unpublishes its dataset too (a finalizer, batched into one scheduler call per
+tick of the client's event loop). A kernel that dies runs no finalizer (nor does one that
+exits: a restarted kernel can resume too), so its datasets stay until a new kernel's
+``--resume`` adopts them (`adopt`: it takes the keys some worker still holds, as handles
+that own the datasets from then on), ``%distribute forget`` drops them (`unpublish`), or
+the cluster stops.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, TypedDict
 
 from nbcluster._wire import HeldValue
 from nbcluster.distribute.capture import human
@@ -32,15 +45,50 @@ RUNS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 GONE = "the cluster that held it was stopped; run the cell that made it again (on a running cluster)"
 
 
+class Recipe(TypedDict):
+    """What a journal keeps of a persisted item: where its value is, never the value."""
+
+    key: str  # the Dask key holding the value
+    dataset: str  # the dataset that keeps the key on the scheduler without a client
+    held: HeldValue  # the worker's description of the value, for the handle's repr
+    params: str  # the item's parameters, "x=3" (`plan.describe`), for people reading the journal
+
+
 class Handle:
     """A value held on a worker; see the module docstring."""
 
-    __slots__ = ("__weakref__", "_future", "held", "index")
+    __slots__ = ("__weakref__", "_dataset", "_future", "_published", "held", "index")
 
     def __init__(self, future: Any, held: HeldValue, index: int):
         self._future: Any = future
         self.held = held
         self.index = index  # the item of the run that made it
+        self._published: weakref.finalize[Any, Any] | None = None  # unpublishes its dataset (`publish`)
+        self._dataset: str | None = None
+
+    @property
+    def dataset(self) -> str | None:
+        """The name of the dataset keeping the value without a client (`publish`), else None."""
+        finalizer = self._published
+        return self._dataset if finalizer is not None and finalizer.alive else None
+
+    def recipe(self, params: str = "") -> Recipe | None:
+        """What a journal keeps of this handle: its key, dataset, description and parameters.
+
+        Parameters
+        ----------
+        params : str
+            The item's parameters as messages show them (`plan.describe`).
+
+        Returns
+        -------
+        Recipe or None
+            The recipe; None when the handle is not published (journaling off) or released.
+        """
+        dataset = self.dataset
+        if dataset is None or self._future is None:
+            return None
+        return {"key": str(self._future.key), "dataset": dataset, "held": self.held, "params": params}
 
     @property
     def future(self) -> Any:
@@ -122,6 +170,8 @@ class Handle:
     def release(self) -> None:
         """Let Dask free the value (if no other handle to it is left)."""
         future, self._future = self._future, None
+        if self._published is not None:
+            self._published()  # runs once: unpublishes the dataset
         if future is not None and future.client.status == "running":
             future.release()
 
@@ -156,6 +206,208 @@ class Handle:
         raise TypeError(
             "a persisted handle cannot be pickled; %%distribute passes it to the workers itself"
         )
+
+
+# -- datasets: values that outlive the kernel (journaled runs) ---------------------------------
+class _Publisher:
+    """One client's dataset calls, sent in order from its event loop, never waited for.
+
+    A run's driver thread only queues a batch's names (`put`), and a finalizer, running
+    wherever the last reference went (the main thread, a GC in any thread), only queues the
+    name it frees (`delete`). One coroutine at a time sends them, in the order queued, each
+    run of puts (or deletes) as one call: so a value released at once after it was made is
+    unpublished after it was published, never before, and a batch's delivery does not wait
+    for a scheduler round trip. A put still queued when the kernel dies is lost with it: that
+    item simply runs again on resume (`adopt` finds no dataset).
+    """
+
+    def __init__(self, client: Any):
+        self.client = client
+        self.ops: list[tuple[str, Any]] = []  # ("put", {name: future}) or ("delete", [name])
+        self.lock = threading.Lock()
+        self.sending = False
+
+    def put(self, named: dict[str, Any]) -> None:
+        self._add(("put", named))
+
+    def delete(self, name: str) -> None:
+        self._add(("delete", [name]))
+
+    def _add(self, op: tuple[str, Any]) -> None:
+        with self.lock:
+            self.ops.append(op)
+            start, self.sending = not self.sending, True
+        if start:
+            try:
+                self.client.loop.add_callback(self._send)
+            except Exception:  # the loop is closing: the datasets stay (a dead kernel's do too) until forgotten
+                with self.lock:
+                    self.ops.clear()
+                    self.sending = False
+
+    def _next(self) -> tuple[str, Any] | None:
+        """The next run of calls of one kind, merged; None (and no longer sending) when none are left."""
+        with self.lock:
+            if not self.ops or self.client.status != "running":
+                self.ops.clear()
+                self.sending = False
+                return None
+            kind = self.ops[0][0]
+            n = next((k for k, (other, _) in enumerate(self.ops) if other != kind), len(self.ops))
+            taken, self.ops = self.ops[:n], self.ops[n:]
+        if kind == "put":
+            return kind, {name: f for _, named in taken for name, f in named.items()}
+        return kind, [name for _, names in taken for name in names]
+
+    async def _send(self) -> None:
+        while (op := self._next()) is not None:
+            kind, what = op
+            with contextlib.suppress(Exception):  # the scheduler going away: its datasets go with it
+                if kind == "put":  # override: an item run again after its value was lost
+                    await self.client.publish_dataset(**what, override=True, asynchronous=True)
+                else:
+                    await self.client.unpublish_dataset(what, asynchronous=True)
+
+
+_PUBLISHERS: weakref.WeakKeyDictionary[Any, _Publisher] = weakref.WeakKeyDictionary()
+
+
+def _publisher(client: Any) -> _Publisher:
+    found = _PUBLISHERS.get(client)
+    if found is None:
+        found = _PUBLISHERS[client] = _Publisher(client)
+    return found
+
+
+def _unpublish_later(publisher: _Publisher, name: str) -> None:
+    publisher.delete(name)
+
+
+def _own(handle: Handle, client: Any, name: str) -> None:
+    """Make `handle` unpublish `name` when it is released or collected (not at the kernel's exit)."""
+    finalizer = weakref.finalize(handle, _unpublish_later, _publisher(client), name)
+    finalizer.atexit = False  # a kernel that exits (a restart) leaves its values for --resume
+    handle._published, handle._dataset = finalizer, name
+
+
+def publish(client: Any, handles: Sequence[Handle], prefix: str) -> None:
+    """Publish each handle's key as the dataset ``<prefix>-<item>``, owned by the handle.
+
+    The call is queued, not waited for (see `_Publisher`): a delivered batch does not wait
+    for the scheduler.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The run's client.
+    handles : Sequence of Handle
+        A delivered batch's new handles.
+    prefix : str
+        The run's dataset prefix (`dataset_prefix`).
+    """
+    if not handles:
+        return
+    _publisher(client).put({f"{prefix}-{h.index}": h._future for h in handles})
+    for h in handles:
+        _own(h, client, f"{prefix}-{h.index}")
+
+
+def dataset_prefix(journal_name: str) -> str:
+    """The dataset prefix of a journaled `--persist` run: ``nbcluster-<journal file's stem>``.
+
+    Parameters
+    ----------
+    journal_name : str
+        The journal's file name (``<identity>-<start ms>-<pid>.journal``).
+
+    Returns
+    -------
+    str
+        The prefix; each item's dataset is ``<prefix>-<item>``.
+    """
+    return f"nbcluster-{journal_name.rsplit('.', 1)[0]}"
+
+
+def adopt(client: Any, recipes: dict[int, Recipe]) -> tuple[dict[int, Handle], int]:
+    """Take the published values a dead kernel's run left, as handles of this kernel.
+
+    One scheduler call gets the datasets and one asks who holds their keys. A value no
+    worker holds any more (its worker died, the cluster restarted, another cluster) is not
+    adopted: its dataset is unpublished and the item runs again.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The new run's client.
+    recipes : dict of int to Recipe
+        Item index -> recipe, from the journal.
+
+    Returns
+    -------
+    handles : dict of int to Handle
+        The adopted items' handles, each owning its dataset now.
+    lost : int
+        How many recipes named values the cluster no longer holds.
+    """
+    if not recipes:
+        return {}, 0
+    items = sorted(recipes)
+    names = [recipes[i]["dataset"] for i in items]
+    futures = client.get_dataset(names, default=None)
+    found = {i: f for i, f in zip(items, futures, strict=True) if f is not None and hasattr(f, "key")}
+    holders = client.who_has(list(found.values())) if found else {}
+    handles: dict[int, Handle] = {}
+    for i, future in found.items():
+        if holders.get(future.key) and str(future.key) == recipes[i]["key"]:
+            handle = handles[i] = Handle(future, recipes[i]["held"], i)
+            _own(handle, client, recipes[i]["dataset"])
+        else:
+            future.release()
+    stale = [recipes[i]["dataset"] for i in found if i not in handles]
+    if stale:
+        client.unpublish_dataset(stale)
+    return handles, len(recipes) - len(handles)
+
+
+def unpublish(client: Any, prefixes: Sequence[str]) -> int:
+    """Drop every dataset whose name starts with one of `prefixes` (``%distribute forget``).
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client of the cluster the datasets are on.
+    prefixes : Sequence of str
+        Dataset prefixes (`dataset_prefix`), each followed by ``-<item>``.
+
+    Returns
+    -------
+    int
+        How many datasets were dropped.
+    """
+    wanted = tuple(f"{p}-" for p in prefixes)
+    names = [str(n) for n in client.list_datasets() if str(n).startswith(wanted)]
+    if names:
+        client.unpublish_dataset(names)
+    return len(names)
+
+
+def published(client: Any, prefixes: Sequence[str]) -> set[str]:
+    """The datasets of these prefixes the cluster still has (for `%distribute runs`).
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client of the cluster.
+    prefixes : Sequence of str
+        Dataset prefixes (`dataset_prefix`).
+
+    Returns
+    -------
+    set of str
+        The names of their datasets published there now.
+    """
+    wanted = tuple(f"{p}-" for p in prefixes)
+    return {str(n) for n in client.list_datasets() if str(n).startswith(wanted)} if wanted else set()
 
 
 def holdings_lines(client: Any) -> list[str]:

@@ -63,7 +63,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypedDict
@@ -73,7 +73,7 @@ from dask.utils import parse_bytes
 
 from nbcluster import config
 
-FORMAT = 1  # bump when a record's shape changes: an older reader then refuses the file
+FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
 SUFFIX = ".journal"
 _LENGTH = struct.Struct("<I")
@@ -98,6 +98,22 @@ class Header(TypedDict):
     total: int  # items in the run
     first_line: str  # the cell's first line (or the function's name), for `runs`
     started: float  # wall-clock time
+    persist: bool  # a --persist run: its records hold recipes (`handles.Recipe`), not values
+    cluster: str | None  # --persist: the cluster's name (or address) the values are on
+
+
+class Failure(TypedDict):
+    """A failed item as its batch's record keeps it: one line, never a traceback."""
+
+    error: str  # "ValueError: not yet": the exception's type and message, as the cell shows them
+    params: str  # "x=3, lr=0.1" (`plan.describe`)
+
+
+class Failed(Failure):
+    """A failed item read back (`Loaded.failed`): with the worker that ran it, and when."""
+
+    worker: str | None  # its name (its address when it has none); None: the kernel, or nbcluster itself
+    at: float
 
 
 class Batch(TypedDict):
@@ -106,10 +122,12 @@ class Batch(TypedDict):
     kind: Literal["batch"]
     at: float  # when it reached the kernel
     where: str  # "the cluster" or "the kernel" (--local)
+    worker: tuple[str, str] | None  # (address, name) of the worker that ran it; None: the kernel ran it
     indices: Sequence[int]  # a range for a contiguous batch
-    failed: list[int]  # item indices that failed: not journaled, re-run on resume
+    errors: dict[int, Failure]  # the items that failed, by item index: re-run on resume
     plain: bytes | None  # the values pickled as one list, when all are builtin data (`_plain`)
     pickled: list[bytes | None] | None  # else one pickle per item; None: left out (too large)
+    held: list[Any] | None  # --persist: each item's `handles.Recipe` (None: not published), never its value
     outputs: dict[int, list[list[Any]]]  # what items printed, by item index
 
 
@@ -132,9 +150,10 @@ class Loaded:
 
     path: Path
     header: Header
-    values: dict[int, Any] = field(default_factory=dict)  # item -> value, for done items
+    values: dict[int, Any] = field(default_factory=dict)  # item -> value (--persist: its Recipe), for done items
     outputs: dict[int, list[list[Any]]] = field(default_factory=dict)
-    failed: set[int] = field(default_factory=set)  # failed and never done
+    failed: dict[int, Failed] = field(default_factory=dict)  # failed and never done, by item
+    workers: dict[str, int] = field(default_factory=dict)  # worker name (or "the kernel") -> items done there
     left_out: int = 0  # done, but too large to journal
     unloadable: int = 0  # done, but the value cannot be loaded now (its class is gone)
     ended: End | None = None  # the last End record; None: the kernel died mid-run
@@ -388,7 +407,8 @@ def load(path: Path, *, values: bool = True) -> Loaded:
             break  # a record of the wrong shape: damaged, like a cut one
     loaded.left_out = len(left_out - done.keys())
     loaded.unloadable = len(unloadable - done.keys())
-    loaded.failed -= done.keys()
+    for i in loaded.failed.keys() & done.keys():
+        del loaded.failed[i]
     return loaded
 
 
@@ -399,17 +419,25 @@ def _take(record: Batch | End, loaded: Loaded, values: bool, left_out: set[int],
         loaded.ended = record
         return
     loaded.ended = None  # a retry after an End went on: its End comes later, or never
-    failed = set(record["failed"])
+    failed = record["errors"]
+    ran_on = record["worker"]
+    name = ran_on[1] if ran_on is not None else record["where"]
     indices = record["indices"]
     pickled: list[bytes | None] = record["pickled"] or []
-    plain = None if record["plain"] is None else pickle.loads(record["plain"])
+    plain = record["held"] if record["held"] is not None else None
+    if plain is None and record["plain"] is not None:
+        plain = pickle.loads(record["plain"])
+    before = len(done)
     for j, i in enumerate(indices):
         if i in failed:
-            loaded.failed.add(i)
+            loaded.failed[i] = {**failed[i], "worker": name if ran_on is not None else None, "at": record["at"]}
         elif i in done:
             continue  # a second delivery (a re-run batch): the first one counted
         elif plain is not None:
-            done[i] = plain[j]
+            if plain[j] is None and record["held"] is not None:
+                left_out.add(i)  # persisted but not published: nothing to adopt
+            else:
+                done[i] = plain[j]
         elif (blob := pickled[j]) is None:
             left_out.add(i)
         elif not values:
@@ -419,6 +447,8 @@ def _take(record: Batch | End, loaded: Loaded, values: bool, left_out: set[int],
                 done[i] = pickle.loads(blob)
             except Exception:  # its class is gone, its module not installed: re-run it
                 unloadable.add(i)
+    if len(done) > before:
+        loaded.workers[name] = loaded.workers.get(name, 0) + len(done) - before
     for i, chunks in record["outputs"].items():
         if i in done:
             loaded.outputs[i] = chunks
@@ -437,6 +467,8 @@ class Writer:
         self._fd: int | None = fd
         self._max_item = max_item
         self.broken = False
+        # --persist: told the older journals a complete run deletes, first (to unpublish their values).
+        self.before_superseding: Callable[[list[Path]], None] | None = None
         # The driver thread writes; whichever thread ends the run closes: never both at once.
         self._lock = threading.Lock()
 
@@ -449,9 +481,11 @@ class Writer:
         self,
         indices: Sequence[int],
         values: Sequence[Any],
-        failed: Sequence[int],
+        failed: dict[int, Failure],
         outputs: dict[int, list[list[Any]]],
         where: str,
+        ran_on: tuple[str, str] | None = None,
+        held: list[Any] | None = None,
     ) -> None:
         """Append one delivered batch (`values[j]` is item `indices[j]`'s value).
 
@@ -461,36 +495,47 @@ class Writer:
             The batch's items.
         values : Sequence
             Their values, in the same order (a failed item's is ignored).
-        failed : Sequence of int
-            The items of the batch that failed: not journaled, so a resume runs them again.
+        failed : dict of int to Failure
+            The items of the batch that failed, by item index, each with its error's one line
+            (`failure`): their values are not journaled, so a resume runs them again.
         outputs : dict of int to list
             What the items printed, by item index (as `worker.output` collects it).
         where : str
             ``"the cluster"`` or ``"the kernel"`` (``--local``).
+        ran_on : tuple of (str, str), optional
+            The address and name of the worker that ran the batch; None when the kernel ran
+            it, or failed its items itself.
+        held : list, optional
+            A ``--persist`` batch: each item's `handles.Recipe` (None where it has none),
+            journaled instead of `values`, which are handles.
         """
         with self._lock:
             if self._fd is not None:
-                self._write(self._fd, indices, values, failed, outputs, where)
+                self._write(self._fd, indices, values, failed, outputs, where, ran_on, held)
 
     def _write(
         self,
         fd: int,
         indices: Sequence[int],
         values: Sequence[Any],
-        failed: Sequence[int],
+        failed: dict[int, Failure],
         outputs: dict[int, list[list[Any]]],
         where: str,
+        ran_on: tuple[str, str] | None,
+        held: list[Any] | None,
     ) -> None:
         try:
             n = len(values)
             if n < len(indices):  # a stopped batch: the items it did not reach are not in it
                 indices = indices[:n]
-            plain, pickled = _plain(values, self._max_item), None
-            if plain is None:
-                pickled = [self._pickle(v) for v in values]
+            plain, pickled = None, None
+            if held is None:
+                plain = _plain(values, self._max_item)
+                if plain is None:
+                    pickled = [self._pickle(v) for v in values]
             record: Batch = {
-                "kind": "batch", "at": time.time(), "where": where, "indices": indices,
-                "failed": list(failed), "plain": plain, "pickled": pickled, "outputs": outputs,
+                "kind": "batch", "at": time.time(), "where": where, "worker": ran_on, "indices": indices,
+                "errors": failed, "plain": plain, "pickled": pickled, "held": held, "outputs": outputs,
             }  # fmt: skip
             _append(fd, pickle.dumps(record, protocol=5))
         except Exception as e:
@@ -529,7 +574,7 @@ class Writer:
             finally:
                 os.close(fd)  # releases the lock
         if done == total:
-            superseded(self.path)
+            superseded(self.path, self.before_superseding)
 
     def release(self) -> None:
         """Let go of the journal without marking it (a claim that was not used after all)."""
@@ -570,6 +615,27 @@ class Writer:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def failure(error: Any) -> Failure:
+    """A failed item's journal entry: its error in one line, and its parameters.
+
+    Parameters
+    ----------
+    error : nbcluster.distribute.tracebacks.ItemError
+        The item's error, as the run's `Results` holds it.
+
+    Returns
+    -------
+    Failure
+        ``{"error": "ValueError: not yet", "params": "x=3"}``: the exception's type and the
+        first line of its message, as the cell shows them; no traceback.
+    """
+    from nbcluster.distribute.plan import describe
+
+    message = str(error.message).strip().splitlines()
+    line = f"{error.type_name}: {message[0]}" if message else str(error.type_name)
+    return {"error": line, "params": describe(error.params)}
 
 
 class _Mixed(Exception):
@@ -629,7 +695,7 @@ def _ensure_folder(base: Path) -> None:
         os.chmod(base, 0o700)  # a folder made by hand (or by umask) must not show others the values
 
 
-def create(identity: str, total: int, first_line: str) -> Writer | None:
+def create(identity: str, total: int, first_line: str, *, cluster: str | None = None) -> Writer | None:
     """A new journal for a run (pruning old ones to fit); None, with one line, if it cannot be.
 
     Parameters
@@ -640,6 +706,9 @@ def create(identity: str, total: int, first_line: str) -> Writer | None:
         Items in the run.
     first_line : str
         What listings show of the run (`identity.first_line`).
+    cluster : str, optional
+        A ``--persist`` run: the name (or address) of the cluster its values stay on; its
+        journal then holds recipes, not values.
 
     Returns
     -------
@@ -656,7 +725,7 @@ def create(identity: str, total: int, first_line: str) -> Writer | None:
         fd = _lock(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
         header: Header = {
             "format": FORMAT, "nbcluster": _version(), "identity": identity, "total": total,
-            "first_line": first_line, "started": started,
+            "first_line": first_line, "started": started, "persist": cluster is not None, "cluster": cluster,
         }  # fmt: skip
         data = MAGIC + json.dumps(header).encode() + b"\n"
         try:
@@ -729,7 +798,7 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
     return deleted
 
 
-def superseded(path: Path) -> list[Path]:
+def superseded(path: Path, before: Callable[[list[Path]], None] | None = None) -> list[Path]:
     """Delete the other journals of `path`'s run that no run is using.
 
     Called when the run in `path` completes: it holds every item, so an older journal of the
@@ -740,18 +809,26 @@ def superseded(path: Path) -> list[Path]:
     ----------
     path : pathlib.Path
         The journal of the run that completed.
+    before : callable, optional
+        Called with the journals about to be deleted, first (a ``--persist`` run unpublishes
+        the values they left on the cluster); its failure deletes nothing.
 
     Returns
     -------
     list of pathlib.Path
         The journals deleted.
     """
+    others = [p for p in journals(path.name.split("-", 1)[0], where=path.parent) if p != path and not in_use(p)]
+    if others and before is not None:
+        try:
+            before(others)
+        except Exception:
+            return []  # their values stay listed by `runs`, to forget by hand
     deleted = []
-    for other in journals(path.name.split("-", 1)[0], where=path.parent):
-        if other != path and not in_use(other):
-            with contextlib.suppress(OSError):
-                other.unlink()
-                deleted.append(other)
+    for other in others:
+        with contextlib.suppress(OSError):
+            other.unlink()
+            deleted.append(other)
     return deleted
 
 

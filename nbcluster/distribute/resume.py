@@ -14,17 +14,31 @@ run's identity (`identity.py`), newest first:
   one hint line naming ``--resume``, and the run runs fresh;
 - no journal: nothing is said.
 
-`--persist` runs are not journaled (their values stay on the workers; a journal of their
-recipe is not built yet), nor are `--everywhere` runs (their items are the workers of
-the moment).
+`--persist` runs journal their handles' recipe, not their values (`handles.Recipe`: the
+key, the dataset that keeps it on the scheduler, the worker's description); their identity
+is their cell's with ``persist`` added, so a run with and one without never share a journal.
+Their `--resume` asks the cluster which of those keys some worker still holds
+(`handles.adopt`), takes those as the new run's handles, and runs the rest: a value lost
+with its worker, on a cluster that restarted, or on another cluster, simply runs again.
+The line then says how many of the finished items the cluster no longer held. A
+`--persist` run that reads persisted handles (chained) is not journaled (its values are
+made from handles the identity does not fingerprint, which a new kernel would not have),
+nor are `--everywhere` runs (their items are the workers of the moment).
+
+Worked example: a kernel running ``--persist`` over 8 items is killed after 6 arrived. Its
+journal holds 6 recipes; the cluster holds 6 published datasets. A new kernel's
+``--resume --persist`` finds the journal, adopts the 6 keys (no value moves), runs 2, and
+prints ``nbcluster: resumed 6/8 items from the run of 14:02 (killed); running 2``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from nbcluster.distribute import journal
+from nbcluster.distribute import handles, journal
 from nbcluster.distribute.journal import Loaded, Writer
 
 
@@ -36,9 +50,29 @@ class Resumption:
     values: dict[int, Any] = field(default_factory=dict)
     outputs: dict[int, list[list[Any]]] = field(default_factory=dict)
     line: str | None = None
+    publish: str | None = None  # --persist: the dataset prefix its new handles are published under
 
 
-def prepare(identity: str | None, total: int, first_line: str, *, resume: bool, persist: bool) -> Resumption:
+def persisted(identity: str) -> str:
+    """The identity of the ``--persist`` run of the cell whose identity is `identity`.
+
+    Parameters
+    ----------
+    identity : str
+        The run's identity without ``--persist`` (`identity.fingerprint`).
+
+    Returns
+    -------
+    str
+        Another identity of the same length: a journal of values and one of recipes never match.
+    """
+    return hashlib.blake2b(f"{identity}:persist".encode(), digest_size=len(identity) // 2).hexdigest()
+
+
+def prepare(
+    identity: str | None, total: int, first_line: str, *, resume: bool, persist: bool, client: Any = None,
+    cluster: str | None = None,
+) -> Resumption:  # fmt: skip
     """Choose the run's journal, and load the earlier run's items with `resume`.
 
     Parameters
@@ -52,7 +86,13 @@ def prepare(identity: str | None, total: int, first_line: str, *, resume: bool, 
     resume : bool
         ``--resume``: take over the newest journal of the same identity, if it can be.
     persist : bool
-        ``--persist``: such runs are never journaled.
+        ``--persist``: the journal holds the handles' recipes, and a resume adopts the values
+        the cluster still holds.
+    client : distributed.Client, optional
+        With `persist`: the run's client (to adopt values, and to unpublish those of the older
+        journals a complete run deletes).
+    cluster : str, optional
+        With `persist`: the cluster's name, for the journal's header (what `runs` shows).
 
     Returns
     -------
@@ -61,23 +101,38 @@ def prepare(identity: str | None, total: int, first_line: str, *, resume: bool, 
         taken over with their output, and the line to print: what was resumed, why it could
         not be, or that an earlier run could be resumed.
     """
-    if persist:
-        line = "nbcluster: --persist runs are not journaled, so --resume has nothing to pick up: running every item"
-        return Resumption(line=line if resume else None)
     if identity is None or not journal.enabled():
-        return Resumption()
+        return Resumption()  # with --persist too: nothing is published
+    if persist:
+        identity = persisted(identity)
     found = journal.journals(identity)
+    chosen: Resumption | None = None
+    line = None
     if resume and found:
-        taken = _take(found[0], total, first_line)
-        if taken is not None:
-            return taken
-        line = _busy_or_refused(found[0], total)
-        return Resumption(writer=journal.create(identity, total, first_line), line=line)
-    hint = _hint(found[0], total) if found else None
-    return Resumption(writer=journal.create(identity, total, first_line), line=hint)
+        chosen = _take(found[0], total, client if persist else None)
+        if chosen is None:
+            line = _busy_or_refused(found[0], total)
+    elif found:
+        line = _hint(found[0], total)
+    if chosen is None:
+        chosen = Resumption(journal.create(identity, total, first_line, cluster=cluster if persist else None), line=line)
+    if persist and chosen.writer is not None:
+        chosen.publish = handles.dataset_prefix(chosen.writer.path.name)
+        chosen.writer.before_superseding = _unpublishing(client)
+    return chosen
 
 
-def _take(path: Any, total: int, first_line: str) -> Resumption | None:
+def _unpublishing(client: Any) -> Any:
+    """What a complete --persist run does before deleting older journals: drop their datasets."""
+
+    def unpublish(paths: list[Path]) -> None:
+        handles.unpublish(client, [handles.dataset_prefix(p.name) for p in paths])
+
+    return unpublish
+
+
+def _take(path: Any, total: int, client: Any) -> Resumption | None:
+    """Claim and load the journal; `client`: a --persist journal, whose held values are adopted."""
     writer = journal.claim(path)
     if writer is None:
         return None
@@ -86,13 +141,20 @@ def _take(path: Any, total: int, first_line: str) -> Resumption | None:
     except (journal.Refused, OSError):
         writer.release()
         return None
-    if loaded.header["total"] != total:
+    if loaded.header["total"] != total or bool(loaded.header.get("persist")) != (client is not None):
         writer.release()
         return None
-    return Resumption(writer, loaded.values, loaded.outputs, resumed_line(loaded, total))
+    if client is None:
+        return Resumption(writer, loaded.values, loaded.outputs, resumed_line(loaded, total))
+    try:
+        adopted, lost = handles.adopt(client, loaded.values)
+    except Exception:  # the scheduler cannot be asked: nothing is adopted, every item runs
+        adopted, lost = {}, len(loaded.values)
+    outputs = {i: o for i, o in loaded.outputs.items() if i in adopted}
+    return Resumption(writer, dict(adopted), outputs, resumed_line(loaded, total, done=len(adopted), lost=lost))
 
 
-def resumed_line(loaded: Loaded, total: int) -> str:
+def resumed_line(loaded: Loaded, total: int, *, done: int | None = None, lost: int = 0) -> str:
     """``resumed 734/1000 items from the run of 14:02 (killed); running 266``.
 
     Parameters
@@ -101,6 +163,11 @@ def resumed_line(loaded: Loaded, total: int) -> str:
         The journal taken over.
     total : int
         Items in the run.
+    done : int, optional
+        Items taken over, when not all of the journal's (``--persist``: those the cluster
+        still held).
+    lost : int
+        ``--persist``: finished items whose value the cluster no longer holds.
 
     Returns
     -------
@@ -108,16 +175,19 @@ def resumed_line(loaded: Loaded, total: int) -> str:
         The line, naming also the finished items that run again (too large to journal, or
         their value cannot be loaded now).
     """
-    done = len(loaded.values)
+    done = len(loaded.values) if done is None else done
     line = (
         f"nbcluster: resumed {done}/{total} items from the run of {journal.when(loaded)} "
         f"({loaded.state}); running {total - done}"
     )
     again = []
     if loaded.left_out:
-        again.append(f"{loaded.left_out} finished but over nbcluster.journal.max-item-size")
+        why = "not published on the cluster" if loaded.header.get("persist") else "over nbcluster.journal.max-item-size"
+        again.append(f"{loaded.left_out} finished but {why}")
     if loaded.unloadable:
         again.append(f"{loaded.unloadable} whose value cannot be loaded now (its class or module is gone)")
+    if lost:
+        again.append(f"{lost} finished whose value the cluster no longer holds")
     if again:
         line += f" ({'; '.join(again)})"
     return line

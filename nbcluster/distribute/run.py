@@ -212,7 +212,7 @@ def distribute(
         persist=persist, reads_handles=bool(reads),
     )  # fmt: skip
     engine = Engine(job, run_id, link if remote else None)
-    taken = _journal(engine, cell, body, resume=resume, persist=persist or everywhere)
+    taken = _journal(engine, cell, body, resume=resume, journaled=not (everywhere or (persist and reads)))
     run = Run(engine, label=into)
     if persist:
         handles.RUNS[run_id] = run.results
@@ -224,12 +224,19 @@ def distribute(
     return run.start(n_local, wait, skip=taken)
 
 
-def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, persist: bool) -> set[int]:
-    """Open the run's journal; with `resume`, fill the state with an earlier run's items (those)."""
+def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, journaled: bool) -> set[int]:
+    """Open the run's journal; with `resume`, fill the state with an earlier run's items (those).
+
+    `journaled` False (`--everywhere`, or a `--persist` run reading persisted handles): no journal.
+    """
     job = engine.job
-    ident = None if persist else identity.fingerprint(job.plan, cell, job.fn, job.seed, job.capture)
+    ident = identity.fingerprint(job.plan, cell, job.fn, job.seed, job.capture) if journaled else None
+    link = engine.link
     try:
-        chosen = prepare(ident, len(job.plan), identity.first_line(cell, body), resume=resume, persist=persist)
+        chosen = prepare(
+            ident, len(job.plan), identity.first_line(cell, body), resume=resume, persist=job.persist,
+            client=engine.client, cluster=_cluster_name(link),
+        )  # fmt: skip
     except Exception as e:  # a journal must never stop a run
         print(f"nbcluster: the run journal could not be used ({type(e).__name__}: {e}): running without it")
         chosen = Resumption()
@@ -240,7 +247,15 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, pers
         outputs = {i: chosen.outputs[i] for i in indices if i in chosen.outputs}
         engine.state.deliver(indices, [chosen.values[i] for i in indices], {}, outputs)
     engine.journal_to(chosen.writer)
+    engine.publish = chosen.publish
     return set(chosen.values)
+
+
+def _cluster_name(link: Link | None) -> str | None:
+    """What a --persist journal names its cluster by: its name, else its scheduler's address."""
+    if link is None or link.client is None:
+        return None
+    return getattr(link.handle, "name", None) or link.cluster or str(link.client.scheduler.address)
 
 
 def _items(everywhere: bool, link: Link, over: Any, grid: Any, zip_: Any, namespace: Any) -> Plan:

@@ -44,7 +44,7 @@ import cloudpickle
 from nbcluster.distribute.worker import output, stopping
 from nbcluster.distribute.worker.context import INLINE_CONTEXT, Context, load
 from nbcluster.distribute.worker.items import dump_result, run_items
-from nbcluster.distribute.worker.objects import address, fetch, pin
+from nbcluster.distribute.worker.objects import address, fetch, pin, ran_on
 from nbcluster.distribute.worker.records import ErrorRecord, error_record
 from nbcluster.errors import Lost
 
@@ -95,9 +95,9 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
         return cloudpickle.dumps({"fatal": error_record(e)})
     indices, items, budget = pickle.loads(batch)
     output.install()
-    return dump_result(
-        run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
-    )
+    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
+    result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
+    return dump_result(result)
 
 
 def stop_run(token: str) -> None:

@@ -28,7 +28,7 @@ import cloudpickle
 from nbcluster.distribute.worker import output, stopping
 from nbcluster.distribute.worker.context import load
 from nbcluster.distribute.worker.items import dump_result, run_items
-from nbcluster.distribute.worker.objects import address, fetch
+from nbcluster.distribute.worker.objects import address, fetch, ran_on
 from nbcluster.distribute.worker.records import error_record
 from nbcluster.errors import Lost, NotRecomputed
 
@@ -109,6 +109,7 @@ def run_batch_held(
         loaded.namespace = {**loaded.namespace, **{n: deps[k] for n, k in names.items()}}
     output.install()
     result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
+    result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
     if not keep:
         return dump_result(result)
     values = result["values"]

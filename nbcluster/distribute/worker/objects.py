@@ -165,6 +165,25 @@ def _remember(worker: Any, key: str, value: Any, size: int) -> None:
         _OBJECTS.popitem(last=False)
 
 
+def ran_on() -> tuple[str, str] | None:
+    """This worker's address and name (its address when it has none), or None outside a worker.
+
+    A batch's result carries it, so the kernel's journal can say which worker ran each item.
+
+    Returns
+    -------
+    tuple of (str, str) or None
+        ``(address, name)`` as the scheduler knows the worker.
+    """
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except Exception:
+        return None
+    return worker.address, str(worker.name if worker.name is not None else worker.address)
+
+
 def address() -> str | None:
     """This worker's address, or None outside a Dask worker.
 
