@@ -23,7 +23,16 @@ class Simulated:
         env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         self.procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "tests.sim_workers", address, json.dumps(tls), str(n), host, f"{prefix}{k}"],
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.sim_workers",
+                    address,
+                    json.dumps(tls),
+                    str(n),
+                    host,
+                    f"{prefix}{k}",
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
