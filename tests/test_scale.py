@@ -125,6 +125,23 @@ def test_a_distribute_cell_over_201_workers(shell: InteractiveShell, big: Cluste
     assert big.client.run_on_scheduler(left_on_scheduler, out.run_id, 30) == {"tasks": [], "backlog": []}
 
 
+def test_a_run_keeps_every_thread_of_the_cluster_fed(big: ClusterHandle) -> None:
+    import time
+
+    from nbcluster.distribute import distribute
+
+    res = distribute(
+        "import time\ntime.sleep(0.2)", over=range(20_000), namespace={}, client=big.client, wait=False
+    )
+    try:
+        # The run re-reads the cluster's threads twice a second (engine._follow_cluster), and
+        # keeps `in-flight` (2) batches out per thread; no event marks a round: wait three.
+        time.sleep(3 * 0.5 + 0.1)
+        assert res._control.engine._backlog.limit == 2 * (SIMULATED + 1)
+    finally:
+        res.cancel()
+
+
 def test_adaptivity_acts_on_a_cluster_with_workers_it_did_not_start(big: ClusterHandle) -> None:
     # The 200 simulated workers joined from elsewhere: no spec of the cluster holds them.
     # Adaptivity must still act on a backlog (it raised a KeyError for each of them, every
