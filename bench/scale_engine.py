@@ -236,7 +236,7 @@ def distribute_runs(
     shell: Any, client: Any, items: int, runs: int, profile: tuple[dict[str, int], Path] | None = None
 ) -> dict[str, dict[str, list[float]]]:
     """Per kind of item: the magic's and the hand-batched `client.map`'s figures, interleaved;
-    with `profile` (pids by name, a folder), py-spy records the first run of each kind."""
+    with `profile` (pids by name, a folder), py-spy records one more run of each kind."""
     from tests.shell_helpers import cell
 
     cell(shell, "import time")
@@ -244,15 +244,19 @@ def distribute_runs(
     figures: dict[str, dict[str, list[float]]] = {}
     for kind, (body, chunk_fn, expect) in CELLS.items():
         f = figures[kind] = {k: [] for k in ("wall", "cpu", "tasks", "peer_wall", "peer_cpu", "few_wall")}
-        for run in range(runs):
-            spy = Spy(profile[0], profile[1], kind.replace(" ", "")) if profile and run == 0 else None
+        # With `profile`, a first run more, under py-spy, not counted.
+        for run in range(-1 if profile else 0, runs):
+            spy = Spy(profile[0], profile[1], kind.replace(" ", "")) if profile and run < 0 else None
             c0, t0 = time.process_time(), time.perf_counter()
             cell(shell, f'%%distribute --over "x in range({items})" --into out\n{body}')
-            f["wall"].append(time.perf_counter() - t0)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             if spy is not None:
                 spy.stop()
+                shell.user_ns.pop("out")
+                continue
+            f["wall"].append(wall)
+            f["cpu"].append(cpu)
             out = shell.user_ns.pop("out")
-            f["cpu"].append(time.process_time() - c0)
             done = out.counts()["done"]
             if done != items or out[0] != expect(0) or out[items - 1] != expect(items - 1):
                 raise AssertionError(f"{kind}: {out.counts()}")
@@ -540,14 +544,6 @@ def _m(rs: list[dict[str, float]], k: str) -> float:
     return _med([x[k] for x in rs])
 
 
-def _per_worker(rows: list[dict[str, Any]], value: Callable[[dict[str, Any]], float]) -> str:
-    """The cost per added worker: the slope from the smallest size to the largest."""
-    if len(rows) < 2:
-        return ""
-    a, b = rows[0], rows[-1]
-    return f"{(value(b) - value(a)) / (b['workers'] - a['workers']) * 1000:.2f} ms"
-
-
 def tables(rows: list[dict[str, Any]]) -> str:
     rows = sorted(rows, key=lambda r: r["workers"])
     loads = "; ".join(f"{r['workers']}: {r['load'][0]:.1f}" for r in rows)
@@ -572,11 +568,6 @@ def tables(rows: list[dict[str, Any]]) -> str:
             f"{_f(_m(nb, 'leave_s'))} ({_f(_m(pe, 'leave_s'))}) | {_f(_m(nb, 'leave_status_s'))} | "
             f"{_f(_m(nb, 'leave_cpu_s'))} ({_f(_m(pe, 'leave_cpu_s'))}) |"
         )
-    extra = _per_worker(
-        rows, lambda r: _m(r["join"]["nbcluster"], "join_cpu_s") - _m(r["join"]["peer"], "join_cpu_s")
-    )
-    if extra:
-        out += ["", f"Scheduler CPU per added worker joining, nbcluster's extra over the peer: {extra}."]
     items = rows[0]["items"]
     out += ["", f"**`%%distribute` of {items:,} items** through a real IPython shell (peer: `client.map` "
             "over the same items cut by hand into as many tasks as the engine made, then gathered; same "
@@ -622,7 +613,50 @@ def tables(rows: list[dict[str, Any]]) -> str:
         a = r["adaptive"]
         out.append(f"| {r['workers']} | {a['target_ms']:.2f} | {a['recommend_ms']:.2f} | {a['target']} | "
                    f"{a['said'][:80]} | {a['follow_ms']:.1f} | {a['follow_kb']:.0f} | {a.get('totals_ms', 0):.1f} |")  # fmt: skip
+    out += ["", *growth(rows)]
     return "\n".join(out)
+
+
+def growth(rows: list[dict[str, Any]]) -> list[str]:
+    """Each figure at the smallest and the largest size, and its cost per added worker."""
+    if len(rows) < 2:
+        return []
+    a, b = rows[0], rows[-1]
+
+    def d(r: dict[str, Any], kind: str, k: str) -> float:
+        return _med(r["distribute"][kind][k])
+
+    def share(r: dict[str, Any]) -> float:
+        on, off = _med(r["plugin"]["on_cpu"]), _med(r["plugin"]["off_cpu"])
+        return 100 * (on - off) / on
+
+    figures: list[tuple[str, Callable[[dict[str, Any]], float], str, float]] = [
+        ("join: scheduler CPU, nbcluster's extra over the peer (s)",
+         lambda r: _m(r["join"]["nbcluster"], "join_cpu_s") - _m(r["join"]["peer"], "join_cpu_s"), "ms", 1000),
+        ("join: time to `%cluster status` listing all (s)", lambda r: _m(r["join"]["nbcluster"], "join_status_s"),
+         "ms", 1000),
+        ("leave: time to status listing 1 (s)", lambda r: _m(r["join"]["nbcluster"], "leave_status_s"), "ms", 1000),
+        ("tiny items: `%%distribute` wall (s)", lambda r: d(r, "tiny", "wall"), "ms", 1000),
+        ("tiny items: Dask tasks made", lambda r: d(r, "tiny", "tasks"), "tasks", 1),
+        ("tiny items: kernel CPU (s)", lambda r: d(r, "tiny", "cpu"), "ms", 1000),
+        ("1 ms items: `%%distribute` wall (s)", lambda r: d(r, "1 ms", "wall"), "ms", 1000),
+        ("1 ms items: kernel CPU (s)", lambda r: d(r, "1 ms", "cpu"), "ms", 1000),
+        ("metrics plugin: on - off, % of the scheduler's CPU", share, "points", 1),
+        ("metrics plugin: py-spy share of the scheduler's samples (%)", lambda r: r["plugin"]["spy_metrics_pct"],
+         "points", 1),
+        ("adaptivity: one decision, target + recommendations (ms)",
+         lambda r: r["adaptive"]["target_ms"] + r["adaptive"]["recommend_ms"], "ms", 1),
+        ("a run's watch poll, every worker described (ms)", lambda r: r["adaptive"]["follow_ms"], "ms", 1),
+        ("a run's watch poll, totals only (ms)", lambda r: r["adaptive"].get("totals_ms", float("nan")), "ms", 1),
+    ]  # fmt: skip
+    out = ["**Growth**: each figure at the smallest and the largest size, and its cost per added worker "
+           "(the slope between them):", "",
+           f"| figure | at {a['workers']} | at {b['workers']} | per added worker |", "|---|---|---|---|"]  # fmt: skip
+    for name, value, unit, scale in figures:
+        va, vb = value(a), value(b)
+        slope = (vb - va) * scale / (b["workers"] - a["workers"])
+        out.append(f"| {name} | {va:.3g} | {vb:.3g} | {slope:+.3g} {unit} |")
+    return out
 
 
 def main() -> None:
