@@ -233,7 +233,12 @@ class Spy:
 
 
 def distribute_runs(
-    shell: Any, client: Any, items: int, runs: int, profile: tuple[dict[str, int], Path] | None = None
+    shell: Any,
+    client: Any,
+    items: int,
+    runs: int,
+    profile: tuple[dict[str, int], Path] | None = None,
+    kinds: list[str] | None = None,
 ) -> dict[str, dict[str, list[float]]]:
     """Per kind of item: the magic's and the hand-batched `client.map`'s figures, interleaved;
     with `profile` (pids by name, a folder), py-spy records one more run of each kind."""
@@ -243,6 +248,8 @@ def distribute_runs(
     cell(shell, '%%distribute --over "x in range(100)" --into out\nx')  # warm: imports, the journal's folder
     figures: dict[str, dict[str, list[float]]] = {}
     for kind, (body, chunk_fn, expect) in CELLS.items():
+        if kinds is not None and kind.replace(" ", "") not in kinds:
+            continue
         f = figures[kind] = {k: [] for k in ("wall", "cpu", "tasks", "peer_wall", "peer_cpu", "few_wall")}
         # With `profile`, a first run more, under py-spy, not counted.
         for run in range(-1 if profile else 0, runs):
@@ -316,8 +323,11 @@ class Load:
         per = max(1, self.rate // 20)
         k, next_at = 0, time.monotonic()
         while not self._stop.is_set():
-            self._completed.update(self.client.map(_inc, range(k, k + per), pure=False))
-            k += per
+            # On the clock, but never more than a second's worth out: a cluster slower than
+            # the rate must not pile up a backlog that holds up everything else it is asked.
+            if k - self.done < self.rate:
+                self._completed.update(self.client.map(_inc, range(k, k + per), pure=False))
+                k += per
             next_at += 0.05
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
@@ -365,18 +375,30 @@ def _window(process: psutil.Process, load: Load, seconds: float) -> tuple[float,
     return 100 * (_cpu(process) - c0) / dt, (load.done - d0) / dt
 
 
-def _py_spy_share(pid: int, seconds: float, directory: Path) -> dict[str, float]:
-    """py-spy on the scheduler process: the share of its (non-idle) samples in nbcluster's
-    metrics plugin, and in any of nbcluster's code."""
-    out = directory / f"spy-{pid}-{time.monotonic_ns()}.txt"
-    subprocess.run([PY_SPY, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200", "-f", "raw",
-                    "--nonblocking", "-o", str(out)], capture_output=True, check=True)  # fmt: skip
+IDLE = (
+    "select (selectors.py",
+    "wait (threading.py",
+    "Condition.wait",
+    "_worker (concurrent/futures/thread.py",
+)
+
+
+def spy_shares(path: Path) -> dict[str, float]:
+    """From py-spy's raw stacks of the scheduler process: the share of its busy samples in
+    nbcluster's metrics plugin, and in any of nbcluster's code called from the event loop.
+
+    Busy: py-spy, not pausing the process (--nonblocking), also counts threads waiting in
+    `select`, `Event.wait` (the supervisor's owner watch) or an idle executor; those are
+    left out.
+    """
     total = metrics = nbc = 0
-    for line in out.read_text().splitlines():
+    for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not frames or any(idle in frames[-1] for idle in IDLE):
+            continue
         n = int(count)
         total += n
-        frames = stack.split(";")
         # What runs in an event-loop callback (the supervisor's own main frames are below
         # every one of them): the frames after the last of asyncio's.
         loop = [k for k, f in enumerate(frames) if "asyncio/" in f]
@@ -387,6 +409,14 @@ def _py_spy_share(pid: int, seconds: float, directory: Path) -> dict[str, float]
             nbc += n
     return {"spy_metrics_pct": 100 * metrics / max(total, 1), "spy_nbcluster_pct": 100 * nbc / max(total, 1),
             "spy_samples": total}  # fmt: skip
+
+
+def _py_spy_share(pid: int, seconds: float, directory: Path) -> dict[str, float]:
+    """py-spy on the scheduler process for `seconds`: `spy_shares` of what it recorded."""
+    out = directory / f"spy-{pid}-{time.monotonic_ns()}.txt"
+    subprocess.run([PY_SPY, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200", "-f", "raw",
+                    "--nonblocking", "-o", str(out)], capture_output=True, check=True)  # fmt: skip
+    return {**spy_shares(out), "spy_file": str(out)}
 
 
 def plugin_under_load(handle: Any, runs: int, rate: int, seconds: float, directory: Path) -> dict[str, Any]:
@@ -489,20 +519,23 @@ def one_size(n: int, args: argparse.Namespace, directory: Path) -> dict[str, Any
     row: dict[str, Any] = {"workers": n, "processes": len(_counts(simulated)), "runs": args.runs,
                            "items": args.items, "rate": args.rate, "window": args.window}  # fmt: skip
     handle = nbcluster.start(workers=1, threads=1, name=f"engine{n}", runtime_dir=directory / f"rt{n}")
-    peer = Peer(directory)
+    parts = args.parts.split(",")
+    peer = Peer(directory) if "join" in parts else None
     try:
         nb_process = psutil.Process(handle.entry["supervisor_pid"])
         joins: dict[str, list[dict[str, float]]] = {"nbcluster": [], "peer": []}
-        for _ in range(args.runs):
+        for _ in range(args.runs if peer is not None else 0):
+            assert peer is not None
             joins["nbcluster"].append(join_leave(handle.address, handle.entry["tls"], handle.client, nb_process,
                                                  simulated, 1, lambda: len(handle.info().data["workers"])))  # fmt: skip
             joins["peer"].append(
                 join_leave(peer.address, peer.tls, peer.client, peer.process, simulated, 0, None)
             )
             print(n, "join/leave", joins["nbcluster"][-1], joins["peer"][-1], flush=True)
-        row["join"] = joins
-        peer.close()
-        peer = None
+        if peer is not None:
+            row["join"] = joins
+            peer.close()
+            peer = None
 
         group = Simulated(handle.address, handle.entry["tls"], _counts(simulated))
         try:
@@ -512,16 +545,24 @@ def one_size(n: int, args: argparse.Namespace, directory: Path) -> dict[str, Any
             _current.use(handle)
             with dask.config.set({"nbcluster.journal.path": str(directory / "journal")}):
                 profile = None
+                if "distribute" not in parts:
+                    args.kinds = ""
                 if args.profile:
                     pids = {"kernel": os.getpid(), "scheduler": handle.entry["supervisor_pid"]}
                     profile = (pids, Path(args.profile) / str(n))
-                row["distribute"] = distribute_runs(shell, handle.client, args.items, args.runs, profile)
-            print(n, "distribute", row["distribute"], flush=True)
-            row["plugin"] = plugin_under_load(handle, args.runs, args.rate, args.window, directory)
-            print(n, "plugin", row["plugin"], flush=True)
-            row["adaptive"] = handle.client.run_on_scheduler(_adaptive_decision, 5)
-            row["adaptive"].update(_follow_cost(handle.client))
-            print(n, "adaptive", row["adaptive"], flush=True)
+                kinds = [k for k in args.kinds.split(",") if k]
+                if kinds:
+                    row["distribute"] = distribute_runs(
+                        shell, handle.client, args.items, args.runs, profile, kinds
+                    )
+                    print(n, "distribute", row["distribute"], flush=True)
+            if "plugin" in parts:
+                row["plugin"] = plugin_under_load(handle, args.runs, args.rate, args.window, directory)
+                print(n, "plugin", row["plugin"], flush=True)
+            if "adaptive" in parts:
+                row["adaptive"] = handle.client.run_on_scheduler(_adaptive_decision, 5)
+                row["adaptive"].update(_follow_cost(handle.client))
+                print(n, "adaptive", row["adaptive"], flush=True)
         finally:
             group.close()
             group.wait_closed()
@@ -559,9 +600,11 @@ def tables(rows: list[dict[str, Any]]) -> str:
             "all, s | scheduler CPU while joining, s (peer, ratio) | leave: all gone, s (peer) | status lists "
             "1, s | scheduler CPU while leaving, s (peer) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
+        if "join" not in r:
+            continue
         nb, pe = r["join"]["nbcluster"], r["join"]["peer"]
         out.append(
-            f"| {r['workers']} ({r['processes']}) | {r['runs']} | {_f(_m(nb, 'join_s'))} ({_f(_m(pe, 'join_s'))}, "
+            f"| {r['workers']} ({r['processes']}) | {len(nb)} | {_f(_m(nb, 'join_s'))} ({_f(_m(pe, 'join_s'))}, "
             f"{_m(nb, 'join_s') / _m(pe, 'join_s'):.2f}x) | {_f(_m(nb, 'join_status_s'))} | "
             f"{_f(_m(nb, 'join_cpu_s'))} ({_f(_m(pe, 'join_cpu_s'))}, "
             f"{_m(nb, 'join_cpu_s') / _m(pe, 'join_cpu_s'):.2f}x) | "
@@ -577,11 +620,11 @@ def tables(rows: list[dict[str, Any]]) -> str:
             "| workers | items | runs | wall, s (peer, ratio) | per item, µs | kernel CPU, s (peer) | Dask tasks "
             "| 8 tasks, s | ideal wall, s |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        for kind, f in r["distribute"].items():
+        for kind, f in r.get("distribute", {}).items():
             ideal = r["items"] * 0.001 / r["workers"] if kind == "1 ms" else None
             wall, pwall = _med(f["wall"]), _med(f["peer_wall"])
             out.append(
-                f"| {r['workers']} | {kind} | {r['runs']} | {_f(wall)} ({_f(pwall)}, {wall / pwall:.2f}x) | "
+                f"| {r['workers']} | {kind} | {len(f['wall'])} | {_f(wall)} ({_f(pwall)}, {wall / pwall:.2f}x) | "
                 f"{1e6 * wall / r['items']:.1f} | {_f(_med(f['cpu']))} ({_f(_med(f['peer_cpu']))}) | "
                 f"{_med(f['tasks']):.0f} | {_f(_med(f['few_wall'])) if f['few_wall'] else ''} | "
                 f"{_f(ideal) if ideal is not None else ''} |"
@@ -596,6 +639,8 @@ def tables(rows: list[dict[str, Any]]) -> str:
             "| without | difference, % of the scheduler's CPU | py-spy: samples in nbcluster/metrics "
             "| py-spy: in any nbcluster code |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
+        if "plugin" not in r:
+            continue
         p = r["plugin"]
         on, off = _med(p["on_cpu"]), _med(p["off_cpu"])
         out.append(
@@ -610,6 +655,8 @@ def tables(rows: list[dict[str, Any]]) -> str:
             "| workers | target, ms | recommendations, ms | target | recommendation | `scheduler_info()`, ms "
             "| its size, kB | `scheduler_info(n_workers=0)`, ms |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
+        if "adaptive" not in r:
+            continue
         a = r["adaptive"]
         out.append(f"| {r['workers']} | {a['target_ms']:.2f} | {a['recommend_ms']:.2f} | {a['target']} | "
                    f"{a['said'][:80]} | {a['follow_ms']:.1f} | {a['follow_kb']:.0f} | {a.get('totals_ms', 0):.1f} |")  # fmt: skip
@@ -653,7 +700,10 @@ def growth(rows: list[dict[str, Any]]) -> list[str]:
            "(the slope between them):", "",
            f"| figure | at {a['workers']} | at {b['workers']} | per added worker |", "|---|---|---|---|"]  # fmt: skip
     for name, value, unit, scale in figures:
-        va, vb = value(a), value(b)
+        try:
+            va, vb = value(a), value(b)
+        except (KeyError, TypeError):  # a part not measured at one of the two sizes
+            continue
         slope = (vb - va) * scale / (b["workers"] - a["workers"])
         out.append(f"| {name} | {va:.3g} | {vb:.3g} | {slope:+.3g} {unit} |")
     return out
@@ -666,6 +716,8 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--window", type=float, default=8.0)
+    parser.add_argument("--parts", default="join,distribute,plugin,adaptive", help="what to measure")
+    parser.add_argument("--kinds", default="tiny,1ms", help="the items of the distribute part")
     parser.add_argument("--profile", help="a folder: py-spy records the kernel and the scheduler in it")
     parser.add_argument("--json", help="write each size's raw figures to this file as it ends")
     parser.add_argument(
