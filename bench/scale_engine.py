@@ -445,8 +445,8 @@ def plugin_under_load(handle: Any, runs: int, rate: int, seconds: float, directo
         finally:
             viewer.stop()
     finally:
+        load.stop()  # first: a backlog of its tasks holds up the scheduler's answers
         client.run_on_scheduler(_plugin, True)
-        load.stop()
     return {"on_cpu": on_cpu, "off_cpu": off_cpu, "on_rate": on_rate, "off_rate": off_rate, **spy}
 
 
@@ -703,6 +703,8 @@ def growth(rows: list[dict[str, Any]]) -> list[str]:
         try:
             va, vb = value(a), value(b)
         except (KeyError, TypeError):  # a part not measured at one of the two sizes
+            continue
+        if math.isnan(va) or math.isnan(vb):
             continue
         slope = (vb - va) * scale / (b["workers"] - a["workers"])
         out.append(f"| {name} | {va:.3g} | {vb:.3g} | {slope:+.3g} {unit} |")
