@@ -317,7 +317,8 @@ class Engine:
         try:
             if link.needs == Needs():
                 # Every worker fits: their threads are the scheduler's total. Not every worker
-                # described, twice a second: that grows with the cluster (bench/scale_engine.py).
+                # described, twice a second: 0.78 s a call at 1,000 workers, the totals 0.07 s
+                # (bench/RESULTS.md, "scale: engine").
                 threads = int(client.scheduler_info(n_workers=0)["total_threads"])
             else:
                 _, threads, _ = placement(link.needs, client.scheduler_info()["workers"])
