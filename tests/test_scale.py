@@ -1,4 +1,4 @@
-"""Status, metrics and the live widget of a real cluster with 201 workers.
+"""Status, metrics, the live widget and a `%%distribute` run on a real cluster with 201 workers.
 
 The scheduler, supervisor and plugins are nbcluster's own, over TLS; one worker is a real
 nanny-managed process, the other 200 are a simulation: real Dask workers, 50 to a process
@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
-from nbcluster import widgets
+from nbcluster import _current, widgets
 from nbcluster.cluster.handle import ClusterHandle
-from tests.scale_helpers import simulated_workers
+from tests.scale_helpers import left_on_scheduler, simulated_workers
+from tests.shell_helpers import cell
 
 SIMULATED = 200
 
@@ -36,14 +38,17 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterHandle]:
 
 
 def _functions() -> Any:
-    # A local function travels by value: the workers cannot import this test module.
+    # Local functions travel by value: the workers cannot import this test module.
     def inc(x: int) -> int:
         return x + 1
 
-    return inc
+    def count_workers(dask_scheduler: Any = None) -> int:
+        return len(dask_scheduler.workers)
+
+    return inc, count_workers
 
 
-_inc = _functions()
+_inc, _count_workers = _functions()
 
 
 def test_status_of_201_workers_is_a_summary_by_host(big: ClusterHandle) -> None:
@@ -102,3 +107,64 @@ def test_the_status_widget_of_201_workers_stays_small(big: ClusterHandle) -> Non
     assert "201 workers (median, min" in html
     # Every update to the browser is bounded: at most 100 task records, 16 workers.
     assert sent and max(sent) < 40_000, max(sent)
+
+
+def test_a_distribute_cell_over_201_workers(shell: InteractiveShell, big: ClusterHandle) -> None:
+    _current.use(big)
+    cell(shell, "from distributed import get_worker")
+    out = cell(shell, '%%distribute --over "x in range(3000)"\n(x * 2, get_worker().address)')
+    assert out.ok and len(out) == 3000, out.counts()
+    assert [v for v, _ in out] == [2 * x for x in range(3000)]  # every item, right and in order
+    # The items were shared out over most of the cluster, not queued on a few workers.
+    ran_on = {w for _, w in out}
+    assert len(ran_on) > 150, len(ran_on)
+    # Its Dask tasks (batches), as the task stream recorded them: never one per item.
+    tasks = [t for t in big.metrics()["tasks"] if out.run_id in t["key"]]
+    assert 0 < len(tasks) < 3000 // 2, len(tasks)
+    # Nothing is left behind on the scheduler: no task, no backlog report for adaptivity.
+    assert big.client.run_on_scheduler(left_on_scheduler, out.run_id, 30) == {"tasks": [], "backlog": []}
+
+
+def test_a_run_keeps_every_thread_of_the_cluster_fed(big: ClusterHandle) -> None:
+    import time
+
+    from nbcluster.distribute import distribute
+
+    res = distribute(
+        "import time\ntime.sleep(0.2)", over=range(20_000), namespace={}, client=big.client, wait=False
+    )
+    try:
+        # The run re-reads the cluster's threads twice a second (engine._follow_cluster), and
+        # keeps `in-flight` (2) batches out per thread; no event marks a round: wait three.
+        time.sleep(3 * 0.5 + 0.1)
+        assert res._control.engine._backlog.limit == 2 * (SIMULATED + 1)
+    finally:
+        res.cancel()
+
+
+def test_adaptivity_acts_on_a_cluster_with_workers_it_did_not_start(big: ClusterHandle) -> None:
+    # The 200 simulated workers joined from elsewhere: no spec of the cluster holds them.
+    # Adaptivity must still act on a backlog (it raised a KeyError for each of them, every
+    # round, and never did).
+    big.adapt(1, 2)
+    report = big.client.scheduler.nbcluster_backlog
+    try:
+        big.client.sync(report, run="scale-test", kind="cpu", items=1000, seconds=100.0)
+        big.client.wait_for_workers(SIMULATED + 2, timeout=30)
+    finally:
+        big.client.sync(report, run="scale-test", kind="cpu", items=0, seconds=0.0)
+        big.scale(1)  # takes control back: the worker it added goes (for the tests after)
+    assert _workers_become(big, SIMULATED + 1)
+
+
+def _workers_become(handle: ClusterHandle, n: int, timeout: float = 30) -> bool:
+    """Whether the scheduler has `n` workers within `timeout` (a retiring worker takes a
+    moment, and Dask has no event for fewer workers)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while handle.client.run_on_scheduler(_count_workers) != n:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -186,11 +186,6 @@ class KindScaled(Protocol):
         """Dask's ``requested``: the workers asked of the backend."""
         ...
 
-    @property
-    def observed(self) -> Any:
-        """Dask's ``observed``: the workers connected."""
-        ...
-
     def kind_of(self, name: str) -> str:
         """The kind of worker `name`.
 
@@ -244,8 +239,14 @@ class KindAdaptive(Adaptive):
 
     @property
     def observed(self) -> set[Any]:
-        """The connected workers of this kind."""
-        return self._mine(self.kinds.observed)
+        """The connected workers of this kind, by the resources they advertise.
+
+        Not by the spec: a connected worker the spec no longer holds (one being retired) or
+        never held (one that joined from elsewhere) has no kind there, and asking it for one
+        raised a KeyError on every round, so adaptivity never acted.
+        """
+        scheduler = self.kinds.scheduler
+        return {ws.name for ws in scheduler.workers.values() if worker_kind(ws.resources) == self.kind}
 
     async def target(self) -> int:
         return kind_target(self.kinds.scheduler, self.kind, self.target_duration)
