@@ -308,6 +308,18 @@ def test_the_size_bound_prunes_the_oldest_journals_first(journals, tmp_path):
     assert journal.journals(where=journals) == made[:2]
 
 
+def test_the_size_bound_never_prunes_a_persist_runs_journal(journals, tmp_path):
+    # Its values may be kept on its cluster for --resume: only forget lets them go.
+    kept = journal.create("a" * 32, 8, "np.full(...)", cluster="pc")
+    assert kept is not None
+    kept.release()
+    for n in range(3):
+        nbcluster.distribute(CELL.replace("x * 10", "b'z' * 4000"), over=f"x in range({n + 3})",
+                             namespace={"log": str(tmp_path / "log")}, local=True)  # fmt: skip
+    deleted = journal.prune(1, journals)  # no room at all
+    assert len(deleted) == 3 and journal.journals(where=journals) == [kept.path]
+
+
 def test_journal_enabled_false_writes_nothing(journals, tmp_path):
     with dask.config.set({"nbcluster.journal.enabled": False}):
         run(tmp_path / "log", 3, local=True)

@@ -767,6 +767,11 @@ def claim(path: Path) -> Writer | None:
 def prune(limit: int, base: Path | None = None) -> list[Path]:
     """Delete the oldest journals not in use until the rest fit in `limit` bytes.
 
+    A ``--persist`` run's journal is never pruned: its values may still be held on its
+    cluster for ``--resume``, and only `runs.forget` (or a later complete run of the same
+    cell) lets them go before deleting it. Such a journal holds recipes only, a few bytes
+    an item.
+
     Parameters
     ----------
     limit : int
@@ -789,13 +794,23 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
     for path in reversed(found):
         if total <= limit:
             break
-        if path not in sizes or in_use(path):
+        if path not in sizes or in_use(path) or _keeps_values(path):
             continue
         with contextlib.suppress(OSError):
             path.unlink()
             total -= sizes[path]
             deleted.append(path)
     return deleted
+
+
+def _keeps_values(path: Path) -> bool:
+    """Whether `path` is a ``--persist`` run's journal (its header says so)."""
+    try:
+        with open(path, "rb") as f:
+            header, _ = read_header(f.read(64 * 1024), path)
+    except (OSError, Refused):
+        return False
+    return bool(header.get("persist"))
 
 
 def superseded(path: Path, before: Callable[[list[Path]], None] | None = None) -> list[Path]:
