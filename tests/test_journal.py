@@ -112,11 +112,15 @@ def test_failed_items_run_again_on_resume(shell, cluster, journals, tmp_path, ca
     failed = loaded.failed[3]
     assert failed["error"] == "ValueError: not yet" and failed["params"] == "x=3" and failed["worker"] in workers
     assert sum(loaded.workers.values()) == 5 and set(loaded.workers) <= workers
+    # A fresh run of the cell would say it failed, not that it was interrupted.
+    from nbcluster.distribute import resume
+
+    assert f"at {journal.when(loaded)} had 1 failed with 5/6 items done; running it fresh" in resume._hint(found, 6)
     capsys.readouterr()
     shell.run_line_magic("distribute", "runs")
     head, row = capsys.readouterr().out.splitlines()[:2]
     assert head.split() == ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE"]
-    assert row.split()[-5:-2] == ["5/6", "1", row.split()[-3]] and row.split()[-1] == "interrupted", row
+    assert row.split()[-5:-2] == ["5/6", "1", row.split()[-3]] and row.split()[-1] == "failed", row
     shell.run_line_magic("distribute", f"runs {found.name[:8]}")
     shown = capsys.readouterr().out.splitlines()
     assert shown[1] == "  5/6 done, 1 failed, 0 not run", shown
@@ -523,7 +527,7 @@ def test_a_retry_goes_on_in_the_same_journal(journals, tmp_path):
     ns = {"log": str(log), "flag": str(flag), "os": os}
     res = nbcluster.distribute(cell, over="x in range(3)", namespace=ns, local=True)
     (found,) = journal.journals(where=journals)
-    assert journal.load(found).state == "interrupted"
+    assert journal.load(found).state == "interrupted"  # --local stops at the failed item: item 2 never ran
     flag.touch()
     res.retry()
     assert res.ok

@@ -166,13 +166,17 @@ class Loaded:
         Returns
         -------
         str
-            ``"complete"`` (its last `End` had every item done), ``"interrupted"`` (an `End` with
-            fewer), or ``"killed"`` (no `End` after the last batch: the kernel died mid-run).
-            Whether it is *running* is `in_use`'s to say.
+            ``"complete"`` (its last `End` had every item done), ``"failed"`` (every item ran,
+            and some raised), ``"interrupted"`` (an `End` with items not run: cancelled, or its
+            cluster lost), or ``"killed"`` (no `End` after the last batch: the kernel died
+            mid-run). Whether it is *running* is `in_use`'s to say.
         """
         if self.ended is None:
             return "killed"
-        return "complete" if self.ended["done"] == self.header["total"] else "interrupted"
+        done, total = self.ended["done"], self.header["total"]
+        if done == total:
+            return "complete"
+        return "failed" if done + len(self.failed) >= total else "interrupted"
 
 
 def folder() -> Path:

@@ -216,7 +216,8 @@ def _hint(path: Any, total: int) -> str | None:
     done = len(loaded.values)
     if loaded.state == "complete" or done == 0:
         return None
+    how = f"had {len(loaded.failed)} failed" if loaded.state == "failed" else f"was {loaded.state}"
     return (
-        f"nbcluster: the run of this cell at {journal.when(loaded)} was {loaded.state} with {done}/{total} "
+        f"nbcluster: the run of this cell at {journal.when(loaded)} {how} with {done}/{total} "
         f"items done; running it fresh (--resume would run only the {total - done} missing)"
     )
