@@ -50,8 +50,10 @@ def table(where: Path | None = None) -> str:
         ident = path.name[:ID_LENGTH]
         try:
             loaded = journal.load(path, values=False)
-        except journal.Refused as e:
-            rows.append((ident, journal._when(journal._started(path) / 1000), str(e), "", "", "", "", "unreadable"))
+        except journal.Refused:
+            # Why, in full, is `show`'s to say: a sentence would widen every row of the table.
+            why = "(another format, or damaged: show it for why)"
+            rows.append((ident, journal._when(journal._started(path) / 1000), why, "", "", "", "", "unreadable"))
             continue
         except OSError:
             continue  # deleted while listing
