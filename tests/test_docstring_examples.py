@@ -128,6 +128,10 @@ def run_examples(test: doctest.DocTest, journals: Path) -> None:
     if all(e.options.get(doctest.SKIP) for e in test.examples):
         pytest.skip("every example of this docstring is marked not executed")
     test.globs.update(nbcluster=nbcluster, get_ipython=InteractiveShell.instance)
+    if any("load_ext" in e.source for e in test.examples):
+        # As in a fresh notebook: an earlier test in this process may have loaded the
+        # extension into the shared shell, and `%load_ext` would then only say so.
+        InteractiveShell.instance().extension_manager.loaded.discard("nbcluster")
     report = io.StringIO()
     with dask.config.set({"nbcluster.journal.path": str(journals)}):
         result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test, out=report.write)
