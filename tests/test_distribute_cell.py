@@ -141,10 +141,11 @@ def sizes(batcher: Batcher, n: int, seconds_per_item: float, *, first: int = 0) 
 
 
 def test_probes_share_out_the_items_then_batches_take_the_measured_size() -> None:
-    # Unmeasured, each of the 4 free slots (2 threads x 2 in flight) gets a share of the items,
-    # with the probe budget: a worker returns after the first item that ends past 5 ms.
+    # Unmeasured, the first batch is one item (the first result, whatever the others do); each
+    # other free slot (2 threads x 2 in flight) gets a share of the rest, with the probe
+    # budget: a worker returns after the first item that ends past 5 ms.
     probe = Batcher(2)
-    assert [probe.next_size(n, free) for n, free in ((8, 4), (6, 3), (4, 2), (2, 1))] == [2, 2, 2, 2]
+    assert [probe.next_size(n, free) for n, free in ((8, 4), (7, 3), (4, 2), (2, 1))] == [1, 3, 2, 2]
     assert probe.next_size(20_000, 4) == 5_000 and probe.next_size(10**6, 4) == PROBE_ITEMS
     assert probe.next_size(3, 4) == 1 and probe.budget == PROBE_S == 0.005
     # 400 items of 10 ms on 2 threads: a probe comes back with one item (the first result

@@ -5,12 +5,13 @@ batches. But a batch's results come back only when the whole batch is done, so a
 first batch delays the first result, and a big last batch leaves one thread working
 alone at the end. The policy:
 
-1. **Probe cheaply.** Until an item time has been measured, the first batches share the
-   items out between the free slots (`in-flight` per thread), up to `PROBE_ITEMS` each,
-   with a budget of `PROBE_S`: a worker stops after the first item that ends past the
-   budget. An item slower than 5 ms comes back alone, so the first result arrives about
-   one item's duration after the start, whatever the number of items; tiny items come
-   back by the thousand from the same round trip. An 8-item cell of tiny items is one
+1. **Probe cheaply.** Until an item time has been measured, the very first batch is one
+   item, so the first result arrives one item's duration after the start whatever the
+   other items do (an item that blocks, or takes an hour, right behind it). The other
+   free slots (`in-flight` per thread) share the rest of the items out, up to `PROBE_ITEMS`
+   each, with a budget of `PROBE_S`: a worker stops after the first item that ends past the
+   budget, so an item slower than 5 ms comes back alone; tiny items come back by the
+   thousand from the same round trip. An 8-item cell of tiny items is one
    round of tasks, not two (one item per task, then the rest), and 20,000 tiny items
    on 2 threads need no second round either.
 2. **Size from measurements.** After that a batch is sized from the mean time per item
@@ -30,10 +31,11 @@ alone at the end. The policy:
    (one item, then everything), which matters on a loaded machine where a round trip
    takes tens of milliseconds.
 
-Worked example, 2 threads, 400 items of 10 ms: four probes of 100 items, each returning
-after its first item (10 ms, past the probe budget), then 25 (0.25 s) while more than 200
-items are left, shrinking to 5 (0.05 s) at the end. 20,000 tiny items (1 us): four
-probes of 5,000 items (two in flight per thread), each done in 5 ms: nothing more.
+Worked example, 2 threads, 400 items of 10 ms: item 0 alone, and three probes of 133
+items, each returning after its first item (10 ms, past the probe budget), then 25
+(0.25 s) while more than 200 items are left, shrinking to 5 (0.05 s) at the end. 20,000
+tiny items (1 us): item 0, then three probes of 6,667 items (two in flight per thread),
+each done in a few ms: one round.
 
 A fixed `--batch N` bypasses all of this: N items a batch, and no budget.
 """
@@ -68,12 +70,12 @@ class Batcher:
 
     Examples
     --------
-    Two threads, 400 items of 10 ms (the module docstring's worked example): four probes
-    share the items out, then batches are sized from the measured time.
+    Two threads, 400 items of 10 ms (the module docstring's worked example): one item first,
+    three probes share the rest, then batches are sized from the measured time.
 
     >>> batcher = Batcher(2)
-    >>> batcher.next_size(400, free=4)
-    100
+    >>> batcher.next_size(400, free=4), batcher.next_size(399, free=3)
+    (1, 133)
     >>> batcher.observe(4, 0.04)
     >>> batcher.next_size(396), batcher.next_size(30)
     (25, 5)
@@ -94,6 +96,7 @@ class Batcher:
         self.min_batch, self.max_batch = min_batch, max_batch
         self.items = 0  # items measured
         self.seconds = 0.0  # their total time on the workers
+        self._first = True  # the run's first batch is still to be sized: it gets one item
 
     @classmethod
     def from_config(cls, threads: int, fixed: int | None = None) -> Batcher:
@@ -167,6 +170,9 @@ class Batcher:
             return min(self.fixed, remaining)
         t = self.seconds_per_item
         if t is None:
+            if self._first:
+                self._first = False
+                return 1
             return max(1, min(PROBE_ITEMS, math.ceil(remaining / max(free, 1))))
         t = max(t, 1e-9) * (1 + 1e-9)  # a mean of 0.00999999 s is 10 ms: no 6 where 5 fits
         lo = max(1, math.ceil(self.min_batch / t))
