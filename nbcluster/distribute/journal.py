@@ -72,6 +72,7 @@ import cloudpickle
 from dask.utils import parse_bytes
 
 from nbcluster import config
+from nbcluster.distribute.plan import describe
 
 FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
@@ -635,8 +636,6 @@ def failure(error: Any) -> Failure:
         ``{"error": "ValueError: not yet", "params": "x=3"}``: the exception's type and the
         first line of its message, as the cell shows them; no traceback.
     """
-    from nbcluster.distribute.plan import describe
-
     message = str(error.message).strip().splitlines()
     line = f"{error.type_name}: {message[0]}" if message else str(error.type_name)
     return {"error": line, "params": describe(error.params)}

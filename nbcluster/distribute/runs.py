@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nbcluster import _current
 from nbcluster.distribute import handles, journal
 from nbcluster.distribute.capture import human
 from nbcluster.errors import BadArgument
@@ -102,8 +103,6 @@ class _Clusters:
 def _client_of(name: str) -> Any:
     """A client of the cluster named (or at the address) `name`: this process's own when it has
     one (a cluster given to `distribute` as a client has no name), else a connection."""
-    from nbcluster import _current
-
     for handle in list(_current._handles.values()):
         if name in (handle.name, handle.address) and handle.client.status == "running":
             return handle.client
