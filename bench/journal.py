@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from _results import write_section  # bench/, the script's own folder
+from _work import calibrate, work
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 sys.path.insert(0, ROOT)  # this checkout's nbcluster, here and (below) on the workers
@@ -44,24 +45,6 @@ from nbcluster.distribute import journal  # noqa: E402
 WORK_ITEMS = 400
 TINY = 20_000
 BIG = 100_000
-
-
-def work(n: int) -> int:
-    acc = 0
-    for i in range(n):
-        acc = (acc + i * i) % 1_000_003
-    return acc
-
-
-def calibrate(seconds: float = 0.01) -> int:
-    n = 10_000
-    while True:
-        t = time.perf_counter()
-        work(n)
-        elapsed = time.perf_counter() - t
-        if elapsed > 0.05:
-            return int(n * seconds / elapsed)
-        n *= 2
 
 
 class WriteTimer:
