@@ -708,7 +708,10 @@ def start(
 
 def _find_reusable(directory: Path, spec: ClusterSpec) -> RegistryEntry | None:
     if spec.name:
-        return registry.read(directory, spec.name)
+        # Only a running cluster can be used: one still starting has no address yet, and its
+        # name stays claimed, so this start then says it is taken (concurrent starts).
+        entry = registry.read(directory, spec.name)
+        return entry if entry is not None and entry.get("state") == "running" else None
     # An unnamed cluster is reused by the process that started it, so re-running a
     # notebook's `%cluster start` never piles up local, local-2, ...
     for entry in registry.entries(directory):
