@@ -43,7 +43,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _results import write_section  # bench/, the script's own folder
+from _results import write_section
+from _work import calibrate, work  # bench/, the script's own folder
 
 TINY = 20_000
 MILLION = 1_000_000
@@ -56,30 +57,11 @@ def inc(x: int) -> int:
     return x + 1
 
 
-def work(n: int) -> int:
-    """Fixed CPU work: `n` iterations of integer arithmetic."""
-    acc = 0
-    for i in range(n):
-        acc = (acc + i * i) % 1_000_003
-    return acc
-
-
 def work_batch(n: int, k: int) -> int:
     """`k` items of `work` in one task: client.map batched by hand, Dask's own floor."""
     for _ in range(k):
         work(n)
     return k
-
-
-def calibrate(seconds: float = 0.01) -> int:
-    n = 10_000
-    while True:
-        t = time.perf_counter()
-        work(n)
-        elapsed = time.perf_counter() - t
-        if elapsed > 0.05:
-            return int(n * seconds / elapsed)
-        n *= 2
 
 
 def timed(fn: Callable[[], Any]) -> float:
