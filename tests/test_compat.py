@@ -131,3 +131,20 @@ def test_run_on_holder_runs_in_the_event_loop_of_the_worker_holding_a_key() -> N
         assert _compat.run_on_holder(client, "no-such-key", _stored_length, "no-such-key") is None
         with pytest.raises(KeyError):
             _compat.run_on_holder(client, value.key, _stored_length, "another-key")
+
+
+def test_quick_sends_shortens_the_clients_batching_interval(local: tuple[LocalCluster, Client]) -> None:
+    _, client = local
+    assert client.scheduler_comm.interval == pytest.approx(0.01)  # Dask's own: what the call changes
+    try:
+        _compat.quick_sends(client, 0.002)
+        assert client.scheduler_comm.interval == pytest.approx(0.002)
+        assert client.submit(int, "3").result(timeout=10) == 3  # and the client still works
+    finally:
+        _compat.quick_sends(client, 0.01)
+
+
+def test_nested_task_runs_first_inside_the_task_that_takes_it(local: tuple[LocalCluster, Client]) -> None:
+    _, client = local
+    dep = client.submit(int, "4")
+    assert client.submit(pow, _compat.nested_task(int, "2"), dep, pure=False).result(timeout=10) == 16
