@@ -36,6 +36,7 @@ dask.config.update_defaults(_SHIPPED)
 
 #: The unknown-setting messages already given: each is given once a process.
 _warned: set[str] = set()
+_checked = ""  # the `nbcluster` section as `warn_unknown` last checked it
 
 
 def get(key: str) -> Any:
@@ -84,9 +85,16 @@ def warn_unknown() -> None:
     `dask.config.set`; nothing reads such a key, so a typo would otherwise pass unseen.
     `get` calls it, so a process warns where it reads its settings, and after a
     `dask.config.set` at the next read."""
+    global _checked
     section = dask.config.config.get("nbcluster")
     if not isinstance(section, Mapping):
         return
+    # The schema walk is ~0.25 ms, and every read calls this: walk again only when the section
+    # changed (dask.config.set edits it in place, so its text is the fingerprint, ~20 us).
+    text = repr(section)
+    if text == _checked:
+        return
+    _checked = text
     for message in config_schema.unknown(section, config_schema.settings()):
         if message not in _warned:
             _warned.add(message)
