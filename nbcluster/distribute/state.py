@@ -340,7 +340,9 @@ class RunState:
             Why, in a line the user is shown (`lost`).
         """
         with self.lock:
-            self.lost = reason
+            # The first says it: the watch thread and the driver may both notice, and the
+            # second, after the first closed the link, no longer knows the cluster's name.
+            self.lost = self.lost or reason
         self.cancel_pending()
 
     def halt(self, reason: str) -> None:
