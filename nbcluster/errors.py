@@ -144,4 +144,4 @@ class LimitExceeded(BadArgument):
 # distribute/ (persist23: worker/held.py)
 class NotRecomputed(NbclusterError, RuntimeError):
     """A persisted value Dask lost with its worker, whose recomputation ran its item and
-    failed (or did not reach it): the pick task raises this, never hands on a `None`."""
+    failed (or did not reach it): the item's task raises this, never hands on a `None`."""

@@ -290,3 +290,39 @@ def test_lineage_recomputes_a_chained_value_after_its_input_handles_were_release
     _kill_holder(client, doubled[0])
     # Dask ran the first cell's lost items again, then the second's: its lineage outlives the handles.
     assert [int(v[0]) for v in doubled.gather()] == [0, 2, 4, 6]
+
+
+def test_cancel_of_a_persisted_run_keeps_what_finished_and_leaves_nothing_running(pc: ClusterHandle) -> None:
+    # Every item of a --persist run goes out at once, a task each: a cancel must still end
+    # within the grace, keep the finished values on the workers, and leave no task behind.
+    res = distribute("import time\ntime.sleep(0.2)\n[x] * 3", over="x in range(40)", namespace={}, into="held",
+                     persist=True, wait=False)  # fmt: skip
+    assert _until(lambda: res.counts()["done"] >= 2)
+    started = time.monotonic()
+    res.cancel()
+    assert time.monotonic() - started < 4  # the cancel grace (2 s) and a margin
+    counts = res.counts()
+    assert counts["done"] >= 2 and counts["cancelled"] >= 30 and counts["running"] == 0, counts
+    done = [i for i in range(40) if isinstance(res.values()[i], Handle)]
+    assert len(done) == counts["done"] and [res.gather(i) for i in done] == [[i] * 3 for i in done]
+    prefix = f"persist-{res.run_id}-"
+
+    def states(dask_scheduler: Any) -> dict[str, str]:
+        return {str(k): ts.state for k, ts in dask_scheduler.tasks.items() if str(k).startswith(prefix)}
+
+    # The scheduler forgets the cancelled ones; only the finished values stay, one key each.
+    assert _until(lambda: set(pc.client.run_on_scheduler(states).values()) == {"memory"}, 5), pc.client.run_on_scheduler(states)
+    assert len(pc.client.run_on_scheduler(states)) == len(done)
+    res.release()
+    assert _until(lambda: _persisted_bytes(pc.client, res.run_id) == 0)
+
+
+def test_a_persisted_items_large_output_still_reaches_the_cell(pc: ClusterHandle) -> None:
+    # A report larger than held.LARGEST is not pushed as an event: the kernel reads it from the
+    # worker that kept it (from its holder for a value; from every worker for an item that
+    # raised, whose task holds nothing).
+    source = 'print("x" * 20_000)\nif i == 1:\n    raise ValueError("no")\n[i]'
+    res = distribute(source, over="i in range(2)", namespace={}, into="held", persist=True)
+    assert isinstance(res.values()[0], Handle) and res.gather(0) == [0]
+    assert res.output(0) == "x" * 20_000 + "\n" and res.output(1) == "x" * 20_000 + "\n"
+    assert res.counts()["failed"] == 1 and res.errors[0].type_name == "ValueError" and res.errors[0].index == 1

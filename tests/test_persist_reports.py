@@ -14,6 +14,7 @@ import pytest
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.distribute import distribute, engine
 from nbcluster.distribute.reports import Inbox
+from nbcluster.distribute.worker import held
 
 
 def test_a_persist_run_reads_no_report_with_a_round_trip(
@@ -28,7 +29,7 @@ def test_a_persist_run_reads_no_report_with_a_round_trip(
 
     monkeypatch.setattr(engine, "run_on_holder", counted)
     ns: dict[str, Any] = {}
-    # Items of ~20 ms: each probe stops after its first, so the run is several batches.
+    # Items of ~20 ms, a task each.
     made = distribute(
         "import time\ntime.sleep(0.02)\nx * 10", over="x in range(8)", namespace=ns, into="made", persist=True, cluster=cluster.name
     )  # fmt: skip
@@ -51,3 +52,29 @@ def test_an_inbox_keeps_only_the_reports_it_expects() -> None:
     inbox.forget("distribute-aa-")  # the run ended: a late report is dropped
     inbox.arrived((0.0, {"key": "distribute-aa-3", "report": b"late"}))
     assert inbox.take("distribute-aa-3", 0.0) is None
+
+
+def test_a_worker_keeps_its_newest_reports_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every persisted item's report is kept on its worker for `report_of` (one the event could
+    # not carry): the oldest go first past KEEP_BYTES, and one read is gone from there.
+    class Worker:
+        key = ""
+
+        def get_current_task(self) -> str:
+            return self.key
+
+        def log_event(self, topic: str, message: Any) -> None:
+            pass
+
+    worker = Worker()
+    monkeypatch.setattr("distributed.get_worker", lambda: worker)
+    monkeypatch.setattr(held, "KEEP_BYTES", 10)
+    monkeypatch.setattr(held, "_KEPT", type(held._KEPT)())
+    monkeypatch.setattr(held, "_KEPT_BYTES", [0])
+    for key, report in [("persist-a-0", b"12345"), ("persist-a-1", b"123456"), ("persist-a-2", b"1")]:
+        worker.key = key
+        held._report(report)
+    assert list(held._KEPT) == ["persist-a-1", "persist-a-2"] and held._KEPT_BYTES == [7]
+    assert held.report_of("persist-a-2") == b"1" and held._KEPT_BYTES == [6]
+    with pytest.raises(KeyError):
+        held.report_of("persist-a-0")

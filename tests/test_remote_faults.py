@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -207,6 +208,31 @@ def python_without_nbcluster(folder: Path) -> Path:
     return python
 
 
+def test_a_task_reading_persisted_values_loads_without_nbcluster_and_fails_when_run(tmp_path: Path) -> None:
+    """A chained `--persist` task keeps its handles as Dask dependencies, so it is not one
+    ``pickle.loads`` of bytes: what a worker without nbcluster unpickles must still load, and
+    the missing module be the task's error when it runs (`loadable.task` with `deps`)."""
+    from dask._task_spec import Task
+
+    from nbcluster.distribute import loadable
+    from nbcluster.distribute.worker import held
+
+    python = python_without_nbcluster(tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    fn, loader, deps = loadable.task(held.run_batch_held, ("ctx", None), b"", "token", True, {}, deps=("dep",))
+    assert isinstance(loader, Task) and deps == ["dep"]
+    script = (
+        "import pickle, sys\n"
+        "fn, loader, deps = pickle.loads(sys.stdin.buffer.read())\n"  # as the worker gets the task
+        "print('loaded', flush=True)\n"
+        "fn(loader({}), deps)\n"  # as the worker runs it
+    )
+    ran = subprocess.run([python, "-c", script], input=pickle.dumps((fn, loader, deps)), env=env, cwd=tmp_path,
+                         capture_output=True, timeout=60)  # fmt: skip
+    assert ran.stdout.decode().strip() == "loaded", ran.stderr.decode()
+    assert "ModuleNotFoundError: No module named 'nbcluster'" in ran.stderr.decode()
+
+
 @pytest.mark.timeout(90)  # where the batch hangs (Dask never fails it), this ends the test
 def test_a_worker_without_nbcluster_fails_the_batch_in_one_line_naming_it(
     shell: InteractiveShell, runtime_dir: Path, tmp_path: Path
@@ -246,6 +272,17 @@ def test_a_worker_without_nbcluster_fails_the_batch_in_one_line_naming_it(
         )
         assert re.fullmatch(pattern, message), message
         # The worker is still there: the failure was the task's, not its connection's.
+        assert worker.poll() is None and len(handle.info().workers) == 1
+
+        # A --persist run: each item is its own task (`worker/held.py`), and fails the same way.
+        started = time.monotonic()
+        with pytest.raises(ClusterCannotRun) as error:
+            cell(shell, '%%distribute --over "x in range(4)" --persist --into held\nx + 1')
+        took = time.monotonic() - started
+        assert took < config.seconds("timeouts.connect"), took
+        persisted = pattern.replace("res\\.retry", "held\\.retry").replace("0/6 items finished and are in res",
+                                                                               "0/4 items finished and are in held")
+        assert re.fullmatch(persisted, str(error.value)), str(error.value)
         assert worker.poll() is None and len(handle.info().workers) == 1
     finally:
         worker.kill()

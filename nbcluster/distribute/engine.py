@@ -12,7 +12,12 @@ Policy
 waiting on the worker, so no thread waits for the kernel between batches), sizes each new
 batch with `batching.Batcher` (probes sharing out the items until an item time is measured,
 each returning after its first item slower than a few ms, then sized from the time), and
-turns each finished batch into deliveries to the state (`_settle`). Per batch it decides:
+turns each finished batch into deliveries to the state (`_settle`). The batches of one
+top-up go to the scheduler as one graph (`submit_tasks`, a `client.map`), not one message
+each. A `--persist` run, and one reading persisted values, sends one item a task instead
+(a Dask key holds one value: `worker/held.py`), all at once as `client.map` would (at most
+`PERSIST_AHEAD` per thread ahead), so that the scheduler's queue, not a round trip to the
+kernel, feeds the workers. Per batch it decides:
 
 - a batch whose workers kept dying (`KilledWorker`: Dask ran it on
   `allowed-failures + 1` workers, and each died) is split, not failed: one item that
@@ -29,9 +34,9 @@ turns each finished batch into deliveries to the state (`_settle`). Per batch it
   one message, and nothing more is submitted;
 - a batch that found a scattered value *lost* (every worker holding it died) makes the
   engine scatter it again from the kernel and resubmit the batch, up to 10 times a run.
-- a batch that failed because nbcluster cannot be imported where it was unpickled (the
-  scheduler unpickles every task's graph, so one without nbcluster refuses them all; a
-  worker without it fails the batch as it runs it, `loadable.py`, named in the line)
+- a batch that failed because nbcluster cannot be imported where it was unpickled (a
+  worker without it fails the batch as it runs it, `loadable.py`, named in the line; the
+  tasks themselves load anywhere, so a scheduler without nbcluster passes them on)
   *halts* the run: nothing more is submitted, the unfinished items are given up, not
   failed, and the waiting cell ends with one line naming the fix (`ClusterCannotRun`).
   It is looked for only in a batch that failed: a finished batch costs nothing more.
@@ -99,12 +104,13 @@ from nbcluster.distribute.job import Job
 from nbcluster.distribute.journal import Writer
 from nbcluster.distribute.journal import failure as journal_failure
 from nbcluster.distribute.state import RunState
-from nbcluster.distribute.target import Link, Needs, placement
+from nbcluster.distribute.target import Link
 from nbcluster.distribute.worker import held
 from nbcluster.errors import ClusterUnreachable, WorkerKilled
 
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
+PERSIST_AHEAD = 1024  # --persist: items submitted ahead, per thread, at most
 
 
 class Engine:
@@ -150,9 +156,7 @@ class Engine:
         self._completed: Any = None
         self._backlog: _Backlog | None = None  # the running start's, for the watch thread
         self._reports = True  # the scheduler takes backlog reports (until it refuses one)
-        self._picks: dict[Any, list[Any]] = {}  # --persist: batch key -> its pick futures, until delivered
         self._inbox: reports.Inbox | None = None  # --persist: the reports the workers push
-        self._unsettled: list[Any] = []  # --persist: picks delivered, perhaps not computed yet
         self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
         self._placed: dict[Any, list[str]] | None = None  # where the handles read were, once per start
@@ -352,9 +356,7 @@ class Engine:
             self._pending.clear()
             completed = self._completed
         if futures:
-            self.client.cancel(futures, reason="interrupted from the notebook")  # and their picks
-            for future in futures:
-                self._picks.pop(future.key, None)
+            self.client.cancel(futures, reason="interrupted from the notebook")
         if completed is not None:
             completed.clear()
 
@@ -414,13 +416,7 @@ class Engine:
         if backlog is None or link is None or client is None:
             return
         try:
-            if link.needs == Needs():
-                # Every worker fits: their threads are the scheduler's total. Not every worker
-                # described, twice a second: 0.78 s a call at 1,000 workers, the totals 0.07 s
-                # (bench/RESULTS.md, "scale: engine").
-                threads = int(client.scheduler_info(n_workers=0)["total_threads"])
-            else:
-                _, threads, _ = placement(link.needs, client.scheduler_info()["workers"])
+            threads: int | None = link.usable_threads()  # twice a second: the cheap way where it can
         except Exception:  # the scheduler busy, or no worker fits any more: keep the last
             threads = None
         if threads is not None:
@@ -469,7 +465,7 @@ class Engine:
         _quiet_rescheduling()
         backlog = _Backlog(indices, self.job, self.link.threads)
         self._placed = None
-        # A persisted batch's result stays on its worker: only its report is fetched (`_held_report`).
+        # A persisted item's value stays on its worker: only its report is fetched (`_held_report`).
         keeps = self.job.persist
         completed = as_completed(loop=self.client.loop, with_results=not keeps, raise_errors=False)
         with self._lock:
@@ -493,7 +489,6 @@ class Engine:
                 self._idle.set()
             if self._reports and self.client is not None:
                 self._report(0, 0.0)  # nothing held back any more
-            self._await_picks()
             self.state.end()
 
     def _settle(self, future: Any, result: Any, backlog: _Backlog) -> bool:
@@ -530,37 +525,53 @@ class Engine:
         """Submit batches from the front of the backlog until `in-flight` per thread are out.
 
         While there are suspects, one at a time runs alone instead (see the module docstring).
+        The batches of one top-up go out together, in one message to the scheduler per
+        placement (`submit_tasks`): each message costs the scheduler ~1.5 ms here.
         """
+        budget = backlog.batcher.budget
         if backlog.suspects:
             if not self._pending and not self._stopping:
-                self._submit(completed, backlog.suspects.popleft(), backlog.batcher.budget)
+                self._submit(completed, [backlog.suspects.popleft()], budget)
             return
-        while backlog.items and len(self._pending) < backlog.limit and not self._stopping:
-            self._submit(completed, backlog.take(backlog.limit - len(self._pending)), backlog.batcher.budget)
+        batches: list[list[int]] = []
+        while backlog.items and len(self._pending) + len(batches) < backlog.limit and not self._stopping:
+            batches.append(backlog.take(backlog.limit - len(self._pending) - len(batches)))
+        self._submit(completed, batches, budget)
 
-    def _submit(self, completed: Any, batch: list[int], budget: float | None = None) -> None:
-        indices: Any = batch
-        if batch and batch[-1] - batch[0] == len(batch) - 1:
-            indices = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
-        items = self.job.plan.items
-        chosen = [items[i] for i in batch]
-        deps: list[Any] = []
-        if self.job.reads_handles:
-            chosen, deps = held_slots(chosen, len(self.job.capture.held))
-        try:
-            blob = cloudpickle.dumps((indices, chosen, budget))
-        except Exception as e:
-            error = TypeError(f"the item values cannot be sent to the workers: {e}")
-            self._fail(batch, worker.error_record(error))
-            return
+    def _submit(self, completed: Any, batches: list[list[int]], budget: float | None = None) -> None:
         assert self.link is not None
-        where = dict(self.link.submit_kwargs)
-        holders = self._placement(deps)
-        if holders:  # run it where its input is: nothing moves (`worker/held.py`)
-            where.update(workers=holders, allow_other_workers=True)
-        future = self.submit_task(indices, blob, _deps=deps, **where)
-        if future is not None:
-            completed.add(future)
+        groups: dict[tuple[Any, ...], list[tuple[Any, bytes, list[Any]]]] = {}
+        wheres: dict[tuple[Any, ...], dict[str, Any]] = {}
+        items = self.job.plan.items
+        for batch in batches:
+            indices: Any = batch
+            if batch and batch[-1] - batch[0] == len(batch) - 1:
+                indices = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
+            chosen = [items[i] for i in batch]
+            deps: list[Any] = []
+            if self.job.reads_handles:
+                chosen, deps = held_slots(chosen, len(self.job.capture.held))
+            try:
+                blob = cloudpickle.dumps((indices, chosen, budget))
+            except Exception as e:
+                error = TypeError(f"the item values cannot be sent to the workers: {e}")
+                self._fail(batch, worker.error_record(error))
+                continue
+            where = dict(self.link.submit_kwargs)
+            # Where its input is (nothing moves, `worker/held.py`); a persisted item without one,
+            # loosely on every worker that fits: Dask never queues a restricted task as a root
+            # task, so the items reach the workers at once and run back to back (queued, each
+            # waited for a scheduler round trip: 1.6 ms a tiny item, 0.6 ms so; RESULTS.md).
+            holders = self._placement(deps) or (self.link.eligible if self.job.persist else [])
+            if holders:
+                where.update(workers=holders, allow_other_workers=True)
+            group = (tuple(holders), bool(deps))
+            groups.setdefault(group, []).append((indices, blob, deps))
+            wheres[group] = where
+        for group, tasks in groups.items():
+            for future in self.submit_tasks(tasks, **wheres[group]):
+                if future is not None:
+                    completed.add(future)
 
     def _handle(
         self, future: Any, result: Any, indices: Any, backlog: _Backlog | None = None, *, alone: bool = True
@@ -574,9 +585,6 @@ class Engine:
         if self.job.persist:
             result = self._held_report(future, result, len(indices))
         outcome = _unpack(future, result, len(indices))
-        if outcome.held is None:  # no value to hand out: the batch's picks go (`_handles` takes the others)
-            for pick in self._picks.pop(future.key, ()):
-                pick.release()
         if outcome.killed is not None:
             if backlog is not None and not (alone and len(indices) == 1):
                 backlog.suspect(list(indices))  # not an attempt: which item it was is not known yet
@@ -664,46 +672,40 @@ class Engine:
 
     # -- --persist (worker/held.py) --------------------------------------------------------------
     def _held_report(self, future: Any, result: Any, n: int) -> Any:
-        """A persisted batch's report blob, read where the batch ran; else its exception.
+        """A persisted item's report blob, read where it ran; else its task's exception.
 
-        Its `n` picks go out first (one per item: those of items that failed or were not
-        reached are released once the report says which); Dask runs them where the batch
-        ran, their only dependency. Sent with the batch instead, the scheduler put most of a
-        run's batches on one worker (10 tasks on one, 4 on the other, in 5 runs of 6; why
-        was not pinned down: perhaps Dask's root-task placement, the batches then having
-        dependents).
+        The worker pushed it as an event ahead of the task's end (`reports.py`): no round trip.
+        Where it did not come, it is read from the worker's event loop (a task would queue
+        behind the worker's next item), and failing that (the worker dropped it) made again
+        from the value by a small task. A task without a value raised after its report was
+        out (`worker/held.py`): its report, too large to push, is asked of the workers.
         """
+        key = str(future.key)
+        if self._inbox is not None and (pushed := self._inbox.take(key, 0.0)) is not None:
+            return pushed
+        if future.status == "error":
+            with contextlib.suppress(Exception):
+                for said in self.client.run(held.report_of, key, on_error="return").values():
+                    if isinstance(said, bytes):
+                        return said
         if future.status != "finished":
             return result if result is not None else _outcome(future)
-        seq = str(future.key).rsplit("-", 1)[-1]
-        self._picks[future.key] = self.client.map(
-            held.pick, [future] * n, range(n), key=[f"persist-{self.run_id}-{j}-{seq}" for j in range(n)], pure=False,
-        )  # fmt: skip
-        # Pushed by the worker ahead of the batch's end (`reports.py`): no round trip.
-        if self._inbox is not None and (pushed := self._inbox.take(str(future.key), 0.0)) is not None:
-            return pushed
-        # Else read in the worker's event loop: a task would queue behind the worker's next batch.
         with contextlib.suppress(Exception):
-            report = run_on_holder(self.client, str(future.key), held.report_of, str(future.key))
+            report = run_on_holder(self.client, key, held.report_of, key)
             if report is not None:
                 return report
-        return _outcome(self.client.submit(held.report, future, pure=False))
+        return _outcome(self.client.submit(held.report_for, future, pure=False))
 
     def _handles(
         self, future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any]
     ) -> list[Any]:
-        """One handle per finished item of a persisted batch: its pick task's key, beside the batch."""
-        picks = self._picks.pop(future.key, [])
-        values: list[Any] = [None] * len(described)
-        for j, pick in enumerate(picks):
-            if j < len(described) and j not in errors:
-                values[j] = Handle(pick, described[j], indices[j])
-                self._unsettled.append(pick)
-            else:
-                pick.release()
+        """The handle of a persisted item that has a value: its task's own future and key."""
+        if not described or 0 in errors or described[0] is None:
+            return [None] * len(described)  # no value (its task raised, or ran nothing): the future goes with this frame
+        handle = Handle(future, described[0], indices[0])
         if self.publish is not None:
-            self._publish([v for v in values if v is not None])
-        return values
+            self._publish([handle])
+        return [handle]
 
     def _publish(self, made: list[Handle]) -> None:
         """Keep a journaled run's new values on the cluster past this kernel (`handles.publish`)."""
@@ -715,16 +717,6 @@ class Engine:
                 self.journal.release()
             print(f"nbcluster: the cluster would not keep this run's values for --resume ({type(e).__name__}: {e}): "
                   "the run goes on without a journal", file=sys.stderr)  # fmt: skip
-
-    def _await_picks(self) -> None:
-        """The start ends once its picks are keys: a finished run's handles name their worker."""
-        from distributed import wait
-
-        picks, self._unsettled = self._unsettled, []
-        while picks and not self._stopping:
-            with contextlib.suppress(TimeoutError):
-                wait(picks, timeout=WATCH_S)
-                return
 
     def _placement(self, deps: Sequence[Any]) -> list[str]:
         """Where a batch reading the handles `deps` should run: a hint, asked of the scheduler
@@ -776,10 +768,7 @@ class Engine:
     def submit_task(self, indices: Any, blob: bytes, _deps: Sequence[Any] = (), **where: Any) -> Any | None:
         """Submit one task running `indices` (their items in `blob`); None once stopping.
 
-        The task is `worker.run_batch`, or `held.run_batch_held` for a run that persists or
-        reads persisted values (taking the handles' futures as Dask dependencies); its key
-        is ``distribute-<run id>-<n>``. It is recorded as pending until `settle_task` or
-        `withdraw` takes it.
+        `submit_tasks` of one task.
 
         Parameters
         ----------
@@ -797,25 +786,64 @@ class Engine:
         distributed.Future or None
             The task's future; None when the run is stopping and nothing was submitted.
         """
+        return self.submit_tasks([(indices, blob, list(_deps))], **where)[0]
+
+    def submit_tasks(self, tasks: Sequence[tuple[Any, bytes, list[Any]]], **where: Any) -> list[Any | None]:
+        """Submit tasks, each running the items of one batch, in one message to the scheduler.
+
+        A task is `worker.run_batch`, or `held.run_batch_held` for a run that persists or
+        reads persisted values (taking the handles' futures as Dask dependencies); its key is
+        ``distribute-<run id>-<n>`` (``persist-<run id>-<n>`` for a persisted item). Each is
+        recorded as pending until `settle_task` or `withdraw` takes it.
+
+        Parameters
+        ----------
+        tasks : sequence of (indices, blob, deps)
+            Per task: the items it runs (a list, or a `range` when consecutive), the pickled
+            batch ``(indices, items, budget)``, and the futures of the handles in its items
+            (after those captured by name); all with deps, or all without.
+        **where : Any
+            Dask's submit keywords, for every one of them: ``workers``,
+            ``allow_other_workers``, resources.
+
+        Returns
+        -------
+        list of distributed.Future or None
+            The tasks' futures, in order; Nones when the run is stopping and nothing was
+            submitted.
+        """
         job = self.job
-        if job.persist or job.reads_handles:
-            captured = job.capture.held
-            names = {name: k for k, name in enumerate(captured)}
-            futures = [h.future for h in captured.values()] + list(_deps)
-            task: tuple[Any, ...] = (held.run_batch_held, self.context, blob, self.token, job.persist, names, *futures)
-        else:
-            task = loadable.task(worker.run_batch, self.context, blob, self.token)  # fails, not hangs, without nbcluster
+        calls: list[tuple[Any, ...]] = []
+        for _, blob, deps in tasks:
+            if job.persist or job.reads_handles:
+                captured = job.capture.held
+                names = {name: k for k, name in enumerate(captured)}
+                futures = [h.future for h in captured.values()] + list(deps)
+                # fails, not hangs, without nbcluster: the handles' futures stay arguments Dask sees
+                calls.append(loadable.task(
+                    held.run_batch_held, self.context, blob, self.token, job.persist, names, deps=tuple(futures)
+                ))  # fmt: skip
+            else:  # fails, not hangs, without nbcluster
+                calls.append(loadable.task(worker.run_batch, self.context, blob, self.token))
+        if not calls:
+            return []
+        prefix = "persist" if job.persist else "distribute"
         with self._lock:
             if self._stopping:
-                return None
-            key = f"distribute-{self.run_id}-{next(self._seq)}"
+                return [None] * len(calls)
+            keys = [f"{prefix}-{self.run_id}-{next(self._seq)}" for _ in calls]
             if job.persist and self._inbox is not None:
-                self._inbox.expect(key)  # before the batch can run: its report may come first
-            future = self.client.submit(*task, key=key, pure=False, **where)
-            self._alone = None if self._pending else future
-            self._pending[future] = indices
+                for key in keys:
+                    self._inbox.expect(key)  # before the task can run: its report may come first
+            # One `client.map`: one graph message, however many tasks (the function is the
+            # same for all: `loadable.task`'s).
+            columns = zip(*(c[1:] for c in calls), strict=True)
+            made = self.client.map(calls[0][0], *columns, key=keys, pure=False, **where)
+            for future, (indices, _, _) in zip(made, tasks, strict=True):
+                self._alone = None if self._pending else future
+                self._pending[future] = indices
             self._idle.clear()
-        return future
+        return list(made)
 
     def outstanding(self, futures: list[Any]) -> list[Any]:
         """Those of `futures` still out (not taken in, withdrawn or cancelled).
@@ -886,9 +914,8 @@ class Engine:
     def finish(self) -> None:
         """The start is over: nothing is out, the state ends."""
         self._idle.set()
-        self._await_picks()
         if self._inbox is not None:
-            self._inbox.forget(f"distribute-{self.run_id}-")
+            self._inbox.forget(f"persist-{self.run_id}-")
         self.state.end()
 
 
@@ -900,13 +927,18 @@ class _Backlog:
         self.suspects: deque[list[int]] = deque()  # parts of killed batches, each to run alone
         self.retries = job.retries
         self.attempts: dict[int, int] = {}  # attempts used, by the failed items only (no dict of a million)
-        self.batcher = Batcher.from_config(threads, job.fixed_batch)
+        # A persisted item is a task of its own (`worker/held.py`).
+        self.batcher = Batcher.from_config(threads, 1 if job.persist else job.fixed_batch)
         self.per_thread = max(1, int(config.get("distribute.in-flight")))
         if job.reads_handles:
             # One item a task, each placed where its value is: no batch to size from what comes
             # back, so all go out at once and wait on their holders, as hand-written futures would
             # (two a thread left each worker idle for a round trip after every short item).
             self.per_thread = max(self.per_thread, len(indices))
+        elif job.persist:
+            # Likewise, as `client.map` would: the scheduler's queue feeds the workers, not a round
+            # trip to the kernel after each item; bounded, so a huge run is not all futures at once.
+            self.per_thread = max(self.per_thread, min(len(indices), PERSIST_AHEAD))
         self.limit = self.per_thread * threads  # batches out at once
 
     def resize(self, threads: int) -> None:

@@ -1,6 +1,6 @@
 """`Handle`: one `--persist` result, left in the memory of the worker that made it.
 
-A handle is a Dask future (the key `persist-<run id>-<item>`, made by the pick task of
+A handle is a Dask future (the key `persist-<run id>-<n>` of the item's own task,
 `worker/held.py`) and the worker's description of the value (`_wire.HeldValue`: type,
 shape, size), made where the value is, so that showing a handle moves nothing. Which
 worker holds it is asked of the scheduler when it is shown (it changes: Dask moves and
@@ -98,7 +98,7 @@ class Handle:
 
     @property
     def key(self) -> str:
-        """The value's Dask key, ``persist-<run id>-<item>``; "" once released."""
+        """The value's Dask key, ``persist-<run id>-<n>``; "" once released."""
         return str(self._future.key) if self._future is not None else ""
 
     @property

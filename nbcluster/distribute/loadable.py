@@ -10,15 +10,22 @@ anywhere, and the import happens when the task runs, where a failure is the task
 The bytes are the call itself: ``pickle.loads`` of them imports the function by name and
 calls it with the arguments (`_Call` reduces to the call), so nothing but the function's
 own module is needed to run it, and nothing of this module on the worker.
+
+A task with Dask dependencies (the futures of `--persist` handles it reads) must keep them
+as arguments Dask sees, so the call cannot be all bytes: it is ``dask.utils.apply(loader,
+[*deps])``, where ``loader`` is a Dask task nested in the argument, ``pickle.loads`` of the
+function with its other arguments, which the worker runs first, inside the task.
 """
 
 from __future__ import annotations
 
+import functools
 import pickle
 from collections.abc import Callable
 from typing import Any
 
 from nbcluster import __version__
+from nbcluster._compat import nested_task
 
 
 class _Call:
@@ -31,9 +38,10 @@ class _Call:
         return self.fn, self.args
 
 
-def task(fn: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
-    """``client.submit(*task(fn, *args))`` runs ``fn(*args)``; where `fn` cannot be imported,
-    the task fails with that ImportError instead of breaking the worker's connection.
+def task(fn: Callable[..., Any], *args: Any, deps: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    """``client.submit(*task(fn, *args, deps=deps))`` runs ``fn(*args, *deps)``; where `fn`
+    cannot be imported, the task fails with that ImportError instead of breaking the
+    worker's connection.
 
     Parameters
     ----------
@@ -42,12 +50,15 @@ def task(fn: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
     *args : Any
         Its arguments: plain data, pickled with it (no Dask futures: Dask would not see
         them inside).
+    deps : tuple
+        Dask futures, passed last, as their values: Dask resolves them on the worker.
 
     Returns
     -------
     tuple
         ``(pickle.loads, the pickled call)``: what `client.submit` takes as the function and
-        its one argument.
+        its one argument; with `deps`, ``(dask.utils.apply, a nested task loading the function
+        with its arguments, [*deps])``.
 
     Examples
     --------
@@ -56,6 +67,11 @@ def task(fn: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
     >>> loads(call)
     5
     """
+    if deps:
+        from dask.utils import apply
+
+        loader = nested_task(pickle.loads, pickle.dumps(functools.partial(fn, *args), protocol=pickle.HIGHEST_PROTOCOL))
+        return (apply, loader, list(deps))
     return (pickle.loads, pickle.dumps(_Call(fn, args), protocol=pickle.HIGHEST_PROTOCOL))
 
 

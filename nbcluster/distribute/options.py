@@ -117,6 +117,8 @@ class DistributeOptions:
             )
         if self.persist and self.into is None:
             raise BadArgument("--persist keeps the results on the workers: name them with --into NAME")
+        if self.persist and self.batch not in ("auto", 1):
+            raise BadArgument(f"--persist runs each item as a Dask task of its own, holding its value: drop --batch {self.batch}")
         if self.persist and self.local not in (0, False):
             raise BadArgument(
                 "--persist keeps the results on the workers, --local runs items in the kernel: drop one of them"

@@ -89,7 +89,8 @@ Times are seconds since the epoch (float; task and sample times are the workers'
     }
 
 ``key`` is ``str()`` of the Dask key (``%%distribute`` batches are
-``distribute-<run id>-<n>``, which is how a run's widget picks out its own tasks).
+``distribute-<run id>-<n>``, persisted items ``persist-<run id>-<n>``, which is how a run's
+widget picks out its own tasks).
 ``since=None`` (or omitted) returns everything the rings still hold. Fields may be added in
 later versions; readers ignore fields they do not know. ``start``/``stop`` of a task span its
 ``compute`` action; a task that failed before computing has ``start == stop``.

@@ -95,8 +95,8 @@ def task_filter_for(results: Any) -> Callable[[TaskRecord], bool]:
     callable
         True for the task records whose key is one of the run's.
     """
-    prefix = f"distribute-{results.run_id}-"
-    return lambda t: str(t.get("key", "")).startswith(prefix)
+    prefixes = (f"distribute-{results.run_id}-", f"persist-{results.run_id}-")  # batches; --persist items
+    return lambda t: str(t.get("key", "")).startswith(prefixes)
 
 
 def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:

@@ -1,15 +1,28 @@
-"""Worker side of `--persist`: a batch whose values stay on the worker, in Dask's store.
+"""Worker side of `--persist`: an item whose value stays on the worker, under its own Dask key.
 
-A persisted batch is the Dask task `run_batch_held(context, batch, token, *deps)`. It runs
-the items as `run_batch` does, but returns a `Held`: the report blob (errors, output,
-timings, and a `HeldValue` description of each value, made here, where the value is) and
-the values themselves. The kernel never gathers a `Held`. It reads only its report, in the
-worker's event loop (`report_of`; a task would wait for the worker's thread, which is
-already running the next batch), or failing that with the small task `report`, and submits one `pick(held, j)` task per finished item,
-pinned (loosely) to that worker: each is one Dask key holding one value, the same Python
-object, so nothing is copied. Once the picks exist the kernel drops the batch's future and
-Dask frees the `Held` (the values live on in the picks). Dask keeps the batch's task as
-lineage: if a worker holding picks dies, Dask runs the batch again and picks again.
+A persisted item is one Dask task, `run_batch_held(context, batch, token, True, names,
+*deps)` with a batch of that one item (the engine sends no more, `engine._Backlog`: a Dask
+key holds one value, so a batch of several would need a second task per item to give each
+value a key of its own, and the kernel would wait a round trip for those). The task's result,
+kept in the worker's memory under its key, is the item's value itself: the kernel's handle
+(`handles.Handle`) is the task's future, and nothing is copied. A task whose item raised, or
+was not run (the run stopped, a value it reads was lost), raises `NotRecomputed` once its
+report is out, so that its key never holds anything that looks like a result.
+
+The kernel never gathers the value. What it needs, the item's *report* (its error or output,
+its time, and a `HeldValue` description of the value, made here where the value is), is
+pushed to it as a Dask event before the task ends (`_push`, `distribute/reports.py`), and
+kept in this process as well (`_KEPT`, a few MB at most, the oldest dropped first). Where
+the event did not come the kernel reads the kept report in the worker's event loop
+(`report_of`; a task would wait for the worker's thread, which is already running the next
+item), and failing that runs the small task `report_for`, which describes the value again.
+(A task that raised holds nothing to run there: the report of a failed item, too large to
+push, is asked of every worker, `report_of`.)
+
+Lineage: if a worker holding a value dies, Dask runs the item's task again elsewhere. The item
+may then fail where it once worked (a file it read is gone): the task raises, and Dask hands
+that error to whatever reads the key, a task depending on it or the kernel's `Handle.gather`,
+never a `None` that looks like a result.
 
 `deps` are the values of handles the batch reads (`--over "x in NAME"`, or a handle
 captured by name): Dask resolves them on the worker that runs the batch, fetching from
@@ -21,6 +34,8 @@ from __future__ import annotations
 
 import copy
 import pickle
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cloudpickle
@@ -36,11 +51,17 @@ if TYPE_CHECKING:
     from nbcluster._wire import HeldValue
 
 
-#: The Dask event topic a persisted batch's report is pushed on (`distribute/reports.py`).
+#: The Dask event topic a persisted item's report is pushed on (`distribute/reports.py`).
 TOPIC = "nbcluster-held-report"
 #: Reports larger than this (bytes) are not pushed, only read from the worker: the scheduler
 #: keeps a topic's last events, and these must stay small there.
 LARGEST = 8_192
+#: Bytes of reports this process keeps for `report_of`, the newest ones (the latest always).
+KEEP_BYTES = 16_000_000
+
+_KEPT: OrderedDict[str, bytes] = OrderedDict()  # task key -> its report, oldest first
+_KEPT_BYTES = [0]  # their total length: kept, not summed at every task
+_KEPT_LOCK = threading.Lock()  # worker threads write, the event loop reads
 
 
 class Slot(NamedTuple):
@@ -49,25 +70,10 @@ class Slot(NamedTuple):
     k: int
 
 
-class Held(NamedTuple):
-    """A persisted batch's result, kept on its worker: the report blob and the values.
-
-    `failed`: why an item has no value (its error, or why the batch ran no item). The first
-    time, the kernel makes no pick for those; when Dask runs the batch again to recompute a
-    lost pick (lineage), the item may fail where it once worked (a file it read is gone),
-    and its pick must then fail too, not hold a `None` that looks like a result.
-    """
-
-    report: bytes
-    values: list[Any]
-    failed: dict[int, str]
-    why: str = ""
-
-
 def run_batch_held(
     context: tuple[str, bytes | None], batch: bytes, token: str | None, keep: bool, names: dict[str, int], *deps: Any
-) -> Held | bytes:
-    """The Dask task of a `--persist` batch, or (`keep` False) of one that reads handles.
+) -> Any:
+    """The Dask task of a `--persist` item, or (`keep` False) of a batch that reads handles.
 
     Without `keep` the values come back to the kernel as `run_batch`'s blob does.
 
@@ -77,12 +83,12 @@ def run_batch_held(
         The cell's context key and, when it travels inline, the pickled context (as for
         `run_batch`).
     batch : bytes
-        The pickled ``(indices, items, budget)``; items may hold `Slot`s.
+        The pickled ``(indices, items, budget)``, one item with `keep`; items may hold `Slot`s.
     token : str or None
         The run's stop token.
     keep : bool
-        True for a `--persist` batch, whose values stay here in a `Held`; False for a batch
-        that only reads handles, whose values travel back.
+        True for a `--persist` item, whose value stays here as the task's result; False for a
+        batch that only reads handles, whose values travel back.
     names : dict of str to int
         Handles captured by name: the cell's global name -> the index of its value in `deps`.
     *deps : Any
@@ -90,8 +96,16 @@ def run_batch_held(
 
     Returns
     -------
-    Held or bytes
-        With `keep`, the `Held` (report and values); else the result blob of `run_batch`.
+    Any
+        With `keep`, the item's value (its report goes to the kernel by `_report`); else the
+        result blob of `run_batch`.
+
+    Raises
+    ------
+    nbcluster.errors.NotRecomputed
+        With `keep`, when the item has no value (it raised, or was not run), after its report
+        is out: the first time the kernel reads the report, not this; when Dask computes a lost
+        value again, this is the error that whatever reads the key gets.
     """
     if stopping.stopped(token):
         return _early(keep, {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True})
@@ -115,17 +129,16 @@ def run_batch_held(
     values = result["values"]
     result["values"] = [None] * len(values)
     result["held"] = [describe(v) for v in values]
-    failed = {j: f"{r['type']}: {r['message']}" for j, r in result["errors"].items()}
-    why = "" if not result["stopped"] else "the batch stopped before it (the run was stopped, or out of time)"
-    report = _dumps(result)
-    _push(report)
-    return Held(report, values, failed, why)
+    _report(_dumps(result))
+    if values and 0 not in result["errors"]:
+        return values[0]
+    error = result["errors"].get(0)
+    why = f"{error['type']}: {error['message']}" if error else "the run stopped before it"
+    raise NotRecomputed(f"computing it again failed: {why}")
 
 
-def _push(report: bytes) -> None:
-    """Send this batch's report to the kernel as a Dask event, before the task ends (`reports.py`)."""
-    if len(report) > LARGEST:
-        return
+def _report(report: bytes) -> None:
+    """Send this task's report to the kernel as a Dask event, and keep it for `report_of`."""
     try:
         from distributed import get_worker
 
@@ -133,7 +146,14 @@ def _push(report: bytes) -> None:
         key = dask_worker.get_current_task()
     except ValueError:  # not in a Dask worker's task (a test calling the task directly)
         return
-    if key is not None:
+    if key is None:
+        return
+    with _KEPT_LOCK:
+        _KEPT_BYTES[0] += len(report) - len(_KEPT.pop(str(key), b""))  # a recompute replaces its own
+        _KEPT[str(key)] = report
+        while _KEPT_BYTES[0] > KEEP_BYTES and len(_KEPT) > 1:
+            _KEPT_BYTES[0] -= len(_KEPT.popitem(last=False)[1])
+    if len(report) <= LARGEST:
         dask_worker.log_event(TOPIC, {"key": str(key), "report": report})
 
 
@@ -159,72 +179,51 @@ def fill(item: Any, deps: tuple[Any, ...]) -> Any:
     return item
 
 
-def report(held: Held) -> bytes:
-    """The Dask task that brings a persisted batch's report (not its values) to the kernel.
-
-    Parameters
-    ----------
-    held : Held
-        The persisted batch's result, which Dask passes in on its worker.
-
-    Returns
-    -------
-    bytes
-        Its pickled report.
-    """
-    return held.report
-
-
 def report_of(key: str, dask_worker: Any = None) -> bytes:
-    """`report` read straight from this worker's store (`client.run`, in its event loop).
+    """The kept report of persisted item `key` (`client.run` on its holder, in its event loop).
 
-    So the kernel need not wait for the worker's thread, busy with the next batch.
+    So the kernel need not wait for the worker's thread, busy with the next item. A report is
+    handed out once.
 
     Parameters
     ----------
     key : str
-        The Dask key of the persisted batch.
+        The Dask key of the persisted item.
     dask_worker : distributed.Worker
-        The worker, which `client.run` passes in.
+        The worker, which the call passes in (unused: the reports are this process's).
 
     Returns
     -------
     bytes
-        The batch's pickled report.
+        The item's pickled report.
 
     Raises
     ------
     KeyError
-        When this worker does not hold the batch (the kernel then asks with `report`).
+        When this process keeps no report of `key`.
     """
-    result: Held = dask_worker.data[key]
-    return result.report
+    with _KEPT_LOCK:
+        report = _KEPT.pop(key)
+        _KEPT_BYTES[0] -= len(report)
+        return report
 
 
-def pick(held: Held, j: int) -> Any:
-    """The Dask task whose key holds value `j` of a persisted batch (the same object).
+def report_for(value: Any) -> bytes:
+    """The Dask task that describes a persisted value again, when its report was not kept.
+
+    Its output and timing are gone by then; the value is not.
 
     Parameters
     ----------
-    held : Held
-        The persisted batch's result.
-    j : int
-        The item's position in the batch.
+    value : Any
+        The persisted item's value, which Dask passes in on its worker.
 
     Returns
     -------
-    Any
-        The item's value.
-
-    Raises
-    ------
-    nbcluster.errors.NotRecomputed
-        When the item has no value: it failed, or its batch ran no item. Only reached when
-        Dask computes a lost pick again, since the kernel picks only finished items.
+    bytes
+        A pickled report of the one item.
     """
-    if j < len(held.values) and j not in held.failed:
-        return held.values[j]
-    raise NotRecomputed(f"computing it again failed: {held.failed.get(j) or held.why or 'the batch ran no item'}")
+    return _dumps({"values": [None], "errors": {}, "outputs": {}, "seconds": None, "held": [describe(value)]})
 
 
 def describe(value: Any) -> HeldValue:
@@ -256,14 +255,16 @@ def describe(value: Any) -> HeldValue:
     return {"type": type(value).__name__, "shape": text, "nbytes": int(sizeof(value))}
 
 
-def _early(keep: bool, result: dict[str, Any]) -> Held | bytes:
-    """A batch that ran no item: its report alone."""
+def _early(keep: bool, result: dict[str, Any]) -> bytes:
+    """A batch that ran no item: its report (with `keep`, sent by `_report`, and the task raises)."""
+    report = _dumps(result)
     if not keep:
-        return _dumps(result)
+        return report
+    _report(report)
     why = "the run was stopped" if result.get("stopped") else "a value it reads was lost"
     if "fatal" in result:
         why = f"{result['fatal']['type']}: {result['fatal']['message']}"
-    return Held(_dumps(result), [], {}, why)
+    raise NotRecomputed(f"computing it again failed: {why}")
 
 
 def _dumps(result: dict[str, Any]) -> bytes:
@@ -274,7 +275,7 @@ def _dumps(result: dict[str, Any]) -> bytes:
 
 
 def holdings(dask_scheduler: Any = None) -> dict[str, dict[str, list[int]]]:
-    """Per worker, per run id, the count and bytes of the `--persist` keys it holds in memory.
+    """Per worker, per run id, the count and bytes of the `--persist` values it holds in memory.
 
     Run on the scheduler (`client.run_on_scheduler`), for `%cluster status`.
 
