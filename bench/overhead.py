@@ -57,6 +57,13 @@ def inc(x: int) -> int:
     return x + 1
 
 
+def work_item(n: int) -> int:
+    """`work` from this script's `__main__`: Dask pickles a graph by reference unless it
+    names `__main__` (then cloudpickle, which sends `_work` by value); `work` alone would
+    reach the workers as an import of `_work`, which they cannot do."""
+    return work(n)
+
+
 def work_batch(n: int, k: int) -> int:
     """`k` items of `work` in one task: client.map batched by hand, Dask's own floor."""
     for _ in range(k):
@@ -187,7 +194,7 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
         "%%distribute": lambda: cell(
             f'%%distribute --over "x in range({WORK_ITEMS})" --into r\nwork(n_work)'
         ),
-        "client.map + gather": lambda: client.gather(client.map(work, [n_work] * WORK_ITEMS, pure=False)),
+        "client.map + gather": lambda: client.gather(client.map(work_item, [n_work] * WORK_ITEMS, pure=False)),
         "client.map, batched by hand (40 x 10)": lambda: client.gather(
             client.map(work_batch, [n_work] * 40, [WORK_ITEMS // 40] * 40, pure=False)
         ),
