@@ -96,7 +96,7 @@ import cloudpickle
 
 from nbcluster import config
 from nbcluster._compat import nanny_logs, run_on_holder
-from nbcluster.distribute import everywhere, loadable, reports, worker
+from nbcluster.distribute import everywhere, loadable, reports, threads, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
 from nbcluster.distribute.handles import Handle, held_slots, publish
@@ -342,7 +342,7 @@ class Engine:
             busy = bool(self._pending)
         if busy:
             # In a thread: a worker that hangs must not hold the kernel beyond the grace.
-            threading.Thread(target=self._tell_workers, name="nbcluster-stop", daemon=True).start()
+            threads.spawn(self._tell_workers, name="nbcluster-stop")
             with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
                 self._idle.wait(config.seconds("distribute.cancel-grace"))
         self._cancel_outstanding()
@@ -388,17 +388,15 @@ class Engine:
         self.stop_sent.clear()
         name = f"nbcluster-distribute-{self.run_id}"
         target = functools.partial(everywhere.drive, self) if self.job.plan.mode == "everywhere" else self._drive
-        driver = threading.Thread(target=target, args=(indices,), name=name, daemon=True)
-        driver.start()
-        threading.Thread(target=self._watch, args=(driver,), name=f"{name}-watch", daemon=True).start()
+        driven = threads.spawn(target, indices, name=name)
+        threads.spawn(self._watch, driven, name=f"{name}-watch")
 
-    def _watch(self, driver: threading.Thread) -> None:
-        """End the run if its cluster goes away (see the module docstring)."""
+    def _watch(self, driven: threading.Event) -> None:
+        """End the run if its cluster goes away (see the module docstring); `driven`: the driver ended."""
         assert self.link is not None
         unanswered = 0
-        while driver.is_alive():
-            driver.join(WATCH_S)
-            if not driver.is_alive() or self._stopping:
+        while not driven.wait(WATCH_S):
+            if self._stopping:
                 return
             reason = self.link.gone()
             if reason is None:
@@ -416,11 +414,11 @@ class Engine:
         if backlog is None or link is None or client is None:
             return
         try:
-            threads: int | None = link.usable_threads()  # twice a second: the cheap way where it can
+            usable: int | None = link.usable_threads()  # twice a second: the cheap way where it can
         except Exception:  # the scheduler busy, or no worker fits any more: keep the last
-            threads = None
-        if threads is not None:
-            backlog.resize(threads)
+            usable = None
+        if usable is not None:
+            backlog.resize(usable)
         if self._reports:
             self._report(backlog.held(), backlog.batcher.seconds_per_item)
 
