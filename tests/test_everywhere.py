@@ -43,3 +43,14 @@ def test_the_item_of_a_worker_that_left_fails_and_the_others_finish(shell: Inter
     assert res.params[error.index] == {"worker": busy}
     client.cancel(blocker)
 
+
+
+def test_a_worker_that_just_joined_gets_its_item(shell: InteractiveShell) -> None:
+    # A cell's link may reuse the scheduler's word on its workers from up to a second ago
+    # (`target.FRESH_S`); --everywhere asks afresh, so the worker added a moment ago counts.
+    magic(shell, "start --workers 1 --threads 1 --name joined")
+    assert cell(shell, "%%distribute --over 'x in range(2)' --into warm\nx") is None
+    magic(shell, "scale 2")
+    assert cell(shell, "%%distribute --everywhere --into pids\nimport os\nos.getpid()") is None
+    pids = shell.user_ns["pids"]
+    assert pids.ok and len(pids) == 2 and len(set(pids.values())) == 2

@@ -262,7 +262,7 @@ def _items(everywhere: bool, link: Link, over: Any, grid: Any, zip_: Any, namesp
     """The plan: from `--over/--grid/--zip`, or for `--everywhere` the workers that qualify."""
     if not everywhere:
         return plan(over=over, grid=grid, zip=zip_, evaluate=_evaluator(namespace))
-    workers = link.open().eligible
+    workers = link.eligible_now()
     if not workers:
         raise BadArgument("--everywhere: the cluster has no workers right now; scale it up first")
     return Plan("everywhere", list(workers))

@@ -4,9 +4,15 @@
 (`open()`) only when items leave the kernel: a `--local` run never needs a cluster. Opening
 finds the client (the one given, the named cluster's, or the current one), asks the
 scheduler for its workers once, and works out the placement of the run's items from their
-`Needs`: the Dask resource restrictions, the workers that can take them (`--everywhere`
-runs once on each) and how many items can run at once there (the batch sizing's
-`threads`).
+`Needs`: the Dask resource restrictions, the workers that can take them and how many items
+can run at once there (the batch sizing's `threads`).
+
+Where every worker fits (no `Needs`), an answer of the scheduler's from the last `FRESH_S`
+seconds stands in for asking: cells run back to back (a loop of `distribute` calls, a
+pipeline) then send their first items without waiting for a round trip. Being a second
+late about the workers costs little: each run's watch thread asks afresh twice a second
+and resizes the run (`usable_threads`). `--everywhere`, which runs once on each worker, asks
+afresh (`eligible_now`).
 
 A link whose cluster went away is `close()`d by the engine; a retry `open()`s it again, to
 whatever cluster is current by then.
@@ -15,11 +21,33 @@ whatever cluster is current by then.
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
+import weakref
 from typing import Any, NamedTuple
 
 from nbcluster._current import handle_for
 from nbcluster.cluster import registry
 from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
+
+#: Seconds for which the scheduler's last word on its workers stands, for opening a link.
+FRESH_S = 1.0
+
+_ASKED: weakref.WeakKeyDictionary[Any, tuple[float, dict[str, int]]] = weakref.WeakKeyDictionary()
+_ASKED_LOCK = threading.Lock()  # the kernel's thread opens links, runs' watch threads refresh
+
+
+def _ncores(client: Any, within: float) -> dict[str, int]:
+    """The scheduler's workers and their threads: its answer of the last `within` seconds, else asked now."""
+    now = time.monotonic()
+    with _ASKED_LOCK:
+        asked = _ASKED.get(client)
+    if asked is not None and now - asked[0] < within and client.status == "running":
+        return asked[1]
+    cores = {str(address): int(n) for address, n in client.ncores().items()}
+    with _ASKED_LOCK:
+        _ASKED[client] = (now, cores)
+    return cores
 
 
 class Needs(NamedTuple):
@@ -72,7 +100,11 @@ class Link:
             self.client = self.handle.client
         try:
             if self.needs == Needs():
-                self.threads = self.usable_threads()
+                # Every worker fits. Asked with `ncores`, a few bytes a worker (not a description of
+                # each), and not again within `FRESH_S` of the last answer: a loop of cells asked it
+                # once a cell, 3.8 ms each here (py-spy), before its first item could go out.
+                cores = _ncores(self.client, FRESH_S)
+                self.submit_kwargs, self.threads, self._eligible = {}, max(1, sum(cores.values())), list(cores)
             else:
                 workers = self.client.scheduler_info()["workers"]
                 self.submit_kwargs, self.threads, self._eligible = placement(self.needs, workers)
@@ -87,9 +119,9 @@ class Link:
         Returns
         -------
         int
-            The threads of the eligible workers. Where every worker fits, the scheduler's
-            total: not every worker described (0.78 s a call at 1,000 workers, the total
-            0.07 s; bench/RESULTS.md, "scale: engine").
+            The threads of the eligible workers. Where every worker fits, from the scheduler's
+            `ncores`: not every worker described (0.78 s a call at 1,000 workers;
+            bench/RESULTS.md, "scale: engine").
 
         Raises
         ------
@@ -97,16 +129,24 @@ class Link:
             When no worker fits any more (see `placement`).
         """
         if self.needs == Needs():
-            return max(1, int(self.client.scheduler_info(n_workers=0)["total_threads"]))
+            return max(1, sum(_ncores(self.client, 0.0).values()))
         return placement(self.needs, self.client.scheduler_info()["workers"])[1]
 
     @property
     def eligible(self) -> list[str]:
-        """The addresses of the workers that qualify for the items (asked once, when first read)."""
-        if self._eligible is None:
-            self.open()
-            self._eligible = placement(self.needs, self.client.scheduler_info()["workers"])[2]
-        return self._eligible
+        """The addresses of the workers that qualified when the link opened (within `FRESH_S`)."""
+        return self.open()._eligible or []
+
+    def eligible_now(self) -> list[str]:
+        """The addresses of the workers that qualify, asked of the scheduler now (`--everywhere`).
+
+        Returns
+        -------
+        list of str
+            Their addresses; empty when the cluster has no worker that fits.
+        """
+        self.open()
+        return placement(self.needs, self.client.scheduler_info()["workers"])[2]
 
     @property
     def name(self) -> str:
