@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, TypedDict
 
@@ -219,19 +220,35 @@ class _Publisher:
     unpublished after it was published, never before, and a batch's delivery does not wait
     for a scheduler round trip. A put still queued when the kernel dies is lost with it: that
     item simply runs again on resume (`adopt` finds no dataset).
+
+    It also counts, per prefix, the names it was given and not yet told to delete (`live`),
+    so that superseding a journal this process wrote alone needs no scheduler round trip
+    when every value of it was already let go (`unpublish_superseded`).
     """
 
     def __init__(self, client: Any):
         self.client = client
         self.ops: list[tuple[str, Any]] = []  # ("put", {name: future}) or ("delete", [name])
-        self.lock = threading.Lock()
+        # Reentrant: a garbage collection inside a locked section may run a handle's finalizer (`delete`).
+        self.lock = threading.RLock()
         self.sending = False
+        self.live: Counter[str] = Counter()  # prefix -> names put, not deleted
+        self.alone: set[str] = set()  # prefixes of journals this process created: no one else publishes there
 
     def put(self, named: dict[str, Any]) -> None:
+        with self.lock:
+            self.live.update(name.rsplit("-", 1)[0] for name in named)
         self._add(("put", named))
 
     def delete(self, name: str) -> None:
+        with self.lock:
+            self.live[name.rsplit("-", 1)[0]] -= 1
         self._add(("delete", [name]))
+
+    def let_go(self, prefix: str) -> bool:
+        """True when nothing is published under `prefix` once the queued calls are sent."""
+        with self.lock:
+            return prefix in self.alone and self.live[prefix] <= 0
 
     def _add(self, op: tuple[str, Any]) -> None:
         with self.lock:
@@ -310,6 +327,41 @@ def publish(client: Any, handles: Sequence[Handle], prefix: str) -> None:
     _publisher(client).put({f"{prefix}-{h.index}": h._future for h in handles})
     for h in handles:
         _own(h, client, f"{prefix}-{h.index}")
+
+
+def publishing_alone(client: Any, prefix: str) -> None:
+    """Say that this process created the journal of `prefix`: only it publishes under it.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The run's client.
+    prefix : str
+        The new journal's dataset prefix (`dataset_prefix`).
+    """
+    publisher = _publisher(client)
+    with publisher.lock:
+        publisher.alone.add(prefix)
+
+
+def unpublish_superseded(client: Any, prefixes: Sequence[str]) -> None:
+    """Drop the datasets of journals a complete run supersedes, before they are deleted.
+
+    A prefix this process published under alone, whose values it has all let go, has
+    nothing left there (the deletes queued ahead are sent first): it is not asked about.
+    The others (a dead kernel's journals, values still held) are listed and dropped.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client of the cluster the datasets are on.
+    prefixes : Sequence of str
+        The superseded journals' dataset prefixes (`dataset_prefix`).
+    """
+    publisher = _publisher(client)
+    left = [p for p in prefixes if not publisher.let_go(p)]
+    if left:
+        unpublish(client, left)
 
 
 def dataset_prefix(journal_name: str) -> str:

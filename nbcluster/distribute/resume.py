@@ -114,10 +114,13 @@ def prepare(
             line = _busy_or_refused(found[0], total)
     elif found:
         line = _hint(found[0], total)
+    fresh = chosen is None
     if chosen is None:
         chosen = Resumption(journal.create(identity, total, first_line, cluster=cluster if persist else None), line=line)
     if persist and chosen.writer is not None:
         chosen.publish = handles.dataset_prefix(chosen.writer.path.name)
+        if fresh:
+            handles.publishing_alone(client, chosen.publish)
         chosen.writer.before_superseding = _unpublishing(client)
     return chosen
 
@@ -126,7 +129,7 @@ def _unpublishing(client: Any) -> Any:
     """What a complete --persist run does before deleting older journals: drop their datasets."""
 
     def unpublish(paths: list[Path]) -> None:
-        handles.unpublish(client, [handles.dataset_prefix(p.name) for p in paths])
+        handles.unpublish_superseded(client, [handles.dataset_prefix(p.name) for p in paths])
 
     return unpublish
 
