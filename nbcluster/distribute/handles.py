@@ -58,12 +58,13 @@ class Recipe(TypedDict):
 class Handle:
     """A value held on a worker; see the module docstring."""
 
-    __slots__ = ("__weakref__", "_dataset", "_future", "_published", "held", "index")
+    __slots__ = ("__weakref__", "_dataset", "_future", "_published", "held", "index", "made_on")
 
-    def __init__(self, future: Any, held: HeldValue, index: int):
+    def __init__(self, future: Any, held: HeldValue, index: int, made_on: str | None = None):
         self._future: Any = future
         self.held = held
         self.index = index  # the item of the run that made it
+        self.made_on = made_on  # the address of the worker that made it, where known (a placement hint)
         self._published: weakref.finalize[Any, Any] | None = None  # unpublishes its dataset (`publish`)
         self._dataset: str | None = None
 
@@ -568,6 +569,33 @@ def held_slots(items: list[Any], first: int) -> tuple[list[Any], list[Any]]:
 
     out = [tuple(slot(v) for v in item) if type(item) is tuple else slot(item) for item in items]
     return out, futures
+
+
+def made_where(items: list[Any]) -> tuple[dict[str, list[str]], list[Any]]:
+    """Where the handles in `items` were made, by key; and the futures of those not known.
+
+    Parameters
+    ----------
+    items : list
+        A run's items: handles, tuples of values and handles, or plain values.
+
+    Returns
+    -------
+    known : dict of str to list of str
+        Each handle's key -> ``[the address of the worker that made it]``.
+    unknown : list of distributed.Future
+        The futures of the handles that do not know it (adopted from a journal).
+    """
+    known: dict[str, list[str]] = {}
+    unknown: list[Any] = []
+    for item in items:
+        for value in item if type(item) is tuple else (item,):
+            if isinstance(value, Handle) and value._future is not None:
+                if value.made_on:
+                    known[value.key] = [value.made_on]
+                else:
+                    unknown.append(value._future)
+    return known, unknown
 
 
 class Read:
