@@ -532,12 +532,12 @@ def test_a_complete_persist_run_drops_the_datasets_of_the_run_it_supersedes(clus
     # Held: its datasets are still there, and are asked for and dropped. Let go: this process
     # published them alone and queued their deletes, so nothing is asked; neither leaks.
     ns: dict = {"log": str(tmp_path / "log")}
-    first = nbcluster.distribute(PERSISTED, over="x in range(3)", namespace=ns, persist=True)
+    first = nbcluster.distribute(PERSISTED, over="x in range(3)", namespace=ns, persist=True, into="first")
     (old,) = journal.journals(where=journals)
     assert until(lambda: len(datasets(cluster.client)) == 3)
     if not first_still_held:
-        del first
-    again = nbcluster.distribute(PERSISTED, over="x in range(3)", namespace=ns, persist=True)
+        del first, ns["first"]
+    again = nbcluster.distribute(PERSISTED, over="x in range(3)", namespace=ns, persist=True, into="again")
     (new,) = journal.journals(where=journals)
     assert new != old and not old.exists()
     mine = {f"nbcluster-{new.stem}-{i}" for i in range(3)}
@@ -547,6 +547,7 @@ def test_a_complete_persist_run_drops_the_datasets_of_the_run_it_supersedes(clus
         assert [float(v[0]) for v in first.gather()] == [0.0, 1.0, 2.0]
         first.release()
     again.release()
+    ns.clear()
     assert until(lambda: not datasets(cluster.client) and held_bytes(cluster.client) == 0)
 
 
