@@ -99,7 +99,7 @@ from nbcluster._compat import nanny_logs, run_on_holder
 from nbcluster.distribute import everywhere, loadable, reports, threads, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
-from nbcluster.distribute.handles import Handle, held_slots, publish
+from nbcluster.distribute.handles import Handle, held_slots, made_where, publish
 from nbcluster.distribute.job import Job
 from nbcluster.distribute.journal import Writer
 from nbcluster.distribute.journal import failure as journal_failure
@@ -463,17 +463,17 @@ class Engine:
         _quiet_rescheduling()
         backlog = _Backlog(indices, self.job, self.link.threads)
         self._placed = None
-        # A persisted item's value stays on its worker: only its report is fetched (`_held_report`).
-        keeps = self.job.persist
-        completed = as_completed(loop=self.client.loop, with_results=not keeps, raise_errors=False)
+        completed = as_completed(loop=self.client.loop, raise_errors=False)
         with self._lock:
             self._completed = completed
             self._backlog = backlog
         try:
             self._top_up(completed, backlog)
-            for entry in completed:
-                future, result = (entry, None) if keeps else entry
-                if not self._settle(future, result, backlog):
+            going = True
+            for done in completed.batches():
+                for future, result in zip(done, self._results(done), strict=True):
+                    going = going and self._settle(future, result, backlog)
+                if not going:
                     break
                 self._top_up(completed, backlog)
                 if self._drained():
@@ -488,6 +488,25 @@ class Engine:
             if self._reports and self.client is not None:
                 self._report(0, 0.0)  # nothing held back any more
             self.state.end()
+
+    def _results(self, done: list[Any]) -> list[Any]:
+        """The result blobs of the finished batches in `done`, fetched in one gather.
+
+        Fetched one by one as each finished (Dask's ``as_completed(with_results=True)``), the
+        results of a cell of 8 items took 8 gathers, each a request to the scheduler and one
+        from it to a worker; the scheduler's sends were a fifth of its time (py-spy). A batch
+        that did not finish gives its exception instead, and so does one whose gather failed
+        (`_outcome`, asked alone). A `--persist` run gathers nothing: its values stay where
+        they are, and only their reports are read (`_held_report`).
+        """
+        if self.job.persist:
+            return [None] * len(done)
+        finished = [f for f in done if f.status == "finished"]
+        got: dict[int, Any] = {}
+        if finished:
+            with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
+                got = {id(f): blob for f, blob in zip(finished, self.client.gather(finished), strict=True)}
+        return [got[id(f)] if id(f) in got else _outcome(f) for f in done]
 
     def _settle(self, future: Any, result: Any, backlog: _Backlog) -> bool:
         """Take in one finished batch; False when the run cannot go on."""
@@ -603,7 +622,7 @@ class Engine:
             outcome = _Outcome([None] * len(indices), every, {}, fatal=lost)
         values, errors, outputs = outcome.values, outcome.errors, outcome.outputs
         if self.job.persist and outcome.held is not None:
-            values = self._handles(future, indices, outcome.held, errors)
+            values = self._handles(future, indices, outcome.held, errors, outcome.ran_on)
         retry: list[int] = []
         if backlog is not None:
             if outcome.seconds is not None:
@@ -695,12 +714,13 @@ class Engine:
         return _outcome(self.client.submit(held.report_for, future, pure=False))
 
     def _handles(
-        self, future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any]
+        self, future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any],
+        ran_on: tuple[str, str] | None,
     ) -> list[Any]:
         """The handle of a persisted item that has a value: its task's own future and key."""
         if not described or 0 in errors or described[0] is None:
             return [None] * len(described)  # no value (its task raised, or ran nothing): the future goes with this frame
-        handle = Handle(future, described[0], indices[0])
+        handle = Handle(future, described[0], indices[0], made_on=ran_on[0] if ran_on else None)
         if self.publish is not None:
             self._publish([handle])
         return [handle]
@@ -717,17 +737,24 @@ class Engine:
                   "the run goes on without a journal", file=sys.stderr)  # fmt: skip
 
     def _placement(self, deps: Sequence[Any]) -> list[str]:
-        """Where a batch reading the handles `deps` should run: a hint, asked of the scheduler
-        once per start for every handle the run reads (one round trip, not one a batch);
-        Dask may still run it elsewhere (`allow_other_workers`), and moves the value then."""
+        """Where a batch reading the handles `deps` should run: a hint, once per start for every
+        handle the run reads; Dask may still run it elsewhere (`allow_other_workers`), and moves
+        the value then.
+
+        A handle made in this kernel knows the worker that made it (`Handle.made_on`), and Dask
+        keeps a value there until that worker goes (then the hint names no live worker, and
+        Dask places the batch itself): nothing is asked, which was a round trip before the
+        first item of every chained cell could go out. Only the others (handles adopted from a
+        journal) are asked of the scheduler, in one round trip.
+        """
         if not deps:
             return []
         if self._placed is None:
-            every = held_slots(self.job.plan.items, 0)[1]
-            try:
-                self._placed = {k: list(v) for k, v in self.client.who_has(every).items()}
-            except Exception:  # the scheduler busy or gone: let Dask place them
-                self._placed = {}
+            known, unknown = made_where(self.job.plan.items)
+            self._placed = known
+            if unknown:
+                with contextlib.suppress(Exception):  # the scheduler busy or gone: let Dask place them
+                    self._placed.update({k: list(v) for k, v in self.client.who_has(unknown).items()})
         for f in deps:
             if self._placed.get(f.key):
                 return self._placed[f.key]
