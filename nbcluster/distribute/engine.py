@@ -760,19 +760,6 @@ class Engine:
                 return self._placed[f.key]
         return []
 
-    def _holders(self, futures: Sequence[Any]) -> list[str]:
-        """The workers holding the first of `futures` that some worker holds (asked now)."""
-        if not futures:
-            return []
-        try:
-            who = self.client.who_has(list(futures))
-        except Exception:  # the scheduler busy or gone: let Dask place it
-            return []
-        for f in futures:
-            if who.get(f.key):
-                return list(who[f.key])
-        return []
-
     # -- the tasks a strategy drives (everywhere.Tasks) ---------------------------------------
     @property
     def items(self) -> list[Any]:
