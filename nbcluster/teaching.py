@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import psutil
@@ -85,6 +86,37 @@ def workers(cap: int = 4) -> int:
         ``min(cores(), cap)``, at least 1.
     """
     return max(1, min(cores(), cap))
+
+
+def cache_bytes(cpu: int = 0) -> int | None:
+    """The size of the largest cache of one core (the last level, usually shared by all cores).
+
+    A kernel that is meant to wait for main memory must stream over more than this. On a
+    laptop it is a few MiB; on a server it can reach hundreds, so a fixed "large" array may
+    fit in it, and then it is not memory-bound at all.
+
+    Parameters
+    ----------
+    cpu : int
+        Which core's caches to read (Linux's ``/sys/devices/system/cpu/cpuN/cache``).
+
+    Returns
+    -------
+    int or None
+        Bytes, or None where the operating system does not say (macOS, Windows).
+    """
+    sizes = []
+    for index in Path(f"/sys/devices/system/cpu/cpu{cpu}/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if text[-1:].upper() in units and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * units[text[-1].upper()])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes, default=None)
 
 
 class Timing(NamedTuple):

@@ -111,3 +111,15 @@ def test_undisturbed_says_why_it_skips(capsys: pytest.CaptureFixture[str]) -> No
     assert capsys.readouterr().out == ""
     assert not teaching.undisturbed(0.1, 0.9)
     assert "0.9 cores" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not Path("/sys/devices/system/cpu/cpu0/cache").is_dir(), reason="Linux's sysfs only")
+def test_cache_bytes_is_the_largest_cache_the_system_reports() -> None:
+    # glibc's getconf reads the same caches another way (cpuid): the two must agree
+    reported = []
+    for level in ("LEVEL1_DCACHE_SIZE", "LEVEL2_CACHE_SIZE", "LEVEL3_CACHE_SIZE", "LEVEL4_CACHE_SIZE"):
+        out = subprocess.run(["getconf", level], capture_output=True, text=True).stdout.strip()
+        reported.extend([int(out)] if out.isdigit() else [])
+    if not reported:
+        pytest.skip("getconf does not know the caches here")
+    assert teaching.cache_bytes() == max(reported)
