@@ -81,6 +81,7 @@ drives the same tasks through the engine's `submit_task`/`settle_task` verbs.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import itertools
@@ -93,6 +94,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import cloudpickle
+from dask.base import annotate
 
 from nbcluster import config
 from nbcluster._compat import nanny_logs, run_on_holder
@@ -111,6 +113,29 @@ from nbcluster.errors import ClusterUnreachable, WorkerKilled
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
 PERSIST_AHEAD = 1024  # --persist: items submitted ahead, per thread, at most
+
+
+@contextlib.contextmanager
+def _placing(keys: Sequence[str], placed: Sequence[Sequence[str]], where: dict[str, Any]) -> Iterator[None]:
+    """Bind each of the tasks `keys` loosely to its workers in `placed`, within one graph message.
+
+    Dask's submit keywords bind every task of a message to the same workers, which cost a
+    chained cell one message per worker holding its inputs (~1.5 ms of the scheduler's time
+    each: a thousand at a thousand workers). A graph's annotation may instead be a function
+    of the key, which the scheduler calls for each new task: a mapping's own lookup, so the
+    scheduler needs nothing of nbcluster to load it. `where` is updated in place when all the
+    tasks go to the same workers.
+    """
+    if not any(placed):
+        yield
+        return
+    if all(list(p) == list(placed[0]) for p in placed):
+        where.update(workers=list(placed[0]), allow_other_workers=True)
+        yield
+        return
+    by_key = collections.defaultdict(list, {k: list(p) for k, p in zip(keys, placed, strict=True) if p})
+    with annotate(workers=by_key.__getitem__, allow_other_workers=True):
+        yield
 
 
 class Engine:
@@ -557,8 +582,8 @@ class Engine:
 
     def _submit(self, completed: Any, batches: list[list[int]], budget: float | None = None) -> None:
         assert self.link is not None
-        groups: dict[tuple[Any, ...], list[tuple[Any, bytes, list[Any]]]] = {}
-        wheres: dict[tuple[Any, ...], dict[str, Any]] = {}
+        groups: dict[bool, list[tuple[Any, bytes, list[Any]]]] = {}
+        placed: dict[bool, list[list[str]]] = {}
         items = self.job.plan.items
         for batch in batches:
             indices: Any = batch
@@ -574,19 +599,15 @@ class Engine:
                 error = TypeError(f"the item values cannot be sent to the workers: {e}")
                 self._fail(batch, worker.error_record(error))
                 continue
-            where = dict(self.link.submit_kwargs)
             # Where its input is (nothing moves, `worker/held.py`); a persisted item without one,
             # loosely on every worker that fits: Dask never queues a restricted task as a root
             # task, so the items reach the workers at once and run back to back (queued, each
             # waited for a scheduler round trip: 1.6 ms a tiny item, 0.6 ms so; RESULTS.md).
             holders = self._placement(deps) or (self.link.eligible if self.job.persist else [])
-            if holders:
-                where.update(workers=holders, allow_other_workers=True)
-            group = (tuple(holders), bool(deps))
-            groups.setdefault(group, []).append((indices, blob, deps))
-            wheres[group] = where
-        for group, tasks in groups.items():
-            for future in self.submit_tasks(tasks, **wheres[group]):
+            groups.setdefault(bool(deps), []).append((indices, blob, deps))
+            placed.setdefault(bool(deps), []).append(holders)
+        for has_deps, tasks in groups.items():
+            for future in self.submit_tasks(tasks, placed=placed[has_deps], **self.link.submit_kwargs):
                 if future is not None:
                     completed.add(future)
 
@@ -800,7 +821,9 @@ class Engine:
         """
         return self.submit_tasks([(indices, blob, list(_deps))], **where)[0]
 
-    def submit_tasks(self, tasks: Sequence[tuple[Any, bytes, list[Any]]], **where: Any) -> list[Any | None]:
+    def submit_tasks(
+        self, tasks: Sequence[tuple[Any, bytes, list[Any]]], placed: Sequence[Sequence[str]] = (), **where: Any
+    ) -> list[Any | None]:
         """Submit tasks, each running the items of one batch, in one message to the scheduler.
 
         A task is `worker.run_batch`, or `held.run_batch_held` for a run that persists or
@@ -814,6 +837,9 @@ class Engine:
             Per task: the items it runs (a list, or a `range` when consecutive), the pickled
             batch ``(indices, items, budget)``, and the futures of the handles in its items
             (after those captured by name); all with deps, or all without.
+        placed : sequence of sequence of str
+            Per task, the workers it should run on, loosely (Dask may run it elsewhere, and
+            moves its inputs there); an empty one, or none at all: anywhere.
         **where : Any
             Dask's submit keywords, for every one of them: ``workers``,
             ``allow_other_workers``, resources.
@@ -848,9 +874,10 @@ class Engine:
                 for key in keys:
                     self._inbox.expect(key)  # before the task can run: its report may come first
             # One `client.map`: one graph message, however many tasks (the function is the
-            # same for all: `loadable.task`'s).
+            # same for all: `loadable.task`'s) and however many workers they are bound for.
             columns = zip(*(c[1:] for c in calls), strict=True)
-            made = self.client.map(calls[0][0], *columns, key=keys, pure=False, **where)
+            with _placing(keys, placed, where):
+                made = self.client.map(calls[0][0], *columns, key=keys, pure=False, **where)
             for future, (indices, _, _) in zip(made, tasks, strict=True):
                 self._alone = None if self._pending else future
                 self._pending[future] = indices
