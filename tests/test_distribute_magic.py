@@ -22,6 +22,7 @@ def _on_the_shared_cluster(shell: InteractiveShell, cluster: Any) -> None:
 
 def test_cell_runs_per_item_with_notebook_names_and_is_the_output(shell: InteractiveShell) -> None:
     cell(shell, "factor = 3\ndef scale(v):\n    return v * factor")
+    shell.user_ns.pop("res", None)  # the shell is IPython's one instance: an earlier test's name
     out = cell(shell, '%%distribute --over "x in range(4)"\nscale(x) + 1')
     assert isinstance(out, Results) and list(out) == [1, 4, 7, 10]
     assert shell.user_ns["_"] is out  # the cell's Out, like any cell value

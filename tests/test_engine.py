@@ -163,3 +163,31 @@ def test_a_misleading_first_item_costs_one_time_budget_not_a_long_batch(cluster:
     for key in res:
         per_batch[key] = per_batch.get(key, 0) + 1
     assert max(per_batch.values()) <= 3, per_batch  # 3 x 0.1 s passes the 0.25 s budget
+
+
+def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
+    cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A small batch's result comes with the worker's push (`worker/push.py`), which saves the
+    # cell a gather after its last item; a large one, or one whose push never came, is
+    # gathered as before. Either way every value arrives, in order.
+    gathers: list[int] = []
+    real = type(cluster.client).gather
+
+    def counting(self: Any, futures: Any, *args: Any, **kwargs: Any) -> Any:
+        gathers.append(len(futures))
+        return real(self, futures, *args, **kwargs)
+
+    monkeypatch.setattr(type(cluster.client), "gather", counting)
+    assert list(distribute(lambda x: x * 2, over=range(8))) == [x * 2 for x in range(8)]
+    assert gathers == [], "the small results should have come with their pushes"
+    big = distribute(lambda x: bytes([x]) * 20_000, over=range(4))
+    assert [len(v) for v in big] == [20_000] * 4 and big[3][0] == 3
+    assert sum(gathers) >= 1, "results over push.LARGEST are gathered"
+
+    from nbcluster.distribute import reports
+
+    gathers.clear()
+    monkeypatch.setattr(reports.Inbox, "take", lambda self, key, timeout: None)  # every push lost
+    assert list(distribute(lambda x: x + 1, over=range(8))) == list(range(1, 9))
+    assert sum(gathers) >= 1

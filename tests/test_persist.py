@@ -336,7 +336,7 @@ def test_cancel_of_a_persisted_run_keeps_what_finished_and_leaves_nothing_runnin
 
 
 def test_a_persisted_items_large_output_still_reaches_the_cell(pc: ClusterHandle) -> None:
-    # A report larger than held.LARGEST is not pushed as an event: the kernel reads it from the
+    # A report larger than push.LARGEST is not pushed as an event: the kernel reads it from the
     # worker that kept it (from its holder for a value; from every worker for an item that
     # raised, whose task holds nothing).
     source = 'print("x" * 20_000)\nif i == 1:\n    raise ValueError("no")\n[i]'

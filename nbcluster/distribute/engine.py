@@ -408,7 +408,7 @@ class Engine:
         self.state.add_done_callback(self.job.forget_handles)
         self.token = f"{self.run_id}-{self._starts}"
         self._stopping = False
-        if self.job.persist and self._inbox is None and self.client is not None:
+        if self._inbox is None and self.client is not None:
             self._inbox = reports.inbox(self.client)
         self.stop_sent.clear()
         name = f"nbcluster-distribute-{self.run_id}"
@@ -512,7 +512,14 @@ class Engine:
                 self._idle.set()
             if self._reports and self.client is not None:
                 self._report(0, 0.0)  # nothing held back any more
+            self._forget_pushes()
             self.state.end()
+
+    def _forget_pushes(self) -> None:
+        """Stop expecting pushes for this run's tasks (those cancelled or withdrawn never come)."""
+        if self._inbox is not None:
+            for prefix in ("persist", "distribute"):
+                self._inbox.forget(f"{prefix}-{self.run_id}-")
 
     def _results(self, done: list[Any]) -> list[Any]:
         """The result blobs of the finished batches in `done`, fetched in one gather.
@@ -521,16 +528,21 @@ class Engine:
         results of a cell of 8 items took 8 gathers, each a request to the scheduler and one
         from it to a worker; the scheduler's sends were a fifth of its time (py-spy). A batch
         that did not finish gives its exception instead, and so does one whose gather failed
-        (`_outcome`, asked alone). A `--persist` run gathers nothing: its values stay where
-        they are, and only their reports are read (`_held_report`).
+        (`_outcome`, asked alone). A small blob was pushed by its worker ahead of its task's
+        end (`worker/push.py`) and needs no gather at all. A `--persist` run gathers nothing:
+        its values stay where they are, and only their reports are read (`_held_report`).
         """
         if self.job.persist:
             return [None] * len(done)
         finished = [f for f in done if f.status == "finished"]
         got: dict[int, Any] = {}
-        if finished:
+        if self._inbox is not None:  # pushed by the worker ahead of the task's end (`worker/push.py`)
+            for f in finished:
+                if (pushed := self._inbox.take(str(f.key), 0.0)) is not None:
+                    got[id(f)] = pushed
+        if fetch := [f for f in finished if id(f) not in got]:
             with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
-                got = {id(f): blob for f, blob in zip(finished, self.client.gather(finished), strict=True)}
+                got.update({id(f): blob for f, blob in zip(fetch, self.client.gather(fetch), strict=True)})
         return [got[id(f)] if id(f) in got else _outcome(f) for f in done]
 
     def _settle(self, future: Any, result: Any, backlog: _Backlog) -> bool:
@@ -870,9 +882,9 @@ class Engine:
             if self._stopping:
                 return [None] * len(calls)
             keys = [f"{prefix}-{self.run_id}-{next(self._seq)}" for _ in calls]
-            if job.persist and self._inbox is not None:
+            if self._inbox is not None:
                 for key in keys:
-                    self._inbox.expect(key)  # before the task can run: its report may come first
+                    self._inbox.expect(key)  # before the task can run: its push may come first
             # One `client.map`: one graph message, however many tasks (the function is the
             # same for all: `loadable.task`'s) and however many workers they are bound for.
             columns = zip(*(c[1:] for c in calls), strict=True)
@@ -920,7 +932,7 @@ class Engine:
         """
         with self._lock:
             batch = self._pending.pop(future, None)
-        result = None if self.job.persist else _outcome(future)
+        [result] = self._results([future])
         retry = [] if batch is None else self._handle(future, result, batch)[0]
         with self._lock:
             if not self._pending:
@@ -953,8 +965,7 @@ class Engine:
     def finish(self) -> None:
         """The start is over: nothing is out, the state ends."""
         self._idle.set()
-        if self._inbox is not None:
-            self._inbox.forget(f"persist-{self.run_id}-")
+        self._forget_pushes()
         self.state.end()
 
 

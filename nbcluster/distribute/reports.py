@@ -12,7 +12,7 @@ stream as its task-finished message, and the scheduler forwards both to the clie
 order: by the time the kernel sees the batch done, its report is in this module's `Inbox`.
 Nothing depends on that. `Inbox.take` waits a moment for a report that is late, and without
 one the engine reads it the old way, so a worker or scheduler of another nbcluster version,
-a report over `held.LARGEST` bytes, or a lost event costs a round trip, never a result.
+a report over `push.LARGEST` bytes, or a lost event costs a round trip, never a result.
 
 The scheduler keeps the last events of a topic (`distributed.admin.low-level-log-length`,
 1,000 by default), which is why a report travels this way only when it is small.
@@ -28,7 +28,7 @@ import threading
 import weakref
 from typing import Any
 
-from nbcluster.distribute.worker.held import TOPIC
+from nbcluster.distribute.worker.push import TOPIC
 
 
 class Inbox:

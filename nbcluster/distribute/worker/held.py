@@ -11,7 +11,7 @@ report is out, so that its key never holds anything that looks like a result.
 
 The kernel never gathers the value. What it needs, the item's *report* (its error or output,
 its time, and a `HeldValue` description of the value, made here where the value is), is
-pushed to it as a Dask event before the task ends (`_push`, `distribute/reports.py`), and
+pushed to it as a Dask event before the task ends (`push.py`, `distribute/reports.py`), and
 kept in this process as well (`_KEPT`, a few MB at most, the oldest dropped first). Where
 the event did not come the kernel reads the kept report in the worker's event loop
 (`report_of`; a task would wait for the worker's thread, which is already running the next
@@ -44,6 +44,7 @@ from nbcluster.distribute.worker import output, stopping
 from nbcluster.distribute.worker.context import load
 from nbcluster.distribute.worker.items import dump_result, run_items
 from nbcluster.distribute.worker.objects import address, fetch, ran_on
+from nbcluster.distribute.worker.push import push
 from nbcluster.distribute.worker.records import error_record
 from nbcluster.errors import Lost, NotRecomputed
 
@@ -51,11 +52,6 @@ if TYPE_CHECKING:
     from nbcluster._wire import HeldValue
 
 
-#: The Dask event topic a persisted item's report is pushed on (`distribute/reports.py`).
-TOPIC = "nbcluster-held-report"
-#: Reports larger than this (bytes) are not pushed, only read from the worker: the scheduler
-#: keeps a topic's last events, and these must stay small there.
-LARGEST = 8_192
 #: Bytes of reports this process keeps for `report_of`, the newest ones (the latest always).
 KEEP_BYTES = 16_000_000
 
@@ -125,7 +121,9 @@ def run_batch_held(
     result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
     result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
     if not keep:
-        return dump_result(result)
+        blob = dump_result(result)
+        push(blob)
+        return blob
     values = result["values"]
     result["values"] = [None] * len(values)
     result["held"] = [describe(v) for v in values]
@@ -138,12 +136,11 @@ def run_batch_held(
 
 
 def _report(report: bytes) -> None:
-    """Send this task's report to the kernel as a Dask event, and keep it for `report_of`."""
+    """Keep this task's report for `report_of`, and push it to the kernel (`push.py`)."""
     try:
         from distributed import get_worker
 
-        dask_worker = get_worker()
-        key = dask_worker.get_current_task()
+        key = get_worker().get_current_task()
     except ValueError:  # not in a Dask worker's task (a test calling the task directly)
         return
     if key is None:
@@ -153,8 +150,7 @@ def _report(report: bytes) -> None:
         _KEPT[str(key)] = report
         while _KEPT_BYTES[0] > KEEP_BYTES and len(_KEPT) > 1:
             _KEPT_BYTES[0] -= len(_KEPT.popitem(last=False)[1])
-    if len(report) <= LARGEST:
-        dask_worker.log_event(TOPIC, {"key": str(key), "report": report})
+    push(report)
 
 
 def fill(item: Any, deps: tuple[Any, ...]) -> Any:
