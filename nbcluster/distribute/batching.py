@@ -7,13 +7,17 @@ alone at the end. The policy:
 
 1. **Probe cheaply.** Until an item time has been measured, the very first batch is one
    item, so the first result arrives one item's duration after the start whatever the
-   other items do (an item that blocks, or takes an hour, right behind it). The other
-   free slots (`in-flight` per thread) share the rest of the items out, up to `PROBE_ITEMS`
-   each, with a budget of `PROBE_S`: a worker stops after the first item that ends past the
-   budget, so an item slower than 5 ms comes back alone; tiny items come back by the
-   thousand from the same round trip. An 8-item cell of tiny items is one
-   round of tasks, not two (one item per task, then the rest), and 20,000 tiny items
-   on 2 threads need no second round either.
+   other items do (an item that blocks, or takes an hour, right behind it). Then one probe
+   per thread shares the rest of the items out, up to `PROBE_ITEMS` each, with a budget of
+   `PROBE_S`: a worker stops after the first item that ends past the budget, so an item
+   slower than 50 ms comes back alone; tiny items come back by the thousand from the same
+   round trip. An 8-item cell of tiny items is one round of tasks, not two (one item per
+   task, then the rest), and 20,000 tiny items on 2 threads need no second round either.
+   (With 5 ms they did, on this loaded 2-core machine where such an item takes 2 us: a
+   round trip of 15 to 40 ms more; 20,000 tiny items took 84 ms with 5 ms, 66 ms with 20 ms
+   and 59 ms with 50 ms, medians of 15 in turns. And a probe for each free slot, two per
+   thread, gave the thread that did not run the first item two probes, twice the other's
+   work.)
 2. **Size from measurements.** After that a batch is sized from the mean time per item
    measured on the workers so far, `t` (the time spent in the items only, not in loading
    the cell), like guided self-scheduling:
@@ -22,7 +26,9 @@ alone at the end. The policy:
 
    big batches while plenty of work is left (per-task cost well under a microsecond per
    tiny item), short ones (`min_batch`, 50 ms of work) at the end, `max_batch` (250 ms)
-   of work at most.
+   of work at most. But never more than a thread's share of what is left (down to
+   `SPLIT_S`, 5 ms of work): 20,000 tiny items used to end in one batch of 24 ms on one
+   worker while the other waited, since all that was left came to less than `min_batch`.
 3. **A time budget, not trust.** An estimate from a single item can be wrong (a first
    call that was quick, a cache that was warm). So every sized batch also carries a
    budget of `max_batch` seconds: the worker stops between items once it is spent and
@@ -31,11 +37,11 @@ alone at the end. The policy:
    (one item, then everything), which matters on a loaded machine where a round trip
    takes tens of milliseconds.
 
-Worked example, 2 threads, 400 items of 10 ms: item 0 alone, and three probes of 133
-items, each returning after its first item (10 ms, past the probe budget), then 25
+Worked example, 2 threads, 400 items of 10 ms: item 0 alone, and two probes of 200 and
+199 items, each returning after its fifth item (50 ms, the probe budget), then 25
 (0.25 s) while more than 200 items are left, shrinking to 5 (0.05 s) at the end. 20,000
-tiny items (1 us): item 0, then three probes of 6,667 items (two in flight per thread),
-each done in a few ms: one round.
+tiny items (1 us): item 0, then two probes of 10,000 and 9,999 items, each done in 10-25 ms:
+one round.
 
 A fixed `--batch N` bypasses all of this: N items a batch, and no budget.
 """
@@ -46,8 +52,9 @@ import math
 
 from nbcluster import config
 
-PROBE_S = 0.005  # a probe returns after the first item that ends past this: a few ms, below a round trip
+PROBE_S = 0.05  # a probe returns after the first item that ends past this: the smallest sized batch's work
 PROBE_ITEMS = 10_000  # at most this many items in a probe: sent back unrun if the items are slow
+SPLIT_S = 0.005  # the least work worth a task of its own when the tail is shared out
 
 
 class Batcher:
@@ -71,11 +78,11 @@ class Batcher:
     Examples
     --------
     Two threads, 400 items of 10 ms (the module docstring's worked example): one item first,
-    three probes share the rest, then batches are sized from the measured time.
+    a probe per thread shares the rest, then batches are sized from the measured time.
 
     >>> batcher = Batcher(2)
-    >>> batcher.next_size(400, free=4), batcher.next_size(399, free=3)
-    (1, 133)
+    >>> batcher.next_size(400, free=4), batcher.next_size(399, free=3), batcher.next_size(199, free=2)
+    (1, 200, 199)
     >>> batcher.observe(4, 0.04)
     >>> batcher.next_size(396), batcher.next_size(30)
     (25, 5)
@@ -97,6 +104,7 @@ class Batcher:
         self.items = 0  # items measured
         self.seconds = 0.0  # their total time on the workers
         self._first = True  # the run's first batch is still to be sized: it gets one item
+        self._probes = self.threads  # probes still to share out the items: one per thread
 
     @classmethod
     def from_config(cls, threads: int, fixed: int | None = None) -> Batcher:
@@ -173,9 +181,14 @@ class Batcher:
             if self._first:
                 self._first = False
                 return 1
-            return max(1, min(PROBE_ITEMS, math.ceil(remaining / max(free, 1))))
+            probes = max(1, min(free, self._probes))
+            self._probes = max(1, self._probes - 1)
+            return max(1, min(PROBE_ITEMS, math.ceil(remaining / probes)))
         t = max(t, 1e-9) * (1 + 1e-9)  # a mean of 0.00999999 s is 10 ms: no 6 where 5 fits
         lo = max(1, math.ceil(self.min_batch / t))
         hi = max(lo, math.ceil(self.max_batch / t))
         size = max(lo, min(hi, math.ceil(remaining / (4 * self.threads))))
-        return max(1, min(size, remaining))
+        # The tail: where `min_batch` would give one thread all that is left while the others
+        # wait, share it out, as long as each share is still worth a task.
+        share = max(math.ceil(remaining / self.threads), math.ceil(SPLIT_S / t))
+        return max(1, min(size, share, remaining))
