@@ -108,6 +108,19 @@ def test_plans_over_grid_zip() -> None:
     assert plan(evaluate=evaluate({})).mode == "once"
 
 
+
+def test_a_range_stays_a_range() -> None:
+    # A million ints are 36 MB as a list, in the kernel and pickled into every batch; a range
+    # (and each batch's slice of it) is a few bytes.
+    import pickle
+
+    p = plan(over="x in range(10**7)", evaluate=evaluate({}))
+    assert isinstance(p.items, range) and len(p) == 10**7 and p.params(10**7 - 1) == {"x": 10**7 - 1}
+    assert len(pickle.dumps(p.items[5_000:15_000])) < 100
+    assert isinstance(plan(over=range(3), evaluate=evaluate({})).items, range)  # distribute(fn, over=range(3))
+    with pytest.raises(BadArgument, match="is empty"):
+        plan(over="x in range(0)", evaluate=evaluate({}))
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -601,7 +601,10 @@ class Engine:
             indices: Any = batch
             if batch and batch[-1] - batch[0] == len(batch) - 1:
                 indices = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
-            chosen = [items[i] for i in batch]
+            if isinstance(items, range) and isinstance(indices, range):
+                chosen: Sequence[Any] = items[indices.start : indices.stop]  # a range: a few bytes
+            else:
+                chosen = [items[i] for i in batch]
             deps: list[Any] = []
             if self.job.reads_handles:
                 chosen, deps = held_slots(chosen, len(self.job.capture.held))
@@ -795,7 +798,7 @@ class Engine:
 
     # -- the tasks a strategy drives (everywhere.Tasks) ---------------------------------------
     @property
-    def items(self) -> list[Any]:
+    def items(self) -> Sequence[Any]:
         """The plan's items (for ``--everywhere``: the workers' addresses)."""
         return self.job.plan.items
 

@@ -11,6 +11,7 @@ workers still there are read, and the item of a departed one is failed.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import cloudpickle
@@ -28,7 +29,7 @@ class Tasks(Protocol):
         """The cluster's Dask client, to read which workers are still there."""
 
     @property
-    def items(self) -> list[Any]:
+    def items(self) -> Sequence[Any]:
         """The plan's items: worker addresses."""
 
     @property

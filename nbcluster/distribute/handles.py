@@ -541,7 +541,7 @@ def check(values: Iterable[Any], client: Any = None) -> None:
             )
 
 
-def held_slots(items: list[Any], first: int) -> tuple[list[Any], list[Any]]:
+def held_slots(items: Sequence[Any], first: int) -> tuple[list[Any], list[Any]]:
     """Items with each handle replaced by a `Slot` (from `first` on), and the futures they stand for.
 
     Parameters
@@ -571,7 +571,7 @@ def held_slots(items: list[Any], first: int) -> tuple[list[Any], list[Any]]:
     return out, futures
 
 
-def made_where(items: list[Any]) -> tuple[dict[str, list[str]], list[Any]]:
+def made_where(items: Sequence[Any]) -> tuple[dict[str, list[str]], list[Any]]:
     """Where the handles in `items` were made, by key; and the futures of those not known.
 
     Parameters

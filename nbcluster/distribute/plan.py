@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ class Plan:
     """What to run: item values and the names each binds."""
 
     mode: str  # "over", "grid", "zip", "once", "everywhere"
-    items: list[Any]
+    items: Sequence[Any]  # a list, or a range kept as it is (a million ints are 36 MB as a list)
     names: tuple[str, ...] = ()
     target: str = ""  # for "over": the target as written ("x", "a, b")
     positional: bool = False  # for "over" with an iterable and a function: fn(item)
@@ -212,7 +212,7 @@ def _target_names(node: ast.expr) -> list[str] | None:
 
 def _named_lists(
     spec: Any, flag: str, evaluate: Callable[[str, str], Any]
-) -> tuple[tuple[str, ...], list[list[Any]]]:
+) -> tuple[tuple[str, ...], list[Sequence[Any]]]:
     example = f'e.g. --{flag} "lr=[0.1, 0.01], depth=[3, 5]"'
     if isinstance(spec, Mapping):
         pairs = [(str(k), v) for k, v in spec.items()]
@@ -247,9 +247,9 @@ def _named_lists(
     return tuple(n for n, _ in pairs), lists
 
 
-def _materialize(values: Any, flag: str, what: str) -> list[Any]:
+def _materialize(values: Any, flag: str, what: str) -> Sequence[Any]:
     try:
-        items = list(values)
+        items = values if isinstance(values, range) else list(values)
     except TypeError:
         raise BadArgument(f"--{flag}: {what} is not iterable (it is {_a(type(values).__name__)})") from None
     if not items:

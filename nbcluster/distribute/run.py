@@ -289,6 +289,8 @@ def _capture(
 def _handles_read(items: Plan, captured: Capture) -> list[Any]:
     """Every handle the run reads: in its items (one tuple level deep) and captured by name."""
     found = list(captured.held.values())
+    if isinstance(items.items, range):
+        return found
     # The types first, at C speed (~20 ns an item): items are walked only where a handle is.
     kinds = set(map(type, items.items))
     if tuple in kinds:
