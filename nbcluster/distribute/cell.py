@@ -44,11 +44,15 @@ _BUILTINS = frozenset(dir(builtins))
 
 @dataclass
 class Cell:
-    """A parsed cell: `body` runs, then `last` (if any) is evaluated for the item's value."""
+    """A parsed cell: `body` runs, then `last` (if any) is evaluated for the item's value.
+
+    `body` is None for a cell that is one expression: running an empty code object cost as
+    much as evaluating `x + 1` (0.4 us an item, half a tiny item's time on the worker).
+    """
 
     source: str  # padded so that line numbers match the notebook
     filename: str
-    body: CodeType
+    body: CodeType | None
     last: CodeType | None
     immediate: dict[str, int] = field(default_factory=dict)  # name -> first line read
     deferred: set[str] = field(default_factory=set)
@@ -101,7 +105,7 @@ class Cell:
             tree.body.pop()
             expr = ast.Expression(tail.value)
             last = compile(expr, filename, "eval")
-        body = compile(tree, filename, "exec")
+        body = compile(tree, filename, "exec") if tree.body else None
         walker = _FreeNames()
         walker.run(tree.body + ([expr.body] if last is not None else []))
         register_source(filename, padded)

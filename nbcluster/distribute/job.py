@@ -153,7 +153,7 @@ class Job:
             return {
                 "filename": self.cell.filename,
                 "source": self.cell.source,
-                "body": marshal.dumps(self.cell.body),
+                "body": None if self.cell.body is None else marshal.dumps(self.cell.body),
                 "last": None if last is None else marshal.dumps(last),
             }
         try:

@@ -53,7 +53,8 @@ class Context:
             linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
             # marshal, not cloudpickle: cloudpickle renames every code object's file to
             # "<dynamic-code>", and the cell's filename is what maps tracebacks to cell lines.
-            self.body = spec["body"] if isinstance(spec["body"], CodeType) else marshal.loads(spec["body"])
+            body = spec["body"]  # None for a cell that is one expression
+            self.body = marshal.loads(body) if isinstance(body, bytes) else body
             last = spec["last"]
             self.last = marshal.loads(last) if isinstance(last, bytes) else last
             if self.unpacks and self.mode == "over":

@@ -12,8 +12,10 @@ tasks): treat them as read-only.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -82,6 +84,7 @@ def run_items(
     outputs: dict[int, list[list[Any]]] = {}
     if capture:
         output.collect(outputs)
+    run_one = _runner(context, base)
     started = checked = time.perf_counter()
     done = 0
     stopped = False
@@ -93,7 +96,7 @@ def run_items(
             index = indices[j]
             output.at(index)
             try:
-                values[j] = _run_one(context, base, item, index)
+                values[j] = run_one(item, index)
             except KeyboardInterrupt:
                 raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
             except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
@@ -118,6 +121,24 @@ def run_items(
         "seconds": time.perf_counter() - started,
         "stopped": stopped and done < len(items),
     }
+
+
+def _runner(context: Context, base: dict[str, Any]) -> Callable[[Any, int], Any]:
+    """What runs one item: `_run_one`, or for the commonest cell (one name, no seed) the same
+    steps without looking up the context's fields again for every item (a fifth of a tiny
+    item's time)."""
+    if context.kind == "cell" and context.mode == "over" and context.bind is None and context.seed is None:
+        name, body, last = context.names[0], context.body, context.last
+
+        def run_cell(item: Any, index: int) -> Any:
+            ns = dict(base)
+            ns[name] = item
+            if body is not None:
+                exec(body, ns)
+            return eval(last, ns) if last is not None else None
+
+        return run_cell
+    return functools.partial(_run_one, context, base)
 
 
 def _run_one(context: Context, base: dict[str, Any], item: Any, index: int) -> Any:
@@ -145,8 +166,8 @@ def _run_one(context: Context, base: dict[str, Any], item: Any, index: int) -> A
         ns.update(zip(context.names, item, strict=True))
     if seed is not None:
         ns["seed"] = seed
-    assert context.body is not None  # set for every "cell" context
-    exec(context.body, ns)
+    if context.body is not None:  # None: the cell is one expression
+        exec(context.body, ns)
     return eval(context.last, ns) if context.last is not None else None
 
 
