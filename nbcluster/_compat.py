@@ -247,14 +247,31 @@ async def _run_on_holder(key: str, function: bytes, args: bytes, dask_scheduler:
     return await dask_scheduler.rpc(address).run(function=function, args=args)
 
 
-#: How soon a client's messages go to the scheduler: Dask's client batches them for 10 ms,
-#: tuned for big graphs; an interactive cell waits that long for each top-up, and the
-#: scheduler answers within its own 2 ms (`scheduler.py`'s client streams).
-SEND_INTERVAL_S = 0.002
+#: How long a Dask stream nbcluster set up holds messages back after a write (see
+#: `cluster/streams.py`): Dask's are 2 to 10 ms, tuned for big graphs and many workers; an
+#: interactive cell waited them out on every hop.
+SEND_INTERVAL_S = 0.0
+
+
+def send_at_once(stream: Any, interval: float = SEND_INTERVAL_S) -> None:
+    """Let a Dask `BatchedSend` hold messages back for `interval` seconds at most after a write.
+
+    What arrives while a write is under way still goes out together in the next one.
+
+    Parameters
+    ----------
+    stream : distributed.batched.BatchedSend or None
+        The stream (a scheduler's ``stream_comms`` or ``client_comms`` value, a worker's
+        ``batched_stream``, a client's ``scheduler_comm``); None is left alone.
+    interval : float
+        Seconds.
+    """
+    if stream is not None and hasattr(stream, "interval"):
+        stream.interval = interval
 
 
 def quick_sends(client: Client, interval: float = SEND_INTERVAL_S) -> None:
-    """Let `client` send its batched messages to the scheduler every `interval` seconds.
+    """Let `client` send its batched messages to the scheduler within `interval` seconds.
 
     A client that reconnects makes its stream afresh, with Dask's 10 ms again: slower, not
     wrong.
@@ -266,9 +283,47 @@ def quick_sends(client: Client, interval: float = SEND_INTERVAL_S) -> None:
     interval : float
         Seconds between two sends at most.
     """
-    comm = getattr(client, "scheduler_comm", None)
-    if comm is not None and hasattr(comm, "interval"):
-        comm.interval = interval
+    send_at_once(getattr(client, "scheduler_comm", None), interval)
+
+
+def scheduler_streams(scheduler: Any, worker: str | None = None, client: str | None = None) -> list[Any]:
+    """A scheduler's batched streams: to `worker`, to `client`, or (neither given) all of them.
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+        The scheduler (in this process).
+    worker : str, optional
+        A worker's address.
+    client : str, optional
+        A client's id.
+
+    Returns
+    -------
+    list of distributed.batched.BatchedSend
+        Those that exist now.
+    """
+    workers, clients = getattr(scheduler, "stream_comms", {}), getattr(scheduler, "client_comms", {})
+    if worker is None and client is None:
+        return [*workers.values(), *clients.values()]
+    found = [workers.get(worker), clients.get(client)]
+    return [s for s in found if s is not None]
+
+
+def worker_stream(worker: Any) -> Any | None:
+    """A worker's batched stream to its scheduler (None if it has none).
+
+    Parameters
+    ----------
+    worker : distributed.Worker
+        The worker (in this process).
+
+    Returns
+    -------
+    distributed.batched.BatchedSend or None
+        Its stream.
+    """
+    return getattr(worker, "batched_stream", None)
 
 
 def nested_task(fn: Any, *args: Any) -> Any:

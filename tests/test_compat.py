@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from distributed import Client, LocalCluster, default_client
@@ -148,3 +149,32 @@ def test_nested_task_runs_first_inside_the_task_that_takes_it(local: tuple[Local
     _, client = local
     dep = client.submit(int, "4")
     assert client.submit(pow, _compat.nested_task(int, "2"), dep, pure=False).result(timeout=10) == 16
+
+
+def test_the_streams_of_a_scheduler_and_a_worker_can_send_at_once(local: tuple[LocalCluster, Client]) -> None:
+    # cluster/streams.py sets these on the schedulers and local workers nbcluster starts.
+    cluster, client = local
+    [worker] = cluster.workers.values()
+    streams = _compat.scheduler_streams(cluster.scheduler)
+    assert len(streams) == 2  # one worker, one client
+    assert [s.interval for s in streams] == [pytest.approx(0.005), pytest.approx(0.002)]  # Dask's own
+    address = next(iter(cluster.scheduler.workers))
+    assert _compat.scheduler_streams(cluster.scheduler, worker=address) == streams[:1]
+    stream = _compat.worker_stream(worker)
+    assert stream is not None and stream.interval == pytest.approx(0.002)
+    for s in [*streams, stream]:
+        _compat.send_at_once(s)
+    assert [s.interval for s in [*streams, stream]] == [0.0, 0.0, 0.0]
+    assert client.submit(int, "5").result(timeout=10) == 5  # and the streams still carry messages
+
+
+def test_a_started_cluster_sends_at_once_on_every_stream(cluster: Any) -> None:
+    # What cluster/streams.py installs: Dask's 2-10 ms of holding back, on every hop, is gone.
+    from nbcluster._compat import scheduler_streams, worker_stream
+
+    def on_scheduler(dask_scheduler: Any) -> list[float]:
+        return [s.interval for s in scheduler_streams(dask_scheduler)]
+
+    assert set(cluster.client.run_on_scheduler(on_scheduler)) == {0.0}
+    assert set(cluster.client.run(lambda dask_worker: worker_stream(dask_worker).interval).values()) == {0.0}
+    assert cluster.client.scheduler_comm.interval == 0.0

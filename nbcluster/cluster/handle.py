@@ -431,7 +431,7 @@ class ClusterHandle:
                 self._client = Client(
                     self.address, security=self.security, set_as_default=False, timeout=connect_timeout()
                 )
-                quick_sends(self._client)  # a cell's batches reach the scheduler within 2 ms, not 10
+                quick_sends(self._client)  # a cell's batches go to the scheduler at once (cluster/streams.py)
             except (OSError, asyncio.TimeoutError):
                 raise ClusterUnreachable(
                     f"cannot connect a Dask client to {self.address}: is the cluster still running? "

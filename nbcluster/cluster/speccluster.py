@@ -35,6 +35,7 @@ from nbcluster.cluster.gpu import GPU, SIMULATE_ENV
 from nbcluster.cluster.kinds import GPU_RESOURCE, check_kind, worker_kind
 from nbcluster.cluster.private_http import PrivateScheduler, PrivateWorker
 from nbcluster.cluster.spec import ClusterSpec, parse_bounds
+from nbcluster.cluster.streams import WorkerStream
 from nbcluster.cluster.worker_memory import MemoryTrim
 from nbcluster.errors import BadArgument
 
@@ -110,7 +111,7 @@ class NbSpecCluster(SpecCluster):
             "dashboard": False,
             "worker_class": PrivateWorker,
             # Gives back what the heap keeps for reuse (see worker_memory.py).
-            "plugins": (MemoryTrim(config.seconds("worker.trim-interval")),),
+            "plugins": (MemoryTrim(config.seconds("worker.trim-interval")), WorkerStream()),
         }
 
     def _gpu_spec(self, device: GPU) -> dict[str, Any]:

@@ -85,6 +85,7 @@ from nbcluster.cluster.credentials import write_credentials
 from nbcluster.cluster.info import identity_rows, worker_row
 from nbcluster.cluster.lifeline import GRACE_S, Lifeline, kill_descendants
 from nbcluster.cluster.spec import DEFAULT_NAME, ClusterSpec, parse_count
+from nbcluster.cluster.streams import SchedulerStreams
 from nbcluster.errors import NbclusterError
 from nbcluster.metrics.basic import basic_snapshot
 
@@ -492,7 +493,7 @@ class _Supervision:
         await d.start()
         control = Control(d, self.entry, self.stop)
         if d.scheduler is not None:
-            for plugin in (ControlPlugin(control), _load_metrics_plugin()):
+            for plugin in (ControlPlugin(control), SchedulerStreams(), _load_metrics_plugin()):
                 if plugin is not None:
                     # add_plugin on a running scheduler does not call start(); we must.
                     d.scheduler.add_plugin(plugin)
