@@ -724,7 +724,7 @@ def create(identity: str, total: int, first_line: str, *, cluster: str | None = 
     path = base / f"{identity}-{int(started * 1000)}-{os.getpid()}{SUFFIX}"
     try:
         _ensure_folder(base)
-        prune(_size("journal.max-size"), base)
+        _prune_now_and_then(_size("journal.max-size"), base)
         fd = _lock(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
         header: Header = {
             "format": FORMAT, "nbcluster": _version(), "identity": identity, "total": total,
@@ -744,6 +744,21 @@ def create(identity: str, total: int, first_line: str, *, cluster: str | None = 
               "(--resume cannot pick it up)", file=sys.stderr)  # fmt: skip
         return None
     return Writer(path, fd, _size("journal.max-item-size"))
+
+
+#: A process prunes a folder at most this often (seconds): pruning lists and stats every
+#: journal there, which took 1.3 ms of every small cell with 30 journals, and journals grow
+#: only by what runs write meanwhile.
+PRUNE_S = 30.0
+_PRUNED: dict[tuple[Path, int], float] = {}  # (folder, limit) -> when this process last pruned it
+
+
+def _prune_now_and_then(limit: int, base: Path) -> None:
+    now = time.monotonic()
+    last = _PRUNED.get((base, limit))
+    if last is None or now - last >= PRUNE_S:
+        _PRUNED[(base, limit)] = now
+        prune(limit, base)
 
 
 def claim(path: Path) -> Writer | None:
