@@ -8,6 +8,8 @@ check, for one, swallows errors by design).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from distributed import Client
@@ -144,6 +146,8 @@ def running_task_key() -> Any | None:
     """
     from dask.context import thread_state
 
+    if getattr(thread_state, "nbcluster_direct", False):  # a direct batch (`as_worker`): no task
+        return None
     return getattr(thread_state, "key", None)
 
 
@@ -344,3 +348,55 @@ def nested_task(fn: Any, *args: Any) -> Any:
     from dask._task_spec import Task
 
     return Task(None, fn, *args)
+
+
+@contextlib.contextmanager
+def as_worker(worker: Any, key: str) -> Iterator[None]:
+    """Within this block, this thread runs `key` for `worker`, as Dask's tasks do.
+
+    Dask sets a private context variable (`distributed.get_worker()`) and
+    ``thread_state.key`` for the tasks it runs; a batch nbcluster runs in the worker's
+    thread pool outside a task (`distribute/worker/direct.py`) sets them the same way, so an
+    item's own ``get_worker()``, ``get_client()`` and ``thread_state.key`` work there too.
+    `running_task_key` still answers None there: the worker has no task of that key.
+
+    Parameters
+    ----------
+    worker : distributed.Worker
+        The worker this thread works for.
+    key : str
+        The name of what it runs.
+
+    Yields
+    ------
+    None
+    """
+    from dask.context import thread_state
+    from distributed.worker import _worker_cvar
+
+    token = _worker_cvar.set(worker)
+    thread_state.key, thread_state.nbcluster_direct = key, True
+    try:
+        yield
+    finally:
+        del thread_state.key, thread_state.nbcluster_direct
+        _worker_cvar.reset(token)
+
+
+def worker_accepts_work(worker: Any) -> str | None:
+    """Why `worker` takes no work now (paused past its memory limit, closing), or None.
+
+    Parameters
+    ----------
+    worker : distributed.Worker
+        The worker (in this process).
+
+    Returns
+    -------
+    str or None
+        Its status's name when that is not ``running``; None when it is.
+    """
+    from distributed.core import Status
+
+    status = getattr(worker, "status", None)
+    return None if status == Status.running else str(getattr(status, "name", status))

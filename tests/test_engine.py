@@ -170,7 +170,9 @@ def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
 ) -> None:
     # A small batch's result comes with the worker's push (`worker/push.py`), which saves the
     # cell a gather after its last item; a large one, or one whose push never came, is
-    # gathered as before. Either way every value arrives, in order.
+    # gathered as before. Either way every value arrives, in order. (Batches that are Dask
+    # tasks: a direct batch's result comes with its answer, `test_direct`.)
+    monkeypatch.setitem(dask.config.config["nbcluster"]["distribute"], "direct", "0s")
     gathers: list[int] = []
     real = type(cluster.client).gather
 

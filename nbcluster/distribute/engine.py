@@ -98,7 +98,7 @@ from dask.base import annotate
 
 from nbcluster import config
 from nbcluster._compat import nanny_logs, run_on_holder
-from nbcluster.distribute import everywhere, loadable, reports, threads, worker
+from nbcluster.distribute import direct, everywhere, loadable, reports, threads, worker
 from nbcluster.distribute.batching import Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
 from nbcluster.distribute.handles import Handle, held_slots, made_where, publish
@@ -106,7 +106,7 @@ from nbcluster.distribute.job import Job
 from nbcluster.distribute.journal import Writer
 from nbcluster.distribute.journal import failure as journal_failure
 from nbcluster.distribute.state import RunState
-from nbcluster.distribute.target import Link
+from nbcluster.distribute.target import Link, Needs
 from nbcluster.distribute.worker import held
 from nbcluster.errors import ClusterUnreachable, WorkerKilled
 
@@ -185,6 +185,7 @@ class Engine:
         self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
         self._placed: dict[Any, list[str]] | None = None  # where the handles read were, once per start
+        self._direct: direct.Direct | None = None  # the running start's direct batches (`direct.py`)
 
     def journal_to(self, writer: Writer | None) -> None:
         """Append every batch delivered from now on to `writer`; each start's end closes it.
@@ -380,6 +381,9 @@ class Engine:
             futures = list(self._pending)
             self._pending.clear()
             completed = self._completed
+        # A direct batch cannot be cancelled: it was told the stop token, and its answer, if
+        # it still comes, is ignored.
+        futures = [f for f in futures if not isinstance(f, direct.Call)]
         if futures:
             self.client.cancel(futures, reason="interrupted from the notebook")
         if completed is not None:
@@ -444,6 +448,9 @@ class Engine:
             usable = None
         if usable is not None:
             backlog.resize(usable)
+            sending = self._direct
+            if sending is not None:
+                sending.abandon_lost(link.workers())
         if self._reports:
             self._report(backlog.held(), backlog.batcher.seconds_per_item)
 
@@ -482,16 +489,19 @@ class Engine:
         self.link.close()
 
     def _drive(self, indices: Sequence[int]) -> None:
-        from distributed import as_completed
-
         assert self.link is not None
         _quiet_rescheduling()
         backlog = _Backlog(indices, self.job, self.link.threads)
         self._placed = None
-        completed = as_completed(loop=self.client.loop, raise_errors=False)
+        completed = direct.Completions()
+        sending = None
+        job = self.job
+        if not (job.persist or job.reads_handles) and self.link.needs == Needs() and config.seconds("distribute.direct") > 0:
+            sending = direct.Direct(self.client, self.link.workers(), backlog.per_thread, completed)
         with self._lock:
             self._completed = completed
             self._backlog = backlog
+            self._direct = sending
         try:
             self._top_up(completed, backlog)
             going = True
@@ -509,6 +519,7 @@ class Engine:
             with self._lock:
                 self._completed = None
                 self._backlog = None
+                self._direct = None
                 self._idle.set()
             if self._reports and self.client is not None:
                 self._report(0, 0.0)  # nothing held back any more
@@ -534,8 +545,8 @@ class Engine:
         """
         if self.job.persist:
             return [None] * len(done)
-        finished = [f for f in done if f.status == "finished"]
-        got: dict[int, Any] = {}
+        got: dict[int, Any] = {id(f): f.answer for f in done if isinstance(f, direct.Call)}  # came with it
+        finished = [f for f in done if f.status == "finished" and id(f) not in got]
         if self._inbox is not None:  # pushed by the worker ahead of the task's end (`worker/push.py`)
             for f in finished:
                 if (pushed := self._inbox.take(str(f.key), 0.0)) is not None:
@@ -553,6 +564,14 @@ class Engine:
         if batch is None:
             return True  # cancelled on the scheduler: its items were given up
         assert self.link is not None
+        if isinstance(future, direct.Call) and future.status != "finished":
+            # Refused, or its worker died under it: nothing of it was delivered, so its items go
+            # through the scheduler now, once (not an attempt of theirs), and so does the rest.
+            if self._direct is not None:
+                self._direct.failed(future)
+            if not self._stopping:
+                backlog.put_back(list(batch))
+            return True
         # A batch that did not finish may have been cancelled by Dask with a dead cluster:
         # not the items' failure.
         gone = None if future.status == "finished" or self._stopping else self.link.gone()
@@ -614,6 +633,8 @@ class Engine:
                 error = TypeError(f"the item values cannot be sent to the workers: {e}")
                 self._fail(batch, worker.error_record(error))
                 continue
+            if not deps and self._send_direct(completed, indices, blob):
+                continue
             # Where its input is (nothing moves, `worker/held.py`); a persisted item without one,
             # loosely on every worker that fits: Dask never queues a restricted task as a root
             # task, so the items reach the workers at once and run back to back (queued, each
@@ -625,6 +646,23 @@ class Engine:
             for future in self.submit_tasks(tasks, placed=placed[has_deps], **self.link.submit_kwargs):
                 if future is not None:
                     completed.add(future)
+
+    def _send_direct(self, completed: direct.Completions, indices: Any, blob: bytes) -> bool:
+        """Send one batch to a worker directly (`direct.py`); False: it goes through the scheduler."""
+        sending = self._direct
+        address = sending.worker() if sending is not None else None
+        if sending is None or address is None:
+            return False
+        assert self.context is not None
+        with self._lock:
+            if self._stopping:
+                return True  # nothing more goes out: its items become cancelled
+            key = f"distribute-{self.run_id}-{next(self._seq)}"
+            call = sending.send(key, address, self.context, blob, self.token)
+            self._alone = None if self._pending else call
+            self._pending[call] = indices
+            self._idle.clear()
+        return True
 
     def _handle(
         self, future: Any, result: Any, indices: Any, backlog: _Backlog | None = None, *, alone: bool = True

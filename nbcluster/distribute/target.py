@@ -132,6 +132,17 @@ class Link:
             return max(1, sum(_ncores(self.client, 0.0).values()))
         return placement(self.needs, self.client.scheduler_info()["workers"])[1]
 
+    def workers(self) -> dict[str, int]:
+        """Every worker of the cluster and its threads, as the scheduler said within `FRESH_S`.
+
+        Returns
+        -------
+        dict of str to int
+            Threads by worker address (`usable_threads` has just asked, in a run's watch
+            thread).
+        """
+        return _ncores(self.open().client, FRESH_S)
+
     @property
     def eligible(self) -> list[str]:
         """The addresses of the workers that qualified when the link opened (within `FRESH_S`)."""

@@ -57,6 +57,7 @@ __all__ = [
     "error_record",
     "pin",
     "run_batch",
+    "run_blob",
     "run_items",
     "stop_run",
 ]
@@ -84,6 +85,28 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
         when a large value is held by no worker any more, or ``{"fatal": record}`` when the
         context cannot be loaded. It never raises for an item.
     """
+    blob = run_blob(context, batch, token)
+    push(blob)
+    return blob
+
+
+def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None = None) -> bytes:
+    """`run_batch` without the push: what a batch sent to the worker directly runs (`direct.py`).
+
+    Parameters
+    ----------
+    context : tuple of (str, bytes or None)
+        The cell's context, as for `run_batch`.
+    batch : bytes
+        The pickled ``(indices, items, budget)`` of this batch.
+    token : str, optional
+        The run's stop token.
+
+    Returns
+    -------
+    bytes
+        The cloudpickled result, as `run_batch` returns it.
+    """
     if stopping.stopped(token):  # queued before the stop: nothing to load or run
         return cloudpickle.dumps(
             {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True}
@@ -99,9 +122,7 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
     output.install()
     result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
     result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
-    blob = dump_result(result)
-    push(blob)
-    return blob
+    return dump_result(result)
 
 
 def stop_run(token: str) -> None:

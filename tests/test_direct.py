@@ -1,0 +1,141 @@
+"""Direct batches: a run's first half-second goes to the workers without the scheduler.
+
+On real clusters: the suite's shared one, and one of this module's own whose worker dies on
+purpose. What a user would notice: a small cell's items never become scheduler tasks, and
+still show in the live view's task stream; a long run's later batches are Dask tasks again;
+a worker that cannot serve direct batches, is paused, or dies under one, costs nothing but
+time: every item comes back once, right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dask.config
+import pytest
+
+from nbcluster.cluster.handle import ClusterHandle, start
+from nbcluster.distribute import distribute
+from nbcluster.distribute.worker import direct as served
+
+#: What an item reports: its value, whether it ran as a scheduler task, and on which worker.
+WHERE = (
+    "from distributed import get_worker\n"
+    "from nbcluster._compat import running_task_key\n"
+    "(x, running_task_key() is not None, get_worker().address)"
+)
+
+
+def _tasks_seen(client: Any) -> int:
+    """How many `distribute-...` tasks the scheduler has ever had."""
+
+    def count(dask_scheduler: Any) -> int:
+        prefix = dask_scheduler.task_prefixes.get("distribute")
+        return 0 if prefix is None else sum(prefix.state_counts.values())
+
+    return int(client.run_on_scheduler(count))
+
+
+def test_a_small_cell_never_becomes_a_scheduler_task_and_shows_in_the_task_stream(cluster: Any) -> None:
+    client = cluster.client
+    before = _tasks_seen(client)
+    res = distribute(WHERE, over="x in range(8)", namespace={})
+    assert res.ok and [v[0] for v in res] == list(range(8))
+    assert not any(as_task for _, as_task, _ in res), "every item ran in a direct batch"
+    workers = set(client.scheduler_info()["workers"])
+    assert {address for _, _, address in res} <= workers
+    assert _tasks_seen(client) == before
+
+    # The live view's task stream still has the run's batches, on the workers that ran them.
+    snapshot = client.sync(client.scheduler.nbcluster_metrics)
+    mine = [t for t in snapshot["tasks"] if t["key"].startswith(f"distribute-{res.run_id}-")]
+    assert mine and {t["worker"] for t in mine} <= workers
+    assert all(t["prefix"] == "distribute" and t["status"] == "ok" and t["stop"] >= t["start"] for t in mine)
+
+
+def test_after_the_direct_time_the_batches_are_dask_tasks(cluster: Any) -> None:
+    client = cluster.client
+    cell = "import time\ntime.sleep(0.02)\n" + WHERE
+    with dask.config.set({"nbcluster.distribute.direct": "0.15s"}):
+        before = _tasks_seen(client)
+        res = distribute(cell, over="x in range(60)", namespace={})
+    assert res.ok and [v[0] for v in res] == list(range(60))
+    ran_as_task = [as_task for _, as_task, _ in res]
+    assert not ran_as_task[0], "the run's first batch went direct"
+    assert ran_as_task[-1], "its last, after 0.15 s, was a Dask task"
+    assert _tasks_seen(client) > before
+
+    with dask.config.set({"nbcluster.distribute.direct": "0s"}):
+        res = distribute(WHERE, over="x in range(8)", namespace={})
+    assert all(as_task for _, as_task, _ in res), "0s: never direct"
+
+
+def test_a_worker_that_cannot_serve_direct_batches_gets_tasks(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A kernel whose nbcluster speaks another version than the workers': they install theirs,
+    # the kernel sees it is not its own, and sends that worker's batches through the scheduler.
+    monkeypatch.setattr(served, "VERSION", served.VERSION + 1000)
+    client = cluster.client
+    from nbcluster.distribute import direct
+
+    monkeypatch.setattr(direct, "_SERVES", type(direct._SERVES)())  # ask the workers afresh
+    res = distribute(WHERE, over="x in range(8)", namespace={})
+    assert res.ok and [v[0] for v in res] == list(range(8))
+    assert all(as_task for _, as_task, _ in res)
+    known = direct._SERVES[client]
+    assert known and not any(known.values())
+    # Remembered: the next cell asks nothing, and its batches are tasks from the start.
+    res = distribute(WHERE, over="x in range(8)", namespace={})
+    assert all(as_task for _, as_task, _ in res)
+
+
+def test_a_paused_worker_refuses_and_its_batch_runs_elsewhere(cluster: Any) -> None:
+    client = cluster.client
+    first, *_ = sorted(client.scheduler_info()["workers"])
+
+    def pause(paused: bool, dask_worker: Any = None) -> None:
+        from distributed.core import Status
+
+        dask_worker.status = Status.paused if paused else Status.running
+
+    client.run(pause, True, workers=[first])
+    try:
+        res = distribute(WHERE, over="x in range(8)", namespace={})
+    finally:
+        client.run(pause, False, workers=[first])
+    assert res.ok and [v[0] for v in res] == list(range(8))
+    assert first not in {address for _, _, address in res}
+
+
+@pytest.fixture(scope="module")
+def mortal() -> Iterator[ClusterHandle]:
+    handle = start(workers=2, threads=1, name="direct-crash")
+    try:
+        handle.client.wait_for_workers(2, timeout=60)
+        yield handle
+    finally:
+        handle.stop()
+
+
+def test_a_worker_that_dies_under_a_direct_batch_costs_its_items_one_run_more(
+    mortal: ClusterHandle, tmp_path: Path
+) -> None:
+    # Item 5 kills its worker the first time it runs; every item notes each run in a file.
+    cell = (
+        "import os\n"
+        "from nbcluster._compat import running_task_key\n"
+        "with open(f'{folder}/{x}', 'a') as f:\n"
+        "    f.write('task\\n' if running_task_key() else 'direct\\n')\n"
+        "if x == 5 and not os.path.exists(f'{folder}/died'):\n"
+        "    open(f'{folder}/died', 'w').close()\n"
+        "    os._exit(1)\n"
+        "x * 10"
+    )
+    res = distribute(cell, over="x in range(8)", namespace={"folder": str(tmp_path)}, client=mortal.client)
+    assert res.ok and list(res) == [x * 10 for x in range(8)]
+    runs = {x: (tmp_path / str(x)).read_text().split() for x in range(8)}
+    assert runs[5] == ["direct", "task"], "it died in a direct batch, and ran once more as a task"
+    assert all(len(r) <= 2 for r in runs.values()), runs
+    mortal.client.wait_for_workers(2, timeout=60)
+    assert list(distribute("x + 1", over="x in range(8)", namespace={}, client=mortal.client)) == list(range(1, 9))
