@@ -13,7 +13,12 @@ its batches as they always did.
 
 Which workers. Only those that fit every item (a run with ``--gpus``/``--cpus`` asks the
 scheduler, which counts resources), spread by their threads: a worker gets at most
-`in-flight` direct batches per thread at once. A worker is asked once per client to serve
+`in-flight` direct batches per thread at once. And at most `MAX_WORKERS` of them: the
+kernel opens a connection, with a TLS handshake, to each worker it sends to (the scheduler
+has one to every worker already), so on a cluster of a thousand workers the batches beyond
+those workers' slots go through the scheduler from the start, in the same top-up (and
+each of those workers then gets one direct batch per thread, not `in-flight`: a batch that
+would wait on a busy worker goes to an idle one through the scheduler instead). A worker is asked once per client to serve
 direct batches (`worker.direct.install`, through Dask's ``run`` request); one that cannot
 (nbcluster missing there, an older nbcluster) is remembered and gets Dask tasks only.
 
@@ -47,6 +52,8 @@ from distributed.protocol.pickle import dumps
 from nbcluster import config
 from nbcluster.distribute.worker import direct as served
 
+#: Workers one run sends direct batches to, at most (the first by address).
+MAX_WORKERS = 32
 #: Per client: worker address -> True (serves direct batches), False (does not), or the
 #: asyncio task asking it now. Touched only in the client's event loop.
 _SERVES: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -171,7 +178,7 @@ class Direct:
     client : distributed.Client
         The run's client (its event loop sends the requests).
     workers : dict of str to int
-        The workers every item fits, with their threads.
+        The workers every item fits, with their threads (`MAX_WORKERS` of them are used).
     per_thread : int
         Direct batches a worker may hold per thread (``distribute.in-flight``).
     completions : Completions
@@ -180,8 +187,11 @@ class Direct:
 
     def __init__(self, client: Any, workers: dict[str, int], per_thread: int, completions: Completions):
         self.client = client
-        self.slots = {address: max(1, n) * per_thread for address, n in workers.items()}
-        self.out: dict[str, int] = dict.fromkeys(workers, 0)
+        chosen = sorted(workers)[:MAX_WORKERS]
+        if len(chosen) < len(workers):
+            per_thread = 1  # the batches a thread would queue here go to another worker's free thread
+        self.slots = {address: max(1, workers[address]) * per_thread for address in chosen}
+        self.out: dict[str, int] = dict.fromkeys(chosen, 0)
         self.until = time.monotonic() + config.seconds("distribute.direct")
         self.completions = completions
         self.calls: weakref.WeakSet[Call] = weakref.WeakSet()
