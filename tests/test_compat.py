@@ -178,3 +178,34 @@ def test_a_started_cluster_sends_at_once_on_every_stream(cluster: Any) -> None:
     assert set(cluster.client.run_on_scheduler(on_scheduler)) == {0.0}
     assert set(cluster.client.run(lambda dask_worker: worker_stream(dask_worker).interval).values()) == {0.0}
     assert cluster.client.scheduler_comm.interval == 0.0
+
+
+def _as_worker_sees(worker: Any) -> tuple[Any, ...]:
+    from distributed import get_worker
+
+    with _compat.as_worker(worker, "direct-key"):
+        inside = (get_worker() is worker, thread_state.key, _compat.running_task_key())
+    return (*inside, hasattr(thread_state, "key"))  # and after it, nothing is left set
+
+
+def test_as_worker_makes_a_pool_thread_the_workers_and_no_task(local: tuple[LocalCluster, Client]) -> None:
+    # A direct batch runs in the worker's thread pool outside any task (`worker/direct.py`):
+    # an item's `get_worker()` must answer that worker, and nbcluster's cancellation check
+    # must not look for a task of that key (it would find none, and stop the batch).
+    cluster, _ = local
+    [worker] = cluster.workers.values()
+    pool = worker.executors["default"]
+    assert pool.submit(_as_worker_sees, worker).result() == (True, "direct-key", None, False)
+
+
+def test_worker_accepts_work_names_a_paused_worker(local: tuple[LocalCluster, Client]) -> None:
+    from distributed.core import Status
+
+    cluster, _ = local
+    [worker] = cluster.workers.values()
+    assert _compat.worker_accepts_work(worker) is None
+    worker.status = Status.paused
+    try:
+        assert _compat.worker_accepts_work(worker) == "paused"
+    finally:
+        worker.status = Status.running

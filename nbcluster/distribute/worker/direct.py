@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from nbcluster._compat import as_worker, worker_accepts_work
+from nbcluster.distribute.worker import run_blob
 
 #: The request a worker serves once `install` ran there.
 HANDLER = "nbcluster_run_batch"
@@ -83,8 +84,6 @@ async def serve(dask_worker: Any, key: str, context: tuple[str, bytes | None], b
     bytes or dict
         The result blob; ``{"refused": reason}`` when this worker takes no work now.
     """
-    from nbcluster.distribute.worker import run_blob
-
     refused = worker_accepts_work(dask_worker)
     if refused is not None:
         return {"refused": refused}
