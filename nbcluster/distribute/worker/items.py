@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import time
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 import cloudpickle
 
-from nbcluster.distribute.worker import output, stopping
+from nbcluster.distribute.worker import loop, output, stopping
 from nbcluster.distribute.worker.context import Context
 from nbcluster.distribute.worker.records import ErrorRecord, error_record
 
@@ -79,48 +81,131 @@ def run_items(
     base = context.namespace
     if large_values:
         base = {**base, **{name: v for (name, _, _), v in zip(context.large, large_values, strict=True)}}
-    values: list[Any] = [None] * len(items)
     errors: dict[int, ErrorRecord] = {}
     outputs: dict[int, list[list[Any]]] = {}
     if capture:
         output.collect(outputs)
-    run_one = _runner(context, base)
-    started = checked = time.perf_counter()
-    done = 0
-    stopped = False
+    fast = _fast(context, base)
+    started = time.perf_counter()
     try:
-        for j, item in enumerate(items):
-            if stopping.stopped(token):
-                stopped = True
-                break
-            index = indices[j]
-            output.at(index)
-            try:
-                values[j] = run_one(item, index)
-            except KeyboardInterrupt:
-                raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
-            except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
-                errors[j] = error_record(e)
-            done = j + 1
-            now = time.perf_counter()
-            if budget is not None and now - started >= budget:
-                stopped = True
-                break
-            if now - checked > stopping.CHECK_S:
-                checked = now
-                if stopping.cancelled():
-                    stopped = True
-                    break
+        if fast is not None:
+            values: list[Any] = []  # appended in order: its length is the running item's position
+            stopped = _run_chunks(fast, indices, items, values, errors, token, budget, started, capture)
+            done = len(values)
+        else:
+            values = [None] * len(items)
+            done, stopped = _run_each(context, base, indices, items, values, errors, token, budget, started)
+            del values[done:]
     finally:
         output.collect(None)
     return {
-        "values": values[:done],
+        "values": values,
         "errors": errors,
         "outputs": outputs,
         "count": done,
         "seconds": time.perf_counter() - started,
         "stopped": stopped and done < len(items),
     }
+
+
+def _run_each(
+    context: Context,
+    base: dict[str, Any],
+    indices: Any,
+    items: list[Any],
+    values: list[Any],
+    errors: dict[int, ErrorRecord],
+    token: str | None,
+    budget: float | None,
+    started: float,
+) -> tuple[int, bool]:
+    """The general path: item by item, checking for a stop before each. Returns (items run,
+    stopped)."""
+    run_one = _runner(context, base)
+    checked = started
+    done = 0
+    for j, item in enumerate(items):
+        if stopping.stopped(token):
+            return done, True
+        index = indices[j]
+        output.at(index)
+        try:
+            values[j] = run_one(item, index)
+        except KeyboardInterrupt:
+            raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
+        except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
+            errors[j] = error_record(e)
+        done = j + 1
+        now = time.perf_counter()
+        if budget is not None and now - started >= budget:
+            return done, True
+        if now - checked > stopping.CHECK_S:
+            checked = now
+            if stopping.cancelled():
+                return done, True
+    return done, False
+
+
+def _fast(context: Context, base: dict[str, Any]) -> tuple[CodeType | None, dict[str, Any], Any] | None:
+    """What `loop.run_chunk` needs for this context, or None when its items run one by one.
+
+    (code, namespace, None) for a one-expression cell (its own copy of the namespace: the
+    loop binds the item names in it); (None, {}, fn over a chunk) for a function.
+    """
+    if context.seed is not None:
+        return None  # each item binds its own seed
+    if context.kind == "function" and context.mode == "over" and context.fn is not None:
+        over = itertools.starmap if context.unpacks else map
+        return None, {}, functools.partial(over, context.fn)
+    if context.kind == "cell" and context.loop is not None:
+        return context.loop, dict(base), None
+    return None
+
+
+def _run_chunks(
+    fast: tuple[CodeType | None, dict[str, Any], Any],
+    indices: Any,
+    items: list[Any],
+    values: list[Any],
+    errors: dict[int, ErrorRecord],
+    token: str | None,
+    budget: float | None,
+    started: float,
+    capture: bool,
+) -> bool:
+    """The fast path (`loop.py`): chunks of a few ms, checking for a stop between them.
+    Returns whether it stopped before the end."""
+    code, namespace, fn = fast
+    clock = time.perf_counter
+    timed = [0, 0.0]  # items and seconds of the chunks run so far, for the next chunk's size
+
+    def per_item() -> float | None:
+        return timed[1] / timed[0] if timed[0] else None
+
+    def left() -> float | None:
+        return None if budget is None else budget - (clock() - started)
+
+    def failed(j: int, e: BaseException) -> None:
+        errors[j] = error_record(e)
+
+    if capture:
+        output.follow(values, indices)
+    checked = started
+    for chunk in loop.chunks(items, loop.chunk_sizes(per_item, left)):
+        if stopping.stopped(token):
+            return True
+        before, begun = len(values), clock()
+        loop.run_chunk(code, namespace, fn, chunk, values, failed)
+        now = clock()
+        timed[0] += len(values) - before
+        timed[1] += now - begun
+        if budget is not None and now - started >= budget:
+            return len(values) < len(items)
+        if now - checked > stopping.CHECK_S:
+            checked = now
+            if stopping.cancelled():
+                return len(values) < len(items)
+    return False
 
 
 def _runner(context: Context, base: dict[str, Any]) -> Callable[[Any, int], Any]:
