@@ -75,7 +75,8 @@ def test_items_that_unpack_into_arguments_or_names() -> None:
 
 def test_output_is_filed_under_the_item_that_wrote_it() -> None:
     output.install()
-    ctx = context("print('item', x) or display(x * 10) or x")
+    # The worker's `display` (in a process that made an IPython shell, the builtin is IPython's).
+    ctx = context("print('item', x) or display(x * 10) or x", {"display": output.display})
     assert ctx.loop is not None
     result = run_items(ctx, range(500, 700), list(range(200)), capture=True)
     assert result["values"] == list(range(200))
@@ -100,6 +101,21 @@ def test_a_stop_token_ends_the_batch_at_the_end_of_its_chunk() -> None:
     # Chunks at most double (1, 2, 4, ... 32, 64): item 50's chunk ends by item 127.
     assert result["stopped"] and 50 < result["count"] < 128
     assert result["values"] == list(range(result["count"]))
+
+
+def test_on_the_general_path_a_stop_token_ends_the_batch_before_the_next_item() -> None:
+    token = "test-loop-stop-each"
+
+    def stop_at(x: int) -> int:
+        if x == 50:
+            stopping.stop(token)
+        return x
+
+    ctx = context("y = stop_at(x)\ny", {"stop_at": stop_at})  # statements: item by item
+    assert ctx.loop is None
+    result = run_items(ctx, range(1000), list(range(1000)), capture=True, token=token)
+    assert result["stopped"] and result["count"] == 51
+    assert result["values"] == list(range(51)) and not result["errors"]
 
 
 def test_a_spent_budget_ends_the_batch_within_a_few_chunks() -> None:
@@ -155,4 +171,4 @@ def test_chunks_cover_every_item_once_in_order() -> None:
 
     items = list(range(1000))
     sizes = itertools.cycle([1, 3, 50])
-    assert [x for chunk in chunks(items, sizes) for x in chunk] == items
+    assert [x for chunk in chunks(items, len(items), sizes) for x in chunk] == items

@@ -1,8 +1,8 @@
-"""Worker side (and the kernel's, for `--local`): running a batch's items one by one.
+"""Worker side (and the kernel's, for `--local`): running a batch's items, in chunks (`loop.py`).
 
 `run_items` never raises for an item: each item's exception becomes an error record
 (`records.py`) with its own traceback, so one failing item loses nothing else. It stops
-early, between items, when the run was told to stop, the Dask task was cancelled
+early, between chunks of a few ms, when the run was told to stop, the Dask task was cancelled
 (`stopping.py`), or the batch's time budget is spent (see `batching.py`). `dump_result`
 pickles what a batch sends back, failing only the items whose values cannot travel.
 
@@ -16,7 +16,7 @@ import functools
 import hashlib
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import CodeType
 from typing import Any
 
@@ -39,9 +39,9 @@ def run_items(
 ) -> dict[str, Any]:
     """Run items in this thread until done or stopped; never raises for an item's own failure.
 
-    Stops early, between items, when the run was told to stop (`token`), once `budget`
-    seconds have gone by, or when Dask cancelled the task (checked every
-    `stopping.CHECK_S`).
+    Stops early, between chunks of a few ms (`loop.py`), when the run was told to stop
+    (`token`), once `budget` seconds have gone by, or when Dask cancelled the task (checked
+    every `stopping.CHECK_S`).
 
     Parameters
     ----------
@@ -85,19 +85,15 @@ def run_items(
     outputs: dict[int, list[list[Any]]] = {}
     if capture:
         output.collect(outputs)
-    fast = _fast(context, base)
+    code, namespace, over, todo = _plan(context, base, indices, items, token)
+    values: list[Any] = []  # appended in order: its length is the running item's position
     started = time.perf_counter()
     try:
-        if fast is not None:
-            values: list[Any] = []  # appended in order: its length is the running item's position
-            stopped = _run_chunks(fast, indices, items, values, errors, token, budget, started, capture)
-            done = len(values)
-        else:
-            values = [None] * len(items)
-            done, stopped = _run_each(context, base, indices, items, values, errors, token, budget, started)
-            del values[done:]
+        stopped = _run_chunks(code, namespace, over, todo, len(items), indices, values, errors, token, budget,
+                              started, capture)  # fmt: skip
     finally:
         output.collect(None)
+    done = len(values)
     return {
         "values": values,
         "errors": errors,
@@ -108,64 +104,34 @@ def run_items(
     }
 
 
-def _run_each(
-    context: Context,
-    base: dict[str, Any],
-    indices: Any,
-    items: list[Any],
-    values: list[Any],
-    errors: dict[int, ErrorRecord],
-    token: str | None,
-    budget: float | None,
-    started: float,
-) -> tuple[int, bool]:
-    """The general path: item by item, checking for a stop before each. Returns (items run,
-    stopped)."""
-    run_one = _runner(context, base)
-    checked = started
-    done = 0
-    for j, item in enumerate(items):
-        if stopping.stopped(token):
-            return done, True
-        index = indices[j]
-        output.at(index)
-        try:
-            values[j] = run_one(item, index)
-        except KeyboardInterrupt:
-            raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
-        except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
-            errors[j] = error_record(e)
-        done = j + 1
-        now = time.perf_counter()
-        if budget is not None and now - started >= budget:
-            return done, True
-        if now - checked > stopping.CHECK_S:
-            checked = now
-            if stopping.cancelled():
-                return done, True
-    return done, False
+def _plan(
+    context: Context, base: dict[str, Any], indices: Any, items: list[Any], token: str | None
+) -> tuple[CodeType | None, dict[str, Any], Any, Iterable[Any]]:
+    """How `loop.run_chunk` runs this context's items: (code, namespace, over, what to iterate).
 
-
-def _fast(context: Context, base: dict[str, Any]) -> tuple[CodeType | None, dict[str, Any], Any] | None:
-    """What `loop.run_chunk` needs for this context, or None when its items run one by one.
-
-    (code, namespace, None) for a one-expression cell (its own copy of the namespace: the
-    loop binds the item names in it); (None, {}, fn over a chunk) for a function.
+    A one-expression cell: its loop (`Context.loop`) and its own copy of the namespace (the
+    loop binds the item names in it). A function over plain items: `map` (or `starmap`) of
+    the function. Anything else (statements, a seed, an unpacking target, keyword
+    arguments): `_runner`'s one-item step over (item, index) pairs, which also checks for a
+    stop before each item.
     """
-    if context.seed is not None:
-        return None  # each item binds its own seed
-    if context.kind == "function" and context.mode == "over" and context.fn is not None:
-        over = itertools.starmap if context.unpacks else map
-        return None, {}, functools.partial(over, context.fn)
-    if context.kind == "cell" and context.loop is not None:
-        return context.loop, dict(base), None
-    return None
+    if context.seed is None:  # else each item binds its own seed
+        if context.kind == "function" and context.mode == "over" and context.fn is not None:
+            over = itertools.starmap if context.unpacks else map
+            return None, {}, functools.partial(over, context.fn), items
+        if context.kind == "cell" and context.loop is not None:
+            return context.loop, dict(base), None, items
+    step = _runner(context, base, token)
+    return None, {}, functools.partial(itertools.starmap, step), zip(items, indices, strict=True)
 
 
 def _run_chunks(
-    fast: tuple[CodeType | None, dict[str, Any], Any],
+    code: CodeType | None,
+    namespace: dict[str, Any],
+    over: Any,
+    todo: Iterable[Any],
+    n: int,
     indices: Any,
-    items: list[Any],
     values: list[Any],
     errors: dict[int, ErrorRecord],
     token: str | None,
@@ -173,9 +139,8 @@ def _run_chunks(
     started: float,
     capture: bool,
 ) -> bool:
-    """The fast path (`loop.py`): chunks of a few ms, checking for a stop between them.
-    Returns whether it stopped before the end."""
-    code, namespace, fn = fast
+    """Run the `n` items of `todo` in chunks of a few ms (`loop.py`), checking for a stop
+    between them. Returns whether it stopped before the end."""
     clock = time.perf_counter
     timed = [0, 0.0]  # items and seconds of the chunks run so far, for the next chunk's size
 
@@ -191,31 +156,36 @@ def _run_chunks(
     if capture:
         output.follow(values, indices)
     checked = started
-    for chunk in loop.chunks(items, loop.chunk_sizes(per_item, left)):
+    for chunk in loop.chunks(todo, n, loop.chunk_sizes(per_item, left)):
         if stopping.stopped(token):
             return True
         before, begun = len(values), clock()
-        loop.run_chunk(code, namespace, fn, chunk, values, failed)
+        step_stopped = loop.run_chunk(code, namespace, over, chunk, values, failed)
         now = clock()
         timed[0] += len(values) - before
         timed[1] += now - begun
+        if step_stopped:
+            return True
         if budget is not None and now - started >= budget:
-            return len(values) < len(items)
+            return len(values) < n
         if now - checked > stopping.CHECK_S:
             checked = now
             if stopping.cancelled():
-                return len(values) < len(items)
+                return len(values) < n
     return False
 
 
-def _runner(context: Context, base: dict[str, Any]) -> Callable[[Any, int], Any]:
-    """What runs one item: `_run_one`, or for the commonest cell (one name, no seed) the same
-    steps without looking up the context's fields again for every item (a fifth of a tiny
-    item's time)."""
+def _runner(context: Context, base: dict[str, Any], token: str | None) -> Callable[[Any, int], Any]:
+    """What runs one item on the general path, raising `loop.Stopped` first when the run was
+    told to stop: `_run_one`, or for the commonest cell (one name, no seed) the same steps
+    without looking up the context's fields again for every item (a fifth of its time)."""
+    told = stopping.told()
     if context.kind == "cell" and context.mode == "over" and context.bind is None and context.seed is None:
         name, body, last = context.names[0], context.body, context.last
 
         def run_cell(item: Any, index: int) -> Any:
+            if token in told:
+                raise loop.Stopped
             ns = dict(base)
             ns[name] = item
             if body is not None:
@@ -223,7 +193,13 @@ def _runner(context: Context, base: dict[str, Any]) -> Callable[[Any, int], Any]
             return eval(last, ns) if last is not None else None
 
         return run_cell
-    return functools.partial(_run_one, context, base)
+
+    def run_one(item: Any, index: int) -> Any:
+        if token in told:
+            raise loop.Stopped
+        return _run_one(context, base, item, index)
+
+    return run_one
 
 
 def _run_one(context: Context, base: dict[str, Any], item: Any, index: int) -> Any:

@@ -1,22 +1,27 @@
-"""Worker side: the commonest batches run as one loop in C or in one compiled `for`.
+"""Worker side: a batch's items run in chunks, each one loop in C or one compiled `for`.
 
-Running items one by one (`items._run_one`) costs about 0.4 us an item in bookkeeping alone:
-a fresh copy of the namespace, an `exec`/`eval` per item, a clock read, a stop check and
-naming the item for its output. For a tiny item (`x + 1`) that is ten times the work. Two
-shapes cover most cells, and for them the per-item work can go:
+Running items one by one with their bookkeeping (a clock read, a stop check, naming the item
+for its output) costs about 0.2 us an item; a fresh copy of the namespace and an
+`exec`/`eval` per item as much again. For a tiny item (`x + 1`) that is ten times the work.
+So a batch runs in chunks, the bookkeeping done once per chunk, and each chunk is one loop:
 
 - a function over plain items (`distribute(fn, over=xs)`, no seed): `values.extend(map(fn,
   chunk))` (`starmap` when an item unpacks into arguments), at C speed;
 - a cell that is one expression (``%%distribute --over "x in xs"`` then ``f(x) + 1``, or
   ``--grid``/``--zip``, no seed): the cell's expression compiled into a loop,
   ``for x in CHUNK: APPEND(<expression>)``, with the cell's own file name and line numbers,
-  run by one `exec` per chunk.
+  run by one `exec` per chunk;
+- anything else (statements, a seed, an unpacking target, keyword arguments): the one-item
+  step (`items._run_one`, a fresh namespace per item) mapped over (item, index) pairs with
+  `starmap`.
 
 **Chunks.** The items run in chunks sized to take about `CHUNK_S`: the first chunk is one
 item, and each next one at most twice the last, from the time per item measured so far
 (and never past the batch's time budget). So a stop token, a cancelled task or a spent
 budget, checked between chunks, takes effect within a few ms, or one item's time for items
-slower than that, as between items on the general path.
+slower than that. The general path's one-item step also checks the stop token before each
+item (`Stopped`): beside a fresh namespace per item it costs little, and a cell that waits
+on something, then is stopped, runs no further item.
 
 **A failing item fails alone.** The values are appended in order to one list, so when the
 loop raises, its length is the failing item's position in the batch: it gets its error
@@ -43,7 +48,7 @@ from __future__ import annotations
 
 import ast
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import CodeType
 from typing import Any
 
@@ -146,6 +151,11 @@ def chunk_sizes(per_item: Callable[[], float | None], left: Callable[[], float |
         size = max(1, min(2 * size, fits))
 
 
+class Stopped(Exception):
+    """Raised by a one-item step, before its item, when the run was told to stop: the chunk
+    ends there (the general path checks before every item, as it costs little beside it)."""
+
+
 def run_chunk(
     code: CodeType | None,
     namespace: dict[str, Any],
@@ -153,7 +163,7 @@ def run_chunk(
     chunk: Iterator[Any],
     values: list[Any],
     on_error: Callable[[int, BaseException], None],
-) -> None:
+) -> bool:
     """Run a chunk of items, appending each value to `values`; a failing item gets None.
 
     Parameters
@@ -171,6 +181,11 @@ def run_chunk(
         The batch's values so far; the chunk's are appended.
     on_error : callable
         Called with (position in the batch, exception) for each item that raised.
+
+    Returns
+    -------
+    bool
+        True when a step raised `Stopped`: the chunk's other items were not run.
 
     Raises
     ------
@@ -190,7 +205,9 @@ def run_chunk(
                 exec(code, namespace)
             else:
                 values.extend(mapped)
-            return
+            return False
+        except Stopped:
+            return True
         except KeyboardInterrupt:
             raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
         except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
@@ -198,13 +215,16 @@ def run_chunk(
             values.append(None)
 
 
-def chunks(items: list[Any], sizes: Iterator[int]) -> Iterator[Iterator[Any]]:
-    """`items` cut into consecutive chunks of the sizes `sizes` gives, as they are asked for.
+def chunks(items: Iterable[Any], n: int, sizes: Iterator[int]) -> Iterator[Iterator[Any]]:
+    """The `n` `items` cut into consecutive chunks of the sizes `sizes` gives, as they are
+    asked for.
 
     Parameters
     ----------
-    items : list
+    items : iterable
         The batch's items.
+    n : int
+        How many there are.
     sizes : iterator of int
         The size of each next chunk, read only when that chunk is asked for.
 
@@ -216,11 +236,11 @@ def chunks(items: list[Any], sizes: Iterator[int]) -> Iterator[Iterator[Any]]:
 
     Examples
     --------
-    >>> [list(c) for c in chunks([1, 2, 3, 4, 5], iter([1, 2, 4]))]
+    >>> [list(c) for c in chunks([1, 2, 3, 4, 5], 5, iter([1, 2, 4]))]
     [[1], [2, 3], [4, 5]]
     """
     it = iter(items)
-    left = len(items)
+    left = n
     while left > 0:
         size = min(next(sizes), left)
         left -= size
