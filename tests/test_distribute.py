@@ -422,3 +422,51 @@ def test_results_cannot_be_written_by_user_code() -> None:
     assert res.params == [{"x": 0}, {"x": 1}, {"x": 2}]
     assert res.counts() == {"total": 3, "done": 3, "failed": 0, "cancelled": 0, "running": 0}
     assert res.errors == [] and res.ok and res.label == "res"
+
+
+def test_one_failing_item_among_many_tiny_ones_fails_alone(ns: dict[str, Any], capsys: Any) -> None:
+    # One-expression cells and plain functions run a chunk of items as one loop on the worker
+    # (worker/loop.py); an item that raises in the middle of it must fail alone.
+    res = run("100 // (x - 1234) + x", ns, over="x in range(5000)", into="res")
+    assert [(e.index, e.type_name) for e in res.errors] == [(1234, "ZeroDivisionError")]
+    assert res.values() == [None if x == 1234 else 100 // (x - 1234) + x for x in range(5000)]
+    assert "Cell line 2\n    100 // (x - 1234) + x\n" in capsys.readouterr().err
+    define(ns, "def shifted_inverse(v):\n    return 1 / (v - 777)\n")
+    res = distribute(ns["shifted_inverse"], over=range(3000))
+    assert [e.index for e in res.errors] == [777]
+    assert res.values() == [None if v == 777 else 1 / (v - 777) for v in range(3000)]
+
+
+def test_each_of_many_tiny_items_prints_as_itself(ns: dict[str, Any], capsys: Any) -> None:
+    res = run("print('item', x) or x", ns, over="x in range(3000)", into="res")
+    assert res.ok and list(res) == list(range(3000))
+    assert [res.output(i) for i in range(3000)] == [f"item {i}\n" for i in range(3000)]
+
+
+def test_cancel_stops_a_batch_of_tiny_items_between_chunks(ns: dict[str, Any], cluster: Any) -> None:
+    # One batch of 100,000 tiny items (a few ms of work): item 10 holds its chunk until the
+    # cancel's stop token has reached its worker; the batch must end with that chunk.
+    from distributed import Event
+
+    ns["started"] = f"started-{uuid.uuid4().hex}"
+    define(
+        ns,
+        "import time\n"
+        "def hold(x):\n"
+        "    if x == 10:\n"
+        "        from distributed import Event\n"
+        "        from nbcluster.distribute.worker import stopping\n"
+        "        told = set(stopping._STOPPED)\n"
+        "        Event(started).set()\n"
+        "        deadline = time.monotonic() + 60\n"
+        "        while set(stopping._STOPPED) == told and time.monotonic() < deadline:\n"
+        "            time.sleep(0.005)  # no event tells an item that a stop token came\n"
+        "    return x + 1\n",
+    )
+    res = run("hold(x)", ns, over="x in range(100_000)", batch=100_000, wait=False, into="res")
+    assert Event(ns["started"], client=cluster.client).wait(timeout=60)
+    res.cancel()
+    counts = res.counts()
+    assert 10 < counts["done"] < 100_000, counts
+    assert counts["cancelled"] == 100_000 - counts["done"]
+    assert res.values()[: counts["done"]] == list(range(1, counts["done"] + 1))

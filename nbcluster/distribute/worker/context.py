@@ -22,6 +22,7 @@ from typing import Any
 
 import cloudpickle
 
+from nbcluster.distribute.worker.loop import cell_loop
 from nbcluster.distribute.worker.objects import fetch
 
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
@@ -48,6 +49,7 @@ class Context:
         self.body: CodeType | None = None
         self.last: CodeType | None = None
         self.bind: CodeType | None = None
+        self.loop: CodeType | None = None  # the cell as one loop over a chunk (`loop.py`), if it can
         if self.kind == "cell":
             filename, source = spec["filename"], spec["source"]
             linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
@@ -61,6 +63,8 @@ class Context:
                 self.bind = compile(
                     f"{self.target} = __nbcluster_item__", "<--over>", "exec", dont_inherit=True
                 )
+            if self.seed is None and self.body is None and self.bind is None and self.mode in ("over", "grid", "zip"):
+                self.loop = cell_loop(source, filename, self.names, tuple_target=self.mode != "over")
 
     @classmethod
     def from_payload(cls, payload: bytes) -> Context:

@@ -1,8 +1,8 @@
-"""Worker side (and the kernel's, for `--local`): running a batch's items one by one.
+"""Worker side (and the kernel's, for `--local`): running a batch's items, in chunks (`loop.py`).
 
 `run_items` never raises for an item: each item's exception becomes an error record
 (`records.py`) with its own traceback, so one failing item loses nothing else. It stops
-early, between items, when the run was told to stop, the Dask task was cancelled
+early, between chunks of a few ms, when the run was told to stop, the Dask task was cancelled
 (`stopping.py`), or the batch's time budget is spent (see `batching.py`). `dump_result`
 pickles what a batch sends back, failing only the items whose values cannot travel.
 
@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from types import CodeType
 from typing import Any
 
 import cloudpickle
 
-from nbcluster.distribute.worker import output, stopping
+from nbcluster.distribute.worker import loop, output, stopping
 from nbcluster.distribute.worker.context import Context
 from nbcluster.distribute.worker.records import ErrorRecord, error_record
 
@@ -37,9 +39,9 @@ def run_items(
 ) -> dict[str, Any]:
     """Run items in this thread until done or stopped; never raises for an item's own failure.
 
-    Stops early, between items, when the run was told to stop (`token`), once `budget`
-    seconds have gone by, or when Dask cancelled the task (checked every
-    `stopping.CHECK_S`).
+    Stops early, between chunks of a few ms (`loop.py`), when the run was told to stop
+    (`token`), once `budget` seconds have gone by, or when Dask cancelled the task (checked
+    every `stopping.CHECK_S`).
 
     Parameters
     ----------
@@ -79,42 +81,21 @@ def run_items(
     base = context.namespace
     if large_values:
         base = {**base, **{name: v for (name, _, _), v in zip(context.large, large_values, strict=True)}}
-    values: list[Any] = [None] * len(items)
     errors: dict[int, ErrorRecord] = {}
     outputs: dict[int, list[list[Any]]] = {}
     if capture:
         output.collect(outputs)
-    run_one = _runner(context, base)
-    started = checked = time.perf_counter()
-    done = 0
-    stopped = False
+    code, namespace, over, todo = _plan(context, base, indices, items, token)
+    values: list[Any] = []  # appended in order: its length is the running item's position
+    started = time.perf_counter()
     try:
-        for j, item in enumerate(items):
-            if stopping.stopped(token):
-                stopped = True
-                break
-            index = indices[j]
-            output.at(index)
-            try:
-                values[j] = run_one(item, index)
-            except KeyboardInterrupt:
-                raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
-            except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
-                errors[j] = error_record(e)
-            done = j + 1
-            now = time.perf_counter()
-            if budget is not None and now - started >= budget:
-                stopped = True
-                break
-            if now - checked > stopping.CHECK_S:
-                checked = now
-                if stopping.cancelled():
-                    stopped = True
-                    break
+        stopped = _run_chunks(code, namespace, over, todo, len(items), indices, values, errors, token, budget,
+                              started, capture)  # fmt: skip
     finally:
         output.collect(None)
+    done = len(values)
     return {
-        "values": values[:done],
+        "values": values,
         "errors": errors,
         "outputs": outputs,
         "count": done,
@@ -123,14 +104,88 @@ def run_items(
     }
 
 
-def _runner(context: Context, base: dict[str, Any]) -> Callable[[Any, int], Any]:
-    """What runs one item: `_run_one`, or for the commonest cell (one name, no seed) the same
-    steps without looking up the context's fields again for every item (a fifth of a tiny
-    item's time)."""
+def _plan(
+    context: Context, base: dict[str, Any], indices: Any, items: list[Any], token: str | None
+) -> tuple[CodeType | None, dict[str, Any], Any, Iterable[Any]]:
+    """How `loop.run_chunk` runs this context's items: (code, namespace, over, what to iterate).
+
+    A one-expression cell: its loop (`Context.loop`) and its own copy of the namespace (the
+    loop binds the item names in it). A function over plain items: `map` (or `starmap`) of
+    the function. Anything else (statements, a seed, an unpacking target, keyword
+    arguments): `_runner`'s one-item step over (item, index) pairs, which also checks for a
+    stop before each item.
+    """
+    if context.seed is None:  # else each item binds its own seed
+        if context.kind == "function" and context.mode == "over" and context.fn is not None:
+            over = itertools.starmap if context.unpacks else map
+            return None, {}, functools.partial(over, context.fn), items
+        if context.kind == "cell" and context.loop is not None:
+            return context.loop, dict(base), None, items
+    step = _runner(context, base, token)
+    return None, {}, functools.partial(itertools.starmap, step), zip(items, indices, strict=True)
+
+
+def _run_chunks(
+    code: CodeType | None,
+    namespace: dict[str, Any],
+    over: Any,
+    todo: Iterable[Any],
+    n: int,
+    indices: Any,
+    values: list[Any],
+    errors: dict[int, ErrorRecord],
+    token: str | None,
+    budget: float | None,
+    started: float,
+    capture: bool,
+) -> bool:
+    """Run the `n` items of `todo` in chunks of a few ms (`loop.py`), checking for a stop
+    between them. Returns whether it stopped before the end."""
+    clock = time.perf_counter
+    timed = [0, 0.0]  # items and seconds of the chunks run so far, for the next chunk's size
+
+    def per_item() -> float | None:
+        return timed[1] / timed[0] if timed[0] else None
+
+    def left() -> float | None:
+        return None if budget is None else budget - (clock() - started)
+
+    def failed(j: int, e: BaseException) -> None:
+        errors[j] = error_record(e)
+
+    if capture:
+        output.follow(values, indices)
+    checked = started
+    for chunk in loop.chunks(todo, n, loop.chunk_sizes(per_item, left)):
+        if stopping.stopped(token):
+            return True
+        before, begun = len(values), clock()
+        step_stopped = loop.run_chunk(code, namespace, over, chunk, values, failed)
+        now = clock()
+        timed[0] += len(values) - before
+        timed[1] += now - begun
+        if step_stopped:
+            return True
+        if budget is not None and now - started >= budget:
+            return len(values) < n
+        if now - checked > stopping.CHECK_S:
+            checked = now
+            if stopping.cancelled():
+                return len(values) < n
+    return False
+
+
+def _runner(context: Context, base: dict[str, Any], token: str | None) -> Callable[[Any, int], Any]:
+    """What runs one item on the general path, raising `loop.Stopped` first when the run was
+    told to stop: `_run_one`, or for the commonest cell (one name, no seed) the same steps
+    without looking up the context's fields again for every item (a fifth of its time)."""
+    told = stopping.told()
     if context.kind == "cell" and context.mode == "over" and context.bind is None and context.seed is None:
         name, body, last = context.names[0], context.body, context.last
 
         def run_cell(item: Any, index: int) -> Any:
+            if token in told:
+                raise loop.Stopped
             ns = dict(base)
             ns[name] = item
             if body is not None:
@@ -138,7 +193,13 @@ def _runner(context: Context, base: dict[str, Any]) -> Callable[[Any, int], Any]
             return eval(last, ns) if last is not None else None
 
         return run_cell
-    return functools.partial(_run_one, context, base)
+
+    def run_one(item: Any, index: int) -> Any:
+        if token in told:
+            raise loop.Stopped
+        return _run_one(context, base, item, index)
+
+    return run_one
 
 
 def _run_one(context: Context, base: dict[str, Any], item: Any, index: int) -> Any:

@@ -4,7 +4,8 @@
 writes to the current item's buffer when the writing thread is running an item, and to the
 real stream otherwise. With several threads per worker, each item sees only its own
 prints. A batch runner brackets its items with `collect(outputs)` ... `collect(None)` and
-names each item with `at(index)`; `outputs` then maps item index -> chunks
+names each item with `at(index)`, or once with `follow(values, indices)` when it appends
+each item's value in order (`loop.py`); `outputs` then maps item index -> chunks
 `[stream, text]` (or `["display", mimebundle]`).
 """
 
@@ -31,6 +32,7 @@ def collect(outputs: dict[int, list[list[Any]]] | None) -> None:
         the real `sys.stdout`/`sys.stderr` again.
     """
     _local.outputs = outputs
+    _local.follow = None
 
 
 def at(index: int) -> None:
@@ -44,6 +46,30 @@ def at(index: int) -> None:
     _local.index = index
 
 
+def follow(values: list[Any], indices: Any) -> None:
+    """File output under ``indices[len(values)]`` until the next `collect`: for a batch whose
+    values are appended in order (`loop.py`), the item running is the next to append.
+
+    Read when output is written, so naming the item costs nothing per item.
+
+    Parameters
+    ----------
+    values : list
+        The batch's values, appended as each item finishes.
+    indices : sequence of int
+        The run's index of each item in the batch.
+    """
+    _local.follow = (values, indices)
+
+
+def _index() -> int:
+    following = getattr(_local, "follow", None)
+    if following is not None:
+        values, indices = following
+        return int(indices[len(values)])
+    return int(_local.index)
+
+
 class _ItemStream(io.TextIOBase):
     """Writes go to the running item's buffer in this thread, else to the real stream."""
 
@@ -55,7 +81,7 @@ class _ItemStream(io.TextIOBase):
         outputs = getattr(_local, "outputs", None)
         if outputs is None:
             return self.real.write(text)
-        chunks = outputs.setdefault(_local.index, [])
+        chunks = outputs.setdefault(_index(), [])
         if chunks and chunks[-1][0] == self.name_:
             if len(chunks[-1][1]) < LIMIT:
                 chunks[-1][1] += text
@@ -128,7 +154,7 @@ def display(*objs: Any, raw: bool = False, **_ignored: Any) -> None:
         if outputs is None:
             print(bundle.get("text/plain", ""))
         else:
-            outputs.setdefault(_local.index, []).append(["display", bundle])
+            outputs.setdefault(_index(), []).append(["display", bundle])
 
 
 def _mimebundle(obj: Any) -> dict[str, Any]:
