@@ -4,6 +4,8 @@ A Dask task is `run_batch((context_key, inline_context), batch, token)`, with no
 dependencies at all, so the scheduler treats every batch as a root task and hands them
 out from its queue to whichever thread is free. Items are pickled by reference to the
 three tasks here (`run_batch`, `stop_run`, `pin`): keep their names.
+A run's first batches come as a request to the worker itself instead (`direct.py`), which
+runs the same `run_blob` in the same thread pool, without the scheduler.
 
 - `batch` is one opaque blob `(indices, items, budget)`: Dask never walks into it (walking
   a list of 2,500 items costs ~16 us per item; an opaque blob ~1 us).
@@ -27,8 +29,9 @@ returned record (`{"fatal": record}`).
 
 Stopping (`stopping.py`): a batch carries its run's *stop token*. `stop_run(token)`, sent
 to every worker by the kernel on interrupt or `Results.cancel()`, makes a batch return
-before its next item with the items it finished, `"stopped": True`. So a cancel keeps
-finished work, and a worker thread is free again one item later (Dask cannot stop a
+with the items it finished, `"stopped": True`: before its next item, or for a cell that is
+one expression and a function, before its next chunk of a few ms (`loop.py`). So a cancel
+keeps finished work, and a worker thread is free again one item later (Dask cannot stop a
 running thread, and cancelling the task on the scheduler would throw the finished items
 away). A batch whose Dask task was cancelled outright also stops, checked every 50 ms.
 
