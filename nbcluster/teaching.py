@@ -20,6 +20,7 @@ is the host's: on a busy shared host the checks are skipped, as they should be.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -105,7 +106,7 @@ def cache_bytes(cpu: int = 0) -> int | None:
     int or None
         Bytes, or None where the operating system does not say (macOS, Windows).
     """
-    sizes = []
+    sizes = _getconf_caches()
     for index in Path(f"/sys/devices/system/cpu/cpu{cpu}/cache").glob("index*"):
         try:
             text = (index / "size").read_text().strip()
@@ -117,6 +118,21 @@ def cache_bytes(cpu: int = 0) -> int | None:
         elif text.isdigit():
             sizes.append(int(text))
     return max(sizes, default=None)
+
+
+def _getconf_caches() -> list[int]:
+    """The caches glibc reports (from the processor itself). A virtual machine's kernel may say
+    less in sysfs than the processor does (32 MiB against 384 MiB of L3 here): the larger is
+    the one an array must outgrow."""
+    sizes = []
+    for level in ("LEVEL1_DCACHE_SIZE", "LEVEL2_CACHE_SIZE", "LEVEL3_CACHE_SIZE", "LEVEL4_CACHE_SIZE"):
+        try:
+            text = subprocess.run(["getconf", level], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):  # no getconf (macOS has another): sysfs alone
+            continue
+        if text.isdigit() and int(text) > 0:
+            sizes.append(int(text))
+    return sizes
 
 
 class Timing(NamedTuple):
