@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._results import write_section  # noqa: E402
 
-PY_SPY = "/work/venv/bin/py-spy"
+PY_SPY = str(Path(sys.executable).with_name("py-spy"))  # installed beside this Python
 PER_PROCESS = 125  # simulated workers per process
 
 
