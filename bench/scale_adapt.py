@@ -224,7 +224,7 @@ def one_size(n: int, args: argparse.Namespace, directory: Path) -> dict[str, Any
     import dask
 
     import nbcluster
-    from tests.sim_workers import use_groups
+    from tests.sim_workers import Backlog, use_groups
 
     per = min(args.per_process, n)
     groups = math.ceil(n / per)
@@ -234,7 +234,6 @@ def one_size(n: int, args: argparse.Namespace, directory: Path) -> dict[str, Any
     try:
         client, pid = handle.client, handle.entry["supervisor_pid"]
         client.run_on_scheduler(use_groups, per, handle.entry["tls"])
-        report = client.scheduler.nbcluster_backlog
         count = lambda: client.run_on_scheduler(_n_workers)  # noqa: E731
         listed = lambda: len(handle.info().data["workers"])  # noqa: E731
 
@@ -244,7 +243,7 @@ def one_size(n: int, args: argparse.Namespace, directory: Path) -> dict[str, Any
         client.run_on_scheduler(_time_rounds)
         c0, t0 = proc_cpu(pid), time.perf_counter()
         # Enough held-back work for N workers at Dask's 5 s target duration, twice over.
-        client.sync(report, run="bench", kind="cpu", items=100 * n, seconds=10.0 * n)
+        backlog = Backlog(client, items=100 * n, seconds=10.0 * n)  # renewed as a run renews it
         _until(lambda: count() >= n, 900)
         row["up_s"], row["up_cpu_s"] = time.perf_counter() - t0, proc_cpu(pid) - c0
         _until(lambda: listed() >= n, 120)
@@ -262,7 +261,7 @@ def one_size(n: int, args: argparse.Namespace, directory: Path) -> dict[str, Any
         # 3. the plugin, adaptivity off (an explicit scale keeps the N workers there)
         with dask.config.set(LIMITS):
             handle.scale(n, force=True)
-        client.sync(report, run="bench", kind="cpu", items=0, seconds=0.0)
+        backlog.stop()
         if "plugin" in args.parts:
             row["plugin"] = plugin_share(handle, pid, args, directory)
             print(n, "plugin", row["plugin"], flush=True)

@@ -142,6 +142,36 @@ def use_groups(count: int, tls: Any, dask_scheduler: Any = None) -> str:
     return type(cluster).__name__
 
 
+class Backlog:
+    """A backlog reported to an nbcluster scheduler as a running `%%distribute` reports it:
+    renewed every half second (a report not renewed within `BACKLOG_TTL`, 10 s, counts no
+    more, as from a kernel that died), withdrawn by `stop`. A thread, since a real run's
+    report also comes from outside the scheduler's loop."""
+
+    def __init__(self, client: Any, items: int, seconds: float, run: str = "sim-backlog"):
+        import threading
+
+        self.client, self.run = client, run
+        self._stop = threading.Event()
+        self._report(items, seconds)  # the first at once: the caller times from here
+        self._thread = threading.Thread(target=self._renew, args=(items, seconds), daemon=True)
+        self._thread.start()
+
+    def _report(self, items: int, seconds: float) -> None:
+        self.client.sync(self.client.scheduler.nbcluster_backlog, run=self.run, kind="cpu", items=items,
+                         seconds=seconds)  # fmt: skip
+
+    def _renew(self, items: int, seconds: float) -> None:
+        while not self._stop.wait(0.5):
+            self._report(items, seconds)
+
+    def stop(self) -> None:
+        """Withdraw the report (the run ended)."""
+        self._stop.set()
+        self._thread.join(30)
+        self._report(0, 0.0)
+
+
 if __name__ == "__main__":
     address, tls, count, host, prefix = sys.argv[1:6]
     asyncio.run(main(address, tls, int(count), host, prefix))

@@ -195,7 +195,7 @@ def test_adapt_grows_to_200_workers_in_groups_and_back(tmp_path: Any) -> None:
     # as a dask-jobqueue job hosting several. --max 190 is not a whole number of groups.
     import dask
 
-    from tests.sim_workers import use_groups
+    from tests.sim_workers import Backlog, use_groups
 
     # The limits count workers as processes; 200 of these are 4 processes.
     limits = {"nbcluster.limits.max-workers": 1000, "nbcluster.limits.max-threads": 1000}
@@ -205,8 +205,7 @@ def test_adapt_grows_to_200_workers_in_groups_and_back(tmp_path: Any) -> None:
         handle.client.run_on_scheduler(use_groups, 50, handle.entry["tls"])
         with dask.config.set(limits):
             handle.adapt(0, 190, force=True)
-        report = handle.client.scheduler.nbcluster_backlog
-        handle.client.sync(report, run="groups-test", kind="cpu", items=100_000, seconds=10_000.0)
+        backlog = Backlog(handle.client, items=100_000, seconds=10_000.0)
         # Four processes of 50 (the fewest that give 190), each its own host: not one process
         # per worker, and not torn down again for being 10 over the target (Dask's own
         # recommendations closed a group for one member and started it again, round after round).
@@ -214,7 +213,7 @@ def test_adapt_grows_to_200_workers_in_groups_and_back(tmp_path: Any) -> None:
         hosts = {w["host"] for w in handle.client.scheduler_info(n_workers=-1)["workers"].values()}
         assert len(hosts) == 4, hosts
         assert [r for r in handle.client.run_on_scheduler(_adaptive_log) if r["status"] == "down"] == []
-        handle.client.sync(report, run="groups-test", kind="cpu", items=0, seconds=0.0)
+        backlog.stop()
         # The backlog gone, every group is retired.
         assert _workers_become(handle, 0, timeout=30)
         assert handle.info().data["requested"]["cpu"] == 0
