@@ -29,7 +29,8 @@ measured is the scheduler's and the kernel's side, not the workers' speed. Four 
    `adapt --max 1000` makes it: its target, then its recommendations) on the scheduler
    with N workers and a %%distribute backlog of 100,000 items reported. Not measured:
    adapt actually starting or retiring workers at this scale (simulated workers cannot be
-   started by adapt's `scale_up`; real ones would be N processes on 2 cores).
+   started by adapt's `scale_up` here; bench/scale_adapt.py measures that with simulated
+   workers the cluster starts itself, as spec entries of a process each).
 
 Run: /work/venv/bin/python bench/scale_engine.py [--sizes 10,100,1000] [--runs 3]
      [--items 100000] [--rate 1000] [--window 8] [--write]
@@ -58,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._results import write_section  # noqa: E402
 
-PY_SPY = "/work/venv/bin/py-spy"
+PY_SPY = str(Path(sys.executable).with_name("py-spy"))  # installed beside this Python
 PER_PROCESS = 125  # simulated workers per process
 
 

@@ -174,3 +174,48 @@ def _workers_become(handle: ClusterHandle, n: int, timeout: float = 30) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def _made_adaptive_log() -> Any:
+    # Made in a function so that it travels by value (see `_functions`).
+    def adaptive_log(dask_scheduler: Any = None) -> list[dict[str, Any]]:
+        """On an nbcluster scheduler: what its CPU adaptive recommended, oldest first."""
+        cluster = dask_scheduler.handlers["nbcluster_adapt"].__self__.deployment.cluster
+        return [dict(r) for _, r in cluster._kind_adaptives[0].log]
+
+    return adaptive_log
+
+
+_adaptive_log = _made_adaptive_log()
+
+
+def test_adapt_grows_to_200_workers_in_groups_and_back(tmp_path: Any) -> None:
+    # Adaptivity itself starts and retires the workers here: each spec entry the cluster
+    # adds is one process of 50 simulated workers (tests/sim_workers.py, `group_spec`),
+    # as a dask-jobqueue job hosting several. --max 190 is not a whole number of groups.
+    import dask
+
+    from tests.sim_workers import Backlog, use_groups
+
+    # The limits count workers as processes; 200 of these are 4 processes.
+    limits = {"nbcluster.limits.max-workers": 1000, "nbcluster.limits.max-threads": 1000}
+    with dask.config.set(limits):
+        handle = nbcluster.start(workers=0, name="groups", runtime_dir=tmp_path)
+    try:
+        handle.client.run_on_scheduler(use_groups, 50, handle.entry["tls"])
+        with dask.config.set(limits):
+            handle.adapt(0, 190, force=True)
+        backlog = Backlog(handle.client, items=100_000, seconds=10_000.0)
+        # Four processes of 50 (the fewest that give 190), each its own host: not one process
+        # per worker, and not torn down again for being 10 over the target (Dask's own
+        # recommendations closed a group for one member and started it again, round after round).
+        handle.client.wait_for_workers(200, timeout=40)
+        hosts = {w["host"] for w in handle.client.scheduler_info(n_workers=-1)["workers"].values()}
+        assert len(hosts) == 4, hosts
+        assert [r for r in handle.client.run_on_scheduler(_adaptive_log) if r["status"] == "down"] == []
+        backlog.stop()
+        # The backlog gone, every group is retired.
+        assert _workers_become(handle, 0, timeout=30)
+        assert handle.info().data["requested"]["cpu"] == 0
+    finally:
+        handle.stop()

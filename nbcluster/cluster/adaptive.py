@@ -175,15 +175,24 @@ class KindScaled(Protocol):
     imports this module: described here, not imported)."""
 
     scheduler: Any
+    #: Dask's spec entries, by name (an entry may stand for a group of workers).
+    worker_spec: dict[Any, dict[str, Any]]
+    #: Dask's started entries, by name.
+    workers: dict[Any, Any]
 
-    @property
-    def plan(self) -> Any:
-        """Dask's ``plan``: the workers the cluster means to have."""
-        ...
+    def members(self, name: str) -> list[str]:
+        """The workers that the spec entry `name` stands for.
 
-    @property
-    def requested(self) -> Any:
-        """Dask's ``requested``: the workers asked of the backend."""
+        Parameters
+        ----------
+        name : str
+            An entry of the worker spec.
+
+        Returns
+        -------
+        list of str
+            Worker names as the scheduler knows them.
+        """
         ...
 
     def kind_of(self, name: str) -> str:
@@ -224,18 +233,20 @@ class KindAdaptive(Adaptive):
         self.kinds: KindScaled = cluster
         super().__init__(cluster, **kwargs)
 
-    def _mine(self, names: Any) -> set[Any]:
-        return {n for n in names if self.kinds.kind_of(n) == self.kind}
+    def _mine(self, entries: Any) -> set[Any]:
+        # By spec entry, then its members: Dask's `plan` names a group's workers (name +
+        # suffix), which the spec does not hold, so their kind is their entry's.
+        return {w for e in entries if self.kinds.kind_of(e) == self.kind for w in self.kinds.members(e)}
 
     @property
     def plan(self) -> set[Any]:
         """The planned workers of this kind."""
-        return self._mine(self.kinds.plan)
+        return self._mine(self.kinds.worker_spec)
 
     @property
     def requested(self) -> set[Any]:
-        """The requested workers of this kind."""
-        return self._mine(self.kinds.requested)
+        """The requested workers of this kind (started entries the spec still holds)."""
+        return self._mine(e for e in self.kinds.workers if e in self.kinds.worker_spec)
 
     @property
     def observed(self) -> set[Any]:
@@ -251,8 +262,51 @@ class KindAdaptive(Adaptive):
     async def target(self) -> int:
         return kind_target(self.kinds.scheduler, self.kind, self.target_duration)
 
+    async def recommendations(self, target: int) -> dict[str, Any]:
+        """Dask's recommendations, but scaling down by whole spec entries.
+
+        Dask's own closes any `len(plan) - target` workers not yet arrived, then asks
+        `workers_to_close`; a spec entry standing for a group of workers (a process or batch
+        job hosting several) then went whole for one of its members, and the cluster
+        flapped: 201 planned for a target of 200 closed a group of 50, and the next round
+        started it again. Here `workers_to_close` names whole entries only, not-yet-arrived
+        ones first; each must be named `wait_count` rounds in a row, as in Dask.
+
+        Parameters
+        ----------
+        target : int
+            Workers of this kind wanted, within the bounds.
+
+        Returns
+        -------
+        dict
+            ``{"status": "same"}``, ``{"status": "up", "n": n}`` or ``{"status": "down",
+            "workers": [...]}``.
+        """
+        if target >= len(self.plan):
+            return await super().recommendations(target)  # the same, or up: Dask's
+        if len(self.plan) != len(self.requested):
+            await self.cluster  # as Dask's Adaptive: plan and requested in step first
+        to_close = set(await self.workers_to_close(target))
+        firmly = set()
+        for w in to_close:
+            self.close_counts[w] += 1
+            if self.close_counts[w] >= self.wait_count:
+                firmly.add(w)
+        for k in list(self.close_counts):  # forget the ones not named this round
+            if k in firmly or k not in to_close:
+                del self.close_counts[k]
+        return {"status": "down", "workers": sorted(firmly)} if firmly else {"status": "same"}
+
     async def workers_to_close(self, target: int) -> list[Any]:
-        """Which workers of this kind to retire: idle ones first, holding the least data first.
+        """Which planned workers of this kind to retire: whole spec entries, idle ones,
+        not yet arrived first, then holding the least data, then the largest groups.
+
+        An entry that stands for a group of workers goes whole or not at all (closing one
+        member closes its entry: `SpecCluster.scale_down`): it is named only when none of
+        its members runs a task, and only if the kind keeps at least `target` planned
+        workers without it. Workers the cluster did not start (no spec entry) are not its
+        to retire.
 
         Parameters
         ----------
@@ -266,10 +320,23 @@ class KindAdaptive(Adaptive):
         """
         scheduler = self.kinds.scheduler
         assert scheduler is not None  # Adaptive runs on a started cluster only
-        mine = [ws for ws in scheduler.workers.values() if worker_kind(ws.resources) == self.kind]
-        # Idle workers first, holding the least data first: retiring them moves least.
-        idle = sorted((ws for ws in mine if not ws.processing), key=lambda ws: ws.nbytes)
-        return [ws.name for ws in idle[: max(len(mine) - target, 0)]]
+        joined = {ws.name: ws for ws in scheduler.workers.values()}
+        entries = []
+        for e in self.kinds.worker_spec:
+            if self.kinds.kind_of(e) != self.kind:
+                continue
+            members = self.kinds.members(e)
+            states = [joined[m] for m in members if m in joined]
+            if not any(ws.processing for ws in states):
+                entries.append((bool(states), sum(ws.nbytes for ws in states), -len(members), members))
+        entries.sort(key=lambda c: c[:3])
+        budget = len(self.plan) - target
+        out: list[Any] = []
+        for _, _, _, members in entries:
+            if len(members) <= budget:
+                out += members
+                budget -= len(members)
+        return out
 
     # Dask's AdaptiveCore annotates scale_up with scale_down's argument (workers) and the
     # reverse; Adaptive, the class it runs as, calls scale_up(n) with a count.

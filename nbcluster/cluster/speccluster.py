@@ -52,8 +52,8 @@ class NbSpecCluster(SpecCluster):
         self._kind_adaptives: list[KindAdaptive] = []
         self._security = security
         workers: dict[str, Any] = {}
-        for _ in range(spec.workers or 0):
-            workers.update(self._new_spec("cpu", taken=workers))
+        for i in range(spec.workers or 0):
+            workers[f"cpu-{i}"] = self._cpu_template()  # `new_spec` is set by SpecCluster below
         for device in devices:
             workers.update(self._gpu_spec(device))
         scheduler = {
@@ -139,10 +139,37 @@ class NbSpecCluster(SpecCluster):
                     f"no free GPU for another GPU worker: this cluster has {len(self.all_devices)} GPU(s)"
                 )
             return self._gpu_spec(free[0])
+        return self._new_cpu_specs(1, taken)
+
+    def _new_cpu_specs(self, count: int, taken: dict[str, Any]) -> dict[str, Any]:
+        # The lowest free names, found in one pass: a name at a time, each search from
+        # cpu-0, was quadratic (500,000 names tried on the event loop to scale 1 -> 1,000).
+        # The template is Dask's `new_spec` (from `worker=`, `_cpu_template()` unless
+        # replaced), so an entry may stand for a group of workers as in dask-jobqueue.
+        out: dict[str, Any] = {}
         i = 0
-        while f"cpu-{i}" in taken:
+        while len(out) < count:
+            if f"cpu-{i}" not in taken:
+                out[f"cpu-{i}"] = dict(self.new_spec)  # Dask shares it; its options are copied before use
             i += 1
-        return {f"cpu-{i}": self._cpu_template()}
+        return out
+
+    def members(self, name: str) -> list[str]:
+        """The workers that the spec entry `name` stands for: itself, or its group's.
+
+        Parameters
+        ----------
+        name : str
+            An entry of the worker spec.
+
+        Returns
+        -------
+        list of str
+            Worker names as the scheduler knows them (``name + suffix`` for a group, the
+            way `SpecCluster.plan` names them).
+        """
+        group = self.worker_spec[name].get("group")
+        return [str(name) + suffix for suffix in group] if group else [name]
 
     def kind_of(self, name: str) -> Kind:
         """The kind of a worker in the spec, started or not.
@@ -160,7 +187,7 @@ class NbSpecCluster(SpecCluster):
         return worker_kind(self.worker_spec[name]["options"].get("resources"))
 
     def requested_by_kind(self) -> Requested:
-        """The workers in the spec, by kind (started or not).
+        """The workers in the spec, by kind (started or not; a group counts its members).
 
         Returns
         -------
@@ -169,11 +196,15 @@ class NbSpecCluster(SpecCluster):
         """
         counts: Requested = {"cpu": 0, "gpu": 0}
         for name in self.worker_spec:
-            counts[self.kind_of(name)] += 1
+            counts[self.kind_of(name)] += len(self.members(name))
         return counts
 
     async def scale_kind(self, n: int, kind: str = "cpu", *, adaptive: bool = False) -> None:
         """Scale the workers of one kind, dropping ones not started yet before busy ones.
+
+        A spec entry that stands for a group of workers (``"group"``, see `members`) is
+        added or dropped whole: the kind then has at least `n` workers, the fewest groups
+        that make it.
 
         Parameters
         ----------
@@ -197,16 +228,26 @@ class NbSpecCluster(SpecCluster):
         if not adaptive:
             # An explicit scale is the user taking control back from adaptivity.
             self.stop_adaptive()
-        mine = [name for name in self.worker_spec if self.kind_of(name) == kind]
-        if len(mine) > n:
+        mine = {name: len(self.members(name)) for name in self.worker_spec if self.kind_of(name) == kind}
+        have = sum(mine.values())
+        if have > n:
             running = {v["name"] for v in self.scheduler_info.get("workers", {}).values()}
-            # Drop workers that have not started yet before ones that hold work.
-            mine.sort(key=lambda name: (name in running, str(name)))
-            for name in mine[: len(mine) - n]:
-                del self.worker_spec[name]
-                self.devices.pop(name, None)
-        for _ in range(n - len(mine)):
-            self.worker_spec.update(self._new_spec(kind, taken=self.worker_spec))
+            # Drop workers that have not started yet before ones that hold work, then the
+            # largest entries (a group) first, but never below `n`: a group that would
+            # overshoot stays whole.
+            order = sorted(mine, key=lambda name: (self.members(name)[0] in running, -mine[name], str(name)))
+            for name in order:
+                if have - mine[name] >= n:
+                    have -= mine[name]
+                    del self.worker_spec[name]
+                    self.devices.pop(name, None)
+        if have < n:
+            if kind == "gpu":
+                for _ in range(n - have):
+                    self.worker_spec.update(self._new_spec(kind, taken=self.worker_spec))
+            else:
+                size = len(self.new_spec.get("group") or [None])  # workers one new entry adds
+                self.worker_spec.update(self._new_cpu_specs(-(-(n - have) // size), self.worker_spec))
         await _compat.apply_scale(self)
 
     def stop_adaptive(self) -> None:
