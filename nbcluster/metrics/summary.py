@@ -74,13 +74,14 @@ def band(time: float, samples: Iterable[Mapping[str, Any]]) -> Band:
     return out
 
 
-def hosts(workers: Iterable[Mapping[str, Any]], limit: int = MAX_HOSTS) -> tuple[list[HostTotals], int]:
-    """Per-host totals of worker rows, the hosts with the most workers first.
+def hosts(totals: Mapping[str, Sequence[int]], limit: int = MAX_HOSTS) -> tuple[list[HostTotals], int]:
+    """Per-host totals, the hosts with the most workers first.
 
     Parameters
     ----------
-    workers : Iterable of Mapping
-        Worker rows (``host``, ``nthreads``, ``processing``, ``memory``, ``memory_limit``).
+    totals : Mapping of str to sequence of int
+        By host: its workers, threads, tasks processing, memory and memory limit (bytes),
+        in that order (what the plugin adds up in one pass over the scheduler's workers).
     limit : int
         The most hosts returned one by one.
 
@@ -88,17 +89,15 @@ def hosts(workers: Iterable[Mapping[str, Any]], limit: int = MAX_HOSTS) -> tuple
     -------
     tuple of (list of HostTotals, int)
         The first `limit` hosts, and how many more there are.
+
+    Examples
+    --------
+    >>> hosts({"10.0.0.2": [2, 4, 1, 100, 800], "10.0.0.1": [3, 3, 0, 50, 900]}, limit=1)
+    ([{'host': '10.0.0.1', 'workers': 3, 'threads': 3, 'processing': 0, 'memory': 50, 'memory_limit': 900}], 1)
     """
-    by_host: dict[str, HostTotals] = {}
-    for w in workers:
-        host = str(w.get("host") or "?")
-        h = by_host.setdefault(
-            host, {"host": host, "workers": 0, "threads": 0, "processing": 0, "memory": 0, "memory_limit": 0}
-        )
-        h["workers"] += 1
-        h["threads"] += int(w.get("nthreads") or 0)
-        h["processing"] += int(w.get("processing") or 0)
-        h["memory"] += int(w.get("memory") or 0)
-        h["memory_limit"] += int(w.get("memory_limit") or 0)
-    ranked = sorted(by_host.values(), key=lambda h: (-h["workers"], h["host"]))
-    return ranked[:limit], max(0, len(ranked) - limit)
+    ranked = sorted(totals.items(), key=lambda item: (-item[1][0], item[0]))
+    out: list[HostTotals] = [
+        {"host": host, "workers": w, "threads": t, "processing": p, "memory": m, "memory_limit": lim}
+        for host, (w, t, p, m, lim) in ranked[:limit]
+    ]
+    return out, max(0, len(ranked) - limit)
