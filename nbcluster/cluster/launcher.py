@@ -17,6 +17,7 @@ lives, and `wait_gone` waits for one to exit on its pidfd after a stop.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import select
@@ -57,6 +58,26 @@ class _Launched:
             self.proc.wait()
 
 
+#: What a supervisor runs as (``python -m ...``; see ``cluster/__main__.py``).
+SUPERVISOR_MODULE = "nbcluster.cluster"
+
+
+def is_supervisor(cmdline: list[str]) -> bool:
+    """Whether a process's command line is a supervisor's, as `prewarm` and `spawn` launch it.
+
+    Parameters
+    ----------
+    cmdline : list of str
+        The command line (`psutil.Process.cmdline`).
+
+    Returns
+    -------
+    bool
+        True for ``python -m nbcluster.cluster ...``.
+    """
+    return any(a == "-m" and b == SUPERVISOR_MODULE for a, b in itertools.pairwise(cmdline))
+
+
 _spare: _Launched | None = None
 #: Supervisors started from this process that run clusters (see `reap_children`).
 _children: list[subprocess.Popen[bytes]] = []
@@ -71,7 +92,7 @@ def _launch(directory: Path) -> _Launched:
     cmd = [
         sys.executable,
         "-m",
-        "nbcluster.cluster.supervisor",
+        SUPERVISOR_MODULE,
         "--ready-fd",
         str(ready_w),
         "--log",
