@@ -344,3 +344,27 @@ def nested_task(fn: Any, *args: Any) -> Any:
     from dask._task_spec import Task
 
     return Task(None, fn, *args)
+
+
+# cluster/ (supervisor.py: the start of the local backend's workers)
+#: How often a nanny this process starts looks for its new worker's "ready" message.
+NANNY_READY_POLL_S = 0.005
+
+
+def quick_worker_handshake(interval: float = NANNY_READY_POLL_S) -> None:
+    """Let the nannies of this process see their worker process ready within `interval` s.
+
+    A nanny learns that the worker process it spawned has registered from a multiprocessing
+    queue, which Dask polls every 50 ms (a queue has nothing an event loop can await): each
+    worker's start ended up to 50 ms after the worker was ready, and a cluster's start waits
+    for its last worker. A poll of an empty queue costs microseconds, and polling happens
+    only while a worker process starts.
+
+    Parameters
+    ----------
+    interval : float
+        Seconds between two looks at the queue.
+    """
+    from distributed.nanny import WorkerProcess
+
+    WorkerProcess._init_msg_interval = interval

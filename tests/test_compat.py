@@ -115,6 +115,23 @@ def test_nanny_logs_reads_a_nannys_own_log() -> None:
     assert any("Start Nanny at" in msg for _, msg in records), records
 
 
+def test_quick_worker_handshake_shortens_the_nannys_poll() -> None:
+    from distributed.nanny import WorkerProcess
+
+    before = WorkerProcess._init_msg_interval  # Dask's 50 ms: the attribute must exist
+    try:
+        _compat.quick_worker_handshake(0.002)
+        assert WorkerProcess._init_msg_interval == 0.002
+        # A nanny made now starts its worker with the short poll, and the worker runs.
+        with (
+            LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster,
+            Client(cluster, set_as_default=False) as client,
+        ):
+            assert client.submit(lambda: 1).result() == 1
+    finally:
+        WorkerProcess._init_msg_interval = before
+
+
 def _stored_length(key: str, dask_worker: object = None) -> int:
     return len(dask_worker.data[key])  # type: ignore[attr-defined]  # a distributed Worker
 

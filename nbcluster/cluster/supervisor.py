@@ -1,8 +1,10 @@
 """The supervisor: one process per cluster, owning its scheduler and workers.
 
-Launched as ``python -m nbcluster.cluster.supervisor --ready-fd FD --log PATH`` by
-`nbcluster.start` (or ahead of time by `prewarm`), which then sends one JSON request on its
+Launched as ``python -m nbcluster.cluster --ready-fd FD --log PATH`` (``cluster/__main__.py``)
+by `nbcluster.start` (or ahead of time by `prewarm`), which then sends one JSON request on its
 stdin: the spec, the runtime dir, the owner pid and the environment. Nobody else starts it.
+While it waits for the request it imports what a start will need (`import_ahead`), so a
+spare taken by `start` pays none of it.
 
 What it owns
     - the cluster's name, claimed with an ``O_EXCL`` registry entry (`registry.claim`);
@@ -77,13 +79,14 @@ import psutil
 from distributed.core import Server
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from nbcluster import config
+from nbcluster import _compat, config
 from nbcluster._wire import ClusterState, RegistryEntry, Snapshot, TaskCounts, WorkerRow
 from nbcluster.cluster import deploy, gpu, profiles, registry, startlog
 from nbcluster.cluster.adaptive import backlogs
-from nbcluster.cluster.credentials import write_credentials
+from nbcluster.cluster.credentials import load_cryptography, write_credentials
 from nbcluster.cluster.info import identity_rows, worker_row
 from nbcluster.cluster.lifeline import GRACE_S, Lifeline, kill_descendants
+from nbcluster.cluster.private_http import PROXY_ROUTE
 from nbcluster.cluster.spec import DEFAULT_NAME, ClusterSpec, parse_count
 from nbcluster.cluster.streams import SchedulerStreams
 from nbcluster.errors import NbclusterError
@@ -486,6 +489,7 @@ class _Supervision:
         # exists for this one cluster, so the setting is global here.
         config.drop_copied_dask_environ(os.environ)
         dask.config.set({"distributed.nanny.pre-spawn-environ": config.worker_pre_spawn_environ()})
+        _compat.quick_worker_handshake()
         self.deployment = d = deploy.make(
             self.spec, profile, directory=self.directory, name=self.name, devices=devices,
             security=security, tls=tls,
@@ -640,8 +644,29 @@ def lifeline_grace() -> float:
     return GRACE_S * 0.8
 
 
+def import_ahead() -> None:
+    """Import what starting a local cluster imports, before the request comes.
+
+    A spare supervisor waits for its request (`launcher.prewarm`): what it imports then, a
+    start does not pay (the certificate's `cryptography`, the scheduler's HTTP routes, the
+    nannies' multiprocessing pieces: about 0.1 s). A supervisor launched for a request at
+    once (no spare) would import the same a moment later.
+    """
+    import importlib
+    import multiprocessing.synchronize  # noqa: F401  (a nanny's process start)
+
+    import distributed.diagnostics.websocket  # noqa: F401  (the scheduler's plugins)
+
+    load_cryptography()
+    for module in dask.config.get("distributed.scheduler.http.routes"):
+        if module != PROXY_ROUTE:  # the local backend serves none (private_http.py)
+            # A route that cannot be imported fails the start that needs it, with Dask's error.
+            with contextlib.suppress(ImportError):
+                importlib.import_module(module)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m nbcluster.cluster.supervisor``: read one start request on stdin and run it.
+    """``python -m nbcluster.cluster``: read one start request on stdin and run it.
 
     Parameters
     ----------
@@ -653,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     int
         The exit status.
     """
-    parser = argparse.ArgumentParser(prog="python -m nbcluster.cluster.supervisor")
+    parser = argparse.ArgumentParser(prog="python -m nbcluster.cluster")
     parser.add_argument("--ready-fd", type=int, required=True, help="pipe for the one ready line")
     parser.add_argument("--log", type=Path, required=True, help="this process's stdout/stderr file")
     args = parser.parse_args(argv)
@@ -663,6 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     # The request comes on stdin, so a supervisor can be launched ahead of time (its
     # imports are most of a start-up) and told what to start later. EOF means the process
     # that launched us is gone before asking: nothing to do.
+    import_ahead()
     line = sys.stdin.readline()
     if not line:
         args.log.unlink(missing_ok=True)
