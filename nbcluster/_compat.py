@@ -368,3 +368,23 @@ def quick_worker_handshake(interval: float = NANNY_READY_POLL_S) -> None:
     from distributed.nanny import WorkerProcess
 
     WorkerProcess._init_msg_interval = interval
+
+
+def start_spec_scheduler(cluster: Any) -> Any:
+    """Start a `SpecCluster`'s scheduler, and none of its workers yet (a coroutine).
+
+    Awaiting the cluster afterwards starts the workers (it skips what already runs). The
+    public ``await cluster`` does both in one, and the scheduler's address is not known
+    until the workers are up.
+
+    Parameters
+    ----------
+    cluster : distributed.SpecCluster
+        An asynchronous cluster, not started.
+
+    Returns
+    -------
+    Coroutine
+        Done once the scheduler listens and the cluster object is subscribed to it.
+    """
+    return cluster._start()

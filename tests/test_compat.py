@@ -97,6 +97,28 @@ def test_apply_scale_and_stop_adaptive_on_a_spec_cluster() -> None:
     asyncio.run(check())
 
 
+def test_start_spec_scheduler_starts_the_scheduler_and_no_worker_yet() -> None:
+    # How the supervisor tells a kernel where the scheduler is before the workers are up.
+    from distributed import Scheduler, SpecCluster, Worker
+
+    async def check() -> None:
+        cluster = SpecCluster(
+            workers={"w": {"cls": Worker, "options": {"nthreads": 1, "host": "127.0.0.1"}}},
+            scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}},
+            asynchronous=True,
+        )
+        try:
+            await _compat.start_spec_scheduler(cluster)
+            assert cluster.scheduler.address.startswith("tcp://127.0.0.1:")
+            assert cluster.workers == {} and not cluster.scheduler.workers
+            await cluster  # then the workers, the scheduler as it is
+            assert list(cluster.workers) == ["w"] and len(cluster.scheduler.workers) == 1
+        finally:
+            await cluster.close()
+
+    asyncio.run(check())
+
+
 def test_nanny_logs_reads_a_nannys_own_log() -> None:
     # A real nanny process: its log says it started, newest record first.
     with (

@@ -4,7 +4,8 @@
 the spare supervisor if one is ready (`prewarm`, which ``%load_ext nbcluster`` calls: the
 spare has already paid Python's start-up and nbcluster's imports) or launches one, sends it
 the request as one JSON line on its stdin, and blocks on the one-line answer on the ready
-pipe (the protocol is in ``supervisor.py``), within ``nbcluster.timeouts.start``. A start
+pipe (the protocol is in ``supervisor.py``), within ``nbcluster.timeouts.start``; a line
+before it may say where the scheduler already listens (`spawn`'s ``on_scheduler``). A start
 that is too slow or interrupted tears the supervisor's whole process group down, so nothing
 half-started stays behind.
 
@@ -26,8 +27,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import dask.config
 
@@ -155,7 +158,14 @@ def _take(directory: Path) -> _Launched:
     return _launch(directory)
 
 
-def spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool = False) -> _wire.RegistryEntry:
+def spawn(
+    spec: ClusterSpec,
+    directory: Path,
+    owner: int | None,
+    *,
+    force: bool = False,
+    on_scheduler: Callable[[dict[str, Any]], None] | None = None,
+) -> _wire.RegistryEntry:
     """A new cluster's registry entry, once its supervisor reports it running.
 
     Parameters
@@ -168,6 +178,9 @@ def spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool 
         The pid whose exit stops the cluster; None keeps it (``--keep``).
     force : bool
         Lift the machine-derived limits (``--force``).
+    on_scheduler : callable, optional
+        Called with ``{"address": ..., "tls": ...}`` where the scheduler is up before its
+        workers (the local backend), while they start; the start may still fail after it.
 
     Returns
     -------
@@ -194,7 +207,12 @@ def spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool 
         assert proc.stdin is not None
         proc.stdin.write((json.dumps(request) + "\n").encode())
         proc.stdin.close()
-        line = _read_line(launched.ready_r, timeout)
+        lines = _Lines(launched.ready_r, timeout)
+        line = lines.next()
+        while line and "scheduler" in (early := json.loads(line)):
+            if on_scheduler is not None:
+                on_scheduler(early["scheduler"])
+            line = lines.next()
     except BaseException as error:
         # Too slow, or interrupted (Ctrl-C, a server shutting down): nothing half-started
         # may stay behind, whatever phase the supervisor is in.
@@ -243,21 +261,28 @@ def _tear_down(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _read_line(fd: int, timeout: float) -> str:
-    """The supervisor's one-line report; '' if it exited first; TimeoutError if too slow."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    while not data.endswith(b"\n"):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if ready:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return ""
-            data += chunk
-    return data.decode()
+class _Lines:
+    """The supervisor's report lines on the ready pipe, all within one deadline."""
+
+    def __init__(self, fd: int, timeout: float):
+        self.fd = fd
+        self.deadline = time.monotonic() + timeout
+        self.data = b""
+
+    def next(self) -> str:
+        """The next line; '' if the supervisor exited first; TimeoutError if too slow."""
+        while b"\n" not in self.data:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if ready:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    return ""
+                self.data += chunk
+        line, _, self.data = self.data.partition(b"\n")
+        return line.decode() + "\n"
 
 
 def keep_warm() -> bool:

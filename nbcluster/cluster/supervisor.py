@@ -33,10 +33,15 @@ Lifecycle
        bypassed `start` gets no further; the site config's ceilings are read from its files
        here, so the requester's forwarded config cannot raise them), claim a name
        (``local``, ``local-2``, ... for the default), write the credentials;
-    2. start the deployment, add the control handlers and the metrics plugin, rewrite the
-       entry with the address (and ``control``, ``backend``, ``profile``);
+    2. start the deployment (the local backend: its scheduler, then the control handlers
+       and the metrics plugin, then its workers), rewrite the entry with the address (and
+       ``control``, ``backend``, ``profile``);
     3. write one JSON line ({"ok": true, "entry": ...} or {"ok": false, "error": ...}) to
-       the ready pipe: `nbcluster.start` blocks on that line, so there is no polling. If
+       the ready pipe: `nbcluster.start` blocks on that line, so there is no polling. Where
+       the scheduler runs here and starts before its workers (the local backend), a line
+       {"scheduler": {"address": ..., "tls": ...}} comes first, so that the requester's
+       client connects while the workers start (the ready line may still say the start
+       failed). If
        it is not there within ``nbcluster.timeouts.start``, the requester tears this
        process down (SIGTERM, then SIGKILL of its process group). Stdout and stderr, which
        the workers inherit, go to ``.start-<id>.log``; on success it becomes ``<name>.log``,
@@ -373,6 +378,15 @@ class ControlPlugin(SchedulerPlugin):
         scheduler.handlers.update(self.control.handlers())
 
 
+async def _plug_in(scheduler: Any, control: Control) -> None:
+    """Install nbcluster's scheduler plugins on a scheduler running in this process."""
+    for plugin in (ControlPlugin(control), SchedulerStreams(), _load_metrics_plugin()):
+        if plugin is not None:
+            # add_plugin on a running scheduler does not call start(); we must.
+            scheduler.add_plugin(plugin)
+            await plugin.start(scheduler)
+
+
 def _load_metrics_plugin() -> SchedulerPlugin | None:
     # The metrics plugin is optional here so a broken or missing one never stops a cluster
     # from starting; the live graphs just stay empty.
@@ -409,6 +423,17 @@ class _Reporter:
 
     def __init__(self, fd: int):
         self.fd: int | None = fd
+
+    def scheduler_up(self, scheduler: dict[str, Any]) -> None:
+        """Say where the scheduler listens, before the one ready line (it may not come).
+
+        Parameters
+        ----------
+        scheduler : dict
+            ``address`` and ``tls`` (the credential files), as the entry will have them.
+        """
+        assert self.fd is not None, "reported after the ready line"
+        os.write(self.fd, (json.dumps({"scheduler": scheduler}) + "\n").encode())
 
     def __call__(self, message: dict[str, Any]) -> None:
         assert self.fd is not None, "reported twice"
@@ -494,14 +519,18 @@ class _Supervision:
             self.spec, profile, directory=self.directory, name=self.name, devices=devices,
             security=security, tls=tls,
         )  # fmt: skip
-        await d.start()
         control = Control(d, self.entry, self.stop)
+        await d.start_scheduler()
+        early = d.scheduler is not None
+        if early:
+            # Up before its workers (the local backend): the requester's client connects
+            # while they start, instead of after.
+            await _plug_in(d.scheduler, control)
+            self.report.scheduler_up({"address": d.address, "tls": tls})
+        await d.start()
         if d.scheduler is not None:
-            for plugin in (ControlPlugin(control), SchedulerStreams(), _load_metrics_plugin()):
-                if plugin is not None:
-                    # add_plugin on a running scheduler does not call start(); we must.
-                    d.scheduler.add_plugin(plugin)
-                    await plugin.start(d.scheduler)
+            if not early:  # a scheduler that came up with its workers (dask-jobqueue's)
+                await _plug_in(d.scheduler, control)
         else:
             self.control_server = await deploy.serve_control(control.handlers(), security)
             self.entry["control"] = self.control_server.address
