@@ -37,12 +37,11 @@ Lifecycle
        and the metrics plugin, then its workers), rewrite the entry with the address (and
        ``control``, ``backend``, ``profile``);
     3. write one JSON line ({"ok": true, "entry": ...} or {"ok": false, "error": ...}) to
-       the ready pipe: `nbcluster.start` blocks on that line, so there is no polling. Where
-       the scheduler runs here and starts before its workers (the local backend), a line
+       the ready pipe: `nbcluster.start` blocks on that line, so there is no polling. (Where
+       the scheduler runs here and starts before its workers, the local backend, a line
        {"scheduler": {"address": ..., "tls": ...}} comes first, so that the requester's
-       client connects while the workers start (the ready line may still say the start
-       failed). If
-       it is not there within ``nbcluster.timeouts.start``, the requester tears this
+       client connects while the workers start; the ready line may still say the start
+       failed.) If it is not there within ``nbcluster.timeouts.start``, the requester tears this
        process down (SIGTERM, then SIGKILL of its process group). Stdout and stderr, which
        the workers inherit, go to ``.start-<id>.log``; on success it becomes ``<name>.log``,
        on failure it is kept as ``failed-start-*.log`` (see ``startlog.py``);
