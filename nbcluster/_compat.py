@@ -388,3 +388,16 @@ def start_spec_scheduler(cluster: Any) -> Any:
         Done once the scheduler listens and the cluster object is subscribed to it.
     """
     return cluster._start()
+
+
+def load_tls_client_defaults() -> None:
+    """Make tornado's default client TLS context (the system's CA store) now, once per process.
+
+    Tornado makes it for every TLS stream that has no options of its own, also a server's
+    stream over a socket already wrapped with the server's context: the first connection a
+    Dask scheduler or worker accepts loaded the CA store then (~40 ms here). Tornado caches
+    the context, so this moves that cost out of the first connection.
+    """
+    from tornado.netutil import _client_ssl_defaults
+
+    _client_ssl_defaults()

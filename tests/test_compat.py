@@ -119,6 +119,17 @@ def test_start_spec_scheduler_starts_the_scheduler_and_no_worker_yet() -> None:
     asyncio.run(check())
 
 
+def test_load_tls_client_defaults_makes_the_context_a_tls_stream_takes() -> None:
+    import tornado.iostream
+    from tornado.netutil import _client_ssl_defaults
+
+    _client_ssl_defaults.cache_clear()
+    _compat.load_tls_client_defaults()
+    assert _client_ssl_defaults.cache_info().currsize == 1
+    # The very function (and cache) tornado's SSLIOStream calls for a stream without options.
+    assert tornado.iostream._client_ssl_defaults is _client_ssl_defaults
+
+
 def test_nanny_logs_reads_a_nannys_own_log() -> None:
     # A real nanny process: its log says it started, newest record first.
     with (
