@@ -127,9 +127,11 @@ def leftovers(server: Any) -> list[str]:
     """Supervisor processes of the server, and files in its registry folder, still there."""
     import psutil
 
+    from nbcluster.cluster.launcher import is_supervisor
+
     def supervisor(p: psutil.Process) -> bool:
         try:
-            return "nbcluster.cluster.supervisor" in " ".join(p.cmdline())
+            return is_supervisor(p.cmdline())
         except psutil.Error:  # exited meanwhile, or a zombie: not running
             return False
 

@@ -400,3 +400,60 @@ def worker_accepts_work(worker: Any) -> str | None:
 
     status = getattr(worker, "status", None)
     return None if status == Status.running else str(getattr(status, "name", status))
+
+
+# cluster/ (supervisor.py: the start of the local backend's workers)
+#: How often a nanny this process starts looks for its new worker's "ready" message.
+NANNY_READY_POLL_S = 0.005
+
+
+def quick_worker_handshake(interval: float = NANNY_READY_POLL_S) -> None:
+    """Let the nannies of this process see their worker process ready within `interval` s.
+
+    A nanny learns that the worker process it spawned has registered from a multiprocessing
+    queue, which Dask polls every 50 ms (a queue has nothing an event loop can await): each
+    worker's start ended up to 50 ms after the worker was ready, and a cluster's start waits
+    for its last worker. A poll of an empty queue costs microseconds, and polling happens
+    only while a worker process starts.
+
+    Parameters
+    ----------
+    interval : float
+        Seconds between two looks at the queue.
+    """
+    from distributed.nanny import WorkerProcess
+
+    WorkerProcess._init_msg_interval = interval
+
+
+def start_spec_scheduler(cluster: Any) -> Any:
+    """Start a `SpecCluster`'s scheduler, and none of its workers yet (a coroutine).
+
+    Awaiting the cluster afterwards starts the workers (it skips what already runs). The
+    public ``await cluster`` does both in one, and the scheduler's address is not known
+    until the workers are up.
+
+    Parameters
+    ----------
+    cluster : distributed.SpecCluster
+        An asynchronous cluster, not started.
+
+    Returns
+    -------
+    Coroutine
+        Done once the scheduler listens and the cluster object is subscribed to it.
+    """
+    return cluster._start()
+
+
+def load_tls_client_defaults() -> None:
+    """Make tornado's default client TLS context (the system's CA store) now, once per process.
+
+    Tornado makes it for every TLS stream that has no options of its own, also a server's
+    stream over a socket already wrapped with the server's context: the first connection a
+    Dask scheduler or worker accepts loaded the CA store then (~40 ms here). Tornado caches
+    the context, so this moves that cost out of the first connection.
+    """
+    from tornado.netutil import _client_ssl_defaults
+
+    _client_ssl_defaults()

@@ -168,7 +168,7 @@ def client_for(cluster: str | None = None) -> Client:
 
 @functools.wraps(start_cluster)
 def start(*args: Any, **kwargs: Any) -> ClusterHandle:
-    return use(start_cluster(*args, **kwargs))
+    return use(start_cluster(*args, client=True, **kwargs))
 
 
 # The same docstring, with what this start does besides (before its numpydoc sections).

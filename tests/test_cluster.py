@@ -256,6 +256,42 @@ def test_dashboard_only_when_asked_and_on_loopback(runtime_dir):
         assert r.status == 200
 
 
+def test_a_kernels_client_connects_while_the_workers_start(runtime_dir):
+    from nbcluster.cluster.handle import start
+
+    handle = start(workers=2, threads=1, name="early", client=True)
+    client = handle.client
+    # The supervisor said where the scheduler listens before starting the workers: the
+    # kernel's client was there first, and start returned with it connected.
+    actions = [(e["action"], e.get("client")) for _, e in client.get_events("all")]
+    first_worker = actions.index(("add-worker", None))
+    assert ("add-client", client.id) in actions[:first_worker], actions
+    assert client.submit(lambda: 1).result() == 1
+    # Without `client`, as the server and the CLI start clusters: nobody connects early.
+    plain = start(workers=1, threads=1, name="plain")
+    assert plain._client is None
+    plain_client = plain.client
+    actions = [e["action"] for _, e in plain_client.get_events("all")]
+    assert actions.index("add-worker") < actions.index("add-client")
+
+
+def test_the_local_scheduler_relays_to_no_host(cluster):
+    # Dask's /proxy route relays to any host and port; the local workers serve no pages,
+    # so there is nothing to relay to (and its import cost every start ~0.15 s).
+    import urllib.error
+    import urllib.request
+
+    from nbcluster.cluster.private_http import client_context
+
+    port = cluster.client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.http_server.port)
+    context = client_context(cluster.entry["tls"])
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/health", timeout=10, context=context) as r:
+        assert r.status == 200  # the scheduler's HTTP server is up, and lets us in
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"https://127.0.0.1:{port}/proxy/9/127.0.0.1/status", timeout=10, context=context)
+    assert refused.value.code == 404
+
+
 def _listing_entries() -> list[dict]:
     worker = {"nthreads": 2}
     return [

@@ -97,6 +97,39 @@ def test_apply_scale_and_stop_adaptive_on_a_spec_cluster() -> None:
     asyncio.run(check())
 
 
+def test_start_spec_scheduler_starts_the_scheduler_and_no_worker_yet() -> None:
+    # How the supervisor tells a kernel where the scheduler is before the workers are up.
+    from distributed import Scheduler, SpecCluster, Worker
+
+    async def check() -> None:
+        cluster = SpecCluster(
+            workers={"w": {"cls": Worker, "options": {"nthreads": 1, "host": "127.0.0.1"}}},
+            scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}},
+            asynchronous=True,
+        )
+        try:
+            await _compat.start_spec_scheduler(cluster)
+            assert cluster.scheduler.address.startswith("tcp://127.0.0.1:")
+            assert cluster.workers == {} and not cluster.scheduler.workers
+            await cluster  # then the workers, the scheduler as it is
+            assert list(cluster.workers) == ["w"] and len(cluster.scheduler.workers) == 1
+        finally:
+            await cluster.close()
+
+    asyncio.run(check())
+
+
+def test_load_tls_client_defaults_makes_the_context_a_tls_stream_takes() -> None:
+    import tornado.iostream
+    from tornado.netutil import _client_ssl_defaults
+
+    _client_ssl_defaults.cache_clear()
+    _compat.load_tls_client_defaults()
+    assert _client_ssl_defaults.cache_info().currsize == 1
+    # The very function (and cache) tornado's SSLIOStream calls for a stream without options.
+    assert tornado.iostream._client_ssl_defaults is _client_ssl_defaults
+
+
 def test_nanny_logs_reads_a_nannys_own_log() -> None:
     # A real nanny process: its log says it started, newest record first.
     with (
@@ -113,6 +146,23 @@ def test_nanny_logs_reads_a_nannys_own_log() -> None:
         records = _compat.nanny_logs(client, nanny)
     assert records and all(isinstance(level, str) and isinstance(msg, str) for level, msg in records)
     assert any("Start Nanny at" in msg for _, msg in records), records
+
+
+def test_quick_worker_handshake_shortens_the_nannys_poll() -> None:
+    from distributed.nanny import WorkerProcess
+
+    before = WorkerProcess._init_msg_interval  # Dask's 50 ms: the attribute must exist
+    try:
+        _compat.quick_worker_handshake(0.002)
+        assert WorkerProcess._init_msg_interval == 0.002
+        # A nanny made now starts its worker with the short poll, and the worker runs.
+        with (
+            LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster,
+            Client(cluster, set_as_default=False) as client,
+        ):
+            assert client.submit(lambda: 1).result() == 1
+    finally:
+        WorkerProcess._init_msg_interval = before
 
 
 def _stored_length(key: str, dask_worker: object = None) -> int:

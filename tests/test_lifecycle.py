@@ -62,6 +62,33 @@ def test_a_start_not_ready_in_time_is_torn_down_and_its_log_kept(runtime_dir, tm
     assert _leftovers(runtime_dir) == [] and nbcluster.clusters() == []
 
 
+def test_a_start_whose_workers_fail_after_the_client_connected_leaves_nothing(runtime_dir, tmp_path, monkeypatch):
+    import gc
+
+    from distributed import Client
+
+    # The scheduler is up (the kernel's client connects early), then every worker process
+    # dies as it starts (Python runs sitecustomize before anything of Dask's).
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, sys\nif '--multiprocessing-fork' in sys.argv:\n    os._exit(3)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+
+    def open_clients() -> set[int]:
+        return {id(c) for c in gc.get_objects() if isinstance(c, Client) and c.status not in ("closed", "closing")}
+
+    clients = open_clients()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(ClusterFailed) as failed:
+        nbcluster.start(workers=1, name="doomed")
+    message = str(failed.value)
+    assert message.startswith("the cluster did not start: ") and "\n" not in message
+    assert "its log: " in message
+    assert open_clients() <= clients  # the client that connected early was closed
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    assert _leftovers(runtime_dir) == [] and nbcluster.clusters() == []
+
+
 def test_sigterm_ends_a_busy_start_within_2_s(runtime_dir, tmp_path, cli):
     env, fifo = busy_start_env(tmp_path)
     with Signal(fifo) as begun:

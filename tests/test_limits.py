@@ -16,6 +16,7 @@ from IPython.core.error import UsageError
 
 import nbcluster
 from nbcluster.cluster import limits
+from nbcluster.cluster.launcher import is_supervisor
 from nbcluster.cluster.limits import Machine
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import LimitExceeded
@@ -76,7 +77,7 @@ def test_default_workers_come_from_config_and_are_checked() -> None:
 
 
 def _supervisors() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if "nbcluster.cluster.supervisor" in " ".join(_cmd(p))]
+    return [p for p in psutil.Process().children(recursive=True) if is_supervisor(_cmd(p))]
 
 
 def _cmd(p: psutil.Process) -> list[str]:

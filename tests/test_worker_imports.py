@@ -83,6 +83,20 @@ def test_import_nbcluster_loads_neither_dask_client_nor_ipython() -> None:
     assert out.split("\n")[:2] == ["[]", "True True"]
 
 
+# What only the supervisor runs: none of it may be loaded on a worker either.
+SUPERVISOR_SIDE = ("nbcluster.cluster.supervisor", "nbcluster.cluster.deploy", "nbcluster.metrics.plugin")
+
+
+def test_workers_import_nothing_of_the_supervisor(cluster) -> None:
+    # Multiprocessing's spawn imports the main module again in every worker process: the
+    # supervisor runs as `python -m nbcluster.cluster` (a package's __main__, which spawn
+    # leaves alone), not as the supervisor module itself.
+    per_worker = cluster.client.run(lambda: sorted(sys.modules))
+    assert len(per_worker) == 2
+    for address, modules in per_worker.items():
+        assert [m for m in modules if m.startswith(SUPERVISOR_SIDE)] == [], address
+
+
 def _client(shell: InteractiveShell) -> Client:
     return _current.client_for("lean")
 

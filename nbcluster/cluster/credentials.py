@@ -68,6 +68,18 @@ def write_credentials(directory: Path, name: str) -> tuple[Security, Credentials
     return security_from(tls), tls
 
 
+def load_cryptography() -> None:
+    """Import the `cryptography` modules `write_credentials` uses (about 30 ms).
+
+    Kept out of this module's imports: a kernel imports it and never makes a certificate. A
+    supervisor imports them while it waits for its request (`supervisor.import_ahead`).
+    """
+    import cryptography.hazmat.primitives.asymmetric.ec
+    import cryptography.hazmat.primitives.hashes
+    import cryptography.hazmat.primitives.serialization
+    import cryptography.x509.oid  # noqa: F401
+
+
 def security_from(tls: Credentials) -> Security:
     """The `distributed.Security` of a cluster's credential files (every role uses them).
 

@@ -84,6 +84,12 @@ class Deployment:
         self.spec = spec
         self.profile = profile
 
+    async def start_scheduler(self) -> None:
+        """Start the scheduler ahead of the workers, where the backend can (`start` then starts
+        the workers): clients connect while the workers start. By default nothing: `start`
+        does it all.
+        """
+
     async def start(self) -> None:
         """Start the backend's cluster (in the supervisor's event loop).
 
@@ -237,8 +243,12 @@ class LocalDeployment(Deployment):
         super().__init__(spec, profile)
         self.cluster = speccluster.local_cluster(spec, devices, security)
 
+    async def start_scheduler(self) -> None:
+        await _compat.start_spec_scheduler(self.cluster)
+        self.scheduler = self.cluster.scheduler
+
     async def start(self) -> None:
-        await self.cluster
+        await self.cluster  # the workers (and the scheduler, if `start_scheduler` was skipped)
         self.scheduler = self.cluster.scheduler
 
     @property

@@ -426,17 +426,7 @@ class ClusterHandle:
     def client(self) -> Client:
         """A `distributed.Client` connected to this cluster (made on first use)."""
         if self._client is None or self._client.status in ("closed", "closing"):
-            _comm_for(self.address)
-            try:
-                self._client = Client(
-                    self.address, security=self.security, set_as_default=False, timeout=connect_timeout()
-                )
-                quick_sends(self._client)  # a cell's batches go to the scheduler at once (cluster/streams.py)
-            except (OSError, asyncio.TimeoutError):
-                raise ClusterUnreachable(
-                    f"cannot connect a Dask client to {self.address}: is the cluster still running? "
-                    "`%cluster list` shows the running ones"
-                ) from None
+            self._client = _new_client(self.address, self.security)
         return self._client
 
     def close_client(self) -> None:
@@ -444,6 +434,20 @@ class ClusterHandle:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _new_client(address: str, security: Security | None) -> Client:
+    """A `distributed.Client` of this process, connected to `address` (ClusterUnreachable if not)."""
+    _comm_for(address)
+    try:
+        client = Client(address, security=security, set_as_default=False, timeout=connect_timeout())
+    except (OSError, asyncio.TimeoutError):
+        raise ClusterUnreachable(
+            f"cannot connect a Dask client to {address}: is the cluster still running? "
+            "`%cluster list` shows the running ones"
+        ) from None
+    quick_sends(client)  # a cell's batches go to the scheduler at once (cluster/streams.py)
+    return client
 
 
 # -- finding and starting clusters ------------------------------------------------------
@@ -619,6 +623,7 @@ def start(
     force: bool = False,
     owner_pid: int | None = None,
     runtime_dir: str | os.PathLike[str] | None = None,
+    client: bool = False,
 ) -> ClusterHandle:
     """Start a cluster in its own supervisor process, or reuse the one already running.
 
@@ -664,6 +669,9 @@ def start(
     runtime_dir : str or path, optional
         The registry folder (default: ``NBCLUSTER_RUNTIME_DIR``, else Jupyter's runtime
         folder).
+    client : bool, default False
+        Also connect the handle's `ClusterHandle.client`, while the workers start (the
+        local backend; elsewhere once the cluster runs).
 
     Returns
     -------
@@ -705,7 +713,24 @@ def start(
     if spec.gpus not in (None, 0):
         # Fail here, with the fix, rather than in the supervisor's log.
         gpu.select(spec.gpus, gpu.discover())
-    return ClusterHandle(launcher.spawn(spec, directory, owner, force=force), directory=directory)
+    early: list[Client] = []
+
+    def connect(scheduler: dict[str, Any]) -> None:
+        # The workers' start is most of a cluster's: the client connects meanwhile. If it
+        # cannot, the ready line says why, or `client` connects later as usual.
+        with contextlib.suppress(ClusterUnreachable):
+            early.append(_new_client(scheduler["address"], security_from(scheduler["tls"])))
+
+    try:
+        entry = launcher.spawn(spec, directory, owner, force=force, on_scheduler=connect if client else None)
+    except BaseException:
+        for made in early:
+            made.close()
+        raise
+    handle = ClusterHandle(entry, directory=directory)
+    if early:
+        handle._client = early[0]
+    return handle
 
 
 def _find_reusable(directory: Path, spec: ClusterSpec) -> RegistryEntry | None:

@@ -4,7 +4,8 @@
 the spare supervisor if one is ready (`prewarm`, which ``%load_ext nbcluster`` calls: the
 spare has already paid Python's start-up and nbcluster's imports) or launches one, sends it
 the request as one JSON line on its stdin, and blocks on the one-line answer on the ready
-pipe (the protocol is in ``supervisor.py``), within ``nbcluster.timeouts.start``. A start
+pipe (the protocol is in ``supervisor.py``), within ``nbcluster.timeouts.start``; a line
+before it may say where the scheduler already listens (`spawn`'s ``on_scheduler``). A start
 that is too slow or interrupted tears the supervisor's whole process group down, so nothing
 half-started stays behind.
 
@@ -17,6 +18,7 @@ lives, and `wait_gone` waits for one to exit on its pidfd after a stop.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import select
@@ -25,8 +27,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import dask.config
 
@@ -57,6 +61,26 @@ class _Launched:
             self.proc.wait()
 
 
+#: What a supervisor runs as (``python -m ...``; see ``cluster/__main__.py``).
+SUPERVISOR_MODULE = "nbcluster.cluster"
+
+
+def is_supervisor(cmdline: list[str]) -> bool:
+    """Whether a process's command line is a supervisor's, as `prewarm` and `spawn` launch it.
+
+    Parameters
+    ----------
+    cmdline : list of str
+        The command line (`psutil.Process.cmdline`).
+
+    Returns
+    -------
+    bool
+        True for ``python -m nbcluster.cluster ...``.
+    """
+    return any(a == "-m" and b == SUPERVISOR_MODULE for a, b in itertools.pairwise(cmdline))
+
+
 _spare: _Launched | None = None
 #: Supervisors started from this process that run clusters (see `reap_children`).
 _children: list[subprocess.Popen[bytes]] = []
@@ -71,7 +95,7 @@ def _launch(directory: Path) -> _Launched:
     cmd = [
         sys.executable,
         "-m",
-        "nbcluster.cluster.supervisor",
+        SUPERVISOR_MODULE,
         "--ready-fd",
         str(ready_w),
         "--log",
@@ -134,7 +158,14 @@ def _take(directory: Path) -> _Launched:
     return _launch(directory)
 
 
-def spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool = False) -> _wire.RegistryEntry:
+def spawn(
+    spec: ClusterSpec,
+    directory: Path,
+    owner: int | None,
+    *,
+    force: bool = False,
+    on_scheduler: Callable[[dict[str, Any]], None] | None = None,
+) -> _wire.RegistryEntry:
     """A new cluster's registry entry, once its supervisor reports it running.
 
     Parameters
@@ -147,6 +178,9 @@ def spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool 
         The pid whose exit stops the cluster; None keeps it (``--keep``).
     force : bool
         Lift the machine-derived limits (``--force``).
+    on_scheduler : callable, optional
+        Called with ``{"address": ..., "tls": ...}`` where the scheduler is up before its
+        workers (the local backend), while they start; the start may still fail after it.
 
     Returns
     -------
@@ -173,7 +207,12 @@ def spawn(spec: ClusterSpec, directory: Path, owner: int | None, *, force: bool 
         assert proc.stdin is not None
         proc.stdin.write((json.dumps(request) + "\n").encode())
         proc.stdin.close()
-        line = _read_line(launched.ready_r, timeout)
+        lines = _Lines(launched.ready_r, timeout)
+        line = lines.next()
+        while line and "scheduler" in (early := json.loads(line)):
+            if on_scheduler is not None:
+                on_scheduler(early["scheduler"])
+            line = lines.next()
     except BaseException as error:
         # Too slow, or interrupted (Ctrl-C, a server shutting down): nothing half-started
         # may stay behind, whatever phase the supervisor is in.
@@ -222,21 +261,28 @@ def _tear_down(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _read_line(fd: int, timeout: float) -> str:
-    """The supervisor's one-line report; '' if it exited first; TimeoutError if too slow."""
-    deadline = time.monotonic() + timeout
-    data = b""
-    while not data.endswith(b"\n"):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if ready:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return ""
-            data += chunk
-    return data.decode()
+class _Lines:
+    """The supervisor's report lines on the ready pipe, all within one deadline."""
+
+    def __init__(self, fd: int, timeout: float):
+        self.fd = fd
+        self.deadline = time.monotonic() + timeout
+        self.data = b""
+
+    def next(self) -> str:
+        """The next line; '' if the supervisor exited first; TimeoutError if too slow."""
+        while b"\n" not in self.data:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if ready:
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    return ""
+                self.data += chunk
+        line, _, self.data = self.data.partition(b"\n")
+        return line.decode() + "\n"
 
 
 def keep_warm() -> bool:

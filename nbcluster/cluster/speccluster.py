@@ -67,6 +67,8 @@ class NbSpecCluster(SpecCluster):
                 "security": security,
                 "dashboard": spec.dashboard,
                 "dashboard_address": "127.0.0.1:0",
+                # The workers serve no pages (``dashboard: False``): nothing to relay to.
+                "worker_proxy": False,
             },
         }
         super().__init__(

@@ -1,8 +1,10 @@
 """The supervisor: one process per cluster, owning its scheduler and workers.
 
-Launched as ``python -m nbcluster.cluster.supervisor --ready-fd FD --log PATH`` by
-`nbcluster.start` (or ahead of time by `prewarm`), which then sends one JSON request on its
+Launched as ``python -m nbcluster.cluster --ready-fd FD --log PATH`` (``cluster/__main__.py``)
+by `nbcluster.start` (or ahead of time by `prewarm`), which then sends one JSON request on its
 stdin: the spec, the runtime dir, the owner pid and the environment. Nobody else starts it.
+While it waits for the request it imports what a start will need (`import_ahead`), so a
+spare taken by `start` pays none of it.
 
 What it owns
     - the cluster's name, claimed with an ``O_EXCL`` registry entry (`registry.claim`);
@@ -31,11 +33,15 @@ Lifecycle
        bypassed `start` gets no further; the site config's ceilings are read from its files
        here, so the requester's forwarded config cannot raise them), claim a name
        (``local``, ``local-2``, ... for the default), write the credentials;
-    2. start the deployment, add the control handlers and the metrics plugin, rewrite the
-       entry with the address (and ``control``, ``backend``, ``profile``);
+    2. start the deployment (the local backend: its scheduler, then the control handlers
+       and the metrics plugin, then its workers), rewrite the entry with the address (and
+       ``control``, ``backend``, ``profile``);
     3. write one JSON line ({"ok": true, "entry": ...} or {"ok": false, "error": ...}) to
-       the ready pipe: `nbcluster.start` blocks on that line, so there is no polling. If
-       it is not there within ``nbcluster.timeouts.start``, the requester tears this
+       the ready pipe: `nbcluster.start` blocks on that line, so there is no polling. (Where
+       the scheduler runs here and starts before its workers, the local backend, a line
+       {"scheduler": {"address": ..., "tls": ...}} comes first, so that the requester's
+       client connects while the workers start; the ready line may still say the start
+       failed.) If it is not there within ``nbcluster.timeouts.start``, the requester tears this
        process down (SIGTERM, then SIGKILL of its process group). Stdout and stderr, which
        the workers inherit, go to ``.start-<id>.log``; on success it becomes ``<name>.log``,
        on failure it is kept as ``failed-start-*.log`` (see ``startlog.py``);
@@ -77,13 +83,14 @@ import psutil
 from distributed.core import Server
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from nbcluster import config
+from nbcluster import _compat, config
 from nbcluster._wire import ClusterState, RegistryEntry, Snapshot, TaskCounts, WorkerRow
 from nbcluster.cluster import deploy, gpu, profiles, registry, startlog
 from nbcluster.cluster.adaptive import backlogs
-from nbcluster.cluster.credentials import write_credentials
+from nbcluster.cluster.credentials import load_cryptography, write_credentials
 from nbcluster.cluster.info import identity_rows, worker_row
 from nbcluster.cluster.lifeline import GRACE_S, Lifeline, kill_descendants
+from nbcluster.cluster.private_http import PROXY_ROUTE
 from nbcluster.cluster.spec import DEFAULT_NAME, ClusterSpec, parse_count
 from nbcluster.cluster.streams import SchedulerStreams
 from nbcluster.errors import NbclusterError
@@ -370,6 +377,15 @@ class ControlPlugin(SchedulerPlugin):
         scheduler.handlers.update(self.control.handlers())
 
 
+async def _plug_in(scheduler: Any, control: Control) -> None:
+    """Install nbcluster's scheduler plugins on a scheduler running in this process."""
+    for plugin in (ControlPlugin(control), SchedulerStreams(), _load_metrics_plugin()):
+        if plugin is not None:
+            # add_plugin on a running scheduler does not call start(); we must.
+            scheduler.add_plugin(plugin)
+            await plugin.start(scheduler)
+
+
 def _load_metrics_plugin() -> SchedulerPlugin | None:
     # The metrics plugin is optional here so a broken or missing one never stops a cluster
     # from starting; the live graphs just stay empty.
@@ -406,6 +422,17 @@ class _Reporter:
 
     def __init__(self, fd: int):
         self.fd: int | None = fd
+
+    def scheduler_up(self, scheduler: dict[str, Any]) -> None:
+        """Say where the scheduler listens, before the one ready line (it may not come).
+
+        Parameters
+        ----------
+        scheduler : dict
+            ``address`` and ``tls`` (the credential files), as the entry will have them.
+        """
+        assert self.fd is not None, "reported after the ready line"
+        os.write(self.fd, (json.dumps({"scheduler": scheduler}) + "\n").encode())
 
     def __call__(self, message: dict[str, Any]) -> None:
         assert self.fd is not None, "reported twice"
@@ -486,18 +513,23 @@ class _Supervision:
         # exists for this one cluster, so the setting is global here.
         config.drop_copied_dask_environ(os.environ)
         dask.config.set({"distributed.nanny.pre-spawn-environ": config.worker_pre_spawn_environ()})
+        _compat.quick_worker_handshake()
         self.deployment = d = deploy.make(
             self.spec, profile, directory=self.directory, name=self.name, devices=devices,
             security=security, tls=tls,
         )  # fmt: skip
-        await d.start()
         control = Control(d, self.entry, self.stop)
+        await d.start_scheduler()
+        early = d.scheduler is not None
+        if early:
+            # Up before its workers (the local backend): the requester's client connects
+            # while they start, instead of after.
+            await _plug_in(d.scheduler, control)
+            self.report.scheduler_up({"address": d.address, "tls": tls})
+        await d.start()
         if d.scheduler is not None:
-            for plugin in (ControlPlugin(control), SchedulerStreams(), _load_metrics_plugin()):
-                if plugin is not None:
-                    # add_plugin on a running scheduler does not call start(); we must.
-                    d.scheduler.add_plugin(plugin)
-                    await plugin.start(d.scheduler)
+            if not early:  # a scheduler that came up with its workers (dask-jobqueue's)
+                await _plug_in(d.scheduler, control)
         else:
             self.control_server = await deploy.serve_control(control.handlers(), security)
             self.entry["control"] = self.control_server.address
@@ -640,8 +672,30 @@ def lifeline_grace() -> float:
     return GRACE_S * 0.8
 
 
+def import_ahead() -> None:
+    """Import what starting a local cluster imports, before the request comes.
+
+    A spare supervisor waits for its request (`launcher.prewarm`): what it imports then, a
+    start does not pay (the certificate's `cryptography`, the scheduler's HTTP routes, the
+    nannies' multiprocessing pieces, tornado's default TLS context: about 0.15 s). A
+    supervisor launched for a request at once (no spare) would load the same a moment later.
+    """
+    import importlib
+    import multiprocessing.synchronize  # noqa: F401  (a nanny's process start)
+
+    import distributed.diagnostics.websocket  # noqa: F401  (the scheduler's plugins)
+
+    load_cryptography()
+    _compat.load_tls_client_defaults()  # the scheduler's first accepted connection needs it
+    for module in dask.config.get("distributed.scheduler.http.routes"):
+        if module != PROXY_ROUTE:  # the local backend serves none (private_http.py)
+            # A route that cannot be imported fails the start that needs it, with Dask's error.
+            with contextlib.suppress(ImportError):
+                importlib.import_module(module)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m nbcluster.cluster.supervisor``: read one start request on stdin and run it.
+    """``python -m nbcluster.cluster``: read one start request on stdin and run it.
 
     Parameters
     ----------
@@ -653,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
     int
         The exit status.
     """
-    parser = argparse.ArgumentParser(prog="python -m nbcluster.cluster.supervisor")
+    parser = argparse.ArgumentParser(prog="python -m nbcluster.cluster")
     parser.add_argument("--ready-fd", type=int, required=True, help="pipe for the one ready line")
     parser.add_argument("--log", type=Path, required=True, help="this process's stdout/stderr file")
     args = parser.parse_args(argv)
@@ -663,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     # The request comes on stdin, so a supervisor can be launched ahead of time (its
     # imports are most of a start-up) and told what to start later. EOF means the process
     # that launched us is gone before asking: nothing to do.
+    import_ahead()
     line = sys.stdin.readline()
     if not line:
         args.log.unlink(missing_ok=True)

@@ -1,0 +1,16 @@
+"""``python -m nbcluster.cluster --ready-fd FD --log PATH``: a cluster's supervisor process.
+
+How `launcher` starts every supervisor (the process itself is `supervisor.main`). Not
+``python -m nbcluster.cluster.supervisor``: multiprocessing's spawn makes every worker
+process the supervisor starts import the main module again, and that one is the whole
+supervisor (its deployments, the metrics plugin; about 40 ms per worker, on the path to a
+cluster's first result). A package's ``__main__`` is the one main module spawn never
+imports again, so a worker imports only what it runs.
+"""
+
+if __name__ == "__main__":
+    import sys
+
+    from nbcluster.cluster.supervisor import main
+
+    sys.exit(main())
