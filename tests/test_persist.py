@@ -160,6 +160,9 @@ def test_a_pipeline_persists_again_and_a_handle_captured_by_name_is_resolved_on_
         cell(shell, '%%distribute --over "x in range(4)" --into scored\nfloat(model[0]) + x')
     assert shell.user_ns["scored"].values() == [4.0, 5.0, 6.0, 7.0]
     assert "model" not in out.stdout, out.stdout  # not sent with the cell: a Dask dependency
+    # Over a range (kept as one), the run still lets go of the captured handle when it ends.
+    assert "failed" not in out.stderr, out.stderr
+    assert shell.user_ns["scored"].retry() is not None  # nothing to run again: recalls nothing
 
 
 def test_del_rebinding_and_release_free_the_workers_within_seconds(shell: InteractiveShell, pc: ClusterHandle) -> None:

@@ -69,15 +69,16 @@ class Job:
     def forget_handles(self) -> None:
         """The run is over: hold the handles it read weakly (see `handles.Read`)."""
         if self.reads_handles:
-            assert isinstance(self.plan.items, list)  # items that hold handles are never a range
-            self.plan.items[:] = [handles.forget(item) for item in self.plan.items]
+            # A range holds no handle: then only a name the cell captured does.
+            if isinstance(self.plan.items, list):
+                self.plan.items[:] = [handles.forget(item) for item in self.plan.items]
             self.capture.held = {n: handles.forget(h) for n, h in self.capture.held.items()}
 
     def recall_handles(self) -> None:
         """A retry: the handles it reads again, strongly; one line if one is gone."""
         if self.reads_handles:
-            assert isinstance(self.plan.items, list)
-            self.plan.items[:] = [handles.recall(item) for item in self.plan.items]
+            if isinstance(self.plan.items, list):
+                self.plan.items[:] = [handles.recall(item) for item in self.plan.items]
             self.capture.held = {n: handles.recall(h) for n, h in self.capture.held.items()}
 
     def for_kernel(self) -> worker.Context:
