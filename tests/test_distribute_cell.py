@@ -183,6 +183,31 @@ def test_probes_share_out_the_items_then_batches_take_the_measured_size() -> Non
     assert sizes(fixed, 10, 1.0) == [4, 4, 2] and fixed.budget is None  # --batch N as it is
 
 
+def test_threads_that_wait_for_their_next_batch_get_fewer_bigger_batches() -> None:
+    # 100,000 items of 1 ms on 1,000 threads (the scale envelope's run): sized from the items
+    # alone, the tail is cut into 5 ms tasks, ~12,000 of them, while a scheduler serving a
+    # thousand threads keeps each thread waiting seconds for its next one.
+    def tasks(batcher: Batcher, idle: float) -> list[int]:
+        batcher.observe(1, 0.001)
+        out, n = [], 50_000
+        while n:
+            out.append(batcher.next_size(n))
+            batcher.observe(out[-1], out[-1] * 0.001, idle=idle)
+            n -= out[-1]
+        return out
+
+    pipelined = tasks(Batcher(1000), 0.001)  # the next batch was there: nothing changes
+    assert max(pipelined) == 50 and len(pipelined) > 1000 and Batcher(1000).budget == PROBE_S
+    waited = Batcher(1000)
+    got = tasks(waited, 2.0)  # each thread waited 2 s for its next batch
+    assert min(got[1:-1]) == 2000 and len(got) == 26, got  # 2 s of work each (the last: what is left)
+    assert waited.budget == 4.0  # a batch sized so is not cut short by its budget
+    # the threads wait less again: batches shrink back
+    for _ in range(16):
+        waited.observe(50, 0.05, idle=0.0)
+    assert waited.budget == 0.25 and waited.next_size(50_000) == 50
+
+
 def test_a_batch_delivered_twice_keeps_its_first_values_and_counts_once() -> None:
     # Consecutive, fresh items are stored by slices; one already delivered (Dask re-ran the
     # batch after losing a worker) keeps its first value, and the counts add up exactly once.

@@ -193,3 +193,45 @@ def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
     monkeypatch.setattr(reports.Inbox, "take", lambda self, key, timeout: None)  # every push lost
     assert list(distribute(lambda x: x + 1, over=range(8))) == list(range(1, 9))
     assert sum(gathers) >= 1
+
+
+def test_each_batch_says_how_long_its_worker_thread_waited_for_it(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the batch sizing grows batches from, when threads wait for their next batch
+    # (`worker/idle.py`, `Batcher.least`): it must reach the kernel from the workers.
+    from nbcluster.distribute.batching import Batcher
+
+    waits: list[float | None] = []
+    observe = Batcher.observe
+
+    def spy(self: Batcher, count: int, seconds: float, idle: float | None = None) -> None:
+        waits.append(idle)
+        observe(self, count, seconds, idle)
+
+    monkeypatch.setattr(Batcher, "observe", spy)
+    res = distribute("import time\ntime.sleep(0.002)\nx", over="x in range(400)", namespace={})
+    assert res.ok and list(res) == list(range(400))
+    measured = [w for w in waits if w is not None]
+    assert measured and all(0 <= w < 30 for w in measured), waits
+    assert None in waits  # each thread's first batch of the run: nothing to wait since
+
+
+def test_a_thread_counts_its_wait_between_batches_of_one_run_only() -> None:
+    from nbcluster.distribute.worker import idle
+
+    def in_thread(*steps: Any) -> list[float | None]:
+        got: list[float | None] = []
+        t = threading.Thread(target=lambda: [got.append(step()) for step in steps])
+        t.start()
+        t.join()
+        return got
+
+    first, _, again, other, unnamed = in_thread(
+        lambda: idle.since_last("run-a"),
+        lambda: idle.ended("run-a"),
+        lambda: idle.since_last("run-a"),
+        lambda: idle.since_last("run-b"),
+        lambda: idle.since_last(None),
+    )
+    assert first is None and other is None and unnamed is None
+    assert again is not None and 0 <= again < 5
+    assert in_thread(lambda: idle.since_last("run-a")) == [None]  # another thread has its own

@@ -702,7 +702,7 @@ class Engine:
         retry: list[int] = []
         if backlog is not None:
             if outcome.seconds is not None:
-                backlog.batcher.observe(len(values), outcome.seconds)
+                backlog.batcher.observe(len(values), outcome.seconds, idle=outcome.idle)
             if outcome.fatal is None:
                 retry = [indices[j] for j in errors if backlog.may_retry(indices[j])]
         # Items a batch did not reach (its budget was spent) are simply not delivered: the
@@ -1182,6 +1182,7 @@ class _Outcome(NamedTuple):
     halt: str | None = None  # nbcluster could not be imported to unpickle the batch: why
     held: list[Any] | None = None  # --persist: the workers' description of each value (HeldValue)
     ran_on: tuple[str, str] | None = None  # the worker that ran the batch: (address, name)
+    idle: float | None = None  # how long its thread waited for it after its last batch of the run
 
 
 def _unpack(future: Any, result: Any, n: int) -> _Outcome:
@@ -1211,7 +1212,7 @@ def _unpack(future: Any, result: Any, n: int) -> _Outcome:
         return _Outcome([None] * n, dict.fromkeys(range(n), data["fatal"]), {}, fatal=data["fatal"])
     return _Outcome(
         data["values"], data["errors"], data["outputs"], data["seconds"], held=data.get("held"),
-        ran_on=data.get("ran_on"),
+        ran_on=data.get("ran_on"), idle=data.get("idle"),
     )  # fmt: skip
 
 

@@ -22,7 +22,8 @@ with the items it reached; the kernel sends the rest again. So a batch sized fro
 misleading estimate still comes back on time (see `batching.py`).
 
 The task returns one opaque blob: per-item values, error records, captured output, the
-time spent in the items (for the batch sizing in `batching.py`); a small one is also pushed
+time spent in the items and how long the thread waited for the batch (for the batch
+sizing in `batching.py`, `idle.py`); a small one is also pushed
 to the kernel ahead of the task's end, which saves it a gather (`push.py`). A batch never
 raises for an item. Only a context that cannot even be loaded fails the whole batch, again as a
 returned record (`{"fatal": record}`).
@@ -47,6 +48,7 @@ import cloudpickle
 
 from nbcluster.distribute.worker import output, stopping
 from nbcluster.distribute.worker.context import INLINE_CONTEXT, Context, load
+from nbcluster.distribute.worker.idle import ended, since_last
 from nbcluster.distribute.worker.items import dump_result, run_items
 from nbcluster.distribute.worker.objects import address, fetch, pin, ran_on
 from nbcluster.distribute.worker.push import push
@@ -110,6 +112,7 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
     bytes
         The cloudpickled result, as `run_batch` returns it.
     """
+    idle = since_last(token)
     if stopping.stopped(token):  # queued before the stop: nothing to load or run
         return cloudpickle.dumps(
             {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True}
@@ -125,7 +128,11 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
     output.install()
     result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
     result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
-    return dump_result(result)
+    if idle is not None:
+        result["idle"] = idle  # for the batch sizing: what a task's round costs this thread
+    blob = dump_result(result)
+    ended(token)
+    return blob
 
 
 def stop_run(token: str) -> None:
