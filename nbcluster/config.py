@@ -99,8 +99,14 @@ def warn_unknown() -> bool:
     setting, wherever it came from: a YAML file, a `DASK_NBCLUSTER__` variable, or a
     `dask.config.set`; nothing reads such a key, so a typo would otherwise pass unseen.
     `get` calls it, so a process warns where it reads its settings, and after a
-    `dask.config.set` at the next read. Returns whether the section changed since the last
-    call (or there is none)."""
+    `dask.config.set` at the next read.
+
+    Returns
+    -------
+    bool
+        Whether the ``nbcluster`` section changed since the last call (True also when there
+        is no such section): `get` then checks the values it reads afresh.
+    """
     global _checked
     section = dask.config.config.get("nbcluster")
     if not isinstance(section, Mapping):
