@@ -17,6 +17,7 @@ it finds with the user's view so that the user can only go below it (`cluster/li
 from __future__ import annotations
 
 import os
+import pickle
 import warnings
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ dask.config.update_defaults(_SHIPPED)
 
 #: The unknown-setting messages already given: each is given once a process.
 _warned: set[str] = set()
-_checked = ""  # the `nbcluster` section as `warn_unknown` last checked it
+_checked: bytes | str = ""  # the `nbcluster` section as `warn_unknown` last checked it
+_values: dict[str, Any] = {}  # setting -> its value, checked, while the section is as `_checked` says
 
 
 def get(key: str) -> Any:
@@ -67,7 +69,9 @@ def get(key: str) -> Any:
     >>> get("widget.delay")
     '750ms'
     """
-    warn_unknown()
+    memo = _checked_values()
+    if memo is not None and key in memo:
+        return memo[key]
     try:
         value = dask.config.get(f"nbcluster.{key}")
     except KeyError:
@@ -76,29 +80,52 @@ def get(key: str) -> Any:
     wanted = None if setting is None else config_schema.expected(setting, value)
     if wanted:
         raise _bad(key, value, wanted)
+    if memo is not None:
+        memo[key] = value
     return value
 
 
-def warn_unknown() -> None:
+def _checked_values() -> dict[str, Any] | None:
+    """`warn_unknown`, then the values `get` checked since the section last changed (None: no
+    section to fingerprint, nothing is kept): a run reads a dozen settings, each checked once."""
+    global _values
+    if warn_unknown():
+        _values = {}  # a new one: a read under the old section still running elsewhere keeps the old
+    return _values if isinstance(dask.config.config.get("nbcluster"), Mapping) else None
+
+
+def warn_unknown() -> bool:
     """Warn (`SettingWarning`, once a key) about each key under `nbcluster.` that is no
     setting, wherever it came from: a YAML file, a `DASK_NBCLUSTER__` variable, or a
     `dask.config.set`; nothing reads such a key, so a typo would otherwise pass unseen.
     `get` calls it, so a process warns where it reads its settings, and after a
-    `dask.config.set` at the next read."""
+    `dask.config.set` at the next read.
+
+    Returns
+    -------
+    bool
+        Whether the ``nbcluster`` section changed since the last call (True also when there
+        is no such section): `get` then checks the values it reads afresh.
+    """
     global _checked
     section = dask.config.config.get("nbcluster")
     if not isinstance(section, Mapping):
-        return
-    # The schema walk is ~0.25 ms, and every read calls this: walk again only when the section
-    # changed (dask.config.set edits it in place, so its text is the fingerprint, ~20 us).
-    text = repr(section)
+        return True
+    # The schema walk is ~0.25 ms, and every read calls this (a dozen times a run): walk again
+    # only when the section changed. dask.config.set edits it in place, so its content is the
+    # fingerprint: its pickle (~5 us), else its text (~20 us; a value pickle refuses).
+    try:
+        text: bytes | str = pickle.dumps(section, protocol=5)
+    except Exception:
+        text = repr(section)
     if text == _checked:
-        return
+        return False
     _checked = text
     for message in config_schema.unknown(section, config_schema.settings()):
         if message not in _warned:
             _warned.add(message)
-            warnings.warn(message, SettingWarning, stacklevel=3)
+            warnings.warn(message, SettingWarning, stacklevel=4)
+    return True
 
 
 #: The site folder Dask reads unless `DASK_ROOT_CONFIG` names another; both count here.

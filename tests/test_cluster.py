@@ -210,6 +210,23 @@ def test_registry_prunes_entries_of_reused_pids(runtime_dir):
     assert not (runtime_dir / "ghost.json").exists()
 
 
+def test_a_process_seen_alive_is_seen_gone_once_it_exits_even_unreaped():
+    # Liveness is kept as a pidfd once a process was seen running as itself: it must still see
+    # the exit, of a child not yet reaped (a zombie) too, and then drop the descriptor.
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        started = psutil.Process(child.pid).create_time()
+        assert registry.process_alive(child.pid, started) and registry.process_alive(child.pid, started)
+        assert (child.pid, started) in registry._PIDFDS
+        assert not registry.process_alive(child.pid, started + 5)  # another process by that pid
+        child.stdin.close()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # it has exited; not reaped: a zombie
+        assert not registry.process_alive(child.pid, started)
+        assert (child.pid, started) not in registry._PIDFDS
+    finally:
+        child.wait(10)
+
+
 def test_restart_replaces_worker_processes(runtime_dir):
     handle = nbcluster.start(workers=2)
     before = set(handle.client.run(os.getpid).values())

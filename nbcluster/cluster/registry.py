@@ -21,7 +21,9 @@ import contextlib
 import json
 import logging
 import os
+import select
 import stat
+import threading
 from pathlib import Path
 from typing import cast
 
@@ -205,6 +207,36 @@ def process_alive(pid: int | None, started: float | None = None) -> bool:
     """
     if not pid:
         return False
+    key = (pid, started)
+    with _PIDFDS_LOCK:
+        kept = _PIDFDS.get(key)
+        if kept is not None:
+            if not _exited(kept):
+                return True  # the process it was opened on runs: one poll, where psutil read /proc twice
+            del _PIDFDS[key]
+            os.close(kept[0])
+            return False
+    try:
+        fd = os.pidfd_open(pid)  # before the check: the check then vouches for the process it holds
+    except (AttributeError, OSError):
+        fd = None
+    alive = _psutil_alive(pid, started)
+    if fd is not None:
+        if alive:
+            _keep_pidfd(key, fd)
+        else:
+            os.close(fd)
+    return alive
+
+
+#: (pid, start time) -> a pidfd of that process (and a poll of it), seen running as itself when
+#: it was opened: it becomes readable when the process exits (a zombie too), and a reused pid is
+#: another process. Asked on every read of a cluster's entry: each cell, the sidebar's polls.
+_PIDFDS: dict[tuple[int, float | None], tuple[int, select.poll]] = {}
+_PIDFDS_LOCK = threading.Lock()
+
+
+def _psutil_alive(pid: int, started: float | None) -> bool:
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -212,6 +244,23 @@ def process_alive(pid: int | None, started: float | None = None) -> bool:
         return started is None or abs(proc.create_time() - started) < 1.0
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
+
+
+def _exited(kept: tuple[int, select.poll]) -> bool:
+    return bool(kept[1].poll(0))
+
+
+def _keep_pidfd(key: tuple[int, float | None], fd: int) -> None:
+    watch = select.poll()
+    watch.register(fd, select.POLLIN)
+    with _PIDFDS_LOCK:
+        # Sweep: the processes kept that exited since (clusters stopped) give their descriptors back.
+        for old in [k for k, kept in _PIDFDS.items() if _exited(kept)]:
+            os.close(_PIDFDS.pop(old)[0])
+        if key in _PIDFDS:  # another thread kept one meanwhile
+            os.close(fd)
+        else:
+            _PIDFDS[key] = (fd, watch)
 
 
 def _read_trusted(path: Path) -> str | None:
@@ -228,8 +277,8 @@ def _read_trusted(path: Path) -> str | None:
     except OSError as error:  # ELOOP: a symlink
         _warn_once(path, None, f"cannot be opened safely ({error.strerror})")
         return None
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
         if st.st_uid != os.getuid():
             _warn_once(path, st, f"belongs to another user (uid {st.st_uid})")
             return None
@@ -238,7 +287,12 @@ def _read_trusted(path: Path) -> str | None:
                 path, st, f"is readable or writable by others (mode {stat.S_IMODE(st.st_mode):o}, not 600)"
             )
             return None
-        return f.read()
+        chunks = []  # os.read, not a text file object: its set-up was most of this read's time
+        while chunk := os.read(fd, max(st.st_size + 1, 4096)):
+            chunks.append(chunk)
+        return b"".join(chunks).decode()
+    finally:
+        os.close(fd)
 
 
 _warned: set[tuple[str, int, float]] = set()

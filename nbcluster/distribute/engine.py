@@ -183,6 +183,7 @@ class Engine:
         self._completed: Any = None
         self._backlog: _Backlog | None = None  # the running start's, for the watch thread
         self._reports = True  # the scheduler takes backlog reports (until it refuses one)
+        self._holding = False  # the last backlog report sent said items were held back
         self._inbox: reports.Inbox | None = None  # --persist: the reports the workers push
         self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
@@ -419,14 +420,28 @@ class Engine:
         self.stop_sent.clear()
         name = f"nbcluster-distribute-{self.run_id}"
         target = functools.partial(everywhere.drive, self) if self.job.plan.mode == "everywhere" else self._drive
-        driven = threads.spawn(target, indices, name=name)
-        threads.spawn(self._watch, driven, name=f"{name}-watch")
+        # The watch thread starts after its first half-second: a run over by then (a small cell)
+        # never starts one.
+        driven = threading.Event()
+        watch = threads.later(WATCH_S, self._watch, driven, name=f"{name}-watch")
+        threads.spawn(self._driving, target, indices, driven, watch, name=name)
+
+    @staticmethod
+    def _driving(target: Any, indices: Sequence[int], driven: threading.Event, watch: threads.Later) -> None:
+        try:
+            target(indices)
+        finally:
+            driven.set()
+            watch.cancel()
 
     def _watch(self, driven: threading.Event) -> None:
-        """End the run if its cluster goes away (see the module docstring); `driven`: the driver ended."""
+        """End the run if its cluster goes away (see the module docstring); `driven`: the driver ended.
+
+        Started `WATCH_S` after the run, it looks at once, then every `WATCH_S`.
+        """
         assert self.link is not None
         unanswered = 0
-        while not driven.wait(WATCH_S):
+        while not driven.is_set():
             if self._stopping:
                 return
             reason = self.link.gone()
@@ -438,6 +453,7 @@ class Engine:
             if reason and (reason != "its scheduler stopped answering" or unanswered * WATCH_S >= 2):
                 self._lose(reason)
                 return
+            driven.wait(WATCH_S)
 
     def _follow_cluster(self) -> None:
         """Report the backlog for the adaptive target; size it to the workers there now."""
@@ -466,6 +482,7 @@ class Engine:
         kind = "gpu" if self.link.needs.gpus else "cpu"
         if per_item is None:  # nothing measured yet: what Dask assumes of an unknown task
             per_item = float(parse_timedelta(dask.config.get("distributed.scheduler.unknown-task-duration")))
+        self._holding = items > 0
 
         async def send() -> None:
             try:
@@ -523,8 +540,10 @@ class Engine:
                 self._backlog = None
                 self._direct = None
                 self._idle.set()
-            if self._reports and self.client is not None:
-                self._report(0, 0.0)  # nothing held back any more
+            if self._holding and self._reports and self.client is not None:
+                # Nothing held back any more. A run over before the watch thread's first report
+                # (every small cell) told the scheduler nothing, and has nothing to withdraw.
+                self._report(0, 0.0)
             self._forget_pushes()
             self.state.end()
 
@@ -644,6 +663,8 @@ class Engine:
             holders = self._placement(deps) or (self.link.eligible if self.job.persist else [])
             groups.setdefault(bool(deps), []).append((indices, blob, deps))
             placed.setdefault(bool(deps), []).append(holders)
+        if self._direct is not None:
+            self._direct.flush()  # the direct batches of this top-up go out together
         for has_deps, tasks in groups.items():
             for future in self.submit_tasks(tasks, placed=placed[has_deps], **self.link.submit_kwargs):
                 if future is not None:

@@ -45,6 +45,8 @@ RUNS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 GONE = "the cluster that held it was stopped; run the cell that made it again (on a running cluster)"
 
+_made = False  # a handle was made in this process: the output history is looked through after each cell
+
 
 class Recipe(TypedDict):
     """What a journal keeps of a persisted item: where its value is, never the value."""
@@ -61,6 +63,8 @@ class Handle:
     __slots__ = ("__weakref__", "_dataset", "_future", "_published", "held", "index", "made_on")
 
     def __init__(self, future: Any, held: HeldValue, index: int, made_on: str | None = None):
+        global _made
+        _made = True
         self._future: Any = future
         self.held = held
         self.index = index  # the item of the run that made it
@@ -696,6 +700,8 @@ def forget_shown(shell: Any) -> None:
     shell : IPython.core.interactiveshell.InteractiveShell
         The kernel's shell.
     """
+    if not _made and not RUNS:
+        return  # no handle, and no --persist run, in this process: nothing shown can hold one
     out, hook = shell.history_manager.output_hist, shell.displayhook
     proxies: dict[int, Any] = {}
 

@@ -105,7 +105,8 @@ def prepare(
         return Resumption()  # with --persist too: nothing is published
     if persist:
         identity = persisted(identity)
-    found = journal.journals(identity)
+    base = journal.folder()
+    found = journal.journals(identity, where=base)
     chosen: Resumption | None = None
     line = None
     if resume and found:
@@ -116,7 +117,8 @@ def prepare(
         line = _hint(found[0], total)
     fresh = chosen is None
     if chosen is None:
-        chosen = Resumption(journal.create(identity, total, first_line, cluster=cluster if persist else None), line=line)
+        made = journal.create(identity, total, first_line, cluster=cluster if persist else None, where=base)
+        chosen = Resumption(made, line=line)
     if persist and chosen.writer is not None:
         chosen.publish = handles.dataset_prefix(chosen.writer.path.name)
         if fresh:
@@ -210,7 +212,7 @@ def _busy_or_refused(path: Any, total: int) -> str:
 
 
 def _hint(path: Any, total: int) -> str | None:
-    if journal.in_use(path) or journal.ended_complete(path):
+    if journal.ended_complete(path) or journal.in_use(path):
         return None
     try:
         loaded = journal.load(path, values=False)

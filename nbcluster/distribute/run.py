@@ -146,8 +146,8 @@ def distribute(
     client : distributed.Client, optional
         A Dask client to run on instead of a cluster nbcluster knows.
     progress : callable, optional
-        Called with the `Results` at the start and after each change (as by
-        `Results.subscribe`): a progress display.
+        Called with the `Results` as the run starts (once its first items are on their way)
+        and after each change (as by `Results.subscribe`): a progress display.
     first_line : int, default 1
         The line number of the body's first line, for tracebacks (2 in a cell magic, whose
         first line is ``%%distribute``).
@@ -218,10 +218,7 @@ def distribute(
         handles.RUNS[run_id] = run.results
     if into is not None:
         home[into] = run.results
-    if progress is not None:
-        run.results.subscribe(progress)
-        progress(run.results)
-    return run.start(n_local, wait, skip=taken)
+    return run.start(n_local, wait, skip=taken, progress=progress)
 
 
 def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, journaled: bool) -> set[int]:
@@ -345,7 +342,9 @@ class Run:
         """The run's Dask client; None for a ``--local`` run, or once its cluster went away."""
         return self.engine.client
 
-    def start(self, n_local: int, wait: bool, skip: Collection[int] = ()) -> Results:
+    def start(
+        self, n_local: int, wait: bool, skip: Collection[int] = (), progress: Callable[[Results], None] | None = None
+    ) -> Results:
         """Run the first `n_local` items here, then send the rest; follow them if `wait`.
 
         When an item run here fails, nothing is sent: the rest count as cancelled, and the
@@ -360,6 +359,10 @@ class Run:
             Follow the run in the cell (output, summary, first failure) until it finishes.
         skip : collection of int
             Items already done (taken from a journal by ``--resume``): not run again.
+        progress : callable, optional
+            `distribute`'s ``progress``: called with the results once the first batches are on
+            their way (its set-up, a live view's, is then not in their way), and after each
+            change; before the items run here, when some do.
 
         Returns
         -------
@@ -382,6 +385,9 @@ class Run:
         rest: Sequence[int] = range(n_local, len(results))  # a range: no list of a million ints
         if skip:
             rest = [i for i in rest if i not in skip]
+        if progress is not None and (local or engine.local_only or not rest):
+            _follow_progress(results, progress)  # it shows the items run here as they run
+            progress = None
         try:
             if (local and not engine.run_local(local)) or engine.local_only or not rest:
                 # A failure in the kernel stops the fan-out: that is what --local K is for.
@@ -399,6 +405,14 @@ class Run:
         if line:
             print(line)
         engine.start(rest)
+        if progress is not None:
+            try:
+                _follow_progress(results, progress)
+            except BaseException as e:  # the run is going: it stops, as it would at Ctrl-C while followed
+                results.cancel()
+                if isinstance(e, KeyboardInterrupt):
+                    raise interrupted(results) from None
+                raise
         if wait:
             follow(results)
         return results
@@ -459,6 +473,12 @@ class Run:
                 futures[i] = f
             self._futures = futures
         return self._futures
+
+
+def _follow_progress(results: Results, progress: Callable[[Results], None]) -> None:
+    """`distribute`'s ``progress``: called now, and after each change of the run."""
+    results.subscribe(progress)
+    progress(results)
 
 
 def wait(target: Results | str, *, namespace: dict[str, Any] | None = None) -> Results:

@@ -21,7 +21,8 @@ A state is made running: the first start is its creation. Each `retry()` is a fu
 start (`begin`); the state finishes when its last start `end`s, and then whatever is still
 pending counts as cancelled. Writers are the engine's driver thread and, for `--local`
 items, the kernel's main thread; readers (the `Results` view, the waiting cell, the live
-widget) may be any thread. One re-entrant lock guards it all; `changed` wakes the waiters.
+widget) may be any thread. One re-entrant lock guards it all; `changed` wakes the waiters
+when items printed output, and when the run ends (or its pending items are cancelled).
 
 Listeners: `subscribe(fn)` calls `fn()` after every change, from the writing thread, so it
 must be quick; listeners are dropped once the run has finished, so that a finished run kept
@@ -189,7 +190,8 @@ class RunState:
             Unsubscribes `fn` when called (doing nothing once it is gone).
         """
         with self.lock:
-            self._listeners.append(fn)
+            if not self.finished.is_set():  # a finished run changes no more (until a retry, which drops listeners)
+                self._listeners.append(fn)
 
         def unsubscribe() -> None:
             with self.lock:
@@ -277,6 +279,7 @@ class RunState:
         done = failed = 0
         with self.lock:
             fresh = self._deliver_fresh(indices, values, errors, outputs)
+            printed = len(self.output_order)
             for j, value in enumerate(() if fresh else values):
                 i = indices[j]
                 if status[i] != PENDING:
@@ -295,7 +298,10 @@ class RunState:
                     self.output_order.append(i)
             self._tally[DONE] += done
             self._tally[FAILED] += failed
-            self.changed.notify_all()
+            if len(self.output_order) != printed:
+                # Only output wakes the waiting cell before the end (`wait_output`): a wake per
+                # batch was a GIL hand-off to the main thread and back for nothing.
+                self.changed.notify_all()
         self._notify()
 
     def _deliver_fresh(

@@ -9,12 +9,23 @@ here for the next one instead, and handing it the call is a queue put.
 A spare thread ends after `IDLE_S` without work, so a kernel that stopped running cells
 keeps no threads; there is no cap on how many run at once (runs started with ``--no-wait``
 each have their own pair), so a call never waits for another to end.
+
+`later(seconds, fn, ...)` spawns the call only once `seconds` have passed, unless it was
+cancelled by then: a run's watch thread and its live view's poller have nothing to do in
+their first half-second or quarter, and most small cells are over by then, so they never
+start (each start, and each end, was a thread woken for nothing). One daemon thread, the
+*timer*, keeps the calls due, sleeping until the earliest; a call made while it sleeps
+until an earlier one does not wake it, and a cancelled call stays in its heap until it is
+due, so a loop of small cells wakes it about once per half-second, not twice a cell.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +65,11 @@ def spawn(fn: Callable[..., Any], *args: Any, name: str) -> threading.Event:
     True
     """
     done = threading.Event()
+    _spawn_with(fn, args, name, done)
+    return done
+
+
+def _spawn_with(fn: Callable[..., Any], args: tuple[Any, ...], name: str, done: threading.Event) -> None:
     call: _Call = (fn, args, name, done)
     with _lock:
         inbox = _idle.pop() if _idle else None
@@ -65,7 +81,6 @@ def spawn(fn: Callable[..., Any], *args: Any, name: str) -> threading.Event:
         inbox = queue.SimpleQueue()
         inbox.put(call)
         threading.Thread(target=_serve, args=(inbox,), name=name, daemon=True).start()
-    return done
 
 
 def _serve(inbox: queue.SimpleQueue[_Call]) -> None:
@@ -97,3 +112,115 @@ def _serve(inbox: queue.SimpleQueue[_Call]) -> None:
                     _idle.remove(inbox)
                     return
             call = inbox.get()  # handed a call as the wait ran out: it is in the inbox
+
+
+class Later:
+    """A call `later` will spawn when it is due, unless `cancel` comes first.
+
+    Attributes
+    ----------
+    finished : threading.Event
+        Set once the call has run (as `spawn`'s event), or was cancelled before it started.
+    """
+
+    __slots__ = ("call", "finished", "spawned")
+
+    def __init__(self, call: _Call):
+        self.call: _Call | None = call
+        self.finished = call[3]
+        self.spawned = False
+
+    def cancel(self) -> bool:
+        """Do not spawn the call; False if it was spawned already.
+
+        Returns
+        -------
+        bool
+            True when the call will not run (now or ever).
+        """
+        with _timer_lock:
+            if self.spawned:
+                return False
+            self.call = None  # let go of what the call holds at once
+        self.finished.set()
+        return True
+
+
+_timer_lock = threading.Lock()
+_timer_heap: list[tuple[float, int, Later]] = []  # (due, tie-break, call), earliest first
+_timer_wake = threading.Event()
+_timer_until: float | None = None  # when the timer thread wakes next (None: no timer thread)
+_order = itertools.count()
+
+
+def later(seconds: float, fn: Callable[..., Any], *args: Any, name: str) -> Later:
+    """`spawn(fn, *args, name=name)` once `seconds` have passed, unless cancelled by then.
+
+    Parameters
+    ----------
+    seconds : float
+        How long from now.
+    fn : callable
+        What to run (in a spare thread, as `spawn` runs it).
+    *args : Any
+        Its arguments.
+    name : str
+        The thread's name while `fn` runs.
+
+    Returns
+    -------
+    Later
+        ``cancel()`` it to drop the call; its ``finished`` is set once the call has run (or
+        was cancelled).
+
+    Examples
+    --------
+    >>> from nbcluster.distribute.threads import later
+    >>> call = later(60, print, "never printed", name="example")
+    >>> call.cancel()
+    True
+    """
+    global _timer_until
+    due = time.monotonic() + seconds
+    entry = Later((fn, args, name, threading.Event()))
+    with _timer_lock:
+        heapq.heappush(_timer_heap, (due, next(_order), entry))
+        if _timer_until is None:
+            _timer_until = due
+            threading.Thread(target=_time, name="nbcluster-timer", daemon=True).start()
+        elif due < _timer_until:
+            _timer_until = due
+            _timer_wake.set()
+    return entry
+
+
+def _time() -> None:
+    """The timer thread: spawn each call as it falls due; end after `IDLE_S` with none left."""
+    global _timer_until
+    idle_until: float | None = None
+    while True:
+        due: list[_Call] = []
+        with _timer_lock:
+            now = time.monotonic()
+            while _timer_heap and _timer_heap[0][0] <= now:
+                entry = heapq.heappop(_timer_heap)[2]
+                if entry.call is not None:  # not cancelled
+                    due.append(entry.call)
+                    entry.call, entry.spawned = None, True
+            if _timer_heap or due:
+                idle_until = None
+                until = _timer_heap[0][0] if _timer_heap else now
+            elif idle_until is None:
+                idle_until = until = now + IDLE_S  # nothing left: wait that long for a call
+            elif now >= idle_until:
+                _timer_until = None  # none came: the next `later` starts a new timer thread
+                return
+            else:
+                until = idle_until
+            _timer_until = until
+            wait = max(0.0, until - now)
+            _timer_wake.clear()
+        for fn, args, name, done in due:
+            _spawn_with(fn, args, name, done)
+        if not due:
+            _timer_wake.wait(wait)

@@ -155,8 +155,17 @@ class Live:
     def _start_polling(self) -> None:
         # A copy of the caller's context: ipykernel keeps the cell's parent header there. A
         # spare thread: starting a new one waited for a GIL hand-off, 0.5-1 ms of every cell.
+        # A run's view shows nothing before `delay`: its poller starts an interval in (or at
+        # `delay`, if sooner), so a cell over by then, most small ones, never starts it.
         self._thread = _Poller()
-        self._thread.done = threads.spawn(contextvars.copy_context().run, self._run, name="nbcluster-live")
+        run = contextvars.copy_context().run
+        wait = min(self.options.interval, self.options.delay)
+        if self.progress_source is not None and wait > 0:
+            self._later: threads.Later | None = threads.later(wait, run, self._run, name="nbcluster-live")
+            self._thread.done = self._later.finished
+        else:
+            self._later = None
+            self._thread.done = threads.spawn(run, self._run, name="nbcluster-live")
 
     # -- public ---------------------------------------------------------------------------
 
@@ -182,6 +191,8 @@ class Live:
             with self._lock:
                 self._closing = True
                 busy = self._busy
+            if self._later is not None:
+                self._later.cancel()  # not started yet: it never will
             self._stop.set()
             if busy:
                 self._thread.join(timeout)
