@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench._results import write_section  # noqa: E402
 from bench.scale_adapt import LIMITS, Sustained, proc_cpu  # noqa: E402
-from bench.scale_engine import Viewer, _plugin, _py_spy_share  # noqa: E402
+from bench.scale_engine import IDLE, Viewer, _plugin, _py_spy_share  # noqa: E402
 
 
 def _med(xs: list[float]) -> float:
@@ -84,6 +84,23 @@ class LightProcess:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         self.proc.wait(60)
+
+
+def plugin_share(path: Path) -> dict[str, float]:
+    """`scale_engine.spy_shares` of py-spy's raw stacks, counting the old plugin too: py-spy
+    names the frames of code loaded from a string by its bare file name, ``(plugin.py:N)``."""
+    total = plugin = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not frames or any(idle in frames[-1] for idle in IDLE):
+            continue
+        total += int(count)
+        loop = [k for k, f in enumerate(frames) if "asyncio/" in f]
+        called = ";".join(frames[loop[-1] + 1 :] if loop else frames)
+        if "nbcluster/metrics/" in called or "(plugin.py:" in called:
+            plugin += int(count)
+    return {"spy_plugin_pct": 100 * plugin / max(total, 1), "spy_samples": total}
 
 
 # -- on the scheduler -----------------------------------------------------------------------
@@ -219,6 +236,7 @@ def measure(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 try:
                     time.sleep(0.6)
                     row[f"spy_{kind}"] = _py_spy_share(pid, args.window, directory)
+                    row[f"spy_{kind}"].update(plugin_share(Path(row[f"spy_{kind}"]["spy_file"])))
                     if args.spy_dir:  # the raw stacks, to read after the run
                         kept = Path(args.spy_dir) / f"spy-{kind}-{int(time.time())}.txt"
                         kept.write_text(Path(row[f"spy_{kind}"]["spy_file"]).read_text())
@@ -263,14 +281,14 @@ def tables(row: dict[str, Any], args: argparse.Namespace) -> str:
         f"({row['failed_beats']} failed). 1-minute load average at the end: {row['load'][0]:.1f}.",
         "",
         "| plugin | tasks/s done (median) | scheduler CPU, % of a core (median) | - out, % of the scheduler's CPU "
-        "| windows (%) | simulated workers / client, % of a core | py-spy: nbcluster/metrics "
+        "| windows (%) | simulated workers / client, % of a core | py-spy: the plugin "
         "| scheduler CPU per task, ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for kind in ("off", "old", "new"):
         m = med[kind]
         spy = row.get(f"spy_{kind}")
-        share = f"{spy['spy_metrics_pct']:.1f}% of {spy['spy_samples']}" if spy else "-"
+        share = f"{spy['spy_plugin_pct']:.1f}% of {spy['spy_samples']}" if spy else "-"
         diff = f"{100 * (m['cpu'] - off['cpu']) / m['cpu']:+.1f}%" if kind != "off" else "-"
         each = ", ".join(f"{x['cpu']:.0f}" for x in w[kind])
         lines.append(
@@ -322,6 +340,10 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     if args.tables:
         row = json.loads(Path(args.tables).read_text())
+        for kind in ("old", "new"):
+            spy = row.get(f"spy_{kind}")
+            if spy and "spy_plugin_pct" not in spy and Path(spy["spy_file"]).exists():
+                spy.update(plugin_share(Path(spy["spy_file"])))
     else:
         with tempfile.TemporaryDirectory() as tmp:
             row = measure(args, Path(tmp))

@@ -263,11 +263,13 @@ class MetricsPlugin(SchedulerPlugin):
         workers = self._scheduler.workers
         seen, last, band = self._seen, self._last_sample_time, self._band
         news = False
-        for addr, ws in workers.items():
-            m = ws.metrics
-            if seen.get(addr) is m:
-                continue
-            seen[addr] = m
+        # Dask's workers are a SortedDict, whose own views iterate in Python (10x slower):
+        # find what changed through the plain dict's view, then take it in the sorted order.
+        changed = [(addr, ws) for addr, ws in dict.items(workers) if seen.get(addr) is not ws.metrics]
+        if len(changed) > 1:
+            changed.sort(key=_FIRST)
+        for addr, ws in changed:
+            m = seen[addr] = ws.metrics
             t = m.get("time")
             if t is None:
                 band.drop(addr)
@@ -493,6 +495,7 @@ def resource_sample(addr: str, ws: Reported, m: dict[str, Any]) -> ResourceSampl
     return out
 
 
+_FIRST = operator.itemgetter(0)
 _PROCESSING = operator.attrgetter("processing")
 _METRICS = operator.attrgetter("metrics")
 
