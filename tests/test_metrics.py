@@ -384,3 +384,98 @@ def test_the_schedulers_own_view_of_many_workers_is_drawn_as_distributions() -> 
     window.apply(snap)
     html = render_resources(window.to_view())
     assert 'class="nbc-resource-band"' in html and 'class="nbc-resource-worker"' not in html
+
+
+def test_summary_busiest_and_bands_stay_right_when_only_some_workers_change() -> None:
+    # 30 workers of the light SIMULATION (tests/sim_light.py: Dask's real protocol over real
+    # comms to a real scheduler), heartbeating only when told: the plugin samples and sums
+    # only what changed, and what it answers must equal what all the workers say now.
+    from distributed import Client, wait
+
+    from nbcluster.metrics.plugin import resource_sample
+    from nbcluster.metrics.summary import band
+    from tests.sim_light import start_workers
+
+    def expected(s: Scheduler) -> tuple[dict, dict]:
+        by_host: dict[str, list[int]] = {}
+        for ws in s.workers.values():
+            t = by_host.setdefault(ws.host, [0, 0, 0, 0, 0])
+            for i, v in enumerate((1, ws.nthreads, len(ws.processing), ws.metrics.get("memory", 0) or 0,
+                                   ws.memory_limit or 0)):  # fmt: skip
+                t[i] += v
+        hosts = {h: dict(zip(("workers", "threads", "processing", "memory", "memory_limit"), t, strict=True))
+                 for h, t in by_host.items()}  # fmt: skip
+        latest = band(0.0, [resource_sample(a, ws, ws.metrics) for a, ws in s.workers.items()])
+        return hosts, {**latest, "time": None}
+
+    def check(s: Scheduler, snap: dict, plugin) -> None:
+        hosts, latest = expected(s)
+        summary = snap["summary"]
+        assert summary["workers"] == len(s.workers) and summary["more_hosts"] == 0
+        assert {h["host"]: {k: v for k, v in h.items() if k != "host"} for h in summary["hosts"]} == hosts
+        for k in ("threads", "processing", "memory", "memory_limit"):
+            assert summary[k] == sum(h[k] for h in hosts.values()), k
+        assert {**plugin.bands.since(None)[-1], "time": None} == latest
+
+    async def main() -> None:
+        async with Scheduler(dashboard_address=":0", port=0) as s:
+            plugin = await install(s, sample_interval=3600)  # rounds only when the test runs one
+            workers, pool = await start_workers(s.address, None, 30, 3, "light", heartbeats=False)
+            try:
+                plugin.sample()
+                check(s, plugin.nbcluster_metrics(detail=4), plugin)
+
+                # Five workers report new memory; the others say nothing new.
+                cursor = plugin.nbcluster_metrics()["cursor"]
+                for i, w in enumerate(workers[3:8]):
+                    await w.beat(memory=(i + 1) * 2**30, cpu=90.0)
+                plugin.sample()
+                snap = plugin.nbcluster_metrics(since=cursor, detail=4)
+                assert sorted(r["worker"] for r in plugin.samples.since(cursor)) == sorted(
+                    w.address for w in workers[3:8]
+                )
+                check(s, snap, plugin)
+                assert snap["bands"][-1]["cpu"][2] == 90.0
+
+                # Two workers busy with tasks they hold: the busiest, counted by host.
+                async with Client(s.address, asynchronous=True) as c:
+                    busy = workers[25:27]
+                    for w in workers:
+                        w.hold = w in busy
+                    futures = [c.submit(int, i, workers=[w.address for w in busy], pure=False) for i in range(6)]
+                    while sum(len(s.workers[w.address].processing) for w in busy) < 6:
+                        await asyncio.sleep(0.01)
+                    snap = plugin.nbcluster_metrics(detail=2)
+                    assert set(snap["workers"]) == {w.address for w in busy}
+                    check(s, snap, plugin)
+                    for w in busy:
+                        w.release()
+                    await wait(futures)  # not gathered: nothing listens at a simulated worker
+                    assert {f.status for f in futures} == {"finished"}
+
+                # Ten leave, two of them reporting first; then one heartbeat is news.
+                for w in workers[:10]:
+                    await w.close()
+                while len(s.workers) > 20:
+                    await asyncio.sleep(0.01)
+                await workers[15].beat(memory=3 * 2**30)
+                plugin.sample()
+                snap = plugin.nbcluster_metrics(detail=4)
+                assert snap["summary"]["workers"] == 20 and snap["bands"][-1]["workers"] == 20
+                check(s, snap, plugin)
+
+                # Five join (with addresses of their own); their first samples are news.
+                more, pool2 = await start_workers(s.address, None, 5, 1, "later", port=21000, heartbeats=False)
+                plugin.sample()
+                snap = plugin.nbcluster_metrics(detail=4)
+                assert snap["summary"]["workers"] == 25 and snap["bands"][-1]["workers"] == 25
+                check(s, snap, plugin)
+                for w in more:
+                    await w.close()
+                await pool2.close()
+            finally:
+                for w in workers[10:]:
+                    await w.close()
+                await pool.close()
+
+    asyncio.run(main())

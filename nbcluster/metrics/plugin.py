@@ -15,6 +15,20 @@ What it records, and where from
 
 Records are stored as tuples in two `SeqRing`s sharing one sequence counter; dicts are built
 only when a snapshot is asked for, so the per-task cost is one tuple and one deque append.
+
+What costs what at 1,000 workers (issue 22: the plugin's share of the scheduler's CPU must
+not grow with idle workers)
+- A sampling round looks at each worker once, by identity: a heartbeat replaces
+  ``WorkerState.metrics`` with a new dict, so an unchanged worker costs one dict lookup and
+  one ``is``. Only the workers with a new heartbeat are sampled (Dask keeps heartbeats to
+  about 200 a second however many workers there are), and the band of every worker's latest
+  sample is kept by worker (`summary.LatestBand`): a new sample is a few dict assignments,
+  a band three sorts in C, not a sample dict read per worker.
+- An answer's ``summary`` and its busiest workers read what changes with every task (tasks
+  processing) and every heartbeat (memory) in two passes over the workers made of C calls
+  (``map`` over ``attrgetter``), no Python step per worker; what changes only when workers
+  join or leave (hosts, their ranking, threads, limits, names) is kept in `_Roster`, rebuilt
+  only then.
 The snapshot format is documented in `nbcluster.metrics` and declared in `nbcluster._wire`.
 
 Installing it: the plugin's `start` registers the ``nbcluster_metrics`` RPC handler, and
@@ -27,8 +41,8 @@ Dask calls `start` only for plugins present when the scheduler starts
 
 from __future__ import annotations
 
-import heapq
 import itertools
+import operator
 import time
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -41,6 +55,7 @@ from nbcluster._wire import (
     Band,
     GpuDevice,
     GroupProgress,
+    HostTotals,
     ResourceSample,
     RunProgress,
     Snapshot,
@@ -116,7 +131,10 @@ class MetricsPlugin(SchedulerPlugin):
         )
         self._next = 0  # the sequence number the next record gets; also the cursor
         self._last_sample_time: dict[str, float] = {}
-        self._latest: dict[str, ResourceSample] = {}
+        # Each worker's metrics dict as the last round saw it: a heartbeat replaces the dict.
+        self._seen: dict[str, dict[str, Any]] = {}
+        self._band = summarize.LatestBand()
+        self._roster: _Roster | None = None
         self.runs: dict[str, RunProgress] = {}
         self._scheduler: Scheduler | None = None
         self._callback: PeriodicCallback | None = None
@@ -147,6 +165,32 @@ class MetricsPlugin(SchedulerPlugin):
             del handlers["nbcluster_metrics"]
         if handlers.get("nbcluster_progress") == self.nbcluster_progress:
             del handlers["nbcluster_progress"]
+
+    def add_worker(self, scheduler: Scheduler, worker: str) -> None:
+        """Dask's plugin hook: the workers' roster is out of date.
+
+        Parameters
+        ----------
+        scheduler : distributed.Scheduler
+            The scheduler.
+        worker : str
+            The new worker's address.
+        """
+        self._roster = None
+
+    def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
+        """Dask's plugin hook: the workers' roster is out of date.
+
+        Parameters
+        ----------
+        scheduler : distributed.Scheduler
+            The scheduler.
+        worker : str
+            The address of the worker that left.
+        **kwargs
+            Dask's details (``stimulus_id``, ``expected``), unused.
+        """
+        self._roster = None
 
     # -- recording ------------------------------------------------------------------------
 
@@ -209,31 +253,42 @@ class MetricsPlugin(SchedulerPlugin):
         self.tasks.append(self._stamp(), (prefix, prefix, str(msg["worker"]), start, stop, True, key))
 
     def sample(self) -> None:
-        """Copy each worker's newest heartbeat sample, if it is new (runs periodically)."""
+        """Copy each worker's newest heartbeat sample, if it is new (runs periodically).
+
+        A worker with no heartbeat since the last round costs a dict lookup and an identity
+        test; the band of every worker's latest sample is updated with the new ones only.
+        """
         if self._scheduler is None:
             return
-        last = self._last_sample_time
-        latest = []
+        workers = self._scheduler.workers
+        seen, last, band = self._seen, self._last_sample_time, self._band
         news = False
-        for addr, ws in self._scheduler.workers.items():
-            m = ws.metrics
+        # Dask's workers are a SortedDict, whose own views iterate in Python (10x slower):
+        # find what changed through the plain dict's view, then take it in the sorted order.
+        changed = [(addr, ws) for addr, ws in dict.items(workers) if seen.get(addr) is not ws.metrics]
+        if len(changed) > 1:
+            changed.sort(key=_FIRST)
+        for addr, ws in changed:
+            m = seen[addr] = ws.metrics
             t = m.get("time")
             if t is None:
+                band.drop(addr)
                 continue
             if last.get(addr) == t:
-                latest.append(self._latest[addr])
                 continue
             last[addr] = t
-            sample = self._latest[addr] = resource_sample(addr, ws, m)
+            sample = resource_sample(addr, ws, m)
             self.samples.append(self._stamp(), sample)
-            latest.append(sample)
+            band.put(addr, sample)
             news = True
+        if len(seen) > len(workers):
+            # Every worker here is in `seen` by now: more means some left.
+            for addr in [a for a in seen if a not in workers]:
+                del seen[addr]
+                last.pop(addr, None)
+                band.drop(addr)
         if news:
-            self.bands.append(self._stamp(), summarize.band(time.time(), latest))
-        if len(last) > 2 * len(self._scheduler.workers) + 16:
-            for addr in [a for a in last if a not in self._scheduler.workers]:
-                del last[addr]
-                self._latest.pop(addr, None)
+            self.bands.append(self._stamp(), band.band(time.time()))
 
     def nbcluster_progress(self, run: str, counts: dict[str, Any]) -> None:
         """A kernel's report of one ``%%distribute`` run's item counts (its live view
@@ -284,10 +339,14 @@ class MetricsPlugin(SchedulerPlugin):
         gap = gap or self.tasks.lost_since(since) or self.samples.lost_since(since)
         detailed = scheduler.workers
         resources = self.samples.since(since)
+        roster = self._current_roster()
+        # Tasks processing on each worker, in the roster's order: one pass of C calls.
+        processing = list(map(len, map(_PROCESSING, roster.workers)))
         if detail is not None and len(detailed) > detail:
-            # The few busiest, not all of them sorted: 1.5 ms of the event loop at 1,000 workers.
-            busiest = heapq.nsmallest(max(0, detail), detailed.values(), key=lambda ws: (-len(ws.processing), str(ws.name)))
-            detailed = {ws.address: ws for ws in busiest}
+            # The few busiest (most tasks, then by name), not all of them sorted.
+            detailed = {
+                roster.workers[i].address: roster.workers[i] for i in roster.busiest(processing, detail)
+            }
             resources = [r for r in resources if r["worker"] in detailed]
         devices = _devices(scheduler)
         return {
@@ -295,7 +354,7 @@ class MetricsPlugin(SchedulerPlugin):
             "cursor": cursor,
             "gap": gap,
             "now": time.time(),
-            "summary": _summary(scheduler),
+            "summary": roster.summary(processing),
             "workers": {addr: _worker_info(ws, devices) for addr, ws in detailed.items()},
             "tasks": [
                 {
@@ -314,6 +373,14 @@ class MetricsPlugin(SchedulerPlugin):
             "runs": list(self.runs.values()),
             "groups": _groups(scheduler),
         }
+
+    def _current_roster(self) -> _Roster:
+        scheduler = self._scheduler
+        assert scheduler is not None
+        key = _Roster.key_of(scheduler)
+        if self._roster is None or self._roster.key != key:
+            self._roster = _Roster(scheduler, key)
+        return self._roster
 
 
 async def install(scheduler: Scheduler, **kwargs: Any) -> MetricsPlugin:
@@ -428,30 +495,100 @@ def resource_sample(addr: str, ws: Reported, m: dict[str, Any]) -> ResourceSampl
     return out
 
 
-def _summary(scheduler: Scheduler) -> Summary:
-    # One pass, no row per worker: at 1,000 workers a row each made this 10 ms of the
-    # scheduler's event loop per answer, four answers a second per open view.
-    by_host: dict[str, list[int]] = {}
-    for ws in scheduler.workers.values():
-        t = by_host.get(ws.host)
-        if t is None:
-            t = by_host[ws.host] = [0, 0, 0, 0, 0]
-        t[0] += 1
-        t[1] += ws.nthreads
-        t[2] += len(ws.processing)
-        t[3] += ws.metrics.get("memory", 0) or 0
-        t[4] += ws.memory_limit or 0
-    workers, threads, processing, memory, limit = (sum(column) for column in zip(*by_host.values(), [0] * 5, strict=True))
-    hosts, more = summarize.hosts(by_host)
-    return {
-        "workers": workers,
-        "threads": threads,
-        "processing": processing,
-        "memory": memory,
-        "memory_limit": limit,
-        "hosts": hosts,
-        "more_hosts": more,
-    }
+_FIRST = operator.itemgetter(0)
+_PROCESSING = operator.attrgetter("processing")
+_METRICS = operator.attrgetter("metrics")
+
+
+def _memory(workers: list[WorkerState]) -> int:
+    """The memory the workers' last heartbeats reported, added up in C calls
+    (``metrics.get("memory", 0) or 0`` each: `filter` drops the None and 0 alike)."""
+    return sum(filter(None, map(dict.get, map(_METRICS, workers), itertools.repeat("memory"))))
+
+
+class _Roster:
+    """What an answer needs of the workers that changes only when one joins or leaves: the
+    workers grouped by host (the hosts listed in the summary first, ranked as
+    `summary.hosts` ranks them: most workers first), their names and name order, and each
+    host's workers, threads and memory limits.
+
+    An answer then reads only what changes with each task or heartbeat (tasks processing,
+    memory), in two passes of C calls over the workers (``map`` over ``attrgetter``; a
+    host's share is a slice): no Python step per worker, four times a second per open view
+    at 1,000 workers. Dask counts every worker that joins (``_workers_added_total``); with
+    the number of workers that tells when the roster is out of date (and the plugin's
+    `add_worker` / `remove_worker` hooks drop it too).
+    """
+
+    def __init__(self, scheduler: Scheduler, key: tuple[int, int]):
+        self.key = key
+        by_host: dict[str, list[tuple[int, WorkerState]]] = {}
+        for i, ws in enumerate(scheduler.workers.values()):
+            by_host.setdefault(ws.host, []).append((i, ws))
+        # workers, threads, processing, memory, memory limit: the last three per answer.
+        static = {
+            host: [
+                len(wss),
+                sum(ws.nthreads for _, ws in wss),
+                0,
+                0,
+                sum(ws.memory_limit or 0 for _, ws in wss),
+            ]
+            for host, wss in by_host.items()
+        }
+        self.threads = sum(t[1] for t in static.values())
+        self.memory_limit = sum(t[4] for t in static.values())
+        ranked, self.more_hosts = summarize.hosts(static)
+        listed = [row["host"] for row in ranked]
+        ordered = [iw for host in listed for iw in by_host[host]]
+        self.spans: list[tuple[HostTotals, int, int]] = []
+        for row in ranked:
+            start = self.spans[-1][2] if self.spans else 0
+            self.spans.append((row, start, start + row["workers"]))
+        self.rest = len(ordered)  # the workers of hosts not listed start here
+        named = set(listed)
+        ordered += [iw for host, wss in by_host.items() if host not in named for iw in wss]
+        self.workers = [ws for _, ws in ordered]
+        # By name, then by the scheduler's order (the order `heapq.nsmallest` kept on a tie).
+        names = [(str(ws.name), i) for i, ws in ordered]
+        self.by_name = sorted(range(len(names)), key=names.__getitem__)
+
+    @staticmethod
+    def key_of(scheduler: Scheduler) -> tuple[int, int]:
+        """What changes whenever a worker joins or leaves."""
+        return len(scheduler.workers), getattr(scheduler, "_workers_added_total", -1)
+
+    def busiest(self, processing: list[int], n: int) -> list[int]:
+        """The `n` workers with the most tasks processing, ties by name (indices, busiest
+        first): those above the `n`-th largest count, then those at it, in name order."""
+        if n <= 0:
+            return []
+        threshold = sorted(processing)[-n]
+        in_name_order = [processing[i] for i in self.by_name] if len(processing) < 2 else (
+            operator.itemgetter(*self.by_name)(processing)
+        )  # fmt: skip
+        above = list(
+            itertools.compress(self.by_name, map(operator.gt, in_name_order, itertools.repeat(threshold)))
+        )
+        above.sort(key=processing.__getitem__, reverse=True)  # stable: name order within a count
+        at = itertools.compress(self.by_name, map(operator.eq, in_name_order, itertools.repeat(threshold)))
+        return above + list(itertools.islice(at, n - len(above)))
+
+    def summary(self, processing: list[int]) -> Summary:
+        """The snapshot's ``summary``; `processing` counts each worker's tasks, in roster order."""
+        hosts: list[HostTotals] = [
+            {**row, "processing": sum(processing[a:b]), "memory": _memory(self.workers[a:b])}
+            for row, a, b in self.spans
+        ]
+        return {
+            "workers": len(self.workers),
+            "threads": self.threads,
+            "processing": sum(processing),
+            "memory": sum(h["memory"] for h in hosts) + _memory(self.workers[self.rest :]),
+            "memory_limit": self.memory_limit,
+            "hosts": hosts,
+            "more_hosts": self.more_hosts,
+        }
 
 
 def _groups(scheduler: Scheduler) -> list[GroupProgress]:

@@ -7,6 +7,8 @@ sidebar:
 
 - `spread`: ``(min, median, max)`` of some values (the charts draw these as a band);
 - `band`: one such spread per resource, across every worker's latest sample;
+- `LatestBand`: the same band kept up to date one worker at a time, so that a sampling
+  round costs what changed, not a step per worker the cluster holds;
 - `hosts`: workers, threads, running tasks and memory per host, the busiest hosts first,
   at most `MAX_HOSTS` of them.
 """
@@ -72,6 +74,91 @@ def band(time: float, samples: Iterable[Mapping[str, Any]]) -> Band:
     if gpu is not None:
         out["gpu_util"] = gpu
     return out
+
+
+class LatestBand:
+    """`band` of every worker's latest sample, kept up to date one worker at a time.
+
+    `put` a worker's new sample, `drop` a worker that left; `band` then returns exactly what
+    `band` of the samples held would. Each resource's latest values are kept by worker, so a
+    new sample costs a few dict assignments, and a band sorts the values in C (``sorted``
+    of a dict's values) with no Python step per worker: the plugin's sampling round at 1,000
+    workers (a few dozen new heartbeats each half second) costs what changed, plus ~0.1 ms.
+
+    Examples
+    --------
+    >>> latest = LatestBand()
+    >>> latest.put("a", {"cpu": 10.0, "memory": 5, "memory_limit": 100})
+    >>> latest.put("b", {"cpu": 30.0, "memory": 7, "memory_limit": 100})
+    >>> latest.put("a", {"cpu": 20.0, "memory": 6, "memory_limit": 100})
+    >>> latest.band(1.0)
+    {'time': 1.0, 'workers': 2, 'cpu': (20.0, 25.0, 30.0), 'memory': (6, 6.5, 7), 'memory_limit': 100.0}
+    """
+
+    def __init__(self) -> None:
+        self._cpu: dict[str, float] = {}
+        self._memory: dict[str, float] = {}
+        self._limit: dict[str, float] = {}
+        self._gpu: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._cpu)
+
+    def put(self, worker: str, sample: Mapping[str, Any]) -> None:
+        """Hold `sample` as `worker`'s latest (in place of its previous one).
+
+        Parameters
+        ----------
+        worker : str
+            The worker's address.
+        sample : Mapping
+            Its sample (``cpu``, ``memory``, ``memory_limit``, ``gpu_util`` if reported).
+        """
+        # The same coercions as `band`, so that both give the same numbers.
+        self._cpu[worker] = sample.get("cpu") or 0.0
+        self._memory[worker] = sample.get("memory") or 0
+        self._limit[worker] = sample.get("memory_limit") or 0
+        gpu = sample.get("gpu_util")
+        if gpu is None:
+            self._gpu.pop(worker, None)
+        else:
+            self._gpu[worker] = gpu
+
+    def drop(self, worker: str) -> None:
+        """Forget `worker` (it left, or reports no sample any more).
+
+        Parameters
+        ----------
+        worker : str
+            The worker's address.
+        """
+        for values in (self._cpu, self._memory, self._limit, self._gpu):
+            values.pop(worker, None)
+
+    def band(self, time: float) -> Band:
+        """`band` of the samples held.
+
+        Parameters
+        ----------
+        time : float
+            The moment the samples describe.
+
+        Returns
+        -------
+        Band
+            The spreads, with how many workers they cover.
+        """
+        out: Band = {
+            "time": time,
+            "workers": len(self._cpu),
+            "cpu": spread(list(self._cpu.values())),
+            "memory": spread(list(self._memory.values())),
+            "memory_limit": (spread(list(self._limit.values())) or (0, 0, 0))[1],
+        }
+        gpu = spread(list(self._gpu.values()))
+        if gpu is not None:
+            out["gpu_util"] = gpu
+        return out
 
 
 def hosts(totals: Mapping[str, Sequence[int]], limit: int = MAX_HOSTS) -> tuple[list[HostTotals], int]:
