@@ -28,6 +28,10 @@ so drift in the machine's load hits them alike (but 5, run once per peer):
 
 `--rss magic` / `--rss fn` measures only 5, one way, in a fresh process.
 
+Before each sample the bench waits until the processes it started are idle (`_quiet.py`):
+a peer's 20,000 Dask tasks are still being released on the workers when the next sample
+starts, and a notebook's next cell does not run into that.
+
 `--write` replaces the `## overhead` section of bench/RESULTS.md with the table.
 """
 
@@ -43,6 +47,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from _quiet import settle
 from _results import write_section
 from _work import calibrate, work  # bench/, the script's own folder
 
@@ -51,6 +56,13 @@ MILLION = 1_000_000
 SMALL = 8
 MAP_ITEMS = 5_000
 WORK_ITEMS = 400
+QUIET = 0.05  # the processes started here (2 workers, a scheduler, ipyparallel's, Pool's) idle under this share of a core
+UNSETTLED = [0]  # samples taken without the machine having settled (printed)
+
+
+def quiet(settled: bool) -> None:
+    if not settled:
+        UNSETTLED[0] += 1
 
 
 def inc(x: int) -> int:
@@ -210,9 +222,11 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     serial_times: list[float] = []
     for _ in range(args.repeats):
         for name, (_, fn) in tiny.items():
+            quiet(settle(share=QUIET))  # the last peer's tasks released: not this sample's cost
             tiny_times[name].append(timed(fn))
         serial_times.append(timed(lambda: [work(n_work) for _ in range(WORK_ITEMS)]))
         for name, fn in work_runs.items():
+            quiet(settle(share=QUIET))
             work_times[name].append(timed(fn))
 
     small: dict[str, Callable[[], Any]] = {
@@ -229,6 +243,7 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     small_times: dict[str, list[float]] = {name: [] for name in small}
     for _ in range(max(args.repeats, 5)):
         for name, fn in small.items():
+            quiet(settle(share=QUIET))
             small_times[name].append(timed(fn))
 
     million: dict[str, Callable[[], Any]] = {
@@ -239,6 +254,7 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     }
     million_rows = []
     for name, fn in million.items():
+        quiet(settle(share=QUIET))
         ip.user_ns.pop("r", None)
         ip.displayhook.flush()  # IPython's output history must not keep an earlier run's results
         seconds, grown, kept = peak_growth(fn)
@@ -253,7 +269,8 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     lines = [
         f"Run {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores (load average at the end "
         f"{load[0]:.1f}), 2 workers x 1 thread (nbcluster: TLS, supervisor process), "
-        f"median of {args.repeats} interleaved runs.",
+        f"median of {args.repeats} interleaved runs, each sample taken once the processes started here "
+        f"used under {QUIET:.0%} of a core (samples taken without: {UNSETTLED[0]}, after 15 s).",
         "",
         "**Tiny items** (`x + 1`), amortized wall time per item:",
         "",
