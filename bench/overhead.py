@@ -19,7 +19,7 @@ so drift in the machine's load hits them alike (but 5, run once per peer):
    worker process received (unpickles counted in the worker processes) and the time of
    each run; the second run should send nothing.
 
-4. An 8-item cell (`x + 1`): the fixed cost of a small cell, through the magic, through
+4. An 8-item cell (`x + 1`), 25 samples: the fixed cost of a small cell, through the magic, through
    `distribute(fn)`, ipyparallel's `%%px` (a cell on both engines) and `map_sync`,
    `client.map` + `gather` and `Pool.map`.
 5. 1,000,000 tiny items once each through the magic, `distribute(fn)` and ipyparallel
@@ -54,6 +54,7 @@ from _work import calibrate, work  # bench/, the script's own folder
 TINY = 20_000
 MILLION = 1_000_000
 SMALL = 8
+SMALL_RUNS = 25  # samples of each small cell
 MAP_ITEMS = 5_000
 WORK_ITEMS = 400
 QUIET = 0.05  # the processes started here (2 workers, a scheduler, ipyparallel's, Pool's) idle under this share of a core
@@ -241,7 +242,7 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     for fn in small.values():
         fn()
     small_times: dict[str, list[float]] = {name: [] for name in small}
-    for _ in range(max(args.repeats, 5)):
+    for _ in range(SMALL_RUNS):  # a small cell's time moves by 2x between runs: many samples
         for name, fn in small.items():
             quiet(settle(share=QUIET))
             small_times[name].append(timed(fn))
@@ -300,7 +301,7 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     lines += ["", f"%%distribute efficiency relative to multiprocessing.Pool in the same runs: {ratio:.2f}."]
     lines += [
         "",
-        f"**An {SMALL}-item cell** (`x + 1`), wall time per cell, median of {max(args.repeats, 5)}:",
+        f"**An {SMALL}-item cell** (`x + 1`), wall time per cell, median of {SMALL_RUNS}:",
         "",
         "| method | per cell | vs %%distribute |",
         "|---|---:|---:|",
