@@ -15,13 +15,15 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import dask.config
 import pytest
 from dask.utils import format_bytes as dask_format_bytes
-from distributed import as_completed
+from distributed import Event, as_completed
 
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.cluster.info import ClusterInfo
@@ -194,6 +196,21 @@ class Counts:
             self.c["done" if ok else "failed"] += 1
 
 
+def _gated():
+    # Shipped by value, as `square`: waits for the test's go, then squares.
+    def gated(x: int, gate: str) -> int:
+        from distributed import Event as Gate
+
+        Gate(gate).wait()
+        time.sleep(0.05)
+        return x * x
+
+    return gated
+
+
+gated = _gated()
+
+
 def _run(cluster: ClusterHandle, fn, n: int, counts: Counts, start: int = 0) -> None:
     for f in as_completed(cluster.client.map(fn, range(start, start + n))):
         counts.finish(f.status == "finished")
@@ -207,13 +224,17 @@ def test_live_shows_increasing_progress_and_freezes_into_the_final_picture(clust
     lv = live(counts, cluster.metrics, label="squares", delay=0.2, interval=0.1, task_filter=mine,
               _display=rec, _widgets=True)  # fmt: skip
     seen: list[int] = []
-    lv_widget_ready = rec.first_shown
-    futures = cluster.client.map(square, range(1000, 1030))
-    for i, f in enumerate(as_completed(futures)):
+    # The squares start once the widget is there and watched (a gate, not a race with its
+    # first frame on a busy machine): 30 x 50 ms on 2 threads, several frames of progress.
+    tag = uuid.uuid4().hex[:8]
+    gate = Event(f"squares-{tag}", client=cluster.client)
+    keys = [f"square-{tag}-{x}" for x in range(1000, 1030)]  # `mine`
+    futures = cluster.client.map(gated, range(1000, 1030), gate=gate.name, key=keys)
+    assert rec.first_shown.wait(30), "the widget never appeared"
+    lv.widget.observe(lambda ch: seen.append(ch["new"].get("done", 0)), names="progress")
+    gate.set()
+    for f in as_completed(futures):
         counts.finish(f.status == "finished")
-        if i == 0:
-            assert lv_widget_ready.wait(30), "the widget never appeared"
-            lv.widget.observe(lambda ch: seen.append(ch["new"].get("done", 0)), names="progress")
     lv.close()
 
     assert len(rec.shown) == 1
