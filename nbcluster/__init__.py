@@ -124,8 +124,8 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 def load_ipython_extension(ipython: Any) -> None:
     """Register ``%cluster`` and ``%%distribute``: what ``%load_ext nbcluster`` calls.
 
-    It also starts a spare supervisor process in the background, so that the first
-    ``%cluster start`` is quick.
+    It also starts a spare supervisor process in the background (with the process its
+    workers will be forked from), so that the first ``%cluster start`` is quick.
 
     Parameters
     ----------
