@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,8 @@ def test_a_forked_worker_is_what_a_spawned_one_would_be(runtime_dir: Path) -> No
         spawned = nbcluster.start(workers=1, threads=1, name="spawned")
     try:
         assert _forked(forked) == [True] and _forked(spawned) == [False]
+        # Started cold: its forkserver came with the launcher's prediction, which held.
+        assert "a new forkserver" not in _log(runtime_dir, "forked")
         forked_by, spawned_by = (
             psutil.Process(h.entry["supervisor_pid"]).cmdline() for h in (forked, spawned)
         )
@@ -233,3 +236,27 @@ def test_a_supervisor_launched_for_workers_elsewhere_starts_no_forkserver(runtim
             assert len(_forkservers(launched.proc.pid)) == (1 if local else 0), local
         finally:
             launched.discard()
+
+
+def test_a_supervisor_starts_the_forkserver_its_launcher_predicted_before_dasks_config() -> None:
+    # What `import nbcluster` does first in a supervisor launched with the prediction: the
+    # forkserver starts with it, before Dask loads, and it is what `use` then expects.
+    from nbcluster.cluster import forkserver
+
+    probe = (
+        "import os, sys\n"
+        "import nbcluster.cluster.forkserver as f\n"
+        "print(f.pid() is not None, f.AHEAD_VARIABLE in os.environ)\n"
+        "import distributed\n"  # as a supervisor has by the time `use` checks
+        "print(f._started_with == f.worker_environ(os.environ))\n"
+        "f.stop()\n"
+    )
+    env = {**os.environ, **forkserver.ahead_environ(os.environ)}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "True"]
+    # Without it, importing nbcluster starts nothing.
+    done = subprocess.run(
+        [sys.executable, "-c", probe.replace("f.stop()", "")], capture_output=True, text=True
+    )
+    assert done.stdout.split()[0] == "False"

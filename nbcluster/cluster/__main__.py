@@ -16,11 +16,13 @@ workers run elsewhere (``--no-forkserver``: a batch system's, a gateway's...).
 if __name__ == "__main__":
     import sys
 
+    from nbcluster import config
     from nbcluster.cluster import forkserver
 
     if "--no-forkserver" not in sys.argv:  # launcher.NO_FORKSERVER: workers elsewhere
         forkserver.start_ahead()
 
-    from nbcluster.cluster.supervisor import main
+    with config.libyaml():  # Dask's config files, read again after the request: its own process
+        from nbcluster.cluster.supervisor import main
 
-    sys.exit(main())
+        sys.exit(main())

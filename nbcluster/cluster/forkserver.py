@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import multiprocessing.forkserver
 import os
 import signal
@@ -49,10 +50,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import dask.config
-import yaml
-
-from nbcluster import config
+# The standard library only, here: a supervisor launched for a local cluster imports this
+# module before Dask (`start_as_launched`); what needs Dask's config imports it where used.
 
 #: What the forkserver imports before it forks anything (see forkserver_preload.py).
 PRELOAD = ["nbcluster.cluster.forkserver_preload"]
@@ -63,6 +62,11 @@ NANNY_HASH_SEED = "6640"
 #: Set by a starting nanny to its process id (`distributed.proctitle`): a worker whose
 #: parent it names sets its process title (with setproctitle installed).
 PARENT_PID_VARIABLE = "__DASK_PARENT_PID"
+
+#: How a launcher hands a new supervisor the workers' environment it predicts for it (JSON:
+#: the variables to set, and those to unset), so that its forkserver starts before it loads
+#: Dask's config (`ahead_environ`, `start_as_launched`).
+AHEAD_VARIABLE = "NBCLUSTER_FORKSERVER_AHEAD"
 
 #: The environment the running forkserver started with (None: none started).
 _started_with: dict[str, str] | None = None
@@ -93,6 +97,8 @@ def worker_environ(environ: Mapping[str, str]) -> dict[str, str]:
     dict of str to str
         The worker process's environment.
     """
+    from nbcluster import config
+
     env = dict(environ)
     config.drop_copied_dask_environ(env)
     pre_spawn = {k: env.get(k, str(v)) for k, v in config.worker_pre_spawn_environ().items() if v is not None}
@@ -111,18 +117,76 @@ def wanted() -> bool:
         ``nbcluster.worker.forkserver`` and ``distributed.worker.multiprocessing-method``
         is ``spawn``.
     """
+    import dask.config
+
+    from nbcluster import config
+
     method = dask.config.get("distributed.worker.multiprocessing-method", DASK_DEFAULT_METHOD)
     return bool(config.get("worker.forkserver")) and method == DASK_DEFAULT_METHOD
 
 
+def ahead_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a launcher adds to the environment of a supervisor it launches for a request.
+
+    The workers' environment as `worker_environ` predicts it from here (the request's own
+    environment and settings), as the change to make to the supervisor's environment, in
+    `AHEAD_VARIABLE`: the supervisor starts its forkserver with it as its very first act
+    (`start_as_launched`), a tenth of a second before it could compute it itself, once
+    Dask's config has loaded. `use` checks it all the same.
+
+    Parameters
+    ----------
+    environ : Mapping of str to str
+        The environment the supervisor is launched with (the request's).
+
+    Returns
+    -------
+    dict of str to str
+        ``{AHEAD_VARIABLE: ...}``; empty where workers are not to be forked.
+    """
+    _load_distributed_defaults()
+    if not wanted():
+        return {}
+    predicted = worker_environ(environ)
+    del predicted[PARENT_PID_VARIABLE]  # the supervisor's own process id, there
+    change = {
+        "set": {k: v for k, v in predicted.items() if environ.get(k) != v},
+        "unset": sorted(set(environ) - set(predicted)),
+    }
+    return {AHEAD_VARIABLE: json.dumps(change)}
+
+
+def start_as_launched() -> None:
+    """Start the forkserver with the environment the launcher predicted (`ahead_environ`).
+
+    Run by ``import nbcluster`` in a supervisor whose environment has `AHEAD_VARIABLE`,
+    before Dask's config loads; the variable goes from the environment at once. Whatever
+    goes wrong only costs the head start.
+    """
+    given = os.environ.pop(AHEAD_VARIABLE, None)
+    if given is None:
+        return
+    try:
+        change = json.loads(given)
+        environ = {k: v for k, v in os.environ.items() if k not in set(change["unset"])}
+        environ.update(change["set"])
+        environ[PARENT_PID_VARIABLE] = str(os.getpid())
+        _ensure(environ)
+    except Exception:
+        traceback.print_exc()  # the supervisor's log
+
+
 def start_ahead() -> None:
-    """Start the forkserver with the environment the workers will most likely get.
+    """Start the forkserver with the environment the workers will most likely get, unless
+    the launcher's prediction started it already (`start_as_launched`).
 
     A supervisor's first act (``cluster/__main__.py``), before it imports Dask's scheduler:
     the forkserver loads the worker's modules meanwhile, on another core. Dask's defaults
     are read from its ``distributed.yaml`` as importing `distributed` would (it is not
     imported yet). Whatever goes wrong here only costs the head start: `use` decides.
     """
+    if _started_with is not None:
+        return
     try:
         _load_distributed_defaults()
         if wanted():
@@ -145,11 +209,13 @@ def use() -> bool:
     bool
         Whether the workers will be forked.
     """
+    import dask.config
+
+    from nbcluster import _compat  # imports distributed: the supervisor has it by now
+
     if not wanted():
         stop()
         return False
-    from nbcluster import _compat  # imports distributed: the supervisor has it by now
-
     try:
         _ensure(worker_environ(os.environ))
     except Exception:
@@ -186,6 +252,8 @@ def worker_config() -> dict[str, Any]:
     dict
         ``{"distributed": ...}`` for `distributed.Nanny`'s ``config``.
     """
+    import dask.config
+
     spawn = {"worker": {"multiprocessing-method": DASK_DEFAULT_METHOD}}
     return {"distributed": dask.config.merge(dask.config.config["distributed"], spawn)}
 
@@ -246,15 +314,19 @@ def _ensure(environ: dict[str, str]) -> None:
 def _load_distributed_defaults() -> None:
     """Register Dask's ``distributed.yaml`` defaults, as ``import distributed`` does, without
     the import (which is most of a supervisor's start-up)."""
+    import dask.config
+    import yaml
+
+    from nbcluster import config
+
     if "distributed.config" in sys.modules:  # registered them already
         return
     spec = importlib.util.find_spec("distributed")
     if spec is None or not spec.submodule_search_locations:
         return
     path = Path(next(iter(spec.submodule_search_locations))) / "distributed.yaml"
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with path.open() as f:
-        dask.config.update_defaults(yaml.load(f, Loader=loader))  # a safe loader, C if built
+        dask.config.update_defaults(yaml.load(f, Loader=config.SAFE_LOADER))
 
 
 def _note(text: str) -> None:

@@ -4,7 +4,8 @@ Imported in the forkserver process only, never in the supervisor: what a nanny's
 process loads as it starts (Dask's nanny and worker, tornado, numpy; nbcluster's worker
 class and plugins), what its first ``%%distribute`` batch loads (`nbcluster.distribute.worker`),
 and tornado's default TLS context, which a worker's first accepted connection makes
-otherwise (the system's CA store, ~40 ms). Then:
+otherwise (the system's CA store, ~40 ms); Dask's distributed.yaml is read with libyaml
+meanwhile (`config.libyaml`). Then:
 
 - the garbage collector's objects so far are frozen (`gc.freeze`, as Python's docs advise
   before forking): a collection in a worker neither scans them nor writes to their pages,
@@ -23,8 +24,11 @@ import gc
 import multiprocessing.forkserver
 from typing import Any
 
-import distributed.nanny  # the worker process's entry point (Nanny._run)
-import distributed.worker  # noqa: F401
+from nbcluster import config
+
+with config.libyaml():  # distributed.yaml; restored before any worker is forked
+    import distributed.nanny  # the worker process's entry point (Nanny._run)
+    import distributed.worker  # noqa: F401
 
 import nbcluster.distribute.worker  # noqa: F401  (what a %%distribute batch runs)
 from nbcluster import _compat

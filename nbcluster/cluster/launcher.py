@@ -35,7 +35,7 @@ from typing import Any
 import dask.config
 
 from nbcluster import _wire, config
-from nbcluster.cluster import registry, startlog
+from nbcluster.cluster import forkserver, registry, startlog
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import ClusterFailed
 
@@ -90,9 +90,12 @@ _keep_warm = False
 _spare_lock = threading.Lock()
 
 
-def _launch(directory: Path, *, local: bool = True) -> _Launched:
+def _launch(directory: Path, *, local: bool = True, for_request: bool = False) -> _Launched:
     """A new supervisor; `local` False (a request for a backend whose workers run elsewhere)
-    tells it not to start a forkserver for local workers (``--no-forkserver``)."""
+    tells it not to start a forkserver for local workers (``--no-forkserver``). Launched for
+    a request at once (`for_request`, no spare), it gets the workers' environment as
+    predicted here, to start its forkserver with before it loads Dask's config
+    (`forkserver.ahead_environ`)."""
     startlog.prune_stale(directory)
     log = startlog.new_path(directory)
     ready_r, ready_w = os.pipe()
@@ -107,6 +110,9 @@ def _launch(directory: Path, *, local: bool = True) -> _Launched:
     ]
     if not local:
         cmd.append(NO_FORKSERVER)
+    env = dict(os.environ)
+    if local and for_request:
+        env.update(forkserver.ahead_environ(env))
     fd = startlog.open_locked(log)
     try:
         # A new session: a kernel interrupt (SIGINT to the kernel's process group) must not
@@ -116,7 +122,7 @@ def _launch(directory: Path, *, local: bool = True) -> _Launched:
         # workers' forkserver with it before the request comes (forkserver.py).
         proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=fd, stderr=fd, pass_fds=(ready_w,), start_new_session=True,
-            env=dict(os.environ),
+            env=env,
         )  # fmt: skip
     finally:
         os.close(fd)
@@ -167,7 +173,7 @@ def _take(directory: Path, spec: ClusterSpec) -> _Launched:
         return spare
     if spare is not None:
         spare.discard()
-    return _launch(directory, local=spec.backend == "local")
+    return _launch(directory, local=spec.backend == "local", for_request=True)
 
 
 def spawn(
