@@ -5,7 +5,7 @@
 Measures, in one run and interleaved so machine noise hits all alike:
 - nbcluster: `%cluster start --workers 2 --threads 1` in an IPython shell, then one task
   (`%load_ext` has launched a spare supervisor, as in a notebook);
-- nbcluster cold: `nbcluster.cluster.handle.start` with no spare supervisor;
+- nbcluster cold: `nbcluster.start` with no spare supervisor;
 - Dask: `LocalCluster(n_workers=2, threads_per_worker=1)` + `Client`, then one task;
 - ipyparallel: `Cluster(n=2).start_and_connect_sync()`, then one task on an engine.
 Each sample includes stopping nothing: teardown happens after the clock stops.
@@ -37,13 +37,18 @@ def nbcluster_once() -> float:
 
 
 def nbcluster_cold_once() -> float:
-    """The same without the spare supervisor `%load_ext` launches: a cold Python start-up."""
-    from nbcluster.cluster import handle as lifecycle
+    """The same without the spare supervisor `%load_ext` launches: a cold Python start-up.
+
+    Through `nbcluster.start`, which starts as `%cluster start` does (its client connects
+    while the workers start), not `nbcluster.cluster.handle.start`, which connects no client
+    (for servers and scripts): until 2026-12-02 this row used that one, and its client
+    connected only once the cluster was up."""
+    import nbcluster
     from nbcluster.cluster import launcher
 
     launcher.discard_spare()
     t0 = time.perf_counter()
-    cluster = lifecycle.start(workers=2, threads=1, name="bench-cold")
+    cluster = nbcluster.start(workers=2, threads=1, name="bench-cold")
     assert cluster.client.submit(lambda: 1).result() == 1
     elapsed = time.perf_counter() - t0
     cluster.stop()

@@ -13,9 +13,18 @@ the widgets, the cluster handle) that it never runs.
 
 from __future__ import annotations
 
+import os as _os
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+# A supervisor launched for a local cluster (cluster/launcher.py) starts the forkserver its
+# workers will be forked from before anything else, Dask's config below included, with the
+# workers' environment as the launcher predicted it (cluster/forkserver.py).
+if _os.environ.get("NBCLUSTER_FORKSERVER_AHEAD") is not None:
+    from nbcluster.cluster import forkserver as _forkserver
+
+    _forkserver.start_as_launched()
 
 from nbcluster import _lazy
 from nbcluster import config as _config  # noqa: F401 - registers nbcluster's Dask config defaults
@@ -124,8 +133,8 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 def load_ipython_extension(ipython: Any) -> None:
     """Register ``%cluster`` and ``%%distribute``: what ``%load_ext nbcluster`` calls.
 
-    It also starts a spare supervisor process in the background, so that the first
-    ``%cluster start`` is quick.
+    It also starts a spare supervisor process in the background (with the process its
+    workers will be forked from), so that the first ``%cluster start`` is quick.
 
     Parameters
     ----------

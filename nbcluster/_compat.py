@@ -457,3 +457,17 @@ def load_tls_client_defaults() -> None:
     from tornado.netutil import _client_ssl_defaults
 
     _client_ssl_defaults()
+
+
+def keep_forkserver_preload() -> None:
+    """Keep multiprocessing's forkserver preload as nbcluster set it, in this process.
+
+    Dask's `get_mp_context`, the first time it is asked for a forkserver context, imports
+    every package Dask knows of (numpy, pandas, lz4, ...) here and makes them the
+    forkserver's preload instead: in a supervisor, whose forkserver already runs with
+    nbcluster's preload (`cluster/forkserver.py`), that would be a second of imports for
+    nothing, and a forkserver restarted later would preload Dask's list.
+    """
+    import distributed.utils
+
+    distributed.utils._forkserver_preload_set = True

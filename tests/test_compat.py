@@ -7,6 +7,9 @@ worker, so a Dask upgrade that renames or changes one fails here, by name.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -259,3 +262,44 @@ def test_worker_accepts_work_names_a_paused_worker(local: tuple[LocalCluster, Cl
         assert _compat.worker_accepts_work(worker) == "paused"
     finally:
         worker.status = Status.running
+
+
+def test_keep_forkserver_preload_stops_dask_from_replacing_it() -> None:
+    # In a fresh process, as a supervisor is: Dask's first forkserver context would import
+    # its list of packages and make that the preload.
+    probe = (
+        "import multiprocessing.forkserver as fs, sys, dask\n"
+        "from nbcluster import _compat\n"
+        "from distributed.utils import get_mp_context\n"
+        "fs.set_forkserver_preload(['ours'])\n"
+        "_compat.keep_forkserver_preload()\n"
+        "with dask.config.set({'distributed.worker.multiprocessing-method': 'forkserver'}):\n"
+        "    get_mp_context()\n"
+        "print(fs._forkserver._preload_modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['ours']"
+
+
+def test_worker_environ_is_what_a_nanny_spawns_its_worker_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    # forkserver.worker_environ follows Dask's rule for the nanny's pre-spawn variables: a
+    # variable already set wins, a null one is left out, the hash seed where none (or 0) is set.
+    import dask.config
+    from distributed import Nanny
+
+    from nbcluster import config
+    from nbcluster.cluster.forkserver import worker_environ
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    ours = {**config.worker_pre_spawn_environ(), "NBCLUSTER_LEFT_OUT": None, "NBCLUSTER_ADDED": 7}
+
+    async def pre_spawn_env() -> dict[str, str]:
+        nanny = Nanny("tls://127.0.0.1:1")  # made, not started
+        return dict(nanny.pre_spawn_env)
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": ours}):
+        nanny_env = asyncio.run(pre_spawn_env())
+        predicted = worker_environ(os.environ)
+    assert nanny_env["MALLOC_TRIM_THRESHOLD_"] == "12345" and "NBCLUSTER_LEFT_OUT" not in nanny_env
+    assert predicted == {**os.environ, **nanny_env, "__DASK_PARENT_PID": str(os.getpid())}

@@ -137,3 +137,30 @@ def test_every_setting_in_nbcluster_yaml_has_a_description_and_a_kind() -> None:
     assert config_schema.settings()["widget.delay"].kind == "duration"
     assert config_schema.settings()["limits.max-memory"].kind == "size"
     assert config_schema.settings()["profiles"].kind == "mapping"
+
+
+def test_libyaml_reads_dasks_files_as_pyyaml_does() -> None:
+    # `config.libyaml` has a supervisor (and a forkserver while it loads) read Dask's config
+    # files with libyaml's loader: the same values as PyYAML's own, for Dask's shipped
+    # defaults, nbcluster's, and every config file this machine's Dask reads.
+    import importlib.util
+
+    packages = ("dask", "distributed", "nbcluster", "dask_jobqueue", "dask_gateway", "dask_kubernetes")
+    files = [
+        path
+        for name in packages
+        if (spec := importlib.util.find_spec(name)) is not None and spec.submodule_search_locations
+        for path in Path(next(iter(spec.submodule_search_locations))).glob("*.yaml")
+    ]
+    for folder in map(Path, dask.config.paths):
+        if folder.is_dir():
+            files += sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.yml"))
+    assert len(files) >= 3
+    assert nbcluster.config.SAFE_LOADER is yaml.CSafeLoader  # PyYAML here has libyaml
+    for path in files:
+        text = path.read_text()
+        with nbcluster.config.libyaml():
+            assert yaml.safe_load.__module__ == "nbcluster.config"
+            fast = yaml.safe_load(text)
+        assert fast == yaml.load(text, Loader=yaml.SafeLoader), path
+    assert yaml.safe_load.__module__ == "yaml"  # restored on leaving

@@ -47,6 +47,9 @@ def test_profile_starts_scales_lists_and_stops_a_gateway_cluster(
         magic(shell, "start --profile campus --name campus")
         try:
             handle = nbcluster.current()
+            # The spare supervisor's forkserver for local workers went: the workers are the gateway's.
+            supervisor = psutil.Process(handle.entry["supervisor_pid"])
+            assert not [p for p in supervisor.children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
             magic(shell, "scale 2")
             # The gateway starts workers after the request returns, as a batch system would.
             handle.client.wait_for_workers(2, timeout=120)

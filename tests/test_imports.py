@@ -48,6 +48,12 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("nbcluster.cluster.supervisor", "nbcluster.metrics.plugin"): (
         "a broken or missing metrics plugin must never stop a cluster from starting"
     ),
+    ("nbcluster.cluster.forkserver", "nbcluster._compat"): (
+        "a supervisor starts the forkserver before it imports Dask's distributed (_compat imports it)"
+    ),
+    ("nbcluster.cluster.forkserver", "nbcluster.config"): (
+        "a supervisor launched for a request starts the forkserver before Dask's config loads"
+    ),
     ("nbcluster.distribute.worker.stopping", "nbcluster._compat"): (
         "the worker package loads without Dask's Client (_compat imports it); only a cancel check needs it"
     ),

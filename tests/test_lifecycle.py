@@ -68,9 +68,13 @@ def test_a_start_whose_workers_fail_after_the_client_connected_leaves_nothing(ru
     from distributed import Client
 
     # The scheduler is up (the kernel's client connects early), then every worker process
-    # dies as it starts (Python runs sitecustomize before anything of Dask's).
+    # dies as it starts: a spawned one as Python runs sitecustomize, before anything of
+    # Dask's; one forked from the supervisor's forkserver as the fork returns.
     (tmp_path / "sitecustomize.py").write_text(
-        "import os, sys\nif '--multiprocessing-fork' in sys.argv:\n    os._exit(3)\n"
+        "import os, sys\n"
+        "if '--multiprocessing-fork' in sys.argv:\n    os._exit(3)\n"
+        "if b'multiprocessing.forkserver' in open('/proc/self/cmdline', 'rb').read():\n"
+        "    os.register_at_fork(after_in_child=lambda: os._exit(3))\n"
     )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
 

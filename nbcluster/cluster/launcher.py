@@ -35,7 +35,7 @@ from typing import Any
 import dask.config
 
 from nbcluster import _wire, config
-from nbcluster.cluster import registry, startlog
+from nbcluster.cluster import forkserver, registry, startlog
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import ClusterFailed
 
@@ -63,6 +63,8 @@ class _Launched:
 
 #: What a supervisor runs as (``python -m ...``; see ``cluster/__main__.py``).
 SUPERVISOR_MODULE = "nbcluster.cluster"
+#: The supervisor's flag for a request whose workers run elsewhere (no forkserver ahead).
+NO_FORKSERVER = "--no-forkserver"
 
 
 def is_supervisor(cmdline: list[str]) -> bool:
@@ -88,7 +90,12 @@ _keep_warm = False
 _spare_lock = threading.Lock()
 
 
-def _launch(directory: Path) -> _Launched:
+def _launch(directory: Path, *, local: bool = True, for_request: bool = False) -> _Launched:
+    """A new supervisor; `local` False (a request for a backend whose workers run elsewhere)
+    tells it not to start a forkserver for local workers (``--no-forkserver``). Launched for
+    a request at once (`for_request`, no spare), it gets the workers' environment as
+    predicted here, to start its forkserver with before it loads Dask's config
+    (`forkserver.ahead_environ`)."""
     startlog.prune_stale(directory)
     log = startlog.new_path(directory)
     ready_r, ready_w = os.pipe()
@@ -101,13 +108,22 @@ def _launch(directory: Path) -> _Launched:
         "--log",
         str(log),
     ]
+    if not local:
+        cmd.append(NO_FORKSERVER)
+    env = dict(os.environ)
+    if local and for_request:
+        env.update(forkserver.ahead_environ(env))
     fd = startlog.open_locked(log)
     try:
         # A new session: a kernel interrupt (SIGINT to the kernel's process group) must not
-        # reach the cluster; the owner watch is what ties the two together.
+        # reach the cluster; the owner watch is what ties the two together. The environment
+        # is `os.environ`, as the request will send it, not the C library's copy, which can
+        # hold more (readline sets COLUMNS and LINES there): the supervisor starts its
+        # workers' forkserver with it before the request comes (forkserver.py).
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=fd, stderr=fd, pass_fds=(ready_w,), start_new_session=True
-        )
+            cmd, stdin=subprocess.PIPE, stdout=fd, stderr=fd, pass_fds=(ready_w,), start_new_session=True,
+            env=env,
+        )  # fmt: skip
     finally:
         os.close(fd)
         os.close(ready_w)
@@ -117,9 +133,11 @@ def _launch(directory: Path) -> _Launched:
 def prewarm(runtime_dir: str | os.PathLike[str] | None = None) -> None:
     """Keep one supervisor launched ahead of time, so `start` skips its Python start-up.
 
-    `%load_ext nbcluster` calls this: a spare costs one idle process (it exits when this
-    process does) and saves about half a second on a `%cluster start`. A spare used by a
-    start is replaced when a cluster is next stopped from this process.
+    `%load_ext nbcluster` calls this: a spare costs two idle processes, the supervisor and
+    the forkserver its workers will be forked from (about 55 and 45 MiB of their own here;
+    they exit when this process does), and saves most of a `%cluster start`: the
+    supervisor's Python start-up and imports, and each worker's. A spare used by a start is
+    replaced when a cluster is next stopped from this process.
 
     Parameters
     ----------
@@ -147,7 +165,7 @@ def discard_spare() -> None:
             _spare = None
 
 
-def _take(directory: Path) -> _Launched:
+def _take(directory: Path, spec: ClusterSpec) -> _Launched:
     global _spare
     with _spare_lock:
         spare, _spare = _spare, None
@@ -155,7 +173,7 @@ def _take(directory: Path) -> _Launched:
         return spare
     if spare is not None:
         spare.discard()
-    return _launch(directory)
+    return _launch(directory, local=spec.backend == "local", for_request=True)
 
 
 def spawn(
@@ -193,7 +211,7 @@ def spawn(
         When the supervisor does not report it running in time (the message names the start log).
     """
     timeout = config.seconds("timeouts.start")  # a bad setting stops us before a process is taken
-    launched = _take(directory)
+    launched = _take(directory, spec)
     proc = launched.proc
     # The caller's nbcluster settings too: a `dask.config.set` in a notebook applies to the
     # clusters it starts, as it would to a LocalCluster started there. So do the sections

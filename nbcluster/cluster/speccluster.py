@@ -30,6 +30,7 @@ from distributed.core import Status
 
 from nbcluster import _compat, config
 from nbcluster._wire import Bounds, Kind, Requested
+from nbcluster.cluster import forkserver
 from nbcluster.cluster.adaptive import KindAdaptive
 from nbcluster.cluster.gpu import GPU, SIMULATE_ENV
 from nbcluster.cluster.kinds import GPU_RESOURCE, check_kind, worker_kind
@@ -102,7 +103,7 @@ class NbSpecCluster(SpecCluster):
         return {"cls": Nanny, "options": self._options(threads, {"CPU": threads}, {})}
 
     def _options(self, threads: int, resources: dict[str, float], env: dict[str, str]) -> dict[str, Any]:
-        return {
+        options = {
             "nthreads": threads,
             "memory_limit": self.nb_spec.memory or "auto",
             "resources": resources,
@@ -115,6 +116,11 @@ class NbSpecCluster(SpecCluster):
             # Gives back what the heap keeps for reuse (see worker_memory.py).
             "plugins": (MemoryTrim(config.seconds("worker.trim-interval")), WorkerStream()),
         }
+        if forkserver.in_use():
+            # Forked from the supervisor's forkserver (forkserver.py): the worker's own
+            # config still says spawn, as it would have.
+            options["config"] = forkserver.worker_config()
+        return options
 
     def _gpu_spec(self, device: GPU) -> dict[str, Any]:
         name = f"gpu-{device.index}"

@@ -3,8 +3,9 @@
 Launched as ``python -m nbcluster.cluster --ready-fd FD --log PATH`` (``cluster/__main__.py``)
 by `nbcluster.start` (or ahead of time by `prewarm`), which then sends one JSON request on its
 stdin: the spec, the runtime dir, the owner pid and the environment. Nobody else starts it.
-While it waits for the request it imports what a start will need (`import_ahead`), so a
-spare taken by `start` pays none of it.
+Its first act is to start the forkserver that its local workers will be forked from
+(`forkserver.py`, loading the workers' modules meanwhile); while it waits for the request it
+imports what a start will need (`import_ahead`), so a spare taken by `start` pays none of it.
 
 What it owns
     - the cluster's name, claimed with an ``O_EXCL`` registry entry (`registry.claim`);
@@ -14,6 +15,9 @@ What it owns
     - the Dask deployment object of the cluster's profile (`deploy.Deployment`): the local
       backend's `NbSpecCluster` (`speccluster.py`), a dask-jobqueue cluster, an `SSHCluster`, a
       `GatewayCluster` or a `KubeCluster`;
+    - for the local backend, the forkserver its nannies fork the worker processes from,
+      started with exactly the environment a spawned worker would get (`forkserver.py`; a
+      child in its process group, so every way it ends takes that too);
     - the control handlers (`Control`: info/scale/adapt/restart/stop), installed on the
       scheduler as `ControlPlugin` where it runs in this process (local, jobqueue), else
       served on a TLS `distributed.core.Server` of this process (``control`` in the entry);
@@ -85,7 +89,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from nbcluster import _compat, config
 from nbcluster._wire import ClusterState, RegistryEntry, Snapshot, TaskCounts, WorkerRow
-from nbcluster.cluster import deploy, gpu, profiles, registry, startlog
+from nbcluster.cluster import deploy, forkserver, gpu, profiles, registry, startlog
 from nbcluster.cluster.adaptive import backlogs
 from nbcluster.cluster.credentials import load_cryptography, write_credentials
 from nbcluster.cluster.info import identity_rows, worker_row
@@ -513,6 +517,11 @@ class _Supervision:
         # exists for this one cluster, so the setting is global here.
         config.drop_copied_dask_environ(os.environ)
         dask.config.set({"distributed.nanny.pre-spawn-environ": config.worker_pre_spawn_environ()})
+        # Its nannies fork their workers from the forkserver, if it still fits (forkserver.py).
+        if profile.local:
+            forkserver.use()
+        else:
+            forkserver.stop()
         _compat.quick_worker_handshake()
         self.deployment = d = deploy.make(
             self.spec, profile, directory=self.directory, name=self.name, devices=devices,
@@ -700,7 +709,8 @@ def main(argv: list[str] | None = None) -> int:
     Parameters
     ----------
     argv : list of str, optional
-        ``--ready-fd FD --log PATH`` (default: `sys.argv`).
+        ``--ready-fd FD --log PATH [--no-forkserver]`` (default: `sys.argv`; the last is
+        ``cluster/__main__.py``'s, read before this runs).
 
     Returns
     -------
@@ -710,6 +720,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nbcluster.cluster")
     parser.add_argument("--ready-fd", type=int, required=True, help="pipe for the one ready line")
     parser.add_argument("--log", type=Path, required=True, help="this process's stdout/stderr file")
+    parser.add_argument(
+        "--no-forkserver", action="store_true", help="start no forkserver ahead (the workers run elsewhere)"
+    )
     args = parser.parse_args(argv)
     os.set_inheritable(args.ready_fd, False)
     lifeline = Lifeline(args.log)

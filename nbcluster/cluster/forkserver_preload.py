@@ -1,0 +1,50 @@
+"""What the forkserver of a supervisor (`forkserver.py`) loads once, for every worker it forks.
+
+Imported in the forkserver process only, never in the supervisor: what a nanny's worker
+process loads as it starts (Dask's nanny and worker, tornado, numpy; nbcluster's worker
+class and plugins), what its first ``%%distribute`` batch loads (`nbcluster.distribute.worker`),
+and tornado's default TLS context, which a worker's first accepted connection makes
+otherwise (the system's CA store, ~40 ms); Dask's distributed.yaml is read with libyaml
+meanwhile (`config.libyaml`). Then:
+
+- the garbage collector's objects so far are frozen (`gc.freeze`, as Python's docs advise
+  before forking): a collection in a worker neither scans them nor writes to their pages,
+  which therefore stay shared with the forkserver;
+- a forked worker runs the ``atexit`` handlers when it exits, as a spawned one does:
+  multiprocessing ends a forked child with ``os._exit``, after flushing its streams but
+  without Python's shutdown (a task's ``atexit.register`` would never run).
+
+Nothing here may start a thread: a process with threads cannot be forked safely.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import multiprocessing.forkserver
+from typing import Any
+
+from nbcluster import config
+
+with config.libyaml():  # distributed.yaml; restored before any worker is forked
+    import distributed.nanny  # the worker process's entry point (Nanny._run)
+    import distributed.worker  # noqa: F401
+
+import nbcluster.distribute.worker  # noqa: F401  (what a %%distribute batch runs)
+from nbcluster import _compat
+from nbcluster.cluster import private_http, streams, worker_memory  # noqa: F401  (worker class, plugins)
+
+
+def _serve_one_then_exit_cleanly(serve_one: Any) -> Any:
+    def serve_one_and_run_atexit(*args: Any) -> int:
+        code: int = serve_one(*args)
+        atexit._run_exitfuncs()
+        return code
+
+    return serve_one_and_run_atexit
+
+
+_compat.load_tls_client_defaults()
+# The forkserver's loop calls `_serve_one` in each forked child, then `os._exit`.
+multiprocessing.forkserver._serve_one = _serve_one_then_exit_cleanly(multiprocessing.forkserver._serve_one)  # type: ignore[attr-defined]
+gc.freeze()
