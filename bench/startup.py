@@ -20,6 +20,8 @@ import statistics
 import tempfile
 import time
 
+from _quiet import settle  # bench/, the script's own folder
+
 
 def nbcluster_once() -> float:
     from IPython.core.interactiveshell import InteractiveShell
@@ -81,35 +83,6 @@ def ipyparallel_once() -> float:
     rc.close()
     cluster.stop_cluster_sync()
     return elapsed
-
-
-def settle(quiet_s: float = 0.2, at_most_s: float = 15.0) -> None:
-    """Wait until no process this one started uses the CPU: a spare supervisor that a stop
-    (or the cold row) has just launched imports for about half a second, and the next sample,
-    whichever peer's, would pay for it. In a notebook the spare has long finished by the
-    time a cluster is started."""
-    import psutil
-
-    me = psutil.Process()
-    deadline = time.monotonic() + at_most_s
-
-    def busy() -> float:
-        total = 0.0
-        for child in me.children(recursive=True):
-            try:
-                times = child.cpu_times()
-            except psutil.Error:
-                continue
-            total += times.user + times.system
-        return total
-
-    before = busy()
-    while time.monotonic() < deadline:
-        time.sleep(quiet_s)
-        now = busy()
-        if now - before < 0.01 * quiet_s:
-            return
-        before = now
 
 
 def main() -> None:
