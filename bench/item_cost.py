@@ -8,10 +8,11 @@ alike. A process measures, each a median over `--repeats`:
 
 - `worker`: `run_items` + `dump_result` of a 10,000-item batch in this process (the worker's
   share), per item, for a one-expression cell and for a function;
-- `kernel`: unpickling that result blob and `RunState.deliver` (the kernel's share);
+- `kernel`: unpickling that result blob and `RunState.deliver` (the kernel's share), and
+  `kernel+read` the same with every value read back (a packed batch unpickled, `values.py`);
 - `magic 20k`, `magic 1M`, `fn 1M`: wall time per item on a 2-worker x 1-thread cluster,
   through a real IPython shell's `%%distribute` and through `distribute(fn)`, the results
-  kept, and for the 1M runs the kernel's peak RSS growth (one run each, after the timed ones).
+  kept (`fn 1M + values()`: and every value read as a list), and for the 1M runs the kernel's peak RSS growth (one run each, after the timed ones).
 
 The last lines print each tree's medians over the rounds and the ratio to the first tree.
 """
@@ -52,6 +53,11 @@ def _in_process(repeats: int) -> dict[str, float]:
     from nbcluster.distribute.worker.context import Context
     from nbcluster.distribute.worker.items import dump_result, run_items
 
+    try:
+        from nbcluster.distribute.values import Packed
+    except ImportError:  # a tree from before values.py: its workers never pack
+        Packed = None
+
     output.install()
     cell = Cell.parse("x + 1", filename="<bench-cell>")
     spec = {"kind": "cell", "mode": "over", "names": ("x",), "target": "x", "unpacks": False,
@@ -70,11 +76,18 @@ def _in_process(repeats: int) -> dict[str, float]:
 
         out[f"worker {label}"] = _median_time(work, repeats) / BATCH * 1e6
 
-        def kernel(blob: bytes = blob) -> None:
+        def kernel(blob: bytes = blob, read: bool = False) -> None:
             data = cloudpickle.loads(blob)
-            RunState(BATCH).deliver(range(BATCH), data["values"], data["errors"], data["outputs"])
+            values = data["values"]
+            if isinstance(values, bytes):  # packed by the worker (since 2026-12-02): kept so until read
+                values = Packed(values, data["count"])
+            state = RunState(BATCH)
+            state.deliver(range(BATCH), values, data["errors"], data["outputs"])
+            if read:
+                list(state.values)
 
         out[f"kernel {label}"] = _median_time(kernel, repeats) / BATCH * 1e6
+        out[f"kernel+read {label}"] = _median_time(lambda: kernel(read=True), repeats) / BATCH * 1e6
     return out
 
 
@@ -103,6 +116,8 @@ def _cluster(repeats: int) -> dict[str, float]:
         out = {"magic 20k": _median_time(lambda: magic(20_000), repeats) / 20_000 * 1e6}
         out["magic 1M"] = _median_time(lambda: magic(1_000_000), max(repeats // 2, 1)) / 1e6 * 1e6
         out["fn 1M"] = _median_time(lambda: fn(1_000_000), max(repeats // 2, 1)) / 1e6 * 1e6
+        # The same, and every value read as a list (what ipyparallel's map_sync returns).
+        out["fn 1M + values()"] = _median_time(lambda: fn(1_000_000).values(), max(repeats // 2, 1)) / 1e6 * 1e6
         for label, run in (("magic 1M", magic), ("fn 1M", fn)):
             ip.displayhook.flush()
             _, grown, kept = peak_growth(lambda run=run: run(1_000_000))

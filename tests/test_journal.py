@@ -71,6 +71,17 @@ def test_journal_files_are_0600_in_a_0700_folder(cluster, journals, tmp_path):
     assert loaded.state == "complete" and loaded.values == {i: i * 10 for i in range(20)}
 
 
+def test_a_journal_of_batches_a_worker_packed_resumes_their_values(cluster, journals):
+    # Builtin values come as one pickled list per batch (`worker/plain.py`), journaled as it is.
+    res = nbcluster.distribute("x + 1", over="x in range(5_000)", namespace={})
+    assert res.ok
+    (found,) = journal.journals(where=journals)
+    loaded = journal.load(found)
+    assert loaded.state == "complete" and loaded.values == {i: i + 1 for i in range(5_000)}
+    again = nbcluster.distribute("x + 1", over="x in range(5_000)", namespace={}, resume=True)
+    assert again.values() == list(range(1, 5_001))
+
+
 def test_resume_runs_only_what_the_interrupted_run_did_not_finish(cluster, journals, tmp_path, capsys):
     log = tmp_path / "log"
     ns = {"log": str(log), "time": __import__("time")}

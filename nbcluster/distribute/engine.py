@@ -109,6 +109,7 @@ from nbcluster.distribute.journal import Writer
 from nbcluster.distribute.journal import failure as journal_failure
 from nbcluster.distribute.state import RunState
 from nbcluster.distribute.target import Link, Needs
+from nbcluster.distribute.values import Packed
 from nbcluster.distribute.worker import held
 from nbcluster.errors import ClusterUnreachable, WorkerKilled
 
@@ -1193,7 +1194,7 @@ def _internal_error(e: Exception) -> worker.ErrorRecord:
 
 
 class _Outcome(NamedTuple):
-    values: list[Any]  # of the first len(values) items of the batch: fewer if it stopped early
+    values: Sequence[Any]  # of the first len(values) items of the batch: fewer if it stopped early; a Packed
     errors: dict[int, worker.ErrorRecord]  # by position in the batch
     outputs: dict[int, Any]  # by item index
     seconds: float | None = None  # time the items took on the worker
@@ -1231,8 +1232,11 @@ def _unpack(future: Any, result: Any, n: int) -> _Outcome:
         return _Outcome([], {}, {}, lost=(data["lost"], data.get("worker")))
     if "fatal" in data:
         return _Outcome([None] * n, dict.fromkeys(range(n), data["fatal"]), {}, fatal=data["fatal"])
+    values = data["values"]
+    if isinstance(values, bytes):  # builtin data, pickled as one list: kept so until read (values.py)
+        values = Packed(values, data["count"])
     return _Outcome(
-        data["values"], data["errors"], data["outputs"], data["seconds"], held=data.get("held"),
+        values, data["errors"], data["outputs"], data["seconds"], held=data.get("held"),
         ran_on=data.get("ran_on"), idle=data.get("idle"),
     )  # fmt: skip
 

@@ -15,7 +15,7 @@ Policy
   protects against a dead kernel, not a dead machine).
 - **Cheap for tiny items.** A batch whose values are all builtin data (numbers, strings,
   lists, tuples, dicts, sets of them: what always loads again) is pickled as one list, at
-  C speed (`_BuiltinsOnly`). A batch with any other value (a class of the user's, an
+  C speed (`worker/plain.py`): by the worker, whose bytes are written as they came. A batch with any other value (a class of the user's, an
   array) has each value pickled on its own (protocol 5, arrays copied once), so that one
   value that cannot be loaded later (its class is gone) re-runs that item alone, and one
   above ``nbcluster.journal.max-item-size`` is left out (and re-run) alone.
@@ -56,7 +56,6 @@ import contextlib
 import fcntl
 import functools
 import importlib.metadata
-import io
 import json
 import os
 import pickle
@@ -75,6 +74,8 @@ from dask.utils import parse_bytes
 
 from nbcluster import config
 from nbcluster.distribute.plan import describe
+from nbcluster.distribute.values import Packed
+from nbcluster.distribute.worker.plain import plain as worker_plain
 
 FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
@@ -128,7 +129,7 @@ class Batch(TypedDict):
     worker: tuple[str, str] | None  # (address, name) of the worker that ran it; None: the kernel ran it
     indices: Sequence[int]  # a range for a contiguous batch
     errors: dict[int, Failure]  # the items that failed, by item index: re-run on resume
-    plain: bytes | None  # the values pickled as one list, when all are builtin data (`_plain`)
+    plain: bytes | None  # the values pickled as one list, when all are builtin data (`worker/plain.py`)
     pickled: list[bytes | None] | None  # else one pickle per item; None: left out (too large)
     held: list[Any] | None  # --persist: each item's `handles.Recipe` (None: not published), never its value
     outputs: dict[int, list[list[Any]]]  # what items printed, by item index
@@ -566,7 +567,10 @@ class Writer:
                 indices = indices[:n]
             plain, pickled = None, None
             if held is None:
-                plain = _plain(values, self._max_item)
+                if isinstance(values, Packed):  # as the worker pickled them: no second pickling
+                    plain = values.blob if len(values.blob) <= self._max_item else None
+                else:
+                    plain = worker_plain(values, self._max_item)
                 if plain is None:
                     pickled = [self._pickle(v) for v in values]
             record: Batch = {
@@ -674,35 +678,6 @@ def failure(error: Any) -> Failure:
     message = str(error.message).strip().splitlines()
     line = f"{error.type_name}: {message[0]}" if message else str(error.type_name)
     return {"error": line, "params": describe(error.params)}
-
-
-class _Mixed(Exception):
-    pass
-
-
-class _BuiltinsOnly(pickle.Pickler):
-    """A pickler that gives up at the first object that is not builtin data.
-
-    CPython's pickler calls `reducer_override` for every object except None, bools and
-    exact ints, floats, str, bytes, lists, tuples, dicts, sets and frozensets; so a batch of
-    such values pickles at C speed with no call back here, and any other object (a class of
-    the user's, a numpy array) stops it at once.
-    """
-
-    def reducer_override(self, obj: Any) -> Any:
-        raise _Mixed
-
-
-def _plain(values: Sequence[Any], max_item: int) -> bytes | None:
-    """`values` pickled as one list when all are builtin data (they always load again) and
-    the whole is within `max_item`; else None (then each is pickled alone)."""
-    out = io.BytesIO()
-    try:
-        _BuiltinsOnly(out, protocol=5).dump(values)
-    except (_Mixed, RecursionError):
-        return None
-    blob = out.getvalue()
-    return blob if len(blob) <= max_item else None
 
 
 def _journal_failed(e: BaseException, path: Path) -> str:

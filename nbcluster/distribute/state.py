@@ -8,7 +8,8 @@ worker, or a batch returns after a cancel.
 Shape, for a run of `n` items:
 
 - `status`: a `bytearray(n)` of `PENDING`, `DONE`, `FAILED`, `CANCELLED`;
-- `values[i]`: item `i`'s value once *done* (else None);
+- `values[i]`: item `i`'s value once *done* (else None): a `Values`, which keeps a batch
+  of builtin data as the bytes it came in until one of its items is read (`values.py`);
 - `errors[i]`: an `ItemError` for each *failed* item;
 - `outputs[i]`: what item `i` printed, as `[stream, payload]` chunks (stream `stdout`,
   `stderr` or `display`), and `output_order`, the items with output in arrival order;
@@ -40,6 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from nbcluster.distribute.tracebacks import ItemError
+from nbcluster.distribute.values import Values
 
 PENDING, DONE, FAILED, CANCELLED = 0, 1, 2, 3
 
@@ -64,13 +66,13 @@ class RunState:
     >>> state.end()
     >>> state.counts()
     {'total': 3, 'done': 2, 'failed': 0, 'cancelled': 1, 'running': 0}
-    >>> state.values, state.unfinished()
+    >>> list(state.values), state.unfinished()
     (['a', 'b', None], [2])
     """
 
     def __init__(self, n: int):
         self.status = bytearray(n)
-        self.values: list[Any] = [None] * n
+        self.values = Values(n)
         self.errors: dict[int, ItemError] = {}
         self.outputs: dict[int, list[list[Any]]] = {}
         self.output_order: list[int] = []
@@ -269,16 +271,18 @@ class RunState:
             The run's index of each item in the batch (a `range` for consecutive items).
         values : sequence
             The value of each item the batch ran, by position; a failed item's is ignored.
+            A `values.Packed` batch stays packed where it can (the common batch).
         errors : dict of int to ItemError
             The failed items, by position in the batch.
         outputs : dict of int to list
             What items printed, by the item's index in the run: ``[stream, payload]``
             chunks.
         """
-        status, stored = self.status, self.values  # locals: this loop runs once per item
+        status = self.status  # a local: this loop runs once per item
         done = failed = 0
         with self.lock:
             fresh = self._deliver_fresh(indices, values, errors, outputs)
+            stored = self.values.writable(() if fresh else indices[: len(values)])
             printed = len(self.output_order)
             for j, value in enumerate(() if fresh else values):
                 i = indices[j]
@@ -311,7 +315,8 @@ class RunState:
         errors: dict[int, ItemError],
         outputs: dict[int, list[list[Any]]],
     ) -> bool:
-        """The common batch, stored by slices at C speed (~0.6 us an item less); False if not it.
+        """The common batch, stored by slices at C speed (~0.6 us an item less), or kept packed;
+        False if not it.
 
         It is a run of consecutive items (a `range`), all pending, none failed, none with
         output. Lock held.
@@ -324,7 +329,7 @@ class RunState:
         start, stop = indices.start, indices.start + n
         if self.status.count(PENDING, start, stop) != n:
             return False  # some delivered already (a re-run after a lost worker): item by item
-        self.values[start:stop] = values
+        self.values.put(start, values)
         self.status[start:stop] = bytes([DONE]) * n
         self._tally[DONE] += n
         return True

@@ -24,6 +24,7 @@ import cloudpickle
 
 from nbcluster.distribute.worker import loop, output, stopping
 from nbcluster.distribute.worker.context import Context
+from nbcluster.distribute.worker.plain import plain
 from nbcluster.distribute.worker.records import ErrorRecord, error_record
 
 
@@ -271,9 +272,10 @@ def dump_result(result: dict[str, Any]) -> bytes:
     Returns
     -------
     bytes
-        `result` cloudpickled. A value that cannot be pickled is replaced by None and its item
-        fails with a `TypeError` saying why; an exception that cannot be pickled travels as
-        its traceback only (``"exception"`` None).
+        `result` cloudpickled, its ``"values"`` pickled as one blob when they are all builtin
+        data (`plain.py`: the kernel keeps that blob until they are read). A value that cannot
+        be pickled is replaced by None and its item fails with a `TypeError` saying why; an
+        exception that cannot be pickled travels as its traceback only (``"exception"`` None).
 
     Examples
     --------
@@ -285,13 +287,17 @@ def dump_result(result: dict[str, Any]) -> bytes:
     [1, None]
     >>> print(back["errors"][1]["message"])
     the item's result cannot be sent back to the kernel: TypeError: cannot pickle '_thread.lock' object
+    >>> packed = cloudpickle.loads(dump_result({**result, "values": [1, 2]}))["values"]
+    >>> type(packed).__name__, cloudpickle.loads(packed)  # builtin data: one blob, for the kernel to keep
+    ('bytes', [1, 2])
     """
+    values = result["values"]
+    packed = plain(values) if values else None
     try:
-        return cloudpickle.dumps(result)
+        return cloudpickle.dumps(result if packed is None else {**result, "values": packed})
     except Exception:
         pass
     # Some value cannot travel back: find which, and fail only those items.
-    values = result["values"]
     for j, value in enumerate(values):
         try:
             cloudpickle.dumps(value)
