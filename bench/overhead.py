@@ -22,7 +22,8 @@ so drift in the machine's load hits them alike (but 5, run once per peer):
 4. An 8-item cell (`x + 1`), 25 samples: the fixed cost of a small cell, through the magic, through
    `distribute(fn)`, ipyparallel's `%%px` (a cell on both engines) and `map_sync`,
    `client.map` + `gather` and `Pool.map`.
-5. 1,000,000 tiny items once each through the magic, `distribute(fn)` and ipyparallel
+5. 1,000,000 tiny items once each through the magic, `distribute(fn)` (also with every
+   value read back as a list, `.values()`, what `map_sync` returns) and ipyparallel
    `map_sync`: the time per item and the kernel's peak RSS growth while it ran (sampled
    every 2 ms from a thread; the results kept, as a user's `--into` keeps them).
 
@@ -251,6 +252,9 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
         "%%distribute": lambda: cell(f'%%distribute --over "x in range({MILLION})" --into r\nx + 1')
         or ip.user_ns["r"],
         "distribute(fn)": lambda: distribute(inc, over=range(MILLION)),
+        # A run of builtin values holds them packed until read (values.py); map_sync's answer
+        # is a list of them: this row reads every value, as that list.
+        "distribute(fn), .values()": lambda: distribute(inc, over=range(MILLION)).values(),
         "ipyparallel map_sync": lambda: view.map_sync(inc, range(MILLION)),
     }
     million_rows = []
