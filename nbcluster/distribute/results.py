@@ -196,6 +196,9 @@ class Results:
                 f"the run {what} ({self._progress_text()}): .values() lists every value, with None "
                 f"for the missing ones{wait}; .retry() runs what is missing"
             )
+        if self._state.all_done():  # nothing to re-raise: the values as they are, at C speed
+            yield from self._state.values
+            return
         for i in range(len(self)):
             yield self[i]
 
@@ -265,6 +268,8 @@ class Results:
         """
         state = self._state
         with state.lock:
+            if state.all_done():  # the common case: a copy at C speed, ~40 ms less a million items
+                return state.values.tolist()
             return [v if s == DONE else missing for v, s in zip(state.values, state.status, strict=True)]
 
     def output(self, i: int) -> str:
