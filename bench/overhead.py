@@ -3,7 +3,7 @@
     .venv/bin/python bench/overhead.py [--repeats 3] [--write]
 
 Five measurements, each a median over `--repeats` runs, peers interleaved round-robin
-so drift in the machine's load hits them alike (but 5, run once per peer):
+so drift in the machine's load hits them alike:
 
 1. Tiny items (`x + 1`, 20,000 of them): amortized wall time per item for `%%distribute`
    (through a real IPython shell), raw `client.map` + `gather`, joblib's dask backend,
@@ -22,10 +22,11 @@ so drift in the machine's load hits them alike (but 5, run once per peer):
 4. An 8-item cell (`x + 1`), 25 samples: the fixed cost of a small cell, through the magic, through
    `distribute(fn)`, ipyparallel's `%%px` (a cell on both engines) and `map_sync`,
    `client.map` + `gather` and `Pool.map`.
-5. 1,000,000 tiny items once each through the magic, `distribute(fn)` (also with every
+5. 1,000,000 tiny items through the magic, `distribute(fn)` (also with every
    value read back as a list, `.values()`, what `map_sync` returns) and ipyparallel
-   `map_sync`: the time per item and the kernel's peak RSS growth while it ran (sampled
-   every 2 ms from a thread; the results kept, as a user's `--into` keeps them).
+   `map_sync`: the time per item (median of `--repeats`) and the kernel's peak RSS growth
+   while the first run ran (sampled every 2 ms from a thread; the results kept, as a user's
+   `--into` keeps them).
 
 `--rss magic` / `--rss fn` measures only 5, one way, in a fresh process.
 
@@ -257,15 +258,24 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
         "distribute(fn), .values()": lambda: distribute(inc, over=range(MILLION)).values(),
         "ipyparallel map_sync": lambda: view.map_sync(inc, range(MILLION)),
     }
-    million_rows = []
-    for name, fn in million.items():
-        quiet(settle(share=QUIET))
-        ip.user_ns.pop("r", None)
-        ip.displayhook.flush()  # IPython's output history must not keep an earlier run's results
-        seconds, grown, kept = peak_growth(fn)
-        million_rows.append(f"| {name} | {seconds / MILLION * 1e6:.2f} µs | +{grown / 1e6:.0f} MB |")
-        del kept
+    # The peak RSS growth of each one's first run (a later run reuses what the first freed);
+    # the time, the median of `--repeats` runs, interleaved.
+    million_times: dict[str, list[float]] = {name: [] for name in million}
+    million_grown: dict[str, int] = {}
+    for _ in range(args.repeats):
+        for name, fn in million.items():
+            quiet(settle(share=QUIET))
+            ip.user_ns.pop("r", None)
+            ip.displayhook.flush()  # IPython's output history must not keep an earlier run's results
+            seconds, grown, kept = peak_growth(fn)
+            million_times[name].append(seconds)
+            million_grown.setdefault(name, grown)
+            del kept
     ip.user_ns.pop("r", None)
+    million_rows = [
+        f"| {name} | {statistics.median(million_times[name]) / MILLION * 1e6:.2f} µs | +{million_grown[name] / 1e6:.0f} MB |"
+        for name in million
+    ]
 
     big_rows = _big_array(client, distribute, np)
 
@@ -316,7 +326,7 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
         lines.append(f"| {name} | {per * 1e3:.1f} ms | {per / ours_small:.2f}x |")
     lines += [
         "",
-        f"**{MILLION:,} tiny items**, once each: time per item, kernel peak RSS growth (results kept):",
+        f"**{MILLION:,} tiny items**, time per item (median of the runs), kernel peak RSS growth in the first (results kept):",
         "",
         "| method | per item | peak RSS growth |",
         "|---|---:|---:|",
