@@ -217,7 +217,7 @@ def test_a_batch_delivered_twice_keeps_its_first_values_and_counts_once() -> Non
     state.deliver(range(0, 4), [10, 11, 12], {}, {})  # a batch stopped by its budget: 3 of 4
     state.deliver(range(2, 6), [90, 91, 92, 93], {}, {})
     state.deliver([7, 6], [17, 16], {}, {})
-    assert state.values == [10, 11, 12, 91, 92, 93, 16, 17, None, None]
+    assert list(state.values) == [10, 11, 12, 91, 92, 93, 16, 17, None, None]
     assert state.counts() == {"total": 10, "done": 8, "failed": 0, "cancelled": 0, "running": 2}
 
 
