@@ -260,3 +260,23 @@ def test_a_supervisor_starts_the_forkserver_its_launcher_predicted_before_dasks_
         [sys.executable, "-c", probe.replace("f.stop()", "")], capture_output=True, text=True
     )
     assert done.stdout.split()[0] == "False"
+
+
+def _ca_store_loaded() -> bool:
+    from tornado.netutil import _client_ssl_defaults
+
+    return bool(_client_ssl_defaults.cache_info().currsize)
+
+
+def test_no_process_of_a_cluster_loads_the_ca_store_to_accept_its_connections(runtime_dir: Path) -> None:
+    # Every connection within a cluster is TLS with the cluster's own certificates: the
+    # scheduler (in the supervisor) accepts the client's and the workers', each worker the
+    # scheduler's (`run`). None of them needs the system's CA store (about 40 ms to load).
+    handle = nbcluster.start(workers=2, threads=1, name="ca")
+    try:
+        assert handle.address.startswith("tls://")
+        assert handle.client.run_on_scheduler(_ca_store_loaded) is False
+        assert _forked(handle) == [True, True]
+        assert list(handle.client.run(_ca_store_loaded).values()) == [False, False]
+    finally:
+        handle.stop()

@@ -2,11 +2,12 @@
 
 Imported in the forkserver process only, never in the supervisor: what a nanny's worker
 process loads as it starts (Dask's nanny and worker, tornado, numpy; nbcluster's worker
-class and plugins), what its first ``%%distribute`` batch loads (`nbcluster.distribute.worker`),
-and tornado's default TLS context, which a worker's first accepted connection makes
-otherwise (the system's CA store, ~40 ms); Dask's distributed.yaml is read with libyaml
-meanwhile (`config.libyaml`). Then:
+class and plugins), what its first ``%%distribute`` batch loads (`nbcluster.distribute.worker`);
+Dask's distributed.yaml is read with libyaml meanwhile (`config.libyaml`). Then:
 
+- a worker's accepted TLS connections keep the worker's own TLS context
+  (`_compat.accepted_tls_streams_keep_their_context`), instead of loading the system's CA
+  store for nothing at the first one;
 - the garbage collector's objects so far are frozen (`gc.freeze`, as Python's docs advise
   before forking): a collection in a worker neither scans them nor writes to their pages,
   which therefore stay shared with the forkserver;
@@ -44,7 +45,7 @@ def _serve_one_then_exit_cleanly(serve_one: Any) -> Any:
     return serve_one_and_run_atexit
 
 
-_compat.load_tls_client_defaults()
+_compat.accepted_tls_streams_keep_their_context()
 # The forkserver's loop calls `_serve_one` in each forked child, then `os._exit`.
 multiprocessing.forkserver._serve_one = _serve_one_then_exit_cleanly(multiprocessing.forkserver._serve_one)  # type: ignore[attr-defined]
 gc.freeze()
