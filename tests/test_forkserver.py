@@ -24,7 +24,7 @@ import dask.config
 import psutil
 
 import nbcluster
-from nbcluster.cluster import launcher
+from nbcluster.cluster import START_UP_VARIABLE, launcher
 from tests.lifecycle_helpers import wait_catching
 
 # The workers cannot import this test module: what lambdas call from it travels by value.
@@ -280,3 +280,42 @@ def test_no_process_of_a_cluster_loads_the_ca_store_to_accept_its_connections(ru
         assert list(handle.client.run(_ca_store_loaded).values()) == [False, False]
     finally:
         handle.stop()
+
+
+def _collector() -> tuple[bool, int]:
+    import gc
+
+    return gc.isenabled(), gc.get_freeze_count()
+
+
+def test_the_collector_is_on_in_a_clusters_processes_once_started(runtime_dir: Path) -> None:
+    # Off while the supervisor and the forkserver import (nbcluster.cluster.START_UP_VARIABLE), on
+    # for what they and the workers run, with the start-up's objects frozen.
+    handle = nbcluster.start(workers=1, threads=1, name="gc")
+    try:
+        on, frozen = handle.client.run_on_scheduler(_collector)
+        assert on and frozen > 10_000
+        assert _forked(handle) == [True]
+        [(on, frozen)] = handle.client.run(_collector).values()
+        assert on and frozen > 10_000
+    finally:
+        handle.stop()
+
+
+def test_the_start_up_variable_turns_the_collector_off_for_that_process_only() -> None:
+    probe = (
+        "import gc, os\n"
+        "import nbcluster\n"
+        "print(gc.isenabled(), nbcluster.cluster.START_UP_VARIABLE in os.environ)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print(gc.isenabled(), flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    env = {**os.environ, START_UP_VARIABLE: "1"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "True"]
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "False", "True"]

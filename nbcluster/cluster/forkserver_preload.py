@@ -10,7 +10,8 @@ Dask's distributed.yaml is read with libyaml meanwhile (`config.libyaml`). Then:
   store for nothing at the first one;
 - the garbage collector's objects so far are frozen (`gc.freeze`, as Python's docs advise
   before forking): a collection in a worker neither scans them nor writes to their pages,
-  which therefore stay shared with the forkserver;
+  which therefore stay shared with the forkserver; the collector, off while the forkserver
+  imported (`nbcluster.cluster.START_UP_VARIABLE`), is then on again;
 - a forked worker runs the ``atexit`` handlers when it exits, as a spawned one does:
   multiprocessing ends a forked child with ``os._exit``, after flushing its streams but
   without Python's shutdown (a task's ``atexit.register`` would never run).
@@ -49,3 +50,4 @@ _compat.accepted_tls_streams_keep_their_context()
 # The forkserver's loop calls `_serve_one` in each forked child, then `os._exit`.
 multiprocessing.forkserver._serve_one = _serve_one_then_exit_cleanly(multiprocessing.forkserver._serve_one)  # type: ignore[attr-defined]
 gc.freeze()
+gc.enable()

@@ -74,6 +74,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -732,6 +733,9 @@ def main(argv: list[str] | None = None) -> int:
     # imports are most of a start-up) and told what to start later. EOF means the process
     # that launched us is gone before asking: nothing to do.
     import_ahead()
+    # Loaded: the collector, off meanwhile (nbcluster/__init__.py), need never scan those objects.
+    gc.freeze()
+    gc.enable()
     line = sys.stdin.readline()
     if not line:
         args.log.unlink(missing_ok=True)
