@@ -66,6 +66,8 @@ def _report() -> dict[str, Any]:
         "nice": os.nice(0),
         "limits": limits,
         "method": dask.config.get("distributed.worker.multiprocessing-method"),
+        # What it reports as it registers (the forkserver reads it ahead, for its workers).
+        "versions": __import__("distributed.versions").versions.get_versions(),
         "atexit": atexit._ncallbacks(),
         "stdin": sys.stdin is None
         or sys.stdin.closed
@@ -319,3 +321,21 @@ def test_the_start_up_variable_turns_the_collector_off_for_that_process_only() -
     assert done.stdout.split() == ["False", "False", "True"]
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["True", "False", "True"]
+
+
+def test_the_forkserver_loads_what_a_worker_loads_as_it_starts_and_no_more() -> None:
+    # Its preload, in a process of its own: the worker's HTTP routes, the versions it
+    # reports; not numpy's random generators (one seed for every worker: `_draws`), and no
+    # thread (a process with threads cannot be forked safely).
+    probe = (
+        "import sys, threading\n"
+        "import nbcluster.cluster.forkserver_preload\n"
+        "import dask.config, distributed.versions\n"
+        "routes = dask.config.get('distributed.worker.http.routes')\n"
+        "print(all(r in sys.modules for r in routes), 'prometheus_client' in sys.modules)\n"
+        "print(distributed.versions._version_cached.cache_info().currsize > 5)\n"
+        "print('numpy.random' in sys.modules, threading.active_count())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True", "False", "1"]
