@@ -34,8 +34,8 @@ from typing import Any
 
 import dask.config
 
-from nbcluster import _wire, config
-from nbcluster.cluster import START_UP_VARIABLE, forkserver, registry, startlog
+from nbcluster import START_UP_VARIABLE, _wire, config
+from nbcluster.cluster import forkserver, registry, startlog
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import ClusterFailed
 
