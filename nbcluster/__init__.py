@@ -18,15 +18,11 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-#: Set in the environment of nbcluster's own processes as they start (a supervisor, the
-#: forkserver of its workers), and gone from it at ``import nbcluster``, first thing: they
-#: spend most of their start-up importing Dask, with the cyclic garbage collector finding
-#: nothing to collect in the new modules (a tenth of that time). It stays off until the
-#: process has loaded what it runs, then is on again with those objects frozen
-#: (`gc.freeze`: no collection scans them again).
-#: A process forked from one has it on whatever happens (a worker, should the forkserver's
-#: imports fail). Named within the test: only `if` blocks may come before the imports.
-if _os.environ.pop(START_UP_VARIABLE := "NBCLUSTER_START_UP", None) is not None:
+from nbcluster._start_up import START_UP_VARIABLE as _START_UP
+
+# A process forked from one of nbcluster's own has the collector on whatever happens (a
+# worker, should the forkserver's imports fail).
+if _os.environ.pop(_START_UP, None) is not None:
     import gc as _gc
 
     _gc.disable()

@@ -24,7 +24,7 @@ import dask.config
 import psutil
 
 import nbcluster
-from nbcluster import START_UP_VARIABLE
+from nbcluster._start_up import START_UP_VARIABLE
 from nbcluster.cluster import launcher
 from tests.lifecycle_helpers import wait_catching
 
@@ -292,7 +292,7 @@ def _collector() -> tuple[bool, int]:
 
 
 def test_the_collector_is_on_in_a_clusters_processes_once_started(runtime_dir: Path) -> None:
-    # Off while the supervisor and the forkserver import (nbcluster.START_UP_VARIABLE), on
+    # Off while the supervisor and the forkserver import (nbcluster._start_up.START_UP_VARIABLE), on
     # for what they and the workers run, with the start-up's objects frozen.
     handle = nbcluster.start(workers=1, threads=1, name="gc")
     try:
@@ -309,7 +309,7 @@ def test_the_start_up_variable_turns_the_collector_off_for_that_process_only() -
     probe = (
         "import gc, os\n"
         "import nbcluster\n"
-        "print(gc.isenabled(), nbcluster.START_UP_VARIABLE in os.environ)\n"
+        "print(gc.isenabled(), nbcluster._start_up.START_UP_VARIABLE in os.environ)\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    print(gc.isenabled(), flush=True)\n"

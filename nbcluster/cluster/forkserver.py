@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nbcluster import START_UP_VARIABLE
+from nbcluster._start_up import START_UP_VARIABLE
 
 # The standard library only, here: a supervisor launched for a local cluster imports this
 # module before Dask (`start_as_launched`); what needs Dask's config imports it where used.

@@ -14,7 +14,7 @@ same in every worker. Then:
 - the garbage collector's objects so far are frozen (`gc.freeze`, as Python's docs advise
   before forking): a collection in a worker neither scans them nor writes to their pages,
   which therefore stay shared with the forkserver; the collector, off while the forkserver
-  imported (`nbcluster.START_UP_VARIABLE`), is then on again;
+  imported (`nbcluster._start_up`), is then on again;
 - a forked worker runs the ``atexit`` handlers when it exits, as a spawned one does:
   multiprocessing ends a forked child with ``os._exit``, after flushing its streams but
   without Python's shutdown (a task's ``atexit.register`` would never run).

@@ -34,7 +34,8 @@ from typing import Any
 
 import dask.config
 
-from nbcluster import START_UP_VARIABLE, _wire, config
+from nbcluster import _wire, config
+from nbcluster._start_up import START_UP_VARIABLE
 from nbcluster.cluster import forkserver, registry, startlog
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import ClusterFailed
