@@ -18,6 +18,16 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from nbcluster._start_up import START_UP_VARIABLE as _START_UP
+
+# A process forked from one of nbcluster's own has the collector on whatever happens (a
+# worker, should the forkserver's imports fail).
+if _os.environ.pop(_START_UP, None) is not None:
+    import gc as _gc
+
+    _gc.disable()
+    _os.register_at_fork(after_in_child=_gc.enable)
+
 # A supervisor launched for a local cluster (cluster/launcher.py) starts the forkserver its
 # workers will be forked from before anything else, Dask's config below included, with the
 # workers' environment as the launcher predicted it (cluster/forkserver.py).

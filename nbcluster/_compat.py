@@ -446,17 +446,38 @@ def start_spec_scheduler(cluster: Any) -> Any:
     return cluster._start()
 
 
-def load_tls_client_defaults() -> None:
-    """Make tornado's default client TLS context (the system's CA store) now, once per process.
+def accepted_tls_streams_keep_their_context() -> None:
+    """Give a TLS stream that tornado's `TCPServer` accepts the server's own context.
 
-    Tornado makes it for every TLS stream that has no options of its own, also a server's
-    stream over a socket already wrapped with the server's context: the first connection a
-    Dask scheduler or worker accepts loaded the CA store then (~40 ms here). Tornado caches
-    the context, so this moves that cost out of the first connection.
+    Tornado makes its default *client* context (the system's CA store, 20-50 ms) for every
+    `SSLIOStream` made without options, and its server makes the stream of each accepted
+    connection that way, around a socket it has already wrapped with the server's context:
+    the first connection a Dask scheduler, nanny or worker accepted loaded the CA store, and
+    threw it away. Such a stream uses its options for two things only, wrapping a socket
+    that connects later (an accepted one never does) and the verify mode it checks a peer's
+    host name with (a server has none to check), so the socket's own context is the right
+    value, and the certificate checks stay what the server's context makes them. Tornado's
+    default context stays what it is for every stream that asks for it (a task's HTTPS
+    request). Idempotent; for nbcluster's own processes (the supervisor, the forkserver its
+    workers are forked from).
     """
-    from tornado.netutil import _client_ssl_defaults
+    import ssl
 
-    _client_ssl_defaults()
+    import tornado.tcpserver
+    from tornado.iostream import SSLIOStream
+
+    if getattr(tornado.tcpserver.SSLIOStream, "_nbcluster_keeps_context", False):  # type: ignore[attr-defined]
+        return
+
+    class AcceptedSSLIOStream(SSLIOStream):
+        _nbcluster_keeps_context = True
+
+        def __init__(self, socket: Any, *args: Any, **kwargs: Any) -> None:
+            if kwargs.get("ssl_options") is None and isinstance(socket, ssl.SSLSocket):
+                kwargs["ssl_options"] = socket.context
+            super().__init__(socket, *args, **kwargs)
+
+    tornado.tcpserver.SSLIOStream = AcceptedSSLIOStream  # type: ignore[attr-defined]
 
 
 def keep_forkserver_preload() -> None:

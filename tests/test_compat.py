@@ -7,6 +7,7 @@ worker, so a Dask upgrade that renames or changes one fails here, by name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -122,15 +123,72 @@ def test_start_spec_scheduler_starts_the_scheduler_and_no_worker_yet() -> None:
     asyncio.run(check())
 
 
-def test_load_tls_client_defaults_makes_the_context_a_tls_stream_takes() -> None:
-    import tornado.iostream
+def test_an_accepted_tls_stream_keeps_the_servers_context_and_its_checks(tmp_path: Any) -> None:
+    # A real TLS server, as Dask's listener makes it: its accepted stream takes the server's
+    # context, tornado's default client context (the CA store) is not made, and the server
+    # still refuses a client without a certificate it signed.
+    import socket
+    import ssl
+
+    import tornado.netutil
+    import tornado.tcpserver
+    from tornado.iostream import SSLIOStream, StreamClosedError
     from tornado.netutil import _client_ssl_defaults
 
-    _client_ssl_defaults.cache_clear()
-    _compat.load_tls_client_defaults()
-    assert _client_ssl_defaults.cache_info().currsize == 1
-    # The very function (and cache) tornado's SSLIOStream calls for a stream without options.
-    assert tornado.iostream._client_ssl_defaults is _client_ssl_defaults
+    from nbcluster.cluster.credentials import write_credentials
+
+    security, tls = write_credentials(tmp_path, "c")
+    server_context = security.get_listen_args("scheduler")["ssl_context"]
+    client_context = security.get_connection_args("client")["ssl_context"]
+    streams: list[SSLIOStream] = []
+    greetings: list[bytes] = []
+    original = tornado.tcpserver.SSLIOStream
+
+    class Server(tornado.tcpserver.TCPServer):
+        async def handle_stream(self, stream: Any, address: Any) -> None:
+            streams.append(stream)
+            with contextlib.suppress(StreamClosedError):
+                greetings.append(await stream.read_bytes(5))
+            stream.close()
+
+    async def talk(context: ssl.SSLContext) -> None:
+        server = Server(ssl_options=server_context)
+        [sock] = tornado.netutil.bind_sockets(0, "127.0.0.1")
+        server.add_sockets([sock])
+        port = sock.getsockname()[1]
+
+        def client() -> None:
+            with (
+                socket.create_connection(("127.0.0.1", port)) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+            ):
+                conn.sendall(b"hello")
+                conn.recv(1)  # until the server closes
+
+        try:
+            with contextlib.suppress(ssl.SSLError, ConnectionError):
+                await asyncio.wait_for(asyncio.to_thread(client), 10)
+        finally:
+            server.stop()
+
+    try:
+        _compat.accepted_tls_streams_keep_their_context()
+        _compat.accepted_tls_streams_keep_their_context()  # idempotent: one subclass deep
+        assert tornado.tcpserver.SSLIOStream.__bases__ == (SSLIOStream,)
+        _client_ssl_defaults.cache_clear()
+        asyncio.run(talk(client_context))
+        assert greetings == [b"hello"]
+        assert streams[0]._ssl_options is server_context
+        assert _client_ssl_defaults.cache_info().currsize == 0
+        # Without a certificate: the handshake fails on the server's checks, as before.
+        anonymous = ssl.create_default_context(cafile=tls["ca_file"])
+        anonymous.check_hostname = False
+        streams.clear()
+        greetings.clear()
+        asyncio.run(talk(anonymous))
+        assert greetings == []
+    finally:
+        tornado.tcpserver.SSLIOStream = original  # type: ignore[attr-defined]
 
 
 def test_nanny_logs_reads_a_nannys_own_log() -> None:

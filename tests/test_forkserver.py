@@ -24,6 +24,7 @@ import dask.config
 import psutil
 
 import nbcluster
+from nbcluster._start_up import START_UP_VARIABLE
 from nbcluster.cluster import launcher
 from tests.lifecycle_helpers import wait_catching
 
@@ -66,6 +67,8 @@ def _report() -> dict[str, Any]:
         "nice": os.nice(0),
         "limits": limits,
         "method": dask.config.get("distributed.worker.multiprocessing-method"),
+        # What it reports as it registers (the forkserver reads it ahead, for its workers).
+        "versions": __import__("distributed.versions").versions.get_versions(),
         "atexit": atexit._ncallbacks(),
         "stdin": sys.stdin is None
         or sys.stdin.closed
@@ -260,3 +263,80 @@ def test_a_supervisor_starts_the_forkserver_its_launcher_predicted_before_dasks_
         [sys.executable, "-c", probe.replace("f.stop()", "")], capture_output=True, text=True
     )
     assert done.stdout.split()[0] == "False"
+
+
+def _ca_store_loaded() -> bool:
+    from tornado.netutil import _client_ssl_defaults
+
+    return bool(_client_ssl_defaults.cache_info().currsize)
+
+
+def test_no_process_of_a_cluster_loads_the_ca_store_to_accept_its_connections(runtime_dir: Path) -> None:
+    # Every connection within a cluster is TLS with the cluster's own certificates: the
+    # scheduler (in the supervisor) accepts the client's and the workers', each worker the
+    # scheduler's (`run`). None of them needs the system's CA store (about 40 ms to load).
+    handle = nbcluster.start(workers=2, threads=1, name="ca")
+    try:
+        assert handle.address.startswith("tls://")
+        assert handle.client.run_on_scheduler(_ca_store_loaded) is False
+        assert _forked(handle) == [True, True]
+        assert list(handle.client.run(_ca_store_loaded).values()) == [False, False]
+    finally:
+        handle.stop()
+
+
+def _collector() -> tuple[bool, int]:
+    import gc
+
+    return gc.isenabled(), gc.get_freeze_count()
+
+
+def test_the_collector_is_on_in_a_clusters_processes_once_started(runtime_dir: Path) -> None:
+    # Off while the supervisor and the forkserver import (nbcluster._start_up.START_UP_VARIABLE), on
+    # for what they and the workers run, with the start-up's objects frozen.
+    handle = nbcluster.start(workers=1, threads=1, name="gc")
+    try:
+        on, frozen = handle.client.run_on_scheduler(_collector)
+        assert on and frozen > 10_000
+        assert _forked(handle) == [True]
+        [(on, frozen)] = handle.client.run(_collector).values()
+        assert on and frozen > 10_000
+    finally:
+        handle.stop()
+
+
+def test_the_start_up_variable_turns_the_collector_off_for_that_process_only() -> None:
+    probe = (
+        "import gc, os\n"
+        "import nbcluster\n"
+        "print(gc.isenabled(), nbcluster._start_up.START_UP_VARIABLE in os.environ)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print(gc.isenabled(), flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    env = {**os.environ, START_UP_VARIABLE: "1"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "True"]
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "False", "True"]
+
+
+def test_the_forkserver_loads_what_a_worker_loads_as_it_starts_and_no_more() -> None:
+    # Its preload, in a process of its own: the worker's HTTP routes, the versions it
+    # reports; not numpy's random generators (one seed for every worker: `_draws`), and no
+    # thread (a process with threads cannot be forked safely).
+    probe = (
+        "import sys, threading\n"
+        "import nbcluster.cluster.forkserver_preload\n"
+        "import dask.config, distributed.versions\n"
+        "routes = dask.config.get('distributed.worker.http.routes')\n"
+        "print(all(r in sys.modules for r in routes), 'prometheus_client' in sys.modules)\n"
+        "print(distributed.versions._version_cached.cache_info().currsize > 5)\n"
+        "print('numpy.random' in sys.modules, threading.active_count())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "True", "False", "1"]

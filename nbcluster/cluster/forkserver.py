@@ -50,6 +50,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nbcluster._start_up import START_UP_VARIABLE
+
 # The standard library only, here: a supervisor launched for a local cluster imports this
 # module before Dask (`start_as_launched`); what needs Dask's config imports it where used.
 
@@ -303,7 +305,9 @@ def _ensure(environ: dict[str, str]) -> None:
     saved = dict(os.environ)
     try:
         os.environ.clear()
-        os.environ.update(environ)
+        # Its imports without the cyclic GC; `import nbcluster` takes the variable out of its
+        # environment before anything is forked (nbcluster/__init__.py, forkserver_preload).
+        os.environ.update({**environ, START_UP_VARIABLE: "1"})
         server.ensure_running()
     finally:
         os.environ.clear()

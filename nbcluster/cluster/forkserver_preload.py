@@ -2,14 +2,19 @@
 
 Imported in the forkserver process only, never in the supervisor: what a nanny's worker
 process loads as it starts (Dask's nanny and worker, tornado, numpy; nbcluster's worker
-class and plugins), what its first ``%%distribute`` batch loads (`nbcluster.distribute.worker`),
-and tornado's default TLS context, which a worker's first accepted connection makes
-otherwise (the system's CA store, ~40 ms); Dask's distributed.yaml is read with libyaml
-meanwhile (`config.libyaml`). Then:
+class and plugins; its HTTP server's routes; the package versions it reports as it
+registers, which Dask caches), what its first ``%%distribute`` batch loads
+(`nbcluster.distribute.worker`); Dask's distributed.yaml is read with libyaml meanwhile
+(`config.libyaml`). Not numpy's random generators: a global state seeded here would be the
+same in every worker. Then:
 
+- a worker's accepted TLS connections keep the worker's own TLS context
+  (`_compat.accepted_tls_streams_keep_their_context`), instead of loading the system's CA
+  store for nothing at the first one;
 - the garbage collector's objects so far are frozen (`gc.freeze`, as Python's docs advise
   before forking): a collection in a worker neither scans them nor writes to their pages,
-  which therefore stay shared with the forkserver;
+  which therefore stay shared with the forkserver; the collector, off while the forkserver
+  imported (`nbcluster._start_up`), is then on again;
 - a forked worker runs the ``atexit`` handlers when it exits, as a spawned one does:
   multiprocessing ends a forked child with ``os._exit``, after flushing its streams but
   without Python's shutdown (a task's ``atexit.register`` would never run).
@@ -20,15 +25,20 @@ Nothing here may start a thread: a process with threads cannot be forked safely.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
+import importlib
 import multiprocessing.forkserver
 from typing import Any
+
+import dask.config
 
 from nbcluster import config
 
 with config.libyaml():  # distributed.yaml; restored before any worker is forked
     import distributed.nanny  # the worker process's entry point (Nanny._run)
-    import distributed.worker  # noqa: F401
+    import distributed.versions
+    import distributed.worker
 
 import nbcluster.distribute.worker  # noqa: F401  (what a %%distribute batch runs)
 from nbcluster import _compat
@@ -44,7 +54,20 @@ def _serve_one_then_exit_cleanly(serve_one: Any) -> Any:
     return serve_one_and_run_atexit
 
 
-_compat.load_tls_client_defaults()
+def _load_what_a_worker_loads_as_it_starts() -> None:
+    # Its HTTP server's routes (the Prometheus one imports prometheus_client), by Dask's
+    # config as read here; a route that cannot be imported fails in the worker, as it would.
+    for module in dask.config.get("distributed.worker.http.routes"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    # The versions it sends the scheduler as it registers: Dask caches them per process,
+    # read from the packages' metadata files, and `uname -p` in a subprocess for the host's.
+    distributed.versions.get_versions()
+
+
+_load_what_a_worker_loads_as_it_starts()
+_compat.accepted_tls_streams_keep_their_context()
 # The forkserver's loop calls `_serve_one` in each forked child, then `os._exit`.
 multiprocessing.forkserver._serve_one = _serve_one_then_exit_cleanly(multiprocessing.forkserver._serve_one)  # type: ignore[attr-defined]
 gc.freeze()
+gc.enable()

@@ -35,6 +35,7 @@ from typing import Any
 import dask.config
 
 from nbcluster import _wire, config
+from nbcluster._start_up import START_UP_VARIABLE
 from nbcluster.cluster import forkserver, registry, startlog
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import ClusterFailed
@@ -113,6 +114,7 @@ def _launch(directory: Path, *, local: bool = True, for_request: bool = False) -
     env = dict(os.environ)
     if local and for_request:
         env.update(forkserver.ahead_environ(env))
+    env[START_UP_VARIABLE] = "1"  # its imports without the cyclic GC (nbcluster/__init__.py)
     fd = startlog.open_locked(log)
     try:
         # A new session: a kernel interrupt (SIGINT to the kernel's process group) must not

@@ -74,6 +74,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -686,7 +687,7 @@ def import_ahead() -> None:
 
     A spare supervisor waits for its request (`launcher.prewarm`): what it imports then, a
     start does not pay (the certificate's `cryptography`, the scheduler's HTTP routes, the
-    nannies' multiprocessing pieces, tornado's default TLS context: about 0.15 s). A
+    nannies' multiprocessing pieces: about 0.1 s). A
     supervisor launched for a request at once (no spare) would load the same a moment later.
     """
     import importlib
@@ -695,7 +696,8 @@ def import_ahead() -> None:
     import distributed.diagnostics.websocket  # noqa: F401  (the scheduler's plugins)
 
     load_cryptography()
-    _compat.load_tls_client_defaults()  # the scheduler's first accepted connection needs it
+    # Else the scheduler's first accepted connection loads the system's CA store for nothing.
+    _compat.accepted_tls_streams_keep_their_context()
     for module in dask.config.get("distributed.scheduler.http.routes"):
         if module != PROXY_ROUTE:  # the local backend serves none (private_http.py)
             # A route that cannot be imported fails the start that needs it, with Dask's error.
@@ -731,6 +733,9 @@ def main(argv: list[str] | None = None) -> int:
     # imports are most of a start-up) and told what to start later. EOF means the process
     # that launched us is gone before asking: nothing to do.
     import_ahead()
+    # Loaded: the collector, off meanwhile (nbcluster/__init__.py), need never scan those objects.
+    gc.freeze()
+    gc.enable()
     line = sys.stdin.readline()
     if not line:
         args.log.unlink(missing_ok=True)
