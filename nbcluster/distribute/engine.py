@@ -1194,7 +1194,7 @@ def _internal_error(e: Exception) -> worker.ErrorRecord:
 
 
 class _Outcome(NamedTuple):
-    values: Sequence[Any]  # of the first len(values) items of the batch: fewer if it stopped early; a Packed
+    values: Sequence[Any]  # of the first len(values) items of the batch (fewer if it stopped early); maybe Packed
     errors: dict[int, worker.ErrorRecord]  # by position in the batch
     outputs: dict[int, Any]  # by item index
     seconds: float | None = None  # time the items took on the worker

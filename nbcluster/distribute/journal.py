@@ -15,10 +15,11 @@ Policy
   protects against a dead kernel, not a dead machine).
 - **Cheap for tiny items.** A batch whose values are all builtin data (numbers, strings,
   lists, tuples, dicts, sets of them: what always loads again) is pickled as one list, at
-  C speed (`worker/plain.py`): by the worker, whose bytes are written as they came. A batch with any other value (a class of the user's, an
-  array) has each value pickled on its own (protocol 5, arrays copied once), so that one
-  value that cannot be loaded later (its class is gone) re-runs that item alone, and one
-  above ``nbcluster.journal.max-item-size`` is left out (and re-run) alone.
+  C speed (`worker/plain.py`), by the worker: its bytes are written as they came. A batch
+  with any other value (a class of the user's, an array) has each value pickled on its own
+  (protocol 5, arrays copied once), so that one value that cannot be loaded later (its
+  class is gone) re-runs that item alone, and one above ``nbcluster.journal.max-item-size``
+  is left out (and re-run) alone.
 - **A journal never breaks a cell.** Any failure to write (a full disk, a folder that
   cannot be written) prints one warning line, and the run goes on unjournaled.
 - **One writer at a time.** A run holds an exclusive ``flock`` on its journal while it
