@@ -20,6 +20,15 @@ Policy
   (protocol 5, arrays copied once), so that one value that cannot be loaded later (its
   class is gone) re-runs that item alone, and one above ``nbcluster.journal.max-item-size``
   is left out (and re-run) alone.
+- **Nothing on disk for a run over within half a second.** A new journal is held back in
+  memory for ``nbcluster.journal.after`` (0.5 s): a run that completes by then never
+  touches the disk, since running it again costs less than that, and the file's create,
+  lock, writes and its predecessor's delete were 0.8 ms of every small cell (5.7 ms against
+  4.9, medians of 15 rounds in turns). Once that time has
+  passed (a timer, even while no batch arrives), or 16 MiB of records are held, or the run
+  ends incomplete (what `--resume` is for), the file is written with everything held, and
+  from then on each batch as it arrives. A run with an older journal of the same identity
+  is journaled at once, so that completing it supersedes that journal.
 - **A journal never breaks a cell.** Any failure to write (a full disk, a folder that
   cannot be written) prints one warning line, and the run goes on unjournaled.
 - **One writer at a time.** A run holds an exclusive ``flock`` on its journal while it
@@ -74,6 +83,7 @@ import cloudpickle
 from dask.utils import parse_bytes
 
 from nbcluster import config
+from nbcluster.distribute import threads
 from nbcluster.distribute.plan import describe
 from nbcluster.distribute.values import Packed
 from nbcluster.distribute.worker.plain import plain as worker_plain
@@ -500,20 +510,30 @@ class Writer:
     the first failure prints one warning line and turns the writer off.
     """
 
-    def __init__(self, path: Path, fd: int, max_item: int):
+    def __init__(self, path: Path, fd: int | None, max_item: int, held_back: _HeldBack | None = None):
         self.path = path
-        self._fd: int | None = fd
+        self._fd = fd
         self._max_item = max_item
         self.broken = False
         # --persist: told the older journals a complete run deletes, first (to unpublish their values).
         self.before_superseding: Callable[[list[Path]], None] | None = None
         # The driver thread writes; whichever thread ends the run closes: never both at once.
         self._lock = threading.Lock()
+        # A new journal not yet on disk (`create` with `after`): its records, until it is written.
+        self._held_back = held_back
+        self._timer: threads.Later | None = None
+        if held_back is not None:
+            self._timer = threads.later(held_back.after, self._write_held_back, name="nbcluster-journal")
 
     @property
     def open(self) -> bool:
         """True while the writer holds its journal: from `create`, `claim` or `reopen` to `end` or `release`."""
-        return self._fd is not None
+        return self._fd is not None or self._held_back is not None
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the journal's file has been written (a run over within `after` never is)."""
+        return self._held_back is None and (self._fd is not None or self.path.exists())
 
     def write(
         self,
@@ -548,12 +568,23 @@ class Writer:
             journaled instead of `values`, which are handles.
         """
         with self._lock:
-            if self._fd is not None:
-                self._write(self._fd, indices, values, failed, outputs, where, ran_on, held)
+            if self._fd is None and self._held_back is None:
+                return
+            blob = self._record(indices, values, failed, outputs, where, ran_on, held)
+            if blob is None:
+                return
+            if self._held_back is not None:
+                self._held_back.add(blob)
+                if self._held_back.due():
+                    self._write_out()
+            elif self._fd is not None:
+                try:
+                    _append(self._fd, blob)
+                except Exception as e:
+                    self._give_up(e)
 
-    def _write(
+    def _record(
         self,
-        fd: int,
         indices: Sequence[int],
         values: Sequence[Any],
         failed: dict[int, Failure],
@@ -561,7 +592,8 @@ class Writer:
         where: str,
         ran_on: tuple[str, str] | None,
         held: list[Any] | None,
-    ) -> None:
+    ) -> bytes | None:
+        """The batch's record, pickled; None (and no journal from now on) if it cannot be."""
         try:
             n = len(values)
             if n < len(indices):  # a stopped batch: the items it did not reach are not in it
@@ -578,9 +610,27 @@ class Writer:
                 "kind": "batch", "at": time.time(), "where": where, "worker": ran_on, "indices": indices,
                 "errors": failed, "plain": plain, "pickled": pickled, "held": held, "outputs": outputs,
             }  # fmt: skip
-            _append(fd, pickle.dumps(record, protocol=5))
+            return pickle.dumps(record, protocol=5)
         except Exception as e:
             self._give_up(e)
+            return None
+
+    def _write_held_back(self) -> None:
+        """The timer: the run has gone on for `after`, so its journal goes to disk now."""
+        with self._lock:
+            if self._held_back is not None:
+                self._write_out()
+
+    def _write_out(self) -> None:
+        """Create the held-back journal with all it holds (the lock held); on failure, one line."""
+        held_back, self._held_back = self._held_back, None
+        if self._timer is not None:
+            self._timer.cancel()
+        assert held_back is not None
+        try:
+            self._fd = _make(self.path, held_back.header, held_back.records)
+        except Exception as e:
+            self._warn(e)
 
     def _pickle(self, value: Any) -> bytes | None:
         try:
@@ -604,6 +654,11 @@ class Writer:
             (`superseded`).
         """
         with self._lock:
+            if self._held_back is not None:
+                if done == total:  # complete within `after`: nothing goes to disk
+                    self._drop_held_back()
+                    return
+                self._write_out()  # incomplete: what --resume is for
             fd, self._fd = self._fd, None
             if fd is None:
                 return
@@ -625,13 +680,20 @@ class Writer:
         """Let go of the journal without marking it (a claim that was not used after all)."""
         with self._lock:
             fd, self._fd = self._fd, None
+            self._drop_held_back()
         if fd is not None:
             os.close(fd)
 
+    def _drop_held_back(self) -> None:
+        self._held_back = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     def reopen(self) -> None:
         """A retry: take the journal again (one line, and no journal, if another run has it)."""
-        if self._fd is not None or self.broken:
-            return
+        if self._fd is not None or self._held_back is not None or self.broken or not self.path.exists():
+            return  # still open; or a run complete within `after` (never written), with nothing to retry
         try:
             fd = _lock(os.open(self.path, os.O_WRONLY | os.O_APPEND))
             with self._lock:
@@ -643,6 +705,7 @@ class Writer:
             self._give_up(e)
 
     def _give_up(self, e: BaseException) -> None:
+        self._drop_held_back()
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
@@ -716,8 +779,9 @@ def _ensure_folder(base: Path) -> None:
 
 
 def create(
-    identity: str, total: int, first_line: str, *, cluster: str | None = None, where: Path | None = None
-) -> Writer | None:
+    identity: str, total: int, first_line: str, *, cluster: str | None = None, where: Path | None = None,
+    after: float = 0.0,
+) -> Writer | None:  # fmt: skip
     """A new journal for a run (pruning old ones to fit); None, with one line, if it cannot be.
 
     Parameters
@@ -733,38 +797,81 @@ def create(
         journal then holds recipes, not values.
     where : pathlib.Path, optional
         The journals' folder, as the caller just read it; `folder()` when None.
+    after : float
+        Seconds the journal is held back in memory (see the module docstring): a run that
+        completes sooner writes nothing. 0 writes it at once.
 
     Returns
     -------
     Writer or None
-        A writer holding the new journal's lock; None when it cannot be written (one warning
-        line says why, and the run goes on).
+        A writer holding the new journal's lock (or holding it back); None when it cannot be
+        written (one warning line says why, and the run goes on).
     """
     base = where or folder()
     started = time.time()
     path = base / f"{identity}-{int(started * 1000)}-{os.getpid()}{SUFFIX}"
+    header: Header = {
+        "format": FORMAT, "nbcluster": _version(), "identity": identity, "total": total,
+        "first_line": first_line, "started": started, "persist": cluster is not None, "cluster": cluster,
+    }  # fmt: skip
+    data = MAGIC + json.dumps(header).encode() + b"\n"
+    max_item = _size("journal.max-item-size")
     try:
-        _ensure_folder(base)
-        _prune_now_and_then(_size("journal.max-size"), base)
-        fd = _lock(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
-        header: Header = {
-            "format": FORMAT, "nbcluster": _version(), "identity": identity, "total": total,
-            "first_line": first_line, "started": started, "persist": cluster is not None, "cluster": cluster,
-        }  # fmt: skip
-        data = MAGIC + json.dumps(header).encode() + b"\n"
-        try:
-            if os.write(fd, data) != len(data):
-                raise OSError(28, "No space left on device")
-        except OSError:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                path.unlink()
-            raise
+        if after > 0:
+            _ensure_folder(base)  # one stat: a folder that cannot be is said at the start, not later
+            return Writer(path, None, max_item, _HeldBack(data, after))
+        fd = _make(path, data, [])
     except Exception as e:
         print(f"nbcluster: {_journal_failed(e, path)}: the run goes on without a journal "
               "(--resume cannot pick it up)", file=sys.stderr)  # fmt: skip
         return None
-    return Writer(path, fd, _size("journal.max-item-size"))
+    return Writer(path, fd, max_item)
+
+
+#: Records a held-back journal keeps in memory at most: past this it is written out early.
+HOLD_BYTES = 16 * 2**20
+
+
+@dataclass
+class _HeldBack:
+    """A new journal's header and records, kept in memory until `after` has passed."""
+
+    header: bytes
+    after: float
+    records: list[bytes] = field(default_factory=list)
+    size: int = 0
+    until: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.until = time.monotonic() + self.after
+
+    def add(self, record: bytes) -> None:
+        self.records.append(record)
+        self.size += len(record)
+
+    def due(self) -> bool:
+        """Whether the journal must go to disk now: held long enough, or too much held."""
+        return self.size >= HOLD_BYTES or time.monotonic() >= self.until
+
+
+def _make(path: Path, header: bytes, records: list[bytes]) -> int:
+    """Create the journal `path` (pruning old ones to fit) with `header` and `records`: its
+    locked descriptor. Nothing is left behind when it fails."""
+    base = path.parent
+    _ensure_folder(base)
+    _prune_now_and_then(_size("journal.max-size"), base)
+    fd = _lock(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
+    try:
+        if os.write(fd, header) != len(header):
+            raise OSError(28, "No space left on device")
+        for record in records:
+            _append(fd, record)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    return fd
 
 
 #: A process prunes a folder at most this often (seconds): pruning lists and stats every

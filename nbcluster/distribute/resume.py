@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nbcluster import config
 from nbcluster.distribute import handles, journal
 from nbcluster.distribute.journal import Loaded, Writer
 
@@ -117,7 +118,15 @@ def prepare(
         line = _hint(found[0], total)
     fresh = chosen is None
     if chosen is None:
-        made = journal.create(identity, total, first_line, cluster=cluster if persist else None, where=base)
+        # Held back while it may never be needed: not --persist (its datasets are named after
+        # the file), nor with an unfinished older journal, which completing this run must
+        # supersede (or the next run would hint at resuming it). An older complete one holds
+        # what this run would: it may stay.
+        unfinished = found and not journal.ended_complete(found[0])
+        after = 0.0 if persist or unfinished else config.seconds("journal.after")
+        made = journal.create(
+            identity, total, first_line, cluster=cluster if persist else None, where=base, after=after
+        )
         chosen = Resumption(made, line=line)
     if persist and chosen.writer is not None:
         chosen.publish = handles.dataset_prefix(chosen.writer.path.name)
