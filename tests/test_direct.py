@@ -152,3 +152,32 @@ def test_a_worker_that_dies_under_a_direct_batch_costs_its_items_one_run_more(
     assert all(len(r) <= 2 for r in runs.values()), runs
     mortal.client.wait_for_workers(2, timeout=60)
     assert list(distribute("x + 1", over="x in range(8)", namespace={}, client=mortal.client)) == list(range(1, 9))
+
+
+def test_a_workers_direct_batches_start_in_the_order_they_were_sent() -> None:
+    # Two requests over two connections can reach the worker in either order; the worker
+    # starts them as numbered, and never waits long for one that does not come.
+    import asyncio
+
+    async def arrive(order: served._Order, started: list[int], sender: str, number: int) -> None:
+        await order.turn(sender, number)
+        started.append(number)
+        order.started(sender, number)
+
+    async def scenario() -> tuple[list[int], list[int], float]:
+        order, started = served._Order(), []
+        later = asyncio.ensure_future(arrive(order, started, "run", 1))  # number 1 comes first
+        for _ in range(5):  # let it run as far as it can
+            await asyncio.sleep(0)
+        assert started == []  # it waits for number 0
+        await arrive(order, started, "run", 0)
+        await later
+        # Another sender's line is its own; a lost predecessor costs at most GAP_S.
+        lone: list[int] = []
+        t0 = asyncio.get_running_loop().time()
+        await arrive(order, lone, "other", 3)
+        return started, lone, asyncio.get_running_loop().time() - t0
+
+    started, lone, waited = asyncio.run(scenario())
+    assert started == [0, 1]
+    assert lone == [3] and served.GAP_S * 0.9 <= waited < 5

@@ -44,6 +44,7 @@ import functools
 import queue
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -198,7 +199,10 @@ class Direct:
         self.calls: weakref.WeakSet[Call] = weakref.WeakSet()
         self.stopped = False
         self._lock = threading.Lock()  # `out`: the driver sends, the client's loop answers
-        self._held: list[tuple[Call, tuple[str, bytes | None], bytes, str]] = []  # sent, not yet started
+        self._held: list[tuple[Call, tuple[str, bytes | None], bytes, str, int]] = []  # sent, not yet started
+        # Each worker starts this start's batches in the order they were sent (`worker/direct.py`).
+        self.sender = uuid.uuid4().hex
+        self._numbered: dict[str, int] = dict.fromkeys(chosen, 0)
 
     def worker(self) -> str | None:
         """The worker the next batch goes to directly, or None: send it through the scheduler.
@@ -244,7 +248,9 @@ class Direct:
         with self._lock:
             self.out[worker] += 1
             self.calls.add(call)
-            self._held.append((call, context, blob, token))
+            number = self._numbered[worker]
+            self._numbered[worker] = number + 1
+            self._held.append((call, context, blob, token, number))
         self.completions.add_call(call)
         return call
 
@@ -257,10 +263,11 @@ class Direct:
         if held:
             self.client.loop.asyncio_loop.call_soon_threadsafe(self._start, held)
 
-    def _start(self, held: list[tuple[Call, tuple[str, bytes | None], bytes, str]]) -> None:
+    def _start(self, held: list[tuple[Call, tuple[str, bytes | None], bytes, str, int]]) -> None:
         # In the client's event loop.
-        for call, context, blob, token in held:
-            sent = asyncio.ensure_future(_request(self.client, call.worker, call.key, context, blob, token))
+        for call, context, blob, token, number in held:
+            order = (self.sender, number)
+            sent = asyncio.ensure_future(_request(self.client, call.worker, call.key, context, blob, token, order))
             call._sent = sent
             sent.add_done_callback(functools.partial(self._answered, call))
 
@@ -306,7 +313,9 @@ class Direct:
                 self.client.loop.asyncio_loop.call_soon_threadsafe(sent.cancel)  # a task of the client's loop
 
 
-async def _request(client: Any, worker: str, key: str, context: Any, blob: bytes, token: str) -> Any:
+async def _request(
+    client: Any, worker: str, key: str, context: Any, blob: bytes, token: str, order: tuple[str, int]
+) -> Any:
     """Ask `worker` to run the batch (installing the handler there first, once per client)."""
     known = _SERVES.setdefault(client, {})
     serves = known.get(worker)
@@ -316,7 +325,10 @@ async def _request(client: Any, worker: str, key: str, context: Any, blob: bytes
         known[worker] = serves = await serves
     if not serves:
         return {"refused": "it cannot serve direct batches"}
-    return await client.rpc(worker).nbcluster_run_batch(key=key, context=context, batch=blob, token=token)
+    sender, number = order
+    return await client.rpc(worker).nbcluster_run_batch(
+        key=key, context=context, batch=blob, token=token, sender=sender, number=number
+    )
 
 
 async def _install(client: Any, worker: str) -> bool:

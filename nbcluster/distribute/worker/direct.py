@@ -24,12 +24,23 @@ What a direct batch does not do, and why that is safe:
   holds it until the worker can take it.
 - A worker that dies under it breaks the request; the kernel sends its items again through
   the scheduler, once, as Dask would have.
+
+In the order sent. The kernel sends a worker's direct batches as concurrent requests, each
+over a connection of its pool, and two of them can reach the worker in either order (the
+second's connection may be the one already open). Run out of order, an item could wait
+behind a later one: a slow or blocked item 3 holding the worker's one thread while item 1,
+sent first, waits. So each request carries its sender (one start of one run) and its number
+among that sender's batches to this worker, and `_Order` starts them in that order. A batch
+whose predecessor has not come within `GAP_S` starts anyway: order is worth a wait that
+short, never a hang on a request that broke on its way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from nbcluster._compat import as_worker, worker_accepts_work
@@ -41,7 +52,48 @@ HANDLER = "nbcluster_run_batch"
 TOPIC = "nbcluster-direct"
 #: Bumped when the request's arguments or answer change: a kernel only sends batches to a
 #: worker that installed the same version.
-VERSION = 1
+VERSION = 2
+#: How long a batch waits for the one its sender sent this worker before it.
+GAP_S = 0.5
+#: Senders whose order a worker keeps (the oldest are forgotten: their runs are over).
+MAX_SENDERS = 64
+
+
+class _Order:
+    """Starts each sender's direct batches in the order it numbered them (module docstring)."""
+
+    def __init__(self) -> None:
+        # sender -> [the number to start next, {number: the waiting batch's future}]
+        self._lines: OrderedDict[str, tuple[list[int], dict[int, asyncio.Future[None]]]] = OrderedDict()
+
+    async def turn(self, sender: str, number: int) -> None:
+        """Wait until the batches `sender` numbered before `number` started (or `GAP_S`)."""
+        line = self._lines.get(sender)
+        if line is None:
+            line = self._lines[sender] = ([0], {})
+            while len(self._lines) > MAX_SENDERS:
+                self._lines.popitem(last=False)
+        following, waiting = line
+        if number <= following[0]:
+            return
+        waiter = waiting[number] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(waiter, GAP_S)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            waiting.pop(number, None)
+
+    def started(self, sender: str, number: int) -> None:
+        """Batch `number` of `sender` is in the thread pool's queue: wake the next one."""
+        line = self._lines.get(sender)
+        if line is None:
+            return
+        following, waiting = line
+        following[0] = max(following[0], number + 1)
+        waiter = waiting.get(following[0])
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 def install(dask_worker: Any) -> int:
@@ -58,15 +110,30 @@ def install(dask_worker: Any) -> int:
         `VERSION`: the kernel sends direct batches only to a worker that answers its own.
     """
 
+    # One order per worker, kept when another kernel's client installs the handler again.
+    order = getattr(dask_worker, "_nbcluster_direct_order", None)
+    if order is None:
+        order = dask_worker._nbcluster_direct_order = _Order()
+
     # A function, not a `functools.partial`: Dask logs each handler by its `__name__`.
-    async def nbcluster_run_batch(key: str, context: tuple[str, bytes | None], batch: bytes, token: str) -> Any:
-        return await serve(dask_worker, key, context, batch, token)
+    async def nbcluster_run_batch(
+        key: str, context: tuple[str, bytes | None], batch: bytes, token: str, sender: str, number: int
+    ) -> Any:
+        await order.turn(sender, number)
+        return await serve(dask_worker, key, context, batch, token, started=lambda: order.started(sender, number))
 
     dask_worker.handlers[HANDLER] = nbcluster_run_batch
     return VERSION
 
 
-async def serve(dask_worker: Any, key: str, context: tuple[str, bytes | None], batch: bytes, token: str) -> Any:
+async def serve(
+    dask_worker: Any,
+    key: str,
+    context: tuple[str, bytes | None],
+    batch: bytes,
+    token: str,
+    started: Callable[[], None] = lambda: None,
+) -> Any:
     """Run one batch in the worker's thread pool; its result blob, or why it was refused.
 
     Parameters
@@ -78,19 +145,26 @@ async def serve(dask_worker: Any, key: str, context: tuple[str, bytes | None], b
         view draws it by that name.
     context, batch, token
         As for `nbcluster.distribute.worker.run_batch`.
+    started : callable, optional
+        Called once the batch is queued in the thread pool, or refused.
 
     Returns
     -------
     bytes or dict
         The result blob; ``{"refused": reason}`` when this worker takes no work now.
     """
-    refused = worker_accepts_work(dask_worker)
-    if refused is not None:
-        return {"refused": refused}
-    start = time.time()
-    blob = await asyncio.get_running_loop().run_in_executor(
-        dask_worker.executors["default"], _as_worker, dask_worker, key, run_blob, context, batch, token
-    )
+    try:
+        refused = worker_accepts_work(dask_worker)
+        if refused is not None:
+            return {"refused": refused}
+        start = time.time()
+        # Queued in the pool by this call itself, before `started` lets the next batch in.
+        running = asyncio.get_running_loop().run_in_executor(
+            dask_worker.executors["default"], _as_worker, dask_worker, key, run_blob, context, batch, token
+        )
+    finally:
+        started()
+    blob = await running
     dask_worker.log_event(TOPIC, {"key": key, "start": start, "stop": time.time()})
     return blob
 
