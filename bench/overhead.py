@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _quiet import settle
+from _quiet import idle_share, settle
 from _results import write_section
 from _work import calibrate, work  # bench/, the script's own folder
 
@@ -59,7 +59,11 @@ SMALL = 8
 SMALL_RUNS = 25  # samples of each small cell
 MAP_ITEMS = 5_000
 WORK_ITEMS = 400
-QUIET = 0.05  # the processes started here (2 workers, a scheduler, ipyparallel's, Pool's) idle under this share of a core
+# A sample starts once the processes started here (2 workers, a scheduler, ipyparallel's,
+# Pool's) use at most this share of a core over what they use idle (`IDLE`, measured once
+# everything is warm: an idle Dask cluster's heartbeats alone are ~0.2 of a core here).
+QUIET = 0.05
+IDLE = [0.0]
 UNSETTLED = [0]  # samples taken without the machine having settled (printed)
 
 
@@ -220,16 +224,18 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     for name, (_, fn) in tiny.items():
         if name != "client.map + gather":
             fn()
+    settle(share=1.0)  # the warm-ups' tasks released
+    IDLE[0] = idle_share()
     tiny_times: dict[str, list[float]] = {name: [] for name in tiny}
     work_times: dict[str, list[float]] = {name: [] for name in work_runs}
     serial_times: list[float] = []
     for _ in range(args.repeats):
         for name, (_, fn) in tiny.items():
-            quiet(settle(share=QUIET))  # the last peer's tasks released: not this sample's cost
+            quiet(settle(share=QUIET + IDLE[0]))  # the last peer's tasks released: not this sample's cost
             tiny_times[name].append(timed(fn))
         serial_times.append(timed(lambda: [work(n_work) for _ in range(WORK_ITEMS)]))
         for name, fn in work_runs.items():
-            quiet(settle(share=QUIET))
+            quiet(settle(share=QUIET + IDLE[0]))
             work_times[name].append(timed(fn))
 
     small: dict[str, Callable[[], Any]] = {
@@ -246,7 +252,7 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     small_times: dict[str, list[float]] = {name: [] for name in small}
     for _ in range(SMALL_RUNS):  # a small cell's time moves by 2x between runs: many samples
         for name, fn in small.items():
-            quiet(settle(share=QUIET))
+            quiet(settle(share=QUIET + IDLE[0]))
             small_times[name].append(timed(fn))
 
     million: dict[str, Callable[[], Any]] = {
@@ -264,7 +270,7 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     million_grown: dict[str, int] = {}
     for _ in range(args.repeats):
         for name, fn in million.items():
-            quiet(settle(share=QUIET))
+            quiet(settle(share=QUIET + IDLE[0]))
             ip.user_ns.pop("r", None)
             ip.displayhook.flush()  # IPython's output history must not keep an earlier run's results
             seconds, grown, kept = peak_growth(fn)
@@ -285,7 +291,8 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
         f"Run {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores (load average at the end "
         f"{load[0]:.1f}), 2 workers x 1 thread (nbcluster: TLS, supervisor process), "
         f"median of {args.repeats} interleaved runs, each sample taken once the processes started here "
-        f"used under {QUIET:.0%} of a core (samples taken without: {UNSETTLED[0]}, after 15 s).",
+        f"used under {QUIET:.0%} of a core over their idle {IDLE[0]:.0%} (samples taken without: "
+        f"{UNSETTLED[0]}, after 15 s).",
         "",
         "**Tiny items** (`x + 1`), amortized wall time per item:",
         "",
