@@ -9,6 +9,7 @@ time: every item comes back once, right.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -157,8 +158,6 @@ def test_a_worker_that_dies_under_a_direct_batch_costs_its_items_one_run_more(
 def test_a_workers_direct_batches_start_in_the_order_they_were_sent() -> None:
     # Two requests over two connections can reach the worker in either order; the worker
     # starts them as numbered, and never waits long for one that does not come.
-    import asyncio
-
     async def arrive(order: served._Order, started: list[int], sender: str, number: int) -> None:
         await order.turn(sender, number)
         started.append(number)

@@ -266,8 +266,9 @@ class Direct:
     def _start(self, held: list[tuple[Call, tuple[str, bytes | None], bytes, str, int]]) -> None:
         # In the client's event loop.
         for call, context, blob, token, number in held:
-            order = (self.sender, number)
-            sent = asyncio.ensure_future(_request(self.client, call.worker, call.key, context, blob, token, order))
+            sent = asyncio.ensure_future(
+                _request(self.client, call.worker, call.key, context, blob, token, self.sender, number)
+            )
             call._sent = sent
             sent.add_done_callback(functools.partial(self._answered, call))
 
@@ -314,7 +315,7 @@ class Direct:
 
 
 async def _request(
-    client: Any, worker: str, key: str, context: Any, blob: bytes, token: str, order: tuple[str, int]
+    client: Any, worker: str, key: str, context: Any, blob: bytes, token: str, sender: str, number: int
 ) -> Any:
     """Ask `worker` to run the batch (installing the handler there first, once per client)."""
     known = _SERVES.setdefault(client, {})
@@ -325,7 +326,6 @@ async def _request(
         known[worker] = serves = await serves
     if not serves:
         return {"refused": "it cannot serve direct batches"}
-    sender, number = order
     return await client.rpc(worker).nbcluster_run_batch(
         key=key, context=context, batch=blob, token=token, sender=sender, number=number
     )

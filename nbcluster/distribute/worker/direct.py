@@ -59,39 +59,46 @@ GAP_S = 0.5
 MAX_SENDERS = 64
 
 
+class _Line:
+    """One sender's batches on this worker: the number to start next, and those waiting for their turn."""
+
+    __slots__ = ("following", "waiting")
+
+    def __init__(self) -> None:
+        self.following = 0
+        self.waiting: dict[int, asyncio.Future[None]] = {}
+
+
 class _Order:
     """Starts each sender's direct batches in the order it numbered them (module docstring)."""
 
     def __init__(self) -> None:
-        # sender -> [the number to start next, {number: the waiting batch's future}]
-        self._lines: OrderedDict[str, tuple[list[int], dict[int, asyncio.Future[None]]]] = OrderedDict()
+        self._lines: OrderedDict[str, _Line] = OrderedDict()
 
     async def turn(self, sender: str, number: int) -> None:
         """Wait until the batches `sender` numbered before `number` started (or `GAP_S`)."""
         line = self._lines.get(sender)
         if line is None:
-            line = self._lines[sender] = ([0], {})
+            line = self._lines[sender] = _Line()
             while len(self._lines) > MAX_SENDERS:
                 self._lines.popitem(last=False)
-        following, waiting = line
-        if number <= following[0]:
+        if number <= line.following:
             return
-        waiter = waiting[number] = asyncio.get_running_loop().create_future()
+        waiter = line.waiting[number] = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait_for(waiter, GAP_S)
         except asyncio.TimeoutError:
             pass
         finally:
-            waiting.pop(number, None)
+            line.waiting.pop(number, None)
 
     def started(self, sender: str, number: int) -> None:
         """Batch `number` of `sender` is in the thread pool's queue: wake the next one."""
         line = self._lines.get(sender)
         if line is None:
             return
-        following, waiting = line
-        following[0] = max(following[0], number + 1)
-        waiter = waiting.get(following[0])
+        line.following = max(line.following, number + 1)
+        waiter = line.waiting.get(line.following)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
