@@ -650,6 +650,48 @@ def test_a_run_still_going_after_after_is_on_disk_with_what_arrived(cluster, jou
     assert loaded.state == "complete" and loaded.values == {i: i * 10 for i in range(4)}
 
 
+def test_a_journal_is_listed_only_once_locked_with_what_was_held(journals, monkeypatch):
+    # A listing (another kernel's --resume, a prune) that found it unlocked and empty while it
+    # was being made would take a starting run for a killed one. Look while it is written.
+    seen = []
+    real_append = journal._append
+
+    def append_and_look(fd, blob):
+        real_append(fd, blob)
+        seen.append([(journal.in_use(p), len(journal.load(p).values)) for p in journal.journals(where=journals)])
+
+    monkeypatch.setattr(journal, "_append", append_and_look)
+    writer = journal.create("b" * 32, 3, "x", after=30)
+    assert writer is not None
+    for i in range(3):
+        writer.write([i], [i], {}, {}, "the kernel")
+    writer._write_held_back()  # what the timer does once `after` has passed
+    try:
+        assert seen == [[], [], []]  # nothing listed while it was made
+        (found,) = journal.journals(where=journals)
+        assert journal.in_use(found) and journal.load(found).values == {0: 0, 1: 1, 2: 2}
+        assert sorted(os.listdir(journals)) == [found.name]  # the hidden name it was made under is gone
+    finally:
+        writer.release()
+
+
+def test_prune_deletes_what_a_kernel_killed_while_making_a_journal_left(journals):
+    journals.mkdir(mode=0o700)
+    old, new, held = (journals / f".{'c' * 32}-{n}-1.journal" for n in (1, 2, 3))
+    for path in (old, new, held):
+        path.write_bytes(journal.MAGIC)
+    hour_ago = os.stat(old).st_mtime - 3600
+    for path in (old, held):
+        os.utime(path, (hour_ago, hour_ago))
+    fd = os.open(held, os.O_RDONLY)
+    try:
+        journal.fcntl.flock(fd, journal.fcntl.LOCK_EX)  # still being made by a live kernel
+        assert journal.prune(2**30, journals) == [old]
+    finally:
+        os.close(fd)
+    assert sorted(os.listdir(journals)) == sorted([new.name, held.name])  # a fresh one may be in the making
+
+
 def test_a_quick_run_holding_over_16_mib_is_journaled(cluster, held_back):
     res = nbcluster.distribute("b'x' * 2**20", over="x in range(20)", namespace={})
     assert res.ok

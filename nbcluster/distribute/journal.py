@@ -43,7 +43,8 @@ File layout (one file per run, ``<identity>-<start ms>-<pid>.journal``, mode 060
     one line of JSON: the `Header` (its "format" is checked before anything is unpickled)
     records, each a 4-byte little-endian length and a pickle of a `Batch` or an `End`
 
-A reader stops at the first record that is cut short (the kernel was killed in the middle
+A journal appears under its name only once it is locked and holds what was held back: it
+is made under a hidden name (a leading dot) and linked. A reader stops at the first record that is cut short (the kernel was killed in the middle
 of a write), keeping every whole record before it. The run's state, for listings, is:
 *running* while its lock is held, else the state of its last `End` record (*complete* when
 every item was done, *interrupted* otherwise: cancelled, failed items, cluster lost), else
@@ -856,20 +857,30 @@ class _HeldBack:
 
 def _make(path: Path, header: bytes, records: list[bytes]) -> int:
     """Create the journal `path` (pruning old ones to fit) with `header` and `records`: its
-    locked descriptor. Nothing is left behind when it fails."""
+    locked descriptor. Nothing is left behind when it fails.
+
+    The file is made, locked and written under a hidden name, then linked to `path`: a
+    reader (a listing, another kernel's ``--resume``, a prune) that found `path` unlocked
+    and empty in between would take a starting run for a killed one. The link, like
+    ``O_EXCL``, fails if `path` exists.
+    """
     base = path.parent
     _ensure_folder(base)
     _prune_now_and_then(_size("journal.max-size"), base)
-    fd = _lock(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
+    hidden = base / f".{path.name}"
+    fd = _lock(os.open(hidden, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
     try:
-        if os.write(fd, header) != len(header):
-            raise OSError(28, "No space left on device")
-        for record in records:
-            _append(fd, record)
+        try:
+            if os.write(fd, header) != len(header):
+                raise OSError(28, "No space left on device")
+            for record in records:
+                _append(fd, record)
+            os.link(hidden, path)
+        finally:
+            with contextlib.suppress(OSError):
+                hidden.unlink()
     except OSError:
         os.close(fd)
-        with contextlib.suppress(OSError):
-            path.unlink()
         raise
     return fd
 
@@ -916,7 +927,8 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
     A ``--persist`` run's journal is never pruned: its values may still be held on its
     cluster for ``--resume``, and only `runs.forget` (or a later complete run of the same
     cell) lets them go before deleting it. Such a journal holds recipes only, a few bytes
-    an item.
+    an item. A hidden journal that a kernel killed while making it left behind (older than
+    `HALF_MADE_S`) is deleted too.
 
     Parameters
     ----------
@@ -930,13 +942,14 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
     list of pathlib.Path
         The journals deleted.
     """
-    found = journals(where=base or folder())  # newest first
+    base = base or folder()
+    deleted = _left_half_made(base)
+    found = journals(where=base)  # newest first
     sizes = {}
     for path in found:
         with contextlib.suppress(OSError):
             sizes[path] = path.stat().st_size
     total = sum(sizes.values())
-    deleted = []
     for path in reversed(found):
         if total <= limit:
             break
@@ -946,6 +959,27 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
             path.unlink()
             total -= sizes[path]
             deleted.append(path)
+    return deleted
+
+
+#: A hidden journal (`_make`'s, before its link) older than this was left by a kernel killed
+#: while making it: one being made now is seconds old at most.
+HALF_MADE_S = 600.0
+
+
+def _left_half_made(base: Path) -> list[Path]:
+    """Delete the hidden journals that kernels killed in `_make` left behind."""
+    deleted = []
+    now = time.time()
+    with contextlib.suppress(OSError), os.scandir(base) as listing:
+        for e in listing:
+            if not (e.name.startswith(".") and e.name.endswith(SUFFIX)):
+                continue
+            path = base / e.name
+            with contextlib.suppress(OSError):
+                if now - e.stat().st_mtime > HALF_MADE_S and not in_use(path):
+                    path.unlink()
+                    deleted.append(path)
     return deleted
 
 
