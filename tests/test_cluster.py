@@ -210,6 +210,31 @@ def test_registry_prunes_entries_of_reused_pids(runtime_dir):
     assert not (runtime_dir / "ghost.json").exists()
 
 
+def test_a_registry_read_sees_every_change_at_once(runtime_dir):
+    # A read answers from its last one while the file is the same: each update must show,
+    # even one within the file system's timestamp tick, and a supervisor's death too.
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        started = psutil.Process(child.pid).create_time()
+        entry = {"name": "c", "state": "running", "address": "tls://a", "supervisor_pid": child.pid,
+                 "supervisor_started": started}  # fmt: skip
+        registry.update(runtime_dir, "c", entry)
+        assert registry.read(runtime_dir, "c")["address"] == "tls://a"
+        for n in range(20):  # as fast as it goes: many updates within one tick
+            registry.update(runtime_dir, "c", {**entry, "address": f"tls://{n}"})
+            assert registry.read(runtime_dir, "c")["address"] == f"tls://{n}"
+        registry.read(runtime_dir, "c")["address"] = "changed by a caller"
+        assert registry.read(runtime_dir, "c")["address"] == "tls://19"
+        child.stdin.close()
+        child.wait(10)
+        assert registry.read(runtime_dir, "c") is None
+        assert not (runtime_dir / "c.json").exists()
+    finally:
+        registry.remove(runtime_dir, "c")
+        child.kill()
+        child.wait(10)
+
+
 def test_a_process_seen_alive_is_seen_gone_once_it_exits_even_unreaped():
     # Liveness is kept as a pidfd once a process was seen running as itself: it must still see
     # the exit, of a child not yet reaped (a zombie) too, and then drop the descriptor.

@@ -675,6 +675,25 @@ def test_a_journal_is_listed_only_once_locked_with_what_was_held(journals, monke
         writer.release()
 
 
+def test_a_listing_sees_a_journal_made_since_even_within_the_folders_timestamp_tick(journals):
+    # Listings are kept while the folder's mtime stands still; a file system with a coarse
+    # clock may not move it for a file made in the same tick as the last change.
+    journals.mkdir(mode=0o700)
+    first = journals / f"{'d' * 32}-1-1.journal"
+    first.write_bytes(journal.MAGIC)
+    tick = os.stat(journals).st_mtime_ns
+    assert journal.journals("d" * 32, where=journals) == [first]
+    second = journals / f"{'d' * 32}-2-1.journal"
+    second.write_bytes(journal.MAGIC)
+    os.utime(journals, ns=(tick, tick))  # the same tick: the folder looks unchanged
+    assert journal.journals("d" * 32, where=journals) == [second, first]
+    hour_ago = tick - 3600 * 10**9
+    os.utime(journals, ns=(hour_ago, hour_ago))  # long unchanged: the next listing is kept
+    assert journal.journals(where=journals) == [second, first]
+    second.unlink()  # moves the mtime to now
+    assert journal.journals(where=journals) == [first]
+
+
 def test_prune_deletes_what_a_kernel_killed_while_making_a_journal_left(journals):
     journals.mkdir(mode=0o700)
     old, new, held = (journals / f".{'c' * 32}-{n}-1.journal" for n in (1, 2, 3))

@@ -204,26 +204,24 @@ def folder() -> Path:
         ``nbcluster.journal.path`` when set (``~`` expanded), else
         ``<Jupyter data dir>/nbcluster/journal``.
     """
+    global _FOLDER
     configured = config.get("journal.path")
-    if configured:
-        return Path(os.path.expanduser(str(configured)))
-    return Path(_jupyter_data_dir()) / "nbcluster" / "journal"
+    key = (str(configured) if configured else "", *(os.environ.get(v) for v in _FOLDER_VARIABLES))
+    if _FOLDER is None or _FOLDER[0] != key:
+        if configured:
+            _FOLDER = (key, Path(os.path.expanduser(str(configured))))
+        else:
+            from jupyter_core.paths import jupyter_data_dir
+
+            _FOLDER = (key, Path(jupyter_data_dir()) / "nbcluster" / "journal")
+    return _FOLDER[1]
 
 
-#: The variables jupyter_core's data folder depends on, and the folder they gave.
-_DATA_DIR: tuple[tuple[str | None, ...], str] | None = None
-
-
-def _jupyter_data_dir() -> str:
-    """jupyter_core's data folder, asked again only when a variable it reads has changed:
-    it resolves the home folder's real path, ~0.1 ms of every run (twice)."""
-    global _DATA_DIR
-    key = tuple(os.environ.get(v) for v in ("JUPYTER_DATA_DIR", "JUPYTER_PLATFORM_DIRS", "XDG_DATA_HOME", "HOME"))
-    if _DATA_DIR is None or _DATA_DIR[0] != key:
-        from jupyter_core.paths import jupyter_data_dir
-
-        _DATA_DIR = (key, jupyter_data_dir())
-    return _DATA_DIR[1]
+#: What the folder depends on besides the setting: the variables jupyter_core's data folder
+#: reads (it resolves the home folder's real path, ~0.1 ms of every run), and HOME for ``~``.
+_FOLDER_VARIABLES = ("JUPYTER_DATA_DIR", "JUPYTER_PLATFORM_DIRS", "XDG_DATA_HOME", "HOME")
+#: The setting and those variables, and the folder they gave.
+_FOLDER: tuple[tuple[str | None, ...], Path] | None = None
 
 
 def enabled() -> bool:
@@ -259,17 +257,47 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
         The journals, newest start first; [] when the folder cannot be read.
     """
     base = where or folder()
-    prefix = f"{identity}-" if identity else ""
-    try:  # what glob("<identity or *>-*.journal") finds, listed without glob's own machinery
-        with os.scandir(base) as listing:
-            found = [
-                base / e.name for e in listing
-                if e.name.startswith(prefix) and e.name.endswith(SUFFIX) and not e.name.startswith(".")
-                and "-" in e.name[len(prefix) - 1 if prefix else 0 : -len(SUFFIX)]
-            ]  # fmt: skip
+    by_identity = _listing(base)
+    if identity:
+        found = by_identity.get(identity, [])
+    else:
+        found = [name for names in by_identity.values() for name in names]
+    return sorted((base / name for name in found), key=_started, reverse=True)
+
+
+#: A folder's last listing: (its inode, its mtime in ns, when the listing began, the journals'
+#: names by identity). Each run lists its identity's journals (87 us with 90 journals here,
+#: growing with their number); the folder's mtime changes with every file made or deleted in
+#: it, so an unchanged one means the same names. Only a listing begun over `_STILL_S` after
+#: that mtime is kept: a file system's mtime can be coarse (a clock tick), and a file made in
+#: the same tick as the last change would not move it.
+_LISTED: dict[Path, tuple[int, int, float, dict[str, list[str]]]] = {}
+_STILL_S = 1.0
+
+
+def _listing(base: Path) -> dict[str, list[str]]:
+    try:
+        st = os.stat(base)
     except OSError:
-        return []
-    return sorted(found, key=_started, reverse=True)
+        return {}
+    kept = _LISTED.get(base)
+    if kept is not None and kept[:2] == (st.st_ino, st.st_mtime_ns) and kept[2] - st.st_mtime_ns / 1e9 > _STILL_S:
+        return kept[3]
+    began = time.time()
+    by_identity: dict[str, list[str]] = {}
+    try:
+        with os.scandir(base) as listing:
+            for e in listing:
+                name = e.name
+                if name.startswith(".") or not name.endswith(SUFFIX):
+                    continue
+                identity, dash, rest = name.partition("-")
+                if dash and "-" in rest:  # <identity>-<start ms>-<pid>.journal
+                    by_identity.setdefault(identity, []).append(name)
+    except OSError:
+        return {}
+    _LISTED[base] = (st.st_ino, st.st_mtime_ns, began, by_identity)
+    return by_identity
 
 
 def _started(path: Path) -> int:
@@ -376,9 +404,11 @@ def records(data: bytes, offset: int) -> Iterator[Batch | End]:
         offset = start + length
 
 
-#: Journals this process ended with every item done, the newest last (a bounded memory): the next
-#: run of the same cell asks `ended_complete` of its journal, which read the whole file (5 MB after
-#: a million items) to find its last record. Resuming a complete journal finishes it complete again.
+#: Journals this process ended with every item done or found so, the newest last (a bounded
+#: memory): each run of a cell asks `ended_complete` of its newest journal, which reads the whole
+#: file (5 MB after a million items) to find its last record; a cell run again and again, its
+#: runs over within `after`, asked it of the same journal each time. A complete journal stays
+#: complete: resuming one finishes it complete again.
 _ENDED_COMPLETE: collections.OrderedDict[Path, None] = collections.OrderedDict()
 _KEEP_ENDED = 256
 
@@ -417,7 +447,17 @@ def ended_complete(path: Path) -> bool:
     if last is None:
         return False
     record = next(records(data, last), None)
-    return record is not None and record["kind"] == "end" and record["done"] == record["total"]
+    complete = record is not None and record["kind"] == "end" and record["done"] == record["total"]
+    if complete:
+        _remember_complete(path)
+    return complete
+
+
+def _remember_complete(path: Path) -> None:
+    _ENDED_COMPLETE[path] = None
+    _ENDED_COMPLETE.move_to_end(path)
+    while len(_ENDED_COMPLETE) > _KEEP_ENDED:
+        _ENDED_COMPLETE.popitem(last=False)
 
 
 def load(path: Path, *, values: bool = True) -> Loaded:
@@ -672,9 +712,7 @@ class Writer:
                 os.close(fd)  # releases the lock
         if done == total:
             if not self.broken:
-                _ENDED_COMPLETE[self.path] = None
-                while len(_ENDED_COMPLETE) > _KEEP_ENDED:
-                    _ENDED_COMPLETE.popitem(last=False)
+                _remember_complete(self.path)
             superseded(self.path, self.before_superseding)
 
     def release(self) -> None:
