@@ -404,6 +404,18 @@ class HeldValue(TypedDict):
     nbytes: int  # Dask's `sizeof` of the value
 
 
+#: The Dask event topic on which nbcluster's scheduler plugin says that a worker came or went
+#: (`MetricsPlugin.add_worker`): a kernel subscribed to it keeps the workers it was told of
+#: (`distribute/target.py`) until the next such event, rather than asking again each cell.
+ROSTER_TOPIC = "nbcluster-roster"
+
+
+class RosterChanged(TypedDict):
+    """An event on `ROSTER_TOPIC`: the scheduler's workers now."""
+
+    workers: int  # how many
+
+
 TS_NAMES: dict[str, tuple[str, str]] = {
     "SnapshotWorker": (_GRAPHS, "WorkerInfo"),
     "TaskRecord": (_GRAPHS, "TaskRecord"),
