@@ -7,6 +7,7 @@ so a test can say exactly which items a resumed run ran again. The real-kernel t
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -692,6 +693,20 @@ def test_a_listing_sees_a_journal_made_since_even_within_the_folders_timestamp_t
     assert journal.journals(where=journals) == [second, first]
     second.unlink()  # moves the mtime to now
     assert journal.journals(where=journals) == [first]
+
+
+def test_a_journal_is_made_on_a_file_system_without_hard_links(journals, monkeypatch):
+    def no_links(src, dst, *args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(journal.os, "link", no_links)
+    writer = journal.create("e" * 32, 2, "x")
+    assert writer is not None
+    try:
+        (found,) = journal.journals(where=journals)
+        assert journal.in_use(found) and sorted(os.listdir(journals)) == [found.name]
+    finally:
+        writer.release()
 
 
 def test_prune_deletes_what_a_kernel_killed_while_making_a_journal_left(journals):

@@ -44,7 +44,8 @@ File layout (one file per run, ``<identity>-<start ms>-<pid>.journal``, mode 060
     records, each a 4-byte little-endian length and a pickle of a `Batch` or an `End`
 
 A journal appears under its name only once it is locked and holds what was held back: it
-is made under a hidden name (a leading dot) and linked. A reader stops at the first record that is cut short (the kernel was killed in the middle
+is made under a hidden name (a leading dot) and linked (renamed, on a file system without
+hard links). A reader stops at the first record that is cut short (the kernel was killed in the middle
 of a write), keeping every whole record before it. The run's state, for listings, is:
 *running* while its lock is held, else the state of its last `End` record (*complete* when
 every item was done, *interrupted* otherwise: cancelled, failed items, cluster lost), else
@@ -64,6 +65,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import fcntl
 import functools
 import importlib.metadata
@@ -913,7 +915,12 @@ def _make(path: Path, header: bytes, records: list[bytes]) -> int:
                 raise OSError(28, "No space left on device")
             for record in records:
                 _append(fd, record)
-            os.link(hidden, path)
+            try:
+                os.link(hidden, path)
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP) or path.exists():
+                    raise
+                os.rename(hidden, path)  # a file system without hard links: the name is this run's own
         finally:
             with contextlib.suppress(OSError):
                 hidden.unlink()
