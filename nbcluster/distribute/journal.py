@@ -45,8 +45,9 @@ File layout (one file per run, ``<identity>-<start ms>-<pid>.journal``, mode 060
 
 A journal appears under its name only once it is locked and holds what was held back: it
 is made under a hidden name (a leading dot) and linked (renamed, on a file system without
-hard links). A reader stops at the first record that is cut short (the kernel was killed in the middle
-of a write), keeping every whole record before it. The run's state, for listings, is:
+hard links). A reader stops at the first record that is cut short (the kernel was killed
+in the middle of a write), keeping every whole record before it. The run's state, for
+listings, is:
 *running* while its lock is held, else the state of its last `End` record (*complete* when
 every item was done, *interrupted* otherwise: cancelled, failed items, cluster lost), else
 *killed* (the kernel died mid-run).
