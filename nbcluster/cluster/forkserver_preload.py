@@ -17,7 +17,12 @@ same in every worker. Then:
   imported (`nbcluster._start_up`), is then on again;
 - a forked worker runs the ``atexit`` handlers when it exits, as a spawned one does:
   multiprocessing ends a forked child with ``os._exit``, after flushing its streams but
-  without Python's shutdown (a task's ``atexit.register`` would never run).
+  without Python's shutdown (a task's ``atexit.register`` would never run);
+- the signals the supervisor catches (`lifeline.SIGNALS`) are at their default (SIGINT at
+  Python's own handler), as in a worker the supervisor spawns (a caught signal is reset by
+  ``exec``). The forkserver can
+  start before the supervisor catches them, and then kept what it was started with: under
+  ``nohup``, SIGHUP ignored, in every worker it forked.
 
 Nothing here may start a thread: a process with threads cannot be forked safely.
 """
@@ -29,6 +34,7 @@ import contextlib
 import gc
 import importlib
 import multiprocessing.forkserver
+import signal
 from typing import Any
 
 import dask.config
@@ -43,6 +49,7 @@ with config.libyaml():  # distributed.yaml; restored before any worker is forked
 import nbcluster.distribute.worker  # noqa: F401  (what a %%distribute batch runs)
 from nbcluster import _compat
 from nbcluster.cluster import private_http, streams, worker_memory  # noqa: F401  (worker class, plugins)
+from nbcluster.cluster.lifeline import SIGNALS
 
 
 def _serve_one_then_exit_cleanly(serve_one: Any) -> Any:
@@ -66,6 +73,9 @@ def _load_what_a_worker_loads_as_it_starts() -> None:
 
 
 _load_what_a_worker_loads_as_it_starts()
+for _signal in SIGNALS:  # before the forkserver's own: it sets SIGINT for itself, and its children restore this
+    # SIGINT as Python starts with it where it is not ignored (asyncio's runner then takes it).
+    signal.signal(_signal, signal.default_int_handler if _signal == signal.SIGINT else signal.SIG_DFL)
 _compat.accepted_tls_streams_keep_their_context()
 # The forkserver's loop calls `_serve_one` in each forked child, then `os._exit`.
 multiprocessing.forkserver._serve_one = _serve_one_then_exit_cleanly(multiprocessing.forkserver._serve_one)  # type: ignore[attr-defined]
