@@ -4,7 +4,9 @@ cell that could tell one shared namespace from one per item runs item by item.""
 
 from __future__ import annotations
 
+import collections
 import itertools
+import pickle
 import time
 from typing import Any
 
@@ -172,3 +174,13 @@ def test_chunks_cover_every_item_once_in_order() -> None:
     items = list(range(1000))
     sizes = itertools.cycle([1, 3, 50])
     assert [x for chunk in chunks(items, len(items), sizes) for x in chunk] == items
+
+
+def test_a_cell_loop_runs_c_code_that_imports() -> None:
+    # C code that imports (pickle's class lookup, numpy's lazy imports) reads `__builtins__`
+    # from the running frame's globals; the loop's globals are the captured namespace.
+    ctx = context("loads(x)", {"loads": pickle.loads})
+    assert ctx.loop is not None
+    blob = pickle.dumps(collections.OrderedDict(a=1))
+    result = run_items(ctx, range(3), [blob] * 3, capture=True)
+    assert not result["errors"] and result["values"] == [collections.OrderedDict(a=1)] * 3

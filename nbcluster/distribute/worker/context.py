@@ -11,6 +11,7 @@ kernel builds a `Context` directly (`job.for_kernel`).
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import linecache
 import marshal
@@ -45,6 +46,10 @@ class Context:
         self.large: list[tuple[str, str, int]] = spec["large"]  # (name, key, size)
         # The function of a "function" item; the code of a "cell" one.
         self.fn: Callable[..., Any] | None = spec.get("fn")
+        # Module globals hold `__builtins__`, and C code that imports (numpy's lazy imports, any
+        # `PyImport_Import`) reads it from the running frame's globals: `exec` adds it to the
+        # namespace it runs in, a cell's loop (`loop.loop_function`) runs there without `exec`.
+        namespace.setdefault("__builtins__", builtins)
         self.namespace = namespace
         self.body: CodeType | None = None
         self.last: CodeType | None = None

@@ -17,7 +17,6 @@ import hashlib
 import itertools
 import time
 from collections.abc import Callable, Iterable
-from types import CodeType
 from typing import Any
 
 import cloudpickle
@@ -86,11 +85,11 @@ def run_items(
     outputs: dict[int, list[list[Any]]] = {}
     if capture:
         output.collect(outputs)
-    code, namespace, over, todo = _plan(context, base, indices, items, token)
+    cell_loop, over, todo = _plan(context, base, indices, items, token)
     values: list[Any] = []  # appended in order: its length is the running item's position
     started = time.perf_counter()
     try:
-        stopped = _run_chunks(code, namespace, over, todo, len(items), indices, values, errors, token, budget,
+        stopped = _run_chunks(cell_loop, over, todo, len(items), indices, values, errors, token, budget,
                               started, capture)  # fmt: skip
     finally:
         output.collect(None)
@@ -107,28 +106,26 @@ def run_items(
 
 def _plan(
     context: Context, base: dict[str, Any], indices: Any, items: list[Any], token: str | None
-) -> tuple[CodeType | None, dict[str, Any], Any, Iterable[Any]]:
-    """How `loop.run_chunk` runs this context's items: (code, namespace, over, what to iterate).
+) -> tuple[loop.Loop | None, Any, Iterable[Any]]:
+    """How `loop.run_chunk` runs this context's items: (the cell's loop, over, what to iterate).
 
-    A one-expression cell: its loop (`Context.loop`) and its own copy of the namespace (the
-    loop binds the item names in it). A function over plain items: `map` (or `starmap`) of
-    the function. Anything else (statements, a seed, an unpacking target, keyword
+    A one-expression cell: its loop (`Context.loop`), reading the names of `base`. A
+    function over plain items: `map` (or `starmap`) of the function. Anything else (statements, a seed, an unpacking target, keyword
     arguments): `_runner`'s one-item step over (item, index) pairs, which also checks for a
     stop before each item.
     """
     if context.seed is None:  # else each item binds its own seed
         if context.kind == "function" and context.mode == "over" and context.fn is not None:
             over = itertools.starmap if context.unpacks else map
-            return None, {}, functools.partial(over, context.fn), items
+            return None, functools.partial(over, context.fn), items
         if context.kind == "cell" and context.loop is not None:
-            return context.loop, dict(base), None, items
+            return loop.loop_function(context.loop, base), None, items
     step = _runner(context, base, token)
-    return None, {}, functools.partial(itertools.starmap, step), zip(items, indices, strict=True)
+    return None, functools.partial(itertools.starmap, step), zip(items, indices, strict=True)
 
 
 def _run_chunks(
-    code: CodeType | None,
-    namespace: dict[str, Any],
+    cell_loop: loop.Loop | None,
     over: Any,
     todo: Iterable[Any],
     n: int,
@@ -161,7 +158,7 @@ def _run_chunks(
         if stopping.stopped(token):
             return True
         before, begun = len(values), clock()
-        step_stopped = loop.run_chunk(code, namespace, over, chunk, values, failed)
+        step_stopped = loop.run_chunk(cell_loop, over, chunk, values, failed)
         now = clock()
         timed[0] += len(values) - before
         timed[1] += now - begun

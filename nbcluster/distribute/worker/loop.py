@@ -8,9 +8,11 @@ So a batch runs in chunks, the bookkeeping done once per chunk, and each chunk i
 - a function over plain items (`distribute(fn, over=xs)`, no seed): `values.extend(map(fn,
   chunk))` (`starmap` when an item unpacks into arguments), at C speed;
 - a cell that is one expression (``%%distribute --over "x in xs"`` then ``f(x) + 1``, or
-  ``--grid``/``--zip``, no seed): the cell's expression compiled into a loop,
-  ``for x in CHUNK: APPEND(<expression>)``, with the cell's own file name and line numbers,
-  run by one `exec` per chunk;
+  ``--grid``/``--zip``, no seed): the cell's expression compiled into a function of the
+  chunk, ``for x in CHUNK: APPEND(<expression>)``, with the cell's own file name and line
+  numbers, called once per chunk. A function, not module-level code run by `exec`: its item
+  names are local variables, not the namespace's keys, which halves a tiny item's time
+  (`x + 1`: 45 ns against 91 here), and the namespace is only read, never written;
 - anything else (statements, a seed, an unpacking target, keyword arguments): the one-item
   step (`items._run_one`, a fresh namespace per item) mapped over (item, index) pairs with
   `starmap`.
@@ -34,23 +36,29 @@ the next `exec` (or `extend`) starts with the one after. The resumption runs out
 a print or a `display()` under that item's index, read when something is written, not
 set per item.
 
-**Why one namespace per batch is safe for a one-expression cell.** The general path gives
+**Why one loop per chunk is safe for a one-expression cell.** The general path gives
 each item a fresh copy of the captured namespace, so that names one item assigns are not
 seen by the next. An expression assigns no name, except with the walrus operator, and can
-reach its namespace otherwise only by introspection (`globals()`, `locals()`, `vars()`,
+reach its scope otherwise only by introspection (`globals()`, `locals()`, `vars()`,
 `exec`, `eval`, frames). A cell using any of those, a `lambda` or a generator expression
 (which would see a later item's name when called after its item), or a name the loop itself
 uses, keeps the general path (`cell_loop` returns None). Comprehensions run at once and
-read the name as it is, so they stay.
+read the name as it is, so they stay. What is left reads the captured namespace and its
+own item names, and writes nothing: the loop runs with the captured namespace itself as its
+globals, shared by the worker's batches, with no copy per batch.
 """
 
 from __future__ import annotations
 
 import ast
 import itertools
+import types
 from collections.abc import Callable, Iterable, Iterator
 from types import CodeType
 from typing import Any
+
+#: A cell's loop over one chunk: ``loop(chunk, append)`` (`loop_function`).
+Loop = Callable[[Iterator[Any], Callable[[Any], None]], None]
 
 CHUNK_S = 0.002  # seconds a chunk aims at: how long a stop or a spent budget may wait
 _ITEMS, _APPEND = "__nbcluster_items__", "__nbcluster_append__"
@@ -76,9 +84,9 @@ def cell_loop(source: str, filename: str, names: tuple[str, ...], tuple_target: 
     Returns
     -------
     code or None
-        Code for `exec` in a namespace holding the chunk's iterator under ``_ITEMS`` and the
-        values list's ``append`` under ``_APPEND``; None when the cell is not one expression,
-        or uses something that could tell one namespace per batch from one per item.
+        The code of a function of two arguments, the chunk's iterator and the values list's
+        ``append`` (`loop_function` makes it); None when the cell is not one expression, or
+        uses something that could tell one namespace per batch from one per item.
 
     Examples
     --------
@@ -109,10 +117,47 @@ def cell_loop(source: str, filename: str, names: tuple[str, ...], tuple_target: 
         body=[ast.Expr(value=append)],
         orelse=[],
     )
+    arguments = ast.arguments(
+        posonlyargs=[], args=[ast.arg(arg=_ITEMS), ast.arg(arg=_APPEND)], vararg=None,
+        kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[],
+    )  # fmt: skip
+    # Named as the cell's top level, which it stands for: a traceback shows the cell's line
+    # as it would the cell run directly, "in <module>" (`tracebacks.py` names such a frame
+    # by its line only).
+    function = ast.FunctionDef(name="<module>", args=arguments, body=[loop], decorator_list=[], returns=None)
     # The loop's own nodes take the expression's position: a traceback points at the cell line.
-    for node in (loop, target, *store, loop.iter, append, append.func, loop.body[0]):
+    for node in (function, arguments, *arguments.args, loop, target, *store, loop.iter, append, append.func,
+                 loop.body[0]):  # fmt: skip
         ast.copy_location(node, expression)
-    return compile(ast.Module(body=[loop], type_ignores=[]), filename, "exec", dont_inherit=True)
+    module = compile(ast.Module(body=[function], type_ignores=[]), filename, "exec", dont_inherit=True)
+    return next(c for c in module.co_consts if isinstance(c, CodeType))
+
+
+def loop_function(code: CodeType, namespace: dict[str, Any]) -> Loop:
+    """The loop of `cell_loop` as a function reading its names from `namespace`.
+
+    Parameters
+    ----------
+    code : code
+        What `cell_loop` returned.
+    namespace : dict
+        The captured names the cell reads (only read: the loop writes nothing there). Like
+        any module's globals it should hold ``__builtins__`` (`Context` sees to that): C code
+        that imports reads it from the running frame's globals.
+
+    Returns
+    -------
+    callable
+        ``loop(chunk, append)``: runs the cell once per item of `chunk`, appending each value.
+
+    Examples
+    --------
+    >>> values = []
+    >>> loop_function(cell_loop("x + k", "<cell>", ("x",), False), {"k": 10})(iter([1, 2]), values.append)
+    >>> values
+    [11, 12]
+    """
+    return types.FunctionType(code, namespace)
 
 
 def chunk_sizes(per_item: Callable[[], float | None], left: Callable[[], float | None]) -> Iterator[int]:
@@ -157,8 +202,7 @@ class Stopped(Exception):
 
 
 def run_chunk(
-    code: CodeType | None,
-    namespace: dict[str, Any],
+    loop: Loop | None,
     fn: Callable[..., Any] | None,
     chunk: Iterator[Any],
     values: list[Any],
@@ -168,10 +212,8 @@ def run_chunk(
 
     Parameters
     ----------
-    code : code or None
-        A `cell_loop`, run in `namespace`; None runs `fn` over the chunk instead.
-    namespace : dict
-        The batch's namespace for `code` (its own copy: the loop binds the item names in it).
+    loop : callable or None
+        A cell's loop (`loop_function`); None runs `fn` over the chunk instead.
     fn : callable or None
         For a function's items: called with each item of `chunk` (`map`, or `starmap` over
         items it unpacks, bound in `fn` by the caller).
@@ -192,17 +234,14 @@ def run_chunk(
     KeyboardInterrupt
         Ctrl-C in the kernel during ``--local``: it stops the cell rather than fail one item.
     """
-    if code is not None:
-        namespace[_ITEMS] = chunk
-        namespace[_APPEND] = values.append
-        assert fn is None
-    else:
+    append = values.append
+    if loop is None:
         assert fn is not None
         mapped = fn(chunk)
     while True:
         try:
-            if code is not None:
-                exec(code, namespace)
+            if loop is not None:
+                loop(chunk, append)
             else:
                 values.extend(mapped)
             return False
