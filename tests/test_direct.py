@@ -20,6 +20,7 @@ import pytest
 from nbcluster.cluster.handle import ClusterHandle, start
 from nbcluster.distribute import distribute
 from nbcluster.distribute.worker import direct as served
+from tests.waiting import until
 
 #: What an item reports: its value, whether it ran as a scheduler task, and on which worker.
 WHERE = (
@@ -49,11 +50,16 @@ def test_a_small_cell_never_becomes_a_scheduler_task_and_shows_in_the_task_strea
     assert {address for _, _, address in res} <= workers
     assert _tasks_seen(client) == before
 
-    # The live view's task stream still has the run's batches, on the workers that ran them.
-    snapshot = client.sync(client.scheduler.nbcluster_metrics)
-    mine = [t for t in snapshot["tasks"] if t["key"].startswith(f"distribute-{res.run_id}-")]
-    assert mine and {t["worker"] for t in mine} <= workers
-    assert all(t["prefix"] == "distribute" and t["status"] == "ok" and t["stop"] >= t["start"] for t in mine)
+    # The live view's task stream still has the run's batches, on the workers that ran them
+    # (their events leave the workers `EVENTS_S` after the batches' answers).
+    def mine() -> list[dict[str, Any]]:
+        snapshot = client.sync(client.scheduler.nbcluster_metrics)
+        return [t for t in snapshot["tasks"] if t["key"].startswith(f"distribute-{res.run_id}-")]
+
+    assert until(mine, 10), "the run's batches never reached the task stream"
+    drawn = mine()
+    assert {t["worker"] for t in drawn} <= workers
+    assert all(t["prefix"] == "distribute" and t["status"] == "ok" and t["stop"] >= t["start"] for t in drawn)
 
 
 def test_after_the_direct_time_the_batches_are_dask_tasks(cluster: Any) -> None:

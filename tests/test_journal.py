@@ -24,6 +24,7 @@ import pytest
 
 import nbcluster
 from nbcluster.distribute import journal
+from tests.waiting import until
 
 CELL = "with open(log, 'a') as f:\n    f.write(f'{x}\\n')\nx * 10"
 
@@ -409,17 +410,6 @@ def held_bytes(client) -> int:
 
 def sent_bytes(client) -> int:
     return sum(client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total).values())
-
-
-def until(condition, seconds: float = 5.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        threading.Event().wait(0.05)
-    return True
 
 
 def dead_kernel_run(cluster, log, n: int = 8, keep: int | None = None, cell: str = PERSISTED, ns=None):

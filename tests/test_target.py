@@ -6,21 +6,11 @@ scheduler's plugin says one came or went, and no longer.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import nbcluster
 from nbcluster.distribute import target
-
-
-def until(condition, seconds: float = 30.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+from tests.waiting import until
 
 
 def news(client) -> int:
