@@ -19,8 +19,10 @@ from nbcluster.distribute.worker.items import run_items
 from nbcluster.distribute.worker.loop import cell_loop
 
 
-def context(source: str, namespace: dict[str, Any] | None = None, **spec: Any) -> Context:
-    cell = Cell.parse(source, filename="<test-loop-cell>", first_line=2)
+def context(
+    source: str, namespace: dict[str, Any] | None = None, filename: str = "<test-loop-cell>", **spec: Any
+) -> Context:
+    cell = Cell.parse(source, filename=filename, first_line=2)
     full = {"kind": "cell", "mode": "over", "names": ("x",), "target": "x", "unpacks": False,
             "positional": False, "seed": None, "large": [], "filename": cell.filename,
             "source": cell.source, "body": cell.body, "last": cell.last, **spec}  # fmt: skip
@@ -184,3 +186,14 @@ def test_a_cell_loop_runs_c_code_that_imports() -> None:
     blob = pickle.dumps(collections.OrderedDict(a=1))
     result = run_items(ctx, range(3), [blob] * 3, capture=True)
     assert not result["errors"] and result["values"] == [collections.OrderedDict(a=1)] * 3
+
+
+def test_a_cell_run_again_points_at_its_own_run() -> None:
+    # The second run takes the loop the first made (same source), under its own file name,
+    # down to the comprehension's frame: a traceback shows the cell of the run it came from.
+    for filename in ("<distribute-first>", "<distribute-again>"):
+        result = run_items(context("[10 // (x - i) for i in range(3)]", filename=filename), range(3), [0, 1, 2],
+                           capture=True)  # fmt: skip
+        assert sorted(result["errors"]) == [0, 1, 2]
+        for record in result["errors"].values():
+            assert {f.filename for f in record["traceback"].stack} == {filename}
