@@ -594,6 +594,8 @@ class Engine:
             if not self._stopping:
                 backlog.put_back(list(batch))
             return True
+        if isinstance(future, direct.Call):
+            self.state.direct_keys.append(future.key)
         # A batch that did not finish may have been cancelled by Dask with a dead cluster:
         # not the items' failure.
         gone = None if future.status == "finished" or self._stopping else self.link.gone()

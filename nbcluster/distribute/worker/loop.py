@@ -107,8 +107,9 @@ def cell_loop(source: str, filename: str, names: tuple[str, ...], tuple_target: 
     """
     key = (source, names, tuple_target)
     with _LOOPS_LOCK:
-        made = _LOOPS.get(key, False)
-    if made is False:
+        kept = key in _LOOPS
+        made = _LOOPS.get(key)
+    if not kept:
         made = _make_loop(source, filename, names, tuple_target)
         with _LOOPS_LOCK:
             _LOOPS[key] = made
