@@ -337,6 +337,25 @@ def test_a_run_frozen_as_it_ends_draws_the_batches_a_worker_ran_directly(cluster
     assert "4 / 4 done" in html and html.count('class="nbc-task"') == 4
 
 
+def test_a_run_over_before_its_view_shows_tells_the_sidebar_its_end(cluster: ClusterHandle) -> None:
+    from nbcluster.distribute import distribute
+    from nbcluster.widgets import progress_hook
+    from tests.waiting import until
+
+    hook = progress_hook(delay=30, label="quick")  # the view would show after 30 s
+    results = distribute(lambda x: x + 1, over=range(8), client=cluster.client, progress=hook)
+    assert results.ok and hook.live is None  # nothing made, nothing shown
+
+    def reported() -> dict | None:
+        mine = [r for r in cluster.metrics().get("runs") or () if r.get("run") == results.run_id]
+        return mine[-1] if mine else None
+
+    assert until(lambda: reported() is not None), "the sidebar never heard of the run"
+    assert reported() == {**reported(), "done": 8, "total": 8, "failed": 0, "state": "done", "label": "quick"}
+    hook.close()
+    assert hook.live is None
+
+
 def test_terminal_ipython_prints_one_progress_line(cluster: ClusterHandle) -> None:
     code = (
         "import nbcluster\n"

@@ -16,8 +16,8 @@ Entry points (what the distribute engine and ``%cluster status`` call)::
 
     widgets.status(handle)         # a cluster's live graphs for a while, then frozen
 
-`progress_hook` starts the widget on the engine's first progress call, with the run's
-own Dask client as the metrics feed; the widget then reads ``results.counts()``, shows only
+`progress_hook` starts the widget once the run has gone on for the view's delay (armed by
+the engine's first progress call), with the run's own Dask client as the metrics feed; the widget then reads ``results.counts()``, shows only
 that run's batches in the task stream, and a best-first table for ``--grid`` runs.
 
 ``progress`` is a distribute ``Results``, or a callable (or an object with a ``progress()``
@@ -64,14 +64,26 @@ and bounds are Dask config keys under ``nbcluster.widget.`` (the docs' settings 
 
 from __future__ import annotations
 
+import contextvars
+import threading
+import time
 from typing import Any, cast
 
+from nbcluster import config
+from nbcluster.distribute import threads
 from nbcluster.metrics.feed import Feed, client_feed
 from nbcluster.widgets._live import Live, as_progress_source
 from nbcluster.widgets._options import LiveOptions
 from nbcluster.widgets._output import Seams
 from nbcluster.widgets._progress import Best, ProgressSource
-from nbcluster.widgets._results import ResultsProgress, feed_for, is_results, reporter_for, task_filter_for
+from nbcluster.widgets._results import (
+    ResultsProgress,
+    feed_for,
+    final_counts,
+    is_results,
+    reporter_for,
+    task_filter_for,
+)
 from nbcluster.widgets._theme import THEME
 
 __all__ = ["Live", "live", "progress_hook", "status"]
@@ -136,6 +148,7 @@ def live(
     >>> view.close()
     """
     seams = Seams.pop_from(kwargs)
+    started = kwargs.pop("_started", None)  # `ProgressHook`: when its run started (time.monotonic)
     feed = _as_feed(feed)
     source: ProgressSource | None
     report = None
@@ -151,15 +164,16 @@ def live(
         kwargs.pop("grid", None)
         source = as_progress_source(progress)
     options = LiveOptions(label=label, delay=delay, interval=interval, best=best, **kwargs)
-    return Live(source, feed, options, seams, report=report)
+    return Live(source, feed, options, seams, report=report, started=started)
 
 
 def progress_hook(feed: Feed | None = None, **kwargs: Any) -> ProgressHook:
     """A ``progress=`` callback for `nbcluster.distribute`: shows the run's live widget.
 
-    The first call (the engine makes it before submitting anything) starts
-    ``live(results, feed, **kwargs)``; later calls do nothing, as the widget polls. The
-    `Live` is kept as ``hook.live``.
+    The first call (the engine makes it before submitting anything) arms the view: once the
+    run has gone on for ``delay`` seconds, ``live(results, feed, **kwargs)`` starts, kept as
+    ``hook.live``. A run over by then shows nothing, as a `live` view's would not, and only
+    reports its final counts to the cluster's sidebar; later calls cost next to nothing.
 
     Parameters
     ----------
@@ -171,29 +185,88 @@ def progress_hook(feed: Feed | None = None, **kwargs: Any) -> ProgressHook:
     Returns
     -------
     ProgressHook
-        The callback to pass as ``progress=``.
+        The callback to pass as ``progress=``; ``close()`` it to freeze the view at once.
 
     Examples
     --------
     >>> hook = nbcluster.widgets.progress_hook(label="sweep")
     >>> runs = nbcluster.distribute(lambda x: x * x, over=range(8), progress=hook)
-    >>> hook.live.close()
+    >>> hook.close()
     """
 
     return ProgressHook(feed, kwargs)
 
 
 class ProgressHook:
-    """The callback `progress_hook` returns; `live` is its `Live` once the first call started it."""
+    """The callback `progress_hook` returns; `live` is its `Live` once the view has started.
+
+    Why the view starts late rather than waiting to show: a `Live` made at once, for a cell
+    over in a few milliseconds (most small cells), cost the cell 0.5 ms on 2 cores (its
+    options, its output, its IPython hooks, its timer), for a view it never showed. Made
+    when the delay is up, in the context of the call that armed it (so a kernel attaches
+    its output to the run's cell), it shows at its first tick, counting time from the run's
+    start. The first call comes from the kernel's main thread; the later ones (each change
+    of the run) from the engine's driver thread, so arming, starting and ending are locked.
+    """
 
     def __init__(self, feed: Feed | None, kwargs: dict[str, Any]):
         self.feed = feed
         self.kwargs = kwargs
         self.live: Live | None = None
+        self._results: Any = None
+        self._lock = threading.Lock()
+        self._later: threads.Later | None = None
+        self._over = False  # the run ended before its view started: it never will
 
     def __call__(self, results: Any) -> None:
-        if self.live is None:
+        if self._results is None:
+            self._arm(results)
+        elif self.live is None and not self._over and results.done:
+            self._end_unseen()
+
+    def close(self, state: str | None = None) -> None:
+        """Freeze the view now (see `Live.close`); a view not started yet never starts.
+
+        Parameters
+        ----------
+        state : str, optional
+            Overrides the view's end state (e.g. ``"cancelled"`` after an interrupt).
+        """
+        with self._lock:
+            live, self._over = self.live, self.live is None or self._over
+        if self._later is not None:
+            self._later.cancel()
+        if live is not None:
+            live.close(state)
+
+    def _arm(self, results: Any) -> None:
+        self._results = results
+        delay = self.kwargs.get("delay")
+        delay = config.seconds("widget.delay") if delay is None else delay
+        if delay <= 0:
             self.live = live(results, self.feed, **self.kwargs)
+        elif results.done:
+            self._end_unseen()
+        else:
+            run = contextvars.copy_context().run
+            self._later = threads.later(delay, run, self._start, time.monotonic(), name="nbcluster-live")
+
+    def _start(self, started: float) -> None:
+        with self._lock:
+            if not self._over:
+                self.live = live(self._results, self.feed, **{**self.kwargs, "delay": 0, "_started": started})
+
+    def _end_unseen(self) -> None:
+        with self._lock:
+            if self.live is not None or self._over:
+                return
+            self._over = True
+        if self._later is not None:
+            self._later.cancel()
+        report = reporter_for(self._results)
+        if report is not None:
+            label = self.kwargs.get("label")
+            report(final_counts(self._results, self._results.label if label is None else label))
 
 
 def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0, **kwargs: Any) -> Live:

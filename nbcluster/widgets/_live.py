@@ -102,8 +102,11 @@ class Live:
         options: LiveOptions | None = None,
         seams: Seams | None = None,
         report: Callable[[dict[str, Any]], None] | None = None,
+        started: float | None = None,
     ) -> None:
         self.progress_source = progress
+        # A view started after its run (`ProgressHook`) counts the run's time from its start.
+        self._started = started
         # Where the run's item counts go as they change (the scheduler's plugin, for the
         # sidebar), or None.
         self._report = report
@@ -143,7 +146,7 @@ class Live:
         self.grid: dict[str, Any] = {}
         self._raw_grid: Any = None
         self._rate = RateMeter()
-        self._t0 = self._clock()
+        self._t0 = self._clock() if self._started is None else self._started
         self._last_delta = self._t0
         self._seq = 0
         self._sent_workers: Any = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -154,6 +155,34 @@ def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
         client.loop.add_callback(send)
 
     return report
+
+
+def final_counts(results: Any, label: str | None) -> dict[str, Any]:
+    """What a finished run reports to the sidebar when it never showed a view: the counts a
+    `Live` reports when it freezes (``Live._send_report``).
+
+    Parameters
+    ----------
+    results : Results
+        The run, finished.
+    label : str or None
+        Its view's label.
+
+    Returns
+    -------
+    dict
+        ``done``, ``failed``, ``total``, ``cancelled`` (if any), ``state``, ``elapsed`` and
+        ``label`` (if any).
+    """
+    c = results.counts()
+    counts: dict[str, Any] = {k: int(c[k]) for k in ("done", "failed", "total")}
+    if c.get("cancelled"):
+        counts["cancelled"] = int(c["cancelled"])
+    counts["state"] = "cancelled" if c.get("cancelled") else "done"
+    counts["elapsed"] = (results.ended or time.time()) - results.started
+    if label is not None:
+        counts["label"] = label
+    return counts
 
 
 def feed_for(results: Any) -> Feed | None:
