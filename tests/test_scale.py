@@ -22,6 +22,7 @@ from nbcluster import _current, widgets
 from nbcluster.cluster.handle import ClusterHandle
 from tests.scale_helpers import left_on_scheduler, simulated_workers
 from tests.shell_helpers import cell
+from tests.waiting import until
 
 SIMULATED = 200
 
@@ -166,19 +167,7 @@ def test_adaptivity_acts_on_a_cluster_with_workers_it_did_not_start(big: Cluster
 def _workers_become(handle: ClusterHandle, n: int, timeout: float = 30) -> bool:
     """Whether the scheduler has `n` workers within `timeout` (a retiring worker takes a
     moment, and Dask has no event for fewer workers)."""
-    return _becomes(lambda: handle.client.run_on_scheduler(_count_workers) == n, timeout)
-
-
-def _becomes(condition: Any, timeout: float = 30) -> bool:
-    """Whether `condition()` holds within `timeout` seconds, asked every 0.1 s."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
+    return until(lambda: handle.client.run_on_scheduler(_count_workers) == n, timeout)
 
 
 def _made_adaptive_log() -> Any:
@@ -223,6 +212,6 @@ def test_adapt_grows_to_200_workers_in_groups_and_back(tmp_path: Any) -> None:
         # moment after the last of them, in the cluster's own loop; the full suite once read
         # 200 requested just as the workers were gone).
         assert _workers_become(handle, 0, timeout=30)
-        assert _becomes(lambda: handle.info().data["requested"]["cpu"] == 0, timeout=30), handle.info().data
+        assert until(lambda: handle.info().data["requested"]["cpu"] == 0, 30), handle.info().data
     finally:
         handle.stop()
