@@ -17,8 +17,9 @@ Entry points (what the distribute engine and ``%cluster status`` call)::
     widgets.status(handle)         # a cluster's live graphs for a while, then frozen
 
 `progress_hook` starts the widget once the run has gone on for the view's delay (armed by
-the engine's first progress call), with the run's own Dask client as the metrics feed; the widget then reads ``results.counts()``, shows only
-that run's batches in the task stream, and a best-first table for ``--grid`` runs.
+the engine's first progress call), with the run's own Dask client as the metrics feed; the
+widget then reads ``results.counts()``, shows only that run's batches in the task stream,
+and a best-first table for ``--grid`` runs.
 
 ``progress`` is a distribute ``Results``, or a callable (or an object with a ``progress()``
 method) returning a mapping::

@@ -46,6 +46,7 @@ from nbcluster.widgets._progress import (
     decorate,
     is_finished,
     rank_grid,
+    reported,
     text_line,
 )
 from nbcluster.widgets._theme import THEME
@@ -286,8 +287,7 @@ class Live:
     def _send_report(self) -> None:
         if self._report is None or not self.counts:
             return
-        keep = ("label", "done", "failed", "total", "cancelled", "state", "elapsed")
-        counts = {k: self.counts[k] for k in keep if self.counts.get(k) is not None}
+        counts = reported(self.counts)
         if {**counts, "elapsed": None} == {**(self._reported or {}), "elapsed": None}:
             return
         try:

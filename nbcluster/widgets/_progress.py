@@ -114,6 +114,24 @@ def decorate(
     return out
 
 
+def reported(counts: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of decorated counts that goes to the cluster's sidebar (the scheduler's plugin).
+
+    Parameters
+    ----------
+    counts : Mapping
+        Decorated counts (`decorate`).
+
+    Returns
+    -------
+    dict
+        ``label``, ``done``, ``failed``, ``total``, ``cancelled``, ``state`` and ``elapsed``,
+        those that are set.
+    """
+    keep = ("label", "done", "failed", "total", "cancelled", "state", "elapsed")
+    return {k: counts[k] for k in keep if counts.get(k) is not None}
+
+
 def _format_value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"

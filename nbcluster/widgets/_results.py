@@ -23,6 +23,7 @@ from typing import Any
 
 from nbcluster._wire import TaskRecord
 from nbcluster.metrics.feed import Feed, client_feed, has_plugin
+from nbcluster.widgets._progress import decorate, reported
 from nbcluster.widgets._theme import THEME
 
 logger = logging.getLogger(__name__)
@@ -158,8 +159,8 @@ def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
 
 
 def final_counts(results: Any, label: str | None) -> dict[str, Any]:
-    """What a finished run reports to the sidebar when it never showed a view: the counts a
-    `Live` reports when it freezes (``Live._send_report``).
+    """What a finished run reports to the sidebar when it never showed a view: what a
+    `Live` reports as it freezes.
 
     Parameters
     ----------
@@ -171,18 +172,12 @@ def final_counts(results: Any, label: str | None) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``done``, ``failed``, ``total``, ``cancelled`` (if any), ``state``, ``elapsed`` and
-        ``label`` (if any).
+        `reported` counts of the run's end.
     """
     c = results.counts()
-    counts: dict[str, Any] = {k: int(c[k]) for k in ("done", "failed", "total")}
-    if c.get("cancelled"):
-        counts["cancelled"] = int(c["cancelled"])
-    counts["state"] = "cancelled" if c.get("cancelled") else "done"
-    counts["elapsed"] = (results.ended or time.time()) - results.started
-    if label is not None:
-        counts["label"] = label
-    return counts
+    elapsed = (results.ended or time.time()) - results.started
+    state = "cancelled" if c.get("cancelled") else "done"
+    return reported(decorate(c, elapsed=elapsed, rate=None, state=state, label=label))
 
 
 def feed_for(results: Any) -> Feed | None:
