@@ -10,16 +10,20 @@ time: every item comes back once, right.
 from __future__ import annotations
 
 import asyncio
+import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import dask.config
 import pytest
+from distributed import Event
 
 from nbcluster.cluster.handle import ClusterHandle, start
 from nbcluster.distribute import distribute
 from nbcluster.distribute.worker import direct as served
+from nbcluster.distribute.worker.ahead import FirstAhead
 from tests.waiting import until
 
 #: What an item reports: its value, whether it ran as a scheduler task, and on which worker.
@@ -128,6 +132,49 @@ def test_a_paused_worker_refuses_and_its_batch_runs_elsewhere(cluster: Any) -> N
     assert any(as_task for _, as_task, _ in res)
 
 
+#: Item 0 prints and ends at once; every later item waits for the test's go-ahead.
+FIRST_THEN_BLOCKED = (
+    "from distributed import Event\n"
+    "from distributed.worker import thread_state\n"
+    "if x:\n"
+    "    Event(f'{tag}-go').wait()\n"
+    "else:\n"
+    "    print('item zero')\n"
+    "(x, thread_state.key)"
+)
+
+
+def test_a_first_batch_that_goes_on_sends_its_first_item_ahead_and_never_twice(cluster: Any) -> None:
+    # Item 1 blocks right behind item 0 in the same batch (no batch of one item first):
+    # item 0's result and output still come at once, and nothing comes twice at the end.
+    tag = uuid.uuid4().hex[:8]
+    first = threading.Event()
+    res = distribute(
+        FIRST_THEN_BLOCKED, over="x in range(40)", namespace={"tag": tag}, wait=False,
+        progress=lambda r: r.counts()["done"] and first.set(),
+    )  # fmt: skip
+    try:
+        assert first.wait(30), res.counts()
+        assert res.counts() == {"total": 40, "done": 1, "failed": 0, "cancelled": 0, "running": 39}
+        assert res.output(0) == "item zero\n"
+    finally:
+        Event(f"{tag}-go", client=cluster.client).set()
+    assert res.wait(60).ok
+    assert [v[0] for v in res] == list(range(40))
+    assert res[0][1] == res[1][1], "items 0 and 1 ran in one batch"
+    assert res.output(0) == "item zero\n" and all(res.output(i) == "" for i in range(1, 40))
+
+
+def test_a_first_batch_that_ends_at_once_answers_once(cluster: Any) -> None:
+    # The common case, every small cell: the first batch is the first item and more, and
+    # its answer is the only message (nothing went ahead: the worker says so).
+    res = distribute(
+        "from distributed.worker import thread_state\n(x, thread_state.key)", over="x in range(8)", namespace={}
+    )
+    assert res.ok and [v[0] for v in res] == list(range(8))
+    assert res[0][1] == res[1][1], "the first batch held more than the first item"
+
+
 @pytest.fixture(scope="module")
 def mortal() -> Iterator[ClusterHandle]:
     handle = start(workers=2, threads=1, name="direct-crash")
@@ -159,6 +206,66 @@ def test_a_worker_that_dies_under_a_direct_batch_costs_its_items_one_run_more(
     assert all(len(r) <= 2 for r in runs.values()), runs
     mortal.client.wait_for_workers(2, timeout=60)
     assert list(distribute("x + 1", over="x in range(8)", namespace={}, client=mortal.client)) == list(range(1, 9))
+
+
+def test_a_first_item_sent_ahead_is_not_run_again_when_its_worker_dies(mortal: ClusterHandle, tmp_path: Path) -> None:
+    # Item 0 went ahead; item 1, in the same batch, then kills the worker (once). The rest
+    # runs again; item 0, delivered already, does not.
+    tag = uuid.uuid4().hex[:8]
+    arrived = Event(f"{tag}-first-in", client=mortal.client)
+    cell = (
+        "import os\n"
+        "from distributed import Event\n"
+        "with open(f'{folder}/{x}', 'a') as f:\n"
+        "    f.write('ran\\n')\n"
+        "if x == 1 and not os.path.exists(f'{folder}/died'):\n"
+        "    Event(f'{tag}-first-in').wait()\n"
+        "    open(f'{folder}/died', 'w').close()\n"
+        "    os._exit(1)\n"
+        "x * 10"
+    )
+    res = distribute(
+        cell, over="x in range(8)", namespace={"folder": str(tmp_path), "tag": tag}, client=mortal.client,
+        progress=lambda r: r.counts()["done"] and arrived.set(),
+    )  # fmt: skip
+    assert res.ok and list(res) == [x * 10 for x in range(8)]
+    assert (tmp_path / "died").exists()
+    assert (tmp_path / "0").read_text().split() == ["ran"], "item 0 ran once"
+    assert (tmp_path / "1").read_text().split() == ["ran", "ran"]
+    mortal.client.wait_for_workers(2, timeout=60)
+
+
+def test_whether_a_first_item_goes_ahead_is_decided_once() -> None:
+    # The batch's end (its thread) and the deadline (the worker's loop) race: whichever
+    # comes first decides, and the answer leaves the first item out exactly when it went.
+    async def scenario(order: str) -> tuple[list[Any], bool]:
+        loop = asyncio.get_running_loop()
+        sent: list[Any] = []
+
+        async def send(result: Any) -> None:
+            sent.append(result["values"])
+
+        ahead = FirstAhead(send, loop)
+        if order == "ends first":
+            ahead.ran({"values": [0], "seconds": 0.001})
+            left_out = ahead.close()
+            ahead.due()
+        elif order == "due, then the first item":
+            ahead.due()
+            await loop.run_in_executor(None, ahead.ran, {"values": [0], "seconds": 0.01})
+            await asyncio.sleep(0)  # the thread's call_soon_threadsafe
+            left_out = ahead.close()
+        else:  # the first item, then due
+            ahead.ran({"values": [0], "seconds": 0.001})
+            ahead.due()
+            left_out = ahead.close()
+        if ahead.written is not None:
+            await ahead.written
+        return sent, left_out
+
+    assert asyncio.run(scenario("ends first")) == ([], False)
+    assert asyncio.run(scenario("due, then the first item")) == ([[0]], True)
+    assert asyncio.run(scenario("first item, then due")) == ([[0]], True)
 
 
 def test_a_workers_direct_batches_start_in_the_order_they_were_sent() -> None:

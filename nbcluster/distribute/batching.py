@@ -1,4 +1,4 @@
-"""How many items go in each batch: one first, then sized from measured item times.
+"""How many items go in each batch: probes first, then sized from measured item times.
 
 A Dask task costs about 2 ms here however little it does, so small items travel in
 batches. But a batch's results come back only when the whole batch is done, so a big
@@ -7,7 +7,11 @@ alone at the end. The policy:
 
 1. **Probe cheaply.** Until an item time has been measured, the very first batch is one
    item, so the first result arrives one item's duration after the start whatever the
-   other items do (an item that blocks, or takes an hour, right behind it). Then one probe
+   other items do (an item that blocks, or takes an hour, right behind it). Not so where
+   that batch goes to a worker directly (every run's first half-second, `direct.py`): it
+   can send its first item's result ahead of the rest when it goes on past 5 ms
+   (`worker/ahead.py`), so the engine sets `alone_first` off and the first batch is a
+   probe like the others, one round trip fewer (0.5 to 0.9 ms of a small cell). Then one probe
    per thread shares the rest of the items out, up to `PROBE_ITEMS` each, with a budget of
    `PROBE_S`: a worker stops after the first item that ends past the budget, so an item
    slower than 50 ms comes back alone; tiny items come back by the thousand from the same
@@ -47,11 +51,12 @@ alone at the end. The policy:
    the last 16 waits), and its budget is twice that. 100,000 items of 1 ms on 1,000
    simulated workers made 11,971 tasks, most of 5 ms, each waited for for seconds.
 
-Worked example, 2 threads, 400 items of 10 ms: item 0 alone, and two probes of 200 and
-199 items, each returning after its fifth item (50 ms, the probe budget), then 25
-(0.25 s) while more than 200 items are left, shrinking to 5 (0.05 s) at the end. 20,000
-tiny items (1 us): item 0, then two probes of 10,000 and 9,999 items, each done in 10-25 ms:
-one round.
+Worked example, 2 threads, 400 items of 10 ms, through the scheduler: item 0 alone, and
+two probes of 200 and 199 items, each returning after its fifth item (50 ms, the probe
+budget), then 25 (0.25 s) while more than 200 items are left, shrinking to 5 (0.05 s) at
+the end. Sent directly, two probes of 200 items, the first sending item 0 ahead. 20,000
+tiny items (1 us), directly: two probes of 10,000 items, each done in 1 to 25 ms: one
+round.
 
 A fixed `--batch N` bypasses all of this: N items a batch, and no budget.
 """
@@ -116,7 +121,9 @@ class Batcher:
         self.min_batch, self.max_batch = min_batch, max_batch
         self.items = 0  # items measured
         self.seconds = 0.0  # their total time on the workers
-        self._first = True  # the run's first batch is still to be sized: it gets one item
+        #: The next batch is one item: the run's first, unless it sends its first item ahead
+        #: of the rest (a direct batch, `worker/ahead.py`), which the engine says here.
+        self.alone_first = True
         self._probes = self.threads  # probes still to share out the items: one per thread
         self._idle: deque[float] = deque(maxlen=IDLE_SEEN)  # the threads' last waits for a batch, s
 
@@ -214,8 +221,8 @@ class Batcher:
             return min(self.fixed, remaining)
         t = self.seconds_per_item
         if t is None:
-            if self._first:
-                self._first = False
+            if self.alone_first:
+                self.alone_first = False
                 return 1
             probes = max(1, min(free, self._probes))
             self._probes = max(1, self._probes - 1)

@@ -11,6 +11,13 @@ within that half-second, in a few direct round trips. A longer run goes on throu
 scheduler after that, where Dask's dashboard, its work stealing and adaptive scaling see
 its batches as they always did.
 
+The first batch. A run's first result must come one item's time after its start, whatever
+the items behind it do. Through the scheduler, the first batch is that item alone; sent
+directly, it is a probe like the others, and its worker sends the first item's result
+ahead of the answer when the batch goes on (`worker/ahead.py`), on the same connection
+(`_exchange`): the driver takes it as a `Call` of its own (``of`` the batch), before the
+batch's answer, which leaves that item out.
+
 Which workers. Only those that fit every item (a run with ``--gpus``/``--cpus`` asks the
 scheduler, which counts resources), spread by their threads: a worker gets at most
 `in-flight` direct batches per thread at once. And at most `MAX_WORKERS` of them: the
@@ -46,7 +53,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from distributed.protocol.pickle import dumps
@@ -75,13 +82,17 @@ class Call:
         (``answer`` is why: the exception, or a refusal's reason).
     answer : Any
         See `status`.
+    of : Call or None
+        For the first item of a run's first batch, sent ahead of its answer
+        (`worker/ahead.py`): the batch it came from; None for a batch's answer.
     """
 
-    __slots__ = ("__weakref__", "_sent", "answer", "key", "status", "worker")
+    __slots__ = ("__weakref__", "_sent", "answer", "key", "of", "status", "worker")
 
-    def __init__(self, key: str, worker: str):
+    def __init__(self, key: str, worker: str, of: Call | None = None):
         self.key = key
         self.worker = worker
+        self.of = of
         self.status = "pending"
         self.answer: Any = None
         self._sent: Any = None  # the request (a task of the client's event loop), while it runs
@@ -126,6 +137,18 @@ class Completions:
         """
         with self._lock:
             self._out += 1
+
+    def ahead(self, part: Call) -> None:
+        """The first item of a call still out came ahead of its answer: hand it to the driver.
+
+        Parameters
+        ----------
+        part : Call
+            Finished, its ``of`` the call it came from.
+        """
+        with self._lock:
+            self._out += 1
+        self._done.put(part)
 
     def finished(self, call: Call) -> None:
         """A direct call was answered (or failed): hand it to the waiting driver.
@@ -199,7 +222,7 @@ class Direct:
         self.calls: weakref.WeakSet[Call] = weakref.WeakSet()
         self.stopped = False
         self._lock = threading.Lock()  # `out`: the driver sends, the client's loop answers
-        self._held: list[tuple[Call, tuple[str, bytes | None], bytes, str, int]] = []  # sent, not yet started
+        self._held: list[tuple[Call, tuple[str, bytes | None], bytes, str, int, bool]] = []  # sent, not yet started
         # Each worker starts this start's batches in the order they were sent (`worker/direct.py`).
         self.sender = uuid.uuid4().hex
         self._numbered: dict[str, int] = dict.fromkeys(chosen, 0)
@@ -226,7 +249,9 @@ class Direct:
                 best, load = address, share
         return best
 
-    def send(self, key: str, worker: str, context: tuple[str, bytes | None], blob: bytes, token: str) -> Call:
+    def send(
+        self, key: str, worker: str, context: tuple[str, bytes | None], blob: bytes, token: str, first: bool = False
+    ) -> Call:
         """Send one batch to `worker` (from `worker()`) at the next `flush`; it reaches the
         completions when answered.
 
@@ -238,6 +263,10 @@ class Direct:
             The worker's address.
         context, blob, token
             As a batch's task takes them (`worker.run_batch`).
+        first : bool
+            The run's first batch: a worker still running it after `worker.ahead.AHEAD_S`
+            sends its first item ahead, which reaches the completions as a `Call` of its own
+            (``of`` this one) before this one's answer, which then leaves that item out.
 
         Returns
         -------
@@ -250,7 +279,7 @@ class Direct:
             self.calls.add(call)
             number = self._numbered[worker]
             self._numbered[worker] = number + 1
-            self._held.append((call, context, blob, token, number))
+            self._held.append((call, context, blob, token, number, first))
         self.completions.add_call(call)
         return call
 
@@ -263,14 +292,21 @@ class Direct:
         if held:
             self.client.loop.asyncio_loop.call_soon_threadsafe(self._start, held)
 
-    def _start(self, held: list[tuple[Call, tuple[str, bytes | None], bytes, str, int]]) -> None:
+    def _start(self, held: list[tuple[Call, tuple[str, bytes | None], bytes, str, int, bool]]) -> None:
         # In the client's event loop.
-        for call, context, blob, token, number in held:
+        for call, context, blob, token, number, first in held:
+            ahead = functools.partial(self._ahead, call) if first else None
             sent = asyncio.ensure_future(
-                _request(self.client, call.worker, call.key, context, blob, token, self.sender, number)
+                _request(self.client, call.worker, call.key, context, blob, token, self.sender, number, ahead)
             )
             call._sent = sent
             sent.add_done_callback(functools.partial(self._answered, call))
+
+    def _ahead(self, call: Call, blob: bytes) -> None:
+        # In the client's event loop: the first item of `call`, ahead of its answer.
+        part = Call(call.key, call.worker, of=call)
+        part.status, part.answer = "finished", blob
+        self.completions.ahead(part)
 
     def _answered(self, call: Call, sent: Any) -> None:
         with self._lock:
@@ -315,9 +351,21 @@ class Direct:
 
 
 async def _request(
-    client: Any, worker: str, key: str, context: Any, blob: bytes, token: str, sender: str, number: int
+    client: Any,
+    worker: str,
+    key: str,
+    context: Any,
+    blob: bytes,
+    token: str,
+    sender: str,
+    number: int,
+    ahead: Callable[[bytes], None] | None = None,
 ) -> Any:
-    """Ask `worker` to run the batch (installing the handler there first, once per client)."""
+    """Ask `worker` to run the batch (installing the handler there first, once per client).
+
+    With `ahead`, the batch is a run's first: `ahead` is called with its first item's result
+    blob if that comes ahead of the answer (`worker/ahead.py`).
+    """
     known = _SERVES.setdefault(client, {})
     serves = known.get(worker)
     if serves is None or isinstance(serves, asyncio.Task):
@@ -326,9 +374,36 @@ async def _request(
         known[worker] = serves = await serves
     if not serves:
         return {"refused": "it cannot serve direct batches"}
-    return await client.rpc(worker).nbcluster_run_batch(
-        key=key, context=context, batch=blob, token=token, sender=sender, number=number
-    )
+    args = {"key": key, "context": context, "batch": blob, "token": token, "sender": sender, "number": number}
+    if ahead is None:
+        return await client.rpc(worker).nbcluster_run_batch(**args)
+    return await _exchange(client.rpc, worker, {"op": served.HANDLER, "reply": True, "first": True, **args}, ahead)
+
+
+async def _exchange(pool: Any, worker: str, message: dict[str, Any], ahead: Callable[[bytes], None]) -> Any:
+    """Dask's request and answer (`distributed.core.send_recv`), reading a first item ahead.
+
+    The answer may be preceded, on the same connection, by ``{"first": blob}``. A connection
+    whose exchange did not end cleanly is closed, not given back to the pool: a later request
+    would read this one's answer.
+    """
+    comm = await pool.connect(worker)
+    clean = False
+    try:
+        await comm.write(message, on_error="raise")
+        answer = await comm.read()
+        if isinstance(answer, dict) and "first" in answer:
+            ahead(answer["first"])
+            answer = await comm.read()
+        clean = True
+    finally:
+        if clean:
+            pool.reuse(worker, comm)
+        else:
+            comm.abort()
+    if isinstance(answer, dict) and answer.get("status") == "uncaught-error":
+        raise RuntimeError(f"the worker failed to run the batch: {answer.get('exception_text', answer)}")
+    return answer
 
 
 async def _install(client: Any, worker: str) -> bool:

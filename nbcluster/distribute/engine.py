@@ -518,6 +518,8 @@ class Engine:
         job = self.job
         if not (job.persist or job.reads_handles) and self.link.needs == Needs() and config.seconds("distribute.direct") > 0:
             sending = direct.Direct(self.client, self.link.workers(), backlog.per_thread, completed)
+            if sending.worker() is not None:
+                backlog.batcher.alone_first = False  # its first batch sends its first item ahead instead
         with self._lock:
             self._completed = completed
             self._backlog = backlog
@@ -580,9 +582,19 @@ class Engine:
 
     def _settle(self, future: Any, result: Any, backlog: _Backlog) -> bool:
         """Take in one finished batch; False when the run cannot go on."""
+        ahead = isinstance(future, direct.Call) and future.of is not None
         with self._lock:
-            batch = self._pending.pop(future, None)
-            alone, self._alone = self._alone is future, None
+            if ahead:
+                # The first item of a batch still out (`worker/ahead.py`): delivered now, as a
+                # batch of its own; the batch's answer will leave it out.
+                whole = self._pending.get(future.of)
+                if whole is None:
+                    return True
+                batch, self._pending[future.of] = whole[:1], whole[1:]
+                alone = False
+            else:
+                batch = self._pending.pop(future, None)
+                alone, self._alone = self._alone is future, None
         if batch is None:
             return True  # cancelled on the scheduler: its items were given up
         assert self.link is not None
@@ -593,8 +605,10 @@ class Engine:
                 self._direct.failed(future)
             if not self._stopping:
                 backlog.put_back(list(batch))
+                if not backlog.batcher.items:
+                    backlog.batcher.alone_first = True  # no first item came: the next batch is one
             return True
-        if isinstance(future, direct.Call):
+        if isinstance(future, direct.Call) and not ahead:
             self.state.direct_keys.append(future.key)
         # A batch that did not finish may have been cancelled by Dask with a dead cluster:
         # not the items' failure.
@@ -684,7 +698,7 @@ class Engine:
             if self._stopping:
                 return True  # nothing more goes out: its items become cancelled
             key = f"distribute-{self.run_id}-{next(self._seq)}"
-            call = sending.send(key, address, self.context, blob, self.token)
+            call = sending.send(key, address, self.context, blob, self.token, first=not self._pending)
             self._alone = None if self._pending else call
             self._pending[call] = indices
             self._idle.clear()

@@ -47,6 +47,7 @@ import pickle
 import cloudpickle
 
 from nbcluster.distribute.worker import output, stopping
+from nbcluster.distribute.worker.ahead import FirstAhead, without_first
 from nbcluster.distribute.worker.context import INLINE_CONTEXT, Context, load
 from nbcluster.distribute.worker.idle import ended, since_last
 from nbcluster.distribute.worker.items import dump_result, run_items
@@ -95,7 +96,9 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
     return blob
 
 
-def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None = None) -> bytes:
+def run_blob(
+    context: tuple[str, bytes | None], batch: bytes, token: str | None = None, ahead: FirstAhead | None = None
+) -> bytes:
     """`run_batch` without the push: what a batch sent to the worker directly runs (`direct.py`).
 
     Parameters
@@ -106,6 +109,9 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
         The pickled ``(indices, items, budget)`` of this batch.
     token : str, optional
         The run's stop token.
+    ahead : FirstAhead, optional
+        A run's first direct batch: told when its first item ended, it may send that item
+        ahead of the rest, which the result then leaves out (`ahead.py`).
 
     Returns
     -------
@@ -126,7 +132,10 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
         return cloudpickle.dumps({"fatal": error_record(e)})
     indices, items, budget = pickle.loads(batch)
     output.install()
-    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
+    first = None if ahead is None else (lambda part: ahead.ran({**part, "ran_on": ran_on()}))
+    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget, first=first)
+    if ahead is not None and ahead.close():
+        result = without_first(result, indices[0], ahead.seconds)
     result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
     if idle is not None:
         result["idle"] = idle  # for the batch sizing: what a task's round costs this thread

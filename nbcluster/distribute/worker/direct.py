@@ -26,6 +26,11 @@ What a direct batch does not do, and why that is safe:
 - A worker that dies under it breaks the request; the kernel sends its items again through
   the scheduler, once, as Dask would have.
 
+A run's first batch says ``first``: the handler then takes the request's connection
+(Dask passes it to a handler whose first argument is ``comm``) and, when the batch is still
+going `ahead.AHEAD_S` after it arrived, writes the first item's result on it ahead of the
+answer (`ahead.py`).
+
 In the order sent. The kernel sends a worker's direct batches as concurrent requests, each
 over a connection of its pool, and two of them can reach the worker in either order (the
 second's connection may be the one already open). Run out of order, an item could wait
@@ -46,6 +51,8 @@ from typing import Any
 
 from nbcluster._compat import as_worker, worker_accepts_work
 from nbcluster.distribute.worker import run_blob
+from nbcluster.distribute.worker.ahead import AHEAD_S, FirstAhead
+from nbcluster.distribute.worker.items import dump_result
 
 #: The request a worker serves once `install` ran there.
 HANDLER = "nbcluster_run_batch"
@@ -53,7 +60,7 @@ HANDLER = "nbcluster_run_batch"
 TOPIC = "nbcluster-direct"
 #: Bumped when the request's arguments or answer change: a kernel only sends batches to a
 #: worker that installed the same version.
-VERSION = 2
+VERSION = 3
 #: How long a batch waits for the one its sender sent this worker before it.
 GAP_S = 0.5
 #: Senders whose order a worker keeps (the oldest are forgotten: their runs are over).
@@ -152,12 +159,25 @@ def install(dask_worker: Any) -> int:
     if order is None:
         order = dask_worker._nbcluster_direct_order = _Order()
 
-    # A function, not a `functools.partial`: Dask logs each handler by its `__name__`.
+    # A function, not a `functools.partial`: Dask logs each handler by its `__name__`. Its
+    # first argument is named `comm`, so Dask passes the request's connection (`ahead.py`).
     async def nbcluster_run_batch(
-        key: str, context: tuple[str, bytes | None], batch: bytes, token: str, sender: str, number: int
+        comm: Any,
+        key: str,
+        context: tuple[str, bytes | None],
+        batch: bytes,
+        token: str,
+        sender: str,
+        number: int,
+        first: bool = False,
     ) -> Any:
         await order.turn(sender, number)
-        return await serve(dask_worker, key, context, batch, token, started=lambda: order.started(sender, number))
+        ahead = None
+        if first:
+            ahead = FirstAhead(lambda result: comm.write({"first": dump_result(result)}), asyncio.get_running_loop())
+        return await serve(
+            dask_worker, key, context, batch, token, started=lambda: order.started(sender, number), ahead=ahead
+        )
 
     dask_worker.handlers[HANDLER] = nbcluster_run_batch
     return VERSION
@@ -170,6 +190,7 @@ async def serve(
     batch: bytes,
     token: str,
     started: Callable[[], None] = lambda: None,
+    ahead: FirstAhead | None = None,
 ) -> Any:
     """Run one batch in the worker's thread pool; its result blob, or why it was refused.
 
@@ -184,6 +205,9 @@ async def serve(
         As for `nbcluster.distribute.worker.run_batch`.
     started : callable, optional
         Called once the batch is queued in the thread pool, or refused.
+    ahead : FirstAhead, optional
+        For a run's first batch: sends its first item ahead when the batch is still going
+        `ahead.AHEAD_S` after its start (`ahead.py`).
 
     Returns
     -------
@@ -195,13 +219,25 @@ async def serve(
         if refused is not None:
             return {"refused": refused}
         start = time.time()
+        loop = asyncio.get_running_loop()
         # Queued in the pool by this call itself, before `started` lets the next batch in.
-        running = asyncio.get_running_loop().run_in_executor(
-            dask_worker.executors["default"], _as_worker, dask_worker, key, run_blob, context, batch, token
+        running = loop.run_in_executor(
+            dask_worker.executors["default"], _as_worker, dask_worker, key, run_blob, context, batch, token, ahead
         )
     finally:
         started()
-    blob = await running
+    if ahead is None:
+        blob = await running
+    else:
+        # From the request's arrival: a batch that queued behind another is late already, and
+        # its first item goes ahead as soon as it ends.
+        deadline = loop.call_later(AHEAD_S, ahead.due)
+        try:
+            blob = await running
+        finally:
+            deadline.cancel()
+        if ahead.written is not None:
+            await ahead.written  # the first item before the rest, on the same connection
     events = getattr(dask_worker, "_nbcluster_direct_events", None)
     if events is None:
         events = dask_worker._nbcluster_direct_events = _Events(dask_worker)

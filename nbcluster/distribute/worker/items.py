@@ -22,6 +22,7 @@ from typing import Any
 import cloudpickle
 
 from nbcluster.distribute.worker import loop, output, stopping
+from nbcluster.distribute.worker.ahead import first_of
 from nbcluster.distribute.worker.context import Context
 from nbcluster.distribute.worker.plain import plain
 from nbcluster.distribute.worker.records import ErrorRecord, error_record
@@ -36,6 +37,7 @@ def run_items(
     capture: bool,
     token: str | None = None,
     budget: float | None = None,
+    first: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run items in this thread until done or stopped; never raises for an item's own failure.
 
@@ -63,6 +65,10 @@ def run_items(
     budget : float or None
         Seconds after which no further item is started (the batch's time budget); None runs
         them all.
+    first : callable, optional
+        Called once the first item ended, with that item's result (`ahead.first_of`, its
+        ``seconds`` set), before the next item starts: a run's first direct batch may send
+        it ahead of the rest (`ahead.py`).
 
     Returns
     -------
@@ -88,9 +94,20 @@ def run_items(
     cell_loop, over, todo = _plan(context, base, indices, items, token)
     values: list[Any] = []  # appended in order: its length is the running item's position
     started = time.perf_counter()
+    ended_first: Callable[[], None] | None = None
+    if first is not None and items:
+        tell = first
+
+        def _ended_first() -> None:
+            part = first_of({"values": values, "errors": errors, "outputs": outputs}, indices[0])
+            part["seconds"] = time.perf_counter() - started
+            tell(part)
+
+        ended_first = _ended_first
+
     try:
         stopped = _run_chunks(cell_loop, over, todo, len(items), indices, values, errors, token, budget,
-                              started, capture)  # fmt: skip
+                              started, capture, ended_first)  # fmt: skip
     finally:
         output.collect(None)
     done = len(values)
@@ -136,9 +153,11 @@ def _run_chunks(
     budget: float | None,
     started: float,
     capture: bool,
+    ended_first: Callable[[], None] | None = None,
 ) -> bool:
     """Run the `n` items of `todo` in chunks of a few ms (`loop.py`), checking for a stop
-    between them. Returns whether it stopped before the end."""
+    between them. Returns whether it stopped before the end. `ended_first` is called after
+    the first chunk, which is the first item alone."""
     clock = time.perf_counter
     timed = [0, 0.0]  # items and seconds of the chunks run so far, for the next chunk's size
 
@@ -162,6 +181,9 @@ def _run_chunks(
         now = clock()
         timed[0] += len(values) - before
         timed[1] += now - begun
+        if ended_first is not None and values:
+            ended_first()
+            ended_first = None
         if step_stopped:
             return True
         if budget is not None and now - started >= budget:
