@@ -9,7 +9,9 @@ so drift in the machine's load hits them alike:
    (through a real IPython shell), raw `client.map` + `gather`, joblib's dask backend,
    ipyparallel's `DirectView.map_sync` (2 engines) and `multiprocessing.Pool(2).map`, the
    practical floor. `client.map` runs 5,000 items: at ~2 ms per task, 20,000 would take a
-   minute per run; its cost per item does not depend on the count.
+   minute per run; its cost per item does not depend on the count. The three that take tens
+   of ms (ours, `map_sync`, `Pool`) are sampled `TINY_RUNS` (15) times, the others
+   `--repeats` times.
 2. 400 items of ~10 ms of CPU work (a fixed loop, calibrated here, so a busy machine shows
    as lost efficiency rather than hiding in a wall-clock spin): parallel efficiency
    `serial time / (2 x wall)`, the serial time measured in this process just before.
@@ -57,6 +59,10 @@ TINY = 20_000
 MILLION = 1_000_000
 SMALL = 8
 SMALL_RUNS = 25  # samples of each small cell
+# Samples of 20,000 tiny items for the peers that take tens of ms (ours, map_sync, Pool): five
+# of one 10 ms cell each moved the median by 1.5x between runs minutes apart.
+TINY_RUNS = 15
+QUICK = ("%%distribute", "ipyparallel map_sync", "multiprocessing.Pool.map")
 MAP_ITEMS = 5_000
 WORK_ITEMS = 400
 # A sample starts once the processes started here (2 workers, a scheduler, ipyparallel's,
@@ -229,10 +235,13 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
     tiny_times: dict[str, list[float]] = {name: [] for name in tiny}
     work_times: dict[str, list[float]] = {name: [] for name in work_runs}
     serial_times: list[float] = []
-    for _ in range(args.repeats):
+    for run in range(max(args.repeats, TINY_RUNS)):
         for name, (_, fn) in tiny.items():
-            quiet(settle(share=QUIET + IDLE[0]))  # the last peer's tasks released: not this sample's cost
-            tiny_times[name].append(timed(fn))
+            if run < (TINY_RUNS if name in QUICK else args.repeats):
+                quiet(settle(share=QUIET + IDLE[0]))  # the last peer's tasks released: not this sample's cost
+                tiny_times[name].append(timed(fn))
+        if run >= args.repeats:
+            continue
         serial_times.append(timed(lambda: [work(n_work) for _ in range(WORK_ITEMS)]))
         for name, fn in work_runs.items():
             quiet(settle(share=QUIET + IDLE[0]))
@@ -294,7 +303,8 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
         f"used under {QUIET:.0%} of a core over their idle {IDLE[0]:.0%} (samples taken without: "
         f"{UNSETTLED[0]}, after 15 s).",
         "",
-        "**Tiny items** (`x + 1`), amortized wall time per item:",
+        f"**Tiny items** (`x + 1`), amortized wall time per item (median of {TINY_RUNS} for "
+        f"%%distribute, map_sync and Pool, of {args.repeats} for the others):",
         "",
         "| method | items | per item | vs %%distribute |",
         "|---|---:|---:|---:|",

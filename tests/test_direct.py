@@ -208,7 +208,9 @@ def test_a_worker_that_dies_under_a_direct_batch_costs_its_items_one_run_more(
     assert list(distribute("x + 1", over="x in range(8)", namespace={}, client=mortal.client)) == list(range(1, 9))
 
 
-def test_a_first_item_sent_ahead_is_not_run_again_when_its_worker_dies(mortal: ClusterHandle, tmp_path: Path) -> None:
+def test_a_first_item_sent_ahead_is_not_run_again_when_its_worker_dies(
+    mortal: ClusterHandle, tmp_path: Path
+) -> None:
     # Item 0 went ahead; item 1, in the same batch, then kills the worker (once). The rest
     # runs again; item 0, delivered already, does not.
     tag = uuid.uuid4().hex[:8]
@@ -242,10 +244,10 @@ def test_whether_a_first_item_goes_ahead_is_decided_once() -> None:
         loop = asyncio.get_running_loop()
         sent: list[Any] = []
 
-        async def send(result: Any) -> None:
-            sent.append(result["values"])
+        async def write(message: Any) -> None:
+            sent.append(message["values"])
 
-        ahead = FirstAhead(send, loop)
+        ahead = FirstAhead(lambda result: result, write, loop)
         if order == "ends first":
             ahead.ran({"values": [0], "seconds": 0.001})
             left_out = ahead.close()
@@ -266,6 +268,17 @@ def test_whether_a_first_item_goes_ahead_is_decided_once() -> None:
     assert asyncio.run(scenario("ends first")) == ([], False)
     assert asyncio.run(scenario("due, then the first item")) == ([[0]], True)
     assert asyncio.run(scenario("first item, then due")) == ([[0]], True)
+
+    async def unencodable() -> bool:
+        def encode(result: Any) -> Any:
+            raise TypeError("cannot be sent")
+
+        ahead = FirstAhead(encode, None, asyncio.get_running_loop())
+        ahead.ran({"values": [0], "seconds": 0.001})
+        ahead.due()
+        return ahead.written is None and not ahead.close()
+
+    assert asyncio.run(unencodable()), "a first item that cannot be sent ahead stays in the answer"
 
 
 def test_a_workers_direct_batches_start_in_the_order_they_were_sent() -> None:

@@ -41,18 +41,24 @@ class FirstAhead:
 
     Parameters
     ----------
-    send : callable
-        Sends the first item's result on the request's connection, ahead of the answer:
-        called in the event loop with that result, it returns an awaitable.
+    encode : callable
+        The message that carries the first item's result (as `run_items` returns one).
+        Called once it is decided to send it: if it raises, the first item is not sent
+        ahead and stays in the answer.
+    write : callable
+        Sends a message on the request's connection (``comm.write``); called in the event
+        loop, it returns an awaitable.
     loop : asyncio.AbstractEventLoop
         The worker's event loop.
     """
 
-    def __init__(self, send: Any, loop: asyncio.AbstractEventLoop):
-        self._send_first = send
+    def __init__(self, encode: Any, write: Any, loop: asyncio.AbstractEventLoop):
+        self._encode = encode
+        self._write = write
         self._loop = loop
         self._lock = threading.Lock()
         self._first: dict[str, Any] | None = None  # the first item's result, once it ended
+        self._message: Any = None  # what goes ahead, once decided
         self._due = False
         self._state = "open"  # "sent": the first item goes ahead; "closed": the batch ended first
         self.written: asyncio.Future[Any] | None = None  # the ahead write, for the answer to wait on
@@ -96,17 +102,22 @@ class FirstAhead:
             return self._state == "sent"
 
     def _take(self) -> bool:
-        # Under the lock: the first item goes ahead unless the batch already ended.
+        # Under the lock: the first item goes ahead unless the batch already ended. Encoded
+        # here, so that one that cannot be is simply left in the answer.
         if self._state != "open":
             return False
-        self._state = "sent"
         assert self._first is not None
+        try:
+            self._message = self._encode(self._first)
+        except Exception:
+            self._state = "closed"
+            return False
+        self._state = "sent"
         self.seconds = float(self._first["seconds"])
         return True
 
     def _send(self) -> None:
-        assert self._first is not None
-        self.written = asyncio.ensure_future(self._send_first(self._first))
+        self.written = asyncio.ensure_future(self._write(self._message))
 
 
 def first_of(result: dict[str, Any], first_index: Any) -> dict[str, Any]:

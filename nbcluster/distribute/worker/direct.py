@@ -174,7 +174,7 @@ def install(dask_worker: Any) -> int:
         await order.turn(sender, number)
         ahead = None
         if first:
-            ahead = FirstAhead(lambda result: comm.write({"first": dump_result(result)}), asyncio.get_running_loop())
+            ahead = FirstAhead(lambda result: {"first": dump_result(result)}, comm.write, asyncio.get_running_loop())
         return await serve(
             dask_worker, key, context, batch, token, started=lambda: order.started(sender, number), ahead=ahead
         )
