@@ -27,7 +27,13 @@ def _tag() -> str:
     return uuid.uuid4().hex[:8]
 
 
-def test_the_first_result_arrives_while_every_other_item_is_still_blocked(cluster: Any) -> None:
+@pytest.mark.parametrize("direct", ["500ms", "0s"], ids=["direct batches", "Dask tasks"])
+def test_the_first_result_arrives_while_every_other_item_is_still_blocked(
+    cluster: Any, direct: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sent to a worker directly, the first batch sends item 0 ahead (`worker/ahead.py`); as a
+    # Dask task, it is item 0 alone.
+    monkeypatch.setitem(dask.config.config["nbcluster"]["distribute"], "direct", direct)
     tag = _tag()
     first = threading.Event()
     # Only item 0 may finish, and at once: right behind it, item 1 blocks. (A first batch of
