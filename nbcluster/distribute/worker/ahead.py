@@ -4,8 +4,8 @@ Why. A run's first result should arrive one item's time after its start, whateve
 items do: an item that blocks, or takes an hour, right behind the first (`batching.py`).
 Until a batch could do that, the run's first batch was one item alone, and the probes
 behind it shared out the rest. That alone batch was a request, an answer and a settle of
-its own on the cell's critical path: 0.7 ms of an 8-item cell here, and of a cell of
-20,000 tiny items (medians of 40 in turns, in one process).
+its own on the cell's critical path: 0.6 to 0.9 ms of an 8-item cell here, 0.5 to 0.9 ms
+of a cell of 20,000 tiny items (medians of 60 in turns, in one process).
 
 How. The run's first direct batch is a probe like the others, with its first item at the
 front, and its request says ``first``. Its worker answers once, as any batch, when it ends
