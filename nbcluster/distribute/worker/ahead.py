@@ -120,33 +120,36 @@ class FirstAhead:
         self.written = asyncio.ensure_future(self._write(self._message))
 
 
-def first_of(result: dict[str, Any], first_index: Any) -> dict[str, Any]:
-    """The first item's part of a batch's running result (values, errors, output).
+def first_of(
+    values: list[Any], errors: dict[int, Any], outputs: dict[Any, Any], first_index: Any, seconds: float
+) -> dict[str, Any]:
+    """The first item's part of a batch's running result, as a result of its own.
 
     Parameters
     ----------
-    result : dict
-        ``values`` (at least one), ``errors`` and ``outputs`` as `run_items` fills them.
+    values, errors, outputs
+        The batch's so far, as `run_items` fills them (``values`` holds at least one).
     first_index : int
         The run's index of the batch's first item (its key in ``outputs``).
+    seconds : float
+        The first item's time.
 
     Returns
     -------
     dict
-        A result of one item, ``count`` 1; ``seconds`` is for the caller to set.
+        A result of one item, ``count`` 1.
 
     Examples
     --------
-    >>> first_of({"values": [5, 6], "errors": {1: "e"}, "outputs": {7: [["stdout", "hi"]]}}, 7)
-    {'values': [5], 'errors': {}, 'outputs': {7: [['stdout', 'hi']]}, 'count': 1, 'seconds': 0.0, 'stopped': False}
+    >>> first_of([5, 6], {1: "e"}, {7: [["stdout", "hi"]]}, 7, 0.25)
+    {'values': [5], 'errors': {}, 'outputs': {7: [['stdout', 'hi']]}, 'count': 1, 'seconds': 0.25, 'stopped': False}
     """
-    outputs = result["outputs"]
     return {
-        "values": result["values"][:1],
-        "errors": {0: result["errors"][0]} if 0 in result["errors"] else {},
+        "values": values[:1],
+        "errors": {0: errors[0]} if 0 in errors else {},
         "outputs": {first_index: list(outputs[first_index])} if first_index in outputs else {},
         "count": 1,
-        "seconds": 0.0,
+        "seconds": seconds,
         "stopped": False,
     }
 

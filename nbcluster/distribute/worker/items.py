@@ -66,8 +66,8 @@ def run_items(
         Seconds after which no further item is started (the batch's time budget); None runs
         them all.
     first : callable, optional
-        Called once the first item ended, with that item's result (`ahead.first_of`, its
-        ``seconds`` set), before the next item starts: a run's first direct batch may send
+        Called once the first item ended, with that item's result (`ahead.first_of`),
+        before the next item starts: a run's first direct batch may send
         it ahead of the rest (`ahead.py`).
 
     Returns
@@ -94,17 +94,10 @@ def run_items(
     cell_loop, over, todo = _plan(context, base, indices, items, token)
     values: list[Any] = []  # appended in order: its length is the running item's position
     started = time.perf_counter()
-    ended_first: Callable[[], None] | None = None
-    if first is not None and items:
+    ended_first = None
+    if first is not None:
         tell = first
-
-        def _ended_first() -> None:
-            part = first_of({"values": values, "errors": errors, "outputs": outputs}, indices[0])
-            part["seconds"] = time.perf_counter() - started
-            tell(part)
-
-        ended_first = _ended_first
-
+        ended_first = lambda: tell(first_of(values, errors, outputs, indices[0], time.perf_counter() - started))  # noqa: E731
     try:
         stopped = _run_chunks(cell_loop, over, todo, len(items), indices, values, errors, token, budget,
                               started, capture, ended_first)  # fmt: skip
