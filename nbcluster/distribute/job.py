@@ -20,6 +20,7 @@ job knows the item's parameters and where the notebook functions it shipped came
 from __future__ import annotations
 
 import marshal
+from types import CodeType
 from typing import Any
 
 import cloudpickle
@@ -30,6 +31,7 @@ from nbcluster.distribute.cell import Cell
 from nbcluster.distribute.handles import held_slots
 from nbcluster.distribute.plan import Plan
 from nbcluster.distribute.tracebacks import ItemError
+from nbcluster.distribute.worker.loop import function_loop
 from nbcluster.errors import BadArgument
 
 
@@ -89,7 +91,7 @@ class Job:
         worker.Context
             A context built in the kernel, with nothing pickled.
         """
-        code: dict[str, Any] = {"fn": self.fn}
+        code: dict[str, Any] = {"fn": self.fn, "loop": self._function_loop()}
         if self.cell is not None:
             code = {"filename": self.cell.filename, "source": self.cell.source}
             code.update(body=self.cell.body, last=self.cell.last)
@@ -157,13 +159,22 @@ class Job:
                 "body": None if self.cell.body is None else marshal.dumps(self.cell.body),
                 "last": None if last is None else marshal.dumps(last),
             }
+        loop = self._function_loop()
         try:
-            return {"fn": cloudpickle.dumps(self.fn)}
+            return {"fn": cloudpickle.dumps(self.fn), "loop": None if loop is None else marshal.dumps(loop)}
         except Exception as e:
             name = getattr(self.fn, "__name__", repr(self.fn))
             raise BadArgument(
                 f"the function {name} cannot be sent to the workers: {type(e).__name__}: {e}"
             ) from None
+
+    def _function_loop(self) -> CodeType | None:
+        """A function's body inlined in the loop over a chunk (`worker.loop.function_loop`),
+        for plain items without a seed: what the worker would otherwise call once per item."""
+        plan = self.plan
+        if self.fn is None or self.seed is not None or plan.mode != "over" or plan.unpacks:
+            return None
+        return function_loop(self.fn)
 
     def _check_item(self, first: int) -> None:
         """Fail early, naming the item, when item values cannot travel."""

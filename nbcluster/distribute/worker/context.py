@@ -23,7 +23,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.distribute.worker.loop import cell_loop
+from nbcluster.distribute.worker.loop import cell_loop, refiled
 from nbcluster.distribute.worker.objects import fetch
 
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
@@ -54,7 +54,7 @@ class Context:
         self.body: CodeType | None = None
         self.last: CodeType | None = None
         self.bind: CodeType | None = None
-        self.loop: CodeType | None = None  # the cell as one loop over a chunk (`loop.py`), if it can
+        self.loop: CodeType | None = None  # the cell, or the function's body, as one loop (`loop.py`)
         if self.kind == "cell":
             filename, source = spec["filename"], spec["source"]
             linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
@@ -70,6 +70,12 @@ class Context:
                 )
             if self.seed is None and self.body is None and self.bind is None and self.mode in ("over", "grid", "zip"):
                 self.loop = cell_loop(source, filename, self.names, tuple_target=self.mode != "over")
+        elif spec.get("loop") is not None and self.fn is not None:
+            # The function's body inlined (`loop.function_loop`), in the function's file as
+            # it is here (cloudpickle renames a function's file, which tracebacks map back).
+            loop = spec["loop"]
+            code = marshal.loads(loop) if isinstance(loop, bytes) else loop
+            self.loop = refiled(code, self.fn.__code__.co_filename)
 
     @classmethod
     def from_payload(cls, payload: bytes) -> Context:

@@ -120,12 +120,16 @@ def _plan(
     """How `loop.run_chunk` runs this context's items: (the cell's loop, over, what to iterate).
 
     A one-expression cell: its loop (`Context.loop`), reading the names of `base`. A
-    function over plain items: `map` (or `starmap`) of the function. Anything else (statements, a seed, an unpacking target, keyword
+    function over plain items: its loop when its body is one returned expression
+    (`loop.function_loop`), reading the function's globals; else `map` (or `starmap`) of
+    the function. Anything else (statements, a seed, an unpacking target, keyword
     arguments): `_runner`'s one-item step over (item, index) pairs, which also checks for a
     stop before each item.
     """
     if context.seed is None:  # else each item binds its own seed
         if context.kind == "function" and context.mode == "over" and context.fn is not None:
+            if context.loop is not None and not context.unpacks:  # its body inlined
+                return loop.loop_function(context.loop, context.fn.__globals__), None, items
             over = itertools.starmap if context.unpacks else map
             return None, functools.partial(over, context.fn), items
         if context.kind == "cell" and context.loop is not None:
