@@ -228,7 +228,7 @@ def test_a_function_returning_one_expression_runs_inlined_with_its_own_frame() -
         values: list[int] = []
         code = function_loop(fn)
         assert code is not None
-        loop_function(code, fn.__globals__)(iter([1, 2]), values.append)
+        loop_function(code, fn.__globals__)(iter([1, 2]), values)
         assert values == want
 
 
