@@ -162,6 +162,9 @@ def test_probes_share_out_the_items_then_batches_take_the_measured_size() -> Non
     tiny = Batcher(2)
     assert [tiny.next_size(n, free) for n, free in ((20_000, 4), (19_999, 3), (9_999, 2))] == [1, 10_000, 9_999]
     assert Batcher(2).next_size(10**6, 4) == 1 and tiny.next_size(10**6, 4) == PROBE_ITEMS
+    whole = Batcher(2, probe_items=None)  # a range's items: a probe per thread takes its share whole
+    whole.alone_first = False
+    assert [whole.next_size(n, free) for n, free in ((10**6, 4), (500_000, 3))] == [500_000, 500_000]
     few = Batcher(3)
     assert [few.next_size(n, free) for n, free in ((3, 6), (2, 5), (1, 4))] == [1, 1, 1]
     assert probe.budget == PROBE_S == 0.05

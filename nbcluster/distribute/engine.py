@@ -101,7 +101,7 @@ from dask.base import annotate
 from nbcluster import config
 from nbcluster._compat import nanny_logs, run_on_holder
 from nbcluster.distribute import direct, everywhere, loadable, reports, threads, worker
-from nbcluster.distribute.batching import Batcher
+from nbcluster.distribute.batching import PROBE_ITEMS, Batcher
 from nbcluster.distribute.capture import pin_soon, shipments
 from nbcluster.distribute.handles import Handle, held_slots, made_where, publish
 from nbcluster.distribute.job import Job
@@ -1059,7 +1059,10 @@ class _Backlog:
         self.retries = job.retries
         self.attempts: dict[int, int] = {}  # attempts used, by the failed items only (no dict of a million)
         # A persisted item is a task of its own (`worker/held.py`).
-        self.batcher = Batcher.from_config(threads, 1 if job.persist else job.fixed_batch)
+        # A range's items travel as a range, in a few bytes however many a batch takes: the
+        # probes share them out whole, and tiny items need no second round (`batching.py`).
+        probe_items = None if isinstance(job.plan.items, range) else PROBE_ITEMS
+        self.batcher = Batcher.from_config(threads, 1 if job.persist else job.fixed_batch, probe_items)
         self.per_thread = max(1, int(config.get("distribute.in-flight")))
         if job.reads_handles:
             # One item a task, each placed where its value is: no batch to size from what comes
