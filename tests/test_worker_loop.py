@@ -212,6 +212,12 @@ def plain_function(x: int) -> int:
 TWO_LAMBDAS = [lambda x: x * 3, lambda x: x * 4]  # one line, one body each
 
 
+class Indented:
+    @staticmethod
+    def fails_at_three(x: int) -> int:
+        return 10 // (x - 3)
+
+
 def test_a_function_returning_one_expression_runs_inlined_with_its_own_frame() -> None:
     inlined = context("x", kind="function", fn=plain_function, loop=function_loop(plain_function))
     called = context("x", kind="function", fn=plain_function)
@@ -224,6 +230,13 @@ def test_a_function_returning_one_expression_runs_inlined_with_its_own_frame() -
     # The same frame both ways: the function's file, line, name and source line.
     assert frames[0] == frames[1] == [(__file__, plain_function.__code__.co_firstlineno + 2, "plain_function",
                                        "return 10 // (x - 3)")]  # fmt: skip
+    # Indented in its file: the same line and columns (the caret under `10 // (x - 3)`).
+    method = Indented.fails_at_three
+    both = [context("x", kind="function", fn=method, loop=loop) for loop in (function_loop(method), None)]
+    assert both[0].loop is not None
+    records = [run_items(ctx, range(5), list(range(5)), capture=True)["errors"][3] for ctx in both]
+    frames = [[(f.lineno, f.colno, f.end_colno, f.name) for f in r["traceback"].stack] for r in records]
+    assert frames[0] == frames[1] and frames[0][0][1] == 15, frames
     for fn, want in zip(TWO_LAMBDAS, ([3, 6], [4, 8]), strict=True):
         values: list[int] = []
         code = function_loop(fn)

@@ -66,7 +66,7 @@ from types import CodeType
 from typing import Any
 
 #: A cell's loop over one chunk: ``loop(chunk, values)`` (`loop_function`).
-Loop = Callable[[Iterator[Any], Callable[[Any], None]], None]
+Loop = Callable[[Iterator[Any], list[Any]], None]
 
 CHUNK_S = 0.002  # seconds a chunk aims at: how long a stop or a spent budget may wait
 _ITEMS, _VALUES = "__nbcluster_items__", "__nbcluster_values__"
@@ -207,7 +207,8 @@ def _inlined(code: CodeType) -> CodeType | None:
         tree = ast.parse(block)
     except (OSError, TypeError, SyntaxError, ValueError):
         return None
-    indent = len(lines[0]) - len(block.splitlines()[0]) if block else 0
+    # What `dedent` took off each line (the whitespace before the first line's first token).
+    indent = len(lines[0]) - len(lines[0].lstrip()) - (len(block) - len(block.lstrip()))
     flags = code.co_flags & _FUTURE_FLAGS  # `from __future__` imports the source was compiled with
     for node in ast.walk(tree):
         if isinstance(node, ast.Lambda) and code.co_name == "<lambda>":
@@ -225,12 +226,11 @@ def _inlined(code: CodeType) -> CodeType | None:
         names = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
         if len(names) != 1 or not _compiles_to(node, code, flags):
             continue
-        for part in ast.walk(expression):  # back to where the file has it
-            if isinstance(part, ast.expr):
-                part.lineno += first - 1
-                part.end_lineno = (part.end_lineno or part.lineno) + first - 1
+        ast.increment_lineno(expression, first - 1)  # back to where the file has it
+        for part in ast.walk(expression):
+            if isinstance(part, ast.expr | ast.arg | ast.keyword) and part.end_col_offset is not None:
                 part.col_offset += indent
-                part.end_col_offset = (part.end_col_offset or part.col_offset) + indent
+                part.end_col_offset += indent
         return _loop_code(expression, code.co_filename, (names[0],), False, code.co_name)
     return None
 
