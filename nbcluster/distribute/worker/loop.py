@@ -65,12 +65,12 @@ from collections.abc import Callable, Iterable, Iterator
 from types import CodeType
 from typing import Any
 
-#: A cell's loop over one chunk: ``loop(chunk, values)`` (`loop_function`).
+#: A cell's (or a function's) loop over one chunk: ``loop(chunk, values)`` (`loop_function`).
 Loop = Callable[[Iterator[Any], list[Any]], None]
 
 CHUNK_S = 0.002  # seconds a chunk aims at: how long a stop or a spent budget may wait
 _ITEMS, _VALUES = "__nbcluster_items__", "__nbcluster_values__"
-_KEEP_LOOPS = 32  # cells whose loop a worker keeps (`cell_loop`)
+_KEEP_LOOPS = 32  # cells (and functions) whose loop is kept (`cell_loop`, `function_loop`)
 _LOOPS: OrderedDict[tuple[str, tuple[str, ...], bool], CodeType | None] = OrderedDict()
 _FUNCTION_LOOPS: OrderedDict[tuple[CodeType, str], CodeType | None] = OrderedDict()
 _LOOPS_LOCK = threading.Lock()  # contexts load in the worker's threads
@@ -116,17 +116,22 @@ def cell_loop(source: str, filename: str, names: tuple[str, ...], tuple_target: 
     >>> cell_loop("(y := x + 1)", "<cell>", ("x",), False) is None
     True
     """
-    key = (source, names, tuple_target)
-    with _LOOPS_LOCK:
-        kept = key in _LOOPS
-        made = _LOOPS.get(key)
-    if not kept:
-        made = _make_loop(source, filename, names, tuple_target)
-        with _LOOPS_LOCK:
-            _LOOPS[key] = made
-            while len(_LOOPS) > _KEEP_LOOPS:
-                _LOOPS.popitem(last=False)
+    made = _kept(_LOOPS, (source, names, tuple_target), lambda: _make_loop(source, filename, names, tuple_target))
     return None if made is None else refiled(made, filename)
+
+
+def _kept(cache: OrderedDict[Any, CodeType | None], key: Any, make: Callable[[], CodeType | None]) -> CodeType | None:
+    """What `make` gave for `key` the last time (the last `_KEEP_LOOPS` kept), else `make()`,
+    outside the lock: two threads loading the same context at once both make it."""
+    with _LOOPS_LOCK:
+        if key in cache:
+            return cache[key]
+    made = make()
+    with _LOOPS_LOCK:
+        cache[key] = made
+        while len(cache) > _KEEP_LOOPS:
+            cache.popitem(last=False)
+    return made
 
 
 def function_loop(fn: Any) -> CodeType | None:
@@ -182,20 +187,14 @@ def function_loop(fn: Any) -> CodeType | None:
     code = fn.__code__
     if code.co_argcount != 1 or code.co_kwonlyargcount or code.co_freevars or code.co_flags & _NOT_PLAIN:
         return None
-    key = (code, code.co_filename)  # code objects compare equal across files
-    with _LOOPS_LOCK:
-        kept = key in _FUNCTION_LOOPS
-        made = _FUNCTION_LOOPS.get(key)
-    if not kept:
+    def make() -> CodeType | None:
         try:
-            made = _inlined(code)
+            return _inlined(code)
         except Exception:  # inspect's tokenizer on an odd source, say: the function is called instead
-            made = None
-        with _LOOPS_LOCK:
-            _FUNCTION_LOOPS[key] = made
-            while len(_FUNCTION_LOOPS) > _KEEP_LOOPS:
-                _FUNCTION_LOOPS.popitem(last=False)
-    return made
+            return None
+
+    # Code objects compare equal across files, hence the file in the key.
+    return _kept(_FUNCTION_LOOPS, (code, code.co_filename), make)
 
 
 def _inlined(code: CodeType) -> CodeType | None:
