@@ -75,7 +75,7 @@ def worker_child() -> None:
     """In a child process run from the checkout: a cluster, two cells, the workers' state."""
     os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
     import nbcluster
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
 
     handle = nbcluster.start(workers=2, threads=1, name=f"bench-imports-{os.getpid()}")
     try:

@@ -47,14 +47,14 @@ def _median_time(fn: Any, repeats: int) -> float:
 def _in_process(repeats: int) -> dict[str, float]:
     import cloudpickle
 
-    from nbcluster.distribute.cell import Cell
-    from nbcluster.distribute.state import RunState
-    from nbcluster.distribute.worker import output
-    from nbcluster.distribute.worker.context import Context
-    from nbcluster.distribute.worker.items import dump_result, run_items
+    from nbcluster.run.cell import Cell
+    from nbcluster.run.state import RunState
+    from nbcluster.worker import output
+    from nbcluster.worker.context import Context
+    from nbcluster.worker.items import dump_result, run_items
 
     try:
-        from nbcluster.distribute.values import Packed
+        from nbcluster.run.values import Packed
     except ImportError:  # a tree from before values.py: its workers never pack
         Packed = None
 
@@ -96,7 +96,7 @@ def _cluster(repeats: int) -> dict[str, float]:
     from overhead import peak_growth  # bench/, this script's folder
 
     import nbcluster
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
 
     handle = nbcluster.start(workers=2, threads=1, name="bench-item-cost")
     try:

@@ -40,7 +40,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYT
 import dask.config  # noqa: E402
 
 import nbcluster  # noqa: E402
-from nbcluster.distribute import journal  # noqa: E402
+from nbcluster.journal import store as journal  # noqa: E402
 
 WORK_ITEMS = 400
 TINY = 20_000

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import dask.config
 
-from nbcluster.distribute import journal
+from nbcluster.journal import store as journal
 
 ITEMS, BATCH, CALLS = 20_000, 200, 30
 

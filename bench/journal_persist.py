@@ -37,7 +37,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYT
 import dask.config  # noqa: E402
 
 import nbcluster  # noqa: E402
-from nbcluster.distribute import engine, journal  # noqa: E402
+from nbcluster.journal import store as journal  # noqa: E402
+from nbcluster.run import engine  # noqa: E402
 
 TINY = 2_000
 WORK_ITEMS = 200

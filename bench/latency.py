@@ -38,7 +38,7 @@ ITEMS, ITEM_S, INTERRUPT_AT = 1000, 0.5, 3.0
 
 def measure_nbcluster(runs: int) -> list[dict[str, float]]:
     import nbcluster
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
 
     handle = nbcluster.start(workers=2, threads=1, name=f"bench-latency-{os.getpid()}")
     out = []

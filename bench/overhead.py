@@ -158,7 +158,7 @@ def main() -> None:
     from joblib import Parallel, delayed, parallel_config
 
     import nbcluster
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
 
     handle = nbcluster.start(workers=2, threads=1, name="bench-overhead")
     ipp_cluster = ipp.Cluster(n=2, log_level=40)
@@ -358,7 +358,7 @@ def _fresh_rss(how: str) -> str:
     from IPython.core.interactiveshell import InteractiveShell
 
     import nbcluster
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
 
     os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
     handle = nbcluster.start(workers=2, threads=1, name="bench-overhead-rss")

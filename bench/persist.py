@@ -118,7 +118,7 @@ def _settle(client: Any) -> None:
 
 def measure(runs: int, steps: int) -> dict[str, Any]:
     import nbcluster
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
 
     os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
     handle = nbcluster.start(workers=2, threads=1, name="bench-persist")

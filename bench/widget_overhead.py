@@ -10,7 +10,7 @@ a run lasts a few seconds and the widget (shown after 0.75 s) is live for most o
 Runs alternate (off, on, off, on, ...) to spread the machine's other load.
 
 NOTE: until the `%%distribute` magic passes `progress=widgets.progress_hook()`, the cell
-calls the engine's Python API (`nbcluster.distribute.distribute`), which the magic is a
+calls the engine's Python API (`nbcluster.run.distribute`), which the magic is a
 thin layer over; with the magic wired, `--magic` times `%%distribute` itself (widget on)
 against the API without a hook (widget off).
 
@@ -31,7 +31,7 @@ import psutil
 SETUP = """
 import time, nbcluster
 from nbcluster import widgets
-from nbcluster.distribute import distribute
+from nbcluster.run.api import distribute
 nbcluster.use({name!r})
 %load_ext nbcluster
 """

@@ -13,38 +13,18 @@ the widgets, the cluster handle) that it never runs.
 
 from __future__ import annotations
 
-import os as _os
-import sys
-import types
 from typing import TYPE_CHECKING, Any
-
-from nbcluster._start_up import START_UP_VARIABLE as _START_UP
-
-# A process forked from one of nbcluster's own has the collector on whatever happens (a
-# worker, should the forkserver's imports fail).
-if _os.environ.pop(_START_UP, None) is not None:
-    import gc as _gc
-
-    _gc.disable()
-    _os.register_at_fork(after_in_child=_gc.enable)
-
-# A supervisor launched for a local cluster (cluster/launcher.py) starts the forkserver its
-# workers will be forked from before anything else, Dask's config below included, with the
-# workers' environment as the launcher predicted it (cluster/forkserver.py).
-if _os.environ.get("NBCLUSTER_FORKSERVER_AHEAD") is not None:
-    from nbcluster.cluster import forkserver as _forkserver
-
-    _forkserver.start_as_launched()
 
 from nbcluster import _lazy
 from nbcluster import config as _config  # noqa: F401 - registers nbcluster's Dask config defaults
+from nbcluster._version import __version__ as __version__
 from nbcluster.errors import NbclusterError  # imports nothing: as cheap as a name
 
 if TYPE_CHECKING:
     from nbcluster._current import current, start
     from nbcluster.cluster.handle import ClusterHandle, clusters, connect
-    from nbcluster.distribute.results import Results
-    from nbcluster.distribute.run import distribute, wait
+    from nbcluster.run.api import distribute, wait
+    from nbcluster.run.results import Results
 
 __all__ = [
     "ClusterHandle",
@@ -59,8 +39,6 @@ __all__ = [
     "use",
     "wait",
 ]
-__version__ = "0.1.0"
-
 # public name -> the module that defines it
 _LAZY = {
     "ClusterHandle": "nbcluster.cluster.handle",
@@ -68,31 +46,13 @@ _LAZY = {
     "connect": "nbcluster.cluster.handle",
     "current": "nbcluster._current",
     "start": "nbcluster._current",
-    "Results": "nbcluster.distribute.results",
-    "distribute": "nbcluster.distribute.run",
-    "wait": "nbcluster.distribute.run",
+    "Results": "nbcluster.run.results",
+    "distribute": "nbcluster.run.api",
+    "wait": "nbcluster.run.api",
 }
 
 
 __getattr__, __dir__ = _lazy.attributes(__name__, _LAZY, globals(), __all__)
-
-
-class _Package(types.ModuleType):
-    """`nbcluster` itself: `nbcluster.distribute` stays the function.
-
-    Importing a submodule sets it as an attribute of its package, once, when it is first
-    loaded: the subpackage `nbcluster.distribute` would then hide the function of that name
-    (when it was eager, the function's import simply came after). Refused here, the name
-    is left to `__getattr__`, which loads the function.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "distribute" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def use(name_or_address: str, *, security: Any = None) -> ClusterHandle:

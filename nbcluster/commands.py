@@ -21,9 +21,9 @@ from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import ClusterInfo, ClusterList
 from nbcluster.cluster.kinds import KINDS
 from nbcluster.cluster.spec import FORCE_HELP, START_OPTIONS, parse_bounds, parse_count
-from nbcluster.distribute import runs
-from nbcluster.distribute.handles import holdings_lines
 from nbcluster.errors import BadArgument, ClusterUnreachable, HelpShown, NoCluster
+from nbcluster.journal import runs
+from nbcluster.persist.handles import holdings_lines
 
 COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart", "profiles", "runs")
 

@@ -8,10 +8,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from nbcluster import commands
-from nbcluster.distribute import runs
-from nbcluster.distribute.args import help_text
-from nbcluster.distribute.handles import forget_shown
 from nbcluster.errors import ClusterCannotRun, ClusterLost, HelpShown, NbclusterError
+from nbcluster.journal import runs
+from nbcluster.persist.handles import forget_shown
+from nbcluster.run.args import help_text, parse_distribute_line, parse_wait_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -45,7 +45,7 @@ class NbclusterMagics(Magics):
     @line_cell_magic
     def distribute(self, line: str, cell: str | None = None) -> Any:
         from nbcluster import widgets
-        from nbcluster.distribute import distribute, parse_distribute_line, parse_wait_line, wait
+        from nbcluster.run.api import distribute, wait
 
         try:
             if cell is None:

@@ -29,7 +29,10 @@ def teaching_notebooks() -> ModuleType:
 # modules (a new module is checked as soon as it exists), and these single modules.
 PACKAGES = (
     "nbcluster.cluster",
-    "nbcluster.distribute",
+    "nbcluster.journal",
+    "nbcluster.persist",
+    "nbcluster.run",
+    "nbcluster.worker",
     "nbcluster.metrics",
     "nbcluster.server",
     "nbcluster.widgets",

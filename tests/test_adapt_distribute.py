@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import nbcluster
-from nbcluster.distribute import distribute
+from nbcluster.run.api import distribute
 
 ITEM = "import time\nfrom distributed import get_worker\ntime.sleep(0.25)\nget_worker().name"
 

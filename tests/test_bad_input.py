@@ -22,8 +22,8 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
 from nbcluster import cli, commands
-from nbcluster.distribute import Results
-from nbcluster.distribute.options import FLAGS
+from nbcluster.run.options import FLAGS
+from nbcluster.run.results import Results
 
 JUNK = ['"', "'", '"""', "(", ")", "[", "]", "{", "}", "-", "--", "---", "=", ",", ":", "\\", "#", ";",
         "0", "-1", "1.5", "1e9", "99999999999999999999", "nan", "-0", "x", "in", "None", "é", "🙂"]  # fmt: skip

@@ -21,9 +21,9 @@ import pytest
 from distributed import Event
 
 from nbcluster.cluster.handle import ClusterHandle, start
-from nbcluster.distribute import distribute
-from nbcluster.distribute.worker import direct as served
-from nbcluster.distribute.worker.ahead import FirstAhead
+from nbcluster.run.api import distribute
+from nbcluster.worker import direct as served
+from nbcluster.worker.ahead import FirstAhead
 from tests.waiting import until
 
 #: What an item reports: its value, whether it ran as a scheduler task, and on which worker.
@@ -88,7 +88,7 @@ def test_a_worker_that_cannot_serve_direct_batches_gets_tasks(cluster: Any, monk
     # the kernel sees it is not its own, and sends that worker's batches through the scheduler.
     monkeypatch.setattr(served, "VERSION", served.VERSION + 1000)
     client = cluster.client
-    from nbcluster.distribute import direct
+    from nbcluster.run import direct
 
     monkeypatch.setattr(direct, "_SERVES", type(direct._SERVES)())  # ask the workers afresh
     res = distribute(WHERE, over="x in range(8)", namespace={})

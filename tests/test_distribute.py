@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from nbcluster import _current
-from nbcluster.distribute import Interrupted, Results, distribute, wait
-from nbcluster.distribute.capture import LARGE
-from nbcluster.distribute.results import NotReady
-from nbcluster.errors import BadArgument, ClusterNotFound, NoCluster
+from nbcluster.errors import BadArgument, ClusterNotFound, Interrupted, NoCluster
+from nbcluster.run.api import distribute, wait
+from nbcluster.run.capture import LARGE
+from nbcluster.run.results import NotReady, Results
 
 
 @pytest.fixture
@@ -470,7 +470,7 @@ def test_cancel_stops_a_batch_of_tiny_items_between_chunks(ns: dict[str, Any], c
         "def hold(x):\n"
         "    if x == 10:\n"
         "        from distributed import Event\n"
-        "        from nbcluster.distribute.worker import stopping\n"
+        "        from nbcluster.worker import stopping\n"
         "        told = set(stopping._STOPPED)\n"
         "        Event(started).set()\n"
         "        deadline = time.monotonic() + 60\n"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from nbcluster.distribute import distribute, parse_distribute_line, parse_wait_line
-from nbcluster.distribute.options import FLAGS
 from nbcluster.errors import BadArgument
+from nbcluster.run.api import distribute
+from nbcluster.run.args import parse_distribute_line, parse_wait_line
+from nbcluster.run.options import FLAGS
 
 
 def test_every_flag() -> None:

@@ -6,11 +6,11 @@ import io
 
 import pytest
 
-from nbcluster.distribute.batching import PROBE_ITEMS, PROBE_S, Batcher
-from nbcluster.distribute.capture import LARGE, capture
-from nbcluster.distribute.cell import Cell
-from nbcluster.distribute.plan import plan
 from nbcluster.errors import BadArgument
+from nbcluster.run.batching import PROBE_ITEMS, PROBE_S, Batcher
+from nbcluster.run.capture import LARGE, capture
+from nbcluster.run.cell import Cell
+from nbcluster.run.plan import plan
 
 
 def free(source: str, bound: tuple[str, ...] = ()) -> set[str]:
@@ -214,7 +214,7 @@ def test_threads_that_wait_for_their_next_batch_get_fewer_bigger_batches() -> No
 def test_a_batch_delivered_twice_keeps_its_first_values_and_counts_once() -> None:
     # Consecutive, fresh items are stored by slices; one already delivered (Dask re-ran the
     # batch after losing a worker) keeps its first value, and the counts add up exactly once.
-    from nbcluster.distribute.state import RunState
+    from nbcluster.run.state import RunState
 
     state = RunState(10)
     state.deliver(range(0, 4), [10, 11, 12], {}, {})  # a batch stopped by its budget: 3 of 4
@@ -225,7 +225,7 @@ def test_a_batch_delivered_twice_keeps_its_first_values_and_counts_once() -> Non
 
 
 def test_the_backlog_gives_its_items_in_order_with_those_put_back_first() -> None:
-    from nbcluster.distribute.engine import _Queue
+    from nbcluster.run.engine import _Queue
 
     queue = _Queue(range(1_000_000))  # held as one range, not a million ints
     assert queue.take(3) == range(3) and len(queue) == 999_997  # consecutive: a range, not a list

@@ -10,7 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
-from nbcluster.distribute import Results
+from nbcluster.run.results import Results
 from tests.shell_helpers import cell
 
 

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 from nbcluster.cluster.handle import ClusterHandle, start
-from nbcluster.distribute import Results, distribute
-from nbcluster.distribute.capture import capture
 from nbcluster.errors import BadArgument
+from nbcluster.run.api import distribute
+from nbcluster.run.capture import capture
+from nbcluster.run.results import Results
 
 WHERE = "from distributed import get_worker\nimport os\n(get_worker().name, os.environ.get('CUDA_VISIBLE_DEVICES'))"
 

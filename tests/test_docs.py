@@ -23,8 +23,8 @@ import pytest
 from nbcluster import commands
 from nbcluster.cluster.spec import START_OPTIONS, ClusterSpec
 from nbcluster.config_schema import load
-from nbcluster.distribute import distribute
-from nbcluster.distribute.options import FLAGS
+from nbcluster.run.api import distribute
+from nbcluster.run.options import FLAGS
 from nbcluster.server import openapi
 from nbcluster.server.handlers import START_FIELDS
 from tests.docs_helpers import NAMES, SHOTS, teaching_notebooks

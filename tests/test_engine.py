@@ -19,8 +19,9 @@ import pytest
 from distributed import Event
 
 import nbcluster
-from nbcluster.distribute import Results, distribute
 from nbcluster.errors import ClusterLost
+from nbcluster.run.api import distribute
+from nbcluster.run.results import Results
 
 
 def _tag() -> str:
@@ -176,7 +177,7 @@ def test_a_range_of_tiny_items_goes_out_in_one_round(cluster: Any, monkeypatch: 
     # A range travels as a range, a few bytes however many items a batch takes: a probe per
     # thread takes its share whole, and tiny items need no second round of batches. A list's
     # probes take at most PROBE_ITEMS each: items that turn out slow would come back unrun.
-    from nbcluster.distribute.batching import PROBE_ITEMS, Batcher
+    from nbcluster.run.batching import PROBE_ITEMS, Batcher
 
     monkeypatch.setitem(dask.config.config["nbcluster"]["distribute"], "direct", direct)
     sizes: list[int] = []
@@ -224,7 +225,7 @@ def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
     assert [len(v) for v in big] == [20_000] * 4 and big[3][0] == 3
     assert sum(gathers) >= 1, "results over push.LARGEST are gathered"
 
-    from nbcluster.distribute import reports
+    from nbcluster.run import reports
 
     gathers.clear()
     monkeypatch.setattr(reports.Inbox, "take", lambda self, key, timeout: None)  # every push lost
@@ -235,7 +236,7 @@ def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
 def test_each_batch_says_how_long_its_worker_thread_waited_for_it(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # What the batch sizing grows batches from, when threads wait for their next batch
     # (`worker/idle.py`, `Batcher.least`): it must reach the kernel from the workers.
-    from nbcluster.distribute.batching import Batcher
+    from nbcluster.run.batching import Batcher
 
     waits: list[float | None] = []
     observe = Batcher.observe
@@ -253,7 +254,7 @@ def test_each_batch_says_how_long_its_worker_thread_waited_for_it(cluster: Any, 
 
 
 def test_a_thread_counts_its_wait_between_batches_of_one_run_only() -> None:
-    from nbcluster.distribute.worker import idle
+    from nbcluster.worker import idle
 
     def in_thread(*steps: Any) -> list[float | None]:
         got: list[float | None] = []

@@ -15,7 +15,7 @@ import time
 from IPython.core.interactiveshell import InteractiveShell
 
 from nbcluster import _current
-from nbcluster.distribute import Results
+from nbcluster.run.results import Results
 from tests.shell_helpers import cell, magic
 
 

@@ -209,7 +209,7 @@ def _graphs_fall_back(view: str, allowed: bool) -> None:
 
 @pytest.mark.parametrize("someone_elses_scheduler", ["plugins allowed", "plugins blocked"], indirect=True)
 def test_a_distribute_runs_widget_falls_back_to_the_schedulers_own_view(runtime_dir, someone_elses_scheduler):
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
     from nbcluster.widgets import progress_hook
     from tests.widget_helpers import Recorder, square
 

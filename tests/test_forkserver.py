@@ -242,13 +242,16 @@ def test_a_supervisor_launched_for_workers_elsewhere_starts_no_forkserver(runtim
 
 
 def test_a_supervisor_starts_the_forkserver_its_launcher_predicted_before_dasks_config() -> None:
-    # What `import nbcluster` does first in a supervisor launched with the prediction: the
-    # forkserver starts with it, before Dask loads, and it is what `use` then expects.
+    # What a supervisor launched with the prediction does first (cluster/__main__.py): the
+    # forkserver starts with it, before Dask's distributed loads, and it is what `use` then
+    # expects. `import nbcluster` alone starts nothing.
     from nbcluster.cluster import forkserver
 
     probe = (
         "import os, sys\n"
         "import nbcluster.cluster.forkserver as f\n"
+        "print(f.pid() is not None)\n"
+        "f.start_as_launched()\n"
         "print(f.pid() is not None, f.AHEAD_VARIABLE in os.environ)\n"
         "import distributed\n"  # as a supervisor has by the time `use` checks
         "print(f._started_with == f.worker_environ(os.environ))\n"
@@ -257,12 +260,12 @@ def test_a_supervisor_starts_the_forkserver_its_launcher_predicted_before_dasks_
     env = {**os.environ, **forkserver.ahead_environ(os.environ)}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "False", "True"]
-    # Without it, importing nbcluster starts nothing.
+    assert done.stdout.split() == ["False", "True", "False", "True"]
+    # Without it, the start-up starts nothing.
     done = subprocess.run(
         [sys.executable, "-c", probe.replace("f.stop()", "")], capture_output=True, text=True
     )
-    assert done.stdout.split()[0] == "False"
+    assert done.stdout.split()[:2] == ["False", "False"]
 
 
 def _ca_store_loaded() -> bool:
@@ -309,7 +312,10 @@ def test_the_start_up_variable_turns_the_collector_off_for_that_process_only() -
     probe = (
         "import gc, os\n"
         "import nbcluster\n"
-        "print(gc.isenabled(), nbcluster._start_up.START_UP_VARIABLE in os.environ)\n"
+        "print(gc.isenabled(), end=' ')\n"  # importing the package changes nothing
+        "from nbcluster import _start_up\n"
+        "_start_up.begin()\n"  # the entry point of a supervisor or forkserver
+        "print(gc.isenabled(), _start_up.START_UP_VARIABLE in os.environ)\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    print(gc.isenabled(), flush=True)\n"
@@ -319,9 +325,9 @@ def test_the_start_up_variable_turns_the_collector_off_for_that_process_only() -
     env = {**os.environ, START_UP_VARIABLE: "1"}
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "False", "True"]
+    assert done.stdout.split() == ["True", "False", "False", "True"]
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["True", "False", "True"]
+    assert done.stdout.split() == ["True", "True", "False", "True"]
 
 
 def test_the_forkserver_loads_what_a_worker_loads_as_it_starts_and_no_more() -> None:

@@ -43,7 +43,7 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("nbcluster.commands", "nbcluster.widgets"): (
         "anywidget and ipywidgets load only when a status is shown in a kernel (never by the CLI)"
     ),
-    ("nbcluster.magics", "nbcluster.distribute"): "`%load_ext` stays quick: the engine loads at the first cell",
+    ("nbcluster.magics", "nbcluster.run.api"): "`%load_ext` stays quick: the engine loads at the first cell",
     ("nbcluster.magics", "nbcluster.widgets"): "`%load_ext` stays quick: the widgets load at the first cell",
     ("nbcluster.cluster.supervisor", "nbcluster.metrics.plugin"): (
         "a broken or missing metrics plugin must never stop a cluster from starting"
@@ -54,7 +54,7 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("nbcluster.cluster.forkserver", "nbcluster.config"): (
         "a supervisor launched for a request starts the forkserver before Dask's config loads"
     ),
-    ("nbcluster.distribute.worker.stopping", "nbcluster._compat"): (
+    ("nbcluster.worker.stopping", "nbcluster._compat"): (
         "the worker package loads without Dask's Client (_compat imports it); only a cancel check needs it"
     ),
 }

@@ -23,7 +23,7 @@ import dask.config
 import pytest
 
 import nbcluster
-from nbcluster.distribute import journal
+from nbcluster.journal import store as journal
 from tests.waiting import until
 
 CELL = "with open(log, 'a') as f:\n    f.write(f'{x}\\n')\nx * 10"
@@ -134,7 +134,7 @@ def test_failed_items_run_again_on_resume(shell, cluster, journals, tmp_path, ca
     assert failed["error"] == "ValueError: not yet" and failed["params"] == "x=3" and failed["worker"] in workers
     assert sum(loaded.workers.values()) == 5 and set(loaded.workers) <= workers
     # A fresh run of the cell would say it failed, not that it was interrupted.
-    from nbcluster.distribute import resume
+    from nbcluster.journal import resume
 
     assert f"at {journal.when(loaded)} had 1 failed with 5/6 items done; running it fresh" in resume._hint(found, 6)
     capsys.readouterr()
@@ -301,7 +301,7 @@ def test_two_runs_resuming_one_journal_one_wins_the_other_runs_fresh(journals, t
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys
             from pathlib import Path
-            from nbcluster.distribute import journal
+            from nbcluster.journal import store as journal
             writer = journal.claim(Path({str(found)!r}))
             print("held" if writer else "refused", flush=True)
             sys.stdin.readline()

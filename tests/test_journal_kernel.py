@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import nbcluster
-from nbcluster.distribute import journal
+from nbcluster.journal import store as journal
 from tests.kernel_session import kernel
 
 N = 120

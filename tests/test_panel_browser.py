@@ -277,7 +277,7 @@ _square = _functions()
 
 
 def test_panel_card_reads_right_and_asks_before_stopping(lab: JupyterLab, page: Any) -> None:
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
     from nbcluster.widgets import progress_hook
     from tests.browser_helpers import CONTRAST, MIN_CONTRAST
 

@@ -23,9 +23,10 @@ from IPython.utils.capture import capture_output
 import nbcluster
 from nbcluster import _current
 from nbcluster.cluster.handle import ClusterHandle
-from nbcluster.distribute import Results, distribute
-from nbcluster.distribute.handles import Handle
 from nbcluster.errors import BadArgument, HandleGone
+from nbcluster.persist.handles import Handle
+from nbcluster.run.api import distribute
+from nbcluster.run.results import Results
 from tests.shell_helpers import cell, magic
 
 _tick = threading.Event()  # never set: a wait between polls

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from nbcluster.cluster.handle import ClusterHandle
-from nbcluster.distribute import distribute, engine
-from nbcluster.distribute.reports import Inbox
-from nbcluster.distribute.worker import held
+from nbcluster.run import engine
+from nbcluster.run.api import distribute
+from nbcluster.run.reports import Inbox
+from nbcluster.worker import held
 
 
 def test_a_persist_run_reads_no_report_with_a_round_trip(

@@ -214,8 +214,8 @@ def test_a_task_reading_persisted_values_loads_without_nbcluster_and_fails_when_
     the missing module be the task's error when it runs (`loadable.task` with `deps`)."""
     from dask._task_spec import Task
 
-    from nbcluster.distribute import loadable
-    from nbcluster.distribute.worker import held
+    from nbcluster.run import loadable
+    from nbcluster.worker import held
 
     python = python_without_nbcluster(tmp_path / "venv")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from nbcluster.distribute import distribute
-from nbcluster.distribute.follow import Interrupted
-from nbcluster.distribute.results import NotReady
 from nbcluster.errors import BadArgument
+from nbcluster.run.api import distribute
+from nbcluster.run.follow import Interrupted
+from nbcluster.run.results import NotReady
 
 STOPS_AT_1 = "if x == 1:\n    raise KeyboardInterrupt\nx"
 

@@ -135,7 +135,7 @@ def test_a_distribute_cell_over_201_workers(shell: InteractiveShell, big: Cluste
 def test_a_run_keeps_every_thread_of_the_cluster_fed(big: ClusterHandle) -> None:
     import time
 
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
 
     res = distribute(
         "import time\ntime.sleep(0.2)", over=range(20_000), namespace={}, client=big.client, wait=False

@@ -1,4 +1,4 @@
-"""A run's link to its cluster (`nbcluster/distribute/target.py`): which workers it knows of.
+"""A run's link to its cluster (`nbcluster/run/target.py`): which workers it knows of.
 
 On a real cluster of this test's own, scaled: the workers a link keeps stand until the
 scheduler's plugin says one came or went, and no longer.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import nbcluster
-from nbcluster.distribute import target
+from nbcluster.run import target
 from tests.waiting import until
 
 

@@ -11,7 +11,7 @@ import contextlib
 import io
 from typing import Any
 
-from nbcluster.distribute import distribute
+from nbcluster.run.api import distribute
 from nbcluster.widgets._output import LineBar
 
 

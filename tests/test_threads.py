@@ -1,4 +1,4 @@
-"""The runs' reused threads (`nbcluster.distribute.threads`): no cluster needed."""
+"""The runs' reused threads (`nbcluster._threads`): no cluster needed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from nbcluster.distribute import threads
+from nbcluster import _threads as threads
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from fractions import Fraction
 from typing import Any
 
 import nbcluster
-from nbcluster.distribute.state import RunState
-from nbcluster.distribute.values import Packed, Values
+from nbcluster.run.state import RunState
+from nbcluster.run.values import Packed, Values
 
 
 def packed(values: list[Any]) -> Packed:

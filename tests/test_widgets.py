@@ -305,7 +305,7 @@ def test_terminal_gets_a_text_bar(cluster: ClusterHandle) -> None:
 
 
 def test_progress_hook_follows_a_distribute_run_and_only_its_tasks(cluster: ClusterHandle) -> None:
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
     from nbcluster.widgets import progress_hook
 
     rec = Recorder()
@@ -323,7 +323,7 @@ def test_progress_hook_follows_a_distribute_run_and_only_its_tasks(cluster: Clus
 
 
 def test_a_run_frozen_as_it_ends_draws_the_batches_a_worker_ran_directly(cluster: ClusterHandle) -> None:
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
     from nbcluster.widgets import progress_hook
 
     rec = Recorder()
@@ -338,7 +338,7 @@ def test_a_run_frozen_as_it_ends_draws_the_batches_a_worker_ran_directly(cluster
 
 
 def test_a_run_over_before_its_view_shows_tells_the_sidebar_its_end(cluster: ClusterHandle) -> None:
-    from nbcluster.distribute import distribute
+    from nbcluster.run.api import distribute
     from nbcluster.widgets import progress_hook
     from tests.waiting import until
 
@@ -360,7 +360,7 @@ def test_terminal_ipython_prints_one_progress_line(cluster: ClusterHandle) -> No
     code = (
         "import nbcluster\n"
         "from nbcluster import widgets\n"
-        "from nbcluster.distribute import distribute\n"
+        "from nbcluster.run.api import distribute\n"
         f"nbcluster.use({cluster.name!r})\n"
         "r = distribute('import time\\ntime.sleep(0.05)\\nx', over='x in range(20)', batch=1,\n"
         "               progress=widgets.progress_hook(delay=0.2))\n"

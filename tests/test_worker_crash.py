@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from nbcluster.cluster.handle import ClusterHandle, start
-from nbcluster.distribute import Results, distribute
 from nbcluster.errors import WorkerKilled
+from nbcluster.run.api import distribute
+from nbcluster.run.results import Results
 
 EXITS = "import os\nif x == 3:\n    os._exit(1)\nx * 10"
 

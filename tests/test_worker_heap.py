@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from nbcluster.distribute import distribute
+from nbcluster.run.api import distribute
 
 # 100 rounds of four 400 KB arrays: about 40,000 pages if each were faulted in afresh.
 NUMPY_LOOP = """

@@ -1,7 +1,7 @@
 """A lean worker: workers and the scheduler import only the nbcluster code they run.
 
-Items are pickled by reference to `nbcluster.distribute.worker`, so a worker imports
-`nbcluster` and `nbcluster.distribute` on its first batch; both load their public names
+Items are pickled by reference to `nbcluster.worker`, so a worker imports
+`nbcluster` and `nbcluster.worker` on its first batch; both load their public names
 lazily, and the worker-side modules import nothing from the kernel side. These tests run
 real `%%distribute` cells (items, output, `display`, a failing item, a large captured value,
 `--everywhere`, a cancelled `--no-wait` run) on a real cluster of their own, then read
@@ -24,10 +24,10 @@ from tests.shell_helpers import cell, magic
 # What the kernel runs and a worker never does: none of it may be loaded on a worker.
 KERNEL_SIDE = (
     "nbcluster.cluster.handle",
-    "nbcluster.distribute.engine",
-    "nbcluster.distribute.run",
-    "nbcluster.distribute.follow",
-    "nbcluster.distribute.results",
+    "nbcluster.run.engine",
+    "nbcluster.run.api",
+    "nbcluster.run.follow",
+    "nbcluster.run.results",
     "nbcluster.widgets",
     "nbcluster.server",
     "nbcluster.magics",
@@ -60,7 +60,7 @@ def test_workers_that_ran_items_have_loaded_no_kernel_side_module(worked: Intera
     per_worker = client.run(lambda: sorted(sys.modules))
     assert len(per_worker) == 2
     for address, modules in per_worker.items():
-        assert "nbcluster.distribute.worker" in modules, address  # it did run items
+        assert "nbcluster.worker" in modules, address  # it did run items
         assert kernel_side(modules) == [], address
 
 
@@ -73,11 +73,11 @@ def test_the_scheduler_loads_the_metrics_plugin_and_no_kernel_side_module(worked
 def test_import_nbcluster_loads_neither_dask_client_nor_ipython() -> None:
     probe = (
         "import sys, nbcluster\n"
-        "heavy = ['distributed', 'IPython', 'ipywidgets', 'nbcluster.cluster.handle', 'nbcluster.distribute']\n"
+        "heavy = ['distributed', 'IPython', 'ipywidgets', 'nbcluster.cluster.handle', 'nbcluster.run']\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
         "assert set(nbcluster.__all__) <= set(dir(nbcluster))\n"
         "nbcluster.Results, nbcluster.start\n"  # a name's first use loads it
-        "print('nbcluster.distribute.results' in sys.modules, 'nbcluster.cluster.handle' in sys.modules)\n"
+        "print('nbcluster.run.results' in sys.modules, 'nbcluster.cluster.handle' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == ["[]", "True True"]
@@ -105,21 +105,21 @@ def test_the_worker_package_imports_only_worker_side_modules() -> None:
     # What a worker unpickling `run_batch` loads, in a fresh process: the worker package
     # and the few cheap modules it names, nothing else of nbcluster's (and not even Dask's
     # Client: the worker process has it, but the package must not need it to load).
-    probe = "import sys, nbcluster.distribute.worker\nprint(sorted(sys.modules))"
+    probe = "import sys, nbcluster.worker\nprint(sorted(sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     loaded = ast.literal_eval(out)
-    allowed = {"nbcluster", "nbcluster._lazy", "nbcluster._start_up", "nbcluster.config", "nbcluster.config_schema", "nbcluster.errors", "nbcluster.distribute"}
+    allowed = {"nbcluster", "nbcluster._lazy", "nbcluster._start_up", "nbcluster.config", "nbcluster.config_schema", "nbcluster.errors"}
     ours = [m for m in loaded if m.startswith("nbcluster")]
-    assert [m for m in ours if m not in allowed and not m.startswith("nbcluster.distribute.worker")] == []
-    assert "nbcluster.distribute.worker.records" in ours and "distributed" not in loaded
+    assert [m for m in ours if m not in allowed and not m.startswith("nbcluster.worker")] == []
+    assert "nbcluster.worker.records" in ours and "distributed" not in loaded
 
 
 def test_nbcluster_distribute_stays_the_function_whichever_loads_first() -> None:
     # Loading the subpackage `nbcluster.distribute` (a worker, `%load_ext`) sets it as an
     # attribute of `nbcluster`; the function of that name must still be what users call.
     probe = (
-        "import nbcluster.distribute.worker, nbcluster\n"
-        "from nbcluster.distribute.run import distribute\n"
+        "import nbcluster.worker, nbcluster\n"
+        "from nbcluster.run.api import distribute\n"
         "assert nbcluster.distribute is distribute, nbcluster.distribute\n"
         "print(nbcluster.distribute('x * 2', over='x in range(3)', local=True, namespace={}).values())\n"
     )

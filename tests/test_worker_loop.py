@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from nbcluster.distribute.cell import Cell
-from nbcluster.distribute.worker import output, stopping
-from nbcluster.distribute.worker.context import Context
-from nbcluster.distribute.worker.items import run_items
-from nbcluster.distribute.worker.loop import cell_loop, function_loop, loop_function
+from nbcluster.run.cell import Cell
+from nbcluster.worker import output, stopping
+from nbcluster.worker.context import Context
+from nbcluster.worker.items import run_items
+from nbcluster.worker.loop import cell_loop, function_loop, loop_function
 
 
 def context(
@@ -176,7 +176,7 @@ def test_seeded_items_keep_their_own_seeds() -> None:
 
 
 def test_chunks_cover_every_item_once_in_order() -> None:
-    from nbcluster.distribute.worker.loop import chunks
+    from nbcluster.worker.loop import chunks
 
     items = list(range(1000))
     sizes = itertools.cycle([1, 3, 50])

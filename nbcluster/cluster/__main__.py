@@ -16,9 +16,14 @@ workers run elsewhere (``--no-forkserver``: a batch system's, a gateway's...).
 if __name__ == "__main__":
     import sys
 
+    from nbcluster import _start_up
+
+    _start_up.begin()
+
     from nbcluster import config
     from nbcluster.cluster import forkserver
 
+    forkserver.start_as_launched()  # the launcher's prediction of the workers' environment
     if "--no-forkserver" not in sys.argv:  # launcher.NO_FORKSERVER: workers elsewhere
         forkserver.start_ahead()
 

@@ -161,7 +161,7 @@ def ahead_environ(environ: Mapping[str, str]) -> dict[str, str]:
 def start_as_launched() -> None:
     """Start the forkserver with the environment the launcher predicted (`ahead_environ`).
 
-    Run by ``import nbcluster`` in a supervisor whose environment has `AHEAD_VARIABLE`,
+    Run first by a supervisor (``cluster/__main__.py``) whose environment has `AHEAD_VARIABLE`,
     before Dask's config loads; the variable goes from the environment at once. Whatever
     goes wrong only costs the head start.
     """

@@ -4,7 +4,7 @@ Imported in the forkserver process only, never in the supervisor: what a nanny's
 process loads as it starts (Dask's nanny and worker, tornado, numpy; nbcluster's worker
 class and plugins; its HTTP server's routes; the package versions it reports as it
 registers, which Dask caches), what its first ``%%distribute`` batch loads
-(`nbcluster.distribute.worker`); Dask's distributed.yaml is read with libyaml meanwhile
+(`nbcluster.worker`); Dask's distributed.yaml is read with libyaml meanwhile
 (`config.libyaml`). Not numpy's random generators: a global state seeded here would be the
 same in every worker. Then:
 
@@ -29,6 +29,12 @@ Nothing here may start a thread: a process with threads cannot be forked safely.
 
 from __future__ import annotations
 
+from nbcluster import _start_up
+
+_start_up.begin()  # first: the collector off while the rest imports
+
+# ruff: noqa: E402
+
 import atexit
 import contextlib
 import gc
@@ -46,7 +52,7 @@ with config.libyaml():  # distributed.yaml; restored before any worker is forked
     import distributed.versions
     import distributed.worker
 
-import nbcluster.distribute.worker  # noqa: F401  (what a %%distribute batch runs)
+import nbcluster.worker  # noqa: F401  (what a %%distribute batch runs)
 from nbcluster import _compat
 from nbcluster.cluster import private_http, streams, worker_memory  # noqa: F401  (worker class, plugins)
 from nbcluster.cluster.lifeline import SIGNALS

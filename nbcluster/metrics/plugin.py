@@ -65,9 +65,9 @@ from nbcluster._wire import (
     SnapshotWorker,
     Summary,
 )
-from nbcluster.distribute.worker.direct import TOPIC as DIRECT_TOPIC
 from nbcluster.metrics import summary as summarize
 from nbcluster.metrics._ring import SeqRing
+from nbcluster.worker.direct import TOPIC as DIRECT_TOPIC
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -261,7 +261,7 @@ class MetricsPlugin(SchedulerPlugin):
     def log_event(self, topic: str, msg: Any) -> None:
         """Dask's plugin hook: record a batch a worker ran for a kernel directly, not as a task.
 
-        A direct batch (`nbcluster.distribute.direct`) is no task of the scheduler's, so no
+        A direct batch (`nbcluster.run.direct`) is no task of the scheduler's, so no
         transition reports it; its worker sends an event on `DIRECT_TOPIC` when it ends,
         which is drawn like a task of the run: prefix and group from its key.
 

@@ -42,9 +42,9 @@ from jupyter_server_proxy.websocket import pingable_ws_connect
 from tornado import httpclient, httputil, web
 
 import nbcluster
+from nbcluster._threads import in_thread
 from nbcluster.cluster.private_http import client_context
 from nbcluster.errors import NbclusterError
-from nbcluster.server._threads import in_thread
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: Request headers the proxy passes on; everything else (cookies, tokens) stays here.

@@ -53,13 +53,13 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 import nbcluster
 from nbcluster import config
+from nbcluster._threads import in_thread
 from nbcluster._wire import Cluster
 from nbcluster.cluster import profiles as declared
 from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import cluster_totals, runs_on
 from nbcluster.cluster.spec import NAME_PATTERN, NAME_RULE, START_OPTIONS, parse_bounds
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable, NbclusterError
-from nbcluster.server._threads import in_thread
 from nbcluster.server.dashboard import DashboardProxyHandler
 
 if TYPE_CHECKING:

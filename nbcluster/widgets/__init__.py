@@ -70,8 +70,8 @@ import threading
 import time
 from typing import Any, cast
 
+from nbcluster import _threads as threads
 from nbcluster import config
-from nbcluster.distribute import threads
 from nbcluster.metrics.feed import Feed, client_feed
 from nbcluster.widgets._live import Live, as_progress_source
 from nbcluster.widgets._options import LiveOptions

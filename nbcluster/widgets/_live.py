@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from nbcluster import _threads as threads
 from nbcluster._wire import Band, ResourceSample, TaskRecord
-from nbcluster.distribute import threads
 from nbcluster.metrics.feed import Feed, MetricsWindow
 from nbcluster.widgets import _static
 from nbcluster.widgets._options import LiveOptions

@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from nbcluster import config
-from nbcluster.distribute import handles, journal
-from nbcluster.distribute.journal import Loaded, Writer
+from nbcluster.journal import store as journal
+from nbcluster.journal.store import Loaded, Writer
+from nbcluster.persist import handles
 
 
 @dataclass

@@ -50,9 +50,9 @@ from collections.abc import Callable
 from typing import Any
 
 from nbcluster._compat import as_worker, worker_accepts_work
-from nbcluster.distribute.worker import run_blob
-from nbcluster.distribute.worker.ahead import AHEAD_S, FirstAhead
-from nbcluster.distribute.worker.items import dump_result
+from nbcluster.worker import run_blob
+from nbcluster.worker.ahead import AHEAD_S, FirstAhead
+from nbcluster.worker.items import dump_result
 
 #: The request a worker serves once `install` ran there.
 HANDLER = "nbcluster_run_batch"
@@ -202,7 +202,7 @@ async def serve(
         The batch's name, as its Dask key would be (``distribute-<run id>-<n>``): the live
         view draws it by that name.
     context, batch, token
-        As for `nbcluster.distribute.worker.run_batch`.
+        As for `nbcluster.worker.run_batch`.
     started : callable, optional
         Called once the batch is queued in the thread pool, or refused.
     ahead : FirstAhead, optional

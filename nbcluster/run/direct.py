@@ -59,7 +59,7 @@ from typing import Any
 from distributed.protocol.pickle import dumps
 
 from nbcluster import config
-from nbcluster.distribute.worker import direct as served
+from nbcluster.worker import direct as served
 
 #: Workers one run sends direct batches to, at most (the first by address).
 MAX_WORKERS = 32

@@ -45,11 +45,11 @@ import html
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, cast
 
-from nbcluster.distribute.handles import GONE, Handle
-from nbcluster.distribute.plan import Plan, describe
-from nbcluster.distribute.state import CANCELLED, DONE, FAILED, RunState
-from nbcluster.distribute.tracebacks import ItemError, reraise
 from nbcluster.errors import HandleGone, NbclusterError, NotReady
+from nbcluster.persist.handles import GONE, Handle
+from nbcluster.run.plan import Plan, describe
+from nbcluster.run.state import CANCELLED, DONE, FAILED, RunState
+from nbcluster.run.tracebacks import ItemError, reraise
 
 _SHOW_ROWS = 8
 

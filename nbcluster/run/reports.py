@@ -28,7 +28,7 @@ import threading
 import weakref
 from typing import Any
 
-from nbcluster.distribute.worker.push import TOPIC
+from nbcluster.worker.push import TOPIC
 
 
 class Inbox:

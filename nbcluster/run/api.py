@@ -43,20 +43,21 @@ import weakref
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from nbcluster.distribute import handles, identity
-from nbcluster.distribute.capture import Capture, capture, human
-from nbcluster.distribute.cell import Cell
-from nbcluster.distribute.engine import Engine
-from nbcluster.distribute.follow import follow, interrupted, report
-from nbcluster.distribute.handles import Handle, is_handle
-from nbcluster.distribute.job import Job
-from nbcluster.distribute.options import DistributeOptions
-from nbcluster.distribute.plan import Plan, plan
-from nbcluster.distribute.results import Results
-from nbcluster.distribute.resume import Resumption, prepare
-from nbcluster.distribute.state import DONE
-from nbcluster.distribute.target import Link, Needs
 from nbcluster.errors import BadArgument, Interrupted, NbclusterError
+from nbcluster.journal import identity
+from nbcluster.journal.resume import Resumption, prepare
+from nbcluster.persist import handles
+from nbcluster.persist.handles import Handle, is_handle
+from nbcluster.run.capture import Capture, capture, human
+from nbcluster.run.cell import Cell
+from nbcluster.run.engine import Engine
+from nbcluster.run.follow import follow, interrupted, report
+from nbcluster.run.job import Job
+from nbcluster.run.options import DistributeOptions
+from nbcluster.run.plan import Plan, plan
+from nbcluster.run.results import Results
+from nbcluster.run.state import DONE
+from nbcluster.run.target import Link, Needs
 
 
 def distribute(

@@ -31,9 +31,9 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.distribute.cell import is_builtin
-from nbcluster.distribute.worker import pin
 from nbcluster.errors import BadArgument
+from nbcluster.run.cell import is_builtin
+from nbcluster.worker import pin
 
 LARGE = 1_000_000  # bytes of pickle above which a value is shipped once per worker
 PIN_WAIT_S = 5.0

@@ -46,15 +46,15 @@ import pickle
 
 import cloudpickle
 
-from nbcluster.distribute.worker import output, stopping
-from nbcluster.distribute.worker.ahead import FirstAhead, without_first
-from nbcluster.distribute.worker.context import INLINE_CONTEXT, Context, load
-from nbcluster.distribute.worker.idle import ended, since_last
-from nbcluster.distribute.worker.items import dump_result, run_items
-from nbcluster.distribute.worker.objects import address, fetch, pin, ran_on
-from nbcluster.distribute.worker.push import push
-from nbcluster.distribute.worker.records import ErrorRecord, error_record
 from nbcluster.errors import Lost
+from nbcluster.worker import output, stopping
+from nbcluster.worker.ahead import FirstAhead, without_first
+from nbcluster.worker.context import INLINE_CONTEXT, Context, load
+from nbcluster.worker.idle import ended, since_last
+from nbcluster.worker.items import dump_result, run_items
+from nbcluster.worker.objects import address, fetch, pin, ran_on
+from nbcluster.worker.push import push
+from nbcluster.worker.records import ErrorRecord, error_record
 
 __all__ = [
     "INLINE_CONTEXT",

@@ -23,8 +23,8 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.distribute.worker.loop import cell_loop, refiled
-from nbcluster.distribute.worker.objects import fetch
+from nbcluster.worker.loop import cell_loop, refiled
+from nbcluster.worker.objects import fetch
 
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
 _CONTEXTS: OrderedDict[str, Context] = OrderedDict()

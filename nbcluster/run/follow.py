@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from nbcluster import config
-from nbcluster.distribute.results import Results
 from nbcluster.errors import ClusterCannotRun, ClusterLost, Interrupted
+from nbcluster.run.results import Results
 from nbcluster.widgets._output import end_open_lines as end_open_lines_of_bar
 from nbcluster.widgets._output import in_kernel, widget_shown_since
 

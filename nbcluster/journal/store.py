@@ -86,11 +86,11 @@ from typing import Any, Literal, TypedDict
 import cloudpickle
 from dask.utils import parse_bytes
 
+from nbcluster import _threads as threads
 from nbcluster import config
-from nbcluster.distribute import threads
-from nbcluster.distribute.plan import describe
-from nbcluster.distribute.values import Packed
-from nbcluster.distribute.worker.plain import plain as worker_plain
+from nbcluster.run.plan import describe
+from nbcluster.run.values import Packed
+from nbcluster.worker.plain import plain as worker_plain
 
 FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
@@ -772,7 +772,7 @@ def failure(error: Any) -> Failure:
 
     Parameters
     ----------
-    error : nbcluster.distribute.tracebacks.ItemError
+    error : nbcluster.run.tracebacks.ItemError
         The item's error, as the run's `Results` holds it.
 
     Returns

@@ -24,8 +24,8 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from nbcluster import __version__
 from nbcluster._compat import nested_task
+from nbcluster._version import __version__
 
 
 class _Call:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import cloudpickle
 
-from nbcluster.distribute.worker import ErrorRecord, error_record
+from nbcluster.worker import ErrorRecord, error_record
 
 LOOK_S = 1.0  # how often to look for departed workers while tasks are out
 

@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cloudpickle
 
-from nbcluster.distribute.worker import output, stopping
-from nbcluster.distribute.worker.context import load
-from nbcluster.distribute.worker.items import dump_result, run_items
-from nbcluster.distribute.worker.objects import address, fetch, ran_on
-from nbcluster.distribute.worker.push import push
-from nbcluster.distribute.worker.records import error_record
 from nbcluster.errors import Lost, NotRecomputed
+from nbcluster.worker import output, stopping
+from nbcluster.worker.context import load
+from nbcluster.worker.items import dump_result, run_items
+from nbcluster.worker.objects import address, fetch, ran_on
+from nbcluster.worker.push import push
+from nbcluster.worker.records import error_record
 
 if TYPE_CHECKING:
     from nbcluster._wire import HeldValue

@@ -42,8 +42,8 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from nbcluster.distribute.tracebacks import ItemError
-from nbcluster.distribute.values import Values
+from nbcluster.run.tracebacks import ItemError
+from nbcluster.run.values import Values
 
 PENDING, DONE, FAILED, CANCELLED = 0, 1, 2, 3
 

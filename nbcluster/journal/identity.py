@@ -32,9 +32,9 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.distribute.capture import Capture
-from nbcluster.distribute.cell import Cell
-from nbcluster.distribute.plan import Plan
+from nbcluster.run.capture import Capture
+from nbcluster.run.cell import Cell
+from nbcluster.run.plan import Plan
 
 VERSION = b"nbcluster-run-1"  # part of every identity: change it when what goes in changes
 

@@ -25,14 +25,15 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.distribute import handles, worker
-from nbcluster.distribute.capture import Capture, code_index
-from nbcluster.distribute.cell import Cell
-from nbcluster.distribute.handles import held_slots
-from nbcluster.distribute.plan import Plan
-from nbcluster.distribute.tracebacks import ItemError
-from nbcluster.distribute.worker.loop import function_loop
+from nbcluster import worker
 from nbcluster.errors import BadArgument
+from nbcluster.persist import handles
+from nbcluster.persist.handles import held_slots
+from nbcluster.run.capture import Capture, code_index
+from nbcluster.run.cell import Cell
+from nbcluster.run.plan import Plan
+from nbcluster.run.tracebacks import ItemError
+from nbcluster.worker.loop import function_loop
 
 
 class Job:

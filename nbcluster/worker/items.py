@@ -21,11 +21,11 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.distribute.worker import loop, output, stopping
-from nbcluster.distribute.worker.ahead import first_of
-from nbcluster.distribute.worker.context import Context
-from nbcluster.distribute.worker.plain import plain
-from nbcluster.distribute.worker.records import ErrorRecord, error_record
+from nbcluster.worker import loop, output, stopping
+from nbcluster.worker.ahead import first_of
+from nbcluster.worker.context import Context
+from nbcluster.worker.plain import plain
+from nbcluster.worker.records import ErrorRecord, error_record
 
 
 def run_items(

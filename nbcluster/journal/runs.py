@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from nbcluster import _current
-from nbcluster.distribute import handles, journal
-from nbcluster.distribute.capture import human
 from nbcluster.errors import BadArgument
+from nbcluster.journal import store as journal
+from nbcluster.persist import handles
+from nbcluster.run.capture import human
 
 ID_LENGTH = 8
 

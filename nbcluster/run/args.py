@@ -28,8 +28,8 @@ import difflib
 import functools
 from typing import Any
 
-from nbcluster.distribute.options import FLAGS, DistributeOptions, Flag
 from nbcluster.errors import BadArgument
+from nbcluster.run.options import FLAGS, DistributeOptions, Flag
 
 _BY_NAME = {f.name: f for f in FLAGS}
 

@@ -1,4 +1,6 @@
-"""Daemon threads kept for the next run: `spawn(fn, *args, name=...)` runs `fn` in one.
+"""The package's threads: `spawn` and `later` for runs and live views, `in_thread` for the server.
+
+`spawn(fn, *args, name=...)` runs `fn` in a daemon thread kept for the next run.
 
 Every run has a driver and a watch thread (`engine.py`). `threading.Thread.start` waits
 until the new thread has run its first lines, and in a kernel whose Dask client's event
@@ -21,6 +23,9 @@ due, so a loop of small cells wakes it about once per half-second, not twice a c
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import heapq
 import itertools
 import queue
@@ -28,7 +33,9 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 IDLE_S = 60.0  # a spare thread ends after this long without work
 SPARE = "nbcluster-spare"  # the name of a thread waiting for work
@@ -58,7 +65,7 @@ def spawn(fn: Callable[..., Any], *args: Any, name: str) -> threading.Event:
 
     Examples
     --------
-    >>> from nbcluster.distribute.threads import spawn
+    >>> from nbcluster._threads import spawn
     >>> done = spawn(print, "hello from a thread", name="example")
     >>> done.wait(5)
     hello from a thread
@@ -175,7 +182,7 @@ def later(seconds: float, fn: Callable[..., Any], *args: Any, name: str) -> Late
 
     Examples
     --------
-    >>> from nbcluster.distribute.threads import later
+    >>> from nbcluster._threads import later
     >>> call = later(60, print, "never printed", name="example")
     >>> call.cancel()
     True
@@ -224,3 +231,45 @@ def _time() -> None:
             _spawn_with(fn, args, name, done)
         if not due:
             _timer_wake.wait(wait)
+
+
+async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking call of the Python API in a daemon thread and await its result.
+
+    Not the loop's default executor: Python joins those threads at exit, so a cluster
+    start in progress (up to `nbcluster.timeouts.start`) would hold up the Jupyter
+    server's shutdown. A daemon thread is abandoned at exit instead; the supervisor it
+    was talking to watches the server's pid and stops by itself (`Lifeline`).
+
+    Parameters
+    ----------
+    func : callable
+        The blocking call.
+    *args, **kwargs
+        Its arguments.
+
+    Returns
+    -------
+    T
+        What `func` returned (what it raised is raised here).
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not future.done():
+            outcome()
+
+    def work() -> None:
+        outcome: Callable[[], None]
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as error:
+            outcome = functools.partial(future.set_exception, error)
+        else:
+            outcome = functools.partial(future.set_result, result)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, outcome)
+
+    threading.Thread(target=work, name=f"nbcluster-{getattr(func, '__name__', 'call')}", daemon=True).start()
+    return await future

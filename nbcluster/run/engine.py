@@ -98,20 +98,21 @@ from typing import Any, NamedTuple
 import cloudpickle
 from dask.base import annotate
 
-from nbcluster import config
+from nbcluster import _threads as threads
+from nbcluster import config, worker
 from nbcluster._compat import nanny_logs, run_on_holder
-from nbcluster.distribute import direct, everywhere, loadable, reports, threads, worker
-from nbcluster.distribute.batching import PROBE_ITEMS, Batcher
-from nbcluster.distribute.capture import pin_soon, shipments
-from nbcluster.distribute.handles import Handle, held_slots, made_where, publish
-from nbcluster.distribute.job import Job
-from nbcluster.distribute.journal import Writer
-from nbcluster.distribute.journal import failure as journal_failure
-from nbcluster.distribute.state import RunState
-from nbcluster.distribute.target import Link, Needs
-from nbcluster.distribute.values import Packed
-from nbcluster.distribute.worker import held
 from nbcluster.errors import ClusterUnreachable, WorkerKilled
+from nbcluster.journal.store import Writer
+from nbcluster.journal.store import failure as journal_failure
+from nbcluster.persist.handles import Handle, held_slots, made_where, publish
+from nbcluster.run import direct, everywhere, loadable, reports
+from nbcluster.run.batching import PROBE_ITEMS, Batcher
+from nbcluster.run.capture import pin_soon, shipments
+from nbcluster.run.job import Job
+from nbcluster.run.state import RunState
+from nbcluster.run.target import Link, Needs
+from nbcluster.run.values import Packed
+from nbcluster.worker import held
 
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error

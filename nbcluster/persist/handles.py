@@ -36,9 +36,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TypedDict
 
 from nbcluster._wire import HeldValue
-from nbcluster.distribute.capture import human
-from nbcluster.distribute.worker.held import Slot, holdings
 from nbcluster.errors import BadArgument, HandleGone
+from nbcluster.run.capture import human
+from nbcluster.worker.held import Slot, holdings
 
 #: The `--into` name of each --persist run still alive in this kernel, by run id (for status).
 RUNS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()

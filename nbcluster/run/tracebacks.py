@@ -30,9 +30,9 @@ from typing import Any
 import cloudpickle
 
 from nbcluster._compat import ipython_cell_number
-from nbcluster.distribute.plan import describe
-from nbcluster.distribute.worker.records import ErrorRecord, parts
 from nbcluster.errors import RemoteError
+from nbcluster.run.plan import describe
+from nbcluster.worker.records import ErrorRecord, parts
 
 
 class ItemError:

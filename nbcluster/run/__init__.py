@@ -1,0 +1,21 @@
+"""Running a cell's work on a cluster: `%%distribute` and `nbcluster.distribute()`.
+
+Every module here runs in the kernel. The magic parses its line (`args`) and calls
+`api.distribute` with the cell and the user's namespace; Python code calls it directly.
+
+Set-up, with no Dask traffic: `options` (the flags, declared and checked once), `args`
+(the magic's line), `cell` (source -> code, free names), `plan` (the items), `capture`
+(what travels and how), `job` (what runs, made once).
+The run: `api` (checks, then the run's steps; `Run`, the controls of a run), `target`
+(the cluster link: where items may run), `engine` (the driver: submit, stream, retry,
+cancel), `batching` (batch sizes), `direct` (batches sent to a worker without the
+scheduler), `everywhere` (one task pinned to each worker), `reports` (what workers push
+while a batch runs).
+What the user reads: `state` (each item's state), `values` (results as they arrive),
+`results` (the read-only view), `tracebacks` (failed items), `follow` (waiting in the
+kernel: output, summary, Ctrl-C).
+
+What runs on the workers is the top-level package `nbcluster.worker`; the journal of
+finished items and `--resume` are `nbcluster.journal`; values kept on the workers are
+`nbcluster.persist`.
+"""
