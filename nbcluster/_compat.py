@@ -9,10 +9,36 @@ check, for one, swallows errors by design).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
 from distributed import Client
+
+
+def workers(client: Client) -> dict[str, dict[str, Any]]:
+    """Every worker the scheduler knows, by address, on every supported Dask.
+
+    ``Client.scheduler_info()`` lists at most 5 workers from distributed 2025.4.0 to 2026.6.x
+    (distributed#9045, reverted in 2026.7.0): a worker missing from it would be left out of
+    ``--everywhere`` without a word. Those releases take ``n_workers=-1`` for all of them;
+    older ones have no such parameter and list every worker.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A synchronous client.
+
+    Returns
+    -------
+    dict of str to dict
+        Each worker's information (``name``, ``nthreads``, ``resources``, ...) by address.
+    """
+    if "n_workers" in inspect.signature(client.scheduler_info).parameters:
+        info = client.scheduler_info(n_workers=-1)
+    else:
+        info = client.scheduler_info()
+    return dict(info.get("workers", {}))
 
 
 def set_global_client(client: Client) -> None:

@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, TypedDict
 
+from nbcluster import _compat
 from nbcluster._wire import HeldValue
 from nbcluster.errors import BadArgument, HandleGone
 from nbcluster.run.capture import human
@@ -142,7 +143,7 @@ class Handle:
             holders = client.who_has([self._future]).get(self._future.key) or ()
             if not holders:
                 return None
-            info = client.scheduler_info()["workers"].get(holders[0], {})
+            info = _compat.workers(client).get(holders[0], {})
         except Exception:  # the scheduler going away as we ask: no worker to name
             return None
         return str(info.get("name", holders[0]))
@@ -483,7 +484,7 @@ def holdings_lines(client: Any) -> list[str]:
     """
     try:
         held = client.run_on_scheduler(holdings)
-        names = {a: str(w.get("name", a)) for a, w in client.scheduler_info()["workers"].items()}
+        names = {a: str(w.get("name", a)) for a, w in _compat.workers(client).items()}
     except Exception:  # not nbcluster's scheduler, or it is busy: the status shows without them
         return []
     lines = []

@@ -31,6 +31,7 @@ from typing import Any
 
 import cloudpickle
 
+from nbcluster import _compat
 from nbcluster.errors import BadArgument
 from nbcluster.run.cell import is_builtin
 from nbcluster.worker import pin
@@ -260,7 +261,7 @@ class Shipments:
                     notes.append(f"{name} ({human(size)}) already on the workers")
                 else:
                     future = self._scatter(client, digest, value, size)
-                    workers = len(client.scheduler_info().get("workers", {}))
+                    workers = len(_compat.workers(client))
                     notes.append(f"sent {name} ({human(size)}) once to each of {workers} workers")
                 old = self.by_name.get(name)
                 self.by_name[name] = digest

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import cloudpickle
 
+from nbcluster import _compat
 from nbcluster.worker import ErrorRecord, error_record
 
 LOOK_S = 1.0  # how often to look for departed workers while tasks are out
@@ -154,7 +155,7 @@ def drive(tasks: Tasks, indices: list[int]) -> None:
 def _fail_departed(tasks: Tasks, pinned: dict[Any, int]) -> bool:
     """Fail the tasks pinned to a worker that has left; False when the cluster itself is gone."""
     try:
-        alive = set(tasks.client.scheduler_info()["workers"])
+        alive = set(_compat.workers(tasks.client))
     except Exception:
         if tasks.stopping:
             return False

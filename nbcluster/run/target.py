@@ -29,6 +29,7 @@ import time
 import weakref
 from typing import Any, NamedTuple
 
+from nbcluster import _compat
 from nbcluster._current import handle_for
 from nbcluster._wire import ROSTER_TOPIC
 from nbcluster.cluster import registry
@@ -172,7 +173,7 @@ class Link:
                 cores = _ncores(self.client, FRESH_S)
                 self.submit_kwargs, self.threads, self._eligible = {}, max(1, sum(cores.values())), list(cores)
             else:
-                workers = self.client.scheduler_info()["workers"]
+                workers = _compat.workers(self.client)
                 self.submit_kwargs, self.threads, self._eligible = placement(self.needs, workers)
         except (OSError, TimeoutError) as e:
             raise ClusterUnreachable(f"the cluster's scheduler does not answer: {e}") from None
@@ -196,7 +197,7 @@ class Link:
         """
         if self.needs == Needs():
             return max(1, sum(_ncores(self.client, 0.0).values()))
-        return placement(self.needs, self.client.scheduler_info()["workers"])[1]
+        return placement(self.needs, _compat.workers(self.client))[1]
 
     def workers(self) -> dict[str, int]:
         """Every worker of the cluster and its threads, as the scheduler said within `FRESH_S`.
@@ -223,7 +224,7 @@ class Link:
             Their addresses; empty when the cluster has no worker that fits.
         """
         self.open()
-        return placement(self.needs, self.client.scheduler_info()["workers"])[2]
+        return placement(self.needs, _compat.workers(self.client))[2]
 
     @property
     def name(self) -> str:
