@@ -166,6 +166,31 @@ def client_for(cluster: str | None = None) -> Client:
     return handle_for(cluster).client
 
 
+def client_of(name: str) -> Client | None:
+    """A client of the cluster named (or at the address) `name`, or None when it is not running.
+
+    This process's own client when it has one (a cluster given to `distribute` as a client has
+    no name, only an address), else a connection, remembered.
+
+    Parameters
+    ----------
+    name : str
+        A cluster's name or scheduler address, as a journal records it.
+
+    Returns
+    -------
+    distributed.Client or None
+        None when the cluster is not running any more, or not reachable from here.
+    """
+    for handle in list(_handles.values()):
+        if name in (handle.name, handle.address) and handle.client.status == "running":
+            return handle.client
+    try:
+        return handle_for(name).client
+    except Exception:  # not running any more, or not reachable from here
+        return None
+
+
 @functools.wraps(start_cluster)
 def start(*args: Any, **kwargs: Any) -> ClusterHandle:
     return use(start_cluster(*args, client=True, **kwargs))

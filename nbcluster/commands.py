@@ -421,8 +421,8 @@ class Runner:
         if ns.forget is None:
             if ns.all:
                 raise BadArgument("--all goes with --forget: `runs --forget --all` deletes every journal")
-            return runs.table()
-        return runs.forget(ns.forget, ns.all)
+            return runs.table(_current.client_of)
+        return runs.forget(ns.forget, ns.all, _current.client_of)
 
     def do_stop(self, ns: argparse.Namespace) -> str:
         """``stop [NAME | --all]``: stop a cluster (or every one) and its workers.

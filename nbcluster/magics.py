@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
-from nbcluster import commands
+from nbcluster import _current, commands
 from nbcluster.errors import ClusterCannotRun, ClusterLost, HelpShown, NbclusterError
 from nbcluster.journal import runs
 from nbcluster.persist.handles import forget_shown
@@ -49,7 +49,7 @@ class NbclusterMagics(Magics):
 
         try:
             if cell is None:
-                said = runs.line_magic(line.split())  # `%distribute runs [ID]`, `%distribute forget ID`
+                said = runs.line_magic(line.split(), _current.client_of)  # `%distribute runs [ID]`, `%distribute forget ID`
                 if said is not None:
                     print(said)
                     return None

@@ -1,4 +1,4 @@
-"""nbcluster's own import graph: no cycle, and no import hidden inside a function.
+"""nbcluster's own import graph: the drawn layering, no cycle, and no import hidden inside a function.
 
 Every module of `nbcluster/` is parsed with `ast` (nothing is imported, so an import that
 only a worker or an optional dependency would reach counts the same as any other). An edge
@@ -15,6 +15,13 @@ class bodies, functions), that loads `b`:
 A cycle is a strongly connected component of that graph, reported as ``a -> b -> a``. A
 function-level import of an nbcluster module is the usual way a cycle is hidden, so each
 one must be in `ALLOWED_LOCAL` with the reason it cannot be at the top.
+
+The layering (`LAYERS`, `MAY_IMPORT`) is the picture in ARCHITECTURE.md as data: every
+module belongs to one part, by the longest prefix of its name, and an edge between two parts
+is allowed only if the importing part lists the other. Faces call the API, the API starts
+runs, runs use clusters, and everything stands on the base modules; the widgets sit beside
+the run code and never import it; what runs on workers (`nbcluster.worker`) and on the
+scheduler (the metrics plugin, the supervisor's side) never imports kernel code.
 """
 
 from __future__ import annotations
@@ -58,6 +65,115 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
         "the worker package loads without Dask's Client (_compat imports it); only a cancel check needs it"
     ),
 }
+
+#: The parts of the package, by module prefix (the longest prefix that matches wins).
+LAYERS: dict[str, str] = {
+    # faces: what a user or Jupyter calls
+    "nbcluster.magics": "face",
+    "nbcluster.cli": "face",
+    "nbcluster.commands": "face",
+    "nbcluster.server": "face",
+    "nbcluster.teaching": "face",
+    # the public API: nbcluster.start/use/distribute/wait, and this process's current cluster
+    "nbcluster": "api",
+    "nbcluster._current": "api",
+    "nbcluster.run.api": "api",  # distribute() and wait(): the run module that looks up the current cluster
+    # the kernel side of a run
+    "nbcluster.run": "run",
+    "nbcluster.journal": "run",
+    "nbcluster.persist": "run",
+    "nbcluster.widgets": "widgets",
+    "nbcluster.worker": "worker",
+    "nbcluster.cluster": "cluster",
+    "nbcluster.metrics": "metrics",
+    # base: imports nothing of nbcluster's but other base modules
+    "nbcluster.errors": "base",
+    "nbcluster.config": "base",
+    "nbcluster.config_schema": "base",
+    "nbcluster._compat": "base",
+    "nbcluster._wire": "base",
+    "nbcluster._threads": "base",
+    "nbcluster._lazy": "base",
+    "nbcluster._version": "base",
+    "nbcluster._start_up": "base",
+    "nbcluster._aio": "base",
+}
+
+#: Which parts each part may import (its own included), and the rule in words.
+MAY_IMPORT: dict[str, tuple[frozenset[str], str]] = {
+    "face": (
+        frozenset({"face", "api", "run", "widgets", "cluster", "metrics", "base"}),
+        "faces parse and call what is below them",
+    ),
+    "api": (
+        frozenset({"api", "run", "widgets", "cluster", "metrics", "base"}),
+        "the API never imports a face (magics, cli, commands, server)",
+    ),
+    "run": (
+        frozenset({"run", "widgets", "worker", "cluster", "metrics", "base"}),
+        "the engine never imports the public API layer (_current, run.api): what it needs is passed in",
+    ),
+    "widgets": (
+        frozenset({"widgets", "cluster", "metrics", "base"}),
+        "widgets sit beside the run code and never import it (nor the API or a face)",
+    ),
+    "worker": (
+        frozenset({"worker", "base"}),
+        "worker code runs on workers: it imports only base modules",
+    ),
+    "cluster": (
+        frozenset({"cluster", "metrics", "base"}),
+        "the scheduler side never imports kernel or worker code",
+    ),
+    "metrics": (
+        frozenset({"metrics", "base"}),
+        "metrics run on the scheduler: they never import kernel, cluster or worker code",
+    ),
+    "base": (frozenset({"base"}), "base modules import only base modules"),
+}
+
+#: Edges across the layering that stay, as (importing module, imported module), each with why.
+ALLOWED_ACROSS: dict[tuple[str, str], str] = {
+    ("nbcluster", "nbcluster.magics"): (
+        "load_ipython_extension is IPython's entry point, which must live in the package itself"
+    ),
+    ("nbcluster.cluster.forkserver_preload", "nbcluster.worker"): (
+        "the forkserver's children are workers: loading the worker package before they fork is its job"
+    ),
+    # TODO(issue 37, step 3): the metrics plugin learns of direct-path records through a topic
+    # declared in _wire.py, not by importing worker code; drop this entry then.
+    ("nbcluster.metrics.plugin", "nbcluster.worker.direct"): "the direct path's topic name (until issue 37 step 3)",
+    ("nbcluster.metrics.plugin", "nbcluster.worker"): "loaded by the import of worker.direct above",
+}
+
+
+def layer_of(module: str, layers: dict[str, str] = LAYERS) -> str | None:
+    """The part `module` belongs to: that of the longest prefix of its dotted name in `layers`."""
+    parts = module.split(".")
+    for depth in range(len(parts), 0, -1):
+        found = layers.get(".".join(parts[:depth]))
+        if found is not None:
+            return found
+    return None
+
+
+def broken_rules(
+    graph: list[Edge],
+    layers: dict[str, str] = LAYERS,
+    may_import: dict[str, tuple[frozenset[str], str]] = MAY_IMPORT,
+    allowed: dict[tuple[str, str], str] = ALLOWED_ACROSS,
+) -> list[str]:
+    """One line per import edge the layering forbids, naming the rule it breaks."""
+    found = []
+    for edge in sorted(graph, key=lambda e: (e.source, e.line, e.target)):
+        source, target = layer_of(edge.source, layers), layer_of(edge.target, layers)
+        if source is None or target is None or (edge.source, edge.target) in allowed:
+            continue
+        parts, rule = may_import[source]
+        if target not in parts:
+            found.append(f"{edge.source} ({source}) imports {edge.target} ({target}) at line {edge.line}: {rule}")
+    return found
+
 
 #: Cycles allowed to stay, each as the set of modules of its strongly connected component.
 #: None: a new one is a design change to discuss, not an entry to add.
@@ -236,6 +352,19 @@ def test_no_import_cycle() -> None:
     assert not found, "import cycles in nbcluster/:\n  " + "\n  ".join(_described(graph, p) for p in found)
 
 
+def test_every_module_has_a_part() -> None:
+    """A new module (or folder) is placed in the layering before it can be imported anywhere."""
+    unplaced = sorted(name for name in modules(ROOT) if layer_of(name) is None)
+    assert not unplaced, f"modules in no part of LAYERS (add their prefix): {unplaced}"
+
+
+def test_layering() -> None:
+    broken = broken_rules(edges())
+    assert not broken, "imports that break the layering (tests/test_imports.py, MAY_IMPORT):\n  " + "\n  ".join(
+        broken
+    )
+
+
 def test_no_hidden_import() -> None:
     local = {(e.source, e.target): e for e in sorted(edges(), key=lambda e: -e.line) if e.local and e.named}
     hidden = sorted(set(local) - set(ALLOWED_LOCAL) - EXPECTED_LOCAL)
@@ -254,6 +383,9 @@ def test_allow_lists_are_current() -> None:
     assert not stale_local, (
         f"ALLOWED_LOCAL or EXPECTED_LOCAL name imports that are not function-level: {stale_local}"
     )
+    across = {(e.source, e.target) for e in graph}
+    stale_across = sorted(set(ALLOWED_ACROSS) - across)
+    assert not stale_across, f"ALLOWED_ACROSS names imports that are gone: {stale_across}"
     present = set(components(graph))
     stale = [sorted(c) for c in EXPECTED_CYCLES if c not in present]
     assert not stale, f"EXPECTED_CYCLES lists cycles that are gone: {stale}"
@@ -294,3 +426,27 @@ def test_walker_finds_cycles(tmp_path: Path, files: dict[str, str], cycle: str) 
         (root / name).write_text(text)
     found = [" -> ".join(path) for path in cycles(edges(root))]
     assert found == ([cycle] if cycle else [])
+
+
+@pytest.mark.parametrize(
+    ("files", "broken"),
+    [
+        ({"w/__init__.py": "", "w/a.py": "from pkg.r import b\n", "r/__init__.py": "", "r/b.py": ""},
+         ["pkg.w.a (widgets) imports pkg.r (run) at line 1: no run", "pkg.w.a (widgets) imports pkg.r.b (run) at line 1: no run"]),
+        ({"w/__init__.py": "", "w/a.py": "", "r/__init__.py": "", "r/b.py": "from ..w import a\n"}, []),
+        ({"w/__init__.py": "", "w/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.r\n",
+          "r/__init__.py": ""}, []),
+        ({"w/__init__.py": "", "w/a.py": "def f():\n    from pkg.r import b\n", "r/__init__.py": "", "r/b.py": ""},
+         ["pkg.w.a (widgets) imports pkg.r (run) at line 2: no run", "pkg.w.a (widgets) imports pkg.r.b (run) at line 2: no run"]),
+    ],
+    ids=["forbidden", "allowed", "type-checking", "function-level"],
+)  # fmt: skip
+def test_layering_checker(tmp_path: Path, files: dict[str, str], broken: list[str]) -> None:
+    """The checker itself, on a small package with two parts: run may import widgets, not back."""
+    root = tmp_path / "pkg"
+    for name, text in {"__init__.py": "", **files}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    layers = {"pkg": "api", "pkg.w": "widgets", "pkg.r": "run"}
+    may = {"widgets": (frozenset({"widgets"}), "no run"), "run": (frozenset({"run", "widgets"}), "ok")}
+    assert broken_rules(edges(root), layers, may, {}) == broken

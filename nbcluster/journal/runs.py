@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from nbcluster import _current
 from nbcluster.errors import BadArgument
 from nbcluster.journal import store as journal
 from nbcluster.persist import handles
@@ -30,13 +29,19 @@ from nbcluster.run.capture import human
 
 ID_LENGTH = 8
 
+#: A cluster's name (or address) -> a connected client of it, or None when it is not running:
+#: the API layer's lookup (`nbcluster._current.client_of`), passed in by the faces.
+ClientOf = Callable[[str], Any]
 
-def table(where: Path | None = None) -> str:
+
+def table(client_of: ClientOf, where: Path | None = None) -> str:
     """One line per journal, newest first: ID, when, the cell's first line, done/total, failed, size,
     what a --persist run holds on its cluster, state.
 
     Parameters
     ----------
+    client_of : callable
+        A cluster's name -> its client, or None when it is not running (`ClientOf`).
     where : pathlib.Path, optional
         The journals' folder; the configured one (`journal.folder`) when None.
 
@@ -47,7 +52,7 @@ def table(where: Path | None = None) -> str:
         journaled runs, and where it looked.
     """
     rows = []
-    clusters = _Clusters()
+    clusters = _Clusters(client_of)
     for path in journal.journals(where=where):
         ident = path.name[:ID_LENGTH]
         try:
@@ -76,13 +81,14 @@ def table(where: Path | None = None) -> str:
 class _Clusters:
     """The clients of the clusters --persist journals name, each connected once per listing."""
 
-    def __init__(self) -> None:
+    def __init__(self, client_of: ClientOf) -> None:
+        self._client_of = client_of
         self._clients: dict[str, Any] = {}
 
     def client(self, name: str) -> Any:
         """A client of cluster `name`; None when it is not running (its values went with it)."""
         if name not in self._clients:
-            self._clients[name] = _client_of(name)
+            self._clients[name] = self._client_of(name)
         return self._clients[name]
 
     def held(self, path: Path, loaded: journal.Loaded) -> str:
@@ -99,18 +105,6 @@ class _Clusters:
             return f"? ({name} did not answer)"
         kept = [r for r in loaded.values.values() if r and r["dataset"] in names]
         return f"{len(kept)} ({human(sum(r['held']['nbytes'] for r in kept))}) on {name}" if kept else f"none on {name}"
-
-
-def _client_of(name: str) -> Any:
-    """A client of the cluster named (or at the address) `name`: this process's own when it has
-    one (a cluster given to `distribute` as a client has no name), else a connection."""
-    for handle in list(_current._handles.values()):
-        if name in (handle.name, handle.address) and handle.client.status == "running":
-            return handle.client
-    try:
-        return _current.handle_for(name).client
-    except Exception:  # not running any more, or not reachable from here
-        return None
 
 
 def _columns(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
@@ -178,7 +172,7 @@ def _shown(path: Path, loaded: journal.Loaded) -> list[str]:
     return lines
 
 
-def forget(ids: list[str], every: bool, where: Path | None = None) -> str:
+def forget(ids: list[str], every: bool, client_of: ClientOf, where: Path | None = None) -> str:
     """Delete the journals of the runs `ids` (or `every` one); what was done, as one line.
 
     Parameters
@@ -187,6 +181,9 @@ def forget(ids: list[str], every: bool, where: Path | None = None) -> str:
         Run IDs as `table` shows them (a journal's name starts with its ID).
     every : bool
         ``--all``: every journal.
+    client_of : callable
+        A cluster's name -> its client, or None when it is not running (`ClientOf`): where a
+        --persist run's values are dropped.
     where : pathlib.Path, optional
         The journals' folder; the configured one when None.
 
@@ -209,7 +206,7 @@ def forget(ids: list[str], every: bool, where: Path | None = None) -> str:
     if unknown:
         raise BadArgument(f"no journaled run {', '.join(map(repr, unknown))}: `runs` lists their IDs")
     deleted = busy = dropped = 0
-    clusters = _Clusters()
+    clusters = _Clusters(client_of)
     for path in found:
         if not every and not any(path.name.startswith(i) for i in ids):
             continue
@@ -247,13 +244,15 @@ def _drop_values(path: Path, clusters: _Clusters) -> int:
         return 0
 
 
-def line_magic(words: list[str]) -> str | None:
+def line_magic(words: list[str], client_of: ClientOf) -> str | None:
     """`%distribute runs [ID]` and `%distribute forget ID...|--all`; None for any other line.
 
     Parameters
     ----------
     words : list of str
         The line magic's words.
+    client_of : callable
+        A cluster's name -> its client, or None when it is not running (`ClientOf`).
 
     Returns
     -------
@@ -266,10 +265,10 @@ def line_magic(words: list[str]) -> str | None:
         From `forget` and `show`, for IDs they cannot take.
     """
     if words[:1] == ["runs"] and len(words) == 1:
-        return table()
+        return table(client_of)
     if words[:1] == ["runs"] and len(words) == 2:
         return show(words[1])
     if words[:1] == ["forget"]:
         every = "--all" in words[1:]
-        return forget([w for w in words[1:] if w != "--all"], every)
+        return forget([w for w in words[1:] if w != "--all"], every, client_of)
     return None

@@ -43,6 +43,7 @@ import weakref
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from nbcluster import _current
 from nbcluster.errors import BadArgument, Interrupted, NbclusterError
 from nbcluster.journal import identity
 from nbcluster.journal.resume import Resumption, prepare
@@ -193,7 +194,7 @@ def distribute(
     cell = None
     if isinstance(body, str):
         cell = Cell.parse(body, filename=f"<distribute-{run_id}>", first_line=first_line)
-    link = Link(Needs(gpus, cpus, cpu_only), client=client, cluster=cluster)
+    link = Link(Needs(gpus, cpus, cpu_only), client=client, cluster=cluster, find=_current.handle_for)
     items = _items(everywhere, link, over, grid, zip, namespace)
     n_local = len(items) if local in ("all", True) else min(int(local), len(items))
     remote = n_local < len(items)

@@ -1,8 +1,9 @@
 """Where a run's items go: its link to the cluster, and which workers may take them.
 
-`Link(needs, client=..., cluster=...)` is made before anything else of a run, and opened
-(`open()`) only when items leave the kernel: a `--local` run never needs a cluster. Opening
-finds the client (the one given, the named cluster's, or the current one), asks the
+`Link(needs, client=..., cluster=..., find=...)` is made before anything else of a run, and
+opened (`open()`) only when items leave the kernel: a `--local` run never needs a cluster.
+Opening finds the client (the one given, else `find(cluster)`'s: the named cluster's, or
+the current one; the API layer passes its lookup in, as the engine never imports it), asks the
 scheduler for its workers once, and works out the placement of the run's items from their
 `Needs`: the Dask resource restrictions, the workers that can take them and how many items
 can run at once there (the batch sizing's `threads`).
@@ -27,10 +28,10 @@ import contextlib
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from nbcluster import _compat
-from nbcluster._current import handle_for
 from nbcluster._wire import ROSTER_TOPIC
 from nbcluster.cluster import registry
 from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
@@ -128,9 +129,12 @@ class Needs(NamedTuple):
 class Link:
     """A run's connection to its cluster; see the module docstring."""
 
-    def __init__(self, needs: Needs, *, client: Any = None, cluster: str | None = None):
+    def __init__(
+        self, needs: Needs, *, client: Any = None, cluster: str | None = None, find: Callable[[str | None], Any]
+    ):
         self.needs = needs
         self.cluster = cluster
+        self._find = find  # a cluster's name (None: the current one) -> its handle, or NoCluster
         self.client = client
         self.handle: Any = None  # the cluster's handle, when the link found the client itself
         self.submit_kwargs: dict[str, Any] = {}
@@ -161,7 +165,7 @@ class Link:
         self._eligible = None
         if self.client is None:
             try:
-                self.handle = handle_for(self.cluster)
+                self.handle = self._find(self.cluster)
             except NoCluster as e:
                 raise NoCluster(f"{e}; or run the items in this kernel with --local") from None
             self.client = self.handle.client
