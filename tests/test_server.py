@@ -531,6 +531,10 @@ async def test_the_authorizer_decides_who_sees_the_dashboard(api, jp_ws_fetch, j
         await jp_ws_fetch("nbcluster", "dashboard", "echo", "ws")
     assert refused.value.code == 403
     assert upstream.seen == []
+    # The sidebar's stream asks the same question (server/_auth.py).
+    with pytest.raises(HTTPClientError) as stream:
+        await jp_ws_fetch("nbcluster", "api", "stream")
+    assert stream.value.code == 403
 
 
 async def test_a_dashboard_that_does_not_answer_is_a_502(api, runtime_dir: Path) -> None:

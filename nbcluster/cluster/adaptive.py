@@ -38,12 +38,15 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from distributed.deploy.adaptive import Adaptive
 
 from nbcluster._compat import prefix_duration
 from nbcluster.cluster.kinds import worker_kind
+
+if TYPE_CHECKING:  # speccluster.py imports this module
+    from nbcluster.cluster.speccluster import NbSpecCluster
 
 BACKLOG_TTL = 10.0  # seconds a run's report of its held-back work counts
 
@@ -170,67 +173,13 @@ def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
     return math.ceil(cores / max(threads, 1))
 
 
-class KindScaled(Protocol):
-    """What a `KindAdaptive` uses of its cluster, an `NbSpecCluster` (speccluster.py, which
-    imports this module: described here, not imported)."""
-
-    scheduler: Any
-    #: Dask's spec entries, by name (an entry may stand for a group of workers).
-    worker_spec: dict[Any, dict[str, Any]]
-    #: Dask's started entries, by name.
-    workers: dict[Any, Any]
-
-    def members(self, name: str) -> list[str]:
-        """The workers that the spec entry `name` stands for.
-
-        Parameters
-        ----------
-        name : str
-            An entry of the worker spec.
-
-        Returns
-        -------
-        list of str
-            Worker names as the scheduler knows them.
-        """
-        ...
-
-    def kind_of(self, name: str) -> str:
-        """The kind of worker `name`.
-
-        Parameters
-        ----------
-        name : str
-            A worker's name.
-
-        Returns
-        -------
-        str
-            ``cpu`` or ``gpu``.
-        """
-        ...
-    async def scale_kind(self, n: int, kind: str = "cpu", *, adaptive: bool = False) -> None:
-        """Scale the workers of one kind.
-
-        Parameters
-        ----------
-        n : int
-            Workers of `kind` wanted.
-        kind : str
-            ``cpu`` or ``gpu``.
-        adaptive : bool
-            True when adaptive scaling asks (an explicit scale turns adaptive off).
-        """
-        ...
-
-
 class KindAdaptive(Adaptive):
     """Dask's Adaptive for one worker kind of an `NbSpecCluster`."""
 
     def __init__(self, cluster: Any, kind: str, **kwargs: Any):
         self.kind = kind
-        #: The cluster, typed for what this class uses of it (Adaptive types it as a Cluster).
-        self.kinds: KindScaled = cluster
+        #: The cluster, typed as what it is (Adaptive types it as a Cluster).
+        self.kinds: NbSpecCluster = cluster
         super().__init__(cluster, **kwargs)
 
     def _mine(self, entries: Any) -> set[Any]:
@@ -256,7 +205,7 @@ class KindAdaptive(Adaptive):
         never held (one that joined from elsewhere) has no kind there, and asking it for one
         raised a KeyError on every round, so adaptivity never acted.
         """
-        scheduler = self.kinds.scheduler
+        scheduler: Any = self.kinds.scheduler  # started: the cluster's own, in this process
         return {ws.name for ws in scheduler.workers.values() if worker_kind(ws.resources) == self.kind}
 
     async def target(self) -> int:

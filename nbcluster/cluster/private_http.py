@@ -85,7 +85,23 @@ def require_client_certificates(node: Any) -> None:
 PROXY_ROUTE = "distributed.http.proxy"
 
 
-class PrivateScheduler(Scheduler):
+class CertificateRequired:
+    """Dask's HTTP server (of a `Scheduler` or a `Worker`, this class first among the bases),
+    refusing clients without the cluster's certificate."""
+
+    def start_http_server(self, *args: Any, **kwargs: Any) -> None:
+        """Dask's HTTP server, refusing clients without the cluster's certificate.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            Dask's own arguments.
+        """
+        super().start_http_server(*args, **kwargs)  # type: ignore[misc]  # Dask's ServerNode, next in the bases
+        require_client_certificates(self)
+
+
+class PrivateScheduler(CertificateRequired, Scheduler):
     """A Dask `Scheduler` whose HTTP server (the dashboard) requires the cluster's certificate.
 
     Parameters
@@ -104,31 +120,9 @@ class PrivateScheduler(Scheduler):
         with dask.config.set({"distributed.scheduler.http.routes": routes}):
             super().__init__(*args, **kwargs)
 
-    def start_http_server(self, *args: Any, **kwargs: Any) -> None:
-        """Dask's HTTP server, refusing clients without the cluster's certificate.
 
-        Parameters
-        ----------
-        *args, **kwargs
-            Dask's own arguments.
-        """
-        super().start_http_server(*args, **kwargs)
-        require_client_certificates(self)
-
-
-class PrivateWorker(Worker):
+class PrivateWorker(CertificateRequired, Worker):
     """A Dask `Worker` whose HTTP server (``/metrics``) requires the cluster's certificate."""
-
-    def start_http_server(self, *args: Any, **kwargs: Any) -> None:
-        """Dask's HTTP server, refusing clients without the cluster's certificate.
-
-        Parameters
-        ----------
-        *args, **kwargs
-            Dask's own arguments.
-        """
-        super().start_http_server(*args, **kwargs)
-        require_client_certificates(self)
 
 
 def client_context(tls: Credentials) -> ssl.SSLContext:

@@ -86,6 +86,12 @@ def end_open_lines() -> None:
     end_open_lines_of_bar()
 
 
+def _kept_in(results: Results) -> str:
+    """Where a stopped run's results are for the user: its ``--into`` name, else where IPython
+    keeps the exception (`magics.py` re-raises it, so ``sys.last_value`` is the one raised)."""
+    return results.label or "sys.last_value.results"
+
+
 def interrupted(results: Results) -> Interrupted:
     """The `Interrupted` to raise for a run stopped by Ctrl-C.
 
@@ -101,7 +107,7 @@ def interrupted(results: Results) -> Interrupted:
         are (the ``--into`` name, else ``sys.last_value.results``).
     """
     c = results.counts()
-    where = f"`{results.label}`" if results.label else "sys.last_value.results (use --into NAME to keep them)"
+    where = f"`{results.label}`" if results.label else f"{_kept_in(results)} (use --into NAME to keep them)"
     return Interrupted(
         f"{c['done']}/{c['total']} items finished, {c['cancelled']} cancelled; partial results are in {where}",
         results,
@@ -123,7 +129,7 @@ def lost(results: Results) -> ClusterLost:
         cluster and call ``retry()``.
     """
     c = results.counts()
-    name = results.label or "sys.last_value.results"
+    name = _kept_in(results)
     return ClusterLost(
         f"{results.lost}: {c['done']}/{c['total']} items finished and are in {name}; "
         f"start a cluster and run {name}.retry()",
@@ -145,7 +151,7 @@ def cannot_run(results: Results) -> ClusterCannotRun:
         It says why, that ``retry()`` runs the rest, and where the finished items are.
     """
     c = results.counts()
-    name = results.label or "sys.last_value.results"
+    name = _kept_in(results)
     return ClusterCannotRun(
         f"{results._state.halted}, then {name}.retry() runs the rest; "
         f"{c['done']}/{c['total']} items finished and are in {name}",

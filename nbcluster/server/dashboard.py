@@ -19,7 +19,7 @@ module adds is which target, who may, and what passes:
   certificate, from the files named in the registry entry, which only their owner can read.
   `ProxyHandler` only speaks plain HTTP upstream, so the scheme, the TLS context and the
   websocket's connection are ours (an ``http`` entry is relayed as before);
-- "read" on the "nbcluster" resource is required, as for the REST routes, so a custom
+- "read" on the "nbcluster" resource is required (`_auth.may_read`), as for the REST routes, so a custom
   authorizer (JupyterHub's scopes) decides who sees dashboards;
 - the browser's cookies and ``Authorization`` header (Jupyter's token) are not forwarded,
   and only a few plain response headers come back (no ``Set-Cookie`` from the dashboard):
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from jupyter_server.utils import ensure_async, url_path_join
+from jupyter_server.utils import url_path_join
 from jupyter_server_proxy.handlers import ProxyHandler
 from jupyter_server_proxy.websocket import pingable_ws_connect
 from tornado import httpclient, httputil, web
@@ -45,6 +45,7 @@ import nbcluster
 from nbcluster._threads import in_thread
 from nbcluster.cluster.private_http import client_context
 from nbcluster.errors import NbclusterError
+from nbcluster.server._auth import may_read
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: Request headers the proxy passes on; everything else (cookies, tokens) stays here.
@@ -150,7 +151,7 @@ class DashboardProxyHandler(ProxyHandler):
         await super().prepare(*args, **kwargs)  # authentication: a login redirect, or 403
         if not self.current_user:
             return  # ProxyHandler has sent an anonymous browser to the login page
-        if not await ensure_async(self.authorizer.is_authorized(self, self.current_user, "read", "nbcluster")):
+        if not await may_read(self):
             raise web.HTTPError(403, reason="not authorized to read nbcluster dashboards")
         name = self.path_kwargs["name"]
         # Resolved here, before a websocket is accepted, so a bad name is a plain 404/403.

@@ -43,7 +43,6 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
@@ -60,6 +59,7 @@ from nbcluster.cluster.handle import start as start_cluster
 from nbcluster.cluster.info import cluster_totals, runs_on
 from nbcluster.cluster.spec import NAME_PATTERN, NAME_RULE, START_OPTIONS, parse_bounds
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable, NbclusterError
+from nbcluster.server._auth import RESOURCE, may_read
 from nbcluster.server.dashboard import DashboardProxyHandler
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ class ApiBase(APIHandler):
     "write" on the "nbcluster" resource, as for Jupyter's own "kernels" or "contents".
     """
 
-    auth_resource = "nbcluster"
+    auth_resource = RESOURCE
 
     def fail(self, status: int, message: str) -> None:
         """Answer with `status` and ``{"message": message}``, and log it.
@@ -457,7 +457,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     watched cluster no longer exists. The server polls; the browser only listens.
     """
 
-    auth_resource = "nbcluster"
+    auth_resource = RESOURCE
 
     def set_default_headers(self) -> None:
         """JupyterHandler's HTTP headers make no sense on a websocket upgrade."""
@@ -484,9 +484,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         """
         # Cookie-authenticated websockets carry no XSRF token; WebSocketMixin.check_origin
         # is what stops another site's page from opening this stream with our cookie.
-        if not await ensure_async(
-            self.authorizer.is_authorized(self, self.current_user, "read", "nbcluster")
-        ):
+        if not await may_read(self):
             raise web.HTTPError(403)
         await super().get(*args, **kwargs)
 
