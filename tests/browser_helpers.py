@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,18 +27,13 @@ from typing import IO, Any, ClassVar
 import pytest
 
 import nbcluster
+from tests.os_helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "nbcluster" / "labextension"
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = os.environ.get("NBCLUSTER_CHROMIUM", "/usr/bin/chromium")
 START_TIMEOUT_S = 90
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def labextension_dir() -> Path:

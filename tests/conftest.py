@@ -13,7 +13,6 @@ slow"` is the quick lane; a test marked `root` skips, saying why, when not run a
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -180,13 +179,6 @@ def no_leftovers(runtime_dir: Path) -> Iterator[Path]:
         except psutil.Error:  # it ended meanwhile (a zombie has no command line)
             names.append(f"pid {proc.pid}")
     assert not left, f"processes left running: {names}"
-
-
-@pytest.fixture
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,9 @@ from typing import Any
 import psutil
 import pytest
 import yaml
+
+from tests import os_helpers
+from tests.os_helpers import free_port
 
 #: Server config letting users set their clusters' environment (a `Mapping` cluster option).
 OFFER_ENVIRONMENT = (
@@ -46,7 +48,7 @@ class GatewayServer:
         # `environment`, as nbcluster's notice tells an administrator to allow).
         self.extra_config = OFFER_ENVIRONMENT if extra_config is None else extra_config
         self.password = secrets.token_hex(8)
-        self.port, private = _free_port(), _free_port()
+        self.port, private = free_port(), free_port()
         self.address = f"http://127.0.0.1:{self.port}"
         self._private = private
         self.proc: subprocess.Popen[bytes] | None = None
@@ -130,12 +132,12 @@ class GatewayServer:
     def clusters_running(self) -> list[psutil.Process]:
         """The scheduler and worker processes the gateway runs now."""
         assert self.proc is not None
-        return [p for p in _family(self.proc.pid) if p.pid != self.proc.pid and _is_dask_process(_cmd(p))]
+        return [p for p in os_helpers.family(self.proc.pid, gone_ok=True) if p.pid != self.proc.pid and _is_dask_process(_cmd(p))]
 
     def __exit__(self, *exc: Any) -> None:
         if self.proc is None:
             return
-        family = _family(self.proc.pid)
+        family = os_helpers.family(self.proc.pid, gone_ok=True)
         # SIGTERM lets the gateway stop its clusters; whatever is left after that is killed.
         self.proc.terminate()
         try:
@@ -148,20 +150,6 @@ class GatewayServer:
                 p.kill()
         psutil.wait_procs(family, timeout=10)
         self.proc = None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _family(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
 
 
 def _cmd(p: psutil.Process) -> list[str]:

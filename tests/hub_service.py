@@ -43,7 +43,8 @@ from typing import Any
 
 import psutil
 
-from tests.browser_helpers import ARTIFACTS, drain, free_port, labextension_dir, terminate
+from tests.browser_helpers import ARTIFACTS, drain, labextension_dir, terminate
+from tests.os_helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("NBCLUSTER_HUB_CACHE", "/var/tmp/nbcluster-hub-cache"))

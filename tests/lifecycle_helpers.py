@@ -32,7 +32,8 @@ from typing import Any
 
 import psutil
 
-from tests.browser_helpers import ServerLog, free_port
+from tests.browser_helpers import ServerLog
+from tests.os_helpers import free_port
 
 START_TIMEOUT_S = 90
 

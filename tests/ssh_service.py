@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,9 @@ from typing import Any
 
 import psutil
 import pytest
+
+from tests import os_helpers
+from tests.os_helpers import free_port
 
 SSHD = "/usr/sbin/sshd"
 
@@ -50,7 +52,7 @@ class SSHServer:
     ):
         self.folder = folder
         self.host = host
-        self.port = port or (22 if netns else _free_port(host))
+        self.port = port or (22 if netns else free_port(host))
         self.netns = netns
         self.client_key = client_key
         self.env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), **(env or {})}
@@ -109,7 +111,7 @@ class SSHServer:
         if self.proc is None:
             return
         # Sessions outlive the daemon: stop what they started (processes of this test only).
-        family = _family(self.proc.pid)
+        family = os_helpers.family(self.proc.pid, gone_ok=True)
         for p in family:
             _kill(p)
         psutil.wait_procs(family, timeout=10)
@@ -129,20 +131,6 @@ while time.monotonic() < deadline:
         time.sleep(0.05)
 sys.exit(1)
 """
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _family(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        return []
 
 
 def _kill(p: psutil.Process) -> None:

@@ -20,12 +20,7 @@ import nbcluster
 from nbcluster.cluster import credentials, registry
 from nbcluster.cluster.gpu import SIMULATE_ENV
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable
-
-
-def _family(pid: int) -> list[psutil.Process]:
-    """A supervisor and every process below it (nannies' workers)."""
-    proc = psutil.Process(pid)
-    return [proc, *proc.children(recursive=True)]
+from tests import os_helpers
 
 
 def _worker_count(handle: nbcluster.ClusterHandle) -> int:
@@ -53,7 +48,7 @@ def test_start_scale_adapt_stop(runtime_dir):
     handle.scale(1)
     assert handle.info()["adaptive"] is None
 
-    family = _family(handle.entry["supervisor_pid"])
+    family = os_helpers.family(handle.entry["supervisor_pid"])
     handle.stop()
     _, alive = psutil.wait_procs(family, timeout=15)
     assert not alive
@@ -99,7 +94,7 @@ def test_cluster_started_elsewhere_is_listed_scaled_and_stopped_here(runtime_dir
     assert handle.name == "remote" and handle.entry["owner_pid"] is None  # CLI clusters are kept
     handle.scale(2)
     assert _worker_count(nbcluster.connect("remote")) == 2
-    family = _family(handle.entry["supervisor_pid"])
+    family = os_helpers.family(handle.entry["supervisor_pid"])
     nbcluster.connect("remote").stop()
     assert not psutil.wait_procs(family, timeout=15)[1]
 
@@ -133,7 +128,7 @@ def _start_in_subprocess(runtime_dir, *, keep: bool) -> tuple[subprocess.Popen[s
 def test_owner_killed_takes_the_cluster_and_its_workers_down(runtime_dir):
     owner, entry = _start_in_subprocess(runtime_dir, keep=False)
     try:
-        family = _family(entry["supervisor_pid"])
+        family = os_helpers.family(entry["supervisor_pid"])
         assert len(family) >= 3  # supervisor, nanny's worker, and its resource tracker or more
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
@@ -193,7 +188,7 @@ def test_tls_is_required(runtime_dir, tmp_path):
 
 def test_dead_supervisor_is_pruned_and_its_workers_exit(runtime_dir):
     handle = nbcluster.start(workers=1, keep=True)
-    family = _family(handle.entry["supervisor_pid"])
+    family = os_helpers.family(handle.entry["supervisor_pid"])
     os.kill(handle.entry["supervisor_pid"], signal.SIGKILL)
     _, alive = psutil.wait_procs(family, timeout=10)
     assert not alive

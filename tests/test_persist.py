@@ -11,10 +11,9 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -27,7 +26,9 @@ from nbcluster.errors import BadArgument, HandleGone
 from nbcluster.persist.handles import Handle
 from nbcluster.run.api import distribute
 from nbcluster.run.results import Results
+from tests.os_helpers import rss
 from tests.shell_helpers import cell, magic
+from tests.waiting import until
 
 _tick = threading.Event()  # never set: a wait between polls
 
@@ -47,16 +48,6 @@ def pc(shell: InteractiveShell, _persist_cluster: ClusterHandle) -> ClusterHandl
     return _current.use(_persist_cluster)
 
 
-def _until(condition: Callable[[], Any], seconds: float = 10.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        _tick.wait(0.1)
-    return condition()
-
-
 def _persisted_bytes(client: Any, run_id: str) -> int:
     """What the workers hold in their own stores for the keys of one --persist run."""
 
@@ -73,17 +64,13 @@ def _sent_bytes(client: Any) -> int:
     return sum(client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total).values())
 
 
-def _rss() -> int:
-    return int(psutil.Process().memory_info().rss)
-
-
 def test_persisted_values_stay_on_the_workers_and_the_kernel_stays_flat(
     shell: InteractiveShell, pc: ClusterHandle
 ) -> None:
     cell(shell, "import numpy as np")
-    before = _rss()
+    before = rss()
     cell(shell, '%%distribute --over "x in range(4)" --persist --into shards\nnp.full(12_500_000, float(x))')
-    grown = _rss() - before
+    grown = rss() - before
     shards = shell.user_ns["shards"]
     assert isinstance(shards, Results) and shards.ok
     assert grown < 20 * 2**20, f"the kernel grew by {grown / 2**20:.1f} MiB while the workers hold 400 MB"
@@ -108,7 +95,7 @@ def test_persisted_values_stay_on_the_workers_and_the_kernel_stays_flat(
     del one
     assert [v[0] for v in shards.gather()] == [0.0, 1.0, 2.0, 3.0]
     shards.release()
-    assert _until(lambda: _persisted_bytes(pc.client, shards.run_id) == 0)
+    assert until(lambda: _persisted_bytes(pc.client, shards.run_id) == 0)
 
 
 def test_chained_items_run_where_their_value_is_and_move_nothing(shell: InteractiveShell, pc: ClusterHandle) -> None:
@@ -174,16 +161,16 @@ def test_del_rebinding_and_release_free_the_workers_within_seconds(shell: Intera
     cell(shell, "b = a[0]")
     assert _persisted_bytes(pc.client, a) == 2 * 20_000_000
     cell(shell, "del a")
-    assert _until(lambda: _persisted_bytes(pc.client, a) == 20_000_000, 5)  # b still holds item 0
+    assert until(lambda: _persisted_bytes(pc.client, a) == 20_000_000, 5)  # b still holds item 0
     _tick.wait(0.5)
     assert _persisted_bytes(pc.client, a) == 20_000_000
     cell(shell, "b")  # shown: in Out and `_` now
     cell(shell, "b = None")
-    assert _until(lambda: _persisted_bytes(pc.client, a) == 0, 5), "del did not free the workers"
+    assert until(lambda: _persisted_bytes(pc.client, a) == 0, 5), "del did not free the workers"
     cell(shell, make.format("c"))
     c = shell.user_ns["c"].run_id
     cell(shell, make.format("c"))  # rebinding c
-    assert _until(lambda: _persisted_bytes(pc.client, c) == 0, 5), "rebinding did not free the workers"
+    assert until(lambda: _persisted_bytes(pc.client, c) == 0, 5), "rebinding did not free the workers"
 
 
 def test_failures_retry_and_everywhere_behave_as_without_persist(
@@ -232,7 +219,7 @@ def test_a_worker_killed_holding_results_recomputes_them(shell: InteractiveShell
     held = shell.user_ns["held"]
     victim = held[0].future.client.who_has([held[0].future])[held[0].key][0]
     os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
-    _until(lambda: victim not in client.scheduler_info()["workers"])
+    until(lambda: victim not in client.scheduler_info()["workers"])
     assert [int(v[0]) for v in held.gather()] == [0, 1, 2, 3]  # Dask's lineage ran the lost items again
     held[1].release()
     held[3].release()
@@ -268,7 +255,7 @@ def _kill_holder(client: Any, handle: Handle) -> str:
     """SIGKILL the worker holding `handle`'s value; its address, once the scheduler saw it go."""
     victim = str(client.who_has([handle.future])[handle.key][0])
     os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
-    assert _until(lambda: victim not in client.scheduler_info()["workers"])
+    assert until(lambda: victim not in client.scheduler_info()["workers"])
     return victim
 
 
@@ -308,7 +295,7 @@ def test_lineage_recomputes_a_chained_value_after_its_input_handles_were_release
     cell(shell, '%%distribute --over "s in shards" --persist --into doubled\ns * 2')
     shards, doubled = shell.user_ns["shards"], shell.user_ns["doubled"]
     shards.release()
-    assert _until(lambda: _persisted_bytes(client, shards.run_id) == 0)  # the inputs' memory is free
+    assert until(lambda: _persisted_bytes(client, shards.run_id) == 0)  # the inputs' memory is free
     _kill_holder(client, doubled[0])
     # Dask ran the first cell's lost items again, then the second's: its lineage outlives the handles.
     assert [int(v[0]) for v in doubled.gather()] == [0, 2, 4, 6]
@@ -319,7 +306,7 @@ def test_cancel_of_a_persisted_run_keeps_what_finished_and_leaves_nothing_runnin
     # within the grace, keep the finished values on the workers, and leave no task behind.
     res = distribute("import time\ntime.sleep(0.2)\n[x] * 3", over="x in range(40)", namespace={}, into="held",
                      persist=True, wait=False)  # fmt: skip
-    assert _until(lambda: res.counts()["done"] >= 2)
+    assert until(lambda: res.counts()["done"] >= 2)
     started = time.monotonic()
     res.cancel()
     assert time.monotonic() - started < 4  # the cancel grace (2 s) and a margin
@@ -333,10 +320,10 @@ def test_cancel_of_a_persisted_run_keeps_what_finished_and_leaves_nothing_runnin
         return {str(k): ts.state for k, ts in dask_scheduler.tasks.items() if str(k).startswith(prefix)}
 
     # The scheduler forgets the cancelled ones; only the finished values stay, one key each.
-    assert _until(lambda: set(pc.client.run_on_scheduler(states).values()) == {"memory"}, 5), pc.client.run_on_scheduler(states)
+    assert until(lambda: set(pc.client.run_on_scheduler(states).values()) == {"memory"}, 5), pc.client.run_on_scheduler(states)
     assert len(pc.client.run_on_scheduler(states)) == len(done)
     res.release()
-    assert _until(lambda: _persisted_bytes(pc.client, res.run_id) == 0)
+    assert until(lambda: _persisted_bytes(pc.client, res.run_id) == 0)
 
 
 def test_a_persisted_items_large_output_still_reaches_the_cell(pc: ClusterHandle) -> None:

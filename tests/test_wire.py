@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import time
 import types
 import typing
 from pathlib import Path
@@ -29,6 +28,7 @@ from nbcluster.cluster.gpu import GPU
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.metrics.basic import basic_snapshot
+from tests.waiting import waited_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -246,16 +246,6 @@ def test_problems_names_each_missing_undeclared_and_mistyped_key() -> None:
 # -- real payloads ----------------------------------------------------------------------------
 
 
-def _until(check: Any, what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"no {what} within {timeout} s")
-
-
 def test_a_real_supervisors_registry_entry_is_a_registry_entry(cluster: ClusterHandle) -> None:
     assert cluster.directory is not None
     on_disk = json.loads((cluster.directory / f"{cluster.name}.json").read_text())
@@ -285,12 +275,12 @@ def test_real_plugin_and_basic_snapshots_are_snapshots(cluster: ClusterHandle) -
         snap = cluster.metrics(since)
         return snap if snap["tasks"] and snap["resources"] and snap.get("bands") else None
 
-    snap = _until(full, "snapshot with a task, samples and bands")
+    snap = waited_for(full, "snapshot with a task, samples and bands")
     assert problems(snap, Snapshot) == []
     assert [t["key"] for t in snap["tasks"]] == ["wire-check-1"]
     assert {r["run"] for r in snap.get("runs", [])} >= {"wire"} and snap.get("groups")
     # With `detail`, as the sidebar and the widget ask; and the view where the plugin is not.
     assert problems(cluster.metrics(detail=1), Snapshot) == []
-    basic = _until(lambda: (b := basic_snapshot(cluster.rpc("identity"))) and b["resources"] and b, "basic samples")
+    basic = waited_for(lambda: (b := basic_snapshot(cluster.rpc("identity"))) and b["resources"] and b, "basic samples")
     assert problems(basic, Snapshot) == [] and basic["basic"] is True
     del held

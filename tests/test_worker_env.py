@@ -18,6 +18,7 @@ import dask.config
 import nbcluster
 from nbcluster import config
 from nbcluster.cluster.worker_memory import MemoryTrim
+from tests.os_helpers import rss
 
 # The workers cannot import this test module: what lambdas call from it travels by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -80,12 +81,6 @@ def _churn() -> tuple[list[bytearray], int]:
     return kept, peak
 
 
-def _rss() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
 def test_every_worker_trims_its_heap_after_work(cluster: Any) -> None:
     # How much the trim gives back after real work is measured in bench/real_work.py; here,
     # that it happens on every worker, within a few trim intervals of the work.
@@ -96,7 +91,7 @@ def test_every_worker_trims_its_heap_after_work(cluster: Any) -> None:
         held = client.submit(lambda: _churn(), workers=[address], pure=False)
         _, peak = held.result()
         deadline = time.monotonic() + 5 * interval + 10
-        while (now := client.run(lambda: _rss(), workers=[address])[address]) > peak - 150_000_000:
+        while (now := client.run(rss, workers=[address])[address]) > peak - 150_000_000:
             assert time.monotonic() < deadline, f"{address} still holds {now / 1e6:.0f} MB ({peak / 1e6:.0f} MB at work)"
             time.sleep(0.1)
         del held

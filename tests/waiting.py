@@ -6,16 +6,33 @@ is for the rest (a scheduler's record, a cached answer going stale), polled brie
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_never = threading.Event()  # never set: a pause between polls that no signal handler cuts short
 
 
-def until(condition: Callable[[], Any], seconds: float = 30.0) -> bool:
-    """Whether `condition()` became true within `seconds` (polled every 10 ms)."""
+def until(condition: Callable[[], T], seconds: float = 30.0, interval: float = 0.01) -> T:
+    """Poll `condition()` every `interval` seconds until it is true or `seconds` have passed.
+
+    Returns its last value: true when the state came in time (a found value, for
+    ``value = until(...)``), false when it did not, so ``assert until(...)`` fails then.
+    """
     deadline = time.monotonic() + seconds
-    while not condition():
+    while not (value := condition()):
         if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+            return value
+        _never.wait(interval)
+    return value
+
+
+def waited_for(condition: Callable[[], T], what: str, seconds: float = 30.0) -> T:
+    """`until`, but a state that does not come fails the test with ``no WHAT within N s``."""
+    value = until(condition, seconds, interval=0.1)
+    if not value:
+        raise AssertionError(f"no {what} within {seconds:g} s")
+    return value
