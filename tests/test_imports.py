@@ -450,3 +450,17 @@ def test_layering_checker(tmp_path: Path, files: dict[str, str], broken: list[st
     layers = {"pkg": "api", "pkg.w": "widgets", "pkg.r": "run"}
     may = {"widgets": (frozenset({"widgets"}), "no run"), "run": (frozenset({"run", "widgets"}), "ok")}
     assert broken_rules(edges(root), layers, may, {}) == broken
+
+
+@pytest.mark.parametrize("package", ["nbcluster.run", "nbcluster.worker", "nbcluster.journal", "nbcluster.persist"])
+def test_a_package_docstring_names_every_module(package: str) -> None:
+    """The map of a package, in its `__init__` docstring, lists each of its modules (as `name`
+    or `name.py`), so a module added or removed shows there."""
+    folder = ROOT.parent / package.replace(".", "/")
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+    unnamed = sorted(
+        path.stem
+        for path in folder.glob("*.py")
+        if path.stem != "__init__" and f"`{path.stem}`" not in doc and f"`{path.stem}.py`" not in doc
+    )
+    assert not unnamed, f"{package}'s docstring does not name {unnamed}"

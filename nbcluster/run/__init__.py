@@ -10,7 +10,7 @@ The run: `api` (checks, then the run's steps; `Run`, the controls of a run), `ta
 (the cluster link: where items may run), `engine` (the driver: submit, stream, retry,
 cancel), `batching` (batch sizes), `direct` (batches sent to a worker without the
 scheduler), `everywhere` (one task pinned to each worker), `reports` (what workers push
-while a batch runs).
+while a batch runs), `loadable` (tasks that fail, not hang, on a worker without nbcluster).
 What the user reads: `state` (each item's state), `values` (results as they arrive),
 `results` (the read-only view), `tracebacks` (failed items), `follow` (waiting in the
 kernel: output, summary, Ctrl-C).

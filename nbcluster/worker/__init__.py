@@ -7,15 +7,18 @@ three tasks here (`run_batch`, `stop_run`, `pin`): keep their names.
 A run's first batches come as a request to the worker itself instead (`direct.py`), which
 runs the same `run_blob` in the same thread pool, without the scheduler.
 
-- `batch` is one opaque blob `(indices, items, budget)`: Dask never walks into it (walking
-  a list of 2,500 items costs ~16 us per item; an opaque blob ~1 us).
+- `batch` is one opaque blob `(indices, items, budget)`: Dask never walks into it, so its
+  cost does not grow with the items inside.
 - The cell's *context* (code, small captured values, how an item binds names) is
   unpickled once per worker: `context.py`.
 - *Large values* are kept outside Dask's store, in an LRU: `objects.py`. A key that no
   worker holds any more (every holder died) comes back as `{"lost": key}`; the kernel
   scatters it again and resubmits the batch.
 - The items run in `items.py`; their prints and `display()`s are kept apart per item in
-  `output.py`; an item's exception becomes a record in `records.py`.
+  `output.py`; an item's exception becomes a record in `records.py`; a batch's values that
+  are all builtin data travel as one pickled list (`plain.py`). A cell that is one
+  expression and a function runs in a loop kept per worker (`loop.py`).
+- A `--persist` item's value stays on its worker under its own key (`held.py`).
 
 A batch may carry a time *budget*: it returns, between items, once the budget is spent,
 with the items it reached; the kernel sends the rest again. So a batch sized from a
@@ -23,10 +26,11 @@ misleading estimate still comes back on time (see `batching.py`).
 
 The task returns one opaque blob: per-item values, error records, captured output, the
 time spent in the items and how long the thread waited for the batch (for the batch
-sizing in `batching.py`, `idle.py`); a small one is also pushed
-to the kernel ahead of the task's end, which saves it a gather (`push.py`). A batch never
-raises for an item. Only a context that cannot even be loaded fails the whole batch, again as a
-returned record (`{"fatal": record}`).
+sizing in `batching.py`, `idle.py`). A small one is also pushed to the kernel ahead of the
+task's end, which saves it a gather (`push.py`); a run's first direct batch sends its
+first item's result ahead when the batch goes on (`ahead.py`). A batch never raises for an
+item. Only a context that cannot even be loaded fails the whole batch, again as a returned
+record (`{"fatal": record}`).
 
 Stopping (`stopping.py`): a batch carries its run's *stop token*. `stop_run(token)`, sent
 to every worker by the kernel on interrupt or `Results.cancel()`, makes a batch return
