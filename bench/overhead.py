@@ -37,6 +37,10 @@ a peer's 20,000 Dask tasks are still being released on the workers when the next
 starts, and a notebook's next cell does not run into that.
 
 `--write` replaces the `## overhead` section of bench/RESULTS.md with the table.
+
+`--quick N` measures only 1 and 4 (ours, `map_sync`, `%%px`), N samples each, interleaved;
+`--variant NAME:KEY=VALUE` (repeatable) adds a row of ours run under that Dask config
+setting, in the same rounds: the cost of a code path against the lead over ipyparallel.
 """
 
 from __future__ import annotations
@@ -143,6 +147,8 @@ def main() -> None:
         "--rss", choices=["magic", "fn"],
         help="only 1,000,000 tiny items once, this way, in this fresh process: time and peak RSS growth",
     )  # fmt: skip
+    parser.add_argument("--quick", type=int, metavar="N", help="only tiny items and the 8-item cell, N samples")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE")
     args = parser.parse_args()
     if args.rss:
         print(_fresh_rss(args.rss))
@@ -163,6 +169,9 @@ def main() -> None:
     handle = nbcluster.start(workers=2, threads=1, name="bench-overhead")
     ipp_cluster = ipp.Cluster(n=2, log_level=40)
     try:
+        if args.quick:
+            print(_quick(args, handle, ipp_cluster, InteractiveShell))
+            return
         table = _measure(
             args,
             handle,
@@ -350,6 +359,58 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
         *million_rows,
     ]
     lines += ["", "**200 MB captured array over 1,000 items**, two cells in a row:", "", *big_rows]
+    return "\n".join(lines)
+
+
+def _quick(args: Any, handle: Any, ipp_cluster: Any, InteractiveShell: Any) -> str:
+    """Tiny items and the 8-item cell only: ours (and each `--variant`) against ipyparallel."""
+    import dask
+
+    handle.client.wait_for_workers(2)
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "nbcluster")
+    rc = ipp_cluster.start_and_connect_sync()
+    rc.wait_for_engines(2, timeout=120)
+    view = rc[:]
+    rc.activate()
+    ip.user_ns.update(inc=inc)
+
+    def cell(n: int, settings: dict[str, Any]) -> Callable[[], None]:
+        def run() -> None:
+            with dask.config.set(settings):
+                result = ip.run_cell(f'%%distribute --over "x in range({n})" --into r\nx + 1')
+            assert result.success, result.error_in_exec
+            assert ip.user_ns["r"].ok
+        return run
+
+    variants: dict[str, dict[str, Any]] = {"%%distribute": {}}
+    for spec in args.variant:
+        name, _, setting = spec.partition(":")
+        key, _, value = setting.partition("=")
+        variants[f"%%distribute, {name}"] = {key: value}
+    rows: dict[str, tuple[int, Callable[[], Any]]] = {}
+    for name, settings in variants.items():
+        rows[f"tiny {name}"] = (TINY, cell(TINY, settings))
+    rows["tiny ipyparallel map_sync"] = (TINY, lambda: view.map_sync(inc, range(TINY)))
+    for name, settings in variants.items():
+        rows[f"cell {name}"] = (1, cell(SMALL, settings))
+    rows["cell ipyparallel %%px"] = (1, lambda: ip.run_cell_magic("px", "", "y = 1 + 1"))
+    rows["cell ipyparallel map_sync"] = (1, lambda: view.map_sync(inc, range(SMALL)))
+    for _, fn in rows.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in rows}
+    for _ in range(args.quick):
+        for name, (_, fn) in rows.items():
+            settle(quiet_s=0.1, at_most_s=2.0, share=0.3)
+            times[name].append(timed(fn))
+    load = os.getloadavg()
+    lines = [f"Quick run {time.strftime('%Y-%m-%d %H:%M')}, median of {args.quick}, load {load[0]:.1f} (machine shared)",
+             "", "| row | median | vs ipyparallel map_sync |", "|---|---:|---:|"]  # fmt: skip
+    for name, (n, _) in rows.items():
+        per = statistics.median(times[name]) / n
+        peer = statistics.median(times[f"{name.split()[0]} ipyparallel map_sync"]) / n
+        unit = f"{per * 1e6:.2f} µs/item" if n > 1 else f"{per * 1e3:.2f} ms/cell"
+        lines.append(f"| {name} | {unit} | {per / peer:.2f}x |")
     return "\n".join(lines)
 
 

@@ -12,13 +12,10 @@ A spare thread ends after `IDLE_S` without work, so a kernel that stopped runnin
 keeps no threads; there is no cap on how many run at once (runs started with ``--no-wait``
 each have their own pair), so a call never waits for another to end.
 
-`later(seconds, fn, ...)` spawns the call only once `seconds` have passed, unless it was
-cancelled by then: a run's watch thread and its live view's poller have nothing to do in
-their first half-second or quarter, and most small cells are over by then, so they never
-start (each start, and each end, was a thread woken for nothing). One daemon thread, the
-*timer*, keeps the calls due, sleeping until the earliest; a call made while it sleeps
-until an earlier one does not wake it, and a cancelled call stays in its heap until it is
-due, so a loop of small cells wakes it about once per half-second, not twice a cell.
+`later(seconds, fn, ...)` runs the call once `seconds` have passed, unless it was cancelled
+by then: a run's watch thread and its live view's poller have nothing to do in their first
+half-second or quarter, and most small cells are over by then. A spare thread waits on the
+call's cancel event with that timeout, so a cancel ends the wait at once.
 """
 
 from __future__ import annotations
@@ -26,11 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import heapq
-import itertools
 import queue
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -122,46 +116,48 @@ def _serve(inbox: queue.SimpleQueue[_Call]) -> None:
 
 
 class Later:
-    """A call `later` will spawn when it is due, unless `cancel` comes first.
+    """A call `later` will run when it is due, unless `cancel` comes first.
 
     Attributes
     ----------
     finished : threading.Event
-        Set once the call has run (as `spawn`'s event), or was cancelled before it started.
+        Set once the call has run, or was cancelled before it started.
     """
 
-    __slots__ = ("call", "finished", "spawned")
+    __slots__ = ("_lock", "call", "cancelled", "finished")
 
-    def __init__(self, call: _Call):
-        self.call: _Call | None = call
-        self.finished = call[3]
-        self.spawned = False
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]):
+        self._lock = threading.Lock()
+        self.call: tuple[Callable[..., Any], tuple[Any, ...]] | None = (fn, args)
+        self.cancelled = threading.Event()
+        self.finished = threading.Event()
 
     def cancel(self) -> bool:
-        """Do not spawn the call; False if it was spawned already.
+        """Do not run the call; False if it started already.
 
         Returns
         -------
         bool
             True when the call will not run (now or ever).
         """
-        with _timer_lock:
-            if self.spawned:
+        with self._lock:
+            if self.call is None and not self.cancelled.is_set():
                 return False
             self.call = None  # let go of what the call holds at once
+            self.cancelled.set()
         self.finished.set()
         return True
 
-
-_timer_lock = threading.Lock()
-_timer_heap: list[tuple[float, int, Later]] = []  # (due, tie-break, call), earliest first
-_timer_wake = threading.Event()
-_timer_until: float | None = None  # when the timer thread wakes next (None: no timer thread)
-_order = itertools.count()
+    def _take(self) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+        with self._lock:
+            call, self.call = self.call, None
+            return None if self.cancelled.is_set() else call
 
 
 def later(seconds: float, fn: Callable[..., Any], *args: Any, name: str) -> Later:
-    """`spawn(fn, *args, name=name)` once `seconds` have passed, unless cancelled by then.
+    """``fn(*args)`` in a spare thread once `seconds` have passed, unless cancelled by then.
+
+    The thread waits on the call's cancel event, so a cancel frees it at once.
 
     Parameters
     ----------
@@ -172,7 +168,7 @@ def later(seconds: float, fn: Callable[..., Any], *args: Any, name: str) -> Late
     *args : Any
         Its arguments.
     name : str
-        The thread's name while `fn` runs.
+        The thread's name while it waits and while `fn` runs.
 
     Returns
     -------
@@ -187,50 +183,22 @@ def later(seconds: float, fn: Callable[..., Any], *args: Any, name: str) -> Late
     >>> call.cancel()
     True
     """
-    global _timer_until
-    due = time.monotonic() + seconds
-    entry = Later((fn, args, name, threading.Event()))
-    with _timer_lock:
-        heapq.heappush(_timer_heap, (due, next(_order), entry))
-        if _timer_until is None:
-            _timer_until = due
-            threading.Thread(target=_time, name="nbcluster-timer", daemon=True).start()
-        elif due < _timer_until:
-            _timer_until = due
-            _timer_wake.set()
+    entry = Later(fn, args)
+    spawn(_when_due, entry, seconds, name=name)
     return entry
 
 
-def _time() -> None:
-    """The timer thread: spawn each call as it falls due; end after `IDLE_S` with none left."""
-    global _timer_until
-    idle_until: float | None = None
-    while True:
-        due: list[_Call] = []
-        with _timer_lock:
-            now = time.monotonic()
-            while _timer_heap and _timer_heap[0][0] <= now:
-                entry = heapq.heappop(_timer_heap)[2]
-                if entry.call is not None:  # not cancelled
-                    due.append(entry.call)
-                    entry.call, entry.spawned = None, True
-            if _timer_heap or due:
-                idle_until = None
-                until = _timer_heap[0][0] if _timer_heap else now
-            elif idle_until is None:
-                idle_until = until = now + IDLE_S  # nothing left: wait that long for a call
-            elif now >= idle_until:
-                _timer_until = None  # none came: the next `later` starts a new timer thread
-                return
-            else:
-                until = idle_until
-            _timer_until = until
-            wait = max(0.0, until - now)
-            _timer_wake.clear()
-        for fn, args, name, done in due:
-            _spawn_with(fn, args, name, done)
-        if not due:
-            _timer_wake.wait(wait)
+def _when_due(entry: Later, seconds: float) -> None:
+    if entry.cancelled.wait(seconds):
+        return
+    call = entry._take()
+    if call is None:
+        return
+    try:
+        call[0](*call[1])
+    finally:
+        del call
+        entry.finished.set()
 
 
 async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -31,17 +31,10 @@ CELL = "with open(log, 'a') as f:\n    f.write(f'{x}\\n')\nx * 10"
 
 @pytest.fixture
 def journals(tmp_path: Path) -> Iterator[Path]:
-    """A journal folder of the test's own, written from a run's start (not held back)."""
+    """A journal folder of the test's own."""
     where = tmp_path / "journals"
-    with dask.config.set({"nbcluster.journal.path": str(where), "nbcluster.journal.after": 0}):
+    with dask.config.set({"nbcluster.journal.path": str(where)}):
         yield where
-
-
-@pytest.fixture
-def held_back(journals: Path) -> Iterator[Path]:
-    """`journals`, with each new journal held back in memory for 30 s (`journal.after`)."""
-    with dask.config.set({"nbcluster.journal.after": "30s"}):
-        yield journals
 
 
 def executions(log: Path) -> list[int]:
@@ -279,7 +272,7 @@ def test_a_full_disk_is_one_warning_and_the_run_goes_on(tmp_path, capsys):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
     try:
         cell = CELL.replace("x * 10", "b'y' * 20000")
-        with dask.config.set({"nbcluster.journal.path": str(mount / "j"), "nbcluster.journal.after": 0}):
+        with dask.config.set({"nbcluster.journal.path": str(mount / "j")}):
             res = nbcluster.distribute(cell, over="x in range(8)", namespace={"log": str(tmp_path / "log")},
                                        local=True)  # fmt: skip
     finally:
@@ -601,64 +594,50 @@ def test_ended_complete_reads_only_the_last_record(cluster, journals, tmp_path):
     assert not journal.ended_complete(tmp_path / "missing.journal")
 
 
-def test_a_run_complete_within_after_leaves_no_journal(cluster, held_back, tmp_path, capsys):
-    log = tmp_path / "log"
-    assert run(log, 20).ok
-    assert journal.journals(where=held_back) == []  # nothing written: running it again costs less
-    capsys.readouterr()
-    again = run(log, 20, resume=True)  # so --resume runs it all, saying nothing more
-    assert again.values() == [i * 10 for i in range(20)]
-    assert sorted(executions(log)) == sorted(list(range(20)) * 2)
-    assert "resumed" not in capsys.readouterr().out
-
-
-def test_a_run_over_within_after_but_incomplete_is_journaled(cluster, held_back, tmp_path, capsys):
+def test_an_incomplete_run_is_journaled(cluster, journals, tmp_path, capsys):
     log = tmp_path / "log"
     cell = CELL.replace("x * 10", "if x == 3:\n    raise ValueError('not yet')\nx * 10")
     first = nbcluster.distribute(cell, over="x in range(6)", namespace={"log": str(log)})
     assert [e.index for e in first.errors] == [3]
-    (found,) = journal.journals(where=held_back)  # what --resume is for: written at its end
+    (found,) = journal.journals(where=journals)  # what --resume is for
     loaded = journal.load(found)
     assert loaded.state == "failed" and loaded.values == {i: i * 10 for i in (0, 1, 2, 4, 5)}
 
 
-def test_a_run_still_going_after_after_is_on_disk_with_what_arrived(cluster, journals, tmp_path):
-    # Item 0 arrives at once; the others wait for `go`: no batch arrives after the first, so
-    # only the journal's own timer can write it while the run goes on.
+def test_a_run_still_going_is_on_disk_with_what_arrived(cluster, journals, tmp_path):
+    # Item 0 arrives at once; the others wait for `go`: the journal holds item 0 meanwhile.
     log, go = tmp_path / "log", tmp_path / "go"
     cell = "import os, time\nwhile x and not os.path.exists(go):\n    time.sleep(0.01)\n" + CELL
-    with dask.config.set({"nbcluster.journal.after": "200ms"}):
-        res = nbcluster.distribute(cell, over="x in range(4)", namespace={"log": str(log), "go": str(go)}, wait=False)
-        try:
-            assert until(lambda: len(journal.journals(where=journals)) == 1), "no journal while the run goes on"
-            assert res.counts()["done"] < 4
-            (found,) = journal.journals(where=journals)
-            assert journal.in_use(found) and journal.load(found).values.get(0) == 0
-        finally:
-            go.touch()
-        assert res.wait().ok
+    res = nbcluster.distribute(cell, over="x in range(4)", namespace={"log": str(log), "go": str(go)}, wait=False)
+    try:
+        assert until(lambda: len(journal.journals(where=journals)) == 1), "no journal while the run goes on"
+        (found,) = journal.journals(where=journals)
+        assert until(lambda: journal.load(found).values.get(0) == 0), "item 0 not journaled as it arrived"
+        assert res.counts()["done"] < 4 and journal.in_use(found)
+    finally:
+        go.touch()
+    assert res.wait().ok
     loaded = journal.load(found)
     assert loaded.state == "complete" and loaded.values == {i: i * 10 for i in range(4)}
 
 
-def test_a_journal_is_listed_only_once_locked_with_what_was_held(journals, monkeypatch):
+def test_a_journal_is_listed_only_once_locked(journals, monkeypatch):
     # A listing (another kernel's --resume, a prune) that found it unlocked and empty while it
-    # was being made would take a starting run for a killed one. Look while it is written.
+    # was being made would take a starting run for a killed one. Look while it is made.
     seen = []
-    real_append = journal._append
+    real_lock = journal._lock
 
-    def append_and_look(fd, blob):
-        real_append(fd, blob)
-        seen.append([(journal.in_use(p), len(journal.load(p).values)) for p in journal.journals(where=journals)])
+    def lock_and_look(fd):
+        seen.append(journal.journals(where=journals))
+        return real_lock(fd)
 
-    monkeypatch.setattr(journal, "_append", append_and_look)
-    writer = journal.create("b" * 32, 3, "x", after=30)
+    monkeypatch.setattr(journal, "_lock", lock_and_look)
+    writer = journal.create("b" * 32, 3, "x")
     assert writer is not None
     for i in range(3):
         writer.write([i], [i], {}, {}, "the kernel")
-    writer._write_held_back()  # what the timer does once `after` has passed
     try:
-        assert seen == [[], [], []]  # nothing listed while it was made
+        assert seen == [[]]  # nothing listed while it was made
         (found,) = journal.journals(where=journals)
         assert journal.in_use(found) and journal.load(found).values == {0: 0, 1: 1, 2: 2}
         assert sorted(os.listdir(journals)) == [found.name]  # the hidden name it was made under is gone
@@ -714,10 +693,3 @@ def test_prune_deletes_what_a_kernel_killed_while_making_a_journal_left(journals
     finally:
         os.close(fd)
     assert sorted(os.listdir(journals)) == sorted([new.name, held.name])  # a fresh one may be in the making
-
-
-def test_a_quick_run_holding_over_16_mib_is_journaled(cluster, held_back):
-    res = nbcluster.distribute("b'x' * 2**20", over="x in range(20)", namespace={})
-    assert res.ok
-    (found,) = journal.journals(where=held_back)  # complete within `after`, but too much to hold
-    assert journal.load(found).values == dict.fromkeys(range(20), b"x" * 2**20)

@@ -95,14 +95,3 @@ def test_a_later_call_runs_when_due_and_a_cancelled_one_never(spares: list) -> N
     assert due.finished.wait(10)
     assert [name for _, name in seen] == ["nbcluster-test-due"]
     assert not due.cancel()  # it ran: too late to cancel
-
-
-def test_the_timer_thread_ends_once_nothing_is_due(spares: list, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(threads, "IDLE_S", 0.05)
-    assert threads.later(0.01, _seen, [], name="nbcluster-test-timer").finished.wait(10)
-    for timer in [t for t in threading.enumerate() if t.name == "nbcluster-timer"]:
-        timer.join(10)
-        assert not timer.is_alive()
-    seen: list = []
-    assert threads.later(0.01, _seen, seen, name="nbcluster-test-again").finished.wait(10)  # a new timer
-    assert seen

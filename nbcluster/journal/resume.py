@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbcluster import config
 from nbcluster.journal import store as journal
 from nbcluster.journal.store import Loaded, Writer
 from nbcluster.persist import handles
@@ -119,15 +118,7 @@ def prepare(
         line = _hint(found[0], total)
     fresh = chosen is None
     if chosen is None:
-        # Held back while it may never be needed: not --persist (its datasets are named after
-        # the file), nor with an unfinished older journal, which completing this run must
-        # supersede (or the next run would hint at resuming it). An older complete one holds
-        # what this run would: it may stay.
-        unfinished = found and not journal.ended_complete(found[0])
-        after = 0.0 if persist or unfinished else config.seconds("journal.after")
-        made = journal.create(
-            identity, total, first_line, cluster=cluster if persist else None, where=base, after=after
-        )
+        made = journal.create(identity, total, first_line, cluster=cluster if persist else None, where=base)
         chosen = Resumption(made, line=line)
     if persist and chosen.writer is not None:
         chosen.publish = handles.dataset_prefix(chosen.writer.path.name)

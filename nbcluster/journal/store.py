@@ -20,15 +20,9 @@ Policy
   (protocol 5, arrays copied once), so that one value that cannot be loaded later (its
   class is gone) re-runs that item alone, and one above ``nbcluster.journal.max-item-size``
   is left out (and re-run) alone.
-- **Nothing on disk for a run over within half a second.** A new journal is held back in
-  memory for ``nbcluster.journal.after`` (0.5 s): a run that completes by then never
-  touches the disk, since running it again costs less than that, and the file's create,
-  lock, writes and its predecessor's delete were 0.8 ms of every small cell (5.7 ms against
-  4.9, medians of 15 rounds in turns). Once that time has
-  passed (a timer, even while no batch arrives), or 16 MiB of records are held, or the run
-  ends incomplete (what `--resume` is for), the file is written with everything held, and
-  from then on each batch as it arrives. A run with an older journal of the same identity
-  is journaled at once, so that completing it supersedes that journal.
+- **Written from the start.** A run's journal is made when the run starts, and each batch
+  is appended as it arrives; completing the run supersedes the older journals of its
+  identity.
 - **A journal never breaks a cell.** Any failure to write (a full disk, a folder that
   cannot be written) prints one warning line, and the run goes on unjournaled.
 - **One writer at a time.** A run holds an exclusive ``flock`` on its journal while it
@@ -43,8 +37,7 @@ File layout (one file per run, ``<identity>-<start ms>-<pid>.journal``, mode 060
     one line of JSON: the `Header` (its "format" is checked before anything is unpickled)
     records, each a 4-byte little-endian length and a pickle of a `Batch` or an `End`
 
-A journal appears under its name only once it is locked and holds what was held back: it
-is made under a hidden name (a leading dot) and linked (renamed, on a file system without
+A journal appears under its name only once it is locked and holds its header: it is made under a hidden name (a leading dot) and linked (renamed, on a file system without
 hard links). A reader stops at the first record that is cut short (the kernel was killed
 in the middle of a write), keeping every whole record before it. The run's state, for
 listings, is:
@@ -86,7 +79,6 @@ from typing import Any, Literal, TypedDict
 import cloudpickle
 from dask.utils import parse_bytes
 
-from nbcluster import _threads as threads
 from nbcluster import config
 from nbcluster.run.plan import describe
 from nbcluster.run.values import Packed
@@ -409,8 +401,8 @@ def records(data: bytes, offset: int) -> Iterator[Batch | End]:
 
 #: Journals this process ended with every item done or found so, the newest last (a bounded
 #: memory): each run of a cell asks `ended_complete` of its newest journal, which reads the whole
-#: file (5 MB after a million items) to find its last record; a cell run again and again, its
-#: runs over within `after`, asked it of the same journal each time. A complete journal stays
+#: file (5 MB after a million items) to find its last record; a cell run again and again asks
+#: it of the same journal each time. A complete journal stays
 #: complete: resuming one finishes it complete again.
 _ENDED_COMPLETE: collections.OrderedDict[Path, None] = collections.OrderedDict()
 _KEEP_ENDED = 256
@@ -554,7 +546,7 @@ class Writer:
     the first failure prints one warning line and turns the writer off.
     """
 
-    def __init__(self, path: Path, fd: int | None, max_item: int, held_back: _HeldBack | None = None):
+    def __init__(self, path: Path, fd: int | None, max_item: int):
         self.path = path
         self._fd = fd
         self._max_item = max_item
@@ -563,21 +555,11 @@ class Writer:
         self.before_superseding: Callable[[list[Path]], None] | None = None
         # The driver thread writes; whichever thread ends the run closes: never both at once.
         self._lock = threading.Lock()
-        # A new journal not yet on disk (`create` with `after`): its records, until it is written.
-        self._held_back = held_back
-        self._timer: threads.Later | None = None
-        if held_back is not None:
-            self._timer = threads.later(held_back.after, self._write_held_back, name="nbcluster-journal")
 
     @property
     def open(self) -> bool:
         """True while the writer holds its journal: from `create`, `claim` or `reopen` to `end` or `release`."""
-        return self._fd is not None or self._held_back is not None
-
-    @property
-    def on_disk(self) -> bool:
-        """Whether the journal's file has been written (a run over within `after` never is)."""
-        return self._held_back is None and (self._fd is not None or self.path.exists())
+        return self._fd is not None
 
     def write(
         self,
@@ -612,16 +594,10 @@ class Writer:
             journaled instead of `values`, which are handles.
         """
         with self._lock:
-            if self._fd is None and self._held_back is None:
+            if self._fd is None:
                 return
             blob = self._record(indices, values, failed, outputs, where, ran_on, held)
-            if blob is None:
-                return
-            if self._held_back is not None:
-                self._held_back.add(blob)
-                if self._held_back.due():
-                    self._write_out()
-            elif self._fd is not None:
+            if blob is not None and self._fd is not None:
                 try:
                     _append(self._fd, blob)
                 except Exception as e:
@@ -659,23 +635,6 @@ class Writer:
             self._give_up(e)
             return None
 
-    def _write_held_back(self) -> None:
-        """The timer: the run has gone on for `after`, so its journal goes to disk now."""
-        with self._lock:
-            if self._held_back is not None:
-                self._write_out()
-
-    def _write_out(self) -> None:
-        """Create the held-back journal with all it holds (the lock held); on failure, one line."""
-        held_back, self._held_back = self._held_back, None
-        if self._timer is not None:
-            self._timer.cancel()
-        assert held_back is not None
-        try:
-            self._fd = _make(self.path, held_back.header, held_back.records)
-        except Exception as e:
-            self._warn(e)
-
     def _pickle(self, value: Any) -> bytes | None:
         try:
             blob = pickle.dumps(value, protocol=5)
@@ -698,11 +657,6 @@ class Writer:
             (`superseded`).
         """
         with self._lock:
-            if self._held_back is not None:
-                if done == total:  # complete within `after`: nothing goes to disk
-                    self._drop_held_back()
-                    return
-                self._write_out()  # incomplete: what --resume is for
             fd, self._fd = self._fd, None
             if fd is None:
                 return
@@ -722,20 +676,13 @@ class Writer:
         """Let go of the journal without marking it (a claim that was not used after all)."""
         with self._lock:
             fd, self._fd = self._fd, None
-            self._drop_held_back()
         if fd is not None:
             os.close(fd)
 
-    def _drop_held_back(self) -> None:
-        self._held_back = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
     def reopen(self) -> None:
         """A retry: take the journal again (one line, and no journal, if another run has it)."""
-        if self._fd is not None or self._held_back is not None or self.broken or not self.path.exists():
-            return  # still open; or a run complete within `after` (never written), with nothing to retry
+        if self._fd is not None or self.broken or not self.path.exists():
+            return  # still open, or gone
         try:
             fd = _lock(os.open(self.path, os.O_WRONLY | os.O_APPEND))
             with self._lock:
@@ -747,7 +694,6 @@ class Writer:
             self._give_up(e)
 
     def _give_up(self, e: BaseException) -> None:
-        self._drop_held_back()
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
@@ -822,7 +768,6 @@ def _ensure_folder(base: Path) -> None:
 
 def create(
     identity: str, total: int, first_line: str, *, cluster: str | None = None, where: Path | None = None,
-    after: float = 0.0,
 ) -> Writer | None:  # fmt: skip
     """A new journal for a run (pruning old ones to fit); None, with one line, if it cannot be.
 
@@ -839,15 +784,12 @@ def create(
         journal then holds recipes, not values.
     where : pathlib.Path, optional
         The journals' folder, as the caller just read it; `folder()` when None.
-    after : float
-        Seconds the journal is held back in memory (see the module docstring): a run that
-        completes sooner writes nothing. 0 writes it at once.
 
     Returns
     -------
     Writer or None
-        A writer holding the new journal's lock (or holding it back); None when it cannot be
-        written (one warning line says why, and the run goes on).
+        A writer holding the new journal's lock; None when it cannot be written
+        (one warning line says why, and the run goes on).
     """
     base = where or folder()
     started = time.time()
@@ -859,41 +801,12 @@ def create(
     data = MAGIC + json.dumps(header).encode() + b"\n"
     max_item = _size("journal.max-item-size")
     try:
-        if after > 0:
-            _ensure_folder(base)  # one stat: a folder that cannot be is said at the start, not later
-            return Writer(path, None, max_item, _HeldBack(data, after))
         fd = _make(path, data, [])
     except Exception as e:
         print(f"nbcluster: {_journal_failed(e, path)}: the run goes on without a journal "
               "(--resume cannot pick it up)", file=sys.stderr)  # fmt: skip
         return None
     return Writer(path, fd, max_item)
-
-
-#: Records a held-back journal keeps in memory at most: past this it is written out early.
-HOLD_BYTES = 16 * 2**20
-
-
-@dataclass
-class _HeldBack:
-    """A new journal's header and records, kept in memory until `after` has passed."""
-
-    header: bytes
-    after: float
-    records: list[bytes] = field(default_factory=list)
-    size: int = 0
-    until: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.until = time.monotonic() + self.after
-
-    def add(self, record: bytes) -> None:
-        self.records.append(record)
-        self.size += len(record)
-
-    def due(self) -> bool:
-        """Whether the journal must go to disk now: held long enough, or too much held."""
-        return self.size >= HOLD_BYTES or time.monotonic() >= self.until
 
 
 def _make(path: Path, header: bytes, records: list[bytes]) -> int:
