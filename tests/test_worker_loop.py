@@ -5,9 +5,7 @@ cell that could tell one shared namespace from one per item runs item by item.""
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
-import linecache
 import pickle
 import time
 from typing import Any
@@ -18,7 +16,7 @@ from nbcluster.run.cell import Cell
 from nbcluster.worker import output, stopping
 from nbcluster.worker.context import Context
 from nbcluster.worker.items import run_items
-from nbcluster.worker.loop import cell_loop, function_loop, loop_function
+from nbcluster.worker.loop import cell_loop
 
 
 def context(
@@ -42,9 +40,6 @@ def pair_fails(a: int, b: int) -> int:
 FAST = {
     "cell": lambda: context("10 // (x % 7) + x"),
     "function": lambda: context("x", kind="function", fn=one_in_seven_fails),
-    "function inlined": lambda: context(
-        "x", kind="function", fn=one_in_seven_fails, loop=function_loop(one_in_seven_fails)
-    ),
 }
 
 
@@ -209,85 +204,9 @@ def plain_function(x: int) -> int:
     return 10 // (x - 3)
 
 
-TWO_LAMBDAS = [lambda x: x * 3, lambda x: x * 4]  # one line, one body each
-
-
-class Indented:
-    @staticmethod
-    def fails_at_three(x: int) -> int:
-        return 10 // (x - 3)
-
-
-def test_a_function_returning_one_expression_runs_inlined_with_its_own_frame() -> None:
-    inlined = context("x", kind="function", fn=plain_function, loop=function_loop(plain_function))
+def test_a_function_fails_in_its_own_frame() -> None:
     called = context("x", kind="function", fn=plain_function)
-    assert inlined.loop is not None and called.loop is None
-    results = [run_items(ctx, range(5), list(range(5)), capture=True) for ctx in (inlined, called)]
-    assert results[0]["values"] == results[1]["values"] == [-4, -5, -10, None, 10]
-    frames = [
-        [(f.filename, f.lineno, f.name, f.line) for f in r["errors"][3]["traceback"].stack] for r in results
-    ]
-    # The same frame both ways: the function's file, line, name and source line.
-    assert frames[0] == frames[1] == [(__file__, plain_function.__code__.co_firstlineno + 2, "plain_function",
-                                       "return 10 // (x - 3)")]  # fmt: skip
-    # Indented in its file: the same line and columns (the caret under `10 // (x - 3)`).
-    method = Indented.fails_at_three
-    both = [context("x", kind="function", fn=method, loop=loop) for loop in (function_loop(method), None)]
-    assert both[0].loop is not None
-    records = [run_items(ctx, range(5), list(range(5)), capture=True)["errors"][3] for ctx in both]
-    frames = [[(f.lineno, f.colno, f.end_colno, f.name) for f in r["traceback"].stack] for r in records]
-    assert frames[0] == frames[1] and frames[0][0][1] == 15, frames
-    for fn, want in zip(TWO_LAMBDAS, ([3, 6], [4, 8]), strict=True):
-        values: list[int] = []
-        code = function_loop(fn)
-        assert code is not None
-        loop_function(code, fn.__globals__)(iter([1, 2]), values)
-        assert values == want
-
-
-def not_one_expression(x: int) -> int:
-    y = x + 1
-    return y
-
-
-def two_arguments(x: int, k: int = 2) -> int:
-    return x * k
-
-
-def a_generator(x: int) -> Any:
-    return (yield x)
-
-
-def closes_over(k: int) -> Any:
-    return lambda x: x + k
-
-
-def walrus(x: int) -> int:
-    return (y := x) + y
-
-
-@pytest.mark.parametrize(
-    "fn",
-    [not_one_expression, two_arguments, a_generator, closes_over(1), walrus, len, functools.partial(abs)],
-    ids=lambda fn: getattr(fn, "__name__", type(fn).__name__),
-)
-def test_functions_that_are_not_one_plain_expression_are_called(fn: Any) -> None:
-    assert function_loop(fn) is None
-
-
-def test_a_source_that_is_not_the_functions_own_is_never_inlined() -> None:
-    # The file changed after the function was made: its line now says something else.
-    namespace: dict[str, Any] = {}
-    filename = "<test-edited-source>"
-    exec(compile("def f(x):\n    return x + 1\n", filename, "exec"), namespace)
-    linecache.cache[filename] = (0, None, ["def f(x):\n", "    return x + 2\n"], filename)
-    try:
-        assert function_loop(namespace["f"]) is None
-        linecache.cache[filename] = (0, None, ["def f(x):\n", "    return x + 1\n"], filename)
-        fresh: dict[str, Any] = {}  # a new code object: not the answer kept for the first
-        exec(compile("def f(x):\n    return x + 1\n", filename + "2", "exec"), fresh)
-        linecache.cache[filename + "2"] = linecache.cache[filename]
-        assert function_loop(fresh["f"]) is not None
-    finally:
-        linecache.cache.pop(filename, None)
-        linecache.cache.pop(filename + "2", None)
+    result = run_items(called, range(5), list(range(5)), capture=True)
+    assert result["values"] == [-4, -5, -10, None, 10]
+    frames = [(f.filename, f.lineno, f.name, f.line) for f in result["errors"][3]["traceback"].stack]
+    assert frames == [(__file__, plain_function.__code__.co_firstlineno + 2, "plain_function", "return 10 // (x - 3)")]

@@ -13,6 +13,20 @@ For every free name of the cell (see `cell.py`) found in the user's namespace:
   with out-of-band buffers, so sizing and hashing a 200 MB array copies nothing.
   Rebinding the name to different content releases the old copy on the workers.
 
+**Each item starts from the notebook's state.** A worker loads the values once per run,
+but the items must not share what one of them changes (as `client.map`, `Pool` and
+joblib give every task its own copy). So each value is sorted by `shareable`:
+
+- known-immutable values (numbers, strings, bytes, None, tuples and frozensets of them,
+  modules, classes, imported functions, and notebook functions whose globals, closure and
+  defaults are all of these) are loaded once per worker and shared, at no cost per item;
+- a large plain numpy array (over `LARGE`) is shared too, but read-only: writing to it
+  raises an error naming the variable (`worker.context`);
+- anything else (a list, a dict, an object, a small array, a function that reads one) is
+  pickled together into one blob (`Capture.fresh`) that the worker unpickles again for
+  every item, so shared references among them stay shared within the item; a large one
+  is copied for every item on the worker.
+
 A name the cell reads before binding it, that is neither in the namespace nor a builtin,
 is an error here ("`y` is not defined"); a name read only inside a function the cell
 defines is left for Python to resolve when it runs, as in the kernel.
@@ -20,13 +34,15 @@ defines is left for Python to resolve when it runs, as in the kernel.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import io
 import pickle
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
-from types import CodeType, ModuleType
+from types import BuiltinFunctionType, CodeType, FunctionType, ModuleType
 from typing import Any
 
 import cloudpickle
@@ -57,12 +73,23 @@ class Capture:
         Every captured value as it is, for ``--local``, where nothing is pickled.
     held : dict of str to Any
         Handles of ``--persist`` values, by name: resolved on the worker, never fetched here.
+    copied : list of str
+        The small values each item gets a fresh copy of (not `shareable`); they are in
+        `values` too, for the report line.
+    fresh : bytes or None
+        Those values pickled together, unpickled by the worker for every item.
+    read_only : list of str
+        The large values shared read-only (plain numpy arrays); every other large value is
+        copied for every item.
     """
     values: dict[str, bytes] = field(default_factory=dict)  # small: pickled here
     modules: dict[str, str] = field(default_factory=dict)  # name -> module to import
     large: dict[str, tuple[Any, str, int]] = field(default_factory=dict)  # name -> (value, digest, size)
     direct: dict[str, Any] = field(default_factory=dict)  # every captured value, for --local
     held: dict[str, Any] = field(default_factory=dict)  # name -> Handle: resolved on the worker
+    copied: list[str] = field(default_factory=list)  # small values copied for every item
+    fresh: bytes | None = None  # `copied`, pickled together: unpickled for every item
+    read_only: list[str] = field(default_factory=list)  # large arrays shared read-only
 
     @property
     def names(self) -> list[str]:
@@ -118,7 +145,133 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
             result.modules[name] = value.__name__
         elif pickle_values:
             _add(result, name, value)
+        elif read_only_array(value):
+            result.read_only.append(name)
+        elif not shareable(value):
+            result.copied.append(name)
+    if pickle_values and result.copied:
+        # Together, so that two names of one object (or a function and the list it reads)
+        # are still one object in an item. In-band buffers: each unpickling copies them.
+        result.fresh = cloudpickle.dumps({n: result.direct[n] for n in result.copied}, protocol=5)
     return result
+
+
+_ATOMS = (int, float, complex, str, bytes, type(None), type(Ellipsis), type(NotImplemented), range, slice,
+          ModuleType, type, BuiltinFunctionType, enum.Enum)  # fmt: skip
+
+
+def shareable(value: Any, _seen: set[int] | None = None) -> bool:
+    """Whether items may share `value`: nothing an item does to it can be seen by the next.
+
+    Numbers, strings, bytes, None, ranges, modules, classes, builtin functions, enum
+    members, numpy scalars and dtypes; tuples and frozensets of shareable values; functions
+    (and ufuncs) imported from a module (they travel by reference); and notebook functions (module
+    ``__main__``) whose globals that their code reads, closure cells and defaults are all
+    shareable, recursively. Anything else (lists, dicts, sets, arrays, instances, bound
+    methods) is not. Classes count as shareable although their attributes could be
+    changed: an item that changes a class changes it for the worker, as in the kernel.
+
+    Parameters
+    ----------
+    value : Any
+        A captured value.
+
+    Returns
+    -------
+    bool
+        True when `value` can be loaded once per worker and shared by its items.
+
+    Examples
+    --------
+    >>> shareable((1, "a", None)), shareable([1]), shareable((1, [2]))
+    (True, False, False)
+    >>> K = 3
+    >>> def f(x):
+    ...     return x * K
+    >>> shareable(f)
+    True
+    """
+    if isinstance(value, _ATOMS):
+        return True
+    kind = type(value)
+    if kind is tuple or kind is frozenset:
+        return all(shareable(v, _seen) for v in value)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.generic | numpy.dtype) and not isinstance(value, numpy.void):
+        return True
+    if _by_reference(value):
+        return True  # a function (or ufunc) the worker imports: nothing of the notebook's travels
+    if kind is FunctionType:
+        seen = _seen if _seen is not None else set()
+        if id(value) in seen:
+            return True  # a recursive function: the rest of it is being checked
+        seen.add(id(value))
+        cells = [_contents(c) for c in value.__closure__ or ()]
+        defaults = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
+        read = [value.__globals__[n] for n in global_names(value.__code__) if n in value.__globals__]
+        return all(shareable(v, seen) for v in (*cells, *defaults, *read))
+    return False
+
+
+def read_only_array(value: Any) -> bool:
+    """Whether `value` is a large plain numpy array, which items share read-only.
+
+    Parameters
+    ----------
+    value : Any
+        A captured value.
+
+    Returns
+    -------
+    bool
+        True for a `numpy.ndarray` (not a subclass, not of objects) of over `LARGE` bytes.
+    """
+    numpy = sys.modules.get("numpy")
+    return (
+        numpy is not None and type(value) is numpy.ndarray and not value.dtype.hasobject and value.nbytes > LARGE
+    )
+
+
+def global_names(code: CodeType) -> set[str]:
+    """The names `code` (and the code nested in it) may read as globals.
+
+    Parameters
+    ----------
+    code : code
+        A function's code.
+
+    Returns
+    -------
+    set of str
+        Its ``co_names`` and those of every nested code object (attribute names included,
+        as cloudpickle takes them: a global of the same name is then counted too).
+    """
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= global_names(const)
+    return names
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell: a name the enclosing function binds later
+        return None
+
+
+def _by_reference(value: Any) -> bool:
+    """Whether pickle sends `value` by reference: it is its module's attribute of its name."""
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    module = getattr(value, "__module__", None)
+    if not isinstance(name, str) or not isinstance(module, str) or module == "__main__":
+        return False
+    found: Any = sys.modules.get(module)
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    return found is value
+
+
 
 
 def code_index(values: Any) -> dict[str, list[tuple[str, int, int]]]:
@@ -186,10 +339,14 @@ def _add(result: Capture, name: str, value: Any) -> None:
         for b in buffers:
             digest.update(b.raw())
         result.large[name] = (value, digest.hexdigest(), size)
-    elif buffers:
-        result.values[name] = cloudpickle.dumps(value, protocol=5)
-    else:
-        result.values[name] = header
+        if read_only_array(value):
+            result.read_only.append(name)
+        return
+    if buffers:
+        header = cloudpickle.dumps(value, protocol=5)
+    result.values[name] = header
+    if not shareable(value):
+        result.copied.append(name)
 
 
 def _why(e: Exception) -> str:

@@ -20,7 +20,6 @@ job knows the item's parameters and where the notebook functions it shipped came
 from __future__ import annotations
 
 import marshal
-from types import CodeType
 from typing import Any
 
 import cloudpickle
@@ -29,11 +28,10 @@ from nbcluster import worker
 from nbcluster.errors import BadArgument
 from nbcluster.persist import handles
 from nbcluster.persist.handles import held_slots
-from nbcluster.run.capture import Capture, code_index
+from nbcluster.run.capture import Capture, code_index, shareable
 from nbcluster.run.cell import Cell
 from nbcluster.run.plan import Plan
 from nbcluster.run.tracebacks import ItemError
-from nbcluster.worker.loop import function_loop
 
 
 class Job:
@@ -92,12 +90,33 @@ class Job:
         worker.Context
             A context built in the kernel, with nothing pickled.
         """
-        code: dict[str, Any] = {"fn": self.fn, "loop": self._function_loop()}
+        captured = self.capture
+        code: dict[str, Any] = {"fn": self.fn}
         if self.cell is not None:
             code = {"filename": self.cell.filename, "source": self.cell.source}
             code.update(body=self.cell.body, last=self.cell.last)
-        namespace = {"__name__": "__main__", **self.capture.direct}
-        return worker.Context({**self._binding(), **code, "large": []}, namespace)
+        elif not shareable(self.fn):
+            code["fn_blob"] = self._copyable("the function", self.fn)
+        namespace = {"__name__": "__main__", **captured.direct}
+        for name in captured.read_only:  # a view: the notebook's own array stays writeable
+            namespace[name] = namespace[name].view()
+            namespace[name].flags.writeable = False
+        fresh = captured.fresh
+        if fresh is None and captured.copied:
+            fresh = self._copyable(", ".join(f"`{n}`" for n in captured.copied),
+                                   {n: captured.direct[n] for n in captured.copied})  # fmt: skip
+        spec = {**self._binding(), **code, "large": [], "read_only": captured.read_only, "fresh": fresh}
+        return worker.Context(spec, namespace)
+
+    @staticmethod
+    def _copyable(what: str, value: Any) -> bytes | None:
+        """`value` pickled, for items in the kernel to load a copy each; None, with a line, if it cannot be."""
+        try:
+            return cloudpickle.dumps(value, protocol=5)
+        except Exception as e:
+            print(f"nbcluster: --local: {what} cannot be copied for each item ({type(e).__name__}: {e}); "
+                  "the items in the kernel share the notebook's own object")  # fmt: skip
+            return None
 
     def for_workers(self, large: list[tuple[str, str, int]]) -> bytes:
         """The context blob the workers load: code, binding, captured names, large values' keys.
@@ -114,8 +133,11 @@ class Job:
             The cloudpickled context spec, which `worker.Context.from_payload` loads.
         """
         assert self._wire is not None, "a job made for the kernel only sends nothing"
+        captured = self.capture
         spec = {**self._binding(), **self._wire, "large": large}
-        spec.update(modules=self.capture.modules, values=self.capture.values)
+        values = {n: b for n, b in captured.values.items() if n not in captured.copied}
+        spec.update(modules=captured.modules, values=values, fresh=captured.fresh, copied=captured.copied,
+                    read_only=captured.read_only)  # fmt: skip
         return cloudpickle.dumps(spec)
 
     def item_error(self, index: int, record: worker.ErrorRecord, where: str) -> ItemError:
@@ -160,22 +182,14 @@ class Job:
                 "body": None if self.cell.body is None else marshal.dumps(self.cell.body),
                 "last": None if last is None else marshal.dumps(last),
             }
-        loop = self._function_loop()
         try:
-            return {"fn": cloudpickle.dumps(self.fn), "loop": None if loop is None else marshal.dumps(loop)}
+            # A function that reads what an item could change is unpickled again per item.
+            return {"fn": cloudpickle.dumps(self.fn), "fresh_fn": not shareable(self.fn)}
         except Exception as e:
             name = getattr(self.fn, "__name__", repr(self.fn))
             raise BadArgument(
                 f"the function {name} cannot be sent to the workers: {type(e).__name__}: {e}"
             ) from None
-
-    def _function_loop(self) -> CodeType | None:
-        """A function's body inlined in the loop over a chunk (`worker.loop.function_loop`),
-        for plain items without a seed: what the worker would otherwise call once per item."""
-        plan = self.plan
-        if self.fn is None or self.seed is not None or plan.mode != "over" or plan.unpacks:
-            return None
-        return function_loop(self.fn)
 
     def _check_item(self, first: int) -> None:
         """Fail early, naming the item, when item values cannot travel."""

@@ -7,6 +7,14 @@ Dask keys of the large values. Up to `INLINE_CONTEXT` bytes it rides inline in e
 batch; above that it is scattered and fetched by key. Either way each worker unpickles it
 once (`load`, cached in `_CONTEXTS`) however many batches it runs. For `--local` the
 kernel builds a `Context` directly (`job.for_kernel`).
+
+**Each item starts from the notebook's state** (`run/capture.py` sorts the values). The
+shareable values are loaded once, into `Context.namespace`. The others come as one pickled
+blob (`Context.fresh`) that `Context.item_namespace` unpickles again for every item, and a
+function that reads such a value is unpickled again for every item (`Context.item_function`).
+A large plain array is shared through a read-only view (`Context.shared`): writing to it
+fails, and `read_only_error` turns numpy's error into one line naming the variable. Any
+other large value is pickled once here and unpickled for every item.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import builtins
 import importlib
 import linecache
 import marshal
+import pickle
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,7 +32,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.worker.loop import cell_loop, refiled
+from nbcluster.worker.loop import cell_loop
 from nbcluster.worker.objects import fetch
 
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
@@ -44,8 +53,13 @@ class Context:
         self.positional: bool = spec["positional"]
         self.seed: int | None = spec["seed"]
         self.large: list[tuple[str, str, int]] = spec["large"]  # (name, key, size)
-        # The function of a "function" item; the code of a "cell" one.
+        self.read_only: tuple[str, ...] = tuple(spec.get("read_only", ()))  # large arrays, shared read-only
+        self.fresh: bytes | None = spec.get("fresh")  # the values each item gets its own copy of
+        # The function of a "function" item; the code of a "cell" one. `fn_blob`: the
+        # function pickled, when it reads values each item must get its own copy of.
         self.fn: Callable[..., Any] | None = spec.get("fn")
+        self.fn_blob: bytes | None = spec.get("fn_blob")
+        self._large_blob: tuple[tuple[int, ...], bytes] | None = None  # copied large values, pickled
         # Module globals hold `__builtins__`, and C code that imports (numpy's lazy imports, any
         # `PyImport_Import`) reads it from the running frame's globals: `exec` adds it to the
         # namespace it runs in, a cell's loop (`loop.loop_function`) runs there without `exec`.
@@ -68,14 +82,61 @@ class Context:
                 self.bind = compile(
                     f"{self.target} = __nbcluster_item__", "<--over>", "exec", dont_inherit=True
                 )
-            if self.seed is None and self.body is None and self.bind is None and self.mode in ("over", "grid", "zip"):
+            # The one loop per chunk reads one namespace for all its items: only when every
+            # captured value is shared (`shared` tells the large ones).
+            if (self.seed is None and self.body is None and self.bind is None and self.fresh is None
+                    and self.mode in ("over", "grid", "zip")):  # fmt: skip
                 self.loop = cell_loop(source, filename, self.names, tuple_target=self.mode != "over")
-        elif spec.get("loop") is not None and self.fn is not None:
-            # The function's body inlined (`loop.function_loop`), in the function's file as
-            # it is here (cloudpickle renames a function's file, which tracebacks map back).
-            loop = spec["loop"]
-            code = marshal.loads(loop) if isinstance(loop, bytes) else loop
-            self.loop = refiled(code, self.fn.__code__.co_filename)
+
+    def shared(self, large_values: tuple[Any, ...]) -> tuple[dict[str, Any], list[bytes]]:
+        """What the items of a batch read: the shared namespace, and the blobs each item unpickles.
+
+        Parameters
+        ----------
+        large_values : tuple
+            The values of `large`, in that order, fetched on this worker.
+
+        Returns
+        -------
+        namespace : dict
+            The shareable values, with the large arrays as read-only views.
+        blobs : list of bytes
+            Pickles each item loads again into its own namespace (`item_namespace`): the
+            small values to copy, and the large ones that are not plain arrays.
+        """
+        namespace = self.namespace
+        blobs = [] if self.fresh is None else [self.fresh]
+        if not large_values:
+            return namespace, blobs
+        namespace = dict(namespace)
+        copied = {}
+        for (name, _, _), value in zip(self.large, large_values, strict=True):
+            if name in self.read_only:
+                view = value.view()  # the worker's copy stays as it is for the next run
+                view.flags.writeable = False
+                namespace[name] = view
+            else:
+                copied[name] = value
+        if copied:
+            ids = tuple(map(id, copied.values()))
+            if self._large_blob is None or self._large_blob[0] != ids:
+                self._large_blob = ids, cloudpickle.dumps(copied, protocol=5)
+            blobs.append(self._large_blob[1])
+        return namespace, blobs
+
+    def item_function(self) -> Callable[..., Any]:
+        """The function an item calls: its own copy when it reads values to copy.
+
+        Returns
+        -------
+        callable
+            `fn` itself, or a fresh unpickling of it (with fresh copies of what it reads).
+        """
+        if self.fn_blob is not None:
+            fn: Callable[..., Any] = cloudpickle.loads(self.fn_blob)
+            return fn
+        assert self.fn is not None  # set for every "function" context
+        return self.fn
 
     @classmethod
     def from_payload(cls, payload: bytes) -> Context:
@@ -120,9 +181,72 @@ class Context:
                     f"the variable `{name}` could not be loaded on the worker: {type(e).__name__}: {e} "
                     "(is a module it needs missing there?)"
                 ) from None
+        if spec.get("fresh") is not None:
+            try:
+                pickle.loads(spec["fresh"])  # once here, so that a value that cannot load is named
+            except Exception as e:
+                names = ", ".join(f"`{n}`" for n in spec.get("copied", ())) or "a captured value"
+                raise RuntimeError(
+                    f"the variables {names} could not be loaded on the worker: {type(e).__name__}: {e} "
+                    "(is a module they need missing there?)"
+                ) from None
         if spec["kind"] == "function":
+            if spec.get("fresh_fn"):
+                spec["fn_blob"] = spec["fn"]
             spec["fn"] = cloudpickle.loads(spec["fn"])
         return cls(spec, namespace)
+
+
+def item_namespace(shared: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
+    """An item's own namespace: the shared values, and a fresh unpickling of each blob.
+
+    Parameters
+    ----------
+    shared : dict
+        The namespace the batch's items share (`Context.shared`).
+    blobs : list of bytes
+        Pickled dicts of name -> value, unpickled again for this item.
+
+    Returns
+    -------
+    dict
+        A new dict: what the item binds stays its own.
+    """
+    namespace = dict(shared)
+    for blob in blobs:
+        namespace.update(pickle.loads(blob))
+    return namespace
+
+
+def read_only_error(e: BaseException, names: tuple[str, ...]) -> BaseException:
+    """numpy's error for a write to a shared read-only array, as one line naming the variable.
+
+    Parameters
+    ----------
+    e : BaseException
+        What an item raised.
+    names : tuple of str
+        The large arrays the items share read-only (`Context.read_only`).
+
+    Returns
+    -------
+    BaseException
+        `e` itself, unless it is numpy's "read-only" `ValueError` and the run shares arrays:
+        then a `ValueError` that names them and the fix, with `e`'s traceback.
+
+    Examples
+    --------
+    >>> print(read_only_error(ValueError("assignment destination is read-only"), ("big",)))
+    `big` is a large captured array, which the items share read-only: to change it, copy it in the cell first (big = big.copy())
+    """
+    if not names or type(e) is not ValueError or "read-only" not in str(e):
+        return e
+    which = " or ".join(f"`{n}`" for n in names)
+    what = "a large captured array, which the items share" if len(names) == 1 else "large captured arrays, which the items share"
+    fix = "; ".join(f"{n} = {n}.copy()" for n in names)
+    return ValueError(f"{which} is {what} read-only: to change it, copy it in the cell first ({fix})").with_traceback(
+        e.__traceback__
+    )
 
 
 def load(key: str, inline: bytes | None) -> Context:

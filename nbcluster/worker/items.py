@@ -6,8 +6,8 @@ early, between chunks of a few ms, when the run was told to stop, the Dask task 
 (`stopping.py`), or the batch's time budget is spent (see `batching.py`). `dump_result`
 pickles what a batch sends back, failing only the items whose values cannot travel.
 
-Captured values are shared by the items a worker runs (as Dask shares a dependency between
-tasks): treat them as read-only.
+Each item starts from the notebook's state: it gets its own copy of every captured value
+that it could change, and shares the rest (`context.py`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import cloudpickle
 
 from nbcluster.worker import loop, output, stopping
 from nbcluster.worker.ahead import first_of
-from nbcluster.worker.context import Context
+from nbcluster.worker.context import Context, item_namespace, read_only_error
 from nbcluster.worker.plain import plain
 from nbcluster.worker.records import ErrorRecord, error_record
 
@@ -84,14 +84,12 @@ def run_items(
         Ctrl-C in the kernel during ``--local``: it stops the cell rather than fail one
         item.
     """
-    base = context.namespace
-    if large_values:
-        base = {**base, **{name: v for (name, _, _), v in zip(context.large, large_values, strict=True)}}
+    base, blobs = context.shared(large_values)
     errors: dict[int, ErrorRecord] = {}
     outputs: dict[int, list[list[Any]]] = {}
     if capture:
         output.collect(outputs)
-    cell_loop, over, todo = _plan(context, base, indices, items, token)
+    cell_loop, over, todo = _plan(context, base, blobs, indices, items, token)
     values: list[Any] = []  # appended in order: its length is the running item's position
     started = time.perf_counter()
     ended_first = None
@@ -100,7 +98,7 @@ def run_items(
         ended_first = lambda: tell(first_of(values, errors, outputs, indices[0], time.perf_counter() - started))  # noqa: E731
     try:
         stopped = _run_chunks(cell_loop, over, todo, len(items), indices, values, errors, token, budget,
-                              started, capture, ended_first)  # fmt: skip
+                              started, capture, ended_first, context.read_only)  # fmt: skip
     finally:
         output.collect(None)
     done = len(values)
@@ -115,26 +113,23 @@ def run_items(
 
 
 def _plan(
-    context: Context, base: dict[str, Any], indices: Any, items: list[Any], token: str | None
+    context: Context, base: dict[str, Any], blobs: list[bytes], indices: Any, items: list[Any], token: str | None
 ) -> tuple[loop.Loop | None, Any, Iterable[Any]]:
     """How `loop.run_chunk` runs this context's items: (the cell's loop, over, what to iterate).
 
-    A one-expression cell: its loop (`Context.loop`), reading the names of `base`. A
-    function over plain items: its loop when its body is one returned expression
-    (`loop.function_loop`), reading the function's globals; else `map` (or `starmap`) of
-    the function. Anything else (statements, a seed, an unpacking target, keyword
-    arguments): `_runner`'s one-item step over (item, index) pairs, which also checks for a
-    stop before each item.
+    A one-expression cell whose captured values are all shared: its loop (`Context.loop`),
+    reading the names of `base`. A function over plain items that reads nothing to copy:
+    `map` (or `starmap`) of the function. Anything else (statements, values to copy per
+    item, a seed, an unpacking target, keyword arguments): `_runner`'s one-item step over
+    (item, index) pairs, which also checks for a stop before each item.
     """
     if context.seed is None:  # else each item binds its own seed
-        if context.kind == "function" and context.mode == "over" and context.fn is not None:
-            if context.loop is not None and not context.unpacks:  # its body inlined
-                return loop.loop_function(context.loop, context.fn.__globals__), None, items
+        if context.kind == "function" and context.mode == "over" and context.fn_blob is None:
             over = itertools.starmap if context.unpacks else map
-            return None, functools.partial(over, context.fn), items
-        if context.kind == "cell" and context.loop is not None:
+            return None, functools.partial(over, context.item_function()), items
+        if context.kind == "cell" and context.loop is not None and not blobs:
             return loop.loop_function(context.loop, base), None, items
-    step = _runner(context, base, token)
+    step = _runner(context, base, blobs, token)
     return None, functools.partial(itertools.starmap, step), zip(items, indices, strict=True)
 
 
@@ -151,6 +146,7 @@ def _run_chunks(
     started: float,
     capture: bool,
     ended_first: Callable[[], None] | None = None,
+    read_only: tuple[str, ...] = (),
 ) -> bool:
     """Run the `n` items of `todo` in chunks of a few ms (`loop.py`), checking for a stop
     between them. Returns whether it stopped before the end. `ended_first` is called after
@@ -165,7 +161,7 @@ def _run_chunks(
         return None if budget is None else budget - (clock() - started)
 
     def failed(j: int, e: BaseException) -> None:
-        errors[j] = error_record(e)
+        errors[j] = error_record(read_only_error(e, read_only))
 
     if capture:
         output.follow(values, indices)
@@ -192,7 +188,7 @@ def _run_chunks(
     return False
 
 
-def _runner(context: Context, base: dict[str, Any], token: str | None) -> Callable[[Any, int], Any]:
+def _runner(context: Context, base: dict[str, Any], blobs: list[bytes], token: str | None) -> Callable[[Any, int], Any]:
     """What runs one item on the general path, raising `loop.Stopped` first when the run was
     told to stop: `_run_one`, or for the commonest cell (one name, no seed) the same steps
     without looking up the context's fields again for every item (a fifth of its time)."""
@@ -203,7 +199,7 @@ def _runner(context: Context, base: dict[str, Any], token: str | None) -> Callab
         def run_cell(item: Any, index: int) -> Any:
             if token in told:
                 raise loop.Stopped
-            ns = dict(base)
+            ns = item_namespace(base, blobs) if blobs else dict(base)
             ns[name] = item
             if body is not None:
                 exec(body, ns)
@@ -214,12 +210,12 @@ def _runner(context: Context, base: dict[str, Any], token: str | None) -> Callab
     def run_one(item: Any, index: int) -> Any:
         if token in told:
             raise loop.Stopped
-        return _run_one(context, base, item, index)
+        return _run_one(context, base, blobs, item, index)
 
     return run_one
 
 
-def _run_one(context: Context, base: dict[str, Any], item: Any, index: int) -> Any:
+def _run_one(context: Context, base: dict[str, Any], blobs: list[bytes], item: Any, index: int) -> Any:
     seed = None if context.seed is None else item_seed(context.seed, index)
     if context.kind == "function":
         args: tuple[Any, ...] = ()
@@ -230,9 +226,8 @@ def _run_one(context: Context, base: dict[str, Any], item: Any, index: int) -> A
             kwargs = dict(zip(context.names, item, strict=True))
         if seed is not None:
             kwargs["seed"] = seed
-        assert context.fn is not None  # set for every "function" context
-        return context.fn(*args, **kwargs)
-    ns = dict(base)
+        return context.item_function()(*args, **kwargs)
+    ns = item_namespace(base, blobs)
     if context.mode == "over":
         if context.bind is not None:
             ns["__nbcluster_item__"] = item

@@ -5,11 +5,10 @@ for its output) costs about 0.2 us an item; a fresh copy of the namespace and an
 `exec`/`eval` per item as much again. For a tiny item (`x + 1`) that is ten times the work.
 So a batch runs in chunks, the bookkeeping done once per chunk, and each chunk is one loop:
 
-- a function over plain items (`distribute(fn, over=xs)`, no seed): `values.extend(map(fn,
-  chunk))` (`starmap` when an item unpacks into arguments), at C speed; or, when the function
-  takes one argument and returns one expression, that expression inlined in a loop as a
-  cell's is (`function_loop`), which saves the call per item;
-- a cell that is one expression (``%%distribute --over "x in xs"`` then ``f(x) + 1``, or
+- a function over plain items (`distribute(fn, over=xs)`, no seed, nothing it reads to
+  copy per item): `values.extend(map(fn, chunk))` (`starmap` when an item unpacks into
+  arguments), at C speed;
+- a cell that is one expression, whose captured values are all shared (`context.py`) (``%%distribute --over "x in xs"`` then ``f(x) + 1``, or
   ``--grid``/``--zip``, no seed): the cell's expression compiled into a function of the
   chunk, ``for x in CHUNK: VALUES.append(<expression>)``, with the cell's own file name and line
   numbers, called once per chunk. A function, not module-level code run by `exec`: its item
@@ -47,17 +46,16 @@ reach its scope otherwise only by introspection (`globals()`, `locals()`, `vars(
 uses, keeps the general path (`cell_loop` returns None). Comprehensions run at once and
 read the name as it is, so they stay. What is left reads the captured namespace and its
 own item names, and writes nothing: the loop runs with the captured namespace itself as its
-globals, shared by the worker's batches, with no copy per batch.
+globals, shared by the worker's batches, with no copy per batch. That is only correct
+because every value in it is immutable or a read-only array (`run/capture.py`'s
+`shareable`): a cell that captures anything an item could change takes the general path,
+where each item unpickles its own copy.
 """
 
 from __future__ import annotations
-import __future__
 
 import ast
-import inspect
 import itertools
-import sys
-import textwrap
 import threading
 import types
 from collections import OrderedDict
@@ -70,14 +68,9 @@ Loop = Callable[[Iterator[Any], list[Any]], None]
 
 CHUNK_S = 0.002  # seconds a chunk aims at: how long a stop or a spent budget may wait
 _ITEMS, _VALUES = "__nbcluster_items__", "__nbcluster_values__"
-_KEEP_LOOPS = 32  # cells (and functions) whose loop is kept (`cell_loop`, `function_loop`)
+_KEEP_LOOPS = 32  # cells whose loop is kept (`cell_loop`)
 _LOOPS: OrderedDict[tuple[str, tuple[str, ...], bool], CodeType | None] = OrderedDict()
-_FUNCTION_LOOPS: OrderedDict[tuple[CodeType, str], CodeType | None] = OrderedDict()
 _LOOPS_LOCK = threading.Lock()  # contexts load in the worker's threads
-# A function that is not plain: a generator or coroutine, or one taking *args or **kwargs.
-_NOT_PLAIN = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-              | inspect.CO_ITERABLE_COROUTINE | inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)  # fmt: skip
-_FUTURE_FLAGS = sum(getattr(__future__, f).compiler_flag for f in __future__.all_feature_names)
 # Names through which an expression could read or change the namespace it runs in.
 _INTROSPECTION = frozenset({"globals", "locals", "vars", "exec", "eval", "dir", "breakpoint", "_getframe",
                             "currentframe", "f_globals", "f_locals", "f_back"})  # fmt: skip
@@ -134,140 +127,15 @@ def _kept(cache: OrderedDict[Any, CodeType | None], key: Any, make: Callable[[],
     return made
 
 
-def function_loop(fn: Any) -> CodeType | None:
-    """The loop that runs `fn` over a chunk of items with its body inlined, or None if it must not.
-
-    A function whose body is one ``return EXPRESSION`` (a ``lambda``, or a ``def`` with at
-    most a docstring besides) and which takes one argument runs as its cell's loop does:
-    ``for x in CHUNK: VALUES.append(EXPRESSION)``, with the function's own globals. That saves the
-    call per item, which for a tiny item (``x + 1``) is a third of its time (82 ns an item
-    through `map` against 56 ns inlined, here). The kernel makes the loop, where the
-    function's source is (`inspect`), and sends it with the function; a function it cannot
-    see the source of, or that does anything else, runs through `map` as before.
-
-    The source must be the function's: its ``def`` (or ``lambda``) is compiled again and its
-    code compared with ``fn.__code__``, all but positions and names. So a file edited since
-    the function was defined, or two lambdas on one line, never inline the wrong expression.
-
-    What a user could tell apart: nothing a result shows. A failing item's traceback has the
-    same frame (the function's name, file and line); the expression runs in a frame of that
-    name whose locals are the argument and the loop's two names, so only code that inspects
-    its caller's frame sees a difference, and the same checks as for a cell's loop keep out
-    an expression that reaches its own scope (`cell_loop`).
-
-    Parameters
-    ----------
-    fn : callable
-        The function `distribute` maps over plain items (one argument each, no seed).
-
-    Returns
-    -------
-    code or None
-        The loop's code, named as the function, in the function's file and at its line
-        (`loop_function` makes it callable, with ``fn.__globals__``); None when `fn` is not a
-        plain Python function of one argument returning one expression, or its source cannot
-        be found and checked.
-
-    Examples
-    --------
-    >>> def inc(x):
-    ...     return x + 1
-    >>> values = []
-    >>> loop_function(function_loop(inc), inc.__globals__)(iter([1, 2]), values)
-    >>> values
-    [2, 3]
-    >>> def twice(x):
-    ...     y = 2 * x
-    ...     return y
-    >>> function_loop(twice) is None, function_loop(len) is None
-    (True, True)
-    """
-    if type(fn) is not types.FunctionType or fn.__defaults__ or fn.__kwdefaults__:
-        return None
-    code = fn.__code__
-    if code.co_argcount != 1 or code.co_kwonlyargcount or code.co_freevars or code.co_flags & _NOT_PLAIN:
-        return None
-    def make() -> CodeType | None:
-        try:
-            return _inlined(code)
-        except Exception:  # inspect's tokenizer on an odd source, say: the function is called instead
-            return None
-
-    # Code objects compare equal across files, hence the file in the key.
-    return _kept(_FUNCTION_LOOPS, (code, code.co_filename), make)
-
-
-def _inlined(code: CodeType) -> CodeType | None:
-    """`function_loop` for a plain function of one argument, from its source; None if it
-    cannot be found, parsed, matched to `code`, or is more than one returned expression."""
-    try:
-        lines, first = inspect.getsourcelines(code)
-        block = textwrap.dedent("".join(lines))
-        tree = ast.parse(block)
-    except (OSError, TypeError, SyntaxError, ValueError):
-        return None
-    # What `dedent` took off each line (the whitespace before the first line's first token).
-    indent = len(lines[0]) - len(lines[0].lstrip()) - (len(block) - len(block.lstrip()))
-    flags = code.co_flags & _FUTURE_FLAGS  # `from __future__` imports the source was compiled with
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Lambda) and code.co_name == "<lambda>":
-            expression: ast.expr = node.body
-        elif isinstance(node, ast.FunctionDef) and node.name == code.co_name:
-            body = node.body[1:] if ast.get_docstring(node, clean=False) is not None else node.body
-            if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
-                continue
-            expression = body[0].value
-        else:
-            continue
-        arguments = node.args
-        if arguments.vararg or arguments.kwarg or arguments.kwonlyargs or arguments.defaults:
-            continue
-        names = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
-        if len(names) != 1 or not _compiles_to(node, code, flags):
-            continue
-        ast.increment_lineno(expression, first - 1)  # back to where the file has it
-        for part in ast.walk(expression):
-            if isinstance(part, ast.expr | ast.arg | ast.keyword) and part.end_col_offset is not None:
-                part.col_offset += indent
-                part.end_col_offset += indent
-        return _loop_code(expression, code.co_filename, (names[0],), False, code.co_name)
-    return None
-
-
-def _compiles_to(node: ast.FunctionDef | ast.Lambda, code: CodeType, flags: int) -> bool:
-    """Whether `node`, compiled alone, gives `code`, positions and names aside."""
-    try:
-        if isinstance(node, ast.Lambda):
-            compiled = compile(ast.Expression(body=node), code.co_filename, "eval", flags, True)
-        else:
-            bare = ast.FunctionDef(name=node.name, args=node.args, body=node.body, decorator_list=[],
-                                   returns=node.returns, type_comment=None)  # fmt: skip
-            module = ast.Module(body=[ast.copy_location(bare, node)], type_ignores=[])
-            compiled = compile(module, code.co_filename, "exec", flags, True)
-    except (SyntaxError, ValueError):
-        return False
-    return any(_bare(c) == _bare(code) for c in compiled.co_consts if isinstance(c, CodeType))
-
-
-def _bare(code: CodeType) -> CodeType:
-    """`code` without positions or its qualified name, which a copy compiled elsewhere has
-    differently (code objects compare their constants by type and value, and their bytecode)."""
-    consts = tuple(_bare(c) if isinstance(c, CodeType) else c for c in code.co_consts)
-    code = code.replace(co_filename="", co_firstlineno=1, co_linetable=b"", co_consts=consts)
-    if sys.version_info >= (3, 11):
-        code = code.replace(co_qualname=code.co_name)
-    return code
-
-
 def refiled(code: CodeType, filename: str) -> CodeType:
     """`code`, and the code nested in it (a comprehension's), under `filename`.
 
     Parameters
     ----------
     code : code
-        A loop's code (`cell_loop`, `function_loop`).
+        A loop's code (`cell_loop`).
     filename : str
-        The file its frames name: the cell's, or the file of the function it stands for.
+        The file its frames name: the cell's.
 
     Returns
     -------
@@ -287,13 +155,13 @@ def _make_loop(source: str, filename: str, names: tuple[str, ...], tuple_target:
         return None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr) or not names:
         return None
-    return _loop_code(tree.body[0].value, filename, names, tuple_target, "<module>")
+    return _loop_code(tree.body[0].value, filename, names, tuple_target)
 
 
 def _loop_code(
-    expression: ast.expr, filename: str, names: tuple[str, ...], tuple_target: bool, name: str
+    expression: ast.expr, filename: str, names: tuple[str, ...], tuple_target: bool
 ) -> CodeType | None:
-    """``for NAMES in ITEMS: VALUES.append(expression)`` as the code of a function called `name`, or
+    """``for NAMES in ITEMS: VALUES.append(expression)`` as the code of a function, or
     None when the expression could tell one namespace per chunk from one per item."""
     for node in ast.walk(expression):
         if isinstance(node, ast.NamedExpr | ast.Lambda | ast.GeneratorExp | ast.Await | ast.Yield | ast.YieldFrom):
@@ -316,10 +184,10 @@ def _loop_code(
         posonlyargs=[], args=[ast.arg(arg=_ITEMS), ast.arg(arg=_VALUES)], vararg=None,
         kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[],
     )  # fmt: skip
-    # A cell's loop is named as the cell's top level, which it stands for: a traceback shows
-    # the cell's line as it would the cell run directly, "in <module>" (`tracebacks.py` names
-    # such a frame by its line only). A function's loop is named as the function.
-    function = ast.FunctionDef(name=name, args=arguments, body=[loop], decorator_list=[], returns=None)
+    # The loop is named as the cell's top level, which it stands for: a traceback shows the
+    # cell's line as it would the cell run directly, "in <module>" (`tracebacks.py` names
+    # such a frame by its line only).
+    function = ast.FunctionDef(name="<module>", args=arguments, body=[loop], decorator_list=[], returns=None)
     # The loop's own nodes take the expression's position: a traceback points at its line.
     for node in (function, arguments, *arguments.args, loop, target, *store, loop.iter, append, method,
                  method.value, loop.body[0]):  # fmt: skip
