@@ -3,7 +3,7 @@
     python bench/gpu_check.py            # on the GPU machine; appends to bench/RESULTS.md
     python bench/gpu_check.py --simulate # smoke test of this script on a CPU machine
 
-1. `%cluster start --gpus auto`; checks one GPU worker per GPU, each pinned to a distinct
+1. `%cluster start --gpu-workers auto`; checks one GPU worker per GPU, each pinned to a distinct
    device (CUDA_VISIBLE_DEVICES) and advertising the GPU resource.
 2. A `%%distribute --gpus 1` cell runs a large bf16 matrix product on each GPU worker
    (PyTorch, else CuPy; numpy on the CPU under --simulate) and reports TFLOP/s per GPU.
@@ -88,7 +88,7 @@ def main() -> int:
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "nbcluster")
-    ip.run_line_magic("cluster", "start --gpus auto --workers 1 --name gpucheck")
+    ip.run_line_magic("cluster", "start --gpu-workers auto --workers 1 --name gpucheck")
     handle = nbcluster.current()
     lines = [f"### GPU check, {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}",
              f"Command: `python bench/gpu_check.py{' --simulate' if args.simulate else ''}`", ""]  # fmt: skip

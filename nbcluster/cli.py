@@ -35,7 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        result = commands.Runner(in_kernel=False).run(commands.parse(args, prog="nbcluster"))
+        ns = commands.parse(args, prog="nbcluster")
+        for notice in ns.notices:
+            print(f"nbcluster: {notice}", file=sys.stderr)
+        result = commands.Runner(in_kernel=False).run(ns)
     except HelpShown as shown:
         print(shown.text)
         return 0

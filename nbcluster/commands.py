@@ -26,6 +26,12 @@ from nbcluster.journal import runs
 from nbcluster.persist.handles import holdings_lines
 
 COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart", "profiles", "runs")
+#: The commands of the `nbcluster` CLI: `use` sets a kernel's current cluster, and a
+#: terminal has none (each CLI command names its cluster, or takes the only one running).
+CLI_COMMANDS = tuple(c for c in COMMANDS if c != "use")
+#: `adapt`'s bounds when a front end leaves them out: the defaults of `ClusterHandle.adapt`.
+ADAPT_MIN, ADAPT_MAX = 0, 4
+_NAME_HELP = "cluster (default: the current one; in a terminal, the only one running)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,16 +46,37 @@ class _Parser(argparse.ArgumentParser):
         raise HelpShown(self.format_help())
 
 
+def renamed(old: str, new: str) -> str:
+    """The one line an old spelling prints: it works for one release more.
+
+    Parameters
+    ----------
+    old, new : str
+        The old spelling and the one to use instead.
+
+    Returns
+    -------
+    str
+        ``note: `OLD` is now `NEW`; the old spelling goes in the next release.``
+    """
+    return f"note: `{old}` is now `{new}`; the old spelling goes in the next release."
+
+
 def build_parser(prog: str) -> argparse.ArgumentParser:
     """The parser of the ``cluster`` language: every command and its options.
 
     The ``start`` options come from `cluster.spec.START_OPTIONS`, the declarations the
     Python API's `start()` takes too, so the three front ends cannot drift apart.
 
+    Old spellings (``start --gpus``, ``scale --name``, ``adapt --name``, ``runs --show``)
+    are parsed too, hidden from the help; `parse` turns them into the new ones with a
+    notice.
+
     Parameters
     ----------
     prog : str
-        The program name usage lines show: ``"%cluster"`` or ``"nbcluster"``.
+        The program name usage lines show: ``"%cluster"`` or ``"nbcluster"`` (which has no
+        ``use``: `CLI_COMMANDS`).
 
     Returns
     -------
@@ -57,8 +84,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         A parser whose errors raise `BadArgument` and whose ``--help`` raises `HelpShown`,
         rather than printing and exiting.
     """
+    names = CLI_COMMANDS if prog == "nbcluster" else COMMANDS
     p = _Parser(prog=prog, description="Start, scale, adapt and stop Dask clusters.")
-    sub = p.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", metavar="{" + ",".join(names) + "}", parser_class=_Parser)
     sub.required = True
 
     s = sub.add_parser("start", help="start a cluster (or reuse the running one of that name)")
@@ -67,43 +95,51 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
             s.add_argument(f"--{option.flag}", action="store_true", help=option.help.replace("%", "%%"))
         else:
             s.add_argument(f"--{option.flag}", metavar=option.metavar, help=option.help.replace("%", "%%"))
+    s.add_argument("--gpus", dest="old_gpus", help=argparse.SUPPRESS)  # now --gpu-workers
 
     s = sub.add_parser("scale", help="set the number of workers of a kind")
     s.add_argument("n", help="number of workers")
+    s.add_argument("name", nargs="?", help=_NAME_HELP)
     s.add_argument("--kind", default="cpu", choices=KINDS, help="worker kind (default: cpu)")
-    s.add_argument("--name", help="cluster (default: the current one)")
     s.add_argument("--force", action="store_true", help=FORCE_HELP)
+    s.add_argument("--name", dest="old_name", help=argparse.SUPPRESS)  # now positional
 
     s = sub.add_parser("adapt", help="scale CPU workers automatically between --min and --max")
-    s.add_argument("--min", required=True, dest="minimum", help="fewest workers")
-    s.add_argument("--max", required=True, dest="maximum", help="most workers")
-    s.add_argument("--name", help="cluster (default: the current one)")
+    s.add_argument("name", nargs="?", help=_NAME_HELP)
+    s.add_argument("--min", default=str(ADAPT_MIN), dest="minimum", help=f"fewest workers (default: {ADAPT_MIN})")
+    s.add_argument("--max", default=str(ADAPT_MAX), dest="maximum", help=f"most workers (default: {ADAPT_MAX})")
     s.add_argument("--force", action="store_true", help=FORCE_HELP)
+    s.add_argument("--name", dest="old_name", help=argparse.SUPPRESS)  # now positional
 
     s = sub.add_parser("status", help="workers, cores, memory, GPUs and tasks of a cluster")
-    s.add_argument("name", nargs="?")
+    s.add_argument("name", nargs="?", help=_NAME_HELP)
 
-    sub.add_parser("list", help="every running cluster, whoever started it")
+    sub.add_parser("list", help="the running clusters nbcluster started (its registry), and the one `use` attached")
 
-    s = sub.add_parser("use", help="make a cluster the current one (by name or tls:// address)")
-    s.add_argument("target")
-    s.add_argument(
-        "--security", metavar="CA,CERT,KEY", help="PEM files for a tls:// scheduler run by someone else"
-    )
+    if "use" in names:
+        s = sub.add_parser("use", help="make a cluster the kernel's current one (by name or tls:// address)")
+        s.add_argument("target", help="a cluster name, or a scheduler address such as tls://host:8786")
+        s.add_argument(
+            "--security", metavar="CA,CERT,KEY", help="PEM files for a tls:// scheduler run by someone else"
+        )
 
     s = sub.add_parser("stop", help="stop a cluster and its workers")
-    s.add_argument("name", nargs="?")
+    s.add_argument("name", nargs="?", help=_NAME_HELP)
     s.add_argument("--all", action="store_true", help="stop every running cluster")
 
     s = sub.add_parser("restart", help="restart the workers (the cluster stays)")
-    s.add_argument("name", nargs="?")
+    s.add_argument("name", nargs="?", help=_NAME_HELP)
 
     sub.add_parser("profiles", help="where clusters can run: the profiles in Dask config")
 
     s = sub.add_parser("runs", help="the journaled runs of distribute cells, which --resume picks up")
-    s.add_argument("--forget", nargs="*", metavar="ID", help="delete the journals of these runs (IDs from the list)")
+    s.add_argument(
+        "ids", nargs="*", metavar="ID",
+        help="show these runs' journals (where items ran, the failed items and their errors); none: list every run",
+    )  # fmt: skip
+    s.add_argument("--forget", action="store_true", help="delete the journals of the IDs given")
     s.add_argument("--all", action="store_true", help="with --forget: delete every journal not in use")
-    s.add_argument("--show", metavar="ID", help="one run's journal: where its items ran, its failed items and their errors")
+    s.add_argument("--show", dest="old_show", help=argparse.SUPPRESS)  # now `runs ID`
     return p
 
 
@@ -120,7 +156,8 @@ def parse(argv: str | Sequence[str], prog: str = "%cluster") -> argparse.Namespa
     Returns
     -------
     argparse.Namespace
-        ``command`` (one of `COMMANDS`) and its options.
+        ``command`` (one of `COMMANDS`) and its options, and ``notices``: one line per old
+        spelling used, for the front end to show.
 
     Raises
     ------
@@ -142,11 +179,43 @@ def parse(argv: str | Sequence[str], prog: str = "%cluster") -> argparse.Namespa
             raise BadArgument(f"cannot read `{argv.strip()}`: {e}; close the quote or drop it") from None
     else:
         args = list(argv)
+    names = CLI_COMMANDS if prog == "nbcluster" else COMMANDS
     if not args:
-        raise BadArgument(f"say what to do: {prog} {{{','.join(COMMANDS)}}} (e.g. `{prog} start`)")
-    if args[0] not in COMMANDS and not args[0].startswith("-"):
-        raise BadArgument(f"unknown command {args[0]!r}: use one of {', '.join(COMMANDS)}")
-    return build_parser(prog).parse_args(args)
+        raise BadArgument(f"say what to do: {prog} {{{','.join(names)}}} (e.g. `{prog} start`)")
+    if args[0] == "use" and prog == "nbcluster":
+        raise BadArgument(
+            "`use` sets a notebook kernel's current cluster (`%cluster use NAME`); a terminal has none: "
+            "name the cluster in the command instead (`nbcluster status NAME`)"
+        )
+    if args[0] not in names and not args[0].startswith("-"):
+        raise BadArgument(f"unknown command {args[0]!r}: use one of {', '.join(names)}")
+    return _modern(build_parser(prog).parse_args(args), prog)
+
+
+def _modern(ns: argparse.Namespace, prog: str) -> argparse.Namespace:
+    """Turn an old spelling into the new one, with its one-line notice in ``ns.notices``."""
+    ns.notices = []
+    old = {"start": "old_gpus", "scale": "old_name", "adapt": "old_name", "runs": "old_show"}.get(ns.command)
+    value = getattr(ns, old, None) if old else None
+    if value is None:
+        return ns
+    if ns.command == "start":
+        if ns.gpu_workers is not None:
+            raise BadArgument("give --gpu-workers only: --gpus is its old name on `start`")
+        ns.gpu_workers = value
+        ns.notices.append(renamed(f"{prog} start --gpus", f"{prog} start --gpu-workers"))
+    elif ns.command == "runs":
+        if ns.ids or ns.forget:
+            raise BadArgument(f"--show is the old spelling of `{prog} runs ID`: give the ID alone")
+        ns.ids = [value]
+        ns.notices.append(renamed(f"{prog} runs --show ID", f"{prog} runs ID"))
+    else:
+        if ns.name is not None:
+            raise BadArgument(f"name the cluster once: `{prog} {ns.command} ... NAME` (--name is its old spelling)")
+        ns.name = value
+        new = f"{prog} scale N NAME" if ns.command == "scale" else f"{prog} adapt NAME"
+        ns.notices.append(renamed(f"{prog} {ns.command} --name NAME", new))
+    return ns
 
 
 class LiveClusterInfo(ClusterInfo):
@@ -249,7 +318,7 @@ class Runner:
         return info
 
     def do_scale(self, ns: argparse.Namespace) -> ClusterInfo:
-        """``scale N``: set the number of workers of a kind.
+        """``scale N [NAME]``: set the number of workers of a kind.
 
         Parameters
         ----------
@@ -272,12 +341,13 @@ class Runner:
         return handle.info()
 
     def do_adapt(self, ns: argparse.Namespace) -> ClusterInfo:
-        """``adapt --min A --max B``: scale CPU workers automatically between A and B.
+        """``adapt [NAME] [--min A] [--max B]``: scale CPU workers automatically between A and B.
 
         Parameters
         ----------
         ns : argparse.Namespace
-            ``minimum``, ``maximum``, ``name`` and ``force``.
+            ``name``, ``minimum`` and ``maximum`` (default `ADAPT_MIN` and `ADAPT_MAX`, those
+            of `ClusterHandle.adapt`) and ``force``.
 
         Returns
         -------
@@ -312,9 +382,12 @@ class Runner:
         return LiveClusterInfo(handle.info(), handle) if self.in_kernel else handle.info()
 
     def do_list(self, ns: argparse.Namespace) -> ClusterList:
-        """``list``: every running cluster, whoever started it.
+        """``list``: the running clusters of the user's registry, whoever started them.
 
-        A cluster attached with ``use`` (in no registry) is listed too. Clusters are asked for
+        These are the clusters nbcluster started: from a notebook, a terminal or the
+        sidebar, by this user. A cluster attached with ``use`` (in no registry) is listed
+        too; other Dask clusters (a plain ``LocalCluster``, one made with dask-jobqueue by
+        hand) are not. Clusters are asked for
         their status at once; one that does not answer is shown from its registry entry.
 
         Parameters
@@ -357,13 +430,8 @@ class Runner:
         ClusterInfo
             The cluster's status, with a note that work now runs there.
 
-        Raises
-        ------
-        nbcluster.errors.BadArgument
-            Outside a kernel, where there is no current cluster to set.
+        The CLI has no ``use`` (`CLI_COMMANDS`): `parse` refuses it there with the fix.
         """
-        if not self.in_kernel:
-            raise BadArgument("`use` picks the cluster of a notebook kernel: run `%cluster use NAME` there")
         handle = _current.attach(ns.target, security=ns.security)
         info = handle.info()
         info.note = f"Using cluster {handle.name!r}: %%distribute and Dask's default client now run there."
@@ -395,34 +463,35 @@ class Runner:
         )
 
     def do_runs(self, ns: argparse.Namespace) -> str:
-        """``runs [--show ID | --forget ID... | --forget --all]``: list, show or delete the journaled runs.
+        """``runs [ID...] [--forget] [--all]``: list, show or delete the journaled runs.
+
+        ``runs`` lists them, ``runs ID`` shows one (several IDs: each in turn), ``runs ID...
+        --forget`` deletes those, and ``runs --forget --all`` every journal not in use.
 
         Parameters
         ----------
         ns : argparse.Namespace
-            ``forget`` (IDs, or None to list), ``all`` and ``show`` (an ID, or None).
+            ``ids``, ``forget`` and ``all``.
 
         Returns
         -------
         str
-            The table of runs (`distribute.runs.table`), one run's journal (`distribute.runs.show`),
-            or what was forgotten.
+            The table of runs (`journal.runs.table`), the runs' journals
+            (`journal.runs.show`), or what was forgotten.
 
         Raises
         ------
         nbcluster.errors.BadArgument
-            For ``--all`` without ``--forget``, ``--show`` with ``--forget``, or IDs
-            `distribute.runs.forget` or `distribute.runs.show` cannot take.
+            For ``--all`` without ``--forget``, ``--forget`` with neither IDs nor ``--all``,
+            or IDs `journal.runs.forget` or `journal.runs.show` cannot take.
         """
-        if ns.show is not None:
-            if ns.forget is not None or ns.all:
-                raise BadArgument("--show takes one run: `runs --show ID`; forget it with `runs --forget ID`")
-            return runs.show(ns.show)
-        if ns.forget is None:
-            if ns.all:
-                raise BadArgument("--all goes with --forget: `runs --forget --all` deletes every journal")
+        if ns.forget:
+            return runs.forget(ns.ids, ns.all, _current.client_of)
+        if ns.all:
+            raise BadArgument("--all goes with --forget: `runs --forget --all` deletes every journal")
+        if not ns.ids:
             return runs.table(_current.client_of)
-        return runs.forget(ns.forget, ns.all, _current.client_of)
+        return "\n\n".join(runs.show(ident) for ident in ns.ids)
 
     def do_stop(self, ns: argparse.Namespace) -> str:
         """``stop [NAME | --all]``: stop a cluster (or every one) and its workers.

@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
-from nbcluster import _current, commands
+from nbcluster import commands
 from nbcluster.errors import ClusterCannotRun, ClusterLost, HelpShown, NbclusterError
-from nbcluster.journal import runs
 from nbcluster.persist.handles import forget_shown
 from nbcluster.run.args import help_text, parse_distribute_line, parse_wait_line
 
@@ -30,17 +29,7 @@ class NbclusterMagics(Magics):
     @line_magic
     def cluster(self, line: str) -> Any:
         """Start, scale, adapt, inspect and stop clusters: `%cluster --help`."""
-        try:
-            result = commands.Runner(in_kernel=True).run(commands.parse(line))
-        except HelpShown as shown:
-            print(shown.text)
-            return None
-        except NbclusterError as e:
-            raise UsageError(str(e)) from None
-        if isinstance(result, str):
-            print(result)
-            return None
-        return result
+        return _cluster_line(line)
 
     @line_cell_magic
     def distribute(self, line: str, cell: str | None = None) -> Any:
@@ -49,10 +38,9 @@ class NbclusterMagics(Magics):
 
         try:
             if cell is None:
-                said = runs.line_magic(line.split(), _current.client_of)  # `%distribute runs [ID]`, `%distribute forget ID`
-                if said is not None:
-                    print(said)
-                    return None
+                words = line.split()
+                if words[:1] in (["runs"], ["forget"]):  # the journals' old home: now `%cluster runs`
+                    return _cluster_line(_journals_line(words))
                 return wait(parse_wait_line(line), namespace=self.shell.user_ns)
             kwargs = parse_distribute_line(line)
             results = distribute(
@@ -68,10 +56,39 @@ class NbclusterMagics(Magics):
     # `%cluster?` and `%%distribute?` show the parsers' own help: made from the declarations.
     cluster.__doc__ = commands.build_parser("%cluster").format_help()
     distribute.__doc__ = (
-        f"{help_text()}\n`%distribute wait NAME` waits for the results of a --no-wait cell.\n"
-        "`%distribute runs` lists the journaled runs (for --resume), `%distribute runs ID` shows one (its failed\n"
-        "items and their errors); `%distribute forget ID|--all` deletes them.\n"
+        f"{help_text()}\n`%distribute wait NAME` waits for the results of a --no-wait cell, printing\n"
+        "their output and failures (`nbcluster.wait`); `NAME.wait()` waits without printing.\n"
+        "The journaled runs (for --resume): `%cluster runs [ID] [--forget]`.\n"
     )
+
+
+def _cluster_line(line: str) -> Any:
+    """Run one `%cluster` line: its notices and text printed, a status returned for display."""
+    try:
+        ns = commands.parse(line)
+        for notice in ns.notices:
+            print(notice)
+        result = commands.Runner(in_kernel=True).run(ns)
+    except HelpShown as shown:
+        print(shown.text)
+        return None
+    except NbclusterError as e:
+        raise UsageError(str(e)) from None
+    if isinstance(result, str):
+        print(result)
+        return None
+    return result
+
+
+def _journals_line(words: list[str]) -> str:
+    """`%distribute runs [ID]` / `forget ID...|--all` as the `%cluster runs` line, after its notice."""
+    if words[0] == "runs":
+        new = " ".join(["runs", *words[1:]])
+        print(commands.renamed("%distribute runs [ID]", "%cluster runs [ID]"))
+    else:
+        new = " ".join(["runs", *words[1:], "--forget"])
+        print(commands.renamed("%distribute forget ID", "%cluster runs ID --forget"))
+    return new
 
 
 def forget_shown_after_cells(ipython: Any) -> None:

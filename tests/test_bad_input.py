@@ -28,8 +28,8 @@ from nbcluster.run.results import Results
 JUNK = ['"', "'", '"""', "(", ")", "[", "]", "{", "}", "-", "--", "---", "=", ",", ":", "\\", "#", ";",
         "0", "-1", "1.5", "1e9", "99999999999999999999", "nan", "-0", "x", "in", "None", "é", "🙂"]  # fmt: skip
 # What `start` always carries at least one of, so that it never starts a cluster here.
-DEFECTS = ['"', "'", "--zzz", ")", "--workers -1", "--threads x", "--memory 1", "--gpus -2", "((", "start"]
-CLUSTER_WORDS = [*commands.COMMANDS, "--workers", "--threads", "--memory", "--gpus", "--name", "--keep",
+DEFECTS = ['"', "'", "--zzz", ")", "--workers -1", "--threads x", "--memory 1", "--gpu-workers -2", "((", "start"]
+CLUSTER_WORDS = [*commands.COMMANDS, "--workers", "--threads", "--memory", "--gpu-workers", "--gpus", "--name", "--keep",
                  "--dashboard", "--gpu-backend", "--kind", "--min", "--max", "--all", "cpu", "gpu", "local"]  # fmt: skip
 DISTRIBUTE_WORDS = [f"--{flag.name}" for flag in FLAGS] + ["x in range(3)", "x", "in", "range(3)", "a=[1]", "auto"]
 

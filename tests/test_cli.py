@@ -18,7 +18,7 @@ def test_cli_lifecycle(runtime_dir, cli):
     assert listed.returncode == 0 and "term" in listed.stdout and "1 (1 core)" in listed.stdout
     assert cli("scale", "2").returncode == 0  # the only running cluster needs no name
     assert "2 workers" in cli("status", "term").stdout
-    assert cli("adapt", "--min", "1", "--max", "3").returncode == 0
+    assert cli("adapt", "term", "--min", "1", "--max", "3").returncode == 0
     assert "adaptive 1-3" in cli("status").stdout
     stopped = cli("stop", "term")
     assert stopped.returncode == 0 and "Stopped 'term'" in stopped.stdout
@@ -35,8 +35,8 @@ def test_cli_lifecycle(runtime_dir, cli):
         (["scale", "-3"], "at least 0"),
         (["adapt", "--min", "2", "--max", "1"], "above --max"),
         (["status", "ghost"], "no cluster named 'ghost'"),
-        (["start", "--gpus", "2"], "no GPU"),
-        (["use", "local"], "notebook kernel"),
+        (["start", "--gpu-workers", "2"], "no GPU"),
+        (["use", "local"], "a terminal has none"),
         (["scale", "1", "--kind", "tpu"], "invalid choice: 'tpu'"),
         (["start", "--gpu-backend", "cuda9"], "--gpu-backend 'cuda9'"),
     ],
@@ -65,3 +65,61 @@ def test_cli_shows_the_cores_message(runtime_dir, cli):
         parse_bounds(2, 1)
     result = cli("adapt", "--min", "2", "--max", "1")
     assert (result.returncode, result.stderr) == (2, f"nbcluster: error: {expected.value}\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "notice", "error"),
+    [
+        (["start", "--gpus", "2"], "`nbcluster start --gpus` is now `nbcluster start --gpu-workers`", "no GPU"),
+        (["scale", "1", "--name", "ghost"], "`nbcluster scale --name NAME` is now `nbcluster scale N NAME`", "no cluster named 'ghost'"),
+        (["adapt", "--name", "ghost"], "`nbcluster adapt --name NAME` is now `nbcluster adapt NAME`", "no cluster named 'ghost'"),
+        (["runs", "--show", "abcdef12"], "`nbcluster runs --show ID` is now `nbcluster runs ID`", "no journaled run 'abcdef12'"),
+    ],
+)
+def test_cli_old_spellings_still_work_after_one_line_naming_the_new(runtime_dir, cli, args, notice, error):
+    # Each old spelling reaches the same command as the new one (here: the same mistake),
+    # after exactly one line that names the new spelling.
+    result = cli(*args, env={SIMULATE_ENV: "0"})
+    assert result.returncode == 2
+    first, second = result.stderr.splitlines()
+    assert first == f"nbcluster: note: {notice}; the old spelling goes in the next release."
+    assert second.startswith("nbcluster: error: ") and error in second, second
+
+
+def test_cli_names_a_cluster_in_the_same_place_for_every_command(runtime_dir, cli):
+    # Positional everywhere: `status NAME`, `scale N NAME`, `adapt NAME`, `stop NAME`, `restart NAME`.
+    for args in (["status", "ghost"], ["scale", "1", "ghost"], ["adapt", "ghost"], ["stop", "ghost"], ["restart", "ghost"]):
+        result = cli(*args)
+        assert result.returncode == 2, args
+        assert result.stderr.startswith("nbcluster: error: no cluster named 'ghost'.") and result.stderr.count("\n") == 1
+
+
+def test_cli_has_no_use_and_says_what_to_do_instead(cli):
+    result = cli("--help")
+    assert "use" not in result.stdout.split("positional arguments:")[0], result.stdout
+    assert " use " not in result.stdout
+    refused = cli("use", "local")
+    assert refused.returncode == 2 and "`%cluster use NAME`" in refused.stderr and "nbcluster status NAME" in refused.stderr
+
+
+def test_adapt_bounds_default_as_the_python_api_does():
+    import inspect
+
+    from nbcluster import commands
+    from nbcluster.cluster.handle import ClusterHandle
+
+    defaults = inspect.signature(ClusterHandle.adapt).parameters
+    ns = commands.parse("adapt", prog="nbcluster")
+    assert (int(ns.minimum), int(ns.maximum)) == (defaults["minimum"].default, defaults["maximum"].default)
+    assert (commands.ADAPT_MIN, commands.ADAPT_MAX) == (0, 4)
+
+
+def test_start_gpus_keyword_still_works_with_a_future_warning(runtime_dir, monkeypatch):
+    monkeypatch.setenv(SIMULATE_ENV, "0")
+    with (
+        pytest.warns(FutureWarning, match=r"`gpus` of a cluster start is now `gpu_workers`"),
+        pytest.raises(BadArgument, match="no GPU"),
+    ):
+        nbcluster.start(gpus=2)
+    with pytest.raises(BadArgument, match="give gpu_workers only"):
+        nbcluster.start(gpus=1, gpu_workers=1)

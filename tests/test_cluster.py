@@ -266,7 +266,7 @@ def test_bad_input_is_one_clear_error(runtime_dir, monkeypatch):
     with pytest.raises(BadArgument, match="not a size"):
         nbcluster.start(memory="lots")
     with pytest.raises(BadArgument, match="no GPU"):
-        nbcluster.start(gpus=2)
+        nbcluster.start(gpu_workers=2)
     with pytest.raises(ClusterNotFound, match="no cluster named 'nope'"):
         nbcluster.connect("nope")
     with pytest.raises(ClusterUnreachable, match="no scheduler answers"):

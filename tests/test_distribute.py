@@ -399,8 +399,6 @@ def test_function_api(ns: dict[str, Any], cluster: Any) -> None:
     frame = distribute(add, grid={"a": [2, 1], "b": [10]}).to_pandas()
     assert list(frame.columns) == ["a", "b", "result"]
     assert frame.to_dict("list") == {"a": [2, 1], "b": [10, 10], "result": [(12, None), (11, None)]}
-    futures = distribute(add, over=range(2)).futures
-    assert cluster.client.gather(futures) == [(0, None), (1, None)]
 
 
 def test_namespace_defaults_to_the_callers(cluster: Any) -> None:
@@ -423,7 +421,7 @@ def test_results_cannot_be_written_by_user_code() -> None:
     # Only the run's engine writes its state: the view's attributes are read-only and what
     # it returns are copies, so a slip in user code cannot change the results.
     res = distribute("x * 2", over="x in range(3)", namespace={}, local="all", into="res")
-    for name in ("ok", "done", "params", "errors", "label", "run_id", "started", "ended", "lost", "halted", "futures"):
+    for name in ("ok", "done", "params", "errors", "label", "run_id", "started", "ended", "lost"):
         with pytest.raises(AttributeError):
             setattr(res, name, None)
     with pytest.raises(AttributeError):

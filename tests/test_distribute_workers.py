@@ -30,7 +30,7 @@ WHERE = "from distributed import get_worker\nimport os\n(get_worker().name, os.e
 def mixed() -> Iterator[ClusterHandle]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NBCLUSTER_SIMULATE_GPUS", "1")
-        handle = start(workers=1, threads=1, gpus=1, name="distribute-mixed")
+        handle = start(workers=1, threads=1, gpu_workers=1, name="distribute-mixed")
     try:
         handle.client.wait_for_workers(2, timeout=60)
         yield handle

@@ -108,13 +108,84 @@ def test_site_front_page_reaches_each_reference_in_one_click(site: Path) -> None
 
 
 def test_no_page_restates_an_option_table_by_hand() -> None:
-    # The tables are generated: a hand-written copy would drift (the README's did).
+    # The tables are generated: a hand-written copy would drift (the README's did). The
+    # one-line index of every name (reference/names.md) gives no defaults or flags' values,
+    # and test_every_public_name_has_its_line holds it to the code.
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     for page in pages:
+        if page == NAMES_PAGE:
+            continue
         hand = re.findall(
             r"^\| `--[a-z-]+.*\|$|^\| `nbcluster\.[a-z-]+\.[a-z.-]+` \|", page.read_text(), re.MULTILINE
         )
         assert not hand, f"{page.relative_to(ROOT)} restates generated rows: {hand[:3]}; use the directive"
+
+
+NAMES_PAGE = ROOT / "docs" / "reference" / "names.md"
+_NAME_ROW = re.compile(r"^\| `(?P<name>[^`]+)` \|", re.MULTILINE)
+
+
+def public_names() -> dict[str, list[str]]:
+    """Every name a user can type, by the heading of reference/names.md it goes under,
+    generated from the code: `nbcluster.__all__` and the public members of `Results` and
+    `ClusterHandle`, the `%%distribute` declarations, the `%cluster` parser (old spellings,
+    hidden from its help, are not names), and the settings of ``nbcluster.yaml``."""
+    import argparse
+
+    import nbcluster
+    from nbcluster.cluster.handle import ClusterHandle
+    from nbcluster.run.results import Results
+
+    python = [f"nbcluster.{name}" for name in nbcluster.__all__]
+    python += [f"{cls.__name__}.{m}" for cls in (Results, ClusterHandle) for m in dir(cls) if not m.startswith("_")]
+    distribute_ = [f"%%distribute --{flag.name}" for flag in FLAGS] + ["%distribute wait"]
+    parser = commands.build_parser("%cluster")
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    cluster = []
+    for name, command in sub.choices.items():
+        cluster.append(f"%cluster {name}")
+        cluster += [
+            f"%cluster {name} {action.option_strings[0]}"
+            for action in command._actions
+            if action.option_strings and action.help != argparse.SUPPRESS and not isinstance(action, argparse._HelpAction)
+        ]
+    settings = [f"nbcluster.{key}" for key, setting in load().items() if setting.kind != "section"]
+    return {
+        "Python API": python,
+        "`%%distribute` options": distribute_,
+        "`%cluster` and `nbcluster` subcommands": cluster,
+        "Settings": settings,
+    }
+
+
+def test_every_public_name_has_its_line_in_the_reference() -> None:
+    listed = _NAME_ROW.findall(NAMES_PAGE.read_text())
+    expected = public_names()
+    known = {name for names in expected.values() for name in names}
+    missing = [
+        f"under '## {heading}': | `{name}` | <what it is, in one line> |"
+        for heading, names in expected.items()
+        for name in names
+        if name not in listed
+    ]
+    assert not missing, f"docs/reference/names.md lacks {len(missing)} name(s); add these lines:\n" + "\n".join(missing)
+    gone = [name for name in listed if name not in known]
+    assert not gone, f"docs/reference/names.md lists names the code no longer has; remove: {gone}"
+    twice = sorted({name for name in listed if listed.count(name) > 1})
+    assert not twice, f"docs/reference/names.md lists these twice: {twice}"
+
+
+def test_the_names_check_refuses_a_missing_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The check on a page made to break it: one row dropped, one stale row added.
+    page = NAMES_PAGE.read_text()
+    broken = tmp_path / "names.md"
+    broken.write_text(page.replace("| `%%distribute --retries` |", "| dropped |"))
+    monkeypatch.setattr(sys.modules[__name__], "NAMES_PAGE", broken)
+    with pytest.raises(AssertionError, match=r"add these lines:\n\s*under '## `%%distribute` options': \| `%%distribute --retries` \|"):
+        test_every_public_name_has_its_line_in_the_reference()
+    broken.write_text(page + "| `nbcluster.gone` | a name the code does not have |\n")
+    with pytest.raises(AssertionError, match=r"remove: \['nbcluster.gone'\]"):
+        test_every_public_name_has_its_line_in_the_reference()
 
 
 def test_rest_start_body_is_the_declared_start_fields() -> None:

@@ -55,7 +55,7 @@ def test_nvidia_smi_fallback_parses_devices():
 @pytest.fixture
 def gpu_cluster(runtime_dir, monkeypatch):
     monkeypatch.setenv(gpu.SIMULATE_ENV, "2")
-    return nbcluster.start(workers=1, gpus="auto")
+    return nbcluster.start(workers=1, gpu_workers="auto")
 
 
 def test_one_pinned_worker_per_gpu_plus_cpu_workers(gpu_cluster):

@@ -131,11 +131,11 @@ def test_failed_items_run_again_on_resume(shell, cluster, journals, tmp_path, ca
 
     assert f"at {journal.when(loaded)} had 1 failed with 5/6 items done; running it fresh" in resume._hint(found, 6)
     capsys.readouterr()
-    shell.run_line_magic("distribute", "runs")
+    shell.run_line_magic("cluster", "runs")
     head, row = capsys.readouterr().out.splitlines()[:2]
     assert head.split() == ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE"]
     assert row.split()[-5:-2] == ["5/6", "1", row.split()[-3]] and row.split()[-1] == "failed", row
-    shell.run_line_magic("distribute", f"runs {found.name[:8]}")
+    shell.run_line_magic("cluster", f"runs {found.name[:8]}")
     shown = capsys.readouterr().out.splitlines()
     assert shown[1] == "  5/6 done, 1 failed, 0 not run", shown
     assert f"    item 3 (x=3) on worker {failed['worker']} at " in shown[-1] and shown[-1].endswith(": ValueError: not yet")
@@ -352,19 +352,19 @@ def test_distribute_runs_lists_and_forget_deletes(journals, tmp_path, shell, cap
     assert first.ok
     (newest, oldest) = journal.journals(where=journals)
     capsys.readouterr()
-    shell.run_line_magic("distribute", "runs")
+    shell.run_line_magic("cluster", "runs")
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE"]
     assert lines[1].split()[0] == newest.name[:8] and lines[1].split()[-1] == "complete"
     assert " 9/9 " in lines[1] and " 4/4 " in lines[2] and "with open(log, 'a') as f:" in lines[1]
-    shell.run_line_magic("distribute", f"forget {oldest.name[:8]}")
+    shell.run_line_magic("cluster", f"runs {oldest.name[:8]} --forget")
     assert capsys.readouterr().out == "Forgot 1 journaled run.\n"
     assert journal.journals(where=journals) == [newest]
     with pytest.raises(Exception, match="no journaled run 'abcdef12': `runs` lists their IDs"):
-        shell.run_line_magic("distribute", "forget abcdef12")
-    shell.run_line_magic("distribute", "forget --all")
+        shell.run_line_magic("cluster", "runs abcdef12 --forget")
+    shell.run_line_magic("cluster", "runs --forget --all")
     assert capsys.readouterr().out == "Forgot 1 journaled run.\n"
-    shell.run_line_magic("distribute", "runs")
+    shell.run_line_magic("cluster", "runs")
     assert capsys.readouterr().out == f"No journaled runs (in {journals}).\n"
 
 
@@ -374,15 +374,15 @@ def test_nbcluster_runs_on_the_command_line(journals, tmp_path, cli):
     env = {"DASK_NBCLUSTER__JOURNAL__PATH": str(journals)}
     listed = cli("runs", env=env)
     assert listed.returncode == 0 and f"{found.name[:8]}" in listed.stdout and "3/3" in listed.stdout, listed
-    shown = cli("runs", "--show", found.name[:8], env=env)
+    shown = cli("runs", found.name[:8], env=env)
     assert shown.returncode == 0, shown
     assert shown.stdout.splitlines()[1:] == ["  3/3 done, 0 failed, 0 not run", "  done where: the kernel 3"], shown
-    unknown = cli("runs", "--show", "abcdef12", env=env)
+    unknown = cli("runs", "abcdef12", env=env)
     assert (unknown.returncode, unknown.stderr) == (2, "nbcluster: error: no journaled run 'abcdef12': `runs` lists their IDs\n")
     bad = cli("runs", "--forget", env=env)
     assert bad.returncode == 2
     assert bad.stderr == "nbcluster: error: say which runs to forget: their IDs (from `runs`), or --all\n"
-    gone = cli("runs", "--forget", found.name[:8], env=env)
+    gone = cli("runs", found.name[:8], "--forget", env=env)
     assert gone.returncode == 0 and gone.stdout == "Forgot 1 journaled run.\n", gone
     assert not found.exists()
 
@@ -460,12 +460,12 @@ def test_a_killed_persist_run_resumes_from_the_values_its_cluster_kept(cluster, 
 def test_forget_drops_what_a_killed_persist_run_kept(shell, cluster, journals, tmp_path, capsys):
     found = dead_kernel_run(cluster, tmp_path / "log")
     capsys.readouterr()
-    shell.run_line_magic("distribute", "runs")
+    shell.run_line_magic("cluster", "runs")
     head, row = capsys.readouterr().out.splitlines()[:2]
     assert head.split()[-2:] == ["HELD", "STATE"]
     where = cluster.client.scheduler.address
     assert f" 8 (8.0 MB) on {where} " in row, row
-    shell.run_line_magic("distribute", f"forget {found.name[:8]}")
+    shell.run_line_magic("cluster", f"runs {found.name[:8]} --forget")
     assert capsys.readouterr().out == "Forgot 1 journaled run. Dropped 8 values kept on the cluster for --resume.\n"
     assert until(lambda: held_bytes(cluster.client) == 0), held_bytes(cluster.client)
     assert not found.exists() and not cluster.client.list_datasets()

@@ -25,7 +25,7 @@ def test_cluster_magic_lifecycle(shell, capsys):
     again = magic(shell, "start --workers 1 --name nb")
     assert "already running" in repr(again) and again["address"] == info["address"]
 
-    assert len(magic(shell, "scale 2").workers) == 2
+    assert len(magic(shell, "scale 2 nb").workers) == 2  # the name is positional, as for status
     assert magic(shell, "adapt --min 1 --max 2")["adaptive"] == {"minimum": 1, "maximum": 2}
     status = magic(shell, "status")
     assert "2 workers" in repr(status) and "<table>" in status._repr_html_()
@@ -62,7 +62,7 @@ def test_use_switches_the_current_cluster(shell):
         ("start --wrokers 2", "unrecognized arguments: --wrokers"),
         ("start --workers -1", "at least 0"),
         ("start --workers 1.5", "whole number"),
-        ("start --gpus 2", "no GPU"),
+        ("start --gpu-workers 2", "no GPU"),
         ("scale two", "whole number"),
         ("adapt --min 3 --max 1", "above --max"),
         ("status nope", "no cluster named 'nope'"),
@@ -129,3 +129,32 @@ def test_kernel_killed_leaves_no_processes(runtime_dir):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_old_spellings_print_one_line_then_do_the_same(shell, capsys, monkeypatch):
+    monkeypatch.setenv(SIMULATE_ENV, "0")
+    with pytest.raises(UsageError, match="no GPU"):
+        magic(shell, "start --gpus 2")
+    assert capsys.readouterr().out == (
+        "note: `%cluster start --gpus` is now `%cluster start --gpu-workers`; the old spelling goes in the next release.\n"
+    )
+    with pytest.raises(UsageError, match="no cluster named 'ghost'"):
+        magic(shell, "scale 1 --name ghost")
+    assert "`%cluster scale --name NAME` is now `%cluster scale N NAME`" in capsys.readouterr().out
+    # The journals moved from %distribute to %cluster runs.
+    shell.run_line_magic("distribute", "runs")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "note: `%distribute runs [ID]` is now `%cluster runs [ID]`; the old spelling goes in the next release."
+    magic(shell, "runs")
+    assert capsys.readouterr().out.splitlines() == out[1:]  # the same table
+    with pytest.raises(UsageError, match="no journaled run 'abcdef12'"):
+        shell.run_line_magic("distribute", "forget abcdef12")
+    assert "`%distribute forget ID` is now `%cluster runs ID --forget`" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="no journaled run 'abcdef12'"):
+        magic(shell, "runs abcdef12 --forget")
+
+
+def test_positional_name_for_scale_and_adapt(shell):
+    for line in ("scale 1 ghost", "adapt ghost --max 2", "status ghost", "restart ghost", "stop ghost"):
+        with pytest.raises(UsageError, match="no cluster named 'ghost'"):
+            magic(shell, line)

@@ -83,5 +83,5 @@ def test_the_magic_and_cli_take_profile(cli, runtime_dir):
 def test_gpus_are_for_local_clusters(runtime_dir):
     hpc = {"backend": "slurm", "options": {"queue": "debug", "cores": 1, "memory": "1GB"}}
     with dask.config.set({"nbcluster.profiles.hpc": hpc}), pytest.raises(BadArgument) as error:
-        nbcluster.start(profile="hpc", gpus=1)
-    assert "--gpus and --gpu-backend are for local clusters" in str(error.value)
+        nbcluster.start(profile="hpc", gpu_workers=1)
+    assert "--gpu-workers and --gpu-backend are for local clusters" in str(error.value)

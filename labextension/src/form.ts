@@ -128,9 +128,9 @@ export class NewClusterForm {
       }
       const gpus = this.gpus.value.trim().toLowerCase();
       if (gpus === 'auto') {
-        body.gpus = 'auto';
+        body.gpu_workers = 'auto';
       } else if (gpus !== '' && gpus !== 'none') {
-        body.gpus = count(gpus, 'GPUs', 0);
+        body.gpu_workers = count(gpus, 'GPUs', 0);
       }
       const name = this.name.value.trim();
       if (name !== '') {

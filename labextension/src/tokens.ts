@@ -121,7 +121,7 @@ export interface IStartRequest {
   workers?: number;
   threads?: number;
   memory?: string;
-  gpus?: number | 'auto';
+  gpu_workers?: number | 'auto';
   name?: string;
   keep?: boolean;
   dashboard?: boolean;

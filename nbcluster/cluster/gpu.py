@@ -132,12 +132,12 @@ def discover(environ: dict[str, str] | None = None) -> list[GPU]:
 
 
 def select(requested: int | str | None, available: list[GPU]) -> list[GPU]:
-    """The GPUs to give one worker each, for `--gpus auto|N`.
+    """The GPUs to give one worker each, for `--gpu-workers auto|N`.
 
     Parameters
     ----------
     requested : int, "auto" or None
-        ``--gpus``: a number, every GPU, or none (None or 0).
+        ``--gpu-workers``: a number, every GPU, or none (None or 0).
     available : list of GPU
         What `discover` found.
 
@@ -159,7 +159,7 @@ def select(requested: int | str | None, available: list[GPU]) -> list[GPU]:
     if requested > len(available):
         have = f"only {len(available)}" if available else "no"
         raise BadArgument(
-            f"--gpus {requested}: this machine has {have} GPU(s). Use --gpus auto to take "
+            f"--gpu-workers {requested}: this machine has {have} GPU(s). Use --gpu-workers auto to take "
             f"what there is, or set {SIMULATE_ENV}=N to simulate GPUs for teaching/tests"
         )
     return available[:requested]

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import os
+import warnings
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +40,7 @@ from nbcluster.cluster import gpu, launcher, registry
 from nbcluster.cluster.credentials import security_from
 from nbcluster.cluster.info import ClusterInfo, identity_rows
 from nbcluster.cluster.kinds import check_kind
-from nbcluster.cluster.spec import ClusterSpec, check_name, parse_bounds, parse_count
+from nbcluster.cluster.spec import RENAMED_GPUS, ClusterSpec, check_name, parse_bounds, parse_count
 from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable
 from nbcluster.metrics.basic import basic_snapshot
 from nbcluster.metrics.plugin import MetricsPlugin
@@ -613,7 +614,7 @@ def start(
     workers: int | None = None,
     threads: int | None = None,
     memory: str | int | None = None,
-    gpus: int | str | None = None,
+    gpu_workers: int | str | None = None,
     name: str | None = None,
     keep: bool = False,
     dashboard: bool = False,
@@ -624,6 +625,7 @@ def start(
     owner_pid: int | None = None,
     runtime_dir: str | os.PathLike[str] | None = None,
     client: bool = False,
+    gpus: int | str | None = None,
 ) -> ClusterHandle:
     """Start a cluster in its own supervisor process, or reuse the one already running.
 
@@ -649,8 +651,8 @@ def start(
         Threads per worker (default: 1).
     memory : str or int, optional
         Memory limit per worker, such as ``"4GiB"`` or bytes (default: a share of RAM).
-    gpus : int or "auto", optional
-        One GPU worker per device: ``"auto"`` for every GPU found, or a number.
+    gpu_workers : int or "auto", optional
+        GPU workers to start, one per device: ``"auto"`` for every GPU found, or a number.
     name : str, optional
         The cluster's name (default: ``local``, then ``local-2``, ...; on a profile, the
         profile's name).
@@ -672,6 +674,9 @@ def start(
     client : bool, default False
         Also connect the handle's `ClusterHandle.client`, while the workers start (the
         local backend; elsewhere once the cluster runs).
+    gpus : int or "auto", optional
+        The old name of `gpu_workers`, kept for one release: it warns (`FutureWarning`) and
+        means the same.
 
     Returns
     -------
@@ -693,11 +698,16 @@ def start(
     1
     >>> cluster.stop()
     """
+    if gpus is not None:
+        if gpu_workers is not None:
+            raise BadArgument("give gpu_workers only: gpus is its old name")
+        warnings.warn(RENAMED_GPUS, FutureWarning, stacklevel=2)
+        gpu_workers = gpus
     spec = ClusterSpec.from_user(
         workers=workers,
         threads=threads,
         memory=memory,
-        gpus=gpus,
+        gpu_workers=gpu_workers,
         name=name,
         keep=keep,
         dashboard=dashboard,

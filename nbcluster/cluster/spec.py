@@ -52,6 +52,11 @@ class StartOption:
         return not self.metavar
 
 
+#: The one line an old spelling of the GPU-workers option prints (for one release).
+RENAMED_GPUS = (
+    "`gpus` of a cluster start is now `gpu_workers` (`--gpu-workers` in `%cluster start`): GPU workers "
+    "to start; `--gpus` of `%%distribute` stays GPUs per item. The old name goes in the next release."
+)
 FORCE_HELP = "go past the limits derived from this machine (not those set in config)"
 
 #: The start options, declared once: the `%cluster`/CLI parser, their `--help`, the REST
@@ -62,7 +67,9 @@ START_OPTIONS = (
     ),
     StartOption("threads", "threads per worker (default: 1)", "T"),
     StartOption("memory", "memory limit per worker, e.g. 4GiB (default: a share of RAM)", "SIZE"),
-    StartOption("gpus", "`auto` or N: one worker per GPU (default: none)", "auto|N"),
+    StartOption(
+        "gpu-workers", "GPU workers to start: `auto` (one per GPU found) or N (default: none)", "auto|N"
+    ),
     StartOption(
         "name", "cluster name (default: local, then local-2, ...; on a profile, the profile's name)", "NAME"
     ),
@@ -168,7 +175,7 @@ def parse_memory(value: Any) -> int | None:
 
 
 def parse_gpus(value: Any) -> int | str | None:
-    """``--gpus`` checked.
+    """``--gpu-workers`` checked.
 
     Parameters
     ----------
@@ -189,7 +196,7 @@ def parse_gpus(value: Any) -> int | str | None:
         return None
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
-    return parse_count(value, "--gpus", minimum=0)
+    return parse_count(value, "--gpu-workers", minimum=0)
 
 
 def check_name(name: Any) -> str:
@@ -242,7 +249,7 @@ class ClusterSpec:
         workers: Any = None,
         threads: Any = None,
         memory: Any = None,
-        gpus: Any = None,
+        gpu_workers: Any = None,
         name: str | None = None,
         keep: bool = False,
         dashboard: bool = False,
@@ -257,8 +264,9 @@ class ClusterSpec:
 
         Parameters
         ----------
-        workers, threads, memory, gpus : optional
-            ``--workers``, ``--threads``, ``--memory``, ``--gpus`` as the user gave them.
+        workers, threads, memory, gpu_workers : optional
+            ``--workers``, ``--threads``, ``--memory``, ``--gpu-workers`` as the user gave them
+            (the spec keeps GPU workers as `gpus`, the field of the registry's spec).
         name : str, optional
             The cluster's name (default: the profile's, or ``local``).
         keep : bool
@@ -287,9 +295,9 @@ class ClusterSpec:
         chosen = profiles.get(profile)
         if not chosen.local:
             chosen.check_installed()  # a missing extra is named now, not in the supervisor's log
-            if gpus not in (None, 0, "0") or gpu_backend:
+            if gpu_workers not in (None, 0, "0") or gpu_backend:
                 raise BadArgument(
-                    f"--gpus and --gpu-backend are for local clusters; on the {chosen.backend} backend "
+                    f"--gpu-workers and --gpu-backend are for local clusters; on the {chosen.backend} backend "
                     "GPU workers come from the profile's options"
                 )
         gpu_backend = gpu_backend or "builtin"
@@ -301,7 +309,7 @@ class ClusterSpec:
             workers=None if workers is None else parse_count(workers, "--workers"),
             threads=None if threads is None else parse_count(threads, "--threads", minimum=1),
             memory=parse_memory(memory),
-            gpus=parse_gpus(gpus),
+            gpus=parse_gpus(gpu_workers),
             name=None if name is None else check_name(name),
             keep=bool(keep),
             dashboard=bool(dashboard),

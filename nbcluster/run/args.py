@@ -153,8 +153,8 @@ def parse_wait_line(line: str) -> str:
     if words[:1] == ["wait"]:
         raise BadArgument("usage: %distribute wait NAME, where NAME holds the results of a --no-wait cell")
     raise BadArgument(
-        "%distribute as a line magic only takes `wait NAME`, `runs` or `forget ID|--all`; to run a cell on the cluster, "
-        "put %%distribute (two %) on the first line of the cell"
+        "%distribute as a line magic only takes `wait NAME` (the journaled runs: `%cluster runs`); to run a cell "
+        "on the cluster, put %%distribute (two %) on the first line of the cell"
     )
 
 

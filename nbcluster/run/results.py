@@ -77,15 +77,6 @@ class Control(Protocol):
             Follow the retry in the cell until it finishes; False returns once it started.
         """
 
-    def futures(self) -> list[Any]:
-        """Dask futures of the values, once the run has finished (`Results.futures`).
-
-        Returns
-        -------
-        list of distributed.Future or None
-            One per item, None where it did not finish.
-        """
-
 
 class Results:
     """The results of one `%%distribute` cell or `distribute()` call, in the order of the items.
@@ -149,7 +140,7 @@ class Results:
         return self._state.ended
 
     @property
-    def direct_keys(self) -> tuple[str, ...]:
+    def _direct_keys(self) -> tuple[str, ...]:
         """The keys of the batches a worker ran directly, not as Dask tasks (a start's first
         half-second): the live view waits for their task-stream records, which reach the
         scheduler after the answers, before it draws its final picture."""
@@ -159,12 +150,6 @@ class Results:
     def lost(self) -> str | None:
         """Why the unfinished items were given up (the cluster went away), else None."""
         return self._state.lost
-
-    @property
-    def halted(self) -> str | None:
-        """Why the run stopped before its items could run (the cluster cannot load
-        nbcluster's tasks), else None; `retry()` runs the rest once that is fixed."""
-        return self._state.halted
 
     # -- list-like -----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -444,15 +429,6 @@ class Results:
         self._control.retry(wait)
         return self
 
-    @property
-    def futures(self) -> list[Any]:
-        """Dask futures of the values (None for failed items), for further Dask work.
-
-        Batches travel as opaque blobs, so these are made on first use by scattering the
-        finished values back to the cluster; this waits for the run to finish.
-        """
-        return self._control.futures()
-
     # -- persisted results (--persist): the values are handles on the workers ------------------
     def gather(self, i: int | None = None) -> Any:
         """Bring persisted values (``--persist``) to the kernel.
@@ -586,8 +562,8 @@ class Results:
         if self.ended is not None:
             parts.append(f"{self.ended - self.started:.2f} s")
         # A run left with --no-wait shows why it stopped here, where its owner looks next.
-        if self.lost or self.halted:
-            parts.append(f"stopped: {self.lost or self.halted}")
+        if self.lost or self._state.halted:
+            parts.append(f"stopped: {self.lost or self._state.halted}")
         return " · ".join(parts)
 
     def _shown_rows(self) -> list[int]:

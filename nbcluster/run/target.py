@@ -317,7 +317,7 @@ def placement(needs: Needs, workers: dict[str, Any]) -> tuple[dict[str, Any], in
             threads += max(1, min(slots, info.get("nthreads", 1)))
     if resources and workers and not eligible:
         wanted = ", ".join(f"{k}={v:g}" for k, v in resources.items())
-        fix = " Start GPU workers with `%cluster start --gpus N`." if "GPU" in resources else ""
+        fix = " Start GPU workers with `%cluster start --gpu-workers N`." if "GPU" in resources else ""
         raise BadArgument(f"no worker offers {wanted} per item (workers offer: {_offers(workers)}).{fix}")
     kwargs = {"resources": resources} if resources else {}
     return kwargs, max(threads, 1), eligible

@@ -143,7 +143,7 @@ def _start_field(option: Any) -> dict[str, Any]:
         kind: dict[str, Any] = {"type": "boolean"}
     elif option.field in ("workers", "threads"):
         kind = {"type": ["integer", "string"]}
-    elif option.field in ("memory", "gpus"):
+    elif option.field in ("memory", "gpu_workers"):
         kind = {"type": ["integer", "string", "null"]}
     else:
         kind = {"type": ["string", "null"]}
