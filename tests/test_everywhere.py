@@ -54,3 +54,15 @@ def test_a_worker_that_just_joined_gets_its_item(shell: InteractiveShell) -> Non
     assert cell(shell, "%%distribute --everywhere --into pids\nimport os\nos.getpid()") is None
     pids = shell.user_ns["pids"]
     assert pids.ok and len(pids) == 2 and len(set(pids.values())) == 2
+
+
+def test_everywhere_reaches_each_of_six_workers(shell: InteractiveShell) -> None:
+    # distributed 2025.4.0 to 2026.6.x list at most 5 workers in `scheduler_info()`; a sixth
+    # worker left out of that list was left out of --everywhere without a word.
+    magic(shell, "start --workers 6 --threads 1 --name six")
+    client = _current.client_for("six")
+    client.wait_for_workers(6)
+    assert cell(shell, "%%distribute --everywhere --into six_pids\nimport os\nos.getpid()") is None
+    pids = shell.user_ns["six_pids"]
+    assert pids.ok, pids.errors
+    assert len(pids) == 6 and len(set(pids.values())) == 6
