@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from nbcluster.cluster.handle import ClusterHandle, clusters, connect
     from nbcluster.run.api import distribute, wait
     from nbcluster.run.results import Results
+    from nbcluster.worker.local import worker_local
 
 __all__ = [
     "ClusterHandle",
@@ -38,6 +39,7 @@ __all__ = [
     "start",
     "use",
     "wait",
+    "worker_local",
 ]
 # public name -> the module that defines it
 _LAZY = {
@@ -49,6 +51,7 @@ _LAZY = {
     "Results": "nbcluster.run.results",
     "distribute": "nbcluster.run.api",
     "wait": "nbcluster.run.api",
+    "worker_local": "nbcluster.worker.local",
 }
 
 

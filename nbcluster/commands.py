@@ -24,6 +24,7 @@ from nbcluster.cluster.spec import FORCE_HELP, START_OPTIONS, parse_bounds, pars
 from nbcluster.errors import BadArgument, ClusterUnreachable, HelpShown, NoCluster
 from nbcluster.journal import runs
 from nbcluster.persist.handles import holdings_lines
+from nbcluster.worker import local as worker_local
 
 COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart", "profiles", "runs")
 #: The commands of the `nbcluster` CLI: `use` sets a kernel's current cluster, and a
@@ -230,9 +231,10 @@ class LiveClusterInfo(ClusterInfo):
 
         from nbcluster import widgets
 
-        held = holdings_lines(self.handle.client)
+        # what the kernel's --persist runs keep on the workers, and what worker_local built there
+        held = holdings_lines(self.handle.client) + worker_local.status_lines(self.handle.client)
         text, page = repr(self), self._repr_html_()
-        if held:  # what the kernel's --persist runs keep on the workers
+        if held:
             text += "\n" + "\n".join(held)
             page += "<pre>" + html.escape("\n".join(held)) + "</pre>"
         display({"text/plain": text, "text/html": page}, raw=True)
