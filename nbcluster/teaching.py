@@ -15,6 +15,12 @@ playing in another browser tab is therefore not seen: the notebooks say so.
 
 The busy time of the machine comes from ``/proc/stat`` (through psutil), which in a container
 is the host's: on a busy shared host the checks are skipped, as they should be.
+
+Where the notebooks run their cluster is the instructor's choice: a profile named ``course``
+in Dask config (``nbcluster.profiles.course``: a course SLURM partition, a gateway, or the
+hub's site config in ``/etc/dask``), with ``workers:`` beside its options, moves every notebook
+there (`start_args`), with that many workers (`workers`) and scaling sweeps up to them
+(`sweep`). Without it a notebook starts one worker per core of this machine, at most 4.
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psutil
+
+if TYPE_CHECKING:
+    from nbcluster.cluster.profiles import Profile
 
 #: Process names (lower case, prefixes) of web browsers, whose CPU counts as the notebook's.
 BROWSERS = (
@@ -42,6 +51,12 @@ BROWSERS = (
 )
 #: Cores other programs may use during a timing before its speed check is skipped.
 LIMIT = 0.25
+#: The profile (``nbcluster.profiles.course`` in Dask config) an instructor sets for the course.
+COURSE = "course"
+#: Workers a notebook starts on this machine without a course profile (a course hub's usual limit).
+LAPTOP_CAP = 4
+#: The largest number of workers a scaling sweep goes to.
+SWEEP_LIMIT = 64
 
 
 def small() -> bool:
@@ -73,20 +88,96 @@ def cores() -> int:
     return max(1, min(CPU_COUNT, psutil.cpu_count(logical=False) or CPU_COUNT))
 
 
-def workers(cap: int = 4) -> int:
-    """How many workers a notebook starts: one single-threaded worker per core.
+def course_profile() -> Profile | None:
+    """The instructor's course profile, if Dask config declares one.
+
+    Returns
+    -------
+    Profile or None
+        ``nbcluster.profiles.course``, parsed; None when there is none.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        When it is declared but malformed (one line naming the fix).
+    """
+    from nbcluster import config
+    from nbcluster.cluster import profiles
+
+    if COURSE not in (config.get("profiles") or {}):
+        return None
+    return profiles.get(COURSE)
+
+
+def workers(cap: int = LAPTOP_CAP) -> int:
+    """How many workers a notebook starts.
+
+    On a non-local course profile (see the module docstring), the ``workers:`` it declares
+    (default `cap`): those workers run elsewhere, so this machine's cores do not bound them.
+    Otherwise one single-threaded worker per core of this machine, at most `cap` (or at most
+    a local course profile's ``workers:``).
 
     Parameters
     ----------
     cap : int
-        At most this many (a course hub's usual limit).
+        At most this many on this machine (a course hub's usual limit).
 
     Returns
     -------
     int
-        ``min(cores(), cap)``, at least 1.
+        At least 1.
     """
+    profile = course_profile()
+    if profile is not None and not profile.local:
+        return profile.workers or cap
+    if profile is not None and profile.workers:
+        cap = profile.workers
     return max(1, min(cores(), cap))
+
+
+def remote() -> bool:
+    """Whether the notebooks' workers run elsewhere (a non-local course profile).
+
+    Returns
+    -------
+    bool
+        True on a course profile whose backend is not ``local``: this machine's cores, caches
+        and load then say nothing about the workers' (a notebook skips what measures them).
+    """
+    profile = course_profile()
+    return profile is not None and not profile.local
+
+
+def start_args() -> str:
+    """The arguments of the notebooks' ``%cluster start`` (``%cluster start $START``).
+
+    Returns
+    -------
+    str
+        ``--workers N`` on this machine, ``--profile course --workers N`` with a course
+        profile.
+    """
+    n = workers()
+    return f"--profile {COURSE} --workers {n}" if course_profile() is not None else f"--workers {n}"
+
+
+def sweep(limit: int = SWEEP_LIMIT) -> list[int]:
+    """The worker counts a scaling sweep measures: powers of two up to the cluster's size.
+
+    Parameters
+    ----------
+    limit : int
+        No sweep goes past this many workers.
+
+    Returns
+    -------
+    list of int
+        1, 2, 4, ... below ``min(workers(), limit)``, then that number itself: ``[1, 2]`` on a
+        2-core laptop, ``[1, 2, 4, 8, 16, 32, 64]`` on a course profile of 64 workers.
+    """
+    top = max(1, min(workers(), limit))
+    found = [1 << k for k in range(top.bit_length()) if 1 << k < top]
+    return [*found, top]
 
 
 def cache_bytes(cpu: int = 0) -> int | None:

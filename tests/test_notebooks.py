@@ -8,11 +8,12 @@ the cell ends with a summary line on stderr, which is checked here, except in a 
 ``failures-expected``), every cluster it started is stopped, and none of its processes
 (kernel, supervisors, workers) is left running.
 
-The same run grades every exercise twice, with nbgrader's own rule (`determine_grade`: a graded
-cell that raised or wrote to stderr scores zero): first with a deliberately wrong answer from
-`WRONG`, whose graded cell must score zero, then with the instructor's answer, which must score
-full marks, before the notebook goes on. The wrong answers are plausible mistakes; several pass
-the visible tests and are caught only by the hidden ones (marked "hidden" below).
+The same run grades every exercise with nbgrader's own rule (`determine_grade`: a graded cell
+that raised or wrote to stderr scores zero): first with each of at least two deliberately wrong
+answers from `WRONG`, whose graded cells must all score zero, then with the instructor's answer,
+which must score full marks, before the notebook goes on. The wrong answers are plausible
+mistakes; several pass the visible tests and are caught only by the hidden ones (marked "hidden"
+below).
 """
 
 from __future__ import annotations
@@ -35,89 +36,249 @@ CELL_TIMEOUT = 240  # seconds; a whole small-mode notebook takes about a minute
 FAILED_ITEMS = re.compile(r"\d+/\d+ items failed")
 EXPECTED_FAILURES = "failures-expected"  # a cell tag: its failed items are the lesson
 
-# A wrong answer for every exercise (the grade_id of its solution cell), as a student might write
-# it: the whole new source of the solution cell.
-WRONG = {
+# Wrong answers for every exercise (the grade_id of its solution cell), as a student might write
+# them: the whole new source of the solution cell. At least two each (`MIN_WRONG`).
+MIN_WRONG = 2
+WRONG: dict[str, list[str]] = {
     # 01
-    "parallel-loop": "%%distribute --into parallel\n[pi_chunk(POINTS, seed) for seed in range(CHUNKS)]",
-    "amdahl": "def amdahl(f, p):\n    return f + (1 - f) * p",  # Gustafson's law (hidden)
-    "batch-by-hand": '%%distribute --over "group in [range(ITEMS)]" --batch 1 --into by_hand\n'
-    "[x * x for x in group]",  # one group: one worker idle (hidden)
+    "parallel-loop": [
+        "%%distribute --into parallel\n[pi_chunk(POINTS, seed) for seed in range(CHUNKS)]",  # one item
+        '%%distribute --over "seed in range(CHUNKS)" --into parallel\npi_chunk(POINTS, seed + 1)',  # other seeds
+    ],
+    "amdahl": [
+        "def amdahl(f, p):\n    return f + (1 - f) * p",  # Gustafson's law (hidden)
+        "def amdahl(f, p):\n    return 1 / (f / p + (1 - f))",  # the parts swapped
+    ],
+    "batch-by-hand": [
+        '%%distribute --over "group in [range(ITEMS)]" --batch 1 --into by_hand\n'
+        "[x * x for x in group]",  # one group: one worker idle (hidden)
+        '%%distribute --over "x in range(ITEMS)" --batch 1 --into by_hand\n[x * x]',  # one task per item
+    ],
     # 02
-    "average": "def average(grads):\n    return [sum(parts) for parts in zip(*grads)]",
-    "parallel-gradient": "def parallel_gradient(params, batch, seed):\n"
-    "    local = shards.gather()  # the shards come to the kernel, and go out again with the items\n"
-    "    grads = nbcluster.distribute(lambda shard, seed: gradient(params, shard, batch // len(local), seed),\n"
-    "                                 over=local, seed=seed)\n"
-    "    return average(list(grads))",  # the right values: only the bytes moved tell
-    "step-model": 'c, k = np.polyfit(BATCHES, [step_seconds[b, "one worker"] for b in BATCHES], 1)\n'
-    "break_even = c / k",  # the coefficients swapped (hidden)
-    "comm-bytes": "def server_bytes(n, W):\n    return 2 * n * W\n\n\n"
-    "def ring_bytes(n, W):\n    return 2 * (W - 1) * n",  # whole gradients, not pieces (hidden)
-    "light-closure": "def light_norm(x):\n    return float(np.linalg.norm(np.full(10, x))) * big.shape[0]",  # (hidden)
+    "average": [
+        "def average(grads):\n    return [sum(parts) for parts in zip(*grads)]",  # the sum
+        "def average(grads):\n    return [parts[0] for parts in zip(*grads)]",  # the first worker's (hidden)
+    ],
+    "parallel-gradient": [
+        "def parallel_gradient(params, batch, seed):\n"
+        "    local = shards.gather()  # the shards come to the kernel, and go out again with the items\n"
+        "    grads = nbcluster.distribute(lambda shard, seed: gradient(params, shard, batch // len(local), seed),\n"
+        "                                 over=local, seed=seed)\n"
+        "    return average(list(grads))",  # the right values: only the bytes moved tell
+        "def parallel_gradient(params, batch, seed):\n"
+        "    grads = nbcluster.distribute(lambda shard, seed: gradient(params, shard, batch, seed), over=shards, seed=seed)\n"
+        "    return average(list(grads))",  # the whole batch on every shard (hidden)
+    ],
+    "step-model": [
+        'c, k = np.polyfit(BATCHES, [step_seconds[b, "one worker"] for b in BATCHES], 1)\n'
+        "break_even = c / k",  # the coefficients swapped (hidden)
+        'k, c = np.polyfit(BATCHES, [step_seconds[b, "one worker"] for b in BATCHES], 1)\n'
+        "break_even = k / c",  # the break-even upside down (hidden)
+    ],
+    "comm-bytes": [
+        "def server_bytes(n, W):\n    return 2 * n * W\n\n\n"
+        "def ring_bytes(n, W):\n    return 2 * (W - 1) * n",  # whole gradients, not pieces (hidden)
+        "def server_bytes(n, W):\n    return n * W\n\n\n"
+        "def ring_bytes(n, W):\n    return 2 * (W - 1) * n / W",  # the weights never go back
+    ],
+    "light-closure": [
+        "def light_norm(x):\n    return float(np.linalg.norm(np.full(10, x))) * big.shape[0]",  # (hidden)
+        "ROWS = big.shape[0]\n\n\ndef light_norm(x):\n    return float(np.linalg.norm(np.full(10, x)))",  # wrong values
+    ],
     # 03
-    "best-third": "def best_third(scores):\n"
-    "    return sorted(range(len(scores)), key=lambda i: scores[i])[: max(1, len(scores) // 3)]",
-    "utilisation": "def utilisation(trials, workers):\n"
-    '    return sum(t["stop"] - t["start"] for t in trials) / (max(t["stop"] for t in trials) - '
-    'min(t["start"] for t in trials))',
-    "asha": "def asha(n, first_budget, eta=3, seed=2):\n"
-    "    rng = np.random.default_rng(seed)\n"
-    "    futures = [client.submit(fit_score, **sample(rng), epochs=first_budget, pure=False) for _ in range(n)]\n"
-    "    return {first_budget: [(f.result()['score'], None, f.result()) for f in futures]}",  # no promotions
+    "best-third": [
+        "def best_third(scores):\n"
+        "    return sorted(range(len(scores)), key=lambda i: scores[i])[: max(1, len(scores) // 3)]",  # worst
+        "def best_third(scores):\n"
+        "    return sorted(range(len(scores)), key=lambda i: -scores[i])[: len(scores) // 3]",  # may be empty
+    ],
+    "utilisation": [
+        "def utilisation(trials, workers):\n"
+        '    return sum(t["stop"] - t["start"] for t in trials) / (max(t["stop"] for t in trials) - '
+        'min(t["start"] for t in trials))',  # forgets the workers
+        "def utilisation(trials, workers):\n"
+        '    return sum(t["stop"] - t["start"] for t in trials) / (workers * sum(t["stop"] - t["start"] for t in trials))',
+    ],
+    "asha": [
+        "def asha(n, first_budget, eta=3, seed=2):\n"
+        "    rng = np.random.default_rng(seed)\n"
+        "    futures = [client.submit(fit_score, **sample(rng), epochs=first_budget, pure=False) for _ in range(n)]\n"
+        "    return {first_budget: [(f.result()['score'], None, f.result()) for f in futures]}",  # no promotions
+        "def asha(n, first_budget, eta=3, seed=2):\n"  # synchronous halving, repackaged (hidden)
+        "    return {b: [(r['score'], s, r) for s, r in zip(c, rs)]\n"
+        "            for b, c, rs in successive_halving(n, first_budget, eta, seed)}",
+        "def asha(n, first_budget, eta=3, seed=2):\n"  # synchronous halving with as_completed (hidden)
+        "    rng = np.random.default_rng(seed)\n"
+        "    candidates, budget, rungs = [sample(rng) for _ in range(n)], first_budget, {}\n"
+        "    while True:\n"
+        "        jobs = {client.submit(fit_on, data, **s, epochs=budget, pure=False): s for s in candidates}\n"
+        "        rungs[budget] = [(f.result()['score'], jobs[f], f.result()) for f in as_completed(jobs)]\n"
+        "        if len(candidates) == 1 or budget * eta > EPOCHS:\n"
+        "            return rungs\n"
+        "        candidates = [rungs[budget][i][1] for i in best_third([s for s, _, _ in rungs[budget]])]\n"
+        "        budget *= eta",
+    ],
     # 04
-    "ars-update": "def ars_update(theta, plus, minus, deltas, step, top):\n"
-    "    plus, minus, deltas = np.asarray(plus), np.asarray(minus), np.asarray(deltas)\n"
-    "    sigma = np.concatenate([plus, minus]).std() + 1e-8\n"
-    "    return theta + step / (top * sigma) * ((plus - minus)[:, None] * deltas).sum(axis=0)",  # keeps all
-    "probe-all": "def probe_all(theta, seed):\n"
-    "    results = [try_direction(theta, seed + i) for i in range(DIRECTIONS)]  # in the kernel\n"
-    "    return tuple(np.array(column) for column in zip(*results))",  # (hidden)
-    "evaluation": '%%distribute --over "episode in range(20)" --seed 2024 --into evaluation\n'
-    "rollout(theta, 1, seed)[0]",  # a numpy integer, not an int
+    "ars-update": [
+        "def ars_update(theta, plus, minus, deltas, step, top):\n"
+        "    plus, minus, deltas = np.asarray(plus), np.asarray(minus), np.asarray(deltas)\n"
+        "    sigma = np.concatenate([plus, minus]).std() + 1e-8\n"
+        "    return theta + step / (top * sigma) * ((plus - minus)[:, None] * deltas).sum(axis=0)",  # keeps all
+        "def ars_update(theta, plus, minus, deltas, step, top):\n"
+        "    plus, minus, deltas = np.asarray(plus), np.asarray(minus), np.asarray(deltas)\n"
+        "    kept = np.argsort(-np.maximum(plus, minus))[:top]\n"
+        "    return theta + step / top * ((plus[kept] - minus[kept])[:, None] * deltas[kept]).sum(axis=0)",  # no sigma
+    ],
+    "probe-all": [
+        "def probe_all(theta, seed):\n"
+        "    results = [try_direction(theta, seed + i) for i in range(DIRECTIONS)]  # in the kernel\n"
+        "    return tuple(np.array(column) for column in zip(*results))",  # (hidden)
+        "def probe_all(theta, seed):\n"
+        "    results = nbcluster.distribute(lambda probe: try_direction(theta, seed), over=range(DIRECTIONS))\n"
+        "    return tuple(np.array(column) for column in zip(*results))",  # one seed for all
+    ],
+    "evaluation": [
+        '%%distribute --over "episode in range(20)" --seed 2024 --into evaluation\n'
+        "rollout(theta, 1, seed)[0]",  # a numpy integer, not an int
+        '%%distribute --over "episode in range(20)" --seed 7 --into evaluation\n'
+        "int(rollout(theta, 1, seed)[0])",  # another seed (hidden)
+    ],
     # 05
-    "logistic-step": "def logistic_step(xp, X, y, w, lr):\n"
-    "    p = 1.0 / (1.0 + np.exp(-(X @ w)))\n    return w - lr * (X.T @ (p - y)) / len(y)",
-    "gpu-cell": "%%distribute --cpu-only --into update\nfit(states, labels, w)",
-    "break-even": "def gpu_break_even(L, c, g, b, B):\n"
-    '    return L / (c - g) if c > g else float("inf")',  # forgets the bus (hidden)
+    "logistic-step": [
+        "def logistic_step(xp, X, y, w, lr):\n"
+        "    p = 1.0 / (1.0 + np.exp(-(X @ w)))\n    return w - lr * (X.T @ (p - y)) / len(y)",
+        "def logistic_step(xp, X, y, w, lr):\n"
+        "    p = 1.0 / (1.0 + xp.exp(-(X @ w)))\n    return w + lr * (X.T @ (p - y)) / len(y)",  # ascent
+    ],
+    "gpu-cell": [
+        "%%distribute --cpu-only --into update\nfit(states, labels, w)",
+        "%%distribute --into update\nfit(states, labels, w)",  # no --gpus: placement by chance (hidden)
+    ],
+    "break-even": [
+        "def gpu_break_even(L, c, g, b, B):\n"
+        '    return L / (c - g) if c > g else float("inf")',  # forgets the bus (hidden)
+        "def gpu_break_even(L, c, g, b, B):\n"
+        '    return L / (c - g - b * B) if c - g - b * B > 0 else float("inf")',  # bytes times bandwidth
+    ],
     # 06
-    "everywhere": "%%distribute --into worker_pids\nimport os\nos.getpid()",
-    "pbs-profile": 'pbs = {"backend": "jobqueue.pbs", "description": "PBS",\n'
-    '       "options": {"queue": "workq", "cores": 2, "memory": "4GiB"}}',
+    "everywhere": [
+        "%%distribute --into worker_pids\nimport os\nos.getpid()",
+        '%%distribute --over "w in range(2)" --into worker_pids\nimport os\nos.getpid()',  # not every worker (hidden)
+    ],
+    "pbs-profile": [
+        'pbs = {"backend": "jobqueue.pbs", "description": "PBS",\n'
+        '       "options": {"queue": "workq", "cores": 2, "memory": "4GiB"}}',
+        'pbs = {"backend": "pbs", "description": "PBS",\n'
+        '       "options": {"queue": "workq", "cores": 2, "memory": "4GB"}}',  # GB, not GiB (hidden)
+    ],
     # 07
-    "kill-worker": "def kill_worker(address):\n    return client.run(os.getpid)[address]",  # forgets to kill
-    "retries": '%%distribute --over "i in range(N)" --into fetched\nfetch(i)',
-    "retry-failed": "prepare()\nloaded = nbcluster.distribute(load, over=range(N))\n"
-    "for error in loaded.errors:\n    write_input(error.index)\n"
-    "loaded = nbcluster.distribute(load, over=range(N))  # a new run: all items again (hidden)",
-    "lineage": "def resilient_shard(i, worker):\n    return client.scatter(make_shard(i), workers=[worker])",
-    "resume": "sweep = nbcluster.distribute(sweep_item, over=range(M), batch=1)",  # afresh (hidden)
+    "kill-worker": [
+        "def kill_worker(address):\n    return client.run(os.getpid)[address]",  # forgets to kill
+        "def kill_worker(address):\n    pid = client.run(os.getpid)[address]\n"
+        "    client.retire_workers([address], close_workers=True)\n    return pid",  # retired, not replaced (hidden)
+    ],
+    "retries": [
+        '%%distribute --over "i in range(N)" --into fetched\nfetch(i)',
+        '%%distribute --over "i in range(N)" --into fetched\ntry:\n    r = fetch(i)\nexcept Exception:\n'
+        "    r = {'value': 10 * i}\nr",  # swallows the error: the record was not fetched (hidden)
+    ],
+    "retry-failed": [
+        "prepare()\nloaded = nbcluster.distribute(load, over=range(N))\n"
+        "for error in loaded.errors:\n    write_input(error.index)\n"
+        "loaded = nbcluster.distribute(load, over=range(N))  # a new run: all items again (hidden)",
+        "prepare()\nloaded = nbcluster.distribute(load, over=range(N))\nloaded.retry()",  # nothing fixed
+    ],
+    "lineage": [
+        "def resilient_shard(i, worker):\n    return client.scatter(make_shard(i), workers=[worker])",
+        "def resilient_shard(i, worker):\n    return client.submit(make_shard, i, workers=[worker], pure=False)",  # pinned (hidden)
+    ],
+    "resume": [
+        "sweep = nbcluster.distribute(sweep_item, over=range(M), batch=1)",  # afresh (hidden)
+        "sweep = nbcluster.distribute(sweep_item, over=range(M), batch=2, resume=True)",  # another run: no journal (hidden)
+    ],
     # 08
-    "laws": "def amdahl(f, p):\n    return 1.0 / (f + (1.0 - f) / p)\n\n\n"
-    "def gustafson(s, p):\n    return 1.0 / (s + (1.0 - s) / p)",  # Amdahl twice (hidden)
-    "alpha-beta": "def fit_alpha_beta(sizes, seconds):\n"
-    "    return tuple(np.polyfit(np.asarray(sizes, float), np.asarray(seconds, float), 1))",
-    "makespans": "def static_makespan(durations, workers):\n"
-    "    return max(sum(b) for b in np.array_split(np.asarray(durations, float), workers))\n\n\n"
-    "def greedy_makespan(durations, workers):\n    return sum(durations) / workers",
-    "dynamic": '%%distribute --over "block in blocks" --batch 1 --into dynamic\nplay_block(block)',
+    "laws": [
+        "def amdahl(f, p):\n    return 1.0 / (f + (1.0 - f) / p)\n\n\n"
+        "def gustafson(s, p):\n    return 1.0 / (s + (1.0 - s) / p)",  # Amdahl twice (hidden)
+        "def amdahl(f, p):\n    return f + (1.0 - f) * p\n\n\n"
+        "def gustafson(s, p):\n    return s + (1.0 - s) * p",  # Gustafson twice (hidden)
+    ],
+    "alpha-beta": [
+        "def fit_alpha_beta(sizes, seconds):\n"
+        "    return tuple(np.polyfit(np.asarray(sizes, float), np.asarray(seconds, float), 1))",  # swapped
+        "def fit_alpha_beta(sizes, seconds):\n"
+        "    beta, alpha = np.polyfit(np.asarray(sizes, float), np.asarray(seconds, float), 1)\n"
+        "    return alpha, beta",  # unweighted: the largest sends set the line (hidden)
+    ],
+    "ring-allreduce": [
+        "def ring_allreduce(grads):\n"  # a parameter server on worker 0: whole gradients travel
+        "    total = client.submit(lambda *g: np.sum(g, axis=0), *grads, workers=[workers[0]], pure=False)\n"
+        "    return [client.submit(np.copy, total, workers=[w], pure=False) for w in workers]",
+        "def ring_allreduce(grads):\n"  # through the kernel: nothing between workers (hidden)
+        "    total = np.sum(client.gather(grads), axis=0)\n"
+        "    return [client.scatter(total, workers=[w]) for w in workers]",
+    ],
+    "makespans": [
+        "def static_makespan(durations, workers):\n"
+        "    return max(sum(b) for b in np.array_split(np.asarray(durations, float), workers))\n\n\n"
+        "def greedy_makespan(durations, workers):\n    return sum(durations) / workers",
+        "def static_makespan(durations, workers):\n"
+        "    return max(sum(durations[i::workers]) for i in range(workers))\n\n\n"  # round robin (hidden)
+        "def greedy_makespan(durations, workers):\n"
+        "    free_at = [0.0] * workers\n    for d in durations:\n        heapq.heappush(free_at, heapq.heappop(free_at) + d)\n"
+        "    return max(free_at)",
+    ],
+    "dynamic": [
+        '%%distribute --over "block in blocks" --batch 1 --into dynamic\nplay_block(block)',
+        '%%distribute --over "d in DURATIONS" --batch 24 --into dynamic\nepisode(d)',  # two static blocks (hidden)
+    ],
+    "backups": [
+        "def with_backups(durations):\n"  # no backups: the straggler's item is waited for
+        "    return client.gather(client.map(straggling_episode, durations, pure=False))",
+        "def with_backups(durations):\n"  # two copies of everything, from the start (hidden)
+        "    firsts = [client.submit(straggling_episode, d, pure=False) for d in durations]\n"
+        "    seconds = [client.submit(straggling_episode, d, pure=False) for d in durations]\n"
+        "    out = []\n"
+        "    for a, b in zip(firsts, seconds):\n"
+        "        done = next(as_completed([a, b]))\n"
+        "        out.append(done.result())\n"
+        "    return out",
+    ],
     # 09
-    "capstone-train": "def train(iterations, seed=1000):\n"
-    "    reset_attempts()\n"
-    "    theta, log = np.zeros(4), []\n"
-    "    for k in range(iterations):\n"
-    "        chaos(k)\n"
-    "        start = time.perf_counter()\n"
-    "        current = theta\n"
-    "        results = nbcluster.distribute(lambda probe, seed: flaky_probe(current, seed), "
-    "over=range(DIRECTIONS), seed=seed + k)\n"  # no retries
-    "        plus, minus, deltas = (np.array(column) for column in zip(*results))\n"
-    "        theta = ars_update(theta, plus, minus, deltas, step=0.02, top=DIRECTIONS // 2)\n"
-    "        log.append({'iteration': k, 'probes': len(results), 'mean_reward': 0.0, 'seconds': 1.0})\n"
-    "    return theta, log",
-    "capstone-accounting": 'accounting = {"reported": sum(e["probes"] for e in log), "ran": sum(attempts().values())}\n'
-    'accounting["repeated"] = 0  # exactly once, it assumes (hidden)',
+    "capstone-train": [
+        "def train(iterations, seed=1000):\n"
+        "    reset_attempts()\n"
+        "    theta, log = np.zeros(4), []\n"
+        "    for k in range(iterations):\n"
+        "        chaos(k)\n"
+        "        start = time.perf_counter()\n"
+        "        current = theta\n"
+        "        results = nbcluster.distribute(lambda probe, seed: flaky_probe(current, seed), "
+        "over=range(DIRECTIONS), seed=seed + k)\n"  # no retries
+        "        plus, minus, deltas = (np.array(column) for column in zip(*results))\n"
+        "        theta = ars_update(theta, plus, minus, deltas, step=0.02, top=DIRECTIONS // 2)\n"
+        "        log.append({'iteration': k, 'probes': len(results), 'mean_reward': 0.0, 'seconds': 1.0})\n"
+        "    return theta, log",
+        "def train(iterations, seed=1000):\n"
+        "    reset_attempts()\n"
+        "    theta, log = np.zeros(4), []\n"
+        "    for k in range(iterations):\n"
+        "        start = time.perf_counter()\n"  # never calls chaos(): the faults are not faced
+        "        current = theta\n"
+        "        results = nbcluster.distribute(lambda probe, seed: flaky_probe(current, seed), "
+        "over=range(DIRECTIONS), seed=seed + k, retries=2)\n"
+        "        plus, minus, deltas = (np.array(column) for column in zip(*results))\n"
+        "        theta = ars_update(theta, plus, minus, deltas, step=0.02, top=DIRECTIONS // 2)\n"
+        "        log.append({'iteration': k, 'probes': len(results), 'mean_reward': float(plus.mean()),\n"
+        "                    'seconds': time.perf_counter() - start})\n"
+        "    return theta, log",
+    ],
+    "capstone-accounting": [
+        'accounting = {"reported": sum(e["probes"] for e in log), "ran": sum(attempts().values())}\n'
+        'accounting["repeated"] = 0  # exactly once, it assumes (hidden)',
+        'accounting = {"reported": sum(e["probes"] for e in log), "ran": len(attempts())}\n'  # distinct seeds
+        'accounting["repeated"] = accounting["ran"] - accounting["reported"]  # (hidden)',
+    ],
 }
 
 
@@ -165,10 +326,10 @@ def _try_wrong(
 
 
 class Grade(NamedTuple):
-    """One graded cell's scores by nbgrader's rule, with a wrong answer and as written."""
+    """One graded cell's scores by nbgrader's rule, with each wrong answer and as written."""
 
     exercise: str  # the grade_id of the solution cell it grades
-    wrong: float | None
+    wrong: list[float | None]
     right: float | None
     points: float
 
@@ -190,7 +351,7 @@ def execute(
         resources={"metadata": {"path": str(cwd or path.parent)}},
     )
     client.reset_execution_trackers()
-    wrong_scores: dict[int, tuple[str, float | None]] = {}
+    wrong_scores: dict[int, tuple[str, list[float | None]]] = {}
     with client.setup_kernel():
         assert client.kc is not None
         client.wait_for_reply(client.kc.kernel_info())
@@ -203,8 +364,11 @@ def execute(
                 and exercise in WRONG
             ):
                 graded = _graded_cells(nb, index)
-                scores = _try_wrong(client, nb, index, graded, WRONG[exercise])
-                wrong_scores.update({i: (exercise, score) for i, score in zip(graded, scores, strict=True)})
+                wrong_scores.update({i: (exercise, []) for i in graded})
+                for wrong in WRONG[exercise]:
+                    scores = _try_wrong(client, nb, index, graded, wrong)
+                    for i, score in zip(graded, scores, strict=True):
+                        wrong_scores[i][1].append(score)
             client.execute_cell(cell, index)
             if grades is not None and index in wrong_scores:
                 score, points = determine_grade(cell)
@@ -248,7 +412,12 @@ def test_notebook_runs_and_tells_right_from_wrong(
     assert graded == exercises, f"exercises without a wrong answer in WRONG: {exercises - graded}"
     for grade_id, grade in grades.items():
         assert grade.right == grade.points > 0, f"{grade_id}: the instructor's answer scored {grade}"
-        assert grade.wrong == 0, f"{grade_id}: the wrong answer to {grade.exercise} scored {grade}"
+        assert len(grade.wrong) >= MIN_WRONG, (
+            f"{grade.exercise}: fewer than {MIN_WRONG} wrong answers in WRONG"
+        )
+        assert grade.wrong == [0] * len(grade.wrong), (
+            f"{grade_id}: a wrong answer to {grade.exercise} scored {grade}"
+        )
     # The docs render this run (docs/_ext/teaching_notebooks.py): a docs build after the tests
     # finds it in its execution cache and executes nothing.
     teaching_notebooks().store(path, nb)

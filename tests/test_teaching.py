@@ -127,3 +127,28 @@ def test_cache_bytes_is_the_largest_cache_the_system_reports() -> None:
     if not reported:
         pytest.skip("neither getconf nor lscpu knows the caches here")
     assert teaching.cache_bytes() == max(reported)
+
+
+def test_a_course_profile_sets_where_and_how_wide_the_notebooks_run() -> None:
+    """Without a course profile: one worker per core, at most 4. With one (a course SLURM
+    partition, a gateway, a hub's site config): its workers, past the laptop cap, and sweeps
+    up to them."""
+    import dask.config
+
+    laptop = teaching.workers()
+    assert laptop == min(teaching.cores(), teaching.LAPTOP_CAP)
+    assert teaching.start_args() == f"--workers {laptop}" and not teaching.remote()
+    assert teaching.sweep()[-1] == laptop and teaching.sweep()[0] == 1
+    course = {"backend": "slurm", "description": "the course partition", "options": {"queue": "course"}}
+    with dask.config.set({"nbcluster.profiles.course": {**course, "workers": 64}}):
+        assert teaching.workers() == 64 and teaching.remote()
+        assert teaching.start_args() == "--profile course --workers 64"
+        assert teaching.sweep() == [1, 2, 4, 8, 16, 32, 64]
+        assert teaching.sweep(limit=12) == [1, 2, 4, 8, 12]
+    with dask.config.set({"nbcluster.profiles.course": {**course, "workers": 6}}):
+        assert teaching.sweep() == [1, 2, 4, 6]
+    with dask.config.set({"nbcluster.profiles.course": {"backend": "local", "workers": 1}}):
+        assert teaching.workers() == 1 and not teaching.remote()  # a local profile: this machine's cores
+    with dask.config.set({"nbcluster.profiles.course": {**course, "workers": "many"}}):
+        with pytest.raises(Exception, match="workers must be a whole number of at least 1, not 'many'"):
+            teaching.workers()

@@ -82,6 +82,9 @@ class Profile:
     backend: str
     description: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    #: How many workers a course's notebooks start on it (``workers:`` beside ``options``);
+    #: None: the machine decides (`nbcluster.teaching.workers`).
+    workers: int | None = None
 
     @property
     def local(self) -> bool:
@@ -137,7 +140,10 @@ def _parse(name: str, raw: Any) -> Profile:
     options = raw.get("options") or {}
     if not isinstance(options, dict):
         raise BadArgument(f"{where}: options must be a mapping of keyword arguments, not {options!r}")
-    return Profile(name, backend, str(raw.get("description") or ""), dict(options))
+    workers = raw.get("workers")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise BadArgument(f"{where}: workers must be a whole number of at least 1, not {workers!r}")
+    return Profile(name, backend, str(raw.get("description") or ""), dict(options), workers)
 
 
 def get(name: str | None) -> Profile:
