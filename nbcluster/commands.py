@@ -405,14 +405,14 @@ class Runner:
         Returns
         -------
         str
-            The table of runs (`distribute.runs.table`), one run's journal (`distribute.runs.show`),
+            The table of runs (`journal.runs.table`), one run's journal (`journal.runs.show`),
             or what was forgotten.
 
         Raises
         ------
         nbcluster.errors.BadArgument
             For ``--all`` without ``--forget``, ``--show`` with ``--forget``, or IDs
-            `distribute.runs.forget` or `distribute.runs.show` cannot take.
+            `journal.runs.forget` or `journal.runs.show` cannot take.
         """
         if ns.show is not None:
             if ns.forget is not None or ns.all:

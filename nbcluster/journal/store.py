@@ -23,9 +23,8 @@ Policy
 - **Nothing on disk for a run over within half a second.** A new journal is held back in
   memory for ``nbcluster.journal.after`` (0.5 s): a run that completes by then never
   touches the disk, since running it again costs less than that, and the file's create,
-  lock, writes and its predecessor's delete were 0.8 ms of every small cell (5.7 ms against
-  4.9, medians of 15 rounds in turns). Once that time has
-  passed (a timer, even while no batch arrives), or 16 MiB of records are held, or the run
+  lock, writes and its predecessor's delete would be a large part of a small cell's time.
+  Once that time has passed (a timer, even while no batch arrives), or 16 MiB of records are held, or the run
   ends incomplete (what `--resume` is for), the file is written with everything held, and
   from then on each batch as it arrives. A run with an older journal of the same identity
   is journaled at once, so that completing it supersedes that journal.
@@ -269,8 +268,8 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
 
 
 #: A folder's last listing: (its inode, its mtime in ns, when the listing began, the journals'
-#: names by identity). Each run lists its identity's journals (87 us with 90 journals here,
-#: growing with their number); the folder's mtime changes with every file made or deleted in
+#: names by identity). Each run lists its identity's journals (a cost that grows with their
+#: number); the folder's mtime changes with every file made or deleted in
 #: it, so an unchanged one means the same names. Only a listing begun over `_STILL_S` after
 #: that mtime is kept: a file system's mtime can be coarse (a clock tick), and a file made in
 #: the same tick as the last change would not move it.
@@ -932,7 +931,7 @@ def _make(path: Path, header: bytes, records: list[bytes]) -> int:
 
 
 #: A process prunes a folder at most this often (seconds): pruning lists and stats every
-#: journal there, which took 1.3 ms of every small cell with 30 journals, and journals grow
+#: journal there, a cost of every small cell that grows with the journals, and journals grow
 #: only by what runs write meanwhile.
 PRUNE_S = 30.0
 _PRUNED: dict[tuple[Path, int], float] = {}  # (folder, limit) -> when this process last pruned it
