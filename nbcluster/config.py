@@ -385,9 +385,9 @@ def libyaml() -> Iterator[None]:
     Dask reads its defaults and every config file with `yaml.safe_load`, whose pure Python
     parser is an order of magnitude slower than libyaml's, and each ``dask.config.refresh``
     reads the config folders' files again: a cold start parses distributed.yaml on its one
-    busy core before the scheduler listens (bench/RESULTS.md, "startup"). For nbcluster's own
-    processes, which run no user code: a supervisor (for its whole life) and the forkserver
-    while it loads (its workers get PyYAML as it is). `tests/test_config.py` checks that
+    busy core before the scheduler listens (bench/RESULTS.md, "yaml loader in a cold
+    start"). For nbcluster's own processes, which run no user code: a supervisor (for its
+    whole life) and the forkserver while it loads (its workers get PyYAML as it is). `tests/test_config.py` checks that
     both loaders read Dask's files and this machine's config files alike.
 
     Yields
