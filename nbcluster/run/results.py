@@ -277,7 +277,7 @@ class Results:
         """
         state = self._state
         with state.lock:
-            if state.all_done():  # the common case: a copy at C speed, ~40 ms less a million items
+            if state.all_done():  # the common case: a copy at C speed, no Python step per item
                 return state.values.tolist()
             return [v if s == DONE else missing for v, s in zip(state.values, state.status, strict=True)]
 
