@@ -159,7 +159,7 @@ def nanny_logs(client: Client, nanny: str, n: int = 12) -> list[tuple[str, str]]
     return logs
 
 
-# -- distribute/ (lean17) ---------------------------------------------------------------------
+# -- run/ and worker/ (lean17) ---------------------------------------------------------------------
 def running_task_key() -> Any | None:
     """The key of the Dask task this thread is running, or None outside a task.
 
@@ -225,7 +225,7 @@ def base_update_worker_status(cluster: Any, op: str, msg: Any) -> None:
     Cluster._update_worker_status(cluster, op, msg)
 
 
-# distribute/ (persist23: a persisted batch's report)
+# run/ (persist23: a persisted batch's report)
 def run_on_holder(client: Client, key: str, function: Any, *args: Any) -> Any:
     """`function(*args, dask_worker=...)` in the event loop of a worker holding `key`.
 
@@ -382,7 +382,7 @@ def as_worker(worker: Any, key: str) -> Iterator[None]:
 
     Dask sets a private context variable (`distributed.get_worker()`) and
     ``thread_state.key`` for the tasks it runs; a batch nbcluster runs in the worker's
-    thread pool outside a task (`distribute/worker/direct.py`) sets them the same way, so an
+    thread pool outside a task (`worker/direct.py`) sets them the same way, so an
     item's own ``get_worker()``, ``get_client()`` and ``thread_state.key`` work there too.
     `running_task_key` still answers None there: the worker has no task of that key.
 

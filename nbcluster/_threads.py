@@ -4,9 +4,9 @@
 
 Every run has a driver and a watch thread (`engine.py`). `threading.Thread.start` waits
 until the new thread has run its first lines, and in a kernel whose Dask client's event
-loop is busy that wait is a GIL hand-off or two: 1-2 ms each, measured with py-spy over
-a loop of 8-item cells (3.1 ms a cell for the two). A thread that has finished a run waits
-here for the next one instead, and handing it the call is a queue put.
+loop is busy that wait is a GIL hand-off or two, on the path of every small cell. A thread
+that has finished a run waits here for the next one instead, and handing it the call is a
+queue put.
 
 A spare thread ends after `IDLE_S` without work, so a kernel that stopped running cells
 keeps no threads; there is no cap on how many run at once (runs started with ``--no-wait``

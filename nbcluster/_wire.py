@@ -406,7 +406,7 @@ class HeldValue(TypedDict):
 
 #: The Dask event topic on which nbcluster's scheduler plugin says that a worker came or went
 #: (`MetricsPlugin.add_worker`): a kernel subscribed to it keeps the workers it was told of
-#: (`distribute/target.py`) until the next such event, rather than asking again each cell.
+#: (`run/target.py`) until the next such event, rather than asking again each cell.
 ROSTER_TOPIC = "nbcluster-roster"
 
 

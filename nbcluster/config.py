@@ -33,7 +33,7 @@ from nbcluster import config_schema
 from nbcluster.errors import BadArgument, SettingWarning
 
 #: PyYAML's safe loader in C (libyaml), where PyYAML was built with it: the same documents,
-#: the same constructors, about 7x faster than its pure Python one (nbcluster.yaml: 7 ms).
+#: the same constructors, an order of magnitude faster than its pure Python one.
 SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 with config_schema.DEFAULTS.open() as _f:
@@ -383,10 +383,11 @@ def libyaml() -> Iterator[None]:
     """Meanwhile, `yaml.safe_load` parses with `SAFE_LOADER` (libyaml's, where PyYAML has it).
 
     Dask reads its defaults and every config file with `yaml.safe_load`, whose pure Python
-    parser takes 30 ms for distributed.yaml alone (5 ms with libyaml), and each
-    ``dask.config.refresh`` reads the config folders' files again. For nbcluster's own
-    processes, which run no user code: a supervisor (for its whole life) and the forkserver
-    while it loads (its workers get PyYAML as it is). `tests/test_config.py` checks that
+    parser is an order of magnitude slower than libyaml's, and each ``dask.config.refresh``
+    reads the config folders' files again: a cold start parses distributed.yaml on its one
+    busy core before the scheduler listens (bench/RESULTS.md, "yaml loader in a cold
+    start"). For nbcluster's own processes, which run no user code: a supervisor (for its
+    whole life) and the forkserver while it loads (its workers get PyYAML as it is). `tests/test_config.py` checks that
     both loaders read Dask's files and this machine's config files alike.
 
     Yields

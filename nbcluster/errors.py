@@ -73,7 +73,7 @@ class WorkerKilled(NbclusterError, RuntimeError):
     """
 
 
-# -- distribute/ and the commands (lean17) ----------------------------------------------------
+# -- run/ and the commands (lean17) ------------------------------------------------------------
 # The worker imports this module (for `Lost`): it stays free of imports.
 
 
@@ -141,7 +141,7 @@ class LimitExceeded(BadArgument):
     """A requested size is above a limit; the message names it and how to raise it."""
 
 
-# distribute/ (persist23: worker/held.py)
+# run/ (persist23: worker/held.py)
 class NotRecomputed(NbclusterError, RuntimeError):
     """A persisted value Dask lost with its worker, whose recomputation ran its item and
     failed (or did not reach it): the item's task raises this, never hands on a `None`."""

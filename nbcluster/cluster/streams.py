@@ -5,9 +5,8 @@ Every long-lived connection between a Dask scheduler, its workers and its client
 scheduler to a worker, 2 ms from a worker or to a client, 10 ms from a client), so that a
 burst goes out as one write. A small cell crosses four of these streams (kernel to
 scheduler, scheduler to worker, and back), and whenever one had written within its
-interval, the cell waited out the rest of it: on this 2-core machine an 8-item cell of
-tiny items took 17.4 ms with Dask's intervals and 15.4 ms without, and `client.map` +
-`gather` 25.7 and 22.8 ms (medians of 31, in turns, in one process).
+interval, the cell waited out the rest of it: milliseconds of every small cell, for a
+plain `client.map` + `gather` as well.
 
 With an interval of 0 a stream still batches: what arrives while a write is under way goes
 out in the next one. So a scheduler nbcluster runs (`SchedulerStreams`, installed by the

@@ -261,8 +261,8 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
 
 
 #: A folder's last listing: (its inode, its mtime in ns, when the listing began, the journals'
-#: names by identity). Each run lists its identity's journals (87 us with 90 journals here,
-#: growing with their number); the folder's mtime changes with every file made or deleted in
+#: names by identity). Each run lists its identity's journals (a cost that grows with their
+#: number); the folder's mtime changes with every file made or deleted in
 #: it, so an unchanged one means the same names. Only a listing begun over `_STILL_S` after
 #: that mtime is kept: a file system's mtime can be coarse (a clock tick), and a file made in
 #: the same tick as the last change would not move it.
@@ -845,7 +845,7 @@ def _make(path: Path, header: bytes, records: list[bytes]) -> int:
 
 
 #: A process prunes a folder at most this often (seconds): pruning lists and stats every
-#: journal there, which took 1.3 ms of every small cell with 30 journals, and journals grow
+#: journal there, a cost of every small cell that grows with the journals, and journals grow
 #: only by what runs write meanwhile.
 PRUNE_S = 30.0
 _PRUNED: dict[tuple[Path, int], float] = {}  # (folder, limit) -> when this process last pruned it

@@ -13,10 +13,10 @@ The order of a run, and why:
    `--into` now, so a `--no-wait` variable exists at once), run the first `--local K`
    items in the kernel, ship large values (once per worker, cached) and the cell's
    context blob.
-3. A driver thread (`engine.Engine._drive`) submits the batches, probes that return after
-   their first item slower than 5 ms until an item time is measured, then sized from it
-   (`batching.py`), streams each finished batch into
-   the state and resubmits failed items while `--retries` allow. It is the only thread
+3. A driver thread (`engine.Engine._drive`) submits the batches: probes, each returning
+   after its first item that ends past the batch sizing's `PROBE_S`, until an item time is
+   measured, then batches sized from it (`batching.py`). It streams each finished batch
+   into the state and resubmits failed items while `--retries` allow. It is the only thread
    that talks to Dask after the start, so `--no-wait` is the same code with the kernel's
    main thread returning at once.
 4. With `wait=True`, the main thread follows the `Results` (`follow.py`): it prints item

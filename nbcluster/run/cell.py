@@ -47,7 +47,7 @@ class Cell:
     """A parsed cell: `body` runs, then `last` (if any) is evaluated for the item's value.
 
     `body` is None for a cell that is one expression: running an empty code object cost as
-    much as evaluating `x + 1` (0.4 us an item, half a tiny item's time on the worker).
+    much as evaluating `x + 1`, a real share of a tiny item's time on the worker.
     """
 
     source: str  # padded so that line numbers match the notebook

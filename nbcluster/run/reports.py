@@ -3,8 +3,8 @@
 A persisted batch keeps its values on its worker (`worker/held.py`); the kernel needs only
 its report (errors, output, timings, a description of each value). Reading it took a round
 trip per batch (`_compat.run_on_holder`: kernel to scheduler to worker and back), made by
-the run's one driver thread while the workers waited for their next batch: on this 2-core
-machine 12 to 70 ms a batch, most of what a `--persist` cell cost over hand-written futures.
+the run's one driver thread while the workers waited for their next batch: most of what a
+`--persist` cell cost over hand-written futures.
 
 So the worker pushes the report instead, as a Dask event (`Worker.log_event` on `TOPIC`)
 sent just before the batch's task ends. Events from a worker travel on the same ordered

@@ -318,7 +318,7 @@ class RunState:
         errors: dict[int, ItemError],
         outputs: dict[int, list[list[Any]]],
     ) -> bool:
-        """The common batch, stored by slices at C speed (~0.6 us an item less), or kept packed;
+        """The common batch, stored by slices at C speed, or kept packed;
         False if not it.
 
         It is a run of consecutive items (a `range`), all pending, none failed, none with

@@ -202,7 +202,7 @@ class ProgressHook:
     """The callback `progress_hook` returns; `live` is its `Live` once the view has started.
 
     Why the view starts late rather than waiting to show: a `Live` made at once, for a cell
-    over in a few milliseconds (most small cells), cost the cell 0.5 ms on 2 cores (its
+    over in a few milliseconds (most small cells), would cost the cell its making (its
     options, its output, its IPython hooks, its timer), for a view it never showed. Made
     when the delay is up, in the context of the call that armed it (so a kernel attaches
     its output to the run's cell), it shows at its first tick, counting time from the run's

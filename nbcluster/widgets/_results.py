@@ -1,4 +1,4 @@
-"""Reading a `%%distribute` run (`nbcluster.distribute.Results`) as a progress source.
+"""Reading a `%%distribute` run (`nbcluster.Results`) as a progress source.
 
 The distribute engine pushes changes (``Results.subscribe``); the widget polls. Polling
 wins here: the widget redraws at a fixed rate however fast batches land, and the engine's

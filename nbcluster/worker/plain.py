@@ -6,7 +6,7 @@ at C speed and always loads again (no class of the user's to import), so:
 
 - a worker sends a batch's values as that one blob (`items.dump_result`);
 - the kernel keeps the blob as it came and unpickles it the first time one of its items is
-  read (`distribute/values.py`), so a million finished items cost their bytes, not a
+  read (`run/values.py`), so a million finished items cost their bytes, not a
   million Python objects, until asked;
 - the run's journal writes the same blob as it is (`journal.py`).
 
