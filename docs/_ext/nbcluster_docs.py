@@ -92,9 +92,11 @@ class CommandDirective(SphinxDirective):
         parser = parsers[name]
         usage = " ".join(parser.format_usage().split()).removeprefix("usage: ")
         top = _subcommands_help()[name]
+        # The CLI has every command but `use` (a terminal has no current cluster).
+        both = usage + "\n" + usage.replace("%cluster", "nbcluster", 1) if name in commands.CLI_COMMANDS else usage
         out: list[nodes.Node] = [
             nodes.paragraph("", "", *inline(top[0].upper() + top[1:] + ".")),
-            nodes.literal_block(usage, usage + "\n" + usage.replace("%cluster", "nbcluster", 1)),
+            nodes.literal_block(both, both),
         ]
         rows = []
         for action in parser._actions:
