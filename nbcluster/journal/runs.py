@@ -245,31 +245,3 @@ def _drop_values(path: Path, clusters: _Clusters) -> int:
         return handles.unpublish(client, [handles.dataset_prefix(path.name)])
     except Exception:
         return 0
-
-
-def line_magic(words: list[str]) -> str | None:
-    """`%distribute runs [ID]` and `%distribute forget ID...|--all`; None for any other line.
-
-    Parameters
-    ----------
-    words : list of str
-        The line magic's words.
-
-    Returns
-    -------
-    str or None
-        What to print: the table, one run's journal (`show`), or what `forget` did.
-
-    Raises
-    ------
-    nbcluster.errors.BadArgument
-        From `forget` and `show`, for IDs they cannot take.
-    """
-    if words[:1] == ["runs"] and len(words) == 1:
-        return table()
-    if words[:1] == ["runs"] and len(words) == 2:
-        return show(words[1])
-    if words[:1] == ["forget"]:
-        every = "--all" in words[1:]
-        return forget([w for w in words[1:] if w != "--all"], every)
-    return None
