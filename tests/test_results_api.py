@@ -68,3 +68,14 @@ def test_the_results_table_shows_the_whole_unpicklable_result_message(cluster: A
     table = res._repr_html_()
     assert "cannot pickle &#x27;_thread.lock&#x27; object</td>" in table, table
     assert f"{first.type_name}: {first.message}" in repr(res)
+
+
+def test_an_items_output_keeps_64k_characters_per_stream(cluster: Any, capsys: Any) -> None:
+    # The documented cap (docs/user-guide/distribute.md, "Output, errors, interrupting"):
+    # each stream of an item keeps its first 65,536 characters, then says it was cut.
+    cell = "import sys\nprint('o' * 70_000)\nprint('e' * 70_000, file=sys.stderr)\nx"
+    res = distribute(cell, namespace={}, over="x in range(1)", into="res")
+    capsys.readouterr()
+    shown = res.output(0)
+    for char, cut in (("o", "\n... (output truncated)\n"), ("e", "\n[stderr] ... (output truncated)\n")):
+        assert char * 65_536 + cut in shown and char * 65_537 not in shown, f"{char}: not cut at 64K, or not said"

@@ -92,14 +92,17 @@ class CommandDirective(SphinxDirective):
         parser = parsers[name]
         usage = " ".join(parser.format_usage().split()).removeprefix("usage: ")
         top = _subcommands_help()[name]
+        # The CLI has every command but `use` (a terminal has no current cluster).
+        both = usage + "\n" + usage.replace("%cluster", "nbcluster", 1) if name in commands.CLI_COMMANDS else usage
         out: list[nodes.Node] = [
             nodes.paragraph("", "", *inline(top[0].upper() + top[1:] + ".")),
-            nodes.literal_block(usage, usage + "\n" + usage.replace("%cluster", "nbcluster", 1)),
+            # rawsource differs from the text: Sphinx then shows it as written, unhighlighted.
+            nodes.literal_block(usage + " ", both),
         ]
         rows = []
         for action in parser._actions:
-            if isinstance(action, argparse._HelpAction):
-                continue
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue  # the help, and old spellings kept working for a release
             if action.option_strings:
                 flag = action.option_strings[0]
                 shown = flag if action.nargs == 0 else f"{flag} {action.metavar or action.dest.upper()}"

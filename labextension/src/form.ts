@@ -81,7 +81,7 @@ export class NewClusterForm {
       field('Workers', this.workers, 'CPU worker processes; empty: one per core'),
       field('Threads per worker', this.threads),
       field('Memory per worker', this.memory, 'e.g. 2GiB; empty: a share of this machine'),
-      field('GPUs', this.gpus, '"auto" for every GPU, or a number; empty: none'),
+      field('GPU workers', this.gpus, '"auto": one per GPU, or a number; empty: none'),
       field('Name', this.name, 'empty: picked for you'),
       field('Keep alive', this.keep, 'keep running when this server stops'),
       field('Dask dashboard', this.dashboard, 'serve the Bokeh dashboard (proxied by Jupyter)'),
@@ -130,7 +130,7 @@ export class NewClusterForm {
       if (gpus === 'auto') {
         body.gpu_workers = 'auto';
       } else if (gpus !== '' && gpus !== 'none') {
-        body.gpu_workers = count(gpus, 'GPUs', 0);
+        body.gpu_workers = count(gpus, 'GPU workers', 0);
       }
       const name = this.name.value.trim();
       if (name !== '') {

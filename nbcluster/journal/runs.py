@@ -1,4 +1,4 @@
-"""The journaled runs, listed, shown and forgotten: `%distribute runs [ID]`, `nbcluster runs [--show|--forget]`.
+"""The journaled runs, listed, shown and forgotten: `%cluster runs [ID] [--forget]`, `nbcluster runs [ID] [--forget]`.
 
 A run's ID is the start of its identity (`identity.py`): the journals of one cell run on
 the same inputs share it, and forgetting an ID deletes them all. A journal in use (its run
@@ -73,8 +73,8 @@ def table(client_of: ClientOf, where: Path | None = None) -> str:
     head = ("ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE")
     return "\n".join([
         *_columns(head, rows),
-        "`%%distribute ... --resume` picks up a run; `nbcluster runs --show ID` shows its failed items; "
-        "`nbcluster runs --forget ID` deletes it.",
+        "`%%distribute ... --resume` picks up a run; `%cluster runs ID` (`nbcluster runs ID`) shows its failed "
+        "items; `%cluster runs ID --forget` deletes it.",
     ])  # fmt: skip
 
 

@@ -18,6 +18,7 @@ import threading
 from typing import Any, TextIO
 
 LIMIT = 64 * 1024  # characters kept per item and stream
+CUT = "\n... (output truncated)\n"
 _local = threading.local()
 
 
@@ -83,12 +84,12 @@ class _ItemStream(io.TextIOBase):
             return self.real.write(text)
         chunks = outputs.setdefault(_index(), [])
         if chunks and chunks[-1][0] == self.name_:
-            if len(chunks[-1][1]) < LIMIT:
+            if len(chunks[-1][1]) <= LIMIT:  # a longer one was cut already: it takes no more
                 chunks[-1][1] += text
-                if len(chunks[-1][1]) >= LIMIT:
-                    chunks[-1][1] = chunks[-1][1][:LIMIT] + "\n... (output truncated)\n"
         else:
-            chunks.append([self.name_, text[:LIMIT]])
+            chunks.append([self.name_, text])
+        if len(chunks[-1][1]) > LIMIT:  # cut, and say so, whether one write or many got here
+            chunks[-1][1] = chunks[-1][1][:LIMIT] + CUT
         return len(text)
 
     def flush(self) -> None:
