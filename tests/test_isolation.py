@@ -101,6 +101,16 @@ def test_local_items_get_copies_too(notebook: InteractiveShell) -> None:
     assert notebook.user_ns["big"][0] == 1.0
 
 
+def test_local_says_so_when_a_value_cannot_be_copied(notebook: InteractiveShell, capsys: Any) -> None:
+    cell(notebook, "import threading\nlock = threading.Lock()")
+    capsys.readouterr()
+    assert list(cell(notebook, '%%distribute --over "i in range(2)" --local all\nlock.locked()')) == [False] * 2
+    assert (
+        "nbcluster: --local: `lock` cannot be copied for each item (TypeError: cannot pickle '_thread.lock' "
+        "object); the items in the kernel share the notebook's own object"
+    ) in capsys.readouterr().out.splitlines()
+
+
 def test_distribute_a_function_and_a_cell(cluster: Any) -> None:
     ns = main_namespace(COUNTER + "def bump(i):\n    return counter.bump()\n")
     assert nbcluster.distribute(ns["bump"], over=range(16)).values() == [1] * 16

@@ -160,7 +160,7 @@ _ATOMS = (int, float, complex, str, bytes, type(None), type(Ellipsis), type(NotI
           ModuleType, type, BuiltinFunctionType, enum.Enum)  # fmt: skip
 
 
-def shareable(value: Any, _seen: set[int] | None = None) -> bool:
+def shareable(value: Any) -> bool:
     """Whether items may share `value`: nothing an item does to it can be seen by the next.
 
     Numbers, strings, bytes, None, ranges, modules, classes, builtin functions, enum
@@ -191,25 +191,28 @@ def shareable(value: Any, _seen: set[int] | None = None) -> bool:
     >>> shareable(f)
     True
     """
+    return _shareable(value, set())
+
+
+def _shareable(value: Any, seen: set[int]) -> bool:
     if isinstance(value, _ATOMS):
         return True
     kind = type(value)
     if kind is tuple or kind is frozenset:
-        return all(shareable(v, _seen) for v in value)
+        return all(_shareable(v, seen) for v in value)
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(value, numpy.generic | numpy.dtype) and not isinstance(value, numpy.void):
         return True
     if _by_reference(value):
         return True  # a function (or ufunc) the worker imports: nothing of the notebook's travels
     if kind is FunctionType:
-        seen = _seen if _seen is not None else set()
         if id(value) in seen:
             return True  # a recursive function: the rest of it is being checked
         seen.add(id(value))
         cells = [_contents(c) for c in value.__closure__ or ()]
         defaults = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
         read = [value.__globals__[n] for n in global_names(value.__code__) if n in value.__globals__]
-        return all(shareable(v, seen) for v in (*cells, *defaults, *read))
+        return all(_shareable(v, seen) for v in (*cells, *defaults, *read))
     return False
 
 
