@@ -41,6 +41,8 @@ from nbcluster.run.cell import Cell
 from nbcluster.run.plan import Plan
 
 VERSION = b"nbcluster-run-2"  # part of every identity: change it when what goes in changes
+# A class's attributes that say where it was defined, or hold no content of its own.
+_NOT_CLASS_CONTENT = frozenset({"__dict__", "__weakref__", "__module__", "__firstlineno__", "__static_attributes__"})
 
 
 def fingerprint(plan: Plan, cell: Cell | None, fn: Any, seed: int | None, captured: Capture) -> str | None:
@@ -154,7 +156,7 @@ class _Hasher(cloudpickle.Pickler):
             return self.seen[key]
         self.seen[key] = f"recursive {obj.__qualname__}".encode()  # a function that calls itself
         if isinstance(obj, type):
-            members = {k: v for k, v in vars(obj).items() if k not in ("__dict__", "__weakref__", "__module__")}
+            members = {k: v for k, v in vars(obj).items() if k not in _NOT_CLASS_CONTENT}
             parts: Any = ("class", obj.__qualname__, obj.__bases__, sorted(members.items()))
         else:
             fn: FunctionType = obj
