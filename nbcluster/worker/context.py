@@ -24,10 +24,11 @@ import importlib
 import linecache
 import marshal
 import pickle
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from types import CodeType
+from types import CodeType, FunctionType
 from typing import Any
 
 import cloudpickle
@@ -53,7 +54,8 @@ class Context:
         self.positional: bool = spec["positional"]
         self.seed: int | None = spec["seed"]
         self.large: list[tuple[str, str, int]] = spec["large"]  # (name, key, size)
-        self.read_only: tuple[str, ...] = tuple(spec.get("read_only", ()))  # large arrays, shared read-only
+        self.read_only: tuple[str, ...] = tuple(spec.get("read_only", ()))  # large values, shared read-only
+        self.arrays: set[str] = set(spec.get("arrays", ()))  # what a write error names (`read_only_error`)
         self.fresh: bytes | None = spec.get("fresh")  # the values each item gets its own copy of
         # The function of a "function" item; the code of a "cell" one. `fn_blob`: the
         # function pickled, when it reads values each item must get its own copy of.
@@ -111,10 +113,14 @@ class Context:
         namespace = dict(namespace)
         copied = {}
         for (name, _, _), value in zip(self.large, large_values, strict=True):
-            if name in self.read_only:
+            if name in self.read_only and isinstance(value, FunctionType):
+                self.arrays.update(freeze(value))  # this worker's own copy, cached for every run
+                namespace[name] = value
+            elif name in self.read_only:
                 view = value.view()  # the worker's copy stays as it is for the next run
                 view.flags.writeable = False
                 namespace[name] = view
+                self.arrays.add(name)
             else:
                 copied[name] = value
         if copied:
@@ -194,7 +200,52 @@ class Context:
             if spec.get("fresh_fn"):
                 spec["fn_blob"] = spec["fn"]
             spec["fn"] = cloudpickle.loads(spec["fn"])
+            if not spec.get("fresh_fn"):
+                spec["arrays"] = freeze(spec["fn"])
         return cls(spec, namespace)
+
+
+def freeze(fn: Any) -> list[str]:
+    """Make the plain numpy arrays a notebook function reads read-only, in place; their names.
+
+    Only called on a function that the kernel found shareable but for large arrays
+    (`run.capture.shareable` with ``arrays=True``), unpickled here: every array it reads
+    as a global or from its closure, and so do the notebook functions it reads, is this
+    worker's own copy, shared by the items.
+
+    Parameters
+    ----------
+    fn : Any
+        The function, as loaded on this worker.
+
+    Returns
+    -------
+    list of str
+        The names the arrays go by in the function's globals or closure.
+    """
+    numpy = sys.modules.get("numpy")
+    names: list[str] = []
+    todo, seen = [fn], set()
+    while numpy is not None and todo:
+        f = todo.pop()
+        if type(f) is not FunctionType or f.__module__ != "__main__" or id(f) in seen:
+            continue  # an imported function's globals are its module's, never touched
+        seen.add(id(f))
+        cells = [(n, _contents(c)) for n, c in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True)]
+        for name, value in [*f.__globals__.items(), *cells]:
+            if type(value) is numpy.ndarray and not value.dtype.hasobject:
+                value.flags.writeable = False
+                names.append(name)
+            elif type(value) is FunctionType:
+                todo.append(value)
+    return names
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell: a name the enclosing function binds later
+        return None
 
 
 def item_namespace(shared: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:

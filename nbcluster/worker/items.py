@@ -98,7 +98,7 @@ def run_items(
         ended_first = lambda: tell(first_of(values, errors, outputs, indices[0], time.perf_counter() - started))  # noqa: E731
     try:
         stopped = _run_chunks(cell_loop, over, todo, len(items), indices, values, errors, token, budget,
-                              started, capture, ended_first, context.read_only)  # fmt: skip
+                              started, capture, ended_first, tuple(sorted(context.arrays)))  # fmt: skip
     finally:
         output.collect(None)
     done = len(values)
