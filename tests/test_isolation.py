@@ -107,6 +107,14 @@ def test_a_function_that_reads_a_large_array_is_loaded_once_and_the_array_is_rea
     assert notebook.user_ns["here"].ok and notebook.user_ns["big"][0] == 1.0
 
 
+def test_a_large_dataframe_is_each_items_own(notebook: InteractiveShell) -> None:
+    cell(notebook, "import numpy as np, pandas as pd\nframe = pd.DataFrame({'a': np.zeros(200_000)})")  # 1.6 MB
+    out = cell(notebook, '%%distribute --over "i in range(16)"\n'
+                         'frame.iloc[0, 0] += 1\nframe["b"] = i\n(float(frame.iloc[0, 0]), list(frame.columns))')  # fmt: skip
+    assert list(out) == [(1.0, ["a", "b"])] * 16
+    assert list(notebook.user_ns["frame"].columns) == ["a"]
+
+
 def test_local_items_get_copies_too(notebook: InteractiveShell) -> None:
     cell(notebook, '%%distribute --over "i in range(6)" --local all --into bumps\ncounter.bump()')
     assert list(notebook.user_ns["bumps"]) == [1] * 6

@@ -13,13 +13,16 @@ shareable values are loaded once, into `Context.namespace`. The others come as o
 blob (`Context.fresh`) that `Context.item_namespace` unpickles again for every item, and a
 function that reads such a value is unpickled again for every item (`Context.item_function`).
 A large plain array is shared through a read-only view (`Context.shared`): writing to it
-fails, and `read_only_error` turns numpy's error into one line naming the variable. Any
-other large value is pickled once here and unpickled for every item.
+fails, and `read_only_error` turns numpy's error into one line naming the variable. A large
+pandas object gets a shallow copy per item, which pandas' copy-on-write (pandas 3) keeps
+apart from the others; any other large value is pickled once here and unpickled for every
+item.
 """
 
 from __future__ import annotations
 
 import builtins
+import functools
 import importlib
 import linecache
 import marshal
@@ -35,6 +38,9 @@ import cloudpickle
 
 from nbcluster.worker.loop import cell_loop
 from nbcluster.worker.objects import fetch
+
+#: Fresh copies of some captured values, by name, for one item (`Context.shared`).
+Copy = Callable[[], dict[str, Any]]
 
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
 _CONTEXTS: OrderedDict[str, Context] = OrderedDict()
@@ -90,8 +96,8 @@ class Context:
                     and self.mode in ("over", "grid", "zip")):  # fmt: skip
                 self.loop = cell_loop(source, filename, self.names, tuple_target=self.mode != "over")
 
-    def shared(self, large_values: tuple[Any, ...]) -> tuple[dict[str, Any], list[bytes]]:
-        """What the items of a batch read: the shared namespace, and the blobs each item unpickles.
+    def shared(self, large_values: tuple[Any, ...]) -> tuple[dict[str, Any], list[Copy]]:
+        """What the items of a batch read: the shared namespace, and how each item copies the rest.
 
         Parameters
         ----------
@@ -102,16 +108,17 @@ class Context:
         -------
         namespace : dict
             The shareable values, with the large arrays as read-only views.
-        blobs : list of bytes
-            Pickles each item loads again into its own namespace (`item_namespace`): the
-            small values to copy, and the large ones that are not plain arrays.
+        copies : list of callable
+            Each returns fresh copies of some values, by name, for one item (`item_namespace`):
+            the small values to copy, unpickled again; a large pandas object, as a shallow
+            copy that pandas' copy-on-write keeps apart; any other large value, unpickled again.
         """
         namespace = self.namespace
-        blobs = [] if self.fresh is None else [self.fresh]
+        copies: list[Copy] = [] if self.fresh is None else [functools.partial(pickle.loads, self.fresh)]
         if not large_values:
-            return namespace, blobs
+            return namespace, copies
         namespace = dict(namespace)
-        copied = {}
+        copied, lazy = {}, {}
         for (name, _, _), value in zip(self.large, large_values, strict=True):
             if name in self.read_only and isinstance(value, FunctionType):
                 self.arrays.update(freeze(value))  # this worker's own copy, cached for every run
@@ -121,14 +128,18 @@ class Context:
                 view.flags.writeable = False
                 namespace[name] = view
                 self.arrays.add(name)
+            elif _copy_on_write(value):
+                lazy[name] = value
             else:
                 copied[name] = value
+        if lazy:
+            copies.append(lambda: {n: v.copy(deep=False) for n, v in lazy.items()})
         if copied:
             ids = tuple(map(id, copied.values()))
             if self._large_blob is None or self._large_blob[0] != ids:
                 self._large_blob = ids, cloudpickle.dumps(copied, protocol=5)
-            blobs.append(self._large_blob[1])
-        return namespace, blobs
+            copies.append(functools.partial(pickle.loads, self._large_blob[1]))
+        return namespace, copies
 
     def item_function(self) -> Callable[..., Any]:
         """The function an item calls: its own copy when it reads values to copy.
@@ -248,25 +259,35 @@ def _contents(cell: Any) -> Any:
         return None
 
 
-def item_namespace(shared: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
-    """An item's own namespace: the shared values, and a fresh unpickling of each blob.
+def item_namespace(shared: dict[str, Any], copies: list[Copy]) -> dict[str, Any]:
+    """An item's own namespace: the shared values, and a fresh copy of the others.
 
     Parameters
     ----------
     shared : dict
         The namespace the batch's items share (`Context.shared`).
-    blobs : list of bytes
-        Pickled dicts of name -> value, unpickled again for this item.
+    copies : list of callable
+        Each returns fresh copies of some values, by name (`Context.shared`).
 
     Returns
     -------
     dict
-        A new dict: what the item binds stays its own.
+        A new dict: what the item binds or changes stays its own.
     """
     namespace = dict(shared)
-    for blob in blobs:
-        namespace.update(pickle.loads(blob))
+    for copy in copies:
+        namespace.update(copy())
     return namespace
+
+
+def _copy_on_write(value: Any) -> bool:
+    """A pandas object whose shallow copy behaves as a copy (pandas 3 is copy-on-write)."""
+    pandas = sys.modules.get("pandas")
+    return (
+        pandas is not None
+        and isinstance(value, pandas.DataFrame | pandas.Series)
+        and int(pandas.__version__.split(".")[0]) >= 3
+    )
 
 
 def read_only_error(e: BaseException, names: tuple[str, ...]) -> BaseException:
