@@ -145,6 +145,8 @@ def test_distribute_a_function_and_a_cell(cluster: Any) -> None:
     wrote = nbcluster.distribute("big[:] = 0", over="i in range(4)", namespace=ns)
     assert len(wrote.errors) == 4 and "`big` is a large captured array" in str(wrote.errors[0])
     assert ns["counter"].n == 0 and ns["small"][0] == 0.0 and ns["big"][0] == 1.0
+    ns["text"] = "x" * 2_000_000  # large and immutable: shared as it is
+    assert nbcluster.distribute("len(text)", over="i in range(4)", namespace=ns).values() == [2_000_000] * 4
     # A function that reads only a large array: loaded once per worker, the array read-only.
     arrays = main_namespace("def where(i):\n    return id(big)\ndef spoil(i):\n    big[0] = i\n")
     arrays["big"] = ns["big"]

@@ -118,7 +118,12 @@ def value_hash(value: Any) -> bytes:
     >>> value_hash([1, 2]) == value_hash([1, 2]) != value_hash([1, 3])
     True
     """
+    if type(value) in _ATOMS:  # nothing of the notebook's in it: plain pickle, no pickler to set up
+        return hashlib.blake2b(pickle.dumps(value, protocol=5), digest_size=16).digest()
     return _Hasher.digest(value, {})
+
+
+_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None), range})
 
 
 class _Hasher(cloudpickle.Pickler):

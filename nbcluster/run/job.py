@@ -20,6 +20,7 @@ job knows the item's parameters and where the notebook functions it shipped came
 from __future__ import annotations
 
 import marshal
+from types import FunctionType
 from typing import Any
 
 import cloudpickle
@@ -103,7 +104,8 @@ class Job:
             namespace[name] = namespace[name].view()
             namespace[name].flags.writeable = False
         # A function that reads a large array reads the notebook's own here: copied instead.
-        copied = [*captured.copied, *(n for n in captured.read_only if n not in arrays)]
+        readers = [n for n in captured.read_only if isinstance(namespace[n], FunctionType)]
+        copied = [*captured.copied, *readers]
         fresh = captured.fresh if copied == captured.copied else None
         if fresh is None and copied:
             fresh = self._copyable(", ".join(f"`{n}`" for n in copied), {n: captured.direct[n] for n in copied})

@@ -10,7 +10,7 @@ kernel builds a `Context` directly (`job.for_kernel`).
 
 **Each item starts from the notebook's state** (`run/capture.py` sorts the values). The
 shareable values are loaded once, into `Context.namespace`. The others come as one pickled
-blob (`Context.fresh`) that `Context.item_namespace` unpickles again for every item, and a
+blob (`Context.fresh`) that `item_namespace` unpickles again for every item, and a
 function that reads such a value is unpickled again for every item (`Context.item_function`).
 A large plain array is shared through a read-only view (`Context.shared`): writing to it
 fails, and `read_only_error` turns numpy's error into one line naming the variable. A large
@@ -123,11 +123,13 @@ class Context:
             if name in self.read_only and isinstance(value, FunctionType):
                 self.arrays.update(freeze(value))  # this worker's own copy, cached for every run
                 namespace[name] = value
-            elif name in self.read_only:
+            elif name in self.read_only and _plain_array(value):
                 view = value.view()  # the worker's copy stays as it is for the next run
                 view.flags.writeable = False
                 namespace[name] = view
                 self.arrays.add(name)
+            elif name in self.read_only:  # immutable: a long string, a class
+                namespace[name] = value
             elif _copy_on_write(value):
                 lazy[name] = value
             else:
@@ -234,22 +236,26 @@ def freeze(fn: Any) -> list[str]:
     list of str
         The names the arrays go by in the function's globals or closure.
     """
-    numpy = sys.modules.get("numpy")
     names: list[str] = []
     todo, seen = [fn], set()
-    while numpy is not None and todo:
+    while todo:
         f = todo.pop()
         if type(f) is not FunctionType or f.__module__ != "__main__" or id(f) in seen:
             continue  # an imported function's globals are its module's, never touched
         seen.add(id(f))
         cells = [(n, _contents(c)) for n, c in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True)]
         for name, value in [*f.__globals__.items(), *cells]:
-            if type(value) is numpy.ndarray and not value.dtype.hasobject:
+            if _plain_array(value):
                 value.flags.writeable = False
                 names.append(name)
             elif type(value) is FunctionType:
                 todo.append(value)
     return names
+
+
+def _plain_array(value: Any) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and type(value) is numpy.ndarray and not value.dtype.hasobject
 
 
 def _contents(cell: Any) -> Any:
@@ -298,7 +304,7 @@ def read_only_error(e: BaseException, names: tuple[str, ...]) -> BaseException:
     e : BaseException
         What an item raised.
     names : tuple of str
-        The large arrays the items share read-only (`Context.read_only`).
+        The large arrays the items share read-only (`Context.arrays`).
 
     Returns
     -------
