@@ -12,11 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import dask.config
+import numpy as np
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
 from nbcluster.journal import store as journal
+from nbcluster.journal.identity import fingerprint
+from nbcluster.run.capture import capture
+from nbcluster.run.cell import Cell
+from nbcluster.run.plan import plan
 from tests.kernel_session import kernel
 from tests.shell_helpers import cell
 
@@ -140,3 +145,21 @@ def test_a_function_over_1_mb_resumes_in_a_new_kernel(runtime_dir: Path, tmp_pat
         assert journal.load(journal.journals(where=folder)[0]).state == "complete"
     finally:
         handle.stop()
+
+
+def test_the_identity_covers_what_notebook_functions_read() -> None:
+    source = "def g(x):\n    return x * SCALE\ndef f(x, k=K):\n    return g(x) + k + len(BIG)\n"
+    run_cell = Cell.parse("f(x)", filename="<c>", first_line=2)
+    items = plan(over="x in range(3)", grid=None, zip=None, evaluate=lambda text, _: eval(text))
+
+    def ident(**values: Any) -> str | None:
+        ns: dict[str, Any] = {"__name__": "__main__", "SCALE": 1, "K": 0, "BIG": np.zeros(200_000)}
+        ns.update(values)
+        exec(compile(source, "/tmp/ipykernel_1/cell.py", "exec"), ns)
+        return fingerprint(items, run_cell, None, None, capture(run_cell.free_names(["x"]), ns))
+
+    same = ident()
+    assert same is not None and ident() == same
+    assert ident(SCALE=2) != same  # a global of a function the captured one calls
+    assert ident(K=1) != same  # read when the function is defined: its default
+    assert ident(BIG=np.ones(200_000)) != same  # a large array, by its bytes
