@@ -197,7 +197,10 @@ def shareable(value: Any, *, arrays: bool = False) -> bool:
     >>> shareable(f)
     True
     """
-    return _shareable(value, set(), arrays)
+    try:
+        return _shareable(value, set(), arrays)
+    except RecursionError:  # nested too deeply to tell: copied, which is always correct
+        return False
 
 
 def _shareable(value: Any, seen: set[int], arrays: bool, read: bool = False) -> bool:
