@@ -166,7 +166,7 @@ def shareable(value: Any, *, arrays: bool = False) -> bool:
     """Whether items may share `value`: nothing an item does to it can be seen by the next.
 
     Numbers, strings, bytes, None, ranges, modules, classes, builtin functions, enum
-    members, numpy scalars and dtypes; tuples and frozensets of shareable values; functions
+    members, numpy scalars and dtypes; tuples (named ones too) and frozensets of shareable values; functions
     (and ufuncs) imported from a module (they travel by reference); and notebook functions (module
     ``__main__``) whose globals that their code reads, closure cells and defaults are all
     shareable, recursively. Anything else (lists, dicts, sets, arrays, instances, bound
@@ -208,7 +208,8 @@ def _shareable(value: Any, seen: set[int], arrays: bool, read: bool = False) -> 
     if isinstance(value, _ATOMS) or (arrays and read and read_only_array(value)):
         return True
     kind = type(value)
-    if kind is tuple or kind is frozenset:
+    # A named tuple too, unless its class gave it a __dict__ (attributes one could set).
+    if (isinstance(value, tuple) and not hasattr(value, "__dict__")) or kind is frozenset:
         return all(_shareable(v, seen, arrays) for v in value)
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(value, numpy.generic | numpy.dtype) and not isinstance(value, numpy.void):
