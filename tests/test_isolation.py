@@ -91,6 +91,30 @@ def test_a_large_array_is_shared_read_only_and_a_write_names_it(notebook: Intera
     assert notebook.user_ns["big"].flags.writeable and notebook.user_ns["big"][0] == 1.0
 
 
+def test_a_function_that_reads_a_large_array_is_loaded_once_and_the_array_is_read_only(
+    notebook: InteractiveShell,
+) -> None:
+    cell(notebook, "import numpy as np\nbig = np.ones(300_000)\n"
+                   "def total(i):\n    return float(big.sum()) + i\n"
+                   "def spoil(i):\n    big[0] = i")  # fmt: skip
+    ids = cell(notebook, '%%distribute --over "i in range(16)"\n(total(i), id(total))')
+    assert [t for t, _ in ids] == [300_000.0 + i for i in range(16)]
+    assert len({f for _, f in ids}) <= 2  # one function per worker, not one per item
+    cell(notebook, '%%distribute --over "i in range(4)" --into spoiled\nspoil(i)')
+    assert "`big` is a large captured array" in str(notebook.user_ns["spoiled"].errors[0])
+    # In the kernel (--local) the function reads the notebook's own array: it gets a copy.
+    cell(notebook, '%%distribute --over "i in range(4)" --local all --into here\nspoil(i)')
+    assert notebook.user_ns["here"].ok and notebook.user_ns["big"][0] == 1.0
+
+
+def test_a_large_dataframe_is_each_items_own(notebook: InteractiveShell) -> None:
+    cell(notebook, "import numpy as np, pandas as pd\nframe = pd.DataFrame({'a': np.zeros(200_000)})")  # 1.6 MB
+    out = cell(notebook, '%%distribute --over "i in range(16)"\n'
+                         'frame.iloc[0, 0] += 1\nframe["b"] = i\n(float(frame.iloc[0, 0]), list(frame.columns))')  # fmt: skip
+    assert list(out) == [(1.0, ["a", "b"])] * 16
+    assert list(notebook.user_ns["frame"].columns) == ["a"]
+
+
 def test_local_items_get_copies_too(notebook: InteractiveShell) -> None:
     cell(notebook, '%%distribute --over "i in range(6)" --local all --into bumps\ncounter.bump()')
     assert list(notebook.user_ns["bumps"]) == [1] * 6
@@ -99,6 +123,16 @@ def test_local_items_get_copies_too(notebook: InteractiveShell) -> None:
     local = cell(notebook, '%%distribute --over "i in range(2)" --local all --into w\nbig[0] = 5')
     assert local is None and "share read-only" in str(notebook.user_ns["w"].errors[0])
     assert notebook.user_ns["big"][0] == 1.0
+
+
+def test_local_says_so_when_a_value_cannot_be_copied(notebook: InteractiveShell, capsys: Any) -> None:
+    cell(notebook, "import threading\nlock = threading.Lock()")
+    capsys.readouterr()
+    assert list(cell(notebook, '%%distribute --over "i in range(2)" --local all\nlock.locked()')) == [False] * 2
+    assert (
+        "nbcluster: --local: `lock` cannot be copied for each item (TypeError: cannot pickle '_thread.lock' "
+        "object); the items in the kernel share the notebook's own object"
+    ) in capsys.readouterr().out.splitlines()
 
 
 def test_distribute_a_function_and_a_cell(cluster: Any) -> None:
@@ -111,6 +145,14 @@ def test_distribute_a_function_and_a_cell(cluster: Any) -> None:
     wrote = nbcluster.distribute("big[:] = 0", over="i in range(4)", namespace=ns)
     assert len(wrote.errors) == 4 and "`big` is a large captured array" in str(wrote.errors[0])
     assert ns["counter"].n == 0 and ns["small"][0] == 0.0 and ns["big"][0] == 1.0
+    ns["text"] = "x" * 2_000_000  # large and immutable: shared as it is
+    assert nbcluster.distribute("len(text)", over="i in range(4)", namespace=ns).values() == [2_000_000] * 4
+    # A function that reads only a large array: loaded once per worker, the array read-only.
+    arrays = main_namespace("def where(i):\n    return id(big)\ndef spoil(i):\n    big[0] = i\n")
+    arrays["big"] = ns["big"]
+    assert len(set(nbcluster.distribute(arrays["where"], over=range(16)).values())) <= 2
+    spoiled = nbcluster.distribute(arrays["spoil"], over=range(4))
+    assert len(spoiled.errors) == 4 and "`big` is a large captured array" in str(spoiled.errors[0])
 
 
 def test_only_what_an_item_could_change_is_copied() -> None:

@@ -147,10 +147,14 @@ def test_failed_items_run_again_on_resume(shell, cluster, journals, tmp_path, ca
     assert executions(log)[6:] == [3]
 
 
-def test_no_journal_means_resume_runs_everything_silently(cluster, journals, tmp_path, capsys):
+def test_no_journal_means_resume_runs_everything_and_says_so(cluster, journals, tmp_path, capsys):
     res = run(tmp_path / "log", 10, resume=True)
-    # Only the usual line: its size is the test's own path's, which pytest numbers per session.
-    assert res.ok and re.fullmatch(r"nbcluster: sent log \(\d+ B\) with the cell\n", capsys.readouterr().out)
+    # The usual line (its size is the test's own path's, which pytest numbers per session), and one more.
+    assert res.ok and re.fullmatch(
+        r"nbcluster: --resume: no journal of this run \(the same code, items and captured values\) was found: "
+        r"running all 10 items\nnbcluster: sent log \(\d+ B\) with the cell\n",
+        capsys.readouterr().out,
+    )
     assert sorted(executions(tmp_path / "log")) == list(range(10))
 
 

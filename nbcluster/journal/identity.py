@@ -1,24 +1,27 @@
 """A run's identity: a fingerprint of what it computes, so that a new kernel finds its journal.
 
-It is the BLAKE2 hash of, in order: the code (the cell's source, or a function's source),
-the items after ``--over/--grid/--zip`` evaluation (and how they bind names), ``--seed``,
-and the captured notebook values. It is deliberately not the kernel, the session or the
+It is the BLAKE2 hash of, in order: the code (the cell's source, or the function run), the
+items after ``--over/--grid/--zip`` evaluation (and how they bind names), ``--seed``, and
+every captured notebook value. It is deliberately not the kernel, the session or the
 notebook's cell id: a new kernel running the same cell on the same inputs gets the same
-identity.
+identity, and a change to any input gives another one, so ``--resume`` never mixes results
+computed from different inputs.
 
-How each part is fingerprinted:
+Each value is hashed through one pickler (`_Hasher`), the same way wherever it sits (a
+captured name, an item, a global a function reads):
 
-- items: pickled with protocol 5, out-of-band buffers hashed in place (an array of items
-  is not copied);
-- captured values: the pickle `capture.py` already made to send them; a large value (over
-  `capture.LARGE`) by the content digest that `capture.Shipments` sends it once per worker
-  by; a module by its name;
-- functions and classes defined in the notebook (module ``__main__``), captured or as the
-  body: by their source text, because their pickle holds the kernel's own file name for the
-  cell (``/tmp/ipykernel_<pid>/...``), which a new kernel does not share. What such a
-  function reads as a global is not part of the identity.
+- plain data by its pickle (protocol 5; the bytes of large arrays hashed in place, not
+  copied);
+- a module by its name; a function or class imported from a module by its module and name;
+- a function defined in the notebook (module ``__main__``) by its source text (its code,
+  where there is no source), its defaults, its closure's values, and the value of every
+  global its code reads (recursively: a notebook function it calls is hashed the same way);
+  never its pickle, which holds the kernel's own file name for the cell
+  (``/tmp/ipykernel_<pid>/...``) that a new kernel does not share;
+- a class defined in the notebook by its name, its bases and its attributes (methods as
+  functions above); an instance of it by its class so hashed and its state.
 
-`fingerprint` returns None when the items cannot be pickled at all (then the run is not
+`fingerprint` returns None when something cannot be hashed at all (then the run is not
 journaled): a journal must never stop a run.
 """
 
@@ -26,21 +29,24 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import io
 import pickle
 from types import CodeType, FunctionType, ModuleType
 from typing import Any
 
 import cloudpickle
 
-from nbcluster.run.capture import Capture
+from nbcluster.run.capture import Capture, global_names, read_only_array
 from nbcluster.run.cell import Cell
 from nbcluster.run.plan import Plan
 
-VERSION = b"nbcluster-run-1"  # part of every identity: change it when what goes in changes
+VERSION = b"nbcluster-run-2"  # part of every identity: change it when what goes in changes
+# A class's attributes that say where it was defined, or hold no content of its own.
+_NOT_CLASS_CONTENT = frozenset({"__dict__", "__weakref__", "__module__", "__firstlineno__", "__static_attributes__"})
 
 
 def fingerprint(plan: Plan, cell: Cell | None, fn: Any, seed: int | None, captured: Capture) -> str | None:
-    """The run's identity as 32 hex digits; None if its items cannot be fingerprinted.
+    """The run's identity as 32 hex digits; None if an input cannot be fingerprinted.
 
     Parameters
     ----------
@@ -58,8 +64,9 @@ def fingerprint(plan: Plan, cell: Cell | None, fn: Any, seed: int | None, captur
     Returns
     -------
     str or None
-        32 hex digits, the same for the same code, items, seed and captured values in any
-        kernel; None when the items cannot be pickled (the run is then not journaled).
+        32 hex digits, the same for the same code, items, seed and captured values (and
+        what the notebook functions among them read) in any kernel; None when something
+        cannot be pickled to hash (the run is then not journaled).
     """
     h = hashlib.blake2b(VERSION, digest_size=16)
 
@@ -67,63 +74,127 @@ def fingerprint(plan: Plan, cell: Cell | None, fn: Any, seed: int | None, captur
         h.update(tag.encode() + b"\0" + len(data).to_bytes(8, "little"))
         h.update(data)
 
-    if cell is not None:
-        part("cell", cell.source.lstrip("\n").encode())
-    else:
-        part("function", _code_of(fn))
-    part("binding", repr((plan.mode, plan.names, plan.target, plan.positional, seed)).encode())
-    if not _hash_pickle(h, plan.items):
+    try:
+        if cell is not None:
+            part("cell", cell.source.lstrip("\n").encode())
+        else:
+            part("function", value_hash(fn))
+        part("binding", repr((plan.mode, plan.names, plan.target, plan.positional, seed)).encode())
+        part("items", value_hash(plan.items))
+        for name in sorted(captured.direct):
+            if name in captured.modules:
+                part(f"module {name}", captured.modules[name].encode())
+            elif name in captured.large and read_only_array(captured.direct[name]):
+                # A plain array's pickle holds nothing of the kernel's: the digest it is
+                # shipped by is its content's, already computed.
+                part(f"value {name}", bytes.fromhex(captured.large[name][1]))
+            else:
+                part(f"value {name}", value_hash(captured.direct[name]))
+    except Unhashable:
         return None
-    for name in sorted(captured.direct):
-        value = captured.direct[name]
-        if name in captured.modules:
-            part(f"module {name}", captured.modules[name].encode())
-        elif name in captured.large:
-            part(f"large {name}", captured.large[name][1].encode())
-        elif _from_notebook(value):
-            part(f"source {name}", _code_of(value))
-        elif name in captured.values:
-            part(f"value {name}", captured.values[name])
-        else:  # --local: nothing was pickled to send
-            part(f"value {name}", b"")
-            if not _hash_pickle(h, value):
-                return None
     return h.hexdigest()
 
 
-def _from_notebook(value: Any) -> bool:
-    return isinstance(value, FunctionType | type) and getattr(value, "__module__", None) == "__main__"
+class Unhashable(Exception):
+    """A value that no pickler can take: the run has no identity."""
 
 
-def _code_of(fn: Any) -> bytes:
-    """A function's (or class's) source; its pickle where there is no source to read."""
+def value_hash(value: Any) -> bytes:
+    """The stable hash of one value, as the identity takes it (see the module docstring).
+
+    Parameters
+    ----------
+    value : Any
+        A captured value, a function, or the items.
+
+    Returns
+    -------
+    bytes
+        16 bytes, the same in any kernel for the same value.
+
+    Raises
+    ------
+    Unhashable
+        When the value cannot be pickled.
+
+    Examples
+    --------
+    >>> value_hash([1, 2]) == value_hash([1, 2]) != value_hash([1, 3])
+    True
+    """
+    if type(value) in _ATOMS:  # nothing of the notebook's in it: plain pickle, no pickler to set up
+        return hashlib.blake2b(pickle.dumps(value, protocol=5), digest_size=16).digest()
+    return _Hasher.digest(value, {})
+
+
+_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None), range})
+
+
+class _Hasher(cloudpickle.Pickler):
+    """cloudpickle, with notebook functions and classes replaced by their stable hash."""
+
+    def __init__(self, file: Any, seen: dict[int, bytes], buffers: list[pickle.PickleBuffer]):
+        super().__init__(file, protocol=5, buffer_callback=buffers.append)
+        self.seen = seen  # id -> hash of the notebook functions and classes hashed so far
+
+    @classmethod
+    def digest(cls, value: Any, seen: dict[int, bytes]) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        out, buffers = io.BytesIO(), list[pickle.PickleBuffer]()
+        try:
+            cls(out, seen, buffers).dump(value)
+        except Exception as e:
+            raise Unhashable(f"{type(e).__name__}: {e}") from None
+        h.update(len(out.getbuffer()).to_bytes(8, "little"))
+        h.update(out.getbuffer())
+        for b in buffers:
+            h.update(b.raw())
+        return h.digest()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, ModuleType):
+            return str, (f"module {obj.__name__}",)
+        if getattr(obj, "__module__", None) == "__main__" and isinstance(obj, FunctionType | type):
+            return str, (self._notebook(obj).hex(),)
+        return super().reducer_override(obj)
+
+    def _notebook(self, obj: Any) -> bytes:
+        """The hash of a notebook function or class: what it is, not where its kernel keeps it."""
+        key = id(obj)
+        if key in self.seen:
+            return self.seen[key]
+        self.seen[key] = f"recursive {obj.__qualname__}".encode()  # a function that calls itself
+        if isinstance(obj, type):
+            members = {k: v for k, v in vars(obj).items() if k not in _NOT_CLASS_CONTENT}
+            parts: Any = ("class", obj.__qualname__, obj.__bases__, sorted(members.items()))
+        else:
+            fn: FunctionType = obj
+            reads = sorted((n, fn.__globals__[n]) for n in global_names(fn.__code__) if n in fn.__globals__)
+            closure = [_contents(c) for c in fn.__closure__ or ()]
+            parts = ("function", _source(fn), fn.__defaults__, fn.__kwdefaults__, closure, reads)
+        found = self.seen[key] = _Hasher.digest(parts, self.seen)
+        return found
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell: a name the enclosing function binds later
+        return None
+
+
+def _source(fn: FunctionType) -> bytes:
+    """A notebook function's source; its code where there is none (a lambda typed at a prompt)."""
     try:
         return inspect.getsource(fn).encode()
     except (OSError, TypeError):
-        pass
-    code = getattr(fn, "__code__", None)
-    if isinstance(code, CodeType):  # no source (a lambda typed at a prompt): its bytecode and constants
-        return code.co_code + repr(code.co_consts).encode() + repr(code.co_names).encode()
-    try:
-        return bytes(cloudpickle.dumps(fn))
-    except Exception:
-        return repr(fn).encode()
+        return _code(fn.__code__)
 
 
-def _hash_pickle(h: Any, value: Any) -> bool:
-    buffers: list[pickle.PickleBuffer] = []
-    try:
-        header = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
-    except Exception:
-        try:
-            header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
-        except Exception:
-            return False
-    h.update(len(header).to_bytes(8, "little"))
-    h.update(header)
-    for b in buffers:
-        h.update(b.raw())
-    return True
+def _code(code: CodeType) -> bytes:
+    """Bytecode, names and constants, nested code included, without file names or positions."""
+    consts = b"".join(_code(c) if isinstance(c, CodeType) else repr(c).encode() for c in code.co_consts)
+    return code.co_code + repr((code.co_names, code.co_varnames)).encode() + consts
 
 
 def first_line(cell: Cell | None, fn: Any) -> str:

@@ -12,7 +12,9 @@ run's identity (`identity.py`), newest first:
   read, gives one line saying so, and the run runs fresh in a journal of its own;
 - without it, a newest journal that is unfinished (killed or interrupted, not in use) makes
   one hint line naming ``--resume``, and the run runs fresh;
-- no journal: nothing is said.
+- no journal: nothing is said, unless ``--resume`` asked for one: then one line says that
+  none was found (or that the run cannot be journaled, or journaling is off), and the run
+  runs every item.
 
 `--persist` runs journal their handles' recipe, not their values (`handles.Recipe`: the
 key, the dataset that keeps it on the scheduler, the worker's description); their identity
@@ -102,8 +104,15 @@ def prepare(
         taken over with their output, and the line to print: what was resumed, why it could
         not be, or that an earlier run could be resumed.
     """
-    if identity is None or not journal.enabled():
-        return Resumption()  # with --persist too: nothing is published
+    if identity is None or not journal.enabled():  # with --persist too: nothing is published
+        if not resume:
+            return Resumption()
+        why = (
+            "this run is not journaled (--everywhere, a --persist run reading persisted results, "
+            "or an input that cannot be pickled)"
+            if journal.enabled() else "journaling is off (nbcluster.journal.enabled)"
+        )  # fmt: skip
+        return Resumption(line=f"nbcluster: --resume: {why}: running all {total} items")
     if persist:
         identity = persisted(identity)
     base = journal.folder()
@@ -116,6 +125,11 @@ def prepare(
             line = _busy_or_refused(found[0], total)
     elif found:
         line = _hint(found[0], total)
+    elif resume:
+        line = (
+            f"nbcluster: --resume: no journal of this run (the same code, items and captured values) "
+            f"was found: running all {total} items"
+        )
     fresh = chosen is None
     if chosen is None:
         made = journal.create(identity, total, first_line, cluster=cluster if persist else None, where=base)

@@ -21,7 +21,8 @@ joblib give every task its own copy). So each value is sorted by `shareable`:
   modules, classes, imported functions, and notebook functions whose globals, closure and
   defaults are all of these) are loaded once per worker and shared, at no cost per item;
 - a large plain numpy array (over `LARGE`) is shared too, but read-only: writing to it
-  raises an error naming the variable (`worker.context`);
+  raises an error naming the variable (`worker.context`); so is a notebook function that
+  reads such an array as a global (the worker makes the array read-only);
 - anything else (a list, a dict, an object, a small array, a function that reads one) is
   pickled together into one blob (`Capture.fresh`) that the worker unpickles again for
   every item, so shared references among them stay shared within the item; a large one
@@ -79,7 +80,8 @@ class Capture:
     fresh : bytes or None
         Those values pickled together, unpickled by the worker for every item.
     read_only : list of str
-        The large values shared read-only (plain numpy arrays); every other large value is
+        The large values shared read-only: plain numpy arrays, and notebook functions that
+        read such arrays (the worker makes the arrays read-only); every other large value is
         copied for every item.
     """
     values: dict[str, bytes] = field(default_factory=dict)  # small: pickled here
@@ -160,11 +162,11 @@ _ATOMS = (int, float, complex, str, bytes, type(None), type(Ellipsis), type(NotI
           ModuleType, type, BuiltinFunctionType, enum.Enum)  # fmt: skip
 
 
-def shareable(value: Any, _seen: set[int] | None = None) -> bool:
+def shareable(value: Any, *, arrays: bool = False) -> bool:
     """Whether items may share `value`: nothing an item does to it can be seen by the next.
 
     Numbers, strings, bytes, None, ranges, modules, classes, builtin functions, enum
-    members, numpy scalars and dtypes; tuples and frozensets of shareable values; functions
+    members, numpy scalars and dtypes; tuples (named ones too) and frozensets of shareable values; functions
     (and ufuncs) imported from a module (they travel by reference); and notebook functions (module
     ``__main__``) whose globals that their code reads, closure cells and defaults are all
     shareable, recursively. Anything else (lists, dicts, sets, arrays, instances, bound
@@ -175,6 +177,10 @@ def shareable(value: Any, _seen: set[int] | None = None) -> bool:
     ----------
     value : Any
         A captured value.
+    arrays : bool
+        True when the value is loaded on a worker, which makes the large plain arrays
+        (`read_only_array`) that a notebook function reads as a global or in its closure
+        read-only (`worker.context.freeze`): such a function is shareable then.
 
     Returns
     -------
@@ -191,25 +197,35 @@ def shareable(value: Any, _seen: set[int] | None = None) -> bool:
     >>> shareable(f)
     True
     """
-    if isinstance(value, _ATOMS):
+    try:
+        return _shareable(value, set(), arrays)
+    except RecursionError:  # nested too deeply to tell: copied, which is always correct
+        return False
+
+
+def _shareable(value: Any, seen: set[int], arrays: bool, read: bool = False) -> bool:
+    """`shareable`; `read`: `value` is what a notebook function reads (a global, a closure cell)."""
+    if isinstance(value, _ATOMS) or (arrays and read and read_only_array(value)):
         return True
     kind = type(value)
-    if kind is tuple or kind is frozenset:
-        return all(shareable(v, _seen) for v in value)
+    # A named tuple too, unless its class gave it a __dict__ (attributes one could set).
+    if (isinstance(value, tuple) and not hasattr(value, "__dict__")) or kind is frozenset:
+        return all(_shareable(v, seen, arrays) for v in value)
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(value, numpy.generic | numpy.dtype) and not isinstance(value, numpy.void):
         return True
     if _by_reference(value):
         return True  # a function (or ufunc) the worker imports: nothing of the notebook's travels
     if kind is FunctionType:
-        seen = _seen if _seen is not None else set()
         if id(value) in seen:
             return True  # a recursive function: the rest of it is being checked
         seen.add(id(value))
         cells = [_contents(c) for c in value.__closure__ or ()]
         defaults = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
-        read = [value.__globals__[n] for n in global_names(value.__code__) if n in value.__globals__]
-        return all(shareable(v, seen) for v in (*cells, *defaults, *read))
+        reads = [value.__globals__[n] for n in global_names(value.__code__) if n in value.__globals__]
+        return all(_shareable(v, seen, arrays) for v in defaults) and all(
+            _shareable(v, seen, arrays, read=True) for v in (*cells, *reads)
+        )
     return False
 
 
@@ -339,8 +355,8 @@ def _add(result: Capture, name: str, value: Any) -> None:
         for b in buffers:
             digest.update(b.raw())
         result.large[name] = (value, digest.hexdigest(), size)
-        if read_only_array(value):
-            result.read_only.append(name)
+        if read_only_array(value) or shareable(value, arrays=True):
+            result.read_only.append(name)  # shared: a function's large arrays made read-only there
         return
     if buffers:
         header = cloudpickle.dumps(value, protocol=5)

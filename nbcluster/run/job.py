@@ -20,6 +20,7 @@ job knows the item's parameters and where the notebook functions it shipped came
 from __future__ import annotations
 
 import marshal
+from types import FunctionType
 from typing import Any
 
 import cloudpickle
@@ -28,7 +29,7 @@ from nbcluster import worker
 from nbcluster.errors import BadArgument
 from nbcluster.persist import handles
 from nbcluster.persist.handles import held_slots
-from nbcluster.run.capture import Capture, code_index, shareable
+from nbcluster.run.capture import Capture, code_index, read_only_array, shareable
 from nbcluster.run.cell import Cell
 from nbcluster.run.plan import Plan
 from nbcluster.run.tracebacks import ItemError
@@ -98,14 +99,17 @@ class Job:
         elif not shareable(self.fn):
             code["fn_blob"] = self._copyable("the function", self.fn)
         namespace = {"__name__": "__main__", **captured.direct}
-        for name in captured.read_only:  # a view: the notebook's own array stays writeable
+        arrays = [n for n in captured.read_only if read_only_array(namespace[n])]
+        for name in arrays:  # a view: the notebook's own array stays writeable
             namespace[name] = namespace[name].view()
             namespace[name].flags.writeable = False
-        fresh = captured.fresh
-        if fresh is None and captured.copied:
-            fresh = self._copyable(", ".join(f"`{n}`" for n in captured.copied),
-                                   {n: captured.direct[n] for n in captured.copied})  # fmt: skip
-        spec = {**self._binding(), **code, "large": [], "read_only": captured.read_only, "fresh": fresh}
+        # A function that reads a large array reads the notebook's own here: copied instead.
+        readers = [n for n in captured.read_only if isinstance(namespace[n], FunctionType)]
+        copied = [*captured.copied, *readers]
+        fresh = captured.fresh if copied == captured.copied else None
+        if fresh is None and copied:
+            fresh = self._copyable(", ".join(f"`{n}`" for n in copied), {n: captured.direct[n] for n in copied})
+        spec = {**self._binding(), **code, "large": [], "read_only": arrays, "arrays": arrays, "fresh": fresh}
         return worker.Context(spec, namespace)
 
     @staticmethod
@@ -184,7 +188,7 @@ class Job:
             }
         try:
             # A function that reads what an item could change is unpickled again per item.
-            return {"fn": cloudpickle.dumps(self.fn), "fresh_fn": not shareable(self.fn)}
+            return {"fn": cloudpickle.dumps(self.fn), "fresh_fn": not shareable(self.fn, arrays=True)}
         except Exception as e:
             name = getattr(self.fn, "__name__", repr(self.fn))
             raise BadArgument(

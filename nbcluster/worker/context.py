@@ -10,30 +10,37 @@ kernel builds a `Context` directly (`job.for_kernel`).
 
 **Each item starts from the notebook's state** (`run/capture.py` sorts the values). The
 shareable values are loaded once, into `Context.namespace`. The others come as one pickled
-blob (`Context.fresh`) that `Context.item_namespace` unpickles again for every item, and a
+blob (`Context.fresh`) that `item_namespace` unpickles again for every item, and a
 function that reads such a value is unpickled again for every item (`Context.item_function`).
 A large plain array is shared through a read-only view (`Context.shared`): writing to it
-fails, and `read_only_error` turns numpy's error into one line naming the variable. Any
-other large value is pickled once here and unpickled for every item.
+fails, and `read_only_error` turns numpy's error into one line naming the variable. A large
+pandas object gets a shallow copy per item, which pandas' copy-on-write (pandas 3) keeps
+apart from the others; any other large value is pickled once here and unpickled for every
+item.
 """
 
 from __future__ import annotations
 
 import builtins
+import functools
 import importlib
 import linecache
 import marshal
 import pickle
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from types import CodeType
+from types import CodeType, FunctionType
 from typing import Any
 
 import cloudpickle
 
 from nbcluster.worker.loop import cell_loop
 from nbcluster.worker.objects import fetch
+
+#: Fresh copies of some captured values, by name, for one item (`Context.shared`).
+Copy = Callable[[], dict[str, Any]]
 
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
 _CONTEXTS: OrderedDict[str, Context] = OrderedDict()
@@ -53,7 +60,8 @@ class Context:
         self.positional: bool = spec["positional"]
         self.seed: int | None = spec["seed"]
         self.large: list[tuple[str, str, int]] = spec["large"]  # (name, key, size)
-        self.read_only: tuple[str, ...] = tuple(spec.get("read_only", ()))  # large arrays, shared read-only
+        self.read_only: tuple[str, ...] = tuple(spec.get("read_only", ()))  # large values, shared read-only
+        self.arrays: set[str] = set(spec.get("arrays", ()))  # what a write error names (`read_only_error`)
         self.fresh: bytes | None = spec.get("fresh")  # the values each item gets its own copy of
         # The function of a "function" item; the code of a "cell" one. `fn_blob`: the
         # function pickled, when it reads values each item must get its own copy of.
@@ -88,8 +96,8 @@ class Context:
                     and self.mode in ("over", "grid", "zip")):  # fmt: skip
                 self.loop = cell_loop(source, filename, self.names, tuple_target=self.mode != "over")
 
-    def shared(self, large_values: tuple[Any, ...]) -> tuple[dict[str, Any], list[bytes]]:
-        """What the items of a batch read: the shared namespace, and the blobs each item unpickles.
+    def shared(self, large_values: tuple[Any, ...]) -> tuple[dict[str, Any], list[Copy]]:
+        """What the items of a batch read: the shared namespace, and how each item copies the rest.
 
         Parameters
         ----------
@@ -100,29 +108,40 @@ class Context:
         -------
         namespace : dict
             The shareable values, with the large arrays as read-only views.
-        blobs : list of bytes
-            Pickles each item loads again into its own namespace (`item_namespace`): the
-            small values to copy, and the large ones that are not plain arrays.
+        copies : list of callable
+            Each returns fresh copies of some values, by name, for one item (`item_namespace`):
+            the small values to copy, unpickled again; a large pandas object, as a shallow
+            copy that pandas' copy-on-write keeps apart; any other large value, unpickled again.
         """
         namespace = self.namespace
-        blobs = [] if self.fresh is None else [self.fresh]
+        copies: list[Copy] = [] if self.fresh is None else [functools.partial(pickle.loads, self.fresh)]
         if not large_values:
-            return namespace, blobs
+            return namespace, copies
         namespace = dict(namespace)
-        copied = {}
+        copied, lazy = {}, {}
         for (name, _, _), value in zip(self.large, large_values, strict=True):
-            if name in self.read_only:
+            if name in self.read_only and isinstance(value, FunctionType):
+                self.arrays.update(freeze(value))  # this worker's own copy, cached for every run
+                namespace[name] = value
+            elif name in self.read_only and _plain_array(value):
                 view = value.view()  # the worker's copy stays as it is for the next run
                 view.flags.writeable = False
                 namespace[name] = view
+                self.arrays.add(name)
+            elif name in self.read_only:  # immutable: a long string, a class
+                namespace[name] = value
+            elif _copy_on_write(value):
+                lazy[name] = value
             else:
                 copied[name] = value
+        if lazy:
+            copies.append(lambda: {n: v.copy(deep=False) for n, v in lazy.items()})
         if copied:
             ids = tuple(map(id, copied.values()))
             if self._large_blob is None or self._large_blob[0] != ids:
                 self._large_blob = ids, cloudpickle.dumps(copied, protocol=5)
-            blobs.append(self._large_blob[1])
-        return namespace, blobs
+            copies.append(functools.partial(pickle.loads, self._large_blob[1]))
+        return namespace, copies
 
     def item_function(self) -> Callable[..., Any]:
         """The function an item calls: its own copy when it reads values to copy.
@@ -194,28 +213,87 @@ class Context:
             if spec.get("fresh_fn"):
                 spec["fn_blob"] = spec["fn"]
             spec["fn"] = cloudpickle.loads(spec["fn"])
+            if not spec.get("fresh_fn"):
+                spec["arrays"] = freeze(spec["fn"])
         return cls(spec, namespace)
 
 
-def item_namespace(shared: dict[str, Any], blobs: list[bytes]) -> dict[str, Any]:
-    """An item's own namespace: the shared values, and a fresh unpickling of each blob.
+def freeze(fn: Any) -> list[str]:
+    """Make the plain numpy arrays a notebook function reads read-only, in place; their names.
+
+    Only called on a function that the kernel found shareable but for large arrays
+    (`run.capture.shareable` with ``arrays=True``), unpickled here: every array it reads
+    as a global or from its closure, and so do the notebook functions it reads, is this
+    worker's own copy, shared by the items.
+
+    Parameters
+    ----------
+    fn : Any
+        The function, as loaded on this worker.
+
+    Returns
+    -------
+    list of str
+        The names the arrays go by in the function's globals or closure.
+    """
+    names: list[str] = []
+    todo, seen = [fn], set()
+    while todo:
+        f = todo.pop()
+        if type(f) is not FunctionType or f.__module__ != "__main__" or id(f) in seen:
+            continue  # an imported function's globals are its module's, never touched
+        seen.add(id(f))
+        cells = [(n, _contents(c)) for n, c in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True)]
+        for name, value in [*f.__globals__.items(), *cells]:
+            if _plain_array(value):
+                value.flags.writeable = False
+                names.append(name)
+            elif type(value) is FunctionType:
+                todo.append(value)
+    return names
+
+
+def _plain_array(value: Any) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and type(value) is numpy.ndarray and not value.dtype.hasobject
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell: a name the enclosing function binds later
+        return None
+
+
+def item_namespace(shared: dict[str, Any], copies: list[Copy]) -> dict[str, Any]:
+    """An item's own namespace: the shared values, and a fresh copy of the others.
 
     Parameters
     ----------
     shared : dict
         The namespace the batch's items share (`Context.shared`).
-    blobs : list of bytes
-        Pickled dicts of name -> value, unpickled again for this item.
+    copies : list of callable
+        Each returns fresh copies of some values, by name (`Context.shared`).
 
     Returns
     -------
     dict
-        A new dict: what the item binds stays its own.
+        A new dict: what the item binds or changes stays its own.
     """
     namespace = dict(shared)
-    for blob in blobs:
-        namespace.update(pickle.loads(blob))
+    for copy in copies:
+        namespace.update(copy())
     return namespace
+
+
+def _copy_on_write(value: Any) -> bool:
+    """A pandas object whose shallow copy behaves as a copy (pandas 3 is copy-on-write)."""
+    pandas = sys.modules.get("pandas")
+    return (
+        pandas is not None
+        and isinstance(value, pandas.DataFrame | pandas.Series)
+        and int(pandas.__version__.split(".")[0]) >= 3
+    )
 
 
 def read_only_error(e: BaseException, names: tuple[str, ...]) -> BaseException:
@@ -226,7 +304,7 @@ def read_only_error(e: BaseException, names: tuple[str, ...]) -> BaseException:
     e : BaseException
         What an item raised.
     names : tuple of str
-        The large arrays the items share read-only (`Context.read_only`).
+        The large arrays the items share read-only (`Context.arrays`).
 
     Returns
     -------

@@ -23,7 +23,7 @@ import cloudpickle
 
 from nbcluster.worker import loop, output, stopping
 from nbcluster.worker.ahead import first_of
-from nbcluster.worker.context import Context, item_namespace, read_only_error
+from nbcluster.worker.context import Context, Copy, item_namespace, read_only_error
 from nbcluster.worker.plain import plain
 from nbcluster.worker.records import ErrorRecord, error_record
 
@@ -84,12 +84,12 @@ def run_items(
         Ctrl-C in the kernel during ``--local``: it stops the cell rather than fail one
         item.
     """
-    base, blobs = context.shared(large_values)
+    base, copies = context.shared(large_values)
     errors: dict[int, ErrorRecord] = {}
     outputs: dict[int, list[list[Any]]] = {}
     if capture:
         output.collect(outputs)
-    cell_loop, over, todo = _plan(context, base, blobs, indices, items, token)
+    cell_loop, over, todo = _plan(context, base, copies, indices, items, token)
     values: list[Any] = []  # appended in order: its length is the running item's position
     started = time.perf_counter()
     ended_first = None
@@ -98,7 +98,7 @@ def run_items(
         ended_first = lambda: tell(first_of(values, errors, outputs, indices[0], time.perf_counter() - started))  # noqa: E731
     try:
         stopped = _run_chunks(cell_loop, over, todo, len(items), indices, values, errors, token, budget,
-                              started, capture, ended_first, context.read_only)  # fmt: skip
+                              started, capture, ended_first, tuple(sorted(context.arrays)))  # fmt: skip
     finally:
         output.collect(None)
     done = len(values)
@@ -113,7 +113,7 @@ def run_items(
 
 
 def _plan(
-    context: Context, base: dict[str, Any], blobs: list[bytes], indices: Any, items: list[Any], token: str | None
+    context: Context, base: dict[str, Any], copies: list[Copy], indices: Any, items: list[Any], token: str | None
 ) -> tuple[loop.Loop | None, Any, Iterable[Any]]:
     """How `loop.run_chunk` runs this context's items: (the cell's loop, over, what to iterate).
 
@@ -127,9 +127,9 @@ def _plan(
         if context.kind == "function" and context.mode == "over" and context.fn_blob is None:
             over = itertools.starmap if context.unpacks else map
             return None, functools.partial(over, context.item_function()), items
-        if context.kind == "cell" and context.loop is not None and not blobs:
+        if context.kind == "cell" and context.loop is not None and not copies:
             return loop.loop_function(context.loop, base), None, items
-    step = _runner(context, base, blobs, token)
+    step = _runner(context, base, copies, token)
     return None, functools.partial(itertools.starmap, step), zip(items, indices, strict=True)
 
 
@@ -188,7 +188,7 @@ def _run_chunks(
     return False
 
 
-def _runner(context: Context, base: dict[str, Any], blobs: list[bytes], token: str | None) -> Callable[[Any, int], Any]:
+def _runner(context: Context, base: dict[str, Any], copies: list[Copy], token: str | None) -> Callable[[Any, int], Any]:
     """What runs one item on the general path, raising `loop.Stopped` first when the run was
     told to stop: `_run_one`, or for the commonest cell (one name, no seed) the same steps
     without looking up the context's fields again for every item (a fifth of its time)."""
@@ -199,7 +199,7 @@ def _runner(context: Context, base: dict[str, Any], blobs: list[bytes], token: s
         def run_cell(item: Any, index: int) -> Any:
             if token in told:
                 raise loop.Stopped
-            ns = item_namespace(base, blobs) if blobs else dict(base)
+            ns = item_namespace(base, copies) if copies else dict(base)
             ns[name] = item
             if body is not None:
                 exec(body, ns)
@@ -210,12 +210,12 @@ def _runner(context: Context, base: dict[str, Any], blobs: list[bytes], token: s
     def run_one(item: Any, index: int) -> Any:
         if token in told:
             raise loop.Stopped
-        return _run_one(context, base, blobs, item, index)
+        return _run_one(context, base, copies, item, index)
 
     return run_one
 
 
-def _run_one(context: Context, base: dict[str, Any], blobs: list[bytes], item: Any, index: int) -> Any:
+def _run_one(context: Context, base: dict[str, Any], copies: list[Copy], item: Any, index: int) -> Any:
     seed = None if context.seed is None else item_seed(context.seed, index)
     if context.kind == "function":
         args: tuple[Any, ...] = ()
@@ -227,7 +227,7 @@ def _run_one(context: Context, base: dict[str, Any], blobs: list[bytes], item: A
         if seed is not None:
             kwargs["seed"] = seed
         return context.item_function()(*args, **kwargs)
-    ns = item_namespace(base, blobs)
+    ns = item_namespace(base, copies)
     if context.mode == "over":
         if context.bind is not None:
             ns["__nbcluster_item__"] = item
