@@ -22,7 +22,7 @@ kernel that holds the handle is unchanged: releasing the handle (`del`, rebindin
 tick of the client's event loop). A kernel that dies runs no finalizer (nor does one that
 exits: a restarted kernel can resume too), so its datasets stay until a new kernel's
 ``--resume`` adopts them (`adopt`: it takes the keys some worker still holds, as handles
-that own the datasets from then on), ``%distribute forget`` drops them (`unpublish`), or
+that own the datasets from then on), ``%cluster runs ID --forget`` drops them (`unpublish`), or
 the cluster stops.
 """
 
@@ -428,7 +428,7 @@ def adopt(client: Any, recipes: dict[int, Recipe]) -> tuple[dict[int, Handle], i
 
 
 def unpublish(client: Any, prefixes: Sequence[str]) -> int:
-    """Drop every dataset whose name starts with one of `prefixes` (``%distribute forget``).
+    """Drop every dataset whose name starts with one of `prefixes` (``%cluster runs ID --forget``).
 
     Parameters
     ----------
@@ -450,7 +450,7 @@ def unpublish(client: Any, prefixes: Sequence[str]) -> int:
 
 
 def published(client: Any, prefixes: Sequence[str]) -> set[str]:
-    """The datasets of these prefixes the cluster still has (for `%distribute runs`).
+    """The datasets of these prefixes the cluster still has (for `%cluster runs`).
 
     Parameters
     ----------
