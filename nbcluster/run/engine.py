@@ -43,14 +43,11 @@ kernel, feeds the workers. Per batch it decides:
   failed, and the waiting cell ends with one line naming the fix (`ClusterCannotRun`).
   It is looked for only in a batch that failed: a finished batch costs nothing more.
 
-State of one start (the first run, each retry): `_Backlog`, the items not yet submitted
-(in order, failed items put back in front) with their attempts, the batch sizer and the
-suspects;
+State of one start (the first run, each retry): its `policy.Policy` (the backlog, batch
+sizes, suspects and retries: a pure state machine that this driver feeds the events of
+each finished batch, and whose batches it submits);
 `_pending`, each submitted future -> the item indices of its batch; `token`, the start's
-stop token. Worked example, 2 threads, `in-flight` 2, 400 items of 10 ms: four batches go out, each
-returning one item; as each comes back its items are delivered and the backlog tops the
-pending batches up to four again, now of 25 items (0.25 s), shrinking to 5 at the end.
-(The four first batches are probes of 100 items, each returning after its first item.)
+stop token. The policy's docstring has a worked example (it runs as a doctest).
 
 Stopping (`cancel()`: Ctrl-C in the waiting cell, or `Results.cancel()`) keeps finished
 work. Nothing more is submitted; every worker is told the run's stop token
@@ -91,7 +88,6 @@ import logging
 import sys
 import threading
 import weakref
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -109,6 +105,7 @@ from nbcluster.run import direct, everywhere, loadable, reports
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
 from nbcluster.run.capture import pin_soon, shipments
 from nbcluster.run.job import Job
+from nbcluster.run.policy import Policy
 from nbcluster.run.state import RunState
 from nbcluster.run.target import Link, Needs
 from nbcluster.run.values import Packed
@@ -117,6 +114,26 @@ from nbcluster.worker import held
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
 PERSIST_AHEAD = 1024  # --persist: items submitted ahead, per thread, at most
+
+
+def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
+    """The policy of one start: its batch sizer and how many batches a thread keeps out."""
+    # A range's items travel as a range, in a few bytes however many a batch takes: the
+    # probes share them out whole, and tiny items need no second round (`batching.py`).
+    probe_items = None if isinstance(job.plan.items, range) else PROBE_ITEMS
+    # A persisted item is a task of its own (`worker/held.py`).
+    batcher = Batcher.from_config(threads, 1 if job.persist else job.fixed_batch, probe_items)
+    per_thread = max(1, int(config.get("distribute.in-flight")))
+    if job.reads_handles:
+        # One item a task, each placed where its value is: no batch to size from what comes
+        # back, so all go out at once and wait on their holders, as hand-written futures would
+        # (two a thread left each worker idle for a round trip after every short item).
+        per_thread = max(per_thread, len(indices))
+    elif job.persist:
+        # Likewise, as `client.map` would: the scheduler's queue feeds the workers, not a round
+        # trip to the kernel after each item; bounded, so a huge run is not all futures at once.
+        per_thread = max(per_thread, min(len(indices), PERSIST_AHEAD))
+    return Policy(indices, batcher, retries=job.retries, per_thread=per_thread)
 
 
 @contextlib.contextmanager
@@ -183,7 +200,7 @@ class Engine:
         self.stop_sent = threading.Event()  # every worker has been told the token
         self._seq = itertools.count()
         self._completed: Any = None
-        self._backlog: _Backlog | None = None  # the running start's, for the watch thread
+        self._backlog: Policy | None = None  # the running start's, for the watch thread
         self._reports = True  # the scheduler takes backlog reports (until it refuses one)
         self._holding = False  # the last backlog report sent said items were held back
         self._inbox: reports.Inbox | None = None  # --persist: the reports the workers push
@@ -512,7 +529,7 @@ class Engine:
     def _drive(self, indices: Sequence[int]) -> None:
         assert self.link is not None
         _quiet_rescheduling()
-        backlog = _Backlog(indices, self.job, self.link.threads)
+        backlog = _policy(indices, self.job, self.link.threads)
         self._placed = None
         completed = direct.Completions()
         sending = None
@@ -581,7 +598,7 @@ class Engine:
                 got.update({id(f): blob for f, blob in zip(fetch, self.client.gather(fetch), strict=True)})
         return [got[id(f)] if id(f) in got else _outcome(f) for f in done]
 
-    def _settle(self, future: Any, result: Any, backlog: _Backlog) -> bool:
+    def _settle(self, future: Any, result: Any, backlog: Policy) -> bool:
         """Take in one finished batch; False when the run cannot go on."""
         ahead = isinstance(future, direct.Call) and future.of is not None
         with self._lock:
@@ -605,9 +622,7 @@ class Engine:
             if self._direct is not None:
                 self._direct.failed(future)
             if not self._stopping:
-                backlog.put_back(list(batch))
-                if not backlog.batcher.items:
-                    backlog.batcher.alone_first = True  # no first item came: the next batch is one
+                backlog.refused(batch)
             return True
         if isinstance(future, direct.Call) and not ahead:
             self.state.direct_keys.append(future.key)
@@ -617,12 +632,11 @@ class Engine:
         if gone is not None:
             self._lose(gone)
             return False
-        retry, fatal = self._handle(future, result, batch, backlog, alone=alone)
+        fatal = self._handle(future, result, batch, backlog, alone=alone)[1]
         if fatal is not None:
             self._fail(backlog.drain(), fatal)
             self._cancel_outstanding()
             return False
-        backlog.put_back(retry)
         return True
 
     def _drained(self) -> bool:
@@ -633,22 +647,15 @@ class Engine:
             self._idle.set()
             return True
 
-    def _top_up(self, completed: Any, backlog: _Backlog) -> None:
+    def _top_up(self, completed: Any, backlog: Policy) -> None:
         """Submit batches from the front of the backlog until `in-flight` per thread are out.
 
         While there are suspects, one at a time runs alone instead (see the module docstring).
         The batches of one top-up go out together, in one message to the scheduler per
         placement (`submit_tasks`): each message costs the scheduler ~1.5 ms here.
         """
-        budget = backlog.batcher.budget
-        if backlog.suspects:
-            if not self._pending and not self._stopping:
-                self._submit(completed, [backlog.suspects.popleft()], budget)
-            return
-        batches: list[Sequence[int]] = []
-        while backlog.items and len(self._pending) + len(batches) < backlog.limit and not self._stopping:
-            batches.append(backlog.take(backlog.limit - len(self._pending) - len(batches)))
-        self._submit(completed, batches, budget)
+        if not self._stopping:
+            self._submit(completed, backlog.top_up(len(self._pending)), backlog.batcher.budget)
 
     def _submit(self, completed: Any, batches: Sequence[Sequence[int]], budget: float | None = None) -> None:
         assert self.link is not None
@@ -706,22 +713,20 @@ class Engine:
         return True
 
     def _handle(
-        self, future: Any, result: Any, indices: Any, backlog: _Backlog | None = None, *, alone: bool = True
+        self, future: Any, result: Any, indices: Any, backlog: Policy | None = None, *, alone: bool = True
     ) -> tuple[list[int], worker.ErrorRecord | None]:
         """Deliver one batch, holding back the failed items the backlog takes for another attempt.
 
-        Returns (items to submit again, fatal record). Items a stopped batch did not reach
-        stay pending (the run is ending: they become cancelled), unless the run goes on,
-        when they are submitted again. `alone`: no other batch was out while this one was.
+        Returns (items to submit again, fatal record); with a `backlog` (the driver's policy),
+        it has taken those back itself and none are returned. Items a stopped batch did not
+        reach stay pending (the run is ending: they become cancelled). `alone`: no other batch
+        was out while this one was.
         """
         if self.job.persist:
             result = self._held_report(future, result, len(indices))
         outcome = _unpack(future, result, len(indices))
         if outcome.killed is not None:
-            if backlog is not None and not (alone and len(indices) == 1):
-                backlog.suspect(list(indices))  # not an attempt: which item it was is not known yet
-                return [], None
-            for i in indices:
+            for i in backlog.killed(indices, alone=alone) if backlog is not None else indices:
                 self._fail([i], self._killed(i, outcome.killed))
             return [], None
         if outcome.halt is not None:
@@ -730,23 +735,28 @@ class Engine:
             self.state.halt(reason)
             return [], None
         if outcome.lost is not None:
-            if self._reship(*outcome.lost):
-                return list(indices), None  # not the items' fault: no attempt used
+            if self._reship(*outcome.lost):  # not the items' fault: no attempt used
+                if backlog is None:
+                    return list(indices), None
+                backlog.put_back(list(indices))
+                return [], None
             lost = worker.error_record(RuntimeError("a captured value was lost with the workers holding it"))
             every = dict.fromkeys(range(len(indices)), lost)
             outcome = _Outcome([None] * len(indices), every, {}, fatal=lost)
         values, errors, outputs = outcome.values, outcome.errors, outcome.outputs
         if self.job.persist and outcome.held is not None:
             values = self._handles(future, indices, outcome.held, errors, outcome.ran_on)
-        retry: list[int] = []
-        if backlog is not None:
-            if outcome.seconds is not None:
-                backlog.batcher.observe(len(values), outcome.seconds, idle=outcome.idle)
-            if outcome.fatal is None:
-                retry = [indices[j] for j in errors if backlog.may_retry(indices[j])]
         # Items a batch did not reach (its budget was spent) are simply not delivered: the
-        # state and the journal take the first len(values) of `indices`.
+        # state and the journal take the first len(values) of `indices`; the policy puts them
+        # back, with the failed items that get another attempt (`retry`, not delivered).
+        retry: list[int] = []
         unreached = list(indices[len(values) :]) if len(values) < len(indices) and not self._stopping else []
+        if backlog is not None:
+            failed = errors if outcome.fatal is None else {}
+            retry = backlog.finished(
+                indices, reached=len(values), failed=failed, seconds=outcome.seconds, idle=outcome.idle
+            )
+            unreached = []
         if retry:
             held = set(retry)
             keep = [j for j in range(len(values)) if indices[j] not in held]
@@ -1049,138 +1059,6 @@ class Engine:
         self._idle.set()
         self._forget_pushes()
         self.state.end()
-
-
-class _Backlog:
-    """One start's items not yet submitted (in order), their attempts, and the batch sizer."""
-
-    def __init__(self, indices: Sequence[int], job: Job, threads: int):
-        self.items = _Queue(indices)
-        self.suspects: deque[list[int]] = deque()  # parts of killed batches, each to run alone
-        self.retries = job.retries
-        self.attempts: dict[int, int] = {}  # attempts used, by the failed items only (no dict of a million)
-        # A persisted item is a task of its own (`worker/held.py`).
-        # A range's items travel as a range, in a few bytes however many a batch takes: the
-        # probes share them out whole, and tiny items need no second round (`batching.py`).
-        probe_items = None if isinstance(job.plan.items, range) else PROBE_ITEMS
-        self.batcher = Batcher.from_config(threads, 1 if job.persist else job.fixed_batch, probe_items)
-        self.per_thread = max(1, int(config.get("distribute.in-flight")))
-        if job.reads_handles:
-            # One item a task, each placed where its value is: no batch to size from what comes
-            # back, so all go out at once and wait on their holders, as hand-written futures would
-            # (two a thread left each worker idle for a round trip after every short item).
-            self.per_thread = max(self.per_thread, len(indices))
-        elif job.persist:
-            # Likewise, as `client.map` would: the scheduler's queue feeds the workers, not a round
-            # trip to the kernel after each item; bounded, so a huge run is not all futures at once.
-            self.per_thread = max(self.per_thread, min(len(indices), PERSIST_AHEAD))
-        self.limit = self.per_thread * threads  # batches out at once
-
-    def resize(self, threads: int) -> None:
-        """The cluster now has `threads` usable threads (workers joined or left)."""
-        self.batcher.threads = max(threads, 1)
-        self.limit = self.per_thread * max(threads, 1)
-
-    def held(self) -> int:
-        """Items not submitted yet."""
-        return len(self.items) + sum(len(part) for part in self.suspects)
-
-    def take(self, free: int = 1) -> Sequence[int]:
-        """The next batch, sized by the batcher; `free`: batches that may go out now, this one too."""
-        return self.items.take(self.batcher.next_size(len(self.items), free))
-
-    def may_retry(self, i: int) -> bool:
-        """Whether failed item `i` has an attempt left (`--retries`); uses it up if so."""
-        used = self.attempts.get(i, 0)
-        if used >= self.retries:
-            return False
-        self.attempts[i] = used + 1
-        return True
-
-    def put_back(self, indices: list[int]) -> None:
-        self.items.put_back(indices)
-
-    def suspect(self, indices: list[int]) -> None:
-        """A batch whose workers kept dying: its halves run alone, one after the other."""
-        half = (len(indices) + 1) // 2
-        self.suspects.extend(part for part in (indices[:half], indices[half:]) if part)
-
-    def drain(self) -> list[int]:
-        taken = [*(i for part in self.suspects for i in part), *self.items]
-        self.items.clear()
-        self.suspects.clear()
-        return taken
-
-
-class _Queue:
-    """Item indices in order, held as runs of consecutive ones (ranges), not one int each.
-
-    A backlog of 1,000,000 items is then one range, not a deque of a million ints (~36 MB
-    in the kernel); a batch's indices exist as a list only while it is made.
-    """
-
-    def __init__(self, indices: Sequence[int]):
-        self._runs: deque[range] = deque(_runs(indices))
-        self._count = len(indices)
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __iter__(self) -> Iterator[int]:
-        return itertools.chain.from_iterable(self._runs)
-
-    def take(self, n: int) -> Sequence[int]:
-        """The first `n` indices (fewer if there are fewer), removed: a `range` when consecutive.
-
-        A million tiny items go out in batches of 100,000 consecutive indices; as lists they
-        cost the driver thread 0.016 us an item to build (py-spy), as ranges nothing.
-        """
-        runs = self._runs
-        if runs and len(runs[0]) >= n:
-            run = runs[0]
-            taken, runs[0] = run[:n], run[n:]
-            if not runs[0]:
-                runs.popleft()
-            self._count -= len(taken)
-            return taken
-        out: list[int] = []
-        while runs and len(out) < n:
-            run = runs[0]
-            want = n - len(out)
-            if len(run) <= want:
-                out.extend(runs.popleft())
-            else:
-                out.extend(run[:want])
-                runs[0] = run[want:]
-        self._count -= len(out)
-        return out
-
-    def put_back(self, indices: Sequence[int]) -> None:
-        """`indices` go back in front, in their order."""
-        self._runs.extendleft(reversed(_runs(indices)))
-        self._count += len(indices)
-
-    def clear(self) -> None:
-        self._runs.clear()
-        self._count = 0
-
-
-def _runs(indices: Sequence[int]) -> list[range]:
-    """`indices` as ranges of consecutive ones, in order."""
-    if isinstance(indices, range):
-        return [indices] if len(indices) else []
-    runs: list[range] = []
-    start = previous = None
-    for i in indices:
-        if previous is not None and i == previous + 1:
-            previous = i
-            continue
-        if start is not None and previous is not None:
-            runs.append(range(start, previous + 1))
-        start = previous = i
-    if start is not None and previous is not None:
-        runs.append(range(start, previous + 1))
-    return runs
 
 
 class _Rescheduling(logging.Filter):
