@@ -332,7 +332,7 @@ def test_a_run_frozen_as_it_ends_draws_the_batches_a_worker_ran_directly(cluster
     # Closed at once: the workers report their direct batches after the answers, and the
     # picture must wait for those reports, not freeze without the last batches.
     hook.live.close()
-    assert len(results.direct_keys) == 4, "the run's batches did not go to the workers directly"
+    assert len(results._direct_keys) == 4, "the run's batches did not go to the workers directly"
     html = rec.updates[-1]["text/html"]
     assert "4 / 4 done" in html and html.count('class="nbc-task"') == 4
 

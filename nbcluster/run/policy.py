@@ -211,11 +211,23 @@ class Policy:
 
     # -- state -----------------------------------------------------------------------------------
     def held(self) -> int:
-        """Items not submitted yet (the backlog's and the suspects')."""
+        """Items not submitted yet (the backlog's and the suspects').
+
+        Returns
+        -------
+        int
+            Their count, for the adaptive target's backlog report.
+        """
         return len(self.items) + sum(len(part) for part in self.suspects)
 
     def put_back(self, indices: Sequence[int]) -> None:
-        """`indices` go back in front of the backlog, in their order."""
+        """`indices` go back in front of the backlog, in their order.
+
+        Parameters
+        ----------
+        indices : sequence of int
+            Items to submit again (not an attempt of theirs).
+        """
         if indices:
             self.items.put_back(indices)
 

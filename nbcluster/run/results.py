@@ -149,7 +149,7 @@ class Results:
         return self._state.ended
 
     @property
-    def direct_keys(self) -> tuple[str, ...]:
+    def _direct_keys(self) -> tuple[str, ...]:
         """The keys of the batches a worker ran directly, not as Dask tasks (a start's first
         half-second): the live view waits for their task-stream records, which reach the
         scheduler after the answers, before it draws its final picture."""

@@ -65,7 +65,7 @@ class ResultsProgress:
         # Results counts queued and executing items together as "running"; say "pending".
         c["pending"] = c.pop("running", 0)
         c["finished"] = bool(self.results.done)
-        if c["finished"] and (direct := self.results.direct_keys):
+        if c["finished"] and (direct := self.results._direct_keys):
             c["awaited"] = direct  # their records come after their answers (`Live` waits)
         if self.grid:
             key = (c["done"], c["failed"], c.get("cancelled", 0))

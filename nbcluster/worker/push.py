@@ -17,8 +17,8 @@ A `--persist` item pushes its report the same way (`held.py`): its value stays o
 
 from __future__ import annotations
 
-#: The Dask event topic batches push their results and reports on (`distribute/reports.py`).
-TOPIC = "nbcluster-pushed"
+from nbcluster._wire import PUSHED_TOPIC, Pushed
+
 #: Blobs larger than this (bytes) are not pushed, only fetched: the scheduler keeps a topic's
 #: last events (`distributed.admin.low-level-log-length`), and these must stay small there.
 LARGEST = 8_192
@@ -42,4 +42,4 @@ def push(blob: bytes) -> None:
         return
     key = dask_worker.get_current_task()
     if key is not None:
-        dask_worker.log_event(TOPIC, {"key": str(key), "report": blob})
+        dask_worker.log_event(PUSHED_TOPIC, Pushed(key=str(key), report=blob))
