@@ -80,19 +80,16 @@ drives the same tasks through the engine's `submit_task`/`settle_task` verbs.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
-import itertools
 import logging
 import sys
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import cloudpickle
-from dask.base import annotate
 
 from nbcluster import _threads as threads
 from nbcluster import config, worker
@@ -101,13 +98,14 @@ from nbcluster.errors import ClusterUnreachable, WorkerKilled
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
 from nbcluster.persist.handles import Handle, held_slots, made_where, publish
-from nbcluster.run import direct, everywhere, loadable, reports
+from nbcluster.run import direct, everywhere, loadable
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
 from nbcluster.run.capture import pin_soon, shipments
 from nbcluster.run.job import Job
 from nbcluster.run.policy import Policy
 from nbcluster.run.state import RunState
 from nbcluster.run.target import Link, Needs
+from nbcluster.run.transport import Transport, outcome
 from nbcluster.run.values import Packed
 from nbcluster.worker import held
 
@@ -134,29 +132,6 @@ def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
         # trip to the kernel after each item; bounded, so a huge run is not all futures at once.
         per_thread = max(per_thread, min(len(indices), PERSIST_AHEAD))
     return Policy(indices, batcher, retries=job.retries, per_thread=per_thread)
-
-
-@contextlib.contextmanager
-def _placing(keys: Sequence[str], placed: Sequence[Sequence[str]], where: dict[str, Any]) -> Iterator[None]:
-    """Bind each of the tasks `keys` loosely to its workers in `placed`, within one graph message.
-
-    Dask's submit keywords bind every task of a message to the same workers, which cost a
-    chained cell one message per worker holding its inputs (~1.5 ms of the scheduler's time
-    each: a thousand at a thousand workers). A graph's annotation may instead be a function
-    of the key, which the scheduler calls for each new task: a mapping's own lookup, so the
-    scheduler needs nothing of nbcluster to load it. `where` is updated in place when all the
-    tasks go to the same workers.
-    """
-    if not any(placed):
-        yield
-        return
-    if all(list(p) == list(placed[0]) for p in placed):
-        where.update(workers=list(placed[0]), allow_other_workers=True)
-        yield
-        return
-    by_key = collections.defaultdict(list, {k: list(p) for k, p in zip(keys, placed, strict=True) if p})
-    with annotate(workers=by_key.__getitem__, allow_other_workers=True):
-        yield
 
 
 class Engine:
@@ -189,25 +164,16 @@ class Engine:
         self._context_blob = b""
         self._context_future: Any = None
         self._reships = 0
-        self._lock = threading.Lock()
-        self._pending: dict[Any, Any] = {}  # future -> the item indices of its batch
-        self._alone: Any = None  # the batch that has been the only one out since its submit
-        self._stopping = False  # cancel() was called: submit nothing more
-        self._idle = threading.Event()  # set while no batch is out (and delivered)
-        self._idle.set()
+        self.transport = Transport(run_id)  # the batches out, and how they go and come back
         self._starts = 0
         self.token = ""  # this start's stop token (see worker.stop_run)
         self.stop_sent = threading.Event()  # every worker has been told the token
-        self._seq = itertools.count()
-        self._completed: Any = None
         self._backlog: Policy | None = None  # the running start's, for the watch thread
         self._reports = True  # the scheduler takes backlog reports (until it refuses one)
         self._holding = False  # the last backlog report sent said items were held back
-        self._inbox: reports.Inbox | None = None  # --persist: the reports the workers push
         self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
         self._placed: dict[Any, list[str]] | None = None  # where the handles read were, once per start
-        self._direct: direct.Direct | None = None  # the running start's direct batches (`direct.py`)
 
     def journal_to(self, writer: Writer | None) -> None:
         """Append every batch delivered from now on to `writer`; each start's end closes it.
@@ -385,31 +351,13 @@ class Engine:
 
     def cancel(self) -> None:
         """Stop the run, keeping every item that finished (see the module docstring)."""
-        with self._lock:
-            self._stopping = True
-            busy = bool(self._pending)
-        if busy:
+        if self.transport.stop():
             # In a thread: a worker that hangs must not hold the kernel beyond the grace.
             threads.spawn(self._tell_workers, name="nbcluster-stop")
             with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
-                self._idle.wait(config.seconds("distribute.cancel-grace"))
-        self._cancel_outstanding()
+                self.transport.idle.wait(config.seconds("distribute.cancel-grace"))
+        self.transport.cancel(self.client)
         self.state.cancel_pending()
-
-    def _cancel_outstanding(self) -> None:
-        """Cancel on the scheduler whatever is still out; its items are given up."""
-        with self._lock:
-            self._stopping = True
-            futures = list(self._pending)
-            self._pending.clear()
-            completed = self._completed
-        # A direct batch cannot be cancelled: it was told the stop token, and its answer, if
-        # it still comes, is ignored.
-        futures = [f for f in futures if not isinstance(f, direct.Call)]
-        if futures:
-            self.client.cancel(futures, reason="interrupted from the notebook")
-        if completed is not None:
-            completed.clear()
 
     def _tell_workers(self) -> None:
         # If the cluster is gone, the scheduler-side cancel is all that is left to do.
@@ -433,9 +381,7 @@ class Engine:
         self._starts += 1
         self.state.add_done_callback(self.job.forget_handles)
         self.token = f"{self.run_id}-{self._starts}"
-        self._stopping = False
-        if self._inbox is None and self.client is not None:
-            self._inbox = reports.inbox(self.client)
+        self.transport.stopping = False
         self.stop_sent.clear()
         name = f"nbcluster-distribute-{self.run_id}"
         target = functools.partial(everywhere.drive, self) if self.job.plan.mode == "everywhere" else self._drive
@@ -461,7 +407,7 @@ class Engine:
         assert self.link is not None
         unanswered = 0
         while not driven.is_set():
-            if self._stopping:
+            if self.transport.stopping:
                 return
             reason = self.link.gone()
             if reason is None:
@@ -485,9 +431,7 @@ class Engine:
             usable = None
         if usable is not None:
             backlog.resize(usable)
-            sending = self._direct
-            if sending is not None:
-                sending.abandon_lost(link.workers())
+            self.transport.abandon_lost(link.workers())
         if self._reports:
             self._report(backlog.held(), backlog.batcher.seconds_per_item)
 
@@ -516,13 +460,8 @@ class Engine:
 
     def _lose(self, reason: str) -> None:
         assert self.link is not None
-        with self._lock:
-            self._stopping = True
-            self._pending.clear()
-            completed = self._completed
+        self.transport.lose()
         self.state.lose(f"cluster {self.link.name!r} stopped answering ({reason})")
-        if completed is not None:
-            completed.clear()
         self.context = None
         self.link.close()
 
@@ -531,133 +470,80 @@ class Engine:
         _quiet_rescheduling()
         backlog = _policy(indices, self.job, self.link.threads)
         self._placed = None
-        completed = direct.Completions()
-        sending = None
         job = self.job
+        direct_to = None
         if not (job.persist or job.reads_handles) and self.link.needs == Needs() and config.seconds("distribute.direct") > 0:
-            sending = direct.Direct(self.client, self.link.workers(), backlog.per_thread, completed)
-            if sending.worker() is not None:
-                backlog.batcher.alone_first = False  # its first batch sends its first item ahead instead
-        with self._lock:
-            self._completed = completed
-            self._backlog = backlog
-            self._direct = sending
+            direct_to = self.link.workers()
+        if self.transport.open(self.client, direct_to, backlog.per_thread):
+            backlog.batcher.alone_first = False  # its first batch sends its first item ahead instead
+        self._backlog = backlog
         try:
-            self._top_up(completed, backlog)
+            self._top_up(backlog)
             going = True
-            for done in completed.batches():
+            for done in self.transport.completions():
                 for future, result in zip(done, self._results(done), strict=True):
                     going = going and self._settle(future, result, backlog)
                 if not going:
                     break
-                self._top_up(completed, backlog)
-                if self._drained():
+                self._top_up(backlog)
+                if self.transport.drained():
                     break
         except Exception as e:  # an nbcluster bug must not leave the cell waiting forever
             self._fail(self.state.pending(indices), _internal_error(e))
         finally:
-            with self._lock:
-                self._completed = None
-                self._backlog = None
-                self._direct = None
-                self._idle.set()
+            self._backlog = None
+            self.transport.close()
             if self._holding and self._reports and self.client is not None:
                 # Nothing held back any more. A run over before the watch thread's first report
                 # (every small cell) told the scheduler nothing, and has nothing to withdraw.
                 self._report(0, 0.0)
-            self._forget_pushes()
             self.state.end()
 
-    def _forget_pushes(self) -> None:
-        """Stop expecting pushes for this run's tasks (those cancelled or withdrawn never come)."""
-        if self._inbox is not None:
-            for prefix in ("persist", "distribute"):
-                self._inbox.forget(f"{prefix}-{self.run_id}-")
-
     def _results(self, done: list[Any]) -> list[Any]:
-        """The result blobs of the finished batches in `done`, fetched in one gather.
-
-        Fetched one by one as each finished (Dask's ``as_completed(with_results=True)``), the
-        results of a cell of 8 items took 8 gathers, each a request to the scheduler and one
-        from it to a worker; the scheduler's sends were a fifth of its time (py-spy). A batch
-        that did not finish gives its exception instead, and so does one whose gather failed
-        (`_outcome`, asked alone). A small blob was pushed by its worker ahead of its task's
-        end (`worker/push.py`) and needs no gather at all. A `--persist` run gathers nothing:
-        its values stay where they are, and only their reports are read (`_held_report`).
-        """
+        """The result blobs of the finished batches in `done` (`Transport.results`); a
+        `--persist` run gathers nothing: its values stay where they are, and only their
+        reports are read (`_held_report`)."""
         if self.job.persist:
             return [None] * len(done)
-        got: dict[int, Any] = {id(f): f.answer for f in done if isinstance(f, direct.Call)}  # came with it
-        finished = [f for f in done if f.status == "finished" and id(f) not in got]
-        if self._inbox is not None:  # pushed by the worker ahead of the task's end (`worker/push.py`)
-            for f in finished:
-                if (pushed := self._inbox.take(str(f.key), 0.0)) is not None:
-                    got[id(f)] = pushed
-        if fetch := [f for f in finished if id(f) not in got]:
-            with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
-                got.update({id(f): blob for f, blob in zip(fetch, self.client.gather(fetch), strict=True)})
-        return [got[id(f)] if id(f) in got else _outcome(f) for f in done]
+        return self.transport.results(self.client, done)
 
     def _settle(self, future: Any, result: Any, backlog: Policy) -> bool:
         """Take in one finished batch; False when the run cannot go on."""
-        ahead = isinstance(future, direct.Call) and future.of is not None
-        with self._lock:
-            if ahead:
-                # The first item of a batch still out (`worker/ahead.py`): delivered now, as a
-                # batch of its own; the batch's answer will leave it out.
-                whole = self._pending.get(future.of)
-                if whole is None:
-                    return True
-                batch, self._pending[future.of] = whole[:1], whole[1:]
-                alone = False
-            else:
-                batch = self._pending.pop(future, None)
-                alone, self._alone = self._alone is future, None
+        batch, alone, unrun = self.transport.take(future)
         if batch is None:
             return True  # cancelled on the scheduler: its items were given up
         assert self.link is not None
-        if isinstance(future, direct.Call) and future.status != "finished":
+        if unrun:
             # Refused, or its worker died under it: nothing of it was delivered, so its items go
             # through the scheduler now, once (not an attempt of theirs), and so does the rest.
-            if self._direct is not None:
-                self._direct.failed(future)
-            if not self._stopping:
+            if not self.transport.stopping:
                 backlog.refused(batch)
             return True
-        if isinstance(future, direct.Call) and not ahead:
+        if isinstance(future, direct.Call) and future.of is None:
             self.state.direct_keys.append(future.key)
         # A batch that did not finish may have been cancelled by Dask with a dead cluster:
         # not the items' failure.
-        gone = None if future.status == "finished" or self._stopping else self.link.gone()
+        gone = None if future.status == "finished" or self.transport.stopping else self.link.gone()
         if gone is not None:
             self._lose(gone)
             return False
         fatal = self._handle(future, result, batch, backlog, alone=alone)[1]
         if fatal is not None:
             self._fail(backlog.drain(), fatal)
-            self._cancel_outstanding()
+            self.transport.cancel(self.client)
             return False
         return True
 
-    def _drained(self) -> bool:
-        """Nothing is out any more (and nothing was topped up): the start is over."""
-        with self._lock:
-            if self._pending:
-                return False
-            self._idle.set()
-            return True
+    def _top_up(self, backlog: Policy) -> None:
+        """Submit the policy's batches: `in-flight` per thread out, or a suspect alone.
 
-    def _top_up(self, completed: Any, backlog: Policy) -> None:
-        """Submit batches from the front of the backlog until `in-flight` per thread are out.
-
-        While there are suspects, one at a time runs alone instead (see the module docstring).
         The batches of one top-up go out together, in one message to the scheduler per
         placement (`submit_tasks`): each message costs the scheduler ~1.5 ms here.
         """
-        if not self._stopping:
-            self._submit(completed, backlog.top_up(len(self._pending)), backlog.batcher.budget)
+        if not self.transport.stopping:
+            self._submit(backlog.top_up(len(self.transport.pending)), backlog.batcher.budget)
 
-    def _submit(self, completed: Any, batches: Sequence[Sequence[int]], budget: float | None = None) -> None:
+    def _submit(self, batches: Sequence[Sequence[int]], budget: float | None = None) -> None:
         assert self.link is not None
         groups: dict[bool, list[tuple[Any, bytes, list[Any]]]] = {}
         placed: dict[bool, list[list[str]]] = {}
@@ -679,7 +565,8 @@ class Engine:
                 error = TypeError(f"the item values cannot be sent to the workers: {e}")
                 self._fail(batch, worker.error_record(error))
                 continue
-            if not deps and self._send_direct(completed, indices, blob):
+            assert self.context is not None
+            if not deps and self.transport.send_direct(indices, self.context, blob, self.token):
                 continue
             # Where its input is (nothing moves, `worker/held.py`); a persisted item without one,
             # loosely on every worker that fits: Dask never queues a restricted task as a root
@@ -688,29 +575,9 @@ class Engine:
             holders = self._placement(deps) or (self.link.eligible if self.job.persist else [])
             groups.setdefault(bool(deps), []).append((indices, blob, deps))
             placed.setdefault(bool(deps), []).append(holders)
-        if self._direct is not None:
-            self._direct.flush()  # the direct batches of this top-up go out together
+        self.transport.flush()  # the direct batches of this top-up go out together
         for has_deps, tasks in groups.items():
-            for future in self.submit_tasks(tasks, placed=placed[has_deps], **self.link.submit_kwargs):
-                if future is not None:
-                    completed.add(future)
-
-    def _send_direct(self, completed: direct.Completions, indices: Any, blob: bytes) -> bool:
-        """Send one batch to a worker directly (`direct.py`); False: it goes through the scheduler."""
-        sending = self._direct
-        address = sending.worker() if sending is not None else None
-        if sending is None or address is None:
-            return False
-        assert self.context is not None
-        with self._lock:
-            if self._stopping:
-                return True  # nothing more goes out: its items become cancelled
-            key = f"distribute-{self.run_id}-{next(self._seq)}"
-            call = sending.send(key, address, self.context, blob, self.token, first=not self._pending)
-            self._alone = None if self._pending else call
-            self._pending[call] = indices
-            self._idle.clear()
-        return True
+            self.submit_tasks(tasks, placed=placed[has_deps], **self.link.submit_kwargs)
 
     def _handle(
         self, future: Any, result: Any, indices: Any, backlog: Policy | None = None, *, alone: bool = True
@@ -731,7 +598,7 @@ class Engine:
             return [], None
         if outcome.halt is not None:
             reason = loadable.halt_reason(self.client, str(future.key), outcome.halt)  # while the key is held
-            self._cancel_outstanding()
+            self.transport.cancel(self.client)
             self.state.halt(reason)
             return [], None
         if outcome.lost is not None:
@@ -750,7 +617,7 @@ class Engine:
         # state and the journal take the first len(values) of `indices`; the policy puts them
         # back, with the failed items that get another attempt (`retry`, not delivered).
         retry: list[int] = []
-        unreached = list(indices[len(values) :]) if len(values) < len(indices) and not self._stopping else []
+        unreached = list(indices[len(values) :]) if len(values) < len(indices) and not self.transport.stopping else []
         if backlog is not None:
             failed = errors if outcome.fatal is None else {}
             retry = backlog.finished(
@@ -823,7 +690,7 @@ class Engine:
         out (`worker/held.py`): its report, too large to push, is asked of the workers.
         """
         key = str(future.key)
-        if self._inbox is not None and (pushed := self._inbox.take(key, 0.0)) is not None:
+        if (pushed := self.transport.pushed(key)) is not None:
             return pushed
         if future.status == "error":
             with contextlib.suppress(Exception):
@@ -831,12 +698,12 @@ class Engine:
                     if isinstance(said, bytes):
                         return said
         if future.status != "finished":
-            return result if result is not None else _outcome(future)
+            return result if result is not None else outcome(future)
         with contextlib.suppress(Exception):
             report = run_on_holder(self.client, key, held.report_of, key)
             if report is not None:
                 return report
-        return _outcome(self.client.submit(held.report_for, future, pure=False))
+        return outcome(self.client.submit(held.report_for, future, pure=False))
 
     def _handles(
         self, future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any],
@@ -900,7 +767,7 @@ class Engine:
     @property
     def stopping(self) -> bool:
         """True once the run was told to stop (interrupt, cancel, or the cluster gone)."""
-        return self._stopping
+        return self.transport.stopping
 
     def submit_task(self, indices: Any, blob: bytes, _deps: Sequence[Any] = (), **where: Any) -> Any | None:
         """Submit one task running `indices` (their items in `blob`); None once stopping.
@@ -967,26 +834,8 @@ class Engine:
                 ))  # fmt: skip
             else:  # fails, not hangs, without nbcluster
                 calls.append(loadable.task(worker.run_batch, self.context, blob, self.token))
-        if not calls:
-            return []
-        prefix = "persist" if job.persist else "distribute"
-        with self._lock:
-            if self._stopping:
-                return [None] * len(calls)
-            keys = [f"{prefix}-{self.run_id}-{next(self._seq)}" for _ in calls]
-            if self._inbox is not None:
-                for key in keys:
-                    self._inbox.expect(key)  # before the task can run: its push may come first
-            # One `client.map`: one graph message, however many tasks (the function is the
-            # same for all: `loadable.task`'s) and however many workers they are bound for.
-            columns = zip(*(c[1:] for c in calls), strict=True)
-            with _placing(keys, placed, where):
-                made = self.client.map(calls[0][0], *columns, key=keys, pure=False, **where)
-            for future, (indices, _, _) in zip(made, tasks, strict=True):
-                self._alone = None if self._pending else future
-                self._pending[future] = indices
-            self._idle.clear()
-        return list(made)
+        batches = [indices for indices, _, _ in tasks]
+        return self.transport.map(self.client, calls, batches, persist=job.persist, placed=placed, **where)
 
     def outstanding(self, futures: list[Any]) -> list[Any]:
         """Those of `futures` still out (not taken in, withdrawn or cancelled).
@@ -1001,8 +850,8 @@ class Engine:
         list of distributed.Future
             Those still to be taken in, in the order given.
         """
-        with self._lock:
-            return [f for f in futures if f in self._pending]
+        with self.transport.lock:
+            return [f for f in futures if f in self.transport.pending]
 
     def settle_task(self, future: Any) -> list[int]:
         """Take in one finished task; the items to submit again.
@@ -1022,13 +871,10 @@ class Engine:
             workers and has been sent again, or those it did not reach before it stopped.
             A failed item is not among them (``--retries`` is not applied here).
         """
-        with self._lock:
-            batch = self._pending.pop(future, None)
+        batch = self.transport.take(future)[0]
         [result] = self._results([future])
         retry = [] if batch is None else self._handle(future, result, batch)[0]
-        with self._lock:
-            if not self._pending:
-                self._idle.set()
+        self.transport.drained()
         return retry
 
     def withdraw(self, future: Any) -> None:
@@ -1039,8 +885,8 @@ class Engine:
         future : distributed.Future
             A task `submit_task` returned; its result, if it still comes, is ignored.
         """
-        with self._lock:
-            self._pending.pop(future, None)
+        with self.transport.lock:
+            self.transport.pending.pop(future, None)
 
     def fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
         """Record the same error for each of `indices` (in the state and the journal).
@@ -1056,8 +902,7 @@ class Engine:
 
     def finish(self) -> None:
         """The start is over: nothing is out, the state ends."""
-        self._idle.set()
-        self._forget_pushes()
+        self.transport.close()
         self.state.end()
 
 
@@ -1137,14 +982,6 @@ def _unpack(future: Any, result: Any, n: int) -> _Outcome:
         values, data["errors"], data["outputs"], data["seconds"], held=data.get("held"),
         ran_on=data.get("ran_on"), idle=data.get("idle"),
     )  # fmt: skip
-
-
-def _outcome(future: Any) -> Any:
-    """What as_completed(with_results=True) would give: the blob, or the exception."""
-    try:
-        return future.result()
-    except BaseException as e:
-        return e
 
 
 def _nbcluster_missing(exc: Any) -> str | None:
