@@ -82,18 +82,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import sys
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import cloudpickle
 
 from nbcluster import _threads as threads
 from nbcluster import config, worker
-from nbcluster._compat import nanny_logs, run_on_holder
+from nbcluster._compat import run_on_holder
 from nbcluster.errors import ClusterUnreachable, WorkerKilled
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
@@ -102,11 +101,11 @@ from nbcluster.run import direct, everywhere, loadable
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
 from nbcluster.run.capture import pin_soon, shipments
 from nbcluster.run.job import Job
+from nbcluster.run.outcome import Outcome, internal_error, last_words, quiet_rescheduling, unpack
 from nbcluster.run.policy import Policy
 from nbcluster.run.state import RunState
 from nbcluster.run.target import Link, Needs
 from nbcluster.run.transport import Transport, outcome
-from nbcluster.run.values import Packed
 from nbcluster.worker import held
 
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
@@ -467,7 +466,7 @@ class Engine:
 
     def _drive(self, indices: Sequence[int]) -> None:
         assert self.link is not None
-        _quiet_rescheduling()
+        quiet_rescheduling()
         backlog = _policy(indices, self.job, self.link.threads)
         self._placed = None
         job = self.job
@@ -489,7 +488,7 @@ class Engine:
                 if self.transport.drained():
                     break
         except Exception as e:  # an nbcluster bug must not leave the cell waiting forever
-            self._fail(self.state.pending(indices), _internal_error(e))
+            self._fail(self.state.pending(indices), internal_error(e))
         finally:
             self._backlog = None
             self.transport.close()
@@ -591,7 +590,7 @@ class Engine:
         """
         if self.job.persist:
             result = self._held_report(future, result, len(indices))
-        outcome = _unpack(future, result, len(indices))
+        outcome = unpack(future, result, len(indices))
         if outcome.killed is not None:
             for i in backlog.killed(indices, alone=alone) if backlog is not None else indices:
                 self._fail([i], self._killed(i, outcome.killed))
@@ -609,7 +608,7 @@ class Engine:
                 return [], None
             lost = worker.error_record(RuntimeError("a captured value was lost with the workers holding it"))
             every = dict.fromkeys(range(len(indices)), lost)
-            outcome = _Outcome([None] * len(indices), every, {}, fatal=lost)
+            outcome = Outcome([None] * len(indices), every, {}, fatal=lost)
         values, errors, outputs = outcome.values, outcome.errors, outcome.outputs
         if self.job.persist and outcome.held is not None:
             values = self._handles(future, indices, outcome.held, errors, outcome.ran_on)
@@ -674,7 +673,7 @@ class Engine:
             f"item {index}{f' ({described})' if described else ''} killed its worker "
             f"{killed.allowed_failures + 1} times (a crash or out of memory)"
         )
-        said = _last_words(self.client, killed.last_worker)
+        said = last_words(self.client, killed.last_worker)
         if said:
             message += f"; the worker's nanny logged: {said}"
         return worker.error_record(WorkerKilled(message), frames=False)
@@ -906,133 +905,7 @@ class Engine:
         self.state.end()
 
 
-class _Rescheduling(logging.Filter):
-    """Drops the client's "Couldn't gather 1 keys, rescheduling" warning.
-
-    A worker that dies holding a finished batch's result makes Dask compute that batch
-    again, and the run takes the result from the second computation; nothing is lost, so
-    nothing belongs in the cell (where the kernel's log handler would print it).
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Couldn't gather")
-
-
 def _call(ref: weakref.ref[Engine], method: Any) -> None:
     engine = ref()
     if engine is not None:
         method(engine)
-
-
-def _quiet_rescheduling() -> None:
-    log = logging.getLogger("distributed.client")
-    if not any(isinstance(f, _Rescheduling) for f in log.filters):
-        log.addFilter(_Rescheduling())
-
-
-def _internal_error(e: Exception) -> worker.ErrorRecord:
-    error = RuntimeError(f"nbcluster internal error while running the items: {type(e).__name__}: {e}")
-    error.__cause__ = e  # its frames go in the record, for the bug report
-    return worker.error_record(error)
-
-
-class _Outcome(NamedTuple):
-    values: Sequence[Any]  # of the first len(values) items of the batch (fewer if it stopped early); maybe Packed
-    errors: dict[int, worker.ErrorRecord]  # by position in the batch
-    outputs: dict[int, Any]  # by item index
-    seconds: float | None = None  # time the items took on the worker
-    fatal: worker.ErrorRecord | None = None  # the context could not load: every batch would fail
-    lost: tuple[str, str | None] | None = None  # (key no worker holds any more, who asked)
-    killed: Any = None  # Dask's KilledWorker: every worker that ran the batch died
-    halt: str | None = None  # nbcluster could not be imported to unpickle the batch: why
-    held: list[Any] | None = None  # --persist: the workers' description of each value (HeldValue)
-    ran_on: tuple[str, str] | None = None  # the worker that ran the batch: (address, name)
-    idle: float | None = None  # how long its thread waited for it after its last batch of the run
-
-
-def _unpack(future: Any, result: Any, n: int) -> _Outcome:
-    record: worker.ErrorRecord | None = None
-    # A result blob is a result even if the future reads "lost" by now: the worker that
-    # held it died after it was gathered.
-    if future.status != "finished" and not isinstance(result, bytes):
-        exc = result[1] if isinstance(result, tuple) else result
-        missing = _nbcluster_missing(exc)
-        if missing is not None:
-            return _Outcome([], {}, {}, halt=missing)
-        if _is_killed_worker(exc):
-            return _Outcome([], {}, {}, killed=exc)
-        record = _batch_failure(exc)
-    else:
-        try:
-            data = cloudpickle.loads(result)
-        except Exception as e:
-            record = worker.error_record(
-                TypeError(f"the results could not be loaded in the kernel: {type(e).__name__}: {e}")
-            )
-    if record is not None:
-        return _Outcome([None] * n, dict.fromkeys(range(n), record), {})
-    if "lost" in data:
-        return _Outcome([], {}, {}, lost=(data["lost"], data.get("worker")))
-    if "fatal" in data:
-        return _Outcome([None] * n, dict.fromkeys(range(n), data["fatal"]), {}, fatal=data["fatal"])
-    values = data["values"]
-    if isinstance(values, bytes):  # builtin data, pickled as one list: kept so until read (values.py)
-        values = Packed(values, data["count"])
-    return _Outcome(
-        values, data["errors"], data["outputs"], data["seconds"], held=data.get("held"),
-        ran_on=data.get("ran_on"), idle=data.get("idle"),
-    )  # fmt: skip
-
-
-def _nbcluster_missing(exc: Any) -> str | None:
-    """The import error in `exc`'s chain that names nbcluster, as one line, else None.
-
-    Dask wraps the scheduler's failure to unpickle a graph in its own multi-line
-    RuntimeError; the cause it keeps says which module was missing.
-    """
-    for _ in range(8):  # a chain is short; a cycle must not hang the driver
-        if not isinstance(exc, BaseException):
-            return None
-        if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] == "nbcluster":
-            return f"{type(exc).__name__}: {exc}"
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def _is_killed_worker(exc: Any) -> bool:
-    from distributed import KilledWorker
-
-    return isinstance(exc, KilledWorker) and len(exc.args) == 3
-
-
-def _last_words(client: Any, last: Any) -> str | None:
-    """What the nanny of a worker that died last logged about it, as one line, else None.
-
-    The nanny outlives its worker (and restarts it); its log says how the worker ended
-    ("Worker process 4242 exited with status 1", or that it passed its memory budget).
-    Dask keeps no stderr of the dead process itself.
-    """
-    nanny = getattr(last, "nanny", None)
-    if client is None or not nanny:
-        return None
-    try:
-        records = nanny_logs(client, nanny)
-    except Exception:  # no nanny (a plain `dask worker --no-nanny`), or it is gone too
-        return None
-    # Newest first. Nannies that share a process share its log: keep this worker's lines.
-    pid = getattr(last, "pid", None)
-    lines = [str(msg).split(" - ", 3)[-1].strip() for _, msg in records]
-    lines = [line for line in lines if pid is None or f"pid={pid})" in line or f"process {pid} " in line]
-    for wanted in ("memory budget", "Worker process"):
-        for line in lines:
-            if wanted in line:
-                return line
-    return None
-
-
-def _batch_failure(exc: Any) -> worker.ErrorRecord:
-    if isinstance(exc, BaseException) and type(exc).__name__ == "CancelledError":
-        exc = type(exc)("the batch was cancelled on the cluster")
-    elif not isinstance(exc, BaseException):
-        exc = RuntimeError(f"the batch failed: {exc!r}")
-    return worker.error_record(exc, frames=False)
