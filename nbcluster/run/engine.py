@@ -93,16 +93,16 @@ import cloudpickle
 from nbcluster import _threads as threads
 from nbcluster import config, worker
 from nbcluster._compat import run_on_holder
-from nbcluster.errors import ClusterUnreachable, WorkerKilled
+from nbcluster.errors import WorkerKilled
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
 from nbcluster.persist.handles import Handle, held_slots, made_where, publish
 from nbcluster.run import direct, everywhere, loadable
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
-from nbcluster.run.capture import pin_soon, shipments
 from nbcluster.run.job import Job
 from nbcluster.run.outcome import Outcome, internal_error, last_words, quiet_rescheduling, unpack
 from nbcluster.run.policy import Policy
+from nbcluster.run.shipping import Shipment
 from nbcluster.run.state import RunState
 from nbcluster.run.target import Link, Needs
 from nbcluster.run.transport import Transport, outcome
@@ -158,11 +158,7 @@ class Engine:
         self.link = link
         self.local_only = link is None  # a --local run is retried in the kernel too
         self.state = RunState(len(job.plan))
-        self.context_key = f"nbcluster-context-{run_id}"
-        self.context: tuple[str, bytes | None] | None = None  # (key, inline blob or None)
-        self._context_blob = b""
-        self._context_future: Any = None
-        self._reships = 0
+        self.shipment = Shipment(run_id)  # the context and large values sent to the cluster
         self.transport = Transport(run_id)  # the batches out, and how they go and come back
         self._starts = 0
         self.token = ""  # this start's stop token (see worker.stop_run)
@@ -201,75 +197,25 @@ class Engine:
 
     # -- set-up (kernel main thread) -------------------------------------------------------
     def ship(self) -> list[str]:
-        """Scatter large values (cached) and this run's context blob; report lines.
-
-        Called on the kernel's main thread before the first submit, and again by a retry
-        after the cluster went away (the context is then sent afresh). A context of up to
-        `worker.INLINE_CONTEXT` bytes travels inline in every batch instead of being
-        scattered.
+        """Send the run's large values and context to the cluster (`Shipment.ship`); report lines.
 
         Returns
         -------
         list of str
-            What shipping did, for the line the cell prints (a large value sent, or one
-            already on the workers from an earlier run); empty when it was shipped already.
+            What shipping did, for the line the cell prints; empty when it was shipped already.
 
         Raises
         ------
         nbcluster.errors.ClusterUnreachable
-            When the values cannot be sent (the cluster's connection failed), saying to run
-            the cell again in a moment.
+            When the values cannot be sent, saying to run the cell again in a moment.
         """
         assert self.link is not None
-        if self.context is not None:
-            return []
-        client = self.link.open().client
-        try:
-            large, notes = shipments(client).ship(client, self.job.capture.large)
-            blob = self.job.for_workers(large)
-            self._context_blob = blob
-            if len(blob) > worker.INLINE_CONTEXT:
-                self._context_future = self._scatter_context()
-        except (OSError, TimeoutError) as e:
-            raise ClusterUnreachable(
-                f"could not send the cell's data to the workers ({e}); if a worker just died, "
-                "run the cell again in a moment"
-            ) from None
-        self.context = (self.context_key, blob if len(blob) <= worker.INLINE_CONTEXT else None)
-        return notes
+        return self.shipment.ship(self.link.open().client, self.job)
 
-    def _scatter_context(self, workers: list[str] | None = None) -> Any:
-        key = self.context_key
-        future = self.client.scatter(
-            {key: self._context_blob}, workers=workers, broadcast=workers is None, hash=False
-        )[key]
-        pin_soon(self.client, future, len(self._context_blob))
-        return future
-
-    def _reship(self, key: str, to: str | None) -> bool:
-        """Send again a scattered value every holder of which died; False to give up.
-
-        It goes to the worker that asked (`to`), which is alive; the others fetch it from
-        there. Broadcasting could pick a dead worker the scheduler still lists, and wait
-        out its connect timeout. Batches that were already running report the loss too:
-        once the value is back on the cluster they are simply submitted again.
-        """
-        client = self.client
-        try:
-            current = self._context_future if key == self.context_key else shipments(client).future(key)
-            # A value lost with all its holders shows as a cancelled future here.
-            if current is not None and current.status == "finished" and client.who_has([current]).get(key):
-                return True
-            self._reships += 1
-            if self._reships > 10:
-                return False
-            workers = [to] if to else None
-            if key == self.context_key:
-                self._context_future = self._scatter_context(workers)
-                return True
-            return shipments(client).reship(client, key, self.job.capture.large, workers)
-        except (OSError, TimeoutError):
-            return False
+    @property
+    def context(self) -> tuple[str, bytes | None] | None:
+        """The run's context as batches name it: (key, inline blob or None); None until shipped."""
+        return self.shipment.context
 
     def run_local(self, indices: Iterable[int]) -> bool:
         """Run items in the kernel; False if one failed (then nothing is sent).
@@ -461,7 +407,7 @@ class Engine:
         assert self.link is not None
         self.transport.lose()
         self.state.lose(f"cluster {self.link.name!r} stopped answering ({reason})")
-        self.context = None
+        self.shipment.context = None
         self.link.close()
 
     def _drive(self, indices: Sequence[int]) -> None:
@@ -601,7 +547,7 @@ class Engine:
             self.state.halt(reason)
             return [], None
         if outcome.lost is not None:
-            if self._reship(*outcome.lost):  # not the items' fault: no attempt used
+            if self.shipment.reship(self.client, self.job, *outcome.lost):  # not the items' fault: no attempt used
                 if backlog is None:
                     return list(indices), None
                 backlog.put_back(list(indices))
