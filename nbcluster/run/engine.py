@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
@@ -92,20 +91,19 @@ import cloudpickle
 
 from nbcluster import _threads as threads
 from nbcluster import config, worker
-from nbcluster._compat import run_on_holder
-from nbcluster.errors import WorkerKilled
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
-from nbcluster.persist.handles import Handle, held_slots, made_where, publish
+from nbcluster.persist.handles import Handle, held_slots
 from nbcluster.run import direct, everywhere, loadable
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
 from nbcluster.run.job import Job
-from nbcluster.run.outcome import Outcome, internal_error, last_words, quiet_rescheduling, unpack
+from nbcluster.run.outcome import Outcome, internal_error, killed_record, quiet_rescheduling, unpack
+from nbcluster.run.persisting import Placement, handle_of, held_report, published
 from nbcluster.run.policy import Policy
 from nbcluster.run.shipping import Shipment
 from nbcluster.run.state import RunState
 from nbcluster.run.target import Link, Needs
-from nbcluster.run.transport import Transport, outcome
+from nbcluster.run.transport import Transport
 from nbcluster.worker import held
 
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
@@ -168,7 +166,7 @@ class Engine:
         self._holding = False  # the last backlog report sent said items were held back
         self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
-        self._placed: dict[Any, list[str]] | None = None  # where the handles read were, once per start
+        self._placed = Placement()  # where the handles the run reads are, asked once per start
 
     def journal_to(self, writer: Writer | None) -> None:
         """Append every batch delivered from now on to `writer`; each start's end closes it.
@@ -414,7 +412,7 @@ class Engine:
         assert self.link is not None
         quiet_rescheduling()
         backlog = _policy(indices, self.job, self.link.threads)
-        self._placed = None
+        self._placed = Placement()
         job = self.job
         direct_to = None
         if not (job.persist or job.reads_handles) and self.link.needs == Needs() and config.seconds("distribute.direct") > 0:
@@ -447,7 +445,7 @@ class Engine:
     def _results(self, done: list[Any]) -> list[Any]:
         """The result blobs of the finished batches in `done` (`Transport.results`); a
         `--persist` run gathers nothing: its values stay where they are, and only their
-        reports are read (`_held_report`)."""
+        reports are read (`persisting.held_report`)."""
         if self.job.persist:
             return [None] * len(done)
         return self.transport.results(self.client, done)
@@ -517,7 +515,9 @@ class Engine:
             # loosely on every worker that fits: Dask never queues a restricted task as a root
             # task, so the items reach the workers at once and run back to back (queued, each
             # waited for a scheduler round trip: 1.6 ms a tiny item, 0.6 ms so; RESULTS.md).
-            holders = self._placement(deps) or (self.link.eligible if self.job.persist else [])
+            holders = self._placed.of(self.client, self.job.plan.items, deps) or (
+                self.link.eligible if self.job.persist else []
+            )
             groups.setdefault(bool(deps), []).append((indices, blob, deps))
             placed.setdefault(bool(deps), []).append(holders)
         self.transport.flush()  # the direct batches of this top-up go out together
@@ -535,11 +535,11 @@ class Engine:
         was out while this one was.
         """
         if self.job.persist:
-            result = self._held_report(future, result, len(indices))
+            result = held_report(self.client, self.transport.pushed(str(future.key)), future, result)
         outcome = unpack(future, result, len(indices))
         if outcome.killed is not None:
             for i in backlog.killed(indices, alone=alone) if backlog is not None else indices:
-                self._fail([i], self._killed(i, outcome.killed))
+                self._fail([i], killed_record(self.client, self.job.plan.describe(i), i, outcome.killed))
             return [], None
         if outcome.halt is not None:
             reason = loadable.halt_reason(self.client, str(future.key), outcome.halt)  # while the key is held
@@ -557,7 +557,7 @@ class Engine:
             outcome = Outcome([None] * len(indices), every, {}, fatal=lost)
         values, errors, outputs = outcome.values, outcome.errors, outcome.outputs
         if self.job.persist and outcome.held is not None:
-            values = self._handles(future, indices, outcome.held, errors, outcome.ran_on)
+            values = self._handles(future, indices, outcome)
         # Items a batch did not reach (its budget was spent) are simply not delivered: the
         # state and the journal take the first len(values) of `indices`; the policy puts them
         # back, with the failed items that get another attempt (`retry`, not delivered).
@@ -612,90 +612,13 @@ class Engine:
     def _fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
         self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
 
-    def _killed(self, index: int, killed: Any) -> worker.ErrorRecord:
-        """The failure record of item `index`, whose worker died each time it ran it."""
-        described = self.job.plan.describe(index)
-        message = (
-            f"item {index}{f' ({described})' if described else ''} killed its worker "
-            f"{killed.allowed_failures + 1} times (a crash or out of memory)"
-        )
-        said = last_words(self.client, killed.last_worker)
-        if said:
-            message += f"; the worker's nanny logged: {said}"
-        return worker.error_record(WorkerKilled(message), frames=False)
-
     # -- --persist (worker/held.py) --------------------------------------------------------------
-    def _held_report(self, future: Any, result: Any, n: int) -> Any:
-        """A persisted item's report blob, read where it ran; else its task's exception.
-
-        The worker pushed it as an event ahead of the task's end (`reports.py`): no round trip.
-        Where it did not come, it is read from the worker's event loop (a task would queue
-        behind the worker's next item), and failing that (the worker dropped it) made again
-        from the value by a small task. A task without a value raised after its report was
-        out (`worker/held.py`): its report, too large to push, is asked of the workers.
-        """
-        key = str(future.key)
-        if (pushed := self.transport.pushed(key)) is not None:
-            return pushed
-        if future.status == "error":
-            with contextlib.suppress(Exception):
-                for said in self.client.run(held.report_of, key, on_error="return").values():
-                    if isinstance(said, bytes):
-                        return said
-        if future.status != "finished":
-            return result if result is not None else outcome(future)
-        with contextlib.suppress(Exception):
-            report = run_on_holder(self.client, key, held.report_of, key)
-            if report is not None:
-                return report
-        return outcome(self.client.submit(held.report_for, future, pure=False))
-
-    def _handles(
-        self, future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any],
-        ran_on: tuple[str, str] | None,
-    ) -> list[Any]:
-        """The handle of a persisted item that has a value: its task's own future and key."""
-        if not described or 0 in errors or described[0] is None:
-            return [None] * len(described)  # no value (its task raised, or ran nothing): the future goes with this frame
-        handle = Handle(future, described[0], indices[0], made_on=ran_on[0] if ran_on else None)
-        if self.publish is not None:
-            self._publish([handle])
-        return [handle]
-
-    def _publish(self, made: list[Handle]) -> None:
-        """Keep a journaled run's new values on the cluster past this kernel (`handles.publish`)."""
-        try:
-            publish(self.client, made, self.publish or "")
-        except Exception as e:  # a journal must never break a cell: the run goes on, unjournaled
-            self.publish = None
-            if self.journal is not None:
-                self.journal.release()
-            print(f"nbcluster: the cluster would not keep this run's values for --resume ({type(e).__name__}: {e}): "
-                  "the run goes on without a journal", file=sys.stderr)  # fmt: skip
-
-    def _placement(self, deps: Sequence[Any]) -> list[str]:
-        """Where a batch reading the handles `deps` should run: a hint, once per start for every
-        handle the run reads; Dask may still run it elsewhere (`allow_other_workers`), and moves
-        the value then.
-
-        A handle made in this kernel knows the worker that made it (`Handle.made_on`), and Dask
-        keeps a value there until that worker goes (then the hint names no live worker, and
-        Dask places the batch itself): nothing is asked, which was a round trip before the
-        first item of every chained cell could go out. Only the others (handles adopted from a
-        journal) are asked of the scheduler, in one round trip.
-        """
-        if not deps:
-            return []
-        if self._placed is None:
-            known, unknown = made_where(self.job.plan.items)
-            self._placed = known
-            if unknown:
-                with contextlib.suppress(Exception):  # the scheduler busy or gone: let Dask place them
-                    self._placed.update({k: list(v) for k, v in self.client.who_has(unknown).items()})
-        for f in deps:
-            if self._placed.get(f.key):
-                return self._placed[f.key]
-        return []
+    def _handles(self, future: Any, indices: Sequence[int], outcome: Outcome) -> list[Any]:
+        """The handle of a persisted item that has a value, published if the run is journaled."""
+        made = handle_of(future, indices, outcome.held or [], outcome.errors, outcome.ran_on)
+        if self.publish is not None and made and made[0] is not None:
+            self.publish = published(self.client, made, self.publish, self.journal)
+        return made
 
     # -- the tasks a strategy drives (everywhere.Tasks) ---------------------------------------
     @property

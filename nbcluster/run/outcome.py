@@ -17,6 +17,7 @@ import cloudpickle
 
 from nbcluster import worker
 from nbcluster._compat import nanny_logs
+from nbcluster.errors import WorkerKilled
 from nbcluster.run.values import Packed
 
 
@@ -187,3 +188,32 @@ def _batch_failure(exc: Any) -> worker.ErrorRecord:
     elif not isinstance(exc, BaseException):
         exc = RuntimeError(f"the batch failed: {exc!r}")
     return worker.error_record(exc, frames=False)
+
+
+def killed_record(client: Any, described: str, index: int, killed: Any) -> worker.ErrorRecord:
+    """The failure record of item `index`, whose worker died each time it ran it.
+
+    Parameters
+    ----------
+    client : distributed.Client or None
+        The run's client, to ask the dead worker's nanny what it logged.
+    described : str
+        The item's parameters, as the plan describes them ("" for none).
+    index : int
+        The item.
+    killed : distributed.KilledWorker
+        What Dask said.
+
+    Returns
+    -------
+    ErrorRecord
+        One line with the count and the last thing the worker's nanny logged.
+    """
+    message = (
+        f"item {index}{f' ({described})' if described else ''} killed its worker "
+        f"{killed.allowed_failures + 1} times (a crash or out of memory)"
+    )
+    said = last_words(client, killed.last_worker)
+    if said:
+        message += f"; the worker's nanny logged: {said}"
+    return worker.error_record(WorkerKilled(message), frames=False)
