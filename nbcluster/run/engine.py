@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
@@ -95,6 +96,7 @@ from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
 from nbcluster.persist.handles import Handle, held_slots
 from nbcluster.run import direct, everywhere, loadable
+from nbcluster.run.backlog import BacklogReport
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
 from nbcluster.run.job import Job
 from nbcluster.run.outcome import Outcome, internal_error, killed_record, quiet_rescheduling, unpack
@@ -109,6 +111,7 @@ from nbcluster.worker import held
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
 PERSIST_AHEAD = 1024  # --persist: items submitted ahead, per thread, at most
+_STARTS = itertools.count(1)  # each start's stop token is the run's id and one of these
 
 
 def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
@@ -154,16 +157,13 @@ class Engine:
         self.job = job
         self.run_id = run_id
         self.link = link
-        self.local_only = link is None  # a --local run is retried in the kernel too
         self.state = RunState(len(job.plan))
         self.shipment = Shipment(run_id)  # the context and large values sent to the cluster
         self.transport = Transport(run_id)  # the batches out, and how they go and come back
-        self._starts = 0
         self.token = ""  # this start's stop token (see worker.stop_run)
         self.stop_sent = threading.Event()  # every worker has been told the token
         self._backlog: Policy | None = None  # the running start's, for the watch thread
-        self._reports = True  # the scheduler takes backlog reports (until it refuses one)
-        self._holding = False  # the last backlog report sent said items were held back
+        self._adaptive = BacklogReport(run_id)  # the held-back work, told to the adaptive target
         self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
         self._placed = Placement()  # where the handles the run reads are, asked once per start
@@ -187,6 +187,11 @@ class Engine:
         if self.journal is not None:
             c = self.state.counts()
             self.journal.end(c["done"], c["total"])
+
+    @property
+    def local_only(self) -> bool:
+        """Whether every item runs in the kernel (``--local`` with all items); a retry too."""
+        return self.link is None
 
     @property
     def client(self) -> Any:
@@ -321,9 +326,8 @@ class Engine:
         indices : sequence of int
             The items to run, in order (a `range` for consecutive ones).
         """
-        self._starts += 1
         self.state.add_done_callback(self.job.forget_handles)
-        self.token = f"{self.run_id}-{self._starts}"
+        self.token = f"{self.run_id}-{next(_STARTS)}"
         self.transport.stopping = False
         self.stop_sent.clear()
         name = f"nbcluster-distribute-{self.run_id}"
@@ -375,31 +379,8 @@ class Engine:
         if usable is not None:
             backlog.resize(usable)
             self.transport.abandon_lost(link.workers())
-        if self._reports:
-            self._report(backlog.held(), backlog.batcher.seconds_per_item)
+        self._adaptive.send(client, link.needs, backlog.held(), backlog.batcher.seconds_per_item)
 
-    def _report(self, items: int, per_item: float | None) -> None:
-        """Send the scheduler this run's held-back work (from the client's event loop)."""
-        import dask.config
-        from dask.utils import parse_timedelta
-
-        assert self.link is not None
-        client = self.client
-        kind = "gpu" if self.link.needs.gpus else "cpu"
-        if per_item is None:  # nothing measured yet: what Dask assumes of an unknown task
-            per_item = float(parse_timedelta(dask.config.get("distributed.scheduler.unknown-task-duration")))
-        self._holding = items > 0
-
-        async def send() -> None:
-            try:
-                await client.scheduler.nbcluster_backlog(
-                    run=self.run_id, kind=kind, items=items, seconds=items * per_item
-                )
-            except Exception:  # not nbcluster's scheduler (or gone): stop asking it
-                self._reports = False
-
-        with contextlib.suppress(Exception):
-            client.loop.add_callback(send)
 
     def _lose(self, reason: str) -> None:
         assert self.link is not None
@@ -436,10 +417,7 @@ class Engine:
         finally:
             self._backlog = None
             self.transport.close()
-            if self._holding and self._reports and self.client is not None:
-                # Nothing held back any more. A run over before the watch thread's first report
-                # (every small cell) told the scheduler nothing, and has nothing to withdraw.
-                self._report(0, 0.0)
+            self._adaptive.withdraw(self.client, self.link.needs)
             self.state.end()
 
     def _results(self, done: list[Any]) -> list[Any]:
