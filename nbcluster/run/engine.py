@@ -2,16 +2,19 @@
 
 An `Engine` is made from a `Job` (what to run: `job.py`) and a `Link` (where: `target.py`,
 None when every item runs in the kernel). It owns the run's `RunState` (`state.py`) and
-is the only thing that writes it; the `Results` view reads it, and `run.Run` hands the
-user's verbs (cancel, retry) to the engine.
+writes it as batches finish (`api.py` begins and ends a run's state around a ``--local``
+part); the `Results` view reads it, and `run.Run` hands the user's verbs (cancel, retry) to
+the engine. The engine decides nothing by itself: its `policy.Policy` says what to submit
+and what a finished batch means, its `transport.Transport` sends batches and hands back
+what finished, and the engine feeds the one the events of the other.
 
 Policy
 ------
 `_drive` owns everything between the first submit and the last result. It keeps
 `in-flight` batches per usable worker thread submitted (one running, the next already
-waiting on the worker, so no thread waits for the kernel between batches), sizes each new
-batch with `batching.Batcher` (probes sharing out the items until an item time is measured,
-each returning after its first item slower than a few ms, then sized from the time), and
+waiting on the worker, so no thread waits for the kernel between batches), sized by the
+policy (`batching.Batcher`: probes sharing out the items until an item time is measured,
+each returning after its first item past `batching.PROBE_S`, then sized from the time), and
 turns each finished batch into deliveries to the state (`_settle`). The batches of one
 top-up go to the scheduler as one graph (`submit_tasks`, a `client.map`), not one message
 each; but for the first `distribute.direct` seconds of a start (0.5 s), each batch goes to
@@ -45,9 +48,9 @@ kernel, feeds the workers. Per batch it decides:
 
 State of one start (the first run, each retry): its `policy.Policy` (the backlog, batch
 sizes, suspects and retries: a pure state machine that this driver feeds the events of
-each finished batch, and whose batches it submits);
-`_pending`, each submitted future -> the item indices of its batch; `token`, the start's
-stop token. The policy's docstring has a worked example (it runs as a doctest).
+each finished batch, and whose batches it submits); the transport's pending batches (each
+future -> the item indices of its batch); `token`, the start's stop token. The policy's
+docstring has a worked example (it runs as a doctest).
 
 Stopping (`cancel()`: Ctrl-C in the waiting cell, or `Results.cancel()`) keeps finished
 work. Nothing more is submitted; every worker is told the run's stop token
