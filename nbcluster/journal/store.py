@@ -72,214 +72,65 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
-from dask.utils import parse_bytes
 
-from nbcluster import config
-
-# Re-exported: the journal's readers (resume, runs, the tests) know it as `store`.
 from nbcluster.journal.reading import (
-    _ENDED_COMPLETE as _ENDED_COMPLETE,
-)
-from nbcluster.journal.reading import (
-    _KEEP_ENDED as _KEEP_ENDED,
-)
-from nbcluster.journal.reading import (
-    _LENGTH as _LENGTH,
-)
-from nbcluster.journal.reading import (
-    FORMAT as FORMAT,
-)
-from nbcluster.journal.reading import (
-    MAGIC as MAGIC,
-)
-from nbcluster.journal.reading import (
-    SUFFIX as SUFFIX,
-)
-from nbcluster.journal.reading import (
-    Batch as Batch,
-)
-from nbcluster.journal.reading import (
-    End as End,
-)
-from nbcluster.journal.reading import (
-    Failed as Failed,
-)
-from nbcluster.journal.reading import (
-    Failure as Failure,
-)
-from nbcluster.journal.reading import (
-    Header as Header,
-)
-from nbcluster.journal.reading import (
-    Loaded as Loaded,
-)
-from nbcluster.journal.reading import (
-    Refused as Refused,
-)
-from nbcluster.journal.reading import (
-    _remember_complete as _remember_complete,
-)
-from nbcluster.journal.reading import (
-    _started as _started,
-)
-from nbcluster.journal.reading import (
-    _version as _version,
-)
-from nbcluster.journal.reading import (
-    _when as _when,
-)
-from nbcluster.journal.reading import (
-    ended_complete as ended_complete,
-)
-from nbcluster.journal.reading import (
-    load as load,
-)
-from nbcluster.journal.reading import (
-    read_header as read_header,
-)
-from nbcluster.journal.reading import (
-    records as records,
-)
-from nbcluster.journal.reading import (
-    when as when,
+    _LENGTH,
+    FORMAT,
+    MAGIC,
+    SUFFIX,
+    Batch,
+    End,
+    Failure,
+    Header,
+    Loaded,
+    Refused,
+    _remember_complete,
+    _size,
+    _started,
+    _version,
+    _when,
+    enabled,
+    ended_complete,
+    folder,
+    in_use,
+    journals,
+    load,
+    read_header,
+    when,
 )
 from nbcluster.run.plan import describe
 from nbcluster.run.values import Packed
 from nbcluster.worker.plain import plain as worker_plain
 
-
-def folder() -> Path:
-    """The journals' folder (made 0700 on first write).
-
-    Returns
-    -------
-    pathlib.Path
-        ``nbcluster.journal.path`` when set (``~`` expanded), else
-        ``<Jupyter data dir>/nbcluster/journal``.
-    """
-    global _FOLDER
-    configured = config.get("journal.path")
-    key = (str(configured) if configured else "", *(os.environ.get(v) for v in _FOLDER_VARIABLES))
-    if _FOLDER is None or _FOLDER[0] != key:
-        if configured:
-            _FOLDER = (key, Path(os.path.expanduser(str(configured))))
-        else:
-            from jupyter_core.paths import jupyter_data_dir
-
-            _FOLDER = (key, Path(jupyter_data_dir()) / "nbcluster" / "journal")
-    return _FOLDER[1]
-
-
-#: What the folder depends on besides the setting: the variables jupyter_core's data folder
-#: reads (it resolves the home folder's real path, ~0.1 ms of every run), and HOME for ``~``.
-_FOLDER_VARIABLES = ("JUPYTER_DATA_DIR", "JUPYTER_PLATFORM_DIRS", "XDG_DATA_HOME", "HOME")
-#: The setting and those variables, and the folder they gave.
-_FOLDER: tuple[tuple[str | None, ...], Path] | None = None
-
-
-def enabled() -> bool:
-    """Whether runs are journaled (the ``nbcluster.journal.enabled`` setting).
-
-    Returns
-    -------
-    bool
-        The setting, as a bool or the string ``"true"``.
-    """
-    value = config.get("journal.enabled")
-    return value if isinstance(value, bool) else str(value).strip().lower() == "true"
+# The journal's readers (resume, runs, the tests) know its reading side (`reading.py`) as `store` too.
+__all__ = [
+    "FORMAT",
+    "HALF_MADE_S",
+    "MAGIC",
+    "PRUNE_S",
+    "SUFFIX",
+    "Loaded",
+    "Refused",
+    "Writer",
+    "_size",
+    "_started",
+    "_when",
+    "claim",
+    "create",
+    "enabled",
+    "ended_complete",
+    "failure",
+    "folder",
+    "in_use",
+    "journals",
+    "load",
+    "prune",
+    "read_header",
+    "superseded",
+    "when",
+]
 
 
-def _size(key: str) -> int:
-    return int(parse_bytes(config.get(key)))
-
-
-def journals(identity: str | None = None, where: Path | None = None) -> list[Path]:
-    """The journal files (of one identity), newest first.
-
-    Parameters
-    ----------
-    identity : str, optional
-        Only the journals of runs with this identity (`identity.fingerprint`); every journal
-        when None.
-    where : pathlib.Path, optional
-        The folder to look in; `folder()` when None.
-
-    Returns
-    -------
-    list of pathlib.Path
-        The journals, newest start first; [] when the folder cannot be read.
-    """
-    base = where or folder()
-    by_identity = _listing(base)
-    if identity:
-        found = by_identity.get(identity, [])
-    else:
-        found = [name for names in by_identity.values() for name in names]
-    return sorted((base / name for name in found), key=_started, reverse=True)
-
-
-#: A folder's last listing: (its inode, its mtime in ns, when the listing began, the journals'
-#: names by identity). Each run lists its identity's journals (87 us with 90 journals here,
-#: growing with their number); the folder's mtime changes with every file made or deleted in
-#: it, so an unchanged one means the same names. Only a listing begun over `_STILL_S` after
-#: that mtime is kept: a file system's mtime can be coarse (a clock tick), and a file made in
-#: the same tick as the last change would not move it.
-_LISTED: dict[Path, tuple[int, int, float, dict[str, list[str]]]] = {}
-_STILL_S = 1.0
-
-
-def _listing(base: Path) -> dict[str, list[str]]:
-    try:
-        st = os.stat(base)
-    except OSError:
-        return {}
-    kept = _LISTED.get(base)
-    if kept is not None and kept[:2] == (st.st_ino, st.st_mtime_ns) and kept[2] - st.st_mtime_ns / 1e9 > _STILL_S:
-        return kept[3]
-    began = time.time()
-    by_identity: dict[str, list[str]] = {}
-    try:
-        with os.scandir(base) as listing:
-            for e in listing:
-                name = e.name
-                if name.startswith(".") or not name.endswith(SUFFIX):
-                    continue
-                identity, dash, rest = name.partition("-")
-                if dash and "-" in rest:  # <identity>-<start ms>-<pid>.journal
-                    by_identity.setdefault(identity, []).append(name)
-    except OSError:
-        return {}
-    _LISTED[base] = (st.st_ino, st.st_mtime_ns, began, by_identity)
-    return by_identity
-
-
-def in_use(path: Path) -> bool:
-    """Whether a run holds the journal's lock (it is running, in this kernel or another).
-
-    Parameters
-    ----------
-    path : pathlib.Path
-        A journal file.
-
-    Returns
-    -------
-    bool
-        True while some run holds its lock; False otherwise, also when it cannot be opened.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # closing releases a lock taken here
-    return False
-
-
-# -- reading ----------------------------------------------------------------------------------
 class Writer:
     """Appends one run's batches to its journal; see the module docstring.
 
