@@ -416,6 +416,31 @@ class RosterChanged(TypedDict):
     workers: int  # how many
 
 
+#: The Dask event topic on which a worker reports each batch it ran for a kernel directly, not
+#: as a Dask task (`run/direct.py`): nbcluster's scheduler plugin draws it as a task of the run.
+DIRECT_TOPIC = "nbcluster-direct"
+
+
+class DirectRecord(TypedDict):
+    """An event on `DIRECT_TOPIC` (the scheduler adds ``worker``)."""
+
+    key: str  # the batch's key, ``distribute-<run id>-<n>``
+    start: float  # when it started and stopped on the worker (epoch seconds)
+    stop: float
+
+
+#: The Dask event topic on which a task pushes its small result (or a ``--persist`` item its
+#: report) to the kernel just before it ends, so the kernel need not gather it (`run/reports.py`).
+PUSHED_TOPIC = "nbcluster-pushed"
+
+
+class Pushed(TypedDict):
+    """An event on `PUSHED_TOPIC`."""
+
+    key: str  # the task's key
+    report: bytes  # its result blob, or a persisted item's report
+
+
 TS_NAMES: dict[str, tuple[str, str]] = {
     "SnapshotWorker": (_GRAPHS, "WorkerInfo"),
     "TaskRecord": (_GRAPHS, "TaskRecord"),

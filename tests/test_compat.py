@@ -380,3 +380,50 @@ def test_worker_environ_is_what_a_nanny_spawns_its_worker_with(monkeypatch: pyte
         predicted = worker_environ(os.environ)
     assert nanny_env["MALLOC_TRIM_THRESHOLD_"] == "12345" and "NBCLUSTER_LEFT_OUT" not in nanny_env
     assert predicted == {**os.environ, **nanny_env, "__DASK_PARENT_PID": str(os.getpid())}
+
+
+def test_call_in_loop_runs_in_the_clients_event_loop(local: tuple[LocalCluster, Client]) -> None:
+    import threading
+
+    _, client = local
+    ran: list[str] = []
+    done = threading.Event()
+
+    def where() -> None:
+        ran.append(threading.current_thread().name)
+        done.set()
+
+    _compat.call_in_loop(client, where)
+    assert done.wait(10)
+    assert ran != [threading.current_thread().name]  # not here: in the loop's own thread
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def test_worker_call_and_run_on_worker_reach_a_worker_without_the_scheduler(local: tuple[LocalCluster, Client]) -> None:
+    _, client = local
+    (worker,) = client.scheduler_info()["workers"]
+    assert client.sync(_compat.run_on_worker, client, worker, _pid) == os.getpid()  # in-process worker
+    assert client.sync(_compat.worker_call, client, worker, "keys") == []
+
+
+def test_worker_exchange_reads_a_message_sent_before_the_answer(local: tuple[LocalCluster, Client]) -> None:
+    cluster, client = local
+    (worker,) = cluster.workers.values()
+
+    async def two_messages(comm: Any, word: str) -> dict[str, str]:
+        await comm.write({"first": word.encode()})  # on the request's connection, as worker/direct.py does
+        return {"status": "OK", "word": word}  # the answer Dask sends
+
+    worker.handlers["nbcluster_test_two"] = two_messages
+    try:
+        before: list[bytes] = []
+        message = {"op": "nbcluster_test_two", "reply": True, "word": "hi"}
+        answer = client.sync(_compat.worker_exchange, client, worker.address, message, before.append)
+        assert before == [b"hi"] and answer == {"status": "OK", "word": "hi"}
+        # The connection went back to the pool clean: the next request reads its own answer.
+        assert client.sync(_compat.worker_call, client, worker.address, "keys") == []
+    finally:
+        del worker.handlers["nbcluster_test_two"]

@@ -225,7 +225,7 @@ def test_a_batch_delivered_twice_keeps_its_first_values_and_counts_once() -> Non
 
 
 def test_the_backlog_gives_its_items_in_order_with_those_put_back_first() -> None:
-    from nbcluster.run.engine import _Queue
+    from nbcluster.run.policy import _Queue
 
     queue = _Queue(range(1_000_000))  # held as one range, not a million ints
     assert queue.take(3) == range(3) and len(queue) == 999_997  # consecutive: a range, not a list

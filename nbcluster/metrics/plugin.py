@@ -52,6 +52,7 @@ from tornado.ioloop import PeriodicCallback
 
 from nbcluster import config
 from nbcluster._wire import (
+    DIRECT_TOPIC,
     ROSTER_TOPIC,
     Band,
     GpuDevice,
@@ -67,7 +68,6 @@ from nbcluster._wire import (
 )
 from nbcluster.metrics import summary as summarize
 from nbcluster.metrics._ring import SeqRing
-from nbcluster.worker.direct import TOPIC as DIRECT_TOPIC
 
 if TYPE_CHECKING:
     from distributed import Scheduler

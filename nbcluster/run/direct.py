@@ -15,7 +15,7 @@ The first batch. A run's first result must come one item's time after its start,
 the items behind it do. Through the scheduler, the first batch is that item alone; sent
 directly, it is a probe like the others, and its worker sends the first item's result
 ahead of the answer when the batch goes on (`worker/ahead.py`), on the same connection
-(`_exchange`): the driver takes it as a `Call` of its own (``of`` the batch), before the
+(`_compat.worker_exchange`): the driver takes it as a `Call` of its own (``of`` the batch), before the
 batch's answer, which leaves that item out.
 
 Which workers. Only those that fit every item (a run with ``--gpus``/``--cpus`` asks the
@@ -56,9 +56,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from distributed.protocol.pickle import dumps
-
 from nbcluster import config
+from nbcluster._compat import call_in_loop, run_on_worker, worker_call, worker_exchange
 from nbcluster.worker import direct as served
 
 #: Workers one run sends direct batches to, at most (the first by address).
@@ -290,7 +289,7 @@ class Direct:
         with self._lock:
             held, self._held = self._held, []
         if held:
-            self.client.loop.asyncio_loop.call_soon_threadsafe(self._start, held)
+            call_in_loop(self.client, self._start, held)
 
     def _start(self, held: list[tuple[Call, tuple[str, bytes | None], bytes, str, int, bool]]) -> None:
         # In the client's event loop.
@@ -347,7 +346,7 @@ class Direct:
         for call in calls:
             sent = call._sent
             if sent is not None and call.worker not in workers:
-                self.client.loop.asyncio_loop.call_soon_threadsafe(sent.cancel)  # a task of the client's loop
+                call_in_loop(self.client, sent.cancel)  # a task of the client's loop
 
 
 async def _request(
@@ -376,40 +375,13 @@ async def _request(
         return {"refused": "it cannot serve direct batches"}
     args = {"key": key, "context": context, "batch": blob, "token": token, "sender": sender, "number": number}
     if ahead is None:
-        return await client.rpc(worker).nbcluster_run_batch(**args)
-    return await _exchange(client.rpc, worker, {"op": served.HANDLER, "reply": True, "first": True, **args}, ahead)
-
-
-async def _exchange(pool: Any, worker: str, message: dict[str, Any], ahead: Callable[[bytes], None]) -> Any:
-    """Dask's request and answer (`distributed.core.send_recv`), reading a first item ahead.
-
-    The answer may be preceded, on the same connection, by ``{"first": blob}``. A connection
-    whose exchange did not end cleanly is closed, not given back to the pool: a later request
-    would read this one's answer.
-    """
-    comm = await pool.connect(worker)
-    clean = False
-    try:
-        await comm.write(message, on_error="raise")
-        answer = await comm.read()
-        if isinstance(answer, dict) and "first" in answer:
-            ahead(answer["first"])
-            answer = await comm.read()
-        clean = True
-    finally:
-        if clean:
-            pool.reuse(worker, comm)
-        else:
-            comm.abort()
-    if isinstance(answer, dict) and answer.get("status") == "uncaught-error":
-        raise RuntimeError(f"the worker failed to run the batch: {answer.get('exception_text', answer)}")
-    return answer
+        return await worker_call(client, worker, served.HANDLER, **args)
+    return await worker_exchange(client, worker, {"op": served.HANDLER, "reply": True, "first": True, **args}, ahead)
 
 
 async def _install(client: Any, worker: str) -> bool:
     """Whether `worker` now serves direct batches of this nbcluster's `VERSION`."""
     try:
-        answer = await client.rpc(worker).run(function=dumps(served.install), args=dumps(()))
+        return bool(await run_on_worker(client, worker, served.install) == served.VERSION)
     except Exception:
         return False
-    return bool(answer.get("status") == "OK" and answer.get("result") == served.VERSION)

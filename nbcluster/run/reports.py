@@ -28,7 +28,7 @@ import threading
 import weakref
 from typing import Any
 
-from nbcluster.worker.push import TOPIC
+from nbcluster._wire import PUSHED_TOPIC as TOPIC
 
 
 class Inbox:

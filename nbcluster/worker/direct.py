@@ -16,7 +16,7 @@ through the scheduler, where they fail with one line (`loadable.py`).
 
 What a direct batch does not do, and why that is safe:
 - The scheduler does not see it as a task. The run's live view still draws it: the worker
-  reports each one as a Dask event (`TOPIC`), which nbcluster's metrics plugin records as a
+  reports each one as a Dask event (`_wire.DIRECT_TOPIC`), which nbcluster's metrics plugin records as a
   task of the run. Dask's own dashboard does not, which is why only a run's first
   half-second goes direct. The events leave `EVENTS_S` after the answers, together
   (`_Events`), so that they do not compete with the answer the kernel waits for.
@@ -50,14 +50,13 @@ from collections.abc import Callable
 from typing import Any
 
 from nbcluster._compat import as_worker, worker_accepts_work
+from nbcluster._wire import DIRECT_TOPIC, DirectRecord
 from nbcluster.worker import run_blob
 from nbcluster.worker.ahead import AHEAD_S, FirstAhead
 from nbcluster.worker.items import dump_result
 
 #: The request a worker serves once `install` ran there.
 HANDLER = "nbcluster_run_batch"
-#: The Dask event topic each direct batch is reported on, for the live view's task stream.
-TOPIC = "nbcluster-direct"
 #: Bumped when the request's arguments or answer change: a kernel only sends batches to a
 #: worker that installed the same version.
 VERSION = 3
@@ -126,10 +125,10 @@ class _Events:
 
     def __init__(self, dask_worker: Any):
         self._worker = dask_worker
-        self._held: list[dict[str, Any]] = []
+        self._held: list[DirectRecord] = []
 
-    def add(self, event: dict[str, Any]) -> None:
-        """Send `event` on `TOPIC` with the others that come within `EVENTS_S` (in the worker's loop)."""
+    def add(self, event: DirectRecord) -> None:
+        """Send `event` on `DIRECT_TOPIC` with the others that come within `EVENTS_S` (in the worker's loop)."""
         self._held.append(event)
         if len(self._held) == 1:
             asyncio.get_running_loop().call_later(EVENTS_S, self._send)
@@ -137,7 +136,7 @@ class _Events:
     def _send(self) -> None:
         held, self._held = self._held, []
         for event in held:  # one loop callback: Dask's batched stream takes them in one write
-            self._worker.log_event(TOPIC, event)
+            self._worker.log_event(DIRECT_TOPIC, event)
 
 
 def install(dask_worker: Any) -> int:
@@ -241,7 +240,7 @@ async def serve(
     events = getattr(dask_worker, "_nbcluster_direct_events", None)
     if events is None:
         events = dask_worker._nbcluster_direct_events = _Events(dask_worker)
-    events.add({"key": key, "start": start, "stop": time.time()})
+    events.add(DirectRecord(key=key, start=start, stop=time.time()))
     return blob
 
 

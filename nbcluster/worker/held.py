@@ -1,7 +1,7 @@
 """Worker side of `--persist`: an item whose value stays on the worker, under its own Dask key.
 
 A persisted item is one Dask task, `run_batch_held(context, batch, token, True, names,
-*deps)` with a batch of that one item (the engine sends no more, `engine._Backlog`: a Dask
+*deps)` with a batch of that one item (the engine sends no more, `engine._policy`: a Dask
 key holds one value, so a batch of several would need a second task per item to give each
 value a key of its own, and the kernel would wait a round trip for those). The task's result,
 kept in the worker's memory under its key, is the item's value itself: the kernel's handle

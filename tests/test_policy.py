@@ -1,0 +1,102 @@
+"""The scheduling policy, driven by its events alone: no cluster, no thread (`run/policy.py`)."""
+
+from __future__ import annotations
+
+import doctest
+
+from nbcluster.run import policy as policy_module
+from nbcluster.run.batching import Batcher
+from nbcluster.run.policy import Policy
+
+
+def test_the_worked_example_in_the_docstring_holds() -> None:
+    result = doctest.testmod(policy_module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_never_more_batches_out_than_in_flight_per_thread() -> None:
+    policy = Policy(range(1000), Batcher(3, fixed=10), per_thread=2)
+    out = len(policy.top_up(out=0))
+    assert out == 6
+    assert policy.top_up(out=out) == []
+    assert len(policy.top_up(out=out - 2)) == 2  # two came back: two go out
+
+
+def test_a_worker_that_joins_gets_batches_at_once_and_one_that_leaves_shrinks_the_limit() -> None:
+    policy = Policy(range(1000), Batcher(1, fixed=10), per_thread=2)
+    assert len(policy.top_up(out=0)) == 2
+    policy.resize(2)
+    assert len(policy.top_up(out=2)) == 2
+    policy.resize(1)
+    assert policy.top_up(out=3) == []
+
+
+def test_a_failed_item_runs_again_while_it_has_attempts_then_is_delivered() -> None:
+    policy = Policy([7], Batcher(1), retries=2)
+    for attempt in range(2):
+        (batch,) = policy.top_up(out=0)
+        assert list(batch) == [7], attempt
+        assert policy.finished(batch, reached=1, failed=[0]) == [7]  # held back from delivery
+    (batch,) = policy.top_up(out=0)
+    assert policy.finished(batch, reached=1, failed=[0]) == []  # out of attempts: delivered failed
+    assert policy.top_up(out=0) == [] and policy.held() == 0
+
+
+def test_items_a_batch_did_not_reach_go_back_in_front_in_order() -> None:
+    policy = Policy(range(10), Batcher(1, fixed=4), per_thread=1)
+    (first,) = policy.top_up(out=0)
+    assert list(first) == [0, 1, 2, 3]
+    assert policy.finished(first, reached=1, seconds=0.3) == []
+    (again,) = policy.top_up(out=0)
+    assert list(again) == [1, 2, 3, 4]
+
+
+def test_a_killed_batch_is_halved_until_its_culprit_is_found_alone() -> None:
+    policy = Policy(range(8), Batcher(1, fixed=8), per_thread=1)
+    culprit, failed, runs = 5, [], 0
+    (batch,) = policy.top_up(out=0)
+    pending = [batch]
+    while pending:
+        batch = pending.pop()
+        runs += 1
+        if culprit in batch:
+            failed += policy.killed(batch, alone=runs > 1)
+        else:
+            assert policy.finished(batch, reached=len(batch)) == []
+        assert policy.top_up(out=1) == []  # a suspect never runs beside another batch
+        pending += policy.top_up(out=0)
+    assert failed == [culprit]
+    assert runs <= 1 + 2 * 3  # halved each time: log2(8) rounds of two suspects
+
+
+def test_a_batch_killed_beside_others_proves_nothing_even_of_one_item() -> None:
+    policy = Policy([3], Batcher(1))
+    (batch,) = policy.top_up(out=0)
+    assert policy.killed(batch, alone=False) == []  # it becomes a suspect
+    assert policy.top_up(out=0) == [[3]]
+    assert policy.killed([3], alone=True) == [3]
+
+
+def test_a_refused_batch_goes_back_in_front_and_the_next_batch_is_one_item_alone() -> None:
+    batcher = Batcher(2)
+    batcher.alone_first = False  # a direct first batch sends its first item ahead instead
+    policy = Policy(range(100), batcher, per_thread=1)
+    first, _ = policy.top_up(out=0)
+    policy.refused(first)  # no item time measured yet: the first result must still come at once
+    assert list(policy.top_up(out=1)[0]) == [0]
+
+
+def test_a_million_item_backlog_stays_a_few_ranges() -> None:
+    policy = Policy(range(1_000_000), Batcher(2, probe_items=None), per_thread=2)
+    batches = policy.top_up(out=0)
+    assert all(isinstance(b, range) for b in batches)
+    policy.put_back([5, 6, 7, 9])
+    assert policy.items._runs[0] == range(5, 8) and policy.held() == 4
+
+
+def test_drain_gives_the_suspects_then_the_backlog() -> None:
+    policy = Policy(range(6), Batcher(1, fixed=2), per_thread=1)
+    (batch,) = policy.top_up(out=0)
+    policy.killed(batch, alone=False)
+    assert policy.drain() == [0, 1, 2, 3, 4, 5]
+    assert policy.top_up(out=0) == [] and policy.held() == 0
