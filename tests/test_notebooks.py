@@ -174,8 +174,8 @@ WRONG: dict[str, list[str]] = {
     # 07
     "kill-worker": [
         "def kill_worker(address):\n    return client.run(os.getpid)[address]",  # forgets to kill
-        "def kill_worker(address):\n    pid = client.run(os.getpid)[address]\n"
-        "    client.retire_workers([address], close_workers=True)\n    return pid",  # retired, not replaced (hidden)
+        "def kill_worker(address):\n    os.kill(client.run(os.getpid)[address], signal.SIGKILL)\n"
+        "    return address",  # the address, not the process id
     ],
     "retries": [
         '%%distribute --over "i in range(N)" --into fetched\nfetch(i)',
@@ -194,7 +194,8 @@ WRONG: dict[str, list[str]] = {
     ],
     "resume": [
         "sweep = nbcluster.distribute(sweep_item, over=range(M), batch=1)",  # afresh (hidden)
-        "sweep = nbcluster.distribute(sweep_item, over=range(M), batch=2, resume=True)",  # another run: no journal (hidden)
+        # a wrapper is other code: no journal of it to resume (hidden)
+        "sweep = nbcluster.distribute(lambda i: sweep_item(i), over=range(M), batch=1, resume=True)",
     ],
     # 08
     "laws": [
