@@ -132,6 +132,26 @@ def workers(cap: int = LAPTOP_CAP) -> int:
         return profile.workers or cap
     if profile is not None and profile.workers:
         cap = profile.workers
+    return local_workers(cap)
+
+
+def local_workers(cap: int = LAPTOP_CAP) -> int:
+    """How many workers a notebook that must run on this machine starts, whatever the course
+    profile says: one single-threaded worker per core, at most `cap`.
+
+    For the notebooks whose lessons need the workers here: 07 and 09 kill worker processes by
+    their process id, 05 simulates GPUs with local processes.
+
+    Parameters
+    ----------
+    cap : int
+        At most this many.
+
+    Returns
+    -------
+    int
+        ``min(cores(), cap)``, at least 1.
+    """
     return max(1, min(cores(), cap))
 
 

@@ -37,7 +37,8 @@ def _has_exercise(path: Path) -> bool:
 
 EXERCISES = [p for p in NOTEBOOKS if _has_exercise(p)]
 AUTOGRADED = [p.stem for p in EXERCISES]
-MIN_AUTOGRADED_POINTS = 40  # over the course
+MIN_AUTOGRADED_POINTS = 70  # over the course
+MIN_DISTRIBUTED_POINTS = 45  # of them, for exercises that write distributed logic (notebooks/README.md)
 HIDDEN = ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
 ASSIGNMENT = "nbcluster"
 
@@ -202,7 +203,10 @@ def test_instructor_version_autogrades_to_full_marks(course: Path, monkeypatch: 
 def test_the_instructor_kit_states_each_notebooks_points() -> None:
     """notebooks/README's table of points is the notebooks' own nbgrader metadata."""
     kit = (ROOT / "notebooks" / "README.md").read_text()
-    stated = {m[1]: (float(m[2]), float(m[3])) for m in re.finditer(r"^\| `([\w-]+)` \|.*\| (\d+) \+ (\d+) \|", kit, re.M)}
+    stated = {
+        m[1]: (float(m[2]), float(m[3]))
+        for m in re.finditer(r"^\| `([\w-]+)` \|.*\| (\d+) \+ (\d+) \|", kit, re.M)
+    }
     total = 0.0
     for path in EXERCISES:
         cells = nbformat.read(path, as_version=4).cells
@@ -211,3 +215,25 @@ def test_the_instructor_kit_states_each_notebooks_points() -> None:
         assert stated.get(path.stem) == (points["code"], points["markdown"]), path.stem
         total += points["code"]
     assert f"({total:.0f} points over the course" in kit
+
+
+def test_the_instructor_kit_tabulates_the_points_for_distributed_logic() -> None:
+    """notebooks/README's "Where the points are" lists every exercise with its points (as its
+    graded cells' metadata gives them) and its kind; distributed logic has enough of them."""
+    kit = (ROOT / "notebooks" / "README.md").read_text()
+    rows = {
+        m[1]: (m[2], float(m[3]), m[4])
+        for m in re.finditer(r"^\| `([\w-]+)` \| (\d\d) \| (\d+) \| ([\w ]+) \|$", kit, re.M)
+    }
+    found = {}
+    for path in EXERCISES:
+        cells = nbformat.read(path, as_version=4).cells
+        for cell in cells:
+            grading = _grading(cell)
+            if grading.get("grade") and cell.cell_type == "code":
+                exercise = grading["grade_id"].removesuffix("-verify")
+                found[exercise] = (path.stem[:2], float(grading["points"]))
+    assert {k: v[:2] for k, v in rows.items()} == found
+    distributed = sum(points for _, points, kind in rows.values() if kind == "distributed logic")
+    assert distributed >= MIN_DISTRIBUTED_POINTS, distributed
+    assert f"Distributed logic: {distributed:.0f} of {sum(p for _, p, _ in rows.values()):.0f} points" in kit

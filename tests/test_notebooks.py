@@ -9,9 +9,9 @@ the cell ends with a summary line on stderr, which is checked here, except in a 
 (kernel, supervisors, workers) is left running.
 
 The same run grades every exercise with nbgrader's own rule (`determine_grade`: a graded cell
-that raised or wrote to stderr scores zero): first with each of at least two deliberately wrong
-answers from `WRONG`, whose graded cells must all score zero, then with the instructor's answer,
-which must score full marks, before the notebook goes on. The wrong answers are plausible
+that raised or wrote to stderr scores zero): first with each of the deliberately wrong answers
+from `WRONG` (every graded cell must give zero to at least two of them, and each of them must
+lose points), then with the instructor's answer, which must score full marks, before the notebook goes on. The wrong answers are plausible
 mistakes; several pass the visible tests and are caught only by the hidden ones (marked "hidden"
 below).
 """
@@ -174,8 +174,8 @@ WRONG: dict[str, list[str]] = {
     # 07
     "kill-worker": [
         "def kill_worker(address):\n    return client.run(os.getpid)[address]",  # forgets to kill
-        "def kill_worker(address):\n    pid = client.run(os.getpid)[address]\n"
-        "    client.retire_workers([address], close_workers=True)\n    return pid",  # retired, not replaced (hidden)
+        "def kill_worker(address):\n    os.kill(client.run(os.getpid)[address], signal.SIGKILL)\n"
+        "    return address",  # the address, not the process id
     ],
     "retries": [
         '%%distribute --over "i in range(N)" --into fetched\nfetch(i)',
@@ -194,7 +194,8 @@ WRONG: dict[str, list[str]] = {
     ],
     "resume": [
         "sweep = nbcluster.distribute(sweep_item, over=range(M), batch=1)",  # afresh (hidden)
-        "sweep = nbcluster.distribute(sweep_item, over=range(M), batch=2, resume=True)",  # another run: no journal (hidden)
+        # a wrapper is other code: no journal of it to resume (hidden)
+        "sweep = nbcluster.distribute(lambda i: sweep_item(i), over=range(M), batch=1, resume=True)",
     ],
     # 08
     "laws": [
@@ -263,12 +264,26 @@ WRONG: dict[str, list[str]] = {
         "    reset_attempts()\n"
         "    theta, log = np.zeros(4), []\n"
         "    for k in range(iterations):\n"
-        "        start = time.perf_counter()\n"  # never calls chaos(): the faults are not faced
+        "        start = time.perf_counter()\n"  # never calls chaos(): the faults are not faced (log)
         "        current = theta\n"
         "        results = nbcluster.distribute(lambda probe, seed: flaky_probe(current, seed), "
         "over=range(DIRECTIONS), seed=seed + k, retries=2)\n"
         "        plus, minus, deltas = (np.array(column) for column in zip(*results))\n"
         "        theta = ars_update(theta, plus, minus, deltas, step=0.02, top=DIRECTIONS // 2)\n"
+        "        log.append({'iteration': k, 'probes': len(results), 'mean_reward': float(plus.mean()),\n"
+        "                    'seconds': time.perf_counter() - start})\n"
+        "    return theta, log",
+        "def train(iterations, seed=1000):\n"
+        "    reset_attempts()\n"
+        "    theta, log = np.zeros(4), []\n"
+        "    for k in range(iterations):\n"
+        "        chaos(k)\n"
+        "        start = time.perf_counter()\n"
+        "        current = theta\n"
+        "        results = nbcluster.distribute(lambda probe, seed: flaky_probe(current, seed), "
+        "over=range(DIRECTIONS), seed=seed + k, retries=2)\n"
+        "        plus, minus, deltas = (np.array(column) for column in zip(*results))\n"
+        "        ars_update(theta, plus, minus, deltas, step=0.02, top=DIRECTIONS // 2)  # not kept (policy)\n"
         "        log.append({'iteration': k, 'probes': len(results), 'mean_reward': float(plus.mean()),\n"
         "                    'seconds': time.perf_counter() - start})\n"
         "    return theta, log",
@@ -412,12 +427,17 @@ def test_notebook_runs_and_tells_right_from_wrong(
     assert graded == exercises, f"exercises without a wrong answer in WRONG: {exercises - graded}"
     for grade_id, grade in grades.items():
         assert grade.right == grade.points > 0, f"{grade_id}: the instructor's answer scored {grade}"
-        assert len(grade.wrong) >= MIN_WRONG, (
-            f"{grade.exercise}: fewer than {MIN_WRONG} wrong answers in WRONG"
+        caught = grade.wrong.count(0)
+        assert caught >= MIN_WRONG, (
+            f"{grade_id}: only {caught} wrong answers to {grade.exercise} scored 0: {grade}"
         )
-        assert grade.wrong == [0] * len(grade.wrong), (
-            f"{grade_id}: a wrong answer to {grade.exercise} scored {grade}"
-        )
+    # A wrong answer to an exercise with several graded cells (09's train: its log and its
+    # policy) may pass one of them, but must lose points somewhere.
+    for exercise in exercises:
+        cells = [g for g in grades.values() if g.exercise == exercise]
+        for n in range(len(WRONG[exercise])):
+            scored = sum(g.wrong[n] or 0 for g in cells)
+            assert scored < sum(g.points for g in cells), f"wrong answer {n} to {exercise} scored full marks"
     # The docs render this run (docs/_ext/teaching_notebooks.py): a docs build after the tests
     # finds it in its execution cache and executes nothing.
     teaching_notebooks().store(path, nb)

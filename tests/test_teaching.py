@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from nbcluster import teaching
+from nbcluster.errors import BadArgument
 
 
 def _orphan(tmp_path: Path, name: str) -> psutil.Process:
@@ -149,6 +150,17 @@ def test_a_course_profile_sets_where_and_how_wide_the_notebooks_run() -> None:
         assert teaching.sweep() == [1, 2, 4, 6]
     with dask.config.set({"nbcluster.profiles.course": {"backend": "local", "workers": 1}}):
         assert teaching.workers() == 1 and not teaching.remote()  # a local profile: this machine's cores
-    with dask.config.set({"nbcluster.profiles.course": {**course, "workers": "many"}}):
-        with pytest.raises(Exception, match="workers must be a whole number of at least 1, not 'many'"):
-            teaching.workers()
+    with (
+        dask.config.set({"nbcluster.profiles.course": {**course, "workers": "many"}}),
+        pytest.raises(BadArgument, match="workers must be a whole number of at least 1, not 'many'"),
+    ):
+        teaching.workers()
+
+
+def test_notebooks_that_kill_workers_by_pid_stay_on_this_machine() -> None:
+    import dask.config
+
+    course = {"backend": "slurm", "options": {"queue": "course"}, "workers": 64}
+    with dask.config.set({"nbcluster.profiles.course": course}):
+        assert teaching.workers() == 64
+        assert teaching.local_workers() == min(teaching.cores(), teaching.LAPTOP_CAP)
