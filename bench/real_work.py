@@ -32,7 +32,17 @@ fits), so this measures that work itself, with four kernels:
    of 1 to 50 MB (a few alive at a time, small objects kept between them), against a
    plain Dask worker (target: at most Dask's default + 10 %).
 
-`--write` replaces the `## real work` section of bench/RESULTS.md.
+4. **The first cell** (`--first-cell`): each round is a fresh kernel process (an IPython
+   shell, as a notebook's) that imports numpy, defines a Monte Carlo function in a cell,
+   runs ``%load_ext nbcluster``, forks a `multiprocessing.Pool(2)`, runs
+   ``%cluster start --workers 2 --threads 1``, and then times the first ``%%distribute``
+   cell of 12 items of about 0.18 s and the Pool's first ``map`` of the same 12 items (in
+   turns: which one goes first alternates by round), then the 12 items serially in the kernel.
+   The ratio of speedups is the Pool's time over the cell's, in the same kernel and round
+   (target >= 0.95).
+
+`--write` replaces the `## real work` section of bench/RESULTS.md (with `--first-cell`,
+the `## real work: the first cell` section).
 """
 
 from __future__ import annotations
@@ -57,6 +67,21 @@ KERNELS = ("mc50k", "mc500k", "python", "lstsq")
 FRESH_ENV = dict(os.environ)
 SPEEDUP_ITEMS = 12
 SPEEDUP_POINTS = 30_000_000  # an item of ~0.3 s, as in BUILD-NOTES.md's table
+FIRST_CELL_POINTS = 22_000_000  # an item of ~0.18 s on a quiet core here
+
+# The notebook of one first-cell round: its cells, as a student's would be.
+FIRST_CELL_SETUP = """
+import numpy as np
+
+def mc(i, points={points}):
+    rng = np.random.default_rng(i)
+    inside = 0
+    for _ in range(points // 50_000):
+        x = rng.random(50_000)
+        y = rng.random(50_000)
+        inside += int(np.count_nonzero(x * x + y * y <= 1.0))
+    return 4 * inside / points
+"""
 
 
 def kernel(name: str, seed: int = 0, points: int = 6_000_000) -> float:
@@ -137,6 +162,9 @@ def child(args: list[str]) -> None:
     import numpy  # noqa: F401 - imported before any timing, as in a kernel that ran a cell
 
     name, n = args[0], int(args[1])
+    if name == "first-cell":
+        print(json.dumps(first_cell_round(pool_first=bool(n))))
+        return
     if name == "churn":
         print(json.dumps([rss(), churn()]))
         return
@@ -148,21 +176,91 @@ def child(args: list[str]) -> None:
     print(json.dumps([timed(name, i) for i in range(n)]))
 
 
+def first_cell_round(pool_first: bool) -> dict[str, float]:
+    """`real_work.py --child first-cell 0|1`: one kernel's first cell against its forked Pool."""
+    import multiprocessing
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
+    shell = InteractiveShell.instance()
+
+    def run(source: str) -> None:
+        result = shell.run_cell(source)
+        if not result.success:
+            raise RuntimeError(f"cell failed: {source.splitlines()[0]}")
+
+    run(FIRST_CELL_SETUP.format(points=FIRST_CELL_POINTS))
+    run("%load_ext nbcluster")
+    pool = multiprocessing.get_context("fork").Pool(2)
+    run("%cluster start --workers 2 --threads 1 --name first-cell")
+    times: dict[str, float] = {}
+    try:
+        for method in ("pool", "cell") if pool_first else ("cell", "pool"):
+            t = time.perf_counter()
+            if method == "pool":
+                pool.map(shell.user_ns["mc"], range(SPEEDUP_ITEMS), chunksize=1)
+            else:
+                run(f'%%distribute --over "i in range({SPEEDUP_ITEMS})" --into first\nmc(i)')
+                assert shell.user_ns["first"].ok
+            times[method] = time.perf_counter() - t
+        t = time.perf_counter()
+        for i in range(SPEEDUP_ITEMS):
+            shell.user_ns["mc"](i)
+        times["serial"] = time.perf_counter() - t
+    finally:
+        pool.terminate()
+        run("%cluster stop first-cell")
+    return times
+
+
+def first_cell(runs: int) -> str:
+    """Part 4: `runs` rounds, each in a fresh kernel process; a table of each and the medians."""
+    rounds = [fresh("first-cell", str(r % 2)) for r in range(runs)]
+    lines = [
+        f"Run {time.strftime('%Y-%m-%d %H:%M')} on {os.cpu_count()} cores (load average "
+        f"{os.getloadavg()[0]:.1f} at the end), {runs} rounds, each a fresh kernel: "
+        f"`%cluster start --workers 2 --threads 1`, then the first `%%distribute` cell of "
+        f"{SPEEDUP_ITEMS} `mc` items of {FIRST_CELL_POINTS / 1e6:.0f} M points, and a "
+        "`Pool(2)` forked from the same kernel (its first `map`), in turns.",
+        "",
+        "| round | first | serial s | first cell s | Pool s | cell speedup | Pool speedup | cell / Pool |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r, times in enumerate(rounds):
+        first = "Pool" if r % 2 else "cell"
+        lines.append(
+            f"| {r + 1} | {first} | {times['serial']:.2f} | {times['cell']:.2f} | {times['pool']:.2f} "
+            f"| {times['serial'] / times['cell']:.2f}x | {times['serial'] / times['pool']:.2f}x "
+            f"| {times['pool'] / times['cell']:.2f}x |"
+        )
+    ratios = [t["pool"] / t["cell"] for t in rounds]
+    lines += ["", f"Median cell / Pool: **{statistics.median(ratios):.2f}x** (target >= 0.95)."]
+    return "\n".join(lines)
+
+
 def fresh(*args: str) -> Any:
     out = subprocess.run(
         [sys.executable, __file__, "--child", *args], capture_output=True, text=True, check=True, env=FRESH_ENV
     )
-    return json.loads(out.stdout)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # a kernel child prints its cells first
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--write", action="store_true", help="update ## real work in bench/RESULTS.md")
+    parser.add_argument("--first-cell", action="store_true", help="part 4 alone: the first cell")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child)
+        return
+    if args.first_cell:
+        text = first_cell(args.runs)
+        print(text)
+        if args.write:
+            write_section("real work: the first cell", "python bench/real_work.py " + " ".join(sys.argv[1:]), text)
         return
 
     os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))

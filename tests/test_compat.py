@@ -188,17 +188,11 @@ def test_an_accepted_tls_stream_keeps_the_servers_context_and_its_checks(tmp_pat
         _compat.accepted_tls_streams_keep_their_context()
         _compat.accepted_tls_streams_keep_their_context()  # idempotent: one subclass deep
         assert tornado.tcpserver.SSLIOStream.__bases__ == (SSLIOStream,)
-        # Tornado 6.6 makes its default client context on first use (a cached function); before
-        # it, at import (a context), so there is no load to save, and the stream's own context
-        # is all there is to check.
-        lazy = hasattr(_client_ssl_defaults, "cache_clear")
-        if lazy:
-            _client_ssl_defaults.cache_clear()
+        _client_ssl_defaults.cache_clear()
         asyncio.run(talk(client_context))
         assert greetings == [b"hello"]
         assert streams[0]._ssl_options is server_context
-        if lazy:
-            assert _client_ssl_defaults.cache_info().currsize == 0
+        assert _client_ssl_defaults.cache_info().currsize == 0
         # Without a certificate: the handshake fails on the server's checks, as before.
         anonymous = ssl.create_default_context(cafile=tls["ca_file"])
         anonymous.check_hostname = False

@@ -332,7 +332,7 @@ def test_the_start_up_variable_turns_the_collector_off_for_that_process_only() -
 
 def test_the_forkserver_loads_what_a_worker_loads_as_it_starts_and_no_more() -> None:
     # Its preload, in a process of its own: the worker's HTTP routes, the versions it
-    # reports; not numpy's random generators (one seed for every worker: `_draws`), and no
+    # reports, numpy's random generators (each worker reseeds them: `_draws`), and no
     # thread (a process with threads cannot be forked safely).
     probe = (
         "import sys, threading\n"
@@ -345,4 +345,24 @@ def test_the_forkserver_loads_what_a_worker_loads_as_it_starts_and_no_more() -> 
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "True", "True", "False", "1"]
+    assert done.stdout.split() == ["True", "True", "True", "True", "1"]
+
+
+def test_each_child_of_the_forkserver_draws_its_own_random_numbers() -> None:
+    # The forkserver has numpy's random generators loaded, so a fork shares their state:
+    # each child reseeds them as the forkserver's loop serves it (`_serve_one`).
+    probe = (
+        "import os, sys, multiprocessing.forkserver as fs\n"
+        "import nbcluster.cluster.forkserver_preload\n"
+        "import numpy as np\n"
+        "for _ in range(2):\n"
+        "    if os.fork() == 0:\n"
+        "        fs._serve_one = lambda *args: print(np.random.random(), flush=True) or 0\n"
+        "        nbcluster.cluster.forkserver_preload._serve_one_then_exit_cleanly(fs._serve_one)()\n"
+        "        os._exit(0)\n"
+        "    os.wait()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    draws = done.stdout.split()
+    assert len(draws) == 2 and draws[0] != draws[1], draws

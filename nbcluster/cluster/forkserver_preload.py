@@ -4,9 +4,9 @@ Imported in the forkserver process only, never in the supervisor: what a nanny's
 process loads as it starts (Dask's nanny and worker, tornado, numpy; nbcluster's worker
 class and plugins; its HTTP server's routes; the package versions it reports as it
 registers, which Dask caches), what its first ``%%distribute`` batch loads
-(`nbcluster.worker`); Dask's distributed.yaml is read with libyaml meanwhile
-(`config.libyaml`). Not numpy's random generators: a global state seeded here would be the
-same in every worker. Then:
+(`nbcluster.worker`), and numpy's random generators, which a first item of Monte Carlo work
+imports (about 0.1 s; numpy before 2.0 imports them with numpy anyway); Dask's
+distributed.yaml is read with libyaml meanwhile (`config.libyaml`). Then:
 
 - a worker's accepted TLS connections keep the worker's own TLS context
   (`_compat.accepted_tls_streams_keep_their_context`), instead of loading the system's CA
@@ -15,6 +15,9 @@ same in every worker. Then:
   before forking): a collection in a worker neither scans them nor writes to their pages,
   which therefore stay shared with the forkserver; the collector, off while the forkserver
   imported (`nbcluster._start_up`), is then on again;
+- each forked child seeds numpy's global random state afresh as the forkserver serves it,
+  as Python's `random` does by itself after a fork: a fork shares the state seeded here, and
+  two children would draw the same ``np.random.random()``;
 - a forked worker runs the ``atexit`` handlers when it exits, as a spawned one does:
   multiprocessing ends a forked child with ``os._exit``, after flushing its streams but
   without Python's shutdown (a task's ``atexit.register`` would never run);
@@ -44,6 +47,7 @@ import signal
 from typing import Any
 
 import dask.config
+import numpy.random
 
 from nbcluster import config
 
@@ -60,6 +64,7 @@ from nbcluster.cluster.lifeline import SIGNALS
 
 def _serve_one_then_exit_cleanly(serve_one: Any) -> Any:
     def serve_one_and_run_atexit(*args: Any) -> int:
+        numpy.random.seed()  # from the OS's entropy, in this worker alone
         code: int = serve_one(*args)
         atexit._run_exitfuncs()
         return code
