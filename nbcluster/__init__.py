@@ -19,22 +19,29 @@ from nbcluster import _lazy
 from nbcluster import config as _config  # noqa: F401 - registers nbcluster's Dask config defaults
 from nbcluster._version import __version__ as __version__
 from nbcluster.errors import NbclusterError  # imports nothing: as cheap as a name
+from nbcluster.errors import TrialStopped as TrialStopped
 
 if TYPE_CHECKING:
     from nbcluster._current import current, start
     from nbcluster.cluster.handle import ClusterHandle, clusters, connect
     from nbcluster.run.api import distribute, wait
     from nbcluster.run.results import Results
+    from nbcluster.run.stoppers import Stopper
+    from nbcluster.worker.trial import report, should_stop
 
 __all__ = [
     "ClusterHandle",
     "NbclusterError",
     "Results",
+    "Stopper",
+    "TrialStopped",
     "clusters",
     "connect",
     "current",
     "distribute",
     "load_ipython_extension",
+    "report",
+    "should_stop",
     "start",
     "use",
     "wait",
@@ -49,6 +56,9 @@ _LAZY = {
     "Results": "nbcluster.run.results",
     "distribute": "nbcluster.run.api",
     "wait": "nbcluster.run.api",
+    "Stopper": "nbcluster.run.stoppers",
+    "report": "nbcluster.worker.trial",
+    "should_stop": "nbcluster.worker.trial",
 }
 
 

@@ -56,8 +56,10 @@ from nbcluster.run.job import Job
 from nbcluster.run.options import DistributeOptions
 from nbcluster.run.plan import Plan, plan
 from nbcluster.run.results import Results
-from nbcluster.run.state import DONE
+from nbcluster.run.state import DONE, FAILED, PENDING
+from nbcluster.run.stoppers import make
 from nbcluster.run.target import Link, Needs
+from nbcluster.run.trials import Objective, Trials, mentions_trials, parse_timeout
 
 
 def distribute(
@@ -80,6 +82,9 @@ def distribute(
     persist: bool = False,
     resume: bool = False,
     cluster: str | None = None,
+    objective: str | None = None,
+    stopper: Any = None,
+    timeout: str | float | None = None,
     client: Any = None,
     progress: Callable[[Results], None] | None = None,
     first_line: int = 1,
@@ -144,6 +149,17 @@ def distribute(
         only the others run. Without a journal of that run, everything runs.
     cluster : str, optional
         The name of the cluster to use instead of the current one.
+    objective : str, optional
+        ``"NAME:min"`` or ``"NAME:max"``: the metric (reported with `nbcluster.report`, or
+        the item's result) that ranks the trials in the live table and `Results.best`.
+    stopper : str or Stopper, optional
+        Stop losing trials early from their reports of `objective`: ``"asha"``,
+        ``"median"``, one with parameters (``"asha(grace=1, eta=3, max_t=27)"``), or your
+        own object with a ``decide(trial, step, score)`` method (`nbcluster.Stopper`).
+        Items then run one a task. See the user guide's "Trials" page.
+    timeout : str or float, optional
+        Stop an item that runs longer than this: seconds, or ``"90s"``, ``"2h"``. It is asked
+        first, then forced after ``nbcluster.stop.grace``; it ends *timed out*.
     client : distributed.Client, optional
         A Dask client to run on instead of a cluster nbcluster knows.
     progress : callable, optional
@@ -182,7 +198,7 @@ def distribute(
     """
     _check(
         body, into, gpus, cpus, cpu_only, retries, batch, seed, everywhere, local, over, grid, zip, namespace,
-        persist, resume,
+        persist, resume, objective, stopper, timeout,
     )  # fmt: skip
     if namespace is None:  # the caller's variables; --into goes to its globals
         caller = sys._getframe(1)
@@ -207,14 +223,25 @@ def distribute(
     if remote:
         link.open()
         handles.check(reads, link.client)
+    # -- trials (`trials.py`): reports, a stopper, timeouts; one item a task -------------------
+    tracker = None
+    if not everywhere and (objective or stopper is not None or timeout is not None
+                           or mentions_trials(cell.source if cell else None, body)):  # fmt: skip
+        tracker = Trials(
+            run_id, len(items), objective=Objective.parse(objective), stopper=make(stopper),
+            timeout=parse_timeout(timeout), params=items.params, ended=lambda i: False,
+        )  # fmt: skip
+        batch = 1 if batch == "auto" else batch
     job = Job(
         items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=seed,
         retries=retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
-        persist=persist, reads_handles=bool(reads),
+        persist=persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None,
     )  # fmt: skip
     engine = Engine(job, run_id, link if remote else None)
     taken = _journal(engine, cell, body, resume=resume, journaled=not (everywhere or (persist and reads)))
     run = Run(engine, label=into)
+    if tracker is not None:
+        _follow_trials(tracker, engine, run, link.client if remote else None, taken)
     if persist:
         handles.RUNS[run_id] = run.results
     if into is not None:
@@ -247,6 +274,18 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
     engine.journal_to(chosen.writer)
     engine.publish = chosen.publish
     return set(chosen.values)
+
+
+def _follow_trials(tracker: Trials, engine: Engine, run: Run, client: Any, resumed: set[int]) -> None:
+    """Listen to a trial run's reports from its start to its end (`trials.py`)."""
+    state = engine.state
+    tracker._ended = lambda i: state.status[i] != PENDING
+    tracker.ran = lambda i: state.status[i] in (DONE, FAILED) and i not in resumed
+    tracker.open(client)
+    run.results._trials = tracker
+    run.trials = tracker
+    state.on_end(tracker.settle)  # before a waiting cell sees the run end: its last reports are in
+    state.add_done_callback(tracker.close)
 
 
 def _cluster_name(link: Link | None) -> str | None:
@@ -325,6 +364,7 @@ class Run:
         self._results = weakref.ref(results)
         self._first: Results | None = results  # until start() hands it over
         self._futures: list[Any] | None = None
+        self.trials: Trials | None = None  # a trial run's reports and stops (`trials.py`)
 
     @property
     def results(self) -> Results:
@@ -415,11 +455,28 @@ class Run:
                     raise interrupted(results) from None
                 raise
         if wait:
-            follow(results)
+            try:
+                follow(results)
+            finally:
+                self._trial_line()
         return results
 
+    def _trial_line(self) -> None:
+        """At the end of a followed trial run: say if its objective was never reported."""
+        if self.trials is not None:
+            self.trials.close()
+            line = self.trials.unknown_objective()
+            if line:
+                print(line)
+
     def cancel(self) -> None:
-        """Stop the run, keeping every item that finished (`Engine.cancel`)."""
+        """Stop the run, keeping every item that finished (`Engine.cancel`).
+
+        A trial run's running items are asked to stop, then forced after the grace
+        (`Trials.stop_all`).
+        """
+        if self.trials is not None:
+            self.trials.stop_all()
         self.engine.cancel()
 
     def retry(self, wait: bool) -> None:
@@ -566,7 +623,7 @@ def _run_id() -> str:
 
 def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: Any, batch: Any, seed: Any,
            everywhere: Any, local: Any, over: Any, grid: Any, zip_: Any, namespace: Any,
-           persist: Any, resume: Any) -> None:  # fmt: skip
+           persist: Any, resume: Any, objective: Any, stopper: Any, timeout: Any) -> None:  # fmt: skip
     if not isinstance(body, str) and not callable(body):
         raise BadArgument(f"distribute() needs cell source (a str) or a function, got {type(body).__name__}")
     if namespace is not None and not hasattr(namespace, "__getitem__"):
@@ -574,7 +631,7 @@ def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: A
     DistributeOptions(
         over=over, grid=grid, zip=zip_, into=into, gpus=gpus, cpus=cpus, cpu_only=cpu_only,
         retries=retries, batch=batch, seed=seed, everywhere=everywhere, local=local, persist=persist,
-        resume=resume,
+        resume=resume, objective=objective, stopper=stopper, timeout=timeout,
     )  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import cloudpickle
 
+from nbcluster._wire import TrialSpec
 from nbcluster.worker.loop import cell_loop, refiled
 from nbcluster.worker.objects import fetch
 
@@ -44,6 +45,8 @@ class Context:
         self.positional: bool = spec["positional"]
         self.seed: int | None = spec["seed"]
         self.large: list[tuple[str, str, int]] = spec["large"]  # (name, key, size)
+        # A trial run's (`worker/trial.py`): each item then runs alone, as the thread's current item.
+        self.trial: TrialSpec | None = spec.get("trial")
         # The function of a "function" item; the code of a "cell" one.
         self.fn: Callable[..., Any] | None = spec.get("fn")
         # Module globals hold `__builtins__`, and C code that imports (numpy's lazy imports, any

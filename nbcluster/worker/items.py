@@ -21,7 +21,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.worker import loop, output, stopping
+from nbcluster.worker import loop, output, stopping, trial
 from nbcluster.worker.ahead import first_of
 from nbcluster.worker.context import Context
 from nbcluster.worker.plain import plain
@@ -126,7 +126,7 @@ def _plan(
     arguments): `_runner`'s one-item step over (item, index) pairs, which also checks for a
     stop before each item.
     """
-    if context.seed is None:  # else each item binds its own seed
+    if context.seed is None and context.trial is None:  # else each item binds its own seed, or is a trial
         if context.kind == "function" and context.mode == "over" and context.fn is not None:
             if context.loop is not None and not context.unpacks:  # its body inlined
                 return loop.loop_function(context.loop, context.fn.__globals__), None, items
@@ -197,6 +197,15 @@ def _runner(context: Context, base: dict[str, Any], token: str | None) -> Callab
     told to stop: `_run_one`, or for the commonest cell (one name, no seed) the same steps
     without looking up the context's fields again for every item (a fifth of its time)."""
     told = stopping.told()
+    if context.trial is not None:  # each item a trial of its own (`trial.py`)
+        spec = context.trial
+
+        def run_trial(item: Any, index: int) -> Any:
+            if token in told:
+                raise loop.Stopped
+            return trial.run_item(spec, index, token, lambda: _run_one(context, base, item, index))
+
+        return run_trial
     if context.kind == "cell" and context.mode == "over" and context.bind is None and context.seed is None:
         name, body, last = context.names[0], context.body, context.last
 
