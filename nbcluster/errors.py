@@ -83,6 +83,15 @@ class TrialStopped(Exception):
     A stopper (``--stop``), ``--timeout``, `Results.stop` or Ctrl-C told it so. Let it
     propagate: the item then ends *stopped*, not failed, keeping the metrics it reported.
     An item that never reports is interrupted with it after ``nbcluster.stop.grace``.
+
+    Examples
+    --------
+    >>> def train(lr):
+    ...     for epoch in range(1, 28):
+    ...         nbcluster.report(step=epoch, loss=lr / epoch)  # raises TrialStopped once told
+    ...     return lr
+    >>> train(0.1)  # outside a run, nothing stops it
+    0.1
     """
 
 

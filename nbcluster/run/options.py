@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeGuard
 
 from nbcluster.errors import BadArgument
+from nbcluster.run.stoppers import make
+from nbcluster.run.trials import Objective, parse_timeout
 
 
 def _flag(kind: str, help: str, metavar: str = "", flag: str = "") -> dict[str, str]:
@@ -90,12 +92,12 @@ class DistributeOptions:
         "text", "the metric (from `nbcluster.report` or the result) that ranks the trials, and which "
         "way: the live table and `best()` use it; without it the table claims no order", "NAME:min|max"))
     stopper: Any = field(default=None, metadata=_flag(
-        "expr", "stop losing trials early, from their reports of the objective: `asha` (defaults "
-        "`grace=1, eta=3, max_t=27`) or `median` (`grace=3, min_trials=3`), parameters as "
-        "`asha(grace=2, eta=3, max_t=50)`", "POLICY", flag="stop"))
+        "expr", "stop losing trials early from their reports of the objective: `asha` or `median`, "
+        "each with parameters such as `asha(grace=1, eta=3, max_t=27)` (the defaults) or "
+        "`median(grace=3, min_trials=3)`", "POLICY", flag="stop"))
     timeout: str | float | None = field(default=None, metadata=_flag(
-        "text", "stop an item that runs longer than this (`90s`, `10m`, `2h`; seconds in Python): it "
-        "ends *timed out*", "DURATION"))
+        "text", "stop an item that runs longer than this, such as `90s`, `10m` or `2h` (seconds in "
+        "Python): it ends timed out", "DURATION"))
     # fmt: on
 
     def __post_init__(self) -> None:
@@ -141,9 +143,6 @@ class DistributeOptions:
 
 
     def _check_trials(self) -> None:
-        from nbcluster.run.stoppers import make
-        from nbcluster.run.trials import Objective, parse_timeout
-
         Objective.parse(self.objective)
         make(self.stopper)
         parse_timeout(self.timeout)

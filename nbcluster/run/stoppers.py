@@ -109,7 +109,22 @@ class ASHA:
         self._passed: dict[int, int] = {}  # trial -> rungs it has been judged at
 
     def decide(self, trial: int, step: int, score: float) -> bool:
-        """Judge `trial` at each rung it reaches for the first time; see `Stopper.decide`."""
+        """Judge `trial` at each rung it reaches for the first time; see `Stopper.decide`.
+
+        Parameters
+        ----------
+        trial : int
+            The item's index in the run.
+        step : int
+            The step of the report.
+        score : float
+            The objective's value, larger is better.
+
+        Returns
+        -------
+        bool
+            True to stop the trial now.
+        """
         if math.isnan(score):
             return False
         judged = self._passed.get(trial, 0)
@@ -158,7 +173,22 @@ class Median:
         self._history: dict[int, list[tuple[int, float]]] = {}
 
     def decide(self, trial: int, step: int, score: float) -> bool:
-        """Compare `trial`'s best with the others' running means at `step`; see `Stopper.decide`."""
+        """Compare `trial`'s best with the others' running means at `step`; see `Stopper.decide`.
+
+        Parameters
+        ----------
+        trial : int
+            The item's index in the run.
+        step : int
+            The step of the report.
+        score : float
+            The objective's value, larger is better.
+
+        Returns
+        -------
+        bool
+            True to stop the trial now.
+        """
         if math.isnan(score):
             return False
         self._history.setdefault(trial, []).append((step, score))

@@ -54,6 +54,21 @@ class Objective:
     def parse(cls, text: str | None) -> Objective | None:
         """``"loss:min"`` -> Objective("loss", "min"); None for None; one line if malformed.
 
+        Parameters
+        ----------
+        text : str or None
+            ``NAME:min`` or ``NAME:max``.
+
+        Returns
+        -------
+        Objective or None
+            The objective; None for None.
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            Text of another shape.
+
         Examples
         --------
         >>> Objective.parse("accuracy:max")
@@ -67,12 +82,38 @@ class Objective:
         return cls(name, mode)
 
     def score(self, value: float) -> float:
-        """`value` oriented so that larger is better."""
+        """`value` oriented so that larger is better.
+
+        Parameters
+        ----------
+        value : float
+            The metric's value.
+
+        Returns
+        -------
+        float
+            `value`, negated for ``min``.
+        """
         return value if self.mode == "max" else -value
 
 
 def parse_timeout(value: str | float | None) -> float | None:
     """``--timeout``: ``90s``, ``2h``, ``500ms`` or seconds as a number; None for None.
+
+    Parameters
+    ----------
+    value : str, float or None
+        The duration.
+
+    Returns
+    -------
+    float or None
+        Seconds.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        Not a duration above 0.
 
     Examples
     --------
@@ -94,7 +135,20 @@ def parse_timeout(value: str | float | None) -> float | None:
 
 
 def mentions_trials(source: str | None, fn: Any) -> bool:
-    """Whether a cell's source or a function's code names `report`, `should_stop` or `checkpoint`."""
+    """Whether a cell's source or a function's code names `report`, `should_stop` or `checkpoint`.
+
+    Parameters
+    ----------
+    source : str or None
+        A cell's source; None for a function.
+    fn : callable
+        The function, read when `source` is None (its code and the code nested in it).
+
+    Returns
+    -------
+    bool
+        True when the run is to be a trial run for what its code says.
+    """
     if source is not None:
         return bool(_MENTIONS.search(source))
     code = getattr(fn, "__code__", None)
@@ -152,7 +206,13 @@ class Trials:
 
     # -- lifetime ---------------------------------------------------------------------------
     def open(self, client: Any) -> None:
-        """Start listening: on `client`'s event topic, or in this process when it is None."""
+        """Start listening: on `client`'s event topic, and in this process (``--local`` items).
+
+        Parameters
+        ----------
+        client : distributed.Client or None
+            The run's client; None when every item runs here.
+        """
         self._client = client
         trial.LOCAL_SINKS[self.topic] = self.take  # items run here (--local) hand their reports over
         if client is not None:
@@ -183,7 +243,13 @@ class Trials:
 
     # -- reports (the client's event loop, or the kernel's thread for --local) --------------
     def take(self, event: TrialEvent) -> None:
-        """Take one message from an item: record its reports, judge them, note its start/end."""
+        """Take one message from an item: record its reports, judge them, note its start/end.
+
+        Parameters
+        ----------
+        event : TrialEvent
+            The message, as the item's worker (or this process) sent it.
+        """
         i = int(event["item"])
         now = time.time()
         stop = False
@@ -228,7 +294,13 @@ class Trials:
         self._wake.set()
 
     def stop_all(self, reason: str = "stopped from the notebook") -> None:
-        """Ask every running item to stop (Ctrl-C, `Results.cancel`), forcing them after the grace."""
+        """Ask every running item to stop (Ctrl-C, `Results.cancel`), forcing them after the grace.
+
+        Parameters
+        ----------
+        reason : str
+            What their `Stopped` values will say.
+        """
         for i in list(self.begun):
             if not self._ended(i) and i not in self.finals:
                 self.stop(i, reason)
@@ -283,13 +355,43 @@ class Trials:
 
     # -- reading ----------------------------------------------------------------------------
     def state(self, i: int, status: str, value: Any, error_type: str | None) -> str:
-        """Item `i`'s trial state from its run state: done, stopped, timed out, failed, ..."""
+        """Item `i`'s trial state from its run state.
+
+        Parameters
+        ----------
+        i : int
+            The item.
+        status : str
+            Its run state: done, failed, cancelled or running.
+        value : Any
+            Its value when done.
+        error_type : str or None
+            Its exception's type name when failed.
+
+        Returns
+        -------
+        str
+            `status`, or ``stopped`` / ``timed out`` for an item that was stopped.
+        """
         if isinstance(value, trial.Stopped) or error_type == "TrialStopped":
             return "timed out" if self.told.get(i) == "timed out" else "stopped"
         return status
 
     def objective_value(self, i: int, value: Any) -> float | None:
-        """Item `i`'s last reported objective; else its result's (a number, or a dict's entry)."""
+        """Item `i`'s last reported objective; else its result's (a number, or a dict's entry).
+
+        Parameters
+        ----------
+        i : int
+            The item.
+        value : Any
+            Its value, None when it has none.
+
+        Returns
+        -------
+        float or None
+            None without an objective, or when the item has no value for it.
+        """
         if self.objective is None:
             return None
         last = self.last.get(i)
@@ -302,14 +404,26 @@ class Trials:
         return None
 
     def unknown_objective(self) -> str | None:
-        """The line saying that no report used the objective's name, naming those seen."""
+        """The line saying that no report used the objective's name, naming those seen.
+
+        Returns
+        -------
+        str or None
+            None when the objective was reported, or nothing was.
+        """
         if self.objective is None or not self.seen or self.objective.name in self.seen:
             return None
         return (f"nbcluster: --objective {self.objective.name} was never reported; the items reported "
                 f"{', '.join(sorted(self.seen))}: name one of those")  # fmt: skip
 
     def frame(self) -> Any:
-        """`metrics`: a pandas DataFrame of every report kept."""
+        """`Results.metrics`: a pandas DataFrame of every report kept.
+
+        Returns
+        -------
+        pandas.DataFrame
+            ``item``, the parameters, ``step``, one column per metric, ``time``.
+        """
         try:
             import pandas as pd
         except ImportError:

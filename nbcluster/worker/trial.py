@@ -178,7 +178,13 @@ def recorded() -> list[tuple[int, dict[str, float]]]:
 
 
 def current() -> tuple[TrialSpec, int] | None:
-    """This thread's trial item: (its run's spec, its index), or None outside one."""
+    """This thread's trial item, for checkpoints and output.
+
+    Returns
+    -------
+    tuple of (TrialSpec, int) or None
+        Its run's spec and its index; None outside a trial item.
+    """
     item: _Item | None = getattr(_here, "item", None)
     return None if item is None else (item.spec, item.index)
 
