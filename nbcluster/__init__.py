@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from nbcluster.run.api import distribute, wait
     from nbcluster.run.results import Results
     from nbcluster.run.stoppers import Stopper
+    from nbcluster.worker.checkpoint import checkpoint
     from nbcluster.worker.trial import report, should_stop
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "Results",
     "Stopper",
     "TrialStopped",
+    "checkpoint",
     "clusters",
     "connect",
     "current",
@@ -58,6 +60,7 @@ _LAZY = {
     "wait": "nbcluster.run.api",
     "Stopper": "nbcluster.run.stoppers",
     "report": "nbcluster.worker.trial",
+    "checkpoint": "nbcluster.worker.checkpoint",
     "should_stop": "nbcluster.worker.trial",
 }
 

@@ -7,7 +7,12 @@ needs them held, never on sleeps of the test's own.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import dask.config
@@ -38,13 +43,22 @@ def held(name: str) -> Any:
 
 
 def test_reports_reach_the_kernel_while_the_item_runs(cluster: ClusterHandle) -> None:
+    import pandas  # noqa: F401 - imported before the clock runs: its first import takes a second here
+
     runs = nbcluster.distribute(held("trials-live"), grid={"x": [0, 1]}, wait=False)
     try:
-        assert until(lambda: len(runs.metrics) == 2, 10), "the first reports did not arrive while the items ran"
-        seen = time.time()
+        seen: dict[int, float] = {}  # item -> when its first report was first seen here
+
+        def arrived() -> bool:
+            for i in runs.metrics["item"]:
+                seen.setdefault(int(i), time.time())
+            return len(seen) == 2
+
+        assert until(arrived, 10), "the first reports did not arrive while the items ran"
         frame = runs.metrics
         assert list(frame.columns) == ["item", "x", "step", "loss", "time"]
-        assert (seen - frame["time"]).max() < 1.5  # within a second of the report, and the poll
+        for i, reported in zip(frame["item"], frame["time"], strict=True):
+            assert seen[int(i)] - reported < 1.0, "a report took over a second to arrive"
         assert runs.states == ["running", "running"]
     finally:
         Event("trials-live", client=cluster.client).set()
@@ -181,3 +195,94 @@ def test_report_under_local_and_outside_a_run() -> None:
     assert list(frame["step"]) == [1, 2, 3, 1, 2, 3]
     best = runs.best()
     assert (best.item, best.params, best.step) == (0, {"item": 1}, 3)
+
+
+TRAIN = '''
+import time
+
+import nbcluster
+
+
+def train(x, log):
+    ck = nbcluster.checkpoint()
+    state = ck.load() or {"epoch": 0}
+    with open(log, "a") as f:
+        f.write(f"start {x} {state['epoch']}\\n")
+    for epoch in range(state["epoch"] + 1, 11):
+        time.sleep(0.15)
+        with open(log, "a") as f:
+            f.write(f"epoch {x} {epoch}\\n")
+        ck.save({"epoch": epoch})
+        nbcluster.report(step=epoch, loss=1 / epoch)
+    return x
+'''
+
+KERNEL = '''
+import os, signal, sys, time
+sys.path.insert(0, {folder!r})
+import cloudpickle, trainmod
+cloudpickle.register_pickle_by_value(trainmod)  # the workers cannot import it
+import nbcluster
+nbcluster.start(workers=2, threads=1)
+log = {log!r}
+if sys.argv[1] == "first":
+    runs = nbcluster.distribute(trainmod.train, grid={{"x": [0, 1], "log": [log]}}, wait=False)
+    # Killed once item 0 has saved epoch 4: the kernel dies mid-run, as kill -9 does it.
+    while "epoch 0 4" not in open(log).read() if os.path.exists(log) else True:
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
+runs = nbcluster.distribute(trainmod.train, grid={{"x": [0, 1], "log": [log]}}, resume=True)
+print("VALUES", runs.values(), runs.states)
+'''
+
+
+def test_checkpoint_then_a_killed_kernel_then_resume_goes_on_from_the_saved_epoch(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "trainmod.py").write_text(TRAIN)
+    log = tmp_path / "epochs.log"
+    script = tmp_path / "kernel.py"
+    script.write_text(KERNEL.format(folder=str(tmp_path), log=str(log)))
+    env = {**os.environ, "DASK_NBCLUSTER__JOURNAL__PATH": str(tmp_path / "journal"),
+           "DASK_NBCLUSTER__CHECKPOINT__PATH": str(tmp_path / "checkpoints")}  # fmt: skip
+    first = subprocess.run([sys.executable, str(script), "first"], env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    saved = (tmp_path / "checkpoints").glob("*/*.ckpt")
+    assert sorted(p.name for p in saved) == ["0.ckpt", "1.ckpt"]
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in (tmp_path / "checkpoints").glob("*/*.ckpt"))
+    second = subprocess.run([sys.executable, str(script), "second"], env=env, capture_output=True, text=True, timeout=120)
+    assert "VALUES [0, 1] ['done', 'done']" in second.stdout, second.stdout + second.stderr[-2000:]
+    lines = [line.split() for line in log.read_text().splitlines()]
+    starts = [i for i, line in enumerate(lines) if line[0] == "start"]
+    assert len(starts) == 4  # each item started twice: the first kernel's run, then the resumed one
+    for x in ("0", "1"):
+        resumed = max(i for i in starts if lines[i][1] == x)
+        begun_at = int(lines[resumed][2])
+        assert begun_at >= (4 if x == "0" else 1), lines  # from its checkpoint, not from zero
+        ran = [int(e) for kind, item, e in lines[resumed + 1 :] if kind == "epoch" and item == x]
+        assert ran == list(range(begun_at + 1, 11)), (x, ran)  # the epochs the workers ran after resuming
+
+
+def test_checkpoints_that_cannot_be_kept_warn_once_and_the_item_goes_on(cluster: ClusterHandle, tmp_path: Path) -> None:
+    def item(x: int) -> tuple[bool, bool, Any]:
+        import threading
+
+        import nbcluster
+
+        ck = nbcluster.checkpoint()
+        first = ck.save({"epoch": 1})
+        lock = ck.save(threading.Lock())
+        return first, lock, ck.load()
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with dask.config.set({"nbcluster.checkpoint.path": str(blocked), "nbcluster.journal.path": str(tmp_path / "j")}):
+        runs = nbcluster.distribute(item, over=[5])
+    assert runs.values() == [(False, False, None)]  # the run went on
+    said = runs.output(0).strip().splitlines()
+    assert len(said) == 1 and "cannot write" in said[0] and "nbcluster.checkpoint.path" in said[0], said
+    with dask.config.set({"nbcluster.checkpoint.path": str(tmp_path / "ck"), "nbcluster.journal.path": str(tmp_path / "j")}):
+        runs = nbcluster.distribute(item, over=[6])
+    assert runs.values() == [(True, False, {"epoch": 1})]
+    said = runs.output(0).strip().splitlines()
+    assert len(said) == 1 and "cannot pickle a lock" in said[0], said

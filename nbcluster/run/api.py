@@ -44,7 +44,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from nbcluster.errors import BadArgument, Interrupted, NbclusterError
-from nbcluster.journal import identity
+from nbcluster.journal import checkpoints, identity
 from nbcluster.journal.resume import Resumption, prepare
 from nbcluster.persist import handles
 from nbcluster.persist.handles import Handle, is_handle
@@ -256,6 +256,11 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
     """
     job = engine.job
     ident = identity.fingerprint(job.plan, cell, job.fn, job.seed, job.capture) if journaled else None
+    if job.trial is not None and ident is not None:
+        try:  # a trial's checkpoints are keyed by the run's identity (`journal/checkpoints.py`)
+            checkpoints.attach(job.trial, ident, resume=resume)
+        except OSError as e:
+            print(f"nbcluster: checkpoints cannot be kept ({e}); the items' checkpoints stay in their workers' memory")
     link = engine.link
     try:
         chosen = prepare(
