@@ -438,7 +438,8 @@ class TrialEvent(TypedDict):
     `worker/trial.MAX_BATCH` a message); ``begun`` is the time the item started (its first
     message only, sent at once so the kernel can time it out); ``dropped`` counts reports
     this item could not send because its worker's buffer was full; ``final`` marks
-    its last message, sent as it ends.
+    its last message, sent as it ends; ``output`` carries what the item printed meanwhile
+    (display() output comes with its result only).
     """
 
     item: int
@@ -447,6 +448,7 @@ class TrialEvent(TypedDict):
     begun: float | None
     dropped: int
     final: bool  # the item has ended: nothing more comes from it
+    output: list[tuple[str, str]]  # what it printed since its last message: (stream, text), in order
 
 
 TS_NAMES: dict[str, tuple[str, str]] = {

@@ -286,3 +286,39 @@ def test_checkpoints_that_cannot_be_kept_warn_once_and_the_item_goes_on(cluster:
     assert runs.values() == [(True, False, {"epoch": 1})]
     said = runs.output(0).strip().splitlines()
     assert len(said) == 1 and "cannot pickle a lock" in said[0], said
+
+
+def test_an_items_output_reaches_the_cell_before_the_item_ends(cluster: ClusterHandle) -> None:
+    import contextlib
+    import io
+    import threading
+
+    def item(x: int) -> int:
+        from distributed import Event
+
+        import nbcluster
+
+        print(f"epoch 1 of {x}")
+        nbcluster.report(loss=1.0)
+        Event(f"trials-output-{x}").wait(60)  # held until the cell has shown the line above
+        print(f"epoch 2 of {x}")
+        return x
+
+    cell = io.StringIO()
+    released: list[str] = []
+
+    def release() -> None:  # the test's side: lets item 0 end once its first line is in the cell
+        if until(lambda: "epoch 1 of 0" in cell.getvalue(), 30):
+            released.append(cell.getvalue())
+        Event("trials-output-0", client=cluster.client).set()
+
+    watcher = threading.Thread(target=release)
+    watcher.start()
+    with contextlib.redirect_stdout(cell):
+        runs = nbcluster.distribute(item, over=[0])
+    watcher.join()
+    assert released and "epoch 2" not in released[0], "the item's first line was not shown while it ran"
+    shown = cell.getvalue()
+    assert shown.count("epoch 1 of 0") == 1 and shown.count("epoch 2 of 0") == 1, shown
+    assert shown.index("── item 0 (item=0) ──") < shown.index("epoch 1 of 0") < shown.index("epoch 2 of 0")
+    assert runs.output(0) == "epoch 1 of 0\nepoch 2 of 0\n"

@@ -36,6 +36,7 @@ state ignores any second delivery for an item, so every item is reported exactly
 from __future__ import annotations
 
 import builtins
+import functools
 import itertools
 import secrets
 import sys
@@ -289,8 +290,15 @@ def _follow_trials(tracker: Trials, engine: Engine, run: Run, client: Any, resum
     tracker.open(client)
     run.results._trials = tracker
     run.trials = tracker
+    tracker.wake = functools.partial(_wake, state)
     state.on_end(tracker.settle)  # before a waiting cell sees the run end: its last reports are in
     state.add_done_callback(tracker.close)
+
+
+def _wake(state: Any) -> None:
+    """Wake the cell waiting on `state` (`RunState.wait_output`): a trial printed something."""
+    with state.changed:
+        state.changed.notify_all()
 
 
 def _cluster_name(link: Link | None) -> str | None:

@@ -196,6 +196,9 @@ class Trials:
         self.finals: set[int] = set()
         self.told: dict[int, str] = {}  # item -> why it was told to stop
         self.dropped = 0
+        self._printed: list[tuple[int, list[tuple[str, str]]]] = []  # output not yet shown in the cell
+        self.shown: dict[int, int] = {}  # item -> characters of its output the cell has shown
+        self.wake: Callable[[], None] = lambda: None  # the waiting cell: new output to show
         self._due: list[tuple[float, int, str]] = []  # (when, item, "interrupt" | "restart")
         self._asks: list[tuple[int, str]] = []
         self._lock = threading.Lock()
@@ -270,8 +273,27 @@ class Trials:
                     stop = stop or bool(self.stopper.decide(i, int(step), self.objective.score(metrics[name])))
             if event.get("final"):
                 self.finals.add(i)
+            printed = [(str(s), str(t)) for s, t in event.get("output") or ()]
+            if printed:
+                self._printed.append((i, printed))
+        if printed:
+            self.wake()
         if stop:
             self.stop(i, f"stopped by {getattr(self.stopper, 'name', type(self.stopper).__name__)}")
+
+    def new_output(self) -> list[tuple[int, list[tuple[str, str]]]]:
+        """What items printed since the last call, in arrival order: shown by the waiting cell.
+
+        Returns
+        -------
+        list of (int, list of (str, str))
+            (item, its ``(stream, text)`` chunks); `shown` counts them as shown.
+        """
+        with self._lock:
+            taken, self._printed = self._printed, []
+            for i, chunks in taken:
+                self.shown[i] = self.shown.get(i, 0) + sum(len(t) for _, t in chunks)
+        return taken
 
     # -- stopping ---------------------------------------------------------------------------
     def stop(self, i: int, reason: str = "stopped from the notebook") -> None:

@@ -40,7 +40,7 @@ from typing import Any
 
 from nbcluster._wire import TrialEvent, TrialSpec
 from nbcluster.errors import TrialStopped
-from nbcluster.worker import stopping
+from nbcluster.worker import output, stopping
 
 FLUSH_S = 0.2  # how often buffered reports are sent: within a second of the report, batched
 MAX_BUFFER = 10_000  # reports an item holds unsent at most (the oldest are dropped past it)
@@ -95,6 +95,8 @@ class _Item:
     last: dict[str, float] = field(default_factory=dict)
     ended: bool = False
     interrupted: bool = False
+    outputs: dict[int, list[list[Any]]] | None = None  # this thread's output, by item (`output.py`)
+    printed: tuple[int, int] = (0, 0)  # output sent so far: whole chunks, then characters of the next
 
 
 def report(step: int | None = None, **metrics: float) -> None:
@@ -209,12 +211,12 @@ def run_item(spec: TrialSpec, index: int, token: str | None, fn: Callable[[], An
         What `fn` returned, or a `Stopped` when it raised `TrialStopped`.
     """
     worker, address = _worker()
-    item = _Item(spec, index, token, threading.get_ident(), worker, address)
+    item = _Item(spec, index, token, threading.get_ident(), worker, address, outputs=output.current())
     _here.item = item
     with _LOCK:
         _RUNNING[item.thread] = item
     _send(item, {"item": index, "worker": address, "reports": [], "begun": time.time(), "dropped": 0,
-                 "final": False})  # fmt: skip
+                 "final": False, "output": []})  # fmt: skip
     _start_flusher()
     try:
         try:
@@ -335,18 +337,37 @@ def _send(item: _Item, event: TrialEvent) -> None:
         pass
 
 
+def _new_output(item: _Item) -> list[tuple[str, str]]:
+    """What the item printed since the last message (its text; display() output is skipped)."""
+    chunks = item.outputs.get(item.index) if item.outputs is not None else None
+    if not chunks:
+        return []
+    whole, chars = item.printed
+    new = []
+    for k in range(whole, len(chunks)):
+        stream, payload = chunks[k][0], chunks[k][1]
+        if stream != "display":
+            text = payload[chars if k == whole else 0 :]
+            if text:
+                new.append((str(stream), str(text)))
+    last = chunks[-1]
+    item.printed = (len(chunks) - 1, len(last[1])) if last[0] != "display" else (len(chunks), 0)
+    return new
+
+
 def _flush(item: _Item, final: bool = False) -> None:
     with _LOCK:
         taken, item.buffer = item.buffer, []
         dropped, item.dropped = item.dropped, 0
+        printed = _new_output(item)
     for start in range(0, max(len(taken), 1), MAX_BATCH):
         part = taken[start : start + MAX_BATCH]
         last = start + MAX_BATCH >= len(taken)
-        if part or final or dropped:
-            event: TrialEvent = {"item": item.index, "worker": item.address, "reports": part,
-                                 "begun": None, "dropped": dropped, "final": final and last}  # fmt: skip
+        if part or final or dropped or printed:
+            event: TrialEvent = {"item": item.index, "worker": item.address, "reports": part, "begun": None,
+                                 "dropped": dropped, "final": final and last, "output": printed}  # fmt: skip
             _send(item, event)
-            dropped = 0
+            dropped, printed = 0, []
 
 
 def _start_flusher() -> None:
@@ -362,7 +383,7 @@ def _flush_forever() -> None:
     while True:
         time.sleep(FLUSH_S)
         with _LOCK:
-            items = [item for item in _RUNNING.values() if item.buffer or item.dropped]
+            items = list(_RUNNING.values())
         for item in items:
             with contextlib.suppress(Exception):
                 _flush(item)
