@@ -322,3 +322,23 @@ def test_an_items_output_reaches_the_cell_before_the_item_ends(cluster: ClusterH
     assert shown.count("epoch 1 of 0") == 1 and shown.count("epoch 2 of 0") == 1, shown
     assert shown.index("── item 0 (item=0) ──") < shown.index("epoch 1 of 0") < shown.index("epoch 2 of 0")
     assert runs.output(0) == "epoch 1 of 0\nepoch 2 of 0\n"
+
+
+def test_the_magic_takes_objective_stop_and_timeout(shell: Any, cluster: ClusterHandle) -> None:
+    from IPython.core.error import UsageError
+
+    from tests.shell_helpers import cell
+
+    runs = cell(shell, '''%%distribute --grid "q=[0.9, 0.1, 0.2, 0.05]" --objective acc:max --stop "asha(grace=1, eta=3, max_t=27)" --timeout 2m
+import time
+import nbcluster
+for step in range(1, 28):
+    time.sleep(0.03)
+    nbcluster.report(step=step, acc=q * step)
+q''')
+    assert runs.states[0] == "done" and runs.best().params == {"q": 0.9}
+    assert "stopped" in runs.states[1:]
+    with pytest.raises(UsageError, match="unknown policy 'sha'"):
+        cell(shell, '%%distribute --over "x in [1]" --objective acc:max --stop sha\nx')
+    with pytest.raises(UsageError, match="--stop judges trials by their objective"):
+        cell(shell, '%%distribute --over "x in [1]" --stop asha\nx')
