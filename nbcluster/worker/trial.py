@@ -3,10 +3,12 @@
 An item of a trial run (one whose context carries a `TrialSpec`: see ``run/trials.py``)
 runs inside `run_item`, which makes it this thread's *current item*. Then:
 
-- `report(step, **metrics)` appends ``[step, time, metrics]`` to the item's buffer. A
-  flusher thread (one a process) sends every item's buffer as one Dask event
-  (`Worker.log_event` on the run's topic, a `TrialEvent`) every `FLUSH_S`, so metrics
-  reach the kernel within a second however often an item reports, in few messages. A
+- `report(step, **metrics)` appends ``[step, time, metrics]`` to the item's buffer, and
+  sends the buffer as one Dask event (`Worker.log_event` on the run's topic, a
+  `TrialEvent`) when the item's last message is `GAP_S` old; a flusher thread (one a
+  process) sends what is left every `FLUSH_S`. So metrics reach the kernel within a
+  second (a stopper hears of a short epoch at once), however often an item reports, in
+  at most 20 messages a second an item. A
   buffer holds at most `MAX_BUFFER` reports; past that the oldest are dropped and counted
   (the message says how many). The item's first message (``begun``) goes at once, so the
   kernel can time it; its last (``final``) goes as it ends, before its result.
@@ -43,6 +45,7 @@ from nbcluster.errors import TrialStopped
 from nbcluster.worker import output, stopping
 
 FLUSH_S = 0.2  # how often buffered reports are sent: within a second of the report, batched
+GAP_S = 0.05  # a report sends its buffer at once when the last message is this old: a stopper hears it soon
 MAX_BUFFER = 10_000  # reports an item holds unsent at most (the oldest are dropped past it)
 MAX_BATCH = 2_000  # reports in one message at most
 MAX_LOCAL = 10_000  # reports kept outside any run
@@ -90,6 +93,7 @@ class _Item:
     worker: Any  # the distributed.Worker, None in the kernel
     address: str
     buffer: list[tuple[int, float, dict[str, float]]] = field(default_factory=list)
+    sent: float = 0.0  # time.monotonic() of its last message
     dropped: int = 0
     step: int = 0
     last: dict[str, float] = field(default_factory=dict)
@@ -143,7 +147,7 @@ def report(step: int | None = None, **metrics: float) -> None:
             del item.buffer[0]
             item.dropped += 1
         item.buffer.append((item.step, time.time(), values))
-    if item.worker is None:  # in the kernel (--local): handed over at once
+    if item.worker is None or time.monotonic() - item.sent >= GAP_S:  # in the kernel (--local): at once
         _flush(item)
     if _told(item) is not None:
         raise TrialStopped(f"item {item.index} was told to stop ({_told(item)})")
@@ -360,6 +364,7 @@ def _flush(item: _Item, final: bool = False) -> None:
         taken, item.buffer = item.buffer, []
         dropped, item.dropped = item.dropped, 0
         printed = _new_output(item)
+        item.sent = time.monotonic()
     for start in range(0, max(len(taken), 1), MAX_BATCH):
         part = taken[start : start + MAX_BATCH]
         last = start + MAX_BATCH >= len(taken)
