@@ -342,3 +342,24 @@ q''')
         cell(shell, '%%distribute --over "x in [1]" --objective acc:max --stop sha\nx')
     with pytest.raises(UsageError, match="--stop judges trials by their objective"):
         cell(shell, '%%distribute --over "x in [1]" --stop asha\nx')
+
+
+def test_the_live_table_ranks_by_the_objective_or_claims_no_order(cluster: ClusterHandle) -> None:
+    from nbcluster.widgets._progress import rank_grid
+    from nbcluster.widgets._results import ResultsProgress
+
+    def item(lr: float) -> str:
+        import nbcluster
+
+        nbcluster.report(loss=lr * 10)
+        return "a model"  # not a number: the table ranks by the reported loss
+
+    runs = nbcluster.distribute(item, grid={"lr": [0.3, 0.1, 0.2]}, objective="loss:min")
+    counts = ResultsProgress(runs)()
+    assert counts["best"] == "min"
+    ranked = rank_grid(counts["grid"], counts["best"])
+    assert [row["params"]["lr"] for row in ranked["rows"]] == ["0.1", "0.2", "0.3"]  # the lowest loss first
+    plain = nbcluster.distribute(item, grid={"lr": [0.3, 0.1, 0.2]})
+    counts = ResultsProgress(plain)()
+    assert counts["best"] is None  # no objective: the rows keep the run's order
+    assert [row["params"]["lr"] for row in rank_grid(counts["grid"], None)["rows"]] == ["0.3", "0.1", "0.2"]

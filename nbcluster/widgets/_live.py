@@ -328,6 +328,8 @@ class Live:
             return False
         raw = dict(self.progress_source())
         self._awaited = frozenset(raw.pop("awaited", ()))
+        # A trial run says which way its objective ranks, or that none does (`_results.py`).
+        order = raw.pop("best", self.options.best)
         elapsed = self._clock() - self._t0
         finished = is_finished(raw)
         completed = int(raw.get("done") or 0) + int(raw.get("failed") or 0)
@@ -340,7 +342,7 @@ class Live:
         grid = raw.get("grid")
         if grid is not self._raw_grid or finished:
             self._raw_grid = grid
-            self.grid = rank_grid(grid, self.options.best)
+            self.grid = rank_grid(grid, order)
         return finished
 
     def _read_metrics(self) -> None:
