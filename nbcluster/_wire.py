@@ -449,6 +449,7 @@ class TrialEvent(TypedDict):
     dropped: int
     final: bool  # the item has ended: nothing more comes from it
     output: list[tuple[str, str]]  # what it printed since its last message: (stream, text), in order
+    key: str | None  # its Dask task's key (first message; None for a batch sent to the worker directly)
 
 
 TS_NAMES: dict[str, tuple[str, str]] = {

@@ -363,3 +363,47 @@ def test_the_live_table_ranks_by_the_objective_or_claims_no_order(cluster: Clust
     counts = ResultsProgress(plain)()
     assert counts["best"] is None  # no objective: the rows keep the run's order
     assert [row["params"]["lr"] for row in rank_grid(counts["grid"], None)["rows"]] == ["0.3", "0.1", "0.2"]
+
+
+def test_cancel_asks_running_trials_to_stop_and_keeps_finished_items(cluster: ClusterHandle) -> None:
+    def item(x: int) -> int:
+        import time
+
+        import nbcluster
+
+        step = 0
+        while x and True:  # items 1 and 2 run until told
+            step += 1
+            time.sleep(0.01)
+            nbcluster.report(step=step, loss=1.0 / step)
+        return x
+
+    runs = nbcluster.distribute(item, over=[0, 1, 2], wait=False)
+    assert until(lambda: {1, 2} <= set(runs._trials.begun), 30)
+    runs.cancel()  # what Ctrl-C in the waiting cell does
+    runs.wait(10)
+    assert runs.states == ["done", "stopped", "stopped"]
+    assert runs[0] == 0 and runs[1].reason == "stopped from the notebook"
+
+
+def test_an_item_stuck_in_a_c_call_has_its_worker_restarted(runtime_dir: Path) -> None:
+    own = nbcluster.start(workers=1, threads=1, name="trials-restart")
+    try:
+
+        def stuck(x: int) -> int:
+            import time
+
+            if x == 0:
+                time.sleep(3600)  # one C call: no Python line runs to take the interrupt
+            return x
+
+        with dask.config.set({"nbcluster.stop.grace": "0.5s"}):
+            runs = nbcluster.distribute(stuck, over=[0, 1], timeout="0.5s", wait=False, client=own.client)
+            began = time.monotonic()
+            runs.wait(60)
+            took = time.monotonic() - began
+        assert runs.states == ["timed out", "done"], (runs.states, runs.errors)
+        assert runs[1] == 1
+        assert took < 0.5 + 0.5 + 2 + 15, took  # grace and 2 s, plus a worker's restart on a loaded machine
+    finally:
+        own.stop()

@@ -195,6 +195,7 @@ class Trials:
         self.begun: dict[int, float] = {}  # kernel time the item's first message came
         self.finals: set[int] = set()
         self.told: dict[int, str] = {}  # item -> why it was told to stop
+        self.keys: dict[int, str] = {}  # item -> its Dask task's key, where it has one
         self.dropped = 0
         self._printed: list[tuple[int, list[tuple[str, str]]]] = []  # output not yet shown in the cell
         self.shown: dict[int, int] = {}  # item -> characters of its output the cell has shown
@@ -259,8 +260,11 @@ class Trials:
         with self._lock:
             if event.get("worker"):
                 self.where[i] = event["worker"]
+            if event.get("key"):
+                self.keys[i] = str(event["key"])
+            again = event.get("begun") is not None and i in self.begun and i in self.told
             if event.get("begun") is not None:
-                self.begun.setdefault(i, now)
+                self.begun[i] = now  # run again (its worker restarted): timed from now
             self.dropped += int(event.get("dropped") or 0)
             for step, at, values in event.get("reports") or ():
                 metrics = dict(values)
@@ -278,6 +282,11 @@ class Trials:
                 self._printed.append((i, printed))
         if printed:
             self.wake()
+        if again:  # told to stop, and started again elsewhere: ask it, and force it, again
+            with self._lock:
+                self._asks.append((i, self.told[i]))
+                self._due.append((time.monotonic() + config.seconds("stop.grace"), i, "interrupt"))
+            self._wake.set()
         if stop:
             self.stop(i, f"stopped by {getattr(self.stopper, 'name', type(self.stopper).__name__)}")
 
@@ -328,7 +337,9 @@ class Trials:
                 self.stop(i, reason)
 
     def _run(self) -> None:
-        while not self._closed.is_set():
+        # After the run's end too, until the forced stops due are done: a cancelled run's items
+        # that ignore the ask still hold their workers.
+        while not self._closed.is_set() or self._due or self._asks:
             self._wake.wait(TICK_S)
             self._wake.clear()
             with contextlib.suppress(Exception):  # a bad moment of the cluster must not end the run's watch
@@ -347,15 +358,21 @@ class Trials:
         for i, reason in asks:
             self._ask(i, reason)
         for _, i, step in due:
-            if self._done(i):
+            if i in self.finals:  # it ended on its worker
                 continue
             address = self.where.get(i)
             if step == "interrupt":
-                self._on_workers(i, trial.interrupt, self.topic, i)
-                with self._lock:
-                    self._due.append((mono + FORCE_WAIT_S, i, "restart"))
-            elif address and self._client is not None:
-                # Dask restarts the worker's process; its other tasks are run again elsewhere.
+                if any(v is True for v in self._on_workers(i, trial.interrupt, self.topic, i).values()):
+                    with self._lock:
+                        self._due.append((mono + FORCE_WAIT_S, i, "restart"))
+            elif address and any(i in v for v in self._on_workers(i, trial.running, self.topic).values()
+                                 if isinstance(v, list)):  # fmt: skip
+                # Its task is cancelled first, so that the restarted worker does not run it again;
+                # Dask runs the worker's other tasks again.
+                if i in self.keys:
+                    from distributed import Future
+
+                    self._client.cancel([Future(self.keys[i], self._client)], reason="stopped: it ran on past the grace")
                 self._client.restart_workers([address], timeout=30, raise_for_error=False)
 
     def _ask(self, i: int, reason: str) -> None:
@@ -364,13 +381,14 @@ class Trials:
         else:
             self._on_workers(None, trial.stop_items, self.topic, [i], reason)
 
-    def _on_workers(self, i: int | None, fn: Callable[..., Any], *args: Any) -> None:
-        """Run `fn` on item `i`'s worker; on every worker for None (an item may not have begun)."""
+    def _on_workers(self, i: int | None, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+        """Run `fn` on item `i`'s worker (on every worker for None, or an item not begun yet):
+        what each answered."""
         if self._client is None:
-            return  # --local: the kernel's own thread cannot be forced; Ctrl-C stops it
+            return {}  # --local: the kernel's own thread cannot be forced; Ctrl-C stops it
         address = self.where.get(i) if i is not None else None
         workers = [address] if address else None
-        self._client.run(fn, *args, workers=workers, on_error="return")
+        return dict(self._client.run(fn, *args, workers=workers, on_error="return"))
 
     def _done(self, i: int) -> bool:
         return i in self.finals or self._ended(i)
@@ -395,7 +413,8 @@ class Trials:
         str
             `status`, or ``stopped`` / ``timed out`` for an item that was stopped.
         """
-        if isinstance(value, trial.Stopped) or error_type == "TrialStopped":
+        # A forced stop may end it as failed (interrupted outside the item, or its task cancelled).
+        if isinstance(value, trial.Stopped) or error_type == "TrialStopped" or (status == "failed" and i in self.told):
             return "timed out" if self.told.get(i) == "timed out" else "stopped"
         return status
 

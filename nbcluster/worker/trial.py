@@ -220,7 +220,7 @@ def run_item(spec: TrialSpec, index: int, token: str | None, fn: Callable[[], An
     with _LOCK:
         _RUNNING[item.thread] = item
     _send(item, {"item": index, "worker": address, "reports": [], "begun": time.time(), "dropped": 0,
-                 "final": False, "output": []})  # fmt: skip
+                 "final": False, "output": [], "key": _task_key()})  # fmt: skip
     _start_flusher()
     try:
         try:
@@ -319,6 +319,16 @@ def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
     return values
 
 
+def _task_key() -> str | None:
+    try:
+        from nbcluster._compat import running_task_key
+
+        key = running_task_key()
+        return None if key is None else str(key)
+    except Exception:
+        return None
+
+
 def _worker() -> tuple[Any, str]:
     try:
         from distributed import get_worker
@@ -370,7 +380,8 @@ def _flush(item: _Item, final: bool = False) -> None:
         last = start + MAX_BATCH >= len(taken)
         if part or final or dropped or printed:
             event: TrialEvent = {"item": item.index, "worker": item.address, "reports": part, "begun": None,
-                                 "dropped": dropped, "final": final and last, "output": printed}  # fmt: skip
+                                 "dropped": dropped, "final": final and last, "output": printed,
+                                 "key": None}  # fmt: skip
             _send(item, event)
             dropped, printed = 0, []
 
