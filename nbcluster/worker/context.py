@@ -19,13 +19,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from types import CodeType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from nbcluster._wire import TrialSpec
 from nbcluster.worker.loop import cell_loop, refiled
 from nbcluster.worker.objects import fetch
+
+if TYPE_CHECKING:  # a type only: the worker package loads no more than it runs
+    from nbcluster._wire import TrialSpec
 
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
 _CONTEXTS: OrderedDict[str, Context] = OrderedDict()

@@ -38,11 +38,13 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nbcluster._wire import TrialEvent, TrialSpec
 from nbcluster.errors import TrialStopped
 from nbcluster.worker import output, stopping
+
+if TYPE_CHECKING:  # types only: the worker package loads no more than it runs
+    from nbcluster._wire import TrialEvent, TrialSpec
 
 FLUSH_S = 0.2  # how often buffered reports are sent: within a second of the report, batched
 GAP_S = 0.05  # a report sends its buffer at once when the last message is this old: a stopper hears it soon
