@@ -407,3 +407,27 @@ def test_an_item_stuck_in_a_c_call_has_its_worker_restarted(runtime_dir: Path) -
         assert took < 0.5 + 0.5 + 2 + 15, took  # grace and 2 s, plus a worker's restart on a loaded machine
     finally:
         own.stop()
+
+
+def test_a_thousand_reports_a_second_lose_nothing_and_match_the_declared_event(cluster: ClusterHandle) -> None:
+    from nbcluster._wire import TrialEvent, problems
+
+    def item(x: int) -> int:
+        import time
+
+        import nbcluster
+
+        began = time.perf_counter()
+        for step in range(1, 2001):  # 2,000 reports in about a second: the two items together, 4,000
+            nbcluster.report(step=step, loss=1.0 / step, x=float(x))
+            time.sleep(max(0.0, began + step / 2000 - time.perf_counter()))
+        return x
+
+    runs = nbcluster.distribute(item, over=[0, 1], objective="loss:min")
+    frame = runs.metrics
+    assert len(frame) == 4000 and sorted(frame.groupby("item")["step"].nunique()) == [2000, 2000]
+    assert runs._trials.dropped == 0
+    events = cluster.client.get_events(runs._trials.topic)
+    assert 2 * 2 <= len(events) < 200  # batched: a few dozen messages, not 4,000
+    for _, message in events:
+        assert problems(message, TrialEvent) == [], message
