@@ -431,3 +431,26 @@ def test_a_thousand_reports_a_second_lose_nothing_and_match_the_declared_event(c
     assert 2 * 2 <= len(events) < 200  # batched: a few dozen messages, not 4,000
     for _, message in events:
         assert problems(message, TrialEvent) == [], message
+
+
+def test_a_retried_trial_reports_too(cluster: ClusterHandle, tmp_path: Path) -> None:
+    marker = str(tmp_path / "failed-once")
+
+    def item(x: int) -> int:
+        import os
+
+        import nbcluster
+
+        nbcluster.report(step=1, loss=float(x))
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("first attempt")
+        nbcluster.report(step=2, loss=float(x) / 2)
+        return x
+
+    runs = nbcluster.distribute(item, over=[4], objective="loss:min", wait=False).wait()
+    assert runs.states == ["failed"]
+    runs.retry()
+    assert runs.states == ["done"]
+    assert list(runs.metrics["step"]) == [1, 1, 2]  # the first attempt's report, then the retry's
+    assert runs.best().value == 2.0

@@ -509,7 +509,12 @@ class Run:
         """
         if not self.results.done:
             raise NbclusterError("the run is still going: wait for it (or cancel it) before retrying")
-        if self.engine.retry() and wait:
+        if self.trials is not None:  # the retried items report too
+            self.trials.reopen()
+        started = self.engine.retry()
+        if self.trials is not None:
+            self.engine.state.add_done_callback(self.trials.close)
+        if started and wait:
             follow(self.results)
 
     def futures(self) -> list[Any]:

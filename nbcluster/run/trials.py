@@ -234,6 +234,13 @@ class Trials:
                 return
             time.sleep(0.01)
 
+    def reopen(self) -> None:
+        """Listen again, for a retry of the run (`Results.retry`); what was received is kept."""
+        if not self._closed.is_set():
+            return
+        self._closed.clear()
+        self.open(self._client)
+
     def close(self) -> None:
         """Stop listening (the run has ended); what was received is kept."""
         if self._closed.is_set():
