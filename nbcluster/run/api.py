@@ -292,7 +292,7 @@ def _follow_trials(tracker: Trials, engine: Engine, run: Run, client: Any, resum
     run.trials = tracker
     tracker.wake = functools.partial(_wake, state)
     state.on_end(tracker.settle)  # before a waiting cell sees the run end: its last reports are in
-    state.add_done_callback(tracker.close)
+    state.add_done_callback(tracker.closer())
 
 
 def _wake(state: Any) -> None:
@@ -510,10 +510,10 @@ class Run:
         if not self.results.done:
             raise NbclusterError("the run is still going: wait for it (or cancel it) before retrying")
         if self.trials is not None:  # the retried items report too
-            self.trials.reopen()
+            self.trials.reopen(self.engine.state.unfinished())
         started = self.engine.retry()
         if self.trials is not None:
-            self.engine.state.add_done_callback(self.trials.close)
+            self.engine.state.add_done_callback(self.trials.closer())
         if started and wait:
             follow(self.results)
 

@@ -207,6 +207,7 @@ class Trials:
         self._closed = threading.Event()
         self._client: Any = None
         self._thread: threading.Thread | None = None
+        self._generation = 0  # starts of the run (the first, retries): see `closer`
 
     # -- lifetime ---------------------------------------------------------------------------
     def open(self, client: Any) -> None:
@@ -234,12 +235,41 @@ class Trials:
                 return
             time.sleep(0.01)
 
-    def reopen(self) -> None:
-        """Listen again, for a retry of the run (`Results.retry`); what was received is kept."""
+    def reopen(self, items: list[int]) -> None:
+        """Listen again, for a retry of the run (`Results.retry`); what was received is kept.
+
+        The earlier start's `closer`, if it has not run yet, then closes nothing.
+
+        Parameters
+        ----------
+        items : list of int
+            The items the retry runs: their last messages are awaited afresh.
+        """
+        self._generation += 1
+        with self._lock:
+            self.finals.difference_update(items)
+            for i in items:
+                self.begun.pop(i, None)
         if not self._closed.is_set():
             return
         self._closed.clear()
         self.open(self._client)
+
+    def closer(self) -> Callable[[], None]:
+        """`close`, for the start running now only (a retry's listener outlives an earlier end).
+
+        Returns
+        -------
+        callable
+            Closes the listener unless `reopen` was called since.
+        """
+        generation = self._generation
+
+        def close() -> None:
+            if generation == self._generation:
+                self.close()
+
+        return close
 
     def close(self) -> None:
         """Stop listening (the run has ended); what was received is kept."""
