@@ -454,3 +454,23 @@ def test_a_retried_trial_reports_too(cluster: ClusterHandle, tmp_path: Path) -> 
     assert runs.states == ["done"]
     assert list(runs.metrics["step"]) == [1, 1, 2]  # the first attempt's report, then the retry's
     assert runs.best().value == 2.0
+
+
+def test_the_live_view_draws_one_curve_per_trial_the_best_highlighted_the_stopped_grey(cluster: ClusterHandle) -> None:
+    from nbcluster.widgets._results import ResultsProgress
+    from nbcluster.widgets._static import render_html
+
+    quality = [0.9, 0.8, 0.3, 0.25, 0.2, 0.15]
+    runs = nbcluster.distribute(ramp(quality, 0.05), over=range(6), objective="acc:max", stopper="asha")
+    curves = ResultsProgress(runs)()["curves"]
+    assert curves["metric"] == "acc" and curves["mode"] == "max"
+    series = curves["series"]
+    assert len(series) == 6 and series[0]["best"] and series[0]["label"].startswith("0:")
+    assert series[0]["points"][-1] == [27, pytest.approx(0.9)]
+    kinds = {s["label"].split(":")[0]: s["state"] for s in series}
+    assert [kinds[str(i)] for i in range(2, 6)] == ["stopped"] * 4
+    frozen = render_html({"total": 6, "done": 6, "state": "done"}, None, curves=curves)
+    assert frozen.count('class="nbc-curve ') == 6  # the frozen picture keeps them
+    stopped = sum(s["state"] == "stopped" for s in series)  # 4, or 5 when item 1 reached a rung second
+    assert frozen.count("nbc-curve-best") == 1 and frozen.count("nbc-curve-stopped") == stopped >= 4
+    assert frozen.index("nbc-curve-best") > frozen.rindex("nbc-curve-stopped")  # the best drawn on top

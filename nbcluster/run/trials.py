@@ -39,6 +39,8 @@ from nbcluster.worker import trial
 MAX_ROWS = 1_000_000  # metric rows kept per run; past it, reports still drive the stopper
 FORCE_WAIT_S = 2.0  # after an interrupt, how long an item has to end before its worker restarts
 TICK_S = 0.1  # how often the run's thread looks at timeouts and stops due
+CURVE_POINTS = 200  # points kept per item for the live view's curves (halved when past twice this)
+CURVES = 40  # curves drawn at most: the best, then the others in item order
 _MENTIONS = re.compile(r"\b(report|should_stop|checkpoint)\b")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
@@ -196,6 +198,8 @@ class Trials:
         self.finals: set[int] = set()
         self.told: dict[int, str] = {}  # item -> why it was told to stop
         self.keys: dict[int, str] = {}  # item -> its Dask task's key, where it has one
+        self.series: dict[int, list[tuple[int, float]]] = {}  # item -> (step, value) of the curve's metric
+        self._curve_metric: str | None = objective.name if objective else None
         self.dropped = 0
         self._printed: list[tuple[int, list[tuple[str, str]]]] = []  # output not yet shown in the cell
         self.shown: dict[int, int] = {}  # item -> characters of its output the cell has shown
@@ -309,6 +313,7 @@ class Trials:
                     self.rows.append((i, int(step), float(at), metrics))
                 self.seen.update(metrics)
                 self.last[i] = (int(step), metrics)
+                self._curve(i, int(step), metrics)
                 name = self.objective.name if self.objective else None
                 if self.stopper is not None and name in metrics and i not in self.told and self.objective:
                     stop = stop or bool(self.stopper.decide(i, int(step), self.objective.score(metrics[name])))
@@ -326,6 +331,47 @@ class Trials:
             self._wake.set()
         if stop:
             self.stop(i, f"stopped by {getattr(self.stopper, 'name', type(self.stopper).__name__)}")
+
+    def _curve(self, i: int, step: int, metrics: dict[str, float]) -> None:
+        """Keep item `i`'s point of the curves' metric (the objective, else the first reported)."""
+        if self._curve_metric is None:
+            self._curve_metric = next(iter(metrics), None)
+        value = metrics.get(self._curve_metric) if self._curve_metric else None
+        if value is None or value != value:
+            return
+        points = self.series.setdefault(i, [])
+        points.append((step, value))
+        if len(points) > 2 * CURVE_POINTS:
+            self.series[i] = points[::2]
+
+    def curves(self, states: list[str], best: int | None) -> dict[str, Any]:
+        """The live view's curves: one per trial, its metric against its step.
+
+        Parameters
+        ----------
+        states : list of str
+            Each item's state (`Results.states`): a stopped one is drawn grey.
+        best : int or None
+            The best item (`Results.best`), drawn highlighted and first kept.
+
+        Returns
+        -------
+        dict
+            ``metric``, ``mode`` (``min``/``max``/None) and ``series``: at most `CURVES`, each
+            ``label``, ``points`` ([step, value] pairs), ``state`` and ``best``; {} before any
+            report.
+        """
+        with self._lock:
+            items = sorted(self.series)
+            if not items or self._curve_metric is None:
+                return {}
+            chosen = ([best] if best in self.series else []) + [i for i in items if i != best]
+            series = []
+            for i in chosen[:CURVES]:
+                label = ", ".join(f"{k}={v}" for k, v in self.params(i).items())
+                series.append({"label": f"{i}: {label}" if label else str(i), "state": states[i] if i < len(states) else "running",
+                               "best": i == best, "points": [[s, v] for s, v in self.series[i]]})  # fmt: skip
+        return {"metric": self._curve_metric, "mode": self.objective.mode if self.objective else None, "series": series}
 
     def new_output(self) -> list[tuple[int, list[tuple[str, str]]]]:
         """What items printed since the last call, in arrival order: shown by the waiting cell.

@@ -75,7 +75,17 @@ class ResultsProgress:
             trials = getattr(self.results, "_trials", None)
             if trials is not None:  # a trial run ranks by its objective, or claims no order
                 c["best"] = trials.objective.mode if trials.objective is not None else None
+        trials = getattr(self.results, "_trials", None)
+        if trials is not None and trials.series and len(self.results) <= GRID_MAX_ITEMS:
+            c["curves"] = trials.curves(self.results.states, self._best())
         return c
+
+    def _best(self) -> int | None:
+        """The best trial's index, None while there is none (or no objective)."""
+        try:
+            return int(self.results.best().item)
+        except Exception:  # no objective, or no value for it yet
+            return None
 
     def _grid_rows(self) -> dict[str, Any]:
         if self._params is None:
