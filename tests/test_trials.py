@@ -474,3 +474,35 @@ def test_the_live_view_draws_one_curve_per_trial_the_best_highlighted_the_stoppe
     stopped = sum(s["state"] == "stopped" for s in series)  # 4, or 5 when item 1 reached a rung second
     assert frozen.count("nbc-curve-best") == 1 and frozen.count("nbc-curve-stopped") == stopped >= 4
     assert frozen.index("nbc-curve-best") > frozen.rindex("nbc-curve-stopped")  # the best drawn on top
+
+
+def test_the_live_curves_and_the_frozen_ones_are_drawn_alike_in_chromium() -> None:
+    from playwright.sync_api import sync_playwright
+
+    from nbcluster.widgets._curves import render_curves
+    from nbcluster.widgets._theme import STATIC, inline_theme
+    from tests.browser_helpers import launch_chromium
+
+    curves = {"metric": "acc", "mode": "max", "series": [
+        {"label": "0: lr=0.1", "points": [[1, 0.2], [2, 0.5], [3, 0.9]], "state": "done", "best": True},
+        {"label": "1: lr=0.3", "points": [[1, 0.1]], "state": "stopped", "best": False},
+        {"label": "2: lr=0.2", "points": [[1, 0.15], [2, 0.3]], "state": "running", "best": False},
+    ]}  # fmt: skip
+    module = inline_theme((STATIC / "graphs.js").read_text(encoding="utf-8")) + "\nwindow.G = { renderCurves };\n"
+    describe = "els => els.map(e => [e.getAttribute('class'), e.getAttribute('points'), e.getAttribute('stroke')])"
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page()
+            page.set_content(f'<div id="frozen">{render_curves(curves)}</div><div id="live"></div>')
+            page.add_script_tag(content=module, type="module")
+            page.wait_for_function("window.G !== undefined")
+            page.evaluate("c => G.renderCurves(document.getElementById('live'), c)", curves)
+            live = page.locator("#live polyline").evaluate_all(describe)
+            frozen = page.locator("#frozen polyline").evaluate_all(describe)
+            assert live == frozen and len(live) == 3
+            assert [c for c, _, _ in live] == ["nbc-curve nbc-curve-stopped", "nbc-curve nbc-curve-other",
+                                               "nbc-curve nbc-curve-best"]  # fmt: skip
+            assert page.locator("#live .nbc-curves").inner_text() == page.locator("#frozen .nbc-curves").inner_text()
+        finally:
+            browser.close()
