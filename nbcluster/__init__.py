@@ -19,23 +19,32 @@ from nbcluster import _lazy
 from nbcluster import config as _config  # noqa: F401 - registers nbcluster's Dask config defaults
 from nbcluster._version import __version__ as __version__
 from nbcluster.errors import NbclusterError  # imports nothing: as cheap as a name
+from nbcluster.errors import TrialStopped as TrialStopped
 
 if TYPE_CHECKING:
     from nbcluster._current import current, start
     from nbcluster.cluster.handle import ClusterHandle, clusters, connect
     from nbcluster.run.api import distribute, wait
     from nbcluster.run.results import Results
+    from nbcluster.run.stoppers import Stopper
+    from nbcluster.worker.checkpoint import checkpoint
     from nbcluster.worker.local import worker_local
+    from nbcluster.worker.trial import report, should_stop
 
 __all__ = [
     "ClusterHandle",
     "NbclusterError",
     "Results",
+    "Stopper",
+    "TrialStopped",
+    "checkpoint",
     "clusters",
     "connect",
     "current",
     "distribute",
     "load_ipython_extension",
+    "report",
+    "should_stop",
     "start",
     "use",
     "wait",
@@ -52,6 +61,10 @@ _LAZY = {
     "distribute": "nbcluster.run.api",
     "wait": "nbcluster.run.api",
     "worker_local": "nbcluster.worker.local",
+    "Stopper": "nbcluster.run.stoppers",
+    "report": "nbcluster.worker.trial",
+    "checkpoint": "nbcluster.worker.checkpoint",
+    "should_stop": "nbcluster.worker.trial",
 }
 
 

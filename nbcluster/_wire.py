@@ -439,6 +439,40 @@ class Pushed(TypedDict):
 
     key: str  # the task's key
     report: bytes  # its result blob, or a persisted item's report
+#: The Dask event topics of trial runs (`nbcluster.report`): one a run, named from this
+#: prefix and the run's id (``nbcluster-trial-<run id>``), written by the workers
+#: (``worker/trial.py``, `Worker.log_event`) and read by the kernel that made the run
+#: (``run/trials.py``, `Client.subscribe_topic`).
+TRIAL_TOPIC_PREFIX = "nbcluster-trial-"
+
+
+class TrialSpec(TypedDict):
+    """What a trial run's items know of it, carried in the run's context (``worker/context.py``)."""
+
+    topic: str  # the run's event topic, `TRIAL_TOPIC_PREFIX` + run id
+    identity: str | None  # the run's journal identity (checkpoints are keyed by it), None unjournaled
+    checkpoints: str | None  # the folder of the run's checkpoints, None when there are none
+
+
+class TrialEvent(TypedDict):
+    """One message on a trial topic: what one item said since its last message.
+
+    ``reports`` holds ``[step, time, {metric: value}]`` triples, oldest first (at most
+    `worker/trial.MAX_BATCH` a message); ``begun`` is the time the item started (its first
+    message only, sent at once so the kernel can time it out); ``dropped`` counts reports
+    this item could not send because its worker's buffer was full; ``final`` marks
+    its last message, sent as it ends; ``output`` carries what the item printed meanwhile
+    (display() output comes with its result only).
+    """
+
+    item: int
+    worker: str  # the address of the worker running it ("" in the kernel)
+    reports: list[tuple[int, float, dict[str, float]]]
+    begun: float | None
+    dropped: int
+    final: bool  # the item has ended: nothing more comes from it
+    output: list[tuple[str, str]]  # what it printed since its last message: (stream, text), in order
+    key: str | None  # its Dask task's key (first message; None for a batch sent to the worker directly)
 
 
 TS_NAMES: dict[str, tuple[str, str]] = {

@@ -77,6 +77,24 @@ class WorkerKilled(NbclusterError, RuntimeError):
 # The worker imports this module (for `Lost`): it stays free of imports.
 
 
+class TrialStopped(Exception):
+    """Raised inside an item by `nbcluster.report` once the item has been told to stop.
+
+    A stopper (``--stop``), ``--timeout``, `Results.stop` or Ctrl-C told it so. Let it
+    propagate: the item then ends *stopped*, not failed, keeping the metrics it reported.
+    An item that never reports is interrupted with it after ``nbcluster.stop.grace``.
+
+    Examples
+    --------
+    >>> def train(lr):
+    ...     for epoch in range(1, 28):
+    ...         nbcluster.report(step=epoch, loss=lr / epoch)  # raises TrialStopped once told
+    ...     return lr
+    >>> train(0.1)  # outside a run, nothing stops it
+    0.1
+    """
+
+
 class Lost(Exception):
     """A scattered value no worker holds any more (worker -> kernel, never shown: the
     kernel sends the value again)."""

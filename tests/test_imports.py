@@ -62,6 +62,9 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("nbcluster.cluster.forkserver", "nbcluster.config"): (
         "a supervisor launched for a request starts the forkserver before Dask's config loads"
     ),
+    ("nbcluster.worker.trial", "nbcluster._compat"): (
+        "a trial item's task key: _compat imports Dask's distributed, which the worker package must not need to load"
+    ),
     ("nbcluster.worker.stopping", "nbcluster._compat"): (
         "the worker package loads without Dask's Client (_compat imports it); only a cancel check needs it"
     ),

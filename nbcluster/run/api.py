@@ -36,6 +36,7 @@ state ignores any second delivery for an item, so every item is reported exactly
 from __future__ import annotations
 
 import builtins
+import functools
 import itertools
 import secrets
 import sys
@@ -45,7 +46,7 @@ from typing import Any
 
 from nbcluster import _current
 from nbcluster.errors import BadArgument, Interrupted, NbclusterError
-from nbcluster.journal import identity
+from nbcluster.journal import checkpoints, identity
 from nbcluster.journal.resume import Resumption, prepare
 from nbcluster.persist import handles
 from nbcluster.persist.handles import Handle, is_handle
@@ -57,8 +58,10 @@ from nbcluster.run.job import Job
 from nbcluster.run.options import DistributeOptions
 from nbcluster.run.plan import Plan, plan
 from nbcluster.run.results import Results
-from nbcluster.run.state import DONE
+from nbcluster.run.state import DONE, FAILED, PENDING
+from nbcluster.run.stoppers import make
 from nbcluster.run.target import Link, Needs
+from nbcluster.run.trials import Objective, Trials, mentions_trials, parse_timeout
 
 
 def distribute(
@@ -81,6 +84,9 @@ def distribute(
     persist: bool = False,
     resume: bool = False,
     cluster: str | None = None,
+    objective: str | None = None,
+    stopper: Any = None,
+    timeout: str | float | None = None,
     client: Any = None,
     progress: Callable[[Results], None] | None = None,
     first_line: int = 1,
@@ -145,6 +151,17 @@ def distribute(
         only the others run. Without a journal of that run, everything runs.
     cluster : str, optional
         The name of the cluster to use instead of the current one.
+    objective : str, optional
+        ``"NAME:min"`` or ``"NAME:max"``: the metric (reported with `nbcluster.report`, or
+        the item's result) that ranks the trials in the live table and `Results.best`.
+    stopper : str or Stopper, optional
+        Stop losing trials early from their reports of `objective`: ``"asha"``,
+        ``"median"``, one with parameters (``"asha(grace=1, eta=3, max_t=27)"``), or your
+        own object with a ``decide(trial, step, score)`` method (`nbcluster.Stopper`).
+        Items then run one a task. See the user guide's "Trials" page.
+    timeout : str or float, optional
+        Stop an item that runs longer than this: seconds, or ``"90s"``, ``"2h"``. It is asked
+        first, then forced after ``nbcluster.stop.grace``; it ends *timed out*.
     client : distributed.Client, optional
         A Dask client to run on instead of a cluster nbcluster knows.
     progress : callable, optional
@@ -183,7 +200,7 @@ def distribute(
     """
     _check(
         body, into, gpus, cpus, cpu_only, retries, batch, seed, everywhere, local, over, grid, zip, namespace,
-        persist, resume,
+        persist, resume, objective, stopper, timeout,
     )  # fmt: skip
     if namespace is None:  # the caller's variables; --into goes to its globals
         caller = sys._getframe(1)
@@ -208,14 +225,25 @@ def distribute(
     if remote:
         link.open()
         handles.check(reads, link.client)
+    # -- trials (`trials.py`): reports, a stopper, timeouts; one item a task -------------------
+    tracker = None
+    if not everywhere and (objective or stopper is not None or timeout is not None
+                           or mentions_trials(cell.source if cell else None, body)):  # fmt: skip
+        tracker = Trials(
+            run_id, len(items), objective=Objective.parse(objective), stopper=make(stopper),
+            timeout=parse_timeout(timeout), params=items.params, ended=lambda i: False,
+        )  # fmt: skip
+        batch = 1 if batch == "auto" else batch
     job = Job(
         items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=seed,
         retries=retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
-        persist=persist, reads_handles=bool(reads),
+        persist=persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None,
     )  # fmt: skip
     engine = Engine(job, run_id, link if remote else None)
     taken = _journal(engine, cell, body, resume=resume, journaled=not (everywhere or (persist and reads)))
     run = Run(engine, label=into)
+    if tracker is not None:
+        _follow_trials(tracker, engine, run, link.client if remote else None, taken)
     if persist:
         handles.RUNS[run_id] = run.results
     if into is not None:
@@ -230,6 +258,11 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
     """
     job = engine.job
     ident = identity.fingerprint(job.plan, cell, job.fn, job.seed, job.capture) if journaled else None
+    if job.trial is not None and ident is not None:
+        try:  # a trial's checkpoints are keyed by the run's identity (`journal/checkpoints.py`)
+            checkpoints.attach(job.trial, ident, resume=resume)
+        except OSError as e:
+            print(f"nbcluster: checkpoints cannot be kept ({e}); the items' checkpoints stay in their workers' memory")
     link = engine.link
     try:
         chosen = prepare(
@@ -248,6 +281,25 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
     engine.journal_to(chosen.writer)
     engine.publish = chosen.publish
     return set(chosen.values)
+
+
+def _follow_trials(tracker: Trials, engine: Engine, run: Run, client: Any, resumed: set[int]) -> None:
+    """Listen to a trial run's reports from its start to its end (`trials.py`)."""
+    state = engine.state
+    tracker._ended = lambda i: state.status[i] != PENDING
+    tracker.ran = lambda i: state.status[i] in (DONE, FAILED) and i not in resumed
+    tracker.open(client)
+    run.results._trials = tracker
+    run.trials = tracker
+    tracker.wake = functools.partial(_wake, state)
+    state.on_end(tracker.settle)  # before a waiting cell sees the run end: its last reports are in
+    state.add_done_callback(tracker.closer())
+
+
+def _wake(state: Any) -> None:
+    """Wake the cell waiting on `state` (`RunState.wait_output`): a trial printed something."""
+    with state.changed:
+        state.changed.notify_all()
 
 
 def _cluster_name(link: Link | None) -> str | None:
@@ -326,6 +378,7 @@ class Run:
         self._results = weakref.ref(results)
         self._first: Results | None = results  # until start() hands it over
         self._futures: list[Any] | None = None
+        self.trials: Trials | None = None  # a trial run's reports and stops (`trials.py`)
 
     @property
     def results(self) -> Results:
@@ -416,11 +469,28 @@ class Run:
                     raise interrupted(results) from None
                 raise
         if wait:
-            follow(results)
+            try:
+                follow(results)
+            finally:
+                self._trial_line()
         return results
 
+    def _trial_line(self) -> None:
+        """At the end of a followed trial run: say if its objective was never reported."""
+        if self.trials is not None:
+            self.trials.close()
+            line = self.trials.unknown_objective()
+            if line:
+                print(line)
+
     def cancel(self) -> None:
-        """Stop the run, keeping every item that finished (`Engine.cancel`)."""
+        """Stop the run, keeping every item that finished (`Engine.cancel`).
+
+        A trial run's running items are asked to stop, then forced after the grace
+        (`Trials.stop_all`).
+        """
+        if self.trials is not None:
+            self.trials.stop_all()
         self.engine.cancel()
 
     def retry(self, wait: bool) -> None:
@@ -440,7 +510,12 @@ class Run:
         """
         if not self.results.done:
             raise NbclusterError("the run is still going: wait for it (or cancel it) before retrying")
-        if self.engine.retry() and wait:
+        if self.trials is not None:  # the retried items report too
+            self.trials.reopen(self.engine.state.unfinished())
+        started = self.engine.retry()
+        if self.trials is not None:
+            self.engine.state.add_done_callback(self.trials.closer())
+        if started and wait:
             follow(self.results)
 
     def futures(self) -> list[Any]:
@@ -567,7 +642,7 @@ def _run_id() -> str:
 
 def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: Any, batch: Any, seed: Any,
            everywhere: Any, local: Any, over: Any, grid: Any, zip_: Any, namespace: Any,
-           persist: Any, resume: Any) -> None:  # fmt: skip
+           persist: Any, resume: Any, objective: Any, stopper: Any, timeout: Any) -> None:  # fmt: skip
     if not isinstance(body, str) and not callable(body):
         raise BadArgument(f"distribute() needs cell source (a str) or a function, got {type(body).__name__}")
     if namespace is not None and not hasattr(namespace, "__getitem__"):
@@ -575,7 +650,7 @@ def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: A
     DistributeOptions(
         over=over, grid=grid, zip=zip_, into=into, gpus=gpus, cpus=cpus, cpu_only=cpu_only,
         retries=retries, batch=batch, seed=seed, everywhere=everywhere, local=local, persist=persist,
-        resume=resume,
+        resume=resume, objective=objective, stopper=stopper, timeout=timeout,
     )  # fmt: skip
 
 

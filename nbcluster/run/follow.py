@@ -167,25 +167,72 @@ class _Printer:
         self.seen = 0
         self.shown = 0
         self.hidden = 0
+        self.live: dict[int, int | None] = {}  # trial items whose output came live (None: not shown)
+        self.current: int | None = None  # the item whose header was written last
+        self.ended: set[int] = set()  # live items delivered: their output is all shown
 
     def flush(self) -> None:
         state = self.results._state
+        trials = self.results._trials
+        if trials is not None:
+            self._live(trials.new_output())
         order = state.output_order
         new, self.seen = order[self.seen : len(order)], len(order)
         if new:
             end_open_lines()
         for i in new:
+            if i in self.live:  # a trial's output, shown while it ran: only what had not come yet
+                if self.live[i] is not None and i not in self.ended:
+                    self._chunks(i, state.outputs.get(i, []), skip=trials.shown.get(i, 0) if trials else 0)
+                self.ended.add(i)  # what comes of it live from now on is in its output already
+                continue
             if self.shown >= SHOWN_OUTPUTS:
                 self.hidden += 1
                 continue
             self.shown += 1
-            described = self.results._plan.describe(i)
-            sys.stdout.write(f"── item {i}{f' ({described})' if described else ''} ──\n")
-            for stream, payload in state.outputs.get(i, []):
-                if stream == "display":
-                    _show(payload)
-                else:
-                    (sys.stdout if stream == "stdout" else sys.stderr).write(payload)
+            self.current = None  # its header, even right after its own live output
+            self._chunks(i, state.outputs.get(i, []))
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+    def _live(self, printed: list[tuple[int, list[tuple[str, str]]]]) -> None:
+        """A trial run's output as its items print it (`trials.py`), grouped by item, the
+        first `SHOWN_OUTPUTS` items only; a header again whenever another item printed."""
+        for i, chunks in printed:
+            if i not in self.live:
+                shown = self.shown < SHOWN_OUTPUTS
+                self.shown += shown
+                self.hidden += not shown
+                self.live[i] = 0 if shown else None
+            if self.live[i] is None or i in self.ended:
+                continue
+            if self.current != i:
+                end_open_lines()
+                self._header(i)
+            for stream, text in chunks:
+                (sys.stdout if stream == "stdout" else sys.stderr).write(text)
+
+    def _header(self, i: int) -> None:
+        self.current = i
+        described = self.results._plan.describe(i)
+        sys.stdout.write(f"── item {i}{f' ({described})' if described else ''} ──\n")
+
+    def _chunks(self, i: int, chunks: list[list[Any]], skip: int = 0) -> None:
+        """Write item `i`'s chunks, leaving out its first `skip` characters of text (shown live)."""
+        for stream, payload in chunks:
+            if stream == "display":
+                text = None
+            else:
+                text = payload[skip:] if skip else payload
+                skip = max(0, skip - len(payload))
+                if not text:
+                    continue
+            if self.current != i:
+                self._header(i)
+            if text is None:
+                _show(payload)
+            else:
+                (sys.stdout if stream == "stdout" else sys.stderr).write(text)
             sys.stdout.flush()
             sys.stderr.flush()
 

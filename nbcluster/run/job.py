@@ -26,6 +26,7 @@ from typing import Any
 import cloudpickle
 
 from nbcluster import worker
+from nbcluster._wire import TrialSpec
 from nbcluster.errors import BadArgument
 from nbcluster.persist import handles
 from nbcluster.persist.handles import held_slots
@@ -55,12 +56,14 @@ class Job:
         sent_from: int | None = None,
         persist: bool = False,
         reads_handles: bool = False,
+        trial: TrialSpec | None = None,
     ):
         self.plan, self.cell, self.fn, self.seed = plan, cell, fn, seed
         self.capture = capture if capture is not None else Capture()
         self.retries = retries
         self.persist = persist  # the values stay on the workers, behind handles
         self.reads_handles = reads_handles  # items or captured names are handles: Dask dependencies
+        self.trial = trial  # a trial run's spec: its items report, and may be stopped (`trials.py`)
         self.fixed_batch = None if batch == "auto" else int(batch)
         self.code_index = code_index([*self.capture.direct.values(), *([fn] if fn is not None else [])])
         self._wire: dict[str, Any] | None = None
@@ -175,6 +178,7 @@ class Job:
             "unpacks": plan.unpacks,
             "positional": plan.positional,
             "seed": self.seed,
+            "trial": self.trial,
         }
 
     def _serialised_code(self) -> dict[str, Any]:

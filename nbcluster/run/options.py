@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeGuard
 
 from nbcluster.errors import BadArgument
+from nbcluster.run.stoppers import make
+from nbcluster.run.trials import Objective, parse_timeout
 
 
 def _flag(kind: str, help: str, metavar: str = "", flag: str = "") -> dict[str, str]:
@@ -86,6 +88,16 @@ class DistributeOptions:
         "only the items it did not finish run (a new kernel finds it too)"))
     cluster: str | None = field(default=None, metadata=_flag(
         "text", "use the named cluster instead of the current one", "NAME"))
+    objective: str | None = field(default=None, metadata=_flag(
+        "text", "the metric (from `nbcluster.report` or the result) that ranks the trials, and which "
+        "way: the live table and `best()` use it; without it the table claims no order", "NAME:min|max"))
+    stopper: Any = field(default=None, metadata=_flag(
+        "expr", "stop losing trials early from their reports of the objective: `asha` or `median`, "
+        "each with parameters such as `asha(grace=1, eta=3, max_t=27)` (the defaults) or "
+        "`median(grace=3, min_trials=3)`", "POLICY", flag="stop"))
+    timeout: str | float | None = field(default=None, metadata=_flag(
+        "text", "stop an item that runs longer than this, such as `90s`, `10m` or `2h` (seconds in "
+        "Python): it ends timed out", "DURATION"))
     # fmt: on
 
     def __post_init__(self) -> None:
@@ -125,8 +137,21 @@ class DistributeOptions:
             )
         if self.everywhere and self.resume:
             raise BadArgument("--everywhere runs are not journaled (their items are the workers of now): drop --resume")
+        self._check_trials()
         if self.everywhere and self.local not in (0, False):
             raise BadArgument("--everywhere runs on the workers; it cannot be combined with --local")
+
+
+    def _check_trials(self) -> None:
+        Objective.parse(self.objective)
+        make(self.stopper)
+        parse_timeout(self.timeout)
+        if self.stopper is not None and self.objective is None:
+            raise BadArgument("--stop judges trials by their objective: add --objective NAME:min|max")
+        if (self.stopper is not None or self.timeout is not None) and self.batch not in ("auto", 1):
+            raise BadArgument(f"--stop and --timeout stop items one at a time (one a task): drop --batch {self.batch}")
+        if self.everywhere and (self.stopper is not None or self.timeout is not None or self.objective is not None):
+            raise BadArgument("--everywhere runs set-up code once per worker: drop --stop/--timeout/--objective")
 
 
 def _whole(value: object) -> TypeGuard[int]:

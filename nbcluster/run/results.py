@@ -45,13 +45,17 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from nbcluster.errors import HandleGone, NbclusterError, NotReady
 from nbcluster.persist.handles import GONE, Handle
 from nbcluster.run.plan import Plan, describe
 from nbcluster.run.state import CANCELLED, DONE, FAILED, RunState
 from nbcluster.run.tracebacks import ItemError, reraise
+from nbcluster.run.trial_results import TrialResults
+
+if TYPE_CHECKING:
+    from nbcluster.run.trials import Trials
 
 _SHOW_ROWS = 8
 
@@ -80,7 +84,7 @@ class Control(Protocol):
         """
 
 
-class Results:
+class Results(TrialResults):
     """The results of one `%%distribute` cell or `distribute()` call, in the order of the items.
 
     A read-only view that fills in while the run goes on. Index it, loop over it or take
@@ -102,7 +106,7 @@ class Results:
     'ZeroDivisionError'
     """
 
-    __slots__ = ("__weakref__", "_control", "_label", "_plan", "_run_id", "_state")
+    __slots__ = ("__weakref__", "_control", "_label", "_plan", "_run_id", "_state", "_trials")
 
     def __init__(self, state: RunState, plan: Plan, control: Control, *, run_id: str, label: str | None):
         self._state = state
@@ -110,6 +114,7 @@ class Results:
         self._control = control
         self._run_id = run_id
         self._label = label
+        self._trials: Trials | None = None  # a trial run's (`trials.py`), set by `distribute`
 
     @property
     def run_id(self) -> str:

@@ -146,6 +146,7 @@ class Live:
         self.counts: dict[str, Any] = {}
         self.grid: dict[str, Any] = {}
         self._raw_grid: Any = None
+        self.curves: dict[str, Any] = {}  # a trial run's: one curve per trial (`_curves.py`)
         self._rate = RateMeter()
         self._t0 = self._clock() if self._started is None else self._started
         self._last_delta = self._t0
@@ -328,6 +329,9 @@ class Live:
             return False
         raw = dict(self.progress_source())
         self._awaited = frozenset(raw.pop("awaited", ()))
+        # A trial run says which way its objective ranks, or that none does (`_results.py`).
+        order = raw.pop("best", self.options.best)
+        self.curves = raw.pop("curves", None) or self.curves
         elapsed = self._clock() - self._t0
         finished = is_finished(raw)
         completed = int(raw.get("done") or 0) + int(raw.get("failed") or 0)
@@ -340,7 +344,7 @@ class Live:
         grid = raw.get("grid")
         if grid is not self._raw_grid or finished:
             self._raw_grid = grid
-            self.grid = rank_grid(grid, self.options.best)
+            self.grid = rank_grid(grid, order)
         return finished
 
     def _read_metrics(self) -> None:
@@ -437,6 +441,8 @@ class Live:
                 w.progress = self.counts
             if self.grid != w.grid:
                 w.grid = self.grid
+            if self.curves != w.curves:
+                w.curves = self.curves
             # Send a delta when something is new, or every `refresh` seconds so the
             # live time axis keeps moving while nothing finishes.
             now = self._clock()
@@ -478,6 +484,7 @@ class Live:
             self.grid or None,
             window=self.options.window,
             resource_window=self.options.resource_window,
+            curves=self.curves or None,
         )
         assert self._output.display is not None
         self._output.display.update({"text/html": self.final_html, "text/plain": self._text_line()})

@@ -72,18 +72,35 @@ class ResultsProgress:
             if key != self._grid_key:
                 self._grid_key, self._grid = key, self._grid_rows()
             c["grid"] = self._grid  # the same object while nothing changed: no re-ranking
+            trials = getattr(self.results, "_trials", None)
+            if trials is not None:  # a trial run ranks by its objective, or claims no order
+                c["best"] = trials.objective.mode if trials.objective is not None else None
+        trials = getattr(self.results, "_trials", None)
+        if trials is not None and trials.series and len(self.results) <= GRID_MAX_ITEMS:
+            c["curves"] = trials.curves(self.results.states, self._best())
         return c
+
+    def _best(self) -> int | None:
+        """The best trial's index, None while there is none (or no objective)."""
+        try:
+            return int(self.results.best().item)
+        except Exception:  # no objective, or no value for it yet
+            return None
 
     def _grid_rows(self) -> dict[str, Any]:
         if self._params is None:
             self._params = self.results.params
         failed = {e.index for e in self.results.errors}
         values = self.results.values(missing=_MISSING)
+        trials = getattr(self.results, "_trials", None)  # a trial run: its objective is the value
         rows = []
         for i, (params, value) in enumerate(zip(self._params, values, strict=False)):
             row: dict[str, Any] = {"params": params}
+            scored = None if trials is None else trials.objective_value(i, None if value is _MISSING else value)
             if i in failed:
                 row.update(value="failed", status="error")
+            elif scored is not None:
+                row.update(value=scored, status="ok")
             elif value is not _MISSING:
                 row.update(value=value, status="ok")
             rows.append(row)

@@ -23,6 +23,7 @@ from typing import Any
 
 from dask.utils import format_bytes as dask_format_bytes
 
+from nbcluster.widgets._curves import render_curves
 from nbcluster.widgets._theme import TEXT, THEME, VARS, css
 
 
@@ -627,8 +628,9 @@ def render_html(
     *,
     window: float | None = None,
     resource_window: float | None = None,
+    curves: Mapping[str, Any] | None = None,
 ) -> str:
-    """The whole frozen widget: progress, grid table, task stream and worker charts.
+    """The whole frozen widget: progress, grid table, curves, task stream and worker charts.
 
     Parameters
     ----------
@@ -642,6 +644,8 @@ def render_html(
         Seconds of task stream shown.
     resource_window : float, optional
         Seconds of worker charts shown.
+    curves : Mapping, optional
+        A trial run's curves (`nbcluster.widgets._curves`).
 
     Returns
     -------
@@ -653,6 +657,8 @@ def render_html(
         parts.append(render_progress(counts))
     if grid:
         parts.append(render_grid(grid))
+    if curves and curves.get("series"):
+        parts.append(render_curves(curves))
     if view and (view.get("workers") or view.get("tasks")):
         parts.append(_div(css("heading"), escape(TEXT["tasks"])) + render_task_stream(view, window))
         parts.append(_div(css("heading"), escape(TEXT["workers"])) + render_resources(view, resource_window))

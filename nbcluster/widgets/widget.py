@@ -54,6 +54,8 @@ class LiveWidget(anywidget.AnyWidget):
     progress = traitlets.Dict().tag(sync=True)
     #: {params: [...], rows: [{params, value, status}], total}: best rows first
     grid = traitlets.Dict().tag(sync=True)
+    #: a trial run's curves: {metric, mode, series: [{label, points: [[step, value]], state, best}]}
+    curves = traitlets.Dict().tag(sync=True)
     #: the latest poll's new records: a metrics snapshot plus "seq" (and "reset" for a
     #: fresh start); the front end folds these into its own bounded view
     delta = traitlets.Dict().tag(sync=True)

@@ -32,7 +32,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from types import CodeType, FunctionType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -41,6 +41,9 @@ from nbcluster.worker.objects import fetch
 
 #: Fresh copies of some captured values, by name, for one item (`Context.shared`).
 Copy = Callable[[], dict[str, Any]]
+
+if TYPE_CHECKING:  # a type only: the worker package loads no more than it runs
+    from nbcluster._wire import TrialSpec
 
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
 _CONTEXTS: OrderedDict[str, Context] = OrderedDict()
@@ -63,6 +66,8 @@ class Context:
         self.read_only: tuple[str, ...] = tuple(spec.get("read_only", ()))  # large values, shared read-only
         self.arrays: set[str] = set(spec.get("arrays", ()))  # what a write error names (`read_only_error`)
         self.fresh: bytes | None = spec.get("fresh")  # the values each item gets its own copy of
+        # A trial run's (`worker/trial.py`): each item then runs alone, as the thread's current item.
+        self.trial: TrialSpec | None = spec.get("trial")
         # The function of a "function" item; the code of a "cell" one. `fn_blob`: the
         # function pickled, when it reads values each item must get its own copy of.
         self.fn: Callable[..., Any] | None = spec.get("fn")

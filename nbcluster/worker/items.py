@@ -21,7 +21,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.worker import loop, output, stopping
+from nbcluster.worker import loop, output, stopping, trial
 from nbcluster.worker.ahead import first_of
 from nbcluster.worker.context import Context, Copy, item_namespace, read_only_error
 from nbcluster.worker.plain import plain
@@ -123,7 +123,7 @@ def _plan(
     item, a seed, an unpacking target, keyword arguments): `_runner`'s one-item step over
     (item, index) pairs, which also checks for a stop before each item.
     """
-    if context.seed is None:  # else each item binds its own seed
+    if context.seed is None and context.trial is None:  # else each item binds its own seed, or is a trial
         if context.kind == "function" and context.mode == "over" and context.fn_blob is None:
             over = itertools.starmap if context.unpacks else map
             return None, functools.partial(over, context.item_function()), items
@@ -193,6 +193,15 @@ def _runner(context: Context, base: dict[str, Any], copies: list[Copy], token: s
     told to stop: `_run_one`, or for the commonest cell (one name, no seed) the same steps
     without looking up the context's fields again for every item (a fifth of its time)."""
     told = stopping.told()
+    if context.trial is not None:  # each item a trial of its own (`trial.py`)
+        spec = context.trial
+
+        def run_trial(item: Any, index: int) -> Any:
+            if token in told:
+                raise loop.Stopped
+            return trial.run_item(spec, index, token, lambda: _run_one(context, base, copies, item, index))
+
+        return run_trial
     if context.kind == "cell" and context.mode == "over" and context.bind is None and context.seed is None:
         name, body, last = context.names[0], context.body, context.last
 

@@ -36,6 +36,18 @@ def collect(outputs: dict[int, list[list[Any]]] | None) -> None:
     _local.follow = None
 
 
+def current() -> dict[int, list[list[Any]]] | None:
+    """Where this thread's output goes now (`collect`'s mapping), for a reader in another
+    thread: a trial's reports send the running item's new output with them (`trial.py`).
+
+    Returns
+    -------
+    dict of int to list, or None
+        Item index -> chunks, filled in place; None when output goes to the real streams.
+    """
+    return getattr(_local, "outputs", None)
+
+
 def at(index: int) -> None:
     """The item this thread runs from now on: its output is filed under `index`.
 

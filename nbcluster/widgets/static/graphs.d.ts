@@ -149,6 +149,12 @@ export function renderResources(
 ): HTMLElement;
 export function renderProgress(container: HTMLElement, counts: Counts): HTMLElement;
 export function renderGrid(container: HTMLElement, grid: Grid): HTMLElement;
+export interface Curves {
+  metric?: string;
+  mode?: "min" | "max" | null;
+  series?: { label: string; points: [number, number][]; state: string; best: boolean }[];
+}
+export function renderCurves(container: HTMLElement, curves: Curves): HTMLElement | null;
 export function prefixColor(prefix: string): string;
 export function hostOf(address: string): string;
 export function formatBytes(n: number): string;

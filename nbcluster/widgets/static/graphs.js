@@ -545,6 +545,60 @@ export function renderGrid(container, grid) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Curves of a trial run
+
+// curves: {metric, mode, series: [{label, points: [[step, value]], state, best}]}: one line
+// per trial, the best thick and in the accent colour, stopped ones grey. The same rules as
+// the frozen picture's (nbcluster/widgets/_curves.py).
+const CURVE_COLORS = { best: "#e8590c", stopped: "#adb5bd", other: "#4c6ef5" };
+
+function curveKind(c) {
+  if (c.best) return "best";
+  return c.state === "stopped" || c.state === "timed out" ? "stopped" : "other";
+}
+
+export function renderCurves(container, curves) {
+  const series = ((curves || {}).series || []).filter((c) => c.points && c.points.length);
+  if (!series.length) {
+    container.replaceChildren();
+    return null;
+  }
+  const W = 480, H = 160, P = 4;
+  const steps = series.flatMap((c) => c.points.map((p) => p[0]));
+  const values = series.flatMap((c) => c.points.map((p) => p[1]));
+  const x0 = Math.min(...steps), x1 = Math.max(Math.max(...steps), x0 + 1);
+  const y0 = Math.min(...values);
+  let y1 = Math.max(...values);
+  if (y1 === y0) y1 = y0 + 1;
+  const xy = (p) => `${(P + (p[0] - x0) / (x1 - x0) * (W - 2 * P)).toFixed(1)},` +
+    `${(H - P - (p[1] - y0) / (y1 - y0) * (H - 2 * P)).toFixed(1)}`;
+  const root = h("div", { margin: "6px 0" });
+  root.className = "nbc-curves";
+  root.append(h("div", { fontWeight: "600" },
+    `${curves.metric} by step${curves.mode ? ` (${curves.mode} is best)` : ""}`));
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none" },
+    { width: "100%", height: `${H}px`, display: "block" });
+  const order = { stopped: 0, other: 1, best: 2 }; // the best drawn last, on top
+  for (const c of [...series].sort((a, b) => order[curveKind(a)] - order[curveKind(b)])) {
+    const kind = curveKind(c);
+    const line = s("polyline", {
+      class: `nbc-curve nbc-curve-${kind}`, fill: "none", stroke: CURVE_COLORS[kind],
+      "stroke-width": kind === "best" ? 2.5 : 1, "stroke-opacity": kind === "best" ? 1 : 0.6,
+      "vector-effect": "non-scaling-stroke", points: c.points.map(xy).join(" "),
+    });
+    const title = s("title");
+    title.textContent = String(c.label || "");
+    line.append(title);
+    svg.append(line);
+  }
+  root.append(svg);
+  root.append(h("div", { fontSize: "11px", opacity: ".7" },
+    `${Number(y0.toPrecision(4))} to ${Number(y1.toPrecision(4))}, steps ${x0} to ${x1}`));
+  container.replaceChildren(root);
+  return root;
+}
+
+// ---------------------------------------------------------------------------------------
 // Theme access for the code around the charts (widget.js)
 
 // The inline style of theme.json's named styles, e.g. themeStyle("heading").

@@ -9,7 +9,7 @@
 //
 // Python builds the ESM it sends by concatenating graphs.js and this file, minus the import
 // line below: anywidget loads the ESM from a string, where a relative import cannot resolve.
-import { applySnapshot, createView, renderGrid, renderProgress, renderResources, renderTaskStream, THEME, themeStyle } from "./graphs.js";
+import { applySnapshot, createView, renderCurves, renderGrid, renderProgress, renderResources, renderTaskStream, THEME, themeStyle } from "./graphs.js";
 
 const VIEWS = new WeakMap();
 
@@ -57,9 +57,10 @@ export default {
     Object.assign(el.style, themeStyle("live"));
     const progress = document.createElement("div");
     const grid = document.createElement("div");
+    const curves = document.createElement("div");
     const stream = section(THEME.text.tasks);
     const resources = section(THEME.text.workers);
-    el.append(progress, grid, stream.box, resources.box);
+    el.append(progress, grid, curves, stream.box, resources.box);
 
     let pending = false;
     const draw = () => {
@@ -69,6 +70,7 @@ export default {
       const counts = model.get("progress") || {};
       if (counts.total !== undefined) renderProgress(progress, counts);
       renderGrid(grid, model.get("grid") || {});
+      renderCurves(curves, model.get("curves") || {});
       const hasCluster = Object.keys(view.workers).length > 0 || view.tasks.length > 0;
       stream.box.style.display = hasCluster ? "" : "none";
       resources.box.style.display = hasCluster ? "" : "none";
@@ -85,7 +87,7 @@ export default {
       }
     };
     draw();
-    model.on("change:delta change:progress change:grid", schedule);
-    return () => model.off("change:delta change:progress change:grid", schedule);
+    model.on("change:delta change:progress change:grid change:curves", schedule);
+    return () => model.off("change:delta change:progress change:grid change:curves", schedule);
   },
 };
