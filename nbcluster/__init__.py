@@ -23,9 +23,10 @@ from nbcluster.errors import NbclusterError  # imports nothing: as cheap as a na
 if TYPE_CHECKING:
     from nbcluster._current import current, start
     from nbcluster.cluster.handle import ClusterHandle, clusters, connect
-    from nbcluster.run.api import distribute, wait
+    from nbcluster.run.api import distribute, ranks, wait
     from nbcluster.run.results import Results
     from nbcluster.worker.local import worker_local
+    from nbcluster.worker.rank import rank, world_size
 
 __all__ = [
     "ClusterHandle",
@@ -36,10 +37,13 @@ __all__ = [
     "current",
     "distribute",
     "load_ipython_extension",
+    "rank",
+    "ranks",
     "start",
     "use",
     "wait",
     "worker_local",
+    "world_size",
 ]
 # public name -> the module that defines it
 _LAZY = {
@@ -52,6 +56,9 @@ _LAZY = {
     "distribute": "nbcluster.run.api",
     "wait": "nbcluster.run.api",
     "worker_local": "nbcluster.worker.local",
+    "ranks": "nbcluster.run.api",
+    "rank": "nbcluster.worker.rank",
+    "world_size": "nbcluster.worker.rank",
 }
 
 

@@ -168,8 +168,9 @@ class _Printer:
         new, self.seen = order[self.seen : len(order)], len(order)
         if new:
             end_open_lines()
+        ranks = self.results._plan.mode == "ranks"  # a --ranks job shows rank 0's output only
         for i in new:
-            if self.shown >= SHOWN_OUTPUTS:
+            if self.shown >= SHOWN_OUTPUTS or (ranks and i != 0):
                 self.hidden += 1
                 continue
             self.shown += 1
@@ -188,6 +189,10 @@ class _Printer:
             end_open_lines()
             name = self.results.label
             # Without --into no variable holds the results yet: they are the cell's `_`.
+            if self.results._plan.mode == "ranks":
+                where = f"{name}.output(rank=r)" if name else "`_.output(rank=r)` right after the cell"
+                print(f"── … and {self.hidden} more ranks printed output: {where} shows rank r's ──")
+                return
             where = f"{name}.output(i)" if name else "`_.output(i)` right after the cell"
             print(f"── … and {self.hidden} more items printed output: {where} shows item i's ──")
 
