@@ -312,3 +312,52 @@ def test_a_partial_start_runs_nothing_and_fails_the_job(
     assert rank_jobs.cause(runs.run_id) == line
     assert {e.message for e in runs.errors} == {line}
     blockers[0].result(60)
+
+
+SPAN = """%%distribute --ranks 2 --into job
+import os, torch, torch.distributed as dist
+from distributed import get_worker
+dist.init_process_group()
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+[dist.get_rank(), float(t[0]), os.environ["MASTER_ADDR"], get_worker().address]
+"""
+
+
+@pytest.mark.timeout(300)
+def test_ranks_span_two_namespace_hosts(tmp_path: Path) -> None:
+    # Four hosts (tests/netns_service.py): the kernel on host 0, the scheduler on host 1, one
+    # worker on each of hosts 2 and 3. The ranks' gloo traffic crosses the bridge between them.
+    pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
+
+    import yaml
+
+    from tests.netns_service import Hosts, leftover_namespaces
+    from tests.test_netns import Kernel, profile
+
+    with Hosts(tmp_path / "hosts", 4) as hosts:
+        config = tmp_path / "dask"
+        config.mkdir()
+        (config / "hosts.yaml").write_text(
+            yaml.safe_dump({"nbcluster": {"profiles": {"hosts": profile(hosts)}}})
+        )
+        env = {
+            **{k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG")},
+            "DASK_CONFIG": str(config),
+            "NBCLUSTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        }
+        _, _, *worker_hosts = hosts.addresses
+        with Kernel(hosts, 0, tmp_path / "kernel", env) as kernel:
+            kernel.run("%load_ext nbcluster\n%cluster start --profile hosts --name hosts\nimport json")
+            kernel.run(SPAN, timeout=180)
+            got = kernel.run(
+                "", values="json.dumps(job.values())", errors="json.dumps([e.message for e in job.errors])"
+            )
+            assert got["errors"] == [], got
+            (r0, sum0, master0, on0), (r1, sum1, master1, on1) = got["values"]
+            assert (r0, r1, sum0, sum1) == (0, 1, 3.0, 3.0)  # the all-reduce crossed the hosts
+            hosts_of = [a.split("://")[-1].rsplit(":", 1)[0] for a in (on0, on1)]
+            assert sorted(hosts_of) == sorted(worker_hosts)  # one rank on each host
+            assert master0 == master1 == hosts_of[0]  # rank 0's host, by its address on the bridge
+            kernel.run("%cluster stop hosts")
+    assert leftover_namespaces() == []

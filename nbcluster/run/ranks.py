@@ -260,7 +260,7 @@ def _specs(client: Any, chosen: list[str], gate: str, *, gpus: bool) -> list[Ran
         same = [i for i, h in enumerate(hosts) if h == host]
         specs.append({
             "rank": r, "world_size": len(chosen), "local_rank": same.index(r), "local_world_size": len(same),
-            "master_addr": master, "master_port": port, "gate": gate, "gpus": gpus,
+            "master_addr": master, "master_port": port, "host": host, "gate": gate, "gpus": gpus,
         })  # fmt: skip
     return specs
 

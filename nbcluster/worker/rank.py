@@ -37,6 +37,10 @@ from nbcluster.worker.push import push
 
 GATE_S = 60.0  # how long a started rank waits for the others before it gives up by itself
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# The interface gloo and NCCL talk over, unless the user chose one: the one holding the
+# address the cluster knows this worker by (the hostname may resolve to another, or to none
+# the peers can reach).
+IFNAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 class RankSpec(TypedDict):
@@ -48,6 +52,7 @@ class RankSpec(TypedDict):
     local_world_size: int
     master_addr: str
     master_port: int
+    host: str  # this rank's worker's address, as the cluster knows it
     gate: str  # the job's name: its start queue is ``<gate>-started``, its gate variable ``<gate>-go``
     gpus: bool  # each rank has a GPU (``--gpus``): NCCL is expected to work
 
@@ -147,7 +152,11 @@ def run_rank(
         The result blob, as `worker.run_batch` returns it; when the job did not start, one
         failed item saying why.
     """
-    saved = {name: os.environ.get(name) for name in ENV}
+    saved = {name: os.environ.get(name) for name in (*ENV, *IFNAMES)}
+    interface = _interface(spec["host"])
+    for name in IFNAMES:
+        if interface and not os.environ.get(name):
+            os.environ[name] = interface
     os.environ.update(
         RANK=str(spec["rank"]), WORLD_SIZE=str(spec["world_size"]), LOCAL_RANK=str(spec["local_rank"]),
         LOCAL_WORLD_SIZE=str(spec["local_world_size"]), MASTER_ADDR=spec["master_addr"],
@@ -170,6 +179,19 @@ def run_rank(
                 os.environ[name] = value
     push(blob)
     return blob
+
+
+def _interface(host: str) -> str | None:
+    """The network interface that holds `host`'s address on this machine; None if none does."""
+    try:
+        import psutil
+
+        for name, addresses in psutil.net_if_addrs().items():
+            if any(a.address == host for a in addresses):
+                return str(name)
+    except Exception:  # no psutil (Dask brings it) or no permission: torch picks as it would
+        pass
+    return None
 
 
 def _gate(spec: RankSpec) -> str:
