@@ -332,8 +332,8 @@ def test_ranks_span_two_namespace_hosts(tmp_path: Path) -> None:
 
     import yaml
 
+    from tests.netns_kernel import Kernel, profile
     from tests.netns_service import Hosts, leftover_namespaces
-    from tests.test_netns import Kernel, profile
 
     with Hosts(tmp_path / "hosts", 4) as hosts:
         config = tmp_path / "dask"
