@@ -361,3 +361,25 @@ def test_ranks_span_two_namespace_hosts(tmp_path: Path) -> None:
             assert master0 == master1 == hosts_of[0]  # rank 0's host, by its address on the bridge
             kernel.run("%cluster stop hosts")
     assert leftover_namespaces() == []
+
+
+def test_ranks_with_gpus_get_a_gpu_worker_each_simulated(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A simulation: workers that advertise a GPU with no device behind them (tests/test_gpu.py).
+    # The placement and environment are real; NCCL itself needs the device (bench/gpu_check.sh).
+    from nbcluster.cluster import gpu
+
+    monkeypatch.setenv(gpu.SIMULATE_ENV, "2")
+    handle = nbcluster.start(workers=1, gpus="auto", name="ranks-gpus")
+    try:
+        source = "import os\nfrom distributed import get_worker\n(get_worker().name, os.environ['CUDA_VISIBLE_DEVICES'])"
+        runs = distribute(source, ranks=2, gpus=1, namespace=_ns(), client=handle.client)
+        assert runs.ok, runs.errors
+        assert sorted(runs.values()) == [("gpu-0", "0"), ("gpu-1", "1")]  # one GPU worker, one device each
+        with pytest.raises(
+            BadArgument, match=r"--ranks 3 needs 3 GPU workers, .* `%cluster scale 3 --kind gpu` first"
+        ):
+            distribute("1", ranks=3, gpus=1, namespace=_ns(), client=handle.client)
+    finally:
+        handle.stop()
