@@ -383,3 +383,30 @@ def test_ranks_with_gpus_get_a_gpu_worker_each_simulated(
             distribute("1", ranks=3, gpus=1, namespace=_ns(), client=handle.client)
     finally:
         handle.stop()
+
+
+BOTH_STUCK = """
+import os, time, nbcluster
+with open(PIDS + str(nbcluster.rank()), "w") as f:
+    f.write(str(os.getpid()))
+while True:  # both ranks stuck, as in a collective that never completes
+    time.sleep(0.05)
+"""
+
+
+def test_a_cancel_or_ctrl_c_ends_every_rank(two: ClusterHandle, tmp_path: Path) -> None:
+    psutil = pytest.importorskip("psutil")
+    runs = distribute(BOTH_STUCK, ranks=2, namespace=_ns(PIDS=str(tmp_path / "pid-")), wait=False)
+    pause = threading.Event()
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("pid-*"))) < 2:  # both ranks are running the cell
+        assert time.monotonic() < deadline, "the ranks did not start"
+        pause.wait(0.05)
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("pid-*"))]
+    began = time.monotonic()
+    runs.cancel()  # what Ctrl-C in the waiting cell does
+    assert runs.done and runs.counts()["cancelled"] + runs.counts()["failed"] == 2
+    for pid in pids:
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() - began < 5.0, f"rank process {pid} still runs 5 s after the cancel"
+            pause.wait(0.1)
