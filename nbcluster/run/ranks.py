@@ -20,17 +20,19 @@ driver's policy. Policy, in the order a job lives:
    every rank returns having run nothing, and the job fails with one line. No rank ever
    waits in a collective for a peer that never came.
 4. **Failure.** When a rank fails or its worker leaves, the ranks still running are
-   stopped within about a second: their tasks are cancelled and their worker processes
-   ended (a rank blocked in gloo or NCCL cannot be interrupted otherwise; each nanny
-   starts a fresh worker). The rank that failed keeps its own error; the stopped ones say
-   why, and `cause(run_id)` is the one line naming the rank and the cause. A Ctrl-C stops
-   every rank the same way.
+   stopped within about a second: their tasks are cancelled, and every rank's worker
+   process is ended, the failed ones' too (a rank blocked in gloo or NCCL cannot be
+   interrupted otherwise, and a failed ``init_process_group`` leaves its process unfit for
+   the next; each nanny starts a fresh worker, which later jobs wait for). The rank that
+   failed keeps its own error; the stopped ones say why, and `cause(run_id)` is the one
+   line naming the rank and the cause. A Ctrl-C (or ``Results.cancel()``) stops every rank
+   the same way.
 
 Results are in rank order: ``runs[0]`` is rank 0's value. Worked example, ``--ranks 2`` on
-two idle workers A and B (B's host sorts first): rank 0 on B, rank 1 on A; B picks port
+two idle workers A and B (B's address sorts first): rank 0 on B, rank 1 on A; B picks port
 40123; both tasks start, report, the gate opens, both train; rank 1 raises at step 7, so
-A's task is settled with its error, B's process is ended, and rank 0 fails with
-"stopped because rank 1 failed: ValueError: ...".
+A's task is settled with its error, both processes are ended, and rank 0 fails with
+"stopped because rank 1 failed (ValueError: ...)".
 """
 
 from __future__ import annotations
