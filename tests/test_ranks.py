@@ -410,3 +410,27 @@ def test_a_cancel_or_ctrl_c_ends_every_rank(two: ClusterHandle, tmp_path: Path) 
         while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
             assert time.monotonic() - began < 5.0, f"rank process {pid} still runs 5 s after the cancel"
             pause.wait(0.1)
+
+
+def test_an_adaptive_cluster_grows_for_the_ranks(runtime_dir: Path) -> None:
+    handle = nbcluster.start(workers=1, threads=1, name="ranks-adapt")
+    try:
+        handle.adapt(1, 2)
+        with pytest.raises(
+            BadArgument, match=r"--ranks 3 needs 3 workers, .* adapts up to 2: `%cluster adapt --max 3`"
+        ):
+            distribute("1", ranks=3, namespace=_ns(), cluster="ranks-adapt")
+        # One worker now: the missing rank is reported to the scheduler as work held back,
+        # and the cluster grows to two; then both ranks start together.
+        runs = distribute(
+            "import os\nos.getpid()", ranks=2, namespace=_ns(), cluster="ranks-adapt", wait=False
+        )
+        runs.wait(90)
+        if not runs.done:
+            runs.cancel()
+        assert runs.done and runs.ok, (
+            f"the cluster did not grow for the ranks: {runs.counts()}, {handle.info()}"
+        )
+        assert len(set(runs.values())) == 2
+    finally:
+        handle.stop()

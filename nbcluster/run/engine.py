@@ -992,16 +992,18 @@ class Engine:
             self._idle.clear()
         return list(made)
 
-    def hold_back(self, items: int) -> None:
+    def hold_back(self, items: int, seconds: float | None = None) -> None:
         """Report `items` that wait for workers to the scheduler's adaptive target (ranks).
 
         Parameters
         ----------
         items : int
             How many items wait for a worker to be free; 0 withdraws the report.
+        seconds : float, optional
+            Each item's expected seconds; default Dask's guess for an unknown task.
         """
         if self._reports and self.client is not None and (items or self._holding):
-            self._report(items, None)
+            self._report(items, seconds)
 
     def outstanding(self, futures: list[Any]) -> list[Any]:
         """Those of `futures` still out (not taken in, withdrawn or cancelled).

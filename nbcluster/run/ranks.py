@@ -58,6 +58,7 @@ from nbcluster.worker.rank import RankSpec, end_process, free_port, run_rank
 LOOK_S = 0.25  # how often a running job looks for departed workers
 START_S = 30.0  # how long the kernel waits for every submitted rank to start
 WAIT_LINE_S = 1.0  # a job waiting for workers says so after this long
+RANK_S = 3600.0  # what a waiting rank counts as in the adaptive target: a long job
 
 # run id -> the one line naming the rank that failed and why (kept for the cell's summary)
 CAUSES: dict[str, str] = {}
@@ -89,13 +90,15 @@ class RanksTasks(Tasks, Protocol):
     def link(self) -> Link | None:
         """The run's cluster: what each rank needs of a worker."""
 
-    def hold_back(self, items: int) -> None:
+    def hold_back(self, items: int, seconds: float | None = None) -> None:
         """Report `items` waiting for workers to the scheduler (an adaptive cluster grows).
 
         Parameters
         ----------
         items : int
             How many ranks wait for a worker; 0 when none do.
+        seconds : float, optional
+            Each one's expected seconds.
         """
 
 
@@ -228,7 +231,9 @@ def _wait_for_workers(tasks: RanksTasks, n: int) -> list[str] | None:
             tasks.hold_back(0)
             hosts = {a: _host(a) for a in free}
             return sorted(free, key=lambda a: (hosts[a], a))[:n]
-        tasks.hold_back(n - len(free))
+        # Every rank waits (none starts alone), and a rank is a whole job: report all N as long
+        # work, so the adaptive target asks for N workers, not for what a short item would need.
+        tasks.hold_back(n, RANK_S)
         if not said and time.monotonic() - began > WAIT_LINE_S:
             said = True
             print(
