@@ -9,6 +9,9 @@
    (PyTorch, else CuPy; numpy on the CPU under --simulate) and reports TFLOP/s per GPU.
 3. Meanwhile the cluster's metrics stream (`handle.metrics`) is sampled: the check passes
    only if GPU utilisation and GPU memory were non-zero during the run.
+4. `%%distribute --ranks N --gpus 1` (N = the GPU workers, with PyTorch): an NCCL all-reduce
+   across the ranks, one GPU each; passes when every rank holds 1 + 2 + ... + N. Under
+   --simulate the placement runs and NCCL is left out (no device behind the GPUs).
 The report is printed and appended to bench/RESULTS.md.
 """
 
@@ -29,6 +32,8 @@ import os, time
 n = size
 try:
     import torch
+    if not torch.cuda.is_available():  # a CPU build of torch (the --simulate smoke test)
+        raise ImportError("no CUDA device")
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     sync, lib, device = torch.cuda.synchronize, "torch", torch.cuda.get_device_name()
@@ -58,6 +63,32 @@ elapsed = time.perf_counter() - t0
 {"tflops": 2 * n**3 * reps / elapsed / 1e12, "lib": lib, "device": device,
  "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "reps": reps}
 """
+
+
+RANKS_CELL = """
+import os, torch, torch.distributed as dist
+nccl = not simulate
+dist.init_process_group("nccl" if nccl else "gloo")
+t = torch.ones(1, device="cuda" if nccl else "cpu") * (dist.get_rank() + 1)
+dist.all_reduce(t)
+(dist.get_rank(), float(t.item()), os.environ.get("CUDA_VISIBLE_DEVICES"), dist.get_backend())
+"""
+
+
+def check_ranks(ip, n: int, simulate: bool, lines: list[str]) -> bool:
+    """Step 4: an all-reduce across `n` ranks, one GPU worker each (NCCL on real GPUs)."""
+    try:
+        import torch  # noqa: F401 - the ranks need it; so does the kernel's check that it is there
+    except ImportError:
+        lines.append("- --ranks with NCCL: skipped, PyTorch is not installed here")
+        return True
+    ip.user_ns.update(simulate=simulate)
+    runs = ip.run_cell_magic("distribute", f"--ranks {n} --gpus 1", RANKS_CELL)
+    want = n * (n + 1) / 2
+    ok = bool(runs.ok) and all(v[1] == want for v in runs.values())
+    said = "; ".join(f"rank {r}: {total:g} on CUDA_VISIBLE_DEVICES={dev} ({backend})" for r, total, dev, backend in runs.values()) if runs.ok else runs.summary()
+    lines.append(f"- --ranks {n} --gpus 1, all-reduce of 1..{n} (want {want:g}): {said} -> {'ok' if ok else 'FAILED'}")
+    return ok
 
 
 def sample_gpu_metrics(handle, stop: threading.Event, seen: dict) -> None:
@@ -117,6 +148,7 @@ def main() -> int:
         metrics_ok = seen.get("util", 0) > 0 and seen.get("memory", 0) > 0
         ok &= metrics_ok or args.simulate
         lines.append(f"- GPU metrics during the run: max utilisation {seen.get('util', 'absent')}%, max memory {seen.get('memory', 'absent')} bytes -> {'non-zero' if metrics_ok else 'NOT seen'}")
+        ok &= check_ranks(ip, len(gpu_workers), args.simulate, lines)
     finally:
         ip.run_line_magic("cluster", "stop gpucheck")
     lines.append(f"- Result: {'PASS' if ok else 'FAIL'}{' (simulated GPUs: no real device, metrics not expected)' if args.simulate else ''}")

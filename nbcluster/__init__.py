@@ -24,11 +24,12 @@ from nbcluster.errors import TrialStopped as TrialStopped
 if TYPE_CHECKING:
     from nbcluster._current import current, start
     from nbcluster.cluster.handle import ClusterHandle, clusters, connect
-    from nbcluster.run.api import distribute, wait
+    from nbcluster.run.api import distribute, ranks, wait
     from nbcluster.run.results import Results
     from nbcluster.run.stoppers import Stopper
     from nbcluster.worker.checkpoint import checkpoint
     from nbcluster.worker.local import worker_local
+    from nbcluster.worker.rank import rank, world_size
     from nbcluster.worker.trial import report, should_stop
 
 __all__ = [
@@ -43,12 +44,15 @@ __all__ = [
     "current",
     "distribute",
     "load_ipython_extension",
+    "rank",
+    "ranks",
     "report",
     "should_stop",
     "start",
     "use",
     "wait",
     "worker_local",
+    "world_size",
 ]
 # public name -> the module that defines it
 _LAZY = {
@@ -65,6 +69,9 @@ _LAZY = {
     "report": "nbcluster.worker.trial",
     "checkpoint": "nbcluster.worker.checkpoint",
     "should_stop": "nbcluster.worker.trial",
+    "ranks": "nbcluster.run.api",
+    "rank": "nbcluster.worker.rank",
+    "world_size": "nbcluster.worker.rank",
 }
 
 

@@ -23,8 +23,8 @@ from nbcluster.cluster.kinds import KINDS
 from nbcluster.cluster.spec import FORCE_HELP, START_OPTIONS, parse_bounds, parse_count
 from nbcluster.errors import BadArgument, ClusterUnreachable, HelpShown, NoCluster
 from nbcluster.journal import runs
+from nbcluster.persist import locals as worker_locals
 from nbcluster.persist.handles import holdings_lines
-from nbcluster.worker import local as worker_local
 
 COMMANDS = ("start", "scale", "adapt", "status", "list", "use", "stop", "restart", "profiles", "runs")
 #: The commands of the `nbcluster` CLI: `use` sets a kernel's current cluster, and a
@@ -232,7 +232,7 @@ class LiveClusterInfo(ClusterInfo):
         from nbcluster import widgets
 
         # what the kernel's --persist runs keep on the workers, and what worker_local built there
-        held = holdings_lines(self.handle.client) + worker_local.status_lines(self.handle.client)
+        held = holdings_lines(self.handle.client) + worker_locals.status_lines(self.handle.client)
         text, page = repr(self), self._repr_html_()
         if held:
             text += "\n" + "\n".join(held)

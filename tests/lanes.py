@@ -37,6 +37,9 @@ LANES: dict[str, tuple[str, ...]] = {
     "test_widgets_kernel": ("slow",),
     "test_kubernetes_spec": ("slow",),
     "test_scale": ("slow",),
+    "test_ranks": ("slow",),  # a cluster of its own, whose workers its failure tests end
+    "test_ranks::test_ranks_span_two_namespace_hosts": ("services", "root", "slow"),
+    "test_worker_local::test_built_once_per_worker_reused_then_rebuilt_after_restart": ("slow",),
     "test_magics::test_kernel_killed_leaves_no_processes": ("slow",),
     "test_magics::test_cluster_magic_lifecycle": ("slow",),
     "test_magics::test_use_switches_the_current_cluster": ("slow",),

@@ -10,6 +10,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from nbcluster import _current
+from nbcluster.persist import locals as worker_locals
 from nbcluster.run.api import distribute
 from nbcluster.worker import local
 from tests.shell_helpers import magic
@@ -43,7 +44,7 @@ def test_built_once_per_worker_reused_then_rebuilt_after_restart(shell: Interact
     builds = _builds(client, name)
     assert sum(builds.values()) == len(per_pid) and set(builds.values()) <= {0, 1}, builds
 
-    lines = local.status_lines(client)  # what %cluster status adds under its table
+    lines = worker_locals.status_lines(client)  # what %cluster status adds under its table
     assert len(lines) == len(per_pid) and all(
         f"keeps worker_local {name} (builtins.dict" in line for line in lines
     )

@@ -9,8 +9,9 @@ Set-up, with no Dask traffic: `options` (the flags, declared and checked once), 
 The run: `api` (checks, then the run's steps; `Run`, the controls of a run), `target`
 (the cluster link: where items may run), `engine` (the driver: submit, stream, retry,
 cancel), `batching` (batch sizes), `direct` (batches sent to a worker without the
-scheduler), `everywhere` (one task pinned to each worker), `reports` (what workers push
-while a batch runs), `loadable` (tasks that fail, not hang, on a worker without nbcluster).
+scheduler), `everywhere` (one task pinned to each worker), `ranks` (`--ranks N`: N ranks
+of one job, all or nothing), `reports` (what workers push while a batch runs), `loadable`
+(tasks that fail, not hang, on a worker without nbcluster).
 What the user reads: `state` (each item's state), `values` (results as they arrive),
 `results` (the read-only view), `tracebacks` (failed items), `follow` (waiting in the
 kernel: output, summary, Ctrl-C).

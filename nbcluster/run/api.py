@@ -50,6 +50,7 @@ from nbcluster.journal import checkpoints, identity
 from nbcluster.journal.resume import Resumption, prepare
 from nbcluster.persist import handles
 from nbcluster.persist.handles import Handle, is_handle
+from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.capture import Capture, capture, human
 from nbcluster.run.cell import Cell
 from nbcluster.run.engine import Engine
@@ -80,6 +81,7 @@ def distribute(
     wait: bool = True,
     seed: int | None = None,
     everywhere: bool = False,
+    ranks: int | None = None,
     local: int | str | bool = 0,
     persist: bool = False,
     resume: bool = False,
@@ -138,6 +140,11 @@ def distribute(
     everywhere : bool, default False
         Run once on every worker (set-up code); results are keyed by worker. Not with
         `over`, `grid`, `zip` or `local`.
+    ranks : int, optional
+        Run the body as this many ranks of one job (`ranks`): all start together, each on a
+        worker process of its own with torchrun's environment, and one failing stops them
+        all. Results are in rank order. Not with `over`, `grid`, `zip`, `everywhere`,
+        `local`, `persist`, `resume` or `retries`.
     local : int or bool, default 0
         Run the first `local` items here in this process first, to debug quickly; True
         runs every item here (no cluster needed).
@@ -200,7 +207,7 @@ def distribute(
     """
     _check(
         body, into, gpus, cpus, cpu_only, retries, batch, seed, everywhere, local, over, grid, zip, namespace,
-        persist, resume, objective, stopper, timeout,
+        persist, resume, objective, stopper, timeout, ranks,
     )  # fmt: skip
     if namespace is None:  # the caller's variables; --into goes to its globals
         caller = sys._getframe(1)
@@ -212,7 +219,7 @@ def distribute(
     if isinstance(body, str):
         cell = Cell.parse(body, filename=f"<distribute-{run_id}>", first_line=first_line)
     link = Link(Needs(gpus, cpus, cpu_only), client=client, cluster=cluster, find=_current.handle_for)
-    items = _items(everywhere, link, over, grid, zip, namespace)
+    items = _items(everywhere, link, over, grid, zip, namespace, ranks)
     n_local = len(items) if local in ("all", True) else min(int(local), len(items))
     remote = n_local < len(items)
     captured = _capture(cell, items, seed, namespace, pickle_values=remote)
@@ -234,13 +241,16 @@ def distribute(
             timeout=parse_timeout(timeout), params=items.params, ended=lambda i: False,
         )  # fmt: skip
         batch = 1 if batch == "auto" else batch
+    if ranks is not None:
+        rank_jobs.check(ranks, link)
     job = Job(
         items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=seed,
         retries=retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
         persist=persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None,
     )  # fmt: skip
     engine = Engine(job, run_id, link if remote else None)
-    taken = _journal(engine, cell, body, resume=resume, journaled=not (everywhere or (persist and reads)))
+    journaled = not (everywhere or ranks is not None or (persist and reads))
+    taken = _journal(engine, cell, body, resume=resume, journaled=journaled)
     run = Run(engine, label=into)
     if tracker is not None:
         _follow_trials(tracker, engine, run, link.client if remote else None, taken)
@@ -248,7 +258,66 @@ def distribute(
         handles.RUNS[run_id] = run.results
     if into is not None:
         home[into] = run.results
-    return run.start(n_local, wait, skip=taken, progress=progress)
+    results = run.start(n_local, wait, skip=taken, progress=progress)
+    if ranks is not None and wait and (line := rank_jobs.cause(run_id)):
+        print(f"nbcluster: the job failed: {line}", file=sys.stderr)
+    return results
+
+
+def ranks(
+    fn: str | Callable[..., Any], n: int, *, namespace: dict[str, Any] | None = None, **options: Any
+) -> Results:
+    """Run `fn` as `n` ranks of one job, as torchrun would: ``%%distribute --ranks N`` in Python.
+
+    The `n` ranks start together or not at all, each on a worker process of its own that
+    has a free thread (while fewer are free, a line says what the job waits for, and an
+    adaptive cluster grows). Each rank's environment has ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` (rank 0's host) and
+    ``MASTER_PORT`` (a port free there), so ``torch.distributed.init_process_group()``
+    works with no arguments; `nbcluster.rank` and `nbcluster.world_size` say the same to
+    code that is not torch. The worker's environment is put back, and torch's default
+    process group destroyed, when the rank ends.
+
+    When a rank fails or its worker dies, the others are stopped within seconds (their
+    worker processes are ended, so none hangs in a collective), and one line names the
+    rank and the cause. Ctrl-C stops every rank.
+
+    Parameters
+    ----------
+    fn : callable or str
+        A function called with no arguments in each rank (or cell source).
+    n : int
+        The number of ranks.
+    namespace : dict, optional
+        For cell source: where its free names are looked up; default the caller's.
+    **options : Any
+        `distribute`'s other options: ``gpus=1`` gives each rank a GPU worker (for NCCL),
+        ``cpus``, ``into``, ``wait``, ``seed``, ``cluster``, ``client``.
+
+    Returns
+    -------
+    Results
+        One value per rank, in rank order (``results[0]`` is rank 0's); each rank's
+        output in ``results.output(rank=r)``, its error in ``results.errors``.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        For `n` larger than the cluster can ever hold, or an option that makes independent
+        items (``over``, ``grid``, ``zip``, ``persist``, ...).
+
+    Examples
+    --------
+    >>> def where():
+    ...     import os
+    ...     return os.environ["RANK"], os.environ["WORLD_SIZE"]
+    >>> nbcluster.ranks(where, n=2).values()
+    [('0', '2'), ('1', '2')]
+    """
+    if namespace is None:
+        caller = sys._getframe(1)
+        namespace = {**caller.f_globals, **caller.f_locals}
+    return distribute(fn, ranks=n, namespace=namespace, **options)
 
 
 def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, journaled: bool) -> set[int]:
@@ -309,8 +378,13 @@ def _cluster_name(link: Link | None) -> str | None:
     return getattr(link.handle, "name", None) or link.cluster or str(link.client.scheduler.address)
 
 
-def _items(everywhere: bool, link: Link, over: Any, grid: Any, zip_: Any, namespace: Any) -> Plan:
-    """The plan: from `--over/--grid/--zip`, or for `--everywhere` the workers that qualify."""
+def _items(
+    everywhere: bool, link: Link, over: Any, grid: Any, zip_: Any, namespace: Any, ranks: int | None
+) -> Plan:
+    """The plan: from `--over/--grid/--zip`; for `--everywhere` the workers that qualify; for
+    `--ranks N` the ranks, each item ``(r,)`` binding ``rank`` in messages only."""
+    if ranks is not None:
+        return Plan("ranks", [(r,) for r in range(ranks)], ("rank",))
     if not everywhere:
         return plan(over=over, grid=grid, zip=zip_, evaluate=_evaluator(namespace))
     workers = link.eligible_now()
@@ -642,7 +716,8 @@ def _run_id() -> str:
 
 def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: Any, batch: Any, seed: Any,
            everywhere: Any, local: Any, over: Any, grid: Any, zip_: Any, namespace: Any,
-           persist: Any, resume: Any, objective: Any, stopper: Any, timeout: Any) -> None:  # fmt: skip
+           persist: Any, resume: Any, objective: Any, stopper: Any, timeout: Any,
+           ranks: Any = None) -> None:  # fmt: skip
     if not isinstance(body, str) and not callable(body):
         raise BadArgument(f"distribute() needs cell source (a str) or a function, got {type(body).__name__}")
     if namespace is not None and not hasattr(namespace, "__getitem__"):
@@ -650,8 +725,8 @@ def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: A
     DistributeOptions(
         over=over, grid=grid, zip=zip_, into=into, gpus=gpus, cpus=cpus, cpu_only=cpu_only,
         retries=retries, batch=batch, seed=seed, everywhere=everywhere, local=local, persist=persist,
-        resume=resume, objective=objective, stopper=stopper, timeout=timeout,
+        resume=resume, objective=objective, stopper=stopper, timeout=timeout, ranks=ranks,
     )  # fmt: skip
 
 
-__all__ = ["Interrupted", "distribute", "wait"]
+__all__ = ["Interrupted", "distribute", "ranks", "wait"]

@@ -78,7 +78,8 @@ opens the link afresh, to whatever cluster is current by then.
 
 `--everywhere` is its own strategy (`everywhere.py`): one task pinned to each worker, and
 a task whose worker leaves the cluster is failed rather than left waiting forever. It
-drives the same tasks through the engine's `submit_task`/`settle_task` verbs.
+drives the same tasks through the engine's `submit_task`/`settle_task` verbs. So does
+`--ranks N` (`ranks.py`): N tasks of one job, started together or not at all.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ from nbcluster import config, worker
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
 from nbcluster.persist.handles import Handle, held_slots
-from nbcluster.run import direct, everywhere, loadable
+from nbcluster.run import direct, everywhere, loadable, ranks
 from nbcluster.run.backlog import BacklogReport
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
 from nbcluster.run.job import Job
@@ -334,7 +335,9 @@ class Engine:
         self.transport.stopping = False
         self.stop_sent.clear()
         name = f"nbcluster-distribute-{self.run_id}"
-        target = functools.partial(everywhere.drive, self) if self.job.plan.mode == "everywhere" else self._drive
+        strategies = {"everywhere": everywhere.drive, "ranks": ranks.drive}
+        strategy = strategies.get(self.job.plan.mode)
+        target = functools.partial(strategy, self) if strategy is not None else self._drive
         # The watch thread starts after its first half-second: a run over by then (a small cell)
         # never starts one.
         driven = threading.Event()
@@ -618,7 +621,9 @@ class Engine:
         """True once the run was told to stop (interrupt, cancel, or the cluster gone)."""
         return self.transport.stopping
 
-    def submit_task(self, indices: Any, blob: bytes, _deps: Sequence[Any] = (), **where: Any) -> Any | None:
+    def submit_task(
+        self, indices: Any, blob: bytes, _deps: Sequence[Any] = (), runner: Any = None, **where: Any
+    ) -> Any | None:
         """Submit one task running `indices` (their items in `blob`); None once stopping.
 
         `submit_tasks` of one task.
@@ -631,6 +636,9 @@ class Engine:
             The pickled batch, ``(indices, items, budget)``.
         _deps : sequence of distributed.Future
             The futures of the handles in the batch's items (after those captured by name).
+        runner : callable, optional
+            What the task runs in place of `worker.run_batch`, with the same arguments and
+            result (a rank's `worker.rank.run_rank`, its spec bound): importable by name.
         **where : Any
             Dask's submit keywords: ``workers``, ``allow_other_workers``, resources.
 
@@ -639,10 +647,14 @@ class Engine:
         distributed.Future or None
             The task's future; None when the run is stopping and nothing was submitted.
         """
-        return self.submit_tasks([(indices, blob, list(_deps))], **where)[0]
+        return self.submit_tasks([(indices, blob, list(_deps))], runner=runner, **where)[0]
 
     def submit_tasks(
-        self, tasks: Sequence[tuple[Any, bytes, list[Any]]], placed: Sequence[Sequence[str]] = (), **where: Any
+        self,
+        tasks: Sequence[tuple[Any, bytes, list[Any]]],
+        placed: Sequence[Sequence[str]] = (),
+        runner: Any = None,
+        **where: Any,
     ) -> list[Any | None]:
         """Submit tasks, each running the items of one batch, in one message to the scheduler.
 
@@ -660,6 +672,8 @@ class Engine:
         placed : sequence of sequence of str
             Per task, the workers it should run on, loosely (Dask may run it elsewhere, and
             moves its inputs there); an empty one, or none at all: anywhere.
+        runner : callable, optional
+            What each task runs in place of `worker.run_batch` (`submit_task`).
         **where : Any
             Dask's submit keywords, for every one of them: ``workers``,
             ``allow_other_workers``, resources.
@@ -682,9 +696,22 @@ class Engine:
                     held.run_batch_held, self.context, blob, self.token, job.persist, names, deps=tuple(futures)
                 ))  # fmt: skip
             else:  # fails, not hangs, without nbcluster
-                calls.append(loadable.task(worker.run_batch, self.context, blob, self.token))
+                calls.append(loadable.task(runner or worker.run_batch, self.context, blob, self.token))
         batches = [indices for indices, _, _ in tasks]
         return self.transport.map(self.client, calls, batches, persist=job.persist, placed=placed, **where)
+
+    def hold_back(self, items: int, seconds: float | None = None) -> None:
+        """Report `items` that wait for workers to the scheduler's adaptive target (ranks).
+
+        Parameters
+        ----------
+        items : int
+            How many items wait for a worker to be free; 0 withdraws the report.
+        seconds : float, optional
+            Each item's expected seconds; default Dask's guess for an unknown task.
+        """
+        if self.client is not None and self.link is not None and (items or self._adaptive.holding):
+            self._adaptive.send(self.client, self.link.needs, items, seconds)
 
     def outstanding(self, futures: list[Any]) -> list[Any]:
         """Those of `futures` still out (not taken in, withdrawn or cancelled).

@@ -180,13 +180,14 @@ class _Printer:
         new, self.seen = order[self.seen : len(order)], len(order)
         if new:
             end_open_lines()
+        ranks = self.results._plan.mode == "ranks"  # a --ranks job shows rank 0's output only
         for i in new:
             if i in self.live:  # a trial's output, shown while it ran: only what had not come yet
                 if self.live[i] is not None and i not in self.ended:
                     self._chunks(i, state.outputs.get(i, []), skip=trials.shown.get(i, 0) if trials else 0)
                 self.ended.add(i)  # what comes of it live from now on is in its output already
                 continue
-            if self.shown >= SHOWN_OUTPUTS:
+            if self.shown >= SHOWN_OUTPUTS or (ranks and i != 0):
                 self.hidden += 1
                 continue
             self.shown += 1
@@ -241,6 +242,10 @@ class _Printer:
             end_open_lines()
             name = self.results.label
             # Without --into no variable holds the results yet: they are the cell's `_`.
+            if self.results._plan.mode == "ranks":
+                where = f"{name}.output(rank=r)" if name else "`_.output(rank=r)` right after the cell"
+                print(f"── … and {self.hidden} more ranks printed output: {where} shows rank r's ──")
+                return
             where = f"{name}.output(i)" if name else "`_.output(i)` right after the cell"
             print(f"── … and {self.hidden} more items printed output: {where} shows item i's ──")
 

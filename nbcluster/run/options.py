@@ -77,6 +77,10 @@ class DistributeOptions:
         "int", "each item gets its own reproducible `seed` variable, derived from `S` and its index", "S"))
     everywhere: bool = field(default=False, metadata=_flag(
         "switch", "run the cell once on every worker (set-up code); results are keyed by worker"))
+    ranks: int | None = field(default=None, metadata=_flag(
+        "count", "run the cell as `N` ranks of one job (data-parallel training), all started together, each "
+        "on a worker process of its own with torchrun's `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT`; "
+        "one failing stops them all", "N"))
     local: int | str | bool = field(default=0, metadata=_flag(
         "local", "run the first `K` items here in the kernel first, to debug quickly; `--local` alone "
         "runs everything here (no cluster needed)", "[K]"))
@@ -135,11 +139,30 @@ class DistributeOptions:
             raise BadArgument(
                 "--persist keeps the results on the workers, --local runs items in the kernel: drop one of them"
             )
+        if self.ranks is not None:
+            self._check_ranks()
         if self.everywhere and self.resume:
             raise BadArgument("--everywhere runs are not journaled (their items are the workers of now): drop --resume")
         self._check_trials()
         if self.everywhere and self.local not in (0, False):
             raise BadArgument("--everywhere runs on the workers; it cannot be combined with --local")
+
+    def _check_ranks(self) -> None:
+        """`--ranks N` is one job: nothing that makes or keeps several independent items."""
+        if not _whole(self.ranks) or self.ranks < 1:
+            raise BadArgument(f"--ranks needs a whole number of 1 or more, got {self.ranks!r}")
+        clashes = [
+            flag for flag, on in (
+                ("--over", self.over is not None), ("--grid", self.grid is not None), ("--zip", self.zip is not None),
+                ("--everywhere", self.everywhere), ("--persist", self.persist), ("--resume", self.resume),
+                ("--local", self.local not in (0, False)), ("--retries", bool(self.retries)),
+            ) if on
+        ]  # fmt: skip
+        if clashes:
+            raise BadArgument(
+                f"--ranks {self.ranks} runs the cell as one job of {self.ranks} ranks that start and fail together: "
+                f"it cannot be combined with {', '.join(clashes)}; drop {'it' if len(clashes) == 1 else 'them'}"
+            )
 
 
     def _check_trials(self) -> None:

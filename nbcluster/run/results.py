@@ -271,13 +271,15 @@ class Results(TrialResults):
                 return state.values.tolist()
             return [v if s == DONE else missing for v, s in zip(state.values, state.status, strict=True)]
 
-    def output(self, i: int) -> str:
-        """What item `i` printed on its worker.
+    def output(self, i: int | None = None, *, rank: int | None = None) -> str:
+        """What item `i` printed on its worker (for a ``--ranks`` job: what rank `rank` printed).
 
         Parameters
         ----------
         i : int
             The item's index (negative counts from the end).
+        rank : int, optional
+            A ``--ranks`` job's rank instead of `i` (ranks are the items, in order).
 
         Returns
         -------
@@ -290,7 +292,9 @@ class Results(TrialResults):
         IndexError
             If there is no item `i`.
         """
-        chunks = self._state.outputs.get(range(len(self))[i], [])
+        if (i is None) == (rank is None):
+            raise TypeError("output() takes an item index, or rank= for a --ranks job")
+        chunks = self._state.outputs.get(range(len(self))[i if i is not None else rank], [])  # type: ignore[index]
         return "".join(_chunk_text(stream, payload) for stream, payload in chunks)
 
     def raise_first(self) -> None:

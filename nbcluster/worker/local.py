@@ -28,8 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar
 
-from nbcluster import _compat
-
 T = TypeVar("T")
 
 
@@ -139,32 +137,3 @@ def builds() -> dict[str, int]:
         Name -> builds; what the tests count across workers.
     """
     return dict(BUILDS)
-
-
-def status_lines(client: Any) -> list[str]:
-    """`%cluster status`'s lines on what each worker holds through `worker_local` (none: []).
-
-    Parameters
-    ----------
-    client : distributed.Client
-        The cluster's client; each worker is asked with ``client.run``.
-
-    Returns
-    -------
-    list of str
-        One line per worker holding values: ``  worker-0 keeps worker_local env (gymnasium...,
-        built in 0.41 s)``. [] when no worker holds any or the workers cannot be asked.
-    """
-    try:
-        answers = client.run(held, on_error="return")
-        names = {a: str(w.get("name", a)) for a, w in _compat.workers(client).items()}
-    except Exception:  # workers busy or gone: the status shows without these lines
-        return []
-    lines = []
-    for address in sorted(answers, key=lambda a: names.get(a, a)):
-        values = answers[address]
-        if not isinstance(values, dict) or not values:
-            continue
-        parts = [f"{n} ({v['type']}, built in {v['seconds']:.2f} s)" for n, v in sorted(values.items())]
-        lines.append(f"  {names.get(address, address):<8} keeps worker_local {', '.join(parts)}")
-    return lines

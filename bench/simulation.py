@@ -1,0 +1,123 @@
+"""Rollouts: CartPole episodes a second, per-worker vectorised environments against a forked Pool.
+
+    python bench/simulation.py [--rounds 3] [--items 64] [--episodes 20] [--write]
+
+Each item plays `--episodes` CartPole-v1 episodes (random actions) on a vectorised
+environment of 8 (`gym.make_vec`, synchronous), and returns how many it finished. The
+peers, interleaved round by round, on 2 processes each:
+
+- nbcluster: a local cluster of 2 workers x 1 thread; each item gets its worker's
+  environment through `nbcluster.worker_local` (built once per worker);
+- a forked `multiprocessing.Pool(2)`: each process builds its environment in the Pool's
+  `initializer`, once.
+
+Ray's `ActorPool`, the issue's third peer, is not installed here and is left out. Medians of
+the rounds; `--write` replaces the `## simulation` section of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import multiprocessing
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+ENVS = 8
+_ENV: Any = None  # the Pool process's environment (its initializer builds it)
+
+
+def make() -> Any:
+    import gymnasium as gym
+
+    return gym.make_vec("CartPole-v1", num_envs=ENVS, vectorization_mode="sync")
+
+
+def play(envs: Any, episodes: int, seed: int) -> int:
+    """Step `envs` with random actions until `episodes` episodes ended; how many did."""
+    import numpy as np
+
+    envs.reset(seed=seed)
+    envs.action_space.seed(seed)
+    done = 0
+    while done < episodes:
+        _, _, terminated, truncated, _ = envs.step(envs.action_space.sample())
+        done += int(np.count_nonzero(terminated | truncated))
+    return done
+
+
+def on_worker(i: int, episodes: int) -> int:
+    import nbcluster
+
+    return play(nbcluster.worker_local("bench-cartpole", make), episodes, i)
+
+
+def _init() -> None:
+    global _ENV
+    _ENV = make()
+
+
+def in_pool(args: tuple[int, int]) -> int:
+    return play(_ENV, args[1], args[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--items", type=int, default=64)
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+
+    import nbcluster
+
+    os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
+    cluster = nbcluster.start(workers=2, threads=1, name="bench-simulation")
+    pool = multiprocessing.get_context("fork").Pool(2, initializer=_init)
+    rates: dict[str, list[float]] = {"nbcluster (worker_local)": [], "forked Pool (initializer)": []}
+    try:
+        for r in range(args.rounds + 1):  # round 0 warms both up (imports, environments): not counted
+            for name in sorted(rates, reverse=r % 2 == 1):  # interleaved, each first in turn
+                began = time.perf_counter()
+                if name.startswith("nbcluster"):
+                    runs = nbcluster.distribute(functools.partial(on_worker, episodes=args.episodes),
+                                                over=range(args.items))  # fmt: skip
+                    total = sum(runs.values())
+                else:
+                    total = sum(pool.map(in_pool, [(i, args.episodes) for i in range(args.items)], chunksize=1))
+                rate = total / (time.perf_counter() - began)
+                if r:
+                    rates[name].append(rate)
+                print(f"round {r} {name}: {rate:,.0f} episodes/s")
+    finally:
+        pool.close()
+        pool.join()
+        cluster.stop()
+    medians = {n: statistics.median(v) for n, v in rates.items()}
+    base = medians["forked Pool (initializer)"]
+    lines = [
+        f"{args.items} items of {args.episodes} CartPole-v1 episodes (random actions, {ENVS} envs vectorised per "
+        f"process), 2 processes each, {args.rounds} rounds interleaved after a warm-up; medians:",
+        "",
+        "| peer | episodes/s (median) | rounds' range | vs the Pool |",
+        "|---|---|---|---|",
+        *(f"| {n} | {m:,.0f} | {min(rates[n]):,.0f}-{max(rates[n]):,.0f} | {m / base:.2f}x |" for n, m in medians.items()),
+        "",
+        "Ray's ActorPool was not installed here: not measured. The machine was shared with other "
+        "engineers' tests and benchmarks (2 cores), and the rounds' ranges show how much it moved: "
+        "read the ratio as 'not slower than the Pool', not as a speed-up.",
+    ]
+    body = "\n".join(lines)
+    print(body)
+    if args.write:
+        from _results import write_section  # bench/, the script's own folder
+
+        write_section("simulation", "python bench/simulation.py " + " ".join(
+            f"--{k} {v}" for k, v in vars(args).items() if k != "write") + " --write", body)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,436 @@
+"""`--ranks N` / `nbcluster.ranks`: N ranks of one job on real workers, with real PyTorch (gloo).
+
+The ranks run on a 2-worker cluster of this module's own: the failure tests end worker
+processes on purpose, which the session's shared cluster must not see.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import nbcluster
+from nbcluster import _compat, _current
+from nbcluster.cluster.handle import ClusterHandle
+from nbcluster.errors import BadArgument
+from nbcluster.run import ranks as rank_jobs
+from nbcluster.run.api import distribute
+from tests.shell_helpers import cell
+
+
+@pytest.fixture(scope="module")
+def _own() -> Iterator[ClusterHandle]:
+    handle = nbcluster.start(workers=2, threads=1, name="ranks-tests")
+    yield handle
+    _current.forget(handle.name)
+    handle.stop()
+
+
+@pytest.fixture
+def two(_own: ClusterHandle) -> ClusterHandle:
+    """The module's 2 x 1-thread cluster, current, with both workers back (a test may end them)."""
+    handle = _current.use(_own)
+    deadline = time.monotonic() + 120
+    pause = threading.Event()
+    # The workers a failed job ended are on their way back, under new addresses.
+    while len(set(_compat.workers(handle.client)) - rank_jobs.ENDED) < 2:
+        assert time.monotonic() < deadline, "the workers did not come back"
+        pause.wait(0.2)
+    return handle
+
+
+def _ns(**names: Any) -> dict[str, Any]:
+    return {"__name__": "__main__", **names}
+
+
+ENV = """
+import os, nbcluster
+(nbcluster.rank(), nbcluster.world_size(), os.getpid(),
+ {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")})
+"""
+
+
+def test_each_rank_has_torchruns_environment_and_results_come_in_rank_order(two: ClusterHandle) -> None:
+    runs = distribute(ENV, ranks=2, namespace=_ns())
+    assert runs.ok, runs.errors
+    (r0, w0, pid0, env0), (r1, w1, pid1, env1) = runs.values()
+    assert (r0, w0, r1, w1) == (0, 2, 1, 2) and pid0 != pid1  # a worker process of its own each
+    assert (env0["RANK"], env1["RANK"], env0["WORLD_SIZE"]) == ("0", "1", "2")
+    assert {env0["LOCAL_RANK"], env1["LOCAL_RANK"]} == {"0", "1"} and env0["LOCAL_WORLD_SIZE"] == "2"
+    assert env0["MASTER_ADDR"] == env1["MASTER_ADDR"] == "127.0.0.1"
+    assert env0["MASTER_PORT"] == env1["MASTER_PORT"] and int(env0["MASTER_PORT"]) > 0
+    assert runs.params == [{"rank": 0}, {"rank": 1}]
+    # The workers' environment is put back once the ranks end.
+    left = two.client.run(lambda: [os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT")])
+    assert all(v == [None, None, None] for v in left.values()), left
+
+
+def test_rank_zeros_output_shows_in_the_cell_and_any_ranks_on_asking(
+    shell: InteractiveShell, two: ClusterHandle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        cell(
+            shell,
+            "%%distribute --ranks 2 --into said\nimport nbcluster\nprint('hello from rank', nbcluster.rank())",
+        )
+        is None
+    )
+    out = capsys.readouterr().out
+    assert "hello from rank 0" in out and "hello from rank 1" not in out
+    assert "said.output(rank=r)" in out
+    said = shell.user_ns["said"]
+    assert said.output(rank=1) == "hello from rank 1\n" and said.output(rank=0) == "hello from rank 0\n"
+
+
+def test_python_function_form(two: ClusterHandle) -> None:
+    def where() -> tuple[int, int]:
+        return nbcluster.rank(), nbcluster.world_size()
+
+    assert nbcluster.ranks(where, n=2).values() == [(0, 2), (1, 2)]
+
+
+def test_bad_input_gets_one_line(two: ClusterHandle) -> None:
+    with pytest.raises(BadArgument, match=r"--ranks 3 needs 3 workers, .* has 2: `%cluster scale 3` first"):
+        distribute("1", ranks=3, namespace=_ns())
+    with pytest.raises(BadArgument, match="cannot be combined with --over, --retries; drop them"):
+        distribute("1", ranks=2, over="x in range(3)", retries=1, namespace=_ns())
+    with pytest.raises(BadArgument, match="cannot be combined with --persist; drop it"):
+        distribute("1", ranks=2, persist=True, into="kept", namespace=_ns())
+    with pytest.raises(BadArgument, match="--ranks needs a whole number of 1 or more, got 0"):
+        distribute("1", ranks=0, namespace=_ns())
+
+
+def test_nccl_without_gpus_is_one_line(two: ClusterHandle) -> None:
+    pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
+    runs = distribute(
+        "import torch.distributed as dist\ndist.init_process_group('nccl')", ranks=2, namespace=_ns()
+    )
+    line = (
+        "NCCL needs a GPU for each rank, and this rank's worker has none: run with `--ranks N --gpus 1` on GPU "
+        "workers, or use init_process_group('gloo')"
+    )
+    assert runs.counts()["failed"] == 2
+    # The rank whose error came first has the line; the other has it too, or was stopped because of it.
+    said = [e.message for e in runs.errors]
+    assert line in said and all(m in (line, f"stopped because rank {1 - i} failed (NcclWithoutGpu: {line})")
+                                for i, m in enumerate(said)), said  # fmt: skip
+
+
+DDP = """
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group()
+r, w = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+ddp = DDP(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+g = torch.Generator().manual_seed(1)
+X = torch.randn(64, 4, generator=g)
+y = X @ torch.tensor([[1.0], [-2.0], [3.0], [0.5]]) + 0.25
+for step in range(30):
+    opt.zero_grad()
+    loss = ((ddp(X[r::w]) - y[r::w]) ** 2).mean()
+    loss.backward()
+    opt.step()
+[p.detach().clone() for p in model.parameters()]
+"""
+
+
+def test_ddp_on_two_cpu_ranks_trains_as_one_process_on_the_global_batch(two: ClusterHandle) -> None:
+    torch = pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
+    runs = distribute(DDP, ranks=2, namespace=_ns())
+    assert runs.ok, runs.errors and runs.errors[0].traceback
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(64, 4, generator=g)
+    y = X @ torch.tensor([[1.0], [-2.0], [3.0], [0.5]]) + 0.25
+    for _ in range(30):  # the same 64 rows, as one batch (the ranks' halves are the even and odd rows)
+        opt.zero_grad()
+        ((model(X) - y) ** 2).mean().backward()
+        opt.step()
+    alone = [p.detach() for p in model.parameters()]
+    for rank_weights in runs.values():
+        for got, want in zip(rank_weights, alone, strict=True):
+            assert torch.allclose(got, want, atol=1e-5), (got, want)
+    assert not torch.allclose(alone[0], torch.nn.Linear(4, 1).weight)  # it did train
+
+
+KILLED = """
+import os, signal, time, torch, torch.distributed as dist
+dist.init_process_group()
+t = torch.zeros(1)
+step = 0
+while True:  # rank 0 would all-reduce forever without rank 1
+    dist.all_reduce(t)
+    step += 1
+    if dist.get_rank() == 1 and step == 200:
+        with open(MARK, "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+RAISES = """
+import time, torch, torch.distributed as dist
+dist.init_process_group()
+if dist.get_rank() == 1:
+    time.sleep(0.5)
+    with open(MARK, "w") as f:
+        f.write(repr(time.time()))
+    raise ValueError("a bad shard")
+dist.all_reduce(torch.zeros(1))  # rank 0 waits for rank 1 here: gloo's own timeout is 30 minutes
+"""
+
+
+def _ended_after(runs: Any, mark: Path) -> float:
+    done = threading.Event()
+    runs.subscribe(lambda r: r.done and done.set())
+    assert done.wait(120) or runs.done, runs.counts()
+    return time.time() - float(mark.read_text())
+
+
+def test_a_rank_killed_mid_training_stops_the_other_within_5_s(two: ClusterHandle, tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
+    mark = tmp_path / "killed"
+    runs = distribute(KILLED, ranks=2, namespace=_ns(MARK=str(mark)), wait=False)
+    assert _ended_after(runs, mark) < 5.0
+    assert runs.counts()["failed"] == 2
+    line = rank_jobs.cause(runs.run_id)
+    assert line is not None and line.startswith("rank 1's worker left while it ran"), line
+    assert runs.errors[1].message == "rank 1's worker left while it ran"
+
+
+def test_a_rank_that_raises_stops_the_other_within_5_s(
+    two: ClusterHandle, tmp_path: Path, capsys: Any
+) -> None:
+    pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
+    mark = tmp_path / "raised"
+    runs = distribute(RAISES, ranks=2, namespace=_ns(MARK=str(mark)), wait=False)
+    assert _ended_after(runs, mark) < 5.0
+    first, second = runs.errors
+    assert (second.index, second.type_name, second.message) == (
+        1,
+        "ValueError",
+        "a bad shard",
+    )  # its own error
+    # Rank 0 was stopped, or saw rank 1's process group go first (gloo's own error, shown as it is).
+    assert first.message == "stopped because rank 1 failed (ValueError: a bad shard)" or (
+        "Connection closed by peer" in first.message
+    ), first.message
+    assert (rank_jobs.cause(runs.run_id) or "").startswith("rank 1 failed (ValueError: a bad shard)")
+
+
+def test_no_rank_starts_until_every_rank_can(two: ClusterHandle, capsys: pytest.CaptureFixture[str]) -> None:
+    client = two.client
+    busy = sorted(client.run(os.getpid))[0]
+    release = f"release-{time.monotonic_ns()}"
+    from distributed import Event
+
+    blocker = client.submit(
+        lambda name: (Event(name).wait(120), time.time())[1], release, workers=[busy], pure=False
+    )
+    while not client.processing([busy])[busy]:  # its only thread is taken
+        threading.Event().wait(0.05)
+    runs = distribute("import time\ntime.time()", ranks=2, namespace=_ns(), wait=False)
+    said = threading.Event()
+    deadline = time.monotonic() + 30
+    while "waiting for 2 workers with a free thread" not in capsys.readouterr().out:
+        assert time.monotonic() < deadline, "no line said what the job waits for"
+        said.wait(0.1)
+    assert runs.counts()["running"] == 2 and not runs.done  # neither rank started alone
+    Event(release, client=client).set()
+    freed_at = blocker.result(60)
+    runs.wait(60)
+    assert runs.ok, runs.errors
+    assert min(runs.values()) >= freed_at  # both ranks started only once both workers were free
+
+
+STUCK = """
+import os, time, nbcluster
+if nbcluster.rank() == 0:
+    with open(PIDFILE, "w") as f:
+        f.write(str(os.getpid()))
+    while True:  # stuck, as a rank waiting in a collective for a peer that will never come
+        time.sleep(0.05)
+time.sleep(1.0)
+with open(MARK, "w") as f:
+    f.write(repr(time.time()))
+raise ValueError("rank 1 gave up")
+"""
+
+
+def test_a_stuck_rank_is_ended_when_another_fails(two: ClusterHandle, tmp_path: Path) -> None:
+    psutil = pytest.importorskip("psutil")
+    mark, pidfile = tmp_path / "failed", tmp_path / "pid"
+    runs = distribute(STUCK, ranks=2, namespace=_ns(MARK=str(mark), PIDFILE=str(pidfile)), wait=False)
+    assert _ended_after(runs, mark) < 5.0
+    assert runs.errors[0].message == "stopped because rank 1 failed (ValueError: rank 1 gave up)"
+    pid = int(pidfile.read_text())
+    deadline = float(mark.read_text()) + 5.0
+    pause = threading.Event()
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.time() < deadline, "rank 0's worker process still runs 5 s after rank 1 failed"
+        pause.wait(0.1)
+
+
+def test_a_partial_start_runs_nothing_and_fails_the_job(
+    two: ClusterHandle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race the wait for free workers cannot close: a worker's thread taken between the look
+    # and the submit. Made here on purpose: once the ranks' workers are chosen, rank 1's is taken.
+    client = two.client
+    release = f"release-{time.monotonic_ns()}"
+    from distributed import Event
+
+    chose = rank_jobs._specs
+    blockers = []
+
+    def take_rank_ones_worker(c: Any, chosen: list[str], gate: str, *, gpus: bool) -> Any:
+        blockers.append(c.submit(lambda n: Event(n).wait(120), release, workers=[chosen[1]], pure=False))
+        while not c.processing([chosen[1]])[chosen[1]]:
+            threading.Event().wait(0.05)
+        return chose(c, chosen, gate, gpus=gpus)
+
+    monkeypatch.setattr(rank_jobs, "_specs", take_rank_ones_worker)
+    monkeypatch.setattr(rank_jobs, "START_S", 3.0)
+    ran = tmp_path / "ran"
+    runs = distribute("import nbcluster\nopen(RAN + str(nbcluster.rank()), 'w').close()", ranks=2,
+                      namespace=_ns(RAN=str(ran)))  # fmt: skip
+    Event(release, client=client).set()
+    assert runs.counts()["failed"] == 2
+    assert not list(tmp_path.glob("ran*"))  # rank 0 started, and ran nothing
+    line = "rank 1 did not start within 3 s (their workers were busy): no rank ran; run the cell again"
+    assert rank_jobs.cause(runs.run_id) == line
+    assert {e.message for e in runs.errors} == {line}
+    blockers[0].result(60)
+
+
+SPAN = """%%distribute --ranks 2 --into job
+import os, torch, torch.distributed as dist
+from distributed import get_worker
+dist.init_process_group()
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+[dist.get_rank(), float(t[0]), os.environ["MASTER_ADDR"], get_worker().address]
+"""
+
+
+@pytest.mark.timeout(300)
+def test_ranks_span_two_namespace_hosts(tmp_path: Path) -> None:
+    # Four hosts (tests/netns_service.py): the kernel on host 0, the scheduler on host 1, one
+    # worker on each of hosts 2 and 3. The ranks' gloo traffic crosses the bridge between them.
+    pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
+
+    import yaml
+
+    from tests.netns_kernel import Kernel, profile
+    from tests.netns_service import Hosts, leftover_namespaces
+
+    with Hosts(tmp_path / "hosts", 4) as hosts:
+        config = tmp_path / "dask"
+        config.mkdir()
+        (config / "hosts.yaml").write_text(
+            yaml.safe_dump({"nbcluster": {"profiles": {"hosts": profile(hosts)}}})
+        )
+        env = {
+            **{k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG")},
+            "DASK_CONFIG": str(config),
+            "NBCLUSTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        }
+        _, _, *worker_hosts = hosts.addresses
+        with Kernel(hosts, 0, tmp_path / "kernel", env) as kernel:
+            kernel.run("%load_ext nbcluster\n%cluster start --profile hosts --name hosts\nimport json")
+            kernel.run(SPAN, timeout=180)
+            got = kernel.run(
+                "", values="json.dumps(job.values())", errors="json.dumps([e.message for e in job.errors])"
+            )
+            assert got["errors"] == [], got
+            (r0, sum0, master0, on0), (r1, sum1, master1, on1) = got["values"]
+            assert (r0, r1, sum0, sum1) == (0, 1, 3.0, 3.0)  # the all-reduce crossed the hosts
+            hosts_of = [a.split("://")[-1].rsplit(":", 1)[0] for a in (on0, on1)]
+            assert sorted(hosts_of) == sorted(worker_hosts)  # one rank on each host
+            assert master0 == master1 == hosts_of[0]  # rank 0's host, by its address on the bridge
+            kernel.run("%cluster stop hosts")
+    assert leftover_namespaces() == []
+
+
+def test_ranks_with_gpus_get_a_gpu_worker_each_simulated(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A simulation: workers that advertise a GPU with no device behind them (tests/test_gpu.py).
+    # The placement and environment are real; NCCL itself needs the device (bench/gpu_check.sh).
+    from nbcluster.cluster import gpu
+
+    monkeypatch.setenv(gpu.SIMULATE_ENV, "2")
+    handle = nbcluster.start(workers=1, gpus="auto", name="ranks-gpus")
+    try:
+        source = "import os\nfrom distributed import get_worker\n(get_worker().name, os.environ['CUDA_VISIBLE_DEVICES'])"
+        runs = distribute(source, ranks=2, gpus=1, namespace=_ns(), client=handle.client)
+        assert runs.ok, runs.errors
+        assert sorted(runs.values()) == [("gpu-0", "0"), ("gpu-1", "1")]  # one GPU worker, one device each
+        with pytest.raises(
+            BadArgument, match=r"--ranks 3 needs 3 GPU workers, .* `%cluster scale 3 --kind gpu` first"
+        ):
+            distribute("1", ranks=3, gpus=1, namespace=_ns(), client=handle.client)
+    finally:
+        handle.stop()
+
+
+BOTH_STUCK = """
+import os, time, nbcluster
+with open(PIDS + str(nbcluster.rank()), "w") as f:
+    f.write(str(os.getpid()))
+while True:  # both ranks stuck, as in a collective that never completes
+    time.sleep(0.05)
+"""
+
+
+def test_a_cancel_or_ctrl_c_ends_every_rank(two: ClusterHandle, tmp_path: Path) -> None:
+    psutil = pytest.importorskip("psutil")
+    runs = distribute(BOTH_STUCK, ranks=2, namespace=_ns(PIDS=str(tmp_path / "pid-")), wait=False)
+    pause = threading.Event()
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("pid-*"))) < 2:  # both ranks are running the cell
+        assert time.monotonic() < deadline, "the ranks did not start"
+        pause.wait(0.05)
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("pid-*"))]
+    began = time.monotonic()
+    runs.cancel()  # what Ctrl-C in the waiting cell does
+    assert runs.done and runs.counts()["cancelled"] + runs.counts()["failed"] == 2
+    for pid in pids:
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() - began < 5.0, f"rank process {pid} still runs 5 s after the cancel"
+            pause.wait(0.1)
+
+
+def test_an_adaptive_cluster_grows_for_the_ranks(runtime_dir: Path) -> None:
+    handle = nbcluster.start(workers=1, threads=1, name="ranks-adapt")
+    try:
+        handle.adapt(1, 2)
+        with pytest.raises(
+            BadArgument, match=r"--ranks 3 needs 3 workers, .* adapts up to 2: `%cluster adapt --max 3`"
+        ):
+            distribute("1", ranks=3, namespace=_ns(), cluster="ranks-adapt")
+        # One worker now: the missing rank is reported to the scheduler as work held back,
+        # and the cluster grows to two; then both ranks start together.
+        runs = distribute(
+            "import os\nos.getpid()", ranks=2, namespace=_ns(), cluster="ranks-adapt", wait=False
+        )
+        runs.wait(90)
+        if not runs.done:
+            runs.cancel()
+        assert runs.done and runs.ok, (
+            f"the cluster did not grow for the ranks: {runs.counts()}, {handle.info()}"
+        )
+        assert len(set(runs.values())) == 2
+    finally:
+        handle.stop()
