@@ -34,6 +34,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psutil
 
+from nbcluster import config
+from nbcluster.cluster import profiles
+
 if TYPE_CHECKING:
     from nbcluster.cluster.profiles import Profile
 
@@ -101,9 +104,6 @@ def course_profile() -> Profile | None:
     nbcluster.errors.BadArgument
         When it is declared but malformed (one line naming the fix).
     """
-    from nbcluster import config
-    from nbcluster.cluster import profiles
-
     if COURSE not in (config.get("profiles") or {}):
         return None
     return profiles.get(COURSE)

@@ -144,10 +144,6 @@ ALLOWED_ACROSS: dict[tuple[str, str], str] = {
     ("nbcluster.cluster.forkserver_preload", "nbcluster.worker"): (
         "the forkserver's children are workers: loading the worker package before they fork is its job"
     ),
-    # TODO(issue 37, step 3): the metrics plugin learns of direct-path records through a topic
-    # declared in _wire.py, not by importing worker code; drop this entry then.
-    ("nbcluster.metrics.plugin", "nbcluster.worker.direct"): "the direct path's topic name (until issue 37 step 3)",
-    ("nbcluster.metrics.plugin", "nbcluster.worker"): "loaded by the import of worker.direct above",
 }
 
 

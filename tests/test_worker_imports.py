@@ -108,7 +108,7 @@ def test_the_worker_package_imports_only_worker_side_modules() -> None:
     probe = "import sys, nbcluster.worker\nprint(sorted(sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     loaded = ast.literal_eval(out)
-    allowed = {"nbcluster", "nbcluster._lazy", "nbcluster._start_up", "nbcluster._version", "nbcluster.config", "nbcluster.config_schema", "nbcluster.errors"}
+    allowed = {"nbcluster", "nbcluster._lazy", "nbcluster._start_up", "nbcluster._version", "nbcluster._wire", "nbcluster.config", "nbcluster.config_schema", "nbcluster.errors"}
     ours = [m for m in loaded if m.startswith("nbcluster")]
     assert [m for m in ours if m not in allowed and not m.startswith("nbcluster.worker")] == []
     assert "nbcluster.worker.records" in ours and "distributed" not in loaded

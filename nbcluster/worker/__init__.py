@@ -19,6 +19,9 @@ runs the same `run_blob` in the same thread pool, without the scheduler.
   are all builtin data travel as one pickled list (`plain.py`). A cell that is one
   expression and a function runs in a loop kept per worker (`loop.py`).
 - A `--persist` item's value stays on its worker under its own key (`held.py`).
+- A trial item reports metrics, is asked to stop and may checkpoint (`trial.py`,
+  `checkpoint.py`); a rank of a `--ranks` job runs with torchrun's environment (`rank.py`);
+  `worker_local` keeps a value per worker process, on purpose (`local.py`).
 
 A batch may carry a time *budget*: it returns, between items, once the budget is spent,
 with the items it reached; the kernel sends the rest again. So a batch sized from a
@@ -40,7 +43,7 @@ keeps finished work, and a worker thread is free again one item later (Dask cann
 running thread, and cancelling the task on the scheduler would throw the finished items
 away). A batch whose Dask task was cancelled outright also stops, checked every 50 ms.
 
-This package imports nothing from nbcluster but `errors` and `_compat`: a worker needs
+This package imports nothing from nbcluster but base modules (`errors`, `_compat`, `_wire`): a worker needs
 cloudpickle and Dask, and loads no kernel-side module (`tests/test_worker_imports.py`).
 """
 
