@@ -7,6 +7,7 @@ appends its index to a log file on the workers' side, so a test counts what ran 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,3 +164,18 @@ def test_the_identity_covers_what_notebook_functions_read() -> None:
     assert ident(SCALE=2) != same  # a global of a function the captured one calls
     assert ident(K=1) != same  # read when the function is defined: its default
     assert ident(BIG=np.ones(200_000)) != same  # a large array, by its bytes
+
+
+def test_a_function_hashes_the_same_whatever_else_its_kernel_has_imported() -> None:
+    # The same function in a kernel with `os` (and globals named like its attributes) and in
+    # one without (notebook 07's resume lesson): only the globals it loads count, by value.
+    from nbcluster.journal.identity import value_hash
+
+    src = "def f(i):\n    import os\n    return os.path.join(LOG, str(i))\n"
+    bare: dict[str, Any] = {"__name__": "__main__", "LOG": "/tmp"}
+    busy: dict[str, Any] = {"__name__": "__main__", "LOG": "/tmp", "os": os, "path": 1, "join": 2}
+    other: dict[str, Any] = {"__name__": "__main__", "LOG": "/var"}
+    for namespace in (bare, busy, other):
+        exec(src, namespace)
+    assert value_hash(bare["f"]) == value_hash(busy["f"])
+    assert value_hash(bare["f"]) != value_hash(other["f"])

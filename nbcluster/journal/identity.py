@@ -27,6 +27,7 @@ journaled): a journal must never stop a run.
 
 from __future__ import annotations
 
+import dis
 import hashlib
 import inspect
 import io
@@ -36,7 +37,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.run.capture import Capture, global_names, read_only_array
+from nbcluster.run.capture import Capture, read_only_array
 from nbcluster.run.cell import Cell
 from nbcluster.run.plan import Plan
 
@@ -169,11 +170,29 @@ class _Hasher(cloudpickle.Pickler):
             parts: Any = ("class", obj.__qualname__, obj.__bases__, sorted(members.items()))
         else:
             fn: FunctionType = obj
-            reads = sorted((n, fn.__globals__[n]) for n in global_names(fn.__code__) if n in fn.__globals__)
+            reads = sorted((n, fn.__globals__[n]) for n in _globals_read(fn.__code__) if n in fn.__globals__)
             closure = [_contents(c) for c in fn.__closure__ or ()]
             parts = ("function", _source(fn), fn.__defaults__, fn.__kwdefaults__, closure, reads)
         found = self.seen[key] = _Hasher.digest(parts, self.seen)
         return found
+
+
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+
+
+def _globals_read(code: CodeType) -> set[str]:
+    """The names `code` (and the code nested in it) loads as globals, and nothing else.
+
+    Not ``co_names``, which also holds attribute names and the names a function imports
+    for itself (``import os`` inside it): a kernel that happens to have a global ``os`` (or
+    ``write``) would then hash differently from one that has not, and a new kernel would
+    not find the journal of the same run.
+    """
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= _globals_read(const)
+    return names
 
 
 def _contents(cell: Any) -> Any:
