@@ -26,7 +26,7 @@ The order of a run, and why:
    `Interrupted` exception (a `KeyboardInterrupt`, so "Run all" stops) ends the cell with
    one line instead of a traceback.
 
-The user's verbs on a run (`Results.cancel()`, `.retry()`, `.futures`) all land in `Run`,
+The user's verbs on a run (`Results.cancel()`, `.retry()`) all land in `Run`,
 which hands them to the engine and follows a retry in the kernel as step 4 does.
 
 Worker loss: Dask re-runs the batches a dead worker held (its nanny restarts it); the
@@ -430,7 +430,7 @@ def _handles_read(items: Plan, captured: Capture) -> list[Any]:
 
 
 class Run:
-    """One run's controls: start, follow, cancel, retry, futures; `Results` hands its verbs here.
+    """One run's controls: start, follow, cancel, retry; `Results` hands its verbs here.
 
     It makes the run's `Results` and holds them weakly: the notebook's variable is what
     keeps a run alive, so ``del`` of it frees the run (and a ``--persist`` run's values) at
@@ -451,7 +451,6 @@ class Run:
         # of the variable frees the run (and a --persist run's values) at once, not at a GC.
         self._results = weakref.ref(results)
         self._first: Results | None = results  # until start() hands it over
-        self._futures: list[Any] | None = None
         self.trials: Trials | None = None  # a trial run's reports and stops (`trials.py`)
 
     @property
@@ -591,39 +590,6 @@ class Run:
             self.engine.state.add_done_callback(self.trials.closer())
         if started and wait:
             follow(self.results)
-
-    def futures(self) -> list[Any]:
-        """Dask futures of the values, made once (after the run has finished) and kept.
-
-        Results travel back as opaque blobs, so the finished values are scattered to the
-        cluster again; a ``--persist`` run's values are already on it, behind its handles.
-
-        Returns
-        -------
-        list of distributed.Future or None
-            One per item, None where it did not finish.
-
-        Raises
-        ------
-        nbcluster.errors.NbclusterError
-            When the run never reached a cluster (it ran with ``--local``).
-        """
-        self.results.wait()
-        if self.persist:  # the values are already Dask keys
-            return [h._future if h is not None else None for h in self.results.values()]
-        if self._futures is None:
-            client = self.engine.client
-            if client is None:
-                raise NbclusterError("these results never reached a cluster (they ran with --local)")
-            state = self.engine.state
-            with state.lock:
-                ok = [i for i, s in enumerate(state.status) if s == DONE]
-                values = [state.values[i] for i in ok]
-            futures: list[Any] = [None] * len(state)
-            for i, f in zip(ok, client.scatter(values, hash=False), strict=True):
-                futures[i] = f
-            self._futures = futures
-        return self._futures
 
 
 def _follow_progress(results: Results, progress: Callable[[Results], None]) -> None:

@@ -11,7 +11,7 @@ User-facing surface: `len`, indexing and iteration (values; a failed item re-rai
 own exception; iterating a run with items cancelled or still running raises `NotReady`
 before yielding anything, naming `.values()`, which lists every value with a stand-in
 for the missing ones), `.params`, `.errors`, `.ok`, `.done`, `.to_pandas()`, `.retry()`,
-`.raise_first()`, `.output(i)`, `.wait()`, `.cancel()`, `.futures`, `.started` and
+`.raise_first()`, `.output(i)`, `.wait()`, `.cancel()`, `.started` and
 `.ended` (wall-clock times), and a compact table as the notebook display. A `--persist`
 run's values are `Handle`s (`handles.py`) and it adds `.gather()`, `.gather(i)`,
 `.nbytes` and `.release()`.
