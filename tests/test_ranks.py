@@ -371,7 +371,7 @@ def test_ranks_with_gpus_get_a_gpu_worker_each_simulated(
     from nbcluster.cluster import gpu
 
     monkeypatch.setenv(gpu.SIMULATE_ENV, "2")
-    handle = nbcluster.start(workers=1, gpus="auto", name="ranks-gpus")
+    handle = nbcluster.start(workers=1, gpu_workers="auto", name="ranks-gpus")
     try:
         source = "import os\nfrom distributed import get_worker\n(get_worker().name, os.environ['CUDA_VISIBLE_DEVICES'])"
         runs = distribute(source, ranks=2, gpus=1, namespace=_ns(), client=handle.client)
