@@ -79,8 +79,8 @@ class DistributeOptions:
         "switch", "run the cell once on every worker (set-up code); results are keyed by worker"))
     ranks: int | None = field(default=None, metadata=_flag(
         "count", "run the cell as `N` ranks of one job (data-parallel training), all started together, each "
-        "on a worker process of its own with torchrun's environment (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, "
-        "`MASTER_PORT`); one failing stops them all", "N"))
+        "on a worker process of its own with the environment torchrun sets: `RANK`, `WORLD_SIZE`, "
+        "`MASTER_ADDR`, `MASTER_PORT`, and one failing stops them all", "N"))
     local: int | str | bool = field(default=0, metadata=_flag(
         "local", "run the first `K` items here in the kernel first, to debug quickly; `--local` alone "
         "runs everything here (no cluster needed)", "[K]"))
