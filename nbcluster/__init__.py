@@ -128,8 +128,10 @@ def load_ipython_extension(ipython: Any) -> None:
 
     It also starts a spare supervisor process in the background (with the process its
     workers will be forked from), so that the first ``%cluster start`` is quick, and loads
-    the kernel side of a run (the engine, the widgets) in a background thread, so that the
-    first ``%%distribute`` cell does not wait for those imports.
+    the kernel side of a run (the engine, the widgets) now, so that the first
+    ``%%distribute`` cell does not wait for those imports. Not in a background thread: a
+    ``multiprocessing.Pool`` forked while that thread held an import lock would deadlock
+    in its first import.
 
     Parameters
     ----------
@@ -140,19 +142,18 @@ def load_ipython_extension(ipython: Any) -> None:
     --------
     >>> get_ipython().run_line_magic("load_ext", "nbcluster")
     """
-    from nbcluster._threads import spawn
     from nbcluster.cluster.launcher import prewarm
     from nbcluster.magics import NbclusterMagics, forget_shown_after_cells
 
     ipython.register_magics(NbclusterMagics)
     forget_shown_after_cells(ipython)
     prewarm()
-    spawn(_load_kernel_side, name="nbcluster-load")
+    _load_kernel_side()
 
 
 #: What a kernel's first ``%%distribute`` cell imports (0.2 s of a first cell that takes about
-#: a second): loaded after ``%load_ext``, while the notebook's next cells start the cluster.
-#: By name: this is a warm-up, not a dependency of the package on them.
+#: a second): loaded by ``%load_ext`` instead. By name: this is a warm-up, not a dependency of
+#: the package on them.
 KERNEL_SIDE = ("nbcluster.run.api", "nbcluster.widgets")
 
 

@@ -46,7 +46,6 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     # it), so the kernel side loads only when a kernel-side name is used.
     ("nbcluster", "nbcluster._current"): "nbcluster.start / use: the kernel side, on first use",
     ("nbcluster", "nbcluster.cluster.launcher"): "load_ipython_extension's prewarm: kernel-side only",
-    ("nbcluster", "nbcluster._threads"): "load_ipython_extension's background load: kernel-side only",
     ("nbcluster", "nbcluster.magics"): "load_ipython_extension: IPython loads only in a kernel",
     ("nbcluster.commands", "nbcluster.widgets"): (
         "anywidget and ipywidgets load only when a status is shown in a kernel (never by the CLI)"
