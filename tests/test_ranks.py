@@ -277,7 +277,7 @@ def test_a_stuck_rank_is_ended_when_another_fails(two: ClusterHandle, tmp_path: 
     pid = int(pidfile.read_text())
     deadline = float(mark.read_text()) + 5.0
     pause = threading.Event()
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+    while _running(psutil, pid):
         assert time.time() < deadline, "rank 0's worker process still runs 5 s after rank 1 failed"
         pause.wait(0.1)
 
@@ -407,7 +407,7 @@ def test_a_cancel_or_ctrl_c_ends_every_rank(two: ClusterHandle, tmp_path: Path) 
     runs.cancel()  # what Ctrl-C in the waiting cell does
     assert runs.done and runs.counts()["cancelled"] + runs.counts()["failed"] == 2
     for pid in pids:
-        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        while _running(psutil, pid):
             assert time.monotonic() - began < 5.0, f"rank process {pid} still runs 5 s after the cancel"
             pause.wait(0.1)
 
@@ -434,3 +434,11 @@ def test_an_adaptive_cluster_grows_for_the_ranks(runtime_dir: Path) -> None:
         assert len(set(runs.values())) == 2
     finally:
         handle.stop()
+
+
+def _running(psutil: Any, pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, or one gone between two looks, does not)."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
