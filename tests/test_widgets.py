@@ -28,8 +28,9 @@ from distributed import Event, as_completed
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.cluster.info import ClusterInfo
 from nbcluster.widgets import live, status
+from nbcluster.widgets._format import format_bytes, format_duration, prefix_color
 from nbcluster.widgets._progress import RateMeter, TextBar, is_finished, rank_grid
-from nbcluster.widgets._static import format_bytes, format_duration, prefix_color, render_html
+from nbcluster.widgets._static import render_html
 from nbcluster.widgets.widget import build_esm
 from tests.widget_helpers import Recorder, broken, square
 
@@ -64,7 +65,9 @@ def test_status_widget_and_sidebar_write_a_workers_memory_alike(tmp_path: Path) 
     for size, sidebar in zip(SIZES, in_js, strict=True):
         worker = {"name": "w", "address": "tls://127.0.0.1:9", "host": "127.0.0.1", "kind": "cpu", "nthreads": 1,
                   "memory": size, "memory_limit": size, "cpu": 0.0, "processing": 0, "gpu": None}  # fmt: skip
-        info = ClusterInfo({"name": "c", "address": "tls://127.0.0.1:1", "workers": [worker], "tasks": {}}, now=1.0)
+        info = ClusterInfo(
+            {"name": "c", "address": "tls://127.0.0.1:1", "workers": [worker], "tasks": {}}, now=1.0
+        )
         row = next(line for line in repr(info).splitlines() if line.strip().startswith("w "))
         assert f" {sidebar} / {sidebar} " in row, (size, row)
         assert format_bytes(size) == sidebar == dask_format_bytes(size)
