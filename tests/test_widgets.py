@@ -65,9 +65,7 @@ def test_status_widget_and_sidebar_write_a_workers_memory_alike(tmp_path: Path) 
     for size, sidebar in zip(SIZES, in_js, strict=True):
         worker = {"name": "w", "address": "tls://127.0.0.1:9", "host": "127.0.0.1", "kind": "cpu", "nthreads": 1,
                   "memory": size, "memory_limit": size, "cpu": 0.0, "processing": 0, "gpu": None}  # fmt: skip
-        info = ClusterInfo(
-            {"name": "c", "address": "tls://127.0.0.1:1", "workers": [worker], "tasks": {}}, now=1.0
-        )
+        info = ClusterInfo({"name": "c", "address": "tls://127.0.0.1:1", "workers": [worker], "tasks": {}}, now=1.0)
         row = next(line for line in repr(info).splitlines() if line.strip().startswith("w "))
         assert f" {sidebar} / {sidebar} " in row, (size, row)
         assert format_bytes(size) == sidebar == dask_format_bytes(size)

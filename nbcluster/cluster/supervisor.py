@@ -539,12 +539,7 @@ class _Supervision:
             self.entry["control_tls"] = tls
             self.entry["metrics"] = await _register_metrics(d)
         self.entry.update(
-            {
-                "state": "running",
-                "address": d.address,
-                "dashboard": d.dashboard,
-                "gpus": [x.to_dict() for x in devices],
-            }
+            {"state": "running", "address": d.address, "dashboard": d.dashboard, "gpus": [x.to_dict() for x in devices]}
         )
         registry.update(self.directory, self.name, self.entry)
         with contextlib.suppress(OSError):  # no failure to keep: it is the cluster's log now

@@ -96,9 +96,7 @@ class ResultsProgress:
         rows = []
         for i, (params, value) in enumerate(zip(self._params, values, strict=False)):
             row: dict[str, Any] = {"params": params}
-            scored = (
-                None if trials is None else trials.objective_value(i, None if value is _MISSING else value)
-            )
+            scored = None if trials is None else trials.objective_value(i, None if value is _MISSING else value)
             if i in failed:
                 row.update(value="failed", status="error")
             elif scored is not None:

@@ -395,9 +395,7 @@ def render_task_stream(view: Mapping[str, Any], window: float | None = None) -> 
 # -- resources ------------------------------------------------------------------------------
 
 
-def _points(
-    values: Iterable[tuple[float, float]], t0: float, t1: float, vmax: float
-) -> list[tuple[float, float]]:
+def _points(values: Iterable[tuple[float, float]], t0: float, t1: float, vmax: float) -> list[tuple[float, float]]:
     """``(time, value)`` pairs as a sparkline's points: time across from `t0` to `t1`, value
     up to `vmax` (clamped there); a lone point gets a short run before it, so that it shows."""
     W, H = THEME["spark"]["width"], THEME["spark"]["height"]
