@@ -136,7 +136,12 @@ def run_ray(n: int) -> tuple[float, float, int] | None:
         for _, acc in epochs(**config, n=n):
             tune.report({"acc": acc})
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as e:  # under heavy load the local Ray may not come up in its own time
+        print(f"Ray did not start: {type(e).__name__}: {e}")
+        ray.shutdown()
+        return None
     try:
         # Workers warm (imports), as nbcluster's and Optuna's are before they are timed.
         ray.get([ray.remote(data).remote() for _ in range(2)])
@@ -218,12 +223,15 @@ def main() -> None:
         nbcluster.distribute(lambda x: data() and x, over=[0, 1])  # workers warm (imports)
         took, best, _ = run_nbcluster(args.epochs, None)
         rows.append(("(a) nbcluster, full grid", took, best, 0))
+        print(rows[-1], flush=True)  # each peer's row as it ends: a later peer may fail
         took, best, stopped = run_nbcluster(args.epochs, f"asha(grace=1, eta=3, max_t={args.epochs})")
         rows.append(("(b) nbcluster --stop asha", took, best, stopped))
+        print(rows[-1], flush=True)
     finally:
         cluster.stop()
     if args.ray and (ray := run_ray(args.epochs)) is not None:
         rows.append(("(c) Ray Tune ASHAScheduler", *ray))
+        print(rows[-1], flush=True)
     rows.append(("(d) Optuna DaskStorage + SuccessiveHalvingPruner", *run_optuna(args.epochs)))
     full = rows[0][1]
     print(f"{len(CONFIGS)} configurations, up to {args.epochs} epochs")
