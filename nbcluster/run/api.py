@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import builtins
 import functools
-import inspect
 import itertools
 import secrets
 import sys
@@ -60,7 +59,7 @@ from nbcluster.run.job import Job
 from nbcluster.run.options import DistributeOptions
 from nbcluster.run.plan import Plan, plan
 from nbcluster.run.results import Results
-from nbcluster.run.spelling import spell
+from nbcluster.run.spelling import RANKS_PASS, namespaces, spell
 from nbcluster.run.state import DONE, FAILED, PENDING
 from nbcluster.run.stoppers import make
 from nbcluster.run.target import Link, Needs
@@ -198,8 +197,8 @@ def distribute(
     nbcluster: sent offset (5 B) with the cell
     [10, 11, 12]
     """
-    namespace, home = _namespaces(namespace)
-    spelled = spell("distribute", old, needs=needs, on=on, known=(), takes=_takes(distribute), stacklevel=2)
+    namespace, home = namespaces(namespace)
+    spelled = spell(distribute, old, needs=needs, on=on, stacklevel=2)
     return launch(
         body, over=over, grid=grid, zip=zip, into=into, retries=retries, batch=batch, wait=wait, seed=seed,
         local=local, persist=persist, resume=resume, objective=objective, stopper=stopper, timeout=timeout,
@@ -267,27 +266,12 @@ def everywhere(
     >>> len(nbcluster.everywhere(where)) == len(nbcluster.current().client.ncores())
     True
     """
-    namespace, home = _namespaces(namespace)
-    spelled = spell("everywhere", {}, needs=needs, on=on, known=(), takes=(), stacklevel=2)
+    namespace, home = namespaces(namespace)
+    spelled = spell(everywhere, {}, needs=needs, on=on, stacklevel=2)
     return launch(
         body, everywhere=True, into=into, wait=wait, seed=seed, retries=retries, namespace=namespace,
         home=home, progress=progress, **spelled,
     )  # fmt: skip
-
-
-@functools.cache
-def _takes(fn: Callable[..., Any]) -> tuple[str, ...]:
-    """The keywords `fn` takes by name, for the closest to a misspelt one."""
-    return tuple(inspect.signature(fn).parameters)
-
-
-def _namespaces(namespace: dict[str, Any] | None, depth: int = 2) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Where a run looks names up, and where `into` goes: `namespace` for both, else the
-    variables of the public function's caller (`depth` frames up) and its globals."""
-    if namespace is not None:
-        return namespace, namespace
-    caller = sys._getframe(depth)
-    return {**caller.f_globals, **caller.f_locals}, caller.f_globals
 
 
 def launch(
@@ -487,17 +471,9 @@ def ranks(
     >>> nbcluster.ranks(where, n=2).values()
     [('0', '2'), ('1', '2')]
     """
-    namespace, home = _namespaces(namespace)
-    spelled = spell("ranks", options, needs=needs, on=on, known=_RANKS_PASS, takes=(*_takes(ranks), *_RANKS_PASS), stacklevel=2)
+    namespace, home = namespaces(namespace)
+    spelled = spell(ranks, options, needs=needs, on=on, known=RANKS_PASS, stacklevel=2)
     return launch(fn, ranks=n, namespace=namespace, home=home, **spelled)
-
-
-#: What `ranks(**options)` passes on to `launch` as it is: its options, and those a job
-#: refuses (`--ranks 2 ... cannot be combined with --over`), for that one-line message.
-_RANKS_PASS = (
-    "into", "wait", "seed", "timeout", "progress", "over", "grid", "zip", "retries", "batch", "local",
-    "persist", "resume", "objective", "stopper",
-)  # fmt: skip
 
 
 def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, journaled: bool) -> set[int]:

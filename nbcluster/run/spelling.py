@@ -16,8 +16,11 @@ its new one together is refused, as the two could disagree.
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
+import sys
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from nbcluster.errors import BadArgument
@@ -38,6 +41,12 @@ GOING = {
     "first_line": "only the magic needs it (a cell's body starts on the cell's line 2); drop it",
 }
 _NEEDS = ("gpus", "cpus", "cpu_only")
+#: What `ranks(**options)` passes on to `launch` as it is: its options, and those a job
+#: refuses (`--ranks 2 ... cannot be combined with --over`), for that one-line message.
+RANKS_PASS = (
+    "into", "wait", "seed", "timeout", "progress", "over", "grid", "zip", "retries", "batch", "local",
+    "persist", "resume", "objective", "stopper",
+)  # fmt: skip
 
 
 def notice(fn: str, old: str) -> str:
@@ -138,13 +147,12 @@ def target_of(on: Any) -> tuple[Any, Any]:
 
 
 def spell(
-    fn: str,
+    fn: Callable[..., Any],
     given: dict[str, Any],
     *,
     needs: Any,
     on: Any,
-    known: Collection[str],
-    takes: Collection[str],
+    known: Collection[str] = (),
     stacklevel: int,
 ) -> dict[str, Any]:
     """`launch`'s keywords from a public function's: ``needs``, ``on``, and the old keywords.
@@ -154,16 +162,14 @@ def spell(
 
     Parameters
     ----------
-    fn : str
-        The public function's name, for messages.
+    fn : callable
+        The public function (`distribute`, `everywhere`, `ranks`), for messages.
     given : dict
         Its other keywords: the old ones, and any of `known` (passed on as they are).
     needs, on : Any
         Its ``needs=`` and ``on=``.
     known : collection of str
         The keywords in `given` that `fn` takes (for ``ranks(fn, n, **options)``).
-    takes : collection of str
-        Every keyword `fn` takes, to name the closest to a misspelt one.
     stacklevel : int
         Where the warning points, as `warnings.warn` counts from this function.
 
@@ -178,14 +184,15 @@ def spell(
         For a keyword `fn` does not take (naming the closest one), or an old keyword given
         with its new one.
     """
+    name_of = fn.__name__
     out: dict[str, Any] = {}
     for name, value in given.items():
         if name in known:
             out[name] = value
             continue
         if name not in OLD and name not in GOING:
-            raise BadArgument(f"{fn}() has no option {name!r}{_close(fn, name, takes)}")
-        warnings.warn(notice(fn, name), FutureWarning, stacklevel=stacklevel + 1)
+            raise BadArgument(f"{name_of}() has no option {name!r}{_close(name_of, name, (*_takes(fn), *known))}")
+        warnings.warn(notice(name_of, name), FutureWarning, stacklevel=stacklevel + 1)
         out[name] = value
     old_needs = [name for name in _NEEDS if name in out]
     if old_needs and needs is not None:
@@ -198,6 +205,34 @@ def spell(
     if not old_on:
         out["cluster"], out["client"] = target_of(on)
     return out
+
+
+def namespaces(namespace: dict[str, Any] | None, depth: int = 2) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Where a run looks names up, and where ``into`` goes.
+
+    Parameters
+    ----------
+    namespace : dict or None
+        The public function's ``namespace=``: both, when given.
+    depth : int, default 2
+        Else the variables of the frame this many up (the public function's caller: 2 from
+        here), and its globals for ``into``.
+
+    Returns
+    -------
+    tuple of dict
+        ``(names, home)``.
+    """
+    if namespace is not None:
+        return namespace, namespace
+    caller = sys._getframe(depth)
+    return {**caller.f_globals, **caller.f_locals}, caller.f_globals
+
+
+@functools.cache
+def _takes(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The keywords `fn` takes by name, for the closest to a misspelt one."""
+    return tuple(inspect.signature(fn).parameters)
 
 
 def _close(fn: str, name: str, takes: Collection[str]) -> str:
