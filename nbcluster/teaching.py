@@ -140,7 +140,8 @@ def local_workers(cap: int = LAPTOP_CAP) -> int:
     profile says: one single-threaded worker per core, at most `cap`.
 
     For the notebooks whose lessons need the workers here: 07 and 09 kill worker processes by
-    their process id, 05 simulates GPUs with local processes.
+    their process id, 05 simulates GPUs with local processes, 03 and 07 keep logs (and 03 its
+    checkpoints) on this machine's disk.
 
     Parameters
     ----------

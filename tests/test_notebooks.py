@@ -118,6 +118,35 @@ WRONG: dict[str, list[str]] = {
         "        candidates = [rungs[budget][i][1] for i in best_third([s for s, _, _ in rungs[budget]])]\n"
         "        budget *= eta",
     ],
+    "checkpoint-chaos": [
+        "def resilient_trial(lr, alpha):\n"  # no checkpoint: the killed trial starts again from epoch 1 (hidden)
+        "    model, scores = new_model(lr, alpha), []\n"
+        "    for epoch in range(1, TRIAL_EPOCHS + 1):\n"
+        '        train_epoch(model, f"{lr:g}-{alpha:g}", epoch)\n'
+        "        scores.append(model.score(X_val, y_val))\n"
+        "        nbcluster.report(step=epoch, score=scores[-1])\n"
+        "    return scores",
+        "def resilient_trial(lr, alpha):\n"  # saves, never loads: the same restart from 1 (hidden)
+        "    ck = nbcluster.checkpoint()\n"
+        "    state = {'epoch': 0, 'model': new_model(lr, alpha), 'scores': []}\n"
+        "    for epoch in range(state['epoch'] + 1, TRIAL_EPOCHS + 1):\n"
+        "        train_epoch(state['model'], f\"{lr:g}-{alpha:g}\", epoch)\n"
+        "        state['scores'].append(state['model'].score(X_val, y_val))\n"
+        "        state['epoch'] = epoch\n"
+        "        ck.save(state)\n"
+        "        nbcluster.report(step=epoch, score=state['scores'][-1])\n"
+        "    return state['scores']",
+        "def resilient_trial(lr, alpha):\n"  # the scores are not in the checkpoint: the curve comes back short
+        "    ck = nbcluster.checkpoint()\n"
+        "    state, scores = ck.load() or {'epoch': 0, 'model': new_model(lr, alpha)}, []\n"
+        "    for epoch in range(state['epoch'] + 1, TRIAL_EPOCHS + 1):\n"
+        "        train_epoch(state['model'], f\"{lr:g}-{alpha:g}\", epoch)\n"
+        "        scores.append(state['model'].score(X_val, y_val))\n"
+        "        state['epoch'] = epoch\n"
+        "        ck.save(state)\n"
+        "        nbcluster.report(step=epoch, score=scores[-1])\n"
+        "    return scores",
+    ],
     # 04
     "ars-update": [
         "def ars_update(theta, plus, minus, deltas, step, top):\n"
