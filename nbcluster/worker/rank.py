@@ -111,6 +111,18 @@ def world_size() -> int:
     return spec["world_size"] if spec is not None else int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def current() -> RankSpec | None:
+    """The spec of the rank this thread runs; None outside a ``--ranks`` job.
+
+    Returns
+    -------
+    RankSpec or None
+        This rank's place in its job (``worker/checkpoint.py`` keys the job's one checkpoint by it).
+    """
+    spec: RankSpec | None = getattr(_RUNNING, "spec", None)
+    return spec
+
+
 def free_port() -> int:
     """A TCP port free on this host now: run on rank 0's worker to pick ``MASTER_PORT``.
 
