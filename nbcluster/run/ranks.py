@@ -26,7 +26,9 @@ driver's policy. Policy, in the order a job lives:
    the next; each nanny starts a fresh worker, which later jobs wait for). The rank that
    failed keeps its own error; the stopped ones say why, and `cause(run_id)` is the one
    line naming the rank and the cause. A Ctrl-C (or ``Results.cancel()``) stops every rank
-   the same way.
+   the same way. A ``--gpus`` job ends its ranks' processes when it ends, however it ends:
+   each rank saw its host's GPUs (``worker/rank.py``), and the next task on that worker
+   must see only its own.
 5. **Stopping the job.** In a trial job (``--timeout``, or a cell that calls `report`,
    `should_stop` or `checkpoint`), `attach` makes any stop of any rank stop the whole job:
    ``--timeout`` (counted from the ranks' start, past the gate), ``runs.stop(i)``, a
@@ -65,7 +67,7 @@ from nbcluster.run.state import RunState
 from nbcluster.run.target import Link, placement
 from nbcluster.run.trials import Trials
 from nbcluster.worker import error_record
-from nbcluster.worker.rank import RankSpec, end_process, free_port, run_rank
+from nbcluster.worker.rank import RankSpec, end_process, free_port, own_device, run_rank
 
 LOOK_S = 0.25  # how often a running job looks for departed workers
 START_S = 30.0  # how long the kernel waits for every submitted rank to start
@@ -271,6 +273,10 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
     finally:
         if running:  # stopped (Ctrl-C, cancel): the ranks still out must not hang
             _stop(tasks, running, where, "the job was stopped")
+        elif where and _link(tasks).needs.gpus:
+            # A GPU rank's process may have started CUDA seeing its host's other GPUs: a fresh
+            # process sees only its own again (and the job's GPU memory is freed).
+            _stop(tasks, running, where, "the job ended")
         _forget(tasks.client, gate)
         STOPS.pop(tasks.run_id, None)
         tasks.hold_back(0)
@@ -368,13 +374,16 @@ def _specs(client: Any, chosen: list[str], gate: str, *, gpus: bool) -> list[Ran
     """Each rank's place: torchrun's numbering, rank 0's host and a port free there."""
     master = _host(chosen[0])
     port = int(client.run(free_port, workers=[chosen[0]])[chosen[0]])
+    own = client.run(own_device, workers=chosen) if gpus else {}
     hosts = [_host(a) for a in chosen]
     specs: list[RankSpec] = []
     for r, host in enumerate(hosts):
         same = [i for i, h in enumerate(hosts) if h == host]
+        devices = [own.get(chosen[i]) for i in same]
         specs.append({
             "rank": r, "world_size": len(chosen), "local_rank": same.index(r), "local_world_size": len(same),
             "master_addr": master, "master_port": port, "host": host, "gate": gate, "gpus": gpus,
+            "devices": ",".join(str(d) for d in devices) if gpus and all(devices) else None,
         })  # fmt: skip
     return specs
 
