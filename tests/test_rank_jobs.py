@@ -260,3 +260,45 @@ def _running(pid: int) -> bool:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
+
+
+def test_resume_of_a_finished_job_takes_every_rank_from_the_journal(
+    two: ClusterHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = "import nbcluster\nopen(LOG, 'a').write(f'ran {nbcluster.rank()}\\n')\nnbcluster.rank()"
+    ns = _ns(LOG=str(tmp_path / "ran.log"))
+    with dask.config.set({"nbcluster.journal.path": str(tmp_path / "journal")}):
+        assert distribute(source, ranks=2, namespace=ns).values() == [0, 1]
+        again = distribute(source, ranks=2, namespace=ns, resume=True)
+    assert again.values() == [0, 1] and again.ok
+    assert (tmp_path / "ran.log").read_text().split("\n").count("ran 0") == 1  # not run again
+    assert "resumed 2/2" in capsys.readouterr().out
+
+
+PART = """
+import os, time, nbcluster
+open(LOG, "a").write(f"ran {nbcluster.rank()}\\n")
+if nbcluster.rank() == 0 and not os.path.exists(FIXED):
+    while open(LOG).read().count("ran 1") < 1:  # rank 1 has finished first
+        time.sleep(0.02)
+    time.sleep(0.5)
+    raise ValueError("a bad shard")
+nbcluster.rank()
+"""
+
+
+def test_resume_of_a_job_that_ended_in_part_runs_every_rank_again(
+    two: ClusterHandle, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log, fixed = tmp_path / "ran.log", tmp_path / "fixed"
+    ns = _ns(LOG=str(log), FIXED=str(fixed))
+    with dask.config.set({"nbcluster.journal.path": str(tmp_path / "journal")}):
+        first = distribute(PART, ranks=2, namespace=ns)
+        assert first.counts()["done"] == 1 and first.counts()["failed"] == 1, first.counts()
+        fixed.write_text("")
+        _both_back(two)
+        capsys.readouterr()
+        again = distribute(PART, ranks=2, namespace=ns, resume=True)
+    assert again.ok and again.values() == [0, 1], again.errors
+    assert log.read_text().split("\n").count("ran 1") == 2  # rank 1 ran again, with rank 0
+    assert "--resume runs the job's 2 ranks again together" in capsys.readouterr().out
