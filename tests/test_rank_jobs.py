@@ -95,8 +95,10 @@ def test_rank_zeros_reports_draw_the_curve_live_and_metrics_keep_every_rank(two:
         trials = runs._trials
         assert trials is not None  # a trial job: it reports
 
-        def drawn() -> list[Any]:
-            return list(trials.curves(runs.states, None).get("series", []))
+        def drawn() -> list[Any]:  # what the cell's live view draws
+            from nbcluster.widgets._results import ResultsProgress
+
+            return list(ResultsProgress(runs)().get("curves", {}).get("series", []))
 
         # Both ranks have reported 3 steps; the job still runs, held at step 3.
         _until("rank 0's steps 1-3 on the curve", lambda: len(drawn()) == 1 and len(drawn()[0]["points"]) == 3)
