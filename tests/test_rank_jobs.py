@@ -304,3 +304,14 @@ def test_resume_of_a_job_that_ended_in_part_runs_every_rank_again(
     assert again.ok and again.values() == [0, 1], again.errors
     assert log.read_text().split("\n").count("ran 1") == 2  # rank 1 ran again, with rank 0
     assert "--resume runs the job's 2 ranks again together" in capsys.readouterr().out
+
+
+def test_a_cancel_of_a_trial_job_stops_every_rank_with_one_line(two: ClusterHandle, tmp_path: Path) -> None:
+    source = "import os, nbcluster\nopen(PIDS + str(nbcluster.rank()), 'w').write(str(os.getpid()))\n" + LOOP
+    runs = distribute(source, ranks=2, namespace=_ns(PIDS=str(tmp_path / "pid-")), wait=False)
+    _until("both ranks run", lambda: len(list(tmp_path.glob("pid-*"))) == 2)
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("pid-*"))]
+    runs.cancel()  # what Ctrl-C in the waiting cell does
+    assert runs.done and runs.states == ["stopped", "stopped"], (runs.states, runs.errors)
+    assert rank_jobs.summary(runs.run_id) == "the job was stopped from the notebook: stopped ranks 0, 1"
+    _until("every rank's process ended", lambda: not any(_running(pid) for pid in pids), seconds=5)

@@ -425,6 +425,7 @@ def test_a_cancel_or_ctrl_c_ends_every_rank(two: ClusterHandle, tmp_path: Path) 
     began = time.monotonic()
     runs.cancel()  # what Ctrl-C in the waiting cell does
     assert runs.done and runs.counts()["cancelled"] + runs.counts()["failed"] == 2
+    assert rank_jobs.summary(runs.run_id) == "the job was stopped from the notebook: stopped ranks 0, 1"
     for pid in pids:
         while _running(psutil, pid):
             assert time.monotonic() - began < 5.0, f"rank process {pid} still runs 5 s after the cancel"

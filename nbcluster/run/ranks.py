@@ -272,7 +272,9 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
         tasks.fail(list(tasks.state.pending(range(n))), error_record(e))
     finally:
         if running:  # stopped (Ctrl-C, cancel): the ranks still out must not hang
-            _stop(tasks, running, where, "the job was stopped")
+            stopped = sorted(running.values())
+            _stop(tasks, running, where, "the job was stopped from the notebook")
+            CAUSES.setdefault(tasks.run_id, f"the job was stopped from the notebook: {_stopped(stopped)}")
         elif where and _link(tasks).needs.gpus:
             # A GPU rank's process may have started CUDA seeing its host's other GPUs: a fresh
             # process sees only its own again (and the job's GPU memory is freed).
@@ -354,8 +356,12 @@ def _stop_job(
     if stopped or failed:  # a rank still out may wait in a collective; a failed one's torch state is suspect
         _stop(tasks, running, where, line)
     if stopped:
-        line += f": stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
+        line += f": {_stopped(stopped)}"
     CAUSES[tasks.run_id] = line
+
+
+def _stopped(ranks: list[int]) -> str:
+    return f"stopped rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _link(tasks: RanksTasks) -> Link:
@@ -484,7 +490,7 @@ def _follow(
         stopped = sorted(running.values())
         _stop(tasks, running, where, line)
         if stopped:
-            line += f"; stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
+            line += f"; {_stopped(stopped)}"
         CAUSES[tasks.run_id] = line
         return
 
