@@ -61,12 +61,13 @@ import cloudpickle
 
 from nbcluster import _compat, config
 from nbcluster import _threads as threads
+from nbcluster._wire import TRIAL_TOPIC_PREFIX
 from nbcluster.errors import BadArgument
 from nbcluster.run.everywhere import Tasks
 from nbcluster.run.state import RunState
 from nbcluster.run.target import Link, placement
 from nbcluster.run.trials import Trials
-from nbcluster.worker import error_record
+from nbcluster.worker import error_record, trial
 from nbcluster.worker.rank import RankSpec, end_process, free_port, own_device, run_rank
 
 LOOK_S = 0.25  # how often a running job looks for departed workers
@@ -335,9 +336,6 @@ def _stop_job(
     What a rank returns or raises meanwhile is its own outcome, never the job's cause: a
     rank whose peer stopped fails in its collective, which is this stop's echo.
     """
-    from nbcluster._wire import TRIAL_TOPIC_PREFIX
-    from nbcluster.worker import trial
-
     began = time.monotonic()
     alive = set(_compat.workers(tasks.client))
     addresses = sorted(set(where.values()) & alive)

@@ -34,7 +34,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.worker import trial
+from nbcluster.worker import rank, trial
 
 _MEMORY: dict[tuple[str, int], bytes] = {}  # (topic or "", item) -> pickled, where no folder is set
 _WARNED: set[str] = set()
@@ -145,8 +145,6 @@ def checkpoint() -> Checkpoint:
         return Checkpoint(None, ("", -1))
     spec, index = here
     folder, identity = spec["checkpoints"], spec["identity"]
-    from nbcluster.worker import rank  # here: it loads the worker's item machinery
-
     job = rank.current()
     name, saves = ("job", job["rank"] == 0) if job is not None else (str(index), True)
     path = None if folder is None or identity is None else Path(folder) / identity / f"{name}.ckpt"
