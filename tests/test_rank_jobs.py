@@ -315,3 +315,18 @@ def test_a_cancel_of_a_trial_job_stops_every_rank_with_one_line(two: ClusterHand
     assert runs.done and runs.states == ["stopped", "stopped"], (runs.states, runs.errors)
     assert rank_jobs.summary(runs.run_id) == "the job was stopped from the notebook: stopped ranks 0, 1"
     _until("every rank's process ended", lambda: not any(_running(pid) for pid in pids), seconds=5)
+
+
+def test_the_magics_timeout_ends_the_job_with_one_line(
+    shell: Any, two: ClusterHandle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.shell_helpers import cell
+
+    with dask.config.set({"nbcluster.stop.grace": "1s"}):
+        cell(shell, "%%distribute --ranks 2 --timeout 2s --into stuck\nimport time\nwhile True:\n    time.sleep(0.05)")
+    said = capsys.readouterr()
+    assert "nbcluster: the job timed out after 2 s: stopped ranks 0, 1" in said.out + said.err, said
+    assert shell.user_ns["stuck"].states == ["timed out", "timed out"]
+    # The ranks ended by force count as failed (so that --resume runs the job again): the
+    # cell's failure summary names RankStopped, then the job's line.
+    assert "RankStopped: stopped because the job timed out after 2 s" in said.err
