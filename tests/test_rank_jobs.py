@@ -327,6 +327,35 @@ def test_the_magics_timeout_ends_the_job_with_one_line(
     said = capsys.readouterr()
     assert "nbcluster: the job timed out after 2 s: stopped ranks 0, 1" in said.out + said.err, said
     assert shell.user_ns["stuck"].states == ["timed out", "timed out"]
-    # The ranks ended by force count as failed (so that --resume runs the job again): the
-    # cell's failure summary names RankStopped, then the job's line.
+    # The ranks ended by force count as failed: the cell's failure summary names
+    # RankStopped, then the job's line.
     assert "RankStopped: stopped because the job timed out after 2 s" in said.err
+
+
+STEPS = """
+import time, nbcluster
+ck = nbcluster.checkpoint()
+begun = (ck.load() or {"step": 0})["step"]
+open(LOG, "a").write(f"start {nbcluster.rank()} {begun}\\n")
+for step in range(begun + 1, 1000):
+    time.sleep(0.05)
+    ck.save({"step": step})
+    nbcluster.report(step=step, loss=1 / step)
+"""
+
+
+def test_resume_after_a_timeout_continues_the_job_from_its_checkpoint(two: ClusterHandle, tmp_path: Path) -> None:
+    log = tmp_path / "steps.log"
+    ns = _ns(LOG=str(log))
+    with dask.config.set({"nbcluster.journal.path": str(tmp_path / "journal"),
+                          "nbcluster.checkpoint.path": str(tmp_path / "checkpoints"), "nbcluster.stop.grace": "1s"}):  # fmt: skip
+        first = distribute(STEPS, ranks=2, timeout="2s", namespace=ns)
+        # Both ranks stopped at their next report: a stopped value each, not a failure.
+        assert first.states == ["timed out", "timed out"] and first.counts()["done"] == 2, first.errors
+        _both_back(two)
+        again = distribute(STEPS, ranks=2, timeout="2s", namespace=ns, resume=True)
+    assert again.states == ["timed out", "timed out"]
+    starts = [line.split() for line in log.read_text().splitlines()]
+    assert len(starts) == 4 and sorted(s[1] for s in starts[:2]) == sorted(s[1] for s in starts[2:]) == ["0", "1"]
+    assert starts[0][2] == starts[1][2] == "0"
+    assert starts[2][2] == starts[3][2] and int(starts[2][2]) > 10, starts  # both from rank 0's last save

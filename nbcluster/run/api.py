@@ -343,11 +343,11 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
     except Exception as e:  # a journal must never stop a run
         print(f"nbcluster: the run journal could not be used ({type(e).__name__}: {e}): running without it")
         chosen = Resumption()
-    if job.plan.mode == "ranks" and chosen.values and len(chosen.values) < len(job.plan):
+    if job.plan.mode == "ranks" and chosen.values and not rank_jobs.finished(chosen.values, len(job.plan)):
         # A job runs whole or not at all: its ranks start again together, from its checkpoint.
         chosen.values, chosen.outputs = {}, {}
-        chosen.line = (f"nbcluster: --resume runs the job's {len(job.plan)} ranks again together (a job never "
-                       "runs in part); they load its last checkpoint")  # fmt: skip
+        chosen.line = (f"nbcluster: --resume runs the job's {len(job.plan)} ranks again together (it did not "
+                       "finish, and a job never runs in part); they load its last checkpoint")  # fmt: skip
     if chosen.line:
         print(chosen.line)
     if chosen.values:

@@ -211,6 +211,25 @@ def stop_job(run_id: str, reason: str, timeout: float | None = None) -> None:
     STOPS.setdefault(run_id, (reason, line))
 
 
+def finished(values: dict[int, Any], n: int) -> bool:
+    """Whether a journaled job finished, so that ``--resume`` takes its ranks whole.
+
+    Parameters
+    ----------
+    values : dict of int to Any
+        The ranks' values found in the journal.
+    n : int
+        The job's ranks.
+
+    Returns
+    -------
+    bool
+        True when every rank has a value and none was stopped (``--timeout``, a stop): a job
+        that did not finish runs all its ranks again, from its checkpoint.
+    """
+    return len(values) == n and not any(isinstance(v, trial.Stopped) for v in values.values())
+
+
 def summary(run_id: str) -> str | None:
     """The line said under a job's cell when it did not end well; None when it did.
 
