@@ -337,6 +337,8 @@ import time, nbcluster
 ck = nbcluster.checkpoint()
 begun = (ck.load() or {"step": 0})["step"]
 open(LOG, "a").write(f"start {nbcluster.rank()} {begun}\\n")
+while open(LOG).read().count("start") % 2:  # both ranks loaded (as init_process_group waits for all)
+    time.sleep(0.01)
 for step in range(begun + 1, 1000):
     time.sleep(0.05)
     ck.save({"step": step})
