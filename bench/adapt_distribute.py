@@ -80,7 +80,7 @@ def main() -> None:
         for r in range(args.runs):
             back_to_one(client)
             results["%%distribute"].append(
-                timed(client, lambda: nbcluster.distribute(item, over=range(ITEMS), client=client))
+                timed(client, lambda: nbcluster.distribute(item, over=range(ITEMS), on=client))
             )
             back_to_one(client)
             results["client.map"].append(

@@ -75,13 +75,13 @@ def worker_child() -> None:
     """In a child process run from the checkout: a cluster, two cells, the workers' state."""
     os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
     import nbcluster
-    from nbcluster.run.api import distribute
+    from nbcluster.run.api import distribute, everywhere
 
     handle = nbcluster.start(workers=2, threads=1, name=f"bench-imports-{os.getpid()}")
     try:
         handle.client.wait_for_workers(2)
         distribute("print(x)\nx * 2", over="x in range(200)", namespace={})
-        distribute("import os\nos.getpid()", everywhere=True, namespace={})
+        everywhere("import os\nos.getpid()", namespace={})
 
         def state() -> dict[str, int]:
             import psutil

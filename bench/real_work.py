@@ -317,7 +317,7 @@ def measure(runs: int, pool: Any, plain: Any, handle: Any) -> str:
     for cell in range(max(runs, 2)):  # at least one cell after the first
         record("serial (fresh process)", *fresh("serial", str(n)), cell)
         t = time.perf_counter()
-        results = nbcluster.distribute(lambda i: cpu_of("mc50k", i, SPEEDUP_POINTS), over=range(n), client=nb)
+        results = nbcluster.distribute(lambda i: cpu_of("mc50k", i, SPEEDUP_POINTS), over=range(n), on=nb)
         assert results.ok
         record("%%distribute", time.perf_counter() - t, list(results.values()), cell)
         t = time.perf_counter()

@@ -214,7 +214,7 @@ def measure_cluster(side: str, backend: Backend, tiny: int, out: dict[str, list[
 
         t = time.perf_counter()
         if side == "nbcluster":
-            assert nbcluster.distribute(inc, over=range(tiny), client=client).ok
+            assert nbcluster.distribute(inc, over=range(tiny), on=client).ok
         else:
             client.gather(client.map(inc, range(tiny)))
         add("tiny", (time.perf_counter() - t) / tiny)
@@ -225,7 +225,7 @@ def measure_cluster(side: str, backend: Backend, tiny: int, out: dict[str, list[
 
         t = time.perf_counter()
         if side == "nbcluster":
-            assert nbcluster.distribute(mc, over=range(SPEEDUP_ITEMS), client=client).ok
+            assert nbcluster.distribute(mc, over=range(SPEEDUP_ITEMS), on=client).ok
         else:
             client.gather(client.map(mc, range(SPEEDUP_ITEMS), pure=False))
         add("speedup", time.perf_counter() - t)

@@ -1,6 +1,6 @@
 """Rollouts: CartPole episodes a second, per-worker vectorised environments against a forked Pool.
 
-    python bench/simulation.py [--rounds 3] [--items 64] [--episodes 20] [--write]
+    python bench/simulation.py [--rounds 3] [--items 64] [--episodes 20] [--ray] [--write]
 
 Each item plays `--episodes` CartPole-v1 episodes (random actions) on a vectorised
 environment of 8 (`gym.make_vec`, synchronous), and returns how many it finished. The
@@ -11,8 +11,11 @@ peers, interleaved round by round, on 2 processes each:
 - a forked `multiprocessing.Pool(2)`: each process builds its environment in the Pool's
   `initializer`, once.
 
-Ray's `ActorPool`, the issue's third peer, is not installed here and is left out. Medians of
-the rounds; `--write` replaces the `## simulation` section of bench/RESULTS.md.
+- with ``--ray``: Ray's `ActorPool` of 2 actors on a local Ray of 2 CPUs, each actor
+  building its environment once, in its ``__init__``. Ray is a peer, not a dependency:
+  ``pip install "ray[tune]"``.
+
+Medians of the rounds; `--write` replaces the `## simulation` section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -64,11 +67,28 @@ def in_pool(args: tuple[int, int]) -> int:
     return play(_ENV, args[1], args[0])
 
 
+def ray_pool() -> Any:
+    """Ray's peer: an `ActorPool` of 2 actors, one environment each (built in ``__init__``)."""
+    import ray
+    from ray.util import ActorPool
+
+    @ray.remote(num_cpus=1)
+    class Player:
+        def __init__(self) -> None:
+            self.envs = make()
+
+        def play(self, i: int, episodes: int) -> int:
+            return play(self.envs, episodes, i)
+
+    return ActorPool([Player.remote() for _ in range(2)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--items", type=int, default=64)
     parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--ray", action="store_true", help="also Ray's ActorPool (pip install 'ray[tune]')")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
 
@@ -78,14 +98,25 @@ def main() -> None:
     cluster = nbcluster.start(workers=2, threads=1, name="bench-simulation")
     pool = multiprocessing.get_context("fork").Pool(2, initializer=_init)
     rates: dict[str, list[float]] = {"nbcluster (worker_local)": [], "forked Pool (initializer)": []}
+    actors = None
+    if args.ray:
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        actors = ray_pool()
+        rates["Ray ActorPool (actor __init__)"] = []
     try:
         for r in range(args.rounds + 1):  # round 0 warms both up (imports, environments): not counted
-            for name in sorted(rates, reverse=r % 2 == 1):  # interleaved, each first in turn
+            names = list(rates)
+            for name in names[r % len(names):] + names[: r % len(names)]:  # interleaved, each first in turn
                 began = time.perf_counter()
                 if name.startswith("nbcluster"):
                     runs = nbcluster.distribute(functools.partial(on_worker, episodes=args.episodes),
                                                 over=range(args.items))  # fmt: skip
                     total = sum(runs.values())
+                elif name.startswith("Ray"):
+                    assert actors is not None
+                    total = sum(actors.map(lambda a, i: a.play.remote(i, args.episodes), range(args.items)))
                 else:
                     total = sum(pool.map(in_pool, [(i, args.episodes) for i in range(args.items)], chunksize=1))
                 rate = total / (time.perf_counter() - began)
@@ -96,6 +127,10 @@ def main() -> None:
         pool.close()
         pool.join()
         cluster.stop()
+        if actors is not None:
+            import ray
+
+            ray.shutdown()
     medians = {n: statistics.median(v) for n, v in rates.items()}
     base = medians["forked Pool (initializer)"]
     lines = [
@@ -106,9 +141,9 @@ def main() -> None:
         "|---|---|---|---|",
         *(f"| {n} | {m:,.0f} | {min(rates[n]):,.0f}-{max(rates[n]):,.0f} | {m / base:.2f}x |" for n, m in medians.items()),
         "",
-        "Ray's ActorPool was not installed here: not measured. The machine was shared with other "
-        "engineers' tests and benchmarks (2 cores), and the rounds' ranges show how much it moved: "
-        "read the ratio as 'not slower than the Pool', not as a speed-up.",
+        *([] if args.ray else ["Ray's ActorPool was not run (`--ray`, with Ray installed, runs it)."]),
+        "The machine was shared with other engineers' tests and benchmarks (2 cores), and the rounds' "
+        "ranges show how much it moved: read the ratios as 'not slower than', not as speed-ups.",
     ]
     body = "\n".join(lines)
     print(body)

@@ -9,7 +9,8 @@ trial, in every peer. All on 2 workers x 1 thread:
 
 - (a) the full grid through nbcluster (`--objective acc:max`, no stopper);
 - (b) nbcluster with `--stop asha(grace=1, eta=3, max_t=27)`;
-- (c) Ray Tune's `ASHAScheduler` (same grace and eta), with ``--ray`` only, if Ray imports;
+- (c) Ray Tune's `ASHAScheduler` (same grace, eta and max_t, by epoch), with ``--ray`` only,
+  on a local Ray of 2 CPUs; Ray is a peer, not a dependency: ``pip install "ray[tune]"``;
 - (d) Optuna on a 2-worker `LocalCluster`: `DaskStorage`, a `GridSampler` over the same 64
   configurations and `SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)`.
 
@@ -41,6 +42,9 @@ GRID = {
     "loss": ["hinge", "log_loss"],
 }
 CONFIGS = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
+#: ``--small``: 16 of the 64 (the middle two values of alpha and eta0), for a run of a few
+#: minutes on a shared machine, where Ray starts a process per trial actor.
+SMALL = {**GRID, "alpha": [1e-4, 1e-3], "eta0": [0.003, 0.03]}
 
 
 def data() -> tuple[Any, Any, Any, Any]:
@@ -118,28 +122,41 @@ def run_optuna(n: int) -> tuple[float, float, int]:
 
 
 def run_ray(n: int) -> tuple[float, float, int] | None:
+    """(c): Ray Tune's `ASHAScheduler` over the same grid, on a local Ray of 2 CPUs (one a trial)."""
     try:
         import ray
         from ray import tune
         from ray.tune.schedulers import ASHAScheduler
     except ImportError:
+        print('Ray Tune does not import: pip install "ray[tune]" (a benchmark peer only, not a dependency)')
         return None
+    import tempfile
 
     def trainable(config: dict[str, Any]) -> None:
         for _, acc in epochs(**config, n=n):
             tune.report({"acc": acc})
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as e:  # under heavy load the local Ray may not come up in its own time
+        print(f"Ray did not start: {type(e).__name__}: {e}")
+        ray.shutdown()
+        return None
+    try:
+        # Workers warm (imports), as nbcluster's and Optuna's are before they are timed.
+        ray.get([ray.remote(data).remote() for _ in range(2)])
         began = time.perf_counter()
         tuner = tune.Tuner(
             trainable, param_space={k: tune.grid_search(v) for k, v in GRID.items()},
-            tune_config=tune.TuneConfig(metric="acc", mode="max",
-                                        scheduler=ASHAScheduler(max_t=n, grace_period=1, reduction_factor=3)),
+            tune_config=tune.TuneConfig(metric="acc", mode="max", reuse_actors=True,
+                                        scheduler=ASHAScheduler(time_attr="training_iteration", max_t=n,
+                                                                grace_period=1, reduction_factor=3)),
+            run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(prefix="bench-ray-"), verbose=0),
         )  # fmt: skip
         results = tuner.fit()
         took = time.perf_counter() - began
-        return took, float(results.get_best_result().metrics["acc"]), 0
+        stopped = sum(r.metrics.get("training_iteration", n) < n for r in results)
+        return took, float(results.get_best_result().metrics["acc"]), stopped
     finally:
         ray.shutdown()
 
@@ -188,11 +205,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=27)
     parser.add_argument("--ray", action="store_true", help="also Ray Tune, if it imports")
+    parser.add_argument("--small", action="store_true", help="16 configurations instead of 64")
     parser.add_argument("--reports", action="store_true", help="measure the cost of 1,000 reports a second")
     args = parser.parse_args()
     if args.reports:
         run_reports()
         return
+    if args.small:
+        global GRID, CONFIGS
+        GRID = SMALL
+        CONFIGS = [dict(zip(GRID, values, strict=True)) for values in itertools.product(*GRID.values())]
     import nbcluster
 
     rows: list[tuple[str, float, float, int]] = []
@@ -201,14 +223,18 @@ def main() -> None:
         nbcluster.distribute(lambda x: data() and x, over=[0, 1])  # workers warm (imports)
         took, best, _ = run_nbcluster(args.epochs, None)
         rows.append(("(a) nbcluster, full grid", took, best, 0))
+        print(rows[-1], flush=True)  # each peer's row as it ends: a later peer may fail
         took, best, stopped = run_nbcluster(args.epochs, f"asha(grace=1, eta=3, max_t={args.epochs})")
         rows.append(("(b) nbcluster --stop asha", took, best, stopped))
+        print(rows[-1], flush=True)
     finally:
         cluster.stop()
     if args.ray and (ray := run_ray(args.epochs)) is not None:
         rows.append(("(c) Ray Tune ASHAScheduler", *ray))
+        print(rows[-1], flush=True)
     rows.append(("(d) Optuna DaskStorage + SuccessiveHalvingPruner", *run_optuna(args.epochs)))
     full = rows[0][1]
+    print(f"{len(CONFIGS)} configurations, up to {args.epochs} epochs")
     print("| peer | wall s | ratio to (a) | best val. accuracy | trials stopped early |")
     print("|---|---|---|---|---|")
     for name, took, best, stopped in rows:

@@ -24,9 +24,10 @@ from nbcluster.errors import TrialStopped as TrialStopped
 if TYPE_CHECKING:
     from nbcluster._current import current, start
     from nbcluster.cluster.handle import ClusterHandle, clusters, connect
-    from nbcluster.run.api import distribute, ranks, wait
+    from nbcluster.run.api import distribute, everywhere, ranks, wait
     from nbcluster.run.results import Results
     from nbcluster.run.stoppers import Stopper
+    from nbcluster.run.target import Needs
     from nbcluster.worker.checkpoint import checkpoint
     from nbcluster.worker.local import worker_local
     from nbcluster.worker.rank import rank, world_size
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ClusterHandle",
     "NbclusterError",
+    "Needs",
     "Results",
     "Stopper",
     "TrialStopped",
@@ -43,6 +45,7 @@ __all__ = [
     "connect",
     "current",
     "distribute",
+    "everywhere",
     "load_ipython_extension",
     "rank",
     "ranks",
@@ -63,6 +66,8 @@ _LAZY = {
     "start": "nbcluster._current",
     "Results": "nbcluster.run.results",
     "distribute": "nbcluster.run.api",
+    "everywhere": "nbcluster.run.api",
+    "Needs": "nbcluster.run.target",
     "wait": "nbcluster.run.api",
     "worker_local": "nbcluster.worker.local",
     "Stopper": "nbcluster.run.stoppers",

@@ -452,6 +452,10 @@ class TrialSpec(TypedDict):
     topic: str  # the run's event topic, `TRIAL_TOPIC_PREFIX` + run id
     identity: str | None  # the run's journal identity (checkpoints are keyed by it), None unjournaled
     checkpoints: str | None  # the folder of the run's checkpoints, None when there are none
+    # The stopper's rungs: a report of `metric` at one of these steps waits for the kernel's
+    # verdict (`worker/trial.py`); none for a stopper without rungs, or none at all.
+    rungs: list[int]
+    metric: str | None
 
 
 class TrialEvent(TypedDict):

@@ -34,7 +34,7 @@ class NbclusterMagics(Magics):
     @line_cell_magic
     def distribute(self, line: str, cell: str | None = None) -> Any:
         from nbcluster import widgets
-        from nbcluster.run.api import distribute, wait
+        from nbcluster.run.api import launch, wait
 
         try:
             if cell is None:
@@ -43,9 +43,8 @@ class NbclusterMagics(Magics):
                     return _cluster_line(_journals_line(words))
                 return wait(parse_wait_line(line), namespace=self.shell.user_ns)
             kwargs = parse_distribute_line(line)
-            results = distribute(
-                cell, namespace=self.shell.user_ns, progress=widgets.progress_hook(), **kwargs
-            )
+            # The flags as they are declared (`launch`); Python spells some otherwise (`needs=`, `on=`).
+            results = launch(cell, namespace=self.shell.user_ns, progress=widgets.progress_hook(), **kwargs)
         except (ClusterLost, ClusterCannotRun):
             raise  # one line too, and sys.last_value.results keeps what finished
         except NbclusterError as e:

@@ -23,7 +23,7 @@ import pytest
 from nbcluster import commands
 from nbcluster.cluster.spec import START_OPTIONS, ClusterSpec
 from nbcluster.config_schema import load
-from nbcluster.run.api import distribute
+from nbcluster.run.api import distribute, launch
 from nbcluster.run.options import FLAGS
 from nbcluster.server import openapi
 from nbcluster.server.handlers import START_FIELDS
@@ -89,7 +89,7 @@ def test_site_pages_show_no_markdown_table_syntax(site: Path) -> None:
 def test_site_reference_lists_every_distribute_flag_with_its_keyword_and_default(site: Path) -> None:
     page = text(site, "reference/options.html")
     for flag in FLAGS:
-        assert flag.usage in page and f"{flag.dest}={flag.default!r}" in page, flag.name
+        assert flag.usage in page and flag.python in page.replace("“", '"').replace("”", '"'), flag.name
         assert " ".join(flag.help.replace("`", "").split()) in page.replace(" ,", ","), flag.name
 
 
@@ -225,10 +225,18 @@ def test_rest_start_body_is_the_declared_start_fields() -> None:
 
 
 def test_declared_defaults_are_the_api_defaults() -> None:
-    # `distribute()` keeps its keyword arguments (the public API); they must agree.
-    parameters = inspect.signature(distribute).parameters
+    # The magic calls `launch` with the declared names; `distribute()` spells a flag the same
+    # way unless the declaration says otherwise (`needs=`, `on=`, a function of its own).
+    inner = inspect.signature(launch).parameters
+    public = inspect.signature(distribute).parameters
     for flag in FLAGS:
-        assert parameters[flag.dest].default == flag.default, flag.name
+        assert inner[flag.dest].default == flag.default, flag.name
+        keyword, _, default = flag.python.partition("=")
+        if keyword == flag.dest:
+            assert public[flag.dest].default == flag.default and default == repr(flag.default), flag.name
+        else:
+            assert flag.dest not in public, f"{flag.name}: distribute() spells it {flag.python}"
+            assert keyword in public or keyword.startswith("nbcluster."), flag.name
     # Every start option is an argument of the one check of a start request.
     assert {o.field for o in START_OPTIONS} <= set(inspect.signature(ClusterSpec.from_user).parameters)
 

@@ -24,7 +24,7 @@ import nbcluster
 from nbcluster import _compat, _current
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.run import ranks as rank_jobs
-from nbcluster.run.api import distribute
+from nbcluster.run.api import ranks as run_ranks
 
 torch = pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
 psutil = pytest.importorskip("psutil")
@@ -90,7 +90,7 @@ float(loss)
 
 def test_rank_zeros_reports_draw_the_curve_live_and_metrics_keep_every_rank(two: ClusterHandle, tmp_path: Path) -> None:
     go = tmp_path / "go"
-    runs = distribute(LIVE, ranks=2, namespace=_ns(GO=str(go)), wait=False)
+    runs = run_ranks(LIVE, n=2, namespace=_ns(GO=str(go)), wait=False)
     try:
         trials = runs._trials
         assert trials is not None  # a trial job: it reports
@@ -156,12 +156,12 @@ nbcluster.start(workers=2, threads=1)
 source = open({train!r}).read()
 ns = {{"__name__": "__main__", "LOG": {log!r}}}
 if sys.argv[1] == "first":
-    runs = nbcluster.distribute(source, ranks=2, namespace=ns, wait=False)
+    runs = nbcluster.ranks(source, n=2, namespace=ns, wait=False)
     # Killed once rank 0 has saved step 4: the kernel dies mid-job, as kill -9 does it.
     while "step 0 4 1" not in (open({log!r}).read() if os.path.exists({log!r}) else ""):
         time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGKILL)
-runs = nbcluster.distribute(source, ranks=2, namespace=ns, resume=True)
+runs = nbcluster.ranks(source, n=2, namespace=ns, resume=True)
 print("STATES", runs.states, runs.errors)
 print("SAME", runs.values()[0] == runs.values()[1])
 """
@@ -218,7 +218,7 @@ def test_a_timeout_ends_every_rank_of_a_stuck_job_and_frees_their_workers(
 ) -> None:
     with dask.config.set({"nbcluster.stop.grace": "1s"}):
         began = time.monotonic()
-        runs = distribute(STUCK, ranks=2, timeout="3s", namespace=_ns(PIDS=str(tmp_path / "pid-")))
+        runs = run_ranks(STUCK, n=2, timeout="3s", namespace=_ns(PIDS=str(tmp_path / "pid-")))
         took = time.monotonic() - began
     assert runs.done and runs.states == ["timed out", "timed out"], (runs.states, runs.errors)
     err = capsys.readouterr().err
@@ -230,7 +230,7 @@ def test_a_timeout_ends_every_rank_of_a_stuck_job_and_frees_their_workers(
     _until("every rank's process ended", lambda: not any(_running(pid) for pid in pids), seconds=10)
     # Every rank's worker is free again: a new job starts on both.
     _both_back(two)
-    again = distribute("import os\nos.getpid()", ranks=2, namespace=_ns())
+    again = run_ranks("import os\nos.getpid()", n=2, namespace=_ns())
     assert again.ok and set(again.values()).isdisjoint(pids), again.errors
 
 
@@ -245,7 +245,7 @@ while True:
 
 
 def test_runs_stop_stops_the_whole_job(two: ClusterHandle, capsys: pytest.CaptureFixture[str]) -> None:
-    runs = distribute(LOOP, ranks=2, namespace=_ns(), wait=False)
+    runs = run_ranks(LOOP, n=2, namespace=_ns(), wait=False)
     trials = runs._trials
     assert trials is not None
     _until("both ranks report", lambda: {0, 1} <= set(trials.last))
@@ -270,8 +270,8 @@ def test_resume_of_a_finished_job_takes_every_rank_from_the_journal(
     source = "import nbcluster\nopen(LOG, 'a').write(f'ran {nbcluster.rank()}\\n')\nnbcluster.rank()"
     ns = _ns(LOG=str(tmp_path / "ran.log"))
     with dask.config.set({"nbcluster.journal.path": str(tmp_path / "journal")}):
-        assert distribute(source, ranks=2, namespace=ns).values() == [0, 1]
-        again = distribute(source, ranks=2, namespace=ns, resume=True)
+        assert run_ranks(source, n=2, namespace=ns).values() == [0, 1]
+        again = run_ranks(source, n=2, namespace=ns, resume=True)
     assert again.values() == [0, 1] and again.ok
     assert (tmp_path / "ran.log").read_text().split("\n").count("ran 0") == 1  # not run again
     assert "resumed 2/2" in capsys.readouterr().out
@@ -295,12 +295,12 @@ def test_resume_of_a_job_that_ended_in_part_runs_every_rank_again(
     log, fixed = tmp_path / "ran.log", tmp_path / "fixed"
     ns = _ns(LOG=str(log), FIXED=str(fixed))
     with dask.config.set({"nbcluster.journal.path": str(tmp_path / "journal")}):
-        first = distribute(PART, ranks=2, namespace=ns)
+        first = run_ranks(PART, n=2, namespace=ns)
         assert first.counts()["done"] == 1 and first.counts()["failed"] == 1, first.counts()
         fixed.write_text("")
         _both_back(two)
         capsys.readouterr()
-        again = distribute(PART, ranks=2, namespace=ns, resume=True)
+        again = run_ranks(PART, n=2, namespace=ns, resume=True)
     assert again.ok and again.values() == [0, 1], again.errors
     assert log.read_text().split("\n").count("ran 1") == 2  # rank 1 ran again, with rank 0
     assert "--resume runs the job's 2 ranks again together" in capsys.readouterr().out
@@ -308,7 +308,7 @@ def test_resume_of_a_job_that_ended_in_part_runs_every_rank_again(
 
 def test_a_cancel_of_a_trial_job_stops_every_rank_with_one_line(two: ClusterHandle, tmp_path: Path) -> None:
     source = "import os, nbcluster\nopen(PIDS + str(nbcluster.rank()), 'w').write(str(os.getpid()))\n" + LOOP
-    runs = distribute(source, ranks=2, namespace=_ns(PIDS=str(tmp_path / "pid-")), wait=False)
+    runs = run_ranks(source, n=2, namespace=_ns(PIDS=str(tmp_path / "pid-")), wait=False)
     _until("both ranks run", lambda: len(list(tmp_path.glob("pid-*"))) == 2)
     pids = [int(p.read_text()) for p in sorted(tmp_path.glob("pid-*"))]
     runs.cancel()  # what Ctrl-C in the waiting cell does
@@ -351,11 +351,11 @@ def test_resume_after_a_timeout_continues_the_job_from_its_checkpoint(two: Clust
     ns = _ns(LOG=str(log))
     with dask.config.set({"nbcluster.journal.path": str(tmp_path / "journal"),
                           "nbcluster.checkpoint.path": str(tmp_path / "checkpoints"), "nbcluster.stop.grace": "1s"}):  # fmt: skip
-        first = distribute(STEPS, ranks=2, timeout="2s", namespace=ns)
+        first = run_ranks(STEPS, n=2, timeout="2s", namespace=ns)
         # Both ranks stopped at their next report: a stopped value each, not a failure.
         assert first.states == ["timed out", "timed out"] and first.counts()["done"] == 2, first.errors
         _both_back(two)
-        again = distribute(STEPS, ranks=2, timeout="2s", namespace=ns, resume=True)
+        again = run_ranks(STEPS, n=2, timeout="2s", namespace=ns, resume=True)
     assert again.states == ["timed out", "timed out"]
     starts = [line.split() for line in log.read_text().splitlines()]
     assert len(starts) == 4 and sorted(s[1] for s in starts[:2]) == sorted(s[1] for s in starts[2:]) == ["0", "1"]

@@ -102,6 +102,17 @@ def test_asha_stops_the_losing_trials_and_keeps_the_best(cluster: ClusterHandle)
     assert runs.ok
 
 
+def test_asha_stops_a_fast_trial_at_the_rung_it_lost_at(cluster: ClusterHandle) -> None:
+    # Steps of microseconds: without waiting for the verdict at a rung, a dropped trial
+    # would run all 27 steps before the kernel's stop could reach it.
+    quality = [0.9, 0.8, 0.3, 0.25, 0.2, 0.15, 0.1, 0.05, 0.01]
+    runs = nbcluster.distribute(ramp(quality, 0.0), over=range(9), objective="acc:max", stopper="asha")
+    stopped = [runs[i] for i, state in enumerate(runs.states) if state == "stopped"]
+    assert len(stopped) >= 6, runs.states
+    assert all(isinstance(s, trial.Stopped) and s.step in (1, 3, 9) for s in stopped), stopped
+    assert runs.states[0] == "done" and runs.ok
+
+
 def test_stopping_an_item_that_never_reports_frees_its_worker(cluster: ClusterHandle) -> None:
     def spin(_: int) -> None:
         while True:  # never reports, never sleeps: only a forced stop ends it

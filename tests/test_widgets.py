@@ -28,8 +28,9 @@ from distributed import Event, as_completed
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.cluster.info import ClusterInfo
 from nbcluster.widgets import live, status
+from nbcluster.widgets._format import format_bytes, format_duration, prefix_color
 from nbcluster.widgets._progress import RateMeter, TextBar, is_finished, rank_grid
-from nbcluster.widgets._static import format_bytes, format_duration, prefix_color, render_html
+from nbcluster.widgets._static import render_html
 from nbcluster.widgets.widget import build_esm
 from tests.widget_helpers import Recorder, broken, square
 

@@ -6,7 +6,8 @@ Nothing in these tables is typed by hand, so they cannot drift from the code:
   ``nbcluster NAME``), from the argparse parser `nbcluster.commands.build_parser` makes
   (whose start options come from `nbcluster.cluster.spec.START_OPTIONS`);
 - ``nbcluster-distribute-options``: the `%%distribute` flags, from
-  `nbcluster.run.options.FLAGS`, with the `distribute()` keyword and default of each;
+  `nbcluster.run.options.FLAGS`, with the Python spelling of each (`distribute()`'s keyword
+  and default, or where it went);
 - ``nbcluster-settings``: every key of ``nbcluster.yaml`` with its kind, default and the
   comment above it, via `nbcluster.config_schema.load`.
 
@@ -136,9 +137,9 @@ class DistributeOptionsDirective(SphinxDirective):
         from nbcluster.run.options import FLAGS
 
         rows = [
-            [code(flag.usage), code(f"{flag.dest}={flag.default!r}"), inline(flag.help)] for flag in FLAGS
+            [code(flag.usage), code(flag.python), inline(flag.help)] for flag in FLAGS
         ]
-        return [table(["flag", "distribute() keyword", "meaning"], rows, [28, 22, 50])]
+        return [table(["flag", "in Python", "meaning"], rows, [28, 22, 50])]
 
 
 class SettingsDirective(SphinxDirective):

@@ -384,21 +384,12 @@ class ControlPlugin(SchedulerPlugin):
 
 async def _plug_in(scheduler: Any, control: Control) -> None:
     """Install nbcluster's scheduler plugins on a scheduler running in this process."""
-    for plugin in (ControlPlugin(control), SchedulerStreams(), _load_metrics_plugin()):
-        if plugin is not None:
-            # add_plugin on a running scheduler does not call start(); we must.
-            scheduler.add_plugin(plugin)
-            await plugin.start(scheduler)
+    from nbcluster.metrics.plugin import MetricsPlugin
 
-
-def _load_metrics_plugin() -> SchedulerPlugin | None:
-    # The metrics plugin is optional here so a broken or missing one never stops a cluster
-    # from starting; the live graphs just stay empty.
-    try:
-        from nbcluster.metrics.plugin import MetricsPlugin
-    except ImportError:
-        return None
-    return MetricsPlugin()
+    for plugin in (ControlPlugin(control), SchedulerStreams(), MetricsPlugin()):
+        # add_plugin on a running scheduler does not call start(); we must.
+        scheduler.add_plugin(plugin)
+        await plugin.start(scheduler)
 
 
 def _claim_name(directory: Path, spec: ClusterSpec, entry: RegistryEntry) -> str:
@@ -566,7 +557,7 @@ class _Supervision:
             if self.spec.backend != "local":
                 message = f"the {self.spec.backend} backend could not start the cluster: {message}"
             traceback.print_exc()
-        await self._close(lifeline_grace() if self.lifeline.reason else 10)
+        await self._close(unhurried=10)
         kill_descendants()  # whatever the close did not finish: no worker outlives a failed start
         registry.remove(self.directory, self.name)
         kept = startlog.keep_failed(self.log) if self.entry["state"] == "starting" else None
@@ -580,12 +571,14 @@ class _Supervision:
         finally:
             # The entry goes first: from now on nobody should hand this cluster new work.
             registry.update(self.directory, self.name, {**self.entry, "state": "stopping"})
-            # A signal or a dead owner leaves GRACE_S before the lifeline's watchdog ends the
-            # process anyway; an explicit `nbcluster_stop` may take its time.
-            await self._close(lifeline_grace() if self.lifeline.reason else 20)
+            await self._close(unhurried=20)
             registry.remove(self.directory, self.name)
 
-    async def _close(self, budget: float) -> None:
+    async def _close(self, unhurried: float) -> None:
+        # A signal or a dead owner leaves GRACE_S before the lifeline's watchdog ends the
+        # process anyway: the close takes less, so it, not the watchdog, usually ends it. An
+        # explicit stop may take `unhurried` seconds.
+        budget = GRACE_S * 0.8 if self.lifeline.reason else unhurried
         if self.control_server is not None:
             self.control_server.stop()
         if self.deployment is not None:
@@ -668,18 +661,6 @@ async def run(
         return 1
     await run.serve()
     return 0
-
-
-def lifeline_grace() -> float:
-    """What a graceful close may take when the stop came from a signal or the owner: less
-    than the lifeline's grace period, so the close, not the watchdog, usually ends it.
-
-    Returns
-    -------
-    float
-        Seconds.
-    """
-    return GRACE_S * 0.8
 
 
 def import_ahead() -> None:

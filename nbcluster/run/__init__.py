@@ -1,7 +1,9 @@
 """Running a cell's work on a cluster: `%%distribute` and `nbcluster.distribute()`.
 
 Every module here runs in the kernel. The magic parses its line (`args`) and calls
-`api.distribute` with the cell and the user's namespace; Python code calls it directly.
+`api.launch` with the cell, the user's namespace and the flags as declared; Python code calls
+`api.distribute` (or `everywhere`, `ranks`), which spells some options otherwise (`spelling`:
+``needs=``, ``on=``, and the old keywords for one release) and calls `launch`.
 
 Set-up, with no Dask traffic: `options` (the flags, declared and checked once), `args`
 (the magic's line), `cell` (source -> code, free names), `plan` (the items), `capture`

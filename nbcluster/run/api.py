@@ -41,7 +41,7 @@ import itertools
 import secrets
 import sys
 import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from nbcluster import _current
@@ -59,6 +59,7 @@ from nbcluster.run.job import Job
 from nbcluster.run.options import DistributeOptions
 from nbcluster.run.plan import Plan, plan
 from nbcluster.run.results import Results
+from nbcluster.run.spelling import RANKS_PASS, namespaces, spell
 from nbcluster.run.state import DONE, FAILED, PENDING
 from nbcluster.run.stoppers import make
 from nbcluster.run.target import Link, Needs
@@ -71,34 +72,32 @@ def distribute(
     over: Any = None,
     grid: Any = None,
     zip: Any = None,
-    namespace: dict[str, Any] | None = None,
     into: str | None = None,
-    gpus: float | None = None,
-    cpus: float | None = None,
-    cpu_only: bool = False,
+    needs: Needs | Mapping[str, Any] | None = None,
+    on: Any = None,
     retries: int = 0,
     batch: int | str = "auto",
     wait: bool = True,
     seed: int | None = None,
-    everywhere: bool = False,
-    ranks: int | None = None,
     local: int | str | bool = 0,
     persist: bool = False,
     resume: bool = False,
-    cluster: str | None = None,
     objective: str | None = None,
     stopper: Any = None,
     timeout: str | float | None = None,
-    client: Any = None,
+    namespace: dict[str, Any] | None = None,
     progress: Callable[[Results], None] | None = None,
-    first_line: int = 1,
+    **old: Any,
 ) -> Results:
     """Run a cell body or a function on the cluster, once per item: `%%distribute` in Python.
 
     Each item is one call (or one run of the cell) on a worker; small items are batched
     into one task, and results stream back as they finish. The options are those of
-    `%%distribute` (its flag ``--cpu-only`` is ``cpu_only=True`` here, ``--no-wait`` is
-    ``wait=False``), with the same defaults and the same checks.
+    `%%distribute`, with the same defaults and the same checks; what belongs together is
+    one argument: what each item needs of a worker is ``needs=Needs(...)`` (the flags
+    ``--gpus``, ``--cpus``, ``--cpu-only``) and where the run goes is ``on=`` (``--cluster``).
+    ``--no-wait`` is ``wait=False``. Once on every worker is `everywhere`; one job of
+    several ranks is `ranks`.
 
     Parameters
     ----------
@@ -115,18 +114,15 @@ def distribute(
         varies slowest).
     zip : str or dict of lists, optional
         ``"a=[...], b=[...]"``: the named lists walked in step (the same length each).
-    namespace : dict, optional
-        Where `over`, `grid`, `zip` are evaluated and the cell's free names are looked up;
-        default: the caller's globals and locals. `into` is written here (default: the
-        caller's globals).
     into : str, optional
         A variable name: the `Results` are stored there as soon as the run starts.
-    gpus : float, optional
-        GPUs each item needs: it runs only on GPU workers.
-    cpus : float, optional
-        CPU cores each item needs, of a CPU worker.
-    cpu_only : bool, default False
-        Keep items off GPU workers.
+    needs : Needs or dict, optional
+        What each item needs of a worker: ``Needs(gpus=1)`` runs items only on GPU workers,
+        ``Needs(cpus=2)`` gives each two cores of a CPU worker, ``Needs(cpu_only=True)``
+        keeps them off GPU workers. A dict of the same fields works too.
+    on : str, ClusterHandle or distributed.Client, optional
+        Where to run: a cluster's name, a cluster's handle (from `start` or `connect`), or a
+        Dask client; default the current cluster.
     retries : int, default 0
         Run a failing item again, up to this many more times.
     batch : int or "auto", default "auto"
@@ -137,14 +133,6 @@ def distribute(
     seed : int, optional
         Each item gets its own reproducible ``seed`` (a variable in a cell, a keyword for a
         function), derived from this and the item's index.
-    everywhere : bool, default False
-        Run once on every worker (set-up code); results are keyed by worker. Not with
-        `over`, `grid`, `zip` or `local`.
-    ranks : int, optional
-        Run the body as this many ranks of one job (`ranks`): all start together, each on a
-        worker process of its own with torchrun's environment, and one failing stops them
-        all. Results are in rank order. Not with `over`, `grid`, `zip`, `everywhere`,
-        `local`, `persist`, `resume` or `retries`.
     local : int or bool, default 0
         Run the first `local` items here in this process first, to debug quickly; True
         runs every item here (no cluster needed).
@@ -156,8 +144,6 @@ def distribute(
         Pick up the last run of the same cell on the same items and inputs (in this kernel
         or an earlier one) from its journal: its finished items are taken as they are and
         only the others run. Without a journal of that run, everything runs.
-    cluster : str, optional
-        The name of the cluster to use instead of the current one.
     objective : str, optional
         ``"NAME:min"`` or ``"NAME:max"``: the metric (reported with `nbcluster.report`, or
         the item's result) that ranks the trials in the live table and `Results.best`.
@@ -169,14 +155,19 @@ def distribute(
     timeout : str or float, optional
         Stop an item that runs longer than this: seconds, or ``"90s"``, ``"2h"``. It is asked
         first, then forced after ``nbcluster.stop.grace``; it ends *timed out*.
-    client : distributed.Client, optional
-        A Dask client to run on instead of a cluster nbcluster knows.
+    namespace : dict, optional
+        Where `over`, `grid`, `zip` are evaluated and the cell's free names are looked up;
+        default: the caller's globals and locals. `into` is written here (default: the
+        caller's globals).
     progress : callable, optional
         Called with the `Results` as the run starts (once its first items are on their way)
-        and after each change (as by `Results.subscribe`): a progress display.
-    first_line : int, default 1
-        The line number of the body's first line, for tracebacks (2 in a cell magic, whose
-        first line is ``%%distribute``).
+        and after each change (as by `Results.subscribe`): a progress display, such as
+        ``nbcluster.widgets.progress_hook()``.
+    **old
+        The keywords of the release before, for one release more, each warning with one
+        line (a `FutureWarning`) that names its new spelling: ``gpus``, ``cpus`` and
+        ``cpu_only`` (now `needs`), ``cluster`` and ``client`` (now `on`), ``everywhere``
+        (now `everywhere`), ``ranks`` (now `ranks`) and ``first_line`` (the magic's own).
 
     Returns
     -------
@@ -186,9 +177,9 @@ def distribute(
     Raises
     ------
     nbcluster.errors.BadArgument
-        An option that is not valid, with what to write instead.
+        An option that is not valid (or not an option), with what to write instead.
     nbcluster.errors.NoCluster
-        No cluster to run on (none current, and neither `cluster` nor `client` given).
+        No cluster to run on (none current, and no `on` given).
 
     Examples
     --------
@@ -198,12 +189,158 @@ def distribute(
     >>> squares.values()
     [0, 1, 4, 9, 16]
 
-    A cell's source, with the notebook's variables it reads sent along:
+    A cell's source, with the notebook's variables it reads sent along, on a cluster named
+    by its handle, each item with a core of its own:
 
     >>> offset = 10
-    >>> nbcluster.distribute("x + offset", over="x in range(3)").values()
+    >>> nbcluster.distribute("x + offset", over="x in range(3)", on=cluster, needs=nbcluster.Needs(cpus=1)).values()
     nbcluster: sent offset (5 B) with the cell
     [10, 11, 12]
+    """
+    namespace, home = namespaces(namespace)
+    spelled = spell(distribute, old, needs=needs, on=on, stacklevel=2)
+    return launch(
+        body, over=over, grid=grid, zip=zip, into=into, retries=retries, batch=batch, wait=wait, seed=seed,
+        local=local, persist=persist, resume=resume, objective=objective, stopper=stopper, timeout=timeout,
+        namespace=namespace, home=home, progress=progress, **spelled,
+    )  # fmt: skip
+
+
+def everywhere(
+    body: str | Callable[..., Any],
+    *,
+    needs: Needs | Mapping[str, Any] | None = None,
+    on: Any = None,
+    into: str | None = None,
+    wait: bool = True,
+    seed: int | None = None,
+    retries: int = 0,
+    namespace: dict[str, Any] | None = None,
+    progress: Callable[[Results], None] | None = None,
+) -> Results:
+    """Run a cell body or a function once on every worker: ``%%distribute --everywhere``.
+
+    For set-up code: an import, a file fetched, a model loaded into `worker_local`. The
+    workers are those of the cluster when the call starts (with `needs`, only those that
+    have what it asks, such as the GPU workers); a worker that joins later does not run it.
+    These runs are not journaled: their items are the workers of now, so there is nothing
+    for a later ``resume`` to pick up.
+
+    Parameters
+    ----------
+    body : str or callable
+        Cell source, or a function called with no arguments (``seed=`` with `seed`).
+    needs : Needs or dict, optional
+        Run only on the workers that have this for it, as in `distribute`.
+    on : str, ClusterHandle or distributed.Client, optional
+        Where to run, as in `distribute`; default the current cluster.
+    into : str, optional
+        A variable name: the `Results` are stored there as soon as the run starts.
+    wait : bool, default True
+        False: return at once; the results fill in while you work.
+    seed : int, optional
+        Each worker's run gets its own reproducible ``seed``, derived from this.
+    retries : int, default 0
+        Run a failing worker's body again, up to this many more times.
+    namespace : dict, optional
+        Where a cell's free names are looked up; default: the caller's variables.
+    progress : callable, optional
+        A progress display, as in `distribute`.
+
+    Returns
+    -------
+    Results
+        One value per worker, in the order of the workers' addresses as the scheduler
+        listed them; ``results.params`` names each item's worker.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        When the cluster has no worker (that has what `needs` asks) right now.
+
+    Examples
+    --------
+    >>> def where():
+    ...     import os
+    ...     return os.getpid()
+    >>> len(nbcluster.everywhere(where)) == len(nbcluster.current().client.ncores())
+    True
+    """
+    namespace, home = namespaces(namespace)
+    spelled = spell(everywhere, {}, needs=needs, on=on, stacklevel=2)
+    return launch(
+        body, everywhere=True, into=into, wait=wait, seed=seed, retries=retries, namespace=namespace,
+        home=home, progress=progress, **spelled,
+    )  # fmt: skip
+
+
+def launch(
+    body: str | Callable[..., Any],
+    *,
+    over: Any = None,
+    grid: Any = None,
+    zip: Any = None,
+    namespace: dict[str, Any] | None = None,
+    home: dict[str, Any] | None = None,
+    into: str | None = None,
+    gpus: float | None = None,
+    cpus: float | None = None,
+    cpu_only: bool = False,
+    retries: int = 0,
+    batch: int | str = "auto",
+    wait: bool = True,
+    seed: int | None = None,
+    everywhere: bool = False,
+    ranks: int | None = None,
+    local: int | str | bool = 0,
+    persist: bool = False,
+    resume: bool = False,
+    cluster: Any = None,
+    objective: str | None = None,
+    stopper: Any = None,
+    timeout: str | float | None = None,
+    client: Any = None,
+    progress: Callable[[Results], None] | None = None,
+    first_line: int = 1,
+) -> Results:
+    """Start a run from the options as `%%distribute`'s flags name them: what the magic calls.
+
+    The public functions (`distribute`, `everywhere`, `ranks`) spell these in Python and
+    call this; the keywords are the declarations' (`options.FLAGS`, each flag's ``dest``),
+    with their defaults.
+
+    Parameters
+    ----------
+    body : str or callable
+        As in `distribute`.
+    over, grid, zip, into, retries, batch, wait, seed, local, persist, resume : optional
+        As in `distribute`.
+    objective, stopper, timeout, progress : optional
+        As in `distribute`.
+    namespace : dict, optional
+        Where names are looked up; default: the caller's variables.
+    home : dict, optional
+        Where `into` is written; default `namespace` (the caller's globals without one).
+    gpus, cpus : float, optional
+        ``--gpus``, ``--cpus``: `Needs`' fields.
+    cpu_only : bool, default False
+        ``--cpu-only``: `Needs`' field.
+    everywhere : bool, default False
+        ``--everywhere``: once on every worker (`everywhere`).
+    ranks : int, optional
+        ``--ranks N``: one job of N ranks (`ranks`).
+    cluster : str or ClusterHandle, optional
+        ``--cluster NAME``, or the handle `distribute`'s ``on=`` gave.
+    client : distributed.Client, optional
+        The client `distribute`'s ``on=`` gave.
+    first_line : int, default 1
+        The line number of the body's first line, for tracebacks (2 in a cell magic, whose
+        first line is ``%%distribute``).
+
+    Returns
+    -------
+    Results
+        As `distribute`.
     """
     _check(
         body, into, gpus, cpus, cpu_only, retries, batch, seed, everywhere, local, over, grid, zip, namespace,
@@ -212,13 +349,16 @@ def distribute(
     if namespace is None:  # the caller's variables; --into goes to its globals
         caller = sys._getframe(1)
         home, namespace = caller.f_globals, {**caller.f_globals, **caller.f_locals}
-    else:
+    elif home is None:
         home = namespace
     run_id = _run_id()
     cell = None
     if isinstance(body, str):
         cell = Cell.parse(body, filename=f"<distribute-{run_id}>", first_line=first_line)
-    link = Link(Needs(gpus, cpus, cpu_only), client=client, cluster=cluster, find=_current.handle_for)
+    find: Callable[[str | None], Any] = _current.handle_for
+    if cluster is not None and not isinstance(cluster, str):  # a handle (`on=`): that very cluster
+        find, cluster = functools.partial(_given, cluster), cluster.name
+    link = Link(Needs(gpus, cpus, cpu_only), client=client, cluster=cluster, find=find)
     items = _items(everywhere, link, over, grid, zip, namespace, ranks)
     n_local = len(items) if local in ("all", True) else min(int(local), len(items))
     remote = n_local < len(items)
@@ -266,8 +406,19 @@ def distribute(
     return results
 
 
+def _given(handle: Any, name: str | None) -> Any:
+    """`Link`'s lookup when `on=` gave the cluster's handle: that handle."""
+    return handle
+
+
 def ranks(
-    fn: str | Callable[..., Any], n: int, *, namespace: dict[str, Any] | None = None, **options: Any
+    fn: str | Callable[..., Any],
+    n: int,
+    *,
+    needs: Needs | Mapping[str, Any] | None = None,
+    on: Any = None,
+    namespace: dict[str, Any] | None = None,
+    **options: Any,
 ) -> Results:
     """Run `fn` as `n` ranks of one job, as torchrun would: ``%%distribute --ranks N`` in Python.
 
@@ -290,11 +441,17 @@ def ranks(
         A function called with no arguments in each rank (or cell source).
     n : int
         The number of ranks.
+    needs : Needs or dict, optional
+        What each rank needs of its worker, as in `distribute`: ``Needs(gpus=1)`` gives
+        each rank a GPU worker (for NCCL).
+    on : str, ClusterHandle or distributed.Client, optional
+        Where to run, as in `distribute`; default the current cluster.
     namespace : dict, optional
         For cell source: where its free names are looked up; default the caller's.
     **options : Any
-        `distribute`'s other options: ``gpus=1`` gives each rank a GPU worker (for NCCL),
-        ``cpus``, ``into``, ``wait``, ``seed``, ``cluster``, ``client``.
+        `distribute`'s other options that a job takes: ``into``, ``wait``, ``seed``,
+        ``timeout``, ``progress``. (The old ``gpus``, ``cpus``, ``cluster``, ``client`` work
+        for one release, warning with their new spelling.)
 
     Returns
     -------
@@ -316,10 +473,9 @@ def ranks(
     >>> nbcluster.ranks(where, n=2).values()
     [('0', '2'), ('1', '2')]
     """
-    if namespace is None:
-        caller = sys._getframe(1)
-        namespace = {**caller.f_globals, **caller.f_locals}
-    return distribute(fn, ranks=n, namespace=namespace, **options)
+    namespace, home = namespaces(namespace)
+    spelled = spell(ranks, options, needs=needs, on=on, known=RANKS_PASS, stacklevel=2)
+    return launch(fn, ranks=n, namespace=namespace, home=home, **spelled)
 
 
 def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, journaled: bool) -> set[int]:
@@ -702,4 +858,4 @@ def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: A
     )  # fmt: skip
 
 
-__all__ = ["Interrupted", "distribute", "ranks", "wait"]
+__all__ = ["Interrupted", "distribute", "everywhere", "launch", "ranks", "wait"]

@@ -1,4 +1,4 @@
-"""The `%%distribute` line -> keyword arguments of `distribute()`.
+"""The `%%distribute` line -> keyword arguments of `launch()`, the engine of `distribute()`.
 
 Values of `--over`, `--grid` and `--zip` are Python expressions, which `shlex` would
 mangle (it strips the quotes inside `['a b', 'c']`). So the line is split by a small
@@ -16,7 +16,7 @@ a stray `)` or `$` is an error in one version and a token in another, a `#` star
 comment, and f-strings split into several tokens from 3.12. Matching the scanner's
 behaviour took as many special cases as the scanner has lines (tried: issue 17).
 
-Nothing is evaluated here: expressions go to `distribute()`, which evaluates them in the
+Nothing is evaluated here: expressions go to `launch()`, which evaluates them in the
 user's namespace and reports their errors.
 """
 
@@ -80,7 +80,7 @@ def help_text() -> str:
 
 
 def parse_distribute_line(line: str) -> dict[str, Any]:
-    """Keyword arguments for `distribute()` from a `%%distribute` line.
+    """Keyword arguments for `launch()` (what `distribute()` calls) from a `%%distribute` line.
 
     Parameters
     ----------
@@ -91,7 +91,7 @@ def parse_distribute_line(line: str) -> dict[str, Any]:
     Returns
     -------
     dict
-        The arguments `distribute()` takes, with ``first_line`` 2 (the cell's body starts on
+        The arguments `launch()` takes, with ``first_line`` 2 (the cell's body starts on
         the notebook cell's second line).
 
     Raises

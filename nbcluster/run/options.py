@@ -7,6 +7,11 @@ help. The magic's parser, `%%distribute?` and the docs' option reference
 `%%distribute` and `distribute()` both do, so both reject the same input with the same
 message.
 
+Each field's name is the keyword of `api.launch`, which the magic calls. Python spells most
+flags the same way in `distribute()`; the rest say how (``python``): what each item needs
+is one ``needs=Needs(...)``, the cluster is ``on=``, and ``--everywhere`` and ``--ranks``
+are functions of their own (`run/spelling.py`).
+
 Kinds of value, as read from the magic's line (see `args.py`): ``expr`` a Python
 expression, kept as text; ``name`` a variable name; ``text`` one word; ``amount`` a number
 above 0; ``count`` a whole number of 0 or more; ``int`` any whole number; ``batch``
@@ -25,9 +30,9 @@ from nbcluster.run.stoppers import make
 from nbcluster.run.trials import Objective, parse_timeout
 
 
-def _flag(kind: str, help: str, metavar: str = "", flag: str = "") -> dict[str, str]:
+def _flag(kind: str, help: str, metavar: str = "", flag: str = "", python: str = "") -> dict[str, str]:
     """A field's declaration as a flag: see `Flag`."""
-    return {"kind": kind, "help": help, "metavar": metavar, "flag": flag}
+    return {"kind": kind, "help": help, "metavar": metavar, "flag": flag, "python": python}
 
 
 @dataclass(frozen=True)
@@ -35,11 +40,12 @@ class Flag:
     """One `%%distribute` flag, as the declaration below states it."""
 
     name: str  # without the leading --
-    dest: str  # keyword of distribute()
+    dest: str  # keyword of `launch()`, which the magic calls
     kind: str
     metavar: str
     help: str
     default: Any
+    python: str  # how Python spells it: `distribute()`'s keyword and default, or where it went
 
     @property
     def usage(self) -> str:
@@ -61,11 +67,12 @@ class DistributeOptions:
     into: str | None = field(default=None, metadata=_flag(
         "name", "put the results in the variable `NAME` (the cell then shows no output)", "NAME"))
     gpus: float | None = field(default=None, metadata=_flag(
-        "amount", "each item needs `N` GPUs: it runs only on GPU workers", "N"))
+        "amount", "each item needs `N` GPUs: it runs only on GPU workers", "N",
+        python="needs=Needs(gpus=N)"))
     cpus: float | None = field(default=None, metadata=_flag(
-        "amount", "each item needs `N` CPU cores of a CPU worker", "N"))
+        "amount", "each item needs `N` CPU cores of a CPU worker", "N", python="needs=Needs(cpus=N)"))
     cpu_only: bool = field(default=False, metadata=_flag(
-        "switch", "keep items off GPU workers"))
+        "switch", "keep items off GPU workers", python="needs=Needs(cpu_only=True)"))
     retries: int = field(default=0, metadata=_flag(
         "count", "run a failing item again, up to `N` more times", "N"))
     batch: int | str = field(default="auto", metadata=_flag(
@@ -76,11 +83,12 @@ class DistributeOptions:
     seed: int | None = field(default=None, metadata=_flag(
         "int", "each item gets its own reproducible `seed` variable, derived from `S` and its index", "S"))
     everywhere: bool = field(default=False, metadata=_flag(
-        "switch", "run the cell once on every worker (set-up code); results are keyed by worker"))
+        "switch", "run the cell once on every worker (set-up code); results are keyed by worker",
+        python="nbcluster.everywhere(body)"))
     ranks: int | None = field(default=None, metadata=_flag(
         "count", "run the cell as `N` ranks of one job (data-parallel training), all started together, each "
         "on a worker process of its own with the environment torchrun sets: `RANK`, `WORLD_SIZE`, "
-        "`MASTER_ADDR`, `MASTER_PORT`, and one failing stops them all", "N"))
+        "`MASTER_ADDR`, `MASTER_PORT`, and one failing stops them all", "N", python="nbcluster.ranks(body, n=N)"))
     local: int | str | bool = field(default=0, metadata=_flag(
         "local", "run the first `K` items here in the kernel first, to debug quickly; `--local` alone "
         "runs everything here (no cluster needed)", "[K]"))
@@ -91,7 +99,7 @@ class DistributeOptions:
         "switch", "pick up the last run of this same cell (same items and inputs), from its journal: "
         "only the items it did not finish run (a new kernel finds it too)"))
     cluster: str | None = field(default=None, metadata=_flag(
-        "text", "use the named cluster instead of the current one", "NAME"))
+        "text", "use the named cluster instead of the current one", "NAME", python='on="NAME"'))
     objective: str | None = field(default=None, metadata=_flag(
         "text", "the metric (from `nbcluster.report` or the result) that ranks the trials, and which "
         "way: the live table and `best()` use it; without it the table claims no order", "NAME:min|max"))
@@ -189,6 +197,7 @@ FLAGS: tuple[Flag, ...] = tuple(
         metavar=f.metadata["metavar"],
         help=f.metadata["help"],
         default=f.default,
+        python=f.metadata["python"] or f"{f.name}={f.default!r}",
     )
     for f in fields(DistributeOptions)
 )

@@ -21,6 +21,11 @@ Two are built in, named after their papers and Ray Tune's schedulers of the same
   other trials' mean scores up to the same step, once at least ``min_trials`` others
   have reached it.
 
+A stopper may also have ``rungs``, a list of steps (`ASHA` has): a trial reporting the
+objective at one of them waits for the verdict on that report before it goes on, so a
+trial dropped at a rung stops there. Between rungs, and for a stopper without them,
+trials never wait; a stop reaches them within about a tenth of a second.
+
 `make` reads ``--stop``'s text: ``asha``, ``median``, ``asha(grace=2, eta=4)``.
 """
 

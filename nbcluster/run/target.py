@@ -119,7 +119,26 @@ def _follow(client: Any, now: float) -> bool:
 
 
 class Needs(NamedTuple):
-    """What each item asks of a worker: `--gpus`, `--cpus`, `--cpu-only`."""
+    """What each item of a run needs of a worker: ``distribute(..., needs=Needs(gpus=1))``.
+
+    `%%distribute`'s ``--gpus``, ``--cpus`` and ``--cpu-only``, in one value; they are
+    checked when a run starts, with its other options. An item runs only on a worker that
+    has what it needs, and as many items run at once on a worker as it has room for.
+
+    Parameters
+    ----------
+    gpus : float, optional
+        GPUs each item needs: it runs only on GPU workers.
+    cpus : float, optional
+        CPU cores each item needs, of a CPU worker.
+    cpu_only : bool, default False
+        Keep the items off GPU workers.
+
+    Examples
+    --------
+    >>> nbcluster.Needs(gpus=1)
+    Needs(gpus=1, cpus=None, cpu_only=False)
+    """
 
     gpus: float | None = None
     cpus: float | None = None

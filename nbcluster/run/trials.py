@@ -193,7 +193,9 @@ class Trials:
         # and only the curves of the items `drawn` says are drawn.
         self.job_stop: Callable[[str], None] | None = None
         self.drawn: Callable[[int], bool] = lambda i: True
-        self.spec: TrialSpec = {"topic": self.topic, "identity": None, "checkpoints": None}
+        rungs = [int(r) for r in getattr(stopper, "rungs", ())] if objective else []
+        self.spec: TrialSpec = {"topic": self.topic, "identity": None, "checkpoints": None, "rungs": rungs,
+                                "metric": objective.name if objective else None}  # fmt: skip
         self.rows: list[tuple[int, int, float, dict[str, float]]] = []
         self.last: dict[int, tuple[int, dict[str, float]]] = {}  # item -> (step, metrics)
         self.seen: set[str] = set()  # metric names reported
@@ -210,6 +212,7 @@ class Trials:
         self.wake: Callable[[], None] = lambda: None  # the waiting cell: new output to show
         self._due: list[tuple[float, int, str]] = []  # (when, item, "interrupt" | "restart")
         self._asks: list[tuple[int, str]] = []
+        self._verdicts: list[tuple[int, int]] = []  # (item, rung) judged "go on": its report waits
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = threading.Event()
@@ -321,6 +324,8 @@ class Trials:
                 name = self.objective.name if self.objective else None
                 if self.stopper is not None and name in metrics and i not in self.told and self.objective:
                     stop = stop or bool(self.stopper.decide(i, int(step), self.objective.score(metrics[name])))
+                    if not stop and int(step) in self.spec["rungs"]:
+                        self._verdicts.append((i, int(step)))
             if event.get("final"):
                 self.finals.add(i)
             printed = [(str(s), str(t)) for s, t in event.get("output") or ()]
@@ -335,6 +340,8 @@ class Trials:
             self._wake.set()
         if stop:
             self.stop(i, f"stopped by {getattr(self.stopper, 'name', type(self.stopper).__name__)}")
+        elif self._verdicts:
+            self._wake.set()
 
     def _curve(self, i: int, step: int, metrics: dict[str, float]) -> None:
         """Keep item `i`'s point of the curves' metric (the objective, else the first reported)."""
@@ -415,6 +422,8 @@ class Trials:
             if i in self.told:
                 return
             self.told[i] = reason
+            if self._client is None:  # --local: the item may be waiting on this very report
+                trial.stop_items(self.topic, [i], reason)
             self._asks.append((i, reason))
             grace = config.seconds("stop.grace")
             self._due.append((time.monotonic() + grace, i, "interrupt"))
@@ -435,7 +444,7 @@ class Trials:
     def _run(self) -> None:
         # After the run's end too, until the forced stops due are done: a cancelled run's items
         # that ignore the ask still hold their workers.
-        while not self._closed.is_set() or self._due or self._asks:
+        while not self._closed.is_set() or self._due or self._asks or self._verdicts:
             self._wake.wait(TICK_S)
             self._wake.clear()
             with contextlib.suppress(Exception):  # a bad moment of the cluster must not end the run's watch
@@ -449,10 +458,17 @@ class Trials:
                     self.stop(i, "timed out")
         with self._lock:
             asks, self._asks = self._asks, []
+            verdicts, self._verdicts = self._verdicts, []
             due = [d for d in self._due if d[0] <= mono]
             self._due = [d for d in self._due if d[0] > mono]
         for i, reason in asks:
             self._ask(i, reason)
+        by_worker: dict[str | None, list[tuple[int, int]]] = {}
+        for i, rung in verdicts if self._client is not None else ():
+            by_worker.setdefault(self.where.get(i), []).append((i, rung))
+        for address, judged in by_worker.items():
+            workers = [address] if address else None
+            self._client.run(trial.go_on, self.topic, judged, workers=workers, on_error="return")
         for _, i, step in due:
             if i in self.finals:  # it ended on its worker
                 continue

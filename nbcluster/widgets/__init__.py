@@ -5,7 +5,7 @@ Entry points (what the distribute engine and ``%cluster status`` call)::
     from nbcluster import widgets
 
     # %%distribute / nbcluster.distribute(): one argument, nothing else to manage
-    results = distribute(cell, namespace=ns, progress=widgets.progress_hook(), **kwargs)
+    results = launch(cell, namespace=ns, progress=widgets.progress_hook(), **kwargs)
 
     # any other long-running work
     handle = widgets.live(progress, feed, label="cell 7")   # returns at once

@@ -16,6 +16,11 @@ runs inside `run_item`, which makes it this thread's *current item*. Then:
   to stop: `should_stop()` is then True in them and `report()` raises `TrialStopped`,
   which `run_item` turns into a `Stopped` value (the item is *stopped*, not failed). The
   run's stop token (Ctrl-C, `Results.cancel`) counts too.
+- At a stopper's rung (ASHA's 1, 3, 9 steps: ``rungs`` in the `TrialSpec`), a report of
+  the objective is sent at once and `report()` waits for the kernel's verdict:
+  `go_on(topic, ...)` or `stop_items`, whichever comes, or `VERDICT_WAIT_S` at most. A
+  trial the stopper drops then stops at the rung, not some epochs past it; one it
+  promotes loses a round trip to the kernel (milliseconds). Without rungs, nothing waits.
 - `interrupt(topic, index)` raises `TrialStopped` in the item's thread by force
   (`PyThreadState_SetAsyncExc`): the kernel's next step, after ``nbcluster.stop.grace``,
   for an item that does not report. Python delivers it at the item's next bytecode; a C
@@ -52,12 +57,14 @@ MAX_BUFFER = 10_000  # reports an item holds unsent at most (the oldest are drop
 MAX_BATCH = 2_000  # reports in one message at most
 MAX_LOCAL = 10_000  # reports kept outside any run
 _KEEP_STOPPED = 4096
+VERDICT_WAIT_S = 2.0  # the longest a report at a rung waits for the kernel: a lost verdict never hangs a trial
 
 #: In the kernel: a ``--local`` run's topic -> what takes its messages (``run/trials.py``).
 LOCAL_SINKS: dict[str, Callable[[TrialEvent], None]] = {}
 _STOP: OrderedDict[tuple[str, int], str] = OrderedDict()  # (topic, item) -> why it must stop
 _LOCAL: deque[tuple[int, float, dict[str, float]]] = deque(maxlen=MAX_LOCAL)
 _RUNNING: dict[int, _Item] = {}  # thread id -> the item it runs
+_WAITING: dict[tuple[str, int], tuple[int, threading.Event]] = {}  # (topic, item) -> (rung, its verdict)
 _LOCK = threading.Lock()
 _here = threading.local()
 _flusher: threading.Thread | None = None
@@ -149,7 +156,10 @@ def report(step: int | None = None, **metrics: float) -> None:
             del item.buffer[0]
             item.dropped += 1
         item.buffer.append((item.step, time.time(), values))
-    if item.worker is None or time.monotonic() - item.sent >= GAP_S:  # in the kernel (--local): at once
+    spec = item.spec
+    if item.worker is not None and item.step in spec.get("rungs", ()) and spec.get("metric") in values:
+        _await_verdict(item)
+    elif item.worker is None or time.monotonic() - item.sent >= GAP_S:  # in the kernel (--local): at once
         _flush(item)
     if _told(item) is not None:
         raise TrialStopped(f"item {item.index} was told to stop ({_told(item)})")
@@ -243,6 +253,37 @@ def _leave(item: _Item) -> None:
     _flush(item, final=True)
 
 
+def _await_verdict(item: _Item) -> None:
+    key = (item.spec["topic"], item.index)
+    verdict = threading.Event()
+    with _LOCK:
+        _WAITING[key] = (item.step, verdict)
+    try:
+        _flush(item)
+        if _told(item) is None:
+            verdict.wait(VERDICT_WAIT_S)
+    finally:
+        with _LOCK:
+            _WAITING.pop(key, None)
+
+
+def go_on(topic: str, judged: list[tuple[int, int]]) -> None:
+    """Let items waiting at a rung go on: the stopper kept them (run on the worker by the kernel).
+
+    Parameters
+    ----------
+    topic : str
+        The run's trial topic.
+    judged : list of (int, int)
+        ``(item, rung)`` pairs; a pair whose item no longer waits at that rung is ignored.
+    """
+    with _LOCK:
+        for index, rung in judged:
+            waiting = _WAITING.get((topic, int(index)))
+            if waiting is not None and waiting[0] == int(rung):
+                waiting[1].set()
+
+
 def stop_items(topic: str, indices: list[int], reason: str) -> None:
     """Tell the items `indices` of the run `topic` to stop (run on the worker by the kernel).
 
@@ -255,10 +296,14 @@ def stop_items(topic: str, indices: list[int], reason: str) -> None:
     reason : str
         Why, as their `Stopped` value will say.
     """
-    for i in indices:
-        _STOP[(topic, int(i))] = reason
-    while len(_STOP) > _KEEP_STOPPED:
-        _STOP.popitem(last=False)
+    with _LOCK:
+        for i in indices:
+            _STOP[(topic, int(i))] = reason
+            waiting = _WAITING.get((topic, int(i)))
+            if waiting is not None:
+                waiting[1].set()
+        while len(_STOP) > _KEEP_STOPPED:
+            _STOP.popitem(last=False)
 
 
 def interrupt(topic: str, index: int) -> bool:

@@ -15,6 +15,9 @@ written, exit status 1) when:
 - a speed check was skipped because other programs used the cores (`teaching.undisturbed`
   printed its line): run it again on an idle machine.
 
+Each notebook starts once the 1-minute load average is under 1 (the previous notebook's
+cluster has wound down), or after 5 minutes of waiting for that.
+
 What the run was is kept in the notebook's metadata (``nbcluster_reference``): when, how long,
 the machine's cores and load average before and after, and the nbcluster version.
 tests/test_teaching.py checks that every notebook has a reference whose code is the
@@ -40,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 NOTEBOOKS = HERE.parent
 CELL_TIMEOUT = 900  # seconds: a full-size cell may train for minutes
 DISTURBED = "the speed checks are skipped"  # what teaching.undisturbed prints
+QUIET_WAIT_S = 300  # how long a notebook's run waits for the machine to be quiet (load under 1)
 
 
 def code(nb: NotebookNode) -> list[str]:
@@ -63,12 +67,21 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _quiet(limit: float = 1.0, patience: float = QUIET_WAIT_S) -> None:
+    """Wait until the 1-minute load average is under `limit` (the last notebook's kernel and
+    cluster have wound down), or `patience` seconds have passed; the metadata shows which."""
+    deadline = time.monotonic() + patience
+    while os.getloadavg()[0] >= limit and time.monotonic() < deadline:
+        time.sleep(2)
+
+
 def run(path: Path) -> tuple[NotebookNode, dict[str, Any]]:
     """Execute notebook `path` at full size; return it with outputs and what the run was."""
     import nbcluster
 
     nb = nbformat.read(path, as_version=4)
     env_small = os.environ.pop("NBCLUSTER_SMALL", None)  # the kernel inherits the environment
+    _quiet()
     before, started = _load(), time.monotonic()
     try:
         NotebookClient(
