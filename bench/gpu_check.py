@@ -68,10 +68,13 @@ elapsed = time.perf_counter() - t0
 RANKS_CELL = """
 import os, torch, torch.distributed as dist
 nccl = not simulate
+if nccl:  # torchrun's idiom: cuda:LOCAL_RANK is this rank's own GPU
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 dist.init_process_group("nccl" if nccl else "gloo")
 t = torch.ones(1, device="cuda" if nccl else "cpu") * (dist.get_rank() + 1)
 dist.all_reduce(t)
-(dist.get_rank(), float(t.item()), os.environ.get("CUDA_VISIBLE_DEVICES"), dist.get_backend())
+own = torch.cuda.get_device_properties(torch.cuda.current_device()).uuid if nccl else None
+(dist.get_rank(), float(t.item()), f"{os.environ.get('CUDA_VISIBLE_DEVICES')} LOCAL_RANK={os.environ['LOCAL_RANK']} uuid={own}", dist.get_backend())
 """
 
 

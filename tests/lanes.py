@@ -38,6 +38,7 @@ LANES: dict[str, tuple[str, ...]] = {
     "test_kubernetes_spec": ("slow",),
     "test_scale": ("slow",),
     "test_ranks": ("slow",),  # a cluster of its own, whose workers its failure tests end
+    "test_rank_jobs": ("slow",),  # the same; and two kernels, each with its own cluster
     "test_ranks::test_ranks_span_two_namespace_hosts": ("services", "root", "slow"),
     "test_worker_local::test_built_once_per_worker_reused_then_rebuilt_after_restart": ("slow",),
     "test_magics::test_kernel_killed_leaves_no_processes": ("slow",),

@@ -373,10 +373,29 @@ def test_ranks_with_gpus_get_a_gpu_worker_each_simulated(
     monkeypatch.setenv(gpu.SIMULATE_ENV, "2")
     handle = nbcluster.start(workers=1, gpu_workers="auto", name="ranks-gpus")
     try:
-        source = "import os\nfrom distributed import get_worker\n(get_worker().name, os.environ['CUDA_VISIBLE_DEVICES'])"
+        source = (
+            "import os\nfrom distributed import get_worker\n"
+            "(get_worker().name, os.environ['CUDA_VISIBLE_DEVICES'], int(os.environ['LOCAL_RANK']), os.getpid())"
+        )
         runs = distribute(source, ranks=2, gpus=1, namespace=_ns(), client=handle.client)
         assert runs.ok, runs.errors
-        assert sorted(runs.values()) == [("gpu-0", "0"), ("gpu-1", "1")]  # one GPU worker, one device each
+        assert sorted(v[0] for v in runs.values()) == ["gpu-0", "gpu-1"]  # one GPU worker each
+        for name, visible, local_rank, _ in runs.values():
+            # As under torchrun: the host's ranks' GPUs in local-rank order, so that
+            # cuda:LOCAL_RANK (torch.cuda.set_device(LOCAL_RANK)) is this rank's own GPU.
+            assert visible.split(",")[local_rank] == name.removeprefix("gpu-"), runs.values()
+            assert sorted(visible.split(",")) == ["0", "1"]
+        # The ranks' processes end with the job: the next task there sees only its own GPU.
+        pids = [v[3] for v in runs.values()]
+        deadline, pause = time.monotonic() + 60, threading.Event()
+        while True:
+            seen = handle.client.run(lambda: (os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES")), on_error="return")
+            gpu_seen = [v for v in seen.values() if isinstance(v, tuple) and v[1] is not None and v[0] not in pids]
+            if len(gpu_seen) == 2:
+                break
+            assert time.monotonic() < deadline, f"the GPU workers did not come back: {seen}"
+            pause.wait(0.2)
+        assert sorted(v[1] for v in gpu_seen) == ["0", "1"]
         with pytest.raises(
             BadArgument, match=r"--ranks 3 needs 3 GPU workers, .* `%cluster scale 3 --kind gpu` first"
         ):
@@ -406,6 +425,7 @@ def test_a_cancel_or_ctrl_c_ends_every_rank(two: ClusterHandle, tmp_path: Path) 
     began = time.monotonic()
     runs.cancel()  # what Ctrl-C in the waiting cell does
     assert runs.done and runs.counts()["cancelled"] + runs.counts()["failed"] == 2
+    assert rank_jobs.summary(runs.run_id) == "the job was stopped from the notebook: stopped ranks 0, 1"
     for pid in pids:
         while _running(psutil, pid):
             assert time.monotonic() - began < 5.0, f"rank process {pid} still runs 5 s after the cancel"

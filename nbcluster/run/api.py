@@ -389,18 +389,20 @@ def launch(
         persist=persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None,
     )  # fmt: skip
     engine = Engine(job, run_id, link if remote else None)
-    journaled = not (everywhere or ranks is not None or (persist and reads))
+    journaled = not (everywhere or (persist and reads))
     taken = _journal(engine, cell, body, resume=resume, journaled=journaled)
     run = Run(engine, label=into)
     if tracker is not None:
+        if ranks is not None:  # a stop of any rank stops the job; rank 0's curve is drawn
+            rank_jobs.attach(tracker, run_id)
         _follow_trials(tracker, engine, run, link.client if remote else None, taken)
     if persist:
         handles.RUNS[run_id] = run.results
     if into is not None:
         home[into] = run.results
     results = run.start(n_local, wait, skip=taken, progress=progress)
-    if ranks is not None and wait and (line := rank_jobs.cause(run_id)):
-        print(f"nbcluster: the job failed: {line}", file=sys.stderr)
+    if ranks is not None and wait and (line := rank_jobs.summary(run_id)):
+        print(f"nbcluster: {line}", file=sys.stderr)
     return results
 
 
@@ -497,6 +499,11 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
     except Exception as e:  # a journal must never stop a run
         print(f"nbcluster: the run journal could not be used ({type(e).__name__}: {e}): running without it")
         chosen = Resumption()
+    if job.plan.mode == "ranks" and chosen.values and not rank_jobs.finished(chosen.values, len(job.plan)):
+        # A job runs whole or not at all: its ranks start again together, from its checkpoint.
+        chosen.values, chosen.outputs = {}, {}
+        chosen.line = (f"nbcluster: --resume runs the job's {len(job.plan)} ranks again together (it did not "
+                       "finish, and a job never runs in part); they load its last checkpoint")  # fmt: skip
     if chosen.line:
         print(chosen.line)
     if chosen.values:

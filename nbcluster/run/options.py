@@ -162,7 +162,7 @@ class DistributeOptions:
         clashes = [
             flag for flag, on in (
                 ("--over", self.over is not None), ("--grid", self.grid is not None), ("--zip", self.zip is not None),
-                ("--everywhere", self.everywhere), ("--persist", self.persist), ("--resume", self.resume),
+                ("--everywhere", self.everywhere), ("--persist", self.persist),
                 ("--local", self.local not in (0, False)), ("--retries", bool(self.retries)),
             ) if on
         ]  # fmt: skip

@@ -26,9 +26,22 @@ driver's policy. Policy, in the order a job lives:
    the next; each nanny starts a fresh worker, which later jobs wait for). The rank that
    failed keeps its own error; the stopped ones say why, and `cause(run_id)` is the one
    line naming the rank and the cause. A Ctrl-C (or ``Results.cancel()``) stops every rank
-   the same way.
+   the same way. A ``--gpus`` job ends its ranks' processes when it ends, however it ends:
+   each rank saw its host's GPUs (``worker/rank.py``), and the next task on that worker
+   must see only its own.
+5. **Stopping the job.** In a trial job (``--timeout``, or a cell that calls `report`,
+   `should_stop` or `checkpoint`), `attach` makes any stop of any rank stop the whole job:
+   ``--timeout`` (counted from the ranks' start, past the gate), ``runs.stop(i)``, a
+   stopper. Every rank is asked first (``should_stop()`` turns True, ``report()`` raises
+   `TrialStopped`); when one is still running after ``nbcluster.stop.grace`` (or one
+   failed meanwhile), every rank's worker process is ended as in 4, since a rank whose peer
+   stopped may wait in a collective for ever. The ranks
+   still out then end *timed out* or *stopped* (`Trials.state`), and `cause` is one line,
+   such as "the job timed out after 2 s: stopped ranks 0, 1".
 
-Results are in rank order: ``runs[0]`` is rank 0's value. Worked example, ``--ranks 2`` on
+Results are in rank order: ``runs[0]`` is rank 0's value. A trial job's reports are kept
+from every rank (``runs.metrics`` has the rank beside the item), and the live curve is rank
+0's, as a training script logs on rank 0 only. Worked example, ``--ranks 2`` on
 two idle workers A and B (B's address sorts first): rank 0 on B, rank 1 on A; B picks port
 40123; both tasks start, report, the gate opens, both train; rank 1 raises at step 7, so
 A's task is settled with its error, both processes are ended, and rank 0 fails with
@@ -46,14 +59,16 @@ from typing import Any, Protocol
 
 import cloudpickle
 
-from nbcluster import _compat
+from nbcluster import _compat, config
 from nbcluster import _threads as threads
+from nbcluster._wire import TRIAL_TOPIC_PREFIX
 from nbcluster.errors import BadArgument
 from nbcluster.run.everywhere import Tasks
 from nbcluster.run.state import RunState
 from nbcluster.run.target import Link, placement
-from nbcluster.worker import error_record
-from nbcluster.worker.rank import RankSpec, end_process, free_port, run_rank
+from nbcluster.run.trials import Trials
+from nbcluster.worker import error_record, trial
+from nbcluster.worker.rank import RankSpec, end_process, free_port, own_device, run_rank
 
 LOOK_S = 0.25  # how often a running job looks for departed workers
 START_S = 30.0  # how long the kernel waits for every submitted rank to start
@@ -62,6 +77,8 @@ RANK_S = 3600.0  # what a waiting rank counts as in the adaptive target: a long 
 
 # run id -> the one line naming the rank that failed and why (kept for the cell's summary)
 CAUSES: dict[str, str] = {}
+# run id -> (why its whole job is to stop, the job's line): a --timeout, runs.stop(i), a stopper
+STOPS: dict[str, tuple[str, str]] = {}
 # workers whose processes a job ended: the scheduler may list them a moment longer (a
 # restarted worker comes back under a new address)
 ENDED: set[str] = set()
@@ -160,6 +177,79 @@ def cause(run_id: str) -> str | None:
     return CAUSES.get(run_id)
 
 
+def attach(tracker: Trials, run_id: str) -> None:
+    """Make a trial job's tracker stop the whole job, and draw rank 0's curve only.
+
+    Parameters
+    ----------
+    tracker : Trials
+        The job's reports and stops (`trials.py`).
+    run_id : str
+        The job's run id.
+    """
+    tracker.job_stop = functools.partial(stop_job, run_id, timeout=tracker.timeout)
+    tracker.drawn = lambda i: i == 0
+
+
+def stop_job(run_id: str, reason: str, timeout: float | None = None) -> None:
+    """Stop every rank of job `run_id` (its driver acts within `LOOK_S`); see the module docstring.
+
+    Parameters
+    ----------
+    run_id : str
+        The job's run id.
+    reason : str
+        ``"timed out"``, or who stopped it (``"stopped from the notebook"``), as the ranks'
+        states and the job's line say.
+    timeout : float, optional
+        The job's ``--timeout`` in seconds, for its line.
+    """
+    if reason == "timed out":
+        line = f"the job timed out after {timeout:g} s" if timeout else "the job timed out"
+    else:
+        line = f"the job was {reason}" if reason.startswith("stopped") else f"the job was stopped ({reason})"
+    STOPS.setdefault(run_id, (reason, line))
+
+
+def finished(values: dict[int, Any], n: int) -> bool:
+    """Whether a journaled job finished, so that ``--resume`` takes its ranks whole.
+
+    Parameters
+    ----------
+    values : dict of int to Any
+        The ranks' values found in the journal.
+    n : int
+        The job's ranks.
+
+    Returns
+    -------
+    bool
+        True when every rank has a value and none was stopped (``--timeout``, a stop): a job
+        that did not finish runs all its ranks again, from its checkpoint.
+    """
+    return len(values) == n and not any(isinstance(v, trial.Stopped) for v in values.values())
+
+
+def summary(run_id: str) -> str | None:
+    """The line said under a job's cell when it did not end well; None when it did.
+
+    Parameters
+    ----------
+    run_id : str
+        The job's run id.
+
+    Returns
+    -------
+    str or None
+        ``"the job failed: rank 1 failed (...)"``, or a stopped job's own line (``"the job
+        timed out after 2 s: stopped ranks 0, 1"``).
+    """
+    line = CAUSES.get(run_id)
+    if line is None:
+        return None
+    return line if line.startswith("the job ") else f"the job failed: {line}"
+
+
 def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
     """Run the job's ranks, all or nothing, until every rank is in or the job failed.
 
@@ -202,8 +292,15 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
         tasks.fail(list(tasks.state.pending(range(n))), error_record(e))
     finally:
         if running:  # stopped (Ctrl-C, cancel): the ranks still out must not hang
-            _stop(tasks, running, where, "the job was stopped")
+            stopped = sorted(running.values())
+            _stop(tasks, running, where, "the job was stopped from the notebook")
+            CAUSES.setdefault(tasks.run_id, f"the job was stopped from the notebook: {_stopped(stopped)}")
+        elif where and _link(tasks).needs.gpus:
+            # A GPU rank's process may have started CUDA seeing its host's other GPUs: a fresh
+            # process sees only its own again (and the job's GPU memory is freed).
+            _stop(tasks, running, where, "the job ended")
         _forget(tasks.client, gate)
+        STOPS.pop(tasks.run_id, None)
         tasks.hold_back(0)
         tasks.finish()
 
@@ -217,7 +314,7 @@ def _wait_for_workers(tasks: RanksTasks, n: int) -> list[str] | None:
     client, needs = tasks.client, _link(tasks).needs
     began, said = time.monotonic(), False
     tick = threading.Event()  # never set: the pause between looks at the scheduler
-    while not tasks.stopping:
+    while not _stopping(tasks):
         workers = _compat.workers(client)
         try:
             eligible = placement(needs, workers)[2]
@@ -245,6 +342,45 @@ def _wait_for_workers(tasks: RanksTasks, n: int) -> list[str] | None:
     return None
 
 
+def _stopping(tasks: RanksTasks) -> bool:
+    return bool(tasks.stopping) or tasks.run_id in STOPS
+
+
+def _stop_job(
+    tasks: RanksTasks, running: dict[Any, int], where: dict[int, str], changed: threading.Event,
+    reason: str, line: str,
+) -> None:  # fmt: skip
+    """Stop the whole job: ask every rank, wait out the grace, then end every rank's process.
+
+    What a rank returns or raises meanwhile is its own outcome, never the job's cause: a
+    rank whose peer stopped fails in its collective, which is this stop's echo.
+    """
+    began = time.monotonic()
+    alive = set(_compat.workers(tasks.client))
+    addresses = sorted(set(where.values()) & alive)
+    with contextlib.suppress(Exception):  # a worker gone since: its rank is ended below anyway
+        tasks.client.run(
+            trial.stop_items, TRIAL_TOPIC_PREFIX + tasks.run_id, list(range(len(tasks.items))), reason,
+            workers=addresses, on_error="return",
+        )  # fmt: skip
+    deadline = began + config.seconds("stop.grace")
+    failed: list[int] = []
+    while running and time.monotonic() < deadline and not tasks.stopping:
+        changed.wait(LOOK_S)
+        changed.clear()
+        failed += _settle_done(tasks, running)
+    stopped = sorted(running.values())
+    if stopped or failed:  # a rank still out may wait in a collective; a failed one's torch state is suspect
+        _stop(tasks, running, where, line)
+    if stopped:
+        line += f": {_stopped(stopped)}"
+    CAUSES[tasks.run_id] = line
+
+
+def _stopped(ranks: list[int]) -> str:
+    return f"stopped rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
 def _link(tasks: RanksTasks) -> Link:
     link = tasks.link
     assert link is not None  # a ranks run always has a cluster
@@ -261,13 +397,16 @@ def _specs(client: Any, chosen: list[str], gate: str, *, gpus: bool) -> list[Ran
     """Each rank's place: torchrun's numbering, rank 0's host and a port free there."""
     master = _host(chosen[0])
     port = int(client.run(free_port, workers=[chosen[0]])[chosen[0]])
+    own = client.run(own_device, workers=chosen) if gpus else {}
     hosts = [_host(a) for a in chosen]
     specs: list[RankSpec] = []
     for r, host in enumerate(hosts):
         same = [i for i, h in enumerate(hosts) if h == host]
+        devices = [own.get(chosen[i]) for i in same]
         specs.append({
             "rank": r, "world_size": len(chosen), "local_rank": same.index(r), "local_world_size": len(same),
             "master_addr": master, "master_port": port, "host": host, "gate": gate, "gpus": gpus,
+            "devices": ",".join(str(d) for d in devices) if gpus and all(devices) else None,
         })  # fmt: skip
     return specs
 
@@ -282,7 +421,7 @@ def _open_gate(tasks: RanksTasks, gate: str, n: int, running: dict[Any, int], wh
     deadline = time.monotonic() + START_S
     why = ""
     while len(started) < n:
-        if tasks.stopping:
+        if _stopping(tasks):
             why = "the job was stopped before every rank started"
             break
         if any(f.done() for f in running):  # a rank's task ended before the gate: it cannot load
@@ -335,6 +474,9 @@ def _follow(
     while running and not tasks.stopping:
         changed.wait(LOOK_S)
         changed.clear()
+        if tasks.run_id in STOPS:
+            _stop_job(tasks, running, where, changed, *STOPS[tasks.run_id])
+            return
         failed = _settle_done(tasks, running)
         gone = _departed(tasks, running, where)
         if not failed and not gone:
@@ -365,7 +507,7 @@ def _follow(
         stopped = sorted(running.values())
         _stop(tasks, running, where, line)
         if stopped:
-            line += f"; stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
+            line += f"; {_stopped(stopped)}"
         CAUSES[tasks.run_id] = line
         return
 

@@ -189,6 +189,10 @@ class Trials:
         self.n, self.objective, self.stopper, self.timeout = n, objective, stopper, timeout
         self.params, self._ended = params, ended
         self.ran: Callable[[int], bool] = lambda i: False  # item i was run by this run (not resumed)
+        # A --ranks job (`ranks.attach`): a stop of any item stops the whole job through this,
+        # and only the curves of the items `drawn` says are drawn.
+        self.job_stop: Callable[[str], None] | None = None
+        self.drawn: Callable[[int], bool] = lambda i: True
         rungs = [int(r) for r in getattr(stopper, "rungs", ())] if objective else []
         self.spec: TrialSpec = {"topic": self.topic, "identity": None, "checkpoints": None, "rungs": rungs,
                                 "metric": objective.name if objective else None}  # fmt: skip
@@ -341,6 +345,8 @@ class Trials:
 
     def _curve(self, i: int, step: int, metrics: dict[str, float]) -> None:
         """Keep item `i`'s point of the curves' metric (the objective, else the first reported)."""
+        if not self.drawn(i):
+            return
         if self._curve_metric is None:
             self._curve_metric = next(iter(metrics), None)
         value = metrics.get(self._curve_metric) if self._curve_metric else None
@@ -405,6 +411,13 @@ class Trials:
         reason : str
             What its `Stopped` value will say: ``"timed out"`` makes it *timed out*.
         """
+        if self.job_stop is not None:  # one job: every item is told, and the job stops them
+            with self._lock:
+                if i in self.told:
+                    return
+                self.told.update({j: reason for j in range(self.n) if j not in self.told})
+            self.job_stop(reason)
+            return
         with self._lock:
             if i in self.told:
                 return

@@ -14,6 +14,14 @@ prints one warning line to the item's stderr (once a run on each worker) and `sa
 returns False. Without a folder (outside a run, a run that is not journaled, ``--local``
 without a journal) checkpoints are kept in this process's memory.
 
+A ``--ranks N`` job (``worker/rank.py``) has one checkpoint for the whole job,
+``<folder>/<run identity>/job.ckpt``: rank 0 saves it (a save from another rank keeps
+nothing and returns False, as a DDP script saves on rank 0 only, all ranks holding the same
+weights) and every rank loads it, so ``--resume`` of the job, whose ranks all run again,
+continues from the last step rank 0 saved. Ranks on several hosts need
+``nbcluster.checkpoint.path`` on a file system they share; without a folder, only rank 0's
+process holds it.
+
 This module imports only base modules: it runs on workers.
 """
 
@@ -26,7 +34,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster.worker import trial
+from nbcluster.worker import rank, trial
 
 _MEMORY: dict[tuple[str, int], bytes] = {}  # (topic or "", item) -> pickled, where no folder is set
 _WARNED: set[str] = set()
@@ -38,9 +46,10 @@ class Checkpoint:
     Made by `checkpoint`; see the module docstring for where it is kept.
     """
 
-    def __init__(self, path: Path | None, key: tuple[str, int]):
+    def __init__(self, path: Path | None, key: tuple[str, int], *, saves: bool = True):
         self.path = path
         self._key = key
+        self._saves = saves  # False in a rank other than 0: the job's checkpoint is rank 0's
 
     def save(self, obj: Any) -> bool:
         """Keep `obj` as this item's checkpoint, replacing the last one.
@@ -54,8 +63,11 @@ class Checkpoint:
         -------
         bool
             True when it was kept; False (after one warning line) when `obj` cannot be
-            pickled or the folder cannot be written. The item goes on either way.
+            pickled or the folder cannot be written, and False (silently) in a rank of a
+            ``--ranks`` job other than rank 0. The item goes on either way.
         """
+        if not self._saves:
+            return False
         try:
             blob = cloudpickle.dumps(obj)
         except Exception as e:
@@ -109,6 +121,8 @@ def checkpoint() -> Checkpoint:
     ``--resume`` of the same cell, in this kernel or a new one, reruns an unfinished item
     with its last checkpoint loadable, so a trial continues from its last saved epoch.
     Stored under ``nbcluster.checkpoint.path`` (default: beside the journals), 0600.
+    In a ``--ranks`` job, one checkpoint for the whole job: saved by rank 0, loaded by every
+    rank.
 
     Returns
     -------
@@ -131,8 +145,10 @@ def checkpoint() -> Checkpoint:
         return Checkpoint(None, ("", -1))
     spec, index = here
     folder, identity = spec["checkpoints"], spec["identity"]
-    path = None if folder is None or identity is None else Path(folder) / identity / f"{index}.ckpt"
-    return Checkpoint(path, (spec["topic"], index))
+    job = rank.current()
+    name, saves = ("job", job["rank"] == 0) if job is not None else (str(index), True)
+    path = None if folder is None or identity is None else Path(folder) / identity / f"{name}.ckpt"
+    return Checkpoint(path, (spec["topic"], -1 if job is not None else index), saves=saves)
 
 
 def _warn(topic: str, line: str) -> None:

@@ -10,6 +10,10 @@ its own, running `run_rank`. A rank:
    gate, a Dask `Variable` the kernel sets to ``"go"`` once every rank has started, or to
    ``"abort"`` when one could not start in time. So no rank ever enters a collective whose
    peers will not come: a partial start ends cleanly instead of hanging in gloo or NCCL;
+   With ``--gpus``, ``CUDA_VISIBLE_DEVICES`` lists the GPUs of the ranks on its host in
+   local-rank order, so ``torch.cuda.set_device(LOCAL_RANK)`` picks its own GPU and NCCL
+   sees its peers' (unless this process had already started CUDA, whose device list is
+   fixed then: the rank keeps its worker's own GPU as ``cuda:0``);
 3. runs the cell or function as an item (`run_blob`), its output and error recorded as for
    any item;
 4. destroys torch's default process group, if the item left one, and puts the environment
@@ -55,6 +59,9 @@ class RankSpec(TypedDict):
     host: str  # this rank's worker's address, as the cluster knows it
     gate: str  # the job's name: its start queue is ``<gate>-started``, its gate variable ``<gate>-go``
     gpus: bool  # each rank has a GPU (``--gpus``): NCCL is expected to work
+    # ``--gpus``: CUDA_VISIBLE_DEVICES for this rank, the GPUs of its host's ranks in local-rank
+    # order (so ``cuda:LOCAL_RANK`` is its own, as under torchrun); None without GPUs.
+    devices: str | None
 
 
 class NcclWithoutGpu(RuntimeError):
@@ -111,6 +118,18 @@ def world_size() -> int:
     return spec["world_size"] if spec is not None else int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def current() -> RankSpec | None:
+    """The spec of the rank this thread runs; None outside a ``--ranks`` job.
+
+    Returns
+    -------
+    RankSpec or None
+        This rank's place in its job (``worker/checkpoint.py`` keys the job's one checkpoint by it).
+    """
+    spec: RankSpec | None = getattr(_RUNNING, "spec", None)
+    return spec
+
+
 def free_port() -> int:
     """A TCP port free on this host now: run on rank 0's worker to pick ``MASTER_PORT``.
 
@@ -152,7 +171,7 @@ def run_rank(
         The result blob, as `worker.run_batch` returns it; when the job did not start, one
         failed item saying why.
     """
-    saved = {name: os.environ.get(name) for name in (*ENV, *IFNAMES)}
+    saved = {name: os.environ.get(name) for name in (*ENV, *IFNAMES, "CUDA_VISIBLE_DEVICES")}
     interface = _interface(spec["host"])
     for name in IFNAMES:
         if interface and not os.environ.get(name):
@@ -162,6 +181,8 @@ def run_rank(
         LOCAL_WORLD_SIZE=str(spec["local_world_size"]), MASTER_ADDR=spec["master_addr"],
         MASTER_PORT=str(spec["master_port"]),
     )  # fmt: skip
+    if spec["devices"] and not _cuda_started():
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec["devices"]
     _RUNNING.spec = spec
     try:
         said = _gate(spec)
@@ -229,6 +250,27 @@ def _nccl_line(blob: bytes, spec: RankSpec) -> bytes:
                 frames=False,
             )
     return bytes(cloudpickle.dumps(result))
+
+
+def own_device() -> str | None:
+    """This worker's own GPU, the first of its ``CUDA_VISIBLE_DEVICES``; None without one.
+
+    Returns
+    -------
+    str or None
+        The device's index or UUID, as the worker was pinned to it.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",")[0].strip() or None if visible else None
+
+
+def _cuda_started() -> bool:
+    """Whether this process has started CUDA (its device list can no longer change)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:
+        return False
 
 
 def _has_gpu() -> bool:
