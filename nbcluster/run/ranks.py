@@ -73,6 +73,7 @@ from nbcluster.worker.rank import RankSpec, end_process, free_port, own_device, 
 LOOK_S = 0.25  # how often a running job looks for departed workers
 START_S = 30.0  # how long the kernel waits for every submitted rank to start
 WAIT_LINE_S = 1.0  # a job waiting for workers says so after this long
+RETURN_S = 30.0  # how long a GPU job's end waits for its ended worker processes to be back
 RANK_S = 3600.0  # what a waiting rank counts as in the adaptive target: a long job
 
 # run id -> the one line naming the rank that failed and why (kept for the cell's summary)
@@ -297,12 +298,33 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
             CAUSES.setdefault(tasks.run_id, f"the job was stopped from the notebook: {_stopped(stopped)}")
         elif where and _link(tasks).needs.gpus:
             # A GPU rank's process may have started CUDA seeing its host's other GPUs: a fresh
-            # process sees only its own again (and the job's GPU memory is freed).
+            # process sees only its own again (and the job's GPU memory is freed). The job ends
+            # once those processes are back, so that the next GPU cell finds its workers.
+            before = len(_qualifying(tasks))
             _stop(tasks, running, where, "the job ended")
+            _await_return(tasks, before)
         _forget(tasks.client, gate)
         STOPS.pop(tasks.run_id, None)
         tasks.hold_back(0)
         tasks.finish()
+
+
+def _qualifying(tasks: RanksTasks) -> list[str]:
+    """The workers that fit the job's needs, less those whose process a job has ended."""
+    try:
+        eligible = placement(_link(tasks).needs, _compat.workers(tasks.client))[2]
+    except BadArgument:  # none of the kind (now)
+        return []
+    return [a for a in eligible if a not in ENDED]
+
+
+def _await_return(tasks: RanksTasks, count: int) -> None:
+    """Wait (`RETURN_S` at most) until `count` qualifying workers are there again."""
+    deadline = time.monotonic() + RETURN_S
+    pause = threading.Event()  # never set: the pause between looks at the scheduler
+    with contextlib.suppress(Exception):  # the cluster gone: nothing to wait for
+        while len(_qualifying(tasks)) < count and time.monotonic() < deadline:
+            pause.wait(LOOK_S)
 
 
 def _runner(spec: RankSpec) -> Any:

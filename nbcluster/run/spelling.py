@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.errors import BadArgument
 from nbcluster.run.target import Needs
 
@@ -133,8 +134,6 @@ def target_of(on: Any) -> tuple[Any, Any]:
     if on is None or isinstance(on, str):
         return on, None
     from distributed import Client
-
-    from nbcluster.cluster.handle import ClusterHandle
 
     if isinstance(on, ClusterHandle):
         return on, None
