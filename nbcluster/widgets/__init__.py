@@ -19,7 +19,8 @@ Entry points (what the distribute engine and ``%cluster status`` call)::
 `progress_hook` starts the widget once the run has gone on for the view's delay (armed by
 the engine's first progress call), with the run's own Dask client as the metrics feed; the
 widget then reads ``results.counts()``, shows only that run's batches in the task stream,
-and a best-first table for ``--grid`` runs.
+and a table for ``--grid`` runs: in item order, or best first by the run's objective
+(``--objective NAME:min|max``).
 
 ``progress`` is a distribute ``Results``, or a callable (or an object with a ``progress()``
 method) returning a mapping::
@@ -43,7 +44,7 @@ the task stream one line saying that it needs the plugin there.
 What a user sees: nothing for ``delay`` seconds (``nbcluster.widget.delay``: instant cells
 stay clean); then, in a
 kernel (JupyterLab, Notebook 7, VS Code), the widget: a progress bar with items/s and ETA,
-the grid table best first, a task stream with one lane per worker, and per-worker CPU /
+the grid table (best first by the run's objective, else in item order), a task stream with one lane per worker, and per-worker CPU /
 memory / GPU charts (on a large cluster: lanes by host or the busiest and "others", and
 distributions across workers; departed workers share one lane). When the run ends (the source says so, or ``close()``), the output
 is replaced by a static HTML/SVG picture of the final state, which is what a saved
@@ -97,7 +98,7 @@ def live(
     label: str | None = None,
     delay: float | None = None,
     interval: float | None = None,
-    best: Best = "max",
+    best: Best = None,
     **kwargs: Any,
 ) -> Live:
     """Start showing the progress of one run; returns a `Live` to `close()` when it ends.
@@ -122,8 +123,10 @@ def live(
     interval : float, optional
         The poll period in seconds, 2-5 Hz is plenty (``nbcluster.widget.interval``).
     best : {"max", "min", None}
-        Order of grid rows by their numeric value: "max" first, "min" first, or None to
-        keep the source's order.
+        Order of grid rows by their numeric value: "max" first, "min" first, or None (the
+        default) to keep the source's order. A trial run's objective
+        (``--objective NAME:min|max``) sets it; without one the table keeps item order,
+        since no one has said which way is better.
     **kwargs
         ``refresh`` (while nothing finishes, the live time axis still moves this often,
         ``nbcluster.widget.refresh``); ``window`` (seconds of task stream shown; None shows

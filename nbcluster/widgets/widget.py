@@ -52,7 +52,8 @@ class LiveWidget(anywidget.AnyWidget):
 
     #: {done, running, failed, total, rate?, eta?, elapsed, state, label?}
     progress = traitlets.Dict().tag(sync=True)
-    #: {params: [...], rows: [{params, value, status}], total}: best rows first
+    #: {params: [...], rows: [{params, value, status}], total, ranked}: best rows first when
+    #: ranked ("max"/"min", the run's objective), else in item order
     grid = traitlets.Dict().tag(sync=True)
     #: a trial run's curves: {metric, mode, series: [{label, points: [[step, value]], state, best}]}
     curves = traitlets.Dict().tag(sync=True)
