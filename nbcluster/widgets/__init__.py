@@ -74,6 +74,7 @@ from typing import Any, cast
 from nbcluster import _threads as threads
 from nbcluster import config
 from nbcluster.metrics.feed import Feed, client_feed
+from nbcluster.widgets._controls import controls_for
 from nbcluster.widgets._live import Live, as_progress_source
 from nbcluster.widgets._options import LiveOptions
 from nbcluster.widgets._output import Seams
@@ -156,6 +157,7 @@ def live(
     feed = _as_feed(feed)
     source: ProgressSource | None
     report = None
+    controls = None
     if is_results(progress):
         report = reporter_for(progress)
         kwargs.setdefault("task_filter", task_filter_for(progress))
@@ -164,11 +166,12 @@ def live(
         if label is None:
             label = progress.label
         source = ResultsProgress(progress, grid=kwargs.pop("grid", None))
+        controls = controls_for(progress)
     else:
         kwargs.pop("grid", None)
         source = as_progress_source(progress)
     options = LiveOptions(label=label, delay=delay, interval=interval, best=best, **kwargs)
-    return Live(source, feed, options, seams, report=report, started=started)
+    return Live(source, feed, options, seams, report=report, started=started, controls=controls)
 
 
 def progress_hook(feed: Feed | None = None, **kwargs: Any) -> ProgressHook:
