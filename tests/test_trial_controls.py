@@ -17,6 +17,7 @@ import pytest
 
 from nbcluster.cluster.handle import ClusterHandle
 from tests.kernel_session import Kernel, kernel
+from tests.waiting import until
 
 CELL = """\
 %%distribute --over "x in range(2)" --objective loss:min --into runs
@@ -80,3 +81,34 @@ def test_the_views_messages_are_answered_during_the_cell_only_on_a_subshell(
         else:
             assert answered is None  # it waited behind the cell; the view says to press Ctrl-C
             assert states == ["done", "done"]
+
+
+def test_the_views_verbs_stop_all_and_ignore_what_they_do_not_know(cluster: ClusterHandle) -> None:
+    import nbcluster
+    from nbcluster.widgets._controls import controls_for
+
+    def item(x: int) -> int:
+        import time
+
+        import nbcluster
+
+        for step in range(600):  # 30 s unless stopped
+            nbcluster.report(step=step, loss=1.0 / (step + 1))
+            time.sleep(0.05)
+        return x
+
+    assert controls_for(nbcluster.distribute(lambda x: x, over=range(2))) is None  # not a trial run: no buttons
+    runs = nbcluster.distribute(item, over=range(2), objective="loss:min", wait=False)
+    controls = controls_for(runs)
+    assert controls is not None
+    sent: list[Any] = []
+    controls.handle({"kind": "hello"}, sent.append)
+    assert sent == [{"kind": "controls"}]
+    assert until(lambda: len(controls.state()["running"]) == 2), controls.state()  # both have reported
+    assert controls.state()["running"] == [{"item": 0, "label": "0: item=0"}, {"item": 1, "label": "1: item=1"}]
+    for junk in ({"kind": "stop", "item": 7}, {"kind": "stop", "item": "0"}, {"kind": "reboot"}, ["stop"]):
+        controls.handle(junk, sent.append)  # logged and ignored
+    controls.handle({"kind": "stop_all"}, sent.append)
+    runs.wait()
+    assert runs.states == ["stopped", "stopped"] and len(sent) == 1
+    assert controls.state() == {"running": [], "more": 0}
