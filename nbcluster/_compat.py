@@ -1,4 +1,4 @@
-"""Every private Dask API nbcluster uses, in one place.
+"""Every private Dask API nbcluster uses, in one place (and one of ipykernel's).
 
 Dask does not promise these names across releases. Each is wrapped here, and
 `tests/test_compat.py` exercises each one against the installed Dask, so an upgrade that
@@ -632,3 +632,22 @@ def keep_forkserver_preload() -> None:
     import distributed.utils
 
     distributed.utils._forkserver_preload_set = True
+
+
+def comm_replies_on_senders_subshell(comm: Any) -> None:
+    """Have the front end's messages on `comm` handled on the kernel subshell it sent them on.
+
+    ipykernel 7.4 sends a comm message to the subshell that was handling the parent of the
+    kernel's last message on that comm (``BaseComm._reply_subshell_for``, consulted by the
+    shell channel thread), so that a cell awaiting a widget's reply gets it. A live view
+    publishes from its cell's context, the main shell: every click would wait behind the
+    cell. No cell awaits a reply on such a comm, so its messages go where the front end sent
+    them. Without the hook (ipykernel < 7.4) that is already so, and this does nothing.
+
+    Parameters
+    ----------
+    comm : ipykernel.comm.Comm
+        A widget's comm (``widget.comm``).
+    """
+    if callable(getattr(comm, "_reply_subshell_for", None)):
+        comm._reply_subshell_for = lambda data, default: default

@@ -21,6 +21,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
@@ -254,3 +256,22 @@ CONTRAST = """(root) => {
   }
   return out;
 }"""
+
+
+def wait_until_up(
+    info: Path, token: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90
+) -> str:
+    """The server's base URL, once its info file exists and its API answers."""
+    # A starting server has no event to await from outside; look until it answers.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited early:\n{log.read_text()[-3000:]}")
+        try:
+            base = json.loads(info.read_text())["url"].rstrip("/")
+            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
+                if r.status == 200:
+                    return base
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.25)
+    raise AssertionError(f"the server did not answer in {timeout} s:\n{log.read_text()[-3000:]}")

@@ -421,3 +421,22 @@ def test_worker_exchange_reads_a_message_sent_before_the_answer(local: tuple[Loc
         assert client.sync(_compat.worker_call, client, worker.address, "keys") == []
     finally:
         del worker.handlers["nbcluster_test_two"]
+
+
+def test_a_comms_front_end_messages_stay_on_the_subshell_they_came_on() -> None:
+    # ipykernel's shell channel thread asks the comm where a message goes
+    # (`_reply_subshell_for`); a comm last used from the main shell sends it there.
+    import inspect
+    import threading
+
+    from ipykernel import kernelbase
+    from ipykernel.comm import Comm
+
+    assert "_reply_subshell_for" in inspect.getsource(kernelbase.Kernel.shell_channel_thread_main)
+    comm = Comm.__new__(Comm)
+    comm._reply_subshell_lock = threading.Lock()
+    comm._reply_subshell_ids = {}
+    comm._reply_subshell_id = None  # what publishing from a cell leaves behind
+    assert comm._reply_subshell_for({"method": "custom"}, "sub-1") is None  # to the main shell
+    _compat.comm_replies_on_senders_subshell(comm)
+    assert comm._reply_subshell_for({"method": "custom"}, "sub-1") == "sub-1"

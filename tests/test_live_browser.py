@@ -18,8 +18,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +27,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from nbcluster.cluster.handle import ClusterHandle
-from tests.browser_helpers import CONTRAST, MIN_CONTRAST, launch_chromium
+from tests.browser_helpers import CONTRAST, MIN_CONTRAST, launch_chromium, wait_until_up
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "live-browser"
 
@@ -92,7 +90,7 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, P
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        base = _wait_until_up(
+        base = wait_until_up(
             tmp_path / "runtime" / f"jpserver-{proc.pid}.json", token, proc, tmp_path / "lab.log"
         )
         yield f"{base}/{path}?token={token}", root
@@ -116,25 +114,6 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, P
         for p in alive:
             p.kill()
         log.close()
-
-
-def _wait_until_up(
-    info: Path, token: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90
-) -> str:
-    """The server's base URL, once its info file exists and its API answers."""
-    # A starting server has no event to await from outside; look until it answers.
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited early:\n{log.read_text()[-3000:]}")
-        try:
-            base = json.loads(info.read_text())["url"].rstrip("/")
-            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
-                if r.status == 200:
-                    return base
-        except (OSError, ValueError, KeyError):
-            time.sleep(0.25)
-    raise AssertionError(f"the server did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
 
 
 def test_widget_renders_live_and_freezes_in_the_browser(

@@ -374,6 +374,12 @@ def test_the_live_table_ranks_by_the_objective_or_claims_no_order(cluster: Clust
     counts = ResultsProgress(plain)()
     assert counts["best"] is None  # no objective: the rows keep the run's order
     assert [row["params"]["lr"] for row in rank_grid(counts["grid"], None)["rows"]] == ["0.3", "0.1", "0.2"]
+    with pytest.raises(errors.BadArgument, match=r"best\(\) needs an objective.*--objective NAME:min\|max"):
+        plain.best()
+    numbers = nbcluster.distribute(lambda lr: lr, grid={"lr": [0.3, 0.1, 0.2]})  # not a trial run at all
+    assert "best" not in ResultsProgress(numbers)()  # the view's default applies: no order
+    with pytest.raises(errors.BadArgument, match=r"best\(\) needs an objective"):
+        numbers.best()
 
 
 def test_cancel_asks_running_trials_to_stop_and_keeps_finished_items(cluster: ClusterHandle) -> None:

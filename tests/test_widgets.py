@@ -29,6 +29,7 @@ from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.cluster.info import ClusterInfo
 from nbcluster.widgets import live, status
 from nbcluster.widgets._format import format_bytes, format_duration, prefix_color
+from nbcluster.widgets._options import LiveOptions
 from nbcluster.widgets._progress import RateMeter, TextBar, is_finished, rank_grid
 from nbcluster.widgets._static import render_html
 from nbcluster.widgets.widget import build_esm
@@ -96,6 +97,17 @@ def test_grid_rows_best_first_then_pending() -> None:
     assert [r["params"]["lr"] for r in low["rows"]][:3] == ["0.1", "0.5", "0.3"]
     assert low["params"] == ["lr"]
     assert rank_grid(None, "max") == {}
+    assert g["ranked"] == "max" and low["ranked"] == "min"
+
+
+def test_grid_rows_keep_item_order_without_an_objective() -> None:
+    # No objective: the table does not pretend to know which way is better.
+    rows = [{"params": {"lr": 0.1}, "value": 0.5}, {"params": {"lr": 0.2}}, {"params": {"lr": 0.3}, "value": 0.9}]
+    g = rank_grid({"params": ["lr"], "rows": rows}, LiveOptions().best, limit=2)
+    assert [r["params"]["lr"] for r in g["rows"]] == ["0.1", "0.2"]
+    assert g["ranked"] is None and g["total"] == 3
+    dicts = [{"params": {"k": i}, "value": {"loss": 1 - i / 10, "acc": i / 10}} for i in range(3)]
+    assert [r["params"]["k"] for r in rank_grid({"rows": dicts}, None)["rows"]] == ["0", "1", "2"]
 
 
 def test_rate_meter_and_finished() -> None:

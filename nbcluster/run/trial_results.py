@@ -84,15 +84,22 @@ class TrialResults:
         Best
             ``item``, ``params``, ``value``, ``step``, ``metrics``, ``state``.
 
+        Without an objective nothing is ranked, in the live table either (it keeps item
+        order): a run does not guess which way is better.
+
         Raises
         ------
         nbcluster.errors.BadArgument
-            Without an objective, or when no trial has a value for it (naming the metrics
+            Without an objective (any run, a trial run or not), or when no trial has a value for it (naming the metrics
             that were reported).
         """
-        trials = self._trial()
-        if trials.objective is None:
-            raise BadArgument("best() needs an objective: give --objective NAME:min|max (objective= in Python)")
+        trials = self._trials
+        if trials is None or trials.objective is None:
+            # Never a guess at the direction: a loss is best low, an accuracy high.
+            raise BadArgument(
+                "best() needs an objective, to know whether larger or smaller is better: "
+                "give --objective NAME:min|max (objective= in Python)"
+            )
         states = self.states
         state = self._state
         scored = []

@@ -19,7 +19,8 @@ Entry points (what the distribute engine and ``%cluster status`` call)::
 `progress_hook` starts the widget once the run has gone on for the view's delay (armed by
 the engine's first progress call), with the run's own Dask client as the metrics feed; the
 widget then reads ``results.counts()``, shows only that run's batches in the task stream,
-and a best-first table for ``--grid`` runs.
+and a table for ``--grid`` runs: in item order, or best first by the run's objective
+(``--objective NAME:min|max``).
 
 ``progress`` is a distribute ``Results``, or a callable (or an object with a ``progress()``
 method) returning a mapping::
@@ -43,7 +44,7 @@ the task stream one line saying that it needs the plugin there.
 What a user sees: nothing for ``delay`` seconds (``nbcluster.widget.delay``: instant cells
 stay clean); then, in a
 kernel (JupyterLab, Notebook 7, VS Code), the widget: a progress bar with items/s and ETA,
-the grid table best first, a task stream with one lane per worker, and per-worker CPU /
+the grid table (best first by the run's objective, else in item order), a task stream with one lane per worker, and per-worker CPU /
 memory / GPU charts (on a large cluster: lanes by host or the busiest and "others", and
 distributions across workers; departed workers share one lane). When the run ends (the source says so, or ``close()``), the output
 is replaced by a static HTML/SVG picture of the final state, which is what a saved
@@ -73,6 +74,7 @@ from typing import Any, cast
 from nbcluster import _threads as threads
 from nbcluster import config
 from nbcluster.metrics.feed import Feed, client_feed
+from nbcluster.widgets._controls import controls_for
 from nbcluster.widgets._live import Live, as_progress_source
 from nbcluster.widgets._options import LiveOptions
 from nbcluster.widgets._output import Seams
@@ -97,7 +99,7 @@ def live(
     label: str | None = None,
     delay: float | None = None,
     interval: float | None = None,
-    best: Best = "max",
+    best: Best = None,
     **kwargs: Any,
 ) -> Live:
     """Start showing the progress of one run; returns a `Live` to `close()` when it ends.
@@ -122,8 +124,10 @@ def live(
     interval : float, optional
         The poll period in seconds, 2-5 Hz is plenty (``nbcluster.widget.interval``).
     best : {"max", "min", None}
-        Order of grid rows by their numeric value: "max" first, "min" first, or None to
-        keep the source's order.
+        Order of grid rows by their numeric value: "max" first, "min" first, or None (the
+        default) to keep the source's order. A trial run's objective
+        (``--objective NAME:min|max``) sets it; without one the table keeps item order,
+        since no one has said which way is better.
     **kwargs
         ``refresh`` (while nothing finishes, the live time axis still moves this often,
         ``nbcluster.widget.refresh``); ``window`` (seconds of task stream shown; None shows
@@ -153,6 +157,7 @@ def live(
     feed = _as_feed(feed)
     source: ProgressSource | None
     report = None
+    controls = None
     if is_results(progress):
         report = reporter_for(progress)
         kwargs.setdefault("task_filter", task_filter_for(progress))
@@ -161,11 +166,12 @@ def live(
         if label is None:
             label = progress.label
         source = ResultsProgress(progress, grid=kwargs.pop("grid", None))
+        controls = controls_for(progress)
     else:
         kwargs.pop("grid", None)
         source = as_progress_source(progress)
     options = LiveOptions(label=label, delay=delay, interval=interval, best=best, **kwargs)
-    return Live(source, feed, options, seams, report=report, started=started)
+    return Live(source, feed, options, seams, report=report, started=started, controls=controls)
 
 
 def progress_hook(feed: Feed | None = None, **kwargs: Any) -> ProgressHook:

@@ -34,10 +34,12 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from nbcluster import _compat
 from nbcluster import _threads as threads
 from nbcluster._wire import Band, ResourceSample, TaskRecord
 from nbcluster.metrics.feed import Feed, MetricsWindow
 from nbcluster.widgets import _static
+from nbcluster.widgets._controls import TrialControls
 from nbcluster.widgets._options import LiveOptions
 from nbcluster.widgets._output import Output, Seams, shell
 from nbcluster.widgets._progress import (
@@ -104,8 +106,11 @@ class Live:
         seams: Seams | None = None,
         report: Callable[[dict[str, Any]], None] | None = None,
         started: float | None = None,
+        controls: TrialControls | None = None,
     ) -> None:
         self.progress_source = progress
+        # A trial run's stop buttons (`_controls.py`), None for other runs.
+        self._controls = controls
         # A view started after its run (`ProgressHook`) counts the run's time from its start.
         self._started = started
         # Where the run's item counts go as they change (the scheduler's plugin, for the
@@ -388,7 +393,11 @@ class Live:
             self.shown = True
             return
         o = self.options
-        self.widget = LiveWidget(window=o.window, resource_window=o.resource_window, limits=o.limits)
+        self.widget = LiveWidget(window=o.window, resource_window=o.resource_window, limits=o.limits,
+                                 controls=self._controls_state())  # fmt: skip
+        if self._controls is not None:
+            self.widget.on_msg(self._on_message)
+            _compat.comm_replies_on_senders_subshell(self.widget.comm)
         # The first delta carries everything gathered before the widget appeared.
         self._pending_tasks = list(self.metrics.tasks)[-THEME["stream"]["maxBars"] :]
         self._pending_samples = [r for series in self.metrics.samples.values() for r in series]
@@ -443,12 +452,34 @@ class Live:
                 w.grid = self.grid
             if self.curves != w.curves:
                 w.curves = self.curves
+            if self._controls is not None and (controls := self._controls_state()) != w.controls:
+                w.controls = controls
             # Send a delta when something is new, or every `refresh` seconds so the
             # live time axis keeps moving while nothing finishes.
             now = self._clock()
             if news or now - self._last_delta >= self.options.refresh:
                 w.delta = delta
                 self._last_delta = now
+
+    def _controls_state(self) -> dict[str, Any]:
+        if self._controls is None or self.frozen:
+            return {}
+        try:
+            return dict(self._controls.state())
+        except Exception as e:  # the buttons are not worth the view
+            logger.info("nbcluster live widget: no stop buttons (%s: %s)", type(e).__name__, e)
+            self._controls = None
+            return {}
+
+    def _on_message(self, widget: Any, content: Any, buffers: Any) -> None:
+        # On the thread that handles the front end's comm messages: a kernel subshell's
+        # while the cell runs (JupyterLab >= 4.4, ipykernel >= 7), else the main one after it.
+        if self._controls is None or self.frozen:
+            return
+        try:
+            self._controls.handle(content, widget.send)
+        except Exception:
+            logger.exception("nbcluster live widget: a stop button failed")
 
     # -- the end --------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ class LiveOptions:
     delay: float | None = None
     interval: float | None = None
     refresh: float | None = None
-    best: Best = "max"
+    best: Best = None
     window: float | None = None
     resource_window: float | None = None
     live_for: float | None = None

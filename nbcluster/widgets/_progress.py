@@ -3,8 +3,8 @@
 A progress source is any callable returning a mapping with ``done``, ``running``,
 ``failed`` and ``total`` (and optionally ``finished`` and ``grid``, see
 `nbcluster.widgets`). This module turns a stream of such readings into what a person
-wants to read: items per second over the last few seconds, time left, and the best grid
-points first.
+wants to read: items per second over the last few seconds, time left, and the grid
+table (best first by an objective, else in item order).
 """
 
 from __future__ import annotations
@@ -147,10 +147,12 @@ def _sort_key(v: Any) -> float | None:
 
 
 def rank_grid(grid: Mapping[str, Any] | None, best: Best, limit: int = GRID_ROWS) -> dict[str, Any]:
-    """The table to draw: at most `limit` rows, best first, values as short strings.
+    """The table to draw: at most `limit` rows, values as short strings.
 
-    Rows with a numeric value sort by it (`best` = "max" or "min"); rows without one
-    (pending, failed, non-numeric) follow in their original order.
+    With `best` ("max" or "min", from the run's objective), rows with a numeric value sort
+    by it and rows without one (pending, failed, non-numeric) follow in their original
+    order. With None the rows keep their order (item order): nothing says which way is
+    better, so nothing is ranked.
 
     Parameters
     ----------
@@ -164,7 +166,8 @@ def rank_grid(grid: Mapping[str, Any] | None, best: Best, limit: int = GRID_ROWS
     Returns
     -------
     dict
-        ``params``, ``rows`` (at most `limit`) and ``total`` (all rows); {} without rows.
+        ``params``, ``rows`` (at most `limit`), ``total`` (all rows) and ``ranked`` (`best`:
+        which way the rows were ranked, or None); {} without rows.
     """
     if not grid or not grid.get("rows"):
         return {}
@@ -182,7 +185,7 @@ def rank_grid(grid: Mapping[str, Any] | None, best: Best, limit: int = GRID_ROWS
         row["status"] = r.get("status", "ok" if "value" in r else "pending")
         shown.append(row)
     params = list(grid.get("params") or (rows[0].get("params") or {}).keys())
-    return {"params": params, "rows": shown, "total": len(rows)}
+    return {"params": params, "rows": shown, "total": len(rows), "ranked": best}
 
 
 def text_line(counts: Mapping[str, Any], width: int = 24) -> str:

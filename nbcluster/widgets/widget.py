@@ -52,10 +52,14 @@ class LiveWidget(anywidget.AnyWidget):
 
     #: {done, running, failed, total, rate?, eta?, elapsed, state, label?}
     progress = traitlets.Dict().tag(sync=True)
-    #: {params: [...], rows: [{params, value, status}], total}: best rows first
+    #: {params: [...], rows: [{params, value, status}], total, ranked}: best rows first when
+    #: ranked ("max"/"min", the run's objective), else in item order
     grid = traitlets.Dict().tag(sync=True)
     #: a trial run's curves: {metric, mode, series: [{label, points: [[step, value]], state, best}]}
     curves = traitlets.Dict().tag(sync=True)
+    #: a trial run's stop buttons: {running: [{item, label}], more}; {} for other runs
+    #: (`_controls.py`: the messages the buttons send, and when they show)
+    controls = traitlets.Dict().tag(sync=True)
     #: the latest poll's new records: a metrics snapshot plus "seq" (and "reset" for a
     #: fresh start); the front end folds these into its own bounded view
     delta = traitlets.Dict().tag(sync=True)

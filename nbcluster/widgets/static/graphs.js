@@ -512,8 +512,9 @@ export function renderProgress(container, counts) {
 // Grid table
 
 // grid: {params: ["lr", "depth"], rows: [{params: {lr: 0.1, depth: 3}, value: "0.93",
-//        status: "ok" | "error" | "pending"}], total?: number}. Rows are drawn in the order
-// given (the producer puts the best first).
+//        status: "ok" | "error" | "pending"}], total?: number, ranked?: "max" | "min" | null}.
+// Rows are drawn in the order given: best first when `ranked` (the run's objective), else
+// in item order.
 export function renderGrid(container, grid) {
   const root = rootBox("nbc-grid");
   const g = grid || {};
