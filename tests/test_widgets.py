@@ -31,7 +31,7 @@ from nbcluster.widgets import live, status
 from nbcluster.widgets._format import format_bytes, format_duration, prefix_color
 from nbcluster.widgets._options import LiveOptions
 from nbcluster.widgets._progress import RateMeter, TextBar, is_finished, rank_grid
-from nbcluster.widgets._static import render_html
+from nbcluster.widgets._static import render_grid, render_html
 from nbcluster.widgets.widget import build_esm
 from tests.widget_helpers import Recorder, broken, square
 
@@ -108,6 +108,9 @@ def test_grid_rows_keep_item_order_without_an_objective() -> None:
     assert g["ranked"] is None and g["total"] == 3
     dicts = [{"params": {"k": i}, "value": {"loss": 1 - i / 10, "acc": i / 10}} for i in range(3)]
     assert [r["params"]["k"] for r in rank_grid({"rows": dicts}, None)["rows"]] == ["0", "1", "2"]
+    # A cut table says which rows it shows: the first ones, not "the best".
+    assert "first 2 of 3" in render_grid(g) and "best" not in render_grid(g)
+    assert "best 2 of 3" in render_grid(rank_grid({"params": ["lr"], "rows": rows}, "max", limit=2))
 
 
 def test_rate_meter_and_finished() -> None:

@@ -141,7 +141,8 @@ def render_grid(grid: Mapping[str, Any]) -> str:
         body.append(f'<tr class="nbc-grid-row">{cells}</tr>')
     table = f'<table style="{escape(css("table"))}"><tbody>{head}{"".join(body)}</tbody></table>'
     total = grid.get("total")
-    more = _div(css("note"), f"best {len(rows)} of {total}") if total and total > len(rows) else ""
+    which = "best" if grid.get("ranked") else "first"
+    more = _div(css("note"), f"{which} {len(rows)} of {total}") if total and total > len(rows) else ""
     return _box("nbc-grid", table + more)
 
 

@@ -539,7 +539,7 @@ export function renderGrid(container, grid) {
   table.append(body);
   root.append(table);
   if (g.total && g.total > rows.length) {
-    root.append(h("div", st("note"), `best ${rows.length} of ${g.total}`));
+    root.append(h("div", st("note"), `${g.ranked ? "best" : "first"} ${rows.length} of ${g.total}`));
   }
   container.replaceChildren(root);
   return root;
