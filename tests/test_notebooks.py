@@ -148,6 +148,25 @@ WRONG: dict[str, list[str]] = {
         "    return scores",
     ],
     # 04
+    "env-per-worker": [
+        "def probe(weights, seed):\n"
+        "    return try_direction(weights, seed, make_env())  # a build per item\n\n\n"
+        "def builds_on_workers():\n"
+        "    return sum(nbcluster.distribute(builds_here, everywhere=True))",
+        "def probe(weights, seed):\n"
+        "    return try_direction(weights, seed, nbcluster.worker_local('env', make_env()))  # not a factory\n\n\n"
+        "def builds_on_workers():\n"
+        "    return sum(nbcluster.distribute(builds_here, everywhere=True))",
+        "ENV = make_env()  # built in the kernel: a copy travels with every item\n\n\n"
+        "def probe(weights, seed):\n"
+        "    return try_direction(weights, seed, ENV)\n\n\n"
+        "def builds_on_workers():\n"
+        "    return sum(nbcluster.distribute(builds_here, everywhere=True))",  # (hidden)
+        "def probe(weights, seed):\n"
+        "    return try_direction(weights, seed, nbcluster.worker_local('env', make_env))\n\n\n"
+        "def builds_on_workers():\n"
+        "    return builds_here()  # the kernel's count",  # (hidden)
+    ],
     "ars-update": [
         "def ars_update(theta, plus, minus, deltas, step, top):\n"
         "    plus, minus, deltas = np.asarray(plus), np.asarray(minus), np.asarray(deltas)\n"
@@ -160,17 +179,23 @@ WRONG: dict[str, list[str]] = {
     ],
     "probe-all": [
         "def probe_all(theta, seed):\n"
-        "    results = [try_direction(theta, seed + i) for i in range(DIRECTIONS)]  # in the kernel\n"
+        "    weights = tuple(map(float, theta))\n"
+        "    results = [try_direction(weights, seed + i) for i in range(DIRECTIONS)]  # in the kernel\n"
         "    return tuple(np.array(column) for column in zip(*results))",  # (hidden)
         "def probe_all(theta, seed):\n"
-        "    results = nbcluster.distribute(lambda probe: try_direction(theta, seed), over=range(DIRECTIONS))\n"
+        "    weights = tuple(map(float, theta))\n"
+        "    results = nbcluster.distribute(lambda probe: try_direction(weights, seed), over=range(DIRECTIONS))\n"
         "    return tuple(np.array(column) for column in zip(*results))",  # one seed for all
+        "def probe_all(theta, seed):\n"
+        "    results = nbcluster.distribute(lambda probe, seed: try_direction(theta, seed), over=range(DIRECTIONS),\n"
+        "                                   seed=seed + 1)\n"
+        "    return tuple(np.array(column) for column in zip(*results))",  # another seed (hidden)
     ],
     "evaluation": [
         '%%distribute --over "episode in range(20)" --seed 2024 --into evaluation\n'
-        "rollout(theta, 1, seed)[0]",  # a numpy integer, not an int
+        "rollout(one_episode(), theta, seed)[0]",  # a numpy float, not an int
         '%%distribute --over "episode in range(20)" --seed 7 --into evaluation\n'
-        "int(rollout(theta, 1, seed)[0])",  # another seed (hidden)
+        "int(rollout(one_episode(), theta, seed)[0])",  # another seed (hidden)
     ],
     # 05
     "logistic-step": [
