@@ -81,6 +81,13 @@ WRONG: dict[str, list[str]] = {
         "def server_bytes(n, W):\n    return n * W\n\n\n"
         "def ring_bytes(n, W):\n    return 2 * (W - 1) * n / W",  # the weights never go back
     ],
+    "allreduce-by-hand": [
+        "def allreduce_mean(model):\n    for p in model.parameters():\n"
+        "        dist.all_reduce(p.grad)",  # the sum, not the mean: twice the step (hidden)
+        "def allreduce_mean(model):\n    for p in model.parameters():\n"
+        "        dist.broadcast(p.grad, src=0)",  # rank 0's gradient only: the ranks agree (hidden)
+        "def allreduce_mean(model):\n    pass",  # each rank its own gradient: the ranks drift apart
+    ],
     "light-closure": [
         "def light_norm(x):\n    return float(np.linalg.norm(np.full(10, x))) * big.shape[0]",  # (hidden)
         "ROWS = big.shape[0]\n\n\ndef light_norm(x):\n    return float(np.linalg.norm(np.full(10, x)))",  # wrong values
