@@ -18,6 +18,7 @@ LANES: dict[str, tuple[str, ...]] = {
     "test_docs_screenshots": ("browser", "slow"),
     "test_docs_vscode": ("browser", "slow"),
     "test_slurm": ("services", "root", "slow"),
+    "test_sge": ("services", "root", "slow"),
     "test_course_slurm": ("services", "root", "slow"),
     "test_ssh": ("services", "root", "slow"),
     "test_netns": ("services", "root", "slow"),
