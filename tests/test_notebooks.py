@@ -159,16 +159,16 @@ WRONG: dict[str, list[str]] = {
         "def probe(weights, seed):\n"
         "    return try_direction(weights, seed, make_env())  # a build per item\n\n\n"
         "def builds_on_workers():\n"
-        "    return sum(nbcluster.distribute(builds_here, everywhere=True))",
+        "    return sum(nbcluster.everywhere(builds_here))",
         "def probe(weights, seed):\n"
         "    return try_direction(weights, seed, nbcluster.worker_local('env', make_env()))  # not a factory\n\n\n"
         "def builds_on_workers():\n"
-        "    return sum(nbcluster.distribute(builds_here, everywhere=True))",
+        "    return sum(nbcluster.everywhere(builds_here))",
         "ENV = make_env()  # built in the kernel: a copy travels with every item\n\n\n"
         "def probe(weights, seed):\n"
         "    return try_direction(weights, seed, ENV)\n\n\n"
         "def builds_on_workers():\n"
-        "    return sum(nbcluster.distribute(builds_here, everywhere=True))",  # (hidden)
+        "    return sum(nbcluster.everywhere(builds_here))",  # (hidden)
         "def probe(weights, seed):\n"
         "    return try_direction(weights, seed, nbcluster.worker_local('env', make_env))\n\n\n"
         "def builds_on_workers():\n"
