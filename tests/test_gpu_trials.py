@@ -102,6 +102,8 @@ def test_two_gpu_workers_from_the_magic_give_each_trial_both_its_gpus(
         assert sorted(gpus) == ["gpu-0", "gpu-2"]
         assert {w["resources"]["GPU"] for w in gpus.values()} == {2}
         assert {w["nthreads"] for w in gpus.values()} == {2}  # --gpu-threads 1, per GPU
+        shown = repr(handle.info())
+        assert "4 GPUs" in shown and "GPU 0 (+1 more): Simulated GPU" in shown, shown
         where = "from distributed import get_worker\nimport os\n(get_worker().name, os.environ['CUDA_VISIBLE_DEVICES'])"
         seen = distribute(where, over="x in range(8)", needs=nbcluster.Needs(gpus=2), on=handle, namespace={})
         assert set(seen) <= {("gpu-0", "0,1"), ("gpu-2", "2,3")} and len(set(seen)) >= 1
