@@ -128,8 +128,15 @@ def test_gpu_selection_counts_whole_workers() -> None:
 
 
 def test_start_options_are_checked_with_one_line() -> None:
+    from nbcluster.server.handlers import START_FIELDS
+    from nbcluster.server.openapi import document
+
     ns = parse("start --gpus-per-worker 2 --gpu-threads 3")
     assert (ns.gpus_per_worker, ns.gpu_threads) == ("2", "3")
+    # The REST start body takes them, typed in the OpenAPI document like --threads.
+    assert {"gpus_per_worker", "gpu_threads"} <= set(START_FIELDS)
+    body = document()["paths"]["/api/clusters"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body["properties"]["gpus_per_worker"]["type"] == ["integer", "string"]
     spec = ClusterSpec.from_user(gpu_workers=1, gpus_per_worker="2", gpu_threads="3")
     assert (spec.gpus_per_worker, spec.gpu_threads) == (2, 3)
     assert ClusterSpec.from_dict(spec.to_dict()) == spec
