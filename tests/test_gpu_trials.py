@@ -10,6 +10,7 @@ missing. bench/gpu_check.py runs the same checks on a machine with real GPUs.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,6 +86,42 @@ def test_a_whole_gpu_trial_still_runs_alone(one_gpu: ClusterHandle) -> None:
 
     spans = sorted(distribute(span, over=range(3), needs=nbcluster.Needs(gpus=1), batch=1, on=one_gpu).values())
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_adapting_starts_one_gpu_worker_for_four_quarter_trials(
+    runtime_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distributed import Event, Queue
+
+    monkeypatch.setenv(gpu.SIMULATE_ENV, "2")
+    handle = start(workers=1, gpu_workers="auto", name="gpu-trials-adapt")
+    try:
+        client = handle.client
+        handle.adapt(minimum=1, maximum=1)
+        # Idle GPU workers retire first; then four quarter-GPU trials are the backlog.
+        deadline = time.monotonic() + 60
+        while handle.info()["requested"]["gpu"]:
+            assert time.monotonic() < deadline, "idle GPU workers were not retired"
+            time.sleep(0.2)  # adaptivity's rounds: no event to wait on
+        arrived, go = Queue("gpu-adapt-arrived", client=client), Event("gpu-adapt-go", client=client)
+
+        def trial(x: int) -> str:
+            from distributed import Event, Queue, get_worker
+
+            Queue("gpu-adapt-arrived").put(x)
+            Event("gpu-adapt-go").wait(120)
+            return str(get_worker().name)
+
+        futures = client.map(trial, range(4), resources={"GPU": 0.25})
+        try:
+            assert sorted(arrived.get(timeout=60) for _ in range(4)) == [0, 1, 2, 3]
+            # They fill one GPU worker: adapting asked for one, not one per trial (two here).
+            assert handle.info()["requested"]["gpu"] == 1
+        finally:
+            go.set()
+        assert len(set(client.gather(futures))) == 1
+    finally:
+        _stop(handle)
 
 
 def test_two_gpu_workers_from_the_magic_give_each_trial_both_its_gpus(
