@@ -12,6 +12,10 @@
 4. `%%distribute --ranks N --gpus 1` (N = the GPU workers, with PyTorch): an NCCL all-reduce
    across the ranks, one GPU each; passes when every rank holds 1 + 2 + ... + N. Under
    --simulate the placement runs and NCCL is left out (no device behind the GPUs).
+5. GPU trials: `%%distribute --gpus 0.25`, four trials per GPU worker, each busy on its GPU for
+   a few seconds: passes when four ran at once on every GPU worker, each seeing its worker's
+   one device. With 2 GPUs or more, a cluster of `--gpus-per-worker 2`: a `--gpus 2` trial
+   sees both (CUDA_VISIBLE_DEVICES and torch's device count), and `--gpus 1` is refused.
 The report is printed and appended to bench/RESULTS.md.
 """
 
@@ -94,6 +98,77 @@ def check_ranks(ip, n: int, simulate: bool, lines: list[str]) -> bool:
     return ok
 
 
+TRIAL_CELL = """
+import os, time
+from distributed import get_worker
+began = time.time()
+try:
+    import torch
+    if not torch.cuda.is_available():
+        raise ImportError("no CUDA device")
+    a = torch.randn(2048, 2048, device="cuda")
+    while time.time() < began + hold:
+        a @ a
+    torch.cuda.synchronize()
+    devices = torch.cuda.device_count()
+except ImportError:  # the --simulate smoke test: the trial holds its thread as long instead
+    time.sleep(hold)
+    devices = None
+(get_worker().name, os.environ.get("CUDA_VISIBLE_DEVICES"), devices, began, time.time())
+"""
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most intervals that overlap at any instant."""
+    edges = sorted([(t0, 1) for t0, _ in spans] + [(t1, -1) for _, t1 in spans])
+    now = best = 0
+    for _, step in edges:
+        now += step
+        best = max(best, now)
+    return best
+
+
+def check_trials(ip, gpu_workers: list[dict], simulate: bool, lines: list[str]) -> bool:
+    """Step 5a: `--gpus 0.25` packs four trials on each GPU worker."""
+    ip.user_ns.update(hold=3.0)
+    runs = ip.run_cell_magic("distribute", f'--over "i in range({4 * len(gpu_workers)})" --gpus 0.25 --batch 1', TRIAL_CELL)
+    if not runs.ok:
+        lines.append(f"- --gpus 0.25 trials: {runs.summary()} -> FAILED")
+        return False
+    ok = True
+    for w in gpu_workers:
+        mine = [r for r in runs.values() if r[0] == w["name"]]
+        together = most_at_once([(r[3], r[4]) for r in mine])
+        seen = {(r[1], r[2]) for r in mine}
+        good = together == 4 and {v for v, _ in seen} == {w["visible"]} and (simulate or {d for _, d in seen} == {1})
+        ok &= good
+        lines.append(f"- --gpus 0.25 on {w['name']}: {len(mine)} trials, {together} at once (want 4), CUDA_VISIBLE_DEVICES/torch devices {sorted(seen, key=str)} -> {'ok' if good else 'FAILED'}")
+    return ok
+
+
+def check_two_gpu_workers(ip, simulate: bool, lines: list[str]) -> bool:
+    """Step 5b: a worker of two GPUs gives a `--gpus 2` trial both, and refuses `--gpus 1`."""
+    import nbcluster
+    from nbcluster.errors import BadArgument
+
+    ip.run_line_magic("cluster", "start --gpu-workers 1 --gpus-per-worker 2 --workers 1 --name gpucheck2")
+    try:
+        ip.user_ns.update(hold=1.0)
+        runs = ip.run_cell_magic("distribute", '--over "i in range(2)" --gpus 2', TRIAL_CELL)
+        seen = {(r[1], r[2]) for r in runs.values()} if runs.ok else set()
+        good = bool(seen) and all(v and len(v.split(",")) == 2 and (simulate or d == 2) for v, d in seen)
+        try:
+            nbcluster.distribute(lambda x: x, over=[1], needs=nbcluster.Needs(gpus=1))
+            refused = "not refused"
+        except BadArgument as e:
+            refused = str(e)
+        good &= refused.startswith("--gpus 1: ")
+        lines.append(f"- --gpus-per-worker 2, --gpus 2 trials: CUDA_VISIBLE_DEVICES/torch devices {sorted(seen, key=str)}; --gpus 1: {refused!r} -> {'ok' if good else 'FAILED'}")
+        return good
+    finally:
+        ip.run_line_magic("cluster", "stop gpucheck2")
+
+
 def sample_gpu_metrics(handle, stop: threading.Event, seen: dict) -> None:
     cursor = None
     while not stop.wait(0.5):
@@ -119,6 +194,7 @@ def main() -> int:
     from IPython.core.interactiveshell import InteractiveShell
 
     import nbcluster
+    from nbcluster.cluster import gpu
 
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "nbcluster")
@@ -152,8 +228,13 @@ def main() -> int:
         ok &= metrics_ok or args.simulate
         lines.append(f"- GPU metrics during the run: max utilisation {seen.get('util', 'absent')}%, max memory {seen.get('memory', 'absent')} bytes -> {'non-zero' if metrics_ok else 'NOT seen'}")
         ok &= check_ranks(ip, len(gpu_workers), args.simulate, lines)
+        ok &= check_trials(ip, [{**w, "visible": pinned[w["name"]]} for w in gpu_workers], args.simulate, lines)
     finally:
         ip.run_line_magic("cluster", "stop gpucheck")
+    if len(gpu.discover()) >= 2:
+        ok &= check_two_gpu_workers(ip, args.simulate, lines)
+    else:
+        lines.append("- --gpus-per-worker 2: skipped, this machine has fewer than 2 GPUs")
     lines.append(f"- Result: {'PASS' if ok else 'FAIL'}{' (simulated GPUs: no real device, metrics not expected)' if args.simulate else ''}")
     report = "\n".join(lines) + "\n"
     print(report)

@@ -54,6 +54,8 @@ class SpecFields(TypedDict):
     dashboard: bool
     backend: str
     gpu_backend: str
+    gpus_per_worker: int
+    gpu_threads: int
     profile: str
 
 

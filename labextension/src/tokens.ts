@@ -54,6 +54,8 @@ export interface IClusterSpec {
   dashboard: boolean;
   backend: string;
   gpu_backend: string;
+  gpus_per_worker: number;
+  gpu_threads: number;
   profile: string;
 }
 

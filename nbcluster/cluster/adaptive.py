@@ -11,8 +11,10 @@ retirement) with three things replaced:
 - the *plan*, *requested* and *observed* worker sets are those of its kind only;
 - the *target* is computed from the scheduler's state (the supervisor hosts the scheduler,
   so this reads it directly, no RPC):
-  * GPU: one worker per ready task that asks for a GPU (waiting for a worker, queued, or
-    running on a GPU worker) - each GPU worker runs one such task at a time;
+  * GPU: the GPU workers that the tasks asking for a GPU fill (waiting for a worker, queued,
+    or running on a GPU worker): each task takes its share of a worker, the larger of its
+    GPUs over the worker's GPUs and one thread over its threads, so four ``--gpus 0.25``
+    tasks fill one single-GPU worker of four threads, and a ``--gpus 1`` task a whole one;
   * CPU: Dask's occupancy rule restricted to the tasks that do not ask for a GPU: expected
     run time of the running and ready tasks over `target_duration`, never more workers than
     ready tasks, divided by the threads per worker;
@@ -132,7 +134,9 @@ def needs_gpu(ts: Any) -> bool:
     return worker_kind(ts.resource_restrictions) == "gpu"
 
 
-def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
+def kind_target(
+    scheduler: Any, kind: str, target_duration: float, gpu_worker: tuple[float, int] = (1, 1)
+) -> int:
     """Desired number of workers of `kind` for the scheduler's current work.
 
     Parameters
@@ -143,6 +147,8 @@ def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
         ``cpu`` or ``gpu``.
     target_duration : float
         Seconds the ready work should take (Dask's ``adaptive.target-duration``).
+    gpu_worker : tuple of (float, int)
+        A GPU worker's GPUs and threads (``--gpus-per-worker``; ``--gpu-threads`` times it).
 
     Returns
     -------
@@ -153,9 +159,12 @@ def kind_target(scheduler: Any, kind: str, target_duration: float) -> int:
     waiting = [ts for ts in scheduler.unrunnable] + list(scheduler.queued)
     held, held_time = backlogs(scheduler).total(kind)
     if kind == "gpu":
-        ready_gpu = sum(1 for ts in waiting if needs_gpu(ts))
-        running_gpu = sum(1 for ws in workers for ts in ws.processing if needs_gpu(ts))
-        return ready_gpu + running_gpu + held
+        gpus, gpu_threads = gpu_worker
+        tasks = [ts for ts in waiting if needs_gpu(ts)]
+        tasks += [ts for ws in workers for ts in ws.processing if needs_gpu(ts)]
+        share = sum(max(float(ts.resource_restrictions["GPU"]) / gpus, 1 / max(gpu_threads, 1)) for ts in tasks)
+        # Held-back items' needs are not known here: each counts as a whole worker.
+        return math.ceil(share - 1e-9) + held
 
     ready = [ts for ts in waiting if not needs_gpu(ts)]
     # Dask's estimate of the expected run time of 100 ready tasks, scaled to all of them.
@@ -209,7 +218,9 @@ class KindAdaptive(Adaptive):
         return {ws.name for ws in scheduler.workers.values() if worker_kind(ws.resources) == self.kind}
 
     async def target(self) -> int:
-        return kind_target(self.kinds.scheduler, self.kind, self.target_duration)
+        spec = self.kinds.nb_spec
+        shape = (spec.gpus_per_worker, spec.gpus_per_worker * spec.gpu_threads)
+        return kind_target(self.kinds.scheduler, self.kind, self.target_duration, shape)
 
     async def recommendations(self, target: int) -> dict[str, Any]:
         """Dask's recommendations, but scaling down by whole spec entries.

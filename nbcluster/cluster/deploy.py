@@ -281,8 +281,8 @@ class LocalDeployment(Deployment):
 
     @property
     def gpu_count(self) -> int:
-        """The GPUs the cluster has (one GPU worker each, at most)."""
-        return len(self.cluster.all_devices)
+        """The GPU workers the cluster can have (one per `--gpus-per-worker` GPUs)."""
+        return len(self.cluster.device_groups)
 
     async def close(self, timeout: float) -> None:
         # An asynchronous cluster's close() is its coroutine (Dask types it for both modes).

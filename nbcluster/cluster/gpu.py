@@ -131,20 +131,23 @@ def discover(environ: dict[str, str] | None = None) -> list[GPU]:
     return _nvml() or _nvidia_smi()
 
 
-def select(requested: int | str | None, available: list[GPU]) -> list[GPU]:
-    """The GPUs to give one worker each, for `--gpu-workers auto|N`.
+def select(requested: int | str | None, available: list[GPU], per_worker: int = 1) -> list[GPU]:
+    """The GPUs for `--gpu-workers auto|N` workers of `per_worker` GPUs each.
 
     Parameters
     ----------
     requested : int, "auto" or None
-        ``--gpu-workers``: a number, every GPU, or none (None or 0).
+        ``--gpu-workers``: a number, as many as the GPUs make, or none (None or 0).
     available : list of GPU
         What `discover` found.
+    per_worker : int
+        ``--gpus-per-worker``: GPUs each worker holds.
 
     Returns
     -------
     list of GPU
-        The first `requested` GPUs (all for "auto").
+        The first ``requested * per_worker`` GPUs (for "auto", the most whole workers'
+        worth; GPUs left over, fewer than `per_worker`, are not used).
 
     Raises
     ------
@@ -154,12 +157,31 @@ def select(requested: int | str | None, available: list[GPU]) -> list[GPU]:
     if requested in (None, 0):
         return []
     if requested == "auto":
-        return list(available)
+        return available[: len(available) // per_worker * per_worker]
     assert isinstance(requested, int)
-    if requested > len(available):
+    if requested * per_worker > len(available):
         have = f"only {len(available)}" if available else "no"
+        each = f" of {per_worker} GPUs each" if per_worker > 1 else ""
         raise BadArgument(
-            f"--gpu-workers {requested}: this machine has {have} GPU(s). Use --gpu-workers auto to take "
+            f"--gpu-workers {requested}{each}: this machine has {have} GPU(s). Use --gpu-workers auto to take "
             f"what there is, or set {SIMULATE_ENV}=N to simulate GPUs for teaching/tests"
         )
-    return available[:requested]
+    return available[: requested * per_worker]
+
+
+def groups(devices: list[GPU], per_worker: int) -> list[tuple[GPU, ...]]:
+    """The devices of each GPU worker: consecutive runs of `per_worker` GPUs.
+
+    Parameters
+    ----------
+    devices : list of GPU
+        What `select` chose.
+    per_worker : int
+        GPUs each worker holds.
+
+    Returns
+    -------
+    list of tuple of GPU
+        One tuple per GPU worker; a tail shorter than `per_worker` makes no worker.
+    """
+    return [tuple(devices[i : i + per_worker]) for i in range(0, len(devices) - per_worker + 1, per_worker)]

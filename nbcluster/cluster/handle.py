@@ -620,6 +620,8 @@ def start(
     dashboard: bool = False,
     gpu_backend: str | None = None,
     *,
+    gpus_per_worker: int | None = None,
+    gpu_threads: int | None = None,
     profile: str | None = None,
     force: bool = False,
     owner_pid: int | None = None,
@@ -662,6 +664,13 @@ def start(
         Start Dask's dashboard (opened through Jupyter's proxy).
     gpu_backend : str, optional
         GPU worker implementation: ``"builtin"`` (default) or ``"dask-cuda"``.
+    gpus_per_worker : int, optional
+        GPUs each GPU worker holds (default 1); its ``CUDA_VISIBLE_DEVICES`` lists them all,
+        so an item on it sees them all (items asking fewer are refused, see
+        `nbcluster.Needs`).
+    gpu_threads : int, optional
+        Threads per GPU of a GPU worker (default 4): items asking a fraction of a GPU
+        (``gpus=0.25``) share it, four at once; items asking none may run there too.
     profile : str, optional
         Where to run: a profile of ``nbcluster.profiles`` in Dask config (default: local).
     force : bool, default False
@@ -712,6 +721,8 @@ def start(
         keep=keep,
         dashboard=dashboard,
         gpu_backend=gpu_backend,
+        gpus_per_worker=gpus_per_worker,
+        gpu_threads=gpu_threads,
         profile=profile,
         force=force,
     )
@@ -722,7 +733,7 @@ def start(
         return ClusterHandle(reusable, directory=directory, reused=True)
     if spec.gpus not in (None, 0):
         # Fail here, with the fix, rather than in the supervisor's log.
-        gpu.select(spec.gpus, gpu.discover())
+        gpu.select(spec.gpus, gpu.discover(), spec.gpus_per_worker)
     early: list[Client] = []
 
     def connect(scheduler: dict[str, Any]) -> None:

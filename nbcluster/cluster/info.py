@@ -183,13 +183,22 @@ def _worker_place(w: WorkerRow) -> str:
     return f"{w.get('host') or ''}{job}"
 
 
-def _gpu_label(gpu: GpuDevice | None) -> str:
+def _gpu_count(w: Mapping[str, Any]) -> int:
+    # A worker's GPU resource is how many devices it holds (`--gpus-per-worker`); the `gpu`
+    # entry describes the first of them.
+    return max(1, int((w.get("resources") or {}).get("GPU", 1))) if w.get("gpu") else 0
+
+
+def _gpu_label(w: Mapping[str, Any]) -> str:
+    gpu: GpuDevice | None = w.get("gpu")
     if not gpu:
         return ""
     total = gpu["memory_total"]
     mem = f", {format_bytes(total)}" if total else ""
     sim = " [simulated]" if gpu.get("simulated") else ""
-    return f"GPU {gpu['index']}: {gpu['name']}{mem}{sim}"
+    count = _gpu_count(w)
+    more = f" (+{count - 1} more)" if count > 1 else ""
+    return f"GPU {gpu['index']}{more}: {gpu['name']}{mem}{sim}"
 
 
 def cluster_totals(data: Mapping[str, Any]) -> Totals:
@@ -224,8 +233,8 @@ def cluster_totals(data: Mapping[str, Any]) -> Totals:
         "cores": sum(int(w.get("nthreads") or 0) for w in ws),
         "memory": sum(int(w.get("memory") or 0) for w in ws),
         "memory_limit": memory_limit,
-        "gpus": sum(1 for w in ws if w.get("gpu")),
-        "simulated_gpus": sum(1 for w in ws if (w.get("gpu") or {}).get("simulated")),
+        "gpus": sum(_gpu_count(w) for w in ws),
+        "simulated_gpus": sum(_gpu_count(w) for w in ws if (w.get("gpu") or {}).get("simulated")),
     }
 
 
@@ -378,7 +387,7 @@ class ClusterInfo:
                 f"  {w['name']:<8} {w['kind']}  {w['nthreads']} thr  "
                 f"{format_bytes(w['memory'] or 0)} / {format_bytes(w['memory_limit'] or 0)}  "
                 f"cpu {w.get('cpu', 0):.0f}%  running {w.get('processing', 0)}  {_worker_place(w)}  "
-                f"{_gpu_label(w.get('gpu'))}".rstrip()
+                f"{_gpu_label(w)}".rstrip()
             )
         return "\n".join(lines)
 
@@ -408,7 +417,7 @@ class ClusterInfo:
             f"<td>{e(format_bytes(w['memory'] or 0))} / {e(format_bytes(w['memory_limit'] or 0))}</td>"
             f"<td>{w.get('cpu', 0):.0f}%</td><td>{w.get('processing', 0)}</td>"
             f"<td>{e(w.get('host') or '')}</td><td>{e(str(w.get('job_id') or ''))}</td>"
-            f"<td>{e(_gpu_label(w.get('gpu')))}</td>"
+            f"<td>{e(_gpu_label(w))}</td>"
             "</tr>"
             for w in workers
         )

@@ -226,7 +226,8 @@ def check(
 ) -> None:
     """Raise `LimitExceeded` if `workers` CPU workers (+ `gpu_workers`) break a limit.
 
-    GPU workers have one thread each.
+    Each GPU worker counts as one thread, whatever its ``--gpu-threads``: GPU trials mostly
+    wait on their device.
 
     Parameters
     ----------

@@ -29,6 +29,9 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
 NAME_RULE = "use letters, digits, '-', '_' or '.', starting with a letter or digit (at most 63 characters)"
 DEFAULT_NAME = "local"
 GPU_BACKENDS = ("builtin", "dask-cuda")
+#: Threads per GPU of a GPU worker by default: four `--gpus 0.25` items share one GPU at once.
+#: An item asking a whole GPU still runs alone on it (the `GPU` resource admits one).
+GPU_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,16 @@ START_OPTIONS = (
     StartOption("keep", "keep running after the kernel (or server) that started it exits"),
     StartOption("dashboard", "start Dask's dashboard (opened through Jupyter: the sidebar's Dashboard link)"),
     StartOption("gpu-backend", "GPU worker implementation: builtin (default) or dask-cuda", "NAME"),
+    StartOption(
+        "gpus-per-worker",
+        "GPUs each GPU worker holds (`CUDA_VISIBLE_DEVICES` lists them all; default: 1)",
+        "N",
+    ),
+    StartOption(
+        "gpu-threads",
+        f"threads per GPU of a GPU worker: fractional `--gpus` items share a GPU (default: {GPU_THREADS})",
+        "T",
+    ),
     StartOption("profile", "where to run: a profile from `nbcluster profiles` (default: local)", "NAME"),
     StartOption("force", FORCE_HELP),
 )
@@ -239,6 +252,10 @@ class ClusterSpec:
     dashboard: bool = False
     backend: str = "local"
     gpu_backend: str = "builtin"
+    #: GPUs each GPU worker holds; a trial sees them all (one CUDA_VISIBLE_DEVICES per process).
+    gpus_per_worker: int = 1
+    #: Threads per GPU of a GPU worker (its `nthreads` is this times `gpus_per_worker`).
+    gpu_threads: int = GPU_THREADS
     #: The backend profile (`profiles.py`) the cluster runs on; `backend` is its backend.
     profile: str = "local"
 
@@ -255,6 +272,8 @@ class ClusterSpec:
         dashboard: bool = False,
         profile: str | None = None,
         gpu_backend: str | None = None,
+        gpus_per_worker: Any = None,
+        gpu_threads: Any = None,
         force: bool = False,
     ) -> ClusterSpec:
         """Validate a start request, including its size against `limits`.
@@ -277,6 +296,10 @@ class ClusterSpec:
             Where it runs (default ``local``).
         gpu_backend : str, optional
             How local GPU workers are told their device (default ``builtin``).
+        gpus_per_worker : int, optional
+            ``--gpus-per-worker``: GPUs each GPU worker holds (default 1).
+        gpu_threads : int, optional
+            ``--gpu-threads``: threads per GPU of a GPU worker (default `GPU_THREADS`).
         force : bool
             Lift the machine-derived limits, not those set in config.
 
@@ -295,14 +318,20 @@ class ClusterSpec:
         chosen = profiles.get(profile)
         if not chosen.local:
             chosen.check_installed()  # a missing extra is named now, not in the supervisor's log
-            if gpu_workers not in (None, 0, "0") or gpu_backend:
+            if gpu_workers not in (None, 0, "0") or gpu_backend or gpus_per_worker or gpu_threads:
                 raise BadArgument(
-                    f"--gpu-workers and --gpu-backend are for local clusters; on the {chosen.backend} backend "
+                    "--gpu-workers, --gpu-backend, --gpus-per-worker and --gpu-threads are for local "
+                    f"clusters; on the {chosen.backend} backend "
                     "GPU workers come from the profile's options"
                 )
         gpu_backend = gpu_backend or "builtin"
         if gpu_backend not in GPU_BACKENDS:
             raise BadArgument(f"--gpu-backend {gpu_backend!r}: use one of {', '.join(GPU_BACKENDS)}")
+        if gpu_backend == "dask-cuda" and gpus_per_worker not in (None, 1, "1"):
+            raise BadArgument(
+                "--gpus-per-worker: dask-cuda workers hold one GPU each; leave --gpu-backend out to "
+                "use nbcluster's built-in GPU workers, which can hold several"
+            )
         if dashboard and importlib.util.find_spec("bokeh") is None:
             raise BadArgument("--dashboard needs bokeh: `pip install bokeh`, or start without --dashboard")
         spec = cls(
@@ -315,6 +344,8 @@ class ClusterSpec:
             dashboard=bool(dashboard),
             backend=chosen.backend,
             gpu_backend=gpu_backend,
+            gpus_per_worker=1 if gpus_per_worker is None else parse_count(gpus_per_worker, "--gpus-per-worker", minimum=1),
+            gpu_threads=GPU_THREADS if gpu_threads is None else parse_count(gpu_threads, "--gpu-threads", minimum=1),
             profile=chosen.name,
         )
         spec.check_limits(force=force)

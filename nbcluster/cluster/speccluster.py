@@ -3,8 +3,14 @@
 The local backend is the one built in: a `SpecCluster` whose workers are of two kinds,
 
 - ``cpu-N``: nanny processes advertising the resource ``{"CPU": threads}``;
-- ``gpu-N``: one nanny process per GPU, pinned with ``CUDA_VISIBLE_DEVICES`` to a distinct
-  device and advertising ``{"GPU": 1}``.
+- ``gpu-N``: one nanny process per ``--gpus-per-worker`` GPUs (default 1), pinned with
+  ``CUDA_VISIBLE_DEVICES`` to its own devices, advertising ``{"GPU": gpus_per_worker}``, with
+  ``gpu_threads`` threads per GPU (default 4) so that items asking a fraction of a GPU
+  (``--gpus 0.25``) share it: the ``GPU`` resource caps how many run at once.
+
+A process has one ``CUDA_VISIBLE_DEVICES``, so every item on a GPU worker sees all of that
+worker's GPUs; `nbcluster.run.target.placement` refuses an item that asks fewer GPUs than a
+multi-GPU worker holds, rather than let it see (and use) devices it was not given.
 
 Because only CPU workers have ``CPU``, a task asking for ``CPU`` never lands on a GPU
 worker, and one asking for ``GPU`` only lands on GPU workers; a task asking for nothing
@@ -32,7 +38,7 @@ from nbcluster import _compat, config
 from nbcluster._wire import Bounds, Kind, Requested
 from nbcluster.cluster import forkserver
 from nbcluster.cluster.adaptive import KindAdaptive
-from nbcluster.cluster.gpu import GPU, SIMULATE_ENV
+from nbcluster.cluster.gpu import GPU, SIMULATE_ENV, groups
 from nbcluster.cluster.kinds import GPU_RESOURCE, check_kind, worker_kind
 from nbcluster.cluster.private_http import PrivateScheduler, PrivateWorker
 from nbcluster.cluster.spec import ClusterSpec, parse_bounds
@@ -47,16 +53,20 @@ class NbSpecCluster(SpecCluster):
     def __init__(self, *, spec: ClusterSpec, devices: list[GPU], security: Security, **kwargs: Any):
         self.nb_spec = spec
         self.all_devices = devices
-        # worker name -> GPU, for the GPU workers that exist in the plan
+        # The devices of each possible GPU worker (`--gpus-per-worker` of them).
+        self.device_groups = groups(devices, spec.gpus_per_worker)
+        # worker name -> its first GPU (what a status row shows), for the GPU workers in the plan
         self.devices: dict[str, GPU] = {}
+        # worker name -> all its GPUs
+        self.worker_devices: dict[str, tuple[GPU, ...]] = {}
         self.adaptive_bounds: Bounds | None = None
         self._kind_adaptives: list[KindAdaptive] = []
         self._security = security
         workers: dict[str, Any] = {}
         for i in range(spec.workers or 0):
             workers[f"cpu-{i}"] = self._cpu_template()  # `new_spec` is set by SpecCluster below
-        for device in devices:
-            workers.update(self._gpu_spec(device))
+        for group in self.device_groups:
+            workers.update(self._gpu_spec(group))
         scheduler = {
             # The HTTP servers (dashboard, /json, /metrics) require the cluster's
             # certificate, like its comms (private_http.py).
@@ -122,26 +132,29 @@ class NbSpecCluster(SpecCluster):
             options["config"] = forkserver.worker_config()
         return options
 
-    def _gpu_spec(self, device: GPU) -> dict[str, Any]:
+    def _gpu_spec(self, group: tuple[GPU, ...]) -> dict[str, Any]:
+        device = group[0]
         name = f"gpu-{device.index}"
         # The UUID pins the very device even if another tool renumbers them; simulated
         # devices have none that CUDA would understand.
-        visible = str(device.index if device.simulated or not device.uuid else device.uuid)
+        visible = ",".join(str(d.index if d.simulated or not d.uuid else d.uuid) for d in group)
         env = {"CUDA_VISIBLE_DEVICES": visible}
         if device.simulated:
-            env[SIMULATE_ENV + "_DEVICE"] = str(device.index)
-        options = self._options(1, {GPU_RESOURCE: 1}, env)
+            env[SIMULATE_ENV + "_DEVICE"] = ",".join(str(d.index) for d in group)
+        count = len(group)
+        options = self._options(self.nb_spec.gpu_threads * count, {GPU_RESOURCE: count}, env)
         if self.nb_spec.gpu_backend == "dask-cuda":
-            cuda = _dask_cuda_options(device)
+            cuda = _dask_cuda_options(group, options["nthreads"])
             plugins = (*cuda.get("plugins", ()), *options["plugins"])  # dask-cuda's and ours
             options = {**cuda, **options, "plugins": plugins}
         self.devices[name] = device
+        self.worker_devices[name] = group
         return {name: {"cls": Nanny, "options": options}}
 
     def _new_spec(self, kind: str, taken: dict[str, Any]) -> dict[str, Any]:
         if kind == "gpu":
             used = {d.index for n, d in self.devices.items() if n in taken}
-            free = [d for d in self.all_devices if d.index not in used]
+            free = [g for g in self.device_groups if g[0].index not in used]
             if not free:
                 raise BadArgument(
                     f"no free GPU for another GPU worker: this cluster has {len(self.all_devices)} GPU(s)"
@@ -229,9 +242,10 @@ class NbSpecCluster(SpecCluster):
             For an unknown kind, or more GPU workers than the cluster has GPUs.
         """
         check_kind(kind)
-        if kind == "gpu" and n > len(self.all_devices):
+        if kind == "gpu" and n > len(self.device_groups):
+            each = f" ({self.nb_spec.gpus_per_worker} per GPU worker)" if self.nb_spec.gpus_per_worker > 1 else ""
             raise BadArgument(
-                f"cannot scale to {n} GPU workers: this cluster has {len(self.all_devices)} GPU(s)"
+                f"cannot scale to {n} GPU workers: this cluster has {len(self.all_devices)} GPU(s){each}"
             )
         if not adaptive:
             # An explicit scale is the user taking control back from adaptivity.
@@ -249,6 +263,7 @@ class NbSpecCluster(SpecCluster):
                     have -= mine[name]
                     del self.worker_spec[name]
                     self.devices.pop(name, None)
+                    self.worker_devices.pop(name, None)
         if have < n:
             if kind == "gpu":
                 for _ in range(n - have):
@@ -266,7 +281,7 @@ class NbSpecCluster(SpecCluster):
         self.adaptive_bounds = None
 
     def adapt_bounded(self, minimum: Any, maximum: Any) -> None:
-        """CPU workers adapt between the bounds; GPU workers (if any) between 0 and one per GPU.
+        """CPU workers adapt between the bounds; GPU workers (if any) between 0 and all the GPUs make.
 
         Parameters
         ----------
@@ -284,19 +299,21 @@ class NbSpecCluster(SpecCluster):
         self._kind_adaptives = [KindAdaptive(self, "cpu", minimum=lo, maximum=hi, **options)]
         if self.all_devices:
             self._kind_adaptives.append(
-                KindAdaptive(self, "gpu", minimum=0, maximum=len(self.all_devices), **options)
+                KindAdaptive(self, "gpu", minimum=0, maximum=len(self.device_groups), **options)
             )
         self.adaptive_bounds = {"minimum": lo, "maximum": hi}
         if self.all_devices:
-            self.adaptive_bounds["gpu_maximum"] = len(self.all_devices)
+            self.adaptive_bounds["gpu_maximum"] = len(self.device_groups)
 
     async def _close(self) -> None:
         self.stop_adaptive()
         await super()._close()
 
 
-def _dask_cuda_options(device: GPU) -> dict[str, Any]:
-    """dask-cuda's options for a worker on `device` (its plugins, memory settings)."""
+def _dask_cuda_options(group: tuple[GPU, ...], threads: int) -> dict[str, Any]:
+    """dask-cuda's options for a worker on the one device of `group` (its plugins, memory
+    settings); `ClusterSpec.from_user` refuses dask-cuda workers of several GPUs."""
+    device = group[0]
     try:
         from dask_cuda.worker_spec import worker_spec
     except ImportError:
@@ -304,7 +321,7 @@ def _dask_cuda_options(device: GPU) -> dict[str, Any]:
             "--gpu-backend dask-cuda needs dask-cuda: `pip install dask-cuda`, or leave the "
             "option out to use nbcluster's built-in GPU workers"
         ) from None
-    [spec] = worker_spec(CUDA_VISIBLE_DEVICES=[device.index], threads_per_worker=1).values()
+    [spec] = worker_spec(CUDA_VISIBLE_DEVICES=[device.index], threads_per_worker=threads).values()
     return dict(spec["options"])
 
 
@@ -318,7 +335,7 @@ def local_cluster(spec: ClusterSpec, devices: list[GPU], security: Security) -> 
     spec : ClusterSpec
         The checked start request.
     devices : list of GPU
-        The GPUs to give one worker each.
+        The GPUs to give the GPU workers, `ClusterSpec.gpus_per_worker` each.
     security : distributed.Security
         The cluster's TLS credentials.
 
@@ -329,7 +346,7 @@ def local_cluster(spec: ClusterSpec, devices: list[GPU], security: Security) -> 
     """
     if spec.workers is None and devices:
         cores = os.cpu_count() or 1
-        spec = dataclasses.replace(spec, workers=max(cores - len(devices), 1))
+        spec = dataclasses.replace(spec, workers=max(cores - len(groups(devices, spec.gpus_per_worker)), 1))
     spec = spec.resolved()
     return NbSpecCluster(spec=spec, devices=devices, security=security, asynchronous=True)
 

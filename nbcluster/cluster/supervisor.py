@@ -504,7 +504,7 @@ class _Supervision:
         security, tls = write_credentials(self.directory, self.name)
         self.entry["tls"] = tls
         profile = profiles.get(self.spec.profile)
-        devices = gpu.select(self.spec.gpus, gpu.discover()) if profile.local else []
+        devices = gpu.select(self.spec.gpus, gpu.discover(), self.spec.gpus_per_worker) if profile.local else []
         # For every nanny this process will make (scale-ups later too): this process
         # exists for this one cluster, so the setting is global here.
         config.drop_copied_dask_environ(os.environ)

@@ -283,8 +283,10 @@ class Link:
 def placement(needs: Needs, workers: dict[str, Any]) -> tuple[dict[str, Any], int, list[str]]:
     """Resource restrictions for `--gpus/--cpus/--cpu-only`, usable threads, eligible workers.
 
-    nbcluster's CPU workers advertise `{"CPU": threads}` and GPU workers `{"GPU": 1}`, so
-    `--cpu-only` is simply a `CPU` restriction: it can never land on a GPU worker.
+    nbcluster's CPU workers advertise `{"CPU": threads}` and GPU workers `{"GPU": n}` (n from
+    ``--gpus-per-worker``), so `--cpu-only` is simply a `CPU` restriction: it can never land
+    on a GPU worker. A GPU worker's threads (``--gpu-threads`` per GPU) let fractional
+    ``--gpus`` items share its GPU; the `GPU` resource caps how many run at once.
 
     Parameters
     ----------
@@ -306,7 +308,8 @@ def placement(needs: Needs, workers: dict[str, Any]) -> tuple[dict[str, Any], in
     ------
     nbcluster.errors.BadArgument
         When no worker offers what is asked, or the workers do not say which ones are CPU
-        workers for ``--cpu-only``/``--cpus``; the message says what they offer.
+        workers for ``--cpu-only``/``--cpus``; the message says what they offer. Also when
+        ``--gpus`` asks fewer GPUs than a multi-GPU worker holds (its items see them all).
     """
     resources: dict[str, float] = {}
     if needs.gpus:
@@ -338,8 +341,25 @@ def placement(needs: Needs, workers: dict[str, Any]) -> tuple[dict[str, Any], in
         wanted = ", ".join(f"{k}={v:g}" for k, v in resources.items())
         fix = " Start GPU workers with `%cluster start --gpu-workers N`." if "GPU" in resources else ""
         raise BadArgument(f"no worker offers {wanted} per item (workers offer: {_offers(workers)}).{fix}")
+    if needs.gpus:
+        _check_gpu_share(needs.gpus, [workers[a] for a in eligible])
     kwargs = {"resources": resources} if resources else {}
     return kwargs, max(threads, 1), eligible
+
+
+def _check_gpu_share(gpus: float, eligible: list[dict[str, Any]]) -> None:
+    # CUDA_VISIBLE_DEVICES is one value per worker process: every item on a worker of
+    # several GPUs sees all of them. An item asking fewer would see (and could use)
+    # devices that the scheduler counts as another item's, so it is refused, not run.
+    held = sorted({float(w["resources"]["GPU"]) for w in eligible if float(w["resources"]["GPU"]) > 1})
+    wrong = [g for g in held if g != gpus]
+    if wrong:
+        each = f"{wrong[0]:g}"
+        raise BadArgument(
+            f"--gpus {gpus:g}: this cluster's GPU workers hold {each} GPUs each and an item sees all of "
+            f"its worker's GPUs (one CUDA_VISIBLE_DEVICES per process); ask --gpus {each}, or start the "
+            "cluster with --gpus-per-worker 1 to run items of one GPU or less"
+        )
 
 
 def _offers(workers: dict[str, Any]) -> str:

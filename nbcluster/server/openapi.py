@@ -141,7 +141,7 @@ def _body(properties: dict[str, Any], example: dict[str, Any]) -> dict[str, Any]
 def _start_field(option: Any) -> dict[str, Any]:
     if option.switch:
         kind: dict[str, Any] = {"type": "boolean"}
-    elif option.field in ("workers", "threads"):
+    elif option.field in ("workers", "threads", "gpus_per_worker", "gpu_threads"):
         kind = {"type": ["integer", "string"]}
     elif option.field in ("memory", "gpu_workers"):
         kind = {"type": ["integer", "string", "null"]}
