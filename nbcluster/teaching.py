@@ -292,7 +292,9 @@ def _cpu_seconds(procs: Iterable[psutil.Process]) -> tuple[float, dict[int, floa
     for p in procs:
         try:
             t = p.cpu_times()
-            used[p.pid] = t.user + t.system
+            # With the children it has waited for: a program the notebook runs and waits for
+            # (torchrun under `subprocess.run`) is its own work, gone before the run's end.
+            used[p.pid] = t.user + t.system + t.children_user + t.children_system
         except psutil.Error:
             pass
     return machine, used
@@ -302,7 +304,9 @@ def timed(run: Callable[[], Any], *, _ours: Callable[[], list[psutil.Process]] =
     """Run `run()` and time it, with how many cores' worth of CPU other programs used meanwhile.
 
     Processes of ours that start during the run (a new worker) are counted from zero; those
-    that end during it lose their share, which can only make a run look *more* disturbed.
+    that end during it count through the children times of the process of ours that waited
+    for them (a program run with `subprocess.run`); one whose parent is not ours loses its
+    share, which can only make a run look *more* disturbed.
 
     Parameters
     ----------
@@ -324,6 +328,9 @@ def timed(run: Callable[[], Any], *, _ours: Callable[[], list[psutil.Process]] =
     after = {p.pid: p for p in [*before, *_ours()]}.values()
     machine1, used1 = _cpu_seconds(after)
     mine = sum(t - used0.get(pid, 0.0) for pid, t in used1.items())
+    # One of ours that ended meanwhile is in its parent's children times for its whole life:
+    # what it had used before the run is not the run's.
+    mine -= sum(t for pid, t in used0.items() if pid not in used1)
     return Timing(seconds, max(0.0, (machine1 - machine0) - mine) / seconds, result)
 
 

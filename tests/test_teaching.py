@@ -82,6 +82,19 @@ def test_our_own_children_are_not_a_disturbance() -> None:
     assert timing.others < everyone - by_child + 0.15, (timing, everyone, by_child)
 
 
+def test_a_program_we_run_and_wait_for_is_not_a_disturbance() -> None:
+    # torchrun in 02: started, run and ended inside the timing, gone before it ends.
+    def spin() -> None:
+        subprocess.run([sys.executable, "-c", "import time\nend = time.time() + 1\nwhile time.time() < end: pass"],
+                       check=True)  # fmt: skip
+
+    machine0 = _busy_seconds()
+    timing = teaching.timed(spin)
+    everyone = (_busy_seconds() - machine0) / timing.seconds
+    assert everyone > 0.5, f"the program barely ran ({everyone:.2f} cores): nothing to tell"
+    assert timing.others < everyone - 0.5, (timing, everyone)
+
+
 def test_cores_respects_the_cpu_affinity_a_container_or_taskset_gives() -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to restrict to 1")
