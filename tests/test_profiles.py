@@ -84,4 +84,4 @@ def test_gpus_are_for_local_clusters(runtime_dir):
     hpc = {"backend": "slurm", "options": {"queue": "debug", "cores": 1, "memory": "1GB"}}
     with dask.config.set({"nbcluster.profiles.hpc": hpc}), pytest.raises(BadArgument) as error:
         nbcluster.start(profile="hpc", gpu_workers=1)
-    assert "--gpu-workers and --gpu-backend are for local clusters" in str(error.value)
+    assert "--gpu-workers, --gpu-backend, --gpus-per-worker and --gpu-threads are for local clusters" in str(error.value)
