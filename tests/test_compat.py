@@ -432,6 +432,13 @@ def test_a_comms_front_end_messages_stay_on_the_subshell_they_came_on() -> None:
     from ipykernel import kernelbase
     from ipykernel.comm import Comm
 
+    if not hasattr(kernelbase.Kernel, "shell_channel_thread_main"):
+        # ipykernel before 7 (the minimum-versions lane): no subshells, so nothing to keep a
+        # message on; the call leaves a comm without the hook as it was.
+        comm = Comm.__new__(Comm)
+        _compat.comm_replies_on_senders_subshell(comm)
+        assert "_reply_subshell_for" not in vars(comm)
+        return
     assert "_reply_subshell_for" in inspect.getsource(kernelbase.Kernel.shell_channel_thread_main)
     comm = Comm.__new__(Comm)
     comm._reply_subshell_lock = threading.Lock()
