@@ -44,6 +44,7 @@ Inside the package, `follow.py` reads the item output from `_state` and names it
 from __future__ import annotations
 
 import html
+import importlib.util
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -336,7 +337,9 @@ class Results(TrialResults):
         """
         try:
             import pandas as pd
-        except ImportError:
+        except ImportError as e:
+            if importlib.util.find_spec("pandas") is not None:  # installed, but its import failed: say why
+                raise NbclusterError(f"to_pandas(): pandas is installed but did not import ({e})") from e
             raise NbclusterError("to_pandas() needs pandas: pip install pandas") from None
         state = self._state
         rows = []
