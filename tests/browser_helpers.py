@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
+import psutil
 import pytest
 
 import nbcluster
@@ -275,3 +276,24 @@ def wait_until_up(
         except (OSError, ValueError, KeyError):
             time.sleep(0.25)
     raise AssertionError(f"the server did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """End a `jupyter` server started in a session of its own, and the kernels it spawned."""
+    # Kernels run in sessions of their own: note them before the server goes.
+    try:
+        spawned = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        spawned = []
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(wait)
+            break
+        except ProcessLookupError:
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    _, alive = psutil.wait_procs(spawned, timeout=10)
+    for p in alive:
+        p.kill()

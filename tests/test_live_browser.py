@@ -15,19 +15,17 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from nbcluster.cluster.handle import ClusterHandle
-from tests.browser_helpers import CONTRAST, MIN_CONTRAST, launch_chromium, wait_until_up
+from tests.browser_helpers import CONTRAST, MIN_CONTRAST, launch_chromium, stop_server, wait_until_up
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "live-browser"
 
@@ -95,24 +93,7 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, P
         )
         yield f"{base}/{path}?token={token}", root
     finally:
-        # Kernels run in sessions of their own, so note them before the server goes: a
-        # server that has to be killed cannot shut them down itself.
-        try:
-            spawned = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            spawned = []
-        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(wait)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        _, alive = psutil.wait_procs(spawned, timeout=10)
-        for p in alive:
-            p.kill()
+        stop_server(proc)
         log.close()
 
 

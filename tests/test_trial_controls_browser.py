@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-import psutil
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from nbcluster.cluster.handle import ClusterHandle
-from tests.browser_helpers import launch_chromium, wait_until_up
+from tests.browser_helpers import launch_chromium, stop_server, wait_until_up
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "trial-controls"
 
@@ -47,26 +45,6 @@ x
 """
 
 STATES = "print('states:', runs.states)"
-
-
-def _stop_server(proc: subprocess.Popen[bytes]) -> None:
-    # Kernels run in sessions of their own: note them before the server goes.
-    try:
-        spawned = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        spawned = []
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(wait)
-            break
-        except ProcessLookupError:
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    _, alive = psutil.wait_procs(spawned, timeout=10)
-    for p in alive:
-        p.kill()
 
 
 @pytest.fixture(params=["perCommTarget", "disabled"])
@@ -100,7 +78,7 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, P
         base = wait_until_up(tmp_path / "runtime" / f"jpserver-{proc.pid}.json", token, proc, tmp_path / "lab.log")
         yield f"{base}/lab/tree/trials.ipynb?token={token}", root, setting
     finally:
-        _stop_server(proc)
+        stop_server(proc)
         log.close()
 
 
