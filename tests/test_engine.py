@@ -254,7 +254,7 @@ def test_each_batch_says_how_long_its_worker_thread_waited_for_it(cluster: Any, 
 
 
 def test_a_thread_counts_its_wait_between_batches_of_one_run_only() -> None:
-    from nbcluster.worker import idle
+    from nbcluster import worker as idle
 
     def in_thread(*steps: Any) -> list[float | None]:
         got: list[float | None] = []

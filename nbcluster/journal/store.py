@@ -100,7 +100,7 @@ from nbcluster.journal.reading import (
 )
 from nbcluster.run.plan import describe
 from nbcluster.run.values import Packed
-from nbcluster.worker.plain import plain as worker_plain
+from nbcluster.worker.items import plain as worker_plain
 
 # The journal's readers (resume, runs, the tests) know its reading side (`reading.py`) as `store` too.
 __all__ = [

@@ -5,43 +5,42 @@ dependencies at all, so the scheduler treats every batch as a root task and hand
 out from its queue to whichever thread is free. Items are pickled by reference to the
 three tasks here (`run_batch`, `stop_run`, `pin`): keep their names.
 A run's first batches come as a request to the worker itself instead (`direct.py`), which
-runs the same `run_blob` in the same thread pool, without the scheduler.
+runs the same `run_blob` in the same thread pool, without the scheduler, and sends its first
+item's result ahead when the batch goes on (`ahead.py`).
 
 - `batch` is one opaque blob `(indices, items, budget)`: Dask never walks into it, so its
   cost does not grow with the items inside.
 - The cell's *context* (code, small captured values, how an item binds names) is
-  unpickled once per worker: `context.py`.
-- *Large values* are kept outside Dask's store, in an LRU: `objects.py`. A key that no
-  worker holds any more (every holder died) comes back as `{"lost": key}`; the kernel
-  scatters it again and resubmits the batch.
+  unpickled once per worker, and its *large values* are kept outside Dask's store:
+  `context.py`. A key that no worker holds any more (every holder died) comes back as
+  `{"lost": key}`; the kernel scatters it again and resubmits the batch.
 - The items run in `items.py`; their prints and `display()`s are kept apart per item in
-  `output.py`; an item's exception becomes a record in `records.py`; a batch's values that
-  are all builtin data travel as one pickled list (`plain.py`). A cell that is one
-  expression and a function runs in a loop kept per worker (`loop.py`).
+  `output.py`; an item's exception becomes a record in `records.py`.
 - A `--persist` item's value stays on its worker under its own key (`held.py`).
 - A trial item reports metrics, is asked to stop and may checkpoint (`trial.py`,
   `checkpoint.py`); a rank of a `--ranks` job runs with torchrun's environment (`rank.py`);
   `worker_local` keeps a value per worker process, on purpose (`local.py`).
 
-A batch may carry a time *budget*: it returns, between items, once the budget is spent,
-with the items it reached; the kernel sends the rest again. So a batch sized from a
+A batch may carry a time *budget*: it returns, between chunks of items, once the budget is
+spent, with the items it reached; the kernel sends the rest again. So a batch sized from a
 misleading estimate still comes back on time (see `batching.py`).
 
 The task returns one opaque blob: per-item values, error records, captured output, the
-time spent in the items and how long the thread waited for the batch (for the batch
-sizing in `batching.py`, `idle.py`). A small one is also pushed to the kernel ahead of the
-task's end, which saves it a gather (`push.py`); a run's first direct batch sends its
-first item's result ahead when the batch goes on (`ahead.py`). A batch never raises for an
-item. Only a context that cannot even be loaded fails the whole batch, again as a returned
-record (`{"fatal": record}`).
+time spent in the items and how long the thread waited for the batch since its last one of
+the run (`idle`, for the batch sizing in `batching.py`; measured with the thread's own
+clock). A small blob is also pushed to the kernel as a Dask event just before the task ends
+(`push`), on the same ordered stream as the task-finished message, which saves the kernel a
+gather; where it does not come, the result is gathered, so a push never loses a result. A
+batch never raises for an item. Only a context that cannot even be loaded fails the whole
+batch, again as a returned record (`{"fatal": record}`).
 
 Stopping (`stopping.py`): a batch carries its run's *stop token*. `stop_run(token)`, sent
 to every worker by the kernel on interrupt or `Results.cancel()`, makes a batch return
-with the items it finished, `"stopped": True`: before its next item, or for a cell that is
-one expression and a function, before its next chunk of a few ms (`loop.py`). So a cancel
-keeps finished work, and a worker thread is free again one item later (Dask cannot stop a
-running thread, and cancelling the task on the scheduler would throw the finished items
-away). A batch whose Dask task was cancelled outright also stops, checked every 50 ms.
+with the items it finished, `"stopped": True`, before its next chunk of items (a few ms,
+or one item). So a cancel keeps finished work, and a worker thread is free again one item
+later (Dask cannot stop a running thread, and cancelling the task on the scheduler would
+throw the finished items away). A batch whose Dask task was cancelled outright also stops,
+checked every 50 ms.
 
 This package imports nothing from nbcluster but base modules (`errors`, `_compat`, `_wire`): a worker needs
 cloudpickle and Dask, and loads no kernel-side module (`tests/test_worker_imports.py`).
@@ -50,17 +49,18 @@ cloudpickle and Dask, and loads no kernel-side module (`tests/test_worker_import
 from __future__ import annotations
 
 import pickle
+import threading
+import time
+from typing import Any
 
 import cloudpickle
 
+from nbcluster._wire import PUSHED_TOPIC, Pushed
 from nbcluster.errors import Lost
 from nbcluster.worker import output, stopping
 from nbcluster.worker.ahead import FirstAhead, without_first
-from nbcluster.worker.context import INLINE_CONTEXT, Context, load
-from nbcluster.worker.idle import ended, since_last
+from nbcluster.worker.context import INLINE_CONTEXT, Context, fetch, load, pin, ran_on
 from nbcluster.worker.items import dump_result, run_items
-from nbcluster.worker.objects import address, fetch, pin, ran_on
-from nbcluster.worker.push import push
 from nbcluster.worker.records import ErrorRecord, error_record
 
 __all__ = [
@@ -69,11 +69,17 @@ __all__ = [
     "ErrorRecord",
     "error_record",
     "pin",
+    "push",
     "run_batch",
     "run_blob",
     "run_items",
     "stop_run",
 ]
+
+#: Blobs larger than this (bytes) are not pushed, only gathered: the scheduler keeps a topic's
+#: last events (`distributed.admin.low-level-log-length`), and these must stay small there.
+LARGEST_PUSH = 8_192
+_thread = threading.local()  # `ended`: (stop token, perf_counter) at the end of the thread's last batch
 
 
 def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None = None) -> bytes:
@@ -88,7 +94,7 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
         The pickled ``(indices, items, budget)`` of this batch.
     token : str, optional
         The run's stop token: once `stop_run` was sent it, the batch returns before its next
-        item.
+        chunk of items.
 
     Returns
     -------
@@ -126,21 +132,12 @@ def run_blob(
         The cloudpickled result, as `run_batch` returns it.
     """
     idle = since_last(token)
-    if stopping.stopped(token):  # queued before the stop: nothing to load or run
-        return cloudpickle.dumps(
-            {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True}
-        )
-    try:
-        loaded = load(*context)
-        large_values = tuple(fetch(key, size) for _, key, size in loaded.large)
-    except Lost as e:
-        return cloudpickle.dumps({"lost": e.key, "worker": address()})
-    except BaseException as e:
-        return cloudpickle.dumps({"fatal": error_record(e)})
+    loaded = start(context, token)
+    if isinstance(loaded, dict):
+        return cloudpickle.dumps(loaded)
     indices, items, budget = pickle.loads(batch)
-    output.install()
     first = None if ahead is None else (lambda part: ahead.ran({**part, "ran_on": ran_on()}))
-    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget, first=first)
+    result = run_items(loaded[0], indices, items, loaded[1], capture=True, token=token, budget=budget, first=first)
     if ahead is not None and ahead.close():
         result = without_first(result, indices[0], ahead.seconds)
     result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
@@ -149,6 +146,84 @@ def run_blob(
     blob = dump_result(result)
     ended(token)
     return blob
+
+
+def start(context: tuple[str, bytes | None], token: str | None) -> tuple[Context, tuple[Any, ...]] | dict[str, Any]:
+    """A batch's context and large values, loaded, with the item output captured; or, where no
+    item can run, the batch's whole result: stopped, a value lost, or a context that cannot load.
+
+    Parameters
+    ----------
+    context : tuple of (str, bytes or None)
+        The cell's context, as for `run_batch`.
+    token : str or None
+        The run's stop token.
+
+    Returns
+    -------
+    tuple or dict
+        ``(context, large values)``, or the result of a batch that ran no item.
+    """
+    if stopping.stopped(token):  # queued before the stop: nothing to load or run
+        return {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True}
+    try:
+        loaded = load(*context)
+        large_values = tuple(fetch(key, size) for _, key, size in loaded.large)
+    except Lost as e:
+        return {"lost": e.key, "worker": (ran_on() or (None,))[0]}
+    except BaseException as e:
+        return {"fatal": error_record(e)}
+    output.install()
+    return loaded, large_values
+
+
+def since_last(token: str | None) -> float | None:
+    """Seconds since this thread ended its last batch of the run with `token` (None for its first).
+
+    Parameters
+    ----------
+    token : str or None
+        The run's stop token, which names the run; None: not known.
+
+    Returns
+    -------
+    float or None
+        The thread's idle time before this batch.
+    """
+    last: tuple[str | None, float] | None = getattr(_thread, "ended", None)
+    return None if token is None or last is None or last[0] != token else time.perf_counter() - last[1]
+
+
+def ended(token: str | None) -> None:
+    """This thread has just ended a batch of the run with `token`.
+
+    Parameters
+    ----------
+    token : str or None
+        The run's stop token.
+    """
+    _thread.ended = (token, time.perf_counter())
+
+
+def push(blob: bytes) -> None:
+    """Send `blob` to the kernel as the current task's event, if it is small enough.
+
+    Parameters
+    ----------
+    blob : bytes
+        The task's result blob, or a persisted item's report.
+    """
+    if len(blob) > LARGEST_PUSH:
+        return
+    try:
+        from distributed import get_worker
+
+        dask_worker = get_worker()
+    except ValueError:  # not in a Dask worker's task (a test calling the task directly)
+        return
+    key = dask_worker.get_current_task()
+    if key is not None:
+        dask_worker.log_event(PUSHED_TOPIC, Pushed(key=str(key), report=blob))
 
 
 def stop_run(token: str) -> None:

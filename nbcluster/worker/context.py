@@ -1,22 +1,31 @@
-"""Worker side: a cell run's context, unpickled once per worker and cached.
+"""Worker side: a cell run's context, loaded once per worker, and the large values it reads.
 
 The *context* is one opaque pickled blob per cell run: the cell's code (or function), the
 small captured variables (each pickled on its own in the kernel, so a bad one is named
 before anything is sent), modules to import, how an item binds names, the seed, and the
 Dask keys of the large values. Up to `INLINE_CONTEXT` bytes it rides inline in every
 batch; above that it is scattered and fetched by key. Either way each worker unpickles it
-once (`load`, cached in `_CONTEXTS`) however many batches it runs. For `--local` the
+once (`load`, the last `KEEP_CONTEXTS` kept) however many batches it runs. For `--local` the
 kernel builds a `Context` directly (`job.for_kernel`).
 
 **Each item starts from the notebook's state** (`run/capture.py` sorts the values). The
-shareable values are loaded once, into `Context.namespace`. The others come as one pickled
-blob (`Context.fresh`) that `item_namespace` unpickles again for every item, and a
-function that reads such a value is unpickled again for every item (`Context.item_function`).
-A large plain array is shared through a read-only view (`Context.shared`): writing to it
-fails, and `read_only_error` turns numpy's error into one line naming the variable. A large
-pandas object gets a shallow copy per item, which pandas' copy-on-write (pandas 3) keeps
-apart from the others; any other large value is pickled once here and unpickled for every
-item.
+shareable values (immutable ones, and large arrays made read-only) are loaded once, into
+`Context.namespace`, which the items share. The others come as one pickled blob
+(`Context.fresh`) that each item unpickles again, and a function that reads such a value is
+unpickled again for every item (`Context.item_function`). A large plain array is shared
+through a read-only view (`Context.shared`): writing to it fails, and `read_only_error`
+turns numpy's error into one line naming the variable. A large pandas object gets a shallow
+copy per item, which pandas' copy-on-write (pandas 3) keeps apart from the others; any other
+large value is pickled once here and unpickled for every item.
+
+**Large values** (pickles over 1 MB) are scattered to every worker by the kernel and kept in
+`_OBJECTS`, an LRU bounded in bytes, *outside* Dask's store: Dask's active memory manager
+drops "superfluous" replicas of scattered data every few seconds, which would make the next
+cell fetch the value again (that is also why they are not task dependencies). Right after
+the scatter the kernel runs `pin` on every worker, which moves the fresh replica into
+`_OBJECTS` (the same object, no copy); a worker that joins later fetches the value from a
+peer on its first batch (`fetch`). A key no worker holds any more raises `Lost`, and the
+kernel scatters it again.
 """
 
 from __future__ import annotations
@@ -30,25 +39,31 @@ import pickle
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import CodeType, FunctionType
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from nbcluster.worker.loop import cell_loop
-from nbcluster.worker.objects import fetch
-
-#: Fresh copies of some captured values, by name, for one item (`Context.shared`).
-Copy = Callable[[], dict[str, Any]]
+from nbcluster.errors import Lost
 
 if TYPE_CHECKING:  # a type only: the worker package loads no more than it runs
     from nbcluster._wire import TrialSpec
 
+#: Fresh copies of some captured values, by name, for one item (`Context.shared`).
+Copy = Callable[[], dict[str, Any]]
+
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
+KEEP_CONTEXTS = 8
+OBJECTS_BYTES = 2_000_000_000  # large values kept, at most (or 40% of the worker's memory limit)
+FETCH_CHECK_S = 2.0  # while fetching a value, how often to check that someone still holds it
 _CONTEXTS: OrderedDict[str, Context] = OrderedDict()
-_CONTEXTS_LOCK = threading.Lock()
-_KEEP_CONTEXTS = 8
+_OBJECTS: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # key -> (value, size)
+_LOCK = threading.Lock()  # for both; `pin` takes it in the event loop: never held over the network
+_FETCHING = threading.Lock()  # one fetch at a time: threads wanting the same value wait for it
+# Names through which a one-expression cell could write to the namespace its items share.
+_INTROSPECTION = frozenset({"globals", "locals", "vars", "exec", "eval", "dir", "breakpoint", "_getframe",
+                            "currentframe", "f_globals", "f_locals", "f_back"})  # fmt: skip
 
 
 class Context:
@@ -58,48 +73,35 @@ class Context:
         self.kind: str = spec["kind"]
         self.mode: str = spec["mode"]
         self.names: tuple[str, ...] = tuple(spec["names"])
-        self.target: str = spec["target"]
         self.unpacks: bool = spec["unpacks"]
-        self.positional: bool = spec["positional"]
         self.seed: int | None = spec["seed"]
         self.large: list[tuple[str, str, int]] = spec["large"]  # (name, key, size)
         self.read_only: tuple[str, ...] = tuple(spec.get("read_only", ()))  # large values, shared read-only
         self.arrays: set[str] = set(spec.get("arrays", ()))  # what a write error names (`read_only_error`)
         self.fresh: bytes | None = spec.get("fresh")  # the values each item gets its own copy of
-        # A trial run's (`worker/trial.py`): each item then runs alone, as the thread's current item.
-        self.trial: TrialSpec | None = spec.get("trial")
-        # The function of a "function" item; the code of a "cell" one. `fn_blob`: the
-        # function pickled, when it reads values each item must get its own copy of.
+        self.trial: TrialSpec | None = spec.get("trial")  # each item then a trial (`worker/trial.py`)
+        # The function of a "function" run, and its pickle when each item unpickles its own.
         self.fn: Callable[..., Any] | None = spec.get("fn")
         self.fn_blob: bytes | None = spec.get("fn_blob")
-        self._large_blob: tuple[tuple[int, ...], bytes] | None = None  # copied large values, pickled
-        # Module globals hold `__builtins__`, and C code that imports (numpy's lazy imports, any
-        # `PyImport_Import`) reads it from the running frame's globals: `exec` adds it to the
-        # namespace it runs in, a cell's loop (`loop.loop_function`) runs there without `exec`.
+        self._large_blob: bytes | None = None  # the large values each item copies, pickled once
+        # C code that imports (numpy's lazy imports, any `PyImport_Import`) reads `__builtins__`
+        # from the running frame's globals, which `exec` adds and a plain function call does not.
         namespace.setdefault("__builtins__", builtins)
         self.namespace = namespace
         self.body: CodeType | None = None
         self.last: CodeType | None = None
         self.bind: CodeType | None = None
-        self.loop: CodeType | None = None  # the cell, or the function's body, as one loop (`loop.py`)
+        self.expression: CodeType | None = None  # a one-expression cell, as a function (`cell_function`)
         if self.kind == "cell":
             filename, source = spec["filename"], spec["source"]
             linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
             # marshal, not cloudpickle: cloudpickle renames every code object's file to
             # "<dynamic-code>", and the cell's filename is what maps tracebacks to cell lines.
-            body = spec["body"]  # None for a cell that is one expression
-            self.body = marshal.loads(body) if isinstance(body, bytes) else body
-            last = spec["last"]
-            self.last = marshal.loads(last) if isinstance(last, bytes) else last
+            self.body, self.last = (marshal.loads(c) if isinstance(c, bytes) else c for c in (spec["body"], spec["last"]))
             if self.unpacks and self.mode == "over":
-                self.bind = compile(
-                    f"{self.target} = __nbcluster_item__", "<--over>", "exec", dont_inherit=True
-                )
-            # The one loop per chunk reads one namespace for all its items: only when every
-            # captured value is shared (`shared` tells the large ones).
-            if (self.seed is None and self.body is None and self.bind is None and self.fresh is None
-                    and self.mode in ("over", "grid", "zip")):  # fmt: skip
-                self.loop = cell_loop(source, filename, self.names, tuple_target=self.mode != "over")
+                self.bind = compile(f"{spec['target']} = __nbcluster_item__", "<--over>", "exec", dont_inherit=True)
+            elif self.body is None and self.mode in ("over", "grid", "zip"):
+                self.expression = cell_function(source, filename, self.names)
 
     def shared(self, large_values: tuple[Any, ...]) -> tuple[dict[str, Any], list[Copy]]:
         """What the items of a batch read: the shared namespace, and how each item copies the rest.
@@ -114,24 +116,22 @@ class Context:
         namespace : dict
             The shareable values, with the large arrays as read-only views.
         copies : list of callable
-            Each returns fresh copies of some values, by name, for one item (`item_namespace`):
-            the small values to copy, unpickled again; a large pandas object, as a shallow
-            copy that pandas' copy-on-write keeps apart; any other large value, unpickled again.
+            Each returns fresh copies of some values, by name, for one item: the small values
+            to copy, unpickled again; a large pandas object, as a shallow copy that pandas'
+            copy-on-write keeps apart; any other large value, unpickled again.
         """
         namespace = self.namespace
         copies: list[Copy] = [] if self.fresh is None else [functools.partial(pickle.loads, self.fresh)]
         if not large_values:
             return namespace, copies
-        namespace = dict(namespace)
-        copied, lazy = {}, {}
+        namespace, copied, lazy = dict(namespace), {}, {}
         for (name, _, _), value in zip(self.large, large_values, strict=True):
             if name in self.read_only and isinstance(value, FunctionType):
                 self.arrays.update(freeze(value))  # this worker's own copy, cached for every run
                 namespace[name] = value
             elif name in self.read_only and _plain_array(value):
-                view = value.view()  # the worker's copy stays as it is for the next run
-                view.flags.writeable = False
-                namespace[name] = view
+                namespace[name] = value.view()  # the worker's copy stays as it is for the next run
+                namespace[name].flags.writeable = False
                 self.arrays.add(name)
             elif name in self.read_only:  # immutable: a long string, a class
                 namespace[name] = value
@@ -142,25 +142,22 @@ class Context:
         if lazy:
             copies.append(lambda: {n: v.copy(deep=False) for n, v in lazy.items()})
         if copied:
-            ids = tuple(map(id, copied.values()))
-            if self._large_blob is None or self._large_blob[0] != ids:
-                self._large_blob = ids, cloudpickle.dumps(copied, protocol=5)
-            copies.append(functools.partial(pickle.loads, self._large_blob[1]))
+            if self._large_blob is None:  # a key's value never changes: pickled once per run
+                self._large_blob = cloudpickle.dumps(copied, protocol=5)
+            copies.append(functools.partial(pickle.loads, self._large_blob))
         return namespace, copies
 
     def item_function(self) -> Callable[..., Any]:
-        """The function an item calls: its own copy when it reads values to copy.
+        """The function an item calls: `fn`, or its own unpickled copy when it reads values to copy.
 
         Returns
         -------
         callable
-            `fn` itself, or a fresh unpickling of it (with fresh copies of what it reads).
+            The function.
         """
-        if self.fn_blob is not None:
-            fn: Callable[..., Any] = cloudpickle.loads(self.fn_blob)
-            return fn
-        assert self.fn is not None  # set for every "function" context
-        return self.fn
+        fn = self.fn if self.fn_blob is None else cloudpickle.loads(self.fn_blob)
+        assert fn is not None  # set for every "function" context
+        return fn
 
     @classmethod
     def from_payload(cls, payload: bytes) -> Context:
@@ -223,6 +220,52 @@ class Context:
         return cls(spec, namespace)
 
 
+def cell_function(source: str, filename: str, names: tuple[str, ...]) -> CodeType | None:
+    """A one-expression cell as the code of a function of the item's names, or None if it must not.
+
+    Each item is then one call, with its names as the call's own locals, and `map` runs a
+    batch's items at C speed, with no namespace copied per item. The function's globals are
+    the items' shared namespace, which holds only what an item cannot change (`Context`);
+    a cell that could write there (`globals()`, `exec`, frames...) runs item by item, each in
+    its own namespace.
+
+    Parameters
+    ----------
+    source : str
+        The cell's source, padded so that its line numbers are the notebook's.
+    filename : str
+        The cell's file name, which tracebacks map to the cell.
+    names : tuple of str
+        The names an item binds, in order: the function's parameters.
+
+    Returns
+    -------
+    code or None
+        The function's code, named ``<module>`` as the cell's top level it stands for.
+
+    Examples
+    --------
+    >>> code = cell_function("x + k", "<cell>", ("x",))
+    >>> list(map(FunctionType(code, {"k": 10}), [1, 2]))
+    [11, 12]
+    >>> cell_function("globals().setdefault('first', x)", "<cell>", ("x",)) is None
+    True
+    """
+    try:  # the source's first line is the lambda's, so line numbers stay the cell's
+        outer = compile(f"lambda {', '.join(names)}: ({source}\n)", filename, "eval", dont_inherit=True)
+    except SyntaxError:  # a trailing `;`, a statement: item by item
+        return None
+    code = next(c for c in outer.co_consts if isinstance(c, CodeType))
+    return None if _INTROSPECTION.intersection(_names(code)) else code.replace(co_name="<module>")
+
+
+def _names(code: CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            yield from _names(const)
+
+
 def freeze(fn: Any) -> list[str]:
     """Make the plain numpy arrays a notebook function reads read-only, in place; their names.
 
@@ -270,27 +313,6 @@ def _contents(cell: Any) -> Any:
         return None
 
 
-def item_namespace(shared: dict[str, Any], copies: list[Copy]) -> dict[str, Any]:
-    """An item's own namespace: the shared values, and a fresh copy of the others.
-
-    Parameters
-    ----------
-    shared : dict
-        The namespace the batch's items share (`Context.shared`).
-    copies : list of callable
-        Each returns fresh copies of some values, by name (`Context.shared`).
-
-    Returns
-    -------
-    dict
-        A new dict: what the item binds or changes stays its own.
-    """
-    namespace = dict(shared)
-    for copy in copies:
-        namespace.update(copy())
-    return namespace
-
-
 def _copy_on_write(value: Any) -> bool:
     """A pandas object whose shallow copy behaves as a copy (pandas 3 is copy-on-write)."""
     pandas = sys.modules.get("pandas")
@@ -325,11 +347,10 @@ def read_only_error(e: BaseException, names: tuple[str, ...]) -> BaseException:
     if not names or type(e) is not ValueError or "read-only" not in str(e):
         return e
     which = " or ".join(f"`{n}`" for n in names)
-    what = "a large captured array, which the items share" if len(names) == 1 else "large captured arrays, which the items share"
+    what = "a large captured array" if len(names) == 1 else "large captured arrays"
     fix = "; ".join(f"{n} = {n}.copy()" for n in names)
-    return ValueError(f"{which} is {what} read-only: to change it, copy it in the cell first ({fix})").with_traceback(
-        e.__traceback__
-    )
+    message = f"{which} is {what}, which the items share read-only: to change it, copy it in the cell first ({fix})"
+    return ValueError(message).with_traceback(e.__traceback__)
 
 
 def load(key: str, inline: bytes | None) -> Context:
@@ -341,29 +362,156 @@ def load(key: str, inline: bytes | None) -> Context:
         The context's key: its name in this worker's cache, and its Dask key when it was
         scattered rather than sent inline.
     inline : bytes or None
-        The pickled context when it travels with every batch; None when it must be fetched by
-        `key`.
+        The pickled context when it travels with every batch; None when it must be fetched.
 
     Returns
     -------
     Context
-        The run's context, the same object for every batch on this worker (the last eight
-        runs' contexts are kept).
+        The run's context, the same object for every batch on this worker.
 
     Raises
     ------
     nbcluster.errors.Lost
         When the context was scattered and no worker holds it any more.
     """
-    with _CONTEXTS_LOCK:
-        context = _CONTEXTS.get(key)
-        if context is not None:
+    with _LOCK:
+        if key in _CONTEXTS:
             _CONTEXTS.move_to_end(key)
-            return context
-    # Unpickle outside the lock; two threads racing on the first batch both build one.
+            return _CONTEXTS[key]
+    # Unpickled outside the lock; two threads racing on the first batch both build one.
     context = Context.from_payload(inline if inline is not None else fetch(key, 0, keep=False))
-    with _CONTEXTS_LOCK:
+    with _LOCK:
         _CONTEXTS[key] = context
-        while len(_CONTEXTS) > _KEEP_CONTEXTS:
+        while len(_CONTEXTS) > KEEP_CONTEXTS:
             _CONTEXTS.popitem(last=False)
     return context
+
+
+def fetch(key: str, size: int, *, keep: bool = True) -> Any:
+    """A scattered value by key: kept here, else from this worker's Dask store, else a peer.
+
+    Parameters
+    ----------
+    key : str
+        The value's Dask key (from the scatter).
+    size : int
+        Its pickled size in bytes, what it counts for in the LRU's budget.
+    keep : bool
+        Whether to keep it in the LRU afterwards (False for a context, which `load` keeps).
+
+    Returns
+    -------
+    Any
+        The value.
+
+    Raises
+    ------
+    nbcluster.errors.Lost
+        When no worker holds the key any more (the kernel then scatters it again).
+    """
+    with _FETCHING:
+        with _LOCK:
+            if key in _OBJECTS:
+                _OBJECTS.move_to_end(key)
+                return _OBJECTS[key][0]
+        from distributed import Future, get_client, get_worker
+
+        worker = get_worker()
+        try:
+            value = worker.data[key]  # zict mappings are thread-safe
+        except KeyError:
+            client = get_client()
+            # state="memory" is how Dask's own Variable hands a Future to another client (Dask
+            # annotates `state` as a FutureState, yet looks the string up, as its Variable does).
+            future: Future[Any] = Future(key, client, state="memory")  # type: ignore[arg-type]
+            try:
+                value = _gather_watching(client, future)
+            except Lost:
+                raise
+            except Exception as e:
+                raise Lost(key) from e
+            finally:
+                future.release()
+        if keep:
+            with _LOCK:
+                _remember(worker, key, value, size)
+        return value
+
+
+def _gather_watching(client: Any, future: Any) -> Any:
+    """Gather one value from a peer, giving up as soon as no worker holds it any more.
+
+    A holder can die mid-transfer; Dask's gather would then wait for a key nobody will ever
+    send again. The transfer runs on the worker's event loop while this thread checks every
+    `FETCH_CHECK_S` that someone still holds the key (a slow transfer of a big value is left
+    to finish).
+    """
+    import asyncio
+    import concurrent.futures
+
+    if not client.who_has([future]).get(future.key):
+        raise Lost(future.key)
+    transfer = asyncio.run_coroutine_threadsafe(client.gather([future], asynchronous=True), client.loop.asyncio_loop)
+    while True:
+        try:
+            return transfer.result(timeout=FETCH_CHECK_S)[0]
+        except concurrent.futures.TimeoutError:
+            if not client.who_has([future]).get(future.key):
+                transfer.cancel()
+                raise Lost(future.key) from None
+
+
+def pin(keys: list[tuple[str, int]], dask_worker: Any = None) -> int:
+    """Keep the values just scattered here (`client.run`, in the worker's event loop).
+
+    Run right after a broadcast scatter, before Dask's memory manager can drop this worker's
+    replica: the worker then never fetches them again.
+
+    Parameters
+    ----------
+    keys : list of (str, int)
+        The scattered values' keys with their pickled sizes.
+    dask_worker : distributed.Worker
+        The worker, which `client.run` passes in.
+
+    Returns
+    -------
+    int
+        How many of the keys this worker now keeps (one it had no replica of is fetched on its
+        first batch instead).
+    """
+    with _LOCK:
+        for key, size in keys:
+            if key not in _OBJECTS and key in dask_worker.data:
+                _remember(dask_worker, key, dask_worker.data[key], size)
+        return sum(key in _OBJECTS for key, _ in keys)
+
+
+def _remember(worker: Any, key: str, value: Any, size: int) -> None:
+    """Add to `_OBJECTS` (lock held), evicting the least recently used beyond the budget."""
+    _OBJECTS[key] = (value, size)
+    limit = OBJECTS_BYTES
+    memory_limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+    if memory_limit:
+        limit = min(limit, int(memory_limit * 0.4))
+    while len(_OBJECTS) > 1 and sum(s for _, s in _OBJECTS.values()) > limit:
+        _OBJECTS.popitem(last=False)
+
+
+def ran_on() -> tuple[str, str] | None:
+    """This worker's address and name (its address when it has none), or None outside a worker.
+
+    A batch's result carries it, so the kernel's journal can say which worker ran each item.
+
+    Returns
+    -------
+    tuple of (str, str) or None
+        ``(address, name)`` as the scheduler knows the worker.
+    """
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except Exception:
+        return None
+    return worker.address, str(worker.name if worker.name is not None else worker.address)

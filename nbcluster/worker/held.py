@@ -11,7 +11,7 @@ report is out, so that its key never holds anything that looks like a result.
 
 The kernel never gathers the value. What it needs, the item's *report* (its error or output,
 its time, and a `HeldValue` description of the value, made here where the value is), is
-pushed to it as a Dask event before the task ends (`push.py`, `run/reports.py`), and
+pushed to it as a Dask event before the task ends (`worker.push`, `run/reports.py`), and
 kept in this process as well (`_KEPT`, a few MB at most, the oldest dropped first). Where
 the event did not come the kernel reads the kept report in the worker's event loop
 (`report_of`; a task would wait for the worker's thread, which is already running the next
@@ -40,12 +40,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cloudpickle
 
-from nbcluster.errors import Lost, NotRecomputed
-from nbcluster.worker import output, stopping
-from nbcluster.worker.context import load
+from nbcluster.errors import NotRecomputed
+from nbcluster.worker import push, start
+from nbcluster.worker.context import ran_on
 from nbcluster.worker.items import dump_result, run_items
-from nbcluster.worker.objects import address, fetch, ran_on
-from nbcluster.worker.push import push
 from nbcluster.worker.records import error_record
 
 if TYPE_CHECKING:
@@ -103,36 +101,31 @@ def run_batch_held(
         is out: the first time the kernel reads the report, not this; when Dask computes a lost
         value again, this is the error that whatever reads the key gets.
     """
-    if stopping.stopped(token):
-        return _early(keep, {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True})
-    try:
-        loaded = load(*context)
-        large_values = tuple(fetch(key, size) for _, key, size in loaded.large)
-    except Lost as e:
-        return _early(keep, {"lost": e.key, "worker": address()})
-    except BaseException as e:
-        return _early(keep, {"fatal": error_record(e)})
-    indices, items, budget = pickle.loads(batch)
-    items = [fill(item, deps) for item in items]
-    if names:  # handles captured by name: bound as the cell's globals, for this batch only
-        loaded = copy.copy(loaded)
-        loaded.namespace = {**loaded.namespace, **{n: deps[k] for n, k in names.items()}}
-    output.install()
-    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
-    result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
+    loaded = start(context, token)
+    if isinstance(loaded, dict):  # no item ran: stopped, a value lost, a context that cannot load
+        result, values = loaded, []
+    else:
+        ctx, large_values = loaded
+        indices, items, budget = pickle.loads(batch)
+        items = [fill(item, deps) for item in items]
+        if names:  # handles captured by name: bound as the cell's globals, for this batch only
+            ctx = copy.copy(ctx)
+            ctx.namespace = {**ctx.namespace, **{n: deps[k] for n, k in names.items()}}
+        result = run_items(ctx, indices, items, large_values, capture=True, token=token, budget=budget)
+        result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
+        values = result["values"]
+        if keep:
+            result["values"], result["held"] = [None] * len(values), [describe(v) for v in values]
     if not keep:
-        blob = dump_result(result)
+        blob = dump_result(result) if "values" in result else _dumps(result)
         push(blob)
         return blob
-    values = result["values"]
-    result["values"] = [None] * len(values)
-    result["held"] = [describe(v) for v in values]
     _report(_dumps(result))
     if values and 0 not in result["errors"]:
         return values[0]
-    error = result["errors"].get(0)
-    why = f"{error['type']}: {error['message']}" if error else "the run stopped before it"
-    raise NotRecomputed(f"computing it again failed: {why}")
+    error = result.get("fatal") or result.get("errors", {}).get(0)
+    why = "a value it reads was lost" if "lost" in result else "the run was stopped"
+    raise NotRecomputed(f"computing it again failed: {error['type']}: {error['message']}" if error else why)
 
 
 def _report(report: bytes) -> None:
@@ -249,18 +242,6 @@ def describe(value: Any) -> HeldValue:
         except Exception:
             text = None
     return {"type": type(value).__name__, "shape": text, "nbytes": int(sizeof(value))}
-
-
-def _early(keep: bool, result: dict[str, Any]) -> bytes:
-    """A batch that ran no item: its report (with `keep`, sent by `_report`, and the task raises)."""
-    report = _dumps(result)
-    if not keep:
-        return report
-    _report(report)
-    why = "the run was stopped" if result.get("stopped") else "a value it reads was lost"
-    if "fatal" in result:
-        why = f"{result['fatal']['type']}: {result['fatal']['message']}"
-    raise NotRecomputed(f"computing it again failed: {why}")
 
 
 def _dumps(result: dict[str, Any]) -> bytes:

@@ -1,31 +1,57 @@
-"""Worker side (and the kernel's, for `--local`): running a batch's items, in chunks (`loop.py`).
+"""Worker side (and the kernel's, for `--local`): running a batch's items, in chunks.
 
 `run_items` never raises for an item: each item's exception becomes an error record
-(`records.py`) with its own traceback, so one failing item loses nothing else. It stops
-early, between chunks of a few ms, when the run was told to stop, the Dask task was cancelled
-(`stopping.py`), or the batch's time budget is spent (see `batching.py`). `dump_result`
-pickles what a batch sends back, failing only the items whose values cannot travel.
+(`records.py`) with its own traceback, so one failing item loses nothing else. Each item
+starts from the notebook's state: it gets its own copy of every captured value that it could
+change, and shares the rest (`context.py`).
 
-Each item starts from the notebook's state: it gets its own copy of every captured value
-that it could change, and shares the rest (`context.py`).
+**One call per item, mapped.** Every batch runs as ``values.extend(map(step, items))``:
+
+- a function over plain items (no seed, nothing it reads to copy per item): `step` is the
+  function itself (`starmap` when an item unpacks into arguments);
+- a cell that is one expression and captures nothing to copy: the expression as a function of
+  the item's names (`context.cell_function`), whose globals are the shared namespace;
+- anything else (statements, values to copy per item, a seed, an unpacking target, keyword
+  arguments, a trial): `_one_item`, which gives the item a fresh namespace, over
+  (item, index) pairs.
+
+**Chunks.** The items run in chunks sized to take about `CHUNK_S`: the first chunk is one
+item, each next one at most twice the last, from the time per item of the last chunk (and
+never past the batch's time budget). A stop token, a cancelled task or a spent budget,
+checked between chunks, so takes effect within a few ms, or one item for items slower
+than that, while the bookkeeping costs nothing per item.
+
+**A failing item fails alone.** The values are appended in order to one list, so when the
+mapped call raises, the list's length is the failing item's position in the batch: it gets
+its error record and a None, and the same `map` resumes after it (its chunk is an
+iterator, from which the failing item was taken). The resumption runs outside the `except`
+block, so the next item's own exception carries no `__context__` from this one. The item
+running is likewise the one at position ``len(values)``: `output.follow` files its prints
+under its index.
+
+`dump_result` pickles what a batch sends back, failing only the items whose values cannot
+travel, and the values as one blob when they are all builtin data (`plain`).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
+import io
 import itertools
+import pickle
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
+from types import FunctionType
 from typing import Any
 
 import cloudpickle
 
-from nbcluster.worker import loop, output, stopping, trial
+from nbcluster.worker import output, stopping, trial
 from nbcluster.worker.ahead import first_of
-from nbcluster.worker.context import Context, Copy, item_namespace, read_only_error
-from nbcluster.worker.plain import plain
+from nbcluster.worker.context import Context, Copy, read_only_error
 from nbcluster.worker.records import ErrorRecord, error_record
+
+CHUNK_S = 0.002  # seconds a chunk aims at: how long a stop or a spent budget may wait
 
 
 def run_items(
@@ -41,9 +67,9 @@ def run_items(
 ) -> dict[str, Any]:
     """Run items in this thread until done or stopped; never raises for an item's own failure.
 
-    Stops early, between chunks of a few ms (`loop.py`), when the run was told to stop
-    (`token`), once `budget` seconds have gone by, or when Dask cancelled the task (checked
-    every `stopping.CHECK_S`).
+    Stops early, between chunks of a few ms, when the run was told to stop (`token`), once
+    `budget` seconds have gone by, or when Dask cancelled the task (checked every
+    `stopping.CHECK_S`).
 
     Parameters
     ----------
@@ -63,7 +89,7 @@ def run_items(
     token : str or None
         The run's stop token (`stopping.stopped`); None is never stopped.
     budget : float or None
-        Seconds after which no further item is started (the batch's time budget); None runs
+        Seconds after which no further chunk is started (the batch's time budget); None runs
         them all.
     first : callable, optional
         Called once the first item ended, with that item's result (`ahead.first_of`),
@@ -85,146 +111,75 @@ def run_items(
         item.
     """
     base, copies = context.shared(large_values)
+    over, step, todo = _plan(context, base, copies, indices, items, token)
+    read_only = tuple(sorted(context.arrays))
+    values: list[Any] = []  # appended in order: its length is the running item's position
     errors: dict[int, ErrorRecord] = {}
     outputs: dict[int, list[list[Any]]] = {}
     if capture:
         output.collect(outputs)
-    cell_loop, over, todo = _plan(context, base, copies, indices, items, token)
-    values: list[Any] = []  # appended in order: its length is the running item's position
-    started = time.perf_counter()
-    ended_first = None
-    if first is not None:
-        tell = first
-        ended_first = lambda: tell(first_of(values, errors, outputs, indices[0], time.perf_counter() - started))  # noqa: E731
+        output.follow(values, indices)
+    todo, n, size, stopped = iter(todo), len(items), 1, False
+    started = checked = time.perf_counter()
     try:
-        stopped = _run_chunks(cell_loop, over, todo, len(items), indices, values, errors, token, budget,
-                              started, capture, ended_first, tuple(sorted(context.arrays)))  # fmt: skip
+        while len(values) < n and not stopped:
+            if stopping.stopped(token):
+                break
+            before, begun = len(values), time.perf_counter()
+            mapped = over(step, itertools.islice(todo, size))
+            while True:
+                try:
+                    values.extend(mapped)
+                    break
+                except KeyboardInterrupt:
+                    raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
+                except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
+                    errors[len(values)] = error_record(read_only_error(e, read_only))
+                    values.append(None)
+            now = time.perf_counter()
+            if first is not None:
+                first(first_of(values, errors, outputs, indices[0], now - started))
+                first = None
+            aim = CHUNK_S if budget is None else min(CHUNK_S, budget - (now - started))
+            per_item = (now - begun) / (len(values) - before)
+            size = max(1, min(2 * size, int(aim / per_item) if per_item > 0 else 2 * size))
+            stopped = budget is not None and now - started >= budget
+            if now - checked > stopping.CHECK_S:
+                checked = now
+                stopped = stopped or stopping.cancelled()
     finally:
         output.collect(None)
-    done = len(values)
     return {
         "values": values,
         "errors": errors,
         "outputs": outputs,
-        "count": done,
+        "count": len(values),
         "seconds": time.perf_counter() - started,
-        "stopped": stopped and done < len(items),
+        "stopped": len(values) < n,
     }
 
 
 def _plan(
     context: Context, base: dict[str, Any], copies: list[Copy], indices: Any, items: list[Any], token: str | None
-) -> tuple[loop.Loop | None, Any, Iterable[Any]]:
-    """How `loop.run_chunk` runs this context's items: (the cell's loop, over, what to iterate).
-
-    A one-expression cell whose captured values are all shared: its loop (`Context.loop`),
-    reading the names of `base`. A function over plain items that reads nothing to copy:
-    `map` (or `starmap`) of the function. Anything else (statements, values to copy per
-    item, a seed, an unpacking target, keyword arguments): `_runner`'s one-item step over
-    (item, index) pairs, which also checks for a stop before each item.
-    """
-    if context.seed is None and context.trial is None:  # else each item binds its own seed, or is a trial
-        if context.kind == "function" and context.mode == "over" and context.fn_blob is None:
-            over = itertools.starmap if context.unpacks else map
-            return None, functools.partial(over, context.item_function()), items
-        if context.kind == "cell" and context.loop is not None and not copies:
-            return loop.loop_function(context.loop, base), None, items
-    step = _runner(context, base, copies, token)
-    return None, functools.partial(itertools.starmap, step), zip(items, indices, strict=True)
+) -> tuple[Any, Callable[..., Any], Any]:
+    """How the items run: (`map` or `starmap`, the step mapped over each item, what it maps over)."""
+    c = context
+    if c.seed is None and c.trial is None:  # else each item binds its own seed, or is a trial
+        over = itertools.starmap if c.unpacks or c.mode in ("grid", "zip") else map
+        if c.kind == "function" and c.mode == "over" and c.fn_blob is None:
+            assert c.fn is not None
+            return over, c.fn, items
+        if c.expression is not None and not copies:
+            return over, FunctionType(c.expression, base), items
+    step: Callable[[Any, int], Any] = lambda item, index: _one_item(c, base, copies, item, index)  # noqa: E731
+    if c.trial is not None:
+        spec, one = c.trial, step
+        step = lambda item, index: trial.run_item(spec, index, token, lambda: one(item, index))  # noqa: E731
+    return itertools.starmap, step, zip(items, indices, strict=True)
 
 
-def _run_chunks(
-    cell_loop: loop.Loop | None,
-    over: Any,
-    todo: Iterable[Any],
-    n: int,
-    indices: Any,
-    values: list[Any],
-    errors: dict[int, ErrorRecord],
-    token: str | None,
-    budget: float | None,
-    started: float,
-    capture: bool,
-    ended_first: Callable[[], None] | None = None,
-    read_only: tuple[str, ...] = (),
-) -> bool:
-    """Run the `n` items of `todo` in chunks of a few ms (`loop.py`), checking for a stop
-    between them. Returns whether it stopped before the end. `ended_first` is called after
-    the first chunk, which is the first item alone."""
-    clock = time.perf_counter
-    timed = [0, 0.0]  # items and seconds of the chunks run so far, for the next chunk's size
-
-    def per_item() -> float | None:
-        return timed[1] / timed[0] if timed[0] else None
-
-    def left() -> float | None:
-        return None if budget is None else budget - (clock() - started)
-
-    def failed(j: int, e: BaseException) -> None:
-        errors[j] = error_record(read_only_error(e, read_only))
-
-    if capture:
-        output.follow(values, indices)
-    checked = started
-    for chunk in loop.chunks(todo, n, loop.chunk_sizes(per_item, left)):
-        if stopping.stopped(token):
-            return True
-        before, begun = len(values), clock()
-        step_stopped = loop.run_chunk(cell_loop, over, chunk, values, failed)
-        now = clock()
-        timed[0] += len(values) - before
-        timed[1] += now - begun
-        if ended_first is not None and values:
-            ended_first()
-            ended_first = None
-        if step_stopped:
-            return True
-        if budget is not None and now - started >= budget:
-            return len(values) < n
-        if now - checked > stopping.CHECK_S:
-            checked = now
-            if stopping.cancelled():
-                return len(values) < n
-    return False
-
-
-def _runner(context: Context, base: dict[str, Any], copies: list[Copy], token: str | None) -> Callable[[Any, int], Any]:
-    """What runs one item on the general path, raising `loop.Stopped` first when the run was
-    told to stop: `_run_one`, or for the commonest cell (one name, no seed) the same steps
-    without looking up the context's fields again for every item (a fifth of its time)."""
-    told = stopping.told()
-    if context.trial is not None:  # each item a trial of its own (`trial.py`)
-        spec = context.trial
-
-        def run_trial(item: Any, index: int) -> Any:
-            if token in told:
-                raise loop.Stopped
-            return trial.run_item(spec, index, token, lambda: _run_one(context, base, copies, item, index))
-
-        return run_trial
-    if context.kind == "cell" and context.mode == "over" and context.bind is None and context.seed is None:
-        name, body, last = context.names[0], context.body, context.last
-
-        def run_cell(item: Any, index: int) -> Any:
-            if token in told:
-                raise loop.Stopped
-            ns = item_namespace(base, copies) if copies else dict(base)
-            ns[name] = item
-            if body is not None:
-                exec(body, ns)
-            return eval(last, ns) if last is not None else None
-
-        return run_cell
-
-    def run_one(item: Any, index: int) -> Any:
-        if token in told:
-            raise loop.Stopped
-        return _run_one(context, base, copies, item, index)
-
-    return run_one
-
-
-def _run_one(context: Context, base: dict[str, Any], copies: list[Copy], item: Any, index: int) -> Any:
+def _one_item(context: Context, base: dict[str, Any], copies: list[Copy], item: Any, index: int) -> Any:
+    """One item on the general path, in a namespace of its own."""
     seed = None if context.seed is None else item_seed(context.seed, index)
     if context.kind == "function":
         args: tuple[Any, ...] = ()
@@ -236,14 +191,15 @@ def _run_one(context: Context, base: dict[str, Any], copies: list[Copy], item: A
         if seed is not None:
             kwargs["seed"] = seed
         return context.item_function()(*args, **kwargs)
-    ns = item_namespace(base, copies)
-    if context.mode == "over":
-        if context.bind is not None:
-            ns["__nbcluster_item__"] = item
-            exec(context.bind, ns)
-            del ns["__nbcluster_item__"]
-        else:
-            ns[context.names[0]] = item
+    ns = dict(base)
+    for copy in copies:
+        ns.update(copy())
+    if context.bind is not None:
+        ns["__nbcluster_item__"] = item
+        exec(context.bind, ns)
+        del ns["__nbcluster_item__"]
+    elif context.mode == "over":
+        ns[context.names[0]] = item
     elif context.mode in ("grid", "zip"):
         ns.update(zip(context.names, item, strict=True))
     if seed is not None:
@@ -280,6 +236,54 @@ def item_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest, "little")
 
 
+class _BuiltinsOnly(pickle.Pickler):
+    """A pickler that gives up at the first object that is not builtin data.
+
+    CPython's pickler calls `reducer_override` for every object except None, bools and
+    exact ints, floats, str, bytes, lists, tuples, dicts, sets and frozensets; so a list of
+    such values pickles at C speed with no call back here, and any other object (a class of
+    the user's, a numpy array) stops it at once.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        raise TypeError("not builtin data")
+
+
+def plain(values: Sequence[Any], limit: int | None = None) -> bytes | None:
+    """`values` pickled as one list when all are builtin data, else None.
+
+    Such a blob always loads again (no class of the user's to import): the kernel keeps it as
+    it came until one of its values is read (`run/values.py`), and the journal writes it as
+    it is, so a million finished tiny items cost their bytes, not a million Python objects.
+
+    Parameters
+    ----------
+    values : sequence
+        The values of a batch's items.
+    limit : int, optional
+        The most bytes the blob may have; a larger one gives None.
+
+    Returns
+    -------
+    bytes or None
+        The list pickled (protocol 5): `pickle.loads` gives it back, with nothing to import.
+
+    Examples
+    --------
+    >>> pickle.loads(plain([1, "a", (2.5, None)]))
+    [1, 'a', (2.5, None)]
+    >>> plain([1, object()]) is None, plain(list(range(1000)), limit=100) is None
+    (True, True)
+    """
+    out = io.BytesIO()
+    try:
+        _BuiltinsOnly(out, protocol=5).dump(values if isinstance(values, list) else list(values))
+    except (TypeError, RecursionError):
+        return None
+    blob = out.getvalue()
+    return blob if limit is None or len(blob) <= limit else None
+
+
 def dump_result(result: dict[str, Any]) -> bytes:
     """The batch's result as one blob; an item whose value cannot be pickled fails alone.
 
@@ -293,13 +297,13 @@ def dump_result(result: dict[str, Any]) -> bytes:
     -------
     bytes
         `result` cloudpickled, its ``"values"`` pickled as one blob when they are all builtin
-        data (`plain.py`: the kernel keeps that blob until they are read). A value that cannot
+        data (`plain`: the kernel keeps that blob until they are read). A value that cannot
         be pickled is replaced by None and its item fails with a `TypeError` saying why; an
         exception that cannot be pickled travels as its traceback only (``"exception"`` None).
 
     Examples
     --------
-    >>> import threading, cloudpickle
+    >>> import threading
     >>> result = {"values": [1, threading.Lock()], "errors": {}, "outputs": {}, "count": 2,
     ...           "seconds": 0.1, "stopped": False}
     >>> back = cloudpickle.loads(dump_result(result))

@@ -4,9 +4,9 @@
 writes to the current item's buffer when the writing thread is running an item, and to the
 real stream otherwise. With several threads per worker, each item sees only its own
 prints. A batch runner brackets its items with `collect(outputs)` ... `collect(None)` and
-names each item with `at(index)`, or once with `follow(values, indices)` when it appends
-each item's value in order (`loop.py`); `outputs` then maps item index -> chunks
-`[stream, text]` (or `["display", mimebundle]`).
+tells once which item runs, with `follow(values, indices)`: it appends each item's value in
+order (`items.py`). `outputs` then maps item index -> chunks `[stream, text]` (or
+`["display", mimebundle]`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ def collect(outputs: dict[int, list[list[Any]]] | None) -> None:
         the real `sys.stdout`/`sys.stderr` again.
     """
     _local.outputs = outputs
-    _local.follow = None
 
 
 def current() -> dict[int, list[list[Any]]] | None:
@@ -48,20 +47,9 @@ def current() -> dict[int, list[list[Any]]] | None:
     return getattr(_local, "outputs", None)
 
 
-def at(index: int) -> None:
-    """The item this thread runs from now on: its output is filed under `index`.
-
-    Parameters
-    ----------
-    index : int
-        The item's index in the run.
-    """
-    _local.index = index
-
-
 def follow(values: list[Any], indices: Any) -> None:
-    """File output under ``indices[len(values)]`` until the next `collect`: for a batch whose
-    values are appended in order (`loop.py`), the item running is the next to append.
+    """File output under ``indices[len(values)]``: the batch's values are appended in order,
+    so the item running is the next to append.
 
     Read when output is written, so naming the item costs nothing per item.
 
@@ -76,11 +64,8 @@ def follow(values: list[Any], indices: Any) -> None:
 
 
 def _index() -> int:
-    following = getattr(_local, "follow", None)
-    if following is not None:
-        values, indices = following
-        return int(indices[len(values)])
-    return int(_local.index)
+    values, indices = _local.follow
+    return int(indices[len(values)])
 
 
 class _ItemStream(io.TextIOBase):

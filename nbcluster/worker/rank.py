@@ -36,8 +36,7 @@ from typing import Any, TypedDict
 
 import cloudpickle
 
-from nbcluster.worker import ErrorRecord, error_record, run_blob
-from nbcluster.worker.push import push
+from nbcluster.worker import ErrorRecord, error_record, push, run_blob
 
 GATE_S = 60.0  # how long a started rank waits for the others before it gives up by itself
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

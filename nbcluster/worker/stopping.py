@@ -2,14 +2,14 @@
 
 A batch carries its run's *stop token*; `stop(token)` (run on every worker by
 `worker.stop_run`) adds it to `_STOPPED`, which a batch looks up before each chunk of
-items, a few ms of work, and on the general path before each item too (`loop.py`). A batch whose Dask task was cancelled outright also stops: `cancelled()`
-asks the worker's task state, which the batch does every `CHECK_S` seconds.
+items, a few ms of work (`items.py`). A batch whose Dask task was cancelled outright also
+stops: `cancelled()` asks the worker's task state, which the batch does every `CHECK_S`
+seconds.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container
 
 CHECK_S = 0.05  # how often a running batch asks whether its Dask task was cancelled
 _STOPPED: OrderedDict[str, None] = OrderedDict()  # stop tokens of runs told to stop, newest last
@@ -46,18 +46,6 @@ def stopped(token: str | None) -> bool:
         Whether `stop` was called with `token` (among the last 256 tokens).
     """
     return token in _STOPPED
-
-
-def told() -> Container[str | None]:
-    """The stop tokens of the runs told to stop, live: ``token in told()`` is `stopped(token)`
-    without a call, for a check before every item.
-
-    Returns
-    -------
-    container of str
-        Read-only for callers; `stop` adds to it.
-    """
-    return _STOPPED
 
 
 def cancelled() -> bool:
