@@ -29,9 +29,7 @@ The task returns one opaque blob: per-item values, error records, captured outpu
 time spent in the items and how long the thread waited for the batch since its last one of
 the run (`idle`, for the batch sizing in `batching.py`; measured with the thread's own
 clock). A small blob is also pushed to the kernel as a Dask event just before the task ends
-(`push`), on the same ordered stream as the task-finished message, which saves the kernel a
-gather; where it does not come, the result is gathered, so a push never loses a result. A
-batch never raises for an item. Only a context that cannot even be loaded fails the whole
+(`push`), which saves the kernel a gather. A batch never raises for an item. Only a context that cannot even be loaded fails the whole
 batch, again as a returned record (`{"fatal": record}`).
 
 Stopping (`stopping.py`): a batch carries its run's *stop token*. `stop_run(token)`, sent
@@ -48,12 +46,11 @@ cloudpickle and Dask, and loads no kernel-side module (`tests/test_worker_import
 
 from __future__ import annotations
 
+import copy
 import pickle
 import threading
 import time
-from typing import Any
-
-import cloudpickle
+from typing import Any, NamedTuple
 
 from nbcluster._wire import PUSHED_TOPIC, Pushed
 from nbcluster.errors import Lost
@@ -67,6 +64,7 @@ __all__ = [
     "INLINE_CONTEXT",
     "Context",
     "ErrorRecord",
+    "Slot",
     "error_record",
     "pin",
     "push",
@@ -80,6 +78,12 @@ __all__ = [
 #: last events (`distributed.admin.low-level-log-length`), and these must stay small there.
 LARGEST_PUSH = 8_192
 _thread = threading.local()  # `ended`: (stop token, perf_counter) at the end of the thread's last batch
+
+
+class Slot(NamedTuple):
+    """Stands for the `k`-th dependency of a task (`held.py`), in a batch's items or captured names."""
+
+    k: int
 
 
 def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None = None) -> bytes:
@@ -110,9 +114,15 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
 
 
 def run_blob(
-    context: tuple[str, bytes | None], batch: bytes, token: str | None = None, ahead: FirstAhead | None = None
+    context: tuple[str, bytes | None],
+    batch: bytes,
+    token: str | None = None,
+    ahead: FirstAhead | None = None,
+    deps: tuple[Any, ...] = (),
+    names: dict[str, int] | None = None,
 ) -> bytes:
-    """`run_batch` without the push: what a batch sent to the worker directly runs (`direct.py`).
+    """`run_batch`, called by a batch sent to the worker directly (`direct.py`) or one that
+    reads handles (`held.py`).
 
     Parameters
     ----------
@@ -125,6 +135,10 @@ def run_blob(
     ahead : FirstAhead, optional
         A run's first direct batch: told when its first item ended, it may send that item
         ahead of the rest, which the result then leaves out (`ahead.py`).
+    deps : tuple
+        The values of the handles the batch reads, for its `Slot`s.
+    names : dict of str to int, optional
+        Handles captured by name: the cell's global name -> the index of its value in `deps`.
 
     Returns
     -------
@@ -132,37 +146,39 @@ def run_blob(
         The cloudpickled result, as `run_batch` returns it.
     """
     idle = since_last(token)
-    loaded = start(context, token)
-    if isinstance(loaded, dict):
-        return cloudpickle.dumps(loaded)
-    indices, items, budget = pickle.loads(batch)
     first = None if ahead is None else (lambda part: ahead.ran({**part, "ran_on": ran_on()}))
-    result = run_items(loaded[0], indices, items, loaded[1], capture=True, token=token, budget=budget, first=first)
-    if ahead is not None and ahead.close():
-        result = without_first(result, indices[0], ahead.seconds)
-    result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
-    if idle is not None:
+    result = run(context, batch, token, deps, names, first)
+    if ahead is not None and "values" in result and ahead.close():
+        result = without_first(result, pickle.loads(batch)[0][0], ahead.seconds)
+    if idle is not None and "values" in result:
         result["idle"] = idle  # for the batch sizing: what a task's round costs this thread
     blob = dump_result(result)
     ended(token)
     return blob
 
 
-def start(context: tuple[str, bytes | None], token: str | None) -> tuple[Context, tuple[Any, ...]] | dict[str, Any]:
-    """A batch's context and large values, loaded, with the item output captured; or, where no
-    item can run, the batch's whole result: stopped, a value lost, or a context that cannot load.
+def run(
+    context: tuple[str, bytes | None],
+    batch: bytes,
+    token: str | None,
+    deps: tuple[Any, ...] = (),
+    names: dict[str, int] | None = None,
+    first: Any = None,
+) -> dict[str, Any]:
+    """A batch's result, not yet pickled; as `run_batch` describes it.
 
     Parameters
     ----------
-    context : tuple of (str, bytes or None)
-        The cell's context, as for `run_batch`.
-    token : str or None
-        The run's stop token.
+    context, batch, token, deps, names
+        As for `run_blob`.
+    first : callable, optional
+        Told the first item's result as soon as it ended (`run_items`).
 
     Returns
     -------
-    tuple or dict
-        ``(context, large values)``, or the result of a batch that ran no item.
+    dict
+        What `run_items` returns, with ``ran_on``: which worker ran the batch, for the
+        kernel's journal; or, where no item could run, ``stopped``, ``lost`` or ``fatal``.
     """
     if stopping.stopped(token):  # queued before the stop: nothing to load or run
         return {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True}
@@ -173,8 +189,20 @@ def start(context: tuple[str, bytes | None], token: str | None) -> tuple[Context
         return {"lost": e.key, "worker": (ran_on() or (None,))[0]}
     except BaseException as e:
         return {"fatal": error_record(e)}
+    indices, items, budget = pickle.loads(batch)
+    if deps:  # a `Slot` (an item, or one level inside a tuple item) stands for a handle's value
+
+        def fill(v: Any) -> Any:
+            return deps[v.k] if isinstance(v, Slot) else v
+
+        items = [tuple(map(fill, item)) if type(item) is tuple else fill(item) for item in items]
+    if names:  # handles captured by name: bound as the cell's globals, for this batch only
+        loaded = copy.copy(loaded)
+        loaded.namespace = {**loaded.namespace, **{n: deps[k] for n, k in names.items()}}
     output.install()
-    return loaded, large_values
+    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget, first=first)
+    result["ran_on"] = ran_on()
+    return result
 
 
 def since_last(token: str | None) -> float | None:
@@ -208,6 +236,10 @@ def ended(token: str | None) -> None:
 def push(blob: bytes) -> None:
     """Send `blob` to the kernel as the current task's event, if it is small enough.
 
+    On the same ordered stream as the task-finished message that follows, so the kernel has
+    it when it sees the task done, and needs no gather (`run/reports.py`); where it does not
+    come, the result is gathered, so a push never loses a result.
+
     Parameters
     ----------
     blob : bytes
@@ -221,8 +253,7 @@ def push(blob: bytes) -> None:
         dask_worker = get_worker()
     except ValueError:  # not in a Dask worker's task (a test calling the task directly)
         return
-    key = dask_worker.get_current_task()
-    if key is not None:
+    if (key := dask_worker.get_current_task()) is not None:
         dask_worker.log_event(PUSHED_TOPIC, Pushed(key=str(key), report=blob))
 
 

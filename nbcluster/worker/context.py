@@ -97,7 +97,8 @@ class Context:
             linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
             # marshal, not cloudpickle: cloudpickle renames every code object's file to
             # "<dynamic-code>", and the cell's filename is what maps tracebacks to cell lines.
-            self.body, self.last = (marshal.loads(c) if isinstance(c, bytes) else c for c in (spec["body"], spec["last"]))
+            code = [marshal.loads(c) if isinstance(c, bytes) else c for c in (spec["body"], spec["last"])]
+            self.body, self.last = code
             if self.unpacks and self.mode == "over":
                 self.bind = compile(f"{spec['target']} = __nbcluster_item__", "<--over>", "exec", dont_inherit=True)
             elif self.body is None and self.mode in ("over", "grid", "zip"):
@@ -195,22 +196,10 @@ class Context:
                     f"worker: {e}. Install it on the workers"
                 ) from None
         for name, blob in spec["values"].items():
-            try:
-                namespace[name] = cloudpickle.loads(blob)
-            except Exception as e:
-                raise RuntimeError(
-                    f"the variable `{name}` could not be loaded on the worker: {type(e).__name__}: {e} "
-                    "(is a module it needs missing there?)"
-                ) from None
-        if spec.get("fresh") is not None:
-            try:
-                pickle.loads(spec["fresh"])  # once here, so that a value that cannot load is named
-            except Exception as e:
-                names = ", ".join(f"`{n}`" for n in spec.get("copied", ())) or "a captured value"
-                raise RuntimeError(
-                    f"the variables {names} could not be loaded on the worker: {type(e).__name__}: {e} "
-                    "(is a module they need missing there?)"
-                ) from None
+            namespace[name] = _loaded(blob, f"the variable `{name}`", "it needs")
+        if spec.get("fresh") is not None:  # loaded once here, so that a value that cannot load is named
+            copied = ", ".join(f"`{n}`" for n in spec.get("copied", ())) or "a captured value"
+            _loaded(spec["fresh"], f"the variables {copied}", "they need")
         if spec["kind"] == "function":
             if spec.get("fresh_fn"):
                 spec["fn_blob"] = spec["fn"]
@@ -218,6 +207,15 @@ class Context:
             if not spec.get("fresh_fn"):
                 spec["arrays"] = freeze(spec["fn"])
         return cls(spec, namespace)
+
+
+def _loaded(blob: bytes, what: str, need: str) -> Any:
+    try:
+        return cloudpickle.loads(blob)
+    except Exception as e:
+        raise RuntimeError(
+            f"{what} could not be loaded on the worker: {type(e).__name__}: {e} (is a module {need} missing there?)"
+        ) from None
 
 
 def cell_function(source: str, filename: str, names: tuple[str, ...]) -> CodeType | None:

@@ -27,24 +27,19 @@ never a `None` that looks like a result.
 `deps` are the values of handles the batch reads (`--over "x in NAME"`, or a handle
 captured by name): Dask resolves them on the worker that runs the batch, fetching from
 another worker if needed, never through the kernel. In the batch's items (and in the
-context's captured names) a `Slot(k)` stands for `deps[k]`.
+context's captured names) a `Slot(k)` stands for `deps[k]` (`worker.run` fills them in).
 """
 
 from __future__ import annotations
 
-import copy
-import pickle
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-import cloudpickle
+from typing import TYPE_CHECKING, Any
 
 from nbcluster.errors import NotRecomputed
-from nbcluster.worker import push, start
-from nbcluster.worker.context import ran_on
-from nbcluster.worker.items import dump_result, run_items
-from nbcluster.worker.records import error_record
+from nbcluster.worker import Slot as Slot  # what handles.py puts in a batch, named here too
+from nbcluster.worker import push, run, run_blob
+from nbcluster.worker.items import dump_result
 
 if TYPE_CHECKING:
     from nbcluster._wire import HeldValue
@@ -56,12 +51,6 @@ KEEP_BYTES = 16_000_000
 _KEPT: OrderedDict[str, bytes] = OrderedDict()  # task key -> its report, oldest first
 _KEPT_BYTES = [0]  # their total length: kept, not summed at every task
 _KEPT_LOCK = threading.Lock()  # worker threads write, the event loop reads
-
-
-class Slot(NamedTuple):
-    """Stands for the `k`-th dependency of the task, in a batch's items or captured names."""
-
-    k: int
 
 
 def run_batch_held(
@@ -91,36 +80,25 @@ def run_batch_held(
     Returns
     -------
     Any
-        With `keep`, the item's value (its report goes to the kernel by `_report`); else the
-        result blob of `run_batch`.
+        With `keep`, the item's value (its report is kept for `report_of`); else the result
+        blob of `run_batch`.
 
     Raises
     ------
     nbcluster.errors.NotRecomputed
         With `keep`, when the item has no value (it raised, or was not run), after its report
-        is out: the first time the kernel reads the report, not this; when Dask computes a lost
-        value again, this is the error that whatever reads the key gets.
+        is kept: the first time the kernel reads the report, not this; when Dask computes a
+        lost value again, this is the error that whatever reads the key gets.
     """
-    loaded = start(context, token)
-    if isinstance(loaded, dict):  # no item ran: stopped, a value lost, a context that cannot load
-        result, values = loaded, []
-    else:
-        ctx, large_values = loaded
-        indices, items, budget = pickle.loads(batch)
-        items = [fill(item, deps) for item in items]
-        if names:  # handles captured by name: bound as the cell's globals, for this batch only
-            ctx = copy.copy(ctx)
-            ctx.namespace = {**ctx.namespace, **{n: deps[k] for n, k in names.items()}}
-        result = run_items(ctx, indices, items, large_values, capture=True, token=token, budget=budget)
-        result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
-        values = result["values"]
-        if keep:
-            result["values"], result["held"] = [None] * len(values), [describe(v) for v in values]
     if not keep:
-        blob = dump_result(result) if "values" in result else _dumps(result)
+        blob = run_blob(context, batch, token, deps=deps, names=names)
         push(blob)
         return blob
-    _report(_dumps(result))
+    result = run(context, batch, token, deps, names)
+    values = result.get("values", [])  # none when no item ran: stopped, a value lost, a context that cannot load
+    if "values" in result:
+        result["values"], result["held"] = [None] * len(values), [describe(v) for v in values]
+    _report(dump_result(result))
     if values and 0 not in result["errors"]:
         return values[0]
     error = result.get("fatal") or result.get("errors", {}).get(0)
@@ -129,7 +107,7 @@ def run_batch_held(
 
 
 def _report(report: bytes) -> None:
-    """Keep this task's report for `report_of`, and push it to the kernel (`push.py`)."""
+    """Keep this task's report for `report_of`, and push it to the kernel (`worker.push`)."""
     try:
         from distributed import get_worker
 
@@ -144,28 +122,6 @@ def _report(report: bytes) -> None:
         while _KEPT_BYTES[0] > KEEP_BYTES and len(_KEPT) > 1:
             _KEPT_BYTES[0] -= len(_KEPT.popitem(last=False)[1])
     push(report)
-
-
-def fill(item: Any, deps: tuple[Any, ...]) -> Any:
-    """`item` with each `Slot` replaced by its dependency's value (one tuple level deep).
-
-    Parameters
-    ----------
-    item : Any
-        One item of a batch: a `Slot`, a tuple that may hold `Slot`s, or a plain value.
-    deps : tuple
-        The batch task's dependency values.
-
-    Returns
-    -------
-    Any
-        The item with its slots filled in.
-    """
-    if isinstance(item, Slot):
-        return deps[item.k]
-    if type(item) is tuple:
-        return tuple(deps[v.k] if isinstance(v, Slot) else v for v in item)
-    return item
 
 
 def report_of(key: str, dask_worker: Any = None) -> bytes:
@@ -212,7 +168,8 @@ def report_for(value: Any) -> bytes:
     bytes
         A pickled report of the one item.
     """
-    return _dumps({"values": [None], "errors": {}, "outputs": {}, "seconds": None, "held": [describe(value)]})
+    report = {"values": [None], "errors": {}, "outputs": {}, "count": 1, "seconds": None, "held": [describe(value)]}
+    return dump_result(report)
 
 
 def describe(value: Any) -> HeldValue:
@@ -242,13 +199,6 @@ def describe(value: Any) -> HeldValue:
         except Exception:
             text = None
     return {"type": type(value).__name__, "shape": text, "nbytes": int(sizeof(value))}
-
-
-def _dumps(result: dict[str, Any]) -> bytes:
-    try:
-        return cloudpickle.dumps(result)
-    except Exception as e:  # an error record or output that cannot travel: say so for every item
-        return cloudpickle.dumps({"fatal": error_record(TypeError(f"the batch's report cannot travel: {e}"))})
 
 
 def holdings(dask_scheduler: Any = None) -> dict[str, dict[str, list[int]]]:

@@ -26,7 +26,7 @@ mapped call raises, the list's length is the failing item's position in the batc
 its error record and a None, and the same `map` resumes after it (its chunk is an
 iterator, from which the failing item was taken). The resumption runs outside the `except`
 block, so the next item's own exception carries no `__context__` from this one. The item
-running is likewise the one at position ``len(values)``: `output.follow` files its prints
+running is likewise the one at position ``len(values)``: `output.collect` files its prints
 under its index.
 
 `dump_result` pickles what a batch sends back, failing only the items whose values cannot
@@ -117,8 +117,7 @@ def run_items(
     errors: dict[int, ErrorRecord] = {}
     outputs: dict[int, list[list[Any]]] = {}
     if capture:
-        output.collect(outputs)
-        output.follow(values, indices)
+        output.collect(outputs, values, indices)
     todo, n, size, stopped = iter(todo), len(items), 1, False
     started = checked = time.perf_counter()
     try:
@@ -315,7 +314,7 @@ def dump_result(result: dict[str, Any]) -> bytes:
     >>> type(packed).__name__, cloudpickle.loads(packed)  # builtin data: one blob, for the kernel to keep
     ('bytes', [1, 2])
     """
-    values = result["values"]
+    values = result.get("values", [])  # none in a batch that ran no item (`worker.run`)
     packed = plain(values) if values else None
     try:
         return cloudpickle.dumps(result if packed is None else {**result, "values": packed})
@@ -330,7 +329,7 @@ def dump_result(result: dict[str, Any]) -> bytes:
             result["errors"][j] = error_record(
                 TypeError(f"the item's result cannot be sent back to the kernel: {type(e).__name__}: {e}")
             )
-    for record in result["errors"].values():
+    for record in result.get("errors", {}).values():
         try:
             cloudpickle.dumps(record)
         except Exception:

@@ -3,9 +3,9 @@
 `sys.stdout`/`sys.stderr` are wrapped once per process (`install`) by a stream that sends
 writes to the current item's buffer when the writing thread is running an item, and to the
 real stream otherwise. With several threads per worker, each item sees only its own
-prints. A batch runner brackets its items with `collect(outputs)` ... `collect(None)` and
-tells once which item runs, with `follow(values, indices)`: it appends each item's value in
-order (`items.py`). `outputs` then maps item index -> chunks `[stream, text]` (or
+prints. A batch runner brackets its items with `collect(outputs, values, indices)` ...
+`collect(None)`: it appends each item's value in order (`items.py`), so the item running is
+the one at ``len(values)``. `outputs` maps item index -> chunks `[stream, text]` (or
 `["display", mimebundle]`).
 """
 
@@ -22,7 +22,7 @@ CUT = "\n... (output truncated)\n"
 _local = threading.local()
 
 
-def collect(outputs: dict[int, list[list[Any]]] | None) -> None:
+def collect(outputs: dict[int, list[list[Any]]] | None, values: list[Any] | None = None, indices: Any = None) -> None:
     """Send this thread's output to `outputs` from now on (None: to the real streams).
 
     Parameters
@@ -31,8 +31,15 @@ def collect(outputs: dict[int, list[list[Any]]] | None) -> None:
         Where this thread's prints and displays go from now on: item index -> chunks
         ``[stream, text]`` or ``["display", mimebundle]``, filled in place. None sends them to
         the real `sys.stdout`/`sys.stderr` again.
+    values : list, optional
+        The batch's values, appended in order as each item finishes: the item running is the
+        next to append, so output is filed under ``indices[len(values)]``, read when
+        something is written (naming the item costs nothing per item).
+    indices : sequence of int, optional
+        The run's index of each item in the batch.
     """
     _local.outputs = outputs
+    _local.follow = (values, indices)
 
 
 def current() -> dict[int, list[list[Any]]] | None:
@@ -45,22 +52,6 @@ def current() -> dict[int, list[list[Any]]] | None:
         Item index -> chunks, filled in place; None when output goes to the real streams.
     """
     return getattr(_local, "outputs", None)
-
-
-def follow(values: list[Any], indices: Any) -> None:
-    """File output under ``indices[len(values)]``: the batch's values are appended in order,
-    so the item running is the next to append.
-
-    Read when output is written, so naming the item costs nothing per item.
-
-    Parameters
-    ----------
-    values : list
-        The batch's values, appended as each item finishes.
-    indices : sequence of int
-        The run's index of each item in the batch.
-    """
-    _local.follow = (values, indices)
 
 
 def _index() -> int:

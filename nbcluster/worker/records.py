@@ -80,36 +80,24 @@ def error_record(e: BaseException, *, frames: bool = True) -> ErrorRecord:
     types: list[TypeName] = []
     for part in parts(tb):
         cls = part.exc_type
-        types.append(
-            {
-                "module": getattr(cls, "__module__", "builtins"),
-                "qualname": getattr(cls, "__qualname__", "Exception"),
-                "syntax": isinstance(cls, type) and issubclass(cls, SyntaxError),
-            }
-        )
+        module, qualname = getattr(cls, "__module__", "builtins"), getattr(cls, "__qualname__", "Exception")
+        syntax = isinstance(cls, type) and issubclass(cls, SyntaxError)
+        types.append({"module": module, "qualname": qualname, "syntax": syntax})
         part.exc_type = BaseException  # a builtin stand-in; the class travels by name in `types`
-        part.stack = traceback.StackSummary.from_list(
-            [f for f in part.stack if frames and not _internal(f.filename)]
-        )
+        part.stack = traceback.StackSummary.from_list([f for f in part.stack if frames and not _internal(f.filename)])
         notes = getattr(part, "__notes__", None)
-        if notes is not None:
+        if notes is not None:  # strings only, so the record loads anywhere
             # vars(): Python 3.10's TracebackException has no `__notes__` to type-check against.
-            vars(part)["__notes__"] = (
-                [_safe_str(n) for n in notes] if isinstance(notes, list | tuple) else [_safe_str(notes)]
-            )
+            vars(part)["__notes__"] = [_safe_str(n) for n in (notes if isinstance(notes, list | tuple) else [notes])]
     exception: bytes | None
     try:
         exception = cloudpickle.dumps(e)
         cloudpickle.loads(exception)  # an exception that cannot be rebuilt is useless later
     except Exception:
         exception = None
-    return {
-        "type": type_name(types[0]),
-        "message": str(tb),
-        "traceback": tb,
-        "types": types,
-        "exception": exception,
-    }
+    module, qualname = types[0]["module"], types[0]["qualname"]  # as Python prints it: bare for builtins, __main__
+    name = qualname if module in ("builtins", "__main__") else f"{module}.{qualname}"
+    return {"type": name, "message": str(tb), "traceback": tb, "types": types, "exception": exception}
 
 
 def parts(tb: traceback.TracebackException) -> Iterator[traceback.TracebackException]:
@@ -133,29 +121,6 @@ def parts(tb: traceback.TracebackException) -> Iterator[traceback.TracebackExcep
         # `exceptions` (group members) exists from Python 3.11.
         linked = [part.__cause__, part.__context__, *(getattr(part, "exceptions", None) or ())]
         todo.extend(reversed([p for p in linked if p is not None]))
-
-
-def type_name(t: TypeName) -> str:
-    """The class as Python's traceback prints it.
-
-    Parameters
-    ----------
-    t : TypeName
-        The class by name.
-
-    Returns
-    -------
-    str
-        The bare name for a builtin or a class of ``__main__``, else ``module.Qualname``.
-
-    Examples
-    --------
-    >>> type_name({"module": "builtins", "qualname": "KeyError", "syntax": False})
-    'KeyError'
-    >>> type_name({"module": "json.decoder", "qualname": "JSONDecodeError", "syntax": False})
-    'json.decoder.JSONDecodeError'
-    """
-    return t["qualname"] if t["module"] in ("builtins", "__main__") else f"{t['module']}.{t['qualname']}"
 
 
 def _internal(filename: str) -> bool:
