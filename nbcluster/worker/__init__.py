@@ -4,9 +4,6 @@ A Dask task is `run_batch((context_key, inline_context), batch, token)`, with no
 dependencies at all, so the scheduler treats every batch as a root task and hands them
 out from its queue to whichever thread is free. Items are pickled by reference to the
 three tasks here (`run_batch`, `stop_run`, `pin`): keep their names.
-A run's first batches come as a request to the worker itself instead (`direct.py`), which
-runs the same `run_blob` in the same thread pool, without the scheduler, and sends its first
-item's result ahead when the batch goes on (`ahead.py`).
 
 - `batch` is one opaque blob `(indices, items, budget)`: Dask never walks into it, so its
   cost does not grow with the items inside.
@@ -55,7 +52,6 @@ from typing import Any, NamedTuple
 from nbcluster._wire import PUSHED_TOPIC, Pushed
 from nbcluster.errors import Lost
 from nbcluster.worker import output, stopping
-from nbcluster.worker.ahead import FirstAhead, without_first
 from nbcluster.worker.context import INLINE_CONTEXT, Context, fetch, load, pin, ran_on
 from nbcluster.worker.items import dump_result, run_items
 from nbcluster.worker.records import ErrorRecord, error_record
@@ -117,12 +113,10 @@ def run_blob(
     context: tuple[str, bytes | None],
     batch: bytes,
     token: str | None = None,
-    ahead: FirstAhead | None = None,
     deps: tuple[Any, ...] = (),
     names: dict[str, int] | None = None,
 ) -> bytes:
-    """`run_batch`, called by a batch sent to the worker directly (`direct.py`) or one that
-    reads handles (`held.py`).
+    """`run_batch` without the push (`held.py` and `rank.py` push their own results).
 
     Parameters
     ----------
@@ -132,9 +126,6 @@ def run_blob(
         The pickled ``(indices, items, budget)`` of this batch.
     token : str, optional
         The run's stop token.
-    ahead : FirstAhead, optional
-        A run's first direct batch: told when its first item ended, it may send that item
-        ahead of the rest, which the result then leaves out (`ahead.py`).
     deps : tuple
         The values of the handles the batch reads, for its `Slot`s.
     names : dict of str to int, optional
@@ -146,10 +137,7 @@ def run_blob(
         The cloudpickled result, as `run_batch` returns it.
     """
     idle = since_last(token)
-    first = None if ahead is None else (lambda part: ahead.ran({**part, "ran_on": ran_on()}))
-    result = run(context, batch, token, deps, names, first)
-    if ahead is not None and "values" in result and ahead.close():
-        result = without_first(result, pickle.loads(batch)[0][0], ahead.seconds)
+    result = run(context, batch, token, deps, names)
     if idle is not None and "values" in result:
         result["idle"] = idle  # for the batch sizing: what a task's round costs this thread
     blob = dump_result(result)
@@ -163,7 +151,6 @@ def run(
     token: str | None,
     deps: tuple[Any, ...] = (),
     names: dict[str, int] | None = None,
-    first: Any = None,
 ) -> dict[str, Any]:
     """A batch's result, not yet pickled; as `run_batch` describes it.
 
@@ -171,8 +158,6 @@ def run(
     ----------
     context, batch, token, deps, names
         As for `run_blob`.
-    first : callable, optional
-        Told the first item's result as soon as it ended (`run_items`).
 
     Returns
     -------
@@ -200,7 +185,7 @@ def run(
         loaded = copy.copy(loaded)
         loaded.namespace = {**loaded.namespace, **{n: deps[k] for n, k in names.items()}}
     output.install()
-    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget, first=first)
+    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
     result["ran_on"] = ran_on()
     return result
 
