@@ -100,7 +100,8 @@ class Context:
             code = [marshal.loads(c) if isinstance(c, bytes) else c for c in (spec["body"], spec["last"])]
             self.body, self.last = code
             if self.unpacks and self.mode == "over":
-                self.bind = compile(f"{spec['target']} = __nbcluster_item__", "<--over>", "exec", dont_inherit=True)
+                bind = f"{spec['target']} = __nbcluster_item__\ndel __nbcluster_item__"
+                self.bind = compile(bind, "<--over>", "exec", dont_inherit=True)
             elif self.body is None and self.mode in ("over", "grid", "zip"):
                 self.expression = cell_function(source, filename, self.names)
 

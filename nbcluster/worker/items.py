@@ -139,14 +139,9 @@ def run_items(
                 stopped = stopped or stopping.cancelled()
     finally:
         output.collect(None)
-    return {
-        "values": values,
-        "errors": errors,
-        "outputs": outputs,
-        "count": len(values),
-        "seconds": time.perf_counter() - started,
-        "stopped": len(values) < n,
-    }
+    seconds, count = time.perf_counter() - started, len(values)
+    return {"values": values, "errors": errors, "outputs": outputs, "count": count, "seconds": seconds,
+            "stopped": count < n}  # fmt: skip
 
 
 def _plan(
@@ -169,34 +164,27 @@ def _plan(
 
 
 def _one_item(context: Context, base: dict[str, Any], copies: list[Copy], item: Any, index: int) -> Any:
-    """One item on the general path, in a namespace of its own."""
-    seed = None if context.seed is None else item_seed(context.seed, index)
-    if context.kind == "function":
-        args: tuple[Any, ...] = ()
-        kwargs: dict[str, Any] = {}
-        if context.mode == "over":
-            args = tuple(item) if context.unpacks else (item,)
-        elif context.mode in ("grid", "zip"):
-            kwargs = dict(zip(context.names, item, strict=True))
-        if seed is not None:
-            kwargs["seed"] = seed
-        return context.item_function()(*args, **kwargs)
+    """One item on the general path: a function called with its arguments, or a cell run in a
+    namespace of its own."""
+    c = context
+    named = dict(zip(c.names, item, strict=True)) if c.mode in ("grid", "zip") else {}
+    if c.seed is not None:
+        named["seed"] = item_seed(c.seed, index)
+    if c.kind == "function":
+        args = (tuple(item) if c.unpacks else (item,)) if c.mode == "over" else ()
+        return c.item_function()(*args, **named)
     ns = dict(base)
     for copy in copies:
         ns.update(copy())
-    if context.bind is not None:
+    ns.update(named)
+    if c.bind is not None:  # `TARGET = __nbcluster_item__`, which then deletes that name
         ns["__nbcluster_item__"] = item
-        exec(context.bind, ns)
-        del ns["__nbcluster_item__"]
-    elif context.mode == "over":
-        ns[context.names[0]] = item
-    elif context.mode in ("grid", "zip"):
-        ns.update(zip(context.names, item, strict=True))
-    if seed is not None:
-        ns["seed"] = seed
-    if context.body is not None:  # None: the cell is one expression
-        exec(context.body, ns)
-    return eval(context.last, ns) if context.last is not None else None
+        exec(c.bind, ns)
+    elif c.mode == "over":
+        ns[c.names[0]] = item
+    if c.body is not None:  # None: the cell is one expression
+        exec(c.body, ns)
+    return eval(c.last, ns) if c.last is not None else None
 
 
 def item_seed(seed: int, index: int) -> int:

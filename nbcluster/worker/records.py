@@ -88,7 +88,7 @@ def error_record(e: BaseException, *, frames: bool = True) -> ErrorRecord:
         notes = getattr(part, "__notes__", None)
         if notes is not None:  # strings only, so the record loads anywhere
             # vars(): Python 3.10's TracebackException has no `__notes__` to type-check against.
-            vars(part)["__notes__"] = [_safe_str(n) for n in (notes if isinstance(notes, list | tuple) else [notes])]
+            vars(part)["__notes__"] = [str(n) for n in (notes if isinstance(notes, list | tuple) else [notes])]
     exception: bytes | None
     try:
         exception = cloudpickle.dumps(e)
@@ -127,10 +127,3 @@ def _internal(filename: str) -> bool:
     if filename.startswith("<"):
         return False  # a cell's code ("<distribute-...>"), or one compiled by the user
     return os.path.normcase(os.path.abspath(filename)).startswith(_DISTRIBUTE)
-
-
-def _safe_str(value: object) -> str:
-    try:
-        return str(value)
-    except Exception:
-        return f"<unprintable {type(value).__name__}>"
