@@ -201,12 +201,10 @@ class Context:
         if spec.get("fresh") is not None:  # loaded once here, so that a value that cannot load is named
             copied = ", ".join(f"`{n}`" for n in spec.get("copied", ())) or "a captured value"
             _loaded(spec["fresh"], f"the variables {copied}", "they need")
-        if spec["kind"] == "function":
-            if spec.get("fresh_fn"):
-                spec["fn_blob"] = spec["fn"]
-            spec["fn"] = cloudpickle.loads(spec["fn"])
-            if not spec.get("fresh_fn"):
-                spec["arrays"] = freeze(spec["fn"])
+        if spec["kind"] == "function":  # one that reads values to copy is unpickled again per item
+            spec["fn_blob"] = spec["fn"] if spec.get("fresh_fn") else None
+            spec["fn"] = _loaded(spec["fn"], "the function", "it needs")
+            spec["arrays"] = [] if spec.get("fresh_fn") else freeze(spec["fn"])
         return cls(spec, namespace)
 
 
@@ -460,11 +458,12 @@ def _gather_watching(client: Any, future: Any) -> Any:
                 raise Lost(future.key) from None
 
 
-def pin(keys: list[tuple[str, int]], dask_worker: Any = None) -> int:
+def pin(keys: list[tuple[str, int]], dask_worker: Any = None) -> None:
     """Keep the values just scattered here (`client.run`, in the worker's event loop).
 
     Run right after a broadcast scatter, before Dask's memory manager can drop this worker's
-    replica: the worker then never fetches them again.
+    replica: the worker then never fetches them again (a key it has no replica of is fetched
+    on its first batch instead).
 
     Parameters
     ----------
@@ -472,18 +471,11 @@ def pin(keys: list[tuple[str, int]], dask_worker: Any = None) -> int:
         The scattered values' keys with their pickled sizes.
     dask_worker : distributed.Worker
         The worker, which `client.run` passes in.
-
-    Returns
-    -------
-    int
-        How many of the keys this worker now keeps (one it had no replica of is fetched on its
-        first batch instead).
     """
     with _LOCK:
         for key, size in keys:
             if key not in _OBJECTS and key in dask_worker.data:
                 _remember(dask_worker, key, dask_worker.data[key], size)
-        return sum(key in _OBJECTS for key, _ in keys)
 
 
 def _remember(worker: Any, key: str, value: Any, size: int) -> None:

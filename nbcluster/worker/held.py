@@ -32,6 +32,7 @@ context's captured names) a `Slot(k)` stands for `deps[k]` (`worker.run` fills t
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -188,16 +189,11 @@ def describe(value: Any) -> HeldValue:
     """
     from dask.sizeof import sizeof
 
-    shape = getattr(value, "shape", None)
-    text: str | None = None
-    if isinstance(shape, tuple):
-        dtype = getattr(value, "dtype", None)
-        text = f"{shape}{f' {dtype}' if dtype is not None else ''}"
-    else:
-        try:
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    text = f"{shape}{'' if dtype is None else f' {dtype}'}" if isinstance(shape, tuple) else None
+    if text is None:
+        with contextlib.suppress(Exception):
             text = f"len {len(value)}"
-        except Exception:
-            text = None
     return {"type": type(value).__name__, "shape": text, "nbytes": int(sizeof(value))}
 
 
