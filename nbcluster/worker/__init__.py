@@ -11,8 +11,10 @@ three tasks here (`run_batch`, `stop_run`, `pin`): keep their names.
   unpickled once per worker, and its *large values* are kept outside Dask's store:
   `context.py`. A key that no worker holds any more (every holder died) comes back as
   `{"lost": key}`; the kernel scatters it again and resubmits the batch.
-- The items run in `items.py`; their prints and `display()`s are kept apart per item in
-  `output.py`; an item's exception becomes a record in `records.py`.
+- The items run in `items.py`, in chunks; their prints and `display()`s are kept apart per
+  item in `output.py`; an item's exception becomes a record in `records.py`. One batch's
+  path: `run_batch` -> `run` -> `context.load`/`fetch` -> `items.run_items` (-> `output`,
+  `records`) -> `items.dump_result`.
 - A `--persist` item's value stays on its worker under its own key (`held.py`).
 - A trial item reports metrics, is asked to stop and may checkpoint (`trial.py`,
   `checkpoint.py`); a rank of a `--ranks` job runs with torchrun's environment (`rank.py`);
@@ -26,8 +28,9 @@ The task returns one opaque blob: per-item values, error records, captured outpu
 time spent in the items and how long the thread waited for the batch since its last one of
 the run (`idle`, for the batch sizing in `batching.py`; measured with the thread's own
 clock). A small blob is also pushed to the kernel as a Dask event just before the task ends
-(`push`), which saves the kernel a gather. A batch never raises for an item. Only a context that cannot even be loaded fails the whole
-batch, again as a returned record (`{"fatal": record}`).
+(`push`), which saves the kernel a gather. A batch never raises for an item. Only a
+context that cannot even be loaded fails the whole batch, again as a returned record
+(`{"fatal": record}`).
 
 Stopping (`stopping.py`): a batch carries its run's *stop token*. `stop_run(token)`, sent
 to every worker by the kernel on interrupt or `Results.cancel()`, makes a batch return
