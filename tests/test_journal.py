@@ -664,3 +664,31 @@ def test_a_folder_made_by_hand_is_made_private(journals, tmp_path):
     run(tmp_path / "log", 3, local=True)
     (found,) = journal.journals(where=journals)
     assert stat.S_IMODE(journals.stat().st_mode) == 0o700 and stat.S_IMODE(found.stat().st_mode) == 0o600
+
+
+SAVES = (
+    "import nbcluster\nck = nbcluster.checkpoint()\nbefore = ck.load()\nck.save({'x': x})\n"
+    "if before is None and x == 2:\n    raise RuntimeError('first time')\nbefore"
+)
+
+
+def test_checkpoints_are_the_runs_and_only_resume_loads_them(cluster, journals, tmp_path):
+    ck = tmp_path / "ck"
+    with dask.config.set({"nbcluster.checkpoint.path": str(ck)}):
+        first = nbcluster.distribute(SAVES, over="x in [1, 2]", namespace={})
+        assert [e.index for e in first.errors] == [1]
+        (found,) = journal.journals(where=journals)
+        ident = found.name[:32]
+        assert sorted(p.name for p in ck.iterdir()) == [ident]  # keyed by the run's identity, one file an item
+        assert len(list((ck / ident).iterdir())) == 2
+        again = nbcluster.distribute(SAVES, over="x in [1, 2]", namespace={}, resume=True)
+        assert again.ok and again.values() == [None, {"x": 2}]  # item 2 went on from its checkpoint
+        fresh = nbcluster.distribute(SAVES, over="x in [1, 2]", namespace={})
+        assert fresh.values()[0] is None and [e.index for e in fresh.errors] == [1]  # a fresh run loads none
+        other = nbcluster.distribute(SAVES, over="x in [1, 3]", namespace={})  # another run: its own
+        assert other.values() == [None, None] and len(list(ck.iterdir())) == 2
+        # A run's checkpoints go with its journal: the next start deletes those of a forgotten run.
+        for path in journal.journals(ident, where=journals):
+            path.unlink()
+        nbcluster.distribute(SAVES, over="x in [1, 3]", namespace={})
+        assert [p.name for p in ck.iterdir()] == [journal.journals(where=journals)[0].name[:32]]

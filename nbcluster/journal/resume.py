@@ -223,14 +223,13 @@ def attach_checkpoints(spec: TrialSpec, identity: str, *, resume: bool) -> None:
         runs = [p for p in base.iterdir() if p.is_dir() and p.name != identity]
     except OSError:  # none yet, or not a folder: the items say so when they save
         return
-    sizes: dict[Path, tuple[float, int]] = {}  # run -> (its newest save, its bytes)
+    sizes: dict[Path, tuple[float, int]] = {}  # run -> (its last save, as a save renames into it; its bytes)
     for run in runs:
         if not store.journals(run.name):  # pruned or forgotten: its checkpoints go with it
             shutil.rmtree(run, ignore_errors=True)
             continue
         with contextlib.suppress(OSError):
-            files = [f.stat() for f in run.iterdir()]
-            sizes[run] = (max((s.st_mtime for s in files), default=0.0), sum(s.st_size for s in files))
+            sizes[run] = (run.stat().st_mtime, sum(f.stat().st_size for f in run.iterdir()))
     total, limit = sum(size for _, size in sizes.values()), store._size("checkpoint.max-size")
     for run in sorted(sizes, key=lambda r: sizes[r][0]):  # oldest first
         if total <= limit:

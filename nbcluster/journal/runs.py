@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,19 +50,15 @@ def table(client_of: ClientOf, where: Path | None = None) -> str:
         journaled runs, and where it looked.
     """
     client_of = functools.cache(client_of)  # each cluster asked once per listing
-    rows = []
-    for path in store.journals(where=where):
-        try:
-            loaded = store.load(path, values=False)
-        except store.Refused:  # why, in full, is `show`'s to say: a sentence would widen every row
-            rows.append([path.name[:ID_LENGTH], store.when(store.started(path)),
-                         "(another format, or damaged: show it for why)", "", "", "", "", "unreadable"])  # fmt: skip
-            continue
-        except OSError:
-            continue  # deleted while listing
-        rows.append([path.name[:ID_LENGTH], loaded.when, loaded.header["first_line"][:40],
-                     f"{len(loaded.values)}/{loaded.header['total']}", str(len(loaded.failed)), human(loaded.size),
-                     _held(path, loaded, client_of), _state(path, loaded)])  # fmt: skip
+    rows = [
+        [path.name[:ID_LENGTH], loaded.when, loaded.header["first_line"][:40],
+         f"{len(loaded.values)}/{loaded.header['total']}", str(len(loaded.failed)), human(loaded.size),
+         _held(path, loaded, client_of), _state(path, loaded)]
+        if isinstance(loaded, store.Loaded)  # why an unreadable one is, in full, is `show`'s to say
+        else [path.name[:ID_LENGTH], store.when(store.started(path)), "(another format, or damaged: show it for why)",
+              "", "", "", "", "unreadable"]
+        for path, loaded in _read(store.journals(where=where))
+    ]  # fmt: skip
     if not rows:
         return f"No journaled runs (in {where or store.folder()})."
     rows.insert(0, ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE"])
@@ -72,6 +68,17 @@ def table(client_of: ClientOf, where: Path | None = None) -> str:
         "`%%distribute ... --resume` picks up a run; `%cluster runs ID` (`nbcluster runs ID`) shows its failed "
         "items; `%cluster runs ID --forget` deletes it.",
     ])  # fmt: skip
+
+
+def _read(paths: list[Path]) -> Iterator[tuple[Path, store.Loaded | store.Refused]]:
+    """Each journal read without its values, or why it cannot be; one deleted meanwhile is skipped."""
+    for path in paths:
+        try:
+            yield path, store.load(path, values=False)
+        except store.Refused as e:
+            yield path, e
+        except OSError:
+            continue
 
 
 def _state(path: Path, loaded: store.Loaded) -> str:
@@ -121,14 +128,10 @@ def show(ident: str, where: Path | None = None) -> str:
     if not found:
         raise BadArgument(f"no journaled run {ident!r}: `runs` lists their IDs")
     blocks = []
-    for path in found:
-        try:
-            loaded = store.load(path, values=False)
-        except store.Refused as e:
-            blocks.append(f"{path.name[:ID_LENGTH]}: {e}")
+    for path, loaded in _read(found):
+        if not isinstance(loaded, store.Loaded):
+            blocks.append(f"{path.name[:ID_LENGTH]}: {loaded}")
             continue
-        except OSError:
-            continue  # deleted meanwhile
         total, done, failed = loaded.header["total"], len(loaded.values), loaded.failed
         lines = [
             f"Run {path.name[:ID_LENGTH]} of {loaded.when} ({_state(path, loaded)}): {loaded.header['first_line']}",
@@ -172,10 +175,9 @@ def forget(ids: list[str], every: bool, client_of: ClientOf, where: Path | None 
     nbcluster.errors.BadArgument
         For both IDs and `every`, neither, or an ID that names no journal.
     """
-    if every and ids:
-        raise BadArgument("give run IDs or --all, not both")
-    if not every and not ids:
-        raise BadArgument("say which runs to forget: their IDs (from `runs`), or --all")
+    if every == bool(ids):
+        raise BadArgument("give run IDs or --all, not both" if every else
+                          "say which runs to forget: their IDs (from `runs`), or --all")  # fmt: skip
     found = store.journals(where=where)
     unknown = [i for i in ids if not any(p.name.startswith(i) for p in found)]
     if unknown:

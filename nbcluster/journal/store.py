@@ -390,10 +390,6 @@ class Writer:
             self.broken = True
             print(_cannot_write(e, self.path), file=sys.stderr)
 
-    def __del__(self) -> None:  # a writer no run ended (its run failed to start) lets go of its lock
-        with contextlib.suppress(Exception):
-            self.release()
-
 
 def failure(error: Any) -> Failure:
     """A failed item's journal entry: its error in one line, and its parameters.
