@@ -12,8 +12,7 @@ Policy
   ``kill -9`` of the kernel loses at most the batches that had not reached it. There is no
   fsync per batch: a journal protects against a dead kernel, not a dead machine.
 - **Values as they came.** A batch a worker sent as one pickled list of builtin data
-  (`run.values.Packed`) is written as those bytes; a ``--local`` batch of numbers and
-  strings is pickled as one list too. Any other batch has each value pickled
+  (`run.values.Packed`) is written as those bytes. Any other batch has each value pickled
   on its own, so that a value that cannot be loaded later (its class is gone) re-runs that
   item alone, and one above ``nbcluster.journal.max-item-size`` is left out (and re-run)
   alone. A ``--persist`` batch holds each item's `handles.Recipe`, never its value.
@@ -76,7 +75,6 @@ FORMAT = 2  # bump when a record's shape changes: an older reader then refuses t
 MAGIC = b"NBCLUSTER-JOURNAL\n"
 SUFFIX = ".journal"
 _LENGTH = struct.Struct("<I")
-_PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})  # values any Python unpickles
 try:  # not `nbcluster.__version__`: this module must not import the package's __init__ back
     _VERSION = importlib.metadata.version("nbcluster")
 except importlib.metadata.PackageNotFoundError:
@@ -161,9 +159,7 @@ class Loaded:
         if self.ended is None:
             return "killed"
         done, total = self.ended["done"], self.header["total"]
-        if done == total:
-            return "complete"
-        return "failed" if done + len(self.failed) >= total else "interrupted"
+        return "complete" if done == total else "failed" if done + len(self.failed) >= total else "interrupted"
 
     @property
     def when(self) -> str:
@@ -311,13 +307,8 @@ class Writer:
             if self._fd is None:
                 return
             try:
-                plain = pickled = None
-                if held is None and isinstance(values, Packed):
-                    plain = values.blob
-                elif held is None and all(type(v) in _PLAIN for v in values):  # --local: loads again anywhere
-                    plain = pickle.dumps(list(values), protocol=5)
-                if held is None and (plain is None or len(plain) > self._max_item):
-                    plain, pickled = None, [self._pickle(v) for v in values]
+                plain = values.blob if isinstance(values, Packed) and len(values.blob) <= self._max_item else None
+                pickled = [self._pickle(v) for v in values] if held is None and plain is None else None
                 record: Batch = {
                     "kind": "batch", "at": time.time(), "where": where, "worker": ran_on,
                     "indices": indices[: len(values)], "errors": failed, "plain": plain, "pickled": pickled,
