@@ -34,9 +34,9 @@ File layout (one file per run, ``<identity>-<start µs>-<pid>.journal``)::
     one line of JSON: the `Header` (its "format" is checked before anything is unpickled)
     records, each a 4-byte little-endian length and a pickle of a `Batch` or an `End`
 
-A journal is made (``O_EXCL``) and locked at once, so a reader takes it for a running one
-while its header is written, never for a killed one. A reader stops at the first record cut short (the kernel was killed mid-write) or damaged,
-keeping every whole record before it. The run's state is *running* while its lock is held
+A journal is locked the moment it is made (``O_EXCL``), so a reader that finds it before
+its header is written sees a running run. A reader stops at the first record cut short
+(the kernel was killed mid-write) or damaged, keeping every whole record before it. The run's state is *running* while its lock is held
 (`in_use`), else what its last `End` says (`Loaded.state`), else *killed*.
 
 Worked example: 1000 items, the kernel killed after 734 arrived. The journal holds a header
