@@ -271,7 +271,7 @@ class Writer:
         self.path = path
         self._fd: int | None = fd
         self._max_item = _size("journal.max-item-size")
-        self.broken = False
+        self._broken = False
         # --persist: told the older journals a complete run deletes, first (to unpublish their values).
         self.before_superseding: Callable[[list[Path]], None] | None = None
         self._lock = threading.Lock()  # the driver thread writes; whichever thread ends the run closes
@@ -304,29 +304,14 @@ class Writer:
             journaled instead of `values`, which are handles.
         """
         with self._lock:
-            if self._fd is None:
-                return
-            try:
+            if self._fd is not None:
                 plain = values.blob if isinstance(values, Packed) and len(values.blob) <= self._max_item else None
-                pickled = [self._pickle(v) for v in values] if held is None and plain is None else None
-                record: Batch = {
+                each = [_pickled(v, self._max_item) for v in values] if held is None and plain is None else None
+                self._append(self._fd, {
                     "kind": "batch", "at": time.time(), "where": where, "worker": ran_on,
-                    "indices": indices[: len(values)], "errors": failed, "plain": plain, "pickled": pickled,
+                    "indices": indices[: len(values)], "errors": failed, "plain": plain, "pickled": each,
                     "held": held, "outputs": outputs,
-                }  # fmt: skip
-                _append(self._fd, pickle.dumps(record, protocol=5))
-            except Exception as e:
-                self._give_up(e)
-
-    def _pickle(self, value: Any) -> bytes | None:
-        try:
-            blob = pickle.dumps(value, protocol=5)
-        except Exception:
-            try:  # a lambda, a notebook class instance pickle refuses
-                blob = cloudpickle.dumps(value, protocol=5)
-            except Exception:
-                return None
-        return blob if len(blob) <= self._max_item else None
+                })  # fmt: skip
 
     def end(self, done: int, total: int) -> None:
         """The start is over: mark it so, and let go of the journal (another run may take it).
@@ -340,29 +325,21 @@ class Writer:
             (`superseded`).
         """
         with self._lock:
-            fd, self._fd = self._fd, None
-            if fd is None:
+            if self._fd is None:
                 return
-            try:
-                record: End = {"kind": "end", "at": time.time(), "done": done, "total": total}
-                _append(fd, pickle.dumps(record, protocol=5))
-            except Exception as e:
-                self._give_up(e)
-            finally:
-                os.close(fd)  # releases the lock
+            self._append(self._fd, {"kind": "end", "at": time.time(), "done": done, "total": total})
+            self._close()  # releases the lock
         if done == total:
             superseded(self.path, self.before_superseding)
 
     def release(self) -> None:
         """Let go of the journal without marking it (a claim that was not used after all)."""
         with self._lock:
-            fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+            self._close()
 
     def reopen(self) -> None:
         """A retry: take the journal again (one line, and no journal, if another run has it)."""
-        if self._fd is not None or self.broken or not self.path.exists():
+        if self._fd is not None or self._broken or not self.path.exists():
             return
         try:
             self._fd = _locked(os.open(self.path, os.O_WRONLY | os.O_APPEND))  # no other thread has it yet
@@ -372,14 +349,39 @@ class Writer:
         except OSError as e:
             self._give_up(e)
 
-    def _give_up(self, e: BaseException) -> None:
+    def _append(self, fd: int, record: Batch | End) -> None:
+        # One system call, and no copy of a batch's megabytes. A short write (a nearly full
+        # disk) ends the journal: a record cut short is where every reader stops.
+        try:
+            blob = pickle.dumps(record, protocol=5)
+            if os.writev(fd, [_LENGTH.pack(len(blob)), blob]) != _LENGTH.size + len(blob):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except Exception as e:
+            self._give_up(e)
+
+    def _close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        if not self.broken:
-            self.broken = True
+
+    def _give_up(self, e: BaseException) -> None:
+        self._close()
+        if not self._broken:
+            self._broken = True
             print(_cannot_write(e, self.path), file=sys.stderr)
+
+
+def _pickled(value: Any, limit: int) -> bytes | None:
+    """`value`'s pickle (cloudpickle's for a lambda or a notebook class); None if over `limit` or none."""
+    try:
+        blob = pickle.dumps(value, protocol=5)
+    except Exception:
+        try:
+            blob = cloudpickle.dumps(value, protocol=5)
+        except Exception:
+            return None
+    return blob if len(blob) <= limit else None
 
 
 def failure(error: Any) -> Failure:
@@ -404,13 +406,6 @@ def failure(error: Any) -> Failure:
 def _cannot_write(e: BaseException, path: Path) -> str:
     why = f"in {path.parent} ({e.strerror})" if isinstance(e, OSError) and e.strerror else f"({type(e).__name__}: {e})"
     return f"nbcluster: cannot write the run's journal {why}: the run goes on without a journal (--resume cannot pick it up)"
-
-
-def _append(fd: int, blob: bytes) -> None:
-    # One system call, and no copy of a batch's megabytes. A short write (a nearly full disk)
-    # ends the journal: a record cut short is where every reader stops.
-    if os.writev(fd, [_LENGTH.pack(len(blob)), blob]) != _LENGTH.size + len(blob):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def _locked(fd: int) -> int:
