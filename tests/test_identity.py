@@ -40,9 +40,9 @@ NO_JOURNAL = "nbcluster: --resume: no journal of this run (the same code, items 
 
 @pytest.fixture
 def journals(tmp_path: Path) -> Iterator[Path]:
-    """A journal folder of the test's own, written from a run's start (not held back)."""
+    """A journal folder of the test's own."""
     where = tmp_path / "journals"
-    with dask.config.set({"nbcluster.journal.path": str(where), "nbcluster.journal.after": 0}):
+    with dask.config.set({"nbcluster.journal.path": str(where)}):
         yield where
 
 

@@ -7,7 +7,6 @@ so a test can say exactly which items a resumed run ran again. The real-kernel t
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -97,7 +96,7 @@ def test_resume_runs_only_what_the_interrupted_run_did_not_finish(cluster, journ
 
     again = nbcluster.distribute(slow, over="x in range(200)", namespace=ns, resume=True, into="res")
     out = capsys.readouterr().out
-    when = journal.when(journal.load(journal.journals(where=journals)[0]))
+    when = journal.load(journal.journals(where=journals)[0]).when
     line = f"nbcluster: resumed {len(done_before)}/200 items from the run of {when} (interrupted); running {200 - len(done_before)}"
     assert line in out.splitlines(), out
     assert again.values() == [i * 10 for i in range(200)] and again.ok
@@ -126,10 +125,6 @@ def test_failed_items_run_again_on_resume(shell, cluster, journals, tmp_path, ca
     failed = loaded.failed[3]
     assert failed["error"] == "ValueError: not yet" and failed["params"] == "x=3" and failed["worker"] in workers
     assert sum(loaded.workers.values()) == 5 and set(loaded.workers) <= workers
-    # A fresh run of the cell would say it failed, not that it was interrupted.
-    from nbcluster.journal import resume
-
-    assert f"at {journal.when(loaded)} had 1 failed with 5/6 items done; running it fresh" in resume._hint(found, 6)
     capsys.readouterr()
     shell.run_line_magic("cluster", "runs")
     head, row = capsys.readouterr().out.splitlines()[:2]
@@ -145,6 +140,12 @@ def test_failed_items_run_again_on_resume(shell, cluster, journals, tmp_path, ca
     again = nbcluster.distribute(cell, over="x in range(6)", namespace=ns, resume=True)
     assert again.ok and again.values() == [0, 10, 20, 30, 40, 50]
     assert executions(log)[6:] == [3]
+    # A fresh run of a cell whose last run failed says so, not that it was interrupted.
+    flag.unlink()
+    nbcluster.distribute(cell.replace("x * 10", "x * 100"), over="x in range(6)", namespace=ns)
+    capsys.readouterr()
+    nbcluster.distribute(cell.replace("x * 10", "x * 100"), over="x in range(6)", namespace=ns)
+    assert "had 1 failed with 5/6 items done; running it fresh (--resume would run only the 1 missing)" in capsys.readouterr().out
 
 
 def test_no_journal_means_resume_runs_everything_and_says_so(cluster, journals, tmp_path, capsys):
@@ -207,7 +208,7 @@ def test_a_journal_of_another_format_is_refused_in_one_line_and_the_cell_runs_fr
     again = run(log, 5, local=True, resume=True)
     out = capsys.readouterr().out.splitlines()
     assert out == [
-        f"nbcluster: --resume: the journal of {journal._when(journal._started(found) / 1000)} was written by "
+        f"nbcluster: --resume: the journal of {journal.when(journal.started(found))} was written by "
         "nbcluster 9.0.0 (journal format 99), which this nbcluster 0.1.0 cannot read: running all 5 items fresh"
     ], out
     assert again.ok and executions(log)[5:] == [0, 1, 2, 3, 4]
@@ -324,11 +325,11 @@ def test_the_size_bound_prunes_the_oldest_journals_first(journals, tmp_path):
     made = journal.journals(where=journals)  # newest first
     sizes = [p.stat().st_size for p in made]
     assert len(made) == 5
-    # Room for the newest two and a new one: the three oldest go, oldest first.
+    # Room for the newest two: a new run's journal is made after the three oldest go.
     with dask.config.set({"nbcluster.journal.max-size": sizes[0] + sizes[1] + 100}):
-        deleted = journal.prune(journal._size("journal.max-size"), journals)
-    assert deleted == list(reversed(made[2:]))
-    assert journal.journals(where=journals) == made[:2]
+        run(tmp_path / "log", 1, local=True)
+    newest, *rest = journal.journals(where=journals)
+    assert rest == made[:2] and journal.load(newest).header["total"] == 1
 
 
 def test_the_size_bound_never_prunes_a_persist_runs_journal(journals, tmp_path):
@@ -445,7 +446,7 @@ def test_a_killed_persist_run_resumes_from_the_values_its_cluster_kept(cluster, 
     ns: dict = {"log": str(log)}
     again = nbcluster.distribute(PERSISTED, over="x in range(8)", namespace=ns, persist=True, into="again", resume=True)
     out = capsys.readouterr().out
-    line = f"nbcluster: resumed 6/8 items from the run of {journal.when(killed)} (killed); running 2"
+    line = f"nbcluster: resumed 6/8 items from the run of {killed.when} (killed); running 2"
     assert line in out.splitlines(), out
     assert sorted(executions(log)[before:]) == sorted(set(range(8)) - set(killed.values))  # the kept 6 did not run
     assert sent_bytes(cluster.client) - sent < 100_000  # no value crossed to the kernel (nor moved)
@@ -508,7 +509,7 @@ def test_a_kept_value_lost_with_its_worker_runs_again(journals, tmp_path, capsys
         again = nbcluster.distribute(cell, over="x in range(8)", namespace=ns, persist=True, into="again",
                                      resume=True, client=client)  # fmt: skip
         out = capsys.readouterr().out
-        line = (f"nbcluster: resumed {8 - len(lost)}/8 items from the run of {journal.when(journal.load(found))} "
+        line = (f"nbcluster: resumed {8 - len(lost)}/8 items from the run of {journal.load(found).when} "
                 f"(complete); running {len(lost)} ({len(lost)} finished whose value the cluster no longer holds)")  # fmt: skip
         assert line in out.splitlines(), out
         assert [float(v[0]) for v in again.gather()] == [float(x) for x in range(8)]
@@ -625,75 +626,69 @@ def test_a_run_still_going_is_on_disk_with_what_arrived(cluster, journals, tmp_p
     assert loaded.state == "complete" and loaded.values == {i: i * 10 for i in range(4)}
 
 
-def test_a_journal_is_listed_only_once_locked(journals, monkeypatch):
-    # A listing (another kernel's --resume, a prune) that found it unlocked and empty while it
-    # was being made would take a starting run for a killed one. Look while it is made.
-    seen = []
-    real_lock = journal._lock
+def test_a_damaged_record_keeps_every_record_before_it(journals, tmp_path, capsys):
+    log = tmp_path / "log"
+    run(log, 30, local=True, batch=1)  # in the kernel: one record per item
+    (found,) = journal.journals(where=journals)
+    data = bytearray(found.read_bytes())
+    start = record_starts(bytes(data))[12]
+    data[start + 4 : start + 24] = b"\xff" * 20  # item 12's record damaged, its length intact
+    found.write_bytes(bytes(data))
+    assert sorted(journal.load(found).values) == list(range(12))  # nothing after it is trusted
+    capsys.readouterr()
+    again = run(log, 30, local=True, resume=True)
+    assert "resumed 12/30 items" in capsys.readouterr().out
+    assert again.values() == [i * 10 for i in range(30)] and executions(log)[30:] == list(range(12, 30))
 
-    def lock_and_look(fd):
-        seen.append(journal.journals(where=journals))
-        return real_lock(fd)
 
-    monkeypatch.setattr(journal, "_lock", lock_and_look)
-    writer = journal.create("b" * 32, 3, "x")
-    assert writer is not None
-    for i in range(3):
-        writer.write([i], [i], {}, {}, "the kernel")
-    try:
-        assert seen == [[]]  # nothing listed while it was made
+def test_a_damaged_header_is_one_line_and_the_cell_runs_fresh(shell, journals, tmp_path, capsys):
+    log = tmp_path / "log"
+    run(log, 5, local=True)
+    (found,) = journal.journals(where=journals)
+    found.write_bytes(journal.MAGIC + b"{not json\n" + found.read_bytes()[len(journal.MAGIC) :])
+    capsys.readouterr()
+    again = run(log, 5, local=True, resume=True)
+    when = journal.when(journal.started(found))
+    assert capsys.readouterr().out.splitlines() == [
+        f"nbcluster: --resume: the journal of {when} has a damaged header: running all 5 items fresh"
+    ]
+    assert again.ok and again.values() == [0, 10, 20, 30, 40] and executions(log)[5:] == [0, 1, 2, 3, 4]
+    # The fresh run holds every item: the damaged journal, which could give back none, is gone.
+    (newest,) = journal.journals(where=journals)
+    assert newest != found and journal.load(newest).state == "complete"
+
+
+def test_a_folder_made_by_hand_is_made_private(journals, tmp_path):
+    journals.mkdir(mode=0o755)
+    os.chmod(journals, 0o755)  # whatever the umask
+    run(tmp_path / "log", 3, local=True)
+    (found,) = journal.journals(where=journals)
+    assert stat.S_IMODE(journals.stat().st_mode) == 0o700 and stat.S_IMODE(found.stat().st_mode) == 0o600
+
+
+SAVES = (
+    "import nbcluster\nck = nbcluster.checkpoint()\nbefore = ck.load()\nck.save({'x': x})\n"
+    "if before is None and x == 2:\n    raise RuntimeError('first time')\nbefore"
+)
+
+
+def test_checkpoints_are_the_runs_and_only_resume_loads_them(cluster, journals, tmp_path):
+    ck = tmp_path / "ck"
+    with dask.config.set({"nbcluster.checkpoint.path": str(ck)}):
+        first = nbcluster.distribute(SAVES, over="x in [1, 2]", namespace={})
+        assert [e.index for e in first.errors] == [1]
         (found,) = journal.journals(where=journals)
-        assert journal.in_use(found) and journal.load(found).values == {0: 0, 1: 1, 2: 2}
-        assert sorted(os.listdir(journals)) == [found.name]  # the hidden name it was made under is gone
-    finally:
-        writer.release()
-
-
-def test_a_listing_sees_a_journal_made_since_even_within_the_folders_timestamp_tick(journals):
-    # Listings are kept while the folder's mtime stands still; a file system with a coarse
-    # clock may not move it for a file made in the same tick as the last change.
-    journals.mkdir(mode=0o700)
-    first = journals / f"{'d' * 32}-1-1.journal"
-    first.write_bytes(journal.MAGIC)
-    tick = os.stat(journals).st_mtime_ns
-    assert journal.journals("d" * 32, where=journals) == [first]
-    second = journals / f"{'d' * 32}-2-1.journal"
-    second.write_bytes(journal.MAGIC)
-    os.utime(journals, ns=(tick, tick))  # the same tick: the folder looks unchanged
-    assert journal.journals("d" * 32, where=journals) == [second, first]
-    hour_ago = tick - 3600 * 10**9
-    os.utime(journals, ns=(hour_ago, hour_ago))  # long unchanged: the next listing is kept
-    assert journal.journals(where=journals) == [second, first]
-    second.unlink()  # moves the mtime to now
-    assert journal.journals(where=journals) == [first]
-
-
-def test_a_journal_is_made_on_a_file_system_without_hard_links(journals, monkeypatch):
-    def no_links(src, dst, *args, **kwargs):
-        raise OSError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(journal.os, "link", no_links)
-    writer = journal.create("e" * 32, 2, "x")
-    assert writer is not None
-    try:
-        (found,) = journal.journals(where=journals)
-        assert journal.in_use(found) and sorted(os.listdir(journals)) == [found.name]
-    finally:
-        writer.release()
-
-
-def test_prune_deletes_what_a_kernel_killed_while_making_a_journal_left(journals):
-    journals.mkdir(mode=0o700)
-    old, new, held = (journals / f".{'c' * 32}-{n}-1.journal" for n in (1, 2, 3))
-    for path in (old, new, held):
-        path.write_bytes(journal.MAGIC)
-    hour_ago = os.stat(old).st_mtime - 3600
-    for path in (old, held):
-        os.utime(path, (hour_ago, hour_ago))
-    fd = os.open(held, os.O_RDONLY)
-    try:
-        journal.fcntl.flock(fd, journal.fcntl.LOCK_EX)  # still being made by a live kernel
-        assert journal.prune(2**30, journals) == [old]
-    finally:
-        os.close(fd)
-    assert sorted(os.listdir(journals)) == sorted([new.name, held.name])  # a fresh one may be in the making
+        ident = found.name[:32]
+        assert sorted(p.name for p in ck.iterdir()) == [ident]  # keyed by the run's identity, one file an item
+        assert len(list((ck / ident).iterdir())) == 2
+        again = nbcluster.distribute(SAVES, over="x in [1, 2]", namespace={}, resume=True)
+        assert again.ok and again.values() == [None, {"x": 2}]  # item 2 went on from its checkpoint
+        fresh = nbcluster.distribute(SAVES, over="x in [1, 2]", namespace={})
+        assert fresh.values()[0] is None and [e.index for e in fresh.errors] == [1]  # a fresh run loads none
+        other = nbcluster.distribute(SAVES, over="x in [1, 3]", namespace={})  # another run: its own
+        assert other.values() == [None, None] and len(list(ck.iterdir())) == 2
+        # A run's checkpoints go with its journal: the next start deletes those of a forgotten run.
+        for path in journal.journals(ident, where=journals):
+            path.unlink()
+        nbcluster.distribute(SAVES, over="x in [1, 3]", namespace={})
+        assert [p.name for p in ck.iterdir()] == [journal.journals(where=journals)[0].name[:32]]

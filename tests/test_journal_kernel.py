@@ -77,7 +77,7 @@ def test_kill_9_mid_cell_then_resume_in_a_new_kernel(runtime_dir, tmp_path):
         with kernel(env=env) as k:
             k.run(setup).ok()
             reply = k.run(CELL.replace("--into res", "--into res --resume")).ok()
-            when = journal.when(killed)
+            when = killed.when
             line = f"nbcluster: resumed {len(reached)}/{N} items from the run of {when} (killed); running {N - len(reached)}"
             assert line in reply.text.splitlines(), reply.text
             assert k.value("res.values()") == [x * x for x in range(N)]
@@ -114,7 +114,7 @@ def test_two_kernels_resuming_one_journal_one_wins_the_other_runs_fresh(runtime_
             done = k.value("res.counts()['done']")
         (found,) = journal.journals(where=folder)
         assert oct(found.stat().st_mode & 0o777) == "0o600"
-        when = journal.when(journal.load(found))
+        when = journal.load(found).when
         with kernel(env=env) as a, kernel(env=env) as b:
             a.run(setup).ok()
             b.run(setup).ok()
@@ -199,7 +199,7 @@ def test_kill_9_after_persisted_items_then_resume_adopts_them_in_a_new_kernel(ru
         with kernel(env=env) as k:
             k.run(setup).ok()
             reply = k.run(PERSISTED.replace("--into shards", "--into shards --resume")).ok()
-            line = f"nbcluster: resumed 6/8 items from the run of {journal.when(killed)} (killed); running 2"
+            line = f"nbcluster: resumed 6/8 items from the run of {killed.when} (killed); running 2"
             assert line in reply.text.splitlines(), reply.text
             assert sorted(executions(log)[before:]) == [6, 7]  # the 6 the cluster kept did not run again
             assert sent() - moved < 100_000  # no value crossed to the kernel

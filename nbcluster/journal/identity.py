@@ -41,7 +41,7 @@ from nbcluster.run.capture import Capture, read_only_array
 from nbcluster.run.cell import Cell
 from nbcluster.run.plan import Plan
 
-VERSION = b"nbcluster-run-2"  # part of every identity: change it when what goes in changes
+VERSION = b"nbcluster-run-3"  # part of every identity: change it when what goes in changes
 # A class's attributes that say where it was defined, or hold no content of its own.
 _NOT_CLASS_CONTENT = frozenset({"__dict__", "__weakref__", "__module__", "__firstlineno__", "__static_attributes__"})
 
@@ -123,12 +123,7 @@ def value_hash(value: Any) -> bytes:
     >>> value_hash([1, 2]) == value_hash([1, 2]) != value_hash([1, 3])
     True
     """
-    if type(value) in _ATOMS:  # nothing of the notebook's in it: plain pickle, no pickler to set up
-        return hashlib.blake2b(pickle.dumps(value, protocol=5), digest_size=16).digest()
     return _Hasher.digest(value, {})
-
-
-_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None), range})
 
 
 class _Hasher(cloudpickle.Pickler):
@@ -140,14 +135,13 @@ class _Hasher(cloudpickle.Pickler):
 
     @classmethod
     def digest(cls, value: Any, seen: dict[int, bytes]) -> bytes:
-        h = hashlib.blake2b(digest_size=16)
+        """16 bytes: the hash of `value`'s pickle (its length first) and of its out-of-band buffers."""
         out, buffers = io.BytesIO(), list[pickle.PickleBuffer]()
         try:
             cls(out, seen, buffers).dump(value)
         except Exception as e:
             raise Unhashable(f"{type(e).__name__}: {e}") from None
-        h.update(len(out.getbuffer()).to_bytes(8, "little"))
-        h.update(out.getbuffer())
+        h = hashlib.blake2b(len(out.getbuffer()).to_bytes(8, "little") + out.getbuffer(), digest_size=16)
         for b in buffers:
             h.update(b.raw())
         return h.digest()
@@ -173,8 +167,8 @@ class _Hasher(cloudpickle.Pickler):
             reads = sorted((n, fn.__globals__[n]) for n in _globals_read(fn.__code__) if n in fn.__globals__)
             closure = [_contents(c) for c in fn.__closure__ or ()]
             parts = ("function", _source(fn), fn.__defaults__, fn.__kwdefaults__, closure, reads)
-        found = self.seen[key] = _Hasher.digest(parts, self.seen)
-        return found
+        self.seen[key] = _Hasher.digest(parts, self.seen)
+        return self.seen[key]
 
 
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
@@ -189,10 +183,7 @@ def _globals_read(code: CodeType) -> set[str]:
     not find the journal of the same run.
     """
     names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
-    for const in code.co_consts:
-        if isinstance(const, CodeType):
-            names |= _globals_read(const)
-    return names
+    return names.union(*(_globals_read(c) for c in code.co_consts if isinstance(c, CodeType)))
 
 
 def _contents(cell: Any) -> Any:
@@ -233,10 +224,5 @@ def first_line(cell: Cell | None, fn: Any) -> str:
         function.
     """
     if cell is not None:
-        for line in cell.source.splitlines():
-            if line.strip():
-                return line.strip()[:80]
-        return ""
-    if isinstance(fn, ModuleType):
-        return fn.__name__
-    return f"{getattr(fn, '__qualname__', type(fn).__name__)}()"
+        return next((line.strip()[:80] for line in cell.source.splitlines() if line.strip()), "")
+    return fn.__name__ if isinstance(fn, ModuleType) else f"{getattr(fn, '__qualname__', type(fn).__name__)}()"

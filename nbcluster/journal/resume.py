@@ -1,46 +1,54 @@
-"""`--resume`: which journal a run writes, and what it takes from an earlier one.
+"""`--resume`: which journal a run writes, what it takes from an earlier one, and its checkpoints.
 
 `prepare` runs once per run, in the kernel, after the job is made and before anything is
 submitted. With journaling on (``nbcluster.journal.enabled``) it looks for journals of the
 run's identity (`identity.py`), newest first:
 
-- with ``--resume``, it takes the newest one (its lock: `journal.claim`), loads its finished
+- with ``--resume``, it takes the newest one (its lock: `store.claim`), loads its finished
   items and returns them; the run then submits only the others and appends to that same
-  journal. The one line it prints says how many came back, from when, in what state, and
-  how many run now (and why some finished ones run again: too large to journal, or a value
-  that cannot be loaded now). A journal another kernel holds, or one this nbcluster cannot
-  read, gives one line saying so, and the run runs fresh in a journal of its own;
+  journal. Its one line says how many came back, from when, in what state, and how many
+  run now (and why some finished ones run again: too large to journal, or a value that
+  cannot be loaded now). A journal another kernel holds, or one this nbcluster cannot read
+  (damaged, another format), gives one line saying so, and the run runs fresh in a journal
+  of its own: the other journal is left as it was;
 - without it, a newest journal that is unfinished (killed or interrupted, not in use) makes
   one hint line naming ``--resume``, and the run runs fresh;
 - no journal: nothing is said, unless ``--resume`` asked for one: then one line says that
   none was found (or that the run cannot be journaled, or journaling is off), and the run
   runs every item.
 
-`--persist` runs journal their handles' recipe, not their values (`handles.Recipe`: the
-key, the dataset that keeps it on the scheduler, the worker's description); their identity
-is their cell's with ``persist`` added, so a run with and one without never share a journal.
-Their `--resume` asks the cluster which of those keys some worker still holds
+`--persist` runs journal their handles' recipe, not their values (`handles.Recipe`); their
+identity is their cell's with ``persist`` added, so a run with and one without never share
+a journal. Their `--resume` asks the cluster which of those keys some worker still holds
 (`handles.adopt`), takes those as the new run's handles, and runs the rest: a value lost
-with its worker, on a cluster that restarted, or on another cluster, simply runs again.
-The line then says how many of the finished items the cluster no longer held. A
-`--persist` run that reads persisted handles (chained) is not journaled (its values are
-made from handles the identity does not fingerprint, which a new kernel would not have),
-nor are `--everywhere` runs (their items are the workers of the moment).
+with its worker, or on another cluster, simply runs again, and the line says how many.
 
 Worked example: a kernel running ``--persist`` over 8 items is killed after 6 arrived. Its
 journal holds 6 recipes; the cluster holds 6 published datasets. A new kernel's
 ``--resume --persist`` finds the journal, adopts the 6 keys (no value moves), runs 2, and
 prints ``nbcluster: resumed 6/8 items from the run of 14:02 (killed); running 2``.
+
+Checkpoints (`attach_checkpoints`): each run identity has a folder
+``<nbcluster.checkpoint.path>/<identity>/`` holding one file per item that saved
+(``worker/checkpoint.py``). A run that is not ``--resume`` first deletes its identity's
+folder, so a fresh run never loads an earlier run's checkpoints; each start deletes the
+folders whose journal is gone, then the oldest until all fit in
+``nbcluster.checkpoint.max-size``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nbcluster.journal import store as journal
+from nbcluster import config
+from nbcluster._wire import TrialSpec
+from nbcluster.journal import store
 from nbcluster.journal.store import Loaded, Writer
 from nbcluster.persist import handles
 
@@ -54,22 +62,6 @@ class Resumption:
     outputs: dict[int, list[list[Any]]] = field(default_factory=dict)
     line: str | None = None
     publish: str | None = None  # --persist: the dataset prefix its new handles are published under
-
-
-def persisted(identity: str) -> str:
-    """The identity of the ``--persist`` run of the cell whose identity is `identity`.
-
-    Parameters
-    ----------
-    identity : str
-        The run's identity without ``--persist`` (`identity.fingerprint`).
-
-    Returns
-    -------
-    str
-        Another identity of the same length: a journal of values and one of recipes never match.
-    """
-    return hashlib.blake2b(f"{identity}:persist".encode(), digest_size=len(identity) // 2).hexdigest()
 
 
 def prepare(
@@ -104,66 +96,50 @@ def prepare(
         taken over with their output, and the line to print: what was resumed, why it could
         not be, or that an earlier run could be resumed.
     """
-    if identity is None or not journal.enabled():  # with --persist too: nothing is published
+    if identity is None or not store.enabled():  # with --persist too: nothing is published
         if not resume:
             return Resumption()
         why = (
             "this run is not journaled (--everywhere, a --persist run reading persisted results, "
             "or an input that cannot be pickled)"
-            if journal.enabled() else "journaling is off (nbcluster.journal.enabled)"
+            if store.enabled() else "journaling is off (nbcluster.journal.enabled)"
         )  # fmt: skip
         return Resumption(line=f"nbcluster: --resume: {why}: running all {total} items")
-    if persist:
-        identity = persisted(identity)
-    base = journal.folder()
-    found = journal.journals(identity, where=base)
-    chosen: Resumption | None = None
-    line = None
-    if resume and found:
-        chosen = _take(found[0], total, client if persist else None)
-        if chosen is None:
-            line = _busy_or_refused(found[0], total)
-    elif found:
-        line = _hint(found[0], total)
-    elif resume:
-        line = (
-            f"nbcluster: --resume: no journal of this run (the same code, items and captured values) "
-            f"was found: running all {total} items"
-        )
-    fresh = chosen is None
-    if chosen is None:
-        made = journal.create(identity, total, first_line, cluster=cluster if persist else None, where=base)
+    if persist:  # another identity of the same length: a journal of values and one of recipes never match
+        identity = hashlib.blake2b(f"{identity}:persist".encode(), digest_size=len(identity) // 2).hexdigest()
+    base = store.folder()
+    found = store.journals(identity, where=base)
+    chosen = _take(found[0], total, client if persist else None) if resume and found else None
+    if not isinstance(chosen, Resumption):
+        line: str | None
+        if chosen is not None:  # why the journal could not be taken
+            line = f"nbcluster: --resume: {chosen}: running all {total} items fresh"
+        elif resume:
+            line = (f"nbcluster: --resume: no journal of this run (the same code, items and captured values) "
+                    f"was found: running all {total} items")  # fmt: skip
+        else:
+            line = _hint(found[0], total) if found else None
+        made = store.create(identity, total, first_line, cluster=cluster if persist else None, where=base)
         chosen = Resumption(made, line=line)
+        if persist and made is not None:
+            handles.publishing_alone(client, handles.dataset_prefix(made.path.name))
     if persist and chosen.writer is not None:
         chosen.publish = handles.dataset_prefix(chosen.writer.path.name)
-        if fresh:
-            handles.publishing_alone(client, chosen.publish)
-        chosen.writer.before_superseding = _unpublishing(client)
+        chosen.writer.before_superseding = lambda paths: handles.unpublish_superseded(
+            client, [handles.dataset_prefix(p.name) for p in paths])  # fmt: skip
     return chosen
 
 
-def _unpublishing(client: Any) -> Any:
-    """What a complete --persist run does before deleting older journals: drop their datasets."""
-
-    def unpublish(paths: list[Path]) -> None:
-        handles.unpublish_superseded(client, [handles.dataset_prefix(p.name) for p in paths])
-
-    return unpublish
-
-
-def _take(path: Any, total: int, client: Any) -> Resumption | None:
-    """Claim and load the journal; `client`: a --persist journal, whose held values are adopted."""
-    writer = journal.claim(path)
+def _take(path: Path, total: int, client: Any) -> Resumption | str:
+    """Claim and load the journal (`client`: a --persist one, whose held values are adopted); why not, if it cannot be."""
+    writer = store.claim(path)
     if writer is None:
-        return None
+        return "another run is using this cell's journal right now"
     try:
-        loaded = journal.load(path)
-    except (journal.Refused, OSError):
+        loaded = store.load(path)
+    except (store.Refused, OSError) as e:
         writer.release()
-        return None
-    if loaded.header["total"] != total or bool(loaded.header.get("persist")) != (client is not None):
-        writer.release()
-        return None
+        return f"the journal {path.name} cannot be read ({e.strerror or e})" if isinstance(e, OSError) else str(e)
     if client is None:
         return Resumption(writer, loaded.values, loaded.outputs, resumed_line(loaded, total))
     try:
@@ -175,7 +151,7 @@ def _take(path: Any, total: int, client: Any) -> Resumption | None:
 
 
 def resumed_line(loaded: Loaded, total: int, *, done: int | None = None, lost: int = 0) -> str:
-    """``resumed 734/1000 items from the run of 14:02 (killed); running 266``.
+    """``nbcluster: resumed 734/1000 items from the run of 14:02 (killed); running 266``.
 
     Parameters
     ----------
@@ -196,48 +172,67 @@ def resumed_line(loaded: Loaded, total: int, *, done: int | None = None, lost: i
         their value cannot be loaded now).
     """
     done = len(loaded.values) if done is None else done
-    line = (
-        f"nbcluster: resumed {done}/{total} items from the run of {journal.when(loaded)} "
-        f"({loaded.state}); running {total - done}"
-    )
-    again = []
-    if loaded.left_out:
-        why = "not published on the cluster" if loaded.header.get("persist") else "over nbcluster.journal.max-item-size"
-        again.append(f"{loaded.left_out} finished but {why}")
-    if loaded.unloadable:
-        again.append(f"{loaded.unloadable} whose value cannot be loaded now (its class or module is gone)")
-    if lost:
-        again.append(f"{lost} finished whose value the cluster no longer holds")
-    if again:
-        line += f" ({'; '.join(again)})"
-    return line
+    line = f"nbcluster: resumed {done}/{total} items from the run of {loaded.when} ({loaded.state}); running {total - done}"
+    why = "not published on the cluster" if loaded.header.get("persist") else "over nbcluster.journal.max-item-size"
+    again = [
+        f"{n} {what}" for n, what in [
+            (loaded.left_out, f"finished but {why}"),
+            (loaded.unloadable, "whose value cannot be loaded now (its class or module is gone)"),
+            (lost, "finished whose value the cluster no longer holds"),
+        ] if n
+    ]  # fmt: skip
+    return f"{line} ({'; '.join(again)})" if again else line
 
 
-def _busy_or_refused(path: Any, total: int) -> str:
-    fresh = f"running all {total} items fresh"
-    if journal.in_use(path):
-        return f"nbcluster: --resume: another run is using this cell's journal right now: {fresh}"
-    try:
-        loaded = journal.load(path, values=False)
-    except journal.Refused as e:
-        return f"nbcluster: --resume: {e}: {fresh}"
-    except OSError as e:
-        return f"nbcluster: --resume: the journal {path.name} cannot be read ({e.strerror or e}): {fresh}"
-    return f"nbcluster: --resume: the journal of {journal.when(loaded)} is of another run ({loaded.header['total']} items): {fresh}"
-
-
-def _hint(path: Any, total: int) -> str | None:
-    if journal.ended_complete(path) or journal.in_use(path):
+def _hint(path: Path, total: int) -> str | None:
+    """The line naming ``--resume`` when the cell's last run did not finish; None otherwise."""
+    if store.ended_complete(path) or store.in_use(path):
         return None
     try:
-        loaded = journal.load(path, values=False)
-    except (journal.Refused, OSError):
+        loaded = store.load(path, values=False)
+    except (store.Refused, OSError):
         return None
     done = len(loaded.values)
     if loaded.state == "complete" or done == 0:
         return None
     how = f"had {len(loaded.failed)} failed" if loaded.state == "failed" else f"was {loaded.state}"
     return (
-        f"nbcluster: the run of this cell at {journal.when(loaded)} {how} with {done}/{total} "
+        f"nbcluster: the run of this cell at {loaded.when} {how} with {done}/{total} "
         f"items done; running it fresh (--resume would run only the {total - done} missing)"
     )
+
+
+def attach_checkpoints(spec: TrialSpec, identity: str, *, resume: bool) -> None:
+    """Key a trial run's checkpoints by `identity`; see the module docstring.
+
+    Parameters
+    ----------
+    spec : TrialSpec
+        The run's spec, changed in place (before its context is sent).
+    identity : str
+        The run's journal identity.
+    resume : bool
+        The run continues an earlier one: its checkpoints are kept for its items to load.
+    """
+    configured = config.get("checkpoint.path")
+    base = Path(os.path.expanduser(str(configured))) if configured else store.folder().parent / "checkpoints"
+    spec["identity"], spec["checkpoints"] = identity, str(base)
+    if not resume:
+        shutil.rmtree(base / identity, ignore_errors=True)
+    try:
+        runs = [p for p in base.iterdir() if p.is_dir() and p.name != identity]
+    except OSError:  # none yet, or not a folder: the items say so when they save
+        return
+    sizes: dict[Path, tuple[float, int]] = {}  # run -> (its last save, as a save renames into it; its bytes)
+    for run in runs:
+        if not store.journals(run.name):  # pruned or forgotten: its checkpoints go with it
+            shutil.rmtree(run, ignore_errors=True)
+            continue
+        with contextlib.suppress(OSError):
+            sizes[run] = (run.stat().st_mtime, sum(f.stat().st_size for f in run.iterdir()))
+    total, limit = sum(size for _, size in sizes.values()), store._size("checkpoint.max-size")
+    for run in sorted(sizes, key=lambda r: sizes[r][0]):  # oldest first
+        if total <= limit:
+            break
+        shutil.rmtree(run, ignore_errors=True)
+        total -= sizes[run][1]

@@ -3,134 +3,263 @@
 A kernel that dies (out of memory, a laptop lid, a hub's idle culler) takes its `Results`
 with it. The journal is the kernel's own append-only record of what had arrived, keyed by
 what the run computes (`identity.py`), so that a new kernel running the same cell on the
-same inputs finds it and runs only what is missing.
+same inputs finds it and runs only what is missing (`resume.py`).
 
 Policy
 ------
-- **Written where results arrive.** The engine hands each delivered batch to `Writer.write`
-  (the driver thread for cluster items, the main thread for ``--local`` ones). One batch is
-  one record, written with one ``os.write`` on an ``O_APPEND`` file: a ``kill -9`` of the
-  kernel loses at most the batches that had not reached it (the operating system keeps what
-  was written; there is no fsync per batch, which would cost milliseconds each: a journal
-  protects against a dead kernel, not a dead machine).
-- **Cheap for tiny items.** A batch whose values are all builtin data (numbers, strings,
-  lists, tuples, dicts, sets of them: what always loads again) is pickled as one list, at
-  C speed (`worker/plain.py`), by the worker: its bytes are written as they came. A batch
-  with any other value (a class of the user's, an array) has each value pickled on its own
-  (protocol 5, arrays copied once), so that one value that cannot be loaded later (its
-  class is gone) re-runs that item alone, and one above ``nbcluster.journal.max-item-size``
-  is left out (and re-run) alone.
-- **Written from the start.** A run's journal is made when the run starts, and each batch
-  is appended as it arrives; completing the run supersedes the older journals of its
-  identity.
+- **Written where results arrive.** The engine hands each delivered batch to `Writer.write`.
+  One batch is one record, appended to an ``O_APPEND`` file with one ``os.writev``: a
+  ``kill -9`` of the kernel loses at most the batches that had not reached it. There is no
+  fsync per batch: a journal protects against a dead kernel, not a dead machine.
+- **Values as they came.** A batch a worker sent as one pickled list of builtin data
+  (`run.values.Packed`) is written as those bytes. Any other batch has each value pickled
+  on its own, so that a value that cannot be loaded later (its class is gone) re-runs that
+  item alone, and one above ``nbcluster.journal.max-item-size`` is left out (and re-run)
+  alone. A ``--persist`` batch holds each item's `handles.Recipe`, never its value.
 - **A journal never breaks a cell.** Any failure to write (a full disk, a folder that
   cannot be written) prints one warning line, and the run goes on unjournaled.
-- **One writer at a time.** A run holds an exclusive ``flock`` on its journal while it
-  runs (the kernel dying releases it). A run that resumes a journal appends to that same
-  file, so it takes the lock first; a second kernel resuming it at once cannot, and runs
-  fresh in a journal of its own, saying so.
+- **One writer at a time.** A run holds an exclusive ``flock`` on its journal while it runs
+  (the kernel dying releases it). A run that resumes a journal appends to that same file,
+  so it takes the lock first (`claim`); a second kernel resuming it at once cannot.
+- **Private.** The folder (``nbcluster.journal.path``, default ``<Jupyter data
+  dir>/nbcluster/journal``) is made 0700 and each journal 0600: they hold results.
+- **Bounded.** Before a journal is made, the oldest journals not in use are deleted until
+  all fit in ``nbcluster.journal.max-size`` (never a ``--persist`` run's: its values may be
+  kept on its cluster, and only `runs.forget` lets them go). A run that completes deletes
+  the older journals of its identity (`superseded`): it holds every item they could give.
 
-File layout (one file per run, ``<identity>-<start ms>-<pid>.journal``, mode 0600, in a
-0700 folder: `nbcluster.journal.path`, default ``<Jupyter data dir>/nbcluster/journal``)::
+File layout (one file per run, ``<identity>-<start µs>-<pid>.journal``)::
 
     b"NBCLUSTER-JOURNAL\\n"
     one line of JSON: the `Header` (its "format" is checked before anything is unpickled)
     records, each a 4-byte little-endian length and a pickle of a `Batch` or an `End`
 
-A journal appears under its name only once it is locked and holds its header: it is made under a hidden name (a leading dot) and linked (renamed, on a file system without
-hard links). A reader stops at the first record that is cut short (the kernel was killed
-in the middle of a write), keeping every whole record before it. The run's state, for
-listings, is:
-*running* while its lock is held, else the state of its last `End` record (*complete* when
-every item was done, *interrupted* otherwise: cancelled, failed items, cluster lost), else
-*killed* (the kernel died mid-run).
+A journal is locked the moment it is made (``O_EXCL``), so a reader that finds it before
+its header is written sees a running run. A reader stops at the first record cut short
+(the kernel was killed mid-write) or damaged, keeping every whole record before it. The run's state is *running* while its lock is held
+(`in_use`), else what its last `End` says (`Loaded.state`), else *killed*.
 
-Worked example: 1000 items, the kernel killed after 734 arrived. The journal holds a
-header and, say, 40 `Batch` records for 734 items, no `End`. A new kernel's ``--resume``
-finds it (same identity), takes its lock, loads the 734 values into the new run's state,
-submits the other 266, and appends their batches and the `End` to the same file.
-
-Space: before a journal is created, the oldest journals are deleted (those not in use)
-until all of them together fit in ``nbcluster.journal.max-size`` A run that completes deletes the
-older journals of its identity (`superseded`): it holds every item they could give back.
+Worked example: 1000 items, the kernel killed after 734 arrived. The journal holds a header
+and, say, 40 `Batch` records for 734 items, no `End`. A new kernel's ``--resume`` finds it
+(same identity), takes its lock, loads the 734 values into the new run's state, submits the
+other 266, and appends their batches and the `End` to the same file.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
+import importlib.metadata
 import json
 import os
 import pickle
-import stat
+import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import cloudpickle
+from dask.utils import parse_bytes
 
-from nbcluster.journal.reading import (
-    _LENGTH,
-    FORMAT,
-    MAGIC,
-    SUFFIX,
-    Batch,
-    End,
-    Failure,
-    Header,
-    Loaded,
-    Refused,
-    _remember_complete,
-    _size,
-    _started,
-    _version,
-    _when,
-    enabled,
-    ended_complete,
-    folder,
-    in_use,
-    journals,
-    load,
-    read_header,
-    when,
-)
+from nbcluster import config
 from nbcluster.run.plan import describe
 from nbcluster.run.values import Packed
-from nbcluster.worker.items import plain as worker_plain
 
-# The journal's readers (resume, runs, the tests) know its reading side (`reading.py`) as `store` too.
-__all__ = [
-    "FORMAT",
-    "HALF_MADE_S",
-    "MAGIC",
-    "PRUNE_S",
-    "SUFFIX",
-    "Loaded",
-    "Refused",
-    "Writer",
-    "_size",
-    "_started",
-    "_when",
-    "claim",
-    "create",
-    "enabled",
-    "ended_complete",
-    "failure",
-    "folder",
-    "in_use",
-    "journals",
-    "load",
-    "prune",
-    "read_header",
-    "superseded",
-    "when",
-]
+FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
+MAGIC = b"NBCLUSTER-JOURNAL\n"
+SUFFIX = ".journal"
+_LENGTH = struct.Struct("<I")
+try:  # not `nbcluster.__version__`: this module must not import the package's __init__ back
+    _VERSION = importlib.metadata.version("nbcluster")
+except importlib.metadata.PackageNotFoundError:
+    _VERSION = "unknown"
 
 
+class Header(TypedDict):
+    """The first line of a journal: what run it is, in JSON (readable without unpickling)."""
+
+    format: int
+    nbcluster: str  # the version that wrote it, for the refusal message
+    identity: str
+    total: int  # items in the run
+    first_line: str  # the cell's first line (or the function's name), for `runs`
+    started: float  # wall-clock time
+    persist: bool  # a --persist run: its records hold recipes (`handles.Recipe`), not values
+    cluster: str | None  # --persist: the cluster's name (or address) the values are on
+
+
+class Failure(TypedDict):
+    """A failed item as its batch's record keeps it: one line, never a traceback."""
+
+    error: str  # "ValueError: not yet": the exception's type and message, as the cell shows them
+    params: str  # "x=3, lr=0.1" (`plan.describe`)
+
+
+class Failed(Failure):
+    """A failed item read back (`Loaded.failed`): with the worker that ran it, and when."""
+
+    worker: str | None  # its name (its address when it has none); None: the kernel, or nbcluster itself
+    at: float
+
+
+class Batch(TypedDict):
+    """One delivered batch."""
+
+    kind: Literal["batch"]
+    at: float  # when it reached the kernel
+    where: str  # "the cluster" or "the kernel" (--local)
+    worker: tuple[str, str] | None  # (address, name) of the worker that ran it; None: the kernel ran it
+    indices: Sequence[int]  # a range for a contiguous batch
+    errors: dict[int, Failure]  # the items that failed, by item index: re-run on resume
+    plain: bytes | None  # the values as the worker pickled them, one list of builtin data
+    pickled: list[bytes | None] | None  # else one pickle per item; None: left out (too large)
+    held: list[Any] | None  # --persist: each item's `handles.Recipe` (None: not published), never its value
+    outputs: dict[int, list[list[Any]]]  # what items printed, by item index
+
+
+class End(TypedDict):
+    """A start of the run ended (the run, or a retry)."""
+
+    kind: Literal["end"]
+    at: float
+    done: int
+    total: int
+
+
+class Refused(Exception):
+    """A journal this nbcluster cannot read (not a journal, damaged, another format): one line says so."""
+
+
+@dataclass
+class Loaded:
+    """What a journal holds, read back (`load`)."""
+
+    path: Path
+    header: Header
+    values: dict[int, Any] = field(default_factory=dict)  # item -> value (--persist: its Recipe), for done items
+    outputs: dict[int, list[list[Any]]] = field(default_factory=dict)
+    failed: dict[int, Failed] = field(default_factory=dict)  # failed and never done, by item
+    workers: dict[str, int] = field(default_factory=dict)  # worker name (or "the kernel") -> items done there
+    left_out: int = 0  # done, but too large to journal (--persist: not published)
+    unloadable: int = 0  # done, but the value cannot be loaded now (its class is gone)
+    ended: End | None = None  # the last End record; None: the kernel died mid-run
+    size: int = 0
+
+    @property
+    def state(self) -> str:
+        """``"complete"``, ``"failed"`` (every item ran, some raised), ``"interrupted"`` (an
+        `End` with items not run) or ``"killed"`` (no `End` after the last batch); whether it
+        is *running* is `in_use`'s to say."""
+        if self.ended is None:
+            return "killed"
+        done, total = self.ended["done"], self.header["total"]
+        return "complete" if done == total else "failed" if done + len(self.failed) >= total else "interrupted"
+
+    @property
+    def when(self) -> str:
+        """When the run started, for messages (`when`)."""
+        return when(self.header["started"])
+
+
+# -- the folder ---------------------------------------------------------------------------
+def folder() -> Path:
+    """The journals' folder (made 0700 on first write).
+
+    Returns
+    -------
+    pathlib.Path
+        ``nbcluster.journal.path`` when set (``~`` expanded), else
+        ``<Jupyter data dir>/nbcluster/journal``.
+    """
+    configured = config.get("journal.path")
+    if configured:
+        return Path(os.path.expanduser(str(configured)))
+    from jupyter_core.paths import jupyter_data_dir
+
+    return Path(jupyter_data_dir()) / "nbcluster" / "journal"
+
+
+def enabled() -> bool:
+    """Whether runs are journaled: the ``nbcluster.journal.enabled`` setting, a bool or ``"true"``."""
+    value = config.get("journal.enabled")
+    return value if isinstance(value, bool) else str(value).strip().lower() == "true"
+
+
+def _size(key: str) -> int:
+    return int(parse_bytes(config.get(key)))
+
+
+def journals(identity: str | None = None, where: Path | None = None) -> list[Path]:
+    """The journal files (of one identity), newest first.
+
+    Parameters
+    ----------
+    identity : str, optional
+        Only the journals of runs with this identity (`identity.fingerprint`); every journal
+        when None.
+    where : pathlib.Path, optional
+        The folder to look in; `folder()` when None.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The journals, newest start first; [] when the folder cannot be read.
+    """
+    base = where or folder()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    prefix = f"{identity}-" if identity else ""
+    found = [base / n for n in names if n.endswith(SUFFIX) and n.startswith(prefix) and n.count("-") >= 2]
+    return sorted(found, key=started, reverse=True)
+
+
+def started(path: Path) -> float:
+    """When the run of the journal `path` started (epoch seconds, from its name; 0 if none)."""
+    try:
+        t = int(path.name.rsplit("-", 2)[-2])
+    except (ValueError, IndexError):
+        return 0.0
+    return t / 1e6 if t > 1e14 else t / 1e3  # microseconds; milliseconds in journals of nbcluster 0.1
+
+
+def when(t: float) -> str:
+    """The time `t` for messages, in local time: ``14:02`` today, else ``Nov 30 14:02``."""
+    lt = time.localtime(t)
+    return time.strftime("%H:%M" if time.strftime("%Y%m%d", lt) == time.strftime("%Y%m%d") else "%b %d %H:%M", lt)
+
+
+def in_use(path: Path) -> bool:
+    """Whether a run holds the journal's lock (it is running, in this kernel or another).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        A journal file.
+
+    Returns
+    -------
+    bool
+        True while some run holds its lock; False otherwise, also when it cannot be opened.
+    """
+    try:
+        with open(path, "rb") as f:  # closing releases a lock taken here
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+# -- writing --------------------------------------------------------------------------------
 class Writer:
     """Appends one run's batches to its journal; see the module docstring.
 
@@ -138,44 +267,33 @@ class Writer:
     the first failure prints one warning line and turns the writer off.
     """
 
-    def __init__(self, path: Path, fd: int | None, max_item: int):
+    def __init__(self, path: Path, fd: int):
         self.path = path
-        self._fd = fd
-        self._max_item = max_item
-        self.broken = False
+        self._fd: int | None = fd
+        self._max_item = _size("journal.max-item-size")
+        self._broken = False
         # --persist: told the older journals a complete run deletes, first (to unpublish their values).
         self.before_superseding: Callable[[list[Path]], None] | None = None
-        # The driver thread writes; whichever thread ends the run closes: never both at once.
-        self._lock = threading.Lock()
-
-    @property
-    def open(self) -> bool:
-        """True while the writer holds its journal: from `create`, `claim` or `reopen` to `end` or `release`."""
-        return self._fd is not None
+        self._lock = threading.Lock()  # the driver thread writes; whichever thread ends the run closes
 
     def write(
-        self,
-        indices: Sequence[int],
-        values: Sequence[Any],
-        failed: dict[int, Failure],
-        outputs: dict[int, list[list[Any]]],
-        where: str,
-        ran_on: tuple[str, str] | None = None,
+        self, indices: Sequence[int], values: Sequence[Any], failed: dict[int, Failure],
+        outputs: dict[int, list[list[Any]]], where: str, ran_on: tuple[str, str] | None = None,
         held: list[Any] | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         """Append one delivered batch (`values[j]` is item `indices[j]`'s value).
 
         Parameters
         ----------
         indices : Sequence of int
-            The batch's items.
+            The batch's items (a stopped batch's values may be fewer: only those are written).
         values : Sequence
             Their values, in the same order (a failed item's is ignored).
         failed : dict of int to Failure
             The items of the batch that failed, by item index, each with its error's one line
-            (`failure`): their values are not journaled, so a resume runs them again.
+            (`failure`): a resume runs them again.
         outputs : dict of int to list
-            What the items printed, by item index (as `worker.output` collects it).
+            What the items printed, by item index.
         where : str
             ``"the cluster"`` or ``"the kernel"`` (``--local``).
         ran_on : tuple of (str, str), optional
@@ -186,56 +304,14 @@ class Writer:
             journaled instead of `values`, which are handles.
         """
         with self._lock:
-            if self._fd is None:
-                return
-            blob = self._record(indices, values, failed, outputs, where, ran_on, held)
-            if blob is not None and self._fd is not None:
-                try:
-                    _append(self._fd, blob)
-                except Exception as e:
-                    self._give_up(e)
-
-    def _record(
-        self,
-        indices: Sequence[int],
-        values: Sequence[Any],
-        failed: dict[int, Failure],
-        outputs: dict[int, list[list[Any]]],
-        where: str,
-        ran_on: tuple[str, str] | None,
-        held: list[Any] | None,
-    ) -> bytes | None:
-        """The batch's record, pickled; None (and no journal from now on) if it cannot be."""
-        try:
-            n = len(values)
-            if n < len(indices):  # a stopped batch: the items it did not reach are not in it
-                indices = indices[:n]
-            plain, pickled = None, None
-            if held is None:
-                if isinstance(values, Packed):  # as the worker pickled them: no second pickling
-                    plain = values.blob if len(values.blob) <= self._max_item else None
-                else:
-                    plain = worker_plain(values, self._max_item)
-                if plain is None:
-                    pickled = [self._pickle(v) for v in values]
-            record: Batch = {
-                "kind": "batch", "at": time.time(), "where": where, "worker": ran_on, "indices": indices,
-                "errors": failed, "plain": plain, "pickled": pickled, "held": held, "outputs": outputs,
-            }  # fmt: skip
-            return pickle.dumps(record, protocol=5)
-        except Exception as e:
-            self._give_up(e)
-            return None
-
-    def _pickle(self, value: Any) -> bytes | None:
-        try:
-            blob = pickle.dumps(value, protocol=5)
-        except Exception:
-            try:  # a lambda, a notebook class instance pickle refuses
-                blob = cloudpickle.dumps(value, protocol=5)
-            except Exception:
-                return None
-        return blob if len(blob) <= self._max_item else None
+            if self._fd is not None:
+                plain = values.blob if isinstance(values, Packed) and len(values.blob) <= self._max_item else None
+                each = [_pickled(v, self._max_item) for v in values] if held is None and plain is None else None
+                self._append(self._fd, {
+                    "kind": "batch", "at": time.time(), "where": where, "worker": ran_on,
+                    "indices": indices[: len(values)], "errors": failed, "plain": plain, "pickled": each,
+                    "held": held, "outputs": outputs,
+                })  # fmt: skip
 
     def end(self, done: int, total: int) -> None:
         """The start is over: mark it so, and let go of the journal (another run may take it).
@@ -249,60 +325,63 @@ class Writer:
             (`superseded`).
         """
         with self._lock:
-            fd, self._fd = self._fd, None
-            if fd is None:
+            if self._fd is None:
                 return
-            try:
-                record: End = {"kind": "end", "at": time.time(), "done": done, "total": total}
-                _append(fd, pickle.dumps(record, protocol=5))
-            except Exception as e:
-                self._warn(e)
-            finally:
-                os.close(fd)  # releases the lock
+            self._append(self._fd, {"kind": "end", "at": time.time(), "done": done, "total": total})
+            self._close()  # releases the lock
         if done == total:
-            if not self.broken:
-                _remember_complete(self.path)
             superseded(self.path, self.before_superseding)
 
     def release(self) -> None:
         """Let go of the journal without marking it (a claim that was not used after all)."""
         with self._lock:
-            fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+            self._close()
 
     def reopen(self) -> None:
         """A retry: take the journal again (one line, and no journal, if another run has it)."""
-        if self._fd is not None or self.broken or not self.path.exists():
-            return  # still open, or gone
+        if self._fd is not None or self._broken or not self.path.exists():
+            return
         try:
-            fd = _lock(os.open(self.path, os.O_WRONLY | os.O_APPEND))
-            with self._lock:
-                self._fd = fd
+            self._fd = _locked(os.open(self.path, os.O_WRONLY | os.O_APPEND))  # no other thread has it yet
         except BlockingIOError:
             print("nbcluster: another run is using this run's journal now: the retry is not journaled",
                   file=sys.stderr)  # fmt: skip
         except OSError as e:
             self._give_up(e)
 
-    def _give_up(self, e: BaseException) -> None:
+    def _append(self, fd: int, record: Batch | End) -> None:
+        # One system call, and no copy of a batch's megabytes. A short write (a nearly full
+        # disk) ends the journal: a record cut short is where every reader stops.
+        try:
+            blob = pickle.dumps(record, protocol=5)
+            if os.writev(fd, [_LENGTH.pack(len(blob)), blob]) != _LENGTH.size + len(blob):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except Exception as e:
+            self._give_up(e)
+
+    def _close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._warn(e)
 
-    def _warn(self, e: BaseException) -> None:
-        if not self.broken:
-            self.broken = True
-            print(f"nbcluster: {_journal_failed(e, self.path)}: the run goes on without a journal "
-                  "(--resume cannot pick it up)", file=sys.stderr)  # fmt: skip
+    def _give_up(self, e: BaseException) -> None:
+        self._close()
+        if not self._broken:
+            self._broken = True
+            print(_cannot_write(e, self.path), file=sys.stderr)
 
-    def __del__(self) -> None:
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+
+def _pickled(value: Any, limit: int) -> bytes | None:
+    """`value`'s pickle (cloudpickle's for a lambda or a notebook class); None if over `limit` or none."""
+    try:
+        blob = pickle.dumps(value, protocol=5)
+    except Exception:
+        try:
+            blob = cloudpickle.dumps(value, protocol=5)
+        except Exception:
+            return None
+    return blob if len(blob) <= limit else None
 
 
 def failure(error: Any) -> Failure:
@@ -324,38 +403,18 @@ def failure(error: Any) -> Failure:
     return {"error": line, "params": describe(error.params)}
 
 
-def _journal_failed(e: BaseException, path: Path) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        return f"cannot write the run's journal in {path.parent} ({e.strerror})"
-    return f"cannot write the run's journal ({type(e).__name__}: {e})"
+def _cannot_write(e: BaseException, path: Path) -> str:
+    why = f"in {path.parent} ({e.strerror})" if isinstance(e, OSError) and e.strerror else f"({type(e).__name__}: {e})"
+    return f"nbcluster: cannot write the run's journal {why}: the run goes on without a journal (--resume cannot pick it up)"
 
 
-def _append(fd: int, blob: bytes) -> None:
-    head = _LENGTH.pack(len(blob))
-    written = os.writev(fd, [head, blob])  # one system call, and no copy of a batch's megabytes
-    if written < len(head) + len(blob):  # a short write (a signal, a nearly full disk): finish it or fail
-        data = head + blob
-        while written < len(data):
-            written += os.write(fd, data[written:])
-
-
-def _lock(fd: int) -> int:
+def _locked(fd: int) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BaseException:
         os.close(fd)
         raise
     return fd
-
-
-def _ensure_folder(base: Path) -> None:
-    with contextlib.suppress(OSError):
-        st = os.stat(base)
-        if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o777 == 0o700:
-            return  # as it should be: one stat, where making it was three system calls and an exception
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if base.stat().st_mode & 0o777 != 0o700:
-        os.chmod(base, 0o700)  # a folder made by hand (or by umask) must not show others the values
 
 
 def create(
@@ -375,111 +434,52 @@ def create(
         A ``--persist`` run: the name (or address) of the cluster its values stay on; its
         journal then holds recipes, not values.
     where : pathlib.Path, optional
-        The journals' folder, as the caller just read it; `folder()` when None.
+        The journals' folder; `folder()` when None.
 
     Returns
     -------
     Writer or None
-        A writer holding the new journal's lock; None when it cannot be written
-        (one warning line says why, and the run goes on).
+        A writer holding the new journal's lock; None when it cannot be written (one
+        warning line says why, and the run goes on).
     """
     base = where or folder()
-    started = time.time()
-    path = base / f"{identity}-{int(started * 1000)}-{os.getpid()}{SUFFIX}"
+    now = time.time()
+    path = base / f"{identity}-{int(now * 1e6)}-{os.getpid()}{SUFFIX}"
     header: Header = {
-        "format": FORMAT, "nbcluster": _version(), "identity": identity, "total": total,
-        "first_line": first_line, "started": started, "persist": cluster is not None, "cluster": cluster,
+        "format": FORMAT, "nbcluster": _VERSION, "identity": identity, "total": total,
+        "first_line": first_line, "started": now, "persist": cluster is not None, "cluster": cluster,
     }  # fmt: skip
     data = MAGIC + json.dumps(header).encode() + b"\n"
-    max_item = _size("journal.max-item-size")
     try:
-        fd = _make(path, data, [])
-    except Exception as e:
-        print(f"nbcluster: {_journal_failed(e, path)}: the run goes on without a journal "
-              "(--resume cannot pick it up)", file=sys.stderr)  # fmt: skip
-        return None
-    return Writer(path, fd, max_item)
-
-
-def _make(path: Path, header: bytes, held: list[bytes]) -> int:
-    """Create the journal `path` (pruning old ones to fit) with `header` and `held` records: its
-    locked descriptor. Nothing is left behind when it fails.
-
-    The file is made, locked and written under a hidden name, then linked to `path`: a
-    reader (a listing, another kernel's ``--resume``, a prune) that found `path` unlocked
-    and empty in between would take a starting run for a killed one. The link, like
-    ``O_EXCL``, fails if `path` exists.
-    """
-    base = path.parent
-    _ensure_folder(base)
-    _prune_now_and_then(_size("journal.max-size"), base)
-    hidden = base / f".{path.name}"
-    fd = _lock(os.open(hidden, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
-    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if base.stat().st_mode & 0o777 != 0o700:
+            os.chmod(base, 0o700)  # a folder made by hand (or under a umask) must not show others the values
+        prune(_size("journal.max-size"), base)
+        fd = _locked(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
         try:
-            if os.write(fd, header) != len(header):
-                raise OSError(28, "No space left on device")
-            for record in held:
-                _append(fd, record)
-            try:
-                os.link(hidden, path)
-            except OSError as e:
-                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP) or path.exists():
-                    raise
-                os.rename(hidden, path)  # a file system without hard links: the name is this run's own
-        finally:
-            with contextlib.suppress(OSError):
-                hidden.unlink()
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
-#: A process prunes a folder at most this often (seconds): pruning lists and stats every
-#: journal there, a cost of every small cell that grows with the journals, and journals grow
-#: only by what runs write meanwhile.
-PRUNE_S = 30.0
-_PRUNED: dict[tuple[Path, int], float] = {}  # (folder, limit) -> when this process last pruned it
-
-
-def _prune_now_and_then(limit: int, base: Path) -> None:
-    now = time.monotonic()
-    last = _PRUNED.get((base, limit))
-    if last is None or now - last >= PRUNE_S:
-        _PRUNED[(base, limit)] = now
-        prune(limit, base)
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            os.close(fd)
+            path.unlink()
+            raise
+        return Writer(path, fd)
+    except Exception as e:
+        print(_cannot_write(e, path), file=sys.stderr)
+        return None
 
 
 def claim(path: Path) -> Writer | None:
-    """Take a journal to resume it (its lock); None if another run holds it.
-
-    Parameters
-    ----------
-    path : pathlib.Path
-        The journal to resume.
-
-    Returns
-    -------
-    Writer or None
-        A writer appending to it, holding its lock; None when another run holds it or it is
-        gone.
-    """
+    """Take a journal to resume it: a writer appending to it, holding its lock; None when
+    another run holds it or it is gone."""
     try:
-        fd = _lock(os.open(path, os.O_WRONLY | os.O_APPEND))
+        return Writer(path, _locked(os.open(path, os.O_WRONLY | os.O_APPEND)))
     except OSError:  # BlockingIOError: in use; or it was just deleted
         return None
-    return Writer(path, fd, _size("journal.max-item-size"))
 
 
 def prune(limit: int, base: Path | None = None) -> list[Path]:
-    """Delete the oldest journals not in use until the rest fit in `limit` bytes.
-
-    A ``--persist`` run's journal is never pruned: its values may still be held on its
-    cluster for ``--resume``, and only `runs.forget` (or a later complete run of the same
-    cell) lets them go before deleting it. Such a journal holds recipes only, a few bytes
-    an item. A hidden journal that a kernel killed while making it left behind (older than
-    `HALF_MADE_S`) is deleted too.
+    """Delete the oldest journals not in use (never a ``--persist`` run's) until the rest fit in `limit` bytes.
 
     Parameters
     ----------
@@ -491,65 +491,27 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
     Returns
     -------
     list of pathlib.Path
-        The journals deleted.
+        The journals deleted, oldest first.
     """
-    base = base or folder()
-    deleted = _left_half_made(base)
-    found = journals(where=base)  # newest first
     sizes = {}
-    for path in found:
+    for path in journals(where=base):
         with contextlib.suppress(OSError):
             sizes[path] = path.stat().st_size
-    total = sum(sizes.values())
-    for path in reversed(found):
+    total, old = sum(sizes.values()), []
+    for path in reversed(sizes):  # oldest first
         if total <= limit:
             break
-        if path not in sizes or in_use(path) or _keeps_values(path):
-            continue
-        with contextlib.suppress(OSError):
-            path.unlink()
+        if not in_use(path) and not ((header := read_header(path)) and header["persist"]):
+            old.append(path)
             total -= sizes[path]
-            deleted.append(path)
-    return deleted
-
-
-#: A hidden journal (`_make`'s, before its link) older than this was left by a kernel killed
-#: while making it: one being made now is seconds old at most.
-HALF_MADE_S = 600.0
-
-
-def _left_half_made(base: Path) -> list[Path]:
-    """Delete the hidden journals that kernels killed in `_make` left behind."""
-    deleted = []
-    now = time.time()
-    with contextlib.suppress(OSError), os.scandir(base) as listing:
-        for e in listing:
-            if not (e.name.startswith(".") and e.name.endswith(SUFFIX)):
-                continue
-            path = base / e.name
-            with contextlib.suppress(OSError):
-                if now - e.stat().st_mtime > HALF_MADE_S and not in_use(path):
-                    path.unlink()
-                    deleted.append(path)
-    return deleted
-
-
-def _keeps_values(path: Path) -> bool:
-    """Whether `path` is a ``--persist`` run's journal (its header says so)."""
-    try:
-        with open(path, "rb") as f:
-            header, _ = read_header(f.read(64 * 1024), path)
-    except (OSError, Refused):
-        return False
-    return bool(header.get("persist"))
+    return _delete(old)
 
 
 def superseded(path: Path, before: Callable[[list[Path]], None] | None = None) -> list[Path]:
     """Delete the other journals of `path`'s run that no run is using.
 
     Called when the run in `path` completes: it holds every item, so an older journal of the
-    same identity (killed, interrupted, or complete) can only ever be resumed to less. Without
-    this, every run of a cell would leave a journal until `max-size` pruned it.
+    same identity can only ever be resumed to less.
 
     Parameters
     ----------
@@ -570,11 +532,154 @@ def superseded(path: Path, before: Callable[[list[Path]], None] | None = None) -
             before(others)
         except Exception:
             return []  # their values stay listed by `runs`, to forget by hand
+    return _delete(others)
+
+
+def _delete(paths: list[Path]) -> list[Path]:
     deleted = []
-    for other in others:
+    for path in paths:
         with contextlib.suppress(OSError):
-            other.unlink()
-            deleted.append(other)
+            path.unlink()
+            deleted.append(path)
     return deleted
 
 
+# -- reading --------------------------------------------------------------------------------
+def parse_header(data: bytes, path: Path) -> tuple[Header, int]:
+    """The header of the journal `path` whose contents are `data`, and where its records start.
+
+    Raises
+    ------
+    Refused
+        When it is not an nbcluster journal, its header is damaged, or another version of
+        nbcluster wrote it in another format; its message is the one line a user sees.
+    """
+    if not data.startswith(MAGIC):
+        raise Refused(f"the journal {path.name} is not an nbcluster journal")
+    end = data.find(b"\n", len(MAGIC))
+    try:
+        header = json.loads(data[len(MAGIC) : end]) if end >= 0 else None
+    except ValueError:
+        header = None
+    if not isinstance(header, dict):
+        raise Refused(f"the journal of {when(started(path))} has a damaged header")
+    if header.get("format") != FORMAT:
+        raise Refused(
+            f"the journal of {when(started(path))} was written by nbcluster {header.get('nbcluster', '?')} "
+            f"(journal format {header.get('format')}), which this nbcluster {_VERSION} cannot read"
+        )
+    return header, end + 1  # type: ignore[return-value]  # the format matched: its fields are this version's
+
+
+def read_header(path: Path) -> Header | None:
+    """The header of the journal `path` (read from its start only); None if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return parse_header(f.read(64 * 1024), path)[0]
+    except (OSError, Refused):
+        return None
+
+
+def _frames(data: bytes, offset: int) -> Iterator[memoryview]:
+    """Each whole record's bytes from `offset`; stops at one cut short (the kernel was killed mid-write)."""
+    view = memoryview(data)
+    while offset + _LENGTH.size <= len(data):
+        (length,) = _LENGTH.unpack_from(data, offset)
+        offset += _LENGTH.size
+        if offset + length > len(data):
+            return
+        yield view[offset : offset + length]
+        offset += length
+
+
+def ended_complete(path: Path) -> bool:
+    """Whether the journal's last record is an `End` with every item done (False if unreadable).
+
+    Only that record is unpickled: a fresh run asks this of its cell's previous journal
+    (`resume.prepare`), and a complete one, the usual case, then costs no read of its values.
+    """
+    try:
+        data = path.read_bytes()
+        (last,) = collections.deque(_frames(data, parse_header(data, path)[1]), maxlen=1)
+        record = pickle.loads(last)
+        return bool(record["kind"] == "end" and record["done"] == record["total"])
+    except Exception:
+        return False
+
+
+_LEFT_OUT, _GONE = object(), object()  # a value not journaled; one that cannot be loaded now
+
+
+def _values(record: Batch, values: bool) -> list[Any]:
+    """The batch's values by position, `_LEFT_OUT` or `_GONE` where there is none to take."""
+    if record["plain"] is not None:
+        return list(pickle.loads(record["plain"]))
+    if record["held"] is not None:
+        return [_LEFT_OUT if r is None else r for r in record["held"]]  # not published: nothing to adopt
+    return [_LEFT_OUT if b is None else _unpickle(b) if values else None for b in record["pickled"] or ()]
+
+
+def _unpickle(blob: bytes) -> Any:
+    try:
+        return pickle.loads(blob)
+    except Exception:  # its class is gone, its module not installed: re-run it
+        return _GONE
+
+
+def load(path: Path, *, values: bool = True) -> Loaded:
+    """Read a journal; `values=False` counts the items without unpickling each item's value.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The journal file.
+    values : bool
+        False to only count the items (for listings).
+
+    Returns
+    -------
+    Loaded
+        The header, the done items' values and outputs (an item's first delivery counts),
+        the failed items, and the counts of items left out (too large) or that cannot be
+        loaded now; every whole record up to one cut short or damaged.
+
+    Raises
+    ------
+    Refused
+        When the file is not a journal this nbcluster can read (see `parse_header`).
+    OSError
+        When the file cannot be read.
+    """
+    data = path.read_bytes()
+    header, offset = parse_header(data, path)
+    loaded = Loaded(path, header, size=len(data))
+    done, missing = loaded.values, {_LEFT_OUT: set[int](), _GONE: set[int]()}
+    try:
+        for frame in _frames(data, offset):
+            record = pickle.loads(frame)
+            if record["kind"] == "end":
+                loaded.ended = record
+                continue
+            loaded.ended = None  # a retry after an End went on: its End comes later, or never
+            failed, ran_on, before = record["errors"], record["worker"], len(done)
+            name = ran_on[1] if ran_on is not None else record["where"]
+            for i, value in zip(record["indices"], _values(record, values), strict=False):
+                if i in failed:
+                    loaded.failed[i] = {"error": failed[i]["error"], "params": failed[i]["params"],
+                                        "worker": name if ran_on else None, "at": record["at"]}  # fmt: skip
+                elif i in done:
+                    continue  # a second delivery (a re-run batch): the first one counted
+                elif value is _LEFT_OUT or value is _GONE:
+                    missing[value].add(i)
+                else:
+                    done[i] = value
+            if len(done) > before:
+                loaded.workers[name] = loaded.workers.get(name, 0) + len(done) - before
+            loaded.outputs.update((i, chunks) for i, chunks in record["outputs"].items() if i in done)
+    except Exception:
+        pass  # a damaged record (or one of the wrong shape): nothing after it can be trusted either
+    loaded.left_out = len(missing[_LEFT_OUT] - done.keys())
+    loaded.unloadable = len(missing[_GONE] - done.keys())
+    for i in loaded.failed.keys() & done.keys():
+        del loaded.failed[i]
+    return loaded

@@ -376,7 +376,7 @@ def dataset_prefix(journal_name: str) -> str:
     Parameters
     ----------
     journal_name : str
-        The journal's file name (``<identity>-<start ms>-<pid>.journal``).
+        The journal's file name (``<identity>-<start µs>-<pid>.journal``).
 
     Returns
     -------

@@ -46,8 +46,8 @@ from typing import Any
 
 from nbcluster import _current
 from nbcluster.errors import BadArgument, Interrupted, NbclusterError
-from nbcluster.journal import checkpoints, identity
-from nbcluster.journal.resume import Resumption, prepare
+from nbcluster.journal import identity
+from nbcluster.journal.resume import Resumption, attach_checkpoints, prepare
 from nbcluster.persist import handles
 from nbcluster.persist.handles import Handle, is_handle
 from nbcluster.run import ranks as rank_jobs
@@ -486,8 +486,8 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
     job = engine.job
     ident = identity.fingerprint(job.plan, cell, job.fn, job.seed, job.capture) if journaled else None
     if job.trial is not None and ident is not None:
-        try:  # a trial's checkpoints are keyed by the run's identity (`journal/checkpoints.py`)
-            checkpoints.attach(job.trial, ident, resume=resume)
+        try:  # a trial's checkpoints are keyed by the run's identity (`journal/resume.py`)
+            attach_checkpoints(job.trial, ident, resume=resume)
         except OSError as e:
             print(f"nbcluster: checkpoints cannot be kept ({e}); the items' checkpoints stay in their workers' memory")
     link = engine.link
