@@ -98,7 +98,7 @@ from nbcluster.journal.reading import (
     read_header,
     when,
 )
-from nbcluster.run.plan import describe
+from nbcluster.run.cell import describe
 from nbcluster.run.values import Packed
 from nbcluster.worker.plain import plain as worker_plain
 
