@@ -10,16 +10,17 @@ directly (the `%%distribute` line itself is line 1 of the notebook cell). The pa
 source is registered in `linecache` under the cell's unique filename, on the kernel and on
 each worker, so tracebacks and `inspect.getsource` show the lines.
 
-Free names: which names must come from the user's namespace? Python's scoping decides,
-and `symtable` alone cannot, because a module-level name that is assigned *after* it is
-read (`total = total + x`) is still read from outside. `_FreeNames` walks the statements
-in execution order, keeping the set of names bound so far:
+Free names: which names must come from the user's namespace? Python's scoping decides.
+`symtable` knows it for the code that runs later (function and lambda bodies: `_deferred`),
+but not the order of the module level, where a name that is assigned *after* it is read
+(`total = total + x`) is still read from outside. `_FreeNames` walks the module level,
+class bodies and comprehensions in execution order, keeping the set of names bound so far:
 
 - a load at module level (or in a comprehension, a class body) of a name not yet bound
   is *immediate*: the name must exist when the cell starts;
-- a load inside a function or lambda body of a name that is not local to it is
-  *deferred*: it is resolved when the function runs, so it is free only if the cell never
-  binds it at module level;
+- a load inside a function or lambda body of a name that is global there is *deferred*:
+  it is resolved when the function runs, so it is free only if the cell never binds it at
+  module level;
 - branches count as binding (an `if` that assigns `y` makes `y` the cell's own): the rare
   cell that reads a name bound only on a branch not taken would fail on the worker just as
   it would in the kernel with a fresh namespace.
@@ -45,6 +46,7 @@ import ast
 import builtins
 import itertools
 import linecache
+import symtable
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import CodeType
@@ -121,9 +123,10 @@ class Cell:
         last = None if value is None else compile(ast.Expression(value), filename, "eval")
         walker = _FreeNames()
         walker._visit_all(*tree.body, value)
+        deferred = _deferred(symtable.symtable(padded, filename, "exec"))
         linecache.cache[filename] = (len(padded), None, padded.splitlines(keepends=True), filename)
         body = compile(tree, filename, "exec") if tree.body else None
-        return cls(padded, filename, body, last, walker.immediate, walker.deferred - walker.bound)
+        return cls(padded, filename, body, last, walker.immediate, deferred - walker.bound)
 
     def free_names(self, bound: Iterable[str] = ()) -> dict[str, int | None]:
         """Names the cell reads from outside, minus `bound` (item variables, `seed`).
@@ -145,36 +148,27 @@ class Cell:
         return names
 
 
-@dataclass
-class _Scope:
-    locals: set[str]
-    deferred: bool  # a function body: its reads happen when it runs
-    kind: str = ""  # "class" (its names are not visible to its methods) or "comprehension"
-
-
 class _FreeNames(ast.NodeVisitor):
-    """Execution-order walk; see the module docstring for the rules."""
+    """The execution-order walk of the cell's module level; see the module docstring.
+
+    Function and lambda bodies run later: their reads are Python's own scoping, which
+    `symtable` knows (`_deferred`). A class body and a comprehension run at once; their
+    own names (`scopes`) are theirs, and a class body's are not seen inside it by the
+    comprehensions and classes nested in it.
+    """
 
     def __init__(self) -> None:
         self.bound: set[str] = set()
         self.immediate: dict[str, int] = {}
-        self.deferred: set[str] = set()
-        self.scopes: list[_Scope] = []
+        self.scopes: list[tuple[set[str], bool]] = []  # (names bound, a class body?)
 
     def _load(self, name: str, line: int) -> None:
-        deferred = False
-        for depth, scope in enumerate(reversed(self.scopes)):
-            # Methods do not see their class body's names; only the class body itself does.
-            if name in scope.locals and not (scope.kind == "class" and depth > 0):
-                return
-            deferred = deferred or scope.deferred
-        if deferred:
-            self.deferred.add(name)
-        elif name not in self.bound:
+        if not any(name in names and not (is_class and depth) for depth, (names, is_class)
+                   in enumerate(reversed(self.scopes))) and name not in self.bound:  # fmt: skip
             self.immediate.setdefault(name, line)
 
     def _store(self, name: str) -> None:
-        (self.scopes[-1].locals if self.scopes else self.bound).add(name)
+        (self.scopes[-1][0] if self.scopes else self.bound).add(name)
 
     def _visit_all(self, *nodes: ast.AST | None) -> None:
         for node in nodes:
@@ -204,10 +198,9 @@ class _FreeNames(ast.NodeVisitor):
 
     def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
         self.visit(node.value)
-        # A walrus in a comprehension binds in the enclosing function or module.
-        scopes, self.scopes = self.scopes, [s for s in self.scopes if s.kind != "comprehension"]
-        self._store(node.target.id)
-        self.scopes = scopes
+        # A walrus in a comprehension binds in the enclosing class body or module.
+        scopes = [names for names, is_class in self.scopes if is_class]
+        (scopes[-1] if scopes else self.bound).add(node.target.id)
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
         self._visit_all(node.iter, node.target, *node.body, *node.orelse)
@@ -227,46 +220,34 @@ class _FreeNames(ast.NodeVisitor):
             self._store(node.name)
         self._visit_all(*node.body)
 
-    def visit_MatchAs(self, node: ast.MatchAs) -> None:
-        self._visit_all(node.pattern)
+    def visit_MatchAs(self, node: ast.MatchAs | ast.MatchStar) -> None:
+        self._visit_all(getattr(node, "pattern", None))
         if node.name:
             self._store(node.name)
 
-    def visit_MatchStar(self, node: ast.MatchStar) -> None:
-        if node.name:
-            self._store(node.name)
+    visit_MatchStar = visit_MatchAs
 
     def visit_MatchMapping(self, node: ast.MatchMapping) -> None:
         self.generic_visit(node)
         if node.rest:
             self._store(node.rest)
 
-    def visit_Global(self, node: ast.Global | ast.Nonlocal) -> None:
-        pass
-
-    visit_Nonlocal = visit_Global
-
     # -- new scopes -------------------------------------------------------------------
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
+        # What runs now: decorators, defaults and annotations; the body runs later.
         args = node.args
         params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
         self._visit_all(*getattr(node, "decorator_list", []), *args.defaults, *args.kw_defaults,
                         *(a.annotation for a in params if a), getattr(node, "returns", None))  # fmt: skip
         if not isinstance(node, ast.Lambda):
             self._store(node.name)
-        body = node.body if isinstance(node.body, list) else [node.body]
-        self.scopes.append(_Scope({a.arg for a in params if a} | _locals_of(body), deferred=True))
-        self._visit_all(*body)
-        self.scopes.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
     visit_Lambda = visit_FunctionDef
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._visit_all(*node.decorator_list, *node.bases, *(k.value for k in node.keywords))
-        # A class body runs at once; its names are not visible to its methods, which is
-        # what a fresh non-deferred scope whose functions open deferred scopes gives.
-        self.scopes.append(_Scope(set(), deferred=False, kind="class"))
+        self.scopes.append((set(), True))
         self._visit_all(*node.body)
         self.scopes.pop()
         self._store(node.name)
@@ -276,43 +257,25 @@ class _FreeNames(ast.NodeVisitor):
         self.visit(first.iter)  # evaluated in the enclosing scope
         # Generator expressions are nearly always consumed where they stand (`sum(...)`),
         # so their reads count as immediate like a list comprehension's.
-        self.scopes.append(_Scope(set(), deferred=False, kind="comprehension"))
+        self.scopes.append((set(), False))
         self._visit_all(first.target, *first.ifs)
         for gen in rest:
             self._visit_all(gen.iter, gen.target, *gen.ifs)
-        if isinstance(node, ast.DictComp):
-            self._visit_all(node.key, node.value)
-        else:
-            self.visit(node.elt)
+        self._visit_all(*([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]))
         self.scopes.pop()
 
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
 
-def _locals_of(body: Sequence[ast.AST]) -> set[str]:
-    """Names a function body binds (so they are local to it), not looking into nested scopes."""
-    found: set[str] = set()
-    declared_global: set[str] = set()
-    todo: list[ast.AST] = list(body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Global | ast.Nonlocal):
-            declared_global.update(node.names)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            found.add(node.name)
-            todo.extend(getattr(node, "decorator_list", []))
-            continue
-        elif isinstance(node, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
-            continue
-        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            found.add(node.id)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            found.update(a.asname or a.name.split(".")[0] for a in node.names if a.name != "*")
-        elif isinstance(node, ast.ExceptHandler | ast.NamedExpr):
-            name = node.name if isinstance(node, ast.ExceptHandler) else node.target.id
-            found.update([name] if name else [])
-        todo.extend(ast.iter_child_nodes(node))
-    return found - declared_global
+def _deferred(table: symtable.SymbolTable, later: bool = False) -> set[str]:
+    """The global names that the functions and lambdas in `table` read when they run.
+
+    The module, class bodies and comprehensions (whose implicit argument is ``.0``) run at
+    once: the walk sees their reads.
+    """
+    later = later or not (table.get_type() in ("module", "class") or ".0" in table.get_identifiers())
+    names = {s.get_name() for s in table.get_symbols() if s.is_global() and s.is_referenced()} if later else set()
+    return names.union(*(_deferred(child, later) for child in table.get_children()))
 
 
 @dataclass

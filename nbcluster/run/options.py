@@ -22,8 +22,8 @@ would mangle (it strips the quotes inside `['a b', 'c']`). So the line is split 
 scanner that knows Python's brackets and string quotes: whitespace splits only outside
 them, and a value runs until the next `--flag`. Quoting the whole value is allowed and
 usual (`--over "x in range(10)"`), and so is leaving it bare (`--over x in range(10)`).
-Each flag with its whole value then goes, as one `--flag=value` word, to an argparse
-parser made from the declaration, which reads the values; `DistributeOptions` checks them.
+Each flag's value is then read by its declared kind (`_read`), and `DistributeOptions`
+checks the values together.
 `tokenize` cannot be that scanner: the line is not Python but words with Python inside,
 and tokenize's errors differ between Python versions (an unterminated quote, a stray `)`,
 a `#`, f-strings). Nothing is evaluated here: expressions go to `launch()`, which
@@ -32,11 +32,11 @@ evaluates them in the user's namespace and reports their errors.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import difflib
 import functools
 import keyword
+import textwrap
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeGuard
 
@@ -200,24 +200,7 @@ FLAGS: tuple[Flag, ...] = tuple(
     for f in fields(DistributeOptions)
 )
 _BY_NAME = {f.name: f for f in FLAGS}
-
-
-@functools.cache
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="%%distribute", add_help=False, exit_on_error=False, argument_default=argparse.SUPPRESS,
-        description="Run the cell on the cluster, once per item (once, without --over/--grid/--zip).",
-    )  # fmt: skip
-    for f in FLAGS:
-        help_ = f.help.replace("%", "%%")  # argparse %-formats help
-        if f.kind == "switch":
-            action = "store_false" if f.default is True else "store_true"
-            parser.add_argument(f"--{f.name}", dest=f.dest, action=action, help=help_)
-        else:
-            local: dict[str, Any] = {"nargs": "?", "const": "all"} if f.kind == "local" else {}
-            parser.add_argument(f"--{f.name}", dest=f.dest, metavar=f.metavar.strip("[]") if local else f.metavar,
-                                type=functools.partial(_read, f), help=help_, **local)  # fmt: skip
-    return parser
+_WHAT = "Run the cell on the cluster, once per item (once, without --over/--grid/--zip)."
 
 
 def usage() -> str:
@@ -226,9 +209,9 @@ def usage() -> str:
     Returns
     -------
     str
-        The usage, made by the same parser that reads the line.
+        The usage, made from the declaration.
     """
-    return " ".join(_parser().format_usage().split()).removeprefix("usage: ")
+    return "%%distribute " + " ".join(f"[{f.usage}]" for f in FLAGS)
 
 
 def help_text() -> str:
@@ -237,9 +220,11 @@ def help_text() -> str:
     Returns
     -------
     str
-        The parser's help.
+        The usage, what the magic does, then each flag's usage and help.
     """
-    return _parser().format_help()
+    flags = [f"  {f.usage}\n{textwrap.fill(f.help, 88, initial_indent=' ' * 8, subsequent_indent=' ' * 8)}"
+             for f in FLAGS]  # fmt: skip
+    return "\n".join([f"usage: {usage()}", "", _WHAT, "", "options:", *flags, ""])
 
 
 def parse_distribute_line(line: str) -> dict[str, Any]:
@@ -273,19 +258,13 @@ def parse_distribute_line(line: str) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=64)
 def _parsed(line: str) -> tuple[tuple[str, Any], ...]:
-    # A cell is run again and again with the same line, and argparse takes a tenth of a
-    # millisecond: the result of a line is kept (its values are strings, numbers and flags).
-    argv: list[str] = []
-    seen: set[str] = set()
+    # A cell is run again and again with the same line: the result of a line is kept (its
+    # values are strings, numbers and flags).
+    options: dict[str, Any] = {}
     for flag, words in _split_flags(_words(line)):
-        if flag.name in seen:
+        if flag.dest in options:
             raise BadArgument(f"--{flag.name} is given twice")
-        seen.add(flag.name)
-        argv.append(_argument(flag, words))
-    try:
-        options = vars(_parser().parse_args(argv))
-    except argparse.ArgumentError as e:
-        raise BadArgument(e.message) from None
+        options[flag.dest] = _read(flag, words)
     DistributeOptions(**options)  # the rules across flags, and the ranges
     return tuple({"first_line": 2, **options}.items())  # the %%distribute line is the cell's line 1
 
@@ -371,40 +350,38 @@ def _split_flags(words: list[str]) -> list[tuple[Flag, list[str]]]:
     return groups
 
 
-def _argument(flag: Flag, words: list[str]) -> str:
-    """One flag and its whole value as one argparse word: `--over=x in xs` (a value that
-    starts with `-` is then never taken for a flag). A value that is one string literal is
-    unwrapped: `"x in range(3)"` -> `x in range(3)`."""
-    if flag.kind == "switch" and words:
-        raise BadArgument(f"--{flag.name} takes no value (got {' '.join(words)!r})")
-    if flag.kind == "switch" or (flag.kind == "local" and not words):
-        return f"--{flag.name}"
+_EXPECTED = {"amount": "a number", "count": "a whole number", "int": "a whole number",
+             "batch": "`auto` or a whole number", "local": "a whole number (or nothing, for all items)"}  # fmt: skip
+
+
+def _read(flag: Flag, words: list[str]) -> Any:
+    """The value of `--flag` from the words after it, by the flag's kind; ranges are
+    `DistributeOptions`' job. A value that is one string literal is unwrapped:
+    `"x in range(3)"` -> `x in range(3)`."""
+    if flag.kind == "switch":
+        if words:
+            raise BadArgument(f"--{flag.name} takes no value (got {' '.join(words)!r})")
+        return not flag.default
+    if flag.kind == "local" and not words:
+        return "all"
     text = " ".join(words)
     try:
         node = ast.parse(text, mode="eval").body
         text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else text
     except SyntaxError:
         pass
-    if not text.strip():
+    text = text.strip()
+    if not text:
         raise BadArgument(f"--{flag.name} needs a value. Usage: {usage()}")
-    return f"--{flag.name}={text.strip()}"
-
-
-_EXPECTED = {"amount": "a number", "count": "a whole number", "int": "a whole number",
-             "batch": "`auto` or a whole number", "local": "a whole number (or nothing, for all items)"}  # fmt: skip
-
-
-def _read(flag: Flag, text: str) -> Any:
-    """The value of `--flag=text`, by the flag's kind; ranges are `DistributeOptions`' job."""
     if flag.kind == "expr":
         return text
     if len(text.split()) != 1:
-        raise argparse.ArgumentTypeError(f"--{flag.name} takes one value, got {text!r}")
+        raise BadArgument(f"--{flag.name} takes one value, got {text!r}")
     if flag.kind in ("name", "text") or (flag.kind, text) in (("batch", "auto"), ("local", "all")):
         return text
     try:
         number = float(text) if flag.kind == "amount" else int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--{flag.name} needs {_EXPECTED[flag.kind]}, got {text!r}") from None
+        raise BadArgument(f"--{flag.name} needs {_EXPECTED[flag.kind]}, got {text!r}") from None
     # A whole amount stays an int: `--gpus 1` asks for the resource GPU=1, not 1.0.
     return int(number) if number == int(number) else number
