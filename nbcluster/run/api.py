@@ -454,15 +454,11 @@ def launch(
         raise BadArgument(f"distribute() needs cell source (a str) or a function, got {type(body).__name__}")
     o = DistributeOptions(**flags)
     home = namespace if home is None else home
-    run_id = secrets.token_hex(6)
-    # Dask's key_split drops an all-letters hex word: a digit keeps key prefixes tidy.
-    run_id = run_id if any(c.isdigit() for c in run_id) else "0" + run_id[1:]
+    run_id = "0" + secrets.token_hex(6)[1:]  # Dask's key_split drops an all-letters word: a digit keeps it
     cell = Cell.parse(body, filename=f"<distribute-{run_id}>", first_line=first_line) if isinstance(body, str) else None
-    find: Callable[[str | None], Any] = _current.handle_for
-    cluster = o.cluster
-    if cluster is not None and not isinstance(cluster, str):  # a handle (`on=`): that very cluster
-        find, cluster = (lambda _: o.cluster), cluster.name
-    link = Link(Needs(o.gpus, o.cpus, o.cpu_only), client=client, cluster=cluster, find=find)
+    handle = None if o.cluster is None or isinstance(o.cluster, str) else o.cluster  # `on=` a handle: that cluster
+    link = Link(Needs(o.gpus, o.cpus, o.cpu_only), client=client, cluster=handle.name if handle else o.cluster,
+                find=_current.handle_for if handle is None else lambda _: handle)  # fmt: skip
     if o.ranks is not None:  # each item `(r,)` binds `rank`, in messages only
         items = Plan("ranks", [(r,) for r in range(o.ranks)], ("rank",))
     elif o.everywhere:
@@ -476,9 +472,8 @@ def launch(
     captured = _capture(cell, [*items.names, *(["seed"] if o.seed is not None else [])], namespace, remote)
     reads = [*captured.held.values(), *_handles_in(items)]
     if reads and n_local:
-        raise BadArgument(
-            "this cell reads persisted results, which stay on the workers: drop --local, or .gather() them first"
-        )
+        raise BadArgument("this cell reads persisted results, which stay on the workers: drop --local, "
+                          "or .gather() them first")  # fmt: skip
     handles.check(reads)  # a stopped cluster's handle says so, not that no cluster is current
     if remote:
         link.open()
@@ -499,8 +494,7 @@ def launch(
         persist=o.persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None,
     )  # fmt: skip
     engine = Engine(job, run_id, link if remote else None)
-    journaled = not (o.everywhere or (o.persist and reads))
-    taken = _journal(engine, cell, body, resume=o.resume, journaled=journaled)
+    taken = _journal(engine, cell, body, resume=o.resume, journaled=not (o.everywhere or (o.persist and reads)))
     run = Run(engine, label=o.into)
     if tracker is not None:
         if o.ranks is not None:  # a stop of any rank stops the job; rank 0's curve is drawn
@@ -788,8 +782,7 @@ def wait(target: Results | str, *, namespace: dict[str, Any] | None = None) -> R
         name, ns = target, namespace if namespace is not None else sys._getframe(1).f_globals
         if name not in ns:
             raise BadArgument(f"`{name}` is not defined: give the --into name of a --no-wait cell")
-        target = ns[name]
-        if not isinstance(target, Results):
+        if not isinstance(target := ns[name], Results):
             raise BadArgument(f"`{name}` is a {type(target).__name__}, not the results of a %%distribute cell")
     follow(target)
     return target
@@ -812,11 +805,9 @@ def _evaluator(namespace: Any) -> Callable[[str, str], Any]:
 
 
 def _shipped_line(cap: Capture, notes: list[str]) -> str:
-    parts = [*notes]
-    if cap.modules:
-        parts.insert(0, f"import {', '.join(sorted(set(cap.modules.values())))} on the workers")
-    if cap.values:
-        parts.insert(0, f"sent {', '.join(cap.values)} ({human(sum(map(len, cap.values.values())))}) with the cell")
+    sent = f"sent {', '.join(cap.values)} ({human(sum(map(len, cap.values.values())))}) with the cell"
+    imported = f"import {', '.join(sorted(set(cap.modules.values())))} on the workers"
+    parts = [*([sent] if cap.values else []), *([imported] if cap.modules else []), *notes]
     return "nbcluster: " + "; ".join(parts) if parts else ""
 
 

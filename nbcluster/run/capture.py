@@ -317,13 +317,11 @@ def human(size: float) -> str:
     >>> human(2_500_000)
     '2.5 MB'
     """
-    if size < 1000:
-        return f"{size:.0f} B"
-    for unit in ("kB", "MB", "GB"):
+    for unit in ("B", "kB", "MB"):
+        if size < 1000:
+            return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
-        if size < 1000 or unit == "GB":
-            break
-    return f"{size:.1f} {unit}"
+    return f"{size:.1f} GB"
 
 
 class Shipments:

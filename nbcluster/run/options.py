@@ -36,6 +36,8 @@ import ast
 import difflib
 import functools
 import keyword
+import math
+import re
 import textwrap
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeGuard
@@ -133,7 +135,7 @@ class DistributeOptions:
             raise BadArgument(f"--into needs a Python variable name, got {into!r}")
         for name in ("gpus", "cpus"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
                 raise BadArgument(f"--{name} needs a number above 0, got {value!r}")
         if self.cpu_only and self.gpus:
             raise BadArgument("--cpu-only and --gpus contradict each other: pick one")
@@ -299,38 +301,27 @@ def parse_wait_line(line: str) -> str:
     )
 
 
+# A string literal (a quote, then escaped or other characters up to the same quote), a
+# bracket, a run of whitespace, a quote that opens no literal (unterminated), anything else.
+_PIECE = re.compile(r"""('{3}|"{3}|'(?!'')|"(?!""))(?:\\.|(?!\1)[^\\])*\1|(?P<open>[([{])|(?P<close>[)\]}])|(?P<space>\s+)"""
+                    r"""|(?P<quote>['"])|[^\s'"()[\]{}]+""", re.S)  # fmt: skip
+
+
 def _words(line: str) -> list[str]:
     """Split on whitespace outside brackets and string literals."""
     words: list[str] = []
-    current: list[str] = []
-    depth, quote, i = 0, "", 0
-    while i < len(line):
-        ch = line[i]
-        if quote:
-            current.append(ch)
-            if ch == "\\" and i + 1 < len(line):
-                current.append(line[i + 1])
-                i += 1
-            elif line.startswith(quote, i):
-                current.extend(quote[1:])
-                i += len(quote) - 1
-                quote = ""
-        elif ch in "'\"":
-            quote = ch * 3 if line.startswith(ch * 3, i) else ch
-            current.append(quote)
-            i += len(quote) - 1
-        elif ch.isspace() and depth <= 0:
-            if current:
-                words.append("".join(current))
-                current = []
+    current, depth = "", 0
+    for piece in _PIECE.finditer(line):
+        if piece["quote"]:
+            raise BadArgument(f"unterminated string in the %%distribute line: {line.strip()}")
+        if piece["space"] and depth <= 0:
+            words, current = [*words, current] if current else words, ""
         else:
-            depth += (ch in "([{") - (ch in ")]}")
-            current.append(ch)
-        i += 1
-    if quote or depth > 0:
-        raise BadArgument(f"{'unterminated string' if quote else 'unclosed bracket'} in the %%distribute line: "
-                          f"{line.strip()}")  # fmt: skip
-    return [*words, "".join(current)] if current else words
+            depth += bool(piece["open"]) - bool(piece["close"])
+            current += piece[0]
+    if depth > 0:
+        raise BadArgument(f"unclosed bracket in the %%distribute line: {line.strip()}")
+    return [*words, current] if current else words
 
 
 def _split_flags(words: list[str]) -> list[tuple[Flag, list[str]]]:
@@ -368,7 +359,7 @@ def _read(flag: Flag, words: list[str]) -> Any:
     try:
         node = ast.parse(text, mode="eval").body
         text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else text
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         pass
     text = text.strip()
     if not text:
@@ -381,6 +372,8 @@ def _read(flag: Flag, words: list[str]) -> Any:
         return text
     try:
         number = float(text) if flag.kind == "amount" else int(text)
+        if not math.isfinite(number):
+            raise ValueError(text)
     except ValueError:
         raise BadArgument(f"--{flag.name} needs {_EXPECTED[flag.kind]}, got {text!r}") from None
     # A whole amount stays an int: `--gpus 1` asks for the resource GPU=1, not 1.0.
