@@ -123,7 +123,9 @@ class Cell:
         last = None if value is None else compile(ast.Expression(value), filename, "eval")
         walker = _FreeNames()
         walker._visit_all(*tree.body, value)
-        deferred = _deferred(symtable.symtable(padded, filename, "exec"))
+        # Only functions and lambdas read later: a cell without one needs no second parse.
+        later = "def" in padded or "lambda" in padded
+        deferred = _deferred(symtable.symtable(padded, filename, "exec")) if later else set()
         linecache.cache[filename] = (len(padded), None, padded.splitlines(keepends=True), filename)
         body = compile(tree, filename, "exec") if tree.body else None
         return cls(padded, filename, body, last, walker.immediate, deferred - walker.bound)
