@@ -372,7 +372,18 @@ class Shipments:
         return shipped, notes
 
     def future(self, key: str) -> Any:
-        """The Future that holds a shipped value (``nbcluster-capture-<digest>``), or None."""
+        """The Future that holds a shipped value on the cluster, by its Dask key.
+
+        Parameters
+        ----------
+        key : str
+            The value's Dask key (``nbcluster-capture-<digest>``).
+
+        Returns
+        -------
+        distributed.Future or None
+            Its Future, or None when this client shipped no such value.
+        """
         return self.futures.get(key.removeprefix("nbcluster-capture-"))
 
     def reship(

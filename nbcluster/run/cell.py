@@ -328,7 +328,18 @@ class Plan:
         return dict(zip(self.names, value, strict=True))
 
     def describe(self, i: int) -> str:
-        """`x=3`, `lr=0.1, depth=5`: how messages name item `i` (`describe` of its `params`)."""
+        """`x=3`, `lr=0.1, depth=5`: how messages name an item.
+
+        Parameters
+        ----------
+        i : int
+            The item's index.
+
+        Returns
+        -------
+        str
+            Its parameters, as `describe` writes them.
+        """
         return describe(self.params(i))
 
 
