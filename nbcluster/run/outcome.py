@@ -79,7 +79,7 @@ def unpack(future: Any, result: Any, n: int) -> Outcome:
 
     Parameters
     ----------
-    future : distributed.Future or direct.Call
+    future : distributed.Future
         The batch.
     result : Any
         Its result blob, or the exception it ended with.

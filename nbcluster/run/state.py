@@ -16,9 +16,7 @@ Shape, for a run of `n` items:
 - `lost`: why the unfinished items were given up (the cluster went away), else None;
 - `halted`: why they were given up on a cluster that is there but cannot run them
   (nbcluster missing on its scheduler), else None;
-- `started`, `ended`: wall-clock times (`ended` is None while the run goes on);
-- `direct_keys`: the keys of the batches a worker ran for the kernel directly, not as Dask
-  tasks (`direct.py`), whose task-stream records reach the scheduler after their answers.
+- `started`, `ended`: wall-clock times (`ended` is None while the run goes on).
 
 A state is made running: the first start is its creation. Each `retry()` is a further
 start (`begin`); the state finishes when its last start `end`s, and then whatever is still
@@ -82,7 +80,6 @@ class RunState:
         self.halted: str | None = None
         self.started = time.time()
         self.ended: float | None = None
-        self.direct_keys: list[str] = []
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.finished = threading.Event()
