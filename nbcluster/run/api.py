@@ -620,6 +620,11 @@ class Run:
         return results
 
     @property
+    def persist(self) -> bool:
+        """The values stay on the workers, behind handles (`--persist`): what `Results` asks."""
+        return self.engine.job.persist
+
+    @property
     def client(self) -> Any:
         """The run's Dask client; None for a ``--local`` run, or once its cluster went away."""
         return self.engine.client
