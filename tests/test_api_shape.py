@@ -19,8 +19,7 @@ import nbcluster
 from nbcluster import _current
 from nbcluster.cluster.handle import ClusterHandle, start
 from nbcluster.errors import BadArgument
-from nbcluster.run.api import distribute, everywhere, ranks
-from nbcluster.run.spelling import OLD, notice
+from nbcluster.run.api import OLD, distribute, everywhere, notice, ranks
 
 WHERE = "from distributed import get_worker\nimport os\n(get_worker().name, os.environ.get('CUDA_VISIBLE_DEVICES'))"
 GPU, CPU = ("gpu-0", "0"), "cpu-0"

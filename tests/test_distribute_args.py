@@ -6,8 +6,7 @@ import pytest
 
 from nbcluster.errors import BadArgument
 from nbcluster.run.api import distribute
-from nbcluster.run.args import parse_distribute_line, parse_wait_line
-from nbcluster.run.options import FLAGS
+from nbcluster.run.options import FLAGS, parse_distribute_line, parse_wait_line
 
 
 def test_every_flag() -> None:

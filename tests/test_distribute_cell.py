@@ -9,8 +9,7 @@ import pytest
 from nbcluster.errors import BadArgument
 from nbcluster.run.batching import PROBE_ITEMS, PROBE_S, Batcher
 from nbcluster.run.capture import LARGE, capture
-from nbcluster.run.cell import Cell
-from nbcluster.run.plan import plan
+from nbcluster.run.cell import Cell, plan
 
 
 def free(source: str, bound: tuple[str, ...] = ()) -> set[str]:

@@ -21,8 +21,7 @@ import nbcluster
 from nbcluster.journal import store as journal
 from nbcluster.journal.identity import fingerprint
 from nbcluster.run.capture import capture
-from nbcluster.run.cell import Cell
-from nbcluster.run.plan import plan
+from nbcluster.run.cell import Cell, plan
 from tests.kernel_session import kernel
 from tests.shell_helpers import cell
 

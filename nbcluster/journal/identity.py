@@ -38,8 +38,7 @@ from typing import Any
 import cloudpickle
 
 from nbcluster.run.capture import Capture, read_only_array
-from nbcluster.run.cell import Cell
-from nbcluster.run.plan import Plan
+from nbcluster.run.cell import Cell, Plan
 
 VERSION = b"nbcluster-run-3"  # part of every identity: change it when what goes in changes
 # A class's attributes that say where it was defined, or hold no content of its own.

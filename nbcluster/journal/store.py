@@ -68,7 +68,7 @@ import cloudpickle
 from dask.utils import parse_bytes
 
 from nbcluster import config
-from nbcluster.run.plan import describe
+from nbcluster.run.cell import describe
 from nbcluster.run.values import Packed
 
 FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file

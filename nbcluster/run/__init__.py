@@ -1,13 +1,13 @@
 """Running a cell's work on a cluster: `%%distribute` and `nbcluster.distribute()`.
 
-Every module here runs in the kernel. The magic parses its line (`args`) and calls
+Every module here runs in the kernel. The magic parses its line (`options`) and calls
 `api.launch` with the cell, the user's namespace and the flags as declared; Python code calls
-`api.distribute` (or `everywhere`, `ranks`), which spells some options otherwise (`spelling`:
-``needs=``, ``on=``, and the old keywords for one release) and calls `launch`.
+`api.distribute` (or `everywhere`, `ranks`), which spells some options otherwise (``needs=``,
+``on=``, and the old keywords for one release) and calls `launch`.
 
-Set-up, with no Dask traffic: `options` (the flags, declared and checked once), `args`
-(the magic's line), `cell` (source -> code, free names), `plan` (the items), `capture`
-(what travels and how), `job` (what runs, made once).
+Set-up, with no Dask traffic: `options` (the flags, declared and checked once, and the
+magic's line), `cell` (source -> code, free names; the items: `Plan`), `capture` (what
+travels and how), `job` (what runs, made once).
 The run: `api` (checks, then the run's steps; `Run`, the controls of a run), `target`
 (the cluster link: where items may run), `engine` (the driver: it feeds events to the
 policy and performs its actions), `policy` (the scheduling policy as a pure state machine:

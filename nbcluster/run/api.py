@@ -1,24 +1,23 @@
-"""`distribute()` and `wait()`, the API that `%%distribute` parses its line into, and `Run`,
-the controls of one run.
+"""`distribute()`, `everywhere()`, `ranks()` and `wait()`: the API that `%%distribute` parses its
+line into, and `Run`, the controls of one run.
 
 The order of a run, and why:
 
-1. Validate arguments, parse the cell, evaluate `--over/--grid/--zip` in the user's
-   namespace into a `Plan`, capture the free names (pickling each: a bad one is named
-   here), connect to the cluster and check resource restrictions can be met (`Link`), and
-   make the `Job` (a function or an item that cannot travel is named here). Any of these
-   failing raises an `NbclusterError` with one message, and nothing has been sent or
-   written. (`--everywhere` connects first: its items are the cluster's workers.)
+1. Validate the options (`options.DistributeOptions`), parse the cell, evaluate
+   `--over/--grid/--zip` in the user's namespace into a `Plan`, capture the free names
+   (pickling each: a bad one is named here), connect to the cluster and check resource
+   restrictions can be met (`Link`), and make the `Job` (a function or an item that cannot
+   travel is named here). Any of these failing raises an `NbclusterError` with one message,
+   and nothing has been sent or written. (`--everywhere` connects first: its items are the
+   cluster's workers.)
 2. Make the `Engine` (which owns the run's state) and the `Results` view (written to
    `--into` now, so a `--no-wait` variable exists at once), run the first `--local K`
    items in the kernel, ship large values (once per worker, cached) and the cell's
    context blob.
-3. A driver thread (`engine.Engine._drive`) submits the batches: probes, each returning
-   after its first item that ends past the batch sizing's `PROBE_S`, until an item time is
-   measured, then batches sized from it (`batching.py`). It streams each finished batch
-   into the state and resubmits failed items while `--retries` allow. It is the only thread
-   that talks to Dask after the start, so `--no-wait` is the same code with the kernel's
-   main thread returning at once.
+3. The engine's driver thread submits the batches, sized by the policy (`policy.py`,
+   `batching.py`), streams each finished batch into the state and resubmits failed items
+   while `--retries` allow. It is the only thread that talks to Dask after the start, so
+   `--no-wait` is the same code with the kernel's main thread returning at once.
 4. With `wait=True`, the main thread follows the `Results` (`follow.py`): it prints item
    output as it arrives, then one summary line and the first traceback if items failed.
    Ctrl-C / the stop button lands there: the engine stops the run (running batches return
@@ -26,69 +25,74 @@ The order of a run, and why:
    `Interrupted` exception (a `KeyboardInterrupt`, so "Run all" stops) ends the cell with
    one line instead of a traceback.
 
-The user's verbs on a run (`Results.cancel()`, `.retry()`) all land in `Run`,
-which hands them to the engine and follows a retry in the kernel as step 4 does.
+The user's verbs on a run (`Results.cancel()`, `.retry()`) all land in `Run`, which hands
+them to the engine and follows a retry in the kernel as step 4 does.
 
-Worker loss: Dask re-runs the batches a dead worker held (its nanny restarts it); the
-state ignores any second delivery for an item, so every item is reported exactly once.
+Python spells some of the magic's flags otherwise: what each item needs of a worker is one
+``needs=Needs(...)``, where the run goes is one ``on=`` (a name, a `ClusterHandle` or a Dask
+``Client``), and ``--everywhere`` and ``--ranks`` are functions of their own. The keywords
+of the release before still work for one release, each with a `FutureWarning` of one line
+naming the new spelling (`OLD`); an old keyword given with its new one is refused, as the
+two could disagree.
 """
 
 from __future__ import annotations
 
 import builtins
-import functools
-import itertools
+import difflib
+import inspect
 import secrets
 import sys
+import warnings
 import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from nbcluster import _current
+from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.errors import BadArgument, Interrupted, NbclusterError
 from nbcluster.journal import identity
 from nbcluster.journal.resume import Resumption, attach_checkpoints, prepare
 from nbcluster.persist import handles
-from nbcluster.persist.handles import Handle, is_handle
 from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.capture import Capture, capture, human
-from nbcluster.run.cell import Cell
+from nbcluster.run.cell import Cell, Plan, plan
 from nbcluster.run.engine import Engine
 from nbcluster.run.follow import follow, interrupted, report
 from nbcluster.run.job import Job
 from nbcluster.run.options import DistributeOptions
-from nbcluster.run.plan import Plan, plan
 from nbcluster.run.results import Results
-from nbcluster.run.spelling import RANKS_PASS, namespaces, spell
 from nbcluster.run.state import DONE, FAILED, PENDING
 from nbcluster.run.stoppers import make
 from nbcluster.run.target import Link, Needs
 from nbcluster.run.trials import Objective, Trials, mentions_trials, parse_timeout
 
+#: The keywords of the release before -> how to spell them now (`{fn}` is the function's name).
+OLD = {
+    "gpus": "{fn}(needs=nbcluster.Needs(gpus=N))",
+    "cpus": "{fn}(needs=nbcluster.Needs(cpus=N))",
+    "cpu_only": "{fn}(needs=nbcluster.Needs(cpu_only=True))",
+    "cluster": '{fn}(on="NAME")',
+    "client": "{fn}(on=client)",
+    "everywhere": "nbcluster.everywhere(body)",
+    "ranks": "nbcluster.ranks(body, n=N)",
+}
+#: Old keywords with no new spelling: they go, and what replaces them is said instead.
+GOING = {"first_line": "only the magic needs it (a cell's body starts on the cell's line 2); drop it"}
+#: What `ranks(**options)` passes on as it is: its options, and those a job refuses
+#: (`--ranks 2 ... cannot be combined with --over`), for that one-line message.
+RANKS_PASS = ("into", "wait", "seed", "timeout", "progress", "over", "grid", "zip", "retries", "batch", "local",
+              "persist", "resume", "objective", "stopper")  # fmt: skip
+
 
 def distribute(
-    body: str | Callable[..., Any],
-    *,
-    over: Any = None,
-    grid: Any = None,
-    zip: Any = None,
-    into: str | None = None,
-    needs: Needs | Mapping[str, Any] | None = None,
-    on: Any = None,
-    retries: int = 0,
-    batch: int | str = "auto",
-    wait: bool = True,
-    seed: int | None = None,
-    local: int | str | bool = 0,
-    persist: bool = False,
-    resume: bool = False,
-    objective: str | None = None,
-    stopper: Any = None,
-    timeout: str | float | None = None,
-    namespace: dict[str, Any] | None = None,
-    progress: Callable[[Results], None] | None = None,
-    **old: Any,
-) -> Results:
+    body: str | Callable[..., Any], *, over: Any = None, grid: Any = None, zip: Any = None,
+    into: str | None = None, needs: Needs | Mapping[str, Any] | None = None, on: Any = None,
+    retries: int = 0, batch: int | str = "auto", wait: bool = True, seed: int | None = None,
+    local: int | str | bool = 0, persist: bool = False, resume: bool = False, objective: str | None = None,
+    stopper: Any = None, timeout: str | float | None = None, namespace: dict[str, Any] | None = None,
+    progress: Callable[[Results], None] | None = None, **old: Any,
+) -> Results:  # fmt: skip
     """Run a cell body or a function on the cluster, once per item: `%%distribute` in Python.
 
     Each item is one call (or one run of the cell) on a worker; small items are batched
@@ -197,27 +201,19 @@ def distribute(
     nbcluster: sent offset (5 B) with the cell
     [10, 11, 12]
     """
-    namespace, home = namespaces(namespace)
-    spelled = spell(distribute, old, needs=needs, on=on, stacklevel=2)
+    namespace, home = _namespaces(namespace)
     return launch(
         body, over=over, grid=grid, zip=zip, into=into, retries=retries, batch=batch, wait=wait, seed=seed,
         local=local, persist=persist, resume=resume, objective=objective, stopper=stopper, timeout=timeout,
-        namespace=namespace, home=home, progress=progress, **spelled,
+        namespace=namespace, home=home, progress=progress, **_spell(distribute, old, needs, on),
     )  # fmt: skip
 
 
 def everywhere(
-    body: str | Callable[..., Any],
-    *,
-    needs: Needs | Mapping[str, Any] | None = None,
-    on: Any = None,
-    into: str | None = None,
-    wait: bool = True,
-    seed: int | None = None,
-    retries: int = 0,
-    namespace: dict[str, Any] | None = None,
-    progress: Callable[[Results], None] | None = None,
-) -> Results:
+    body: str | Callable[..., Any], *, needs: Needs | Mapping[str, Any] | None = None, on: Any = None,
+    into: str | None = None, wait: bool = True, seed: int | None = None, retries: int = 0,
+    namespace: dict[str, Any] | None = None, progress: Callable[[Results], None] | None = None,
+) -> Results:  # fmt: skip
     """Run a cell body or a function once on every worker: ``%%distribute --everywhere``.
 
     For set-up code: an import, a file fetched, a model loaded into `worker_local`. The
@@ -266,160 +262,15 @@ def everywhere(
     >>> len(nbcluster.everywhere(where)) == len(nbcluster.current().client.ncores())
     True
     """
-    namespace, home = namespaces(namespace)
-    spelled = spell(everywhere, {}, needs=needs, on=on, stacklevel=2)
-    return launch(
-        body, everywhere=True, into=into, wait=wait, seed=seed, retries=retries, namespace=namespace,
-        home=home, progress=progress, **spelled,
-    )  # fmt: skip
-
-
-def launch(
-    body: str | Callable[..., Any],
-    *,
-    over: Any = None,
-    grid: Any = None,
-    zip: Any = None,
-    namespace: dict[str, Any] | None = None,
-    home: dict[str, Any] | None = None,
-    into: str | None = None,
-    gpus: float | None = None,
-    cpus: float | None = None,
-    cpu_only: bool = False,
-    retries: int = 0,
-    batch: int | str = "auto",
-    wait: bool = True,
-    seed: int | None = None,
-    everywhere: bool = False,
-    ranks: int | None = None,
-    local: int | str | bool = 0,
-    persist: bool = False,
-    resume: bool = False,
-    cluster: Any = None,
-    objective: str | None = None,
-    stopper: Any = None,
-    timeout: str | float | None = None,
-    client: Any = None,
-    progress: Callable[[Results], None] | None = None,
-    first_line: int = 1,
-) -> Results:
-    """Start a run from the options as `%%distribute`'s flags name them: what the magic calls.
-
-    The public functions (`distribute`, `everywhere`, `ranks`) spell these in Python and
-    call this; the keywords are the declarations' (`options.FLAGS`, each flag's ``dest``),
-    with their defaults.
-
-    Parameters
-    ----------
-    body : str or callable
-        As in `distribute`.
-    over, grid, zip, into, retries, batch, wait, seed, local, persist, resume : optional
-        As in `distribute`.
-    objective, stopper, timeout, progress : optional
-        As in `distribute`.
-    namespace : dict, optional
-        Where names are looked up; default: the caller's variables.
-    home : dict, optional
-        Where `into` is written; default `namespace` (the caller's globals without one).
-    gpus, cpus : float, optional
-        ``--gpus``, ``--cpus``: `Needs`' fields.
-    cpu_only : bool, default False
-        ``--cpu-only``: `Needs`' field.
-    everywhere : bool, default False
-        ``--everywhere``: once on every worker (`everywhere`).
-    ranks : int, optional
-        ``--ranks N``: one job of N ranks (`ranks`).
-    cluster : str or ClusterHandle, optional
-        ``--cluster NAME``, or the handle `distribute`'s ``on=`` gave.
-    client : distributed.Client, optional
-        The client `distribute`'s ``on=`` gave.
-    first_line : int, default 1
-        The line number of the body's first line, for tracebacks (2 in a cell magic, whose
-        first line is ``%%distribute``).
-
-    Returns
-    -------
-    Results
-        As `distribute`.
-    """
-    _check(
-        body, into, gpus, cpus, cpu_only, retries, batch, seed, everywhere, local, over, grid, zip, namespace,
-        persist, resume, objective, stopper, timeout, ranks,
-    )  # fmt: skip
-    if namespace is None:  # the caller's variables; --into goes to its globals
-        caller = sys._getframe(1)
-        home, namespace = caller.f_globals, {**caller.f_globals, **caller.f_locals}
-    elif home is None:
-        home = namespace
-    run_id = _run_id()
-    cell = None
-    if isinstance(body, str):
-        cell = Cell.parse(body, filename=f"<distribute-{run_id}>", first_line=first_line)
-    find: Callable[[str | None], Any] = _current.handle_for
-    if cluster is not None and not isinstance(cluster, str):  # a handle (`on=`): that very cluster
-        find, cluster = functools.partial(_given, cluster), cluster.name
-    link = Link(Needs(gpus, cpus, cpu_only), client=client, cluster=cluster, find=find)
-    items = _items(everywhere, link, over, grid, zip, namespace, ranks)
-    n_local = len(items) if local in ("all", True) else min(int(local), len(items))
-    remote = n_local < len(items)
-    captured = _capture(cell, items, seed, namespace, pickle_values=remote)
-    reads = _handles_read(items, captured)
-    if reads and n_local:
-        raise BadArgument(
-            "this cell reads persisted results, which stay on the workers: drop --local, or .gather() them first"
-        )
-    handles.check(reads)  # a stopped cluster's handle says so, not that no cluster is current
-    if remote:
-        link.open()
-        handles.check(reads, link.client)
-    # -- trials (`trials.py`): reports, a stopper, timeouts; one item a task -------------------
-    tracker = None
-    if not everywhere and (objective or stopper is not None or timeout is not None
-                           or mentions_trials(cell.source if cell else None, body)):  # fmt: skip
-        tracker = Trials(
-            run_id, len(items), objective=Objective.parse(objective), stopper=make(stopper),
-            timeout=parse_timeout(timeout), params=items.params, ended=lambda i: False,
-        )  # fmt: skip
-        batch = 1 if batch == "auto" else batch
-    if ranks is not None:
-        rank_jobs.check(ranks, link)
-    job = Job(
-        items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=seed,
-        retries=retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
-        persist=persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None,
-    )  # fmt: skip
-    engine = Engine(job, run_id, link if remote else None)
-    journaled = not (everywhere or (persist and reads))
-    taken = _journal(engine, cell, body, resume=resume, journaled=journaled)
-    run = Run(engine, label=into)
-    if tracker is not None:
-        if ranks is not None:  # a stop of any rank stops the job; rank 0's curve is drawn
-            rank_jobs.attach(tracker, run_id)
-        _follow_trials(tracker, engine, run, link.client if remote else None, taken)
-    if persist:
-        handles.RUNS[run_id] = run.results
-    if into is not None:
-        home[into] = run.results
-    results = run.start(n_local, wait, skip=taken, progress=progress)
-    if ranks is not None and wait and (line := rank_jobs.summary(run_id)):
-        print(f"nbcluster: {line}", file=sys.stderr)
-    return results
-
-
-def _given(handle: Any, name: str | None) -> Any:
-    """`Link`'s lookup when `on=` gave the cluster's handle: that handle."""
-    return handle
+    namespace, home = _namespaces(namespace)
+    return launch(body, everywhere=True, into=into, wait=wait, seed=seed, retries=retries, namespace=namespace,
+                  home=home, progress=progress, **_spell(everywhere, {}, needs, on))  # fmt: skip
 
 
 def ranks(
-    fn: str | Callable[..., Any],
-    n: int,
-    *,
-    needs: Needs | Mapping[str, Any] | None = None,
-    on: Any = None,
-    namespace: dict[str, Any] | None = None,
-    **options: Any,
-) -> Results:
+    fn: str | Callable[..., Any], n: int, *, needs: Needs | Mapping[str, Any] | None = None, on: Any = None,
+    namespace: dict[str, Any] | None = None, **options: Any,
+) -> Results:  # fmt: skip
     """Run `fn` as `n` ranks of one job, as torchrun would: ``%%distribute --ranks N`` in Python.
 
     The `n` ranks start together or not at all, each on a worker process of its own that
@@ -473,9 +324,190 @@ def ranks(
     >>> nbcluster.ranks(where, n=2).values()
     [('0', '2'), ('1', '2')]
     """
-    namespace, home = namespaces(namespace)
-    spelled = spell(ranks, options, needs=needs, on=on, known=RANKS_PASS, stacklevel=2)
-    return launch(fn, ranks=n, namespace=namespace, home=home, **spelled)
+    namespace, home = _namespaces(namespace)
+    return launch(fn, ranks=n, namespace=namespace, home=home, **_spell(ranks, options, needs, on, RANKS_PASS))
+
+
+def notice(fn: str, old: str) -> str:
+    """The one line that an old keyword of `fn` warns with.
+
+    Parameters
+    ----------
+    fn : str
+        The function it was given to: ``distribute`` or ``ranks``.
+    old : str
+        The old keyword, a key of `OLD` or `GOING`.
+
+    Returns
+    -------
+    str
+        ``FN(OLD=...)` is now `NEW`; the old spelling goes in the next release.``
+
+    Examples
+    --------
+    >>> notice("distribute", "gpus")
+    '`distribute(gpus=...)` is now `distribute(needs=nbcluster.Needs(gpus=N))`; the old spelling goes in the next release.'
+    """
+    if old in GOING:
+        return f"`{fn}({old}=...)` goes in the next release: {GOING[old]}."
+    return f"`{fn}({old}=...)` is now `{OLD[old].format(fn=fn)}`; the old spelling goes in the next release."
+
+
+def _spell(fn: Callable[..., Any], given: dict[str, Any], needs: Any, on: Any,
+           known: Collection[str] = ()) -> dict[str, Any]:  # fmt: skip
+    """`launch`'s keywords from a public function's ``needs=``, ``on=`` and old keywords.
+
+    Each old keyword in `given` warns with its `notice` (a `FutureWarning` pointing at the
+    public function's caller) and means what it meant; `known` are passed on as they are.
+    A keyword `fn` does not take is one line naming the closest one.
+    """
+    name = fn.__name__
+    for key in given:
+        if key not in known and key not in OLD and key not in GOING:
+            match = difflib.get_close_matches(key, [*inspect.signature(fn).parameters, *known, *OLD], n=1)
+            hint = "" if not match else f"`{OLD[match[0]].format(fn=name)}`" if match[0] in OLD else repr(match[0])
+            raise BadArgument(f"{name}() has no option {key!r}" + (f"; did you mean {hint}?" if hint else ""))
+        if key not in known:
+            warnings.warn(notice(name, key), FutureWarning, stacklevel=3)
+    out = dict(given)
+    for olds, new, value in (("gpus", "cpus", "cpu_only"), "needs", needs), (("cluster", "client"), "on", on):
+        given_old = [key for key in olds if key in out]
+        if given_old and value is not None:
+            raise BadArgument(f"give {new}= only: {given_old[0]}= is its old spelling")
+        if not given_old:
+            out.update(_needs(value)._asdict() if new == "needs" else _target(value))
+    return out
+
+
+def _needs(needs: Any) -> Needs:
+    """``needs=``: a `Needs`, a dict of its fields, or None; anything else is one line."""
+    if needs is None or isinstance(needs, Needs):
+        return needs or Needs()
+    if not isinstance(needs, Mapping):
+        raise BadArgument("needs= takes nbcluster.Needs(gpus=..., cpus=..., cpu_only=...) or a dict of them, "
+                          f"got {type(needs).__name__}")  # fmt: skip
+    unknown = sorted(set(needs) - set(Needs._fields), key=str)
+    if unknown:
+        match = difflib.get_close_matches(str(unknown[0]), Needs._fields, n=1)
+        hint = f"; did you mean {match[0]!r}?" if match else ""
+        raise BadArgument(f"needs= takes {', '.join(Needs._fields)}; {unknown[0]!r} is not one of them{hint}")
+    return Needs(**needs)
+
+
+def _target(on: Any) -> dict[str, Any]:
+    """``on=``: a cluster's name or handle (``cluster``), or a Dask client (``client``)."""
+    if on is None or isinstance(on, str | ClusterHandle):
+        return {"cluster": on, "client": None}
+    from distributed import Client
+
+    if isinstance(on, Client):
+        return {"cluster": None, "client": on}
+    raise BadArgument(f"on= takes a cluster's name, a ClusterHandle (nbcluster.start(), nbcluster.current()) "
+                      f"or a distributed.Client, got {type(on).__name__}")  # fmt: skip
+
+
+def _namespaces(namespace: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Where a public function's run looks names up, and where ``into`` goes: `namespace`
+    for both, else its caller's variables and the caller's globals."""
+    if namespace is None:
+        caller = sys._getframe(2)
+        return {**caller.f_globals, **caller.f_locals}, caller.f_globals
+    if not hasattr(namespace, "__getitem__"):
+        raise BadArgument("namespace= needs a dict of the notebook's variables")
+    return namespace, namespace
+
+
+def launch(
+    body: str | Callable[..., Any], *, namespace: dict[str, Any], home: dict[str, Any] | None = None,
+    client: Any = None, progress: Callable[[Results], None] | None = None, first_line: int = 1, **flags: Any,
+) -> Results:  # fmt: skip
+    """Start a run from the options as `%%distribute`'s flags name them: what the magic calls.
+
+    The public functions (`distribute`, `everywhere`, `ranks`) spell these in Python and
+    call this.
+
+    Parameters
+    ----------
+    body : str or callable
+        As in `distribute`.
+    namespace : dict
+        Where names are looked up.
+    home : dict, optional
+        Where `into` is written; default `namespace`.
+    client : distributed.Client, optional
+        The client `distribute`'s ``on=`` gave.
+    progress : callable, optional
+        As in `distribute`.
+    first_line : int, default 1
+        The line number of the body's first line, for tracebacks (2 in a cell magic, whose
+        first line is ``%%distribute``).
+    **flags
+        The options, by the declaration's names (`options.DistributeOptions`, each flag's
+        ``dest``), with its defaults; ``cluster`` may also be a `ClusterHandle`.
+
+    Returns
+    -------
+    Results
+        As `distribute`.
+    """
+    if not isinstance(body, str) and not callable(body):
+        raise BadArgument(f"distribute() needs cell source (a str) or a function, got {type(body).__name__}")
+    o = DistributeOptions(**flags)
+    home = namespace if home is None else home
+    run_id = "0" + secrets.token_hex(6)[1:]  # Dask's key_split drops an all-letters word: a digit keeps it
+    cell = Cell.parse(body, filename=f"<distribute-{run_id}>", first_line=first_line) if isinstance(body, str) else None
+    handle = None if o.cluster is None or isinstance(o.cluster, str) else o.cluster  # `on=` a handle: that cluster
+    link = Link(Needs(o.gpus, o.cpus, o.cpu_only), client=client, cluster=handle.name if handle else o.cluster,
+                find=_current.handle_for if handle is None else lambda _: handle)  # fmt: skip
+    if o.ranks is not None:  # each item `(r,)` binds `rank`, in messages only
+        items = Plan("ranks", [(r,) for r in range(o.ranks)], ("rank",))
+    elif o.everywhere:
+        items = Plan("everywhere", list(link.eligible_now()))
+        if not items.items:
+            raise BadArgument("--everywhere: the cluster has no workers right now; scale it up first")
+    else:
+        items = plan(over=o.over, grid=o.grid, zip=o.zip, evaluate=_evaluator(namespace))
+    n_local = len(items) if o.local in ("all", True) else min(int(o.local), len(items))
+    remote = n_local < len(items)
+    captured = _capture(cell, [*items.names, *(["seed"] if o.seed is not None else [])], namespace, remote)
+    reads = [*captured.held.values(), *_handles_in(items)]
+    if reads and n_local:
+        raise BadArgument("this cell reads persisted results, which stay on the workers: drop --local, "
+                          "or .gather() them first")  # fmt: skip
+    handles.check(reads)  # a stopped cluster's handle says so, not that no cluster is current
+    if remote:
+        link.open()
+        handles.check(reads, link.client)
+    tracker, batch = None, o.batch
+    if not o.everywhere and (o.objective or o.stopper is not None or o.timeout is not None
+                             or mentions_trials(cell.source if cell else None, body)):  # fmt: skip
+        tracker = Trials(
+            run_id, len(items), objective=Objective.parse(o.objective), stopper=make(o.stopper),
+            timeout=parse_timeout(o.timeout), params=items.params, ended=lambda i: False,
+        )  # fmt: skip
+        batch = 1 if batch == "auto" else batch  # trials run one item a task
+    if o.ranks is not None:
+        rank_jobs.check(o.ranks, link)
+    job = Job(
+        items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=o.seed,
+        retries=o.retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
+        persist=o.persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None,
+    )  # fmt: skip
+    engine = Engine(job, run_id, link if remote else None)
+    taken = _journal(engine, cell, body, resume=o.resume, journaled=not (o.everywhere or (o.persist and reads)))
+    run = Run(engine, label=o.into)
+    if tracker is not None:
+        if o.ranks is not None:  # a stop of any rank stops the job; rank 0's curve is drawn
+            rank_jobs.attach(tracker, run_id)
+        _follow_trials(tracker, run, link.client if remote else None, taken)
+    if o.persist:
+        handles.RUNS[run_id] = run.results
+    if o.into is not None:
+        home[o.into] = run.results
+    results = run.start(n_local, o.wait, skip=taken, progress=progress)
+    if o.ranks is not None and o.wait and (line := rank_jobs.summary(run_id)):
+        print(f"nbcluster: {line}", file=sys.stderr)
+    return results
 
 
 def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, journaled: bool) -> set[int]:
@@ -483,18 +515,20 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
 
     `journaled` False (`--everywhere`, or a `--persist` run reading persisted handles): no journal.
     """
-    job = engine.job
+    job, link = engine.job, engine.link
     ident = identity.fingerprint(job.plan, cell, job.fn, job.seed, job.capture) if journaled else None
     if job.trial is not None and ident is not None:
         try:  # a trial's checkpoints are keyed by the run's identity (`journal/resume.py`)
             attach_checkpoints(job.trial, ident, resume=resume)
         except OSError as e:
             print(f"nbcluster: checkpoints cannot be kept ({e}); the items' checkpoints stay in their workers' memory")
-    link = engine.link
+    # A --persist journal names its cluster by its name, else its scheduler's address.
+    cluster = None if link is None or link.client is None else (
+        getattr(link.handle, "name", None) or link.cluster or str(link.client.scheduler.address))  # fmt: skip
     try:
         chosen = prepare(
             ident, len(job.plan), identity.first_line(cell, body), resume=resume, persist=job.persist,
-            client=engine.client, cluster=_cluster_name(link),
+            client=engine.client, cluster=cluster,
         )  # fmt: skip
     except Exception as e:  # a journal must never stop a run
         print(f"nbcluster: the run journal could not be used ({type(e).__name__}: {e}): running without it")
@@ -515,50 +549,24 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
     return set(chosen.values)
 
 
-def _follow_trials(tracker: Trials, engine: Engine, run: Run, client: Any, resumed: set[int]) -> None:
+def _follow_trials(tracker: Trials, run: Run, client: Any, resumed: set[int]) -> None:
     """Listen to a trial run's reports from its start to its end (`trials.py`)."""
-    state = engine.state
+    state = run.engine.state
+
+    def wake() -> None:  # a trial printed something: wake the cell waiting on the state
+        with state.changed:
+            state.changed.notify_all()
+
     tracker._ended = lambda i: state.status[i] != PENDING
     tracker.ran = lambda i: state.status[i] in (DONE, FAILED) and i not in resumed
     tracker.open(client)
-    run.results._trials = tracker
-    run.trials = tracker
-    tracker.wake = functools.partial(_wake, state)
+    run.results._trials = run.trials = tracker
+    tracker.wake = wake
     state.on_end(tracker.settle)  # before a waiting cell sees the run end: its last reports are in
     state.add_done_callback(tracker.closer())
 
 
-def _wake(state: Any) -> None:
-    """Wake the cell waiting on `state` (`RunState.wait_output`): a trial printed something."""
-    with state.changed:
-        state.changed.notify_all()
-
-
-def _cluster_name(link: Link | None) -> str | None:
-    """What a --persist journal names its cluster by: its name, else its scheduler's address."""
-    if link is None or link.client is None:
-        return None
-    return getattr(link.handle, "name", None) or link.cluster or str(link.client.scheduler.address)
-
-
-def _items(
-    everywhere: bool, link: Link, over: Any, grid: Any, zip_: Any, namespace: Any, ranks: int | None
-) -> Plan:
-    """The plan: from `--over/--grid/--zip`; for `--everywhere` the workers that qualify; for
-    `--ranks N` the ranks, each item ``(r,)`` binding ``rank`` in messages only."""
-    if ranks is not None:
-        return Plan("ranks", [(r,) for r in range(ranks)], ("rank",))
-    if not everywhere:
-        return plan(over=over, grid=grid, zip=zip_, evaluate=_evaluator(namespace))
-    workers = link.eligible_now()
-    if not workers:
-        raise BadArgument("--everywhere: the cluster has no workers right now; scale it up first")
-    return Plan("everywhere", list(workers))
-
-
-def _capture(
-    cell: Cell | None, items: Plan, seed: int | None, namespace: Any, pickle_values: bool
-) -> Capture:
+def _capture(cell: Cell | None, bound: list[str], namespace: Any, pickle_values: bool) -> Capture:
     """The notebook values the cell reads (a function carries its own).
 
     A persisted handle read by name is not pickled: each batch takes its future as a Dask
@@ -566,30 +574,18 @@ def _capture(
     """
     if cell is None:
         return Capture()
-    bound = [*items.names, *(["seed"] if seed is not None else [])]
     free = cell.free_names(bound)
-    held = {name: namespace[name] for name in free if name in namespace and is_handle(namespace[name])}
+    held = {name: namespace[name] for name in free if name in namespace and handles.is_handle(namespace[name])}
     captured = capture({n: line for n, line in free.items() if n not in held}, namespace, pickle_values=pickle_values)
     captured.held = held
     return captured
 
 
-def _handles_read(items: Plan, captured: Capture) -> list[Any]:
-    """Every handle the run reads: in its items (one tuple level deep) and captured by name."""
-    found = list(captured.held.values())
+def _handles_in(items: Plan) -> list[Any]:
+    """The persisted handles among the items (one tuple level deep); a range holds none."""
     if isinstance(items.items, range):
-        return found
-    # The types first, at C speed (~20 ns an item): items are walked only where a handle is.
-    kinds = set(map(type, items.items))
-    if tuple in kinds:
-        kinds.update(map(type, itertools.chain.from_iterable(i for i in items.items if type(i) is tuple)))
-    if not any(issubclass(kind, Handle) for kind in kinds):
-        return found
-    for item in items.items:
-        for value in item if type(item) is tuple else (item,):
-            if is_handle(value):
-                found.append(value)
-    return found
+        return []
+    return [v for item in items.items for v in (item if type(item) is tuple else (item,)) if handles.is_handle(v)]
 
 
 class Run:
@@ -625,7 +621,7 @@ class Run:
 
     @property
     def persist(self) -> bool:
-        """The values stay on the workers, behind handles (`--persist`)."""
+        """The values stay on the workers, behind handles (`--persist`): what `Results` asks."""
         return self.engine.job.persist
 
     @property
@@ -708,16 +704,11 @@ class Run:
             try:
                 follow(results)
             finally:
-                self._trial_line()
+                if self.trials is not None:  # say if the objective was never reported
+                    self.trials.close()
+                    if missing := self.trials.unknown_objective():
+                        print(missing)
         return results
-
-    def _trial_line(self) -> None:
-        """At the end of a followed trial run: say if its objective was never reported."""
-        if self.trials is not None:
-            self.trials.close()
-            line = self.trials.unknown_objective()
-            if line:
-                print(line)
 
     def cancel(self) -> None:
         """Stop the run, keeping every item that finished (`Engine.cancel`).
@@ -793,15 +784,11 @@ def wait(target: Results | str, *, namespace: dict[str, Any] | None = None) -> R
     True
     """
     if isinstance(target, str):
-        name = target
-        ns = namespace if namespace is not None else sys._getframe(1).f_globals
+        name, ns = target, namespace if namespace is not None else sys._getframe(1).f_globals
         if name not in ns:
             raise BadArgument(f"`{name}` is not defined: give the --into name of a --no-wait cell")
-        target = ns[name]
-        if not isinstance(target, Results):
-            raise BadArgument(
-                f"`{name}` is a {type(target).__name__}, not the results of a %%distribute cell"
-            )
+        if not isinstance(target := ns[name], Results):
+            raise BadArgument(f"`{name}` is a {type(target).__name__}, not the results of a %%distribute cell")
     follow(target)
     return target
 
@@ -814,48 +801,19 @@ def _evaluator(namespace: Any) -> Callable[[str, str], Any]:
             raise BadArgument(f"--{flag}: {expression!r} is not a Python expression ({e.msg})") from None
         # A copy as globals: eval would add __builtins__ to the user's dict, and
         # comprehensions in the expression need the names as globals to see them.
-        scope = dict(namespace)
-        scope.setdefault("__builtins__", builtins)
         try:
-            return eval(code, scope)
+            return eval(code, {"__builtins__": builtins, **namespace})
         except Exception as e:
-            raise BadArgument(
-                f"--{flag}: evaluating {expression!r} failed: {type(e).__name__}: {e}"
-            ) from None
+            raise BadArgument(f"--{flag}: evaluating {expression!r} failed: {type(e).__name__}: {e}") from None
 
     return evaluate
 
 
 def _shipped_line(cap: Capture, notes: list[str]) -> str:
-    parts = []
-    if cap.values:
-        size = sum(len(b) for b in cap.values.values())
-        parts.append(f"sent {', '.join(cap.values)} ({human(size)}) with the cell")
-    if cap.modules:
-        parts.append(f"import {', '.join(sorted(set(cap.modules.values())))} on the workers")
-    parts.extend(notes)
+    sent = f"sent {', '.join(cap.values)} ({human(sum(map(len, cap.values.values())))}) with the cell"
+    imported = f"import {', '.join(sorted(set(cap.modules.values())))} on the workers"
+    parts = [*([sent] if cap.values else []), *([imported] if cap.modules else []), *notes]
     return "nbcluster: " + "; ".join(parts) if parts else ""
-
-
-def _run_id() -> str:
-    rid = secrets.token_hex(6)
-    # Dask's key_split drops an all-letters hex word, but a digit keeps key prefixes tidy.
-    return rid if any(c.isdigit() for c in rid) else "0" + rid[1:]
-
-
-def _check(body: Any, into: Any, gpus: Any, cpus: Any, cpu_only: Any, retries: Any, batch: Any, seed: Any,
-           everywhere: Any, local: Any, over: Any, grid: Any, zip_: Any, namespace: Any,
-           persist: Any, resume: Any, objective: Any, stopper: Any, timeout: Any,
-           ranks: Any = None) -> None:  # fmt: skip
-    if not isinstance(body, str) and not callable(body):
-        raise BadArgument(f"distribute() needs cell source (a str) or a function, got {type(body).__name__}")
-    if namespace is not None and not hasattr(namespace, "__getitem__"):
-        raise BadArgument("namespace= needs a dict of the notebook's variables")
-    DistributeOptions(
-        over=over, grid=grid, zip=zip_, into=into, gpus=gpus, cpus=cpus, cpu_only=cpu_only,
-        retries=retries, batch=batch, seed=seed, everywhere=everywhere, local=local, persist=persist,
-        resume=resume, objective=objective, stopper=stopper, timeout=timeout, ranks=ranks,
-    )  # fmt: skip
 
 
 __all__ = ["Interrupted", "distribute", "everywhere", "launch", "ranks", "wait"]

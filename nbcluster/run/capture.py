@@ -1,4 +1,5 @@
-"""Which notebook variables a cell takes with it, and how each one travels.
+"""What a run takes with it: the notebook variables its cell reads (`capture`), how each
+travels, and the `Job` made of them, once, in the kernel, before anything is sent.
 
 For every free name of the cell (see `cell.py`) found in the user's namespace:
 
@@ -31,10 +32,12 @@ joblib give every task its own copy). So each value is sorted by `shareable`:
 A name the cell reads before binding it, that is neither in the namespace nor a builtin,
 is an error here ("`y` is not defined"); a name read only inside a function the cell
 defines is left for Python to resolve when it runs, as in the kernel.
+
 """
 
 from __future__ import annotations
 
+import builtins
 import enum
 import hashlib
 import io
@@ -48,10 +51,8 @@ from typing import Any
 
 import cloudpickle
 
-from nbcluster import _compat
+from nbcluster import _compat, worker
 from nbcluster.errors import BadArgument
-from nbcluster.run.cell import is_builtin
-from nbcluster.worker import pin
 
 LARGE = 1_000_000  # bytes of pickle above which a value is shipped once per worker
 PIN_WAIT_S = 5.0
@@ -84,24 +85,19 @@ class Capture:
         read such arrays (the worker makes the arrays read-only); every other large value is
         copied for every item.
     """
-    values: dict[str, bytes] = field(default_factory=dict)  # small: pickled here
-    modules: dict[str, str] = field(default_factory=dict)  # name -> module to import
-    large: dict[str, tuple[Any, str, int]] = field(default_factory=dict)  # name -> (value, digest, size)
-    direct: dict[str, Any] = field(default_factory=dict)  # every captured value, for --local
-    held: dict[str, Any] = field(default_factory=dict)  # name -> Handle: resolved on the worker
-    copied: list[str] = field(default_factory=list)  # small values copied for every item
-    fresh: bytes | None = None  # `copied`, pickled together: unpickled for every item
-    read_only: list[str] = field(default_factory=list)  # large arrays shared read-only
+
+    values: dict[str, bytes] = field(default_factory=dict)
+    modules: dict[str, str] = field(default_factory=dict)
+    large: dict[str, tuple[Any, str, int]] = field(default_factory=dict)
+    direct: dict[str, Any] = field(default_factory=dict)
+    held: dict[str, Any] = field(default_factory=dict)
+    copied: list[str] = field(default_factory=list)
+    fresh: bytes | None = None
+    read_only: list[str] = field(default_factory=list)
 
     @property
     def names(self) -> list[str]:
-        """The captured names that travel: modules, small values, then large ones.
-
-        Returns
-        -------
-        list of str
-            The names, in that order.
-        """
+        """The captured names that travel: modules, small values, then large ones."""
         return [*self.modules, *self.values, *self.large]
 
 
@@ -121,8 +117,8 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
     Returns
     -------
     Capture
-        The modules, small and large values found; builtins and names left for Python to
-        resolve at run time are skipped.
+        The modules, small and large values found; builtins (and ``display``, which
+        workers provide) and names left for Python to resolve at run time are skipped.
 
     Raises
     ------
@@ -133,16 +129,14 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
     """
     result = Capture()
     for name, line in free.items():
-        if name in namespace:
-            value = namespace[name]
-        elif is_builtin(name) or line is None:
-            continue
-        else:
+        if name not in namespace:
+            if line is None or name in _BUILTINS:
+                continue
             raise BadArgument(
                 f"`{name}` (cell line {line}) is not defined in the notebook: define it in an earlier "
                 "cell or in this one before it is used"
             )
-        result.direct[name] = value
+        value = result.direct[name] = namespace[name]
         if isinstance(value, ModuleType):
             result.modules[name] = value.__name__
         elif pickle_values:
@@ -158,6 +152,8 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
     return result
 
 
+# `display` is a builtin in IPython only while a cell runs, and workers provide their own.
+_BUILTINS = frozenset([*dir(builtins), "display"])
 _ATOMS = (int, float, complex, str, bytes, type(None), type(Ellipsis), type(NotImplemented), range, slice,
           ModuleType, type, BuiltinFunctionType, enum.Enum)  # fmt: skip
 
@@ -166,12 +162,14 @@ def shareable(value: Any, *, arrays: bool = False) -> bool:
     """Whether items may share `value`: nothing an item does to it can be seen by the next.
 
     Numbers, strings, bytes, None, ranges, modules, classes, builtin functions, enum
-    members, numpy scalars and dtypes; tuples (named ones too) and frozensets of shareable values; functions
-    (and ufuncs) imported from a module (they travel by reference); and notebook functions (module
-    ``__main__``) whose globals that their code reads, closure cells and defaults are all
-    shareable, recursively. Anything else (lists, dicts, sets, arrays, instances, bound
-    methods) is not. Classes count as shareable although their attributes could be
-    changed: an item that changes a class changes it for the worker, as in the kernel.
+    members, numpy scalars and dtypes; tuples (named ones too) and frozensets of shareable
+    values; functions (and ufuncs) imported from a module (they travel by reference); and
+    notebook functions (module ``__main__``) whose globals that their code reads, closure
+    cells and defaults are all shareable, recursively. Anything else (lists, dicts, sets,
+    arrays, instances, bound methods) is not. Classes count as shareable although their
+    attributes could be changed: an item that changes a class changes it for the worker,
+    as in the kernel. A value nested too deeply to tell is not shareable (copied, which is
+    always correct).
 
     Parameters
     ----------
@@ -199,7 +197,7 @@ def shareable(value: Any, *, arrays: bool = False) -> bool:
     """
     try:
         return _shareable(value, set(), arrays)
-    except RecursionError:  # nested too deeply to tell: copied, which is always correct
+    except RecursionError:
         return False
 
 
@@ -207,26 +205,32 @@ def _shareable(value: Any, seen: set[int], arrays: bool, read: bool = False) -> 
     """`shareable`; `read`: `value` is what a notebook function reads (a global, a closure cell)."""
     if isinstance(value, _ATOMS) or (arrays and read and read_only_array(value)):
         return True
-    kind = type(value)
     # A named tuple too, unless its class gave it a __dict__ (attributes one could set).
-    if (isinstance(value, tuple) and not hasattr(value, "__dict__")) or kind is frozenset:
+    if (isinstance(value, tuple) and not hasattr(value, "__dict__")) or type(value) is frozenset:
         return all(_shareable(v, seen, arrays) for v in value)
     numpy = sys.modules.get("numpy")
     if numpy is not None and isinstance(value, numpy.generic | numpy.dtype) and not isinstance(value, numpy.void):
         return True
     if _by_reference(value):
         return True  # a function (or ufunc) the worker imports: nothing of the notebook's travels
-    if kind is FunctionType:
-        if id(value) in seen:
-            return True  # a recursive function: the rest of it is being checked
-        seen.add(id(value))
-        cells = [_contents(c) for c in value.__closure__ or ()]
-        defaults = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
-        reads = [value.__globals__[n] for n in global_names(value.__code__) if n in value.__globals__]
-        return all(_shareable(v, seen, arrays) for v in defaults) and all(
-            _shareable(v, seen, arrays, read=True) for v in (*cells, *reads)
-        )
-    return False
+    if type(value) is not FunctionType:
+        return False
+    if id(value) in seen:
+        return True  # a recursive function: the rest of it is being checked
+    seen.add(id(value))
+    cells = [_contents(c) for c in value.__closure__ or ()]
+    defaults = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
+    reads = [value.__globals__[n] for n in _global_names(value.__code__) if n in value.__globals__]
+    return all(_shareable(v, seen, arrays) for v in defaults) and all(
+        _shareable(v, seen, arrays, read=True) for v in (*cells, *reads)
+    )
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell: a name the enclosing function binds later
+        return None
 
 
 def read_only_array(value: Any) -> bool:
@@ -243,37 +247,13 @@ def read_only_array(value: Any) -> bool:
         True for a `numpy.ndarray` (not a subclass, not of objects) of over `LARGE` bytes.
     """
     numpy = sys.modules.get("numpy")
-    return (
-        numpy is not None and type(value) is numpy.ndarray and not value.dtype.hasobject and value.nbytes > LARGE
-    )
+    return numpy is not None and type(value) is numpy.ndarray and not value.dtype.hasobject and value.nbytes > LARGE
 
 
-def global_names(code: CodeType) -> set[str]:
-    """The names `code` (and the code nested in it) may read as globals.
-
-    Parameters
-    ----------
-    code : code
-        A function's code.
-
-    Returns
-    -------
-    set of str
-        Its ``co_names`` and those of every nested code object (attribute names included,
-        as cloudpickle takes them: a global of the same name is then counted too).
-    """
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, CodeType):
-            names |= global_names(const)
-    return names
-
-
-def _contents(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell: a name the enclosing function binds later
-        return None
+def _global_names(code: CodeType) -> set[str]:
+    """The names `code` and the code nested in it may read as globals (attribute names
+    included, as cloudpickle takes them)."""
+    return set(code.co_names).union(*(_global_names(c) for c in code.co_consts if isinstance(c, CodeType)))
 
 
 def _by_reference(value: Any) -> bool:
@@ -288,49 +268,6 @@ def _by_reference(value: Any) -> bool:
     return found is value
 
 
-
-
-def code_index(values: Any) -> dict[str, list[tuple[str, int, int]]]:
-    """co_name -> [(filename, first line, last line)] for the notebook functions in `values`.
-
-    cloudpickle renames the file of every code object it ships by value to
-    "<dynamic-code>"; names and line numbers survive, so a worker's frame can be mapped
-    back to the notebook cell the function was defined in.
-
-    Parameters
-    ----------
-    values : Iterable
-        Captured values; functions, and the methods and properties of classes, are indexed,
-        with every function nested in them.
-
-    Returns
-    -------
-    dict of str to list of (str, int, int)
-        Each code object's name -> the file and line range of every function of that name.
-    """
-    index: dict[str, list[tuple[str, int, int]]] = {}
-    todo: list[Any] = []
-    for value in values:
-        if isinstance(value, type):
-            for member in vars(value).values():
-                member = getattr(member, "__func__", member)
-                member = getattr(member, "fget", member)
-                todo.append(getattr(member, "__code__", None))
-        else:
-            todo.append(getattr(value, "__code__", None))
-    seen: set[int] = set()
-    while todo:
-        code = todo.pop()
-        if not isinstance(code, CodeType) or id(code) in seen:
-            continue
-        seen.add(id(code))
-        lines = [line for _, _, line in code.co_lines() if line is not None]
-        last = max(lines, default=code.co_firstlineno)
-        index.setdefault(code.co_name, []).append((code.co_filename, code.co_firstlineno, last))
-        todo.extend(c for c in code.co_consts if isinstance(c, CodeType))
-    return index
-
-
 def _add(result: Capture, name: str, value: Any) -> None:
     if isinstance(value, io.IOBase) and hasattr(value, "name"):  # a file, not a BytesIO/StringIO
         # cloudpickle would send a snapshot of a read-mode file's contents, not the file.
@@ -341,12 +278,11 @@ def _add(result: Capture, name: str, value: Any) -> None:
     try:
         header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
     except RecursionError:
-        raise BadArgument(
-            f"`{name}` cannot be sent to the workers: it is nested too deeply to pickle"
-        ) from None
+        raise BadArgument(f"`{name}` cannot be sent to the workers: it is nested too deeply to pickle") from None
     except Exception as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
         raise BadArgument(
-            f"`{name}` cannot be sent to the workers: {_why(e)}. Create it inside the cell instead, "
+            f"`{name}` cannot be sent to the workers: {why}. Create it inside the cell instead, "
             "or pass what it is made from"
         ) from None
     size = len(header) + sum(b.raw().nbytes for b in buffers)
@@ -358,16 +294,9 @@ def _add(result: Capture, name: str, value: Any) -> None:
         if read_only_array(value) or shareable(value, arrays=True):
             result.read_only.append(name)  # shared: a function's large arrays made read-only there
         return
-    if buffers:
-        header = cloudpickle.dumps(value, protocol=5)
-    result.values[name] = header
+    result.values[name] = cloudpickle.dumps(value, protocol=5) if buffers else header
     if not shareable(value):
         result.copied.append(name)
-
-
-def _why(e: Exception) -> str:
-    text = str(e).split("\n")[0]
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def human(size: float) -> str:
@@ -388,9 +317,9 @@ def human(size: float) -> str:
     >>> human(2_500_000)
     '2.5 MB'
     """
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+    for unit in ("B", "kB", "MB"):
+        if size < 1000:
+            return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
     return f"{size:.1f} GB"
 
@@ -436,8 +365,7 @@ class Shipments:
                     future = self._scatter(client, digest, value, size)
                     workers = len(_compat.workers(client))
                     notes.append(f"sent {name} ({human(size)}) once to each of {workers} workers")
-                old = self.by_name.get(name)
-                self.by_name[name] = digest
+                old, self.by_name[name] = self.by_name.get(name), digest
                 if old is not None and old != digest and old not in self.by_name.values():
                     self.futures.pop(old, None)  # dropping the future frees the workers' copies
                 shipped.append((name, future.key, size))
@@ -480,17 +408,15 @@ class Shipments:
             True when the value was scattered again.
         """
         for value, digest, size in large.values():
-            if key == _key(digest):
+            if key == f"nbcluster-capture-{digest}":
                 with self.lock:
                     self._scatter(client, digest, value, size, workers)
                 return True
         return False
 
-    def _scatter(
-        self, client: Any, digest: str, value: Any, size: int, workers: list[str] | None = None
-    ) -> Any:
+    def _scatter(self, client: Any, digest: str, value: Any, size: int, workers: list[str] | None = None) -> Any:
         # broadcast: every worker gets its copy now, in parallel, before its first batch.
-        key = _key(digest)
+        key = f"nbcluster-capture-{digest}"
         future = client.scatter({key: value}, workers=workers, broadcast=workers is None, hash=False)[key]
         pin_soon(client, future, size)
         self.futures[digest] = future
@@ -523,7 +449,7 @@ def pin_soon(client: Any, future: Any, size: int, wait: float = PIN_WAIT_S) -> N
         try:
             holders = client.who_has([future]).get(future.key, ())
             if holders:
-                client.run(pin, [(future.key, size)], workers=list(holders), on_error="ignore")
+                client.run(worker.pin, [(future.key, size)], workers=list(holders), on_error="ignore")
         except Exception:  # the client closed meanwhile: nothing to save any more
             pass
 
@@ -532,16 +458,12 @@ def pin_soon(client: Any, future: Any, size: int, wait: float = PIN_WAIT_S) -> N
     thread.join(wait)
 
 
-def _key(digest: str) -> str:
-    return f"nbcluster-capture-{digest}"
-
-
 _SHIPMENTS: weakref.WeakKeyDictionary[Any, Shipments] = weakref.WeakKeyDictionary()
 _SHIPMENTS_LOCK = threading.Lock()
 
 
 def shipments(client: Any) -> Shipments:
-    """The `Shipments` of a client, made on first use and dropped with the client.
+    """The `Shipments` of a client: the same object for every call with it, dropped with it.
 
     Parameters
     ----------
@@ -551,10 +473,7 @@ def shipments(client: Any) -> Shipments:
     Returns
     -------
     Shipments
-        The same object for every call with this client.
+        This client's large values on the cluster.
     """
     with _SHIPMENTS_LOCK:
-        found = _SHIPMENTS.get(client)
-        if found is None:
-            found = _SHIPMENTS[client] = Shipments()
-        return found
+        return _SHIPMENTS.setdefault(client, Shipments())

@@ -1,5 +1,5 @@
-"""Cell source -> what a worker runs: compiled code, the value of the last expression, the
-names it reads from the notebook, and line numbers that match the notebook.
+"""What a run runs and over what: the cell's source -> compiled code and the names it reads
+from the notebook (`Cell`), and `--over` / `--grid` / `--zip` -> the items (`Plan`).
 
 `Cell.parse(source, first_line=2)` does everything that can fail on bad input here, in the
 kernel, so a syntax error is one message naming the cell line, not a worker traceback.
@@ -10,44 +10,56 @@ directly (the `%%distribute` line itself is line 1 of the notebook cell). The pa
 source is registered in `linecache` under the cell's unique filename, on the kernel and on
 each worker, so tracebacks and `inspect.getsource` show the lines.
 
-Free names: which names must come from the user's namespace? Python's scoping decides,
-and `symtable` alone cannot, because a module-level name that is assigned *after* it is
-read (`total = total + x`) is still read from outside. `_FreeNames` walks the statements
-in execution order, keeping the set of names bound so far:
+Free names: which names must come from the user's namespace? Python's scoping decides.
+`symtable` knows it for the code that runs later (function and lambda bodies: `_deferred`),
+but not the order of the module level, where a name that is assigned *after* it is read
+(`total = total + x`) is still read from outside. `_FreeNames` walks the module level,
+class bodies and comprehensions in execution order, keeping the set of names bound so far:
 
 - a load at module level (or in a comprehension, a class body) of a name not yet bound
   is *immediate*: the name must exist when the cell starts;
-- a load inside a function or lambda body of a name that is not local to it is
-  *deferred*: it is resolved when the function runs, so it is free only if the cell never
-  binds it at module level;
+- a load inside a function or lambda body of a name that is global there is *deferred*:
+  it is resolved when the function runs, so it is free only if the cell never binds it at
+  module level;
 - branches count as binding (an `if` that assigns `y` makes `y` the cell's own): the rare
   cell that reads a name bound only on a branch not taken would fail on the worker just as
   it would in the kernel with a fresh namespace.
 
 Over-capturing would ship stale (possibly huge or unpicklable) values, under-capturing
 would fail on the worker: the walk errs towards the scoping Python really does.
+
+A `Plan` holds the item values (`items`) and how one value binds names:
+
+- `over="x in xs"`: each value of `xs` binds `x`; `"a, b in pairs"` unpacks each value;
+- `grid="lr=[..], depth=[..]"`: the Cartesian product, first name slowest (like nested
+  loops written in that order); each value is a tuple bound to the names in order;
+- `zip="a=[..], b=[..]"`: the lists walked in step (equal lengths required);
+- none of these: one item with no names.
+
+Per-item parameter dicts (`Plan.params(i)`) are built only when asked for, and a `range`
+stays a range: a 100,000-item cell pays for no dicts or lists it never looks at.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import itertools
 import linecache
-from collections.abc import Iterable, Sequence
+import symtable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import CodeType
+from typing import Any
 
 from nbcluster.errors import BadArgument
-
-_BUILTINS = frozenset(dir(builtins))
 
 
 @dataclass
 class Cell:
     """A parsed cell: `body` runs, then `last` (if any) is evaluated for the item's value.
 
-    `body` is None for a cell that is one expression: running an empty code object cost as
-    much as evaluating `x + 1`, a real share of a tiny item's time on the worker.
+    `body` is None for a cell that is one expression, which then costs only its evaluation.
     """
 
     source: str  # padded so that line numbers match the notebook
@@ -96,26 +108,30 @@ class Cell:
         try:
             tree = ast.parse(padded, filename=filename, mode="exec")
         except SyntaxError as e:
-            raise BadArgument(_syntax_message(e, padded)) from None
+            text = (e.text or "").strip()
+            hint = ""
+            if text.startswith(("%", "!")) or text.endswith("?"):
+                hint = " (IPython magics and shell commands cannot run on a worker; plain Python only)"
+            where = f"cell line {e.lineno}" if e.lineno else "the cell"
+            raise BadArgument(f"syntax error at {where}: {e.msg}{hint}" + (f": {text}" if text else "")) from None
         if not tree.body:
             raise BadArgument("the cell is empty: write the code to run below the %%distribute line")
-        last = None
         tail = tree.body[-1]
-        if isinstance(tail, ast.Expr):
+        value = tail.value if isinstance(tail, ast.Expr) else None  # the item's value
+        if value is not None:
             tree.body.pop()
-            expr = ast.Expression(tail.value)
-            last = compile(expr, filename, "eval")
-        body = compile(tree, filename, "exec") if tree.body else None
+        last = None if value is None else compile(ast.Expression(value), filename, "eval")
         walker = _FreeNames()
-        walker.run(tree.body + ([expr.body] if last is not None else []))
-        register_source(filename, padded)
-        return cls(padded, filename, body, last, walker.immediate, walker.deferred - walker.bound)
+        walker._visit_all(*tree.body, value)
+        # Only functions and lambdas read later: a cell without one needs no second parse.
+        later = "def" in padded or "lambda" in padded
+        deferred = _deferred(symtable.symtable(padded, filename, "exec")) if later else set()
+        linecache.cache[filename] = (len(padded), None, padded.splitlines(keepends=True), filename)
+        body = compile(tree, filename, "exec") if tree.body else None
+        return cls(padded, filename, body, last, walker.immediate, deferred - walker.bound)
 
     def free_names(self, bound: Iterable[str] = ()) -> dict[str, int | None]:
         """Names the cell reads from outside, minus `bound` (item variables, `seed`).
-
-        Maps each name to the line it is first read on (None for names read only inside
-        functions), for messages about unknown names.
 
         Parameters
         ----------
@@ -125,95 +141,41 @@ class Cell:
         Returns
         -------
         dict of str to int or None
-            Free name -> the cell line it is first read on, or None.
+            Free name -> the cell line it is first read on, or None for a name read only
+            inside functions (for messages about unknown names).
         """
         skip = set(bound)
         names: dict[str, int | None] = {n: line for n, line in self.immediate.items() if n not in skip}
-        for n in sorted(self.deferred - skip - set(names)):
-            names[n] = None
+        names.update(dict.fromkeys(sorted(self.deferred - skip - set(names))))
         return names
 
 
-def register_source(filename: str, source: str) -> None:
-    """Make `source` what tracebacks and `inspect` show for `filename` in this process.
-
-    Parameters
-    ----------
-    filename : str
-        The file name the code objects carry.
-    source : str
-        The (padded) source to show for it.
-    """
-    lines = source.splitlines(keepends=True)
-    linecache.cache[filename] = (len(source), None, lines, filename)
-
-
-def is_builtin(name: str) -> bool:
-    """True when `name` needs no capture: a Python builtin, or ``display``.
-
-    Parameters
-    ----------
-    name : str
-        A free name of a cell.
-
-    Returns
-    -------
-    bool
-        Whether the worker has it without the kernel sending it.
-    """
-    # `display` is a builtin in IPython only while a cell runs, and workers provide their own.
-    return name in _BUILTINS or name == "display"
-
-
-def _syntax_message(e: SyntaxError, source: str) -> str:
-    line = (e.text or "").strip()
-    hint = ""
-    if line.startswith(("%", "!")) or line.endswith("?"):
-        hint = " (IPython magics and shell commands cannot run on a worker; plain Python only)"
-    where = f"cell line {e.lineno}" if e.lineno else "the cell"
-    return f"syntax error at {where}: {e.msg}{hint}" + (f": {line}" if line else "")
-
-
-class _Scope:
-    __slots__ = ("deferred", "is_class", "locals")
-
-    def __init__(self, local_names: set[str], deferred: bool, is_class: bool = False):
-        self.locals = local_names
-        self.deferred = deferred
-        self.is_class = is_class
-
-
 class _FreeNames(ast.NodeVisitor):
-    """Execution-order walk; see the module docstring for the rules."""
+    """The execution-order walk of the cell's module level; see the module docstring.
+
+    Function and lambda bodies run later: their reads are Python's own scoping, which
+    `symtable` knows (`_deferred`). A class body and a comprehension run at once; their
+    own names (`scopes`) are theirs, and a class body's are not seen inside it by the
+    comprehensions and classes nested in it.
+    """
 
     def __init__(self) -> None:
         self.bound: set[str] = set()
         self.immediate: dict[str, int] = {}
-        self.deferred: set[str] = set()
-        self.scopes: list[_Scope] = []
+        self.scopes: list[tuple[set[str], bool]] = []  # (names bound, a class body?)
 
-    def run(self, nodes: list[ast.AST]) -> None:
-        for node in nodes:
-            self.visit(node)
-
-    # -- names ------------------------------------------------------------------------
     def _load(self, name: str, line: int) -> None:
-        deferred = False
-        for depth, scope in enumerate(reversed(self.scopes)):
-            # Methods do not see their class body's names; only the class body itself does.
-            if name in scope.locals and not (scope.is_class and depth > 0):
-                return
-            deferred = deferred or scope.deferred
-        if deferred:
-            self.deferred.add(name)
-        elif name not in self.bound:
+        if not any(name in names and not (is_class and depth) for depth, (names, is_class)
+                   in enumerate(reversed(self.scopes))) and name not in self.bound:  # fmt: skip
             self.immediate.setdefault(name, line)
 
     def _store(self, name: str) -> None:
-        if self.scopes:
-            self.scopes[-1].locals.add(name)
-        else:
-            self.bound.add(name)
+        (self.scopes[-1][0] if self.scopes else self.bound).add(name)
+
+    def _visit_all(self, *nodes: ast.AST | None) -> None:
+        for node in nodes:
+            if node is not None:
+                self.visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load | ast.Del):
@@ -223,9 +185,7 @@ class _FreeNames(ast.NodeVisitor):
 
     # -- statements whose fields are not in execution order ------------------------------
     def visit_Assign(self, node: ast.Assign) -> None:
-        self.visit(node.value)
-        for target in node.targets:
-            self.visit(target)
+        self._visit_all(node.value, *node.targets)
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         self.visit(node.value)
@@ -234,25 +194,18 @@ class _FreeNames(ast.NodeVisitor):
         self.visit(node.target)
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        self.visit(node.annotation)
-        if node.value is not None:
-            self.visit(node.value)
-            self.visit(node.target)
-        elif not isinstance(node.target, ast.Name):
-            self.visit(node.target)
+        # `x: int` alone binds nothing; `a.b: int` still evaluates `a`.
+        bare = node.value is None and isinstance(node.target, ast.Name)
+        self._visit_all(node.annotation, node.value, None if bare else node.target)
 
     def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
         self.visit(node.value)
-        # A walrus in a comprehension binds in the enclosing function or module.
-        scopes, self.scopes = self.scopes, [s for s in self.scopes if not isinstance(s, _CompScope)]
-        self._store(node.target.id)
-        self.scopes = scopes
+        # A walrus in a comprehension binds in the enclosing class body or module.
+        scopes = [names for names, is_class in self.scopes if is_class]
+        (scopes[-1] if scopes else self.bound).add(node.target.id)
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
-        self.visit(node.iter)
-        self.visit(node.target)
-        for stmt in node.body + node.orelse:
-            self.visit(stmt)
+        self._visit_all(node.iter, node.target, *node.body, *node.orelse)
 
     visit_AsyncFor = visit_For
 
@@ -264,68 +217,40 @@ class _FreeNames(ast.NodeVisitor):
     visit_ImportFrom = visit_Import
 
     def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
-        if node.type is not None:
-            self.visit(node.type)
+        self._visit_all(node.type)
         if node.name:
             self._store(node.name)
-        for stmt in node.body:
-            self.visit(stmt)
+        self._visit_all(*node.body)
 
-    def visit_MatchAs(self, node: ast.MatchAs) -> None:
-        if node.pattern is not None:
-            self.visit(node.pattern)
+    def visit_MatchAs(self, node: ast.MatchAs | ast.MatchStar) -> None:
+        self._visit_all(getattr(node, "pattern", None))
         if node.name:
             self._store(node.name)
 
-    def visit_MatchStar(self, node: ast.MatchStar) -> None:
-        if node.name:
-            self._store(node.name)
+    visit_MatchStar = visit_MatchAs
 
     def visit_MatchMapping(self, node: ast.MatchMapping) -> None:
         self.generic_visit(node)
         if node.rest:
             self._store(node.rest)
 
-    def visit_Global(self, node: ast.Global | ast.Nonlocal) -> None:
-        pass
-
-    visit_Nonlocal = visit_Global
-
     # -- new scopes -------------------------------------------------------------------
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
+        # What runs now: decorators, defaults and annotations; the body runs later.
         args = node.args
-        for expr in [*getattr(node, "decorator_list", []), *args.defaults, *args.kw_defaults]:
-            if expr is not None:
-                self.visit(expr)
-        for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
-            if a is not None and a.annotation is not None:
-                self.visit(a.annotation)
-        returns = getattr(node, "returns", None)
-        if returns is not None:
-            self.visit(returns)
+        params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+        self._visit_all(*getattr(node, "decorator_list", []), *args.defaults, *args.kw_defaults,
+                        *(a.annotation for a in params if a), getattr(node, "returns", None))  # fmt: skip
         if not isinstance(node, ast.Lambda):
             self._store(node.name)
-        params = {
-            a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a
-        }
-        body = node.body if isinstance(node.body, list) else [node.body]
-        scope = _Scope(params | _locals_of(body), deferred=True)
-        self.scopes.append(scope)
-        for stmt in body:
-            self.visit(stmt)
-        self.scopes.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
     visit_Lambda = visit_FunctionDef
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        for expr in [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]:
-            self.visit(expr)
-        # A class body runs at once; its names are not visible to its methods, which is
-        # what a fresh non-deferred scope whose functions open deferred scopes gives.
-        self.scopes.append(_Scope(set(), deferred=False, is_class=True))
-        for stmt in node.body:
-            self.visit(stmt)
+        self._visit_all(*node.decorator_list, *node.bases, *(k.value for k in node.keywords))
+        self.scopes.append((set(), True))
+        self._visit_all(*node.body)
         self.scopes.pop()
         self._store(node.name)
 
@@ -334,51 +259,228 @@ class _FreeNames(ast.NodeVisitor):
         self.visit(first.iter)  # evaluated in the enclosing scope
         # Generator expressions are nearly always consumed where they stand (`sum(...)`),
         # so their reads count as immediate like a list comprehension's.
-        self.scopes.append(_CompScope(set(), deferred=False))
-        self.visit(first.target)
-        for cond in first.ifs:
-            self.visit(cond)
+        self.scopes.append((set(), False))
+        self._visit_all(first.target, *first.ifs)
         for gen in rest:
-            self.visit(gen.iter)
-            self.visit(gen.target)
-            for cond in gen.ifs:
-                self.visit(cond)
-        if isinstance(node, ast.DictComp):
-            self.visit(node.key)
-            self.visit(node.value)
-        else:
-            self.visit(node.elt)
+            self._visit_all(gen.iter, gen.target, *gen.ifs)
+        self._visit_all(*([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]))
         self.scopes.pop()
 
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
 
-class _CompScope(_Scope):
-    __slots__ = ()
+def _deferred(table: symtable.SymbolTable, later: bool = False) -> set[str]:
+    """The global names that the functions and lambdas in `table` read when they run.
+
+    The module, class bodies and comprehensions (whose implicit argument is ``.0``) run at
+    once: the walk sees their reads.
+    """
+    later = later or not (table.get_type() in ("module", "class") or ".0" in table.get_identifiers())
+    names = {s.get_name() for s in table.get_symbols() if s.is_global() and s.is_referenced()} if later else set()
+    return names.union(*(_deferred(child, later) for child in table.get_children()))
 
 
-def _locals_of(body: Sequence[ast.AST]) -> set[str]:
-    """Names a function body binds (so they are local to it), not looking into nested scopes."""
-    found: set[str] = set()
-    declared_global: set[str] = set()
-    todo: list[ast.AST] = list(body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Global | ast.Nonlocal):
-            declared_global.update(node.names)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            found.add(node.name)
-            todo.extend(getattr(node, "decorator_list", []))
-            continue
-        elif isinstance(node, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
-            continue
-        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            found.add(node.id)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            found.update(a.asname or a.name.split(".")[0] for a in node.names if a.name != "*")
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            found.add(node.name)
-        elif isinstance(node, ast.NamedExpr):
-            found.add(node.target.id)
-        todo.extend(ast.iter_child_nodes(node))
-    return found - declared_global
+@dataclass
+class Plan:
+    """What to run: item values and the names each binds."""
+
+    mode: str  # "over", "grid", "zip", "once", "everywhere", "ranks"
+    items: Sequence[Any]  # a list, or a range kept as it is (a million ints are 36 MB as a list)
+    names: tuple[str, ...] = ()
+    target: str = ""  # for "over": the target as written ("x", "a, b")
+    positional: bool = False  # for "over" with an iterable and a function: fn(item)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def unpacks(self) -> bool:
+        """True when a value is unpacked into several names (tuple target, grid, zip)."""
+        return self.mode in ("grid", "zip") or (self.mode == "over" and self.target != self.names[0])
+
+    def params(self, i: int) -> dict[str, Any]:
+        """The names item `i` binds, with their values: what messages and `ItemError` show.
+
+        Parameters
+        ----------
+        i : int
+            The item's index.
+
+        Returns
+        -------
+        dict of str to Any
+            ``{"x": 3}``, ``{"lr": 0.1, "depth": 5}``; ``{"worker": address}`` for
+            ``--everywhere``; {} for a cell run once. An item that does not unpack into the
+            ``--over`` target gives ``{"item": value, "unpack error": why}``.
+        """
+        value = self.items[i]
+        if self.mode in ("everywhere", "once"):
+            return {"worker": value} if self.mode == "everywhere" else {}
+        if self.mode == "over" and not self.unpacks:
+            return {self.names[0]: value}
+        if self.mode == "over":
+            scope: dict[str, Any] = {}
+            try:
+                exec(f"{self.target} = __item__", {"__item__": value}, scope)
+            except (TypeError, ValueError) as e:
+                return {"item": value, "unpack error": str(e)}
+            return {n: scope[n] for n in self.names}
+        return dict(zip(self.names, value, strict=True))
+
+    def describe(self, i: int) -> str:
+        """`x=3`, `lr=0.1, depth=5`: how messages name an item.
+
+        Parameters
+        ----------
+        i : int
+            The item's index.
+
+        Returns
+        -------
+        str
+            Its parameters, as `describe` writes them.
+        """
+        return describe(self.params(i))
+
+
+def describe(params: dict[str, Any]) -> str:
+    """Parameters as messages show them: `lr=0.1, depth=5`, long values cut short.
+
+    Parameters
+    ----------
+    params : dict of str to Any
+        Names and values (`Plan.params`).
+
+    Returns
+    -------
+    str
+        ``name=repr`` pairs joined by commas, each value's repr cut to 40 characters.
+
+    Examples
+    --------
+    >>> describe({"lr": 0.1, "depth": 5})
+    'lr=0.1, depth=5'
+    """
+    texts = {k: repr(v) for k, v in params.items()}
+    return ", ".join(f"{k}={t if len(t) <= 40 else t[:37] + '...'}" for k, t in texts.items())
+
+
+def plan(*, over: Any = None, grid: Any = None, zip: Any = None, evaluate: Callable[[str, str], Any]) -> Plan:
+    """Build the plan from ``--over``, ``--grid`` or ``--zip`` (at most one of them).
+
+    Parameters
+    ----------
+    over : str or Iterable, optional
+        ``"NAME in ITERABLE"`` (or ``"a, b in pairs"``), evaluated in the user's namespace;
+        or an iterable, whose items a function takes as its one argument.
+    grid : str or Mapping, optional
+        ``"lr=[0.1, 0.01], depth=[3, 5]"`` or a mapping of name -> values: every combination.
+    zip : str or Mapping, optional
+        The same form as `grid`: the lists taken side by side (they must be equally long).
+    evaluate : callable
+        ``evaluate(expression, flag)`` evaluates an expression in the user's namespace (the
+        flag names it in messages).
+
+    Returns
+    -------
+    Plan
+        The items and the names each binds; one item binding nothing when none of the three
+        is given.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        For more than one of them, a malformed expression, names that are not Python names
+        or bound twice, an iterable that is not one or is empty, or ``--zip`` lists of
+        different lengths; the message gives the form to use.
+
+    Examples
+    --------
+    >>> plan(grid={"lr": [0.1, 0.01], "depth": [3, 5]}, evaluate=eval).items
+    [(0.1, 3), (0.1, 5), (0.01, 3), (0.01, 5)]
+    """
+    given = [name for name, v in (("over", over), ("grid", grid), ("zip", zip)) if v is not None]
+    if len(given) > 1:
+        raise BadArgument(f"use one of --over, --grid and --zip, not {' and '.join('--' + g for g in given)}")
+    if over is not None:
+        return _over(over, evaluate)
+    if grid is not None:
+        names, lists = _named_lists(grid, "grid", evaluate)
+        return Plan("grid", list(itertools.product(*lists)), names)
+    if zip is not None:
+        names, lists = _named_lists(zip, "zip", evaluate)
+        if len({len(v) for v in lists}) > 1:
+            detail = ", ".join(f"{n} has {len(v)}" for n, v in builtins.zip(names, lists, strict=True))
+            raise BadArgument(f"--zip needs lists of the same length: {detail}")
+        return Plan("zip", list(builtins.zip(*lists, strict=True)), names)
+    return Plan("once", [None])
+
+
+def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
+    if not isinstance(over, str):
+        return Plan("over", _materialize(over, "over", repr(type(over).__name__)), ("item",), "item", True)
+    example = 'e.g. --over "x in range(10)" or --over "a, b in pairs"'
+    source = f"for {over}:\n    pass"
+    try:
+        loop = ast.parse(source).body[0]
+    except SyntaxError:
+        raise BadArgument(f"--over needs `NAME in ITERABLE`, {example}; got {over!r}") from None
+    assert isinstance(loop, ast.For)
+    names = _target_names(loop.target)
+    if names is None:
+        raise BadArgument(f"--over binds plain names (x, or a, b), {example}; got {over!r}")
+    if len(set(names)) != len(names):
+        raise BadArgument(f"--over binds a name twice: {over!r}")
+    expression = ast.get_source_segment(source, loop.iter) or ""
+    target = ast.get_source_segment(source, loop.target) or names[0]
+    items = _materialize(evaluate(expression, "over"), "over", expression)
+    return Plan("over", items, tuple(names), target=target.strip("()[] "))
+
+
+def _target_names(node: ast.expr) -> list[str] | None:
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if not isinstance(node, ast.Tuple | ast.List):
+        return None
+    subs = [_target_names(elt) for elt in node.elts]
+    return None if any(s is None for s in subs) else [n for s in subs for n in s or ()]
+
+
+def _named_lists(
+    spec: Any, flag: str, evaluate: Callable[[str, str], Any]
+) -> tuple[tuple[str, ...], list[Sequence[Any]]]:
+    example = f'e.g. --{flag} "lr=[0.1, 0.01], depth=[3, 5]"'
+    if isinstance(spec, Mapping):
+        pairs = [(str(k), v) for k, v in spec.items()]
+        bad = [name for name, _ in pairs if not name.isidentifier()]
+        if bad:
+            raise BadArgument(f"--{flag} names must be Python names, got {bad[0]!r}")
+    elif isinstance(spec, str):
+        source = f"_({spec})"
+        try:
+            call = ast.parse(source, mode="eval").body
+        except SyntaxError:
+            call = None
+        if not isinstance(call, ast.Call) or call.args or any(k.arg is None for k in call.keywords):
+            raise BadArgument(f"--{flag} needs NAME=VALUES pairs separated by commas, {example}; got {spec!r}")
+        names = [k.arg for k in call.keywords]
+        if len(set(names)) != len(names):
+            raise BadArgument(f"--{flag} names a parameter twice: {spec!r}")
+        pairs = [(k.arg or "", evaluate(ast.get_source_segment(source, k.value) or "", flag)) for k in call.keywords]
+    else:
+        raise BadArgument(f"--{flag} needs a string like 'a=[1, 2], b=[3]' or a dict of lists")
+    if not pairs:
+        raise BadArgument(f"--{flag} needs at least one NAME=VALUES pair, {example}")
+    return tuple(n for n, _ in pairs), [_materialize(values, flag, name) for name, values in pairs]
+
+
+def _materialize(values: Any, flag: str, what: str) -> Sequence[Any]:
+    try:
+        items = values if isinstance(values, range) else list(values)
+    except TypeError:
+        kind = type(values).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        raise BadArgument(f"--{flag}: {what} is not iterable (it is {article} {kind})") from None
+    if not items:
+        raise BadArgument(f"--{flag}: {what} is empty, so there is nothing to run")
+    return items

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from nbcluster.errors import HandleGone, NbclusterError, NotReady
 from nbcluster.persist.handles import GONE, Handle
-from nbcluster.run.plan import Plan, describe
+from nbcluster.run.cell import Plan, describe
 from nbcluster.run.state import CANCELLED, DONE, FAILED, RunState
 from nbcluster.run.tracebacks import ItemError, reraise
 from nbcluster.run.trial_results import TrialResults

@@ -12,7 +12,7 @@ from nbcluster.errors import BadArgument
 from nbcluster.run.state import CANCELLED, DONE, FAILED, RunState
 
 if TYPE_CHECKING:
-    from nbcluster.run.plan import Plan
+    from nbcluster.run.cell import Plan
     from nbcluster.run.trials import Trials
 
 _STATUS = {DONE: "done", FAILED: "failed", CANCELLED: "cancelled"}
