@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import statistics
 import subprocess
 import sys
@@ -53,11 +54,6 @@ def _in_process(repeats: int) -> dict[str, float]:
     from nbcluster.worker.context import Context
     from nbcluster.worker.items import dump_result, run_items
 
-    try:
-        from nbcluster.run.values import Packed
-    except ImportError:  # a tree from before values.py: its workers never pack
-        Packed = None
-
     output.install()
     cell = Cell.parse("x + 1", filename="<bench-cell>")
     spec = {"kind": "cell", "mode": "over", "names": ("x",), "target": "x", "unpacks": False,
@@ -79,8 +75,8 @@ def _in_process(repeats: int) -> dict[str, float]:
         def kernel(blob: bytes = blob, read: bool = False) -> None:
             data = cloudpickle.loads(blob)
             values = data["values"]
-            if isinstance(values, bytes):  # packed by the worker (since 2026-12-02): kept so until read
-                values = Packed(values, data["count"])
+            if isinstance(values, bytes):  # builtin data, pickled by the worker as one list
+                values = pickle.loads(values)
             state = RunState(BATCH)
             state.deliver(range(BATCH), values, data["errors"], data["outputs"])
             if read:

@@ -130,14 +130,11 @@ def prepare(
             f"nbcluster: --resume: no journal of this run (the same code, items and captured values) "
             f"was found: running all {total} items"
         )
-    fresh = chosen is None
     if chosen is None:
         made = journal.create(identity, total, first_line, cluster=cluster if persist else None, where=base)
         chosen = Resumption(made, line=line)
     if persist and chosen.writer is not None:
         chosen.publish = handles.dataset_prefix(chosen.writer.path.name)
-        if fresh:
-            handles.publishing_alone(client, chosen.publish)
         chosen.writer.before_superseding = _unpublishing(client)
     return chosen
 
@@ -146,7 +143,7 @@ def _unpublishing(client: Any) -> Any:
     """What a complete --persist run does before deleting older journals: drop their datasets."""
 
     def unpublish(paths: list[Path]) -> None:
-        handles.unpublish_superseded(client, [handles.dataset_prefix(p.name) for p in paths])
+        handles.unpublish(client, [handles.dataset_prefix(p.name) for p in paths])
 
     return unpublish
 

@@ -99,7 +99,6 @@ from nbcluster.journal.reading import (
     when,
 )
 from nbcluster.run.plan import describe
-from nbcluster.run.values import Packed
 from nbcluster.worker.plain import plain as worker_plain
 
 # The journal's readers (resume, runs, the tests) know its reading side (`reading.py`) as `store` too.
@@ -212,10 +211,7 @@ class Writer:
                 indices = indices[:n]
             plain, pickled = None, None
             if held is None:
-                if isinstance(values, Packed):  # as the worker pickled them: no second pickling
-                    plain = values.blob if len(values.blob) <= self._max_item else None
-                else:
-                    plain = worker_plain(values, self._max_item)
+                plain = worker_plain(values, self._max_item)
                 if plain is None:
                     pickled = [self._pickle(v) for v in values]
             record: Batch = {

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, TypedDict
 
@@ -45,8 +44,6 @@ from nbcluster.worker.held import Slot, holdings
 RUNS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 GONE = "the cluster that held it was stopped; run the cell that made it again (on a running cluster)"
-
-_made = False  # a handle was made in this process: the output history is looked through after each cell
 
 
 class Recipe(TypedDict):
@@ -64,20 +61,12 @@ class Handle:
     __slots__ = ("__weakref__", "_dataset", "_future", "_published", "held", "index", "made_on")
 
     def __init__(self, future: Any, held: HeldValue, index: int, made_on: str | None = None):
-        global _made
-        _made = True
         self._future: Any = future
         self.held = held
         self.index = index  # the item of the run that made it
         self.made_on = made_on  # the address of the worker that made it, where known (a placement hint)
-        self._published: weakref.finalize[Any, Any] | None = None  # unpublishes its dataset (`publish`)
-        self._dataset: str | None = None
-
-    @property
-    def dataset(self) -> str | None:
-        """The name of the dataset keeping the value without a client (`publish`), else None."""
-        finalizer = self._published
-        return self._dataset if finalizer is not None and finalizer.alive else None
+        self._published: weakref.finalize[Any, Any] | None = None  # unpublishes `_dataset` (`publish`)
+        self._dataset = ""
 
     def recipe(self, params: str = "") -> Recipe | None:
         """What a journal keeps of this handle: its key, dataset, description and parameters.
@@ -92,10 +81,9 @@ class Handle:
         Recipe or None
             The recipe; None when the handle is not published (journaling off) or released.
         """
-        dataset = self.dataset
-        if dataset is None or self._future is None:
+        if self._published is None or not self._published.alive or self._future is None:
             return None
-        return {"key": str(self._future.key), "dataset": dataset, "held": self.held, "params": params}
+        return {"key": self.key, "dataset": self._dataset, "held": self.held, "params": params}
 
     @property
     def future(self) -> Any:
@@ -136,17 +124,11 @@ class Handle:
             worker holds it at the moment (Dask is recomputing it), or the scheduler cannot be
             asked.
         """
-        if self.gone is not None:
-            return None
-        client = self._future.client
-        try:
-            holders = client.who_has([self._future]).get(self._future.key) or ()
-            if not holders:
-                return None
-            info = _compat.workers(client).get(holders[0], {})
-        except Exception:  # the scheduler going away as we ask: no worker to name
-            return None
-        return str(info.get("name", holders[0]))
+        with contextlib.suppress(Exception):  # gone, or the scheduler going away as we ask: no worker to name
+            client = self.future.client
+            holders = client.who_has([self._future]).get(self._future.key)
+            return str(_compat.workers(client).get(holders[0], {}).get("name", holders[0])) if holders else None
+        return None
 
     def gather(self) -> Any:
         """Bring the value to the kernel.
@@ -195,17 +177,14 @@ class Handle:
         str
             The type, shape (or length) and size the worker measured, as in the handle's repr.
         """
-        held = self.held
-        what = " ".join(part for part in (held["type"], held["shape"]) if part)
-        return f"{what}, {human(held['nbytes'])}"
+        what = " ".join(part for part in (self.held["type"], self.held["shape"]) if part)
+        return f"{what}, {human(self.held['nbytes'])}"
 
     def __repr__(self) -> str:
-        reason = self.gone
-        if reason is not None:
-            return f"<gone: {reason}>"
-        what = self.describe()
+        if self.gone is not None:
+            return f"<gone: {self.gone}>"
         where = self.where()
-        return f"<on worker {where}: {what}>" if where else f"<not held by any worker now: {what}>"
+        return f"<on worker {where}: {self.describe()}>" if where else f"<not held by any worker now: {self.describe()}>"
 
     def __reduce__(self) -> Any:
         # A handle crossing to a worker inside a blob would hide its key from Dask: runs pass
@@ -219,46 +198,24 @@ class Handle:
 class _Publisher:
     """One client's dataset calls, sent in order from its event loop, never waited for.
 
-    A run's driver thread only queues a batch's names (`put`), and a finalizer, running
-    wherever the last reference went (the main thread, a GC in any thread), only queues the
-    name it frees (`delete`). One coroutine at a time sends them, in the order queued, each
-    run of puts (or deletes) as one call: so a value released at once after it was made is
-    unpublished after it was published, never before, and a batch's delivery does not wait
-    for a scheduler round trip. A put still queued when the kernel dies is lost with it: that
-    item simply runs again on resume (`adopt` finds no dataset).
-
-    It also counts, per prefix, the names it was given and not yet told to delete (`live`),
-    so that superseding a journal this process wrote alone needs no scheduler round trip
-    when every value of it was already let go (`unpublish_superseded`).
+    A run's driver thread queues a batch's names (`publish`); a finalizer, running wherever
+    the last reference went (the main thread, a GC in any thread, the event loop itself),
+    queues the name it frees. One coroutine at a time sends them in the order queued, each
+    run of calls of one kind as one call: so a value released at once after it was made is
+    unpublished after it was published, never before. A put still queued when the kernel
+    dies is lost with it: that item simply runs again on resume (`adopt` finds no dataset).
     """
 
     def __init__(self, client: Any):
         self.client = client
-        self.ops: list[tuple[str, Any]] = []  # ("put", {name: future}) or ("delete", [name])
-        # Reentrant: a garbage collection inside a locked section may run a handle's finalizer (`delete`).
+        self.ops: list[tuple[bool, dict[str, Any]]] = []  # (put?, {name: future, or None to delete})
+        # Reentrant: a garbage collection inside a locked section may run a handle's finalizer.
         self.lock = threading.RLock()
         self.sending = False
-        self.live: Counter[str] = Counter()  # prefix -> names put, not deleted
-        self.alone: set[str] = set()  # prefixes of journals this process created: no one else publishes there
 
-    def put(self, named: dict[str, Any]) -> None:
+    def add(self, put: bool, named: dict[str, Any]) -> None:
         with self.lock:
-            self.live.update(name.rsplit("-", 1)[0] for name in named)
-        self._add(("put", named))
-
-    def delete(self, name: str) -> None:
-        with self.lock:
-            self.live[name.rsplit("-", 1)[0]] -= 1
-        self._add(("delete", [name]))
-
-    def let_go(self, prefix: str) -> bool:
-        """True when nothing is published under `prefix` once the queued calls are sent."""
-        with self.lock:
-            return prefix in self.alone and self.live[prefix] <= 0
-
-    def _add(self, op: tuple[str, Any]) -> None:
-        with self.lock:
-            self.ops.append(op)
+            self.ops.append((put, named))
             start, self.sending = not self.sending, True
         if start:
             try:
@@ -268,52 +225,36 @@ class _Publisher:
                     self.ops.clear()
                     self.sending = False
 
-    def _next(self) -> tuple[str, Any] | None:
-        """The next run of calls of one kind, merged; None (and no longer sending) when none are left."""
-        with self.lock:
-            if not self.ops or self.client.status != "running":
-                self.ops.clear()
-                self.sending = False
-                return None
-            kind = self.ops[0][0]
-            n = next((k for k, (other, _) in enumerate(self.ops) if other != kind), len(self.ops))
-            taken, self.ops = self.ops[:n], self.ops[n:]
-        if kind == "put":
-            return kind, {name: f for _, named in taken for name, f in named.items()}
-        return kind, [name for _, names in taken for name in names]
-
     async def _send(self) -> None:
-        while (op := self._next()) is not None:
-            kind, what = op
+        while True:
+            with self.lock:
+                if not self.ops or self.client.status != "running":
+                    self.ops.clear()
+                    self.sending = False
+                    return
+                put = self.ops[0][0]
+                n = next((k for k, (kind, _) in enumerate(self.ops) if kind != put), len(self.ops))
+                taken, self.ops = self.ops[:n], self.ops[n:]
+            named = {name: f for _, part in taken for name, f in part.items()}
             with contextlib.suppress(Exception):  # the scheduler going away: its datasets go with it
-                if kind == "put":  # override: an item run again after its value was lost
-                    await self.client.publish_dataset(**what, override=True, asynchronous=True)
+                if put:  # override: an item run again after its value was lost
+                    await self.client.publish_dataset(**named, override=True, asynchronous=True)
                 else:
-                    await self.client.unpublish_dataset(what, asynchronous=True)
+                    await self.client.unpublish_dataset(list(named), asynchronous=True)
 
 
 _PUBLISHERS: weakref.WeakKeyDictionary[Any, _Publisher] = weakref.WeakKeyDictionary()
 
 
-def _publisher(client: Any) -> _Publisher:
-    found = _PUBLISHERS.get(client)
-    if found is None:
-        found = _PUBLISHERS[client] = _Publisher(client)
-    return found
-
-
-def _unpublish_later(publisher: _Publisher, name: str) -> None:
-    publisher.delete(name)
-
-
 def _own(handle: Handle, client: Any, name: str) -> None:
     """Make `handle` unpublish `name` when it is released or collected (not at the kernel's exit)."""
-    finalizer = weakref.finalize(handle, _unpublish_later, _publisher(client), name)
+    publisher = _PUBLISHERS.setdefault(client, _Publisher(client))
+    finalizer = weakref.finalize(handle, publisher.add, False, {name: None})
     finalizer.atexit = False  # a kernel that exits (a restart) leaves its values for --resume
     handle._published, handle._dataset = finalizer, name
 
 
-def publish(client: Any, handles: Sequence[Handle], prefix: str) -> None:
+def publish(client: Any, handles: Sequence[Handle | None], prefix: str | None) -> None:
     """Publish each handle's key as the dataset ``<prefix>-<item>``, owned by the handle.
 
     The call is queued, not waited for (see `_Publisher`): a delivered batch does not wait
@@ -323,51 +264,18 @@ def publish(client: Any, handles: Sequence[Handle], prefix: str) -> None:
     ----------
     client : distributed.Client
         The run's client.
-    handles : Sequence of Handle
-        A delivered batch's new handles.
-    prefix : str
-        The run's dataset prefix (`dataset_prefix`).
+    handles : Sequence of Handle or None
+        A delivered batch's new handles (None: an item without a value).
+    prefix : str or None
+        The run's dataset prefix (`dataset_prefix`); None publishes nothing (no journal).
+
     """
-    if not handles:
+    made = [h for h in handles if h is not None]
+    if prefix is None or not made:
         return
-    _publisher(client).put({f"{prefix}-{h.index}": h._future for h in handles})
-    for h in handles:
+    _PUBLISHERS.setdefault(client, _Publisher(client)).add(True, {f"{prefix}-{h.index}": h._future for h in made})
+    for h in made:
         _own(h, client, f"{prefix}-{h.index}")
-
-
-def publishing_alone(client: Any, prefix: str) -> None:
-    """Say that this process created the journal of `prefix`: only it publishes under it.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        The run's client.
-    prefix : str
-        The new journal's dataset prefix (`dataset_prefix`).
-    """
-    publisher = _publisher(client)
-    with publisher.lock:
-        publisher.alone.add(prefix)
-
-
-def unpublish_superseded(client: Any, prefixes: Sequence[str]) -> None:
-    """Drop the datasets of journals a complete run supersedes, before they are deleted.
-
-    A prefix this process published under alone, whose values it has all let go, has
-    nothing left there (the deletes queued ahead are sent first): it is not asked about.
-    The others (a dead kernel's journals, values still held) are listed and dropped.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        A client of the cluster the datasets are on.
-    prefixes : Sequence of str
-        The superseded journals' dataset prefixes (`dataset_prefix`).
-    """
-    publisher = _publisher(client)
-    left = [p for p in prefixes if not publisher.let_go(p)]
-    if left:
-        unpublish(client, left)
 
 
 def dataset_prefix(journal_name: str) -> str:
@@ -428,7 +336,10 @@ def adopt(client: Any, recipes: dict[int, Recipe]) -> tuple[dict[int, Handle], i
 
 
 def unpublish(client: Any, prefixes: Sequence[str]) -> int:
-    """Drop every dataset whose name starts with one of `prefixes` (``%cluster runs ID --forget``).
+    """Drop every dataset whose name starts with one of `prefixes`.
+
+    What ``%cluster runs ID --forget`` does, and a complete run before it deletes the
+    journals it supersedes.
 
     Parameters
     ----------
@@ -442,10 +353,9 @@ def unpublish(client: Any, prefixes: Sequence[str]) -> int:
     int
         How many datasets were dropped.
     """
-    wanted = tuple(f"{p}-" for p in prefixes)
-    names = [str(n) for n in client.list_datasets() if str(n).startswith(wanted)]
+    names = published(client, prefixes)
     if names:
-        client.unpublish_dataset(names)
+        client.unpublish_dataset(sorted(names))
     return len(names)
 
 
@@ -489,29 +399,10 @@ def holdings_lines(client: Any) -> list[str]:
         return []
     lines = []
     for address in sorted(held, key=lambda a: names.get(a, a)):
-        parts = []
-        for run_id, (count, nbytes) in sorted(held[address].items()):
-            results = RUNS.get(run_id)
-            label = getattr(results, "label", None) or f"run {run_id}"
-            parts.append(f"{label}: {count} ({human(nbytes)})")
-        lines.append(f"  {names.get(address, address):<8} holds persisted {', '.join(parts)}")
+        runs = [f"{getattr(RUNS.get(run_id), 'label', None) or f'run {run_id}'}: {count} ({human(nbytes)})"
+                for run_id, (count, nbytes) in sorted(held[address].items())]  # fmt: skip
+        lines.append(f"  {names.get(address, address):<8} holds persisted {', '.join(runs)}")
     return lines
-
-
-def is_handle(value: Any) -> bool:
-    """True when `value` is a `Handle`.
-
-    Parameters
-    ----------
-    value : Any
-        Anything.
-
-    Returns
-    -------
-    bool
-        Whether it is a persisted result's handle.
-    """
-    return isinstance(value, Handle)
 
 
 def check(values: Iterable[Any], client: Any = None) -> None:
@@ -534,15 +425,13 @@ def check(values: Iterable[Any], client: Any = None) -> None:
     for value in values:
         if not isinstance(value, Handle):
             continue
-        reason = value.gone
-        if reason is not None:
-            raise BadArgument(f"a persisted result read by this cell is gone: {reason}")
-        if client is None:
-            continue
-        if value._future.client is not client and value._future.client.scheduler.address != client.scheduler.address:
+        if value.gone is not None:
+            raise BadArgument(f"a persisted result read by this cell is gone: {value.gone}")
+        theirs = value._future.client
+        if client is not None and theirs is not client and theirs.scheduler.address != client.scheduler.address:
             raise BadArgument(
                 f"a persisted result read by this cell lives on another cluster "
-                f"({value._future.client.scheduler.address}); use --cluster to run there, or .gather() it"
+                f"({theirs.scheduler.address}); use --cluster to run there, or .gather() it"
             )
 
 
@@ -566,41 +455,54 @@ def held_slots(items: Sequence[Any], first: int) -> tuple[list[Any], list[Any]]:
     """
     futures: list[Any] = []
 
-    def slot(value: Any) -> Any:
-        if not isinstance(value, Handle):
-            return value
-        futures.append(value.future)
+    def slot(handle: Handle) -> Slot:
+        futures.append(handle.future)
         return Slot(first + len(futures) - 1)
 
-    out = [tuple(slot(v) for v in item) if type(item) is tuple else slot(item) for item in items]
-    return out, futures
+    return [_replaced(item, Handle, slot) for item in items], futures
 
 
-def made_where(items: Sequence[Any]) -> tuple[dict[str, list[str]], list[Any]]:
-    """Where the handles in `items` were made, by key; and the futures of those not known.
+class Placement:
+    """Where the handles a run reads are: a hint for a batch that reads them, asked once per start.
 
-    Parameters
-    ----------
-    items : list
-        A run's items: handles, tuples of values and handles, or plain values.
-
-    Returns
-    -------
-    known : dict of str to list of str
-        Each handle's key -> ``[the address of the worker that made it]``.
-    unknown : list of distributed.Future
-        The futures of the handles that do not know it (adopted from a journal).
+    Dask may still run the batch elsewhere (`allow_other_workers`), and moves the value then.
+    A handle made in this kernel knows the worker that made it (`Handle.made_on`), where Dask
+    keeps the value until that worker goes (then the hint names no live worker, and Dask
+    places the batch itself): nothing is asked, so a chained cell's first item goes out at
+    once. Only the others (handles adopted from a journal) are asked of the scheduler, in
+    one round trip.
     """
-    known: dict[str, list[str]] = {}
-    unknown: list[Any] = []
-    for item in items:
-        for value in item if type(item) is tuple else (item,):
-            if isinstance(value, Handle) and value._future is not None:
-                if value.made_on:
-                    known[value.key] = [value.made_on]
-                else:
-                    unknown.append(value._future)
-    return known, unknown
+
+    def __init__(self) -> None:
+        self._placed: dict[str, list[str]] | None = None
+
+    def of(self, client: Any, items: Sequence[Any], deps: Sequence[Any]) -> list[str]:
+        """The workers holding the first of `deps` (a batch's dependencies) with a known holder.
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The run's client.
+        items : sequence
+            The plan's items (the handles among them are looked up at the first call).
+        deps : sequence of distributed.Future
+            The futures of the handles the batch reads.
+
+        Returns
+        -------
+        list of str
+            Their addresses; empty for none.
+        """
+        if not deps:
+            return []
+        if self._placed is None:
+            held = [v for item in items for v in (item if type(item) is tuple else (item,)) if isinstance(v, Handle)]
+            self._placed = {h.key: [h.made_on] for h in held if h.made_on and h._future is not None}
+            unknown = [h._future for h in held if not h.made_on and h._future is not None]
+            if unknown:
+                with contextlib.suppress(Exception):  # the scheduler busy or gone: let Dask place them
+                    self._placed.update({k: list(v) for k, v in client.who_has(unknown).items()})
+        return next((self._placed[f.key] for f in deps if self._placed.get(f.key)), [])
 
 
 class Read:
@@ -642,6 +544,15 @@ class Read:
         return self._text if self._ref() is not None else "<released>"
 
 
+def _replaced(value: Any, kind: type[Any], fn: Any) -> Any:
+    """`value` with each `kind` in it (itself, or in a tuple, one level deep) replaced by `fn(it)`."""
+    if isinstance(value, kind):
+        return fn(value)
+    if type(value) is tuple and any(isinstance(v, kind) for v in value):
+        return tuple(fn(v) if isinstance(v, kind) else v for v in value)
+    return value
+
+
 def forget(value: Any) -> Any:
     """`value` (an item: a handle, a tuple with handles, anything) holding handles weakly.
 
@@ -655,11 +566,7 @@ def forget(value: Any) -> Any:
     Any
         The item with each handle (one tuple level deep) replaced by a `Read`.
     """
-    if isinstance(value, Handle):
-        return Read(value)
-    if type(value) is tuple and any(isinstance(v, Handle) for v in value):
-        return tuple(Read(v) if isinstance(v, Handle) else v for v in value)
-    return value
+    return _replaced(value, Handle, Read)
 
 
 def recall(value: Any) -> Any:
@@ -680,11 +587,7 @@ def recall(value: Any) -> Any:
     nbcluster.errors.BadArgument
         When a handle it read is gone (see `Read.recall`).
     """
-    if isinstance(value, Read):
-        return value.recall()
-    if type(value) is tuple and any(isinstance(v, Read) for v in value):
-        return tuple(v.recall() if isinstance(v, Read) else v for v in value)
-    return value
+    return _replaced(value, Read, Read.recall)
 
 
 def forget_shown(shell: Any) -> None:
@@ -701,15 +604,15 @@ def forget_shown(shell: Any) -> None:
     shell : IPython.core.interactiveshell.InteractiveShell
         The kernel's shell.
     """
-    if not _made and not RUNS:
-        return  # no handle, and no --persist run, in this process: nothing shown can hold one
     out, hook = shell.history_manager.output_hist, shell.displayhook
     proxies: dict[int, Any] = {}
 
     def weak(value: Any) -> Any:
-        if not _holds_handles(value):
-            return value
-        return proxies.setdefault(id(value), weakref.proxy(value))
+        if type(value) in (weakref.ProxyType, weakref.CallableProxyType):
+            return value  # already weak
+        if isinstance(value, Handle) or (type(value).__name__ == "Results" and getattr(value._control, "persist", False)):
+            return proxies.setdefault(id(value), weakref.proxy(value))
+        return value
 
     for n, value in list(out.items()):
         out[n] = weak(value)
@@ -718,11 +621,3 @@ def forget_shown(shell: Any) -> None:
             ns[name] = weak(ns[name])
     for name in ("_", "__", "___"):
         setattr(hook, name, weak(getattr(hook, name, None)))
-
-
-def _holds_handles(value: Any) -> bool:
-    if type(value) in (weakref.ProxyType, weakref.CallableProxyType):
-        return False  # already weak
-    if isinstance(value, Handle):
-        return True
-    return type(value).__name__ == "Results" and bool(getattr(value._control, "persist", False))

@@ -49,7 +49,7 @@ from nbcluster.errors import BadArgument, Interrupted, NbclusterError
 from nbcluster.journal import checkpoints, identity
 from nbcluster.journal.resume import Resumption, prepare
 from nbcluster.persist import handles
-from nbcluster.persist.handles import Handle, is_handle
+from nbcluster.persist.handles import Handle
 from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.capture import Capture, capture, human
 from nbcluster.run.cell import Cell
@@ -568,7 +568,7 @@ def _capture(
         return Capture()
     bound = [*items.names, *(["seed"] if seed is not None else [])]
     free = cell.free_names(bound)
-    held = {name: namespace[name] for name in free if name in namespace and is_handle(namespace[name])}
+    held = {name: namespace[name] for name in free if name in namespace and isinstance(namespace[name], Handle)}
     captured = capture({n: line for n, line in free.items() if n not in held}, namespace, pickle_values=pickle_values)
     captured.held = held
     return captured
@@ -587,7 +587,7 @@ def _handles_read(items: Plan, captured: Capture) -> list[Any]:
         return found
     for item in items.items:
         for value in item if type(item) is tuple else (item,):
-            if is_handle(value):
+            if isinstance(value, Handle):
                 found.append(value)
     return found
 
