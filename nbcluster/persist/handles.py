@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, TypedDict
 
@@ -61,11 +62,10 @@ class Handle:
     __slots__ = ("__weakref__", "_dataset", "_future", "_published", "held", "index", "made_on")
 
     def __init__(self, future: Any, held: HeldValue, index: int, made_on: str | None = None):
-        self._future: Any = future
-        self.held = held
-        self.index = index  # the item of the run that made it
-        self.made_on = made_on  # the address of the worker that made it, where known (a placement hint)
-        self._published: weakref.finalize[Any, Any] | None = None  # unpublishes `_dataset` (`publish`)
+        # `index`: the item of the run that made it; `made_on`: the address of the worker that made
+        # it, where known (a placement hint); `_published` unpublishes `_dataset` (`publish`).
+        self._future, self.held, self.index, self.made_on = future, held, index, made_on
+        self._published: weakref.finalize[Any, Any] | None = None
         self._dataset = ""
 
     def recipe(self, params: str = "") -> Recipe | None:
@@ -88,7 +88,8 @@ class Handle:
     @property
     def future(self) -> Any:
         """The Dask future of the value (for hand-written Dask work); one line if it is gone."""
-        self._check()
+        if self.gone is not None:
+            raise HandleGone(f"item {self.index}'s value is gone: {self.gone}")
         return self._future
 
     @property
@@ -150,9 +151,9 @@ class Handle:
         >>> shards[2].gather()
         [2, 2, 2]
         """
-        self._check()
+        future = self.future  # one line if it is gone
         try:
-            return self._future.result()
+            return future.result()
         except Exception as e:
             raise HandleGone(f"item {self.index} could not be brought back: {type(e).__name__}: {e}") from None
 
@@ -163,11 +164,6 @@ class Handle:
             self._published()  # runs once: unpublishes the dataset
         if future is not None and future.client.status == "running":
             future.release()
-
-    def _check(self) -> None:
-        reason = self.gone
-        if reason is not None:
-            raise HandleGone(f"item {self.index}'s value is gone: {reason}")
 
     def describe(self) -> str:
         """`ndarray (12500000,) float64, 100.0 MB`: what the worker said of the value.
@@ -184,7 +180,7 @@ class Handle:
         if self.gone is not None:
             return f"<gone: {self.gone}>"
         where = self.where()
-        return f"<on worker {where}: {self.describe()}>" if where else f"<not held by any worker now: {self.describe()}>"
+        return f"<{f'on worker {where}' if where else 'not held by any worker now'}: {self.describe()}>"
 
     def __reduce__(self) -> Any:
         # A handle crossing to a worker inside a blob would hide its key from Dask: runs pass
@@ -208,7 +204,7 @@ class _Publisher:
 
     def __init__(self, client: Any):
         self.client = client
-        self.ops: list[tuple[bool, dict[str, Any]]] = []  # (put?, {name: future, or None to delete})
+        self.ops: deque[tuple[bool, dict[str, Any]]] = deque()  # (put?, {name: future, or None to delete})
         # Reentrant: a garbage collection inside a locked section may run a handle's finalizer.
         self.lock = threading.RLock()
         self.sending = False
@@ -232,10 +228,9 @@ class _Publisher:
                     self.ops.clear()
                     self.sending = False
                     return
-                put = self.ops[0][0]
-                n = next((k for k, (kind, _) in enumerate(self.ops) if kind != put), len(self.ops))
-                taken, self.ops = self.ops[:n], self.ops[n:]
-            named = {name: f for _, part in taken for name, f in part.items()}
+                put, named = self.ops[0][0], {}
+                while self.ops and self.ops[0][0] == put:
+                    named.update(self.ops.popleft()[1])
             with contextlib.suppress(Exception):  # the scheduler going away: its datasets go with it
                 if put:  # override: an item run again after its value was lost
                     await self.client.publish_dataset(**named, override=True, asynchronous=True)
@@ -317,10 +312,8 @@ def adopt(client: Any, recipes: dict[int, Recipe]) -> tuple[dict[int, Handle], i
     """
     if not recipes:
         return {}, 0
-    items = sorted(recipes)
-    names = [recipes[i]["dataset"] for i in items]
-    futures = client.get_dataset(names, default=None)
-    found = {i: f for i, f in zip(items, futures, strict=True) if f is not None and hasattr(f, "key")}
+    futures = client.get_dataset([recipes[i]["dataset"] for i in sorted(recipes)], default=None)
+    found = {i: f for i, f in zip(sorted(recipes), futures, strict=True) if f is not None and hasattr(f, "key")}
     holders = client.who_has(list(found.values())) if found else {}
     handles: dict[int, Handle] = {}
     for i, future in found.items():
@@ -329,8 +322,7 @@ def adopt(client: Any, recipes: dict[int, Recipe]) -> tuple[dict[int, Handle], i
             _own(handle, client, recipes[i]["dataset"])
         else:
             future.release()
-    stale = [recipes[i]["dataset"] for i in found if i not in handles]
-    if stale:
+    if stale := [recipes[i]["dataset"] for i in found if i not in handles]:
         client.unpublish_dataset(stale)
     return handles, len(recipes) - len(handles)
 
@@ -353,8 +345,7 @@ def unpublish(client: Any, prefixes: Sequence[str]) -> int:
     int
         How many datasets were dropped.
     """
-    names = published(client, prefixes)
-    if names:
+    if names := published(client, prefixes):
         client.unpublish_dataset(sorted(names))
     return len(names)
 
@@ -429,10 +420,8 @@ def check(values: Iterable[Any], client: Any = None) -> None:
             raise BadArgument(f"a persisted result read by this cell is gone: {value.gone}")
         theirs = value._future.client
         if client is not None and theirs is not client and theirs.scheduler.address != client.scheduler.address:
-            raise BadArgument(
-                f"a persisted result read by this cell lives on another cluster "
-                f"({theirs.scheduler.address}); use --cluster to run there, or .gather() it"
-            )
+            raise BadArgument(f"a persisted result read by this cell lives on another cluster "
+                              f"({theirs.scheduler.address}); use --cluster to run there, or .gather() it")  # fmt: skip
 
 
 def held_slots(items: Sequence[Any], first: int) -> tuple[list[Any], list[Any]]:
@@ -534,10 +523,8 @@ class Read:
         """
         handle = self._ref()
         if handle is None or handle.gone is not None:
-            raise BadArgument(
-                "a persisted result this run read was deleted or released since: run the cells that "
-                "make it again, then this one"
-            )
+            raise BadArgument("a persisted result this run read was deleted or released since: "
+                              "run the cells that make it again, then this one")  # fmt: skip
         return handle
 
     def __repr__(self) -> str:

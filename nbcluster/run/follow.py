@@ -61,18 +61,11 @@ def follow(results: Results) -> None:
     c = results.counts()
     # Without --into, IPython keeps the exception (`magics.py` re-raises it) and its results.
     name = results.label or "sys.last_value.results"
+    kept = f"{c['done']}/{c['total']} items finished and are in {name}"
     if results.lost:
-        raise ClusterLost(
-            f"{results.lost}: {c['done']}/{c['total']} items finished and are in {name}; "
-            f"start a cluster and run {name}.retry()",
-            results,
-        )
+        raise ClusterLost(f"{results.lost}: {kept}; start a cluster and run {name}.retry()", results)
     if results._state.halted:
-        raise ClusterCannotRun(
-            f"{results._state.halted}, then {name}.retry() runs the rest; "
-            f"{c['done']}/{c['total']} items finished and are in {name}",
-            results,
-        )
+        raise ClusterCannotRun(f"{results._state.halted}, then {name}.retry() runs the rest; {kept}", results)
 
 
 def _hold_for_widget(results: Results) -> None:
@@ -107,10 +100,8 @@ def interrupted(results: Results) -> Interrupted:
     """
     c = results.counts()
     where = f"`{results.label}`" if results.label else "sys.last_value.results (use --into NAME to keep them)"
-    return Interrupted(
-        f"{c['done']}/{c['total']} items finished, {c['cancelled']} cancelled; partial results are in {where}",
-        results,
-    )
+    done = f"{c['done']}/{c['total']} items finished, {c['cancelled']} cancelled"
+    return Interrupted(f"{done}; partial results are in {where}", results)
 
 
 class _Printer:
@@ -197,15 +188,13 @@ def report(results: Results) -> None:
     results : Results
         A finished run; nothing is written when no item failed.
     """
-    errors = results.errors
-    if not errors:
+    if not results.errors:
         return
     end_open_lines()
-    text = results.summary() + "\n" + errors[0].traceback
-    if results.label:
-        name = results.label
-        text += f"({name}.errors lists the failures, {name}.raise_first() raises the first, {name}.retry() re-runs them)\n"
-    else:  # no variable holds them yet: say where they are rather than invent a name
-        text += "(the results, `_` right after the cell, have .errors, .raise_first() and .retry(); --into NAME keeps them)\n"
-    sys.stderr.write(text)
+    name = results.label
+    # Without --into no variable holds them yet: say where they are rather than invent a name.
+    hint = (f"({name}.errors lists the failures, {name}.raise_first() raises the first, {name}.retry() re-runs them)"
+            if name else "(the results, `_` right after the cell, have .errors, .raise_first() and .retry(); "
+            "--into NAME keeps them)")  # fmt: skip
+    sys.stderr.write(f"{results.summary()}\n{results.errors[0].traceback}{hint}\n")
     sys.stderr.flush()

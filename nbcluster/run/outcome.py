@@ -97,13 +97,11 @@ def unpack(future: Any, result: Any, n: int) -> Outcome:
     """
     from distributed import KilledWorker
 
-    record: worker.ErrorRecord | None = None
     # A result blob is a result even if the future reads "lost" by now: the worker that
     # held it died after it was gathered.
     if future.status != "finished" and not isinstance(result, bytes):
         exc = result[1] if isinstance(result, tuple) else result
-        missing = _nbcluster_missing(exc)
-        if missing is not None:
+        if (missing := _nbcluster_missing(exc)) is not None:
             return Outcome([], {}, {}, halt=missing)
         if isinstance(exc, KilledWorker) and len(exc.args) == 3:
             return Outcome([], {}, {}, killed=exc)
@@ -111,18 +109,14 @@ def unpack(future: Any, result: Any, n: int) -> Outcome:
             exc = type(exc)("the batch was cancelled on the cluster")
         elif not isinstance(exc, BaseException):
             exc = RuntimeError(f"the batch failed: {exc!r}")
-        record = worker.error_record(exc, frames=False)
-    else:
-        try:
-            data = cloudpickle.loads(result)
-            if isinstance(data.get("values"), bytes):  # builtin data, pickled as one list (`worker/plain.py`)
-                data["values"] = pickle.loads(data["values"])
-        except Exception as e:
-            record = worker.error_record(
-                TypeError(f"the results could not be loaded in the kernel: {type(e).__name__}: {e}")
-            )
-    if record is not None:
-        return Outcome([None] * n, dict.fromkeys(range(n), record), {})
+        return Outcome([None] * n, dict.fromkeys(range(n), worker.error_record(exc, frames=False)), {})
+    try:
+        data = cloudpickle.loads(result)
+        if isinstance(data.get("values"), bytes):  # builtin data, pickled as one list (`worker/plain.py`)
+            data["values"] = pickle.loads(data["values"])
+    except Exception as e:
+        failed = TypeError(f"the results could not be loaded in the kernel: {type(e).__name__}: {e}")
+        return Outcome([None] * n, dict.fromkeys(range(n), worker.error_record(failed)), {})
     if "lost" in data:
         return Outcome([], {}, {}, lost=(data["lost"], data.get("worker")))
     if "fatal" in data:
@@ -175,17 +169,16 @@ def killed_record(client: Any, described: str, index: int, killed: Any) -> worke
         f"item {index}{f' ({described})' if described else ''} killed its worker "
         f"{killed.allowed_failures + 1} times (a crash or out of memory)"
     )
-    last = killed.last_worker
-    lines: list[str] = []
+    last, lines = killed.last_worker, []
     with contextlib.suppress(Exception):  # no nanny (`dask worker --no-nanny`), or it is gone too
-        if client is not None and getattr(last, "nanny", None):
+        if last.nanny:
             lines = [str(msg).split(" - ", 3)[-1].strip() for _, msg in nanny_logs(client, last.nanny)]
     # Newest first. Nannies that share a process share its log: keep this worker's lines.
     pid = getattr(last, "pid", None)
     lines = [line for line in lines if pid is None or f"pid={pid})" in line or f"process {pid} " in line]
-    said = next((line for wanted in ("memory budget", "Worker process") for line in lines if wanted in line), None)
-    if said:
+    for said in (line for wanted in ("memory budget", "Worker process") for line in lines if wanted in line):
         message += f"; the worker's nanny logged: {said}"
+        break
     return worker.error_record(WorkerKilled(message), frames=False)
 
 
@@ -213,15 +206,12 @@ def held_report(client: Any, future: Any, result: Any) -> Any:
     """
     key = str(future.key)
     if future.status == "error":
-        with contextlib.suppress(Exception):
-            for said in client.run(held.report_of, key, on_error="return").values():
-                if isinstance(said, bytes):
-                    return said
+        with contextlib.suppress(Exception):  # StopIteration too: no worker kept it
+            return next(r for r in client.run(held.report_of, key, on_error="return").values() if isinstance(r, bytes))
     if future.status != "finished":
         return result if result is not None else outcome(future)
     with contextlib.suppress(Exception):
-        report = run_on_holder(client, key, held.report_of, key)
-        if report is not None:
+        if (report := run_on_holder(client, key, held.report_of, key)) is not None:
             return report
     return outcome(client.submit(held.report_for, future, pure=False))
 

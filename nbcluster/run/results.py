@@ -42,7 +42,7 @@ from __future__ import annotations
 import html
 import importlib.util
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nbcluster.errors import HandleGone, NbclusterError, NotReady
 from nbcluster.persist.handles import GONE, Handle
@@ -171,11 +171,8 @@ class Results(TrialResults):
             reraise(self._state.errors[index])
         if state == CANCELLED:
             raise NotReady(f"item {index} was cancelled ({self._progress_text()}); .retry() runs it again")
-        name = self._label or "NAME"
-        raise NotReady(
-            f"item {index} has not finished yet ({self._progress_text()}); `%distribute wait {name}` "
-            "or .wait() blocks until the run is done"
-        )
+        wait = f"`%distribute wait {self._label or 'NAME'}` or .wait() blocks until the run is done"
+        raise NotReady(f"item {index} has not finished yet ({self._progress_text()}); {wait}")
 
     def __iter__(self) -> Iterator[Any]:
         # All or nothing: a loop over the values must not stop halfway, nor zip them with
@@ -184,10 +181,8 @@ class Results(TrialResults):
         if c["cancelled"] or c["running"]:
             what = "was interrupted" if c["cancelled"] else "is still running"
             wait = "" if c["cancelled"] else f", `%distribute wait {self._label or 'NAME'}` waits for the rest"
-            raise NotReady(
-                f"the run {what} ({self._progress_text()}): .values() lists every value, with None "
-                f"for the missing ones{wait}; .retry() runs what is missing"
-            )
+            raise NotReady(f"the run {what} ({self._progress_text()}): .values() lists every value, with None "
+                           f"for the missing ones{wait}; .retry() runs what is missing")  # fmt: skip
         yield from self._state.values if self._state.all_done() else (self[i] for i in range(len(self)))
 
     # -- reading -------------------------------------------------------------------------
@@ -275,8 +270,13 @@ class Results(TrialResults):
         """
         if (i is None) == (rank is None):
             raise TypeError("output() takes an item index, or rank= for a --ranks job")
-        chunks = self._state.outputs.get(range(len(self))[i if i is not None else rank], [])  # type: ignore[index]
-        return "".join(_chunk_text(stream, payload) for stream, payload in chunks)
+        text, index = [], range(len(self))[i if i is not None else rank]  # type: ignore[index]
+        for stream, payload in self._state.outputs.get(index, []):
+            if stream == "stderr":
+                text += [f"[stderr] {line}" for line in payload.splitlines(keepends=True)]
+            else:  # stdout's text, or a display()'s bundle
+                text.append(payload if stream == "stdout" else str(payload.get("text/plain", "")) + "\n")
+        return "".join(text)
 
     def raise_first(self) -> None:
         """Raise the first failed item's exception; do nothing when no item failed.
@@ -320,12 +320,11 @@ class Results(TrialResults):
             if importlib.util.find_spec("pandas") is not None:  # installed, but its import failed: say why
                 raise NbclusterError(f"to_pandas(): pandas is installed but did not import ({e})") from e
             raise NbclusterError("to_pandas() needs pandas: pip install pandas") from None
-        state, rows = self._state, []
-        with state.lock:
-            for i, value in enumerate(self.values()):
-                rows.append({**self._plan.params(i), "result": value})
-                if state.errors:
-                    rows[-1]["error"] = f"{state.errors[i].type_name}: {state.errors[i].message}" if i in state.errors else None
+        with self._state.lock:
+            errors = self._state.errors
+            rows = [{**self._plan.params(i), "result": value} for i, value in enumerate(self.values())]
+            for i, row in enumerate(rows if errors else []):
+                row["error"] = f"{errors[i].type_name}: {errors[i].message}" if i in errors else None
         return pd.DataFrame(rows)
 
     def wait(self, timeout: float | None = None) -> Results:
@@ -455,12 +454,10 @@ class Results(TrialResults):
                     raise  # the cluster was stopped: that is the one line, not a list of every item
                 lost.append(j)
         if lost:
-            name = self._label or "NAME"
-            raise HandleGone(
-                f"item{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of {name} "
-                f"{'are' if len(lost) > 1 else 'is'} lost (released, or its worker died and Dask could not "
-                f"compute it again): run the cell that made {name} again; {name}.gather(i) brings the others"
-            )
+            name, many = self._label or "NAME", len(lost) > 1
+            raise HandleGone(f"item{'s' * many} {', '.join(map(str, lost))} of {name} {'are' if many else 'is'} lost "
+                             "(released, or its worker died and Dask could not compute it again): "
+                             f"run the cell that made {name} again; {name}.gather(i) brings the others")  # fmt: skip
         return values
 
     @property
@@ -509,12 +506,10 @@ class Results(TrialResults):
 
     def __repr__(self) -> str:
         lines = [f"Results: {self._headline()}"]
-        for i in self._shown_rows():
-            params = self._plan.params(i)
+        for i, params in ((i, self._plan.params(i)) for i in self._shown_rows()):
             lines.append(f"  [{i}] {describe(params)}{' -> ' if params else ''}{self._cell(i)}")
-        if len(self) > _SHOW_ROWS:
-            lines.append(f"  ... {len(self) - _SHOW_ROWS} more")
-        return "\n".join(lines)
+        more = [f"  ... {len(self) - _SHOW_ROWS} more"] if len(self) > _SHOW_ROWS else []
+        return "\n".join(lines + more)
 
     def _repr_html_(self) -> str:
         names = list(self._plan.params(0)) if len(self) else []
@@ -545,21 +540,12 @@ class Results(TrialResults):
         return sorted(head + failed)
 
     def _cell(self, i: int) -> str:
-        state = self._state.status[i]
-        if state == DONE:
-            text = repr(self._state.values[i])
-            return text if len(text) <= 60 else text[:57] + "..."
+        state, text = self._state.status[i], repr(self._state.values[i])
         if state == FAILED:
             # Whole: the end of a message is often what says what to do ("cannot be sent
             # back to the kernel: cannot pickle '_thread.lock' object").
-            e = self._state.errors[i]
-            return f"{e.type_name}: {e.message}"
+            return f"{self._state.errors[i].type_name}: {self._state.errors[i].message}"
+        if state == DONE:
+            return text if len(text) <= 60 else text[:57] + "..."
         return "cancelled" if state == CANCELLED else "…"
 
-
-def _chunk_text(stream: str, payload: Any) -> str:
-    if stream == "display":
-        return str(payload.get("text/plain", "")) + "\n"
-    if stream == "stderr":
-        return "".join(f"[stderr] {line}" for line in payload.splitlines(keepends=True))
-    return cast(str, payload)  # stdout's text
