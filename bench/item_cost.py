@@ -9,7 +9,7 @@ alike. A process measures, each a median over `--repeats`:
 - `worker`: `run_items` + `dump_result` of a 10,000-item batch in this process (the worker's
   share), per item, for a one-expression cell and for a function;
 - `kernel`: unpickling that result blob and `RunState.deliver` (the kernel's share), and
-  `kernel+read` the same with every value read back (a packed batch unpickled, `values.py`);
+  `kernel+read` the same with every value read back;
 - `magic 20k`, `magic 1M`, `fn 1M`: wall time per item on a 2-worker x 1-thread cluster,
   through a real IPython shell's `%%distribute` and through `distribute(fn)`, the results
   kept (`fn 1M + values()`: and every value read as a list), and for the 1M runs the kernel's peak RSS growth (one run each, after the timed ones).

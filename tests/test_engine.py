@@ -203,6 +203,36 @@ def test_a_range_of_tiny_items_goes_out_in_one_round(cluster: Any, monkeypatch: 
     assert max(probes) <= PROBE_ITEMS and len(probes) == threads, sizes
 
 
+def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
+    cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A small batch's result comes with the worker's push (`worker/push.py`), which saves the
+    # cell a gather after its last item; a large one, or one whose push never came, is
+    # gathered as before. Either way every value arrives, in order. (Batches that are Dask
+    # tasks: a direct batch's result comes with its answer, `test_direct`.)
+    monkeypatch.setitem(dask.config.config["nbcluster"]["distribute"], "direct", "0s")
+    gathers: list[int] = []
+    real = type(cluster.client).gather
+
+    def counting(self: Any, futures: Any, *args: Any, **kwargs: Any) -> Any:
+        gathers.append(len(futures))
+        return real(self, futures, *args, **kwargs)
+
+    monkeypatch.setattr(type(cluster.client), "gather", counting)
+    assert list(distribute(lambda x: x * 2, over=range(8))) == [x * 2 for x in range(8)]
+    assert gathers == [], "the small results should have come with their pushes"
+    big = distribute(lambda x: bytes([x]) * 20_000, over=range(4))
+    assert [len(v) for v in big] == [20_000] * 4 and big[3][0] == 3
+    assert sum(gathers) >= 1, "results over push.LARGEST are gathered"
+
+    from nbcluster.run import reports
+
+    gathers.clear()
+    monkeypatch.setattr(reports.Inbox, "take", lambda self, key, timeout: None)  # every push lost
+    assert list(distribute(lambda x: x + 1, over=range(8))) == list(range(1, 9))
+    assert sum(gathers) >= 1
+
+
 def test_each_batch_says_how_long_its_worker_thread_waited_for_it(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # What the batch sizing grows batches from, when threads wait for their next batch
     # (`worker/idle.py`, `Batcher.least`): it must reach the kernel from the workers.

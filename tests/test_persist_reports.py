@@ -1,7 +1,9 @@
 """A `--persist` item's report (its output, its value's description) reaches the kernel; its value stays.
 
-On the session's shared real cluster: a persisted run reads every item's report from the
-worker that ran it (`outcome.held_report`), and a worker keeps its reports within a bound.
+On the session's shared real cluster: every item's report reaches the kernel, pushed by its
+worker (`run/reports.py`), so a persisted run of several batches reads none with a round
+trip; a report the kernel did not expect (another run's, a lineage recompute's) is dropped;
+a worker keeps its reports within a bound, for those that were not pushed.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from typing import Any
 import pytest
 
 from nbcluster.cluster.handle import ClusterHandle
+from nbcluster.run import outcome
 from nbcluster.run.api import distribute
+from nbcluster.run.reports import Inbox
 from nbcluster.worker import held
 
 
@@ -26,6 +30,43 @@ def test_a_persist_run_reads_every_report_and_its_values_stay_on_the_workers(clu
     assert [made.output(i) for i in range(8)] == [f"{x}\n" for x in range(8)]
     assert all(h.describe() == "int, 28 B" for h in made), [h.describe() for h in made]
     made.release()
+
+
+def test_a_persist_run_reads_no_report_with_a_round_trip(
+    cluster: ClusterHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+    read = outcome.run_on_holder
+
+    def counted(client: Any, key: str, *args: Any) -> Any:
+        asked.append(key)
+        return read(client, key, *args)
+
+    monkeypatch.setattr(outcome, "run_on_holder", counted)
+    ns: dict[str, Any] = {}
+    # Items of ~20 ms, a task each.
+    made = distribute(
+        "import time\ntime.sleep(0.02)\nx * 10", over="x in range(8)", namespace=ns, into="made", persist=True, on=cluster.name
+    )  # fmt: skip
+    assert made.ok and made.gather() == [x * 10 for x in range(8)]
+    assert len({h.future.key for h in made}) == 8
+    assert asked == []  # every report came pushed, none was fetched
+    made.release()
+
+
+def test_an_inbox_keeps_only_the_reports_it_expects() -> None:
+    inbox = Inbox()
+    inbox.expect("distribute-aa-1")
+    inbox.arrived((0.0, {"key": "distribute-aa-1", "report": b"mine"}))
+    inbox.arrived((0.0, {"key": "distribute-bb-1", "report": b"another kernel's"}))
+    inbox.arrived((0.0, {"key": "distribute-aa-2", "report": b"not expected (a recompute)"}))
+    assert inbox.take("distribute-aa-1", 0.0) == b"mine"
+    assert inbox.take("distribute-aa-1", 0.0) is None  # taken once
+    assert inbox.take("distribute-bb-1", 0.0) is None
+    inbox.expect("distribute-aa-3")
+    inbox.forget("distribute-aa-")  # the run ended: a late report is dropped
+    inbox.arrived((0.0, {"key": "distribute-aa-3", "report": b"late"}))
+    assert inbox.take("distribute-aa-3", 0.0) is None
 
 
 def test_a_worker_keeps_its_newest_reports_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -595,11 +595,9 @@ def forget_shown(shell: Any) -> None:
     proxies: dict[int, Any] = {}
 
     def weak(value: Any) -> Any:
-        if type(value) in (weakref.ProxyType, weakref.CallableProxyType):
-            return value  # already weak
-        if isinstance(value, Handle) or (type(value).__name__ == "Results" and getattr(value._control, "persist", False)):
-            return proxies.setdefault(id(value), weakref.proxy(value))
-        return value
+        # By type, not isinstance: a proxy passes for what it stands for, and is weak already.
+        held = type(value) is Handle or (type(value).__name__ == "Results" and getattr(value._control, "persist", False))
+        return proxies.setdefault(id(value), weakref.proxy(value)) if held else value
 
     for n, value in list(out.items()):
         out[n] = weak(value)

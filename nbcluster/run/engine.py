@@ -526,7 +526,7 @@ class Engine:
         was out while this one was.
         """
         if self.job.persist:
-            result = held_report(self.client, future, result)
+            result = held_report(self.client, self.transport.pushed(str(future.key)), future, result)
         outcome = unpack(future, result, len(indices))
         if outcome.killed is not None:
             for i in backlog.killed(indices, alone=alone) if backlog is not None else indices:

@@ -182,18 +182,22 @@ def killed_record(client: Any, described: str, index: int, killed: Any) -> worke
     return worker.error_record(WorkerKilled(message), frames=False)
 
 
-def held_report(client: Any, future: Any, result: Any) -> Any:
+def held_report(client: Any, pushed: bytes | None, future: Any, result: Any) -> Any:
     """A persisted item's report blob, read where it ran; else its task's exception.
 
-    It is read from the worker's event loop (a task would queue behind the worker's next
-    item), and failing that (the worker dropped it) made again from the value by a small
-    task. A task without a value raised after its report was kept (`worker/held.py`): its
-    report is asked of the workers.
+    The worker pushed it as an event ahead of the task's end (`reports.py`): no round trip,
+    where a worker busy with its next item would answer late. Where it did not come, it is
+    read from the worker's event loop (a task would queue behind the worker's next item),
+    and failing that (the worker dropped it) made again from the value by a small task. A
+    task without a value raised after its report was out (`worker/held.py`): its report,
+    too large to push, is asked of the workers.
 
     Parameters
     ----------
     client : distributed.Client
         The run's client.
+    pushed : bytes or None
+        What the worker pushed for the task (`Transport.pushed`).
     future : distributed.Future
         The item's finished task.
     result : Any
@@ -204,6 +208,8 @@ def held_report(client: Any, future: Any, result: Any) -> Any:
     Any
         The report blob, or the task's exception.
     """
+    if pushed is not None:
+        return pushed
     key = str(future.key)
     if future.status == "error":
         with contextlib.suppress(Exception):  # StopIteration too: no worker kept it
@@ -216,9 +222,8 @@ def held_report(client: Any, future: Any, result: Any) -> Any:
     return outcome(client.submit(held.report_for, future, pure=False))
 
 
-def handle_of(
-    future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any], ran_on: tuple[str, str] | None
-) -> list[Any]:
+def handle_of(future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any],
+              ran_on: tuple[str, str] | None) -> list[Any]:  # fmt: skip
     """The handle of a persisted item that has a value: its task's own future and key.
 
     Parameters

@@ -40,14 +40,8 @@ from nbcluster.worker.records import ErrorRecord, parts
 class ItemError:
     """One failed item: its index, parameters, the original exception and its traceback."""
 
-    def __init__(
-        self,
-        index: int,
-        params: dict[str, Any],
-        record: ErrorRecord,
-        where: str,
-        code_index: dict[str, list[tuple[str, int, int]]] | None = None,
-    ):
+    def __init__(self, index: int, params: dict[str, Any], record: ErrorRecord, where: str,
+                 code_index: dict[str, list[tuple[str, int, int]]] | None = None):  # fmt: skip
         _ready(record, code_index or {})
         self.index, self.params, self.where = index, params, where  # where: "the cluster" or "the kernel"
         self.type_name: str = record["type"]

@@ -8,8 +8,9 @@ and hands back what finished. Its verbs:
 - `send_direct` sends a batch to a worker directly instead (`direct.py`: a start's first
   half-second, where a small cell's round trip is 0.5 ms, not the scheduler's 4-5 ms);
 - `completions` yields the finished batches, futures and direct calls in one queue, in the
-  order they finish; `results` reads their result blobs (a direct call's came with it, the
-  rest are gathered in one call); `take` tells which items a finished batch held, and whether it ran alone;
+  order they finish; `results` reads their result blobs (a direct call's came with it, a
+  small task's was pushed by its worker ahead of the task's end, the rest is gathered in one
+  call); `take` tells which items a finished batch held, and whether it ran alone;
 - `stop` submits nothing more, `cancel` cancels on the scheduler what is still out, `lose`
   forgets it all (the cluster went away).
 
@@ -28,7 +29,7 @@ from typing import Any
 
 from dask.base import annotate
 
-from nbcluster.run import direct
+from nbcluster.run import direct, reports
 
 
 class Transport:
@@ -51,6 +52,7 @@ class Transport:
         self._seq = itertools.count()
         self._completed: direct.Completions | None = None
         self._direct: direct.Direct | None = None
+        self._inbox: reports.Inbox | None = None
 
     # -- a start -----------------------------------------------------------------------------
     def open(self, client: Any, direct_to: dict[str, int] | None = None, per_thread: int = 1) -> bool:
@@ -71,6 +73,8 @@ class Transport:
         bool
             Whether a worker takes direct batches now.
         """
+        if self._inbox is None:
+            self._inbox = reports.inbox(client)
         completed = direct.Completions()
         sending = direct.Direct(client, direct_to, per_thread, completed) if direct_to is not None else None
         with self.lock:
@@ -84,6 +88,9 @@ class Transport:
             self._completed = None
             self._direct = None
             self.idle.set()
+        if self._inbox is not None:
+            for prefix in ("persist", "distribute"):
+                self._inbox.forget(f"{prefix}-{self.run_id}-")
 
     # -- out ---------------------------------------------------------------------------------------
     def map(
@@ -119,6 +126,9 @@ class Transport:
             if self.stopping:
                 return [None] * len(calls)
             keys = [f"{prefix}-{self.run_id}-{next(self._seq)}" for _ in calls]
+            if self._inbox is not None:
+                for key in keys:
+                    self._inbox.expect(key)  # before the task can run: its push may come first
             # One `client.map`: one graph message, however many tasks (the function is the
             # same for all) and however many workers they are bound for.
             columns = zip(*(c[1:] for c in calls), strict=True)
@@ -189,7 +199,8 @@ class Transport:
     def results(self, client: Any, done: list[Any]) -> list[Any]:
         """The result blobs of the finished batches in `done`, fetched in one gather.
 
-        A direct call's came with its answer. A batch that did not finish gives its
+        A direct call's came with its answer; a small one a worker pushed ahead of its
+        task's end (`worker/push.py`) needs no gather. A batch that did not finish gives its
         exception instead, and so does one whose gather failed (asked alone then).
 
         Parameters
@@ -205,10 +216,29 @@ class Transport:
             Per batch, its blob or its exception.
         """
         got: dict[int, Any] = {id(f): f.answer for f in done if isinstance(f, direct.Call)}
-        if fetch := [f for f in done if f.status == "finished" and id(f) not in got]:
+        finished = [f for f in done if f.status == "finished" and id(f) not in got]
+        for f in finished:
+            if (pushed := self.pushed(str(f.key))) is not None:
+                got[id(f)] = pushed
+        if fetch := [f for f in finished if id(f) not in got]:
             with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
                 got.update({id(f): blob for f, blob in zip(fetch, client.gather(fetch), strict=True)})
         return [got[id(f)] if id(f) in got else outcome(f) for f in done]
+
+    def pushed(self, key: str) -> bytes | None:
+        """What the worker of task `key` pushed ahead of its end, if it came.
+
+        Parameters
+        ----------
+        key : str
+            The task's key.
+
+        Returns
+        -------
+        bytes or None
+            Its result blob (or a persisted item's report); None when none came.
+        """
+        return self._inbox.take(key, 0.0) if self._inbox is not None else None
 
     def take(self, future: Any) -> tuple[Any, bool, bool]:
         """The items of a finished batch, now no longer pending.
