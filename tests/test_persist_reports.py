@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from nbcluster import _compat
 from nbcluster.cluster.handle import ClusterHandle
-from nbcluster.run import outcome
 from nbcluster.run.api import distribute
 from nbcluster.run.reports import Inbox
 from nbcluster.worker import held
@@ -36,13 +36,13 @@ def test_a_persist_run_reads_no_report_with_a_round_trip(
     cluster: ClusterHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked: list[str] = []
-    read = outcome.run_on_holder
+    read = _compat.run_on_holder
 
     def counted(client: Any, key: str, *args: Any) -> Any:
         asked.append(key)
         return read(client, key, *args)
 
-    monkeypatch.setattr(outcome, "run_on_holder", counted)
+    monkeypatch.setattr(_compat, "run_on_holder", counted)
     ns: dict[str, Any] = {}
     # Items of ~20 ms, a task each.
     made = distribute(

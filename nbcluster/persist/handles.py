@@ -13,14 +13,16 @@ value was released says so in one line (`HandleGone`) when it is used.
 
 `check(values, client)` is what a run calls before it sends anything: every handle it
 reads (`--over "x in NAME"`, `--zip`, captured by name) must belong to the run's cluster.
+The engine reads a finished persisted item's report (`held_report`: its output, error and
+the value's description; the value stays on its worker) and makes its handle (`handle_of`).
 
 Journaled runs (`journal.py`): a journaled `--persist` run also *publishes* each handle's key
 on the scheduler as a Dask dataset of its own (`publish`, named ``nbcluster-<journal>-<item>``),
 so the workers keep the value when the kernel dies and its client with it. Lifetime in the
 kernel that holds the handle is unchanged: releasing the handle (`del`, rebinding,
-`release()`) unpublishes its dataset too (a finalizer, batched into one scheduler call per
-tick of the client's event loop). A kernel that dies runs no finalizer (nor does one that
-exits: a restarted kernel can resume too), so its datasets stay until a new kernel's
+`release()`) unpublishes its dataset too (a finalizer; the calls are queued, in order,
+and sent from the client's event loop: `_Publisher`). A kernel that dies runs no finalizer
+(nor does one that exits: a restarted kernel can resume too), so its datasets stay until a new kernel's
 ``--resume`` adopts them (`adopt`: it takes the keys some worker still holds, as handles
 that own the datasets from then on), ``%cluster runs ID --forget`` drops them (`unpublish`), or
 the cluster stops.
@@ -39,7 +41,8 @@ from nbcluster import _compat
 from nbcluster._wire import HeldValue
 from nbcluster.errors import BadArgument, HandleGone
 from nbcluster.run.capture import human
-from nbcluster.worker.held import Slot, holdings
+from nbcluster.run.transport import outcome
+from nbcluster.worker.held import Slot, holdings, report_for, report_of
 
 #: The `--into` name of each --persist run still alive in this kernel, by run id (for status).
 RUNS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
@@ -449,6 +452,75 @@ def held_slots(items: Sequence[Any], first: int) -> tuple[list[Any], list[Any]]:
         return Slot(first + len(futures) - 1)
 
     return [_replaced(item, Handle, slot) for item in items], futures
+
+
+def held_report(client: Any, pushed: bytes | None, future: Any, result: Any) -> Any:
+    """A persisted item's report blob, read where it ran; else its task's exception.
+
+    The worker pushed it as an event ahead of the task's end (`reports.py`): no round trip,
+    where a worker busy with its next item would answer late. Where it did not come, it is
+    read from the worker's event loop (a task would queue behind the worker's next item),
+    and failing that (the worker dropped it) made again from the value by a small task. A
+    task without a value raised after its report was out (`worker/held.py`): its report,
+    too large to push, is asked of the workers.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The run's client.
+    pushed : bytes or None
+        What the worker pushed for the task (`Transport.pushed`).
+    future : distributed.Future
+        The item's finished task.
+    result : Any
+        What the transport read for it (None: nothing).
+
+    Returns
+    -------
+    Any
+        The report blob, or the task's exception.
+    """
+    if pushed is not None:
+        return pushed
+    key = str(future.key)
+    if future.status == "error":
+        with contextlib.suppress(Exception):  # StopIteration too: no worker kept it
+            return next(r for r in client.run(report_of, key, on_error="return").values() if isinstance(r, bytes))
+    if future.status != "finished":
+        return result if result is not None else outcome(future)
+    with contextlib.suppress(Exception):
+        if (report := _compat.run_on_holder(client, key, report_of, key)) is not None:
+            return report
+    return outcome(client.submit(report_for, future, pure=False))
+
+
+def handle_of(future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any],
+              ran_on: tuple[str, str] | None) -> list[Any]:  # fmt: skip
+    """The handle of a persisted item that has a value: its task's own future and key.
+
+    Parameters
+    ----------
+    future : distributed.Future
+        The item's task.
+    indices : sequence of int
+        The batch's one item.
+    described : list of HeldValue or None
+        The worker's description of the value.
+    errors : dict of int to ErrorRecord
+        The batch's failures, by position.
+    ran_on : tuple of (str, str) or None
+        The worker that ran it: (address, name).
+
+    Returns
+    -------
+    list of Handle or None
+        One entry per described value: the handle, or None where the item has no value (its
+        task raised, or ran nothing; the future then goes with the caller's frame).
+    """
+    if not described or 0 in errors or described[0] is None:
+        return [None] * len(described)
+    return [Handle(future, described[0], indices[0], made_on=ran_on[0] if ran_on else None)]
+
 
 
 class Placement:

@@ -98,20 +98,12 @@ from nbcluster import _threads as threads
 from nbcluster import config, worker
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
-from nbcluster.persist.handles import Handle, Placement, held_slots, publish
+from nbcluster.persist.handles import Handle, Placement, handle_of, held_report, held_slots, publish
 from nbcluster.run import direct, everywhere, loadable, ranks
 from nbcluster.run.backlog import BacklogReport
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
 from nbcluster.run.job import Job
-from nbcluster.run.outcome import (
-    Outcome,
-    handle_of,
-    held_report,
-    internal_error,
-    killed_record,
-    quiet_rescheduling,
-    unpack,
-)
+from nbcluster.run.outcome import Outcome, internal_error, killed_record, quiet_rescheduling, unpack
 from nbcluster.run.policy import Policy
 from nbcluster.run.shipping import Shipment
 from nbcluster.run.state import RunState
@@ -436,7 +428,7 @@ class Engine:
     def _results(self, done: list[Any]) -> list[Any]:
         """The result blobs of the finished batches in `done` (`Transport.results`); a
         `--persist` run gathers nothing: its values stay where they are, and only their
-        reports are read (`outcome.held_report`)."""
+        reports are read (`handles.held_report`)."""
         if self.job.persist:
             return [None] * len(done)
         return self.transport.results(self.client, done)

@@ -5,9 +5,6 @@ that did not finish into the cases the policy acts on: its workers kept dying (*
 nbcluster could not be imported where it ran (*halt*), a captured value was lost with its
 holders (*lost*), the context could not load (*fatal*), or any other failure, which fails
 each of its items with one record.
-
-A `--persist` item's value stays on its worker (`worker/held.py`): the kernel reads only
-its report (`held_report`), and its handle is the task's own future (`handle_of`).
 """
 
 from __future__ import annotations
@@ -21,11 +18,8 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from nbcluster import worker
-from nbcluster._compat import nanny_logs, run_on_holder
+from nbcluster._compat import nanny_logs
 from nbcluster.errors import WorkerKilled
-from nbcluster.persist.handles import Handle
-from nbcluster.run.transport import outcome
-from nbcluster.worker import held
 
 
 def _not_rescheduling(record: logging.LogRecord) -> bool:
@@ -180,71 +174,3 @@ def killed_record(client: Any, described: str, index: int, killed: Any) -> worke
         message += f"; the worker's nanny logged: {said}"
         break
     return worker.error_record(WorkerKilled(message), frames=False)
-
-
-def held_report(client: Any, pushed: bytes | None, future: Any, result: Any) -> Any:
-    """A persisted item's report blob, read where it ran; else its task's exception.
-
-    The worker pushed it as an event ahead of the task's end (`reports.py`): no round trip,
-    where a worker busy with its next item would answer late. Where it did not come, it is
-    read from the worker's event loop (a task would queue behind the worker's next item),
-    and failing that (the worker dropped it) made again from the value by a small task. A
-    task without a value raised after its report was out (`worker/held.py`): its report,
-    too large to push, is asked of the workers.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        The run's client.
-    pushed : bytes or None
-        What the worker pushed for the task (`Transport.pushed`).
-    future : distributed.Future
-        The item's finished task.
-    result : Any
-        What the transport read for it (None: nothing).
-
-    Returns
-    -------
-    Any
-        The report blob, or the task's exception.
-    """
-    if pushed is not None:
-        return pushed
-    key = str(future.key)
-    if future.status == "error":
-        with contextlib.suppress(Exception):  # StopIteration too: no worker kept it
-            return next(r for r in client.run(held.report_of, key, on_error="return").values() if isinstance(r, bytes))
-    if future.status != "finished":
-        return result if result is not None else outcome(future)
-    with contextlib.suppress(Exception):
-        if (report := run_on_holder(client, key, held.report_of, key)) is not None:
-            return report
-    return outcome(client.submit(held.report_for, future, pure=False))
-
-
-def handle_of(future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any],
-              ran_on: tuple[str, str] | None) -> list[Any]:  # fmt: skip
-    """The handle of a persisted item that has a value: its task's own future and key.
-
-    Parameters
-    ----------
-    future : distributed.Future
-        The item's task.
-    indices : sequence of int
-        The batch's one item.
-    described : list of HeldValue or None
-        The worker's description of the value.
-    errors : dict of int to ErrorRecord
-        The batch's failures, by position.
-    ran_on : tuple of (str, str) or None
-        The worker that ran it: (address, name).
-
-    Returns
-    -------
-    list of Handle or None
-        One entry per described value: the handle, or None where the item has no value (its
-        task raised, or ran nothing; the future then goes with the caller's frame).
-    """
-    if not described or 0 in errors or described[0] is None:
-        return [None] * len(described)
-    return [Handle(future, described[0], indices[0], made_on=ran_on[0] if ran_on else None)]
