@@ -69,7 +69,6 @@ from dask.utils import parse_bytes
 
 from nbcluster import config
 from nbcluster.run.cell import describe
-from nbcluster.run.values import Packed
 
 FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
@@ -305,7 +304,7 @@ class Writer:
         """
         with self._lock:
             if self._fd is not None:
-                plain = values.blob if isinstance(values, Packed) and len(values.blob) <= self._max_item else None
+                plain = _pickled(list(values), self._max_item) if held is None else None
                 each = [_pickled(v, self._max_item) for v in values] if held is None and plain is None else None
                 self._append(self._fd, {
                     "kind": "batch", "at": time.time(), "where": where, "worker": ran_on,

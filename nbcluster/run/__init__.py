@@ -14,13 +14,12 @@ policy and performs its actions), `policy` (the scheduling policy as a pure stat
 backlog, probes, suspects, retries), `batching` (batch sizes), `transport` (submit, cancel,
 completions: Dask tasks),
 `outcome` (what a finished batch says), `shipping` (the context and large values sent
-ahead), `persisting` (`--persist` reports and placement), `backlog` (held-back work told to
+ahead), `backlog` (held-back work told to
 the adaptive scaler), `everywhere` (one task pinned to each worker), `ranks` (`--ranks N`: N ranks
 of one job, all or nothing), `trials` (reports, stoppers and timeouts of trial runs), `stoppers`
 (ASHA, median, and the `Stopper` protocol), `trial_results` (`Results.metrics`, `best`), `reports` (what workers push while a batch runs), `loadable`
 (tasks that fail, not hang, on a worker without nbcluster).
-What the user reads: `state` (each item's state), `values` (results as they arrive),
-`results` (the read-only view), `tracebacks` (failed items), `follow` (waiting in the
+What the user reads: `state` (each item's state and value), `results` (the read-only view), `tracebacks` (failed items), `follow` (waiting in the
 kernel: output, summary, Ctrl-C).
 
 What runs on the workers is the top-level package `nbcluster.worker`; the journal of

@@ -96,13 +96,12 @@ from nbcluster import _threads as threads
 from nbcluster import config, worker
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
-from nbcluster.persist.handles import Handle, held_slots
+from nbcluster.persist.handles import Handle, Placement, handle_of, held_report, held_slots, publish
 from nbcluster.run import everywhere, loadable, ranks
 from nbcluster.run.backlog import BacklogReport
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
 from nbcluster.run.job import Job
 from nbcluster.run.outcome import Outcome, internal_error, killed_record, quiet_rescheduling, unpack
-from nbcluster.run.persisting import Placement, handle_of, held_report, published
 from nbcluster.run.policy import Policy
 from nbcluster.run.shipping import Shipment
 from nbcluster.run.state import RunState
@@ -421,7 +420,7 @@ class Engine:
     def _results(self, done: list[Any]) -> list[Any]:
         """The result blobs of the finished batches in `done` (`Transport.results`); a
         `--persist` run gathers nothing: its values stay where they are, and only their
-        reports are read (`persisting.held_report`)."""
+        reports are read (`handles.held_report`)."""
         if self.job.persist:
             return [None] * len(done)
         return self.transport.results(self.client, done)
@@ -580,8 +579,7 @@ class Engine:
     def _handles(self, future: Any, indices: Sequence[int], outcome: Outcome) -> list[Any]:
         """The handle of a persisted item that has a value, published if the run is journaled."""
         made = handle_of(future, indices, outcome.held or [], outcome.errors, outcome.ran_on)
-        if self.publish is not None and made and made[0] is not None:
-            self.publish = published(self.client, made, self.publish, self.journal)
+        publish(self.client, made, self.publish)
         return made
 
     # -- the tasks a strategy drives (everywhere.Tasks) ---------------------------------------

@@ -8,8 +8,7 @@ worker, or a batch returns after a cancel.
 Shape, for a run of `n` items:
 
 - `status`: a `bytearray(n)` of `PENDING`, `DONE`, `FAILED`, `CANCELLED`;
-- `values[i]`: item `i`'s value once *done* (else None): a `Values`, which keeps a batch
-  of builtin data as the bytes it came in until one of its items is read (`values.py`);
+- `values[i]`: item `i`'s value once *done* (else None);
 - `errors[i]`: an `ItemError` for each *failed* item;
 - `outputs[i]`: what item `i` printed, as `[stream, payload]` chunks (stream `stdout`,
   `stderr` or `display`), and `output_order`, the items with output in arrival order;
@@ -41,7 +40,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from nbcluster.run.tracebacks import ItemError
-from nbcluster.run.values import Values
 
 PENDING, DONE, FAILED, CANCELLED = 0, 1, 2, 3
 
@@ -72,7 +70,7 @@ class RunState:
 
     def __init__(self, n: int):
         self.status = bytearray(n)
-        self.values = Values(n)
+        self.values: list[Any] = [None] * n
         self.errors: dict[int, ItemError] = {}
         self.outputs: dict[int, list[list[Any]]] = {}
         self.output_order: list[int] = []
@@ -271,7 +269,6 @@ class RunState:
             The run's index of each item in the batch (a `range` for consecutive items).
         values : sequence
             The value of each item the batch ran, by position; a failed item's is ignored.
-            A `values.Packed` batch stays packed where it can (the common batch).
         errors : dict of int to ItemError
             The failed items, by position in the batch.
         outputs : dict of int to list
@@ -282,7 +279,7 @@ class RunState:
         done = failed = 0
         with self.lock:
             fresh = self._deliver_fresh(indices, values, errors, outputs)
-            stored = self.values.writable(() if fresh else indices[: len(values)])
+            stored = self.values
             printed = len(self.output_order)
             for j, value in enumerate(() if fresh else values):
                 i = indices[j]
@@ -329,7 +326,7 @@ class RunState:
         start, stop = indices.start, indices.start + n
         if self.status.count(PENDING, start, stop) != n:
             return False  # some delivered already (a re-run after a lost worker): item by item
-        self.values.put(start, values)
+        self.values[start:stop] = values
         self.status[start:stop] = bytes([DONE]) * n
         self._tally[DONE] += n
         return True

@@ -5,10 +5,8 @@ builtin data: numbers, strings, tuples and dicts of them. Such a list pickles an
 at C speed and always loads again (no class of the user's to import), so:
 
 - a worker sends a batch's values as that one blob (`items.dump_result`);
-- the kernel keeps the blob as it came and unpickles it the first time one of its items is
-  read (`run/values.py`), so a million finished items cost their bytes, not a
-  million Python objects, until asked;
-- the run's journal writes the same blob as it is (`journal.py`).
+- the kernel unpickles it in one call when the batch arrives (`run/outcome.py`);
+- the run's journal pickles the values the same way (`journal/store.py`).
 
 Anything else (a numpy array, an instance of a notebook class) stops the pickler at once,
 and the values travel as before, each its own Python object.
