@@ -70,7 +70,7 @@ def test_a_stop_keeps_every_finished_item_and_starts_nothing_new(cluster: Any) -
         stopping.start()
         # Once the workers know the run is stopping, let the two held items finish: each
         # batch then returns its 4 finished items instead of going on to item 4 / 14.
-        assert res._control.engine.stop_sent.wait(30)
+        assert res._control.engine.transport.told.wait(30)
         Event(f"{tag}-go-3", client=client).set()
         Event(f"{tag}-go-13", client=client).set()
         stopping.join(60)
