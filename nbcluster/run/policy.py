@@ -246,25 +246,16 @@ class _Queue:
 
     def take(self, n: int) -> Sequence[int]:
         """The first `n` indices (fewer if there are fewer), removed: a `range` when consecutive."""
-        runs = self._runs
-        if runs and len(runs[0]) >= n:
-            run = runs[0]
-            taken, runs[0] = run[:n], run[n:]
-            if not runs[0]:
-                runs.popleft()
-            self._count -= len(taken)
-            return taken
-        out: list[int] = []
-        while runs and len(out) < n:
-            run = runs[0]
-            want = n - len(out)
-            if len(run) <= want:
-                out.extend(runs.popleft())
-            else:
-                out.extend(run[:want])
-                runs[0] = run[want:]
-        self._count -= len(out)
-        return out
+        taken: list[range] = []
+        want = min(n, self._count)
+        self._count -= want
+        while want:
+            run = self._runs.popleft()
+            if len(run) > want:
+                self._runs.appendleft(run[want:])
+            taken.append(run[:want])
+            want -= len(taken[-1])
+        return taken[0] if len(taken) == 1 else list(itertools.chain.from_iterable(taken))
 
     def put_back(self, indices: Sequence[int]) -> None:
         """`indices` go back in front, in their order."""
@@ -280,15 +271,5 @@ def _runs(indices: Sequence[int]) -> list[range]:
     """`indices` as ranges of consecutive ones, in order."""
     if isinstance(indices, range):
         return [indices] if len(indices) else []
-    runs: list[range] = []
-    start = previous = None
-    for i in indices:
-        if previous is not None and i == previous + 1:
-            previous = i
-            continue
-        if start is not None and previous is not None:
-            runs.append(range(start, previous + 1))
-        start = previous = i
-    if start is not None and previous is not None:
-        runs.append(range(start, previous + 1))
-    return runs
+    runs = itertools.groupby(enumerate(indices), key=lambda pair: pair[1] - pair[0])
+    return [range(run[0][1], run[-1][1] + 1) for run in (list(part) for _, part in runs)]
