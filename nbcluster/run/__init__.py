@@ -13,7 +13,7 @@ The run: `api` (checks, then the run's steps; `Run`, the controls of a run), `ta
 policy and performs its actions), `policy` (the scheduling policy as a pure state machine:
 backlog, probes, suspects, retries), `batching` (batch sizes), `transport` (submit, cancel,
 completions: Dask tasks that fail, not hang, on a worker without nbcluster),
-`outcome` (what a finished batch says), `shipping` (the context and large values sent
+`outcome` (what a finished batch says), `engine.Shipment` (the context and large values sent
 ahead), `persisting` (`--persist` reports and placement), `backlog` (held-back work told to
 the adaptive scaler), `everywhere` (one task pinned to each worker), `ranks` (`--ranks N`: N ranks
 of one job, all or nothing), `trials` (reports, stoppers and timeouts of trial runs), `stoppers`

@@ -51,8 +51,6 @@ import math
 import statistics
 from collections import deque
 
-from nbcluster import config
-
 PROBE_S = 0.05  # a probe returns after the first item that ends past this: the smallest sized batch's work
 PROBE_ITEMS = 10_000  # at most this many items in a probe: sent back unrun if the items are slow
 SPLIT_S = 0.005  # the least work worth a task of its own when the tail is shared out
@@ -114,32 +112,6 @@ class Batcher:
         self.alone_first = True
         self._probes = self.threads  # probes still to share out the items: one per thread
         self._idle: deque[float] = deque(maxlen=IDLE_SEEN)  # the threads' last waits for a batch, s
-
-    @classmethod
-    def from_config(cls, threads: int, fixed: int | None = None, probe_items: int | None = PROBE_ITEMS) -> Batcher:
-        """A batcher with the smallest and largest batch of the settings.
-
-        Parameters
-        ----------
-        threads : int
-            Worker threads the run has.
-        fixed : int or None
-            ``--batch N``, or None to size batches from measurements.
-        probe_items : int or None
-            The most items a probe takes; None for items that cost nothing to send.
-
-        Returns
-        -------
-        Batcher
-            Sized by ``distribute.min-batch`` and ``distribute.max-batch``.
-        """
-        return cls(
-            threads,
-            fixed=fixed,
-            min_batch=config.seconds("distribute.min-batch"),
-            max_batch=config.seconds("distribute.max-batch"),
-            probe_items=probe_items,
-        )
 
     @property
     def budget(self) -> float | None:

@@ -78,6 +78,17 @@ opens the link afresh, to whatever cluster is current by then.
 a task whose worker leaves the cluster is failed rather than left waiting forever. It
 drives the same tasks through the engine's `submit_task`/`settle_task` verbs. So does
 `--ranks N` (`ranks.py`): N tasks of one job, started together or not at all.
+
+Shipping (`Shipment`): what a run sends the cluster before its first batch. Its *context* (the cell or function, what it captured: `job.Job.for_workers`) travels
+inline in every batch when it is small (up to `worker.INLINE_CONTEXT` bytes), else is
+scattered once to every worker under ``nbcluster-context-<run id>`` and pinned there. Large
+captured values are scattered once per kernel and reused by later runs (`capture.shipments`).
+
+A scattered value every holder of which died is sent again (`reship`) to the worker that
+asked, which is alive; the others fetch it from there. Broadcasting could pick a dead
+worker the scheduler still lists, and wait out its connect timeout. Batches that were
+already running report the loss too: once the value is back they are simply submitted
+again. A run sends again at most `RESHIPS` times.
 """
 
 from __future__ import annotations
@@ -95,16 +106,17 @@ from dask.utils import parse_timedelta
 
 from nbcluster import _threads as threads
 from nbcluster import config, worker
+from nbcluster.errors import ClusterUnreachable
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
 from nbcluster.persist.handles import Handle, held_slots
 from nbcluster.run import everywhere, ranks, transport
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
+from nbcluster.run.capture import pin_soon, shipments
 from nbcluster.run.job import Job
 from nbcluster.run.outcome import Outcome, internal_error, killed_record, quiet_rescheduling, unpack
 from nbcluster.run.persisting import Placement, handle_of, held_report, published
 from nbcluster.run.policy import Policy
-from nbcluster.run.shipping import Shipment
 from nbcluster.run.state import RunState
 from nbcluster.run.target import Link
 from nbcluster.run.transport import Transport
@@ -113,6 +125,7 @@ from nbcluster.worker import held
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
 PERSIST_AHEAD = 1024  # --persist: items submitted ahead, per thread, at most
+RESHIPS = 10  # a run sends its lost values again at most this many times
 
 
 def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
@@ -121,7 +134,9 @@ def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
     # probes share them out whole, and tiny items need no second round (`batching.py`).
     probe_items = None if isinstance(job.plan.items, range) else PROBE_ITEMS
     # A persisted item is a task of its own (`worker/held.py`).
-    batcher = Batcher.from_config(threads, 1 if job.persist else job.fixed_batch, probe_items)
+    fixed = 1 if job.persist else job.fixed_batch
+    min_batch, max_batch = config.seconds("distribute.min-batch"), config.seconds("distribute.max-batch")
+    batcher = Batcher(threads, fixed=fixed, min_batch=min_batch, max_batch=max_batch, probe_items=probe_items)
     per_thread = max(1, int(config.get("distribute.in-flight")))
     if job.reads_handles:
         # One item a task, each placed where its value is: no batch to size from what comes
@@ -495,14 +510,9 @@ class Engine:
         return [], outcome.fatal
 
     def _deliver(
-        self,
-        indices: Sequence[int],
-        values: Sequence[Any],
-        records: dict[int, worker.ErrorRecord],
-        outputs: dict[int, Any],
-        where: str = CLUSTER,
-        ran_on: tuple[str, str] | None = None,
-    ) -> None:
+        self, indices: Sequence[int], values: Sequence[Any], records: dict[int, worker.ErrorRecord],
+        outputs: dict[int, Any], where: str = CLUSTER, ran_on: tuple[str, str] | None = None,
+    ) -> None:  # fmt: skip
         """Store a batch in the state, its failure records made `ItemError`s.
 
         `ran_on`: the worker that ran it, (address, name), for the journal; None in the kernel,
@@ -569,12 +579,9 @@ class Engine:
         return self.submit_tasks([(indices, blob, [])], runner=runner, **where)[0]
 
     def submit_tasks(
-        self,
-        tasks: Sequence[tuple[Any, bytes, list[Any]]],
-        placed: Sequence[Sequence[str]] = (),
-        runner: Any = None,
+        self, tasks: Sequence[tuple[Any, bytes, list[Any]]], placed: Sequence[Sequence[str]] = (), runner: Any = None,
         **where: Any,
-    ) -> list[Any | None]:
+    ) -> list[Any | None]:  # fmt: skip
         """Submit tasks, each running the items of one batch, in one message to the scheduler.
 
         A task is `worker.run_batch`, or `held.run_batch_held` for a run that persists or
@@ -714,6 +721,104 @@ class Engine:
         """The start is over: nothing is out, the state ends."""
         self.transport.close()
         self.state.end()
+
+
+class Shipment:
+    """One run's context on the cluster; see the module docstring.
+
+    Parameters
+    ----------
+    run_id : str
+        The run's id, in its context's key.
+    """
+
+    def __init__(self, run_id: str):
+        self.key = f"nbcluster-context-{run_id}"
+        self.context: tuple[str, bytes | None] | None = None  # (key, inline blob or None); None: not shipped
+        self._blob = b""
+        self._future: Any = None
+        self._reships = 0
+
+    def ship(self, client: Any, job: Job) -> list[str]:
+        """Scatter large values (cached) and the context blob; report lines.
+
+        Called on the kernel's main thread before the first submit, and again by a retry
+        after the cluster went away (the context is then sent afresh: `context` was reset).
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The run's client.
+        job : Job
+            What the run runs.
+
+        Returns
+        -------
+        list of str
+            What shipping did, for the line the cell prints (a large value sent, or one
+            already on the workers from an earlier run); empty when it was shipped already.
+
+        Raises
+        ------
+        nbcluster.errors.ClusterUnreachable
+            When the values cannot be sent (the cluster's connection failed), saying to run
+            the cell again in a moment.
+        """
+        if self.context is not None:
+            return []
+        try:
+            large, notes = shipments(client).ship(client, job.capture.large)
+            blob = job.for_workers(large)
+            self._blob = blob
+            if len(blob) > worker.INLINE_CONTEXT:
+                self._future = self._scatter(client)
+        except (OSError, TimeoutError) as e:
+            raise ClusterUnreachable(
+                f"could not send the cell's data to the workers ({e}); if a worker just died, "
+                "run the cell again in a moment"
+            ) from None
+        self.context = (self.key, blob if len(blob) <= worker.INLINE_CONTEXT else None)
+        return notes
+
+    def _scatter(self, client: Any, workers: list[str] | None = None) -> Any:
+        future = client.scatter({self.key: self._blob}, workers=workers, broadcast=workers is None, hash=False)[self.key]
+        pin_soon(client, future, len(self._blob))
+        return future
+
+    def reship(self, client: Any, job: Job, key: str, to: str | None) -> bool:
+        """Send again a scattered value every holder of which died; False to give up.
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The run's client.
+        job : Job
+            What the run runs (its large values).
+        key : str
+            The lost value's key.
+        to : str or None
+            The worker that asked for it.
+
+        Returns
+        -------
+        bool
+            True when the value is on the cluster again (or never was lost).
+        """
+        try:
+            current = self._future if key == self.key else shipments(client).future(key)
+            # A value lost with all its holders shows as a cancelled future here.
+            if current is not None and current.status == "finished" and client.who_has([current]).get(key):
+                return True
+            self._reships += 1
+            if self._reships > RESHIPS:
+                return False
+            workers = [to] if to else None
+            if key == self.key:
+                self._future = self._scatter(client, workers)
+                return True
+            return bool(shipments(client).reship(client, key, job.capture.large, workers))
+        except (OSError, TimeoutError):
+            return False
 
 
 def _end_journal(writer: Writer, state: RunState | None) -> None:

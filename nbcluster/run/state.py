@@ -254,11 +254,7 @@ class RunState:
             self.ended = None
 
     def deliver(
-        self,
-        indices: Sequence[int],
-        values: Sequence[Any],
-        errors: dict[int, ItemError],
-        outputs: dict[int, list[list[Any]]],
+        self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError], outputs: dict[int, Any]
     ) -> None:
         """Store a batch: `values[j]` is item `indices[j]`'s value, `errors[j]` its failure.
 
@@ -281,7 +277,7 @@ class RunState:
         status = self.status  # a local: this loop runs once per item
         done = failed = 0
         with self.lock:
-            fresh = self._deliver_fresh(indices, values, errors, outputs)
+            fresh = not errors and not outputs and self._store_run(indices, values)
             stored = self.values.writable(() if fresh else indices[: len(values)])
             printed = len(self.output_order)
             for j, value in enumerate(() if fresh else values):
@@ -308,23 +304,14 @@ class RunState:
                 self.changed.notify_all()
         self._notify()
 
-    def _deliver_fresh(
-        self,
-        indices: Sequence[int],
-        values: Sequence[Any],
-        errors: dict[int, ItemError],
-        outputs: dict[int, list[list[Any]]],
-    ) -> bool:
-        """The common batch, stored by slices at C speed, or kept packed;
-        False if not it.
+    def _store_run(self, indices: Sequence[int], values: Sequence[Any]) -> bool:
+        """The common batch, stored by slices at C speed, or kept packed; False if not it.
 
         It is a run of consecutive items (a `range`), all pending, none failed, none with
-        output. Lock held.
+        output (the caller checked those two). Lock held.
         """
         n = len(values)
-        if errors or outputs or not n or not isinstance(indices, range) or indices.step != 1:
-            return False
-        if n > len(indices):
+        if not isinstance(indices, range) or indices.step != 1 or not 0 < n <= len(indices):
             return False
         start, stop = indices.start, indices.start + n
         if self.status.count(PENDING, start, stop) != n:

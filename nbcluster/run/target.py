@@ -54,9 +54,7 @@ class Needs(NamedTuple):
 class Link:
     """A run's connection to its cluster; see the module docstring."""
 
-    def __init__(
-        self, needs: Needs, *, client: Any = None, cluster: str | None = None, find: Callable[[str | None], Any]
-    ):
+    def __init__(self, needs: Needs, *, client: Any = None, cluster: str | None = None, find: Callable[..., Any]):
         self.needs = needs
         self.cluster = cluster
         self._find = find  # a cluster's name (None: the current one) -> its handle, or NoCluster
@@ -129,8 +127,7 @@ class Link:
         list of str
             Their addresses; empty when the cluster has no worker that fits.
         """
-        self.open()
-        return placement(self.needs, _compat.workers(self.client))[2]
+        return self.open()._placement()[2]
 
     @property
     def name(self) -> str:
@@ -194,11 +191,7 @@ def placement(needs: Needs, workers: dict[str, Any]) -> tuple[dict[str, Any], in
         workers for ``--cpu-only``/``--cpus``; the message says what they offer. Also when
         ``--gpus`` asks fewer GPUs than a multi-GPU worker holds (its items see them all).
     """
-    resources: dict[str, float] = {}
-    if needs.gpus:
-        resources["GPU"] = needs.gpus
-    if needs.cpus:
-        resources["CPU"] = needs.cpus
+    resources = {k: float(v) for k, v in (("GPU", needs.gpus), ("CPU", needs.cpus)) if v}
     offered = {k for w in workers.values() for k in (w.get("resources") or {})}
     if needs.cpu_only and "CPU" not in resources:
         if "CPU" in offered:
@@ -246,10 +239,5 @@ def _check_gpu_share(gpus: float, eligible: list[dict[str, Any]]) -> None:
 
 
 def _offers(workers: dict[str, Any]) -> str:
-    kinds = sorted(
-        {
-            ", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) or "no resources"
-            for w in workers.values()
-        }
-    )
-    return "; ".join(kinds)
+    each = {", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) for w in workers.values()}
+    return "; ".join(sorted(kind or "no resources" for kind in each))

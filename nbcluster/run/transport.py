@@ -239,8 +239,7 @@ class Transport:
         bool
             True when no batch is pending.
         """
-        with self.lock:
-            return not self.pending
+        return not self.pending  # one read of a dict: no lock needed
 
     def stop(self, client: Any) -> bool:
         """Submit nothing more, and tell every worker the stop token; whether batches are out.
