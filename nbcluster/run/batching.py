@@ -94,14 +94,9 @@ class Batcher:
     """
 
     def __init__(
-        self,
-        threads: int,
-        *,
-        fixed: int | None = None,
-        min_batch: float = 0.05,
-        max_batch: float = 0.25,
+        self, threads: int, *, fixed: int | None = None, min_batch: float = 0.05, max_batch: float = 0.25,
         probe_items: int | None = PROBE_ITEMS,
-    ):
+    ):  # fmt: skip
         self.threads = max(threads, 1)
         self.fixed = fixed
         self.probe_items = probe_items
@@ -133,9 +128,7 @@ class Batcher:
         wait, so batches shrink again; while pipelining hides the round, the threads do
         not wait and nothing changes.
         """
-        if not self._idle:
-            return SPLIT_S
-        return max(SPLIT_S, statistics.median(self._idle))
+        return max(SPLIT_S, statistics.median(self._idle)) if self._idle else SPLIT_S
 
     @property
     def seconds_per_item(self) -> float | None:
@@ -157,10 +150,8 @@ class Batcher:
         """
         if idle is not None:
             self._idle.append(idle)
-        if count <= 0:
-            return
-        self.items += count
-        self.seconds += seconds
+        if count > 0:
+            self.items, self.seconds = self.items + count, self.seconds + seconds
 
     def next_size(self, remaining: int, free: int = 1) -> int:
         """How many of the `remaining` items the next batch takes (at least 1).

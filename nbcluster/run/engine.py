@@ -398,9 +398,7 @@ class Engine:
         """The result blobs of the finished batches in `done` (`Transport.results`); a
         `--persist` run gathers nothing: its values stay where they are, and only their
         reports are read (`persisting.held_report`)."""
-        if self.job.persist:
-            return [None] * len(done)
-        return self.transport.results(self.client, done)
+        return [None] * len(done) if self.job.persist else self.transport.results(self.client, done)
 
     def _settle(self, future: Any, result: Any, policy: Policy) -> bool:
         """Take in one finished batch; False when the run cannot go on."""
@@ -823,5 +821,4 @@ class Shipment:
 
 def _end_journal(writer: Writer, state: RunState | None) -> None:
     if state is not None:
-        c = state.counts()
-        writer.end(c["done"], c["total"])
+        writer.end(state.counts()["done"], len(state))

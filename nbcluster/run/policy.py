@@ -168,8 +168,7 @@ class Policy:
         """
         if alone and len(indices) == 1:
             return list(indices)
-        items = list(indices)  # not an attempt: which item it was is not known yet
-        half = (len(items) + 1) // 2
+        items, half = list(indices), (len(indices) + 1) // 2  # not an attempt: which item it was is not known yet
         self.suspects.extend(part for part in (items[:half], items[half:]) if part)
         return []
 
@@ -182,7 +181,7 @@ class Policy:
             Usable worker threads (at least 1 is assumed).
         """
         self.batcher.threads = max(threads, 1)
-        self.limit = self.per_thread * max(threads, 1)
+        self.limit = self.per_thread * self.batcher.threads
 
     def drain(self) -> list[int]:
         """Every item not yet submitted, taken out: the run fails or gives them up.
@@ -216,15 +215,12 @@ class Policy:
         indices : sequence of int
             Items to submit again (not an attempt of theirs).
         """
-        if indices:
-            self.items.put_back(indices)
+        self.items.put_back(indices)
 
     def _may_retry(self, i: int) -> bool:
-        used = self.attempts.get(i, 0)
-        if used >= self.retries:
-            return False
-        self.attempts[i] = used + 1
-        return True
+        if (used := self.attempts.get(i, 0)) < self.retries:
+            self.attempts[i] = used + 1
+        return used < self.retries
 
 
 class _Queue:

@@ -80,8 +80,7 @@ class Transport:
         client : distributed.Client
             The run's client.
         """
-        if self._inbox is None:
-            self._inbox = reports.inbox(client)
+        self._inbox = self._inbox or reports.inbox(client)
         with self.lock:
             self.stopping = False
             self.token = f"{self.run_id}-{next(_STARTS)}"
@@ -187,11 +186,8 @@ class Transport:
         list
             Per batch, its blob or its exception.
         """
-        got: dict[int, Any] = {}
         finished = [f for f in done if f.status == "finished"]
-        for f in finished:
-            if (pushed := self.pushed(str(f.key))) is not None:
-                got[id(f)] = pushed
+        got: dict[int, Any] = {id(f): blob for f in finished if (blob := self.pushed(str(f.key))) is not None}
         if fetch := [f for f in finished if id(f) not in got]:
             with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
                 got.update({id(f): blob for f, blob in zip(fetch, client.gather(fetch), strict=True)})
