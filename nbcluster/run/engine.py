@@ -13,8 +13,9 @@ Policy
 `_drive` owns everything between the first submit and the last result. It keeps
 `in-flight` batches per usable worker thread submitted (one running, the next already
 waiting on the worker, so no thread waits for the kernel between batches), sized by the
-policy (`batching.Batcher`: probes sharing out the items until an item time is measured,
-each returning after its first item past `batching.PROBE_S`, then sized from the time), and
+policy (`batching.Batcher`: the first item alone, then probes sharing out the items until
+an item time is measured, each returning after its first item past `batching.PROBE_S`, then
+sized from the time), and
 turns each finished batch into deliveries to the state (`_settle`). The batches of one
 top-up go to the scheduler as one graph (`submit_tasks`, a `client.map`), not one message
 each. A `--persist` run, and one reading persisted values, sends one item a task instead
