@@ -12,7 +12,7 @@ Policy
   ``kill -9`` of the kernel loses at most the batches that had not reached it. There is no
   fsync per batch: a journal protects against a dead kernel, not a dead machine.
 - **Values as they came.** A batch a worker sent as one pickled list of builtin data
-  (`run.values.Packed`) is written as those bytes. Any other batch has each value pickled
+  is written as one pickle of the list. Any other batch has each value pickled
   on its own, so that a value that cannot be loaded later (its class is gone) re-runs that
   item alone, and one above ``nbcluster.journal.max-item-size`` is left out (and re-run)
   alone. A ``--persist`` batch holds each item's `handles.Recipe`, never its value.
