@@ -9,7 +9,7 @@ alike. A process measures, each a median over `--repeats`:
 - `worker`: `run_items` + `dump_result` of a 10,000-item batch in this process (the worker's
   share), per item, for a one-expression cell and for a function;
 - `kernel`: unpickling that result blob and `RunState.deliver` (the kernel's share), and
-  `kernel+read` the same with every value read back (a packed batch unpickled, `values.py`);
+  `kernel+read` the same with every value read back;
 - `magic 20k`, `magic 1M`, `fn 1M`: wall time per item on a 2-worker x 1-thread cluster,
   through a real IPython shell's `%%distribute` and through `distribute(fn)`, the results
   kept (`fn 1M + values()`: and every value read as a list), and for the 1M runs the kernel's peak RSS growth (one run each, after the timed ones).
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import statistics
 import subprocess
 import sys
@@ -53,11 +54,6 @@ def _in_process(repeats: int) -> dict[str, float]:
     from nbcluster.worker.context import Context
     from nbcluster.worker.items import dump_result, run_items
 
-    try:
-        from nbcluster.run.values import Packed
-    except ImportError:  # a tree from before values.py: its workers never pack
-        Packed = None
-
     output.install()
     cell = Cell.parse("x + 1", filename="<bench-cell>")
     spec = {"kind": "cell", "mode": "over", "names": ("x",), "target": "x", "unpacks": False,
@@ -79,8 +75,8 @@ def _in_process(repeats: int) -> dict[str, float]:
         def kernel(blob: bytes = blob, read: bool = False) -> None:
             data = cloudpickle.loads(blob)
             values = data["values"]
-            if isinstance(values, bytes):  # packed by the worker (since 2026-12-02): kept so until read
-                values = Packed(values, data["count"])
+            if isinstance(values, bytes):  # builtin data, pickled by the worker as one list
+                values = pickle.loads(values)
             state = RunState(BATCH)
             state.deliver(range(BATCH), values, data["errors"], data["outputs"])
             if read:

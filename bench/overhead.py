@@ -277,8 +277,7 @@ def _measure(args: Any, handle: Any, ipp_cluster: Any, pool: Any, ipp: Any, np: 
         "%%distribute": lambda: cell(f'%%distribute --over "x in range({MILLION})" --into r\nx + 1')
         or ip.user_ns["r"],
         "distribute(fn)": lambda: distribute(inc, over=range(MILLION)),
-        # A run of builtin values holds them packed until read (values.py); map_sync's answer
-        # is a list of them: this row reads every value, as that list.
+        # map_sync's answer is a list of the values: this row reads every value, as that list.
         "distribute(fn), .values()": lambda: distribute(inc, over=range(MILLION)).values(),
         "ipyparallel map_sync": lambda: view.map_sync(inc, range(MILLION)),
     }

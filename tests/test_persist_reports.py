@@ -1,8 +1,9 @@
-"""A `--persist` batch's report is pushed by its worker, so the kernel asks for none (`distribute/reports.py`).
+"""A `--persist` item's report (its output, its value's description) reaches the kernel; its value stays.
 
-On the session's shared real cluster: a persisted run of several batches reads no report
-with a round trip, and its results are right; a report the kernel did not expect (another
-run's, a lineage recompute's) is dropped.
+On the session's shared real cluster: every item's report reaches the kernel, pushed by its
+worker (`run/reports.py`), so a persisted run of several batches reads none with a round
+trip; a report the kernel did not expect (another run's, a lineage recompute's) is dropped;
+a worker keeps its reports within a bound, for those that were not pushed.
 """
 
 from __future__ import annotations
@@ -11,28 +12,41 @@ from typing import Any
 
 import pytest
 
+from nbcluster import _compat
 from nbcluster.cluster.handle import ClusterHandle
-from nbcluster.run import persisting
 from nbcluster.run.api import distribute
 from nbcluster.run.reports import Inbox
 from nbcluster.worker import held
+
+
+def test_a_persist_run_reads_every_report_and_its_values_stay_on_the_workers(cluster: ClusterHandle) -> None:
+    ns: dict[str, Any] = {}
+    # Items of ~20 ms, a task each, printing: their reports carry the output and the description.
+    made = distribute(
+        "import time\ntime.sleep(0.02)\nprint(x)\nx * 10", over="x in range(8)", namespace=ns, into="made", persist=True, on=cluster.name
+    )  # fmt: skip
+    assert made.ok and made.gather() == [x * 10 for x in range(8)]
+    assert len({h.future.key for h in made}) == 8
+    assert [made.output(i) for i in range(8)] == [f"{x}\n" for x in range(8)]
+    assert all(h.describe() == "int, 28 B" for h in made), [h.describe() for h in made]
+    made.release()
 
 
 def test_a_persist_run_reads_no_report_with_a_round_trip(
     cluster: ClusterHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     asked: list[str] = []
-    read = persisting.run_on_holder
+    read = _compat.run_on_holder
 
     def counted(client: Any, key: str, *args: Any) -> Any:
         asked.append(key)
         return read(client, key, *args)
 
-    monkeypatch.setattr(persisting, "run_on_holder", counted)
+    monkeypatch.setattr(_compat, "run_on_holder", counted)
     ns: dict[str, Any] = {}
     # Items of ~20 ms, a task each.
     made = distribute(
-        "import time\ntime.sleep(0.02)\nx * 10", over="x in range(8)", namespace=ns, into="made", persist=True, cluster=cluster.name
+        "import time\ntime.sleep(0.02)\nx * 10", over="x in range(8)", namespace=ns, into="made", persist=True, on=cluster.name
     )  # fmt: skip
     assert made.ok and made.gather() == [x * 10 for x in range(8)]
     assert len({h.future.key for h in made}) == 8

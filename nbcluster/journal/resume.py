@@ -121,12 +121,12 @@ def prepare(
             line = _hint(found[0], total) if found else None
         made = store.create(identity, total, first_line, cluster=cluster if persist else None, where=base)
         chosen = Resumption(made, line=line)
-        if persist and made is not None:
-            handles.publishing_alone(client, handles.dataset_prefix(made.path.name))
     if persist and chosen.writer is not None:
         chosen.publish = handles.dataset_prefix(chosen.writer.path.name)
-        chosen.writer.before_superseding = lambda paths: handles.unpublish_superseded(
-            client, [handles.dataset_prefix(p.name) for p in paths])  # fmt: skip
+        def unpublish(paths: list[Path]) -> None:
+            handles.unpublish(client, [handles.dataset_prefix(p.name) for p in paths])
+
+        chosen.writer.before_superseding = unpublish
     return chosen
 
 

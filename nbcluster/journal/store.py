@@ -11,8 +11,8 @@ Policy
   One batch is one record, appended to an ``O_APPEND`` file with one ``os.writev``: a
   ``kill -9`` of the kernel loses at most the batches that had not reached it. There is no
   fsync per batch: a journal protects against a dead kernel, not a dead machine.
-- **Values as they came.** A batch a worker sent as one pickled list of builtin data
-  (`run.values.Packed`) is written as those bytes. Any other batch has each value pickled
+- **Values as they came.** A batch of only numbers, strings, bytes and None is written as
+  one pickle of the list. Any other batch has each value pickled
   on its own, so that a value that cannot be loaded later (its class is gone) re-runs that
   item alone, and one above ``nbcluster.journal.max-item-size`` is left out (and re-run)
   alone. A ``--persist`` batch holds each item's `handles.Recipe`, never its value.
@@ -69,7 +69,6 @@ from dask.utils import parse_bytes
 
 from nbcluster import config
 from nbcluster.run.cell import describe
-from nbcluster.run.values import Packed
 
 FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
@@ -305,7 +304,9 @@ class Writer:
         """
         with self._lock:
             if self._fd is not None:
-                plain = values.blob if isinstance(values, Packed) and len(values.blob) <= self._max_item else None
+                plain = None
+                if held is None and set(map(type, values)) <= _ATOMS:  # loadable whatever the notebook defines
+                    plain = _pickled(list(values), self._max_item)
                 each = [_pickled(v, self._max_item) for v in values] if held is None and plain is None else None
                 self._append(self._fd, {
                     "kind": "batch", "at": time.time(), "where": where, "worker": ran_on,
@@ -370,6 +371,10 @@ class Writer:
         if not self._broken:
             self._broken = True
             print(_cannot_write(e, self.path), file=sys.stderr)
+
+
+#: Types whose values load in any process: a batch of only these is pickled as one list.
+_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 
 def _pickled(value: Any, limit: int) -> bytes | None:

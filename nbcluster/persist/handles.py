@@ -13,14 +13,16 @@ value was released says so in one line (`HandleGone`) when it is used.
 
 `check(values, client)` is what a run calls before it sends anything: every handle it
 reads (`--over "x in NAME"`, `--zip`, captured by name) must belong to the run's cluster.
+The engine reads a finished persisted item's report (`held_report`: its output, error and
+the value's description; the value stays on its worker) and makes its handle (`handle_of`).
 
 Journaled runs (`journal.py`): a journaled `--persist` run also *publishes* each handle's key
 on the scheduler as a Dask dataset of its own (`publish`, named ``nbcluster-<journal>-<item>``),
 so the workers keep the value when the kernel dies and its client with it. Lifetime in the
 kernel that holds the handle is unchanged: releasing the handle (`del`, rebinding,
-`release()`) unpublishes its dataset too (a finalizer, batched into one scheduler call per
-tick of the client's event loop). A kernel that dies runs no finalizer (nor does one that
-exits: a restarted kernel can resume too), so its datasets stay until a new kernel's
+`release()`) unpublishes its dataset too (a finalizer; the calls are queued, in order,
+and sent from the client's event loop: `_Publisher`). A kernel that dies runs no finalizer
+(nor does one that exits: a restarted kernel can resume too), so its datasets stay until a new kernel's
 ``--resume`` adopts them (`adopt`: it takes the keys some worker still holds, as handles
 that own the datasets from then on), ``%cluster runs ID --forget`` drops them (`unpublish`), or
 the cluster stops.
@@ -31,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections import Counter
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, TypedDict
 
@@ -39,14 +41,13 @@ from nbcluster import _compat
 from nbcluster._wire import HeldValue
 from nbcluster.errors import BadArgument, HandleGone
 from nbcluster.run.capture import human
-from nbcluster.worker.held import Slot, holdings
+from nbcluster.run.transport import outcome
+from nbcluster.worker.held import Slot, holdings, report_for, report_of
 
 #: The `--into` name of each --persist run still alive in this kernel, by run id (for status).
 RUNS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 GONE = "the cluster that held it was stopped; run the cell that made it again (on a running cluster)"
-
-_made = False  # a handle was made in this process: the output history is looked through after each cell
 
 
 class Recipe(TypedDict):
@@ -64,20 +65,11 @@ class Handle:
     __slots__ = ("__weakref__", "_dataset", "_future", "_published", "held", "index", "made_on")
 
     def __init__(self, future: Any, held: HeldValue, index: int, made_on: str | None = None):
-        global _made
-        _made = True
-        self._future: Any = future
-        self.held = held
-        self.index = index  # the item of the run that made it
-        self.made_on = made_on  # the address of the worker that made it, where known (a placement hint)
-        self._published: weakref.finalize[Any, Any] | None = None  # unpublishes its dataset (`publish`)
-        self._dataset: str | None = None
-
-    @property
-    def dataset(self) -> str | None:
-        """The name of the dataset keeping the value without a client (`publish`), else None."""
-        finalizer = self._published
-        return self._dataset if finalizer is not None and finalizer.alive else None
+        # `index`: the item of the run that made it; `made_on`: the address of the worker that made
+        # it, where known (a placement hint); `_published` unpublishes `_dataset` (`publish`).
+        self._future, self.held, self.index, self.made_on = future, held, index, made_on
+        self._published: weakref.finalize[Any, Any] | None = None
+        self._dataset = ""
 
     def recipe(self, params: str = "") -> Recipe | None:
         """What a journal keeps of this handle: its key, dataset, description and parameters.
@@ -92,15 +84,15 @@ class Handle:
         Recipe or None
             The recipe; None when the handle is not published (journaling off) or released.
         """
-        dataset = self.dataset
-        if dataset is None or self._future is None:
+        if self._published is None or not self._published.alive or self._future is None:
             return None
-        return {"key": str(self._future.key), "dataset": dataset, "held": self.held, "params": params}
+        return {"key": self.key, "dataset": self._dataset, "held": self.held, "params": params}
 
     @property
     def future(self) -> Any:
         """The Dask future of the value (for hand-written Dask work); one line if it is gone."""
-        self._check()
+        if self.gone is not None:
+            raise HandleGone(f"item {self.index}'s value is gone: {self.gone}")
         return self._future
 
     @property
@@ -136,17 +128,11 @@ class Handle:
             worker holds it at the moment (Dask is recomputing it), or the scheduler cannot be
             asked.
         """
-        if self.gone is not None:
-            return None
-        client = self._future.client
-        try:
-            holders = client.who_has([self._future]).get(self._future.key) or ()
-            if not holders:
-                return None
-            info = _compat.workers(client).get(holders[0], {})
-        except Exception:  # the scheduler going away as we ask: no worker to name
-            return None
-        return str(info.get("name", holders[0]))
+        with contextlib.suppress(Exception):  # gone, or the scheduler going away as we ask: no worker to name
+            client = self.future.client
+            holders = client.who_has([self._future]).get(self._future.key)
+            return str(_compat.workers(client).get(holders[0], {}).get("name", holders[0])) if holders else None
+        return None
 
     def gather(self) -> Any:
         """Bring the value to the kernel.
@@ -168,9 +154,9 @@ class Handle:
         >>> shards[2].gather()
         [2, 2, 2]
         """
-        self._check()
+        future = self.future  # one line if it is gone
         try:
-            return self._future.result()
+            return future.result()
         except Exception as e:
             raise HandleGone(f"item {self.index} could not be brought back: {type(e).__name__}: {e}") from None
 
@@ -182,11 +168,6 @@ class Handle:
         if future is not None and future.client.status == "running":
             future.release()
 
-    def _check(self) -> None:
-        reason = self.gone
-        if reason is not None:
-            raise HandleGone(f"item {self.index}'s value is gone: {reason}")
-
     def describe(self) -> str:
         """`ndarray (12500000,) float64, 100.0 MB`: what the worker said of the value.
 
@@ -195,17 +176,14 @@ class Handle:
         str
             The type, shape (or length) and size the worker measured, as in the handle's repr.
         """
-        held = self.held
-        what = " ".join(part for part in (held["type"], held["shape"]) if part)
-        return f"{what}, {human(held['nbytes'])}"
+        what = " ".join(part for part in (self.held["type"], self.held["shape"]) if part)
+        return f"{what}, {human(self.held['nbytes'])}"
 
     def __repr__(self) -> str:
-        reason = self.gone
-        if reason is not None:
-            return f"<gone: {reason}>"
-        what = self.describe()
+        if self.gone is not None:
+            return f"<gone: {self.gone}>"
         where = self.where()
-        return f"<on worker {where}: {what}>" if where else f"<not held by any worker now: {what}>"
+        return f"<{f'on worker {where}' if where else 'not held by any worker now'}: {self.describe()}>"
 
     def __reduce__(self) -> Any:
         # A handle crossing to a worker inside a blob would hide its key from Dask: runs pass
@@ -219,46 +197,24 @@ class Handle:
 class _Publisher:
     """One client's dataset calls, sent in order from its event loop, never waited for.
 
-    A run's driver thread only queues a batch's names (`put`), and a finalizer, running
-    wherever the last reference went (the main thread, a GC in any thread), only queues the
-    name it frees (`delete`). One coroutine at a time sends them, in the order queued, each
-    run of puts (or deletes) as one call: so a value released at once after it was made is
-    unpublished after it was published, never before, and a batch's delivery does not wait
-    for a scheduler round trip. A put still queued when the kernel dies is lost with it: that
-    item simply runs again on resume (`adopt` finds no dataset).
-
-    It also counts, per prefix, the names it was given and not yet told to delete (`live`),
-    so that superseding a journal this process wrote alone needs no scheduler round trip
-    when every value of it was already let go (`unpublish_superseded`).
+    A run's driver thread queues a batch's names (`publish`); a finalizer, running wherever
+    the last reference went (the main thread, a GC in any thread, the event loop itself),
+    queues the name it frees. One coroutine at a time sends them in the order queued, each
+    run of calls of one kind as one call: so a value released at once after it was made is
+    unpublished after it was published, never before. A put still queued when the kernel
+    dies is lost with it: that item simply runs again on resume (`adopt` finds no dataset).
     """
 
     def __init__(self, client: Any):
         self.client = client
-        self.ops: list[tuple[str, Any]] = []  # ("put", {name: future}) or ("delete", [name])
-        # Reentrant: a garbage collection inside a locked section may run a handle's finalizer (`delete`).
+        self.ops: deque[tuple[bool, dict[str, Any]]] = deque()  # (put?, {name: future, or None to delete})
+        # Reentrant: a garbage collection inside a locked section may run a handle's finalizer.
         self.lock = threading.RLock()
         self.sending = False
-        self.live: Counter[str] = Counter()  # prefix -> names put, not deleted
-        self.alone: set[str] = set()  # prefixes of journals this process created: no one else publishes there
 
-    def put(self, named: dict[str, Any]) -> None:
+    def add(self, put: bool, named: dict[str, Any]) -> None:
         with self.lock:
-            self.live.update(name.rsplit("-", 1)[0] for name in named)
-        self._add(("put", named))
-
-    def delete(self, name: str) -> None:
-        with self.lock:
-            self.live[name.rsplit("-", 1)[0]] -= 1
-        self._add(("delete", [name]))
-
-    def let_go(self, prefix: str) -> bool:
-        """True when nothing is published under `prefix` once the queued calls are sent."""
-        with self.lock:
-            return prefix in self.alone and self.live[prefix] <= 0
-
-    def _add(self, op: tuple[str, Any]) -> None:
-        with self.lock:
-            self.ops.append(op)
+            self.ops.append((put, named))
             start, self.sending = not self.sending, True
         if start:
             try:
@@ -268,52 +224,35 @@ class _Publisher:
                     self.ops.clear()
                     self.sending = False
 
-    def _next(self) -> tuple[str, Any] | None:
-        """The next run of calls of one kind, merged; None (and no longer sending) when none are left."""
-        with self.lock:
-            if not self.ops or self.client.status != "running":
-                self.ops.clear()
-                self.sending = False
-                return None
-            kind = self.ops[0][0]
-            n = next((k for k, (other, _) in enumerate(self.ops) if other != kind), len(self.ops))
-            taken, self.ops = self.ops[:n], self.ops[n:]
-        if kind == "put":
-            return kind, {name: f for _, named in taken for name, f in named.items()}
-        return kind, [name for _, names in taken for name in names]
-
     async def _send(self) -> None:
-        while (op := self._next()) is not None:
-            kind, what = op
+        while True:
+            with self.lock:
+                if not self.ops or self.client.status != "running":
+                    self.ops.clear()
+                    self.sending = False
+                    return
+                put, named = self.ops[0][0], {}
+                while self.ops and self.ops[0][0] == put:
+                    named.update(self.ops.popleft()[1])
             with contextlib.suppress(Exception):  # the scheduler going away: its datasets go with it
-                if kind == "put":  # override: an item run again after its value was lost
-                    await self.client.publish_dataset(**what, override=True, asynchronous=True)
+                if put:  # override: an item run again after its value was lost
+                    await self.client.publish_dataset(**named, override=True, asynchronous=True)
                 else:
-                    await self.client.unpublish_dataset(what, asynchronous=True)
+                    await self.client.unpublish_dataset(list(named), asynchronous=True)
 
 
 _PUBLISHERS: weakref.WeakKeyDictionary[Any, _Publisher] = weakref.WeakKeyDictionary()
 
 
-def _publisher(client: Any) -> _Publisher:
-    found = _PUBLISHERS.get(client)
-    if found is None:
-        found = _PUBLISHERS[client] = _Publisher(client)
-    return found
-
-
-def _unpublish_later(publisher: _Publisher, name: str) -> None:
-    publisher.delete(name)
-
-
 def _own(handle: Handle, client: Any, name: str) -> None:
     """Make `handle` unpublish `name` when it is released or collected (not at the kernel's exit)."""
-    finalizer = weakref.finalize(handle, _unpublish_later, _publisher(client), name)
+    publisher = _PUBLISHERS.setdefault(client, _Publisher(client))
+    finalizer = weakref.finalize(handle, publisher.add, False, {name: None})
     finalizer.atexit = False  # a kernel that exits (a restart) leaves its values for --resume
     handle._published, handle._dataset = finalizer, name
 
 
-def publish(client: Any, handles: Sequence[Handle], prefix: str) -> None:
+def publish(client: Any, handles: Sequence[Handle | None], prefix: str | None) -> None:
     """Publish each handle's key as the dataset ``<prefix>-<item>``, owned by the handle.
 
     The call is queued, not waited for (see `_Publisher`): a delivered batch does not wait
@@ -323,51 +262,18 @@ def publish(client: Any, handles: Sequence[Handle], prefix: str) -> None:
     ----------
     client : distributed.Client
         The run's client.
-    handles : Sequence of Handle
-        A delivered batch's new handles.
-    prefix : str
-        The run's dataset prefix (`dataset_prefix`).
+    handles : Sequence of Handle or None
+        A delivered batch's new handles (None: an item without a value).
+    prefix : str or None
+        The run's dataset prefix (`dataset_prefix`); None publishes nothing (no journal).
+
     """
-    if not handles:
+    made = [h for h in handles if h is not None]
+    if prefix is None or not made:
         return
-    _publisher(client).put({f"{prefix}-{h.index}": h._future for h in handles})
-    for h in handles:
+    _PUBLISHERS.setdefault(client, _Publisher(client)).add(True, {f"{prefix}-{h.index}": h._future for h in made})
+    for h in made:
         _own(h, client, f"{prefix}-{h.index}")
-
-
-def publishing_alone(client: Any, prefix: str) -> None:
-    """Say that this process created the journal of `prefix`: only it publishes under it.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        The run's client.
-    prefix : str
-        The new journal's dataset prefix (`dataset_prefix`).
-    """
-    publisher = _publisher(client)
-    with publisher.lock:
-        publisher.alone.add(prefix)
-
-
-def unpublish_superseded(client: Any, prefixes: Sequence[str]) -> None:
-    """Drop the datasets of journals a complete run supersedes, before they are deleted.
-
-    A prefix this process published under alone, whose values it has all let go, has
-    nothing left there (the deletes queued ahead are sent first): it is not asked about.
-    The others (a dead kernel's journals, values still held) are listed and dropped.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        A client of the cluster the datasets are on.
-    prefixes : Sequence of str
-        The superseded journals' dataset prefixes (`dataset_prefix`).
-    """
-    publisher = _publisher(client)
-    left = [p for p in prefixes if not publisher.let_go(p)]
-    if left:
-        unpublish(client, left)
 
 
 def dataset_prefix(journal_name: str) -> str:
@@ -409,10 +315,8 @@ def adopt(client: Any, recipes: dict[int, Recipe]) -> tuple[dict[int, Handle], i
     """
     if not recipes:
         return {}, 0
-    items = sorted(recipes)
-    names = [recipes[i]["dataset"] for i in items]
-    futures = client.get_dataset(names, default=None)
-    found = {i: f for i, f in zip(items, futures, strict=True) if f is not None and hasattr(f, "key")}
+    futures = client.get_dataset([recipes[i]["dataset"] for i in sorted(recipes)], default=None)
+    found = {i: f for i, f in zip(sorted(recipes), futures, strict=True) if f is not None and hasattr(f, "key")}
     holders = client.who_has(list(found.values())) if found else {}
     handles: dict[int, Handle] = {}
     for i, future in found.items():
@@ -421,14 +325,16 @@ def adopt(client: Any, recipes: dict[int, Recipe]) -> tuple[dict[int, Handle], i
             _own(handle, client, recipes[i]["dataset"])
         else:
             future.release()
-    stale = [recipes[i]["dataset"] for i in found if i not in handles]
-    if stale:
+    if stale := [recipes[i]["dataset"] for i in found if i not in handles]:
         client.unpublish_dataset(stale)
     return handles, len(recipes) - len(handles)
 
 
 def unpublish(client: Any, prefixes: Sequence[str]) -> int:
-    """Drop every dataset whose name starts with one of `prefixes` (``%cluster runs ID --forget``).
+    """Drop every dataset whose name starts with one of `prefixes`.
+
+    What ``%cluster runs ID --forget`` does, and a complete run before it deletes the
+    journals it supersedes.
 
     Parameters
     ----------
@@ -442,10 +348,8 @@ def unpublish(client: Any, prefixes: Sequence[str]) -> int:
     int
         How many datasets were dropped.
     """
-    wanted = tuple(f"{p}-" for p in prefixes)
-    names = [str(n) for n in client.list_datasets() if str(n).startswith(wanted)]
-    if names:
-        client.unpublish_dataset(names)
+    if names := published(client, prefixes):
+        client.unpublish_dataset(sorted(names))
     return len(names)
 
 
@@ -489,29 +393,10 @@ def holdings_lines(client: Any) -> list[str]:
         return []
     lines = []
     for address in sorted(held, key=lambda a: names.get(a, a)):
-        parts = []
-        for run_id, (count, nbytes) in sorted(held[address].items()):
-            results = RUNS.get(run_id)
-            label = getattr(results, "label", None) or f"run {run_id}"
-            parts.append(f"{label}: {count} ({human(nbytes)})")
-        lines.append(f"  {names.get(address, address):<8} holds persisted {', '.join(parts)}")
+        runs = [f"{getattr(RUNS.get(run_id), 'label', None) or f'run {run_id}'}: {count} ({human(nbytes)})"
+                for run_id, (count, nbytes) in sorted(held[address].items())]  # fmt: skip
+        lines.append(f"  {names.get(address, address):<8} holds persisted {', '.join(runs)}")
     return lines
-
-
-def is_handle(value: Any) -> bool:
-    """True when `value` is a `Handle`.
-
-    Parameters
-    ----------
-    value : Any
-        Anything.
-
-    Returns
-    -------
-    bool
-        Whether it is a persisted result's handle.
-    """
-    return isinstance(value, Handle)
 
 
 def check(values: Iterable[Any], client: Any = None) -> None:
@@ -534,16 +419,12 @@ def check(values: Iterable[Any], client: Any = None) -> None:
     for value in values:
         if not isinstance(value, Handle):
             continue
-        reason = value.gone
-        if reason is not None:
-            raise BadArgument(f"a persisted result read by this cell is gone: {reason}")
-        if client is None:
-            continue
-        if value._future.client is not client and value._future.client.scheduler.address != client.scheduler.address:
-            raise BadArgument(
-                f"a persisted result read by this cell lives on another cluster "
-                f"({value._future.client.scheduler.address}); use --cluster to run there, or .gather() it"
-            )
+        if value.gone is not None:
+            raise BadArgument(f"a persisted result read by this cell is gone: {value.gone}")
+        theirs = value._future.client
+        if client is not None and theirs is not client and theirs.scheduler.address != client.scheduler.address:
+            raise BadArgument(f"a persisted result read by this cell lives on another cluster "
+                              f"({theirs.scheduler.address}); use --cluster to run there, or .gather() it")  # fmt: skip
 
 
 def held_slots(items: Sequence[Any], first: int) -> tuple[list[Any], list[Any]]:
@@ -566,41 +447,123 @@ def held_slots(items: Sequence[Any], first: int) -> tuple[list[Any], list[Any]]:
     """
     futures: list[Any] = []
 
-    def slot(value: Any) -> Any:
-        if not isinstance(value, Handle):
-            return value
-        futures.append(value.future)
+    def slot(handle: Handle) -> Slot:
+        futures.append(handle.future)
         return Slot(first + len(futures) - 1)
 
-    out = [tuple(slot(v) for v in item) if type(item) is tuple else slot(item) for item in items]
-    return out, futures
+    return [_replaced(item, Handle, slot) for item in items], futures
 
 
-def made_where(items: Sequence[Any]) -> tuple[dict[str, list[str]], list[Any]]:
-    """Where the handles in `items` were made, by key; and the futures of those not known.
+def held_report(client: Any, pushed: bytes | None, future: Any, result: Any) -> Any:
+    """A persisted item's report blob, read where it ran; else its task's exception.
+
+    The worker pushed it as an event ahead of the task's end (`reports.py`): no round trip,
+    where a worker busy with its next item would answer late. Where it did not come, it is
+    read from the worker's event loop (a task would queue behind the worker's next item),
+    and failing that (the worker dropped it) made again from the value by a small task. A
+    task without a value raised after its report was out (`worker/held.py`): its report,
+    too large to push, is asked of the workers.
 
     Parameters
     ----------
-    items : list
-        A run's items: handles, tuples of values and handles, or plain values.
+    client : distributed.Client
+        The run's client.
+    pushed : bytes or None
+        What the worker pushed for the task (`Transport.pushed`).
+    future : distributed.Future
+        The item's finished task.
+    result : Any
+        What the transport read for it (None: nothing).
 
     Returns
     -------
-    known : dict of str to list of str
-        Each handle's key -> ``[the address of the worker that made it]``.
-    unknown : list of distributed.Future
-        The futures of the handles that do not know it (adopted from a journal).
+    Any
+        The report blob, or the task's exception.
     """
-    known: dict[str, list[str]] = {}
-    unknown: list[Any] = []
-    for item in items:
-        for value in item if type(item) is tuple else (item,):
-            if isinstance(value, Handle) and value._future is not None:
-                if value.made_on:
-                    known[value.key] = [value.made_on]
-                else:
-                    unknown.append(value._future)
-    return known, unknown
+    if pushed is not None:
+        return pushed
+    key = str(future.key)
+    if future.status == "error":
+        with contextlib.suppress(Exception):  # StopIteration too: no worker kept it
+            return next(r for r in client.run(report_of, key, on_error="return").values() if isinstance(r, bytes))
+    if future.status != "finished":
+        return result if result is not None else outcome(future)
+    with contextlib.suppress(Exception):
+        if (report := _compat.run_on_holder(client, key, report_of, key)) is not None:
+            return report
+    return outcome(client.submit(report_for, future, pure=False))
+
+
+def handle_of(future: Any, indices: Sequence[int], described: list[Any], errors: dict[int, Any],
+              ran_on: tuple[str, str] | None) -> list[Any]:  # fmt: skip
+    """The handle of a persisted item that has a value: its task's own future and key.
+
+    Parameters
+    ----------
+    future : distributed.Future
+        The item's task.
+    indices : sequence of int
+        The batch's one item.
+    described : list of HeldValue or None
+        The worker's description of the value.
+    errors : dict of int to ErrorRecord
+        The batch's failures, by position.
+    ran_on : tuple of (str, str) or None
+        The worker that ran it: (address, name).
+
+    Returns
+    -------
+    list of Handle or None
+        One entry per described value: the handle, or None where the item has no value (its
+        task raised, or ran nothing; the future then goes with the caller's frame).
+    """
+    if not described or 0 in errors or described[0] is None:
+        return [None] * len(described)
+    return [Handle(future, described[0], indices[0], made_on=ran_on[0] if ran_on else None)]
+
+
+
+class Placement:
+    """Where the handles a run reads are: a hint for a batch that reads them, asked once per start.
+
+    Dask may still run the batch elsewhere (`allow_other_workers`), and moves the value then.
+    A handle made in this kernel knows the worker that made it (`Handle.made_on`), where Dask
+    keeps the value until that worker goes (then the hint names no live worker, and Dask
+    places the batch itself): nothing is asked, so a chained cell's first item goes out at
+    once. Only the others (handles adopted from a journal) are asked of the scheduler, in
+    one round trip.
+    """
+
+    def __init__(self) -> None:
+        self._placed: dict[str, list[str]] | None = None
+
+    def of(self, client: Any, items: Sequence[Any], deps: Sequence[Any]) -> list[str]:
+        """The workers holding the first of `deps` (a batch's dependencies) with a known holder.
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The run's client.
+        items : sequence
+            The plan's items (the handles among them are looked up at the first call).
+        deps : sequence of distributed.Future
+            The futures of the handles the batch reads.
+
+        Returns
+        -------
+        list of str
+            Their addresses; empty for none.
+        """
+        if not deps:
+            return []
+        if self._placed is None:
+            held = [v for item in items for v in (item if type(item) is tuple else (item,)) if isinstance(v, Handle)]
+            self._placed = {h.key: [h.made_on] for h in held if h.made_on and h._future is not None}
+            unknown = [h._future for h in held if not h.made_on and h._future is not None]
+            if unknown:
+                with contextlib.suppress(Exception):  # the scheduler busy or gone: let Dask place them
+                    self._placed.update({k: list(v) for k, v in client.who_has(unknown).items()})
+        return next((self._placed[f.key] for f in deps if self._placed.get(f.key)), [])
 
 
 class Read:
@@ -632,14 +595,21 @@ class Read:
         """
         handle = self._ref()
         if handle is None or handle.gone is not None:
-            raise BadArgument(
-                "a persisted result this run read was deleted or released since: run the cells that "
-                "make it again, then this one"
-            )
+            raise BadArgument("a persisted result this run read was deleted or released since: "
+                              "run the cells that make it again, then this one")  # fmt: skip
         return handle
 
     def __repr__(self) -> str:
         return self._text if self._ref() is not None else "<released>"
+
+
+def _replaced(value: Any, kind: type[Any], fn: Any) -> Any:
+    """`value` with each `kind` in it (itself, or in a tuple, one level deep) replaced by `fn(it)`."""
+    if isinstance(value, kind):
+        return fn(value)
+    if type(value) is tuple and any(isinstance(v, kind) for v in value):
+        return tuple(fn(v) if isinstance(v, kind) else v for v in value)
+    return value
 
 
 def forget(value: Any) -> Any:
@@ -655,11 +625,7 @@ def forget(value: Any) -> Any:
     Any
         The item with each handle (one tuple level deep) replaced by a `Read`.
     """
-    if isinstance(value, Handle):
-        return Read(value)
-    if type(value) is tuple and any(isinstance(v, Handle) for v in value):
-        return tuple(Read(v) if isinstance(v, Handle) else v for v in value)
-    return value
+    return _replaced(value, Handle, Read)
 
 
 def recall(value: Any) -> Any:
@@ -680,11 +646,7 @@ def recall(value: Any) -> Any:
     nbcluster.errors.BadArgument
         When a handle it read is gone (see `Read.recall`).
     """
-    if isinstance(value, Read):
-        return value.recall()
-    if type(value) is tuple and any(isinstance(v, Read) for v in value):
-        return tuple(v.recall() if isinstance(v, Read) else v for v in value)
-    return value
+    return _replaced(value, Read, Read.recall)
 
 
 def forget_shown(shell: Any) -> None:
@@ -701,15 +663,13 @@ def forget_shown(shell: Any) -> None:
     shell : IPython.core.interactiveshell.InteractiveShell
         The kernel's shell.
     """
-    if not _made and not RUNS:
-        return  # no handle, and no --persist run, in this process: nothing shown can hold one
     out, hook = shell.history_manager.output_hist, shell.displayhook
     proxies: dict[int, Any] = {}
 
     def weak(value: Any) -> Any:
-        if not _holds_handles(value):
-            return value
-        return proxies.setdefault(id(value), weakref.proxy(value))
+        # By type, not isinstance: a proxy passes for what it stands for, and is weak already.
+        held = type(value) is Handle or (type(value).__name__ == "Results" and getattr(value._control, "persist", False))
+        return proxies.setdefault(id(value), weakref.proxy(value)) if held else value
 
     for n, value in list(out.items()):
         out[n] = weak(value)
@@ -718,11 +678,3 @@ def forget_shown(shell: Any) -> None:
             ns[name] = weak(ns[name])
     for name in ("_", "__", "___"):
         setattr(hook, name, weak(getattr(hook, name, None)))
-
-
-def _holds_handles(value: Any) -> bool:
-    if type(value) in (weakref.ProxyType, weakref.CallableProxyType):
-        return False  # already weak
-    if isinstance(value, Handle):
-        return True
-    return type(value).__name__ == "Results" and bool(getattr(value._control, "persist", False))

@@ -54,6 +54,7 @@ from nbcluster.errors import BadArgument, Interrupted, NbclusterError
 from nbcluster.journal import identity
 from nbcluster.journal.resume import Resumption, attach_checkpoints, prepare
 from nbcluster.persist import handles
+from nbcluster.persist.handles import Handle
 from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.capture import Capture, capture, human
 from nbcluster.run.cell import Cell, Plan, plan
@@ -575,7 +576,7 @@ def _capture(cell: Cell | None, bound: list[str], namespace: Any, pickle_values:
     if cell is None:
         return Capture()
     free = cell.free_names(bound)
-    held = {name: namespace[name] for name in free if name in namespace and handles.is_handle(namespace[name])}
+    held = {name: namespace[name] for name in free if name in namespace and isinstance(namespace[name], Handle)}
     captured = capture({n: line for n, line in free.items() if n not in held}, namespace, pickle_values=pickle_values)
     captured.held = held
     return captured
@@ -585,7 +586,7 @@ def _handles_in(items: Plan) -> list[Any]:
     """The persisted handles among the items (one tuple level deep); a range holds none."""
     if isinstance(items.items, range):
         return []
-    return [v for item in items.items for v in (item if type(item) is tuple else (item,)) if handles.is_handle(v)]
+    return [v for item in items.items for v in (item if type(item) is tuple else (item,)) if isinstance(v, Handle)]
 
 
 class Run:

@@ -123,47 +123,34 @@ def drive(tasks: Tasks, indices: list[int]) -> None:
     """
     futures: dict[Any, int] = {}
     changed = threading.Event()
-
-    def submit(i: int) -> None:
-        blob = cloudpickle.dumps(([i], [None], None))
-        future = tasks.submit_task(
-            [i], blob, workers=[tasks.items[i]], allow_other_workers=False, **tasks.placement
-        )
-        if future is not None:
-            futures[future] = i
-            future.add_done_callback(lambda _: changed.set())
-
     try:
-        for i in indices:
-            submit(i)
+        todo = list(indices)
         while True:
+            for i in todo:
+                blob = cloudpickle.dumps(([i], [None], None))
+                where = {"workers": [tasks.items[i]], "allow_other_workers": False, **tasks.placement}
+                if (future := tasks.submit_task([i], blob, **where)) is not None:
+                    futures[future] = i
+                    future.add_done_callback(lambda _: changed.set())
             out = tasks.outstanding(list(futures))
             if not out or tasks.stopping:
                 break
             # Woken by a finished task, or once a second to look for departed workers.
             changed.wait(LOOK_S)
             changed.clear()
-            for future in [f for f in out if f.done()]:
-                for i in tasks.settle_task(future):
-                    submit(i)
-            if not _fail_departed(tasks, {f: futures[f] for f in out}):
-                break  # the cluster went away: the engine has ended the run
+            todo = [i for future in out if future.done() for i in tasks.settle_task(future)]
+            try:
+                alive = set(_compat.workers(tasks.client))
+            except Exception:
+                if tasks.stopping:
+                    break  # the cluster went away: the engine has ended the run
+                raise
+            for future in out:
+                i = futures[future]
+                if future.status == "pending" and tasks.items[i] not in alive:
+                    tasks.withdraw(future)
+                    future.cancel()
+                    left = RuntimeError(f"worker {tasks.items[i]} left the cluster before running the cell")
+                    tasks.fail([i], error_record(left))
     finally:
         tasks.finish()
-
-
-def _fail_departed(tasks: Tasks, pinned: dict[Any, int]) -> bool:
-    """Fail the tasks pinned to a worker that has left; False when the cluster itself is gone."""
-    try:
-        alive = set(_compat.workers(tasks.client))
-    except Exception:
-        if tasks.stopping:
-            return False
-        raise
-    for future, i in pinned.items():
-        if future.status == "pending" and tasks.items[i] not in alive:
-            tasks.withdraw(future)
-            future.cancel()
-            left = RuntimeError(f"worker {tasks.items[i]} left the cluster before running the cell")
-            tasks.fail([i], error_record(left))
-    return True

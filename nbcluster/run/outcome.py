@@ -9,7 +9,9 @@ each of its items with one record.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import pickle
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -18,26 +20,22 @@ import cloudpickle
 from nbcluster import worker
 from nbcluster._compat import nanny_logs
 from nbcluster.errors import WorkerKilled
-from nbcluster.run.values import Packed
 
 
-class _Rescheduling(logging.Filter):
-    """Drops the client's "Couldn't gather 1 keys, rescheduling" warning.
+def _not_rescheduling(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Couldn't gather")
+
+
+def quiet_rescheduling() -> None:
+    """Keep the client's "Couldn't gather 1 keys, rescheduling" warning out of the cell.
 
     A worker that dies holding a finished batch's result makes Dask compute that batch
     again, and the run takes the result from the second computation; nothing is lost, so
     nothing belongs in the cell (where the kernel's log handler would print it).
     """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Couldn't gather")
-
-
-def quiet_rescheduling() -> None:
-    """Keep the client's "rescheduling" warnings out of the cell (once per process)."""
     log = logging.getLogger("distributed.client")
-    if not any(isinstance(f, _Rescheduling) for f in log.filters):
-        log.addFilter(_Rescheduling())
+    if _not_rescheduling not in log.filters:
+        log.addFilter(_not_rescheduling)
 
 
 def internal_error(e: Exception) -> worker.ErrorRecord:
@@ -54,14 +52,14 @@ def internal_error(e: Exception) -> worker.ErrorRecord:
         One line naming it as an internal error.
     """
     error = RuntimeError(f"nbcluster internal error while running the items: {type(e).__name__}: {e}")
-    error.__cause__ = e  # its frames go in the record, for the bug report
+    error.__cause__ = e
     return worker.error_record(error)
 
 
 class Outcome(NamedTuple):
     """One finished batch, unpacked: its values, errors and output, or why it has none."""
 
-    values: Sequence[Any]  # of the first len(values) items of the batch (fewer if it stopped early); maybe Packed
+    values: Sequence[Any]  # of the first len(values) items of the batch (fewer if it stopped early)
     errors: dict[int, worker.ErrorRecord]  # by position in the batch
     outputs: dict[int, Any]  # by item index
     seconds: float | None = None  # time the items took on the worker
@@ -91,35 +89,34 @@ def unpack(future: Any, result: Any, n: int) -> Outcome:
     Outcome
         Its values and errors, or the case it falls in (killed, halt, lost, fatal).
     """
-    record: worker.ErrorRecord | None = None
+    from distributed import KilledWorker
+
     # A result blob is a result even if the future reads "lost" by now: the worker that
     # held it died after it was gathered.
     if future.status != "finished" and not isinstance(result, bytes):
         exc = result[1] if isinstance(result, tuple) else result
-        missing = _nbcluster_missing(exc)
-        if missing is not None:
+        if (missing := _nbcluster_missing(exc)) is not None:
             return Outcome([], {}, {}, halt=missing)
-        if _is_killed_worker(exc):
+        if isinstance(exc, KilledWorker) and len(exc.args) == 3:
             return Outcome([], {}, {}, killed=exc)
-        record = _batch_failure(exc)
-    else:
-        try:
-            data = cloudpickle.loads(result)
-        except Exception as e:
-            record = worker.error_record(
-                TypeError(f"the results could not be loaded in the kernel: {type(e).__name__}: {e}")
-            )
-    if record is not None:
-        return Outcome([None] * n, dict.fromkeys(range(n), record), {})
+        if type(exc).__name__ == "CancelledError":
+            exc = type(exc)("the batch was cancelled on the cluster")
+        elif not isinstance(exc, BaseException):
+            exc = RuntimeError(f"the batch failed: {exc!r}")
+        return Outcome([None] * n, dict.fromkeys(range(n), worker.error_record(exc, frames=False)), {})
+    try:
+        data = cloudpickle.loads(result)
+        if isinstance(data.get("values"), bytes):  # builtin data, pickled as one list (`worker/plain.py`)
+            data["values"] = pickle.loads(data["values"])
+    except Exception as e:
+        failed = TypeError(f"the results could not be loaded in the kernel: {type(e).__name__}: {e}")
+        return Outcome([None] * n, dict.fromkeys(range(n), worker.error_record(failed)), {})
     if "lost" in data:
         return Outcome([], {}, {}, lost=(data["lost"], data.get("worker")))
     if "fatal" in data:
         return Outcome([None] * n, dict.fromkeys(range(n), data["fatal"]), {}, fatal=data["fatal"])
-    values = data["values"]
-    if isinstance(values, bytes):  # builtin data, pickled as one list: kept so until read (values.py)
-        values = Packed(values, data["count"])
     return Outcome(
-        values, data["errors"], data["outputs"], data["seconds"], held=data.get("held"),
+        data["values"], data["errors"], data["outputs"], data["seconds"], held=data.get("held"),
         ran_on=data.get("ran_on"), idle=data.get("idle"),
     )  # fmt: skip
 
@@ -139,59 +136,12 @@ def _nbcluster_missing(exc: Any) -> str | None:
     return None
 
 
-def _is_killed_worker(exc: Any) -> bool:
-    from distributed import KilledWorker
-
-    return isinstance(exc, KilledWorker) and len(exc.args) == 3
-
-
-def last_words(client: Any, last: Any) -> str | None:
-    """What the nanny of a worker that died last logged about it, as one line, else None.
+def killed_record(client: Any, described: str, index: int, killed: Any) -> worker.ErrorRecord:
+    """The failure record of item `index`, whose worker died each time it ran it.
 
     The nanny outlives its worker (and restarts it); its log says how the worker ended
     ("Worker process 4242 exited with status 1", or that it passed its memory budget).
     Dask keeps no stderr of the dead process itself.
-
-    Parameters
-    ----------
-    client : distributed.Client or None
-        The run's client.
-    last : Any
-        Dask's record of the worker that died last (``KilledWorker.last_worker``).
-
-    Returns
-    -------
-    str or None
-        The nanny's line (exit status, or the memory limit passed); None when it has none.
-    """
-    nanny = getattr(last, "nanny", None)
-    if client is None or not nanny:
-        return None
-    try:
-        records = nanny_logs(client, nanny)
-    except Exception:  # no nanny (a plain `dask worker --no-nanny`), or it is gone too
-        return None
-    # Newest first. Nannies that share a process share its log: keep this worker's lines.
-    pid = getattr(last, "pid", None)
-    lines = [str(msg).split(" - ", 3)[-1].strip() for _, msg in records]
-    lines = [line for line in lines if pid is None or f"pid={pid})" in line or f"process {pid} " in line]
-    for wanted in ("memory budget", "Worker process"):
-        for line in lines:
-            if wanted in line:
-                return line
-    return None
-
-
-def _batch_failure(exc: Any) -> worker.ErrorRecord:
-    if isinstance(exc, BaseException) and type(exc).__name__ == "CancelledError":
-        exc = type(exc)("the batch was cancelled on the cluster")
-    elif not isinstance(exc, BaseException):
-        exc = RuntimeError(f"the batch failed: {exc!r}")
-    return worker.error_record(exc, frames=False)
-
-
-def killed_record(client: Any, described: str, index: int, killed: Any) -> worker.ErrorRecord:
-    """The failure record of item `index`, whose worker died each time it ran it.
 
     Parameters
     ----------
@@ -213,7 +163,14 @@ def killed_record(client: Any, described: str, index: int, killed: Any) -> worke
         f"item {index}{f' ({described})' if described else ''} killed its worker "
         f"{killed.allowed_failures + 1} times (a crash or out of memory)"
     )
-    said = last_words(client, killed.last_worker)
-    if said:
+    last, lines = killed.last_worker, []
+    with contextlib.suppress(Exception):  # no nanny (`dask worker --no-nanny`), or it is gone too
+        if last.nanny:
+            lines = [str(msg).split(" - ", 3)[-1].strip() for _, msg in nanny_logs(client, last.nanny)]
+    # Newest first. Nannies that share a process share its log: keep this worker's lines.
+    pid = getattr(last, "pid", None)
+    lines = [line for line in lines if pid is None or f"pid={pid})" in line or f"process {pid} " in line]
+    for said in (line for wanted in ("memory budget", "Worker process") for line in lines if wanted in line):
         message += f"; the worker's nanny logged: {said}"
+        break
     return worker.error_record(WorkerKilled(message), frames=False)

@@ -24,6 +24,7 @@ cluster, a batch Dask ran again for lineage) is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from typing import Any
@@ -81,8 +82,7 @@ class Inbox:
         """
         with self._arrived:
             self._wanted = {k for k in self._wanted if not k.startswith(prefix)}
-            for key in [k for k in self._reports if k.startswith(prefix)]:
-                del self._reports[key]
+            self._reports = {k: r for k, r in self._reports.items() if not k.startswith(prefix)}
 
     def arrived(self, event: tuple[float, Any]) -> None:
         """The client's handler for `TOPIC`: keep a report some run expects.
@@ -92,12 +92,9 @@ class Inbox:
         event : tuple of (float, dict)
             Dask's event: its time, and ``{"key": ..., "report": ...}`` from the worker.
         """
-        _, message = event
-        key, report = message.get("key"), message.get("report")
-        if not isinstance(key, str) or not isinstance(report, bytes):
-            return
+        key, report = event[1].get("key"), event[1].get("report")
         with self._arrived:
-            if key in self._wanted:
+            if isinstance(key, str) and isinstance(report, bytes) and key in self._wanted:
                 self._reports[key] = report
                 self._arrived.notify_all()
 
@@ -121,12 +118,9 @@ def inbox(client: Any) -> Inbox | None:
         from the worker).
     """
     with _LOCK:
-        found = _INBOXES.get(client)
-        if found is None:
-            found = Inbox()
-            try:
+        if client not in _INBOXES:
+            with contextlib.suppress(Exception):  # a client that cannot subscribe: no inbox
+                found = Inbox()
                 client.subscribe_topic(TOPIC, found.arrived)
-            except Exception:
-                return None
-            _INBOXES[client] = found
-        return found
+                _INBOXES[client] = found
+        return _INBOXES.get(client)

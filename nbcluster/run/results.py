@@ -32,13 +32,9 @@ Observing a run (the live widget's hook)
   it once straight away, so a widget sees the run from its first state.
 - `results.mode` is how the items were given (`"over"`, `"grid"`, `"zip"`, `"once"`,
   `"everywhere"`); `results.client` the run's Dask client (None for `--local` runs).
-- Dask keys: a batch that goes through the scheduler is a task `distribute-<run id>-<n>`
-  (Dask's key prefix is `distribute`), and a `--persist` item a task `persist-<run id>-<n>`
-  of its own.
-  `results.run_id` is that id, for matching the scheduler's records.
-
-Inside the package, `follow.py` reads the item output from `_state` and names items with
-`_plan`.
+- Dask keys: a batch is a task `distribute-<run id>-<n>`, and a `--persist` item a task
+  `persist-<run id>-<n>` of its own; `results.run_id` is that id, for matching the
+  scheduler's records.
 """
 
 from __future__ import annotations
@@ -46,7 +42,7 @@ from __future__ import annotations
 import html
 import importlib.util
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nbcluster.errors import HandleGone, NbclusterError, NotReady
 from nbcluster.persist.handles import GONE, Handle
@@ -110,11 +106,7 @@ class Results(TrialResults):
     __slots__ = ("__weakref__", "_control", "_label", "_plan", "_run_id", "_state", "_trials")
 
     def __init__(self, state: RunState, plan: Plan, control: Control, *, run_id: str, label: str | None):
-        self._state = state
-        self._plan = plan
-        self._control = control
-        self._run_id = run_id
-        self._label = label
+        self._state, self._plan, self._control, self._run_id, self._label = state, plan, control, run_id, label
         self._trials: Trials | None = None  # a trial run's (`trials.py`), set by `distribute`
 
     @property
@@ -159,24 +151,21 @@ class Results(TrialResults):
     def __getitem__(self, i: int | slice | str) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        if isinstance(i, str):
-            return self[self._by_worker(i)]
+        if isinstance(i, str):  # a worker's address, for an --everywhere run
+            if self._plan.mode == "everywhere" and i in self._plan.items:
+                return self[self._plan.items.index(i)]
+            raise KeyError(i)
         __tracebackhide__ = True
         index = range(len(self))[i]
         state = self._state.status[index]
         if state == DONE:
             return self._state.values[index]
         if state == FAILED:
-            error = self._state.errors[index]
-            error.exception  # noqa: B018 - build it before hiding this frame
-            reraise(error)
+            reraise(self._state.errors[index])
         if state == CANCELLED:
             raise NotReady(f"item {index} was cancelled ({self._progress_text()}); .retry() runs it again")
-        name = self._label or "NAME"
-        raise NotReady(
-            f"item {index} has not finished yet ({self._progress_text()}); `%distribute wait {name}` "
-            "or .wait() blocks until the run is done"
-        )
+        wait = f"`%distribute wait {self._label or 'NAME'}` or .wait() blocks until the run is done"
+        raise NotReady(f"item {index} has not finished yet ({self._progress_text()}); {wait}")
 
     def __iter__(self) -> Iterator[Any]:
         # All or nothing: a loop over the values must not stop halfway, nor zip them with
@@ -185,20 +174,9 @@ class Results(TrialResults):
         if c["cancelled"] or c["running"]:
             what = "was interrupted" if c["cancelled"] else "is still running"
             wait = "" if c["cancelled"] else f", `%distribute wait {self._label or 'NAME'}` waits for the rest"
-            raise NotReady(
-                f"the run {what} ({self._progress_text()}): .values() lists every value, with None "
-                f"for the missing ones{wait}; .retry() runs what is missing"
-            )
-        if self._state.all_done():  # nothing to re-raise: the values as they are, at C speed
-            yield from self._state.values
-            return
-        for i in range(len(self)):
-            yield self[i]
-
-    def _by_worker(self, address: str) -> int:
-        if self._plan.mode == "everywhere" and address in self._plan.items:
-            return self._plan.items.index(address)
-        raise KeyError(address)
+            raise NotReady(f"the run {what} ({self._progress_text()}): .values() lists every value, with None "
+                           f"for the missing ones{wait}; .retry() runs what is missing")  # fmt: skip
+        yield from self._state.values if self._state.all_done() else (self[i] for i in range(len(self)))
 
     # -- reading -------------------------------------------------------------------------
     @property
@@ -259,11 +237,8 @@ class Results(TrialResults):
         >>> runs.values(missing=float("nan"))
         [10.0, 5.0, nan]
         """
-        state = self._state
-        with state.lock:
-            if state.all_done():  # the common case: a copy at C speed, no Python step per item
-                return state.values.tolist()
-            return [v if s == DONE else missing for v, s in zip(state.values, state.status, strict=True)]
+        with self._state.lock:
+            return [v if s == DONE else missing for v, s in zip(self._state.values, self._state.status, strict=True)]
 
     def output(self, i: int | None = None, *, rank: int | None = None) -> str:
         """What item `i` printed on its worker (for a ``--ranks`` job: what rank `rank` printed).
@@ -288,8 +263,13 @@ class Results(TrialResults):
         """
         if (i is None) == (rank is None):
             raise TypeError("output() takes an item index, or rank= for a --ranks job")
-        chunks = self._state.outputs.get(range(len(self))[i if i is not None else rank], [])  # type: ignore[index]
-        return "".join(_chunk_text(stream, payload) for stream, payload in chunks)
+        text, index = [], range(len(self))[i if i is not None else rank]  # type: ignore[index]
+        for stream, payload in self._state.outputs.get(index, []):
+            if stream == "stderr":
+                text += [f"[stderr] {line}" for line in payload.splitlines(keepends=True)]
+            else:  # stdout's text, or a display()'s bundle
+                text.append(payload if stream == "stdout" else str(payload.get("text/plain", "")) + "\n")
+        return "".join(text)
 
     def raise_first(self) -> None:
         """Raise the first failed item's exception; do nothing when no item failed.
@@ -303,9 +283,8 @@ class Results(TrialResults):
             The first failed item's exception.
         """
         __tracebackhide__ = True
-        errors = self.errors
-        if errors:
-            reraise(errors[0])
+        if self.errors:
+            reraise(self.errors[0])
 
     def to_pandas(self) -> Any:
         """The results as a table: one row per item.
@@ -334,16 +313,11 @@ class Results(TrialResults):
             if importlib.util.find_spec("pandas") is not None:  # installed, but its import failed: say why
                 raise NbclusterError(f"to_pandas(): pandas is installed but did not import ({e})") from e
             raise NbclusterError("to_pandas() needs pandas: pip install pandas") from None
-        state = self._state
-        rows = []
-        with state.lock:
-            for i in range(len(self)):
-                row = self._plan.params(i)
-                row["result"] = state.values[i] if state.status[i] == DONE else None
-                if state.errors:
-                    error = state.errors.get(i)
-                    row["error"] = f"{error.type_name}: {error.message}" if error else None
-                rows.append(row)
+        with self._state.lock:
+            errors = self._state.errors
+            rows = [{**self._plan.params(i), "result": value} for i, value in enumerate(self.values())]
+            for i, row in enumerate(rows if errors else []):
+                row["error"] = f"{errors[i].type_name}: {errors[i].message}" if i in errors else None
         return pd.DataFrame(rows)
 
     def wait(self, timeout: float | None = None) -> Results:
@@ -463,10 +437,9 @@ class Results(TrialResults):
         [1, 1, 1]
         """
         if i is not None:
-            return self._handle(i).gather()
+            return self._handles(i)[0].gather()
         values, lost = [], []
-        for j in range(len(self)):
-            handle = self._handle(j)
+        for j, handle in enumerate(self._handles()):
             try:
                 values.append(handle.gather())
             except HandleGone:
@@ -474,39 +447,30 @@ class Results(TrialResults):
                     raise  # the cluster was stopped: that is the one line, not a list of every item
                 lost.append(j)
         if lost:
-            name = self._label or "NAME"
-            raise HandleGone(
-                f"item{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of {name} "
-                f"{'are' if len(lost) > 1 else 'is'} lost (released, or its worker died and Dask could not "
-                f"compute it again): run the cell that made {name} again; {name}.gather(i) brings the others"
-            )
+            name, many = self._label or "NAME", len(lost) > 1
+            raise HandleGone(f"item{'s' * many} {', '.join(map(str, lost))} of {name} {'are' if many else 'is'} lost "
+                             "(released, or its worker died and Dask could not compute it again): "
+                             f"run the cell that made {name} again; {name}.gather(i) brings the others")  # fmt: skip
         return values
 
     @property
     def nbytes(self) -> int:
         """Bytes the workers hold for these persisted results."""
-        return sum(h.nbytes for h in self._held())
+        return sum(h.nbytes for h in self._handles(done=True))
 
     def release(self) -> None:
         """Let the workers free every persisted value of this run (handles taken from it too)."""
-        for h in self._held():
+        for h in self._handles(done=True):
             h.release()
 
-    def _held(self) -> list[Handle]:
-        if not self._persisted():
+    def _handles(self, i: int | None = None, done: bool = False) -> list[Handle]:
+        """Item `i`'s handle (read as `self[i]` reads it), else every item's (`done`: the finished ones')."""
+        if not getattr(self._control, "persist", False):
             raise NbclusterError("only --persist results live on the workers: these values are already here")
-        with self._state.lock:
-            return [v for v, s in zip(self._state.values, self._state.status, strict=True) if s == DONE]
-
-    def _handle(self, i: int) -> Handle:
-        if not self._persisted():
-            raise NbclusterError("only --persist results live on the workers: these values are already here")
-        value = self[i]
-        assert isinstance(value, Handle)
-        return value
-
-    def _persisted(self) -> bool:
-        return bool(getattr(self._control, "persist", False))
+        if done:
+            with self._state.lock:
+                return [v for v, s in zip(self._state.values, self._state.status, strict=True) if s == DONE]
+        return [self[j] for j in (range(len(self)) if i is None else [i])]
 
     # -- summaries and display ------------------------------------------------------------
     def summary(self) -> str:
@@ -531,21 +495,14 @@ class Results(TrialResults):
 
     def _progress_text(self) -> str:
         c = self.counts()
-        text = f"{c['done']}/{c['total']} done"
-        if c["failed"]:
-            text += f", {c['failed']} failed"
-        if c["cancelled"]:
-            text += f", {c['cancelled']} cancelled"
-        return text
+        return ", ".join([f"{c['done']}/{c['total']} done", *(f"{c[k]} {k}" for k in ("failed", "cancelled") if c[k])])
 
     def __repr__(self) -> str:
         lines = [f"Results: {self._headline()}"]
-        for i in self._shown_rows():
-            params = self._plan.params(i)
+        for i, params in ((i, self._plan.params(i)) for i in self._shown_rows()):
             lines.append(f"  [{i}] {describe(params)}{' -> ' if params else ''}{self._cell(i)}")
-        if len(self) > _SHOW_ROWS:
-            lines.append(f"  ... {len(self) - _SHOW_ROWS} more")
-        return "\n".join(lines)
+        more = [f"  ... {len(self) - _SHOW_ROWS} more"] if len(self) > _SHOW_ROWS else []
+        return "\n".join(lines + more)
 
     def _repr_html_(self) -> str:
         names = list(self._plan.params(0)) if len(self) else []
@@ -564,39 +521,24 @@ class Results(TrialResults):
 
     def _headline(self) -> str:
         c = self.counts()
-        parts = [f"{c['total']} items", f"{c['done']} ok"]
-        parts += [f"{c[k]} {k}" for k in ("failed", "cancelled", "running") if c[k]]
-        if self.ended is not None:
-            parts.append(f"{self.ended - self.started:.2f} s")
+        parts = [f"{c['total']} items", f"{c['done']} ok", *(f"{c[k]} {k}" for k in ("failed", "cancelled", "running") if c[k])]
+        parts += [f"{self.ended - self.started:.2f} s"] if self.ended is not None else []
         # A run left with --no-wait shows why it stopped here, where its owner looks next.
-        if self.lost or self._state.halted:
-            parts.append(f"stopped: {self.lost or self._state.halted}")
+        parts += [f"stopped: {self.lost or self._state.halted}"] if self.lost or self._state.halted else []
         return " · ".join(parts)
 
     def _shown_rows(self) -> list[int]:
-        n = len(self)
-        if n <= _SHOW_ROWS:
-            return list(range(n))
-        failed = sorted(self._state.errors)[:2]
-        head = [i for i in range(n) if i not in failed][: _SHOW_ROWS - len(failed)]
-        return sorted(set(head) | set(failed))
+        failed = sorted(self._state.errors)[:2] if len(self) > _SHOW_ROWS else []  # the first failures, always
+        head = [i for i in range(min(len(self), _SHOW_ROWS)) if i not in failed][: _SHOW_ROWS - len(failed)]
+        return sorted(head + failed)
 
     def _cell(self, i: int) -> str:
-        state = self._state.status[i]
-        if state == DONE:
-            text = repr(self._state.values[i])
-            return text if len(text) <= 60 else text[:57] + "..."
+        state, text = self._state.status[i], repr(self._state.values[i])
         if state == FAILED:
             # Whole: the end of a message is often what says what to do ("cannot be sent
             # back to the kernel: cannot pickle '_thread.lock' object").
-            e = self._state.errors[i]
-            return f"{e.type_name}: {e.message}"
+            return f"{self._state.errors[i].type_name}: {self._state.errors[i].message}"
+        if state == DONE:
+            return text if len(text) <= 60 else text[:57] + "..."
         return "cancelled" if state == CANCELLED else "…"
 
-
-def _chunk_text(stream: str, payload: Any) -> str:
-    if stream == "display":
-        return str(payload.get("text/plain", "")) + "\n"
-    if stream == "stderr":
-        return "".join(f"[stderr] {line}" for line in payload.splitlines(keepends=True))
-    return cast(str, payload)  # stdout's text

@@ -8,8 +8,7 @@ worker, or a batch returns after a cancel.
 Shape, for a run of `n` items:
 
 - `status`: a `bytearray(n)` of `PENDING`, `DONE`, `FAILED`, `CANCELLED`;
-- `values[i]`: item `i`'s value once *done* (else None): a `Values`, which keeps a batch
-  of builtin data as the bytes it came in until one of its items is read (`values.py`);
+- `values[i]`: item `i`'s value once *done* (else None);
 - `errors[i]`: an `ItemError` for each *failed* item;
 - `outputs[i]`: what item `i` printed, as `[stream, payload]` chunks (stream `stdout`,
   `stderr` or `display`), and `output_order`, the items with output in arrival order;
@@ -33,6 +32,7 @@ An exception in a listener is printed to stderr and does not stop the run.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -41,7 +41,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from nbcluster.run.tracebacks import ItemError
-from nbcluster.run.values import Values
 
 PENDING, DONE, FAILED, CANCELLED = 0, 1, 2, 3
 
@@ -72,7 +71,7 @@ class RunState:
 
     def __init__(self, n: int):
         self.status = bytearray(n)
-        self.values = Values(n)
+        self.values: list[Any] = [None] * n
         self.errors: dict[int, ItemError] = {}
         self.outputs: dict[int, list[list[Any]]] = {}
         self.output_order: list[int] = []
@@ -104,9 +103,8 @@ class RunState:
         """
         with self.lock:
             done, failed, cancelled = self._tally[DONE], self._tally[FAILED], self._tally[CANCELLED]
-        total = len(self)
-        running = total - done - failed - cancelled
-        return {"total": total, "done": done, "failed": failed, "cancelled": cancelled, "running": running}
+        running = len(self) - done - failed - cancelled
+        return {"total": len(self), "done": done, "failed": failed, "cancelled": cancelled, "running": running}
 
     def all_done(self) -> bool:
         """Whether every item is done (none failed, cancelled or pending).
@@ -154,14 +152,10 @@ class RunState:
             Seconds to wait at most; None waits until the end. Either way Ctrl-C in the
             kernel interrupts it within a second.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = time.monotonic() + (math.inf if timeout is None else timeout)
         with self.changed:
-            while not self.finished.is_set():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                # Short waits, so that Ctrl-C in the kernel lands within a second.
-                self.changed.wait(1.0 if left is None else min(left, 1.0))
+            while not self.finished.is_set() and (left := deadline - time.monotonic()) > 0:
+                self.changed.wait(min(left, 1.0))  # short waits: Ctrl-C in the kernel lands within a second
 
     def wait_output(self, seen: int, timeout: float) -> None:
         """Block until more items have output than `seen`, the run ends, or `timeout`.
@@ -254,11 +248,7 @@ class RunState:
             self.ended = None
 
     def deliver(
-        self,
-        indices: Sequence[int],
-        values: Sequence[Any],
-        errors: dict[int, ItemError],
-        outputs: dict[int, list[list[Any]]],
+        self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError], outputs: dict[int, Any]
     ) -> None:
         """Store a batch: `values[j]` is item `indices[j]`'s value, `errors[j]` its failure.
 
@@ -271,7 +261,6 @@ class RunState:
             The run's index of each item in the batch (a `range` for consecutive items).
         values : sequence
             The value of each item the batch ran, by position; a failed item's is ignored.
-            A `values.Packed` batch stays packed where it can (the common batch).
         errors : dict of int to ItemError
             The failed items, by position in the batch.
         outputs : dict of int to list
@@ -281,8 +270,8 @@ class RunState:
         status = self.status  # a local: this loop runs once per item
         done = failed = 0
         with self.lock:
-            fresh = self._deliver_fresh(indices, values, errors, outputs)
-            stored = self.values.writable(() if fresh else indices[: len(values)])
+            fresh = not errors and not outputs and self._store_run(indices, values)
+            stored = self.values
             printed = len(self.output_order)
             for j, value in enumerate(() if fresh else values):
                 i = indices[j]
@@ -308,28 +297,19 @@ class RunState:
                 self.changed.notify_all()
         self._notify()
 
-    def _deliver_fresh(
-        self,
-        indices: Sequence[int],
-        values: Sequence[Any],
-        errors: dict[int, ItemError],
-        outputs: dict[int, list[list[Any]]],
-    ) -> bool:
-        """The common batch, stored by slices at C speed, or kept packed;
-        False if not it.
+    def _store_run(self, indices: Sequence[int], values: Sequence[Any]) -> bool:
+        """The common batch, stored by slices at C speed; False if not it.
 
         It is a run of consecutive items (a `range`), all pending, none failed, none with
-        output. Lock held.
+        output (the caller checked those two). Lock held.
         """
         n = len(values)
-        if errors or outputs or not n or not isinstance(indices, range) or indices.step != 1:
-            return False
-        if n > len(indices):
+        if not isinstance(indices, range) or indices.step != 1 or not 0 < n <= len(indices):
             return False
         start, stop = indices.start, indices.start + n
         if self.status.count(PENDING, start, stop) != n:
             return False  # some delivered already (a re-run after a lost worker): item by item
-        self.values.put(start, values)
+        self.values[start:stop] = values
         self.status[start:stop] = bytes([DONE]) * n
         self._tally[DONE] += n
         return True
@@ -389,13 +369,11 @@ class RunState:
             _call(fn)
 
     def _cancel_pending(self) -> bool:
-        if sum(self._tally.values()) == len(self):
-            return False
-        for i, s in enumerate(self.status):
-            if s == PENDING:
-                self.status[i] = CANCELLED
-                self._tally[CANCELLED] += 1
-        return True
+        pending = len(self) - sum(self._tally.values())
+        if pending:
+            self.status[:] = self.status.replace(bytes([PENDING]), bytes([CANCELLED]))  # at C speed
+            self._tally[CANCELLED] += pending
+        return pending > 0
 
     def _notify(self) -> None:
         with self.lock:

@@ -22,12 +22,14 @@ pickled if it could be rebuilt. Here, in the kernel, `ItemError` readies it once
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import traceback
 from typing import Any
 
 import cloudpickle
+from tblib import Traceback
 
 from nbcluster._compat import ipython_cell_number
 from nbcluster.errors import RemoteError
@@ -38,46 +40,34 @@ from nbcluster.worker.records import ErrorRecord, parts
 class ItemError:
     """One failed item: its index, parameters, the original exception and its traceback."""
 
-    def __init__(
-        self,
-        index: int,
-        params: dict[str, Any],
-        record: ErrorRecord,
-        where: str,
-        code_index: dict[str, list[tuple[str, int, int]]] | None = None,
-    ):
+    def __init__(self, index: int, params: dict[str, Any], record: ErrorRecord, where: str,
+                 code_index: dict[str, list[tuple[str, int, int]]] | None = None):  # fmt: skip
         _ready(record, code_index or {})
-        self.index = index
-        self.params = params
+        self.index, self.params, self.where = index, params, where  # where: "the cluster" or "the kernel"
         self.type_name: str = record["type"]
         self.message: str = record["message"]
         self._record = record
-        self.where = where  # "the cluster" or "the kernel"
-        self._exception: BaseException | None = None
-        self._text: str | None = None
 
-    @property
+    @functools.cached_property
     def exception(self) -> BaseException:
         """The item's exception, of its original type where it could be rebuilt."""
-        if self._exception is None:
-            exc: BaseException | None = None
-            blob = self._record["exception"]
-            if blob:
-                try:
-                    exc = cloudpickle.loads(blob)
-                except Exception:
-                    exc = None
-            if exc is None:
-                exc = RemoteError(f"{self.type_name}: {self.message}")
-            self._exception = exc
-        return self._exception
+        with contextlib.suppress(Exception):
+            if self._record["exception"]:
+                return cloudpickle.loads(self._record["exception"])  # type: ignore[no-any-return]
+        return RemoteError(f"{self.type_name}: {self.message}")
 
-    @property
+    @functools.cached_property
     def traceback(self) -> str:
         """The remote traceback as text: the cell's lines with cell line numbers."""
-        if self._text is None:
-            self._text = _formatted(self._record)
-        return self._text
+        with _FORMATTING:  # the record's parts take stand-in classes while it is formatted
+            every = list(zip(parts(self._record["traceback"]), self._record["types"], strict=True))
+            try:
+                for part, type_name in every:
+                    part.exc_type = _stand_in(**type_name)
+                return "".join(self._record["traceback"].format())
+            finally:
+                for part, _ in every:
+                    part.exc_type = BaseException  # as it travelled
 
     def __repr__(self) -> str:
         return f"<ItemError item {self.index} ({describe(self.params)}): {self.type_name}: {self.message}>"
@@ -99,40 +89,21 @@ def reraise(error: ItemError) -> None:
     """
     __tracebackhide__ = True
     exc = error.exception
-    tb = _rebuilt_traceback([(f.filename, f.lineno or 0, f.name) for f in error._record["traceback"].stack])
+    tb: dict[str, Any] | None = None  # tblib's form of the remote frames, innermost last
+    for f in reversed(error._record["traceback"].stack):
+        code = {"co_filename": f.filename, "co_name": f.name}
+        frame = {"f_code": code, "f_globals": {"__name__": "__main__"}, "f_lineno": f.lineno or 0}
+        tb = {"tb_frame": frame, "tb_lineno": f.lineno or 0, "tb_next": tb}
+    rebuilt = None
+    with contextlib.suppress(Exception):
+        rebuilt = Traceback.from_dict(tb).as_traceback() if tb else None
     where = f"item {error.index}{', ' + describe(error.params) if error.params else ''}, run on {error.where}"
     # With the frames rebuilt the traceback shows the cell's lines itself; otherwise the
     # note carries the remote traceback as text.
-    note = f"({where})" if tb is not None else f"({where}; remote traceback:)\n{error.traceback}"
-    notes = getattr(exc, "__notes__", None)
-    if hasattr(exc, "add_note") and (not notes or note not in notes):
+    note = f"({where})" if rebuilt is not None else f"({where}; remote traceback:)\n{error.traceback}"
+    if hasattr(exc, "add_note") and note not in (getattr(exc, "__notes__", None) or ()):
         exc.add_note(note)
-    raise exc.with_traceback(tb)
-
-
-def _rebuilt_traceback(frames: list[tuple[str, int, str]]) -> Any:
-    """Real traceback objects for the remote frames (tblib), so debuggers and IPython show them."""
-    if not frames:
-        return None
-    try:
-        from tblib import Traceback
-    except ImportError:
-        return None
-    tb: dict[str, Any] | None = None
-    for filename, lineno, name in reversed(frames):
-        tb = {
-            "tb_frame": {
-                "f_code": {"co_filename": filename, "co_name": name},
-                "f_globals": {"__name__": "__main__"},
-                "f_lineno": lineno,
-            },
-            "tb_lineno": lineno,
-            "tb_next": tb,
-        }
-    try:
-        return Traceback.from_dict(tb).as_traceback()
-    except Exception:
-        return None
+    raise exc.with_traceback(rebuilt)
 
 
 def _ready(record: ErrorRecord, index: dict[str, list[tuple[str, int, int]]]) -> None:
@@ -150,19 +121,6 @@ def _ready(record: ErrorRecord, index: dict[str, list[tuple[str, int, int]]]) ->
 _FORMATTING = threading.Lock()  # the stand-ins are put in place for one formatting at a time
 
 
-def _formatted(record: ErrorRecord) -> str:
-    """The record's traceback as Python prints it, each part's class a stand-in meanwhile."""
-    with _FORMATTING:
-        every = list(zip(parts(record["traceback"]), record["types"], strict=True))
-        try:
-            for part, type_name in every:
-                part.exc_type = _stand_in(**type_name)
-            return "".join(record["traceback"].format())
-        finally:
-            for part, _ in every:
-                part.exc_type = BaseException  # as it travelled
-
-
 @functools.lru_cache(maxsize=256)
 def _stand_in(module: str, qualname: str, syntax: bool) -> type[BaseException]:
     """A class named as the remote one, for printing (a SyntaxError prints its caret)."""
@@ -175,16 +133,13 @@ class _CellStack(traceback.StackSummary):
     """Frames printed with cell names: "Cell line 3", "Cell In[5], line 2, in f"."""
 
     def format_frame_summary(self, frame_summary: traceback.FrameSummary) -> str:
-        where = _where(frame_summary.filename, frame_summary.lineno or 0, frame_summary.name)
-        line = frame_summary.line  # read here, in the kernel, from linecache
+        f, in_name = frame_summary, "" if frame_summary.name == "<module>" else f", in {frame_summary.name}"
+        cell = ipython_cell_number(f.filename)
+        if f.filename.startswith("<distribute-"):
+            where = f"Cell line {f.lineno}{in_name}"
+        elif cell is not None:
+            where = f"Cell In[{cell}], line {f.lineno}{in_name}"
+        else:
+            where = f'File "{f.filename}", line {f.lineno}, in {f.name}'
+        line = f.line  # read here, in the kernel, from linecache
         return f"  {where}\n" + (f"    {line}\n" if line else "")
-
-
-def _where(filename: str, lineno: int, name: str) -> str:
-    in_name = "" if name == "<module>" else f", in {name}"
-    if filename.startswith("<distribute-"):
-        return f"Cell line {lineno}{in_name}"
-    cell = ipython_cell_number(filename)
-    if cell is not None:
-        return f"Cell In[{cell}], line {lineno}{in_name}"
-    return f'File "{filename}", line {lineno}, in {name}'
