@@ -102,6 +102,20 @@ def test_a_stop_token_ends_the_batch_at_the_end_of_its_chunk() -> None:
     assert result["values"] == list(range(result["count"]))
 
 
+def test_on_the_general_path_a_stop_token_ends_the_batch_before_the_next_item() -> None:
+    token = "test-loop-stop-general"
+
+    def stop_at(x: int) -> int:
+        if x == 50:
+            stopping.stop(token)
+        return x
+
+    ctx = context("y = stop_at(x)\ny", {"stop_at": stop_at})  # statements: a namespace per item
+    result = run_items(ctx, range(1000), list(range(1000)), capture=True, token=token)
+    assert result["stopped"] and result["count"] == 51
+    assert result["values"] == list(range(51)) and not result["errors"]
+
+
 def test_a_stop_token_ends_a_batch_of_slow_items_after_the_current_item() -> None:
     token = "test-loop-stop-each"
 

@@ -19,7 +19,9 @@ change, and shares the rest (`context.py`).
 item, each next one at most twice the last, from the time per item of the last chunk (and
 never past the batch's time budget). A stop token, a cancelled task or a spent budget,
 checked between chunks, so takes effect within a few ms, or one item for items slower
-than that, while the bookkeeping costs nothing per item.
+than that, while the bookkeeping costs nothing per item. The general path also checks the
+stop token before each item: a cell that waited on something, then was stopped, starts no
+further item.
 
 **A failing item fails alone.** The values are appended in order to one list, so when the
 mapped call raises, the list's length is the failing item's position in the batch: it gets
@@ -30,17 +32,15 @@ running is likewise the one at position ``len(values)``: `output.collect` files 
 under its index.
 
 `dump_result` pickles what a batch sends back, failing only the items whose values cannot
-travel, and the values as one blob when they are all builtin data (`plain`).
+travel.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
-import pickle
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import FunctionType
 from typing import Any
 
@@ -126,9 +126,14 @@ def run_items(
                     break
                 except KeyboardInterrupt:
                     raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
+                except _Stopped:
+                    stopped = True
+                    break
                 except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
                     errors[len(values)] = error_record(read_only_error(e, read_only))
                     values.append(None)
+            if stopped:
+                break
             now = time.perf_counter()
             aim = CHUNK_S if budget is None else min(CHUNK_S, budget - (now - started))
             per_item = (now - begun) / (len(values) - before)
@@ -156,11 +161,19 @@ def _plan(
             return over, c.fn, items
         if c.expression is not None and not copies:
             return over, FunctionType(c.expression, base), items
-    step: Callable[[Any, int], Any] = lambda item, index: _one_item(c, base, copies, item, index)  # noqa: E731
-    if c.trial is not None:
-        spec, one = c.trial, step
-        step = lambda item, index: trial.run_item(spec, index, token, lambda: one(item, index))  # noqa: E731
+
+    def step(item: Any, index: int) -> Any:
+        if stopping.stopped(token):  # beside a namespace per item this costs little: checked per item
+            raise _Stopped
+        if c.trial is not None:
+            return trial.run_item(c.trial, index, token, lambda: _one_item(c, base, copies, item, index))
+        return _one_item(c, base, copies, item, index)
+
     return itertools.starmap, step, zip(items, indices, strict=True)
+
+
+class _Stopped(Exception):
+    """Raised by the general path's step, before its item, when the run was told to stop."""
 
 
 def _one_item(context: Context, base: dict[str, Any], copies: list[Copy], item: Any, index: int) -> Any:
@@ -214,54 +227,6 @@ def item_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest, "little")
 
 
-class _BuiltinsOnly(pickle.Pickler):
-    """A pickler that gives up at the first object that is not builtin data.
-
-    CPython's pickler calls `reducer_override` for every object except None, bools and
-    exact ints, floats, str, bytes, lists, tuples, dicts, sets and frozensets; so a list of
-    such values pickles at C speed with no call back here, and any other object (a class of
-    the user's, a numpy array) stops it at once.
-    """
-
-    def reducer_override(self, obj: Any) -> Any:
-        raise TypeError("not builtin data")
-
-
-def plain(values: Sequence[Any], limit: int | None = None) -> bytes | None:
-    """`values` pickled as one list when all are builtin data, else None.
-
-    Such a blob always loads again (no class of the user's to import): the kernel keeps it as
-    it came until one of its values is read (`run/values.py`), and the journal writes it as
-    it is, so a million finished tiny items cost their bytes, not a million Python objects.
-
-    Parameters
-    ----------
-    values : sequence
-        The values of a batch's items.
-    limit : int, optional
-        The most bytes the blob may have; a larger one gives None.
-
-    Returns
-    -------
-    bytes or None
-        The list pickled (protocol 5): `pickle.loads` gives it back, with nothing to import.
-
-    Examples
-    --------
-    >>> pickle.loads(plain([1, "a", (2.5, None)]))
-    [1, 'a', (2.5, None)]
-    >>> plain([1, object()]) is None, plain(list(range(1000)), limit=100) is None
-    (True, True)
-    """
-    out = io.BytesIO()
-    try:
-        _BuiltinsOnly(out, protocol=5).dump(values if isinstance(values, list) else list(values))
-    except (TypeError, RecursionError):
-        return None
-    blob = out.getvalue()
-    return blob if limit is None or len(blob) <= limit else None
-
-
 def dump_result(result: dict[str, Any]) -> bytes:
     """The batch's result as one blob; an item whose value cannot be pickled fails alone.
 
@@ -274,9 +239,7 @@ def dump_result(result: dict[str, Any]) -> bytes:
     Returns
     -------
     bytes
-        `result` cloudpickled, its ``"values"`` pickled as one blob when they are all builtin
-        data (`plain`: the kernel keeps that blob until they are read). A value that cannot
-        be pickled is replaced by None and its item fails with a `TypeError` saying why; an
+        `result` cloudpickled. A value that cannot be pickled is replaced by None and its item fails with a `TypeError` saying why; an
         exception that cannot be pickled travels as its traceback only (``"exception"`` None).
 
     Examples
@@ -289,14 +252,10 @@ def dump_result(result: dict[str, Any]) -> bytes:
     [1, None]
     >>> print(back["errors"][1]["message"])
     the item's result cannot be sent back to the kernel: TypeError: cannot pickle '_thread.lock' object
-    >>> packed = cloudpickle.loads(dump_result({**result, "values": [1, 2]}))["values"]
-    >>> type(packed).__name__, cloudpickle.loads(packed)  # builtin data: one blob, for the kernel to keep
-    ('bytes', [1, 2])
     """
     values = result.get("values", [])  # none in a batch that ran no item (`worker.run`)
-    packed = plain(values) if values else None
     try:
-        return cloudpickle.dumps(result if packed is None else {**result, "values": packed})
+        return cloudpickle.dumps(result)
     except Exception:
         pass
     # Some value cannot travel back: find which, and fail only those items.
