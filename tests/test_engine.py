@@ -208,7 +208,7 @@ def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
 
 def test_each_batch_says_how_long_its_worker_thread_waited_for_it(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # What the batch sizing grows batches from, when threads wait for their next batch
-    # (`worker/idle.py`, `Batcher.least`): it must reach the kernel from the workers.
+    # (`worker.since_last`, `Batcher.least`): it must reach the kernel from the workers.
     from nbcluster.run.batching import Batcher
 
     waits: list[float | None] = []

@@ -73,7 +73,7 @@ def test_journal_files_are_0600_in_a_0700_folder(cluster, journals, tmp_path):
 
 
 def test_a_journal_of_batches_a_worker_packed_resumes_their_values(cluster, journals):
-    # Builtin values come as one pickled list per batch (`worker/plain.py`), journaled as it is.
+    # Builtin values are journaled as one pickled list per batch (`journal/store.py`).
     res = nbcluster.distribute("x + 1", over="x in range(5_000)", namespace={})
     assert res.ok
     (found,) = journal.journals(where=journals)

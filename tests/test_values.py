@@ -1,9 +1,9 @@
-"""A run's values read back right, whichever way they travelled (`worker/plain.py`, `run/outcome.py`).
+"""A run's values read back right, whichever way they travelled (`worker/items.py`, `run/outcome.py`).
 
 What a user notices: every value reads back right, whichever item is read first, from
 whichever thread, and after a retry over part of a batch (a resumed journal of such
-batches: `test_journal.py`); values that are builtin data (one pickled list per batch)
-and values that are not (objects) alike.
+batches: `test_journal.py`); values that are builtin data and values that are not
+(objects) alike.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ The policy:
    it is spent and sends back what it finished, and the kernel sends the rest again. A
    wrong estimate costs one budget, not a batch of hours.
 4. **Threads that wait get bigger batches.** Each batch says how long its worker thread
-   waited for it since the thread's previous batch of the run (`worker/idle.py`). While
+   waited for it since the thread's previous batch of the run (`worker.since_last`). While
    the `in-flight` batches a thread keeps out have its next one ready, that is about
    nothing. When a round (result to the kernel, next batch to the worker) takes longer
    than a batch works, as with a scheduler serving a thousand threads, the threads idle
@@ -146,7 +146,7 @@ class Batcher:
             Time the worker spent in those items, not in loading the cell.
         idle : float or None
             How long the worker's thread waited for this batch after its previous one of the
-            run (`worker/idle.py`); None for a thread's first.
+            run (`worker.since_last`); None for a thread's first.
         """
         if idle is not None:
             self._idle.append(idle)

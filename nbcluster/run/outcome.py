@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import pickle
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -106,8 +105,6 @@ def unpack(future: Any, result: Any, n: int) -> Outcome:
         return Outcome([None] * n, dict.fromkeys(range(n), worker.error_record(exc, frames=False)), {})
     try:
         data = cloudpickle.loads(result)
-        if isinstance(data.get("values"), bytes):  # builtin data, pickled as one list (`worker/plain.py`)
-            data["values"] = pickle.loads(data["values"])
     except Exception as e:
         failed = TypeError(f"the results could not be loaded in the kernel: {type(e).__name__}: {e}")
         return Outcome([None] * n, dict.fromkeys(range(n), worker.error_record(failed)), {})
