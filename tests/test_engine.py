@@ -70,7 +70,7 @@ def test_a_stop_keeps_every_finished_item_and_starts_nothing_new(cluster: Any) -
         stopping.start()
         # Once the workers know the run is stopping, let the two held items finish: each
         # batch then returns its 4 finished items instead of going on to item 4 / 14.
-        assert res._control.engine.transport.told.wait(30)
+        assert res._control.engine.stop_sent.wait(30)
         Event(f"{tag}-go-3", client=client).set()
         Event(f"{tag}-go-13", client=client).set()
         stopping.join(60)
@@ -167,15 +167,33 @@ def test_a_misleading_first_item_costs_one_time_budget_not_a_long_batch(cluster:
     assert max(per_batch.values()) <= 3, per_batch  # 3 x 0.1 s passes the 0.25 s budget
 
 
-def test_a_range_or_list_of_tiny_items_comes_back_whole_and_in_order(cluster: Any) -> None:
-    # A range travels as a range, and its probes take their share whole; a list's probes take
-    # at most PROBE_ITEMS each (`test_policy` has the sizes). Either way every item, in order.
-    from nbcluster.run.batching import PROBE_ITEMS
+def test_a_range_of_tiny_items_goes_out_in_one_round(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A range travels as a range, a few bytes however many items a batch takes: a probe per
+    # thread takes its share whole, and tiny items need no second round of batches. A list's
+    # probes take at most PROBE_ITEMS each: items that turn out slow would come back unrun.
+    from nbcluster.run.batching import PROBE_ITEMS, Batcher
 
+    sizes: list[int] = []
+    next_size = Batcher.next_size
+
+    def spy(self: Batcher, remaining: int, free: int = 1) -> int:
+        sizes.append(next_size(self, remaining, free))
+        return sizes[-1]
+
+    monkeypatch.setattr(Batcher, "next_size", spy)
     n = 50 * PROBE_ITEMS
+    threads = sum(cluster.client.nthreads().values())
     res = distribute(lambda x: x + 1, over=range(n))
     assert res.ok and res[n - 1] == n and res.values() == list(range(1, n + 1))
+    # The first item alone, then one probe per thread, which between them take every item.
+    # (A probe past its 50 ms budget sends the rest back.)
+    first = 1
+    probes = [size for size in sizes if size][first : first + threads]
+    assert sum(probes) == n - first and len(probes) == threads, sizes
+    sizes.clear()
     assert distribute(lambda x: x + 1, over=list(range(n))).values() == list(range(1, n + 1))
+    probes = [size for size in sizes if size][first : first + threads]
+    assert max(probes) <= PROBE_ITEMS and len(probes) == threads, sizes
 
 
 def test_small_results_are_pushed_and_large_ones_fetched_both_complete(

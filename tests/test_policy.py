@@ -5,7 +5,7 @@ from __future__ import annotations
 import doctest
 
 from nbcluster.run import policy as policy_module
-from nbcluster.run.batching import PROBE_ITEMS, Batcher
+from nbcluster.run.batching import Batcher
 from nbcluster.run.policy import Policy
 
 
@@ -91,13 +91,3 @@ def test_drain_gives_the_suspects_then_the_backlog() -> None:
     policy.killed(batch, alone=False)
     assert policy.drain() == [0, 1, 2, 3, 4, 5]
     assert policy.top_up(out=0) == [] and policy.held() == 0
-
-
-def test_the_probes_share_out_a_range_whole_and_a_list_in_parts_of_at_most_probe_items() -> None:
-    # The first item alone (its result after one item's time), then one probe per thread: a
-    # range's items travel in a few bytes, so its probes take every item in one round.
-    n = 50 * PROBE_ITEMS
-    whole = Policy(range(n), Batcher(2, probe_items=None), per_thread=2).top_up(out=0)
-    assert [len(b) for b in whole] == [1, n // 2, n // 2 - 1]
-    listed = Policy(list(range(n)), Batcher(2), per_thread=2).top_up(out=0)
-    assert [len(b) for b in listed] == [1, PROBE_ITEMS, PROBE_ITEMS, PROBE_ITEMS]

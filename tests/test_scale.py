@@ -139,10 +139,10 @@ def test_a_run_keeps_every_thread_of_the_cluster_fed(big: ClusterHandle) -> None
         "import time\ntime.sleep(0.2)", over=range(20_000), namespace={}, client=big.client, wait=False
     )
     try:
-        # The run re-reads the cluster's threads twice a second (engine._watch), and
+        # The run re-reads the cluster's threads twice a second (engine._follow_cluster), and
         # keeps `in-flight` (2) batches out per thread; no event marks a round: wait three.
         time.sleep(3 * 0.5 + 0.1)
-        assert res._control.engine._policy.limit == 2 * (SIMULATED + 1)
+        assert res._control.engine._backlog.limit == 2 * (SIMULATED + 1)
     finally:
         res.cancel()
 

@@ -52,11 +52,13 @@ from tornado.ioloop import PeriodicCallback
 
 from nbcluster import config
 from nbcluster._wire import (
+    ROSTER_TOPIC,
     Band,
     GpuDevice,
     GroupProgress,
     HostTotals,
     ResourceSample,
+    RosterChanged,
     RunProgress,
     Snapshot,
     SnapshotGpu,
@@ -151,6 +153,7 @@ class MetricsPlugin(SchedulerPlugin):
         self._scheduler = scheduler
         scheduler.handlers["nbcluster_metrics"] = self.nbcluster_metrics
         scheduler.handlers["nbcluster_progress"] = self.nbcluster_progress
+        scheduler.handlers["nbcluster_roster"] = self.nbcluster_roster
         if self._callback is None:
             self._callback = PeriodicCallback(self.sample, self.sample_interval * 1000)
             self._callback.start()
@@ -164,6 +167,8 @@ class MetricsPlugin(SchedulerPlugin):
             del handlers["nbcluster_metrics"]
         if handlers.get("nbcluster_progress") == self.nbcluster_progress:
             del handlers["nbcluster_progress"]
+        if handlers.get("nbcluster_roster") == self.nbcluster_roster:
+            del handlers["nbcluster_roster"]
 
     def add_worker(self, scheduler: Scheduler, worker: str) -> None:
         """Dask's plugin hook: the workers' roster is out of date.
@@ -176,6 +181,7 @@ class MetricsPlugin(SchedulerPlugin):
             The new worker's address.
         """
         self._roster = None
+        self._roster_changed(scheduler)
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         """Dask's plugin hook: the workers' roster is out of date.
@@ -190,6 +196,27 @@ class MetricsPlugin(SchedulerPlugin):
             Dask's details (``stimulus_id``, ``expected``), unused.
         """
         self._roster = None
+        self._roster_changed(scheduler)
+
+    @staticmethod
+    def _roster_changed(scheduler: Scheduler) -> None:
+        # To the kernels that keep the workers they were told of (`nbcluster_roster`).
+        changed: RosterChanged = {"workers": len(scheduler.workers)}
+        scheduler.log_event(ROSTER_TOPIC, changed)
+
+    def nbcluster_roster(self) -> dict[str, int]:
+        """The workers and their threads, as Dask's ``ncores`` answers; a kernel that asks
+        this (not ``ncores``) knows that this scheduler says on `ROSTER_TOPIC` when a worker
+        comes or goes, and keeps the answer until then.
+
+        Returns
+        -------
+        dict of str to int
+            Threads by worker address.
+        """
+        scheduler = self._scheduler
+        assert scheduler is not None, "MetricsPlugin.start() has not run"
+        return {address: ws.nthreads for address, ws in scheduler.workers.items()}
 
     # -- recording ------------------------------------------------------------------------
 

@@ -168,7 +168,8 @@ class Policy:
         """
         if alone and len(indices) == 1:
             return list(indices)
-        items, half = list(indices), (len(indices) + 1) // 2  # not an attempt: which item it was is not known yet
+        items = list(indices)  # not an attempt: which item it was is not known yet
+        half = (len(items) + 1) // 2
         self.suspects.extend(part for part in (items[:half], items[half:]) if part)
         return []
 
@@ -181,7 +182,7 @@ class Policy:
             Usable worker threads (at least 1 is assumed).
         """
         self.batcher.threads = max(threads, 1)
-        self.limit = self.per_thread * self.batcher.threads
+        self.limit = self.per_thread * max(threads, 1)
 
     def drain(self) -> list[int]:
         """Every item not yet submitted, taken out: the run fails or gives them up.
@@ -215,12 +216,15 @@ class Policy:
         indices : sequence of int
             Items to submit again (not an attempt of theirs).
         """
-        self.items.put_back(indices)
+        if indices:
+            self.items.put_back(indices)
 
     def _may_retry(self, i: int) -> bool:
-        if (used := self.attempts.get(i, 0)) < self.retries:
-            self.attempts[i] = used + 1
-        return used < self.retries
+        used = self.attempts.get(i, 0)
+        if used >= self.retries:
+            return False
+        self.attempts[i] = used + 1
+        return True
 
 
 class _Queue:
@@ -242,16 +246,25 @@ class _Queue:
 
     def take(self, n: int) -> Sequence[int]:
         """The first `n` indices (fewer if there are fewer), removed: a `range` when consecutive."""
-        taken: list[range] = []
-        want = min(n, self._count)
-        self._count -= want
-        while want:
-            run = self._runs.popleft()
-            if len(run) > want:
-                self._runs.appendleft(run[want:])
-            taken.append(run[:want])
-            want -= len(taken[-1])
-        return taken[0] if len(taken) == 1 else list(itertools.chain.from_iterable(taken))
+        runs = self._runs
+        if runs and len(runs[0]) >= n:
+            run = runs[0]
+            taken, runs[0] = run[:n], run[n:]
+            if not runs[0]:
+                runs.popleft()
+            self._count -= len(taken)
+            return taken
+        out: list[int] = []
+        while runs and len(out) < n:
+            run = runs[0]
+            want = n - len(out)
+            if len(run) <= want:
+                out.extend(runs.popleft())
+            else:
+                out.extend(run[:want])
+                runs[0] = run[want:]
+        self._count -= len(out)
+        return out
 
     def put_back(self, indices: Sequence[int]) -> None:
         """`indices` go back in front, in their order."""
@@ -267,5 +280,15 @@ def _runs(indices: Sequence[int]) -> list[range]:
     """`indices` as ranges of consecutive ones, in order."""
     if isinstance(indices, range):
         return [indices] if len(indices) else []
-    runs = itertools.groupby(enumerate(indices), key=lambda pair: pair[1] - pair[0])
-    return [range(run[0][1], run[-1][1] + 1) for run in (list(part) for _, part in runs)]
+    runs: list[range] = []
+    start = previous = None
+    for i in indices:
+        if previous is not None and i == previous + 1:
+            previous = i
+            continue
+        if start is not None and previous is not None:
+            runs.append(range(start, previous + 1))
+        start = previous = i
+    if start is not None and previous is not None:
+        runs.append(range(start, previous + 1))
+    return runs

@@ -9,45 +9,26 @@ and hands back what finished. Its verbs:
   their result blobs (a small one its worker pushed ahead of the task's end, `reports.py`;
   the rest in one gather); `take` tells which items a finished batch held, and whether it
   ran alone;
-- `stop` submits nothing more and tells every worker the start's stop token (`token`:
-  each running batch then returns after its current item), `cancel` cancels on the
-  scheduler what is still out, `lose` forgets it all (the cluster went away).
+- `stop` submits nothing more, `cancel` cancels on the scheduler what is still out, `lose`
+  forgets it all (the cluster went away).
 
 Every batch out is *pending* (its items by future) until taken. A `Transport` lives as long
 as its run; `open` and `close` bracket each start (the first run, each retry).
-
-Batches that fail, not hang, on a worker without nbcluster (`task`). Dask unpickles a task
-as part of the message that brings it to a worker; a worker that cannot import nbcluster
-failed there, outside any task, its connection broke, and the batch waited for another
-worker forever. So a task is sent as one ``pickle.loads`` of bytes that makes the call
-(`_Call`): the message loads anywhere, the import happens when the task runs, and its
-``ModuleNotFoundError`` becomes one line (`halt_reason`). A task with Dask dependencies (the
-futures of `--persist` handles it reads) keeps them as arguments Dask sees: it is
-``dask.utils.apply(loader, [*deps])``, ``loader`` a nested task loading the function with its
-other arguments.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import itertools
-import pickle
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dask.base import annotate
 
-from nbcluster import _threads as threads
-from nbcluster._compat import nested_task
-from nbcluster._version import __version__
 from nbcluster.run import reports
-from nbcluster.worker import stop_run
-
-_STARTS = itertools.count(1)  # each start's stop token is the run's id and one of these
 
 
 class Transport:
@@ -64,27 +45,25 @@ class Transport:
         self.lock = threading.Lock()
         self.pending: dict[Any, Any] = {}  # future -> the item indices of its batch
         self.stopping = False  # nothing more is submitted
-        self.token = ""  # this start's stop token (`worker.stop_run`)
-        self.told = threading.Event()  # set once every worker has been told `token`
+        self.idle = threading.Event()  # set while no batch is out (and taken)
+        self.idle.set()
         self._alone: Any = None  # the batch that has been the only one out since its submit
         self._seq = itertools.count()
         self._done: queue.SimpleQueue[Any] | None = None  # this start's finished futures; None: no start
         self._inbox: reports.Inbox | None = None
 
     def open(self, client: Any) -> None:
-        """Begin a start, with a stop token of its own: batches may go out, and `completions`
-        hands them back.
+        """Begin a start: batches may go out, and `completions` hands them back.
 
         Parameters
         ----------
         client : distributed.Client
             The run's client.
         """
-        self._inbox = self._inbox or reports.inbox(client)
+        if self._inbox is None:
+            self._inbox = reports.inbox(client)
         with self.lock:
             self.stopping = False
-            self.token = f"{self.run_id}-{next(_STARTS)}"
-            self.told.clear()
             self._done = queue.SimpleQueue()
 
     def close(self) -> None:
@@ -92,6 +71,7 @@ class Transport:
         with self.lock:
             self._done = None
             self.pending.clear()
+            self.idle.set()
         if self._inbox is not None:
             for prefix in ("persist", "distribute"):
                 self._inbox.forget(f"{prefix}-{self.run_id}-")
@@ -140,6 +120,7 @@ class Transport:
             for future, indices in zip(made, batches, strict=True):
                 self._alone = None if self.pending else future
                 self.pending[future] = indices
+            self.idle.clear()
             done = self._done
         if done is not None:
             for future in made:
@@ -186,8 +167,11 @@ class Transport:
         list
             Per batch, its blob or its exception.
         """
+        got: dict[int, Any] = {}
         finished = [f for f in done if f.status == "finished"]
-        got: dict[int, Any] = {id(f): blob for f in finished if (blob := self.pushed(str(f.key))) is not None}
+        for f in finished:
+            if (pushed := self.pushed(str(f.key))) is not None:
+                got[id(f)] = pushed
         if fetch := [f for f in finished if id(f) not in got]:
             with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
                 got.update({id(f): blob for f, blob in zip(fetch, client.gather(fetch), strict=True)})
@@ -228,25 +212,21 @@ class Transport:
         return batch, alone
 
     def drained(self) -> bool:
-        """Whether nothing is out any more.
+        """Whether nothing is out any more (then `idle` is set).
 
         Returns
         -------
         bool
             True when no batch is pending.
         """
-        return not self.pending  # one read of a dict: no lock needed
+        with self.lock:
+            if self.pending:
+                return False
+            self.idle.set()
+            return True
 
-    def stop(self, client: Any) -> bool:
-        """Submit nothing more, and tell every worker the stop token; whether batches are out.
-
-        The workers are told from a thread of its own, only while batches are out: a worker
-        that hangs must not hold the kernel (`told` is set once they all answered, or failed to).
-
-        Parameters
-        ----------
-        client : distributed.Client
-            The run's client.
+    def stop(self) -> bool:
+        """Submit nothing more; whether batches are still out.
 
         Returns
         -------
@@ -255,16 +235,7 @@ class Transport:
         """
         with self.lock:
             self.stopping = True
-            out = bool(self.pending)
-        if out:
-            threads.spawn(self._tell, client, self.token, name="nbcluster-stop")
-        return out
-
-    def _tell(self, client: Any, token: str) -> None:
-        # If the cluster is gone, the scheduler-side cancel is all that is left to do.
-        with contextlib.suppress(Exception):
-            client.run(stop_run, token, on_error="return")
-        self.told.set()
+            return bool(self.pending)
 
     def cancel(self, client: Any) -> None:
         """Stop, and cancel on the scheduler every batch still out (its items are given up).
@@ -334,93 +305,3 @@ def outcome(future: Any) -> Any:
         return future.result()
     except BaseException as e:
         return e
-
-
-class _Call:
-    """Pickles as ``fn(*args)``: unpickling makes the call."""
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]):
-        self.fn, self.args = fn, args
-
-    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return self.fn, self.args
-
-
-def task(fn: Callable[..., Any], *args: Any, deps: tuple[Any, ...] = ()) -> tuple[Any, ...]:
-    """``client.submit(*task(fn, *args, deps=deps))`` runs ``fn(*args, *deps)``; where `fn`
-    cannot be imported, the task fails with that ImportError instead of breaking the
-    worker's connection.
-
-    Parameters
-    ----------
-    fn : callable
-        A function importable by name (a module's top-level function) where the task runs.
-    *args : Any
-        Its arguments: plain data, pickled with it (no Dask futures: Dask would not see
-        them inside).
-    deps : tuple
-        Dask futures, passed last, as their values: Dask resolves them on the worker.
-
-    Returns
-    -------
-    tuple
-        ``(pickle.loads, the pickled call)``: what `client.submit` takes as the function and
-        its one argument; with `deps`, ``(dask.utils.apply, a nested task loading the function
-        with its arguments, [*deps])``.
-
-    Examples
-    --------
-    >>> import operator
-    >>> loads, call = task(operator.add, 2, 3)
-    >>> loads(call)
-    5
-    """
-    if deps:
-        from dask.utils import apply
-
-        loader = nested_task(pickle.loads, pickle.dumps(functools.partial(fn, *args), protocol=pickle.HIGHEST_PROTOCOL))
-        return (apply, loader, list(deps))
-    return (pickle.loads, pickle.dumps(_Call(fn, args), protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _erred_on(key: str, dask_scheduler: Any = None) -> list[tuple[str, str]]:
-    """(name, address) of the workers `key` failed on (run on the scheduler)."""
-    ts = dask_scheduler.tasks.get(key)
-    where = sorted(getattr(ts, "erred_on", None) or ()) if ts is not None else []
-    return [(str(getattr(dask_scheduler.workers.get(a), "name", a)), a) for a in where]
-
-
-def halt_reason(client: Any, key: str, why: str) -> str:
-    """The one line for a batch that could not import nbcluster: the worker it failed on and
-    the fix, where the scheduler can say which worker (it has nbcluster), else the cluster's.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        The run's client, to ask the scheduler where the task failed.
-    key : str
-        The failed batch's Dask key (still held, so the scheduler remembers it).
-    why : str
-        The import error, as one line (``ModuleNotFoundError: No module named 'nbcluster'``).
-
-    Returns
-    -------
-    str
-        The line the cell ends with: the worker, its address and the nbcluster version to
-        install there; or, where the scheduler cannot say (it lacks nbcluster itself), that
-        the whole cluster needs nbcluster, on its scheduler and its workers.
-    """
-    try:
-        workers = client.run_on_scheduler(_erred_on, key)
-    except Exception:  # a scheduler without nbcluster cannot run this: say what is known
-        workers = []
-    if not workers:
-        return (
-            f"the cluster at {client.scheduler.address} cannot load nbcluster's tasks ({why}): "
-            "nbcluster must be installed where its scheduler runs and on its workers"
-        )
-    name, address = workers[0]
-    return (
-        f"worker {name} ({address}) cannot import nbcluster ({why}): install nbcluster {__version__} "
-        "in the Python environment that runs it (as on the scheduler), or stop that worker"
-    )
