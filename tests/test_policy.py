@@ -77,6 +77,15 @@ def test_a_batch_killed_beside_others_proves_nothing_even_of_one_item() -> None:
     assert policy.killed([3], alone=True) == [3]
 
 
+def test_a_refused_batch_goes_back_in_front_and_the_next_batch_is_one_item_alone() -> None:
+    batcher = Batcher(2)
+    batcher.alone_first = False  # a direct first batch sends its first item ahead instead
+    policy = Policy(range(100), batcher, per_thread=1)
+    first, _ = policy.top_up(out=0)
+    policy.refused(first)  # no item time measured yet: the first result must still come at once
+    assert list(policy.top_up(out=1)[0]) == [0]
+
+
 def test_a_million_item_backlog_stays_a_few_ranges() -> None:
     policy = Policy(range(1_000_000), Batcher(2, probe_items=None), per_thread=2)
     batches = policy.top_up(out=0)

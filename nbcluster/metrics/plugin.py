@@ -52,6 +52,7 @@ from tornado.ioloop import PeriodicCallback
 
 from nbcluster import config
 from nbcluster._wire import (
+    DIRECT_TOPIC,
     ROSTER_TOPIC,
     Band,
     GpuDevice,
@@ -256,6 +257,27 @@ class MetricsPlugin(SchedulerPlugin):
         else:
             prefix = group = key_split(key)
         self.tasks.append(self._stamp(), (prefix, group, worker, begin, end, finish == "memory", key))
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        """Dask's plugin hook: record a batch a worker ran for a kernel directly, not as a task.
+
+        A direct batch (`nbcluster.run.direct`) is no task of the scheduler's, so no
+        transition reports it; its worker sends an event on `DIRECT_TOPIC` when it ends,
+        which is drawn like a task of the run: prefix and group from its key.
+
+        Parameters
+        ----------
+        topic : str
+            The event's topic; others are ignored.
+        msg : Any
+            The event: ``key``, ``start``, ``stop``, and the ``worker`` the scheduler adds.
+        """
+        if topic != DIRECT_TOPIC or not isinstance(msg, dict) or not msg.get("worker"):
+            return
+        key = str(msg.get("key"))
+        prefix = key_split(key)
+        start, stop = float(msg.get("start") or 0.0), float(msg.get("stop") or 0.0)
+        self.tasks.append(self._stamp(), (prefix, prefix, str(msg["worker"]), start, stop, True, key))
 
     def sample(self) -> None:
         """Copy each worker's newest heartbeat sample, if it is new (runs periodically).

@@ -12,7 +12,7 @@ The run: `api` (checks, then the run's steps; `Run`, the controls of a run), `ta
 (the cluster link: where items may run), `engine` (the driver: it feeds events to the
 policy and performs its actions), `policy` (the scheduling policy as a pure state machine:
 backlog, probes, suspects, retries), `batching` (batch sizes), `transport` (submit, cancel,
-completions: Dask tasks),
+completions: Dask tasks, and `direct` batches sent to a worker without the scheduler),
 `outcome` (what a finished batch says), `shipping` (the context and large values sent
 ahead), `backlog` (held-back work told to
 the adaptive scaler), `everywhere` (one task pinned to each worker), `ranks` (`--ranks N`: N ranks

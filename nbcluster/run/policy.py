@@ -7,7 +7,7 @@ decisions, and touches neither Dask nor a thread, so it is tested by feeding it 
 Policy
 ------
 - **Backlog.** The items not yet submitted wait here, in order; an item put back (a retry,
-  an item a stopped batch did not reach, a batch whose scattered value was lost) goes back in front.
+  an item a stopped batch did not reach, a batch a worker refused) goes back in front.
 - **Batches in flight.** At most `limit` batches are out at once: `per_thread` (the
   ``distribute.in-flight`` setting, 2) per usable worker thread, so a thread always has its
   next batch waiting on it. `top_up` gives the batches to submit now, sized by the
@@ -172,6 +172,18 @@ class Policy:
         half = (len(items) + 1) // 2
         self.suspects.extend(part for part in (items[:half], items[half:]) if part)
         return []
+
+    def refused(self, indices: Sequence[int]) -> None:
+        """A batch came back unrun (refused, or sent again elsewhere): not an attempt of its items.
+
+        Parameters
+        ----------
+        indices : sequence of int
+            The batch's items, back in front of the backlog.
+        """
+        self.put_back(list(indices))
+        if not self.batcher.items:
+            self.batcher.alone_first = True  # no first item came: the next batch is one
 
     def resize(self, threads: int) -> None:
         """The cluster now has `threads` usable threads (workers joined or left).

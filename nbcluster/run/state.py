@@ -15,7 +15,9 @@ Shape, for a run of `n` items:
 - `lost`: why the unfinished items were given up (the cluster went away), else None;
 - `halted`: why they were given up on a cluster that is there but cannot run them
   (nbcluster missing on its scheduler), else None;
-- `started`, `ended`: wall-clock times (`ended` is None while the run goes on).
+- `started`, `ended`: wall-clock times (`ended` is None while the run goes on);
+- `direct_keys`: the keys of the batches a worker ran for the kernel directly, not as Dask
+  tasks (`direct.py`), whose task-stream records reach the scheduler after their answers.
 
 A state is made running: the first start is its creation. Each `retry()` is a further
 start (`begin`); the state finishes when its last start `end`s, and then whatever is still
@@ -78,6 +80,7 @@ class RunState:
         self.halted: str | None = None
         self.started = time.time()
         self.ended: float | None = None
+        self.direct_keys: list[str] = []
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.finished = threading.Event()

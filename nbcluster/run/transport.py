@@ -5,10 +5,12 @@ and hands back what finished. Its verbs:
 
 - `map` submits batches as Dask tasks, in one graph message (`client.map`), keyed
   ``distribute-<run id>-<n>`` (``persist-...`` for a persisted item);
-- `completions` yields the finished batches in the order they finish; `results` reads
-  their result blobs (a small one its worker pushed ahead of the task's end, `reports.py`;
-  the rest in one gather); `take` tells which items a finished batch held, and whether it
-  ran alone;
+- `send_direct` sends a batch to a worker directly instead (`direct.py`: a start's first
+  half-second, where a small cell's round trip is 0.5 ms, not the scheduler's 4-5 ms);
+- `completions` yields the finished batches, futures and direct calls in one queue, in the
+  order they finish; `results` reads their result blobs (a direct call's came with it, a
+  small task's was pushed by its worker ahead of the task's end, the rest is gathered in one
+  call); `take` tells which items a finished batch held, and whether it ran alone;
 - `stop` submits nothing more, `cancel` cancels on the scheduler what is still out, `lose`
   forgets it all (the cluster went away).
 
@@ -21,14 +23,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import queue
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dask.base import annotate
 
-from nbcluster.run import reports
+from nbcluster.run import direct, reports
 
 
 class Transport:
@@ -43,39 +44,55 @@ class Transport:
     def __init__(self, run_id: str):
         self.run_id = run_id
         self.lock = threading.Lock()
-        self.pending: dict[Any, Any] = {}  # future -> the item indices of its batch
+        self.pending: dict[Any, Any] = {}  # future (or direct call) -> the item indices of its batch
         self.stopping = False  # nothing more is submitted
         self.idle = threading.Event()  # set while no batch is out (and taken)
         self.idle.set()
         self._alone: Any = None  # the batch that has been the only one out since its submit
         self._seq = itertools.count()
-        self._done: queue.SimpleQueue[Any] | None = None  # this start's finished futures; None: no start
+        self._completed: direct.Completions | None = None
+        self._direct: direct.Direct | None = None
         self._inbox: reports.Inbox | None = None
 
-    def open(self, client: Any) -> None:
-        """Begin a start: batches may go out, and `completions` hands them back.
+    # -- a start -----------------------------------------------------------------------------
+    def open(self, client: Any, direct_to: dict[str, int] | None = None, per_thread: int = 1) -> bool:
+        """Begin a start: batches may go out; True when its batches go to workers directly.
 
         Parameters
         ----------
         client : distributed.Client
             The run's client.
+        direct_to : dict of str to int, optional
+            The workers (and their threads) that may take batches directly (`direct.py`);
+            None sends every batch through the scheduler.
+        per_thread : int
+            Direct batches a worker thread may have at once.
+
+        Returns
+        -------
+        bool
+            Whether a worker takes direct batches now.
         """
         if self._inbox is None:
             self._inbox = reports.inbox(client)
+        completed = direct.Completions()
+        sending = direct.Direct(client, direct_to, per_thread, completed) if direct_to is not None else None
         with self.lock:
             self.stopping = False
-            self._done = queue.SimpleQueue()
+            self._completed, self._direct = completed, sending
+        return sending is not None and sending.worker() is not None
 
     def close(self) -> None:
         """End a start: what finishes from now on is ignored; nothing is expected any more."""
         with self.lock:
-            self._done = None
-            self.pending.clear()
+            self._completed = None
+            self._direct = None
             self.idle.set()
         if self._inbox is not None:
             for prefix in ("persist", "distribute"):
                 self._inbox.forget(f"{prefix}-{self.run_id}-")
 
+    # -- out ---------------------------------------------------------------------------------------
     def map(
         self, client: Any, calls: Sequence[tuple[Any, ...]], batches: Sequence[Any], *, persist: bool = False,
         placed: Sequence[Sequence[str]] = (), **where: Any,
@@ -121,54 +138,85 @@ class Transport:
                 self._alone = None if self.pending else future
                 self.pending[future] = indices
             self.idle.clear()
-            done = self._done
-        if done is not None:
+            completed = self._completed
+        if completed is not None:
             for future in made:
-                future.add_done_callback(done.put)
+                completed.add(future)
         return list(made)
 
+    def send_direct(self, indices: Any, context: tuple[str, bytes | None], blob: bytes, token: str) -> bool:
+        """Send one batch to a worker directly; False: it must go through the scheduler.
+
+        Parameters
+        ----------
+        indices : sequence of int
+            The batch's items.
+        context : tuple of (str, bytes or None)
+            The run's context key and inline blob.
+        blob : bytes
+            The pickled batch.
+        token : str
+            The start's stop token.
+
+        Returns
+        -------
+        bool
+            True when it was sent, or dropped because the run is stopping (its items then
+            become cancelled).
+        """
+        sending = self._direct
+        address = sending.worker() if sending is not None else None
+        if sending is None or address is None:
+            return False
+        with self.lock:
+            if self.stopping:
+                return True
+            key = f"distribute-{self.run_id}-{next(self._seq)}"
+            call = sending.send(key, address, context, blob, token, first=not self.pending)
+            self._alone = None if self.pending else call
+            self.pending[call] = indices
+            self.idle.clear()
+        return True
+
+    def flush(self) -> None:
+        """Start the direct requests of this top-up, together."""
+        if self._direct is not None:
+            self._direct.flush()
+
+    # -- back --------------------------------------------------------------------------------------
     def completions(self) -> Iterator[list[Any]]:
-        """Lists of finished futures, in the order they finished, until none is pending.
+        """Lists of finished batches, in the order they finished, until none is out.
 
         Yields
         ------
-        list of distributed.Future
-            The first to finish, and every other finished by then.
+        list
+            Dask futures and direct calls.
         """
-        while True:
-            with self.lock:
-                done = self._done
-                if done is None or not self.pending:
-                    return
-            first = done.get()
-            finished = [first]
-            while first is not None and not done.empty():
-                finished.append(done.get_nowait())
-            if None in finished:  # `lose`: the start is over
-                return
-            yield finished
+        completed = self._completed
+        if completed is not None:
+            yield from completed.batches()
 
     def results(self, client: Any, done: list[Any]) -> list[Any]:
-        """The result blobs of the finished futures in `done`, fetched in one gather.
+        """The result blobs of the finished batches in `done`, fetched in one gather.
 
-        A small one its worker pushed ahead of its task's end (`worker/push.py`) needs no
-        gather. A batch that did not finish gives its exception instead, and so does one
-        whose gather failed (asked alone then).
+        A direct call's came with its answer; a small one a worker pushed ahead of its
+        task's end (`worker/push.py`) needs no gather. A batch that did not finish gives its
+        exception instead, and so does one whose gather failed (asked alone then).
 
         Parameters
         ----------
         client : distributed.Client
             The run's client.
-        done : list of distributed.Future
-            Finished futures.
+        done : list
+            Finished futures and direct calls.
 
         Returns
         -------
         list
             Per batch, its blob or its exception.
         """
-        got: dict[int, Any] = {}
-        finished = [f for f in done if f.status == "finished"]
+        got: dict[int, Any] = {id(f): f.answer for f in done if isinstance(f, direct.Call)}
+        finished = [f for f in done if f.status == "finished" and id(f) not in got]
         for f in finished:
             if (pushed := self.pushed(str(f.key))) is not None:
                 got[id(f)] = pushed
@@ -192,24 +240,37 @@ class Transport:
         """
         return self._inbox.take(key, 0.0) if self._inbox is not None else None
 
-    def take(self, future: Any) -> tuple[Any, bool]:
+    def take(self, future: Any) -> tuple[Any, bool, bool]:
         """The items of a finished batch, now no longer pending.
 
         Parameters
         ----------
-        future : distributed.Future
+        future : distributed.Future or direct.Call
             A finished batch.
 
         Returns
         -------
-        tuple of (indices or None, bool)
-            Its items (None when it was cancelled or withdrawn), and whether no other batch
-            was out while it ran.
+        tuple of (indices or None, bool, bool)
+            Its items (None when it was cancelled or withdrawn, or the first item of a batch
+            no longer out); whether no other batch was out while it ran; whether it came back
+            unrun from a worker asked directly (refused, or the worker died under it), in
+            which case every later batch of this start goes through the scheduler.
         """
         with self.lock:
+            if isinstance(future, direct.Call) and future.of is not None:
+                # The first item of a batch still out (`worker/ahead.py`): a batch of its own now;
+                # the batch's answer leaves it out.
+                whole = self.pending.get(future.of)
+                if whole is None:
+                    return None, False, False
+                batch, self.pending[future.of] = whole[:1], whole[1:]
+                return batch, False, False
             batch = self.pending.pop(future, None)
             alone, self._alone = self._alone is future, None
-        return batch, alone
+        unrun = isinstance(future, direct.Call) and future.status != "finished"
+        if unrun and self._direct is not None:
+            self._direct.failed(future)
+        return batch, alone, unrun
 
     def drained(self) -> bool:
         """Whether nothing is out any more (then `idle` is set).
@@ -225,6 +286,19 @@ class Transport:
             self.idle.set()
             return True
 
+    def abandon_lost(self, workers: dict[str, int]) -> None:
+        """Give up the direct calls to workers no longer in the cluster.
+
+        Parameters
+        ----------
+        workers : dict of str to int
+            The cluster's workers now.
+        """
+        sending = self._direct
+        if sending is not None:
+            sending.abandon_lost(workers)
+
+    # -- stopping ----------------------------------------------------------------------------------
     def stop(self) -> bool:
         """Submit nothing more; whether batches are still out.
 
@@ -245,7 +319,11 @@ class Transport:
         client : distributed.Client
             The run's client.
         """
-        if futures := self.lose():
+        futures = self.lose()
+        # A direct batch cannot be cancelled: it was told the stop token, and its answer, if
+        # it still comes, is ignored.
+        futures = [f for f in futures if not isinstance(f, direct.Call)]
+        if futures:
             client.cancel(futures, reason="interrupted from the notebook")
 
     def lose(self) -> list[Any]:
@@ -253,15 +331,16 @@ class Transport:
 
         Returns
         -------
-        list of distributed.Future
-            The futures that were pending.
+        list
+            The futures and direct calls that were pending.
         """
         with self.lock:
             self.stopping = True
             futures = list(self.pending)
             self.pending.clear()
-            if self._done is not None:
-                self._done.put(None)  # ends `completions`
+            completed = self._completed
+        if completed is not None:
+            completed.clear()
         return futures
 
 

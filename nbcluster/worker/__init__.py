@@ -4,6 +4,8 @@ A Dask task is `run_batch((context_key, inline_context), batch, token)`, with no
 dependencies at all, so the scheduler treats every batch as a root task and hands them
 out from its queue to whichever thread is free. Items are pickled by reference to the
 three tasks here (`run_batch`, `stop_run`, `pin`): keep their names.
+A run's first batches come as a request to the worker itself instead (`direct.py`), which
+runs the same `run_blob` in the same thread pool, without the scheduler.
 
 - `batch` is one opaque blob `(indices, items, budget)`: Dask never walks into it, so its
   cost does not grow with the items inside.
@@ -28,7 +30,8 @@ misleading estimate still comes back on time (see `batching.py`).
 The task returns one opaque blob: per-item values, error records, captured output, the
 time spent in the items and how long the thread waited for the batch (for the batch
 sizing in `batching.py`, `idle.py`). A small one is also pushed to the kernel ahead of the
-task's end, which saves it a gather (`push.py`). A batch never raises for an
+task's end, which saves it a gather (`push.py`); a run's first direct batch sends its
+first item's result ahead when the batch goes on (`ahead.py`). A batch never raises for an
 item. Only a context that cannot even be loaded fails the whole batch, again as a returned
 record (`{"fatal": record}`).
 
@@ -52,6 +55,7 @@ import cloudpickle
 
 from nbcluster.errors import Lost
 from nbcluster.worker import output, stopping
+from nbcluster.worker.ahead import FirstAhead, without_first
 from nbcluster.worker.context import INLINE_CONTEXT, Context, load
 from nbcluster.worker.idle import ended, since_last
 from nbcluster.worker.items import dump_result, run_items
@@ -99,8 +103,10 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
     return blob
 
 
-def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None = None) -> bytes:
-    """`run_batch` without the push.
+def run_blob(
+    context: tuple[str, bytes | None], batch: bytes, token: str | None = None, ahead: FirstAhead | None = None
+) -> bytes:
+    """`run_batch` without the push: what a batch sent to the worker directly runs (`direct.py`).
 
     Parameters
     ----------
@@ -110,6 +116,9 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
         The pickled ``(indices, items, budget)`` of this batch.
     token : str, optional
         The run's stop token.
+    ahead : FirstAhead, optional
+        A run's first direct batch: told when its first item ended, it may send that item
+        ahead of the rest, which the result then leaves out (`ahead.py`).
 
     Returns
     -------
@@ -130,7 +139,10 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
         return cloudpickle.dumps({"fatal": error_record(e)})
     indices, items, budget = pickle.loads(batch)
     output.install()
-    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
+    first = None if ahead is None else (lambda part: ahead.ran({**part, "ran_on": ran_on()}))
+    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget, first=first)
+    if ahead is not None and ahead.close():
+        result = without_first(result, indices[0], ahead.seconds)
     result["ran_on"] = ran_on()  # for the kernel's journal: which worker ran the batch
     if idle is not None:
         result["idle"] = idle  # for the batch sizing: what a task's round costs this thread

@@ -22,6 +22,7 @@ from typing import Any
 import cloudpickle
 
 from nbcluster.worker import loop, output, stopping, trial
+from nbcluster.worker.ahead import first_of
 from nbcluster.worker.context import Context, Copy, item_namespace, read_only_error
 from nbcluster.worker.plain import plain
 from nbcluster.worker.records import ErrorRecord, error_record
@@ -36,6 +37,7 @@ def run_items(
     capture: bool,
     token: str | None = None,
     budget: float | None = None,
+    first: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run items in this thread until done or stopped; never raises for an item's own failure.
 
@@ -63,6 +65,10 @@ def run_items(
     budget : float or None
         Seconds after which no further item is started (the batch's time budget); None runs
         them all.
+    first : callable, optional
+        Called once the first item ended, with that item's result (`ahead.first_of`),
+        before the next item starts: a run's first direct batch may send
+        it ahead of the rest (`ahead.py`).
 
     Returns
     -------
@@ -86,9 +92,13 @@ def run_items(
     cell_loop, over, todo = _plan(context, base, copies, indices, items, token)
     values: list[Any] = []  # appended in order: its length is the running item's position
     started = time.perf_counter()
+    ended_first = None
+    if first is not None:
+        tell = first
+        ended_first = lambda: tell(first_of(values, errors, outputs, indices[0], time.perf_counter() - started))  # noqa: E731
     try:
         stopped = _run_chunks(cell_loop, over, todo, len(items), indices, values, errors, token, budget,
-                              started, capture, tuple(sorted(context.arrays)))  # fmt: skip
+                              started, capture, ended_first, tuple(sorted(context.arrays)))  # fmt: skip
     finally:
         output.collect(None)
     done = len(values)
@@ -135,10 +145,12 @@ def _run_chunks(
     budget: float | None,
     started: float,
     capture: bool,
+    ended_first: Callable[[], None] | None = None,
     read_only: tuple[str, ...] = (),
 ) -> bool:
     """Run the `n` items of `todo` in chunks of a few ms (`loop.py`), checking for a stop
-    between them. Returns whether it stopped before the end."""
+    between them. Returns whether it stopped before the end. `ended_first` is called after
+    the first chunk, which is the first item alone."""
     clock = time.perf_counter
     timed = [0, 0.0]  # items and seconds of the chunks run so far, for the next chunk's size
 
@@ -162,6 +174,9 @@ def _run_chunks(
         now = clock()
         timed[0] += len(values) - before
         timed[1] += now - begun
+        if ended_first is not None and values:
+            ended_first()
+            ended_first = None
         if step_stopped:
             return True
         if budget is not None and now - started >= budget:
