@@ -77,21 +77,17 @@ class _Rule:
     """What the built-in stoppers share: a score that is not a number is never judged."""
 
     def decide(self, trial: int, step: int, score: float) -> bool:
-        """Whether to stop `trial`, which just reported `score` at `step`; NaN: never.
+        """`Stopper.decide`, for a built-in rule: a score that is not a number (NaN) is never judged.
 
         Parameters
         ----------
-        trial : int
-            The item's index in the run.
-        step : int
-            The step of the report.
-        score : float
-            The objective's value, larger is better.
+        trial, step, score
+            As `Stopper.decide` takes them.
 
         Returns
         -------
         bool
-            True to stop the trial now.
+            True to stop the trial now; False for NaN.
         """
         return not math.isnan(score) and self._judge(trial, step, score)
 
