@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import ClusterFailed
 from tests.kernel_session import kernel
 from tests.lifecycle_helpers import JupyterServer
-from tests.slurm_service import PARTITION, SlurmService, running
+from tests.slurm_service import PARTITION, SlurmService, slurm_options
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(240)
@@ -37,25 +36,8 @@ def hpc_profile(jobs_dir: Path, queue: str = PARTITION) -> dict:
     return {
         "backend": "slurm",
         "description": "The test machine's SLURM, debug partition",
-        "options": {
-            "queue": queue,
-            "cores": 1,
-            "memory": "1GB",
-            "walltime": "00:10:00",
-            "python": sys.executable,
-            # Test traffic stays on loopback (BUILD-NOTES: addresses in tests).
-            "scheduler_options": {"host": "127.0.0.1"},
-            "worker_extra_args": ["--host", "127.0.0.1"],
-            "job_extra_directives": ["--oversubscribe"],
-            "log_directory": str(jobs_dir),
-        },
+        "options": slurm_options(jobs_dir, queue),
     }
-
-
-@pytest.fixture(scope="session")
-def slurm() -> Iterator[SlurmService]:
-    with running() as service:
-        yield service
 
 
 @pytest.fixture
