@@ -38,12 +38,6 @@ from tests.os_helpers import free_port
 START_TIMEOUT_S = 90
 
 
-def family(pid: int) -> list[psutil.Process]:
-    """A process and everything below it."""
-    proc = psutil.Process(pid)
-    return [proc, *proc.children(recursive=True)]
-
-
 def wait_gone(procs: list[psutil.Process], timeout: float) -> tuple[float, list[psutil.Process]]:
     """Seconds until every process in `procs` exited (or `timeout`), and those still alive."""
     start = time.monotonic()

@@ -1,8 +1,10 @@
-"""The operating system's view of the tests' processes: a free port, a process tree, a memory size."""
+"""The operating system's view of the tests' processes: a free port, a silent one, a process tree, a memory size."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
 
 import psutil
 
@@ -12,6 +14,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def silent_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """Meanwhile, a port at `host` that accepts connections and never says a word.
+
+    What a stuck server, or a host behind a firewall that drops its packets, looks like to a
+    client: only the client's own timeout ends its wait.
+    """
+    with socket.socket() as s:
+        s.bind((host, 0))
+        s.listen(8)
+        yield int(s.getsockname()[1])
 
 
 def family(pid: int, *, gone_ok: bool = False) -> list[psutil.Process]:

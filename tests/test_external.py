@@ -13,7 +13,6 @@ import html
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from nbcluster import commands
 from nbcluster._wire import ClusterState, ExternalEntry, Snapshot, problems
 from nbcluster.cluster import credentials
 from nbcluster.errors import BadArgument, ClusterUnreachable
+from tests.os_helpers import silent_port
 
 
 def _credentials(folder: Path, name: str) -> tuple[str, str, str]:
@@ -150,10 +150,8 @@ def test_wrong_credentials_are_one_line_within_the_connect_timeout(runtime_dir, 
 
 def test_a_silent_address_gives_up_at_the_connect_timeout(runtime_dir, tmp_path):
     files = _credentials(tmp_path / "mine", "mine")
-    with socket.socket() as silent:  # accepts connections (the kernel does) but never speaks
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)
-        address = f"tls://127.0.0.1:{silent.getsockname()[1]}"
+    with silent_port() as port:  # accepts connections (the kernel does) but never speaks
+        address = f"tls://127.0.0.1:{port}"
         started = time.monotonic()
         with dask.config.set({"nbcluster.timeouts.connect": "2s"}), pytest.raises(ClusterUnreachable) as error:
             nbcluster.use(address, security=files)

@@ -6,7 +6,6 @@ given, the workers on the others, each started by sshd (`ssh_service`), never by
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
+from tests.os_helpers import silent_port
 from tests.shell_helpers import cell, magic
 from tests.ssh_service import SSHServer, keypair, ssh_server  # noqa: F401 - fixture
 
@@ -93,10 +93,8 @@ def test_a_host_that_never_answers_fails_within_the_connect_timeout(
 ) -> None:
     # A port that accepts connections and then says nothing, as a host behind a dropping
     # firewall does: only the connect timeout ends the wait.
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen()
-        server = SSHServer(tmp_path / "unused", port=silent.getsockname()[1])
+    with silent_port() as port:
+        server = SSHServer(tmp_path / "unused", port=port)
         server.client_key = keypair(tmp_path / "key")
         settings = {"nbcluster.profiles.lab": profile(server), "nbcluster.timeouts.connect": "3s"}
         with dask.config.set(settings):
