@@ -13,6 +13,7 @@ skipping it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -23,6 +24,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
@@ -257,6 +259,51 @@ CONTRAST = """(root) => {
   }
   return out;
 }"""
+
+
+#: What `jupyter_app` gives JupyterLab (a module) beyond the common flags: nothing that would
+#: look for updates or extensions on the network.
+QUIET_APP_ARGS = {
+    "jupyterlab": (
+        "--LabApp.extension_manager=readonly",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    )
+}
+
+
+@contextlib.contextmanager
+def jupyter_app(tmp_path: Path, module: str, app_class: str, root: Path) -> Iterator[tuple[str, str]]:
+    """``python -m MODULE`` (JupyterLab or Notebook 7) serving `root` on loopback; yields its
+    (base URL, token), and stops it and its kernels afterwards.
+
+    Its settings, workspaces, runtime folder and log (``lab.log``) are in `tmp_path`, and it
+    exposes its app to the page (`app_class`'s ``expose_app_in_browser``). It picks its own port
+    (port 0) and reports it in its runtime-dir info file: on a shared machine a port found
+    free beforehand can be taken before the server binds it.
+    """
+    token = secrets.token_hex(16)
+    env = {
+        **os.environ,
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+    }
+    log_path = tmp_path / "lab.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", module, "--no-browser", "--allow-root",
+                "--ServerApp.port=0", "--ServerApp.ip=127.0.0.1",
+                f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+                f"--{app_class}.expose_app_in_browser=True",
+                *QUIET_APP_ARGS.get(module, ()),
+            ],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            yield wait_until_up(tmp_path / "runtime" / f"jpserver-{proc.pid}.json", token, proc, log_path), token
+        finally:
+            stop_server(proc)
 
 
 def wait_until_up(

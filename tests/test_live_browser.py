@@ -13,10 +13,6 @@ the test: it is never skipped.
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +21,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from nbcluster.cluster.handle import ClusterHandle
-from tests.browser_helpers import CONTRAST, MIN_CONTRAST, launch_chromium, stop_server, wait_until_up
+from tests.browser_helpers import CONTRAST, MIN_CONTRAST, jupyter_app, launch_chromium
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "live-browser"
 
@@ -50,51 +46,14 @@ APPS = {
 }
 
 
-# Nothing that would look for updates or extensions on the network.
-LAB_ONLY_ARGS = {
-    "jupyterlab": (
-        "--LabApp.extension_manager=readonly",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    )
-}
-
-
 @pytest.fixture(params=sorted(APPS))
 def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """JupyterLab or Notebook 7 on a loopback port; yields (notebook URL with token, root dir).
-
-    The server picks its own port (port 0) and reports it in its runtime-dir info file:
-    on a shared machine a port found free beforehand can be taken before the server binds it.
-    """
+    """JupyterLab or Notebook 7 on a loopback port; yields (notebook URL with token, root dir)."""
     module, app_class, path = APPS[request.param]
     root = tmp_path / "root"
     root.mkdir()
-    token = secrets.token_hex(16)
-    env = {
-        **os.environ,
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-    }
-    log = open(tmp_path / "lab.log", "wb")  # noqa: SIM115 - closed in the finalizer below
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", module, "--no-browser", "--allow-root",
-            "--ServerApp.port=0", "--ServerApp.ip=127.0.0.1",
-            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-            f"--{app_class}.expose_app_in_browser=True",
-            *LAB_ONLY_ARGS.get(module, ()),
-        ],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        base = wait_until_up(
-            tmp_path / "runtime" / f"jpserver-{proc.pid}.json", token, proc, tmp_path / "lab.log"
-        )
+    with jupyter_app(tmp_path, module, app_class, root) as (base, token):
         yield f"{base}/{path}?token={token}", root
-    finally:
-        stop_server(proc)
-        log.close()
 
 
 def test_widget_renders_live_and_freezes_in_the_browser(

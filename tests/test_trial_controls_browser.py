@@ -11,10 +11,6 @@ kernel instead. See ``nbcluster/widgets/_controls.py``.
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +20,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from nbcluster.cluster.handle import ClusterHandle
-from tests.browser_helpers import launch_chromium, stop_server, wait_until_up
+from tests.browser_helpers import jupyter_app, launch_chromium
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "trial-controls"
 
@@ -56,30 +52,8 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, P
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "kernels-settings.jupyterlab-settings").write_text(json.dumps({"commsOverSubshells": setting}))
-    token = secrets.token_hex(16)
-    env = {
-        **os.environ,
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-    }
-    log = open(tmp_path / "lab.log", "wb")  # noqa: SIM115 - closed in the finalizer below
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
-            "--ServerApp.port=0", "--ServerApp.ip=127.0.0.1",
-            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-            "--LabApp.expose_app_in_browser=True", "--LabApp.extension_manager=readonly",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        base = wait_until_up(tmp_path / "runtime" / f"jpserver-{proc.pid}.json", token, proc, tmp_path / "lab.log")
+    with jupyter_app(tmp_path, "jupyterlab", "LabApp", root) as (base, token):
         yield f"{base}/lab/tree/trials.ipynb?token={token}", root, setting
-    finally:
-        stop_server(proc)
-        log.close()
 
 
 def _run_notebook(page: Any, url: str) -> None:
