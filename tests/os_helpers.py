@@ -1,12 +1,21 @@
-"""The operating system's view of the tests' processes: a free port, a silent one, a process tree, a memory size."""
+"""The operating system's view of the tests' processes: a fresh Python, a free port, a silent one, a process tree, a memory size."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import psutil
+
+
+def fresh_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> str:
+    """What ``python -c CODE`` prints in a process of its own; one that fails fails the test with its stderr."""
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def free_port(host: str = "127.0.0.1") -> int:
