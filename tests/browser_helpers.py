@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ import pytest
 
 import nbcluster
 from tests.os_helpers import free_port
+from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "nbcluster" / "labextension"
@@ -311,17 +311,16 @@ def wait_until_up(
 ) -> str:
     """The server's base URL, once its info file exists and its API answers."""
     # A starting server has no event to await from outside; look until it answers.
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited early:\n{log.read_text()[-3000:]}")
-        try:
-            base = json.loads(info.read_text())["url"].rstrip("/")
-            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
-                if r.status == 200:
-                    return base
-        except (OSError, ValueError, KeyError):
-            time.sleep(0.25)
+    def answering() -> str | None:
+        base = str(json.loads(info.read_text())["url"]).rstrip("/")
+        with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
+            return base if r.status == 200 else None
+
+    base = until(lambda: proc.poll() is not None or answering(), timeout, 0.25, ignore=(OSError, ValueError, KeyError))
+    if proc.poll() is not None:
+        raise AssertionError(f"the server exited early:\n{log.read_text()[-3000:]}")
+    if isinstance(base, str):
+        return base
     raise AssertionError(f"the server did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
 
 
