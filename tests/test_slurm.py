@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from nbcluster.errors import ClusterFailed
 from tests.kernel_session import kernel
 from tests.lifecycle_helpers import JupyterServer
 from tests.slurm_service import PARTITION, SlurmService, slurm_options
-from tests.waiting import until
+from tests.waiting import until, waited_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -94,10 +93,7 @@ def test_a_cancelled_job_mid_cell_loses_no_item(slurm, hpc, tmp_path):
             f"x + 1000"
         )
         # Items leave a mark as they start: once a few have, the cell is well under way.
-        deadline = time.monotonic() + 60
-        while len(list(marks.iterdir())) < 6:
-            assert time.monotonic() < deadline, "the cell did not get going"
-            time.sleep(0.05)
+        waited_for(lambda: len(list(marks.iterdir())) >= 6, "start of six items", 60)
         victim = slurm.jobs()[0]["id"]
         slurm.run("scancel", victim)
         reply = k.collect(cell, timeout=120).ok()
