@@ -188,6 +188,51 @@ def launch_chromium(playwright: Any) -> Any:
     return playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
 
 
+@contextlib.contextmanager
+def watched_page(artifacts: Path) -> Iterator[Any]:
+    """A 1280x900 page of a headless Chromium, closed afterwards; a failure meanwhile leaves
+    ``failure.png`` in `artifacts` and prints the browser console's last 30 lines."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            try:
+                yield page
+            except Exception:
+                page.screenshot(path=str(artifacts / "failure.png"))
+                print("browser console:", *console[-30:], sep="\n  ")
+                raise
+        finally:
+            browser.close()
+
+
+def write_notebook(path: Path, *sources: str) -> None:
+    """A notebook of code cells with `sources`, on the python3 kernel."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+def run_all_cells(page: Any, url: str) -> None:
+    """Open the notebook at `url` and run all its cells, once its kernel is idle (not awaited)."""
+    page.goto(url)
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+        " return w && w.sessionContext && w.sessionContext.session &&"
+        " w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'; }",
+        timeout=90_000,
+    )
+    # Not awaited: the command's promise settles only when the cells have finished.
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+
 class Screenshots:
     """Numbered screenshots under test-artifacts/<test>/, each path printed for CI logs.
 
