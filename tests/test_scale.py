@@ -142,7 +142,7 @@ def test_a_run_keeps_every_thread_of_the_cluster_fed(big: ClusterHandle) -> None
     from nbcluster.run.api import distribute
 
     res = distribute(
-        "import time\ntime.sleep(0.2)", over=range(20_000), namespace={}, client=big.client, wait=False
+        "import time\ntime.sleep(0.2)", over=range(20_000), namespace={}, on=big.client, wait=False
     )
     try:
         # The run re-reads the cluster's threads twice a second (engine._follow_cluster), and
