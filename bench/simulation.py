@@ -1,6 +1,7 @@
 """Rollouts: CartPole episodes a second, per-worker vectorised environments against a forked Pool.
 
     python bench/simulation.py [--rounds 3] [--items 64] [--episodes 20] [--ray] [--write]
+    python bench/simulation.py --timeline [--items 64]   # where a round's time goes
 
 Each item plays `--episodes` CartPole-v1 episodes (random actions) on a vectorised
 environment of 8 (`gym.make_vec`, synchronous), and returns how many it finished. The
@@ -15,13 +16,21 @@ peers, interleaved round by round, on 2 processes each:
   building its environment once, in its ``__init__``. Ray is a peer, not a dependency:
   ``pip install "ray[tune]"``.
 
-Medians of the rounds; `--write` replaces the `## simulation` section of bench/RESULTS.md.
+The runs go through the scheduler, as main runs them (``distribute.direct: 0``: no batch is
+sent to a worker directly). Medians of the rounds; `--write` replaces the `## simulation`
+section of bench/RESULTS.md.
+
+`--timeline` runs one warm-up and one timed round of nbcluster and of the Pool, each item
+reporting its process and when it started and ended (and its thread's CPU time), and prints
+for each process its runs of back-to-back items: when the first item started, the gaps
+between batches, when the last one ended, and how long the result took to come back.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import multiprocessing
 import os
 import statistics
@@ -58,6 +67,50 @@ def on_worker(i: int, episodes: int) -> int:
     return play(nbcluster.worker_local("bench-cartpole", make), episodes, i)
 
 
+def on_worker_timed(i: int, episodes: int) -> Stamp:
+    """`on_worker`, stamped: (pid, batch, start, end, thread CPU seconds, episodes)."""
+    from distributed import get_worker
+
+    import nbcluster
+
+    batch = str(get_worker().get_current_task())  # the Dask task: one batch of items
+    return _stamped(lambda: play(nbcluster.worker_local("bench-cartpole", make), episodes, i), batch)
+
+
+def in_pool_timed(args: tuple[int, int]) -> Stamp:
+    return _stamped(lambda: play(_ENV, args[1], args[0]), str(args[0]))  # chunksize 1: a task an item
+
+
+Stamp = tuple[int, str, float, float, float, int]
+
+
+def _stamped(item: Any, batch: str) -> Stamp:
+    began, cpu = time.time(), time.thread_time()
+    value = item()
+    return os.getpid(), batch, began, time.time(), time.thread_time() - cpu, value
+
+
+def timeline(name: str, began: float, ended: float, stamps: list[Stamp]) -> list[str]:
+    """Each process's batches (a Pool's task is one item) as [start-end: items], in ms from the start."""
+    lines = [f"{name}: {1e3 * (ended - began):.0f} ms for {len(stamps)} items"]
+    for pid in sorted({s[0] for s in stamps}):
+        mine = sorted((s for s in stamps if s[0] == pid), key=lambda s: s[2])
+        runs: list[list[Stamp]] = [[mine[0]]]
+        for before, after in itertools.pairwise(mine):
+            (runs[-1].append(after) if after[1] == before[1] else runs.append([after]))  # fmt: skip
+        busy = sum(s[3] - s[2] for s in mine)
+        gaps = sum(b[0][2] - a[-1][3] for a, b in itertools.pairwise(runs))
+        lines.append(
+            f"  pid {pid}: {len(mine)} items, first starts at {1e3 * (mine[0][2] - began):.1f}, last ends at "
+            f"{1e3 * (mine[-1][3] - began):.1f}; per item {1e3 * busy / len(mine):.2f} ms "
+            f"(CPU {1e3 * sum(s[4] for s in mine) / len(mine):.2f}); {len(runs)} tasks, {1e3 * gaps:.1f} ms between"
+        )
+        lines.append("    " + " ".join(
+            f"[{1e3 * (r[0][2] - began):.0f}-{1e3 * (r[-1][3] - began):.0f}: {len(r)}]" for r in runs))  # fmt: skip
+    lines.append(f"  the result back {1e3 * (ended - max(s[3] for s in stamps)):.1f} ms after the last item ended")
+    return lines
+
+
 def _init() -> None:
     global _ENV
     _ENV = make()
@@ -90,9 +143,14 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--ray", action="store_true", help="also Ray's ActorPool (pip install 'ray[tune]')")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--timeline", action="store_true", help="where one round's time goes, item by item")
     args = parser.parse_args()
 
+    import dask
+
     import nbcluster
+
+    dask.config.set({"nbcluster.distribute.direct": 0})  # through the scheduler, as main runs
 
     os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
     cluster = nbcluster.start(workers=2, threads=1, name="bench-simulation")
@@ -106,6 +164,18 @@ def main() -> None:
         actors = ray_pool()
         rates["Ray ActorPool (actor __init__)"] = []
     try:
+        if args.timeline:
+            for r in range(2):  # the first warms up
+                for name in ("nbcluster", "forked Pool"):
+                    began = time.time()
+                    if name == "nbcluster":
+                        work = functools.partial(on_worker_timed, episodes=args.episodes)
+                        stamps = list(nbcluster.distribute(work, over=range(args.items)).values())
+                    else:
+                        stamps = pool.map(in_pool_timed, [(i, args.episodes) for i in range(args.items)], chunksize=1)
+                    if r:
+                        print("\n".join(timeline(name, began, time.time(), stamps)))
+            return
         for r in range(args.rounds + 1):  # round 0 warms both up (imports, environments): not counted
             names = list(rates)
             for name in names[r % len(names):] + names[: r % len(names)]:  # interleaved, each first in turn
