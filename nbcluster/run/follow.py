@@ -17,6 +17,7 @@ from typing import Any
 
 from nbcluster import config
 from nbcluster.errors import ClusterCannotRun, ClusterLost, Interrupted
+from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.results import Results
 from nbcluster.widgets._output import end_open_lines as end_open_lines_of_bar
 from nbcluster.widgets._output import in_kernel, widget_shown_since
@@ -271,8 +272,8 @@ def report(results: Results) -> None:
         A finished run; nothing is written when no item failed.
     """
     errors = results.errors
-    if not errors:
-        return
+    if not errors or (results._plan.mode == "ranks" and rank_jobs.stopped(results.run_id)):
+        return  # a stopped job's own line (`ranks.summary`) says what happened and what to do
     end_open_lines()
     text = results.summary() + "\n" + errors[0].traceback
     if results.label:

@@ -83,6 +83,9 @@ STOPS: dict[str, tuple[str, str]] = {}
 # workers whose processes a job ended: the scheduler may list them a moment longer (a
 # restarted worker comes back under a new address)
 ENDED: set[str] = set()
+# run ids of the jobs whose driver runs now: a stop of any other job is stale (it ended), and
+# must not stop a later retry of it
+RUNNING: set[str] = set()
 
 
 class RankFailed(RuntimeError):
@@ -205,6 +208,8 @@ def stop_job(run_id: str, reason: str, timeout: float | None = None) -> None:
     timeout : float, optional
         The job's ``--timeout`` in seconds, for its line.
     """
+    if run_id not in RUNNING:
+        return  # it ended: nothing to stop, and a retry of it starts afresh
     if reason == "timed out":
         line = f"the job timed out after {timeout:g} s" if timeout else "the job timed out"
     else:
@@ -234,6 +239,10 @@ def finished(values: dict[int, Any], n: int) -> bool:
 def summary(run_id: str) -> str | None:
     """The line said under a job's cell when it did not end well; None when it did.
 
+    A job that was stopped (``--timeout``, a stop, a stopper) says what happened and what to
+    do in this one line, and only this line: the ranks it ended by force count as failed
+    (`RankStopped`), but the cell prints no failure summary for them (`stopped`).
+
     Parameters
     ----------
     run_id : str
@@ -242,13 +251,34 @@ def summary(run_id: str) -> str | None:
     Returns
     -------
     str or None
-        ``"the job failed: rank 1 failed (...)"``, or a stopped job's own line (``"the job
-        timed out after 2 s: stopped ranks 0, 1"``).
+        ``"the job failed: rank 1 failed (...)"``, or a stopped job's own line and what to do
+        (``"the job timed out after 2 s: stopped ranks 0, 1; --resume runs it again from its
+        last checkpoint (with a longer --timeout)"``).
     """
     line = CAUSES.get(run_id)
     if line is None:
         return None
-    return line if line.startswith("the job ") else f"the job failed: {line}"
+    if not stopped(run_id):
+        return f"the job failed: {line}"
+    longer = " (with a longer --timeout)" if line.startswith("the job timed out") else ""
+    return f"{line}; --resume runs it again from its last checkpoint{longer}"
+
+
+def stopped(run_id: str) -> bool:
+    """Whether job `run_id` was stopped as a whole: its own line then says all.
+
+    Parameters
+    ----------
+    run_id : str
+        The job's run id.
+
+    Returns
+    -------
+    bool
+        True for a job ended by ``--timeout``, a stop or a stopper (or stopped before every
+        rank started), False for one a rank failed, and for one still running.
+    """
+    return CAUSES.get(run_id, "").startswith("the job ")
 
 
 def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
@@ -265,6 +295,7 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
     gate = f"nbcluster-ranks-{tasks.run_id}-{time.monotonic_ns()}"
     running: dict[Any, int] = {}  # future -> rank, until taken in
     where: dict[int, str] = {}  # rank -> its worker
+    RUNNING.add(tasks.run_id)
     try:
         chosen = _wait_for_workers(tasks, n)
         if chosen is None:
@@ -304,6 +335,7 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
             _stop(tasks, running, where, "the job ended")
             _await_return(tasks, before)
         _forget(tasks.client, gate)
+        RUNNING.discard(tasks.run_id)
         STOPS.pop(tasks.run_id, None)
         tasks.hold_back(0)
         tasks.finish()
