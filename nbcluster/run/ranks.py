@@ -8,8 +8,10 @@ driver's policy. Policy, in the order a job lives:
 
 1. **Workers.** Each rank needs a worker process of its own (a process has one
    environment, torch one default process group). The driver waits until N distinct
-   workers that qualify (``--gpus``/``--cpus``) each have a free thread, saying once what
-   it waits for; meanwhile it reports the missing ranks as held-back work, so an adaptive
+   workers that qualify (``--gpus``/``--cpus``) each have a free thread and, for a job
+   that asks them, the GPUs (CPUs) a rank asks free as well (a GPU worker has several
+   threads for fractional items: a spare one beside a ``--gpus 1`` item is no room for a
+   ``--gpus 1`` rank), saying once what it waits for; meanwhile it reports the missing ranks as held-back work, so an adaptive
    cluster grows. Ranks on one host get consecutive numbers, as under torchrun.
 2. **Rendezvous.** ``MASTER_ADDR`` is rank 0's host, ``MASTER_PORT`` a port free there
    (asked of rank 0's worker). N tasks are submitted at once, each pinned to its worker.
@@ -374,10 +376,7 @@ def _wait_for_workers(tasks: RanksTasks, n: int) -> list[str] | None:
             eligible = placement(needs, workers)[2]
         except BadArgument:  # no worker of the kind yet: an adaptive cluster may start some
             eligible = []
-        busy = client.processing(eligible)
-        free = [
-            a for a in eligible if a not in ENDED and len(busy.get(a, ())) < int(workers[a].get("nthreads", 1))
-        ]
+        free = _free(client, workers, eligible, tasks.placement.get("resources") or {})
         if len(free) >= n:
             tasks.hold_back(0)
             hosts = {a: _host(a) for a in free}
@@ -387,13 +386,39 @@ def _wait_for_workers(tasks: RanksTasks, n: int) -> list[str] | None:
         tasks.hold_back(n, RANK_S)
         if not said and time.monotonic() - began > WAIT_LINE_S:
             said = True
+            room = "a free GPU" if needs.gpus else "a free thread"
             print(
-                f"nbcluster: waiting for {n} workers with a free thread to start the {n} ranks together "
+                f"nbcluster: waiting for {n} workers with {room} to start the {n} ranks together "
                 f"({len(free)} free now); Ctrl-C stops waiting",
                 flush=True,
             )
         tick.wait(0.5)
     return None
+
+
+def _free(client: Any, workers: dict[str, Any], eligible: list[str], resources: dict[str, float]) -> list[str]:
+    """Those of `eligible` with a free thread and, for a job asking `resources`, those free too.
+
+    A GPU worker has several threads (fractional ``--gpus`` items share its GPU): one running
+    a ``--gpus 1`` item still has a free thread, but no free GPU, and a rank pinned there
+    would wait inside Dask's scheduler while its peers had started.
+    """
+    busy = client.processing(eligible)
+    used: dict[str, dict[str, float]] = {}
+    if resources:
+
+        def in_use(dask_scheduler: Any) -> dict[str, dict[str, float]]:  # on the scheduler, sent by value
+            return {a: dict(ws.used_resources) for a, ws in dask_scheduler.workers.items()}
+
+        used = client.run_on_scheduler(in_use)
+    free = []
+    for a in eligible:
+        if a in ENDED or len(busy.get(a, ())) >= int(workers[a].get("nthreads", 1)):
+            continue
+        has, taken = workers[a].get("resources") or {}, used.get(a, {})
+        if all(has.get(k, 0) - taken.get(k, 0) >= need for k, need in resources.items()):
+            free.append(a)
+    return free
 
 
 def _stopping(tasks: RanksTasks) -> bool:
