@@ -31,6 +31,25 @@ def test_a_worker_that_joins_gets_batches_at_once_and_one_that_leaves_shrinks_th
     assert policy.top_up(out=3) == []
 
 
+def test_a_share_waits_behind_the_first_item_for_the_thread_that_ran_it() -> None:
+    # Dask may put both probes on one worker: the first item's worker then finds the kept
+    # share, sized from the first item's time, as soon as that item is back.
+    policy = Policy(range(64), Batcher(2), per_thread=2)
+    assert policy.top_up(out=0) == [range(0, 1), range(1, 22), range(22, 43)]
+    assert policy.top_up(out=3) == [] and policy.held() == 21  # a free slot, but the share waits
+    policy.finished(range(0, 1), reached=1, seconds=0.005)
+    assert policy.top_up(out=2) == [range(43, 53), range(53, 59)]
+
+
+def test_the_kept_share_never_leaves_nothing_out() -> None:
+    # Every batch of the first top-up came back unrun: the next top-up still sends work (the
+    # first item alone again), so a run never waits with nothing out.
+    policy = Policy(range(64), Batcher(2), per_thread=2)
+    for batch in reversed(policy.top_up(out=0)):  # each goes back in front
+        policy.refused(batch)
+    assert policy.top_up(out=0) == [range(0, 1)]
+
+
 def test_a_failed_item_runs_again_while_it_has_attempts_then_is_delivered() -> None:
     policy = Policy([7], Batcher(1), retries=2)
     for attempt in range(2):
@@ -90,8 +109,10 @@ def test_a_million_item_backlog_stays_a_few_ranges() -> None:
     policy = Policy(range(1_000_000), Batcher(2, probe_items=None), per_thread=2)
     batches = policy.top_up(out=0)
     assert all(isinstance(b, range) for b in batches)
+    kept = policy.held()  # the share kept behind the first item: one range too
+    assert kept == 333_333 and len(policy.items._runs) == 1
     policy.put_back([5, 6, 7, 9])
-    assert policy.items._runs[0] == range(5, 8) and policy.held() == 4
+    assert policy.items._runs[0] == range(5, 8) and policy.held() == 4 + kept
 
 
 def test_drain_gives_the_suspects_then_the_backlog() -> None:

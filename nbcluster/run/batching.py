@@ -13,11 +13,17 @@ alone at the end. The policy:
    (`worker/ahead.py`), so the engine sets `alone_first` off and the first batch is a
    probe like the others, one round trip fewer (0.5 to 0.9 ms of a small cell). Then one probe
    per thread shares the rest of the items out, up to `PROBE_ITEMS` each (a range's items
-   travel in a few bytes however many there are, so for a range, its whole share), with a
-   budget of `PROBE_S`: a worker stops after the first item that ends past the budget, so an item
-   slower than 50 ms comes back alone; tiny items come back by the thousand from the same
-   round trip. An 8-item cell of tiny items is one round of tasks, not two (one item per
-   task, then the rest), and 20,000 tiny items on 2 threads need no second round either.
+   travel in a few bytes however many there are, so for a range, its whole share). Behind a
+   first item sent alone, one share more stays in the backlog until a batch comes back, for
+   the thread that ran that item, which is free first: Dask places tasks it has no times
+   for by how many each worker holds, and may put both probes of two threads on one
+   worker, leaving the first item's worker nothing to do until a probe comes back. Each
+   probe has a budget of `PROBE_S`: a worker stops after the first item that ends past the
+   budget, so an item slower than 50 ms comes back alone; tiny items come back by the
+   thousand from the same round trip. Sent directly, an 8-item cell of tiny items is one
+   round of tasks, not two (one item per task, then the rest), and 20,000 tiny items on 2
+   threads need no second round either; through the scheduler, the kept share follows the
+   first item's result.
    (With 5 ms they did, on this loaded 2-core machine where such an item takes 2 us: a
    round trip of 15 to 40 ms more; 20,000 tiny items took 84 ms with 5 ms, 66 ms with 20 ms
    and 59 ms with 50 ms, medians of 15 in turns. And a probe for each free slot, two per
@@ -53,10 +59,10 @@ alone at the end. The policy:
    simulated workers made 11,971 tasks, most of 5 ms, each waited for for seconds.
 
 Worked example, 2 threads, 400 items of 10 ms, through the scheduler: item 0 alone, and
-two probes of 200 and 199 items, each returning after its fifth item (50 ms, the probe
-budget), then 25 (0.25 s) while more than 200 items are left, shrinking to 5 (0.05 s) at
-the end. Sent directly, two probes of 200 items, the first sending item 0 ahead. 20,000
-tiny items (1 us), directly: two probes of 10,000 items, each done in 1 to 25 ms: one
+two probes of 133 items, each returning after its fifth item (50 ms, the probe budget),
+the third share of 133 kept until item 0 is back; then 25 (0.25 s) while more than 200
+items are left, shrinking to 5 (0.05 s) at the end. Sent directly, two probes of 200
+items, the first sending item 0 ahead. 20,000 tiny items (1 us), directly: two probes of 10,000 items, each done in 1 to 25 ms: one
 round. A million tiny items over a range, the same: two probes of 500,000 (40 to 50 ms
 each). Four probes of `PROBE_ITEMS` and sized batches after them took longer: through
 `distribute(fn)` 90 and 94 ms against 81 and 77 ms, through the magic 100 against 82 ms
@@ -105,11 +111,12 @@ class Batcher:
     Examples
     --------
     Two threads, 400 items of 10 ms (the module docstring's worked example): one item first,
-    a probe per thread shares the rest, then batches are sized from the measured time.
+    a probe per thread takes a third of the rest, the last third waits (0) for a batch to
+    come back, then batches are sized from the measured time.
 
     >>> batcher = Batcher(2)
-    >>> batcher.next_size(400, free=4), batcher.next_size(399, free=3), batcher.next_size(199, free=2)
-    (1, 200, 199)
+    >>> [batcher.next_size(n, free) for n, free in ((400, 4), (399, 3), (266, 2), (133, 1))]
+    [1, 133, 133, 0]
     >>> batcher.observe(4, 0.04)
     >>> batcher.next_size(396), batcher.next_size(30)
     (25, 5)
@@ -136,6 +143,7 @@ class Batcher:
         #: of the rest (a direct batch, `worker/ahead.py`), which the engine says here.
         self.alone_first = True
         self._probes = self.threads  # probes still to share out the items: one per thread
+        self._kept = 0  # shares the probes leave in the backlog (one, behind a first item alone)
         self._idle: deque[float] = deque(maxlen=IDLE_SEEN)  # the threads' last waits for a batch, s
 
     @classmethod
@@ -227,7 +235,9 @@ class Batcher:
         Returns
         -------
         int
-            The next batch's size: 0 when nothing remains, else between 1 and `remaining`.
+            The next batch's size: between 1 and `remaining`; 0 when nothing remains, or
+            when the probes are out and the share kept behind the first item waits for a
+            batch to come back.
         """
         if remaining <= 0:
             return 0
@@ -237,10 +247,13 @@ class Batcher:
         if t is None:
             if self.alone_first:
                 self.alone_first = False
+                self._kept = 1  # a share waits for the thread that ran it: it is free first
                 return 1
+            if not self._probes:
+                return 0  # every probe is out: the kept share waits for a batch to come back
             probes = max(1, min(free, self._probes))
-            self._probes = max(1, self._probes - 1)
-            share = math.ceil(remaining / probes)
+            self._probes = max(0 if self._kept else 1, self._probes - 1)
+            share = math.ceil(remaining / (probes + self._kept))
             return max(1, share if self.probe_items is None else min(self.probe_items, share))
         t = max(t, 1e-9) * (1 + 1e-9)  # a mean of 0.00999999 s is 10 ms: no 6 where 5 fits
         least = self.least

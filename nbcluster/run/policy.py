@@ -24,41 +24,42 @@ Policy
 State: `items` (the backlog, as runs of consecutive indices), `suspects`, `attempts` (by
 the failed items only), `batcher`, `limit`.
 
-Worked example: 2 threads, 2 in flight each, 10 items, one retry. The first top-up sends
+Worked example: 2 threads, 2 in flight each, 13 items, one retry. The first top-up sends
 the first item alone (its result arrives after one item's time), then one probe per thread
-shares out the rest; nothing more goes out while four batches are out.
+takes a third of the rest; the last third waits for a batch to come back (`batching.py`).
 
 >>> from nbcluster.run.batching import Batcher
->>> policy = Policy(range(10), Batcher(2), retries=1, per_thread=2)
+>>> policy = Policy(range(13), Batcher(2), retries=1, per_thread=2)
 >>> policy.top_up(out=0)
-[range(0, 1), range(1, 6), range(6, 10)]
+[range(0, 1), range(1, 5), range(5, 9)]
 >>> policy.top_up(out=3)
 []
 
-Item 3 fails in the second batch, which ran every item in 5 ms: it gets its retry (held
-back from delivery), and goes out again in the next top-up, sized from the measured time.
+Item 3 fails in the second batch, which ran every item in 4 ms: it gets its retry (held
+back from delivery), and goes out again in the next top-up, in front of the kept items,
+sized from the measured time.
 
->>> policy.finished(range(1, 6), reached=5, failed=[2], seconds=0.005)
+>>> policy.finished(range(1, 5), reached=4, failed=[2], seconds=0.004)
 [3]
 >>> policy.top_up(out=2)
-[range(3, 4)]
+[[3, 9, 10, 11, 12]]
 
 The third batch's workers kept dying: it is split into suspects, which run alone, one at a
 time, once nothing else is out. A killed suspect is split again; a suspect of one item
 killed alone is the culprit, to be failed.
 
->>> policy.killed(range(6, 10), alone=False)
+>>> policy.killed(range(5, 9), alone=False)
 []
 >>> policy.top_up(out=2), policy.top_up(out=0)
-([], [[6, 7]])
->>> policy.killed([6, 7], alone=True)
+([], [[5, 6]])
+>>> policy.killed([5, 6], alone=True)
 []
->>> policy.top_up(out=0), policy.finished([8, 9], reached=2)
-([[8, 9]], [])
->>> policy.top_up(out=0), policy.killed([6], alone=True)
-([[6]], [6])
+>>> policy.top_up(out=0), policy.finished([7, 8], reached=2)
+([[7, 8]], [])
+>>> policy.top_up(out=0), policy.killed([5], alone=True)
+([[5]], [5])
 >>> policy.top_up(out=0), policy.held()
-([[7]], 0)
+([[6]], 0)
 """
 
 from __future__ import annotations
@@ -114,8 +115,10 @@ class Policy:
             return [self.suspects.popleft()] if out == 0 else []
         batches: list[Sequence[int]] = []
         while self.items and out + len(batches) < self.limit:
-            free = self.limit - out - len(batches)
-            batches.append(self.items.take(self.batcher.next_size(len(self.items), free)))
+            size = self.batcher.next_size(len(self.items), self.limit - out - len(batches))
+            if not size and (out or batches):
+                break  # the share kept behind the first item waits for a batch to come back
+            batches.append(self.items.take(max(size, 1)))
         return batches
 
     def finished(
