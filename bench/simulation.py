@@ -16,8 +16,8 @@ peers, interleaved round by round, on 2 processes each:
   building its environment once, in its ``__init__``. Ray is a peer, not a dependency:
   ``pip install "ray[tune]"``.
 
-The runs go through the scheduler, as main runs them (``distribute.direct: 0``: no batch is
-sent to a worker directly). Medians of the rounds; `--write` replaces the `## simulation`
+nbcluster runs with its defaults (a run's first half-second of batches goes to the workers
+directly, `distribute.direct`). Medians of the rounds; `--write` replaces the `## simulation`
 section of bench/RESULTS.md.
 
 `--timeline` runs one warm-up and one timed round of nbcluster and of the Pool, each item
@@ -157,11 +157,7 @@ def main() -> None:
     parser.add_argument("--timeline", action="store_true", help="where one round's time goes, item by item")
     args = parser.parse_args()
 
-    import dask
-
     import nbcluster
-
-    dask.config.set({"nbcluster.distribute.direct": 0})  # through the scheduler, as main runs
 
     os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
     load_before = os.getloadavg()[0]
@@ -225,7 +221,7 @@ def main() -> None:
           f"{m / medians[size, 'forked Pool (initializer)']:.2f}x |" for (size, n), m in medians.items()),
         "",
         *([] if args.ray else ["Ray's ActorPool was not run (`--ray`, with Ray installed, runs it)."]),
-        f"nbcluster's runs go through the scheduler (`distribute.direct: 0`). Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
         f"at commit {_commit()}; load average {load_before:.2f} at the start and {os.getloadavg()[0]:.2f} at the "
         f"end, on {os.cpu_count()} cores (above about 0.5, other work shared them: the rounds' ranges show how much).",
     ]
