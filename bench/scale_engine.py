@@ -172,7 +172,7 @@ def join_leave(
 
 def _tasks_made(results: Any) -> int:
     """How many Dask tasks (batches) the run's engine submitted: its key counter's position."""
-    seq = results._control.engine.transport._seq  # itertools.count: its repr is count(NEXT)
+    seq = results._control.engine._seq  # itertools.count: its repr is count(NEXT)
     return int(repr(seq)[len("count(") : -1])
 
 
@@ -487,7 +487,7 @@ async def _adaptive_decision(repeats: int, dask_scheduler: Any = None) -> dict[s
 
 
 def _follow_cost(client: Any) -> dict[str, float]:
-    """What a running `%%distribute`'s watch thread asks twice a second (engine._watch):
+    """What a running `%%distribute`'s watch thread asks twice a second (engine._follow_cluster):
     `scheduler_info()`, every worker described; its time in the kernel and its size."""
     import pickle
 

@@ -113,15 +113,10 @@ def wait_for_free_slurm() -> None:
 def slurm_backend(folder: Path) -> Iterator[Backend]:
     from dask_jobqueue import SLURMCluster
 
-    from tests.slurm_service import PARTITION, running
+    from tests.slurm_service import running, slurm_options
 
     wait_for_free_slurm()
-    options = {
-        "queue": PARTITION, "cores": 1, "memory": "1GB", "walltime": "00:10:00", "python": sys.executable,
-        "scheduler_options": {"host": "127.0.0.1", "dashboard": False},
-        "worker_extra_args": ["--host", "127.0.0.1"], "job_extra_directives": ["--oversubscribe"],
-        "log_directory": str(folder / "jobs"),
-    }  # fmt: skip
+    options = slurm_options(folder / "jobs", scheduler_options={"host": "127.0.0.1", "dashboard": False})
 
     def peer() -> Any:
         cluster = SLURMCluster(**options)

@@ -1,6 +1,7 @@
 """Rollouts: CartPole episodes a second, per-worker vectorised environments against a forked Pool.
 
-    python bench/simulation.py [--rounds 3] [--items 64] [--episodes 20] [--ray] [--write]
+    python bench/simulation.py [--rounds 3] [--items 64 [256 ...]] [--episodes 20] [--ray] [--write]
+    python bench/simulation.py --timeline [--items 64]   # where a round's time goes
 
 Each item plays `--episodes` CartPole-v1 episodes (random actions) on a vectorised
 environment of 8 (`gym.make_vec`, synchronous), and returns how many it finished. The
@@ -15,13 +16,21 @@ peers, interleaved round by round, on 2 processes each:
   building its environment once, in its ``__init__``. Ray is a peer, not a dependency:
   ``pip install "ray[tune]"``.
 
-Medians of the rounds; `--write` replaces the `## simulation` section of bench/RESULTS.md.
+nbcluster runs with its defaults (a run's first half-second of batches goes to the workers
+directly, `distribute.direct`). Medians of the rounds; `--write` replaces the `## simulation`
+section of bench/RESULTS.md.
+
+`--timeline` runs one warm-up and one timed round of nbcluster and of the Pool, each item
+reporting its process and when it started and ended (and its thread's CPU time), and prints
+for each process its runs of back-to-back items: when the first item started, the gaps
+between batches, when the last one ended, and how long the result took to come back.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import multiprocessing
 import os
 import statistics
@@ -58,6 +67,61 @@ def on_worker(i: int, episodes: int) -> int:
     return play(nbcluster.worker_local("bench-cartpole", make), episodes, i)
 
 
+def on_worker_timed(i: int, episodes: int) -> Stamp:
+    """`on_worker`, stamped: (pid, batch, start, end, thread CPU seconds, episodes)."""
+    from distributed import get_worker
+
+    import nbcluster
+
+    batch = str(get_worker().get_current_task())  # the Dask task: one batch of items
+    return _stamped(lambda: play(nbcluster.worker_local("bench-cartpole", make), episodes, i), batch)
+
+
+def in_pool_timed(args: tuple[int, int]) -> Stamp:
+    return _stamped(lambda: play(_ENV, args[1], args[0]), str(args[0]))  # chunksize 1: a task an item
+
+
+Stamp = tuple[int, str, float, float, float, int]
+
+
+def _stamped(item: Any, batch: str) -> Stamp:
+    began, cpu = time.time(), time.thread_time()
+    value = item()
+    return os.getpid(), batch, began, time.time(), time.thread_time() - cpu, value
+
+
+def timeline(name: str, began: float, ended: float, stamps: list[Stamp]) -> list[str]:
+    """Each process's batches (a Pool's task is one item) as [start-end: items], in ms from the start."""
+    lines = [f"{name}: {1e3 * (ended - began):.0f} ms for {len(stamps)} items"]
+    for pid in sorted({s[0] for s in stamps}):
+        mine = sorted((s for s in stamps if s[0] == pid), key=lambda s: s[2])
+        runs: list[list[Stamp]] = [[mine[0]]]
+        for before, after in itertools.pairwise(mine):
+            (runs[-1].append(after) if after[1] == before[1] else runs.append([after]))  # fmt: skip
+        busy = sum(s[3] - s[2] for s in mine)
+        gaps = sum(b[0][2] - a[-1][3] for a, b in itertools.pairwise(runs))
+        lines.append(
+            f"  pid {pid}: {len(mine)} items, first starts at {1e3 * (mine[0][2] - began):.1f}, last ends at "
+            f"{1e3 * (mine[-1][3] - began):.1f}; per item {1e3 * busy / len(mine):.2f} ms "
+            f"(CPU {1e3 * sum(s[4] for s in mine) / len(mine):.2f}); {len(runs)} tasks, {1e3 * gaps:.1f} ms between"
+        )
+        lines.append("    " + " ".join(
+            f"[{1e3 * (r[0][2] - began):.0f}-{1e3 * (r[-1][3] - began):.0f}: {len(r)}]" for r in runs))  # fmt: skip
+    lines.append(f"  the result back {1e3 * (ended - max(s[3] for s in stamps)):.1f} ms after the last item ended")
+    return lines
+
+
+def _commit() -> str:
+    """The checkout's commit, for the results' record ("unknown" outside git)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
 def _init() -> None:
     global _ENV
     _ENV = make()
@@ -86,43 +150,58 @@ def ray_pool() -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--items", type=int, default=64)
+    parser.add_argument("--items", type=int, nargs="+", default=[64], help="one size or several (64 256)")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--ray", action="store_true", help="also Ray's ActorPool (pip install 'ray[tune]')")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--timeline", action="store_true", help="where one round's time goes, item by item")
     args = parser.parse_args()
 
     import nbcluster
 
     os.environ.setdefault("NBCLUSTER_RUNTIME_DIR", tempfile.mkdtemp(prefix="nbcluster-bench-"))
+    load_before = os.getloadavg()[0]
     cluster = nbcluster.start(workers=2, threads=1, name="bench-simulation")
     pool = multiprocessing.get_context("fork").Pool(2, initializer=_init)
-    rates: dict[str, list[float]] = {"nbcluster (worker_local)": [], "forked Pool (initializer)": []}
+    peers = ["nbcluster (worker_local)", "forked Pool (initializer)"]
     actors = None
     if args.ray:
         import ray
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         actors = ray_pool()
-        rates["Ray ActorPool (actor __init__)"] = []
+        peers.append("Ray ActorPool (actor __init__)")
+    rates = {(size, name): [] for size in args.items for name in peers}  # episodes/s of each counted round
     try:
-        for r in range(args.rounds + 1):  # round 0 warms both up (imports, environments): not counted
-            names = list(rates)
-            for name in names[r % len(names):] + names[: r % len(names)]:  # interleaved, each first in turn
-                began = time.perf_counter()
-                if name.startswith("nbcluster"):
-                    runs = nbcluster.distribute(functools.partial(on_worker, episodes=args.episodes),
-                                                over=range(args.items))  # fmt: skip
-                    total = sum(runs.values())
-                elif name.startswith("Ray"):
-                    assert actors is not None
-                    total = sum(actors.map(lambda a, i: a.play.remote(i, args.episodes), range(args.items)))
-                else:
-                    total = sum(pool.map(in_pool, [(i, args.episodes) for i in range(args.items)], chunksize=1))
-                rate = total / (time.perf_counter() - began)
-                if r:
-                    rates[name].append(rate)
-                print(f"round {r} {name}: {rate:,.0f} episodes/s")
+        if args.timeline:
+            for r in range(2):  # the first warms up
+                for name in ("nbcluster", "forked Pool"):
+                    began = time.time()
+                    if name == "nbcluster":
+                        work = functools.partial(on_worker_timed, episodes=args.episodes)
+                        stamps = list(nbcluster.distribute(work, over=range(args.items[0])).values())
+                    else:
+                        stamps = pool.map(in_pool_timed, [(i, args.episodes) for i in range(args.items[0])], chunksize=1)
+                    if r:
+                        print("\n".join(timeline(name, began, time.time(), stamps)))
+            return
+        for size in args.items:
+            for r in range(args.rounds + 1):  # round 0 warms both up (imports, environments): not counted
+                for name in peers[r % len(peers):] + peers[: r % len(peers)]:  # interleaved, each first in turn
+                    began = time.perf_counter()
+                    if name.startswith("nbcluster"):
+                        runs = nbcluster.distribute(functools.partial(on_worker, episodes=args.episodes),
+                                                    over=range(size))  # fmt: skip
+                        total = sum(runs.values())
+                    elif name.startswith("Ray"):
+                        assert actors is not None
+                        total = sum(actors.map(lambda a, i: a.play.remote(i, args.episodes), range(size)))
+                    else:
+                        total = sum(pool.map(in_pool, [(i, args.episodes) for i in range(size)], chunksize=1))
+                    rate = total / (time.perf_counter() - began)
+                    if r:
+                        rates[size, name].append(rate)
+                    print(f"{size} items, round {r}, {name}: {rate:,.0f} episodes/s")
     finally:
         pool.close()
         pool.join()
@@ -131,27 +210,29 @@ def main() -> None:
             import ray
 
             ray.shutdown()
-    medians = {n: statistics.median(v) for n, v in rates.items()}
-    base = medians["forked Pool (initializer)"]
+    medians = {k: statistics.median(v) for k, v in rates.items()}
     lines = [
-        f"{args.items} items of {args.episodes} CartPole-v1 episodes (random actions, {ENVS} envs vectorised per "
-        f"process), 2 processes each, {args.rounds} rounds interleaved after a warm-up; medians:",
+        f"Items of {args.episodes} CartPole-v1 episodes (random actions, {ENVS} envs vectorised per process), "
+        f"2 processes each, {args.rounds} rounds interleaved after a warm-up; medians:",
         "",
-        "| peer | episodes/s (median) | rounds' range | vs the Pool |",
-        "|---|---|---|---|",
-        *(f"| {n} | {m:,.0f} | {min(rates[n]):,.0f}-{max(rates[n]):,.0f} | {m / base:.2f}x |" for n, m in medians.items()),
+        "| items | peer | episodes/s (median) | rounds' range | vs the Pool |",
+        "|---|---|---|---|---|",
+        *(f"| {size} | {n} | {m:,.0f} | {min(rates[size, n]):,.0f}-{max(rates[size, n]):,.0f} | "
+          f"{m / medians[size, 'forked Pool (initializer)']:.2f}x |" for (size, n), m in medians.items()),
         "",
         *([] if args.ray else ["Ray's ActorPool was not run (`--ray`, with Ray installed, runs it)."]),
-        "The machine was shared with other engineers' tests and benchmarks (2 cores), and the rounds' "
-        "ranges show how much it moved: read the ratios as 'not slower than', not as speed-ups.",
+        f"Run on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+        f"at commit {_commit()}; load average {load_before:.2f} at the start and {os.getloadavg()[0]:.2f} at the "
+        f"end, on {os.cpu_count()} cores (above about 0.5, other work shared them: the rounds' ranges show how much).",
     ]
     body = "\n".join(lines)
     print(body)
     if args.write:
         from _results import write_section  # bench/, the script's own folder
 
-        write_section("simulation", "python bench/simulation.py " + " ".join(
-            f"--{k} {v}" for k, v in vars(args).items() if k != "write") + " --write", body)  # fmt: skip
+        sizes = " ".join(map(str, args.items))
+        flags = f"--rounds {args.rounds} --items {sizes} --episodes {args.episodes}" + " --ray" * args.ray
+        write_section("simulation", f"python bench/simulation.py {flags} --write", body)
 
 
 if __name__ == "__main__":

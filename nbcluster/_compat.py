@@ -8,7 +8,9 @@ check, for one, swallows errors by design).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 from distributed import Client
@@ -170,6 +172,8 @@ def running_task_key() -> Any | None:
     """
     from dask.context import thread_state
 
+    if getattr(thread_state, "nbcluster_direct", False):  # a direct batch (`as_worker`): no task
+        return None
     return getattr(thread_state, "key", None)
 
 
@@ -273,6 +277,120 @@ async def _run_on_holder(key: str, function: bytes, args: bytes, dask_scheduler:
     return await dask_scheduler.rpc(address).run(function=function, args=args)
 
 
+def call_in_loop(client: Client, fn: Any, *args: Any) -> None:
+    """``fn(*args)`` soon, in the client's event loop, from any thread; not waited for.
+
+    One wake of the loop (`Client.loop` is a tornado loop; its asyncio loop is what runs).
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client whose loop runs it.
+    fn : callable
+        What to call there.
+    *args : Any
+        Its arguments.
+    """
+    loop: Any = client.loop  # a tornado AsyncIOLoop, whose asyncio loop runs
+    loop.asyncio_loop.call_soon_threadsafe(fn, *args)
+
+
+async def worker_call(client: Client, worker: str, op: str, **kwargs: Any) -> Any:
+    """Call the handler `op` of `worker` over the client's own connection pool (in its loop).
+
+    The kernel's pool keeps a connection to each worker it called (TLS, the cluster's
+    credentials): a request and its answer, without the scheduler.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client.
+    worker : str
+        The worker's address.
+    op : str
+        The handler's name.
+    **kwargs : Any
+        Its arguments.
+
+    Returns
+    -------
+    Any
+        The handler's answer.
+    """
+    return await getattr(client.rpc(worker), op)(**kwargs)
+
+
+async def run_on_worker(client: Client, worker: str, function: Any) -> Any:
+    """Dask's ``run`` request to one worker, over the client's pool: ``function()`` there.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client.
+    worker : str
+        The worker's address.
+    function : callable
+        What to run, without arguments.
+
+    Returns
+    -------
+    Any
+        What it returned; None when the worker answered with an error.
+    """
+    from distributed.protocol.pickle import dumps
+
+    answer = await worker_call(client, worker, "run", function=dumps(function), args=dumps(()))
+    return answer.get("result") if answer.get("status") == "OK" else None
+
+
+async def worker_exchange(client: Client, worker: str, message: dict[str, Any], before: Any) -> Any:
+    """Dask's request and answer (`distributed.core.send_recv`), reading one message before it.
+
+    The answer may be preceded, on the same connection, by ``{"first": blob}``: `before` is
+    called with that blob. A connection whose exchange did not end cleanly is closed, not
+    given back to the pool: a later request would read this one's answer.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client.
+    worker : str
+        The worker's address.
+    message : dict
+        The request: ``op``, ``reply`` and the handler's arguments.
+    before : callable
+        Called with the blob of a ``{"first": blob}`` message that comes before the answer.
+
+    Returns
+    -------
+    Any
+        The answer.
+
+    Raises
+    ------
+    RuntimeError
+        When the handler raised (Dask's ``uncaught-error`` answer).
+    """
+    pool = client.rpc
+    comm = await pool.connect(worker)
+    clean = False
+    try:
+        await comm.write(message, on_error="raise")
+        answer = await comm.read()
+        if isinstance(answer, dict) and "first" in answer:
+            before(answer["first"])
+            answer = await comm.read()
+        clean = True
+    finally:
+        if clean:
+            pool.reuse(worker, comm)
+        else:
+            comm.abort()
+    if isinstance(answer, dict) and answer.get("status") == "uncaught-error":
+        raise RuntimeError(f"the worker failed to answer: {answer.get('exception_text', answer)}")
+    return answer
+
+
 #: How long a Dask stream nbcluster set up holds messages back after a write (see
 #: `cluster/streams.py`): Dask's are 2 to 10 ms, tuned for big graphs and many workers; an
 #: interactive cell waited them out on every hop.
@@ -370,6 +488,58 @@ def nested_task(fn: Any, *args: Any) -> Any:
     from dask._task_spec import Task
 
     return Task(None, fn, *args)
+
+
+@contextlib.contextmanager
+def as_worker(worker: Any, key: str) -> Iterator[None]:
+    """Within this block, this thread runs `key` for `worker`, as Dask's tasks do.
+
+    Dask sets a private context variable (`distributed.get_worker()`) and
+    ``thread_state.key`` for the tasks it runs; a batch nbcluster runs in the worker's
+    thread pool outside a task (`worker/direct.py`) sets them the same way, so an
+    item's own ``get_worker()``, ``get_client()`` and ``thread_state.key`` work there too.
+    `running_task_key` still answers None there: the worker has no task of that key.
+
+    Parameters
+    ----------
+    worker : distributed.Worker
+        The worker this thread works for.
+    key : str
+        The name of what it runs.
+
+    Yields
+    ------
+    None
+    """
+    from dask.context import thread_state
+    from distributed.worker import _worker_cvar
+
+    token = _worker_cvar.set(worker)
+    thread_state.key, thread_state.nbcluster_direct = key, True
+    try:
+        yield
+    finally:
+        del thread_state.key, thread_state.nbcluster_direct
+        _worker_cvar.reset(token)
+
+
+def worker_accepts_work(worker: Any) -> str | None:
+    """Why `worker` takes no work now (paused past its memory limit, closing), or None.
+
+    Parameters
+    ----------
+    worker : distributed.Worker
+        The worker (in this process).
+
+    Returns
+    -------
+    str or None
+        Its status's name when that is not ``running``; None when it is.
+    """
+    from distributed.core import Status
+
+    status = getattr(worker, "status", None)
+    return None if status == Status.running else str(getattr(status, "name", status))
 
 
 # cluster/ (supervisor.py: the start of the local backend's workers)

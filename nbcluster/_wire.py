@@ -406,6 +406,31 @@ class HeldValue(TypedDict):
     nbytes: int  # Dask's `sizeof` of the value
 
 
+#: The Dask event topic on which nbcluster's scheduler plugin says that a worker came or went
+#: (`MetricsPlugin.add_worker`): a kernel subscribed to it keeps the workers it was told of
+#: (`run/target.py`) until the next such event, rather than asking again each cell.
+ROSTER_TOPIC = "nbcluster-roster"
+
+
+class RosterChanged(TypedDict):
+    """An event on `ROSTER_TOPIC`: the scheduler's workers now."""
+
+    workers: int  # how many
+
+
+#: The Dask event topic on which a worker reports each batch it ran for a kernel directly, not
+#: as a Dask task (`run/direct.py`): nbcluster's scheduler plugin draws it as a task of the run.
+DIRECT_TOPIC = "nbcluster-direct"
+
+
+class DirectRecord(TypedDict):
+    """An event on `DIRECT_TOPIC` (the scheduler adds ``worker``)."""
+
+    key: str  # the batch's key, ``distribute-<run id>-<n>``
+    start: float  # when it started and stopped on the worker (epoch seconds)
+    stop: float
+
+
 #: The Dask event topic on which a task pushes its small result (or a ``--persist`` item its
 #: report) to the kernel just before it ends, so the kernel need not gather it (`run/reports.py`).
 PUSHED_TOPIC = "nbcluster-pushed"
@@ -453,7 +478,7 @@ class TrialEvent(TypedDict):
     dropped: int
     final: bool  # the item has ended: nothing more comes from it
     output: list[tuple[str, str]]  # what it printed since its last message: (stream, text), in order
-    key: str | None  # its Dask task's key (first message; None in the kernel)
+    key: str | None  # its Dask task's key (first message; None for a batch sent to the worker directly)
 
 
 TS_NAMES: dict[str, tuple[str, str]] = {

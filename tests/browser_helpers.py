@@ -13,6 +13,7 @@ skipping it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -21,8 +22,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
@@ -31,6 +32,7 @@ import pytest
 
 import nbcluster
 from tests.os_helpers import free_port
+from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT = ROOT / "nbcluster" / "labextension"
@@ -186,6 +188,51 @@ def launch_chromium(playwright: Any) -> Any:
     return playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
 
 
+@contextlib.contextmanager
+def watched_page(artifacts: Path) -> Iterator[Any]:
+    """A 1280x900 page of a headless Chromium, closed afterwards; a failure meanwhile leaves
+    ``failure.png`` in `artifacts` and prints the browser console's last 30 lines."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            try:
+                yield page
+            except Exception:
+                page.screenshot(path=str(artifacts / "failure.png"))
+                print("browser console:", *console[-30:], sep="\n  ")
+                raise
+        finally:
+            browser.close()
+
+
+def write_notebook(path: Path, *sources: str) -> None:
+    """A notebook of code cells with `sources`, on the python3 kernel."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+def run_all_cells(page: Any, url: str) -> None:
+    """Open the notebook at `url` and run all its cells, once its kernel is idle (not awaited)."""
+    page.goto(url)
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+        " return w && w.sessionContext && w.sessionContext.session &&"
+        " w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'; }",
+        timeout=90_000,
+    )
+    # Not awaited: the command's promise settles only when the cells have finished.
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+
 class Screenshots:
     """Numbered screenshots under test-artifacts/<test>/, each path printed for CI logs.
 
@@ -259,22 +306,66 @@ CONTRAST = """(root) => {
 }"""
 
 
+#: What `jupyter_app` gives JupyterLab (a module) beyond the common flags: nothing that would
+#: look for updates or extensions on the network.
+QUIET_APP_ARGS = {
+    "jupyterlab": (
+        "--LabApp.extension_manager=readonly",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    )
+}
+
+
+@contextlib.contextmanager
+def jupyter_app(tmp_path: Path, module: str, app_class: str, root: Path) -> Iterator[tuple[str, str]]:
+    """``python -m MODULE`` (JupyterLab or Notebook 7) serving `root` on loopback; yields its
+    (base URL, token), and stops it and its kernels afterwards.
+
+    Its settings, workspaces, runtime folder and log (``lab.log``) are in `tmp_path`, and it
+    exposes its app to the page (`app_class`'s ``expose_app_in_browser``). It picks its own port
+    (port 0) and reports it in its runtime-dir info file: on a shared machine a port found
+    free beforehand can be taken before the server binds it.
+    """
+    token = secrets.token_hex(16)
+    env = {
+        **os.environ,
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+    }
+    log_path = tmp_path / "lab.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", module, "--no-browser", "--allow-root",
+                "--ServerApp.port=0", "--ServerApp.ip=127.0.0.1",
+                f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+                f"--{app_class}.expose_app_in_browser=True",
+                *QUIET_APP_ARGS.get(module, ()),
+            ],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            yield wait_until_up(tmp_path / "runtime" / f"jpserver-{proc.pid}.json", token, proc, log_path), token
+        finally:
+            stop_server(proc)
+
+
 def wait_until_up(
     info: Path, token: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90
 ) -> str:
     """The server's base URL, once its info file exists and its API answers."""
     # A starting server has no event to await from outside; look until it answers.
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited early:\n{log.read_text()[-3000:]}")
-        try:
-            base = json.loads(info.read_text())["url"].rstrip("/")
-            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
-                if r.status == 200:
-                    return base
-        except (OSError, ValueError, KeyError):
-            time.sleep(0.25)
+    def answering() -> str | None:
+        base = str(json.loads(info.read_text())["url"]).rstrip("/")
+        with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
+            return base if r.status == 200 else None
+
+    base = until(lambda: proc.poll() is not None or answering(), timeout, 0.25, ignore=(OSError, ValueError, KeyError))
+    if proc.poll() is not None:
+        raise AssertionError(f"the server exited early:\n{log.read_text()[-3000:]}")
+    if isinstance(base, str):
+        return base
     raise AssertionError(f"the server did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
 
 

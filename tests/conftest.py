@@ -16,9 +16,9 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
@@ -36,6 +36,10 @@ from tests.lanes import lanes, root_skip
 with contextlib.suppress(ImportError):  # the tests that need pandas say so
     import pandas  # noqa: F401
 from tests.shell_helpers import load_shell
+from tests.waiting import until
+
+if TYPE_CHECKING:
+    from tests.slurm_service import SlurmService
 
 _SESSION_DIR: Path | None = None
 
@@ -146,6 +150,15 @@ def cluster(_shared_cluster: ClusterHandle) -> ClusterHandle:
     return _current.use(_shared_cluster)
 
 
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[SlurmService]:
+    """The session's real SLURM (tests/slurm_service.py): a machine runs one slurmctld at a time."""
+    from tests.slurm_service import running
+
+    with running() as service:
+        yield service
+
+
 @pytest.fixture
 def shell(runtime_dir: Path) -> InteractiveShell:
     """An in-process IPython shell with nbcluster loaded, on this test's own registry.
@@ -175,9 +188,8 @@ def no_leftovers(runtime_dir: Path) -> Iterator[Path]:
     stopped (clusters stop within a second or two of their owner); kills any such process."""
     directory = Path(os.environ["NBCLUSTER_RUNTIME_DIR"])
     yield directory
-    deadline = time.monotonic() + 15
-    while (left := _processes_of(directory)) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    until(lambda: not _processes_of(directory), 15, interval=0.5)
+    left = _processes_of(directory)
     names = []
     for proc in left:
         try:

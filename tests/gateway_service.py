@@ -19,7 +19,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ import yaml
 
 from tests import os_helpers
 from tests.os_helpers import free_port
+from tests.waiting import until
 
 #: Server config letting users set their clusters' environment (a `Mapping` cluster option).
 OFFER_ENVIRONMENT = (
@@ -118,15 +118,15 @@ class GatewayServer:
 
     def _wait_healthy(self, timeout: float = 30) -> None:
         # No event to await from another process: poll its health route until it answers.
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"{self.address}/api/health", timeout=2) as r:
-                    if json.load(r).get("status") == "pass":
-                        return
-            except OSError:
-                time.sleep(0.1)
+        proc = self.proc
+        assert proc is not None
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"{self.address}/api/health", timeout=2) as r:
+                return bool(json.load(r).get("status") == "pass")
+
+        if until(lambda: proc.poll() is not None or healthy(), timeout, 0.1, ignore=(OSError,)) and proc.poll() is None:
+            return
         pytest.fail(f"dask-gateway-server did not come up at {self.address}: {self.log.read_text()[-800:]}")
 
     def clusters_running(self) -> list[psutil.Process]:

@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ import psutil
 
 from tests.browser_helpers import ARTIFACTS, drain, labextension_dir, terminate
 from tests.os_helpers import free_port
+from tests.waiting import until
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("NBCLUSTER_HUB_CACHE", "/var/tmp/nbcluster-hub-cache"))
@@ -359,13 +359,13 @@ class Hub:
 
     def wait_server(self, user: User, *, ready: bool, timeout: float = START_TIMEOUT_S) -> None:
         # JupyterHub's REST API has no "wait": its own clients poll the user model too.
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def reached() -> bool:
             _, model = self.api("GET", f"/users/{user.name}")
             server = (model.get("servers") or {}).get("", {})
-            if bool(server.get("ready")) == ready and not server.get("pending"):
-                return
-            time.sleep(0.25)
+            return bool(server.get("ready")) == ready and not server.get("pending")
+
+        if until(reached, timeout, 0.25):
+            return
         raise TimeoutError(f"{user.name}'s server not {'ready' if ready else 'stopped'}; hub log:\n{self.log()[-4000:]}")
 
     def user_token(self, user: User) -> str:

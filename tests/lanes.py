@@ -50,6 +50,7 @@ LANES: dict[str, tuple[str, ...]] = {
     "test_limits::test_force_starts_past_the_machine_memory_limit": ("slow",),
     "test_server::test_a_cluster_through_every_route": ("slow",),
     "test_engine::test_a_cluster_killed_mid_cell_ends_the_cell_with_one_line": ("slow",),
+    "test_direct::test_a_worker_that_dies_under_a_direct_batch_*": ("slow",),
     "test_bad_input::test_cluster_stop_in_*": ("slow",),
     "test_docs::test_site_*": ("slow",),
     "test_docs::test_teaching_*": ("slow",),

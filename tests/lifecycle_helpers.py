@@ -34,14 +34,9 @@ import psutil
 
 from tests.browser_helpers import ServerLog
 from tests.os_helpers import free_port
+from tests.waiting import until
 
 START_TIMEOUT_S = 90
-
-
-def family(pid: int) -> list[psutil.Process]:
-    """A process and everything below it."""
-    proc = psutil.Process(pid)
-    return [proc, *proc.children(recursive=True)]
 
 
 def wait_gone(procs: list[psutil.Process], timeout: float) -> tuple[float, list[psutil.Process]]:
@@ -70,15 +65,13 @@ def wait_gone(procs: list[psutil.Process], timeout: float) -> tuple[float, list[
 def wait_catching(pid: int, sig: int, timeout: float = 60) -> None:
     """Return once process `pid` has a handler for `sig` (the kernel's SigCgt mask), so a
     signal sent now reaches its handler, not the default action; fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def catching() -> bool:
         status = Path(f"/proc/{pid}/status").read_text()
         caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
-        if caught & (1 << (sig - 1)):
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"process {pid} installed no handler for signal {sig} within {timeout} s")
-        time.sleep(0.01)
+        return bool(caught & (1 << (sig - 1)))
+
+    if not until(catching, timeout):
+        raise AssertionError(f"process {pid} installed no handler for signal {sig} within {timeout} s")
 
 
 def _running(p: psutil.Process) -> bool:
@@ -185,14 +178,11 @@ class JupyterServer(ServerLog):
     def _listening(self, timeout: float = 10) -> bool:
         # The server logs "is running at" and then binds its port in the loop's first
         # callback: no event marks the bind, so connect until it answers (a few ms).
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return True
-            except ConnectionRefusedError:
-                time.sleep(0.02)
-        return False
+        def connects() -> bool:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+
+        return bool(until(connects, timeout, 0.02, ignore=(ConnectionRefusedError,)))
 
     def api(self, method: str, path: str, body: Any = None, timeout: float = 120) -> tuple[int, Any]:
         """(status, JSON or None) of one authenticated REST call; never raises for 4xx/5xx."""

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.ssh_service import SSHServer, keypair
 
@@ -143,3 +144,19 @@ def leftover_namespaces() -> list[str]:
     tag = f"nbc{os.getpid()}-"
     out = _ip("netns", "list", check=False).stdout
     return [line.split()[0] for line in out.splitlines() if line.startswith(tag)]
+
+
+def driver_env(folder: Path, profile: dict[str, Any]) -> dict[str, str]:
+    """The environment of a process that starts clusters of `profile` (as ``hosts``) on a host.
+
+    Its Dask config (written in ``folder/dask``) and registry (``folder/runtime``) of its own;
+    of this process's environment only PATH, PYTHONPATH, HOME and LANG.
+    """
+    config = folder / "dask"
+    config.mkdir()
+    (config / "hosts.yaml").write_text(yaml.safe_dump({"nbcluster": {"profiles": {"hosts": profile}}}))
+    return {
+        **{k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG")},
+        "DASK_CONFIG": str(config),
+        "NBCLUSTER_RUNTIME_DIR": str(folder / "runtime"),
+    }

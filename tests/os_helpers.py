@@ -1,10 +1,21 @@
-"""The operating system's view of the tests' processes: a free port, a process tree, a memory size."""
+"""The operating system's view of the tests' processes: a fresh Python, a free port, a silent one, a process tree, a memory size."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import subprocess
+import sys
+from collections.abc import Iterator
 
 import psutil
+
+
+def fresh_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> str:
+    """What ``python -c CODE`` prints in a process of its own; one that fails fails the test with its stderr."""
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -12,6 +23,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def silent_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """Meanwhile, a port at `host` that accepts connections and never says a word.
+
+    What a stuck server, or a host behind a firewall that drops its packets, looks like to a
+    client: only the client's own timeout ends its wait.
+    """
+    with socket.socket() as s:
+        s.bind((host, 0))
+        s.listen(8)
+        yield int(s.getsockname()[1])
 
 
 def family(pid: int, *, gone_ok: bool = False) -> list[psutil.Process]:

@@ -27,12 +27,14 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from tests.os_helpers import free_port
+from tests.waiting import until, waited_for
 
 SGE_ROOT = Path("/var/lib/gridengine")
 QUEUE = "test.q"
@@ -40,6 +42,8 @@ ADMIN = "sgeadmin"  # the packages' admin user
 CONFIG = Path("/usr/share/gridengine/default-configuration")
 RESOURCES = Path("/usr/share/gridengine/util/resources")
 FLUSH = ("flush_submit_sec", "flush_finish_sec")
+#: What a Grid Engine command raises while its daemon is not up yet (`SgeService.run`).
+NOT_YET = (RuntimeError, subprocess.TimeoutExpired)
 
 
 def available() -> bool:
@@ -78,12 +82,6 @@ class SgeService:
             for f in (line.split() for line in out.splitlines()[2:])
             if len(f) >= 5
         ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _write_cell(service: SgeService, host: str) -> None:
@@ -137,17 +135,6 @@ def _queue(host: str) -> str:
     return "".join(f"{k} {v}\n" for k, v in fields.items()) + "".join(f"{k} INFINITY\n" for k in limits)
 
 
-def _until(condition: object, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-            if condition():  # type: ignore[operator]
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the test SGE: no {what} within {seconds:g} s")
-        time.sleep(0.2)
-
-
 def _pid(path: Path) -> int | None:
     with contextlib.suppress(OSError, ValueError):
         return int(path.read_text().split()[0])
@@ -166,13 +153,14 @@ def running() -> Iterator[SgeService]:
     """A cell with this host as its one execution host, its environment set in this process."""
     host = socket.gethostname()
     folder = Path(tempfile.mkdtemp(prefix="nbcluster-sge-"))
-    service = SgeService(f"nbct-{os.getpid()}", folder, (_free_port(), _free_port()))
+    service = SgeService(f"nbct-{os.getpid()}", folder, (free_port(), free_port()))
     saved = {k: os.environ.get(k) for k in service.env}
     try:
         _write_cell(service, host)
         os.environ.update(service.env)
         service.run("/usr/sbin/sge_qmaster")  # it daemonizes
-        _until(lambda: host in service.run("qconf", "-sh"), 60, "qmaster")
+        # The daemons start in the background and say nothing when ready: polled.
+        waited_for(lambda: host in service.run("qconf", "-sh"), "qmaster of the test SGE", 60, ignore=NOT_YET)
         service.run("qconf", "-as", host)
         exec_host = folder / "exec_host"
         exec_host.write_text(f"hostname {host}\nload_scaling NONE\ncomplex_values NONE\nuser_lists NONE\n"
@@ -191,8 +179,9 @@ def running() -> Iterator[SgeService]:
         service.run("qconf", "-Msconf", str(sched))
         service.run("/usr/sbin/sge_execd")  # it daemonizes
         # The host's load column turns from "-" to a number with the execd's first report.
-        _until(lambda: any(line.split()[:1] == [host] and line.split()[6] != "-"
-                           for line in service.run("qhost").splitlines()), 60, "execution host")  # fmt: skip
+        waited_for(lambda: any(line.split()[:1] == [host] and line.split()[6] != "-"
+                               for line in service.run("qhost").splitlines()),
+                   "execution host of the test SGE", 60, ignore=NOT_YET)  # fmt: skip
         yield service
     finally:
         with contextlib.suppress(Exception):
@@ -203,10 +192,7 @@ def running() -> Iterator[SgeService]:
             service.run("qconf", "-km", check=False)
         for pidfile in [folder / "qmaster" / "qmaster.pid", *folder.glob("execd/*/execd.pid")]:
             pid = _pid(pidfile)
-            deadline = time.monotonic() + 10
-            while pid is not None and _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if pid is not None:
+            if pid is not None and not until(lambda pid=pid: not _alive(pid), 10, interval=0.1):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         for key, value in saved.items():

@@ -1,4 +1,5 @@
-"""An in-process IPython shell with nbcluster loaded, and the two ways tests drive it."""
+"""An in-process IPython shell with nbcluster loaded, the two ways tests drive it, and the rule
+its errors keep."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ def load_shell() -> InteractiveShell:
 def magic(ip: InteractiveShell, line: str) -> Any:
     """`%cluster LINE`; a UsageError raises as it would end the cell."""
     return ip.run_line_magic("cluster", line)
+
+
+def one_clear_line(message: str) -> bool:
+    """Whether an error a user caused reads as the project promises: one line, nothing of a traceback."""
+    return "\n" not in message.strip() and "Traceback" not in message and 'File "' not in message
 
 
 def cell(ip: InteractiveShell, source: str) -> Any:

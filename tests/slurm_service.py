@@ -7,7 +7,8 @@ socket), so nothing on the machine is changed: the client commands (`sbatch`, `s
 the one in ``../shared/BUILD-NOTES.md``; it needs root (slurmd runs jobs as their users).
 
 `running()` starts the three daemons, waits for the node to be idle, and always stops them
-(SIGTERM, then SIGKILL) and cancels any job left, even when the tests fail.
+(SIGTERM, then SIGKILL) and cancels any job left, even when the tests fail; conftest.py's
+`slurm` fixture is one for the whole session. `slurm_options` is what a profile asks of it.
 """
 
 from __future__ import annotations
@@ -19,15 +20,24 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
+from tests.jobqueue_helpers import jobqueue_options
+from tests.os_helpers import free_port
+from tests.waiting import until
+
 PARTITION = "debug"
 DAEMONS = ("munged", "slurmctld", "slurmd")
+
+
+def slurm_options(jobs_dir: Path, queue: str = PARTITION, **more: Any) -> dict[str, Any]:
+    """`jobqueue_options` for this SLURM, whose one node takes jobs beyond its cores."""
+    return jobqueue_options(queue, jobs_dir, job_extra_directives=["--oversubscribe"], **more)
 
 
 @dataclass
@@ -53,14 +63,15 @@ class SlurmService:
 
     def wait_jobs(self, predicate, timeout: float = 30) -> list[dict[str, str]]:
         """Poll squeue (SLURM has no event to wait on) until `predicate(jobs)` holds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            jobs = self.jobs()
-            if predicate(jobs):
-                return jobs
-            if time.monotonic() > deadline:
-                raise AssertionError(f"squeue did not reach the expected state in {timeout} s: {jobs}")
-            time.sleep(0.2)
+        jobs: list[dict[str, str]] = []
+
+        def reached() -> bool:
+            jobs[:] = self.jobs()
+            return bool(predicate(jobs))
+
+        if not until(reached, timeout, interval=0.2):
+            raise AssertionError(f"squeue did not reach the expected state in {timeout} s: {jobs}")
+        return jobs
 
     def log_tail(self) -> str:
         return "\n".join(
@@ -113,9 +124,7 @@ def _conf(folder: Path, munge_socket: Path, port: int) -> str:
 def _free_port_pair() -> int:
     # slurmctld and slurmd need two ports; an even one whose successor is free too.
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+        port = free_port("")
         with socket.socket() as s2:
             try:
                 s2.bind(("", port + 1))
@@ -203,9 +212,9 @@ def _node_idle(service: SlurmService) -> bool:
 
 def _wait_for(condition, timeout: float, what: str, service: SlurmService) -> None:
     # Daemons start in the background and say nothing when ready: polling is the only way.
-    deadline = time.monotonic() + timeout
-    while not condition():
-        dead = [p.args[0] for p in service.procs if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            raise RuntimeError(f"{what} (exited: {dead or 'none'})\n{service.log_tail()}")
-        time.sleep(0.2)
+    # A daemon that exits ends the wait at once, with the logs.
+    def dead() -> list[str]:
+        return [p.args[0] for p in service.procs if p.poll() is not None]
+
+    if not until(lambda: condition() or dead(), timeout, interval=0.2) or dead():
+        raise RuntimeError(f"{what} (exited: {dead() or 'none'})\n{service.log_tail()}")

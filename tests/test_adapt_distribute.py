@@ -8,11 +8,11 @@ real adaptive cluster (`adapt --min 1 --max 3`): 80 items of 0.25 s, 20 s of wor
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import nbcluster
 from nbcluster.run.api import distribute
+from tests.waiting import until
 
 ITEM = "import time\nfrom distributed import get_worker\ntime.sleep(0.25)\nget_worker().name"
 
@@ -21,14 +21,12 @@ def test_a_run_grows_an_adaptive_cluster_to_its_max_and_it_shrinks_back(runtime_
     handle = nbcluster.start(workers=1, threads=1, name="adaptive")
     handle.adapt(1, 3)
     client = handle.client
-    res = distribute(ITEM, over="x in range(80)", namespace={}, client=client)
+    res = distribute(ITEM, over="x in range(80)", namespace={}, on=client)
     assert res.ok
     # Three workers ran items: the cluster grew to its max, and the new workers got batches.
     assert len(set(res)) == 3, sorted(set(res))
-    deadline = time.monotonic() + 60
-    while len(client.scheduler_info()["workers"]) > 1 and time.monotonic() < deadline:
-        time.sleep(0.2)  # Dask's adaptive loop retires idle workers: there is no event to wait on
-    assert len(client.scheduler_info()["workers"]) == 1
+    # Dask's adaptive loop retires idle workers: there is no event to wait on.
+    assert until(lambda: len(client.scheduler_info()["workers"]) == 1, 60, 0.2)
 
 
 def test_a_backlog_report_counts_until_it_is_ended_or_goes_stale() -> None:

@@ -24,6 +24,7 @@ import nbcluster
 from nbcluster import cli, commands
 from nbcluster.run.options import FLAGS
 from nbcluster.run.results import Results
+from tests.shell_helpers import one_clear_line
 
 JUNK = ['"', "'", '"""', "(", ")", "[", "]", "{", "}", "-", "--", "---", "=", ",", ":", "\\", "#", ";",
         "0", "-1", "1.5", "1e9", "99999999999999999999", "nan", "-0", "x", "in", "None", "é", "🙂"]  # fmt: skip
@@ -108,10 +109,6 @@ def flag_lines(count: int, seed: int) -> list[str]:
     return lines
 
 
-def _clean(message: str) -> bool:
-    return "\n" not in message.strip() and "Traceback" not in message and 'File "' not in message
-
-
 def test_generated_cluster_lines_give_one_clean_line(shell: InteractiveShell, capsys: Any) -> None:
     bad, worked = [], []
     for tokens in cluster_lines(300, seed=1):
@@ -119,7 +116,7 @@ def test_generated_cluster_lines_give_one_clean_line(shell: InteractiveShell, ca
         try:
             value = shell.run_line_magic("cluster", line)
         except UsageError as e:
-            if not _clean(str(e)):
+            if not one_clear_line(str(e)):
                 bad.append((line, str(e)))
         except Exception as e:  # anything else is a traceback in the notebook
             bad.append((line, f"{type(e).__name__}: {e}"))
@@ -143,7 +140,7 @@ def test_generated_cli_arguments_give_one_line_and_status_2(runtime_dir: Any, ca
             bad.append((argv, f"{type(e).__name__}: {e}"))
             continue
         out, err = capsys.readouterr()
-        if status == 2 and not (err.startswith("nbcluster: error: ") and _clean(err)):
+        if status == 2 and not (err.startswith("nbcluster: error: ") and one_clear_line(err)):
             bad.append((argv, err))
         elif status == 0 and (not out.strip() or err):
             bad.append((argv, f"exit status 0 printed {out!r}, stderr {err!r}"))
@@ -163,7 +160,7 @@ def test_generated_distribute_lines_give_one_clean_line_or_the_results(
         result = shell.run_cell(f"%%distribute {line}\n1\n")
         error = result.error_before_exec or result.error_in_exec
         if error is not None:
-            if not (isinstance(error, UsageError) and _clean(str(error))) or "no cluster is running" in str(error):
+            if not (isinstance(error, UsageError) and one_clear_line(str(error))) or "no cluster is running" in str(error):
                 bad.append((line, f"{type(error).__name__}: {error}"))
             continue
         # It ran: the cell's value, or the --into variable, holds every item's value, 1.

@@ -304,6 +304,37 @@ def test_a_started_cluster_sends_at_once_on_every_stream(cluster: Any) -> None:
     assert cluster.client.scheduler_comm.interval == 0.0
 
 
+def _as_worker_sees(worker: Any) -> tuple[Any, ...]:
+    from distributed import get_worker
+
+    with _compat.as_worker(worker, "direct-key"):
+        inside = (get_worker() is worker, thread_state.key, _compat.running_task_key())
+    return (*inside, hasattr(thread_state, "key"))  # and after it, nothing is left set
+
+
+def test_as_worker_makes_a_pool_thread_the_workers_and_no_task(local: tuple[LocalCluster, Client]) -> None:
+    # A direct batch runs in the worker's thread pool outside any task (`worker/direct.py`):
+    # an item's `get_worker()` must answer that worker, and nbcluster's cancellation check
+    # must not look for a task of that key (it would find none, and stop the batch).
+    cluster, _ = local
+    [worker] = cluster.workers.values()
+    pool = worker.executors["default"]
+    assert pool.submit(_as_worker_sees, worker).result() == (True, "direct-key", None, False)
+
+
+def test_worker_accepts_work_names_a_paused_worker(local: tuple[LocalCluster, Client]) -> None:
+    from distributed.core import Status
+
+    cluster, _ = local
+    [worker] = cluster.workers.values()
+    assert _compat.worker_accepts_work(worker) is None
+    worker.status = Status.paused
+    try:
+        assert _compat.worker_accepts_work(worker) == "paused"
+    finally:
+        worker.status = Status.running
+
+
 def test_keep_forkserver_preload_stops_dask_from_replacing_it() -> None:
     # In a fresh process, as a supervisor is: Dask's first forkserver context would import
     # its list of packages and make that the preload.
@@ -343,6 +374,53 @@ def test_worker_environ_is_what_a_nanny_spawns_its_worker_with(monkeypatch: pyte
         predicted = worker_environ(os.environ)
     assert nanny_env["MALLOC_TRIM_THRESHOLD_"] == "12345" and "NBCLUSTER_LEFT_OUT" not in nanny_env
     assert predicted == {**os.environ, **nanny_env, "__DASK_PARENT_PID": str(os.getpid())}
+
+
+def test_call_in_loop_runs_in_the_clients_event_loop(local: tuple[LocalCluster, Client]) -> None:
+    import threading
+
+    _, client = local
+    ran: list[str] = []
+    done = threading.Event()
+
+    def where() -> None:
+        ran.append(threading.current_thread().name)
+        done.set()
+
+    _compat.call_in_loop(client, where)
+    assert done.wait(10)
+    assert ran != [threading.current_thread().name]  # not here: in the loop's own thread
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def test_worker_call_and_run_on_worker_reach_a_worker_without_the_scheduler(local: tuple[LocalCluster, Client]) -> None:
+    _, client = local
+    (worker,) = client.scheduler_info()["workers"]
+    assert client.sync(_compat.run_on_worker, client, worker, _pid) == os.getpid()  # in-process worker
+    assert client.sync(_compat.worker_call, client, worker, "keys") == []
+
+
+def test_worker_exchange_reads_a_message_sent_before_the_answer(local: tuple[LocalCluster, Client]) -> None:
+    cluster, client = local
+    (worker,) = cluster.workers.values()
+
+    async def two_messages(comm: Any, word: str) -> dict[str, str]:
+        await comm.write({"first": word.encode()})  # on the request's connection, as worker/direct.py does
+        return {"status": "OK", "word": word}  # the answer Dask sends
+
+    worker.handlers["nbcluster_test_two"] = two_messages
+    try:
+        before: list[bytes] = []
+        message = {"op": "nbcluster_test_two", "reply": True, "word": "hi"}
+        answer = client.sync(_compat.worker_exchange, client, worker.address, message, before.append)
+        assert before == [b"hi"] and answer == {"status": "OK", "word": "hi"}
+        # The connection went back to the pool clean: the next request reads its own answer.
+        assert client.sync(_compat.worker_call, client, worker.address, "keys") == []
+    finally:
+        del worker.handlers["nbcluster_test_two"]
 
 
 def test_a_comms_front_end_messages_stay_on_the_subshell_they_came_on() -> None:

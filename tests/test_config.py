@@ -17,6 +17,7 @@ import nbcluster
 import nbcluster.config
 from nbcluster import config_schema
 from nbcluster.errors import BadArgument, SettingWarning
+from tests.os_helpers import fresh_python
 
 SCRIPT = """
 import dask.config
@@ -30,9 +31,7 @@ print(nbcluster.config.seconds("timeouts.connect"), nbcluster.config.get("distri
 def test_a_config_block_entered_before_the_import_keeps_the_defaults() -> None:
     # Leaving the block restores the config it saw on entering, which had no nbcluster
     # section: a script that sets a profile first must still find every default.
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["10.0", "2", "local"]
+    assert fresh_python(SCRIPT).split() == ["10.0", "2", "local"]
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ The sweep's lines are printed (``pytest -s``): notebooks/README.md records one s
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,18 +20,12 @@ import yaml
 import nbcluster
 from nbcluster import teaching
 from tests.kernel_session import kernel
-from tests.slurm_service import PARTITION, SlurmService, running
+from tests.slurm_service import SlurmService, slurm_options
 
 pytestmark = pytest.mark.timeout(900)
 
 ROOT = Path(__file__).parent.parent
 COURSE_WORKERS = 6  # above the laptop cap
-
-
-@pytest.fixture(scope="module")
-def slurm() -> Iterator[SlurmService]:
-    with running() as service:
-        yield service
 
 
 @pytest.fixture
@@ -44,17 +37,7 @@ def course(slurm: SlurmService, tmp_path: Path, runtime_dir: Path) -> Iterator[d
         "backend": "slurm",
         "description": "the course partition (the test machine's SLURM)",
         "workers": COURSE_WORKERS,
-        "options": {
-            "queue": PARTITION,
-            "cores": 1,
-            "memory": "1GB",
-            "walltime": "00:15:00",
-            "python": sys.executable,
-            "scheduler_options": {"host": "127.0.0.1"},
-            "worker_extra_args": ["--host", "127.0.0.1"],
-            "job_extra_directives": ["--oversubscribe"],
-            "log_directory": str(tmp_path / "jobs"),
-        },
+        "options": slurm_options(tmp_path / "jobs", walltime="00:15:00"),
     }
     (folder / "course.yaml").write_text(
         yaml.safe_dump({"nbcluster": {"profiles": {teaching.COURSE: profile}}})

@@ -154,13 +154,15 @@ def sizes(batcher: Batcher, n: int, seconds_per_item: float, *, first: int = 0) 
 
 def test_probes_share_out_the_items_then_batches_take_the_measured_size() -> None:
     # Unmeasured, the first batch is one item (the first result, whatever the others do); one
-    # probe per thread shares out the rest, with the probe budget: a worker returns after the
-    # first item that ends past 50 ms.
+    # probe per thread takes a share of the rest, with the probe budget: a worker returns after
+    # the first item that ends past 50 ms. One share more waits (0) for a batch to come back.
     probe = Batcher(2)
-    assert [probe.next_size(n, free) for n, free in ((8, 4), (7, 3), (3, 2))] == [1, 4, 3]
+    assert [probe.next_size(n, free) for n, free in ((8, 4), (7, 3), (4, 2), (2, 1))] == [1, 3, 2, 0]
     tiny = Batcher(2)
-    assert [tiny.next_size(n, free) for n, free in ((20_000, 4), (19_999, 3), (9_999, 2))] == [1, 10_000, 9_999]
-    assert Batcher(2).next_size(10**6, 4) == 1 and tiny.next_size(10**6, 4) == PROBE_ITEMS
+    shares = [tiny.next_size(n, free) for n, free in ((20_000, 4), (19_999, 3), (13_332, 2), (6_666, 1))]
+    assert shares == [1, 6_667, 6_666, 0]
+    many = Batcher(2)
+    assert many.next_size(10**6, 4) == 1 and many.next_size(10**6 - 1, 3) == PROBE_ITEMS
     whole = Batcher(2, probe_items=None)  # a range's items: a probe per thread takes its share whole
     whole.alone_first = False
     assert [whole.next_size(n, free) for n, free in ((10**6, 4), (500_000, 3))] == [500_000, 500_000]

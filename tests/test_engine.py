@@ -28,8 +28,13 @@ def _tag() -> str:
     return uuid.uuid4().hex[:8]
 
 
-def test_the_first_result_arrives_while_every_other_item_is_still_blocked(cluster: Any) -> None:
-    # The first batch is item 0 alone.
+@pytest.mark.parametrize("direct", ["500ms", "0s"], ids=["direct batches", "Dask tasks"])
+def test_the_first_result_arrives_while_every_other_item_is_still_blocked(
+    cluster: Any, direct: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sent to a worker directly, the first batch sends item 0 ahead (`worker/ahead.py`); as a
+    # Dask task, it is item 0 alone.
+    monkeypatch.setitem(dask.config.config["nbcluster"]["distribute"], "direct", direct)
     tag = _tag()
     first = threading.Event()
     # Only item 0 may finish, and at once: right behind it, item 1 blocks. (A first batch of
@@ -70,7 +75,7 @@ def test_a_stop_keeps_every_finished_item_and_starts_nothing_new(cluster: Any) -
         stopping.start()
         # Once the workers know the run is stopping, let the two held items finish: each
         # batch then returns its 4 finished items instead of going on to item 4 / 14.
-        assert res._control.engine.transport.told.wait(30)
+        assert res._control.engine.stop_sent.wait(30)
         Event(f"{tag}-go-3", client=client).set()
         Event(f"{tag}-go-13", client=client).set()
         stopping.join(60)
@@ -167,15 +172,37 @@ def test_a_misleading_first_item_costs_one_time_budget_not_a_long_batch(cluster:
     assert max(per_batch.values()) <= 3, per_batch  # 3 x 0.1 s passes the 0.25 s budget
 
 
-def test_a_range_or_list_of_tiny_items_comes_back_whole_and_in_order(cluster: Any) -> None:
-    # A range travels as a range, and its probes take their share whole; a list's probes take
-    # at most PROBE_ITEMS each (`test_policy` has the sizes). Either way every item, in order.
-    from nbcluster.run.batching import PROBE_ITEMS
+@pytest.mark.parametrize("direct", ["500ms", "0s"], ids=["direct batches", "Dask tasks"])
+def test_a_range_of_tiny_items_goes_out_in_one_round(cluster: Any, monkeypatch: pytest.MonkeyPatch, direct: str) -> None:
+    # A range travels as a range, a few bytes however many items a batch takes: a probe per
+    # thread takes its share whole, and tiny items need no second round of batches. A list's
+    # probes take at most PROBE_ITEMS each: items that turn out slow would come back unrun.
+    from nbcluster.run.batching import PROBE_ITEMS, Batcher
 
+    monkeypatch.setitem(dask.config.config["nbcluster"]["distribute"], "direct", direct)
+    sizes: list[int] = []
+    next_size = Batcher.next_size
+
+    def spy(self: Batcher, remaining: int, free: int = 1) -> int:
+        sizes.append(next_size(self, remaining, free))
+        return sizes[-1]
+
+    monkeypatch.setattr(Batcher, "next_size", spy)
     n = 50 * PROBE_ITEMS
+    threads = sum(cluster.client.nthreads().values())
     res = distribute(lambda x: x + 1, over=range(n))
     assert res.ok and res[n - 1] == n and res.values() == list(range(1, n + 1))
+    # The first item alone where the first batch is a Dask task, then one probe per thread,
+    # which between them take every item, but for one share that waits behind the first item
+    # for a batch to come back. (A probe past its 50 ms budget sends the rest back.)
+    first = 1 if direct == "0s" else 0
+    probes = [size for size in sizes if size][first : first + threads]
+    kept = n - first - sum(probes)
+    assert len(probes) == threads and (0 < kept <= max(probes) if first else kept == 0), sizes
+    sizes.clear()
     assert distribute(lambda x: x + 1, over=list(range(n))).values() == list(range(1, n + 1))
+    probes = [size for size in sizes if size][first : first + threads]
+    assert max(probes) <= PROBE_ITEMS and len(probes) == threads, sizes
 
 
 def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
@@ -183,7 +210,9 @@ def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
 ) -> None:
     # A small batch's result comes with the worker's push (`worker/push.py`), which saves the
     # cell a gather after its last item; a large one, or one whose push never came, is
-    # gathered as before. Either way every value arrives, in order.
+    # gathered as before. Either way every value arrives, in order. (Batches that are Dask
+    # tasks: a direct batch's result comes with its answer, `test_direct`.)
+    monkeypatch.setitem(dask.config.config["nbcluster"]["distribute"], "direct", "0s")
     gathers: list[int] = []
     real = type(cluster.client).gather
 

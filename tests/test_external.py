@@ -13,7 +13,6 @@ import html
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ from nbcluster import commands
 from nbcluster._wire import ClusterState, ExternalEntry, Snapshot, problems
 from nbcluster.cluster import credentials
 from nbcluster.errors import BadArgument, ClusterUnreachable
+from tests.os_helpers import silent_port
+from tests.waiting import until, waited_for
 
 
 def _credentials(folder: Path, name: str) -> tuple[str, str, str]:
@@ -68,10 +69,9 @@ def someone_elses_scheduler(request, tmp_path: Path) -> Iterator[tuple[str, tupl
         )
     ]  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not info.exists() or not info.read_text().strip():  # the scheduler says nothing when ready
-            assert time.monotonic() < deadline and procs[0].poll() is None, "the scheduler did not start"
-            time.sleep(0.05)
+        # The scheduler says nothing when ready but its file.
+        until(lambda: procs[0].poll() is not None or (info.exists() and info.read_text().strip()), 30, 0.05)
+        assert procs[0].poll() is None and info.exists() and info.read_text().strip(), "the scheduler did not start"
         address = json.loads(info.read_text())["address"]
         procs.append(
             subprocess.Popen(
@@ -94,13 +94,13 @@ def someone_elses_scheduler(request, tmp_path: Path) -> Iterator[tuple[str, tupl
 def _sampled(handle, timeout: float = 30) -> dict:
     """The first snapshot with a resource sample of every worker (a plugin registered a
     moment ago has not copied a heartbeat yet; the scheduler's own view has them at once)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def sampled() -> dict | None:
         snapshot = handle.metrics()
-        if snapshot["workers"] and {r["worker"] for r in snapshot["resources"]} == set(snapshot["workers"]):
-            return snapshot
-        assert time.monotonic() < deadline, f"no worker samples within {timeout} s"
-        time.sleep(0.1)  # samples arrive with heartbeats, which announce nothing to a client
+        full = snapshot["workers"] and {r["worker"] for r in snapshot["resources"]} == set(snapshot["workers"])
+        return snapshot if full else None
+
+    # Samples arrive with heartbeats, which announce nothing to a client.
+    return waited_for(sampled, "worker samples", timeout)
 
 
 def test_use_with_security_attaches_as_external(runtime_dir, someone_elses_scheduler):
@@ -150,10 +150,8 @@ def test_wrong_credentials_are_one_line_within_the_connect_timeout(runtime_dir, 
 
 def test_a_silent_address_gives_up_at_the_connect_timeout(runtime_dir, tmp_path):
     files = _credentials(tmp_path / "mine", "mine")
-    with socket.socket() as silent:  # accepts connections (the kernel does) but never speaks
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)
-        address = f"tls://127.0.0.1:{silent.getsockname()[1]}"
+    with silent_port() as port:  # accepts connections (the kernel does) but never speaks
+        address = f"tls://127.0.0.1:{port}"
         started = time.monotonic()
         with dask.config.set({"nbcluster.timeouts.connect": "2s"}), pytest.raises(ClusterUnreachable) as error:
             nbcluster.use(address, security=files)
@@ -183,7 +181,7 @@ def test_distribute_and_persist_on_a_scheduler_without_nbcluster_whose_workers_h
     with kernel() as k:
         k.run(f"%load_ext nbcluster\n%cluster use {address} --security {','.join(files)}").ok()
         k.run("import nbcluster; nbcluster.current().client.wait_for_workers(1, timeout=30)").ok()
-        # A plain batch loads only on the worker (`run/transport.py`), which has nbcluster here.
+        # A plain batch loads only on the worker (distribute/loadable.py), which has nbcluster here.
         k.run('%%distribute --over "x in range(40)" --into plain\nx * x').ok()
         assert k.value("plain.values()[-1]") == 39 * 39
         # So does a --persist item, and a chained one: their Dask dependencies are arguments the
@@ -219,13 +217,10 @@ def test_a_distribute_runs_widget_falls_back_to_the_schedulers_own_view(runtime_
     handle.client.wait_for_workers(1, timeout=30)
     # The plugin copies heartbeat samples every metrics.sample-interval; a run this short can
     # end before the first, so wait for one (the scheduler's own view has one at once).
-    deadline = time.monotonic() + 30
-    while not handle.metrics().get("resources"):
-        assert time.monotonic() < deadline, "no worker sample reached the scheduler within 30 s"
-        time.sleep(0.1)
+    waited_for(lambda: handle.metrics().get("resources"), "worker sample at the scheduler", 30)
     rec = Recorder()
     hook = progress_hook(delay=0, interval=0.1, _display=rec, _widgets=True)
-    results = distribute(square, over=range(4), batch=1, client=handle.client, progress=hook)
+    results = distribute(square, over=range(4), batch=1, on=handle.client, progress=hook)
     hook.live.close()
     assert results.values() == [0, 1, 4, 9]
     run = rec.updates[-1]["text/html"]

@@ -27,6 +27,7 @@ import nbcluster
 from nbcluster._start_up import START_UP_VARIABLE
 from nbcluster.cluster import launcher
 from tests.lifecycle_helpers import wait_catching
+from tests.os_helpers import fresh_python
 
 # The workers cannot import this test module: what lambdas call from it travels by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -258,9 +259,7 @@ def test_a_supervisor_starts_the_forkserver_its_launcher_predicted_before_dasks_
         "f.stop()\n"
     )
     env = {**os.environ, **forkserver.ahead_environ(os.environ)}
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "True", "False", "True"]
+    assert fresh_python(probe, env).split() == ["False", "True", "False", "True"]
     # Without it, the start-up starts nothing.
     done = subprocess.run(
         [sys.executable, "-c", probe.replace("f.stop()", "")], capture_output=True, text=True
@@ -323,11 +322,8 @@ def test_the_start_up_variable_turns_the_collector_off_for_that_process_only() -
         "os.waitpid(pid, 0)\n"
     )
     env = {**os.environ, START_UP_VARIABLE: "1"}
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "False", "False", "True"]
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["True", "True", "False", "True"]
+    assert fresh_python(probe, env).split() == ["True", "False", "False", "True"]
+    assert fresh_python(probe).split() == ["True", "True", "False", "True"]
 
 
 def test_the_forkserver_loads_what_a_worker_loads_as_it_starts_and_no_more() -> None:
@@ -343,9 +339,7 @@ def test_the_forkserver_loads_what_a_worker_loads_as_it_starts_and_no_more() -> 
         "print(distributed.versions._version_cached.cache_info().currsize > 5)\n"
         "print('numpy.random' in sys.modules, threading.active_count())\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "True", "True", "True", "1"]
+    assert fresh_python(probe).split() == ["True", "True", "True", "True", "1"]
 
 
 def test_each_child_of_the_forkserver_draws_its_own_random_numbers() -> None:
@@ -362,7 +356,5 @@ def test_each_child_of_the_forkserver_draws_its_own_random_numbers() -> None:
         "        os._exit(0)\n"
         "    os.wait()\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    draws = done.stdout.split()
+    draws = fresh_python(probe).split()
     assert len(draws) == 2 and draws[0] != draws[1], draws

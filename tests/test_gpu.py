@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 
 import pytest
 from distributed import get_worker
@@ -16,14 +15,7 @@ from distributed import get_worker
 import nbcluster
 from nbcluster.cluster import gpu
 from nbcluster.errors import BadArgument
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 60) -> None:
-    """Poll a cluster fact that has no event to wait on (worker counts under adaptivity)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.2)
+from tests.waiting import waited_for
 
 
 def kinds(handle: nbcluster.ClusterHandle) -> dict[str, int]:
@@ -95,11 +87,12 @@ def test_scaling_is_per_kind(gpu_cluster):
 def test_adaptive_scaling_counts_gpu_backlog_separately(gpu_cluster):
     gpu_cluster.adapt(minimum=1, maximum=1)
     # Idle GPU workers are retired; the CPU kind stays at its minimum.
-    wait_until(lambda: kinds(gpu_cluster) == {"cpu": 1, "gpu": 0})
+    # Worker counts under adaptivity: a cluster fact with no event to wait on.
+    waited_for(lambda: kinds(gpu_cluster) == {"cpu": 1, "gpu": 0}, "scale-down to one CPU worker", 60)
     client = gpu_cluster.client
     futures = client.map(lambda i: time.sleep(1) or get_worker().name, range(6), resources={"GPU": 1})
     # A GPU backlog brings GPU workers back (one per device), never extra CPU workers.
-    wait_until(lambda: kinds(gpu_cluster)["gpu"] == 2)
+    waited_for(lambda: kinds(gpu_cluster)["gpu"] == 2, "two GPU workers", 60)
     assert kinds(gpu_cluster)["cpu"] == 1
     assert set(client.gather(futures)) <= {"gpu-0", "gpu-1"}
     info = gpu_cluster.info()

@@ -42,12 +42,14 @@ def test_no_test_file_imports_another() -> None:
     assert found == []
 
 
-def test_shell_is_defined_once_in_conftest() -> None:
+@pytest.mark.parametrize("fixture", ["shell", "slurm"])
+def test_a_shared_fixture_is_defined_once_in_conftest(fixture: str) -> None:
+    # `slurm`: a machine runs one slurmctld at a time, so two modules with their own would clash.
     where = [
         path.name
         for path in [TESTS / "conftest.py", *TEST_FILES]
         for node in ast.walk(_tree(path))
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "shell"
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == fixture
     ]
     assert where == ["conftest.py"]
 

@@ -26,7 +26,8 @@ import nbcluster
 from nbcluster.cluster import registry, startlog
 from nbcluster.cluster.launcher import prewarm
 from nbcluster.errors import ClusterFailed
-from tests.lifecycle_helpers import JupyterServer, Signal, busy_start_env, family, wait_catching, wait_gone
+from tests.lifecycle_helpers import JupyterServer, Signal, busy_start_env, wait_catching, wait_gone
+from tests.os_helpers import family
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 

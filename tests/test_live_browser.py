@@ -13,19 +13,21 @@ the test: it is never skipped.
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import nbformat
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from nbcluster.cluster.handle import ClusterHandle
-from tests.browser_helpers import CONTRAST, MIN_CONTRAST, launch_chromium, stop_server, wait_until_up
+from tests.browser_helpers import (
+    CONTRAST,
+    MIN_CONTRAST,
+    jupyter_app,
+    run_all_cells,
+    watched_page,
+    write_notebook,
+)
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "live-browser"
 
@@ -50,51 +52,14 @@ APPS = {
 }
 
 
-# Nothing that would look for updates or extensions on the network.
-LAB_ONLY_ARGS = {
-    "jupyterlab": (
-        "--LabApp.extension_manager=readonly",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    )
-}
-
-
 @pytest.fixture(params=sorted(APPS))
 def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """JupyterLab or Notebook 7 on a loopback port; yields (notebook URL with token, root dir).
-
-    The server picks its own port (port 0) and reports it in its runtime-dir info file:
-    on a shared machine a port found free beforehand can be taken before the server binds it.
-    """
+    """JupyterLab or Notebook 7 on a loopback port; yields (notebook URL with token, root dir)."""
     module, app_class, path = APPS[request.param]
     root = tmp_path / "root"
     root.mkdir()
-    token = secrets.token_hex(16)
-    env = {
-        **os.environ,
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-    }
-    log = open(tmp_path / "lab.log", "wb")  # noqa: SIM115 - closed in the finalizer below
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", module, "--no-browser", "--allow-root",
-            "--ServerApp.port=0", "--ServerApp.ip=127.0.0.1",
-            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-            f"--{app_class}.expose_app_in_browser=True",
-            *LAB_ONLY_ARGS.get(module, ()),
-        ],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        base = wait_until_up(
-            tmp_path / "runtime" / f"jpserver-{proc.pid}.json", token, proc, tmp_path / "lab.log"
-        )
+    with jupyter_app(tmp_path, module, app_class, root) as (base, token):
         yield f"{base}/{path}?token={token}", root
-    finally:
-        stop_server(proc)
-        log.close()
 
 
 def test_widget_renders_live_and_freezes_in_the_browser(
@@ -102,70 +67,45 @@ def test_widget_renders_live_and_freezes_in_the_browser(
 ) -> None:
     url, root = lab
     artifacts = ARTIFACTS / request.node.callspec.params["lab"]
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(SETUP.format(name=cluster.name)), nbformat.v4.new_code_cell(CELL)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, root / "live.ipynb")
+    write_notebook(root / "live.ipynb", SETUP.format(name=cluster.name), CELL)
     artifacts.mkdir(parents=True, exist_ok=True)
     print(f"\nscreenshots in {artifacts}")
 
     outside: list[str] = []
-    with sync_playwright() as p:
-        browser = launch_chromium(p)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.on(
-                "request",
-                lambda r: None if r.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")) else outside.append(r.url),
-            )  # fmt: skip
-            console: list[str] = []
-            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-            page.goto(url)
-            page.wait_for_function(
-                "window.jupyterapp && window.jupyterapp.shell.currentWidget", timeout=90_000
-            )
-            page.wait_for_function(
-                "() => { const w = window.jupyterapp.shell.currentWidget;"
-                " return w && w.sessionContext && w.sessionContext.session &&"
-                " w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'; }",
-                timeout=90_000,
-            )
-            # Not awaited: the command's promise settles only when the cell has finished.
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    with watched_page(artifacts) as page:
+        page.on(
+            "request",
+            lambda r: None if r.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")) else outside.append(r.url),
+        )  # fmt: skip
+        run_all_cells(page, url)
 
-            # Live: the anywidget view, drawn in the browser by graphs.js.
-            live_view = page.locator(".nbc-live:not(.nbc-static)")
-            expect(live_view.locator(".nbc-progress")).to_be_visible(timeout=90_000)
-            expect(live_view.locator(".nbc-lane")).to_have_count(2, timeout=30_000)
-            page.screenshot(path=str(artifacts / "live.png"))
+        # Live: the anywidget view, drawn in the browser by graphs.js.
+        live_view = page.locator(".nbc-live:not(.nbc-static)")
+        expect(live_view.locator(".nbc-progress")).to_be_visible(timeout=90_000)
+        expect(live_view.locator(".nbc-lane")).to_have_count(2, timeout=30_000)
+        page.screenshot(path=str(artifacts / "live.png"))
 
-            # Frozen: the output is replaced by the static picture, at 100%.
-            frozen = page.locator(".nbc-static")
-            expect(frozen.locator('.nbc-progress[data-percent="100"]')).to_be_visible(timeout=120_000)
-            expect(frozen.locator(".nbc-lane")).to_have_count(2)
-            expect(page.locator(".nbc-live:not(.nbc-static)")).to_have_count(0)
-            expect(frozen.locator(".nbc-progress-text")).to_contain_text("80 / 80 done (100%)")
-            assert frozen.locator(".nbc-task").count() == 80
-            frozen.screenshot(path=str(artifacts / "final-light.png"))
-            light = frozen.locator(".nbc-progress-text").evaluate("e => getComputedStyle(e).color")
+        # Frozen: the output is replaced by the static picture, at 100%.
+        frozen = page.locator(".nbc-static")
+        expect(frozen.locator('.nbc-progress[data-percent="100"]')).to_be_visible(timeout=120_000)
+        expect(frozen.locator(".nbc-lane")).to_have_count(2)
+        expect(page.locator(".nbc-live:not(.nbc-static)")).to_have_count(0)
+        expect(frozen.locator(".nbc-progress-text")).to_contain_text("80 / 80 done (100%)")
+        assert frozen.locator(".nbc-task").count() == 80
+        frozen.screenshot(path=str(artifacts / "final-light.png"))
+        light = frozen.locator(".nbc-progress-text").evaluate("e => getComputedStyle(e).color")
 
-            page.evaluate(
-                "window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})"
-            )
-            page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
-            # A theme change shows JupyterLab's splash over the page while it fades: a
-            # screenshot taken then looks dim whatever the picture's colours.
-            page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=30_000)
-            dark = frozen.locator(".nbc-progress-text").evaluate("e => getComputedStyle(e).color")
-            frozen.screenshot(path=str(artifacts / "final-dark.png"))
-            assert light != dark, "the picture's text colour does not follow the theme"
-            measured = frozen.evaluate(CONTRAST)
-            poor = [m for m in measured if m["ratio"] < MIN_CONTRAST]
-            assert len(measured) > 10 and not poor, f"hard to read in the dark theme: {poor[:5]}"
-        except Exception:
-            page.screenshot(path=str(artifacts / "failure.png"))
-            print("browser console:", *console[-30:], sep="\n  ")
-            raise
-        finally:
-            browser.close()
+        page.evaluate(
+            "window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})"
+        )
+        page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+        # A theme change shows JupyterLab's splash over the page while it fades: a
+        # screenshot taken then looks dim whatever the picture's colours.
+        page.wait_for_selector("#jupyterlab-splash", state="detached", timeout=30_000)
+        dark = frozen.locator(".nbc-progress-text").evaluate("e => getComputedStyle(e).color")
+        frozen.screenshot(path=str(artifacts / "final-dark.png"))
+        assert light != dark, "the picture's text colour does not follow the theme"
+        measured = frozen.evaluate(CONTRAST)
+        poor = [m for m in measured if m["ratio"] < MIN_CONTRAST]
+        assert len(measured) > 10 and not poor, f"hard to read in the dark theme: {poor[:5]}"
     assert not outside, f"the page reached outside the local server: {json.dumps(outside[:5])}"

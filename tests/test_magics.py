@@ -15,7 +15,7 @@ from nbcluster.cluster.info import ClusterInfo, ClusterList
 from nbcluster.cluster.spec import START_OPTIONS, check_name, parse_bounds, parse_count
 from nbcluster.errors import BadArgument
 from nbcluster.run.options import FLAGS
-from tests.shell_helpers import magic
+from tests.shell_helpers import magic, one_clear_line
 
 
 def test_cluster_magic_lifecycle(shell, capsys):
@@ -74,7 +74,7 @@ def test_bad_input_raises_one_usage_error(shell, line, message, monkeypatch):
     monkeypatch.setenv(SIMULATE_ENV, "0")  # a machine without GPUs, whatever this one has
     with pytest.raises(UsageError, match=message) as info:
         magic(shell, line)
-    assert "\n" not in str(info.value).strip() and "Traceback" not in str(info.value)
+    assert one_clear_line(str(info.value)), info.value
 
 
 @pytest.mark.parametrize(

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
 from tests.netns_kernel import Kernel, profile
-from tests.netns_service import Hosts, leftover_namespaces
+from tests.netns_service import Hosts, driver_env, leftover_namespaces
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,14 +40,7 @@ def hosts(tmp_path: Path) -> Iterator[Hosts]:
 
 
 def test_items_survive_a_worker_host_cut_off(hosts: Hosts, tmp_path: Path) -> None:
-    config = tmp_path / "dask"
-    config.mkdir()
-    (config / "hosts.yaml").write_text(yaml.safe_dump({"nbcluster": {"profiles": {"hosts": profile(hosts)}}}))
-    env = {
-        **{k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG")},
-        "DASK_CONFIG": str(config),
-        "NBCLUSTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-    }
+    env = driver_env(tmp_path, profile(hosts))
     fifo = tmp_path / "started"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # held open: items never block on it

@@ -5,7 +5,7 @@ from __future__ import annotations
 import doctest
 
 from nbcluster.run import policy as policy_module
-from nbcluster.run.batching import PROBE_ITEMS, Batcher
+from nbcluster.run.batching import Batcher
 from nbcluster.run.policy import Policy
 
 
@@ -29,6 +29,25 @@ def test_a_worker_that_joins_gets_batches_at_once_and_one_that_leaves_shrinks_th
     assert len(policy.top_up(out=2)) == 2
     policy.resize(1)
     assert policy.top_up(out=3) == []
+
+
+def test_a_share_waits_behind_the_first_item_for_the_thread_that_ran_it() -> None:
+    # Dask may put both probes on one worker: the first item's worker then finds the kept
+    # share, sized from the first item's time, as soon as that item is back.
+    policy = Policy(range(64), Batcher(2), per_thread=2)
+    assert policy.top_up(out=0) == [range(0, 1), range(1, 22), range(22, 43)]
+    assert policy.top_up(out=3) == [] and policy.held() == 21  # a free slot, but the share waits
+    policy.finished(range(0, 1), reached=1, seconds=0.005)
+    assert policy.top_up(out=2) == [range(43, 53), range(53, 59)]
+
+
+def test_the_kept_share_never_leaves_nothing_out() -> None:
+    # Every batch of the first top-up came back unrun: the next top-up still sends work (the
+    # first item alone again), so a run never waits with nothing out.
+    policy = Policy(range(64), Batcher(2), per_thread=2)
+    for batch in reversed(policy.top_up(out=0)):  # each goes back in front
+        policy.refused(batch)
+    assert policy.top_up(out=0) == [range(0, 1)]
 
 
 def test_a_failed_item_runs_again_while_it_has_attempts_then_is_delivered() -> None:
@@ -77,12 +96,23 @@ def test_a_batch_killed_beside_others_proves_nothing_even_of_one_item() -> None:
     assert policy.killed([3], alone=True) == [3]
 
 
+def test_a_refused_batch_goes_back_in_front_and_the_next_batch_is_one_item_alone() -> None:
+    batcher = Batcher(2)
+    batcher.alone_first = False  # a direct first batch sends its first item ahead instead
+    policy = Policy(range(100), batcher, per_thread=1)
+    first, _ = policy.top_up(out=0)
+    policy.refused(first)  # no item time measured yet: the first result must still come at once
+    assert list(policy.top_up(out=1)[0]) == [0]
+
+
 def test_a_million_item_backlog_stays_a_few_ranges() -> None:
     policy = Policy(range(1_000_000), Batcher(2, probe_items=None), per_thread=2)
     batches = policy.top_up(out=0)
     assert all(isinstance(b, range) for b in batches)
+    kept = policy.held()  # the share kept behind the first item: one range too
+    assert kept == 333_333 and len(policy.items._runs) == 1
     policy.put_back([5, 6, 7, 9])
-    assert policy.items._runs[0] == range(5, 8) and policy.held() == 4
+    assert policy.items._runs[0] == range(5, 8) and policy.held() == 4 + kept
 
 
 def test_drain_gives_the_suspects_then_the_backlog() -> None:
@@ -91,13 +121,3 @@ def test_drain_gives_the_suspects_then_the_backlog() -> None:
     policy.killed(batch, alone=False)
     assert policy.drain() == [0, 1, 2, 3, 4, 5]
     assert policy.top_up(out=0) == [] and policy.held() == 0
-
-
-def test_the_probes_share_out_a_range_whole_and_a_list_in_parts_of_at_most_probe_items() -> None:
-    # The first item alone (its result after one item's time), then one probe per thread: a
-    # range's items travel in a few bytes, so its probes take every item in one round.
-    n = 50 * PROBE_ITEMS
-    whole = Policy(range(n), Batcher(2, probe_items=None), per_thread=2).top_up(out=0)
-    assert [len(b) for b in whole] == [1, n // 2, n // 2 - 1]
-    listed = Policy(list(range(n)), Batcher(2), per_thread=2).top_up(out=0)
-    assert [len(b) for b in listed] == [1, PROBE_ITEMS, PROBE_ITEMS, PROBE_ITEMS]

@@ -22,6 +22,7 @@ from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.errors import BadArgument
 from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.api import distribute
+from nbcluster.run.api import ranks as run_ranks
 from tests.shell_helpers import cell
 
 
@@ -404,6 +405,46 @@ def test_ranks_with_gpus_get_a_gpu_worker_each_simulated(
         handle.stop()
 
 
+def test_a_gpu_worker_busy_with_a_gpu_item_is_no_room_for_a_gpu_rank_simulated(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A simulation, as above. A GPU worker has several threads (fractional --gpus items share
+    # its GPU); one running a --gpus 1 item has threads free but no GPU: the job waits for it,
+    # all or nothing, rather than starting one rank while the other waits in Dask's scheduler.
+    from nbcluster.cluster import gpu
+
+    monkeypatch.setenv(gpu.SIMULATE_ENV, "2")
+    handle = nbcluster.start(workers=1, gpu_workers="auto", name="ranks-gpu-busy")
+    go, began = tmp_path / "go", tmp_path / "began"
+    try:
+        hold = "import os, time\nopen(BEGAN, 'w').close()\nwhile not os.path.exists(GO):\n    time.sleep(0.02)\n1"
+        item = distribute(hold, over=[0], needs=nbcluster.Needs(gpus=1), namespace=_ns(GO=str(go), BEGAN=str(began)),
+                          on=handle, wait=False)  # fmt: skip
+        _until("the --gpus 1 item runs", began.exists)
+        assert all(w["nthreads"] > 1 for w in _compat.workers(handle.client).values() if "GPU" in w["resources"])
+        capsys.readouterr()
+        job = run_ranks("import os\nos.environ['CUDA_VISIBLE_DEVICES']", n=2, needs=nbcluster.Needs(gpus=1),
+                        namespace=_ns(), on=handle, wait=False)  # fmt: skip
+        waiting = "nbcluster: waiting for 2 workers with a free GPU to start the 2 ranks together (1 free now)"
+        said: list[str] = []
+        _until("the job's waiting line", lambda: said.append(capsys.readouterr().out) or waiting in "".join(said))
+        assert not job.done
+        go.write_text("")  # the GPU is free: the job starts, on both GPU workers
+        item.wait(30)
+        job.wait(60)
+        assert item.ok and job.ok, (item.errors, job.errors)
+    finally:
+        go.write_text("")
+        handle.stop()
+
+
+def _until(what: str, ready: Any, seconds: float = 30) -> None:
+    pause, deadline = threading.Event(), time.monotonic() + seconds
+    while not ready():
+        assert time.monotonic() < deadline, f"{what} did not happen within {seconds:.0f} s"
+        pause.wait(0.05)
+
+
 BOTH_STUCK = """
 import os, time, nbcluster
 with open(PIDS + str(nbcluster.rank()), "w") as f:
@@ -425,7 +466,8 @@ def test_a_cancel_or_ctrl_c_ends_every_rank(two: ClusterHandle, tmp_path: Path) 
     began = time.monotonic()
     runs.cancel()  # what Ctrl-C in the waiting cell does
     assert runs.done and runs.counts()["cancelled"] + runs.counts()["failed"] == 2
-    assert rank_jobs.summary(runs.run_id) == "the job was stopped from the notebook: stopped ranks 0, 1"
+    line = "the job was stopped from the notebook: stopped ranks 0, 1; --resume runs it again from its last checkpoint"
+    assert rank_jobs.summary(runs.run_id) == line
     for pid in pids:
         while _running(psutil, pid):
             assert time.monotonic() - began < 5.0, f"rank process {pid} still runs 5 s after the cancel"

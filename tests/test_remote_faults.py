@@ -34,13 +34,12 @@ from typing import Any
 
 import psutil
 import pytest
-import yaml
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
 from nbcluster import config
 from nbcluster.errors import ClusterCannotRun
-from tests.netns_service import Hosts, leftover_namespaces
+from tests.netns_service import Hosts, driver_env, leftover_namespaces
 from tests.shell_helpers import cell, magic
 
 pytestmark = pytest.mark.timeout(240)
@@ -111,14 +110,7 @@ def remote_processes(hosts: Hosts, i: int) -> list[psutil.Process]:
 def running_cluster(hosts: Hosts, tmp_path: Path) -> Iterator[list[psutil.Process]]:
     """The driver on host 0 with its cluster up and a task running on each worker; yields the
     processes SSH started on the worker host (its two nannies and their workers)."""
-    config = tmp_path / "dask"
-    config.mkdir()
-    (config / "hosts.yaml").write_text(yaml.safe_dump({"nbcluster": {"profiles": {"hosts": profile(hosts)}}}))
-    env = {
-        **{k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG")},
-        "DASK_CONFIG": str(config),
-        "NBCLUSTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-    }
+    env = driver_env(tmp_path, profile(hosts))
     log = (tmp_path / "driver.log").open("w")
     driver = subprocess.Popen(
         [*hosts.prefix(0), sys.executable, "-c", DRIVER], env=env, cwd=Path(__file__).parent.parent,
@@ -211,15 +203,15 @@ def python_without_nbcluster(folder: Path) -> Path:
 def test_a_task_reading_persisted_values_loads_without_nbcluster_and_fails_when_run(tmp_path: Path) -> None:
     """A chained `--persist` task keeps its handles as Dask dependencies, so it is not one
     ``pickle.loads`` of bytes: what a worker without nbcluster unpickles must still load, and
-    the missing module be the task's error when it runs (`transport.task` with `deps`)."""
+    the missing module be the task's error when it runs (`loadable.task` with `deps`)."""
     from dask._task_spec import Task
 
-    from nbcluster.run import transport
+    from nbcluster.run import loadable
     from nbcluster.worker import held
 
     python = python_without_nbcluster(tmp_path / "venv")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    fn, loader, deps = transport.task(held.run_batch_held, ("ctx", None), b"", "token", True, {}, deps=("dep",))
+    fn, loader, deps = loadable.task(held.run_batch_held, ("ctx", None), b"", "token", True, {}, deps=("dep",))
     assert isinstance(loader, Task) and deps == ["dep"]
     script = (
         "import pickle, sys\n"

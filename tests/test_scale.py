@@ -116,13 +116,19 @@ def test_the_status_widget_of_201_workers_stays_small(big: ClusterHandle) -> Non
 
 def test_a_distribute_cell_over_201_workers(shell: InteractiveShell, big: ClusterHandle) -> None:
     _current.use(big)
-    cell(shell, "from distributed import get_worker")
-    out = cell(shell, '%%distribute --over "x in range(3000)"\n(x * 2, get_worker().address)')
+    cell(shell, "from distributed import get_worker\nfrom nbcluster._compat import running_task_key")
+    out = cell(
+        shell, '%%distribute --over "x in range(3000)"\n(x * 2, get_worker().address, running_task_key() is None)'
+    )
     assert out.ok and len(out) == 3000, out.counts()
-    assert [v for v, _ in out] == [2 * x for x in range(3000)]  # every item, right and in order
+    assert [v for v, _, _ in out] == [2 * x for x in range(3000)]  # every item, right and in order
     # The items were shared out over most of the cluster, not queued on a few workers.
-    ran_on = {w for _, w in out}
+    ran_on = {w for _, w, _ in out}
     assert len(ran_on) > 150, len(ran_on)
+    # The kernel sent batches directly to a few of them only (a connection each), the rest
+    # went through the scheduler (`distribute/direct.py`).
+    direct = {w for _, w, d in out if d}
+    assert 0 < len(direct) <= 32, len(direct)
     # Its Dask tasks (batches), as the task stream recorded them: never one per item.
     tasks = [t for t in big.metrics()["tasks"] if out.run_id in t["key"]]
     assert 0 < len(tasks) < 3000 // 2, len(tasks)
@@ -136,13 +142,13 @@ def test_a_run_keeps_every_thread_of_the_cluster_fed(big: ClusterHandle) -> None
     from nbcluster.run.api import distribute
 
     res = distribute(
-        "import time\ntime.sleep(0.2)", over=range(20_000), namespace={}, client=big.client, wait=False
+        "import time\ntime.sleep(0.2)", over=range(20_000), namespace={}, on=big.client, wait=False
     )
     try:
-        # The run re-reads the cluster's threads twice a second (engine._watch), and
+        # The run re-reads the cluster's threads twice a second (engine._follow_cluster), and
         # keeps `in-flight` (2) batches out per thread; no event marks a round: wait three.
         time.sleep(3 * 0.5 + 0.1)
-        assert res._control.engine._policy.limit == 2 * (SIMULATED + 1)
+        assert res._control.engine._backlog.limit == 2 * (SIMULATED + 1)
     finally:
         res.cancel()
 

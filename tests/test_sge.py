@@ -8,7 +8,6 @@ cell's items all back, a third job after `scale 3`, and an empty queue after `st
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 import nbcluster
 from tests import sge_service
+from tests.jobqueue_helpers import jobqueue_options
 from tests.sge_service import QUEUE, SgeService
 from tests.waiting import until
 
@@ -36,17 +36,7 @@ def grid_profile(jobs_dir: Path) -> dict:
     return {
         "backend": "sge",
         "description": "The test machine's Grid Engine",
-        "options": {
-            "queue": QUEUE,
-            "cores": 1,
-            "memory": "1GB",
-            "walltime": "00:10:00",
-            "python": sys.executable,
-            # Test traffic stays on loopback (BUILD-NOTES: addresses in tests).
-            "scheduler_options": {"host": "127.0.0.1"},
-            "worker_extra_args": ["--host", "127.0.0.1"],
-            "log_directory": str(jobs_dir),
-        },
+        "options": jobqueue_options(QUEUE, jobs_dir),
     }
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,8 +25,8 @@ from nbcluster.cluster.spec import ClusterSpec
 from nbcluster.errors import ClusterFailed
 from tests.kernel_session import kernel
 from tests.lifecycle_helpers import JupyterServer
-from tests.slurm_service import PARTITION, SlurmService, running
-from tests.waiting import until
+from tests.slurm_service import PARTITION, SlurmService, slurm_options
+from tests.waiting import until, waited_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,25 +35,8 @@ def hpc_profile(jobs_dir: Path, queue: str = PARTITION) -> dict:
     return {
         "backend": "slurm",
         "description": "The test machine's SLURM, debug partition",
-        "options": {
-            "queue": queue,
-            "cores": 1,
-            "memory": "1GB",
-            "walltime": "00:10:00",
-            "python": sys.executable,
-            # Test traffic stays on loopback (BUILD-NOTES: addresses in tests).
-            "scheduler_options": {"host": "127.0.0.1"},
-            "worker_extra_args": ["--host", "127.0.0.1"],
-            "job_extra_directives": ["--oversubscribe"],
-            "log_directory": str(jobs_dir),
-        },
+        "options": slurm_options(jobs_dir, queue),
     }
-
-
-@pytest.fixture(scope="session")
-def slurm() -> Iterator[SlurmService]:
-    with running() as service:
-        yield service
 
 
 @pytest.fixture
@@ -112,10 +93,7 @@ def test_a_cancelled_job_mid_cell_loses_no_item(slurm, hpc, tmp_path):
             f"x + 1000"
         )
         # Items leave a mark as they start: once a few have, the cell is well under way.
-        deadline = time.monotonic() + 60
-        while len(list(marks.iterdir())) < 6:
-            assert time.monotonic() < deadline, "the cell did not get going"
-            time.sleep(0.05)
+        waited_for(lambda: len(list(marks.iterdir())) >= 6, "start of six items", 60)
         victim = slurm.jobs()[0]["id"]
         slurm.run("scancel", victim)
         reply = k.collect(cell, timeout=120).ok()

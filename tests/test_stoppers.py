@@ -57,6 +57,15 @@ def test_median_stops_below_the_median_of_the_others() -> None:
     assert median.decide(3, 2, 0.9) is False
 
 
+@pytest.mark.parametrize("stopper", [ASHA(grace=1, eta=3, max_t=27), Median(grace=1, min_trials=1)], ids=repr)
+def test_a_score_that_is_not_a_number_is_never_judged(stopper: ASHA | Median) -> None:
+    # A NaN (a diverged loss) neither stops its trial nor enters the records others are judged by.
+    assert stopper.decide(0, 1, 0.5) is False
+    assert stopper.decide(1, 1, float("nan")) is False
+    assert stopper.decide(2, 1, 0.9) is False
+    assert stopper.decide(1, 1, 0.1) is True  # judged once it reports a number
+
+
 def test_a_user_stopper_is_taken_as_it_is() -> None:
     class Floor:
         def decide(self, trial: int, step: int, score: float) -> bool:

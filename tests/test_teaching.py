@@ -19,6 +19,7 @@ import pytest
 
 from nbcluster import teaching
 from nbcluster.errors import BadArgument
+from tests.os_helpers import fresh_python
 
 
 def _orphan(tmp_path: Path, name: str) -> psutil.Process:
@@ -99,8 +100,7 @@ def test_cores_respects_the_cpu_affinity_a_container_or_taskset_gives() -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to restrict to 1")
     code = "import os; os.sched_setaffinity(0, {0}); from nbcluster import teaching; print(teaching.cores())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "1"
+    assert fresh_python(code).strip() == "1"
     assert teaching.workers(cap=1) == 1
 
 

@@ -11,20 +11,14 @@ kernel instead. See ``nbcluster/widgets/_controls.py``.
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import nbformat
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from nbcluster.cluster.handle import ClusterHandle
-from tests.browser_helpers import launch_chromium, stop_server, wait_until_up
+from tests.browser_helpers import jupyter_app, run_all_cells, watched_page, write_notebook
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "trial-controls"
 
@@ -56,42 +50,8 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, P
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "kernels-settings.jupyterlab-settings").write_text(json.dumps({"commsOverSubshells": setting}))
-    token = secrets.token_hex(16)
-    env = {
-        **os.environ,
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-    }
-    log = open(tmp_path / "lab.log", "wb")  # noqa: SIM115 - closed in the finalizer below
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
-            "--ServerApp.port=0", "--ServerApp.ip=127.0.0.1",
-            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-            "--LabApp.expose_app_in_browser=True", "--LabApp.extension_manager=readonly",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        base = wait_until_up(tmp_path / "runtime" / f"jpserver-{proc.pid}.json", token, proc, tmp_path / "lab.log")
+    with jupyter_app(tmp_path, "jupyterlab", "LabApp", root) as (base, token):
         yield f"{base}/lab/tree/trials.ipynb?token={token}", root, setting
-    finally:
-        stop_server(proc)
-        log.close()
-
-
-def _run_notebook(page: Any, url: str) -> None:
-    page.goto(url)
-    page.wait_for_function(
-        "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
-        " return w && w.sessionContext && w.sessionContext.session &&"
-        " w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'; }",
-        timeout=90_000,
-    )
-    # Not awaited: the command's promise settles only when the cells have finished.
-    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
 def test_a_trials_stop_button_works_while_the_cell_blocks_or_the_view_says_ctrl_c(
@@ -102,49 +62,35 @@ def test_a_trials_stop_button_works_while_the_cell_blocks_or_the_view_says_ctrl_
     # With buttons: trial 0 would run 30 s unless stopped, trial 1 runs 6 s (on after the stop).
     # Without: trial 1 ends after 2 s, trial 0 after 4 s.
     long, steps = (600, 120) if subshells else (80, 40)
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in (SETUP.format(name=cluster.name), TRIALS.format(long=long, steps=steps), STATES)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, root / "trials.ipynb")
+    write_notebook(root / "trials.ipynb", SETUP.format(name=cluster.name), TRIALS.format(long=long, steps=steps), STATES)
     artifacts = ARTIFACTS / setting
     artifacts.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = launch_chromium(p)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        console: list[str] = []
-        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-        try:
-            _run_notebook(page, url)
-            live = page.locator(".nbc-live:not(.nbc-static)")
-            expect(live.locator(".nbc-progress")).to_be_visible(timeout=90_000)
-            if subshells:
-                # The buttons show once the kernel has answered the view's hello: while the cell runs.
-                trial0 = live.locator('.nbc-controls-trial[data-item="0"] .nbc-stop')
-                expect(trial0).to_be_visible(timeout=90_000)
-                expect(live.locator('.nbc-controls-trial[data-item="1"] .nbc-stop')).to_be_visible()
-                page.screenshot(path=str(artifacts / "buttons.png"))
-                trial0.click()
-                # Trial 0 leaves the running list, stopped, while trial 1 still runs.
-                expect(live.locator('.nbc-controls-trial[data-item="0"]')).to_have_count(0, timeout=30_000)
-                expect(live.locator('.nbc-controls-trial[data-item="1"]')).to_have_count(1)
-                expected = "states: ['stopped', 'done']"
-            else:
-                note = live.locator(".nbc-controls-note")
-                expect(note).to_be_visible(timeout=90_000)
-                expect(note).to_contain_text("interrupt the kernel (Ctrl-C")
-                # Trial 1 has ended and trial 0 still runs: still no button, only the note.
-                expect(live.locator(".nbc-progress-text")).to_contain_text("1 / 2 done", timeout=30_000)
-                assert live.locator(".nbc-stop").count() == 0 and note.is_visible()
-                page.screenshot(path=str(artifacts / "note.png"))
-                expected = "states: ['done', 'done']"
-            expect(page.locator(".jp-OutputArea-output").filter(has_text="states:")).to_contain_text(
-                expected, timeout=90_000
-            )
-            # The frozen picture has no buttons: they belong to the live run only.
-            expect(page.locator(".nbc-static .nbc-stop")).to_have_count(0)
-        except Exception:
-            page.screenshot(path=str(artifacts / "failure.png"))
-            print("browser console:", *console[-30:], sep="\n  ")
-            raise
-        finally:
-            browser.close()
+    with watched_page(artifacts) as page:
+        run_all_cells(page, url)
+        live = page.locator(".nbc-live:not(.nbc-static)")
+        expect(live.locator(".nbc-progress")).to_be_visible(timeout=90_000)
+        if subshells:
+            # The buttons show once the kernel has answered the view's hello: while the cell runs.
+            trial0 = live.locator('.nbc-controls-trial[data-item="0"] .nbc-stop')
+            expect(trial0).to_be_visible(timeout=90_000)
+            expect(live.locator('.nbc-controls-trial[data-item="1"] .nbc-stop')).to_be_visible()
+            page.screenshot(path=str(artifacts / "buttons.png"))
+            trial0.click()
+            # Trial 0 leaves the running list, stopped, while trial 1 still runs.
+            expect(live.locator('.nbc-controls-trial[data-item="0"]')).to_have_count(0, timeout=30_000)
+            expect(live.locator('.nbc-controls-trial[data-item="1"]')).to_have_count(1)
+            expected = "states: ['stopped', 'done']"
+        else:
+            note = live.locator(".nbc-controls-note")
+            expect(note).to_be_visible(timeout=90_000)
+            expect(note).to_contain_text("interrupt the kernel (Ctrl-C")
+            # Trial 1 has ended and trial 0 still runs: still no button, only the note.
+            expect(live.locator(".nbc-progress-text")).to_contain_text("1 / 2 done", timeout=30_000)
+            assert live.locator(".nbc-stop").count() == 0 and note.is_visible()
+            page.screenshot(path=str(artifacts / "note.png"))
+            expected = "states: ['done', 'done']"
+        expect(page.locator(".jp-OutputArea-output").filter(has_text="states:")).to_contain_text(
+            expected, timeout=90_000
+        )
+        # The frozen picture has no buttons: they belong to the live run only.
+        expect(page.locator(".nbc-static .nbc-stop")).to_have_count(0)

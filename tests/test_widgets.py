@@ -338,6 +338,21 @@ def test_progress_hook_follows_a_distribute_run_and_only_its_tasks(cluster: Clus
     assert "<title>distribute on" in html
 
 
+def test_a_run_frozen_as_it_ends_draws_the_batches_a_worker_ran_directly(cluster: ClusterHandle) -> None:
+    from nbcluster.run.api import distribute
+    from nbcluster.widgets import progress_hook
+
+    rec = Recorder()
+    hook = progress_hook(delay=0, interval=0.1, _display=rec, _widgets=True)
+    results = distribute(square, over=range(4), batch=1, client=cluster.client, progress=hook)
+    # Closed at once: the workers report their direct batches after the answers, and the
+    # picture must wait for those reports, not freeze without the last batches.
+    hook.live.close()
+    assert len(results._direct_keys) == 4, "the run's batches did not go to the workers directly"
+    html = rec.updates[-1]["text/html"]
+    assert "4 / 4 done" in html and html.count('class="nbc-task"') == 4
+
+
 def test_a_run_over_before_its_view_shows_tells_the_sidebar_its_end(cluster: ClusterHandle) -> None:
     from nbcluster.run.api import distribute
     from nbcluster.widgets import progress_hook

@@ -70,13 +70,12 @@ def _churn() -> tuple[list[bytearray], int]:
     client): glibc cannot give that heap back by itself, only `malloc_trim` can. Returns
     them and the process's RSS while the arrays were alive."""
     import numpy as np
-    import psutil
 
     kept, temporary = [], []
     for _ in range(60):
         temporary.append(np.ones(500_000))  # 4 MB: from the heap, below the mmap threshold
         kept.append(bytearray(2000))
-    peak = psutil.Process().memory_info().rss
+    peak = rss()
     del temporary
     return kept, peak
 

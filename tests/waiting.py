@@ -16,23 +16,34 @@ T = TypeVar("T")
 _never = threading.Event()  # never set: a pause between polls that no signal handler cuts short
 
 
-def until(condition: Callable[[], T], seconds: float = 30.0, interval: float = 0.01) -> T:
+def until(
+    condition: Callable[[], T],
+    seconds: float = 30.0,
+    interval: float = 0.01,
+    ignore: tuple[type[Exception], ...] = (),
+) -> T | None:
     """Poll `condition()` every `interval` seconds until it is true or `seconds` have passed.
 
     Returns its last value: true when the state came in time (a found value, for
     ``value = until(...)``), false when it did not, so ``assert until(...)`` fails then.
+    A poll that raises one of `ignore` (a daemon not answering yet) counts as false (None).
     """
     deadline = time.monotonic() + seconds
-    while not (value := condition()):
-        if time.monotonic() > deadline:
+    while True:
+        try:
+            value: T | None = condition()
+        except ignore:
+            value = None
+        if value or time.monotonic() > deadline:
             return value
         _never.wait(interval)
-    return value
 
 
-def waited_for(condition: Callable[[], T], what: str, seconds: float = 30.0) -> T:
+def waited_for(
+    condition: Callable[[], T], what: str, seconds: float = 30.0, ignore: tuple[type[Exception], ...] = ()
+) -> T:
     """`until`, but a state that does not come fails the test with ``no WHAT within N s``."""
-    value = until(condition, seconds, interval=0.1)
+    value = until(condition, seconds, interval=0.1, ignore=ignore)
     if not value:
         raise AssertionError(f"no {what} within {seconds:g} s")
     return value

@@ -49,7 +49,7 @@ import json
 import shlex
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import dask.config
 from dask.utils import parse_timedelta
@@ -152,15 +152,19 @@ class Deployment:
         """
         raise NotImplementedError
 
+    #: What the backend's own ``adapt`` takes besides the bounds.
+    adapt_options: ClassVar[dict[str, Any]] = {}
+
     def adapt(self, minimum: int, maximum: int) -> None:
-        """Let the workers follow the load between the bounds.
+        """Let the workers follow the load between the bounds (the backend's own ``adapt``).
 
         Parameters
         ----------
         minimum, maximum : int
             The bounds (checked).
         """
-        raise NotImplementedError
+        self.cluster.adapt(minimum=minimum, maximum=maximum, **self.adapt_options)
+        self.adaptive_bounds = {"minimum": minimum, "maximum": maximum}
 
     def job_id(self, worker_name: str) -> str | None:
         """The batch job a worker runs in.
@@ -306,9 +310,7 @@ class _SpecBased(Deployment):
         # once the jobs are submitted (or cancelled), so squeue already shows them.
         await _compat.apply_scale(self.cluster)
 
-    def adapt(self, minimum: int, maximum: int) -> None:
-        self.cluster.adapt(minimum=minimum, maximum=maximum, interval="500ms", wait_count=3)
-        self.adaptive_bounds = {"minimum": minimum, "maximum": maximum}
+    adapt_options: ClassVar[dict[str, Any]] = {"interval": "500ms", "wait_count": 3}
 
     def _stop_adaptive(self) -> None:
         _compat.stop_adaptive(self.cluster)
@@ -653,10 +655,6 @@ class GatewayDeployment(_Remote):
         await self.cluster.scale(n)
         self._requested, self.adaptive_bounds = n, None
 
-    def adapt(self, minimum: int, maximum: int) -> None:
-        self.cluster.adapt(minimum=minimum, maximum=maximum)
-        self.adaptive_bounds = {"minimum": minimum, "maximum": maximum}
-
     async def close(self, timeout: float) -> None:
         # No retiring first: the gateway ends its own workers on shutdown. With workers
         # retired under it, its scheduler outlived the gateway's SIGINT until the SIGTERM
@@ -707,10 +705,6 @@ class KubernetesDeployment(_Remote):
     async def scale(self, n: int, kind: str = "cpu") -> None:
         self.check_kind(kind)
         await self.cluster.scale(n)
-
-    def adapt(self, minimum: int, maximum: int) -> None:
-        self.cluster.adapt(minimum=minimum, maximum=maximum)
-        self.adaptive_bounds = {"minimum": minimum, "maximum": maximum}
 
     async def close(self, timeout: float) -> None:
         await self.retire_workers()

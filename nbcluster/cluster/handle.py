@@ -208,22 +208,18 @@ class ClusterHandle:
 
         Parameters
         ----------
-        op : str
-            The handler, such as ``"nbcluster_info"``.
-        timeout : float, default 30
-            Seconds the answer may take.
-        **kwargs
-            The handler's arguments.
+        op, timeout, **kwargs
+            As `arpc` takes them.
 
         Returns
         -------
         object
-            The handler's answer.
+            As `arpc` returns it.
 
         Raises
         ------
         nbcluster.errors.ClusterUnreachable
-            If the scheduler does not answer in time.
+            As `arpc` raises it.
         """
         return _aio.run(self.arpc(op, timeout=timeout, **kwargs))
 
@@ -284,15 +280,13 @@ class ClusterHandle:
 
         Parameters
         ----------
-        since : int, optional
-            The ``cursor`` of the previous snapshot (default: everything kept).
-        detail : int, optional
-            How many workers to describe one by one (the busiest; all are summarised).
+        since, detail : int, optional
+            As `metrics` takes them.
 
         Returns
         -------
         nbcluster._wire.Snapshot
-            What is new since `since`.
+            As `metrics` returns it.
         """
         if self.entry["external"] and not self.entry.get("metrics"):
             return basic_snapshot(await self.arpc("identity"), since)

@@ -32,9 +32,11 @@ import psutil
 from nbcluster._wire import RegistryEntry
 from nbcluster.errors import RuntimeDirError
 
+#: A cluster's entry is NAME + ENTRY in the registry folder.
+ENTRY = ".json"
 # The .scheduler-*.pem files hold credentials a backend brings (a gateway's), beside our own.
 SUFFIXES = (
-    ".json",
+    ENTRY,
     ".cert.pem",
     ".key.pem",
     ".scheduler-ca.pem",
@@ -146,7 +148,7 @@ def claim(directory: Path, name: str, entry: RegistryEntry) -> bool:
     bool
         False when a live cluster already holds the name.
     """
-    path = directory / f"{name}.json"
+    path = directory / f"{name}{ENTRY}"
     for _ in range(2):
         try:
             write_private(path, json.dumps(entry), exclusive=True)
@@ -170,9 +172,9 @@ def update(directory: Path, name: str, entry: RegistryEntry) -> None:
     entry : RegistryEntry
         The whole new entry.
     """
-    tmp = directory / f".{name}.json.tmp"
+    tmp = directory / f".{name}{ENTRY}.tmp"
     write_private(tmp, json.dumps(entry))
-    os.replace(tmp, directory / f"{name}.json")
+    os.replace(tmp, directory / f"{name}{ENTRY}")
 
 
 def remove(directory: Path, name: str) -> None:
@@ -337,7 +339,7 @@ def read(directory: Path, name: str) -> RegistryEntry | None:
     RegistryEntry or None
         None when there is no live entry.
     """
-    path = directory / f"{name}.json"
+    path = directory / f"{name}{ENTRY}"
     with contextlib.suppress(OSError):
         kept = _READ.get(path)
         if kept is not None and kept[0] == _signature(os.lstat(path)):
@@ -386,8 +388,8 @@ def entries(directory: Path, *, include_starting: bool = False) -> list[Registry
         Oldest first.
     """
     found = []
-    for path in directory.glob("*.json"):
-        entry = read(directory, path.name[: -len(".json")])
+    for path in directory.glob(f"*{ENTRY}"):
+        entry = read(directory, path.name.removesuffix(ENTRY))
         if entry and (include_starting or entry.get("state") == "running"):
             found.append(entry)
     return sorted(found, key=lambda e: e.get("created", 0))

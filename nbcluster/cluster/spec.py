@@ -353,19 +353,17 @@ class ClusterSpec:
 
     def check_limits(self, *, force: bool = False, machine: limits.Machine | None = None) -> None:
         """Raise `LimitExceeded` if this cluster would start larger than the limits allow,
-        or with a dashboard where `nbcluster.limits.dashboard` turns it off.
+        or with a dashboard where `nbcluster.limits.dashboard` turns it off (then `check_size`).
 
         Parameters
         ----------
-        force : bool
-            Lift the machine-derived limits.
-        machine : limits.Machine, optional
-            Default: this machine.
+        force, machine
+            As `check_size` takes them.
 
         Raises
         ------
         LimitExceeded
-            Naming the limit and what to do.
+            As `check_size` raises it, or for the dashboard.
         """
         if self.dashboard:
             limits.check_dashboard()

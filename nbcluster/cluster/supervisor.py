@@ -149,18 +149,13 @@ class Control:
         return handlers
 
     def backlog(self, run: str, kind: str, items: int, seconds: float) -> None:
-        """A `%%distribute` run's work held back in its kernel, for the adaptive targets.
+        """``nbcluster_backlog``: a `%%distribute` run's work held back in its kernel, for the
+        adaptive targets (`adaptive.Backlogs.report`).
 
         Parameters
         ----------
-        run : str
-            The run's id.
-        kind : str
-            ``cpu`` or ``gpu``.
-        items : int
-            Items held back (0 ends the report).
-        seconds : float
-            About how much work they are.
+        run, kind, items, seconds
+            As `adaptive.Backlogs.report` takes them.
         """
         backlogs(self.deployment.scheduler).report(str(run), str(kind), int(items), float(seconds))
 

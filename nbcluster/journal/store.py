@@ -459,7 +459,10 @@ def create(
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         if base.stat().st_mode & 0o777 != 0o700:
             os.chmod(base, 0o700)  # a folder made by hand (or under a umask) must not show others the values
-        prune(_size("journal.max-size"), base)
+        limit = _size("journal.max-size")
+        if now - _pruned.get((base, limit), 0.0) >= PRUNE_EVERY_S:  # a listing and a stat per journal
+            _pruned[(base, limit)] = now
+            prune(limit, base)
         fd = _locked(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
         try:
             if os.write(fd, data) != len(data):
@@ -481,6 +484,13 @@ def claim(path: Path) -> Writer | None:
         return Writer(path, _locked(os.open(path, os.O_WRONLY | os.O_APPEND)))
     except OSError:  # BlockingIOError: in use; or it was just deleted
         return None
+
+
+#: A run's start prunes its folder at most this often (seconds) under one size bound: a folder
+#: of a user's many small journals costs a listing and a stat per journal, several ms, too much
+#: for every cell. A new bound (``nbcluster.journal.max-size``) prunes at the next start.
+PRUNE_EVERY_S = 30.0
+_pruned: dict[tuple[Path, int], float] = {}  # (folder, bound) -> when this process last pruned it
 
 
 def prune(limit: int, base: Path | None = None) -> list[Path]:

@@ -52,11 +52,14 @@ from tornado.ioloop import PeriodicCallback
 
 from nbcluster import config
 from nbcluster._wire import (
+    DIRECT_TOPIC,
+    ROSTER_TOPIC,
     Band,
     GpuDevice,
     GroupProgress,
     HostTotals,
     ResourceSample,
+    RosterChanged,
     RunProgress,
     Snapshot,
     SnapshotGpu,
@@ -151,6 +154,7 @@ class MetricsPlugin(SchedulerPlugin):
         self._scheduler = scheduler
         scheduler.handlers["nbcluster_metrics"] = self.nbcluster_metrics
         scheduler.handlers["nbcluster_progress"] = self.nbcluster_progress
+        scheduler.handlers["nbcluster_roster"] = self.nbcluster_roster
         if self._callback is None:
             self._callback = PeriodicCallback(self.sample, self.sample_interval * 1000)
             self._callback.start()
@@ -164,6 +168,8 @@ class MetricsPlugin(SchedulerPlugin):
             del handlers["nbcluster_metrics"]
         if handlers.get("nbcluster_progress") == self.nbcluster_progress:
             del handlers["nbcluster_progress"]
+        if handlers.get("nbcluster_roster") == self.nbcluster_roster:
+            del handlers["nbcluster_roster"]
 
     def add_worker(self, scheduler: Scheduler, worker: str) -> None:
         """Dask's plugin hook: the workers' roster is out of date.
@@ -176,6 +182,7 @@ class MetricsPlugin(SchedulerPlugin):
             The new worker's address.
         """
         self._roster = None
+        self._roster_changed(scheduler)
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         """Dask's plugin hook: the workers' roster is out of date.
@@ -190,6 +197,27 @@ class MetricsPlugin(SchedulerPlugin):
             Dask's details (``stimulus_id``, ``expected``), unused.
         """
         self._roster = None
+        self._roster_changed(scheduler)
+
+    @staticmethod
+    def _roster_changed(scheduler: Scheduler) -> None:
+        # To the kernels that keep the workers they were told of (`nbcluster_roster`).
+        changed: RosterChanged = {"workers": len(scheduler.workers)}
+        scheduler.log_event(ROSTER_TOPIC, changed)
+
+    def nbcluster_roster(self) -> dict[str, int]:
+        """The workers and their threads, as Dask's ``ncores`` answers; a kernel that asks
+        this (not ``ncores``) knows that this scheduler says on `ROSTER_TOPIC` when a worker
+        comes or goes, and keeps the answer until then.
+
+        Returns
+        -------
+        dict of str to int
+            Threads by worker address.
+        """
+        scheduler = self._scheduler
+        assert scheduler is not None, "MetricsPlugin.start() has not run"
+        return {address: ws.nthreads for address, ws in scheduler.workers.items()}
 
     # -- recording ------------------------------------------------------------------------
 
@@ -229,6 +257,27 @@ class MetricsPlugin(SchedulerPlugin):
         else:
             prefix = group = key_split(key)
         self.tasks.append(self._stamp(), (prefix, group, worker, begin, end, finish == "memory", key))
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        """Dask's plugin hook: record a batch a worker ran for a kernel directly, not as a task.
+
+        A direct batch (`nbcluster.run.direct`) is no task of the scheduler's, so no
+        transition reports it; its worker sends an event on `DIRECT_TOPIC` when it ends,
+        which is drawn like a task of the run: prefix and group from its key.
+
+        Parameters
+        ----------
+        topic : str
+            The event's topic; others are ignored.
+        msg : Any
+            The event: ``key``, ``start``, ``stop``, and the ``worker`` the scheduler adds.
+        """
+        if topic != DIRECT_TOPIC or not isinstance(msg, dict) or not msg.get("worker"):
+            return
+        key = str(msg.get("key"))
+        prefix = key_split(key)
+        start, stop = float(msg.get("start") or 0.0), float(msg.get("stop") or 0.0)
+        self.tasks.append(self._stamp(), (prefix, prefix, str(msg["worker"]), start, stop, True, key))
 
     def sample(self) -> None:
         """Copy each worker's newest heartbeat sample, if it is new (runs periodically).

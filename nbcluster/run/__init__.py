@@ -8,24 +8,21 @@ Every module here runs in the kernel. The magic parses its line (`options`) and 
 Set-up, with no Dask traffic: `options` (the flags, declared and checked once, and the
 magic's line), `cell` (source -> code, free names; the items: `Plan`), `capture` (what
 travels and how), `job` (what runs, made once).
-
-The run: `api` (checks, then the run's steps; `Run`, the controls of a run), `target` (the
-cluster link: where items may run), `engine` (the driver: it feeds events to the policy and
-performs its actions; `Shipment`, the context and large values sent ahead), `policy` (the
-scheduling policy as a pure state machine: backlog, probes, suspects, retries), `batching`
-(batch sizes), `transport` (submit, cancel, completions: Dask tasks, which fail rather than
-hang on a worker without nbcluster), `outcome` (what a finished batch says), `reports`
-(what workers push while a batch runs).
-
-Strategies on the same engine: `everywhere` (one task pinned to each worker), `ranks`
-(``--ranks N``: N ranks of one job, all or nothing), `trials` (reports, stoppers and
-timeouts of trial runs), `stoppers` (ASHA, median, and the `Stopper` protocol),
-`trial_results` (`Results.metrics`, `best`).
-
-What the user reads: `state` (each item's state and value), `results` (the read-only view),
-`tracebacks` (failed items), `follow` (waiting in the kernel: output, summary, Ctrl-C).
+The run: `api` (checks, then the run's steps; `Run`, the controls of a run), `target`
+(the cluster link: where items may run), `engine` (the driver: it feeds events to the
+policy and performs its actions), `policy` (the scheduling policy as a pure state machine:
+backlog, probes, suspects, retries), `batching` (batch sizes), `transport` (submit, cancel,
+completions: Dask tasks, and `direct` batches sent to a worker without the scheduler),
+`outcome` (what a finished batch says), `shipping` (the context and large values sent
+ahead), `backlog` (held-back work told to
+the adaptive scaler), `everywhere` (one task pinned to each worker), `ranks` (`--ranks N`: N ranks
+of one job, all or nothing), `trials` (reports, stoppers and timeouts of trial runs), `stoppers`
+(ASHA, median, and the `Stopper` protocol), `trial_results` (`Results.metrics`, `best`), `reports` (what workers push while a batch runs), `loadable`
+(tasks that fail, not hang, on a worker without nbcluster).
+What the user reads: `state` (each item's state and value), `results` (the read-only view), `tracebacks` (failed items), `follow` (waiting in the
+kernel: output, summary, Ctrl-C).
 
 What runs on the workers is the top-level package `nbcluster.worker`; the journal of
-finished items and `--resume` are `nbcluster.journal`; values kept on the workers, and
-their ``--persist`` reports and placement, are `nbcluster.persist`.
+finished items and `--resume` are `nbcluster.journal`; values kept on the workers are
+`nbcluster.persist`.
 """

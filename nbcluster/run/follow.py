@@ -18,6 +18,7 @@ from typing import Any
 
 from nbcluster import config
 from nbcluster.errors import ClusterCannotRun, ClusterLost, Interrupted
+from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.results import Results
 from nbcluster.widgets._output import end_open_lines, in_kernel, shell, widget_shown_since
 
@@ -188,8 +189,8 @@ def report(results: Results) -> None:
     results : Results
         A finished run; nothing is written when no item failed.
     """
-    if not results.errors:
-        return
+    if not results.errors or (results._plan.mode == "ranks" and rank_jobs.stopped(results.run_id)):
+        return  # a stopped job's own line (`ranks.summary`) says what happened and what to do
     end_open_lines()
     name = results.label
     # Without --into no variable holds them yet: say where they are rather than invent a name.

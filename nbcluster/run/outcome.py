@@ -76,7 +76,7 @@ def unpack(future: Any, result: Any, n: int) -> Outcome:
 
     Parameters
     ----------
-    future : distributed.Future
+    future : distributed.Future or direct.Call
         The batch.
     result : Any
         Its result blob, or the exception it ended with.

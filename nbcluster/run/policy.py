@@ -7,7 +7,7 @@ decisions, and touches neither Dask nor a thread, so it is tested by feeding it 
 Policy
 ------
 - **Backlog.** The items not yet submitted wait here, in order; an item put back (a retry,
-  an item a stopped batch did not reach, a batch whose scattered value was lost) goes back in front.
+  an item a stopped batch did not reach, a batch a worker refused) goes back in front.
 - **Batches in flight.** At most `limit` batches are out at once: `per_thread` (the
   ``distribute.in-flight`` setting, 2) per usable worker thread, so a thread always has its
   next batch waiting on it. `top_up` gives the batches to submit now, sized by the
@@ -24,41 +24,42 @@ Policy
 State: `items` (the backlog, as runs of consecutive indices), `suspects`, `attempts` (by
 the failed items only), `batcher`, `limit`.
 
-Worked example: 2 threads, 2 in flight each, 10 items, one retry. The first top-up sends
+Worked example: 2 threads, 2 in flight each, 13 items, one retry. The first top-up sends
 the first item alone (its result arrives after one item's time), then one probe per thread
-shares out the rest; nothing more goes out while four batches are out.
+takes a third of the rest; the last third waits for a batch to come back (`batching.py`).
 
 >>> from nbcluster.run.batching import Batcher
->>> policy = Policy(range(10), Batcher(2), retries=1, per_thread=2)
+>>> policy = Policy(range(13), Batcher(2), retries=1, per_thread=2)
 >>> policy.top_up(out=0)
-[range(0, 1), range(1, 6), range(6, 10)]
+[range(0, 1), range(1, 5), range(5, 9)]
 >>> policy.top_up(out=3)
 []
 
-Item 3 fails in the second batch, which ran every item in 5 ms: it gets its retry (held
-back from delivery), and goes out again in the next top-up, sized from the measured time.
+Item 3 fails in the second batch, which ran every item in 4 ms: it gets its retry (held
+back from delivery), and goes out again in the next top-up, in front of the kept items,
+sized from the measured time.
 
->>> policy.finished(range(1, 6), reached=5, failed=[2], seconds=0.005)
+>>> policy.finished(range(1, 5), reached=4, failed=[2], seconds=0.004)
 [3]
 >>> policy.top_up(out=2)
-[range(3, 4)]
+[[3, 9, 10, 11, 12]]
 
 The third batch's workers kept dying: it is split into suspects, which run alone, one at a
 time, once nothing else is out. A killed suspect is split again; a suspect of one item
 killed alone is the culprit, to be failed.
 
->>> policy.killed(range(6, 10), alone=False)
+>>> policy.killed(range(5, 9), alone=False)
 []
 >>> policy.top_up(out=2), policy.top_up(out=0)
-([], [[6, 7]])
->>> policy.killed([6, 7], alone=True)
+([], [[5, 6]])
+>>> policy.killed([5, 6], alone=True)
 []
->>> policy.top_up(out=0), policy.finished([8, 9], reached=2)
-([[8, 9]], [])
->>> policy.top_up(out=0), policy.killed([6], alone=True)
-([[6]], [6])
+>>> policy.top_up(out=0), policy.finished([7, 8], reached=2)
+([[7, 8]], [])
+>>> policy.top_up(out=0), policy.killed([5], alone=True)
+([[5]], [5])
 >>> policy.top_up(out=0), policy.held()
-([[7]], 0)
+([[6]], 0)
 """
 
 from __future__ import annotations
@@ -114,8 +115,10 @@ class Policy:
             return [self.suspects.popleft()] if out == 0 else []
         batches: list[Sequence[int]] = []
         while self.items and out + len(batches) < self.limit:
-            free = self.limit - out - len(batches)
-            batches.append(self.items.take(self.batcher.next_size(len(self.items), free)))
+            size = self.batcher.next_size(len(self.items), self.limit - out - len(batches))
+            if not size and (out or batches):
+                break  # the share kept behind the first item waits for a batch to come back
+            batches.append(self.items.take(max(size, 1)))
         return batches
 
     def finished(
@@ -168,9 +171,22 @@ class Policy:
         """
         if alone and len(indices) == 1:
             return list(indices)
-        items, half = list(indices), (len(indices) + 1) // 2  # not an attempt: which item it was is not known yet
+        items = list(indices)  # not an attempt: which item it was is not known yet
+        half = (len(items) + 1) // 2
         self.suspects.extend(part for part in (items[:half], items[half:]) if part)
         return []
+
+    def refused(self, indices: Sequence[int]) -> None:
+        """A batch came back unrun (refused, or sent again elsewhere): not an attempt of its items.
+
+        Parameters
+        ----------
+        indices : sequence of int
+            The batch's items, back in front of the backlog.
+        """
+        self.put_back(list(indices))
+        if not self.batcher.items:
+            self.batcher.alone_first = True  # no first item came: the next batch is one
 
     def resize(self, threads: int) -> None:
         """The cluster now has `threads` usable threads (workers joined or left).
@@ -181,7 +197,7 @@ class Policy:
             Usable worker threads (at least 1 is assumed).
         """
         self.batcher.threads = max(threads, 1)
-        self.limit = self.per_thread * self.batcher.threads
+        self.limit = self.per_thread * max(threads, 1)
 
     def drain(self) -> list[int]:
         """Every item not yet submitted, taken out: the run fails or gives them up.
@@ -215,12 +231,15 @@ class Policy:
         indices : sequence of int
             Items to submit again (not an attempt of theirs).
         """
-        self.items.put_back(indices)
+        if indices:
+            self.items.put_back(indices)
 
     def _may_retry(self, i: int) -> bool:
-        if (used := self.attempts.get(i, 0)) < self.retries:
-            self.attempts[i] = used + 1
-        return used < self.retries
+        used = self.attempts.get(i, 0)
+        if used >= self.retries:
+            return False
+        self.attempts[i] = used + 1
+        return True
 
 
 class _Queue:
@@ -242,16 +261,25 @@ class _Queue:
 
     def take(self, n: int) -> Sequence[int]:
         """The first `n` indices (fewer if there are fewer), removed: a `range` when consecutive."""
-        taken: list[range] = []
-        want = min(n, self._count)
-        self._count -= want
-        while want:
-            run = self._runs.popleft()
-            if len(run) > want:
-                self._runs.appendleft(run[want:])
-            taken.append(run[:want])
-            want -= len(taken[-1])
-        return taken[0] if len(taken) == 1 else list(itertools.chain.from_iterable(taken))
+        runs = self._runs
+        if runs and len(runs[0]) >= n:
+            run = runs[0]
+            taken, runs[0] = run[:n], run[n:]
+            if not runs[0]:
+                runs.popleft()
+            self._count -= len(taken)
+            return taken
+        out: list[int] = []
+        while runs and len(out) < n:
+            run = runs[0]
+            want = n - len(out)
+            if len(run) <= want:
+                out.extend(runs.popleft())
+            else:
+                out.extend(run[:want])
+                runs[0] = run[want:]
+        self._count -= len(out)
+        return out
 
     def put_back(self, indices: Sequence[int]) -> None:
         """`indices` go back in front, in their order."""
@@ -267,5 +295,15 @@ def _runs(indices: Sequence[int]) -> list[range]:
     """`indices` as ranges of consecutive ones, in order."""
     if isinstance(indices, range):
         return [indices] if len(indices) else []
-    runs = itertools.groupby(enumerate(indices), key=lambda pair: pair[1] - pair[0])
-    return [range(run[0][1], run[-1][1] + 1) for run in (list(part) for _, part in runs)]
+    runs: list[range] = []
+    start = previous = None
+    for i in indices:
+        if previous is not None and i == previous + 1:
+            previous = i
+            continue
+        if start is not None and previous is not None:
+            runs.append(range(start, previous + 1))
+        start = previous = i
+    if start is not None and previous is not None:
+        runs.append(range(start, previous + 1))
+    return runs

@@ -8,8 +8,10 @@ driver's policy. Policy, in the order a job lives:
 
 1. **Workers.** Each rank needs a worker process of its own (a process has one
    environment, torch one default process group). The driver waits until N distinct
-   workers that qualify (``--gpus``/``--cpus``) each have a free thread, saying once what
-   it waits for; meanwhile it reports the missing ranks as held-back work, so an adaptive
+   workers that qualify (``--gpus``/``--cpus``) each have a free thread and, for a job
+   that asks them, the GPUs (CPUs) a rank asks free as well (a GPU worker has several
+   threads for fractional items: a spare one beside a ``--gpus 1`` item is no room for a
+   ``--gpus 1`` rank), saying once what it waits for; meanwhile it reports the missing ranks as held-back work, so an adaptive
    cluster grows. Ranks on one host get consecutive numbers, as under torchrun.
 2. **Rendezvous.** ``MASTER_ADDR`` is rank 0's host, ``MASTER_PORT`` a port free there
    (asked of rank 0's worker). N tasks are submitted at once, each pinned to its worker.
@@ -83,6 +85,9 @@ STOPS: dict[str, tuple[str, str]] = {}
 # workers whose processes a job ended: the scheduler may list them a moment longer (a
 # restarted worker comes back under a new address)
 ENDED: set[str] = set()
+# run ids of the jobs whose driver runs now: a stop of any other job is stale (it ended), and
+# must not stop a later retry of it
+RUNNING: set[str] = set()
 
 
 class RankFailed(RuntimeError):
@@ -205,6 +210,8 @@ def stop_job(run_id: str, reason: str, timeout: float | None = None) -> None:
     timeout : float, optional
         The job's ``--timeout`` in seconds, for its line.
     """
+    if run_id not in RUNNING:
+        return  # it ended: nothing to stop, and a retry of it starts afresh
     if reason == "timed out":
         line = f"the job timed out after {timeout:g} s" if timeout else "the job timed out"
     else:
@@ -234,6 +241,10 @@ def finished(values: dict[int, Any], n: int) -> bool:
 def summary(run_id: str) -> str | None:
     """The line said under a job's cell when it did not end well; None when it did.
 
+    A job that was stopped (``--timeout``, a stop, a stopper) says what happened and what to
+    do in this one line, and only this line: the ranks it ended by force count as failed
+    (`RankStopped`), but the cell prints no failure summary for them (`stopped`).
+
     Parameters
     ----------
     run_id : str
@@ -242,13 +253,34 @@ def summary(run_id: str) -> str | None:
     Returns
     -------
     str or None
-        ``"the job failed: rank 1 failed (...)"``, or a stopped job's own line (``"the job
-        timed out after 2 s: stopped ranks 0, 1"``).
+        ``"the job failed: rank 1 failed (...)"``, or a stopped job's own line and what to do
+        (``"the job timed out after 2 s: stopped ranks 0, 1; --resume runs it again from its
+        last checkpoint (with a longer --timeout)"``).
     """
     line = CAUSES.get(run_id)
     if line is None:
         return None
-    return line if line.startswith("the job ") else f"the job failed: {line}"
+    if not stopped(run_id):
+        return f"the job failed: {line}"
+    longer = " (with a longer --timeout)" if line.startswith("the job timed out") else ""
+    return f"{line}; --resume runs it again from its last checkpoint{longer}"
+
+
+def stopped(run_id: str) -> bool:
+    """Whether job `run_id` was stopped as a whole: its own line then says all.
+
+    Parameters
+    ----------
+    run_id : str
+        The job's run id.
+
+    Returns
+    -------
+    bool
+        True for a job ended by ``--timeout``, a stop or a stopper (or stopped before every
+        rank started), False for one a rank failed, and for one still running.
+    """
+    return CAUSES.get(run_id, "").startswith("the job ")
 
 
 def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
@@ -265,6 +297,7 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
     gate = f"nbcluster-ranks-{tasks.run_id}-{time.monotonic_ns()}"
     running: dict[Any, int] = {}  # future -> rank, until taken in
     where: dict[int, str] = {}  # rank -> its worker
+    RUNNING.add(tasks.run_id)
     try:
         chosen = _wait_for_workers(tasks, n)
         if chosen is None:
@@ -304,6 +337,7 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
             _stop(tasks, running, where, "the job ended")
             _await_return(tasks, before)
         _forget(tasks.client, gate)
+        RUNNING.discard(tasks.run_id)
         STOPS.pop(tasks.run_id, None)
         tasks.hold_back(0)
         tasks.finish()
@@ -342,10 +376,7 @@ def _wait_for_workers(tasks: RanksTasks, n: int) -> list[str] | None:
             eligible = placement(needs, workers)[2]
         except BadArgument:  # no worker of the kind yet: an adaptive cluster may start some
             eligible = []
-        busy = client.processing(eligible)
-        free = [
-            a for a in eligible if a not in ENDED and len(busy.get(a, ())) < int(workers[a].get("nthreads", 1))
-        ]
+        free = _free(client, workers, eligible, tasks.placement.get("resources") or {})
         if len(free) >= n:
             tasks.hold_back(0)
             hosts = {a: _host(a) for a in free}
@@ -355,13 +386,39 @@ def _wait_for_workers(tasks: RanksTasks, n: int) -> list[str] | None:
         tasks.hold_back(n, RANK_S)
         if not said and time.monotonic() - began > WAIT_LINE_S:
             said = True
+            room = "a free GPU" if needs.gpus else "a free thread"
             print(
-                f"nbcluster: waiting for {n} workers with a free thread to start the {n} ranks together "
+                f"nbcluster: waiting for {n} workers with {room} to start the {n} ranks together "
                 f"({len(free)} free now); Ctrl-C stops waiting",
                 flush=True,
             )
         tick.wait(0.5)
     return None
+
+
+def _free(client: Any, workers: dict[str, Any], eligible: list[str], resources: dict[str, float]) -> list[str]:
+    """Those of `eligible` with a free thread and, for a job asking `resources`, those free too.
+
+    A GPU worker has several threads (fractional ``--gpus`` items share its GPU): one running
+    a ``--gpus 1`` item still has a free thread, but no free GPU, and a rank pinned there
+    would wait inside Dask's scheduler while its peers had started.
+    """
+    busy = client.processing(eligible)
+    used: dict[str, dict[str, float]] = {}
+    if resources:
+
+        def in_use(dask_scheduler: Any) -> dict[str, dict[str, float]]:  # on the scheduler, sent by value
+            return {a: dict(ws.used_resources) for a, ws in dask_scheduler.workers.items()}
+
+        used = client.run_on_scheduler(in_use)
+    free = []
+    for a in eligible:
+        if a in ENDED or len(busy.get(a, ())) >= int(workers[a].get("nthreads", 1)):
+            continue
+        has, taken = workers[a].get("resources") or {}, used.get(a, {})
+        if all(has.get(k, 0) - taken.get(k, 0) >= need for k, need in resources.items()):
+            free.append(a)
+    return free
 
 
 def _stopping(tasks: RanksTasks) -> bool:

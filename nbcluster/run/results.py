@@ -32,9 +32,10 @@ Observing a run (the live widget's hook)
   it once straight away, so a widget sees the run from its first state.
 - `results.mode` is how the items were given (`"over"`, `"grid"`, `"zip"`, `"once"`,
   `"everywhere"`); `results.client` the run's Dask client (None for `--local` runs).
-- Dask keys: a batch is a task `distribute-<run id>-<n>`, and a `--persist` item a task
-  `persist-<run id>-<n>` of its own; `results.run_id` is that id, for matching the
-  scheduler's records.
+- Dask keys: a batch that goes through the scheduler is a task `distribute-<run id>-<n>`,
+  and a `--persist` item a task `persist-<run id>-<n>` of its own; a batch sent straight to a
+  worker (`direct.py`) is no task and has no key. `results.run_id` is that id, for matching
+  the scheduler's records.
 """
 
 from __future__ import annotations
@@ -138,6 +139,13 @@ class Results(TrialResults):
     def ended(self) -> float | None:
         """When the last item finished (seconds since the epoch), or None while it runs."""
         return self._state.ended
+
+    @property
+    def _direct_keys(self) -> tuple[str, ...]:
+        """The keys of the batches a worker ran directly, not as Dask tasks (a start's first
+        half-second): the live view waits for their task-stream records, which reach the
+        scheduler after the answers, before it draws its final picture."""
+        return tuple(self._state.direct_keys)
 
     @property
     def lost(self) -> str | None:

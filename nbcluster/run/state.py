@@ -15,7 +15,9 @@ Shape, for a run of `n` items:
 - `lost`: why the unfinished items were given up (the cluster went away), else None;
 - `halted`: why they were given up on a cluster that is there but cannot run them
   (nbcluster missing on its scheduler), else None;
-- `started`, `ended`: wall-clock times (`ended` is None while the run goes on).
+- `started`, `ended`: wall-clock times (`ended` is None while the run goes on);
+- `direct_keys`: the keys of the batches a worker ran for the kernel directly, not as Dask
+  tasks (`direct.py`), whose task-stream records reach the scheduler after their answers.
 
 A state is made running: the first start is its creation. Each `retry()` is a further
 start (`begin`); the state finishes when its last start `end`s, and then whatever is still
@@ -32,7 +34,6 @@ An exception in a listener is printed to stderr and does not stop the run.
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 import time
@@ -79,6 +80,7 @@ class RunState:
         self.halted: str | None = None
         self.started = time.time()
         self.ended: float | None = None
+        self.direct_keys: list[str] = []
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.finished = threading.Event()
@@ -103,8 +105,9 @@ class RunState:
         """
         with self.lock:
             done, failed, cancelled = self._tally[DONE], self._tally[FAILED], self._tally[CANCELLED]
-        running = len(self) - done - failed - cancelled
-        return {"total": len(self), "done": done, "failed": failed, "cancelled": cancelled, "running": running}
+        total = len(self)
+        running = total - done - failed - cancelled
+        return {"total": total, "done": done, "failed": failed, "cancelled": cancelled, "running": running}
 
     def all_done(self) -> bool:
         """Whether every item is done (none failed, cancelled or pending).
@@ -152,10 +155,14 @@ class RunState:
             Seconds to wait at most; None waits until the end. Either way Ctrl-C in the
             kernel interrupts it within a second.
         """
-        deadline = time.monotonic() + (math.inf if timeout is None else timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self.changed:
-            while not self.finished.is_set() and (left := deadline - time.monotonic()) > 0:
-                self.changed.wait(min(left, 1.0))  # short waits: Ctrl-C in the kernel lands within a second
+            while not self.finished.is_set():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                # Short waits, so that Ctrl-C in the kernel lands within a second.
+                self.changed.wait(1.0 if left is None else min(left, 1.0))
 
     def wait_output(self, seen: int, timeout: float) -> None:
         """Block until more items have output than `seen`, the run ends, or `timeout`.
@@ -248,7 +255,11 @@ class RunState:
             self.ended = None
 
     def deliver(
-        self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError], outputs: dict[int, Any]
+        self,
+        indices: Sequence[int],
+        values: Sequence[Any],
+        errors: dict[int, ItemError],
+        outputs: dict[int, list[list[Any]]],
     ) -> None:
         """Store a batch: `values[j]` is item `indices[j]`'s value, `errors[j]` its failure.
 
@@ -270,7 +281,7 @@ class RunState:
         status = self.status  # a local: this loop runs once per item
         done = failed = 0
         with self.lock:
-            fresh = not errors and not outputs and self._store_run(indices, values)
+            fresh = self._deliver_fresh(indices, values, errors, outputs)
             stored = self.values
             printed = len(self.output_order)
             for j, value in enumerate(() if fresh else values):
@@ -297,14 +308,23 @@ class RunState:
                 self.changed.notify_all()
         self._notify()
 
-    def _store_run(self, indices: Sequence[int], values: Sequence[Any]) -> bool:
-        """The common batch, stored by slices at C speed; False if not it.
+    def _deliver_fresh(
+        self,
+        indices: Sequence[int],
+        values: Sequence[Any],
+        errors: dict[int, ItemError],
+        outputs: dict[int, list[list[Any]]],
+    ) -> bool:
+        """The common batch, stored by slices at C speed, or kept packed;
+        False if not it.
 
         It is a run of consecutive items (a `range`), all pending, none failed, none with
-        output (the caller checked those two). Lock held.
+        output. Lock held.
         """
         n = len(values)
-        if not isinstance(indices, range) or indices.step != 1 or not 0 < n <= len(indices):
+        if errors or outputs or not n or not isinstance(indices, range) or indices.step != 1:
+            return False
+        if n > len(indices):
             return False
         start, stop = indices.start, indices.start + n
         if self.status.count(PENDING, start, stop) != n:
@@ -369,11 +389,13 @@ class RunState:
             _call(fn)
 
     def _cancel_pending(self) -> bool:
-        pending = len(self) - sum(self._tally.values())
-        if pending:
-            self.status[:] = self.status.replace(bytes([PENDING]), bytes([CANCELLED]))  # at C speed
-            self._tally[CANCELLED] += pending
-        return pending > 0
+        if sum(self._tally.values()) == len(self):
+            return False
+        for i, s in enumerate(self.status):
+            if s == PENDING:
+                self.status[i] = CANCELLED
+                self._tally[CANCELLED] += 1
+        return True
 
     def _notify(self) -> None:
         with self.lock:

@@ -73,7 +73,29 @@ class Stopper(Protocol):
         ...
 
 
-class ASHA:
+class _Rule:
+    """What the built-in stoppers share: a score that is not a number is never judged."""
+
+    def decide(self, trial: int, step: int, score: float) -> bool:
+        """`Stopper.decide`, for a built-in rule: a score that is not a number (NaN) is never judged.
+
+        Parameters
+        ----------
+        trial, step, score
+            As `Stopper.decide` takes them.
+
+        Returns
+        -------
+        bool
+            True to stop the trial now; False for NaN.
+        """
+        return not math.isnan(score) and self._judge(trial, step, score)
+
+    def _judge(self, trial: int, step: int, score: float) -> bool:
+        raise NotImplementedError
+
+
+class ASHA(_Rule):
     """Asynchronous successive halving; see the module docstring.
 
     Parameters
@@ -113,25 +135,8 @@ class ASHA:
         self._recorded: dict[int, list[float]] = {rung: [] for rung in self.rungs}
         self._passed: dict[int, int] = {}  # trial -> rungs it has been judged at
 
-    def decide(self, trial: int, step: int, score: float) -> bool:
-        """Judge `trial` at each rung it reaches for the first time; see `Stopper.decide`.
-
-        Parameters
-        ----------
-        trial : int
-            The item's index in the run.
-        step : int
-            The step of the report.
-        score : float
-            The objective's value, larger is better.
-
-        Returns
-        -------
-        bool
-            True to stop the trial now.
-        """
-        if math.isnan(score):
-            return False
+    def _judge(self, trial: int, step: int, score: float) -> bool:
+        # At each rung `trial` reaches for the first time.
         judged = self._passed.get(trial, 0)
         stop = False
         while judged < len(self.rungs) and step >= self.rungs[judged]:
@@ -150,7 +155,7 @@ class ASHA:
         return f"asha(grace={self.grace}, eta={self.eta:g}, max_t={self.max_t})"
 
 
-class Median:
+class Median(_Rule):
     """The median stopping rule; see the module docstring.
 
     Parameters
@@ -177,25 +182,8 @@ class Median:
         self.grace, self.min_trials = grace, min_trials
         self._history: dict[int, list[tuple[int, float]]] = {}
 
-    def decide(self, trial: int, step: int, score: float) -> bool:
-        """Compare `trial`'s best with the others' running means at `step`; see `Stopper.decide`.
-
-        Parameters
-        ----------
-        trial : int
-            The item's index in the run.
-        step : int
-            The step of the report.
-        score : float
-            The objective's value, larger is better.
-
-        Returns
-        -------
-        bool
-            True to stop the trial now.
-        """
-        if math.isnan(score):
-            return False
+    def _judge(self, trial: int, step: int, score: float) -> bool:
+        # `trial`'s best against the others' running means at `step`.
         self._history.setdefault(trial, []).append((step, score))
         if step < self.grace:
             return False

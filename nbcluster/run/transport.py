@@ -5,49 +5,31 @@ and hands back what finished. Its verbs:
 
 - `map` submits batches as Dask tasks, in one graph message (`client.map`), keyed
   ``distribute-<run id>-<n>`` (``persist-...`` for a persisted item);
-- `completions` yields the finished batches in the order they finish; `results` reads
-  their result blobs (a small one its worker pushed ahead of the task's end, `reports.py`;
-  the rest in one gather); `take` tells which items a finished batch held, and whether it
-  ran alone;
-- `stop` submits nothing more and tells every worker the start's stop token (`token`:
-  each running batch then returns after its current item), `cancel` cancels on the
-  scheduler what is still out, `lose` forgets it all (the cluster went away).
+- `send_direct` sends a batch to a worker directly instead (`direct.py`: a start's first
+  half-second, where a small cell's round trip is 0.5 ms, not the scheduler's 4-5 ms);
+- `completions` yields the finished batches, futures and direct calls in one queue, in the
+  order they finish; `results` reads their result blobs (a direct call's came with it, a
+  small task's was pushed by its worker ahead of the task's end, the rest is gathered in one
+  call); `take` tells which items a finished batch held, and whether it ran alone;
+- `stop` submits nothing more, `cancel` cancels on the scheduler what is still out, `lose`
+  forgets it all (the cluster went away).
 
 Every batch out is *pending* (its items by future) until taken. A `Transport` lives as long
 as its run; `open` and `close` bracket each start (the first run, each retry).
-
-Batches that fail, not hang, on a worker without nbcluster (`task`). Dask unpickles a task
-as part of the message that brings it to a worker; a worker that cannot import nbcluster
-failed there, outside any task, its connection broke, and the batch waited for another
-worker forever. So a task is sent as one ``pickle.loads`` of bytes that makes the call
-(`_Call`): the message loads anywhere, the import happens when the task runs, and its
-``ModuleNotFoundError`` becomes one line (`halt_reason`). A task with Dask dependencies (the
-futures of `--persist` handles it reads) keeps them as arguments Dask sees: it is
-``dask.utils.apply(loader, [*deps])``, ``loader`` a nested task loading the function with its
-other arguments.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import itertools
-import pickle
-import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dask.base import annotate
 
-from nbcluster import _threads as threads
-from nbcluster._compat import nested_task
-from nbcluster._version import __version__
-from nbcluster.run import reports
-from nbcluster.worker import stop_run
-
-_STARTS = itertools.count(1)  # each start's stop token is the run's id and one of these
+from nbcluster.run import direct, reports
 
 
 class Transport:
@@ -62,40 +44,55 @@ class Transport:
     def __init__(self, run_id: str):
         self.run_id = run_id
         self.lock = threading.Lock()
-        self.pending: dict[Any, Any] = {}  # future -> the item indices of its batch
+        self.pending: dict[Any, Any] = {}  # future (or direct call) -> the item indices of its batch
         self.stopping = False  # nothing more is submitted
-        self.token = ""  # this start's stop token (`worker.stop_run`)
-        self.told = threading.Event()  # set once every worker has been told `token`
+        self.idle = threading.Event()  # set while no batch is out (and taken)
+        self.idle.set()
         self._alone: Any = None  # the batch that has been the only one out since its submit
         self._seq = itertools.count()
-        self._done: queue.SimpleQueue[Any] | None = None  # this start's finished futures; None: no start
+        self._completed: direct.Completions | None = None
+        self._direct: direct.Direct | None = None
         self._inbox: reports.Inbox | None = None
 
-    def open(self, client: Any) -> None:
-        """Begin a start, with a stop token of its own: batches may go out, and `completions`
-        hands them back.
+    # -- a start -----------------------------------------------------------------------------
+    def open(self, client: Any, direct_to: dict[str, int] | None = None, per_thread: int = 1) -> bool:
+        """Begin a start: batches may go out; True when its batches go to workers directly.
 
         Parameters
         ----------
         client : distributed.Client
             The run's client.
+        direct_to : dict of str to int, optional
+            The workers (and their threads) that may take batches directly (`direct.py`);
+            None sends every batch through the scheduler.
+        per_thread : int
+            Direct batches a worker thread may have at once.
+
+        Returns
+        -------
+        bool
+            Whether a worker takes direct batches now.
         """
-        self._inbox = self._inbox or reports.inbox(client)
+        if self._inbox is None:
+            self._inbox = reports.inbox(client)
+        completed = direct.Completions()
+        sending = direct.Direct(client, direct_to, per_thread, completed) if direct_to is not None else None
         with self.lock:
             self.stopping = False
-            self.token = f"{self.run_id}-{next(_STARTS)}"
-            self.told.clear()
-            self._done = queue.SimpleQueue()
+            self._completed, self._direct = completed, sending
+        return sending is not None and sending.worker() is not None
 
     def close(self) -> None:
         """End a start: what finishes from now on is ignored; nothing is expected any more."""
         with self.lock:
-            self._done = None
-            self.pending.clear()
+            self._completed = None
+            self._direct = None
+            self.idle.set()
         if self._inbox is not None:
             for prefix in ("persist", "distribute"):
                 self._inbox.forget(f"{prefix}-{self.run_id}-")
 
+    # -- out ---------------------------------------------------------------------------------------
     def map(
         self, client: Any, calls: Sequence[tuple[Any, ...]], batches: Sequence[Any], *, persist: bool = False,
         placed: Sequence[Sequence[str]] = (), **where: Any,
@@ -140,54 +137,89 @@ class Transport:
             for future, indices in zip(made, batches, strict=True):
                 self._alone = None if self.pending else future
                 self.pending[future] = indices
-            done = self._done
-        if done is not None:
+            self.idle.clear()
+            completed = self._completed
+        if completed is not None:
             for future in made:
-                future.add_done_callback(done.put)
+                completed.add(future)
         return list(made)
 
+    def send_direct(self, indices: Any, context: tuple[str, bytes | None], blob: bytes, token: str) -> bool:
+        """Send one batch to a worker directly; False: it must go through the scheduler.
+
+        Parameters
+        ----------
+        indices : sequence of int
+            The batch's items.
+        context : tuple of (str, bytes or None)
+            The run's context key and inline blob.
+        blob : bytes
+            The pickled batch.
+        token : str
+            The start's stop token.
+
+        Returns
+        -------
+        bool
+            True when it was sent, or dropped because the run is stopping (its items then
+            become cancelled).
+        """
+        sending = self._direct
+        address = sending.worker() if sending is not None else None
+        if sending is None or address is None:
+            return False
+        with self.lock:
+            if self.stopping:
+                return True
+            key = f"distribute-{self.run_id}-{next(self._seq)}"
+            call = sending.send(key, address, context, blob, token, first=not self.pending)
+            self._alone = None if self.pending else call
+            self.pending[call] = indices
+            self.idle.clear()
+        return True
+
+    def flush(self) -> None:
+        """Start the direct requests of this top-up, together."""
+        if self._direct is not None:
+            self._direct.flush()
+
+    # -- back --------------------------------------------------------------------------------------
     def completions(self) -> Iterator[list[Any]]:
-        """Lists of finished futures, in the order they finished, until none is pending.
+        """Lists of finished batches, in the order they finished, until none is out.
 
         Yields
         ------
-        list of distributed.Future
-            The first to finish, and every other finished by then.
+        list
+            Dask futures and direct calls.
         """
-        while True:
-            with self.lock:
-                done = self._done
-                if done is None or not self.pending:
-                    return
-            first = done.get()
-            finished = [first]
-            while first is not None and not done.empty():
-                finished.append(done.get_nowait())
-            if None in finished:  # `lose`: the start is over
-                return
-            yield finished
+        completed = self._completed
+        if completed is not None:
+            yield from completed.batches()
 
     def results(self, client: Any, done: list[Any]) -> list[Any]:
-        """The result blobs of the finished futures in `done`, fetched in one gather.
+        """The result blobs of the finished batches in `done`, fetched in one gather.
 
-        A small one its worker pushed ahead of its task's end (`worker/push.py`) needs no
-        gather. A batch that did not finish gives its exception instead, and so does one
-        whose gather failed (asked alone then).
+        A direct call's came with its answer; a small one a worker pushed ahead of its
+        task's end (`worker/push.py`) needs no gather. A batch that did not finish gives its
+        exception instead, and so does one whose gather failed (asked alone then).
 
         Parameters
         ----------
         client : distributed.Client
             The run's client.
-        done : list of distributed.Future
-            Finished futures.
+        done : list
+            Finished futures and direct calls.
 
         Returns
         -------
         list
             Per batch, its blob or its exception.
         """
-        finished = [f for f in done if f.status == "finished"]
-        got: dict[int, Any] = {id(f): blob for f in finished if (blob := self.pushed(str(f.key))) is not None}
+        got: dict[int, Any] = {id(f): f.answer for f in done if isinstance(f, direct.Call)}
+        finished = [f for f in done if f.status == "finished" and id(f) not in got]
+        for f in finished:
+            if (pushed := self.pushed(str(f.key))) is not None:
+                got[id(f)] = pushed
         if fetch := [f for f in finished if id(f) not in got]:
             with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
                 got.update({id(f): blob for f, blob in zip(fetch, client.gather(fetch), strict=True)})
@@ -208,45 +240,67 @@ class Transport:
         """
         return self._inbox.take(key, 0.0) if self._inbox is not None else None
 
-    def take(self, future: Any) -> tuple[Any, bool]:
+    def take(self, future: Any) -> tuple[Any, bool, bool]:
         """The items of a finished batch, now no longer pending.
 
         Parameters
         ----------
-        future : distributed.Future
+        future : distributed.Future or direct.Call
             A finished batch.
 
         Returns
         -------
-        tuple of (indices or None, bool)
-            Its items (None when it was cancelled or withdrawn), and whether no other batch
-            was out while it ran.
+        tuple of (indices or None, bool, bool)
+            Its items (None when it was cancelled or withdrawn, or the first item of a batch
+            no longer out); whether no other batch was out while it ran; whether it came back
+            unrun from a worker asked directly (refused, or the worker died under it), in
+            which case every later batch of this start goes through the scheduler.
         """
         with self.lock:
+            if isinstance(future, direct.Call) and future.of is not None:
+                # The first item of a batch still out (`worker/ahead.py`): a batch of its own now;
+                # the batch's answer leaves it out.
+                whole = self.pending.get(future.of)
+                if whole is None:
+                    return None, False, False
+                batch, self.pending[future.of] = whole[:1], whole[1:]
+                return batch, False, False
             batch = self.pending.pop(future, None)
             alone, self._alone = self._alone is future, None
-        return batch, alone
+        unrun = isinstance(future, direct.Call) and future.status != "finished"
+        if unrun and self._direct is not None:
+            self._direct.failed(future)
+        return batch, alone, unrun
 
     def drained(self) -> bool:
-        """Whether nothing is out any more.
+        """Whether nothing is out any more (then `idle` is set).
 
         Returns
         -------
         bool
             True when no batch is pending.
         """
-        return not self.pending  # one read of a dict: no lock needed
+        with self.lock:
+            if self.pending:
+                return False
+            self.idle.set()
+            return True
 
-    def stop(self, client: Any) -> bool:
-        """Submit nothing more, and tell every worker the stop token; whether batches are out.
-
-        The workers are told from a thread of its own, only while batches are out: a worker
-        that hangs must not hold the kernel (`told` is set once they all answered, or failed to).
+    def abandon_lost(self, workers: dict[str, int]) -> None:
+        """Give up the direct calls to workers no longer in the cluster.
 
         Parameters
         ----------
-        client : distributed.Client
-            The run's client.
+        workers : dict of str to int
+            The cluster's workers now.
+        """
+        sending = self._direct
+        if sending is not None:
+            sending.abandon_lost(workers)
+
+    # -- stopping ----------------------------------------------------------------------------------
+    def stop(self) -> bool:
+        """Submit nothing more; whether batches are still out.
 
         Returns
         -------
@@ -255,16 +309,7 @@ class Transport:
         """
         with self.lock:
             self.stopping = True
-            out = bool(self.pending)
-        if out:
-            threads.spawn(self._tell, client, self.token, name="nbcluster-stop")
-        return out
-
-    def _tell(self, client: Any, token: str) -> None:
-        # If the cluster is gone, the scheduler-side cancel is all that is left to do.
-        with contextlib.suppress(Exception):
-            client.run(stop_run, token, on_error="return")
-        self.told.set()
+            return bool(self.pending)
 
     def cancel(self, client: Any) -> None:
         """Stop, and cancel on the scheduler every batch still out (its items are given up).
@@ -274,7 +319,11 @@ class Transport:
         client : distributed.Client
             The run's client.
         """
-        if futures := self.lose():
+        futures = self.lose()
+        # A direct batch cannot be cancelled: it was told the stop token, and its answer, if
+        # it still comes, is ignored.
+        futures = [f for f in futures if not isinstance(f, direct.Call)]
+        if futures:
             client.cancel(futures, reason="interrupted from the notebook")
 
     def lose(self) -> list[Any]:
@@ -282,15 +331,16 @@ class Transport:
 
         Returns
         -------
-        list of distributed.Future
-            The futures that were pending.
+        list
+            The futures and direct calls that were pending.
         """
         with self.lock:
             self.stopping = True
             futures = list(self.pending)
             self.pending.clear()
-            if self._done is not None:
-                self._done.put(None)  # ends `completions`
+            completed = self._completed
+        if completed is not None:
+            completed.clear()
         return futures
 
 
@@ -334,93 +384,3 @@ def outcome(future: Any) -> Any:
         return future.result()
     except BaseException as e:
         return e
-
-
-class _Call:
-    """Pickles as ``fn(*args)``: unpickling makes the call."""
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]):
-        self.fn, self.args = fn, args
-
-    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return self.fn, self.args
-
-
-def task(fn: Callable[..., Any], *args: Any, deps: tuple[Any, ...] = ()) -> tuple[Any, ...]:
-    """``client.submit(*task(fn, *args, deps=deps))`` runs ``fn(*args, *deps)``; where `fn`
-    cannot be imported, the task fails with that ImportError instead of breaking the
-    worker's connection.
-
-    Parameters
-    ----------
-    fn : callable
-        A function importable by name (a module's top-level function) where the task runs.
-    *args : Any
-        Its arguments: plain data, pickled with it (no Dask futures: Dask would not see
-        them inside).
-    deps : tuple
-        Dask futures, passed last, as their values: Dask resolves them on the worker.
-
-    Returns
-    -------
-    tuple
-        ``(pickle.loads, the pickled call)``: what `client.submit` takes as the function and
-        its one argument; with `deps`, ``(dask.utils.apply, a nested task loading the function
-        with its arguments, [*deps])``.
-
-    Examples
-    --------
-    >>> import operator
-    >>> loads, call = task(operator.add, 2, 3)
-    >>> loads(call)
-    5
-    """
-    if deps:
-        from dask.utils import apply
-
-        loader = nested_task(pickle.loads, pickle.dumps(functools.partial(fn, *args), protocol=pickle.HIGHEST_PROTOCOL))
-        return (apply, loader, list(deps))
-    return (pickle.loads, pickle.dumps(_Call(fn, args), protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _erred_on(key: str, dask_scheduler: Any = None) -> list[tuple[str, str]]:
-    """(name, address) of the workers `key` failed on (run on the scheduler)."""
-    ts = dask_scheduler.tasks.get(key)
-    where = sorted(getattr(ts, "erred_on", None) or ()) if ts is not None else []
-    return [(str(getattr(dask_scheduler.workers.get(a), "name", a)), a) for a in where]
-
-
-def halt_reason(client: Any, key: str, why: str) -> str:
-    """The one line for a batch that could not import nbcluster: the worker it failed on and
-    the fix, where the scheduler can say which worker (it has nbcluster), else the cluster's.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        The run's client, to ask the scheduler where the task failed.
-    key : str
-        The failed batch's Dask key (still held, so the scheduler remembers it).
-    why : str
-        The import error, as one line (``ModuleNotFoundError: No module named 'nbcluster'``).
-
-    Returns
-    -------
-    str
-        The line the cell ends with: the worker, its address and the nbcluster version to
-        install there; or, where the scheduler cannot say (it lacks nbcluster itself), that
-        the whole cluster needs nbcluster, on its scheduler and its workers.
-    """
-    try:
-        workers = client.run_on_scheduler(_erred_on, key)
-    except Exception:  # a scheduler without nbcluster cannot run this: say what is known
-        workers = []
-    if not workers:
-        return (
-            f"the cluster at {client.scheduler.address} cannot load nbcluster's tasks ({why}): "
-            "nbcluster must be installed where its scheduler runs and on its workers"
-        )
-    name, address = workers[0]
-    return (
-        f"worker {name} ({address}) cannot import nbcluster ({why}): install nbcluster {__version__} "
-        "in the Python environment that runs it (as on the scheduler), or stop that worker"
-    )

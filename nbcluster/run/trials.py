@@ -254,13 +254,15 @@ class Trials:
         Parameters
         ----------
         items : list of int
-            The items the retry runs: their last messages are awaited afresh.
+            The items the retry runs: their last messages are awaited afresh, and an earlier
+            stop of theirs is forgotten, so that the retry can be stopped, and time out, anew.
         """
         self._generation += 1
         with self._lock:
             self.finals.difference_update(items)
             for i in items:
                 self.begun.pop(i, None)
+                self.told.pop(i, None)
         if not self._closed.is_set():
             return
         self._closed.clear()

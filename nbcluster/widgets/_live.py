@@ -66,6 +66,12 @@ _TASK_FIELDS = ("prefix", "worker", "start", "stop", "status")
 # differences between this machine and the workers; a caller that can name its tasks
 # passes a task_filter instead (distribute runs do, by key).
 CLOCK_SLACK_S = 0.1
+# A finished run's source may name task records still on their way (``awaited``: batches a
+# worker ran directly, reported after their answers). The final picture waits this long at
+# most for them, reading the feed every `AWAIT_POLL_S`: a record lost with its worker must
+# not hold the cell's end.
+AWAIT_S = 0.5
+AWAIT_POLL_S = 0.02
 
 
 class _Poller:
@@ -155,6 +161,8 @@ class Live:
         self._pending_tasks: list[TaskRecord] = []
         self._pending_samples: list[ResourceSample] = []
         self._pending_bands: list[Band] = []
+        self._seen_keys: set[str] = set()  # of the records kept, for `_await_tasks`
+        self._awaited: frozenset[str] = frozenset()
         self._end_state: str | None = None
         self._stop = threading.Event()
         self._caller_freezes = False
@@ -306,16 +314,26 @@ class Live:
             # the view shows, brings the scheduler's history since the cell started.
             return finished
         self._read_metrics()
+        if finished:
+            self._await_tasks()
         if not self.shown:
             self._show()
         self._push()
         return finished
+
+    def _await_tasks(self) -> None:
+        """Read the feed again until the records the source said were coming came (`AWAIT_S`)."""
+        deadline = time.monotonic() + AWAIT_S
+        while self.feed is not None and not self._awaited <= self._seen_keys and time.monotonic() < deadline:
+            time.sleep(AWAIT_POLL_S)
+            self._read_metrics()
 
     def _read_progress(self) -> bool:
         if self.progress_source is None:
             self.counts = {}
             return False
         raw = dict(self.progress_source())
+        self._awaited = frozenset(raw.pop("awaited", ()))
         # A trial run says which way its objective ranks, or that none does (`_results.py`).
         order = raw.pop("best", self.options.best)
         self.curves = raw.pop("curves", None) or self.curves
@@ -361,6 +379,8 @@ class Live:
         horizon = now - self.options.resource_window
         samples = [r for r in snap.get("resources") or () if r["time"] >= horizon]
         snap = {**snap, "tasks": list(tasks), "resources": samples}
+        if self.options.task_filter is not None:  # the run's own (a run's batches: few), never the cluster's
+            self._seen_keys.update(str(t.get("key")) for t in snap["tasks"])
         self.metrics.apply(snap)
         self._pending_tasks.extend(snap["tasks"])
         self._pending_samples.extend(samples)

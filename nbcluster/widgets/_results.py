@@ -9,7 +9,8 @@ What is read, all through the observation surface documented in results.py: ``co
 and ``done`` every tick; for ``--grid`` runs ``params``, ``values()`` and ``errors`` when the
 counts change; ``run_id`` to pick this run's batches (``distribute-<run id>-<n>``) out of the
 cluster's task stream; ``mode`` to recognise a grid run when the caller does not say, and
-and ``client`` (the run's Dask client), whose connection the metrics feed reuses.
+``client`` (the run's Dask client), whose connection the metrics feed reuses; and, once the
+run is done, ``Results._direct_keys``, the batches whose task records the final picture waits for.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class ResultsProgress:
         # Results counts queued and executing items together as "running"; say "pending".
         c["pending"] = c.pop("running", 0)
         c["finished"] = bool(self.results.done)
+        if c["finished"] and (direct := self.results._direct_keys):
+            c["awaited"] = direct  # their records come after their answers (`Live` waits)
         if self.grid:
             key = (c["done"], c["failed"], c.get("cancelled", 0))
             if key != self._grid_key:

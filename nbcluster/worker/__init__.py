@@ -4,6 +4,9 @@ A Dask task is `run_batch((context_key, inline_context), batch, token)`, with no
 dependencies at all, so the scheduler treats every batch as a root task and hands them
 out from its queue to whichever thread is free. Items are pickled by reference to the
 three tasks here (`run_batch`, `stop_run`, `pin`): keep their names.
+A run's first batches come as a request to the worker itself instead (`direct.py`), which
+runs the same `run_blob` in the same thread pool, without the scheduler, and sends its first
+item's result ahead when the batch goes on (`ahead.py`).
 
 - `batch` is one opaque blob `(indices, items, budget)`: Dask never walks into it, so its
   cost does not grow with the items inside.
@@ -50,11 +53,13 @@ import copy
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from nbcluster._wire import PUSHED_TOPIC, Pushed
 from nbcluster.errors import Lost
 from nbcluster.worker import output, stopping
+from nbcluster.worker.ahead import FirstAhead, without_first
 from nbcluster.worker.context import INLINE_CONTEXT, Context, fetch, load, pin, ran_on
 from nbcluster.worker.items import dump_result, run_items
 from nbcluster.worker.records import ErrorRecord, error_record
@@ -116,10 +121,12 @@ def run_blob(
     context: tuple[str, bytes | None],
     batch: bytes,
     token: str | None = None,
+    ahead: FirstAhead | None = None,
     deps: tuple[Any, ...] = (),
     names: dict[str, int] | None = None,
 ) -> bytes:
-    """`run_batch` without the push (`held.py` and `rank.py` push their own results).
+    """`run_batch` without the push: what a batch sent to the worker directly runs
+    (`direct.py`); `held.py` and `rank.py` push their own results.
 
     Parameters
     ----------
@@ -129,6 +136,9 @@ def run_blob(
         The pickled ``(indices, items, budget)`` of this batch.
     token : str, optional
         The run's stop token.
+    ahead : FirstAhead, optional
+        A run's first direct batch: told when its first item ended, it may send that item
+        ahead of the rest, which the result then leaves out (`ahead.py`).
     deps : tuple
         The values of the handles the batch reads, for its `Slot`s.
     names : dict of str to int, optional
@@ -140,7 +150,10 @@ def run_blob(
         The cloudpickled result, as `run_batch` returns it.
     """
     idle = since_last(token)
-    result = run(context, batch, token, deps, names)
+    first = None if ahead is None else (lambda part: ahead.ran({**part, "ran_on": ran_on()}))
+    result = run(context, batch, token, deps, names, first)
+    if ahead is not None and "values" in result and ahead.close():
+        result = without_first(result, pickle.loads(batch)[0][0], ahead.seconds)
     if idle is not None and "values" in result:
         result["idle"] = idle  # for the batch sizing: what a task's round costs this thread
     blob = dump_result(result)
@@ -154,6 +167,7 @@ def run(
     token: str | None,
     deps: tuple[Any, ...] = (),
     names: dict[str, int] | None = None,
+    first: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """A batch's result, not yet pickled; as `run_batch` describes it.
 
@@ -161,6 +175,8 @@ def run(
     ----------
     context, batch, token, deps, names
         As for `run_blob`.
+    first : callable, optional
+        Told the first item's result as soon as it ended (`run_items`).
 
     Returns
     -------
@@ -188,7 +204,7 @@ def run(
         loaded = copy.copy(loaded)
         loaded.namespace = {**loaded.namespace, **{n: deps[k] for n, k in names.items()}}
     output.install()
-    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget)
+    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget, first=first)
     result["ran_on"] = ran_on()
     return result
 

@@ -47,6 +47,7 @@ from typing import Any
 import cloudpickle
 
 from nbcluster.worker import output, stopping, trial
+from nbcluster.worker.ahead import first_of
 from nbcluster.worker.context import Context, Copy, read_only_error
 from nbcluster.worker.records import ErrorRecord, error_record
 
@@ -62,6 +63,7 @@ def run_items(
     capture: bool,
     token: str | None = None,
     budget: float | None = None,
+    first: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run items in this thread until done or stopped; never raises for an item's own failure.
 
@@ -89,6 +91,10 @@ def run_items(
     budget : float or None
         Seconds after which no further chunk is started (the batch's time budget); None runs
         them all.
+    first : callable, optional
+        Called once the first item ended, with that item's result (`ahead.first_of`),
+        before the next item starts: a run's first direct batch may send
+        it ahead of the rest (`ahead.py`).
 
     Returns
     -------
@@ -135,6 +141,9 @@ def run_items(
             if stopped:
                 break
             now = time.perf_counter()
+            if first is not None:  # the first chunk is the first item alone
+                first(first_of(values, errors, outputs, indices[0], now - started))
+                first = None
             aim = CHUNK_S if budget is None else min(CHUNK_S, budget - (now - started))
             per_item = (now - begun) / (len(values) - before)
             size = max(1, min(2 * size, int(aim / per_item) if per_item > 0 else 2 * size))
