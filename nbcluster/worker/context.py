@@ -63,7 +63,8 @@ _LOCK = threading.Lock()  # for both; `pin` takes it in the event loop: never he
 _FETCHING = threading.Lock()  # one fetch at a time: threads wanting the same value wait for it
 # Names through which a one-expression cell could write to the namespace its items share.
 _INTROSPECTION = frozenset({"globals", "locals", "vars", "exec", "eval", "dir", "breakpoint", "_getframe",
-                            "currentframe", "f_globals", "f_locals", "f_back"})  # fmt: skip
+                            "currentframe", "f_globals", "f_locals", "f_back", "__nbcluster_items__",
+                            "__nbcluster_values__"})  # fmt: skip
 
 
 class Context:
@@ -91,7 +92,7 @@ class Context:
         self.body: CodeType | None = None
         self.last: CodeType | None = None
         self.bind: CodeType | None = None
-        self.expression: CodeType | None = None  # a one-expression cell, as a function (`cell_function`)
+        self.expression: CodeType | None = None  # a one-expression cell, as a loop (`cell_loop`)
         if self.kind == "cell":
             filename, source = spec["filename"], spec["source"]
             linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
@@ -103,7 +104,7 @@ class Context:
                 bind = f"{spec['target']} = __nbcluster_item__\ndel __nbcluster_item__"
                 self.bind = compile(bind, "<--over>", "exec", dont_inherit=True)
             elif self.body is None and self.mode in ("over", "grid", "zip"):
-                self.expression = cell_function(source, filename, self.names)
+                self.expression = cell_loop(source, filename, self.names, self.mode != "over")
 
     def shared(self, large_values: tuple[Any, ...]) -> tuple[dict[str, Any], list[Copy]]:
         """What the items of a batch read: the shared namespace, and how each item copies the rest.
@@ -217,14 +218,16 @@ def _loaded(blob: bytes, what: str, need: str) -> Any:
         ) from None
 
 
-def cell_function(source: str, filename: str, names: tuple[str, ...]) -> CodeType | None:
-    """A one-expression cell as the code of a function of the item's names, or None if it must not.
+def cell_loop(source: str, filename: str, names: tuple[str, ...], tuple_target: bool) -> CodeType | None:
+    """A one-expression cell as the code of ``f(items, values)``, a loop that appends its value
+    for each item, or None if it must not.
 
-    Each item is then one call, with its names as the call's own locals, and `map` runs a
-    batch's items at C speed, with no namespace copied per item. The function's globals are
-    the items' shared namespace, which holds only what an item cannot change (`Context`);
-    a cell that could write there (`globals()`, `exec`, frames...) runs item by item, each in
-    its own namespace.
+    One call runs a chunk of items, with no call and no namespace per item: the item's names
+    are the loop's locals, and its globals the items' shared namespace, which holds only what
+    an item cannot change (`Context`). A cell whose items could then tell each other apart
+    runs item by item, each in its own namespace: one that binds a name (`:=`), makes a
+    `lambda` or a generator (called later, it would see a later item's names), or could write
+    its globals (`globals()`, `exec`, frames...).
 
     Parameters
     ----------
@@ -233,27 +236,50 @@ def cell_function(source: str, filename: str, names: tuple[str, ...]) -> CodeTyp
     filename : str
         The cell's file name, which tracebacks map to the cell.
     names : tuple of str
-        The names an item binds, in order: the function's parameters.
+        The names an item binds, in order.
+    tuple_target : bool
+        True when an item is a tuple of values, one per name (``--grid``, ``--zip``).
 
     Returns
     -------
     code or None
-        The function's code, named ``<module>`` as the cell's top level it stands for.
+        The loop's code, named ``<module>`` as the cell's top level it stands for.
 
     Examples
     --------
-    >>> code = cell_function("x + k", "<cell>", ("x",))
-    >>> list(map(FunctionType(code, {"k": 10}), [1, 2]))
+    >>> values = []
+    >>> FunctionType(cell_loop("x + k", "<cell>", ("x",), False), {"k": 10})(iter([1, 2]), values)
+    >>> values
     [11, 12]
-    >>> cell_function("globals().setdefault('first', x)", "<cell>", ("x",)) is None
+    >>> cell_loop("(y := x) + 1", "<cell>", ("x",), False) is None
     True
     """
-    try:  # the source's first line is the lambda's, so line numbers stay the cell's
-        outer = compile(f"lambda {', '.join(names)}: ({source}\n)", filename, "eval", dont_inherit=True)
+    own = ("__nbcluster_items__", "__nbcluster_values__", *names)
+    target = ", ".join(names) + ("," if tuple_target else "")
+    loop = f"def _({own[0]}, {own[1]}):\n for ({target}) in {own[0]}: {own[1]}.append(({source}\n))"
+    try:
+        module = compile(loop, filename, "exec", dont_inherit=True)
     except SyntaxError:  # a trailing `;`, a statement: item by item
         return None
-    code = next(c for c in outer.co_consts if isinstance(c, CodeType))
-    return None if _INTROSPECTION.intersection(_names(code)) else code.replace(co_name="<module>")
+    code = next(c for c in module.co_consts if isinstance(c, CodeType))
+    nested = list(_codes(code))
+    if ({*code.co_varnames, *code.co_cellvars} != set(own) or _INTROSPECTION.intersection(_names(code))
+            or any(c.co_name in ("<lambda>", "<genexpr>") for c in nested)):  # fmt: skip
+        return None
+    return _shifted(code).replace(co_name="<module>")  # the loop's own line is the source's first
+
+
+def _codes(code: CodeType) -> Iterator[CodeType]:
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            yield const
+            yield from _codes(const)
+
+
+def _shifted(code: CodeType) -> CodeType:
+    """`code` one line up: the loop's `def` line goes, its `for` line is the cell's first."""
+    consts = tuple(_shifted(c) if isinstance(c, CodeType) else c for c in code.co_consts)
+    return code.replace(co_firstlineno=code.co_firstlineno - 1, co_consts=consts)
 
 
 def _names(code: CodeType) -> Iterator[str]:

@@ -5,14 +5,15 @@
 starts from the notebook's state: it gets its own copy of every captured value that it could
 change, and shares the rest (`context.py`).
 
-**One call per item, mapped.** Every batch runs as ``values.extend(map(step, items))``:
+**One loop per chunk.** A batch runs in chunks, each one call that appends each item's value:
 
-- a function over plain items (no seed, nothing it reads to copy per item): `step` is the
-  function itself (`starmap` when an item unpacks into arguments);
-- a cell that is one expression and captures nothing to copy: the expression as a function of
-  the item's names (`context.cell_function`), whose globals are the shared namespace;
+- a function over plain items (no seed, nothing it reads to copy per item):
+  ``values.extend(map(fn, chunk))`` (`starmap` when an item unpacks into arguments);
+- a cell that is one expression and captures nothing to copy: the cell compiled into a loop,
+  ``for x in chunk: values.append(<expression>)`` (`context.cell_loop`), whose globals are
+  the shared namespace;
 - anything else (statements, values to copy per item, a seed, an unpacking target, keyword
-  arguments, a trial): `_one_item`, which gives the item a fresh namespace, over
+  arguments, a trial): `_one_item`, which gives the item a fresh namespace, mapped over
   (item, index) pairs.
 
 **Chunks.** The items run in chunks sized to take about `CHUNK_S`: the first chunk is one
@@ -24,8 +25,8 @@ stop token before each item: a cell that waited on something, then was stopped, 
 further item.
 
 **A failing item fails alone.** The values are appended in order to one list, so when the
-mapped call raises, the list's length is the failing item's position in the batch: it gets
-its error record and a None, and the same `map` resumes after it (its chunk is an
+chunk's call raises, the list's length is the failing item's position in the batch: it gets
+its error record and a None, and the call is made again on the rest of the chunk (an
 iterator, from which the failing item was taken). The resumption runs outside the `except`
 block, so the next item's own exception carries no `__context__` from this one. The item
 running is likewise the one at position ``len(values)``: `output.collect` files its prints
@@ -40,7 +41,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FunctionType
 from typing import Any
 
@@ -111,7 +112,7 @@ def run_items(
         item.
     """
     base, copies = context.shared(large_values)
-    over, step, todo = _plan(context, base, copies, indices, items, token)
+    run, todo = _plan(context, base, copies, indices, items, token)
     read_only = tuple(sorted(context.arrays))
     values: list[Any] = []  # appended in order: its length is the running item's position
     errors: dict[int, ErrorRecord] = {}
@@ -125,10 +126,10 @@ def run_items(
             if stopping.stopped(token):
                 break
             before, begun = len(values), time.perf_counter()
-            mapped = over(step, itertools.islice(todo, size))
+            chunk = itertools.islice(todo, size)
             while True:
                 try:
-                    values.extend(mapped)
+                    run(chunk, values)  # again after a failing item: on from the next one
                     break
                 except KeyboardInterrupt:
                     raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
@@ -160,16 +161,16 @@ def run_items(
 
 def _plan(
     context: Context, base: dict[str, Any], copies: list[Copy], indices: Any, items: list[Any], token: str | None
-) -> tuple[Any, Callable[..., Any], Any]:
-    """How the items run: (`map` or `starmap`, the step mapped over each item, what it maps over)."""
+) -> tuple[Callable[[Iterator[Any], list[Any]], None], Any]:
+    """How the items run: ``run(chunk, values)``, which appends each item's value, and what the
+    chunks are cut from."""
     c = context
     if c.seed is None and c.trial is None:  # else each item binds its own seed, or is a trial
-        over = itertools.starmap if c.unpacks or c.mode in ("grid", "zip") else map
         if c.kind == "function" and c.mode == "over" and c.fn_blob is None:
-            assert c.fn is not None
-            return over, c.fn, items
+            fn, over = c.item_function(), itertools.starmap if c.unpacks else map
+            return lambda chunk, values: values.extend(over(fn, chunk)), items
         if c.expression is not None and not copies:
-            return over, FunctionType(c.expression, base), items
+            return FunctionType(c.expression, base), items
 
     def step(item: Any, index: int) -> Any:
         if stopping.stopped(token):  # beside a namespace per item this costs little: checked per item
@@ -178,7 +179,7 @@ def _plan(
             return trial.run_item(c.trial, index, token, lambda: _one_item(c, base, copies, item, index))
         return _one_item(c, base, copies, item, index)
 
-    return itertools.starmap, step, zip(items, indices, strict=True)
+    return lambda chunk, values: values.extend(itertools.starmap(step, chunk)), zip(items, indices, strict=True)
 
 
 class _Stopped(Exception):
