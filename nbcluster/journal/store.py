@@ -185,7 +185,13 @@ def folder() -> Path:
 
 
 def enabled() -> bool:
-    """Whether runs are journaled: the ``nbcluster.journal.enabled`` setting, a bool or ``"true"``."""
+    """Whether runs are journaled: the ``nbcluster.journal.enabled`` setting.
+
+    Returns
+    -------
+    bool
+        The setting, a bool or the text ``"true"`` (from an environment variable).
+    """
     value = config.get("journal.enabled")
     return value if isinstance(value, bool) else str(value).strip().lower() == "true"
 
@@ -221,7 +227,18 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
 
 
 def started(path: Path) -> float:
-    """When the run of the journal `path` started (epoch seconds, from its name; 0 if none)."""
+    """When the run of the journal `path` started, read from its name.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        A journal file.
+
+    Returns
+    -------
+    float
+        Epoch seconds; 0 when the name holds none.
+    """
     try:
         t = int(path.name.rsplit("-", 2)[-2])
     except (ValueError, IndexError):
@@ -230,7 +247,18 @@ def started(path: Path) -> float:
 
 
 def when(t: float) -> str:
-    """The time `t` for messages, in local time: ``14:02`` today, else ``Nov 30 14:02``."""
+    """The time `t` for messages, in local time.
+
+    Parameters
+    ----------
+    t : float
+        Epoch seconds.
+
+    Returns
+    -------
+    str
+        ``14:02`` today, else ``Nov 30 14:02``.
+    """
     lt = time.localtime(t)
     return time.strftime("%H:%M" if time.strftime("%Y%m%d", lt) == time.strftime("%Y%m%d") else "%b %d %H:%M", lt)
 
@@ -478,8 +506,19 @@ def create(
 
 
 def claim(path: Path) -> Writer | None:
-    """Take a journal to resume it: a writer appending to it, holding its lock; None when
-    another run holds it or it is gone."""
+    """Take a journal to resume it.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The journal file.
+
+    Returns
+    -------
+    Writer or None
+        A writer appending to it, holding its lock; None when another run holds it or it
+        is gone.
+    """
     try:
         return Writer(path, _locked(os.open(path, os.O_WRONLY | os.O_APPEND)))
     except OSError:  # BlockingIOError: in use; or it was just deleted
@@ -563,6 +602,18 @@ def _delete(paths: list[Path]) -> list[Path]:
 def parse_header(data: bytes, path: Path) -> tuple[Header, int]:
     """The header of the journal `path` whose contents are `data`, and where its records start.
 
+    Parameters
+    ----------
+    data : bytes
+        The journal's contents, from its start (the whole header at least).
+    path : pathlib.Path
+        The journal file, for messages.
+
+    Returns
+    -------
+    tuple of (Header, int)
+        The header, and the offset of its first record in `data`.
+
     Raises
     ------
     Refused
@@ -587,7 +638,18 @@ def parse_header(data: bytes, path: Path) -> tuple[Header, int]:
 
 
 def read_header(path: Path) -> Header | None:
-    """The header of the journal `path` (read from its start only); None if it cannot be read."""
+    """The header of the journal `path`, read from its start only.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The journal file.
+
+    Returns
+    -------
+    Header or None
+        None if it cannot be read or is no journal of this version.
+    """
     try:
         with open(path, "rb") as f:
             return parse_header(f.read(64 * 1024), path)[0]
@@ -612,6 +674,16 @@ def ended_complete(path: Path) -> bool:
 
     Only that record is unpickled: a fresh run asks this of its cell's previous journal
     (`resume.prepare`), and a complete one, the usual case, then costs no read of its values.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The journal file.
+
+    Returns
+    -------
+    bool
+        True when its run ended with every item done.
     """
     try:
         data = path.read_bytes()
