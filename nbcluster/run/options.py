@@ -179,9 +179,12 @@ class DistributeOptions:
             )
 
     def _check_trials(self) -> None:
-        Objective.parse(self.objective)
-        make(self.stopper)
-        parse_timeout(self.timeout)
+        if self.objective is not None:
+            Objective.parse(self.objective)
+        if self.stopper is not None:
+            make(self.stopper)
+        if self.timeout is not None:
+            parse_timeout(self.timeout)
         stops = self.stopper is not None or self.timeout is not None
         if self.stopper is not None and self.objective is None:
             raise BadArgument("--stop judges trials by their objective: add --objective NAME:min|max")
