@@ -200,7 +200,7 @@ class Transport:
         """The result blobs of the finished batches in `done`, fetched in one gather.
 
         A direct call's came with its answer; a small one a worker pushed ahead of its
-        task's end (`worker/push.py`) needs no gather. A batch that did not finish gives its
+        task's end (`worker.push`) needs no gather. A batch that did not finish gives its
         exception instead, and so does one whose gather failed (asked alone then).
 
         Parameters
