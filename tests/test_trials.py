@@ -7,6 +7,7 @@ needs them held, never on sleeps of the test's own.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import nbcluster
 from nbcluster import errors
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.worker import trial
+from tests.os_helpers import family
 from tests.waiting import until
 
 
@@ -258,6 +260,12 @@ def test_checkpoint_then_a_killed_kernel_then_resume_goes_on_from_the_saved_epoc
            "DASK_NBCLUSTER__CHECKPOINT__PATH": str(tmp_path / "checkpoints")}  # fmt: skip
     first = subprocess.run([sys.executable, str(script), "first"], env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    # Its cluster goes when its supervisor sees the owner gone; until then its workers train on
+    # (and checkpoint). The second kernel starts once they are gone, as a user's restart would
+    # find them after a moment: a resume racing a still-running trial is another test's matter.
+    supervisors = [json.loads(p.read_text())["supervisor_pid"] for p in runtime_dir.glob("*.json")]
+    first_cluster = [proc for pid in supervisors for proc in family(pid, gone_ok=True)]
+    assert until(lambda: not any(proc.is_running() for proc in first_cluster), seconds=60), first_cluster
     saved = (tmp_path / "checkpoints").glob("*/*.ckpt")
     assert sorted(p.name for p in saved) == ["0.ckpt", "1.ckpt"]
     assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in (tmp_path / "checkpoints").glob("*/*.ckpt"))
