@@ -68,13 +68,15 @@ def on_worker(i: int, episodes: int) -> int:
 
 
 def on_worker_timed(i: int, episodes: int) -> Stamp:
-    """`on_worker`, stamped: (pid, batch, start, end, thread CPU seconds, episodes)."""
-    from distributed import get_worker
+    """`on_worker`, stamped: (pid, batch, start, end, thread CPU seconds, episodes).
 
+    A batch sent directly is not a Dask task, so the batch is not named here: the timeline
+    splits a process's items into batches where one starts more than `SAME_BATCH_S` after
+    the one before ended (items of one batch follow each other within microseconds).
+    """
     import nbcluster
 
-    batch = str(get_worker().get_current_task())  # the Dask task: one batch of items
-    return _stamped(lambda: play(nbcluster.worker_local("bench-cartpole", make), episodes, i), batch)
+    return _stamped(lambda: play(nbcluster.worker_local("bench-cartpole", make), episodes, i), "")
 
 
 def in_pool_timed(args: tuple[int, int]) -> Stamp:
@@ -82,6 +84,7 @@ def in_pool_timed(args: tuple[int, int]) -> Stamp:
 
 
 Stamp = tuple[int, str, float, float, float, int]
+SAME_BATCH_S = 0.0003  # a longer gap between two items of a process is a round trip: a new batch
 
 
 def _stamped(item: Any, batch: str) -> Stamp:
@@ -97,7 +100,8 @@ def timeline(name: str, began: float, ended: float, stamps: list[Stamp]) -> list
         mine = sorted((s for s in stamps if s[0] == pid), key=lambda s: s[2])
         runs: list[list[Stamp]] = [[mine[0]]]
         for before, after in itertools.pairwise(mine):
-            (runs[-1].append(after) if after[1] == before[1] else runs.append([after]))  # fmt: skip
+            same = after[1] == before[1] and after[2] - before[3] < SAME_BATCH_S
+            (runs[-1].append(after) if same else runs.append([after]))  # fmt: skip
         busy = sum(s[3] - s[2] for s in mine)
         gaps = sum(b[0][2] - a[-1][3] for a, b in itertools.pairwise(runs))
         lines.append(
