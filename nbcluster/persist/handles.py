@@ -402,14 +402,13 @@ def holdings_lines(client: Any) -> list[str]:
     return lines
 
 
-def check(values: Iterable[Any], client: Any = None) -> None:
+def check(values: Iterable[Handle], client: Any = None) -> None:
     """Check, before anything runs, that every handle a run reads can be read.
 
     Parameters
     ----------
-    values : Iterable
-        The values the run reads: its items and captured values; those that are not handles
-        are skipped.
+    values : Iterable of Handle
+        The handles the run reads: among its items, and captured by name.
     client : distributed.Client, optional
         The run's client: when given, each handle must belong to its cluster.
 
@@ -420,8 +419,6 @@ def check(values: Iterable[Any], client: Any = None) -> None:
         ``--cluster``, or ``.gather()`` it).
     """
     for value in values:
-        if not isinstance(value, Handle):
-            continue
         if value.gone is not None:
             raise BadArgument(f"a persisted result read by this cell is gone: {value.gone}")
         theirs = value._future.client

@@ -469,7 +469,8 @@ def launch(
         items = plan(over=o.over, grid=o.grid, zip=o.zip, evaluate=_evaluator(namespace))
     n_local = len(items) if o.local in ("all", True) else min(int(o.local), len(items))
     remote = n_local < len(items)
-    captured = _capture(cell, [*items.names, *(["seed"] if o.seed is not None else [])], namespace, remote)
+    bound = [*items.names, *(["seed"] if o.seed is not None else [])]
+    captured = capture(cell.free_names(bound), namespace, pickle_values=remote) if cell else Capture()
     reads = [*captured.held.values(), *_handles_in(items)]
     if reads and n_local:
         raise BadArgument("this cell reads persisted results, which stay on the workers: drop --local, "
@@ -566,21 +567,6 @@ def _follow_trials(tracker: Trials, run: Run, client: Any, resumed: set[int]) ->
     tracker.wake = wake
     state.on_end(tracker.settle)  # before a waiting cell sees the run end: its last reports are in
     state.add_done_callback(tracker.closer())
-
-
-def _capture(cell: Cell | None, bound: list[str], namespace: Any, pickle_values: bool) -> Capture:
-    """The notebook values the cell reads (a function carries its own).
-
-    A persisted handle read by name is not pickled: each batch takes its future as a Dask
-    dependency, so the value goes worker to worker (`worker/held.py`).
-    """
-    if cell is None:
-        return Capture()
-    free = cell.free_names(bound)
-    held = {name: namespace[name] for name in free if name in namespace and isinstance(namespace[name], Handle)}
-    captured = capture({n: line for n, line in free.items() if n not in held}, namespace, pickle_values=pickle_values)
-    captured.held = held
-    return captured
 
 
 def _handles_in(items: Plan) -> list[Any]:

@@ -144,7 +144,9 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
     Returns
     -------
     Capture
-        The modules, small and large values found; builtins (and ``display``, which
+        The modules, small and large values found, and the persisted handles (`held`),
+        which are not pickled: each batch takes their futures as Dask dependencies, so the
+        value goes worker to worker (`worker/held.py`). Builtins (and ``display``, which
         workers provide) and names left for Python to resolve at run time are skipped.
 
     Raises
@@ -163,7 +165,11 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
                 f"`{name}` (cell line {line}) is not defined in the notebook: define it in an earlier "
                 "cell or in this one before it is used"
             )
-        value = result.direct[name] = namespace[name]
+        value = namespace[name]
+        if isinstance(value, handles.Handle):  # a Dask dependency of each batch: never pickled
+            result.held[name] = value
+            continue
+        result.direct[name] = value
         if isinstance(value, ModuleType):
             result.modules[name] = value.__name__
         elif pickle_values:

@@ -38,6 +38,10 @@ A `Plan` holds the item values (`items`) and how one value binds names:
 
 Per-item parameter dicts (`Plan.params(i)`) are built only when asked for, and a `range`
 stays a range: a 100,000-item cell pays for no dicts or lists it never looks at.
+
+Also here, what the set-up asks of the code and how messages show things: `mentions_trials`
+(does the code name `report`, `should_stop` or `checkpoint`, which makes a trial run),
+`describe` (an item's parameters) and `human` (a byte count).
 """
 
 from __future__ import annotations
@@ -171,7 +175,7 @@ def mentions_trials(body: Any) -> bool:
 
     Examples
     --------
-    >>> mentions_trials(Cell.parse("nbcluster.report(loss=x)", filename="<cell>"))
+    >>> mentions_trials(Cell.parse("report(loss=x)", filename="<cell>"))
     True
     """
     todo = [body.body, body.last] if isinstance(body, Cell) else [getattr(body, "__code__", None)]
