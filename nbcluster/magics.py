@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from nbcluster import commands
 from nbcluster.errors import ClusterCannotRun, ClusterLost, HelpShown, NbclusterError
-from nbcluster.persist.handles import forget_shown
+from nbcluster.persist.handles import Handle, forget_shown
 from nbcluster.run.options import help_text, parse_distribute_line, parse_wait_line
 
 if TYPE_CHECKING:
@@ -91,7 +91,8 @@ def _journals_line(words: list[str]) -> str:
 
 
 def forget_shown_after_cells(ipython: Any) -> None:
-    """After every cell, the output history holds persisted handles weakly (`handles.forget_shown`).
+    """After every cell, once this kernel has made a persisted handle, the output history holds
+    handles weakly (`handles.forget_shown`); before that, no output can hold one.
 
     Registering it again (a second ``%load_ext``) replaces the earlier callback, so it runs
     once per cell.
@@ -103,7 +104,8 @@ def forget_shown_after_cells(ipython: Any) -> None:
     """
 
     def after(_: Any) -> None:
-        forget_shown(ipython)
+        if Handle.made:  # until a handle exists, no output can hold one: a plain cell skips this
+            forget_shown(ipython)
 
     callbacks = ipython.events.callbacks["post_run_cell"]
     callbacks[:] = [c for c in callbacks if getattr(c, "__qualname__", "") != after.__qualname__]

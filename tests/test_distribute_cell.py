@@ -8,8 +8,8 @@ import pytest
 
 from nbcluster.errors import BadArgument
 from nbcluster.run.batching import PROBE_ITEMS, PROBE_S, Batcher
-from nbcluster.run.capture import LARGE, capture
-from nbcluster.run.cell import Cell, plan
+from nbcluster.run.capture import LARGE, Capture, capture
+from nbcluster.run.cell import Cell, mentions_trials, plan
 
 
 def free(source: str, bound: tuple[str, ...] = ()) -> set[str]:
@@ -67,9 +67,9 @@ def test_capture_names_unknown_and_unpicklable_variables() -> None:
     # cloudpickle would copy a read-mode file's contents: the file itself cannot travel.
     with open(__file__) as f, pytest.raises(BadArgument, match=r"`f` is an open file .* open it inside the cell"):
         capture({"f": 2}, {"f": f})
-    assert capture({"buffer": 2}, {"buffer": io.BytesIO(b"in memory")}).names == ["buffer"]  # a value, not a file
+    assert capture({"buffer": 2}, {"buffer": io.BytesIO(b"in memory")}).values.keys() == {"buffer"}  # a value, not a file
     # A name only a function reads is resolved when it runs, as in the kernel.
-    assert capture({"later": None}, {}).names == []
+    assert capture({"later": None}, {}) == Capture()
 
 
 def test_capture_splits_modules_small_and_large_values() -> None:
@@ -234,3 +234,20 @@ def test_the_backlog_gives_its_items_in_order_with_those_put_back_first() -> Non
     assert queue.take(5) == [9, 1, 2, 3, 4]
     rest = _Queue([5, 6, 8, 2])
     assert rest.take(3) == [5, 6, 8] and list(rest) == [2] and list(rest.take(9)) == [2] and len(rest) == 0
+
+
+def test_a_run_is_a_trial_run_when_its_code_names_report_should_stop_or_checkpoint() -> None:
+    def cell(source: str) -> Cell:
+        return Cell.parse(source, filename="<trial-cell>")
+
+    assert mentions_trials(cell("nbcluster.report(loss=x)"))
+    assert mentions_trials(cell("def step():\n    checkpoint(x)\nstep()"))  # in a function the cell defines
+    assert not mentions_trials(cell("# report the loss\nprint('report')\nx"))  # a comment, a string
+    assert not mentions_trials(cell("x + 1"))
+
+    def tune(lr: float) -> float:
+        if should_stop():  # type: ignore[name-defined]  # noqa: F821
+            return 0.0
+        return lr
+
+    assert mentions_trials(tune) and not mentions_trials(lambda x: x * 2)

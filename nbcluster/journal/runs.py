@@ -23,7 +23,7 @@ from typing import Any
 from nbcluster.errors import BadArgument
 from nbcluster.journal import store
 from nbcluster.persist import handles
-from nbcluster.run.capture import human
+from nbcluster.run.cell import human
 
 ID_LENGTH = 8
 

@@ -35,12 +35,12 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 from nbcluster import _compat
 from nbcluster._wire import HeldValue
 from nbcluster.errors import BadArgument, HandleGone
-from nbcluster.run.capture import human
+from nbcluster.run.cell import human
 from nbcluster.run.transport import outcome
 from nbcluster.worker.held import Slot, holdings, report_for, report_of
 
@@ -63,11 +63,14 @@ class Handle:
     """A value held on a worker; see the module docstring."""
 
     __slots__ = ("__weakref__", "_dataset", "_future", "_published", "held", "index", "made_on")
+    #: Whether this kernel ever made a handle: until then no cell's output can hold one.
+    made: ClassVar[bool] = False
 
     def __init__(self, future: Any, held: HeldValue, index: int, made_on: str | None = None):
         # `index`: the item of the run that made it; `made_on`: the address of the worker that made
         # it, where known (a placement hint); `_published` unpublishes `_dataset` (`publish`).
         self._future, self.held, self.index, self.made_on = future, held, index, made_on
+        Handle.made = True
         self._published: weakref.finalize[Any, Any] | None = None
         self._dataset = ""
 
@@ -399,14 +402,13 @@ def holdings_lines(client: Any) -> list[str]:
     return lines
 
 
-def check(values: Iterable[Any], client: Any = None) -> None:
+def check(values: Iterable[Handle], client: Any = None) -> None:
     """Check, before anything runs, that every handle a run reads can be read.
 
     Parameters
     ----------
-    values : Iterable
-        The values the run reads: its items and captured values; those that are not handles
-        are skipped.
+    values : Iterable of Handle
+        The handles the run reads: among its items, and captured by name.
     client : distributed.Client, optional
         The run's client: when given, each handle must belong to its cluster.
 
@@ -417,8 +419,6 @@ def check(values: Iterable[Any], client: Any = None) -> None:
         ``--cluster``, or ``.gather()`` it).
     """
     for value in values:
-        if not isinstance(value, Handle):
-            continue
         if value.gone is not None:
             raise BadArgument(f"a persisted result read by this cell is gone: {value.gone}")
         theirs = value._future.client
@@ -531,11 +531,11 @@ class Placement:
     keeps the value until that worker goes (then the hint names no live worker, and Dask
     places the batch itself): nothing is asked, so a chained cell's first item goes out at
     once. Only the others (handles adopted from a journal) are asked of the scheduler, in
-    one round trip.
+    one round trip. Making one runs no code (no ``__init__``): a run that reads no handle
+    never asks it anything.
     """
 
-    def __init__(self) -> None:
-        self._placed: dict[str, list[str]] | None = None
+    _placed: dict[str, list[str]] | None = None  # key -> holders, filled at the first `of` with deps
 
     def of(self, client: Any, items: Sequence[Any], deps: Sequence[Any]) -> list[str]:
         """The workers holding the first of `deps` (a batch's dependencies) with a known holder.
@@ -652,8 +652,9 @@ def recall(value: Any) -> Any:
 def forget_shown(shell: Any) -> None:
     """Make the output history (`Out`, `_`, `__`, `___`, `_N`) hold handles weakly.
 
-    Registered after each cell (`post_run_cell`): showing a handle, or the `Results` that
-    holds them, must not keep the workers' memory once the notebook's variables are gone.
+    Run after each cell (`post_run_cell`) once this kernel has made a handle (`Handle.made`):
+    showing a handle, or the `Results` that holds them, must not keep the workers' memory
+    once the notebook's variables are gone.
     A weak proxy still works like the value while it lives. IPython's display hook keeps
     `_`, `__`, `___` itself and tells them from the user's own by identity: its copies
     become the same proxies; IPython also copies them into `user_ns_hidden`.

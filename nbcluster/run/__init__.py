@@ -7,8 +7,9 @@ Every module here runs in the kernel. The magic parses its line (`options`) and 
 
 Set-up, with no Dask traffic: `options` (the flags, declared and checked once, and the
 magic's line), `cell` (source -> code, free names; the items: `Plan`), `capture` (what
-travels and how), `job` (what runs, made once).
-The run: `api` (checks, then the run's steps; `Run`, the controls of a run), `target`
+travels and how).
+The run: `api` (checks, then the run's steps; `Job`, what runs, made once; `Run`, the
+controls of a run), `target`
 (the cluster link: where items may run), `engine` (the driver: it feeds events to the
 policy and performs its actions), `policy` (the scheduling policy as a pure state machine:
 backlog, probes, suspects, retries), `batching` (batch sizes), `transport` (submit, cancel,

@@ -16,8 +16,8 @@ The order of a run, and why:
    context blob.
 3. The engine's driver thread submits the batches, sized by the policy (`policy.py`,
    `batching.py`), streams each finished batch into the state and resubmits failed items
-   while `--retries` allow. It is the only thread that talks to Dask after the start, so
-   `--no-wait` is the same code with the kernel's main thread returning at once.
+   while `--retries` allow. The kernel's main thread only follows the run, so `--no-wait`
+   is the same code with the main thread returning at once.
 4. With `wait=True`, the main thread follows the `Results` (`follow.py`): it prints item
    output as it arrives, then one summary line and the first traceback if items failed.
    Ctrl-C / the stop button lands there: the engine stops the run (running batches return
@@ -56,17 +56,16 @@ from nbcluster.journal.resume import Resumption, attach_checkpoints, prepare
 from nbcluster.persist import handles
 from nbcluster.persist.handles import Handle
 from nbcluster.run import ranks as rank_jobs
-from nbcluster.run.capture import Capture, capture, human
-from nbcluster.run.cell import Cell, Plan, plan
+from nbcluster.run.capture import Capture, Job, capture
+from nbcluster.run.cell import Cell, Plan, human, mentions_trials, plan
 from nbcluster.run.engine import Engine
 from nbcluster.run.follow import follow, interrupted, report
-from nbcluster.run.job import Job
 from nbcluster.run.options import DistributeOptions
 from nbcluster.run.results import Results
 from nbcluster.run.state import DONE, FAILED, PENDING
 from nbcluster.run.stoppers import make
 from nbcluster.run.target import Link, Needs
-from nbcluster.run.trials import Objective, Trials, mentions_trials, parse_timeout
+from nbcluster.run.trials import Objective, Trials, parse_timeout
 
 #: The keywords of the release before -> how to spell them now (`{fn}` is the function's name).
 OLD = {
@@ -470,18 +469,21 @@ def launch(
         items = plan(over=o.over, grid=o.grid, zip=o.zip, evaluate=_evaluator(namespace))
     n_local = len(items) if o.local in ("all", True) else min(int(o.local), len(items))
     remote = n_local < len(items)
-    captured = _capture(cell, [*items.names, *(["seed"] if o.seed is not None else [])], namespace, remote)
+    bound = [*items.names, *(["seed"] if o.seed is not None else [])]
+    captured = capture(cell.free_names(bound), namespace, pickle_values=remote) if cell else Capture()
     reads = [*captured.held.values(), *_handles_in(items)]
     if reads and n_local:
         raise BadArgument("this cell reads persisted results, which stay on the workers: drop --local, "
                           "or .gather() them first")  # fmt: skip
-    handles.check(reads)  # a stopped cluster's handle says so, not that no cluster is current
+    if reads:  # a stopped cluster's handle says so, not that no cluster is current
+        handles.check(reads)
     if remote:
         link.open()
-        handles.check(reads, link.client)
+        if reads:
+            handles.check(reads, link.client)
     tracker, batch = None, o.batch
     if not o.everywhere and (o.objective or o.stopper is not None or o.timeout is not None
-                             or mentions_trials(cell.source if cell else None, body)):  # fmt: skip
+                             or mentions_trials(cell or body)):  # fmt: skip
         tracker = Trials(
             run_id, len(items), objective=Objective.parse(o.objective), stopper=make(o.stopper),
             timeout=parse_timeout(o.timeout), params=items.params, ended=lambda i: False,
@@ -567,21 +569,6 @@ def _follow_trials(tracker: Trials, run: Run, client: Any, resumed: set[int]) ->
     state.add_done_callback(tracker.closer())
 
 
-def _capture(cell: Cell | None, bound: list[str], namespace: Any, pickle_values: bool) -> Capture:
-    """The notebook values the cell reads (a function carries its own).
-
-    A persisted handle read by name is not pickled: each batch takes its future as a Dask
-    dependency, so the value goes worker to worker (`worker/held.py`).
-    """
-    if cell is None:
-        return Capture()
-    free = cell.free_names(bound)
-    held = {name: namespace[name] for name in free if name in namespace and isinstance(namespace[name], Handle)}
-    captured = capture({n: line for n, line in free.items() if n not in held}, namespace, pickle_values=pickle_values)
-    captured.held = held
-    return captured
-
-
 def _handles_in(items: Plan) -> list[Any]:
     """The persisted handles among the items (one tuple level deep); a range holds none."""
     if isinstance(items.items, range):
@@ -594,7 +581,7 @@ class Run:
 
     It makes the run's `Results` and holds them weakly: the notebook's variable is what
     keeps a run alive, so ``del`` of it frees the run (and a ``--persist`` run's values) at
-    once. `distribute` keeps a strong reference only until `start` hands the view over.
+    once. The `Run` keeps a strong reference only until `start` hands the view over.
 
     Parameters
     ----------

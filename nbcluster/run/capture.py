@@ -41,10 +41,12 @@ import builtins
 import enum
 import hashlib
 import io
+import marshal
 import pickle
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import BuiltinFunctionType, CodeType, FunctionType, ModuleType
 from typing import Any
@@ -52,7 +54,11 @@ from typing import Any
 import cloudpickle
 
 from nbcluster import _compat, worker
+from nbcluster._wire import TrialSpec
 from nbcluster.errors import BadArgument
+from nbcluster.persist import handles
+from nbcluster.run.cell import Cell, Plan, human
+from nbcluster.run.tracebacks import ItemError
 
 LARGE = 1_000_000  # bytes of pickle above which a value is shipped once per worker
 PIN_WAIT_S = 5.0
@@ -95,10 +101,31 @@ class Capture:
     fresh: bytes | None = None
     read_only: list[str] = field(default_factory=list)
 
-    @property
-    def names(self) -> list[str]:
-        """The captured names that travel: modules, small values, then large ones."""
-        return [*self.modules, *self.values, *self.large]
+    def in_kernel(self) -> tuple[dict[str, Any], list[str], bytes | None]:
+        """What ``--local`` items read: the values as they are, but no item sees another's changes.
+
+        Returns
+        -------
+        namespace : dict
+            The captured values, the large plain arrays as read-only views (the notebook's
+            own arrays stay writeable).
+        arrays : list of str
+            The names of those arrays.
+        fresh : bytes or None
+            The values each item gets its own copy of, pickled together (`copyable`); a
+            notebook function that reads a large array is copied too, since here it reads
+            the notebook's own array.
+        """
+        namespace = {"__name__": "__main__", **self.direct}
+        arrays = [n for n in self.read_only if read_only_array(namespace[n])]
+        for name in arrays:
+            namespace[name] = namespace[name].view()
+            namespace[name].flags.writeable = False
+        copied = [*self.copied, *(n for n in self.read_only if isinstance(namespace[n], FunctionType))]
+        fresh = self.fresh if copied == self.copied else None
+        if fresh is None and copied:
+            fresh = copyable(", ".join(f"`{n}`" for n in copied), {n: self.direct[n] for n in copied})
+        return namespace, arrays, fresh
 
 
 def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool = True) -> Capture:
@@ -117,7 +144,9 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
     Returns
     -------
     Capture
-        The modules, small and large values found; builtins (and ``display``, which
+        The modules, small and large values found, and the persisted handles (`held`),
+        which are not pickled: each batch takes their futures as Dask dependencies, so the
+        value goes worker to worker (`worker/held.py`). Builtins (and ``display``, which
         workers provide) and names left for Python to resolve at run time are skipped.
 
     Raises
@@ -136,7 +165,11 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
                 f"`{name}` (cell line {line}) is not defined in the notebook: define it in an earlier "
                 "cell or in this one before it is used"
             )
-        value = result.direct[name] = namespace[name]
+        value = namespace[name]
+        if isinstance(value, handles.Handle):  # a Dask dependency of each batch: never pickled
+            result.held[name] = value
+            continue
+        result.direct[name] = value
         if isinstance(value, ModuleType):
             result.modules[name] = value.__name__
         elif pickle_values:
@@ -299,29 +332,65 @@ def _add(result: Capture, name: str, value: Any) -> None:
         result.copied.append(name)
 
 
-def human(size: float) -> str:
-    """A byte count for people: ``"512 B"``, ``"1.5 MB"``.
+def copyable(what: str, value: Any) -> bytes | None:
+    """`value` pickled, for ``--local`` items to load a copy each; None, with a line, if it cannot be.
 
     Parameters
     ----------
-    size : float
-        A size in bytes.
+    what : str
+        What it is, for the line: "the function", "`xs`".
+    value : Any
+        The value.
 
     Returns
     -------
-    str
-        The size in B, kB, MB or GB (powers of 1000), at most one decimal.
-
-    Examples
-    --------
-    >>> human(2_500_000)
-    '2.5 MB'
+    bytes or None
+        Its pickle; None when it cannot be pickled, and the items in the kernel then share the
+        notebook's own object (the line says so).
     """
-    for unit in ("B", "kB", "MB"):
-        if size < 1000:
-            return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} GB"
+    try:
+        return cloudpickle.dumps(value, protocol=5)
+    except Exception as e:
+        print(f"nbcluster: --local: {what} cannot be copied for each item ({type(e).__name__}: {e}); "
+              "the items in the kernel share the notebook's own object")  # fmt: skip
+        return None
+
+
+def code_index(values: Any) -> dict[str, list[tuple[str, int, int]]]:
+    """co_name -> [(filename, first line, last line)] for the notebook functions in `values`.
+
+    cloudpickle renames the file of every code object it ships by value to
+    "<dynamic-code>"; names and line numbers survive, so a worker's frame can be mapped
+    back to the notebook cell the function was defined in (`tracebacks.py`). Functions,
+    and the methods and properties of classes, are indexed, with every function nested in
+    them.
+
+    Parameters
+    ----------
+    values : iterable
+        The captured values and the run's function.
+
+    Returns
+    -------
+    dict of str to list of (str, int, int)
+        Each code object's name -> where each code object of that name is.
+    """
+    index: dict[str, list[tuple[str, int, int]]] = {}
+    todo: list[Any] = []
+    for value in values:
+        for member in vars(value).values() if isinstance(value, type) else [value]:
+            member = getattr(member, "__func__", member)
+            todo.append(getattr(getattr(member, "fget", member), "__code__", None))
+    seen: set[int] = set()
+    while todo:
+        code = todo.pop()
+        if not isinstance(code, CodeType) or id(code) in seen:
+            continue
+        seen.add(id(code))
+        last = max((line for _, _, line in code.co_lines() if line is not None), default=code.co_firstlineno)
+        index.setdefault(code.co_name, []).append((code.co_filename, code.co_firstlineno, last))
+        todo.extend(c for c in code.co_consts if isinstance(c, CodeType))
+    return index
 
 
 class Shipments:
@@ -477,3 +546,144 @@ def shipments(client: Any) -> Shipments:
     """
     with _SHIPMENTS_LOCK:
         return _SHIPMENTS.setdefault(client, Shipments())
+
+
+class Job:
+    """What a run runs, made once in the kernel before anything is sent.
+
+    A job is the run's code (a parsed `Cell` or a function), its `Plan`, the `Capture`, the
+    seed, and the policy for failures and batch sizes. Everything that can fail on the user's
+    input fails while the job is made, naming the culprit: a function that cannot be pickled,
+    an item that cannot travel. The code is serialised once (marshal for a cell's code
+    objects, which keeps their filename for tracebacks; cloudpickle for a function);
+    `for_workers` adds the keys of the large values shipped (which depend on the cluster)
+    and pickles the context each worker loads once (`worker.Context`). A failure record
+    coming back from an item becomes an `ItemError` (`item_error`), with the item's
+    parameters and where the notebook functions it shipped came from.
+
+    `sent_from` is the index of the first item that runs on the workers (after the
+    `--local K` items), or None when every item runs in the kernel.
+    """
+
+    def __init__(
+        self, plan: Plan, *, cell: Cell | None = None, fn: Any = None, capture: Capture | None = None,
+        seed: int | None = None, retries: int = 0, batch: int | str = "auto", sent_from: int | None = None,
+        persist: bool = False, reads_handles: bool = False, trial: TrialSpec | None = None,
+    ):  # fmt: skip
+        self.plan, self.cell, self.fn, self.seed, self.retries = plan, cell, fn, seed, retries
+        self.capture = capture if capture is not None else Capture()
+        self.persist = persist  # the values stay on the workers, behind handles
+        self.reads_handles = reads_handles  # items or captured names are handles: Dask dependencies
+        self.trial = trial  # a trial run's spec: its items report, and may be stopped (`trials.py`)
+        self.fixed_batch = None if batch == "auto" else int(batch)
+        self.code_index = code_index([*self.capture.direct.values(), *([fn] if fn is not None else [])])
+        self._wire: dict[str, Any] | None = None
+        if sent_from is not None:
+            self._check_item(sent_from)
+            self._wire = self._code(wire=True)
+
+    def forget_handles(self) -> None:
+        """The run is over: hold the handles it read weakly (see `handles.Read`)."""
+        self._rebind_handles(handles.forget)
+
+    def recall_handles(self) -> None:
+        """A retry: the handles it reads again, strongly; one line if one is gone."""
+        self._rebind_handles(handles.recall)
+
+    def _rebind_handles(self, how: Any) -> None:
+        if self.reads_handles:
+            if isinstance(self.plan.items, list):  # a range holds no handle
+                self.plan.items[:] = [how(item) for item in self.plan.items]
+            self.capture.held = {n: how(h) for n, h in self.capture.held.items()}
+
+    def for_kernel(self) -> worker.Context:
+        """The context `--local` items run in: the code and the captured values as they are.
+
+        Returns
+        -------
+        worker.Context
+            A context built in the kernel; only the values each item copies are pickled
+            (`Capture.in_kernel`), and a function that reads them.
+        """
+        code = self._code(wire=False)
+        if self.cell is None and not shareable(self.fn):
+            code["fn_blob"] = copyable("the function", self.fn)
+        namespace, arrays, fresh = self.capture.in_kernel()
+        spec = {**self._binding(), **code, "large": [], "read_only": arrays, "arrays": arrays, "fresh": fresh}
+        return worker.Context(spec, namespace)
+
+    def for_workers(self, large: list[tuple[str, str, int]]) -> bytes:
+        """The context blob the workers load: code, binding, captured names, large values' keys.
+
+        Parameters
+        ----------
+        large : list of (str, str, int)
+            (name, Dask key, size) of the large values shipped to this cluster
+            (`Shipments.ship`).
+
+        Returns
+        -------
+        bytes
+            The cloudpickled context spec, which `worker.Context.from_payload` loads.
+        """
+        assert self._wire is not None, "a job made for the kernel only sends nothing"
+        c = self.capture
+        values = {n: b for n, b in c.values.items() if n not in c.copied}
+        return cloudpickle.dumps({**self._binding(), **self._wire, "large": large, "modules": c.modules,
+                                  "values": values, "fresh": c.fresh, "copied": c.copied, "read_only": c.read_only})  # fmt: skip
+
+    def item_error(self, index: int, record: worker.ErrorRecord, where: str) -> ItemError:
+        """A failure record from item `index`, run on `where` ("the cluster" or "the kernel").
+
+        Parameters
+        ----------
+        index : int
+            The item's index in the run.
+        record : worker.ErrorRecord
+            The failure record the item's exception became.
+        where : str
+            Where it ran: ``"the cluster"`` or ``"the kernel"``.
+
+        Returns
+        -------
+        ItemError
+            The error with the item's parameters, its traceback mapped to the notebook cells the
+            shipped functions came from.
+        """
+        return ItemError(index, self.plan.params(index), record, where, self.code_index)
+
+    def _binding(self) -> dict[str, Any]:
+        """How an item binds names, for `worker.Context`."""
+        p = self.plan
+        return {"kind": "cell" if self.cell is not None else "function", "mode": p.mode, "names": p.names,
+                "target": p.target, "unpacks": p.unpacks, "positional": p.positional, "seed": self.seed,
+                "trial": self.trial}  # fmt: skip
+
+    def _code(self, *, wire: bool) -> dict[str, Any]:
+        """The run's code: for the workers (`wire`), a cell's code marshalled and a function pickled."""
+        if (cell := self.cell) is not None:
+            pack: Callable[[Any], Any] = marshal.dumps if wire else (lambda code: code)
+            return {"filename": cell.filename, "source": cell.source, "body": cell.body and pack(cell.body),
+                    "last": cell.last and pack(cell.last)}  # fmt: skip
+        if not wire:
+            return {"fn": self.fn}
+        try:
+            # A function that reads what an item could change is unpickled again per item.
+            return {"fn": cloudpickle.dumps(self.fn), "fresh_fn": not shareable(self.fn, arrays=True)}
+        except Exception as e:
+            name = getattr(self.fn, "__name__", repr(self.fn))
+            raise BadArgument(f"the function {name} cannot be sent to the workers: {type(e).__name__}: {e}") from None
+
+    def _check_item(self, first: int) -> None:
+        """Fail early, naming the item, when item values cannot travel."""
+        if self.plan.mode == "everywhere":
+            return
+        item = self.plan.items[first]
+        if self.reads_handles:  # its handles travel as Dask dependencies, not in the blob
+            item = handles.held_slots([item], 0)[0][0]
+        try:
+            cloudpickle.dumps(item)
+        except Exception as e:
+            raise BadArgument(
+                f"item {first} ({self.plan.describe(first)}) cannot be sent to the workers: {type(e).__name__}: {e}"
+            ) from None

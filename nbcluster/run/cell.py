@@ -38,6 +38,10 @@ A `Plan` holds the item values (`items`) and how one value binds names:
 
 Per-item parameter dicts (`Plan.params(i)`) are built only when asked for, and a `range`
 stays a range: a 100,000-item cell pays for no dicts or lists it never looks at.
+
+Also here, what the set-up asks of the code and how messages show things: `mentions_trials`
+(does the code name `report`, `should_stop` or `checkpoint`, which makes a trial run),
+`describe` (an item's parameters) and `human` (a byte count).
 """
 
 from __future__ import annotations
@@ -148,6 +152,40 @@ class Cell:
         names: dict[str, int | None] = {n: line for n, line in self.immediate.items() if n not in skip}
         names.update(dict.fromkeys(sorted(self.deferred - skip - set(names))))
         return names
+
+
+_TRIAL_NAMES = frozenset({"report", "should_stop", "checkpoint"})
+
+
+def mentions_trials(body: Any) -> bool:
+    """Whether a cell's or a function's code names `report`, `should_stop` or `checkpoint`.
+
+    Such a run is a trial run (`trials.py`). The names are read from the compiled code
+    (and the code nested in it): a comment or a string that says "report" does not count.
+
+    Parameters
+    ----------
+    body : Cell or callable
+        The parsed cell, or the function.
+
+    Returns
+    -------
+    bool
+        True when the run is to be a trial run for what its code says.
+
+    Examples
+    --------
+    >>> mentions_trials(Cell.parse("report(loss=x)", filename="<cell>"))
+    True
+    """
+    todo = [body.body, body.last] if isinstance(body, Cell) else [getattr(body, "__code__", None)]
+    while todo:
+        code = todo.pop()
+        if isinstance(code, CodeType):
+            if _TRIAL_NAMES.intersection(code.co_names):
+                return True
+            todo.extend(code.co_consts)
+    return False
 
 
 class _FreeNames(ast.NodeVisitor):
@@ -484,3 +522,28 @@ def _materialize(values: Any, flag: str, what: str) -> Sequence[Any]:
     if not items:
         raise BadArgument(f"--{flag}: {what} is empty, so there is nothing to run")
     return items
+
+
+def human(size: float) -> str:
+    """A byte count for people: ``"512 B"``, ``"1.5 MB"``.
+
+    Parameters
+    ----------
+    size : float
+        A size in bytes.
+
+    Returns
+    -------
+    str
+        The size in B, kB, MB or GB (powers of 1000), at most one decimal.
+
+    Examples
+    --------
+    >>> human(2_500_000)
+    '2.5 MB'
+    """
+    for unit in ("B", "kB", "MB"):
+        if size < 1000:
+            return f"{size:.0f} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"

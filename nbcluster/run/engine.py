@@ -1,6 +1,6 @@
 """The engine of a run: the driver thread that submits batches and streams them back.
 
-An `Engine` is made from a `Job` (what to run: `job.py`) and a `Link` (where: `target.py`,
+An `Engine` is made from a `Job` (what to run: `capture.Job`) and a `Link` (where: `target.py`,
 None when every item runs in the kernel). It owns the run's `RunState` (`state.py`) and
 writes it as batches finish (`api.py` begins and ends a run's state around a ``--local``
 part); the `Results` view reads it, and `run.Run` hands the user's verbs (cancel, retry) to
@@ -102,7 +102,7 @@ from nbcluster.persist.handles import Handle, Placement, handle_of, held_report,
 from nbcluster.run import direct, everywhere, loadable, ranks
 from nbcluster.run.backlog import BacklogReport
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
-from nbcluster.run.job import Job
+from nbcluster.run.capture import Job
 from nbcluster.run.outcome import Outcome, internal_error, killed_record, quiet_rescheduling, unpack
 from nbcluster.run.policy import Policy
 from nbcluster.run.shipping import Shipment

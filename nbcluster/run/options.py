@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import functools
 import keyword
 import math
 import re
@@ -258,20 +257,13 @@ def parse_distribute_line(line: str) -> dict[str, Any]:
     >>> parse_distribute_line('--over "x in range(3)" --into res --no-wait')
     {'first_line': 2, 'over': 'x in range(3)', 'into': 'res', 'wait': False}
     """
-    return dict(_parsed(line))
-
-
-@functools.lru_cache(maxsize=64)
-def _parsed(line: str) -> tuple[tuple[str, Any], ...]:
-    # A cell is run again and again with the same line: the result of a line is kept (its
-    # values are strings, numbers and flags).
     options: dict[str, Any] = {}
     for flag, words in _split_flags(_words(line)):
         if flag.dest in options:
             raise BadArgument(f"--{flag.name} is given twice")
         options[flag.dest] = _read(flag, words)
     DistributeOptions(**options)  # the rules across flags, and the ranges
-    return tuple({"first_line": 2, **options}.items())  # the %%distribute line is the cell's line 1
+    return {"first_line": 2, **options}  # the %%distribute line is the cell's line 1
 
 
 def parse_wait_line(line: str) -> str:

@@ -1,6 +1,6 @@
 """What a run sends the cluster before its first batch: its context, and its large values.
 
-A run's *context* (the cell or function, what it captured: `job.Job.for_workers`) travels
+A run's *context* (the cell or function, what it captured: `capture.Job.for_workers`) travels
 inline in every batch when it is small (up to `worker.INLINE_CONTEXT` bytes), else is
 scattered once to every worker under ``nbcluster-context-<run id>`` and pinned there. Large
 captured values are scattered once per kernel and reused by later runs (`capture.shipments`).
@@ -18,8 +18,7 @@ from typing import Any
 
 from nbcluster import worker
 from nbcluster.errors import ClusterUnreachable
-from nbcluster.run.capture import pin_soon, shipments
-from nbcluster.run.job import Job
+from nbcluster.run.capture import Job, pin_soon, shipments
 
 RESHIPS = 10  # a run sends its lost values again at most this many times
 

@@ -41,7 +41,6 @@ FORCE_WAIT_S = 2.0  # after an interrupt, how long an item has to end before its
 TICK_S = 0.1  # how often the run's thread looks at timeouts and stops due
 CURVE_POINTS = 200  # points kept per item for the live view's curves (halved when past twice this)
 CURVES = 40  # curves drawn at most: the best, then the others in item order
-_MENTIONS = re.compile(r"\b(report|should_stop|checkpoint)\b")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
@@ -134,33 +133,6 @@ def parse_timeout(value: str | float | None) -> float | None:
     if seconds <= 0:
         raise BadArgument(f"--timeout needs a duration above 0, got {value!r}")
     return seconds
-
-
-def mentions_trials(source: str | None, fn: Any) -> bool:
-    """Whether a cell's source or a function's code names `report`, `should_stop` or `checkpoint`.
-
-    Parameters
-    ----------
-    source : str or None
-        A cell's source; None for a function.
-    fn : callable
-        The function, read when `source` is None (its code and the code nested in it).
-
-    Returns
-    -------
-    bool
-        True when the run is to be a trial run for what its code says.
-    """
-    if source is not None:
-        return bool(_MENTIONS.search(source))
-    code = getattr(fn, "__code__", None)
-    todo = [code] if code is not None else []
-    while todo:
-        c = todo.pop()
-        if {"report", "should_stop", "checkpoint"} & set(c.co_names):
-            return True
-        todo.extend(k for k in c.co_consts if hasattr(k, "co_names"))
-    return False
 
 
 class Trials:

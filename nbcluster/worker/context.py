@@ -6,7 +6,7 @@ before anything is sent), modules to import, how an item binds names, the seed, 
 Dask keys of the large values. Up to `INLINE_CONTEXT` bytes it rides inline in every
 batch; above that it is scattered and fetched by key. Either way each worker unpickles it
 once (`load`, the last `KEEP_CONTEXTS` kept) however many batches it runs. For `--local` the
-kernel builds a `Context` directly (`job.for_kernel`).
+kernel builds a `Context` directly (`capture.Job.for_kernel`).
 
 **Each item starts from the notebook's state** (`run/capture.py` sorts the values). The
 shareable values (immutable ones, and large arrays made read-only) are loaded once, into
@@ -172,7 +172,7 @@ class Context:
         Parameters
         ----------
         payload : bytes
-            The cloudpickled context spec the kernel made (`job.Job.for_workers`).
+            The cloudpickled context spec the kernel made (`capture.Job.for_workers`).
 
         Returns
         -------
