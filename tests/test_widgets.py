@@ -30,7 +30,7 @@ from nbcluster.cluster.info import ClusterInfo
 from nbcluster.widgets import live, status
 from nbcluster.widgets._format import format_bytes, format_duration, prefix_color
 from nbcluster.widgets._options import LiveOptions
-from nbcluster.widgets._progress import RateMeter, TextBar, is_finished, rank_grid
+from nbcluster.widgets._output import RateMeter, TextBar, is_finished, rank_grid
 from nbcluster.widgets._static import render_grid, render_html
 from nbcluster.widgets.widget import build_esm
 from tests.widget_helpers import Recorder, broken, square
