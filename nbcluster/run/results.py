@@ -5,7 +5,7 @@ A read-only view of one run. Ordered like the inputs and filled in as batches fi
 whichever order they finish in. The items' values, errors and output live in the run's
 `RunState` (`state.py`), which the run's engine writes (and the kernel's main thread, for
 ``--local`` items); the verbs that act on the run (`cancel`, `retry`) are handed to the
-run's control (`api.Run`). So a view holds no state of its own and cannot be written: its
+run's control (`api.Run`, which makes the view). So a view holds no state of its own and cannot be written: its
 attributes are properties, and what its methods return (lists, dicts) are fresh copies.
 
 User-facing surface: `len`, indexing and iteration (values; a failed item re-raises its
@@ -60,7 +60,7 @@ import html
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from nbcluster import config
 from nbcluster.errors import ClusterCannotRun, ClusterLost, HandleGone, Interrupted, NbclusterError, NotReady
@@ -73,30 +73,11 @@ from nbcluster.run.trial_results import TrialResults
 from nbcluster.widgets._output import end_open_lines, in_kernel, shell, widget_shown_since
 
 if TYPE_CHECKING:
+    from nbcluster.run.api import Run
     from nbcluster.run.trials import Trials
 
 _SHOW_ROWS = 8
 SHOWN_OUTPUTS = 5  # items whose output the waiting cell prints in full; the rest are counted
-
-
-class Control(Protocol):
-    """What a view hands its verbs to (`api.Run`): what changes the run, or needs its cluster."""
-
-    @property
-    def client(self) -> Any:
-        """The run's Dask client; None for a ``--local`` run, or once its cluster went away."""
-
-    def cancel(self) -> None:
-        """Stop the run, keeping every item that finished (what `Results.cancel` does)."""
-
-    def retry(self, wait: bool) -> None:
-        """Run the failed and cancelled items again (what `Results.retry` does).
-
-        Parameters
-        ----------
-        wait : bool
-            Follow the retry in the cell until it finishes; False returns once it started.
-        """
 
 
 class Results(TrialResults):
@@ -123,7 +104,7 @@ class Results(TrialResults):
 
     __slots__ = ("__weakref__", "_control", "_label", "_plan", "_run_id", "_state", "_trials")
 
-    def __init__(self, state: RunState, plan: Plan, control: Control, *, run_id: str, label: str | None):
+    def __init__(self, state: RunState, plan: Plan, control: Run, *, run_id: str, label: str | None):
         self._state, self._plan, self._control, self._run_id, self._label = state, plan, control, run_id, label
         self._trials: Trials | None = None  # a trial run's (`trials.py`), set by `distribute`
 
@@ -487,7 +468,7 @@ class Results(TrialResults):
 
     def _handles(self, items: range | list[int] | None = None) -> list[Handle]:
         """The handles of `items` (read as `self[i]` reads them), else of the finished items."""
-        if not getattr(self._control, "persist", False):
+        if not self._control.persist:
             raise NbclusterError("only --persist results live on the workers: these values are already here")
         if items is None:
             return [h for h in self.values(missing=None) if h is not None]
