@@ -304,6 +304,7 @@ class ResultsProgress:
         # Results counts queued and executing items together as "running"; say "pending".
         c["pending"] = c.pop("running", 0)
         c["finished"] = bool(self.results.done)
+        trials = getattr(self.results, "_trials", None)  # a trial run's (`run/trials.py`)
         if c["finished"] and (direct := self.results._direct_keys):
             c["awaited"] = direct  # their records come after their answers (`Live` waits)
         if self.grid:
@@ -311,10 +312,8 @@ class ResultsProgress:
             if key != self._grid_key:
                 self._grid_key, self._grid = key, self._grid_rows()
             c["grid"] = self._grid  # the same object while nothing changed: no re-ranking
-            trials = getattr(self.results, "_trials", None)
             if trials is not None:  # a trial run ranks by its objective, or claims no order
                 c["best"] = trials.objective.mode if trials.objective is not None else None
-        trials = getattr(self.results, "_trials", None)
         if trials is not None and trials.series and len(self.results) <= GRID_MAX_ITEMS:
             c["curves"] = trials.curves(self.results.states, self._best())
         return c
@@ -366,8 +365,7 @@ def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
         return None
     run = results.run_id
     # Sent from the client's event loop, one at a time and the newest counts only: the cell
-    # no longer waits for the scheduler's reply (a round trip, 2.3 ms of every small cell
-    # when its view closed), and a newer report never arrives before an older one.
+    # never waits for the scheduler's reply, and a newer report never arrives before an older one.
     lock = threading.Lock()
     newest: list[dict[str, Any]] = []
     sending = [False]
@@ -397,15 +395,13 @@ def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
     return report
 
 
-
 def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0, **kwargs: Any) -> Live:
     """Show a cluster's recent task stream and worker charts, live for `live_for` seconds.
 
     In a kernel the view also freezes when the next cell starts or the cluster goes away.
 
-    `cluster` is a `ClusterHandle` (its Dask client's connection is reused: a fresh
-    connection per poll, as `handle.metrics` makes, costs the kernel ~8x the CPU) or any
-    feed. After `live_for` seconds (None: until ``close()``) the picture freezes, so the
+    `cluster` is a `ClusterHandle` (its Dask client's connection is reused, not a fresh
+    connection per poll as `handle.metrics` makes) or any feed. After `live_for` seconds (None: until ``close()``) the picture freezes, so the
     notebook holds a readable snapshot rather than a widget that needs the kernel.
 
     Parameters

@@ -7,8 +7,8 @@ optionally ``finished`` and ``grid``, see `nbcluster.widgets`); `RateMeter`, `de
 second over the last few seconds, time left, and the grid table (best first by an
 objective, else in item order).
 
-Where it goes: a kernel's output area (`KernelDisplay`), a terminal's text bar (`TextBar`,
-`LineBar`), or a test's recorder (the `Seams`).
+Where it goes: a kernel's output area (`KernelDisplay`), a terminal's text bar (`TextBar`),
+or a test's recorder (the `Seams`).
 """
 
 from __future__ import annotations
@@ -221,7 +221,10 @@ class TextBar:
     """The one-line progress bar for terminal IPython and plain Python.
 
     On a terminal the line is redrawn in place (carriage return); elsewhere (a log file,
-    a pipe) only the final line is written, so logs do not fill with partial bars.
+    a pipe) only the final line is written, so logs do not fill with partial bars. Redrawn
+    in place, the bar leaves the cursor at the end of its line; item output or an
+    `Interrupted:` line printed then would be glued onto it (`... ETA 3.0 s── item 2 ──`), so
+    whatever prints first ends the line (`end_open_lines`).
     """
 
     def __init__(self, stream: TextIO | None = None) -> None:
@@ -239,6 +242,7 @@ class TextBar:
         """
         if self.live:
             self._write(text_line(counts), end="")
+            _OPEN.add(self)
 
     def finish(self, counts: Mapping[str, Any]) -> None:
         """Write the final line (also to a log or a pipe).
@@ -248,46 +252,8 @@ class TextBar:
         counts : Mapping
             Decorated final counts.
         """
-        self._write(text_line(counts), end="\n")
-
-    def _write(self, text: str, end: str) -> None:
-        pad = " " * max(0, self._last_len - len(text))
-        prefix = "\r" if self.live else ""
-        self.stream.write(prefix + text + pad + end)
-        self.stream.flush()
-        self._last_len = 0 if end else len(text)
-
-
-
-class LineBar(TextBar):
-    """A `TextBar` that ends its line before anything else is printed (`end_open_lines`).
-
-    Redrawn in place, the bar leaves the cursor at the end of its line; item output or an
-    `Interrupted:` line printed then would be glued onto it (`... ETA 3.0 s── item 2 ──`).
-    """
-
-    def update(self, counts: Mapping[str, Any]) -> None:
-        """Redraw the bar (see `TextBar.update`), and remember its line is open.
-
-        Parameters
-        ----------
-        counts : Mapping
-            The run's counts.
-        """
-        super().update(counts)
-        if self.live:
-            _OPEN.add(self)
-
-    def finish(self, counts: Mapping[str, Any]) -> None:
-        """Write the final line (see `TextBar.finish`).
-
-        Parameters
-        ----------
-        counts : Mapping
-            The run's final counts.
-        """
         _OPEN.discard(self)
-        super().finish(counts)
+        self._write(text_line(counts), end="\n")
 
     def end_line(self) -> None:
         """Leave the bar's line: the next redraw starts on a line of its own."""
@@ -297,8 +263,15 @@ class LineBar(TextBar):
             self.stream.flush()
             self._last_len = 0
 
+    def _write(self, text: str, end: str) -> None:
+        pad = " " * max(0, self._last_len - len(text))
+        prefix = "\r" if self.live else ""
+        self.stream.write(prefix + text + pad + end)
+        self.stream.flush()
+        self._last_len = 0 if end else len(text)
 
-_OPEN: weakref.WeakSet[LineBar] = weakref.WeakSet()  # bars whose line the cursor is still on
+
+_OPEN: weakref.WeakSet[TextBar] = weakref.WeakSet()  # bars whose line the cursor is still on
 
 
 def end_open_lines() -> None:
@@ -473,7 +446,7 @@ class Output:
         widgets = in_kernel() if seams.widgets is None else seams.widgets
         if widgets:
             return cls(seams.display if seams.display is not None else KernelDisplay(), seams.text)
-        return cls(seams.display, seams.text if seams.text is not None else LineBar())
+        return cls(seams.display, seams.text if seams.text is not None else TextBar())
 
     @property
     def widgets(self) -> bool:
