@@ -351,7 +351,7 @@ class _RunRequired(TypedDict):
 class RunProgress(_RunRequired, total=False):
     """A run's progress as the kernel reported it to the scheduler (the sidebar shows it)."""
 
-    # What the kernel reported (`widgets._results`), key by key.
+    # What the kernel reported (`widgets.reporter_for`), key by key.
     label: str | None
     done: int
     failed: int

@@ -96,7 +96,7 @@ def test_rank_zeros_reports_draw_the_curve_live_and_metrics_keep_every_rank(two:
         assert trials is not None  # a trial job: it reports
 
         def drawn() -> list[Any]:  # what the cell's live view draws
-            from nbcluster.widgets._results import ResultsProgress
+            from nbcluster.widgets import ResultsProgress
 
             return list(ResultsProgress(runs)().get("curves", {}).get("series", []))
 

@@ -6,9 +6,8 @@ from typing import Any
 
 import pytest
 
-from nbcluster.errors import BadArgument
+from nbcluster.errors import BadArgument, Interrupted
 from nbcluster.run.api import distribute
-from nbcluster.run.follow import Interrupted
 from nbcluster.run.results import NotReady
 
 STOPS_AT_1 = "if x == 1:\n    raise KeyboardInterrupt\nx"

@@ -12,7 +12,7 @@ import io
 from typing import Any
 
 from nbcluster.run.api import distribute
-from nbcluster.widgets._output import LineBar
+from nbcluster.widgets._output import TextBar
 
 
 class Terminal(io.StringIO):
@@ -27,7 +27,7 @@ def visible_lines(text: str) -> list[str]:
 
 def test_item_output_never_shares_the_bars_line(cluster: Any) -> None:
     term = Terminal()
-    bar = LineBar(term)
+    bar = TextBar(term)
     with contextlib.redirect_stdout(term), contextlib.redirect_stderr(term):
         res = distribute(
             "import time\ntime.sleep(0.05)\nprint('hello', x)\nx",

@@ -364,8 +364,8 @@ q''')
 
 
 def test_the_live_table_ranks_by_the_objective_or_claims_no_order(cluster: ClusterHandle) -> None:
-    from nbcluster.widgets._progress import rank_grid
-    from nbcluster.widgets._results import ResultsProgress
+    from nbcluster.widgets import ResultsProgress
+    from nbcluster.widgets._output import rank_grid
 
     def item(lr: float) -> str:
         import nbcluster
@@ -482,7 +482,7 @@ def test_a_retried_trial_reports_too(cluster: ClusterHandle, tmp_path: Path) -> 
 
 
 def test_the_live_view_draws_one_curve_per_trial_the_best_highlighted_the_stopped_grey(cluster: ClusterHandle) -> None:
-    from nbcluster.widgets._results import ResultsProgress
+    from nbcluster.widgets import ResultsProgress
     from nbcluster.widgets._static import render_html
 
     quality = [0.9, 0.8, 0.3, 0.25, 0.2, 0.15]

@@ -25,14 +25,16 @@ import pytest
 from dask.utils import format_bytes as dask_format_bytes
 from distributed import Event, as_completed
 
+from nbcluster._wire import DIRECT_TOPIC
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.cluster.info import ClusterInfo
 from nbcluster.widgets import live, status
 from nbcluster.widgets._format import format_bytes, format_duration, prefix_color
 from nbcluster.widgets._options import LiveOptions
-from nbcluster.widgets._progress import RateMeter, TextBar, is_finished, rank_grid
+from nbcluster.widgets._output import RateMeter, TextBar, is_finished, rank_grid
 from nbcluster.widgets._static import render_grid, render_html
 from nbcluster.widgets.widget import build_esm
+from tests.waiting import until
 from tests.widget_helpers import Recorder, broken, square
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -303,7 +305,7 @@ def test_status_shows_recent_history_then_freezes(cluster: ClusterHandle) -> Non
     _run(cluster, square, 4, Counts(4), start=5000)
     rec = Recorder()
     st = status(cluster, live_for=0.3, _display=rec, _widgets=True)
-    st._thread.join(30)
+    assert until(lambda: rec.updates), "the status view did not freeze"  # its one update: the frozen picture
     assert st.frozen and len(rec.shown) == 1
     html = rec.updates[-1]["text/html"]
     assert html.count('class="nbc-lane"') == 2 and "nbc-progress" not in html
@@ -348,7 +350,12 @@ def test_a_run_frozen_as_it_ends_draws_the_batches_a_worker_ran_directly(cluster
     # Closed at once: the workers report their direct batches after the answers, and the
     # picture must wait for those reports, not freeze without the last batches.
     hook.live.close()
-    assert len(results._direct_keys) == 4, "the run's batches did not go to the workers directly"
+    mine = f"distribute-{results.run_id}-"
+
+    def direct() -> list[str]:  # the batches the workers report as run directly, not as tasks
+        return [m["key"] for _, m in cluster.client.get_events(DIRECT_TOPIC) if str(m.get("key")).startswith(mine)]
+
+    assert until(lambda: len(direct()) == 4), f"the run's batches did not go to the workers directly: {direct()}"
     html = rec.updates[-1]["text/html"]
     assert "4 / 4 done" in html and html.count('class="nbc-task"') == 4
 
@@ -356,7 +363,6 @@ def test_a_run_frozen_as_it_ends_draws_the_batches_a_worker_ran_directly(cluster
 def test_a_run_over_before_its_view_shows_tells_the_sidebar_its_end(cluster: ClusterHandle) -> None:
     from nbcluster.run.api import distribute
     from nbcluster.widgets import progress_hook
-    from tests.waiting import until
 
     hook = progress_hook(delay=30, label="quick")  # the view would show after 30 s
     results = distribute(lambda x: x + 1, over=range(8), client=cluster.client, progress=hook)

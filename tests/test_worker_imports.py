@@ -26,7 +26,6 @@ KERNEL_SIDE = (
     "nbcluster.cluster.handle",
     "nbcluster.run.engine",
     "nbcluster.run.api",
-    "nbcluster.run.follow",
     "nbcluster.run.results",
     "nbcluster.widgets",
     "nbcluster.server",

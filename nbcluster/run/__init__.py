@@ -20,8 +20,8 @@ the adaptive scaler), `everywhere` (one task pinned to each worker), `ranks` (`-
 of one job, all or nothing), `trials` (reports, stoppers and timeouts of trial runs), `stoppers`
 (ASHA, median, and the `Stopper` protocol), `trial_results` (`Results.metrics`, `best`), `reports` (what workers push while a batch runs), `loadable`
 (tasks that fail, not hang, on a worker without nbcluster).
-What the user reads: `state` (each item's state and value), `results` (the read-only view), `tracebacks` (failed items), `follow` (waiting in the
-kernel: output, summary, Ctrl-C).
+What the user reads: `state` (each item's state and value), `results` (the read-only view, and waiting for it in the
+kernel: output, summary, Ctrl-C), `tracebacks` (failed items).
 
 What runs on the workers is the top-level package `nbcluster.worker`; the journal of
 finished items and `--resume` are `nbcluster.journal`; values kept on the workers are

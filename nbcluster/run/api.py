@@ -18,7 +18,7 @@ The order of a run, and why:
    `batching.py`), streams each finished batch into the state and resubmits failed items
    while `--retries` allow. The kernel's main thread only follows the run, so `--no-wait`
    is the same code with the main thread returning at once.
-4. With `wait=True`, the main thread follows the `Results` (`follow.py`): it prints item
+4. With `wait=True`, the main thread follows the `Results` (`results.follow`): it prints item
    output as it arrives, then one summary line and the first traceback if items failed.
    Ctrl-C / the stop button lands there: the engine stops the run (running batches return
    after their current item, with what they finished), the `Results` keep it all, and an
@@ -59,9 +59,8 @@ from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.capture import Capture, Job, capture
 from nbcluster.run.cell import Cell, Plan, human, mentions_trials, plan
 from nbcluster.run.engine import Engine
-from nbcluster.run.follow import follow, interrupted, report
 from nbcluster.run.options import DistributeOptions
-from nbcluster.run.results import Results
+from nbcluster.run.results import Results, follow, interrupted, report
 from nbcluster.run.state import DONE, FAILED, PENDING
 from nbcluster.run.stoppers import make
 from nbcluster.run.target import Link, Needs

@@ -1,11 +1,12 @@
-"""`Results`: what a `%%distribute` cell (or `distribute()`) gives back.
+"""`Results`: what a `%%distribute` cell (or `distribute()`) gives back, and `follow`, the
+waiting cell that prints it.
 
 A read-only view of one run. Ordered like the inputs and filled in as batches finish,
 whichever order they finish in. The items' values, errors and output live in the run's
-`RunState` (`state.py`), which only the run's engine writes; the verbs that act on the run
-(`cancel`, `retry`, `futures`) are handed to the run's control (`run.Run`). So a view
-holds no state of its own and cannot be written: its attributes are properties, and what
-its methods return (lists, dicts) are fresh copies.
+`RunState` (`state.py`), which the run's engine writes (and the kernel's main thread, for
+``--local`` items); the verbs that act on the run (`cancel`, `retry`) are handed to the
+run's control (`api.Run`, which makes the view). So a view holds no state of its own and cannot be written: its
+attributes are properties, and what its methods return (lists, dicts) are fresh copies.
 
 User-facing surface: `len`, indexing and iteration (values; a failed item re-raises its
 own exception; iterating a run with items cancelled or still running raises `NotReady`
@@ -31,55 +32,52 @@ Observing a run (the live widget's hook)
 - `distribute(..., progress=fn)` subscribes `fn` before anything is submitted and calls
   it once straight away, so a widget sees the run from its first state.
 - `results.mode` is how the items were given (`"over"`, `"grid"`, `"zip"`, `"once"`,
-  `"everywhere"`); `results.client` the run's Dask client (None for `--local` runs).
-- Dask keys: a batch that goes through the scheduler is a task `distribute-<run id>-<n>`,
-  and a `--persist` item a task `persist-<run id>-<n>` of its own; a batch sent straight to a
-  worker (`direct.py`) is no task and has no key. `results.run_id` is that id, for matching
-  the scheduler's records.
+  `"everywhere"`, `"ranks"`); `results.client` the run's Dask client (None for `--local`
+  runs).
+- Names: every batch is named `distribute-<run id>-<n>`, and a `--persist` item
+  `persist-<run id>-<n>`. A batch that goes through the scheduler is a Dask task of that
+  key; a batch sent straight to a worker (`direct.py`) is no Dask task, but its worker
+  reports a task-stream record of that name after the answer. `results.run_id` is that id,
+  for matching the scheduler's records.
+
+Waiting in the cell (`follow`)
+------------------------------
+`follow(results)` runs in the kernel's main thread (the cell that waits: the
+`%%distribute` cell itself, `%distribute wait NAME`, or `results.retry()`), so whatever it
+prints lands in that cell and no other. Item output is shown grouped by item, the first
+`SHOWN_OUTPUTS` items in full (of a ``--ranks`` job, rank 0 only) and the rest counted
+(`results.output(i)` has them all); a trial's output is shown while it runs. `display()`
+output is re-displayed with its rich representation. In a kernel, no item output is
+printed before the live widget is in the cell (it would land above the widget), until
+one refresh past the widget's delay. A Ctrl-C / the stop button there cancels the run and
+raises `Interrupted`, a `KeyboardInterrupt` (so "Run all" stops) that IPython shows as one
+line. Once the run is over, `report` writes the failure summary and the first traceback.
 """
 
 from __future__ import annotations
 
 import html
-import importlib.util
+import sys
+import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from nbcluster.errors import HandleGone, NbclusterError, NotReady
+from nbcluster import config
+from nbcluster.errors import ClusterCannotRun, ClusterLost, HandleGone, Interrupted, NbclusterError, NotReady
 from nbcluster.persist.handles import GONE, Handle
+from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.cell import Plan, describe
 from nbcluster.run.state import CANCELLED, DONE, FAILED, RunState
 from nbcluster.run.tracebacks import ItemError, reraise
 from nbcluster.run.trial_results import TrialResults
+from nbcluster.widgets._output import end_open_lines, in_kernel, shell, widget_shown_since
 
 if TYPE_CHECKING:
+    from nbcluster.run.api import Run
     from nbcluster.run.trials import Trials
 
 _SHOW_ROWS = 8
-
-
-class Control(Protocol):
-    """What a view hands its verbs to (`run.Run`).
-
-    A `Results` holds no state of its own to act on: what changes the run, or needs its
-    cluster, goes through here.
-    """
-
-    @property
-    def client(self) -> Any:
-        """The run's Dask client; None for a ``--local`` run, or once its cluster went away."""
-
-    def cancel(self) -> None:
-        """Stop the run, keeping every item that finished (what `Results.cancel` does)."""
-
-    def retry(self, wait: bool) -> None:
-        """Run the failed and cancelled items again (what `Results.retry` does).
-
-        Parameters
-        ----------
-        wait : bool
-            Follow the retry in the cell until it finishes; False returns once it started.
-        """
+SHOWN_OUTPUTS = 5  # items whose output the waiting cell prints in full; the rest are counted
 
 
 class Results(TrialResults):
@@ -106,7 +104,7 @@ class Results(TrialResults):
 
     __slots__ = ("__weakref__", "_control", "_label", "_plan", "_run_id", "_state", "_trials")
 
-    def __init__(self, state: RunState, plan: Plan, control: Control, *, run_id: str, label: str | None):
+    def __init__(self, state: RunState, plan: Plan, control: Run, *, run_id: str, label: str | None):
         self._state, self._plan, self._control, self._run_id, self._label = state, plan, control, run_id, label
         self._trials: Trials | None = None  # a trial run's (`trials.py`), set by `distribute`
 
@@ -122,7 +120,7 @@ class Results(TrialResults):
 
     @property
     def mode(self) -> str:
-        """How the items were made: ``"over"``, ``"grid"``, ``"zip"``, ``"once"`` or ``"everywhere"``."""
+        """How the items were made: ``"over"``, ``"grid"``, ``"zip"``, ``"once"``, ``"everywhere"`` or ``"ranks"``."""
         return self._plan.mode
 
     @property
@@ -142,9 +140,8 @@ class Results(TrialResults):
 
     @property
     def _direct_keys(self) -> tuple[str, ...]:
-        """The keys of the batches a worker ran directly, not as Dask tasks (a start's first
-        half-second): the live view waits for their task-stream records, which reach the
-        scheduler after the answers, before it draws its final picture."""
+        """The names of the batches a worker ran directly, not as Dask tasks: the live view
+        waits for their task-stream records, which reach the scheduler after the answers."""
         return tuple(self._state.direct_keys)
 
     @property
@@ -306,7 +303,7 @@ class Results(TrialResults):
         Raises
         ------
         NbclusterError
-            If pandas is not installed.
+            If pandas is not installed, or did not import (the error says why).
 
         Examples
         --------
@@ -317,10 +314,8 @@ class Results(TrialResults):
         """
         try:
             import pandas as pd
-        except ImportError as e:
-            if importlib.util.find_spec("pandas") is not None:  # installed, but its import failed: say why
-                raise NbclusterError(f"to_pandas(): pandas is installed but did not import ({e})") from e
-            raise NbclusterError("to_pandas() needs pandas: pip install pandas") from None
+        except ImportError as e:  # missing, or installed but broken: the error says which
+            raise NbclusterError(f"to_pandas() needs pandas, which did not import ({e}): pip install pandas") from None
         with self._state.lock:
             errors = self._state.errors
             rows = [{**self._plan.params(i), "result": value} for i, value in enumerate(self.values())]
@@ -371,7 +366,7 @@ class Results(TrialResults):
         """
         self._state.add_done_callback(lambda: fn(self))
 
-    # -- acting on the run (run.Run does it) ----------------------------------------------
+    # -- acting on the run (api.Run does it) ----------------------------------------------
     def cancel(self) -> None:
         """Cancel the items still pending, on the cluster too; finished ones are kept.
 
@@ -445,9 +440,9 @@ class Results(TrialResults):
         [1, 1, 1]
         """
         if i is not None:
-            return self._handles(i)[0].gather()
+            return self._handles([i])[0].gather()
         values, lost = [], []
-        for j, handle in enumerate(self._handles()):
+        for j, handle in enumerate(self._handles(range(len(self)))):
             try:
                 values.append(handle.gather())
             except HandleGone:
@@ -464,21 +459,20 @@ class Results(TrialResults):
     @property
     def nbytes(self) -> int:
         """Bytes the workers hold for these persisted results."""
-        return sum(h.nbytes for h in self._handles(done=True))
+        return sum(h.nbytes for h in self._handles())
 
     def release(self) -> None:
         """Let the workers free every persisted value of this run (handles taken from it too)."""
-        for h in self._handles(done=True):
+        for h in self._handles():
             h.release()
 
-    def _handles(self, i: int | None = None, done: bool = False) -> list[Handle]:
-        """Item `i`'s handle (read as `self[i]` reads it), else every item's (`done`: the finished ones')."""
-        if not getattr(self._control, "persist", False):
+    def _handles(self, items: range | list[int] | None = None) -> list[Handle]:
+        """The handles of `items` (read as `self[i]` reads them), else of the finished items."""
+        if not self._control.persist:
             raise NbclusterError("only --persist results live on the workers: these values are already here")
-        if done:
-            with self._state.lock:
-                return [v for v, s in zip(self._state.values, self._state.status, strict=True) if s == DONE]
-        return [self[j] for j in (range(len(self)) if i is None else [i])]
+        if items is None:
+            return [h for h in self.values(missing=None) if h is not None]
+        return [self[j] for j in items]
 
     # -- summaries and display ------------------------------------------------------------
     def summary(self) -> str:
@@ -495,20 +489,30 @@ class Results(TrialResults):
         first = self.errors[0]
         where = f" ({describe(first.params)})" if first.params else ""
         line = f"{c['failed']}/{c['total']} items failed: {first.type_name} at item {first.index}{where}"
-        if first.where == "the kernel":
-            line += " in the kernel (--local)"
-        if c["cancelled"]:
-            line += f"; {c['cancelled']} not run"
-        return line
+        line += " in the kernel (--local)" if first.where == "the kernel" else ""
+        return line + (f"; {c['cancelled']} not run" if c["cancelled"] else "")
 
     def _progress_text(self) -> str:
         c = self.counts()
         return ", ".join([f"{c['done']}/{c['total']} done", *(f"{c[k]} {k}" for k in ("failed", "cancelled") if c[k])])
 
+    def _rows(self) -> Iterator[tuple[int, dict[str, Any], str]]:
+        """The rows a display shows: the first ones, and (of a long run) the first failures."""
+        failed = sorted(self._state.errors)[:2] if len(self) > _SHOW_ROWS else []
+        head = [i for i in range(min(len(self), _SHOW_ROWS)) if i not in failed][: _SHOW_ROWS - len(failed)]
+        for i in sorted(head + failed):
+            state, text = self._state.status[i], repr(self._state.values[i])
+            if state == FAILED:  # whole: a message's end often says what to do
+                text = f"{self._state.errors[i].type_name}: {self._state.errors[i].message}"
+            elif state != DONE:
+                text = "cancelled" if state == CANCELLED else "…"
+            elif len(text) > 60:
+                text = text[:57] + "..."
+            yield i, self._plan.params(i), text
+
     def __repr__(self) -> str:
         lines = [f"Results: {self._headline()}"]
-        for i, params in ((i, self._plan.params(i)) for i in self._shown_rows()):
-            lines.append(f"  [{i}] {describe(params)}{' -> ' if params else ''}{self._cell(i)}")
+        lines += [f"  [{i}] {describe(params)}{' -> ' if params else ''}{text}" for i, params, text in self._rows()]
         more = [f"  ... {len(self) - _SHOW_ROWS} more"] if len(self) > _SHOW_ROWS else []
         return "\n".join(lines + more)
 
@@ -516,9 +520,8 @@ class Results(TrialResults):
         names = list(self._plan.params(0)) if len(self) else []
         head = "".join(f"<th>{html.escape(n)}</th>" for n in ["#", *names, "result"])
         rows = []
-        for i in self._shown_rows():
-            params = self._plan.params(i)
-            cells = [str(i), *(repr(params.get(n)) for n in names), self._cell(i)]
+        for i, params, text in self._rows():
+            cells = [str(i), *(repr(params.get(n)) for n in names), text]
             style = ' style="color:#b00"' if self._state.status[i] == FAILED else ""
             rows.append(f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
         more = f"<div>… {len(self) - _SHOW_ROWS} more rows</div>" if len(self) > _SHOW_ROWS else ""
@@ -532,21 +535,159 @@ class Results(TrialResults):
         parts = [f"{c['total']} items", f"{c['done']} ok", *(f"{c[k]} {k}" for k in ("failed", "cancelled", "running") if c[k])]
         parts += [f"{self.ended - self.started:.2f} s"] if self.ended is not None else []
         # A run left with --no-wait shows why it stopped here, where its owner looks next.
-        parts += [f"stopped: {self.lost or self._state.halted}"] if self.lost or self._state.halted else []
-        return " · ".join(parts)
+        stopped = self.lost or self._state.halted
+        return " · ".join(parts + ([f"stopped: {stopped}"] if stopped else []))
 
-    def _shown_rows(self) -> list[int]:
-        failed = sorted(self._state.errors)[:2] if len(self) > _SHOW_ROWS else []  # the first failures, always
-        head = [i for i in range(min(len(self), _SHOW_ROWS)) if i not in failed][: _SHOW_ROWS - len(failed)]
-        return sorted(head + failed)
 
-    def _cell(self, i: int) -> str:
-        state, text = self._state.status[i], repr(self._state.values[i])
-        if state == FAILED:
-            # Whole: the end of a message is often what says what to do ("cannot be sent
-            # back to the kernel: cannot pickle '_thread.lock' object").
-            return f"{self._state.errors[i].type_name}: {self._state.errors[i].message}"
-        if state == DONE:
-            return text if len(text) <= 60 else text[:57] + "..."
-        return "cancelled" if state == CANCELLED else "…"
+def follow(results: Results) -> None:
+    """Wait in the kernel's main thread, printing output as it comes; Ctrl-C cancels.
 
+    Once the run is over it prints the failure summary (`report`).
+
+    Parameters
+    ----------
+    results : Results
+        The run to wait for.
+
+    Raises
+    ------
+    nbcluster.errors.Interrupted
+        On Ctrl-C or the stop button: the run is cancelled, and the exception carries the
+        partial results.
+    nbcluster.errors.ClusterLost
+        When the cluster went away during the run; the finished items are kept.
+    nbcluster.errors.ClusterCannotRun
+        When the cluster cannot run the items (none of its workers qualify, say).
+    """
+    printer = _Printer(results)
+    try:
+        if in_kernel():  # no item output above the live widget: wait for it to show
+            start = time.monotonic()
+            until = start + config.seconds("widget.delay") + 2 * config.seconds("widget.interval")
+            while not results.done and not widget_shown_since(start) and time.monotonic() < until:
+                results.wait(min(0.05, max(until - time.monotonic(), 0)))
+        while not results.done:
+            results._state.wait_output(printer.seen, 1.0)
+            printer.flush()
+        printer.flush()
+    except KeyboardInterrupt:
+        results.cancel()
+        end_open_lines()  # a terminal's bar: "Interrupted:" on a line of its own
+        raise interrupted(results) from None
+    printer.finish()
+    report(results)
+    end_open_lines()
+    c = results.counts()
+    # Without --into, IPython keeps the exception (`magics.py` re-raises it) and its results.
+    name = results.label or "sys.last_value.results"
+    kept = f"{c['done']}/{c['total']} items finished and are in {name}"
+    if results.lost:
+        raise ClusterLost(f"{results.lost}: {kept}; start a cluster and run {name}.retry()", results)
+    if results._state.halted:
+        raise ClusterCannotRun(f"{results._state.halted}, then {name}.retry() runs the rest; {kept}", results)
+
+
+def interrupted(results: Results) -> Interrupted:
+    """The `Interrupted` to raise for a run stopped by Ctrl-C.
+
+    Parameters
+    ----------
+    results : Results
+        The cancelled run.
+
+    Returns
+    -------
+    nbcluster.errors.Interrupted
+        It says how many items finished and were cancelled, and where the partial results
+        are (the ``--into`` name, else ``sys.last_value.results``).
+    """
+    c = results.counts()
+    where = f"`{results.label}`" if results.label else "sys.last_value.results (use --into NAME to keep them)"
+    return Interrupted(f"{c['done']}/{c['total']} items finished, {c['cancelled']} cancelled; partial results are in {where}", results)
+
+
+def report(results: Results) -> None:
+    """The summary line and first traceback, if items failed (to stderr).
+
+    Parameters
+    ----------
+    results : Results
+        A finished run; nothing is written when no item failed.
+    """
+    if not results.errors or (results.mode == "ranks" and rank_jobs.stopped(results.run_id)):
+        return  # a stopped job's own line (`ranks.summary`) says what happened and what to do
+    end_open_lines()
+    name = results.label
+    # Without --into no variable holds them yet: say where they are rather than invent a name.
+    hint = (f"({name}.errors lists the failures, {name}.raise_first() raises the first, {name}.retry() re-runs them)"
+            if name else "(the results, `_` right after the cell, have .errors, .raise_first() and .retry(); "
+            "--into NAME keeps them)")  # fmt: skip
+    sys.stderr.write(f"{results.summary()}\n{results.errors[0].traceback}{hint}\n")
+    sys.stderr.flush()
+
+
+class _Printer:
+    """Prints item output in the waiting cell, grouped by item; see the module docstring."""
+
+    def __init__(self, results: Results):
+        self.results = results
+        self.seen = 0  # the items of `output_order` taken so far
+        self.shows: dict[int, bool] = {}  # item -> its output is shown (decided at its first output)
+        self.shown = 0
+        self.current: int | None = None  # the item whose header was written last
+        self.ended: set[int] = set()  # items delivered: all their output is shown by then
+
+    def flush(self) -> None:
+        state, trials = self.results._state, self.results._trials
+        for i, chunks in trials.new_output() if trials is not None else ():
+            if self._shows(i) and i not in self.ended:
+                self._write(i, chunks)
+        order = state.output_order
+        new, self.seen = order[self.seen : len(order)], len(order)
+        for i in new:
+            live = i in self.shows  # its output came as it ran (a trial): only what had not come yet
+            if self._shows(i) and i not in self.ended:
+                if not live:
+                    self.current = None  # a header, even after the same item's output of a former run
+                self._write(i, state.outputs.get(i, []), skip=trials.shown.get(i, 0) if live and trials else 0)
+            self.ended.add(i)
+
+    def _shows(self, i: int) -> bool:
+        if i not in self.shows:
+            self.shows[i] = self.shown < SHOWN_OUTPUTS and (self.results.mode != "ranks" or i == 0)
+            self.shown += self.shows[i]
+        return self.shows[i]
+
+    def _write(self, i: int, chunks: Any, skip: int = 0) -> None:
+        """Write item `i`'s chunks, leaving out its first `skip` characters of text (shown live)."""
+        for stream, payload in chunks:
+            if stream != "display":
+                payload, skip = payload[skip:], max(0, skip - len(payload))
+                if not payload:
+                    continue
+            end_open_lines()
+            if self.current != i:
+                self.current = i
+                described = self.results._plan.describe(i)
+                sys.stdout.write(f"── item {i}{f' ({described})' if described else ''} ──\n")
+            if stream != "display":
+                (sys.stdout if stream == "stdout" else sys.stderr).write(payload)
+            elif shell() is None:  # plain Python: a display()'s text
+                print(payload.get("text/plain", ""))
+            else:
+                from IPython.display import display
+
+                sys.stdout.flush()
+                display(payload, raw=True)
+            sys.stdout.flush()
+            sys.stderr.flush()
+
+    def finish(self) -> None:
+        hidden = len(self.shows) - self.shown
+        if hidden:
+            end_open_lines()
+            ranks = self.results.mode == "ranks"
+            what, call, one = ("ranks", "output(rank=r)", "rank r") if ranks else ("items", "output(i)", "item i")
+            # Without --into no variable holds the results yet: they are the cell's `_`.
+            where = f"{self.results.label}.{call}" if self.results.label else f"`_.{call}` right after the cell"
+            print(f"── … and {hidden} more {what} printed output: {where} shows {one}'s ──")

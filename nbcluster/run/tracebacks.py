@@ -8,9 +8,10 @@ pickled if it could be rebuilt. Here, in the kernel, `ItemError` readies it once
 - frames of notebook functions come back named "<dynamic-code>" (cloudpickle renames the
   file of every function it ships by value); `capture.Job.code_index` maps them back to the
   notebook cell that defined the function;
-- while the traceback is formatted (once, on first use), each part's class is a stand-in
-  of the same name (`_stand_in`), so the standard formatting prints `mymodule.MyError: ...`
-  without importing anything; the record itself keeps no stand-in (it stays picklable);
+- the traceback is formatted (once, on first use) from a copy whose parts' classes are
+  stand-ins of the same name (`_stand_in`), so the standard formatting prints
+  `mymodule.MyError: ...` without importing anything; the record itself keeps no stand-in
+  (it stays picklable);
 - `traceback` formats it as Python would, with the cell's own lines: "Cell line 3" for the
   distributed cell (its source is in `linecache`), "Cell In[5], line 2" for a function
   from notebook cell 5 (`_CellStack`);
@@ -23,8 +24,8 @@ pickled if it could be rebuilt. Here, in the kernel, `ItemError` readies it once
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
-import threading
 import traceback
 from typing import Any
 
@@ -44,8 +45,7 @@ class ItemError:
                  code_index: dict[str, list[tuple[str, int, int]]] | None = None):  # fmt: skip
         _ready(record, code_index or {})
         self.index, self.params, self.where = index, params, where  # where: "the cluster" or "the kernel"
-        self.type_name: str = record["type"]
-        self.message: str = record["message"]
+        self.type_name, self.message = record["type"], record["message"]
         self._record = record
 
     @functools.cached_property
@@ -59,15 +59,10 @@ class ItemError:
     @functools.cached_property
     def traceback(self) -> str:
         """The remote traceback as text: the cell's lines with cell line numbers."""
-        with _FORMATTING:  # the record's parts take stand-in classes while it is formatted
-            every = list(zip(parts(self._record["traceback"]), self._record["types"], strict=True))
-            try:
-                for part, type_name in every:
-                    part.exc_type = _stand_in(**type_name)
-                return "".join(self._record["traceback"].format())
-            finally:
-                for part, _ in every:
-                    part.exc_type = BaseException  # as it travelled
+        tb = copy.deepcopy(self._record["traceback"])  # the record itself keeps no stand-in
+        for part, type_name in zip(parts(tb), self._record["types"], strict=True):
+            part.exc_type = _stand_in(**type_name)
+        return "".join(tb.format())
 
     def __repr__(self) -> str:
         return f"<ItemError item {self.index} ({describe(self.params)}): {self.type_name}: {self.message}>"
@@ -114,11 +109,7 @@ def _ready(record: ErrorRecord, index: dict[str, list[tuple[str, int, int]]]) ->
                 found = {f for f, first, last in index.get(frame.name, []) if first <= (frame.lineno or 0) <= last}
                 if len(found) == 1:
                     frame.filename = found.pop()
-        if not isinstance(part.stack, _CellStack):
-            part.stack = _CellStack(part.stack)  # not from_list: it makes a plain StackSummary
-
-
-_FORMATTING = threading.Lock()  # the stand-ins are put in place for one formatting at a time
+        part.stack = _CellStack(part.stack)  # not from_list: it makes a plain StackSummary
 
 
 @functools.lru_cache(maxsize=256)

@@ -67,27 +67,25 @@ and bounds are Dask config keys under ``nbcluster.widget.`` (the docs' settings 
 from __future__ import annotations
 
 import contextvars
+import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from nbcluster import _threads as threads
 from nbcluster import config
-from nbcluster.metrics.feed import Feed, client_feed
+from nbcluster.metrics.feed import Feed, client_feed, has_plugin
 from nbcluster.widgets._controls import controls_for
 from nbcluster.widgets._live import Live, as_progress_source
 from nbcluster.widgets._options import LiveOptions
-from nbcluster.widgets._output import Seams
-from nbcluster.widgets._progress import Best, ProgressSource
-from nbcluster.widgets._results import (
-    ResultsProgress,
-    feed_for,
-    final_counts,
-    is_results,
-    reporter_for,
-    task_filter_for,
-)
+from nbcluster.widgets._output import Best, ProgressSource, Seams, decorate, reported
 from nbcluster.widgets._theme import THEME
+
+logger = logging.getLogger(__name__)
+
+GRID_MAX_ITEMS = 5000
+_MISSING = object()
 
 __all__ = ["Live", "live", "progress_hook", "status"]
 
@@ -158,11 +156,13 @@ def live(
     source: ProgressSource | None
     report = None
     controls = None
-    if is_results(progress):
+    if callable(getattr(progress, "counts", None)) and hasattr(progress, "run_id"):  # a distribute `Results`
         report = reporter_for(progress)
-        kwargs.setdefault("task_filter", task_filter_for(progress))
-        if feed is None:
-            feed = feed_for(progress)
+        # The run's own records: its batches' names, and its --persist items'.
+        prefixes = (f"distribute-{progress.run_id}-", f"persist-{progress.run_id}-")
+        kwargs.setdefault("task_filter", lambda t: str(t.get("key", "")).startswith(prefixes))
+        if feed is None and progress.client is not None:
+            feed = client_feed(progress.client, detail=THEME["stream"]["maxLanes"])
         if label is None:
             label = progress.label
         source = ResultsProgress(progress, grid=kwargs.pop("grid", None))
@@ -270,10 +270,129 @@ class ProgressHook:
             self._over = True
         if self._later is not None:
             self._later.cancel()
-        report = reporter_for(self._results)
-        if report is not None:
+        results, report = self._results, reporter_for(self._results)
+        if report is not None:  # the sidebar hears of the run's end as from a view that froze
             label = self.kwargs.get("label")
-            report(final_counts(self._results, self._results.label if label is None else label))
+            c = results.counts()
+            state = "cancelled" if c.get("cancelled") else "done"
+            elapsed = (results.ended or time.time()) - results.started
+            report(reported(decorate(c, elapsed=elapsed, rate=None, state=state, label=results.label if label is None else label)))
+
+
+class ResultsProgress:
+    """``source()`` for the live widget over a `Results`; the grid table for grid runs.
+
+    The engine pushes changes (``Results.subscribe``); the widget polls, so it redraws at a
+    fixed rate however fast batches land, and the engine's driver thread never waits on it.
+    Read through the observation surface documented in ``run/results.py``: ``counts()`` and
+    ``done`` every tick; for ``--grid`` runs ``params``, ``values()`` and ``errors`` when the
+    counts change; and once the run is done, ``Results._direct_keys``, the batches whose
+    task records the final picture waits for.
+    """
+
+    def __init__(self, results: Any, grid: bool | None = None) -> None:
+        self.results = results
+        if grid is None:
+            grid = results.mode == "grid"
+        self.grid = bool(grid) and len(results) <= GRID_MAX_ITEMS
+        self._params: list[dict[str, Any]] | None = None
+        self._grid_key: tuple[int, ...] | None = None
+        self._grid: dict[str, Any] | None = None
+
+    def __call__(self) -> dict[str, Any]:
+        c = dict(self.results.counts())
+        # Results counts queued and executing items together as "running"; say "pending".
+        c["pending"] = c.pop("running", 0)
+        c["finished"] = bool(self.results.done)
+        trials = getattr(self.results, "_trials", None)  # a trial run's (`run/trials.py`)
+        if c["finished"] and (direct := self.results._direct_keys):
+            c["awaited"] = direct  # their records come after their answers (`Live` waits)
+        if self.grid:
+            key = (c["done"], c["failed"], c.get("cancelled", 0))
+            if key != self._grid_key:
+                self._grid_key, self._grid = key, self._grid_rows()
+            c["grid"] = self._grid  # the same object while nothing changed: no re-ranking
+            if trials is not None:  # a trial run ranks by its objective, or claims no order
+                c["best"] = trials.objective.mode if trials.objective is not None else None
+        if trials is not None and trials.series and len(self.results) <= GRID_MAX_ITEMS:
+            c["curves"] = trials.curves(self.results.states, self._best())
+        return c
+
+    def _best(self) -> int | None:
+        """The best trial's index, None while there is none (or no objective)."""
+        try:
+            return int(self.results.best().item)
+        except Exception:  # no objective, or no value for it yet
+            return None
+
+    def _grid_rows(self) -> dict[str, Any]:
+        if self._params is None:
+            self._params = self.results.params
+        failed = {e.index for e in self.results.errors}
+        values = self.results.values(missing=_MISSING)
+        trials = getattr(self.results, "_trials", None)  # a trial run: its objective is the value
+        rows = []
+        for i, (params, value) in enumerate(zip(self._params, values, strict=False)):
+            row: dict[str, Any] = {"params": params}
+            scored = None if trials is None else trials.objective_value(i, None if value is _MISSING else value)
+            if i in failed:
+                row.update(value="failed", status="error")
+            elif scored is not None:
+                row.update(value=scored, status="ok")
+            elif value is not _MISSING:
+                row.update(value=value, status="ok")
+            rows.append(row)
+        names = list(self._params[0]) if self._params else []
+        return {"params": names, "rows": rows}
+
+
+def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
+    """Send the run's item counts to the scheduler's plugin (``nbcluster_progress``), so
+    the sidebar shows items as the cell counts them.
+
+    Parameters
+    ----------
+    results : Results
+        The run.
+
+    Returns
+    -------
+    callable or None
+        ``report(counts)``; None where the run has no client (``--local``).
+    """
+    client = results.client
+    if client is None:
+        return None
+    run = results.run_id
+    # Sent from the client's event loop, one at a time and the newest counts only: the cell
+    # never waits for the scheduler's reply, and a newer report never arrives before an older one.
+    lock = threading.Lock()
+    newest: list[dict[str, Any]] = []
+    sending = [False]
+
+    async def send() -> None:
+        while True:
+            with lock:
+                if not newest:
+                    sending[0] = False
+                    return
+                counts = newest.pop()
+            try:
+                await client.scheduler.nbcluster_progress(run=run, counts=counts)
+            except Exception as e:  # the cluster went away: the sidebar has nothing to show
+                logger.info("nbcluster: cannot report the run's progress (%s: %s)", type(e).__name__, e)
+
+    def report(counts: dict[str, Any]) -> None:
+        if not has_plugin(client):
+            return
+        with lock:
+            newest[:] = [counts]
+            if sending[0]:
+                return
+            sending[0] = True
+        client.loop.add_callback(send)
+
+    return report
 
 
 def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0, **kwargs: Any) -> Live:
@@ -281,9 +400,8 @@ def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0
 
     In a kernel the view also freezes when the next cell starts or the cluster goes away.
 
-    `cluster` is a `ClusterHandle` (its Dask client's connection is reused: a fresh
-    connection per poll, as `handle.metrics` makes, costs the kernel ~8x the CPU) or any
-    feed. After `live_for` seconds (None: until ``close()``) the picture freezes, so the
+    `cluster` is a `ClusterHandle` (its Dask client's connection is reused, not a fresh
+    connection per poll as `handle.metrics` makes) or any feed. After `live_for` seconds (None: until ``close()``) the picture freezes, so the
     notebook holds a readable snapshot rather than a widget that needs the kernel.
 
     Parameters

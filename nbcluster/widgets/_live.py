@@ -41,14 +41,16 @@ from nbcluster.metrics.feed import Feed, MetricsWindow
 from nbcluster.widgets import _static
 from nbcluster.widgets._controls import TrialControls
 from nbcluster.widgets._options import LiveOptions
-from nbcluster.widgets._output import Output, Seams, shell
-from nbcluster.widgets._progress import (
+from nbcluster.widgets._output import (
+    Output,
     ProgressSource,
     RateMeter,
+    Seams,
     decorate,
     is_finished,
     rank_grid,
     reported,
+    shell,
     text_line,
 )
 from nbcluster.widgets._theme import THEME
