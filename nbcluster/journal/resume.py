@@ -343,8 +343,7 @@ def prepare(
 
 def _take(path: Path, total: int, client: Any) -> Resumption | str:
     """Claim and load the journal (`client`: a --persist one, whose held values are adopted); why not, if it cannot be."""
-    writer = store.claim(path)
-    if writer is None:
+    if (writer := store.claim(path)) is None:
         return "another run is using this cell's journal right now"
     try:
         loaded = store.load(path)
@@ -396,13 +395,12 @@ def resumed_line(loaded: Loaded, total: int, *, done: int | None = None, lost: i
 def _hint(path: Path, total: int) -> str | None:
     """The line naming ``--resume`` when the cell's last run did not finish; None otherwise."""
     if store.ended_complete(path) or store.in_use(path):
-        return None
+        return None  # a complete journal (the usual case) costs a read of its last record only
     try:
         loaded = store.load(path, values=False)
     except (store.Refused, OSError):
         return None
-    done = len(loaded.values)
-    if loaded.state == "complete" or done == 0:
+    if loaded.state == "complete" or not (done := len(loaded.values)):
         return None
     how = f"had {len(loaded.failed)} failed" if loaded.state == "failed" else f"was {loaded.state}"
     return (f"nbcluster: the run of this cell at {loaded.when} {how} with {done}/{total} "
@@ -426,20 +424,16 @@ def attach_checkpoints(spec: TrialSpec, identity: str, *, resume: bool) -> None:
     spec["identity"], spec["checkpoints"] = identity, str(base)
     if not resume:
         shutil.rmtree(base / identity, ignore_errors=True)
-    try:
-        runs = [p for p in base.iterdir() if p.is_dir() and p.name != identity]
-    except OSError:  # none yet, or not a folder: the items say so when they save
-        return
-    sizes: dict[Path, tuple[float, int]] = {}  # run -> (its last save, as a save renames into it; its bytes)
-    for run in runs:
-        if not store.journals(run.name):  # pruned or forgotten: its checkpoints go with it
+    runs: list[tuple[float, int, Path]] = []  # (its last save, as a save renames into it; its bytes; the folder)
+    with contextlib.suppress(OSError):  # none yet, or not a folder: the items say so when they save
+        for run in (p for p in base.iterdir() if p.is_dir() and p.name != identity):
+            if not store.journals(run.name):  # pruned or forgotten: its checkpoints go with it
+                shutil.rmtree(run, ignore_errors=True)
+                continue
+            with contextlib.suppress(OSError):
+                runs.append((run.stat().st_mtime, sum(f.stat().st_size for f in run.iterdir()), run))
+    total, limit = sum(size for _, size, _ in runs), store.size("checkpoint.max-size")
+    for _, size, run in sorted(runs):  # oldest first
+        if total > limit:
             shutil.rmtree(run, ignore_errors=True)
-            continue
-        with contextlib.suppress(OSError):
-            sizes[run] = (run.stat().st_mtime, sum(f.stat().st_size for f in run.iterdir()))
-    total, limit = sum(size for _, size in sizes.values()), store.size("checkpoint.max-size")
-    for run in sorted(sizes, key=lambda r: sizes[r][0]):  # oldest first
-        if total <= limit:
-            break
-        shutil.rmtree(run, ignore_errors=True)
-        total -= sizes[run][1]
+            total -= size

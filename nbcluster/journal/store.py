@@ -245,11 +245,10 @@ def started(path: Path) -> float:
     float
         Epoch seconds; 0 when the name holds none.
     """
-    try:
+    with contextlib.suppress(ValueError, IndexError):
         t = int(path.name.rsplit("-", 2)[-2])
-    except (ValueError, IndexError):
-        return 0.0
-    return t / 1e6 if t > 1e14 else t / 1e3  # microseconds; milliseconds in journals of nbcluster 0.1
+        return t / 1e6 if t > 1e14 else t / 1e3  # microseconds; milliseconds in journals of nbcluster 0.1
+    return 0.0
 
 
 def when(t: float) -> str:
@@ -283,12 +282,9 @@ def in_use(path: Path) -> bool:
         True while some run holds its lock; False otherwise, also when it cannot be opened.
     """
     try:
-        with open(path, "rb") as f:  # closing releases a lock taken here
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        pass
+        os.close(_locked(path))  # closing releases the lock taken here
+    except OSError as e:
+        return isinstance(e, BlockingIOError)  # else: gone, or not ours to open
     return False
 
 
@@ -301,19 +297,15 @@ class Writer:
     """
 
     def __init__(self, path: Path, fd: int):
-        self.path = path
+        self.path, self._broken, self._max_item = path, False, size("journal.max-item-size")
         self._fd: int | None = fd
-        self._max_item = size("journal.max-item-size")
-        self._broken = False
         # --persist: told the older journals a complete run deletes, first (to unpublish their values).
         self.before_superseding: Callable[[list[Path]], object] | None = None
         self._lock = threading.Lock()  # the driver thread writes; whichever thread ends the run closes
 
-    def write(
-        self, indices: Sequence[int], values: Sequence[Any], failed: dict[int, Failure],
-        outputs: dict[int, list[list[Any]]], where: str, ran_on: tuple[str, str] | None = None,
-        held: list[Any] | None = None,
-    ) -> None:  # fmt: skip
+    def write(self, indices: Sequence[int], values: Sequence[Any], failed: dict[int, Failure],
+              outputs: dict[int, list[list[Any]]], where: str, ran_on: tuple[str, str] | None = None,
+              held: list[Any] | None = None) -> None:  # fmt: skip
         """Append one delivered batch (`values[j]` is item `indices[j]`'s value).
 
         Parameters
@@ -396,10 +388,9 @@ class Writer:
                 os.close(fd)
 
     def _give_up(self, e: BaseException) -> None:
-        self._close()
-        if not self._broken:
-            self._broken = True
-            print(_cannot_write(e, self.path), file=sys.stderr)
+        self._close()  # so it is said once: nothing is written, and `reopen` takes nothing, after it
+        self._broken = True
+        print(_cannot_write(e, self.path), file=sys.stderr)
 
 
 #: Types whose values load in any process: a batch of only these is pickled as one list.
@@ -408,14 +399,11 @@ _ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 def _pickled(value: Any, limit: int) -> bytes | None:
     """`value`'s pickle (cloudpickle's for a lambda or a notebook class); None if over `limit` or none."""
-    try:
-        blob = pickle.dumps(value, protocol=5)
-    except Exception:
-        try:
-            blob = cloudpickle.dumps(value, protocol=5)
-        except Exception:
-            return None
-    return blob if len(blob) <= limit else None
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        with contextlib.suppress(Exception):
+            blob = dumps(value, protocol=5)
+            return blob if len(blob) <= limit else None
+    return None
 
 
 def _write(fd: int, parts: list[bytes]) -> None:
@@ -488,8 +476,7 @@ def create(identity: str, total: int, first_line: str, *, cluster: str | None = 
     }  # fmt: skip
     try:
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if base.stat().st_mode & 0o777 != 0o700:
-            os.chmod(base, 0o700)  # a folder made by hand (or under a umask) must not show others the values
+        os.chmod(base, 0o700)  # a folder made by hand (or under a umask) must not show others the values
         limit = size("journal.max-size")
         if now - _pruned.get((base, limit), 0.0) >= PRUNE_EVERY_S:  # a listing and a stat per journal
             _pruned[(base, limit)] = now
@@ -521,10 +508,9 @@ def claim(path: Path) -> Writer | None:
         A writer appending to it, holding its lock; None when another run holds it or it
         is gone.
     """
-    try:
+    with contextlib.suppress(OSError):  # BlockingIOError: in use; or it was just deleted
         return Writer(path, _locked(path))
-    except OSError:  # BlockingIOError: in use; or it was just deleted
-        return None
+    return None
 
 
 #: A run's start prunes its folder at most this often (seconds) under one size bound: a folder
@@ -547,17 +533,15 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
     Returns
     -------
     list of pathlib.Path
-        The journals deleted, oldest first.
+        The journals it deleted (or found deleted already), oldest first.
     """
     sizes = {}
     for path in journals(where=base):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # deleted meanwhile
             sizes[path] = path.stat().st_size
     total, old = sum(sizes.values()), []
     for path in reversed(sizes):  # oldest first
-        if total <= limit:
-            break
-        if not in_use(path) and not ((header := read_header(path)) and header["persist"]):
+        if total > limit and not in_use(path) and not ((header := read_header(path)) and header["persist"]):
             old.append(path)
             total -= sizes[path]
     return _delete(old)
@@ -580,24 +564,22 @@ def superseded(path: Path, before: Callable[[list[Path]], object] | None = None)
     Returns
     -------
     list of pathlib.Path
-        The journals deleted.
+        The journals deleted (none when `before` failed).
     """
     others = [p for p in journals(path.name.split("-", 1)[0], where=path.parent) if p != path and not in_use(p)]
     try:
         if others and before is not None:
             before(others)
-    except Exception:
-        return []  # their values stay listed by `runs`, to forget by hand
+    except Exception:  # their values stay listed by `runs`, to forget by hand
+        others = []
     return _delete(others)
 
 
 def _delete(paths: list[Path]) -> list[Path]:
-    deleted = []
     for path in paths:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # gone already, or not ours to delete
             path.unlink()
-            deleted.append(path)
-    return deleted
+    return paths
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -619,14 +601,12 @@ def parse_header(data: bytes, path: Path) -> tuple[Header, int]:
     Raises
     ------
     Refused
-        When it is not an nbcluster journal, its header is damaged, or another version of
+        When its header is damaged (or it is no journal at all), or another version of
         nbcluster wrote it in another format; its message is the one line a user sees.
     """
-    if not data.startswith(MAGIC):
-        raise Refused(f"the journal {path.name} is not an nbcluster journal")
     end = data.find(b"\n", len(MAGIC))
     try:
-        header = json.loads(data[len(MAGIC) : end]) if end >= 0 else None
+        header = json.loads(data[len(MAGIC) : end]) if data.startswith(MAGIC) and end >= 0 else None
     except ValueError:
         header = None
     if not isinstance(header, dict):
@@ -652,11 +632,9 @@ def read_header(path: Path) -> Header | None:
     Header or None
         None if it cannot be read or is no journal of this version.
     """
-    try:
-        with open(path, "rb") as f:
-            return parse_header(f.read(64 * 1024), path)[0]
-    except (OSError, Refused):
-        return None
+    with contextlib.suppress(OSError, Refused), open(path, "rb") as f:
+        return parse_header(f.read(64 * 1024), path)[0]
+    return None
 
 
 def _frames(data: bytes, offset: int) -> Iterator[memoryview]:
@@ -685,13 +663,12 @@ def ended_complete(path: Path) -> bool:
     bool
         True when its run ended with every item done.
     """
-    try:
+    with contextlib.suppress(Exception):
         data = path.read_bytes()
         (last,) = collections.deque(_frames(data, parse_header(data, path)[1]), maxlen=1)
         record = pickle.loads(last)
         return bool(record["kind"] == "end" and record["done"] == record["total"])
-    except Exception:
-        return False
+    return False
 
 
 _LEFT_OUT, _GONE = object(), object()  # a value not journaled; one that cannot be loaded now
@@ -707,10 +684,9 @@ def _values(record: Batch, values: bool) -> list[Any]:
 
 
 def _unpickle(blob: bytes) -> Any:
-    try:
+    with contextlib.suppress(Exception):  # its class is gone, its module not installed: re-run it
         return pickle.loads(blob)
-    except Exception:  # its class is gone, its module not installed: re-run it
-        return _GONE
+    return _GONE
 
 
 def load(path: Path, *, values: bool = True) -> Loaded:
