@@ -84,7 +84,6 @@ import cloudpickle
 from nbcluster import config
 from nbcluster._wire import TrialSpec
 from nbcluster.journal import store
-from nbcluster.journal.store import Loaded, Writer
 from nbcluster.persist import handles
 from nbcluster.run.capture import Capture, read_only_array
 from nbcluster.run.cell import Cell, Plan
@@ -277,7 +276,7 @@ def label(cell: Cell | None, fn: Any) -> str:
 class Resumption:
     """What `prepare` decided: the writer (None: not journaled), the items taken over, a line."""
 
-    writer: Writer | None = None
+    writer: store.Writer | None = None
     values: dict[int, Any] = field(default_factory=dict)
     outputs: dict[int, list[list[Any]]] = field(default_factory=dict)
     line: str | None = None
@@ -360,7 +359,7 @@ def _take(path: Path, total: int, client: Any) -> Resumption | str:
     return Resumption(writer, dict(adopted), outputs, resumed_line(loaded, total, done=len(adopted), lost=lost))
 
 
-def resumed_line(loaded: Loaded, total: int, *, done: int | None = None, lost: int = 0) -> str:
+def resumed_line(loaded: store.Loaded, total: int, *, done: int | None = None, lost: int = 0) -> str:
     """``nbcluster: resumed 734/1000 items from the run of 14:02 (killed); running 266``.
 
     Parameters

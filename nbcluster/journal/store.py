@@ -301,7 +301,7 @@ class Writer:
         self._fd: int | None = fd
         # --persist: told the older journals a complete run deletes, first (to unpublish their values).
         self.before_superseding: Callable[[list[Path]], object] | None = None
-        self._lock = threading.Lock()  # the driver thread writes; whichever thread ends the run closes
+        self._lock = threading.RLock()  # the driver thread writes; whichever thread ends the run closes
 
     def write(self, indices: Sequence[int], values: Sequence[Any], failed: dict[int, Failure],
               outputs: dict[int, list[list[Any]]], where: str, ran_on: tuple[str, str] | None = None,
@@ -352,14 +352,17 @@ class Writer:
             if self._fd is None:
                 return
             self._append({"kind": "end", "at": time.time(), "done": done, "total": total})
-            self._close()  # releases the lock
+            self.release()  # and with it the journal's lock
         if done == total:
             superseded(self.path, self.before_superseding)
 
     def release(self) -> None:
         """Let go of the journal without marking it (a claim that was not used after all)."""
         with self._lock:
-            self._close()
+            fd, self._fd = self._fd, None
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def reopen(self) -> None:
         """A retry: take the journal again (one line, and no journal, if another run has it)."""
@@ -381,14 +384,8 @@ class Writer:
         except Exception as e:
             self._give_up(e)
 
-    def _close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
     def _give_up(self, e: BaseException) -> None:
-        self._close()  # so it is said once: nothing is written, and `reopen` takes nothing, after it
+        self.release()  # so it is said once: nothing is written, and `reopen` takes nothing, after it
         self._broken = True
         print(_cannot_write(e, self.path), file=sys.stderr)
 
