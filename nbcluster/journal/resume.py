@@ -1,8 +1,36 @@
-"""`--resume`: which journal a run writes, what it takes from an earlier one, and its checkpoints.
+"""`--resume`: a run's identity, which journal it writes, what it takes from an earlier one.
 
+Identity
+--------
+`fingerprint` is the BLAKE2 hash of, in order: the code (the cell's source, or the function
+run), the items after ``--over/--grid/--zip`` evaluation (and how they bind names),
+``--seed``, and every captured notebook value. It is deliberately not the kernel, the
+session or the notebook's cell id: a new kernel running the same cell on the same inputs
+gets the same identity, and a change to any input gives another one, so ``--resume`` never
+mixes results computed from different inputs.
+
+Each value is hashed through one pickler (`_Hasher`), the same way wherever it sits (a
+captured name, an item, a global a function reads):
+
+- plain data by its pickle (protocol 5; the bytes of large arrays hashed in place, not
+  copied);
+- a module by its name; a function or class imported from a module by its module and name;
+- a function defined in the notebook (module ``__main__``) by its source text (its code,
+  where there is no source), its defaults, its closure's values, and the value of every
+  global its code reads (recursively: a notebook function it calls is hashed the same way);
+  never its pickle, which holds the kernel's own file name for the cell
+  (``/tmp/ipykernel_<pid>/...``) that a new kernel does not share;
+- a class defined in the notebook by its name, its bases and its attributes (methods as
+  functions above); an instance of it by its class so hashed and its state.
+
+A run with an input that cannot be hashed at all has no identity and is not journaled: a
+journal must never stop a run.
+
+Resuming
+--------
 `prepare` runs once per run, in the kernel, after the job is made and before anything is
 submitted. With journaling on (``nbcluster.journal.enabled``) it looks for journals of the
-run's identity (`identity.py`), newest first:
+run's identity, newest first:
 
 - with ``--resume``, it takes the newest one (its lock: `store.claim`), loads its finished
   items and returns them; the run then submits only the others and appends to that same
@@ -39,25 +67,216 @@ folders whose journal is gone, then the oldest until all fit in
 from __future__ import annotations
 
 import contextlib
+import dis
 import hashlib
+import inspect
+import io
 import os
+import pickle
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import CodeType, FunctionType, ModuleType
 from typing import Any
+
+import cloudpickle
 
 from nbcluster import config
 from nbcluster._wire import TrialSpec
 from nbcluster.journal import store
-from nbcluster.journal.store import Loaded, Writer
 from nbcluster.persist import handles
+from nbcluster.run.capture import Capture, read_only_array
+from nbcluster.run.cell import Cell, Plan
+
+VERSION = b"nbcluster-run-3"  # part of every identity: change it when what goes in changes
+# A class's attributes that say where it was defined, or hold no content of its own.
+_NOT_CLASS_CONTENT = frozenset({"__dict__", "__weakref__", "__module__", "__firstlineno__", "__static_attributes__"})
 
 
+# -- identity -------------------------------------------------------------------------------
+def fingerprint(plan: Plan, cell: Cell | None, fn: Any, seed: int | None, captured: Capture) -> str | None:
+    """The run's identity as 32 hex digits; None if an input cannot be fingerprinted.
+
+    Parameters
+    ----------
+    plan : Plan
+        The run's items and how they bind names.
+    cell : Cell or None
+        The cell run, or None for a function.
+    fn : callable or None
+        The function run, when there is no cell.
+    seed : int or None
+        The run's ``--seed``.
+    captured : Capture
+        The notebook values the code takes with it.
+
+    Returns
+    -------
+    str or None
+        32 hex digits, the same for the same code, items, seed and captured values (and
+        what the notebook functions among them read) in any kernel; None when something
+        cannot be pickled to hash (the run is then not journaled).
+    """
+    h = hashlib.blake2b(VERSION, digest_size=16)
+
+    def part(tag: str, data: bytes) -> None:
+        h.update(tag.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+
+    try:
+        if cell is not None:
+            part("cell", cell.source.lstrip("\n").encode())
+        else:
+            part("function", value_hash(fn))
+        part("binding", repr((plan.mode, plan.names, plan.target, plan.positional, seed)).encode())
+        part("items", value_hash(plan.items))
+        for name in sorted(captured.direct):
+            value = captured.direct[name]
+            if name in captured.modules:
+                part(f"module {name}", captured.modules[name].encode())
+            elif name in captured.large and read_only_array(value):
+                # A plain array's pickle holds nothing of the kernel's: the digest it is
+                # shipped by is its content's, already computed.
+                part(f"value {name}", bytes.fromhex(captured.large[name][1]))
+            else:
+                part(f"value {name}", value_hash(value))
+    except Unhashable:
+        return None
+    return h.hexdigest()
+
+
+class Unhashable(Exception):
+    """A value that no pickler can take: the run has no identity."""
+
+
+def value_hash(value: Any, seen: dict[int, bytes] | None = None) -> bytes:
+    """The stable hash of one value, as the identity takes it (see the module docstring).
+
+    Parameters
+    ----------
+    value : Any
+        A captured value, a function, or the items.
+    seen : dict, optional
+        The notebook functions and classes hashed so far in this hash (by id), so that one
+        calling itself ends.
+
+    Returns
+    -------
+    bytes
+        16 bytes: the hash of the value's pickle (its length first) and of its out-of-band
+        buffers, the same in any kernel for the same value.
+
+    Raises
+    ------
+    Unhashable
+        When the value cannot be pickled.
+
+    Examples
+    --------
+    >>> value_hash([1, 2]) == value_hash([1, 2]) != value_hash([1, 3])
+    True
+    """
+    out, buffers = io.BytesIO(), list[pickle.PickleBuffer]()
+    try:
+        _Hasher(out, {} if seen is None else seen, buffers).dump(value)
+    except Exception as e:
+        raise Unhashable(f"{type(e).__name__}: {e}") from None
+    h = hashlib.blake2b(len(out.getbuffer()).to_bytes(8, "little") + out.getbuffer(), digest_size=16)
+    for b in buffers:
+        h.update(b.raw())
+    return h.digest()
+
+
+class _Hasher(cloudpickle.Pickler):
+    """cloudpickle, with notebook functions and classes replaced by their stable hash."""
+
+    def __init__(self, file: Any, seen: dict[int, bytes], buffers: list[pickle.PickleBuffer]):
+        super().__init__(file, protocol=5, buffer_callback=buffers.append)
+        self.seen = seen
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, ModuleType):
+            return str, (f"module {obj.__name__}",)
+        if getattr(obj, "__module__", None) == "__main__" and isinstance(obj, FunctionType | type):
+            return str, (self._notebook(obj).hex(),)
+        return super().reducer_override(obj)
+
+    def _notebook(self, obj: Any) -> bytes:
+        """The hash of a notebook function or class: what it is, not where its kernel keeps it."""
+        if id(obj) in self.seen:
+            return self.seen[id(obj)]
+        self.seen[id(obj)] = f"recursive {obj.__qualname__}".encode()  # a function that calls itself
+        if isinstance(obj, type):
+            members = {k: v for k, v in vars(obj).items() if k not in _NOT_CLASS_CONTENT}
+            parts: Any = ("class", obj.__qualname__, obj.__bases__, sorted(members.items()))
+        else:
+            fn: FunctionType = obj
+            reads = sorted((n, fn.__globals__[n]) for n in _globals_read(fn.__code__) if n in fn.__globals__)
+            closure = [_contents(c) for c in fn.__closure__ or ()]
+            parts = ("function", _source(fn), fn.__defaults__, fn.__kwdefaults__, closure, reads)
+        self.seen[id(obj)] = value_hash(parts, self.seen)
+        return self.seen[id(obj)]
+
+
+def _globals_read(code: CodeType) -> set[str]:
+    """The names `code` (and the code nested in it) loads as globals, and nothing else.
+
+    Not ``co_names``, which also holds attribute names and the names a function imports
+    for itself (``import os`` inside it): a kernel that happens to have a global ``os`` (or
+    ``write``) would then hash differently from one that has not, and a new kernel would
+    not find the journal of the same run.
+    """
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    return names.union(*(_globals_read(c) for c in code.co_consts if isinstance(c, CodeType)))
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell: a name the enclosing function binds later
+        return None
+
+
+def _source(fn: FunctionType) -> bytes:
+    """A notebook function's source; its code where there is none (a lambda typed at a prompt)."""
+    try:
+        return inspect.getsource(fn).encode()
+    except (OSError, TypeError):
+        return _code(fn.__code__)
+
+
+def _code(code: CodeType) -> bytes:
+    """Bytecode, names and constants, nested code included, without file names or positions."""
+    consts = b"".join(_code(c) if isinstance(c, CodeType) else repr(c).encode() for c in code.co_consts)
+    return code.co_code + repr((code.co_names, code.co_varnames)).encode() + consts
+
+
+def label(cell: Cell | None, fn: Any) -> str:
+    """What `runs` shows of the run: the cell's first line, or the function's name.
+
+    Parameters
+    ----------
+    cell : Cell or None
+        The cell run, or None for a function.
+    fn : Any
+        The function (or module) run, when there is no cell.
+
+    Returns
+    -------
+    str
+        The cell's first non-blank line (at most 80 characters), else ``name()`` of the
+        function.
+    """
+    if cell is not None:
+        return next((line.strip()[:80] for line in cell.source.splitlines() if line.strip()), "")
+    return fn.__name__ if isinstance(fn, ModuleType) else f"{getattr(fn, '__qualname__', type(fn).__name__)}()"
+
+
+# -- resuming -------------------------------------------------------------------------------
 @dataclass
 class Resumption:
     """What `prepare` decided: the writer (None: not journaled), the items taken over, a line."""
 
-    writer: Writer | None = None
+    writer: store.Writer | None = None
     values: dict[int, Any] = field(default_factory=dict)
     outputs: dict[int, list[list[Any]]] = field(default_factory=dict)
     line: str | None = None
@@ -65,7 +284,7 @@ class Resumption:
 
 
 def prepare(
-    identity: str | None, total: int, first_line: str, *, resume: bool, persist: bool, client: Any = None,
+    identity: str | None, total: int, shown: str, *, resume: bool, persist: bool, client: Any = None,
     cluster: str | None = None,
 ) -> Resumption:  # fmt: skip
     """Choose the run's journal, and load the earlier run's items with `resume`.
@@ -73,11 +292,11 @@ def prepare(
     Parameters
     ----------
     identity : str or None
-        The run's identity (`identity.fingerprint`); None when it has none (not journaled).
+        The run's identity (`fingerprint`); None when it has none (not journaled).
     total : int
         Items in the run.
-    first_line : str
-        What listings show of the run.
+    shown : str
+        What listings show of the run (`label`).
     resume : bool
         ``--resume``: take over the newest journal of the same identity, if it can be.
     persist : bool
@@ -97,18 +316,12 @@ def prepare(
         not be, or that an earlier run could be resumed.
     """
     if identity is None or not store.enabled():  # with --persist too: nothing is published
-        if not resume:
-            return Resumption()
-        why = (
-            "this run is not journaled (--everywhere, a --persist run reading persisted results, "
-            "or an input that cannot be pickled)"
-            if store.enabled() else "journaling is off (nbcluster.journal.enabled)"
-        )  # fmt: skip
-        return Resumption(line=f"nbcluster: --resume: {why}: running all {total} items")
+        why = ("this run is not journaled (--everywhere, a --persist run reading persisted results, or an input "
+               "that cannot be pickled)" if store.enabled() else "journaling is off (nbcluster.journal.enabled)")  # fmt: skip
+        return Resumption(line=f"nbcluster: --resume: {why}: running all {total} items" if resume else None)
     if persist:  # another identity of the same length: a journal of values and one of recipes never match
         identity = hashlib.blake2b(f"{identity}:persist".encode(), digest_size=len(identity) // 2).hexdigest()
-    base = store.folder()
-    found = store.journals(identity, where=base)
+    found = store.journals(identity)
     chosen = _take(found[0], total, client if persist else None) if resume and found else None
     if not isinstance(chosen, Resumption):
         line: str | None
@@ -119,21 +332,17 @@ def prepare(
                     f"was found: running all {total} items")  # fmt: skip
         else:
             line = _hint(found[0], total) if found else None
-        made = store.create(identity, total, first_line, cluster=cluster if persist else None, where=base)
-        chosen = Resumption(made, line=line)
+        chosen = Resumption(store.create(identity, total, shown, cluster=cluster if persist else None), line=line)
     if persist and chosen.writer is not None:
         chosen.publish = handles.dataset_prefix(chosen.writer.path.name)
-        def unpublish(paths: list[Path]) -> None:
-            handles.unpublish(client, [handles.dataset_prefix(p.name) for p in paths])
-
-        chosen.writer.before_superseding = unpublish
+        chosen.writer.before_superseding = lambda paths: handles.unpublish(
+            client, [handles.dataset_prefix(p.name) for p in paths])  # fmt: skip
     return chosen
 
 
 def _take(path: Path, total: int, client: Any) -> Resumption | str:
     """Claim and load the journal (`client`: a --persist one, whose held values are adopted); why not, if it cannot be."""
-    writer = store.claim(path)
-    if writer is None:
+    if (writer := store.claim(path)) is None:
         return "another run is using this cell's journal right now"
     try:
         loaded = store.load(path)
@@ -150,7 +359,7 @@ def _take(path: Path, total: int, client: Any) -> Resumption | str:
     return Resumption(writer, dict(adopted), outputs, resumed_line(loaded, total, done=len(adopted), lost=lost))
 
 
-def resumed_line(loaded: Loaded, total: int, *, done: int | None = None, lost: int = 0) -> str:
+def resumed_line(loaded: store.Loaded, total: int, *, done: int | None = None, lost: int = 0) -> str:
     """``nbcluster: resumed 734/1000 items from the run of 14:02 (killed); running 266``.
 
     Parameters
@@ -174,32 +383,27 @@ def resumed_line(loaded: Loaded, total: int, *, done: int | None = None, lost: i
     done = len(loaded.values) if done is None else done
     line = f"nbcluster: resumed {done}/{total} items from the run of {loaded.when} ({loaded.state}); running {total - done}"
     why = "not published on the cluster" if loaded.header.get("persist") else "over nbcluster.journal.max-item-size"
-    again = [
-        f"{n} {what}" for n, what in [
-            (loaded.left_out, f"finished but {why}"),
-            (loaded.unloadable, "whose value cannot be loaded now (its class or module is gone)"),
-            (lost, "finished whose value the cluster no longer holds"),
-        ] if n
-    ]  # fmt: skip
+    again = [f"{n} {what}" for n, what in [
+        (loaded.left_out, f"finished but {why}"),
+        (loaded.unloadable, "whose value cannot be loaded now (its class or module is gone)"),
+        (lost, "finished whose value the cluster no longer holds"),
+    ] if n]  # fmt: skip
     return f"{line} ({'; '.join(again)})" if again else line
 
 
 def _hint(path: Path, total: int) -> str | None:
     """The line naming ``--resume`` when the cell's last run did not finish; None otherwise."""
     if store.ended_complete(path) or store.in_use(path):
-        return None
+        return None  # a complete journal (the usual case) costs a read of its last record only
     try:
         loaded = store.load(path, values=False)
     except (store.Refused, OSError):
         return None
-    done = len(loaded.values)
-    if loaded.state == "complete" or done == 0:
+    if loaded.state == "complete" or not (done := len(loaded.values)):
         return None
     how = f"had {len(loaded.failed)} failed" if loaded.state == "failed" else f"was {loaded.state}"
-    return (
-        f"nbcluster: the run of this cell at {loaded.when} {how} with {done}/{total} "
-        f"items done; running it fresh (--resume would run only the {total - done} missing)"
-    )
+    return (f"nbcluster: the run of this cell at {loaded.when} {how} with {done}/{total} "
+            f"items done; running it fresh (--resume would run only the {total - done} missing)")  # fmt: skip
 
 
 def attach_checkpoints(spec: TrialSpec, identity: str, *, resume: bool) -> None:
@@ -219,20 +423,16 @@ def attach_checkpoints(spec: TrialSpec, identity: str, *, resume: bool) -> None:
     spec["identity"], spec["checkpoints"] = identity, str(base)
     if not resume:
         shutil.rmtree(base / identity, ignore_errors=True)
-    try:
-        runs = [p for p in base.iterdir() if p.is_dir() and p.name != identity]
-    except OSError:  # none yet, or not a folder: the items say so when they save
-        return
-    sizes: dict[Path, tuple[float, int]] = {}  # run -> (its last save, as a save renames into it; its bytes)
-    for run in runs:
-        if not store.journals(run.name):  # pruned or forgotten: its checkpoints go with it
+    runs: list[tuple[float, int, Path]] = []  # (its last save, as a save renames into it; its bytes; the folder)
+    with contextlib.suppress(OSError):  # none yet, or not a folder: the items say so when they save
+        for run in (p for p in base.iterdir() if p.is_dir() and p.name != identity):
+            if not store.journals(run.name):  # pruned or forgotten: its checkpoints go with it
+                shutil.rmtree(run, ignore_errors=True)
+                continue
+            with contextlib.suppress(OSError):
+                runs.append((run.stat().st_mtime, sum(f.stat().st_size for f in run.iterdir()), run))
+    total, limit = sum(size for _, size, _ in runs), store.size("checkpoint.max-size")
+    for _, size, run in sorted(runs):  # oldest first
+        if total > limit:
             shutil.rmtree(run, ignore_errors=True)
-            continue
-        with contextlib.suppress(OSError):
-            sizes[run] = (run.stat().st_mtime, sum(f.stat().st_size for f in run.iterdir()))
-    total, limit = sum(size for _, size in sizes.values()), store._size("checkpoint.max-size")
-    for run in sorted(sizes, key=lambda r: sizes[r][0]):  # oldest first
-        if total <= limit:
-            break
-        shutil.rmtree(run, ignore_errors=True)
-        total -= sizes[run][1]
+            total -= size

@@ -1,6 +1,6 @@
 """The journaled runs, listed, shown and forgotten: `%cluster runs [ID] [--forget]`, `nbcluster runs [ID] [--forget]`.
 
-A run's ID is the start of its identity (`identity.py`): the journals of one cell run on
+A run's ID is the start of its identity (`resume.fingerprint`): the journals of one cell run on
 the same inputs share it, and forgetting an ID deletes them all. A journal in use (its run
 is going on, here or in another kernel) is listed as *running* and never deleted.
 
@@ -32,7 +32,7 @@ ID_LENGTH = 8
 ClientOf = Callable[[str], Any]
 
 
-def table(client_of: ClientOf, where: Path | None = None) -> str:
+def table(client_of: ClientOf) -> str:
     """One line per journal, newest first: ID, when, the cell's first line, done/total, failed,
     size, what a --persist run holds on its cluster, state.
 
@@ -40,8 +40,6 @@ def table(client_of: ClientOf, where: Path | None = None) -> str:
     ----------
     client_of : callable
         A cluster's name -> its client, or None when it is not running (`ClientOf`).
-    where : pathlib.Path, optional
-        The journals' folder; the configured one (`store.folder`) when None.
 
     Returns
     -------
@@ -50,19 +48,17 @@ def table(client_of: ClientOf, where: Path | None = None) -> str:
         journaled runs, and where it looked.
     """
     client_of = functools.cache(client_of)  # each cluster asked once per listing
-    rows = [
-        [path.name[:ID_LENGTH], loaded.when, loaded.header["first_line"][:40],
-         f"{len(loaded.values)}/{loaded.header['total']}", str(len(loaded.failed)), human(loaded.size),
-         _held(path, loaded, client_of), _state(path, loaded)]
-        if isinstance(loaded, store.Loaded)  # why an unreadable one is, in full, is `show`'s to say
-        else [path.name[:ID_LENGTH], store.when(store.started(path)), "(another format, or damaged: show it for why)",
-              "", "", "", "", "unreadable"]
-        for path, loaded in _read(store.journals(where=where))
-    ]  # fmt: skip
-    if not rows:
-        return f"No journaled runs (in {where or store.folder()})."
-    rows.insert(0, ["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    rows = [["ID", "WHEN", "CELL", "DONE", "FAILED", "SIZE", "HELD", "STATE"]]
+    for path, loaded in _read(store.journals()):
+        rows.append([path.name[:ID_LENGTH], loaded.when, loaded.header["first_line"][:40],
+                     f"{len(loaded.values)}/{loaded.header['total']}", str(len(loaded.failed)), human(loaded.size),
+                     _held(path, loaded, client_of), _state(path, loaded)]
+                    if isinstance(loaded, store.Loaded)  # why an unreadable one is, in full, is `show`'s to say
+                    else [path.name[:ID_LENGTH], store.when(store.started(path)),
+                          "(another format, or damaged: show it for why)", "", "", "", "", "unreadable"])  # fmt: skip
+    if len(rows) == 1:
+        return f"No journaled runs (in {store.folder()})."
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
     return "\n".join([
         *("  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=True)).rstrip() for r in rows),
         "`%%distribute ... --resume` picks up a run; `%cluster runs ID` (`nbcluster runs ID`) shows its failed "
@@ -73,12 +69,11 @@ def table(client_of: ClientOf, where: Path | None = None) -> str:
 def _read(paths: list[Path]) -> Iterator[tuple[Path, store.Loaded | store.Refused]]:
     """Each journal read without its values, or why it cannot be; one deleted meanwhile is skipped."""
     for path in paths:
-        try:
-            yield path, store.load(path, values=False)
-        except store.Refused as e:
-            yield path, e
-        except OSError:
-            continue
+        with contextlib.suppress(OSError):
+            try:
+                yield path, store.load(path, values=False)
+            except store.Refused as e:
+                yield path, e
 
 
 def _state(path: Path, loaded: store.Loaded) -> str:
@@ -87,11 +82,9 @@ def _state(path: Path, loaded: store.Loaded) -> str:
 
 def _held(path: Path, loaded: store.Loaded, client_of: ClientOf) -> str:
     """``6 (1.2 MB) on pc``: what a --persist run's values hold on its cluster now; "" for other runs."""
-    name = loaded.header.get("cluster")
-    if not loaded.header.get("persist") or not name:
+    if not loaded.header.get("persist") or not (name := loaded.header.get("cluster")):
         return ""
-    client = client_of(name)
-    if client is None:
+    if (client := client_of(name)) is None:
         return f"? (cannot reach {name})"
     try:
         names = handles.published(client, [handles.dataset_prefix(path.name)])
@@ -101,15 +94,13 @@ def _held(path: Path, loaded: store.Loaded, client_of: ClientOf) -> str:
     return f"{len(kept)} ({human(sum(r['held']['nbytes'] for r in kept))}) on {name}" if kept else f"none on {name}"
 
 
-def show(ident: str, where: Path | None = None) -> str:
+def show(ident: str) -> str:
     """One run's journals in full: counts, where its items ran, and each failed item's error.
 
     Parameters
     ----------
     ident : str
         A run ID as `table` shows it (or any start of one).
-    where : pathlib.Path, optional
-        The journals' folder; the configured one when None.
 
     Returns
     -------
@@ -124,33 +115,34 @@ def show(ident: str, where: Path | None = None) -> str:
     nbcluster.errors.BadArgument
         For an ID that names no journal.
     """
-    found = [p for p in store.journals(where=where) if p.name.startswith(ident)]
-    if not found:
-        raise BadArgument(f"no journaled run {ident!r}: `runs` lists their IDs")
     blocks = []
-    for path, loaded in _read(found):
+    for path, loaded in _read(_named([ident])):
         if not isinstance(loaded, store.Loaded):
             blocks.append(f"{path.name[:ID_LENGTH]}: {loaded}")
             continue
         total, done, failed = loaded.header["total"], len(loaded.values), loaded.failed
-        lines = [
-            f"Run {path.name[:ID_LENGTH]} of {loaded.when} ({_state(path, loaded)}): {loaded.header['first_line']}",
-            f"  {done}/{total} done, {len(failed)} failed, {total - done - len(failed)} not run",
-        ]
+        lines = [f"Run {path.name[:ID_LENGTH]} of {loaded.when} ({_state(path, loaded)}): {loaded.header['first_line']}",
+                 f"  {done}/{total} done, {len(failed)} failed, {total - done - len(failed)} not run"]  # fmt: skip
         if loaded.workers:
             ran = sorted(loaded.workers.items(), key=lambda kv: -kv[1])
             lines.append(f"  done where: {', '.join(f'{name} {n}' for name, n in ran)}")
-        if failed:
-            lines.append("  failed (--resume runs them again):")
+        lines += ["  failed (--resume runs them again):"] if failed else []
         for i, f in sorted(failed.items()):
-            params = f" ({f['params']})" if f["params"] else ""
-            on = f" on worker {f['worker']}" if f["worker"] else ""
+            params, on = f" ({f['params']})" if f["params"] else "", f" on worker {f['worker']}" if f["worker"] else ""
             lines.append(f"    item {i}{params}{on} at {time.strftime('%H:%M:%S', time.localtime(f['at']))}: {f['error']}")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
 
-def forget(ids: list[str], every: bool, client_of: ClientOf, where: Path | None = None) -> str:
+def _named(ids: list[str] | None) -> list[Path]:
+    """The journals of the runs `ids` (every journal for None); BadArgument for an ID that names none."""
+    found = store.journals()
+    if unknown := [i for i in ids or () if not any(p.name.startswith(i) for p in found)]:
+        raise BadArgument(f"no journaled run {', '.join(map(repr, unknown))}: `runs` lists their IDs")
+    return [p for p in found if ids is None or p.name.startswith(tuple(ids))]
+
+
+def forget(ids: list[str], every: bool, client_of: ClientOf) -> str:
     """Delete the journals of the runs `ids` (or `every` one); what was done, as one line.
 
     Parameters
@@ -162,8 +154,6 @@ def forget(ids: list[str], every: bool, client_of: ClientOf, where: Path | None 
     client_of : callable
         A cluster's name -> its client, or None when it is not running (`ClientOf`): where a
         --persist run's values are dropped.
-    where : pathlib.Path, optional
-        The journals' folder; the configured one when None.
 
     Returns
     -------
@@ -178,30 +168,19 @@ def forget(ids: list[str], every: bool, client_of: ClientOf, where: Path | None 
     if every == bool(ids):
         raise BadArgument("give run IDs or --all, not both" if every else
                           "say which runs to forget: their IDs (from `runs`), or --all")  # fmt: skip
-    found = store.journals(where=where)
-    unknown = [i for i in ids if not any(p.name.startswith(i) for p in found)]
-    if unknown:
-        raise BadArgument(f"no journaled run {', '.join(map(repr, unknown))}: `runs` lists their IDs")
     deleted = busy = dropped = 0
     client_of = functools.cache(client_of)
-    for path in found:
-        if not every and not any(path.name.startswith(i) for i in ids):
-            continue
+    for path in _named(None if every else ids):
         if store.in_use(path):
             busy += 1
             continue
         header = store.read_header(path)
-        name = header["cluster"] if header is not None and header.get("persist") else None
-        client = client_of(name) if name else None
-        if client is not None:  # a --persist run on a running cluster: its values are dropped there
-            with contextlib.suppress(Exception):
+        if header and header["persist"] and header["cluster"] and (client := client_of(header["cluster"])):
+            with contextlib.suppress(Exception):  # a --persist run on a running cluster: its values are dropped there
                 dropped += handles.unpublish(client, [handles.dataset_prefix(path.name)])
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             deleted += 1
     line = f"Forgot {deleted} journaled run{'s' if deleted != 1 else ''}."
-    if dropped:
-        line += f" Dropped {dropped} value{'s' if dropped != 1 else ''} kept on the cluster for --resume."
-    if busy:
-        line += f" {busy} in use (running now) stayed."
-    return line
+    line += f" Dropped {dropped} value{'s' if dropped != 1 else ''} kept on the cluster for --resume." if dropped else ""
+    return line + (f" {busy} in use (running now) stayed." if busy else "")

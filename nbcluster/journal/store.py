@@ -2,7 +2,7 @@
 
 A kernel that dies (out of memory, a laptop lid, a hub's idle culler) takes its `Results`
 with it. The journal is the kernel's own append-only record of what had arrived, keyed by
-what the run computes (`identity.py`), so that a new kernel running the same cell on the
+what the run computes (`resume.fingerprint`), so that a new kernel running the same cell on the
 same inputs finds it and runs only what is missing (`resume.py`).
 
 Policy
@@ -51,7 +51,6 @@ import collections
 import contextlib
 import errno
 import fcntl
-import importlib.metadata
 import json
 import os
 import pickle
@@ -68,16 +67,13 @@ import cloudpickle
 from dask.utils import parse_bytes
 
 from nbcluster import config
+from nbcluster._version import __version__
 from nbcluster.run.cell import describe
 
 FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
 SUFFIX = ".journal"
 _LENGTH = struct.Struct("<I")
-try:  # not `nbcluster.__version__`: this module must not import the package's __init__ back
-    _VERSION = importlib.metadata.version("nbcluster")
-except importlib.metadata.PackageNotFoundError:
-    _VERSION = "unknown"
 
 
 class Header(TypedDict):
@@ -176,8 +172,7 @@ def folder() -> Path:
         ``nbcluster.journal.path`` when set (``~`` expanded), else
         ``<Jupyter data dir>/nbcluster/journal``.
     """
-    configured = config.get("journal.path")
-    if configured:
+    if configured := config.get("journal.path"):
         return Path(os.path.expanduser(str(configured)))
     from jupyter_core.paths import jupyter_data_dir
 
@@ -196,7 +191,20 @@ def enabled() -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() == "true"
 
 
-def _size(key: str) -> int:
+def size(key: str) -> int:
+    """A size setting, in bytes.
+
+    Parameters
+    ----------
+    key : str
+        The setting under ``nbcluster.``, as ``"journal.max-size"``; its value a number of
+        bytes or a text like ``"64 MiB"``.
+
+    Returns
+    -------
+    int
+        Its bytes.
+    """
     return int(parse_bytes(config.get(key)))
 
 
@@ -206,7 +214,7 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
     Parameters
     ----------
     identity : str, optional
-        Only the journals of runs with this identity (`identity.fingerprint`); every journal
+        Only the journals of runs with this identity (`resume.fingerprint`); every journal
         when None.
     where : pathlib.Path, optional
         The folder to look in; `folder()` when None.
@@ -216,13 +224,11 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
     list of pathlib.Path
         The journals, newest start first; [] when the folder cannot be read.
     """
-    base = where or folder()
+    base, prefix = where or folder(), f"{identity}-" if identity else ""
     try:
-        names = os.listdir(base)
+        found = [base / n for n in os.listdir(base) if n.endswith(SUFFIX) and n.startswith(prefix) and n.count("-") >= 2]
     except OSError:
         return []
-    prefix = f"{identity}-" if identity else ""
-    found = [base / n for n in names if n.endswith(SUFFIX) and n.startswith(prefix) and n.count("-") >= 2]
     return sorted(found, key=started, reverse=True)
 
 
@@ -239,11 +245,10 @@ def started(path: Path) -> float:
     float
         Epoch seconds; 0 when the name holds none.
     """
-    try:
+    with contextlib.suppress(ValueError, IndexError):
         t = int(path.name.rsplit("-", 2)[-2])
-    except (ValueError, IndexError):
-        return 0.0
-    return t / 1e6 if t > 1e14 else t / 1e3  # microseconds; milliseconds in journals of nbcluster 0.1
+        return t / 1e6 if t > 1e14 else t / 1e3  # microseconds; milliseconds in journals of nbcluster 0.1
+    return 0.0
 
 
 def when(t: float) -> str:
@@ -277,12 +282,9 @@ def in_use(path: Path) -> bool:
         True while some run holds its lock; False otherwise, also when it cannot be opened.
     """
     try:
-        with open(path, "rb") as f:  # closing releases a lock taken here
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
+        os.close(_locked(path))  # closing releases the lock taken here
+    except OSError as e:
+        return isinstance(e, BlockingIOError)  # else: gone, or not ours to open
     return False
 
 
@@ -295,19 +297,15 @@ class Writer:
     """
 
     def __init__(self, path: Path, fd: int):
-        self.path = path
+        self.path, self._broken, self._max_item = path, False, size("journal.max-item-size")
         self._fd: int | None = fd
-        self._max_item = _size("journal.max-item-size")
-        self._broken = False
         # --persist: told the older journals a complete run deletes, first (to unpublish their values).
-        self.before_superseding: Callable[[list[Path]], None] | None = None
-        self._lock = threading.Lock()  # the driver thread writes; whichever thread ends the run closes
+        self.before_superseding: Callable[[list[Path]], object] | None = None
+        self._lock = threading.RLock()  # the driver thread writes; whichever thread ends the run closes
 
-    def write(
-        self, indices: Sequence[int], values: Sequence[Any], failed: dict[int, Failure],
-        outputs: dict[int, list[list[Any]]], where: str, ran_on: tuple[str, str] | None = None,
-        held: list[Any] | None = None,
-    ) -> None:  # fmt: skip
+    def write(self, indices: Sequence[int], values: Sequence[Any], failed: dict[int, Failure],
+              outputs: dict[int, list[list[Any]]], where: str, ran_on: tuple[str, str] | None = None,
+              held: list[Any] | None = None) -> None:  # fmt: skip
         """Append one delivered batch (`values[j]` is item `indices[j]`'s value).
 
         Parameters
@@ -331,16 +329,13 @@ class Writer:
             journaled instead of `values`, which are handles.
         """
         with self._lock:
-            if self._fd is not None:
-                plain = None
-                if held is None and set(map(type, values)) <= _ATOMS:  # loadable whatever the notebook defines
-                    plain = _pickled(list(values), self._max_item)
-                each = [_pickled(v, self._max_item) for v in values] if held is None and plain is None else None
-                self._append(self._fd, {
-                    "kind": "batch", "at": time.time(), "where": where, "worker": ran_on,
-                    "indices": indices[: len(values)], "errors": failed, "plain": plain, "pickled": each,
-                    "held": held, "outputs": outputs,
-                })  # fmt: skip
+            # A batch of builtin data only is one pickle (loadable whatever the notebook defines).
+            plain = _pickled(list(values), self._max_item) if held is None and set(map(type, values)) <= _ATOMS else None
+            each = [_pickled(v, self._max_item) for v in values] if held is None and plain is None else None
+            self._append({
+                "kind": "batch", "at": time.time(), "where": where, "worker": ran_on, "indices": indices[: len(values)],
+                "errors": failed, "plain": plain, "pickled": each, "held": held, "outputs": outputs,
+            })  # fmt: skip
 
     def end(self, done: int, total: int) -> None:
         """The start is over: mark it so, and let go of the journal (another run may take it).
@@ -356,49 +351,43 @@ class Writer:
         with self._lock:
             if self._fd is None:
                 return
-            self._append(self._fd, {"kind": "end", "at": time.time(), "done": done, "total": total})
-            self._close()  # releases the lock
+            self._append({"kind": "end", "at": time.time(), "done": done, "total": total})
+            self.release()  # and with it the journal's lock
         if done == total:
             superseded(self.path, self.before_superseding)
 
     def release(self) -> None:
         """Let go of the journal without marking it (a claim that was not used after all)."""
         with self._lock:
-            self._close()
+            fd, self._fd = self._fd, None
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def reopen(self) -> None:
         """A retry: take the journal again (one line, and no journal, if another run has it)."""
         if self._fd is not None or self._broken or not self.path.exists():
             return
         try:
-            self._fd = _locked(os.open(self.path, os.O_WRONLY | os.O_APPEND))  # no other thread has it yet
+            self._fd = _locked(self.path)  # no other thread has it yet
         except BlockingIOError:
-            print("nbcluster: another run is using this run's journal now: the retry is not journaled",
-                  file=sys.stderr)  # fmt: skip
+            print("nbcluster: another run is using this run's journal now: the retry is not journaled", file=sys.stderr)
         except OSError as e:
             self._give_up(e)
 
-    def _append(self, fd: int, record: Batch | End) -> None:
-        # One system call, and no copy of a batch's megabytes. A short write (a nearly full
-        # disk) ends the journal: a record cut short is where every reader stops.
+    def _append(self, record: Batch | End) -> None:
+        if self._fd is None:
+            return
         try:
             blob = pickle.dumps(record, protocol=5)
-            if os.writev(fd, [_LENGTH.pack(len(blob)), blob]) != _LENGTH.size + len(blob):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            _write(self._fd, [_LENGTH.pack(len(blob)), blob])
         except Exception as e:
             self._give_up(e)
 
-    def _close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
     def _give_up(self, e: BaseException) -> None:
-        self._close()
-        if not self._broken:
-            self._broken = True
-            print(_cannot_write(e, self.path), file=sys.stderr)
+        self.release()  # so it is said once: nothing is written, and `reopen` takes nothing, after it
+        self._broken = True
+        print(_cannot_write(e, self.path), file=sys.stderr)
 
 
 #: Types whose values load in any process: a batch of only these is pickled as one list.
@@ -407,14 +396,18 @@ _ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 def _pickled(value: Any, limit: int) -> bytes | None:
     """`value`'s pickle (cloudpickle's for a lambda or a notebook class); None if over `limit` or none."""
-    try:
-        blob = pickle.dumps(value, protocol=5)
-    except Exception:
-        try:
-            blob = cloudpickle.dumps(value, protocol=5)
-        except Exception:
-            return None
-    return blob if len(blob) <= limit else None
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        with contextlib.suppress(Exception):
+            blob = dumps(value, protocol=5)
+            return blob if len(blob) <= limit else None
+    return None
+
+
+def _write(fd: int, parts: list[bytes]) -> None:
+    """One system call, and no copy of a batch's megabytes. A short write (a nearly full
+    disk) ends the journal: a record cut short is where every reader stops."""
+    if os.writev(fd, parts) != sum(map(len, parts)):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def failure(error: Any) -> Failure:
@@ -432,8 +425,7 @@ def failure(error: Any) -> Failure:
         first line of its message, as the cell shows them; no traceback.
     """
     message = str(error.message).strip().splitlines()
-    line = f"{error.type_name}: {message[0]}" if message else str(error.type_name)
-    return {"error": line, "params": describe(error.params)}
+    return {"error": f"{error.type_name}: {message[0]}" if message else str(error.type_name), "params": describe(error.params)}
 
 
 def _cannot_write(e: BaseException, path: Path) -> str:
@@ -441,7 +433,9 @@ def _cannot_write(e: BaseException, path: Path) -> str:
     return f"nbcluster: cannot write the run's journal {why}: the run goes on without a journal (--resume cannot pick it up)"
 
 
-def _locked(fd: int) -> int:
+def _locked(path: Path, flags: int = 0) -> int:
+    """The journal opened to append, holding its lock (BlockingIOError: another run holds it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BaseException:
@@ -450,24 +444,20 @@ def _locked(fd: int) -> int:
     return fd
 
 
-def create(
-    identity: str, total: int, first_line: str, *, cluster: str | None = None, where: Path | None = None,
-) -> Writer | None:  # fmt: skip
+def create(identity: str, total: int, first_line: str, *, cluster: str | None = None) -> Writer | None:
     """A new journal for a run (pruning old ones to fit); None, with one line, if it cannot be.
 
     Parameters
     ----------
     identity : str
-        The run's identity (`identity.fingerprint`).
+        The run's identity (`resume.fingerprint`).
     total : int
         Items in the run.
     first_line : str
-        What listings show of the run (`identity.first_line`).
+        What listings show of the run (`resume.label`).
     cluster : str, optional
         A ``--persist`` run: the name (or address) of the cluster its values stay on; its
         journal then holds recipes, not values.
-    where : pathlib.Path, optional
-        The journals' folder; `folder()` when None.
 
     Returns
     -------
@@ -475,26 +465,22 @@ def create(
         A writer holding the new journal's lock; None when it cannot be written (one
         warning line says why, and the run goes on).
     """
-    base = where or folder()
-    now = time.time()
+    base, now = folder(), time.time()
     path = base / f"{identity}-{int(now * 1e6)}-{os.getpid()}{SUFFIX}"
     header: Header = {
-        "format": FORMAT, "nbcluster": _VERSION, "identity": identity, "total": total,
+        "format": FORMAT, "nbcluster": __version__, "identity": identity, "total": total,
         "first_line": first_line, "started": now, "persist": cluster is not None, "cluster": cluster,
     }  # fmt: skip
-    data = MAGIC + json.dumps(header).encode() + b"\n"
     try:
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if base.stat().st_mode & 0o777 != 0o700:
-            os.chmod(base, 0o700)  # a folder made by hand (or under a umask) must not show others the values
-        limit = _size("journal.max-size")
+        os.chmod(base, 0o700)  # a folder made by hand (or under a umask) must not show others the values
+        limit = size("journal.max-size")
         if now - _pruned.get((base, limit), 0.0) >= PRUNE_EVERY_S:  # a listing and a stat per journal
             _pruned[(base, limit)] = now
             prune(limit, base)
-        fd = _locked(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600))
+        fd = _locked(path, os.O_CREAT | os.O_EXCL)
         try:
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            _write(fd, [MAGIC, json.dumps(header).encode() + b"\n"])
         except OSError:
             os.close(fd)
             path.unlink()
@@ -519,10 +505,9 @@ def claim(path: Path) -> Writer | None:
         A writer appending to it, holding its lock; None when another run holds it or it
         is gone.
     """
-    try:
-        return Writer(path, _locked(os.open(path, os.O_WRONLY | os.O_APPEND)))
-    except OSError:  # BlockingIOError: in use; or it was just deleted
-        return None
+    with contextlib.suppress(OSError):  # BlockingIOError: in use; or it was just deleted
+        return Writer(path, _locked(path))
+    return None
 
 
 #: A run's start prunes its folder at most this often (seconds) under one size bound: a folder
@@ -545,23 +530,21 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
     Returns
     -------
     list of pathlib.Path
-        The journals deleted, oldest first.
+        The journals it deleted (or found deleted already), oldest first.
     """
     sizes = {}
     for path in journals(where=base):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # deleted meanwhile
             sizes[path] = path.stat().st_size
     total, old = sum(sizes.values()), []
     for path in reversed(sizes):  # oldest first
-        if total <= limit:
-            break
-        if not in_use(path) and not ((header := read_header(path)) and header["persist"]):
+        if total > limit and not in_use(path) and not ((header := read_header(path)) and header["persist"]):
             old.append(path)
             total -= sizes[path]
     return _delete(old)
 
 
-def superseded(path: Path, before: Callable[[list[Path]], None] | None = None) -> list[Path]:
+def superseded(path: Path, before: Callable[[list[Path]], object] | None = None) -> list[Path]:
     """Delete the other journals of `path`'s run that no run is using.
 
     Called when the run in `path` completes: it holds every item, so an older journal of the
@@ -578,24 +561,22 @@ def superseded(path: Path, before: Callable[[list[Path]], None] | None = None) -
     Returns
     -------
     list of pathlib.Path
-        The journals deleted.
+        The journals deleted (none when `before` failed).
     """
     others = [p for p in journals(path.name.split("-", 1)[0], where=path.parent) if p != path and not in_use(p)]
-    if others and before is not None:
-        try:
+    try:
+        if others and before is not None:
             before(others)
-        except Exception:
-            return []  # their values stay listed by `runs`, to forget by hand
+    except Exception:  # their values stay listed by `runs`, to forget by hand
+        others = []
     return _delete(others)
 
 
 def _delete(paths: list[Path]) -> list[Path]:
-    deleted = []
     for path in paths:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # gone already, or not ours to delete
             path.unlink()
-            deleted.append(path)
-    return deleted
+    return paths
 
 
 # -- reading --------------------------------------------------------------------------------
@@ -617,14 +598,12 @@ def parse_header(data: bytes, path: Path) -> tuple[Header, int]:
     Raises
     ------
     Refused
-        When it is not an nbcluster journal, its header is damaged, or another version of
+        When its header is damaged (or it is no journal at all), or another version of
         nbcluster wrote it in another format; its message is the one line a user sees.
     """
-    if not data.startswith(MAGIC):
-        raise Refused(f"the journal {path.name} is not an nbcluster journal")
     end = data.find(b"\n", len(MAGIC))
     try:
-        header = json.loads(data[len(MAGIC) : end]) if end >= 0 else None
+        header = json.loads(data[len(MAGIC) : end]) if data.startswith(MAGIC) and end >= 0 else None
     except ValueError:
         header = None
     if not isinstance(header, dict):
@@ -632,7 +611,7 @@ def parse_header(data: bytes, path: Path) -> tuple[Header, int]:
     if header.get("format") != FORMAT:
         raise Refused(
             f"the journal of {when(started(path))} was written by nbcluster {header.get('nbcluster', '?')} "
-            f"(journal format {header.get('format')}), which this nbcluster {_VERSION} cannot read"
+            f"(journal format {header.get('format')}), which this nbcluster {__version__} cannot read"
         )
     return header, end + 1  # type: ignore[return-value]  # the format matched: its fields are this version's
 
@@ -650,23 +629,19 @@ def read_header(path: Path) -> Header | None:
     Header or None
         None if it cannot be read or is no journal of this version.
     """
-    try:
-        with open(path, "rb") as f:
-            return parse_header(f.read(64 * 1024), path)[0]
-    except (OSError, Refused):
-        return None
+    with contextlib.suppress(OSError, Refused), open(path, "rb") as f:
+        return parse_header(f.read(64 * 1024), path)[0]
+    return None
 
 
 def _frames(data: bytes, offset: int) -> Iterator[memoryview]:
     """Each whole record's bytes from `offset`; stops at one cut short (the kernel was killed mid-write)."""
-    view = memoryview(data)
     while offset + _LENGTH.size <= len(data):
         (length,) = _LENGTH.unpack_from(data, offset)
-        offset += _LENGTH.size
-        if offset + length > len(data):
+        offset += _LENGTH.size + length
+        if offset > len(data):
             return
-        yield view[offset : offset + length]
-        offset += length
+        yield memoryview(data)[offset - length : offset]
 
 
 def ended_complete(path: Path) -> bool:
@@ -685,13 +660,12 @@ def ended_complete(path: Path) -> bool:
     bool
         True when its run ended with every item done.
     """
-    try:
+    with contextlib.suppress(Exception):
         data = path.read_bytes()
         (last,) = collections.deque(_frames(data, parse_header(data, path)[1]), maxlen=1)
         record = pickle.loads(last)
         return bool(record["kind"] == "end" and record["done"] == record["total"])
-    except Exception:
-        return False
+    return False
 
 
 _LEFT_OUT, _GONE = object(), object()  # a value not journaled; one that cannot be loaded now
@@ -707,10 +681,9 @@ def _values(record: Batch, values: bool) -> list[Any]:
 
 
 def _unpickle(blob: bytes) -> Any:
-    try:
+    with contextlib.suppress(Exception):  # its class is gone, its module not installed: re-run it
         return pickle.loads(blob)
-    except Exception:  # its class is gone, its module not installed: re-run it
-        return _GONE
+    return _GONE
 
 
 def load(path: Path, *, values: bool = True) -> Loaded:
@@ -741,7 +714,7 @@ def load(path: Path, *, values: bool = True) -> Loaded:
     header, offset = parse_header(data, path)
     loaded = Loaded(path, header, size=len(data))
     done, missing = loaded.values, {_LEFT_OUT: set[int](), _GONE: set[int]()}
-    try:
+    with contextlib.suppress(Exception):  # a damaged record (or one of the wrong shape): nothing after it is trusted
         for frame in _frames(data, offset):
             record = pickle.loads(frame)
             if record["kind"] == "end":
@@ -754,17 +727,13 @@ def load(path: Path, *, values: bool = True) -> Loaded:
                 if i in failed:
                     loaded.failed[i] = {"error": failed[i]["error"], "params": failed[i]["params"],
                                         "worker": name if ran_on else None, "at": record["at"]}  # fmt: skip
-                elif i in done:
-                    continue  # a second delivery (a re-run batch): the first one counted
-                elif value is _LEFT_OUT or value is _GONE:
+                elif i not in done and (value is _LEFT_OUT or value is _GONE):
                     missing[value].add(i)
-                else:
+                elif i not in done:  # a second delivery (a re-run batch): the first one counted
                     done[i] = value
             if len(done) > before:
                 loaded.workers[name] = loaded.workers.get(name, 0) + len(done) - before
             loaded.outputs.update((i, chunks) for i, chunks in record["outputs"].items() if i in done)
-    except Exception:
-        pass  # a damaged record (or one of the wrong shape): nothing after it can be trusted either
     loaded.left_out = len(missing[_LEFT_OUT] - done.keys())
     loaded.unloadable = len(missing[_GONE] - done.keys())
     for i in loaded.failed.keys() & done.keys():

@@ -51,8 +51,7 @@ from typing import Any
 from nbcluster import _current
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.errors import BadArgument, Interrupted, NbclusterError
-from nbcluster.journal import identity
-from nbcluster.journal.resume import Resumption, attach_checkpoints, prepare
+from nbcluster.journal.resume import Resumption, attach_checkpoints, fingerprint, label, prepare
 from nbcluster.persist import handles
 from nbcluster.persist.handles import Handle
 from nbcluster.run import ranks as rank_jobs
@@ -518,7 +517,7 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
     `journaled` False (`--everywhere`, or a `--persist` run reading persisted handles): no journal.
     """
     job, link = engine.job, engine.link
-    ident = identity.fingerprint(job.plan, cell, job.fn, job.seed, job.capture) if journaled else None
+    ident = fingerprint(job.plan, cell, job.fn, job.seed, job.capture) if journaled else None
     if job.trial is not None and ident is not None:
         try:  # a trial's checkpoints are keyed by the run's identity (`journal/resume.py`)
             attach_checkpoints(job.trial, ident, resume=resume)
@@ -529,7 +528,7 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
         getattr(link.handle, "name", None) or link.cluster or str(link.client.scheduler.address))  # fmt: skip
     try:
         chosen = prepare(
-            ident, len(job.plan), identity.first_line(cell, body), resume=resume, persist=job.persist,
+            ident, len(job.plan), label(cell, body), resume=resume, persist=job.persist,
             client=engine.client, cluster=cluster,
         )  # fmt: skip
     except Exception as e:  # a journal must never stop a run
