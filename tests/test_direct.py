@@ -23,7 +23,7 @@ from distributed import Event
 from nbcluster.cluster.handle import ClusterHandle, start
 from nbcluster.run.api import distribute
 from nbcluster.worker import direct as served
-from nbcluster.worker.ahead import FirstAhead
+from nbcluster.worker.direct import FirstAhead
 from tests.waiting import until
 
 #: What an item reports: its value, whether it ran as a scheduler task, and on which worker.

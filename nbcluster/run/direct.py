@@ -263,7 +263,7 @@ class Direct:
         context, blob, token
             As a batch's task takes them (`worker.run_batch`).
         first : bool
-            The run's first batch: a worker still running it after `worker.ahead.AHEAD_S`
+            The run's first batch: a worker still running it after `worker.direct.AHEAD_S`
             sends its first item ahead, which reaches the completions as a `Call` of its own
             (``of`` this one) before this one's answer, which then leaves that item out.
 
