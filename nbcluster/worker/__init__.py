@@ -2,8 +2,9 @@
 
 A Dask task is `run_batch((context_key, inline_context), batch, token)`, with no Dask
 dependencies at all, so the scheduler treats every batch as a root task and hands them
-out from its queue to whichever thread is free. Items are pickled by reference to the
-three tasks here (`run_batch`, `stop_run`, `pin`): keep their names.
+out from its queue to whichever thread is free. The kernel sends three functions of this
+package, pickled by reference (`run_batch`; `stop_run` and `pin`, from `context.py`): keep
+their names.
 A run's first batches come as a request to the worker itself instead (`direct.py`), which
 runs the same `run_blob` in the same thread pool, without the scheduler, and sends its first
 item's result ahead when the batch goes on.
@@ -34,8 +35,8 @@ clock). A small blob is also pushed to the kernel as a Dask event just before th
 context that cannot even be loaded fails the whole batch, again as a returned record
 (`{"fatal": record}`).
 
-Stopping (`context.stop_run`, `items.py`): a batch carries its run's *stop token*. `stop_run(token)`, sent
-to every worker by the kernel on interrupt or `Results.cancel()`, makes a batch return
+Stopping (`context.py`, `items.py`): a batch carries its run's *stop token*. `stop_run(token)`,
+sent to every worker by the kernel on interrupt or `Results.cancel()`, makes a batch return
 with the items it finished, `"stopped": True`, before its next chunk of items (a few ms,
 or one item). So a cancel keeps finished work, and a worker thread is free again one item
 later (Dask cannot stop a running thread, and cancelling the task on the scheduler would
@@ -136,8 +137,7 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
     bytes
         The cloudpickled result, as `run_batch` returns it.
     """
-    last: tuple[str | None, float] = getattr(_thread, "ended", (None, 0.0))
-    idle = time.perf_counter() - last[1] if token is not None and last[0] == token else None
+    idle = since_last(token)
     first = None if ahead is None else (lambda part: ahead.ran({**part, "ran_on": ran_on()}))
     result = run(context, batch, token, deps, names, first)
     if ahead is not None and "values" in result and ahead.close():
@@ -145,8 +145,36 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
     if idle is not None and "values" in result:
         result["idle"] = idle  # what a task's round costs this thread
     blob = dump_result(result)
-    _thread.ended = (token, time.perf_counter())
+    ended(token)
     return blob
+
+
+def since_last(token: str | None) -> float | None:
+    """Seconds since this thread ended its last batch of the run with `token` (None for its first).
+
+    Parameters
+    ----------
+    token : str or None
+        The run's stop token, which names the run; None: not known.
+
+    Returns
+    -------
+    float or None
+        The thread's idle time before this batch.
+    """
+    last: tuple[str | None, float] = getattr(_thread, "ended", (None, 0.0))
+    return time.perf_counter() - last[1] if token is not None and last[0] == token else None
+
+
+def ended(token: str | None) -> None:
+    """This thread has just ended a batch of the run with `token`.
+
+    Parameters
+    ----------
+    token : str or None
+        The run's stop token.
+    """
+    _thread.ended = (token, time.perf_counter())
 
 
 def run(context: tuple[str, bytes | None], batch: bytes, token: str | None, deps: tuple[Any, ...] = (),
@@ -203,13 +231,23 @@ def push(blob: bytes) -> None:
     blob : bytes
         The task's result blob, or a persisted item's report.
     """
-    if len(blob) > LARGEST_PUSH:
-        return
+    if len(blob) <= LARGEST_PUSH and (task := current_task()) is not None:
+        task[0].log_event(PUSHED_TOPIC, Pushed(key=task[1], report=blob))
+
+
+def current_task() -> tuple[Any, str] | None:
+    """The Dask worker running this thread's task, and the task's key; None outside a task.
+
+    Returns
+    -------
+    tuple of (distributed.Worker, str) or None
+        None also where a test calls a task's function directly.
+    """
     try:
         from distributed import get_worker
 
         dask_worker = get_worker()
-    except ValueError:  # not in a Dask worker's task (a test calling the task directly)
-        return
-    if (key := dask_worker.get_current_task()) is not None:
-        dask_worker.log_event(PUSHED_TOPIC, Pushed(key=str(key), report=blob))
+    except ValueError:
+        return None
+    key = dask_worker.get_current_task()
+    return None if key is None else (dask_worker, str(key))

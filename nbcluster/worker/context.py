@@ -11,7 +11,7 @@ kernel builds a `Context` directly (`job.for_kernel`).
 **Each item starts from the notebook's state** (`run/capture.py` sorts the values). The
 shareable values (immutable ones, and large arrays made read-only) are loaded once, into
 `Context.namespace`, which the items share. The others come as one pickled blob
-(`Context.fresh`) that each item unpickles again, and a function that reads such a value is
+(`Sharing.fresh`) that each item unpickles again, and a function that reads such a value is
 unpickled again for every item (`Context.item_function`). A large plain array is shared
 through a read-only view (`Context.shared`): writing to it fails, and `read_only_error`
 turns numpy's error into one line naming the variable. A large pandas object gets a shallow
@@ -26,6 +26,11 @@ the scatter the kernel runs `pin` on every worker, which moves the fresh replica
 `_OBJECTS` (the same object, no copy); a worker that joins later fetches the value from a
 peer on its first batch (`fetch`). A key no worker holds any more raises `Lost`, and the
 kernel scatters it again.
+
+**Runs told to stop.** `stop_run(token)`, sent to every worker by the kernel on interrupt or
+`Results.cancel()`, records the run's stop token, which its batches look up between chunks
+of items (`items.py`). The tokens live here, with the thread's item output (`running`), so
+that trial items read both without importing the batch runner.
 """
 
 from __future__ import annotations

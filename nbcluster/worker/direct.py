@@ -55,7 +55,6 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from nbcluster._compat import as_worker, worker_accepts_work
@@ -177,6 +176,9 @@ class FirstAhead:
 def install(dask_worker: Any) -> int:
     """Serve `HANDLER` on this worker from now on (run by the kernel through ``Client.run``'s request).
 
+    The handler runs one batch in the worker's thread pool and answers its result blob, or
+    ``{"refused": reason}`` when this worker takes no work now (module docstring).
+
     Parameters
     ----------
     dask_worker : distributed.Worker
@@ -192,65 +194,38 @@ def install(dask_worker: Any) -> int:
     dask_worker._nbcluster_direct_order = order
 
     # A function, not a `functools.partial`: Dask logs each handler by its `__name__`. Its
-    # first argument is named `comm`, so Dask passes the request's connection.
+    # first argument is named `comm`, so Dask passes the request's connection. `key` is the
+    # batch's name as its Dask key would be (``distribute-<run id>-<n>``): the live view
+    # draws it by that name.
     async def nbcluster_run_batch(comm: Any, key: str, context: tuple[str, bytes | None], batch: bytes, token: str,
                                   sender: str, number: int, first: bool = False) -> Any:  # fmt: skip
         await order.turn(sender, number)
         loop = asyncio.get_running_loop()
-        ahead = FirstAhead(lambda result: {"first": dump_result(result)}, comm.write, loop) if first else None
-        return await serve(dask_worker, key, context, batch, token, lambda: order.started(sender, number), ahead)
+        try:
+            if (refused := worker_accepts_work(dask_worker)) is not None:
+                return {"refused": refused}
+            ahead = FirstAhead(lambda result: {"first": dump_result(result)}, comm.write, loop) if first else None
+            start = time.time()
+            # Queued in the pool by this call itself, before the sender's next batch may start.
+            running = loop.run_in_executor(dask_worker.executors["default"], _as_worker, dask_worker, key, context,
+                                           batch, token, ahead)  # fmt: skip
+        finally:
+            order.started(sender, number)
+        # From the request's arrival: a batch that queued behind another is late already, and
+        # its first item goes ahead as soon as it ends.
+        deadline = loop.call_later(AHEAD_S, ahead.due) if ahead is not None else None
+        try:
+            blob = await running
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+        if ahead is not None and ahead.written is not None:
+            await ahead.written  # the first item before the rest, on the same connection
+        dask_worker.log_event(DIRECT_TOPIC, DirectRecord(key=key, start=start, stop=time.time()))
+        return blob
 
     dask_worker.handlers[HANDLER] = nbcluster_run_batch
     return VERSION
-
-
-async def serve(dask_worker: Any, key: str, context: tuple[str, bytes | None], batch: bytes, token: str,
-                started: Callable[[], None] = lambda: None, ahead: FirstAhead | None = None) -> Any:  # fmt: skip
-    """Run one batch in the worker's thread pool; its result blob, or why it was refused.
-
-    Parameters
-    ----------
-    dask_worker : distributed.Worker
-        The worker serving the request.
-    key : str
-        The batch's name, as its Dask key would be (``distribute-<run id>-<n>``): the live
-        view draws it by that name.
-    context, batch, token
-        As for `nbcluster.worker.run_batch`.
-    started : callable, optional
-        Called once the batch is queued in the thread pool, or refused.
-    ahead : FirstAhead, optional
-        For a run's first batch: sends its first item ahead when the batch is still going
-        `AHEAD_S` after its arrival.
-
-    Returns
-    -------
-    bytes or dict
-        The result blob; ``{"refused": reason}`` when this worker takes no work now.
-    """
-    try:
-        refused = worker_accepts_work(dask_worker)
-        if refused is not None:
-            return {"refused": refused}
-        start = time.time()
-        # Queued in the pool by this call itself, before `started` lets the next batch in.
-        running = asyncio.get_running_loop().run_in_executor(
-            dask_worker.executors["default"], _as_worker, dask_worker, key, context, batch, token, ahead
-        )
-    finally:
-        started()
-    # From the request's arrival: a batch that queued behind another is late already, and its
-    # first item goes ahead as soon as it ends.
-    deadline = None if ahead is None else asyncio.get_running_loop().call_later(AHEAD_S, ahead.due)
-    try:
-        blob = await running
-    finally:
-        if deadline is not None:
-            deadline.cancel()
-    if ahead is not None and ahead.written is not None:
-        await ahead.written  # the first item before the rest, on the same connection
-    dask_worker.log_event(DIRECT_TOPIC, DirectRecord(key=key, start=start, stop=time.time()))
-    return blob
 
 
 def _as_worker(dask_worker: Any, key: str, *args: Any) -> bytes:
@@ -266,7 +241,7 @@ def refusal(answer: Any) -> str | None:
     Parameters
     ----------
     answer : Any
-        What `serve` answered.
+        What the worker answered.
 
     Returns
     -------

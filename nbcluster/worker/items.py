@@ -48,6 +48,7 @@ travel.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import io
 import itertools
@@ -318,10 +319,8 @@ def dump_result(result: dict[str, Any]) -> bytes:
     >>> print(back["errors"][1]["message"])
     the item's result cannot be sent back to the kernel: TypeError: cannot pickle '_thread.lock' object
     """
-    try:
+    with contextlib.suppress(Exception):
         return cloudpickle.dumps(result)
-    except Exception:
-        pass
     values = result.get("values", [])  # none in a batch that ran no item
     for j, value in enumerate(values):
         try:
@@ -397,10 +396,9 @@ class _ItemStream(io.TextIOBase):
 
 def install() -> None:
     """Wrap this process's `sys.stdout`/`sys.stderr` (once) and give it a `display`."""
-    if not isinstance(sys.stdout, _ItemStream):
-        sys.stdout = _ItemStream("stdout", sys.stdout)
-    if not isinstance(sys.stderr, _ItemStream):
-        sys.stderr = _ItemStream("stderr", sys.stderr)
+    for name in ("stdout", "stderr"):
+        if not isinstance(getattr(sys, name), _ItemStream):
+            setattr(sys, name, _ItemStream(name, getattr(sys, name)))
     # In a notebook `display` is a builtin (IPython puts it there); cells and notebook
     # functions call it unqualified, so a worker needs one too.
     if not hasattr(builtins, "display"):
