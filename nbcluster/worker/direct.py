@@ -134,7 +134,13 @@ class FirstAhead:
         self.seconds = 0.0  # the first item's time, which the answer then leaves out
 
     def ran(self, first: dict[str, Any]) -> None:
-        """The first item ended (in the pool's thread): its result, as `run_items` returns one."""
+        """The first item ended (in the pool's thread): its result, as `run_items` returns one.
+
+        Parameters
+        ----------
+        first : dict
+            ``values``, ``errors``, ``outputs``, ``count`` (1) and ``seconds`` of that item.
+        """
         with self._lock:
             self._first = first
             message = self._take()
@@ -150,8 +156,13 @@ class FirstAhead:
             self._send(message)
 
     def close(self) -> bool:
-        """The batch ended (in the pool's thread): whether its first item went ahead, so that
-        the answer must leave it out."""
+        """The batch ended (in the pool's thread): whether its first item went ahead.
+
+        Returns
+        -------
+        bool
+            True when the answer must leave the first item out.
+        """
         with self._lock:
             self._state = "closed" if self._state == "open" else self._state
             return self._state == "sent"
