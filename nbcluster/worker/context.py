@@ -36,6 +36,7 @@ that trial items read both without importing the batch runner.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import importlib
 import linecache
@@ -492,18 +493,14 @@ def _from_peer(key: str) -> Any:
     try:
         transfer = asyncio.run_coroutine_threadsafe(client.gather([future], asynchronous=True), client.loop.asyncio_loop)
         while client.who_has([future]).get(key):
-            try:
+            with contextlib.suppress(concurrent.futures.TimeoutError):
                 return transfer.result(timeout=FETCH_CHECK_S)[0]
-            except concurrent.futures.TimeoutError:
-                pass
         transfer.cancel()
-        raise Lost(key)
-    except Lost:
-        raise
     except Exception as e:
         raise Lost(key) from e
     finally:
         future.release()
+    raise Lost(key)
 
 
 def pin(keys: list[tuple[str, int]], dask_worker: Any = None) -> None:

@@ -52,6 +52,7 @@ short, never a hang on a request that broke on its way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import OrderedDict
@@ -90,9 +91,8 @@ class _Order:
             self._next.popitem(last=False)
         waiter = self._waiting[sender, number] = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(waiter, GAP_S)
-        except asyncio.TimeoutError:
-            pass
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(waiter, GAP_S)
         finally:
             self._waiting.pop((sender, number), None)
 

@@ -437,14 +437,12 @@ def display(*objs: Any, raw: bool = False, **_ignored: Any) -> None:
 
 
 def _mimebundle(obj: Any) -> dict[str, Any]:
-    try:
+    with contextlib.suppress(Exception):  # no IPython on the worker, or a failing _repr_*_: plain text
         from IPython.core.formatters import DisplayFormatter
 
         data, _ = DisplayFormatter().format(obj)
         if data:
             return dict(data)
-    except Exception:  # no IPython on the worker, or a failing _repr_*_: plain text will do
-        pass
     try:
         return {"text/plain": repr(obj)}
     except Exception:
