@@ -50,11 +50,10 @@ def _in_process(repeats: int) -> dict[str, float]:
 
     from nbcluster.run.cell import Cell
     from nbcluster.run.state import RunState
-    from nbcluster.worker import output
     from nbcluster.worker.context import Context
-    from nbcluster.worker.items import dump_result, run_items
+    from nbcluster.worker.items import dump_result, install, run_items
 
-    output.install()
+    install()
     cell = Cell.parse("x + 1", filename="<bench-cell>")
     spec = {"kind": "cell", "mode": "over", "names": ("x",), "target": "x", "unpacks": False,
             "positional": False, "seed": None, "large": [], "filename": cell.filename,

@@ -23,7 +23,7 @@ from distributed import Event
 from nbcluster.cluster.handle import ClusterHandle, start
 from nbcluster.run.api import distribute
 from nbcluster.worker import direct as served
-from nbcluster.worker.ahead import FirstAhead
+from nbcluster.worker.direct import FirstAhead
 from tests.waiting import until
 
 #: What an item reports: its value, whether it ran as a scheduler task, and on which worker.
@@ -55,7 +55,7 @@ def test_a_small_cell_never_becomes_a_scheduler_task_and_shows_in_the_task_strea
     assert _tasks_seen(client) == before
 
     # The live view's task stream still has the run's batches, on the workers that ran them
-    # (their events leave the workers `EVENTS_S` after the batches' answers).
+    # (each batch's event leaves its worker with the answer).
     def mine() -> list[dict[str, Any]]:
         snapshot = client.sync(client.scheduler.nbcluster_metrics)
         return [t for t in snapshot["tasks"] if t["key"].startswith(f"distribute-{res.run_id}-")]

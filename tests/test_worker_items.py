@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from nbcluster.run.cell import Cell
-from nbcluster.worker import output, stopping
-from nbcluster.worker.context import Context
+from nbcluster.worker import items
+from nbcluster.worker.context import Context, stop_run
 from nbcluster.worker.items import run_items
 
 
@@ -74,9 +74,9 @@ def test_items_that_unpack_into_arguments_or_names() -> None:
 
 
 def test_output_is_filed_under_the_item_that_wrote_it() -> None:
-    output.install()
+    items.install()
     # The worker's `display` (in a process that made an IPython shell, the builtin is IPython's).
-    ctx = context("print('item', x) or display(x * 10) or x", {"display": output.display})
+    ctx = context("print('item', x) or display(x * 10) or x", {"display": items.display})
     result = run_items(ctx, range(500, 700), list(range(200)), capture=True)
     assert result["values"] == list(range(200))
     assert sorted(result["outputs"]) == list(range(500, 700))
@@ -92,7 +92,7 @@ def test_a_stop_token_ends_the_batch_at_the_end_of_its_chunk() -> None:
 
     def stop_at(x: int) -> int:
         if x == 50:
-            stopping.stop(token)
+            stop_run(token)
         return x
 
     n = 1_000_000
@@ -107,7 +107,7 @@ def test_on_the_general_path_a_stop_token_ends_the_batch_before_the_next_item() 
 
     def stop_at(x: int) -> int:
         if x == 50:
-            stopping.stop(token)
+            stop_run(token)
         return x
 
     ctx = context("y = stop_at(x)\ny", {"stop_at": stop_at})  # statements: a namespace per item
@@ -122,7 +122,7 @@ def test_a_stop_token_ends_a_batch_of_slow_items_after_the_current_item() -> Non
     def stop_at(x: int) -> int:
         time.sleep(0.003)  # longer than a chunk aims at: one item a chunk
         if x == 5:
-            stopping.stop(token)
+            stop_run(token)
         return x
 
     ctx = context("y = stop_at(x)\ny", {"stop_at": stop_at})  # statements: a namespace per item

@@ -10,7 +10,7 @@ alone at the end. The policy:
    other items do (an item that blocks, or takes an hour, right behind it). Not so where
    that batch goes to a worker directly (every run's first half-second, `direct.py`): it
    can send its first item's result ahead of the rest when it goes on past 5 ms
-   (`worker/ahead.py`), so the engine sets `alone_first` off and the first batch is a
+   (`worker/direct.py`), so the engine sets `alone_first` off and the first batch is a
    probe like the others, one round trip fewer (0.5 to 0.9 ms of a small cell). Then one probe
    per thread shares the rest of the items out, up to `PROBE_ITEMS` each (a range's items
    travel in a few bytes however many there are, so for a range, its whole share). Behind a
@@ -140,7 +140,7 @@ class Batcher:
         self.items = 0  # items measured
         self.seconds = 0.0  # their total time on the workers
         #: The next batch is one item: the run's first, unless it sends its first item ahead
-        #: of the rest (a direct batch, `worker/ahead.py`), which the engine says here.
+        #: of the rest (a direct batch, `worker/direct.py`), which the engine says here.
         self.alone_first = True
         self._probes = self.threads  # probes still to share out the items: one per thread
         self._kept = 0  # shares the probes leave in the backlog (one, behind a first item alone)

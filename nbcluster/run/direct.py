@@ -14,7 +14,7 @@ its batches as they always did.
 The first batch. A run's first result must come one item's time after its start, whatever
 the items behind it do. Through the scheduler, the first batch is that item alone; sent
 directly, it is a probe like the others, and its worker sends the first item's result
-ahead of the answer when the batch goes on (`worker/ahead.py`), on the same connection
+ahead of the answer when the batch goes on (`worker/direct.py`), on the same connection
 (`_compat.worker_exchange`): the driver takes it as a `Call` of its own (``of`` the batch), before the
 batch's answer, which leaves that item out.
 
@@ -83,7 +83,7 @@ class Call:
         See `status`.
     of : Call or None
         For the first item of a run's first batch, sent ahead of its answer
-        (`worker/ahead.py`): the batch it came from; None for a batch's answer.
+        (`worker/direct.py`): the batch it came from; None for a batch's answer.
     """
 
     __slots__ = ("__weakref__", "_sent", "answer", "key", "of", "status", "worker")
@@ -263,7 +263,7 @@ class Direct:
         context, blob, token
             As a batch's task takes them (`worker.run_batch`).
         first : bool
-            The run's first batch: a worker still running it after `worker.ahead.AHEAD_S`
+            The run's first batch: a worker still running it after `worker.direct.AHEAD_S`
             sends its first item ahead, which reaches the completions as a `Call` of its own
             (``of`` this one) before this one's answer, which then leaves that item out.
 
@@ -363,7 +363,7 @@ async def _request(
     """Ask `worker` to run the batch (installing the handler there first, once per client).
 
     With `ahead`, the batch is a run's first: `ahead` is called with its first item's result
-    blob if that comes ahead of the answer (`worker/ahead.py`).
+    blob if that comes ahead of the answer (`worker/direct.py`).
     """
     known = _SERVES.setdefault(client, {})
     serves = known.get(worker)

@@ -258,7 +258,7 @@ class Transport:
         """
         with self.lock:
             if isinstance(future, direct.Call) and future.of is not None:
-                # The first item of a batch still out (`worker/ahead.py`): a batch of its own now;
+                # The first item of a batch still out (`worker/direct.py`): a batch of its own now;
                 # the batch's answer leaves it out.
                 whole = self.pending.get(future.of)
                 if whole is None:

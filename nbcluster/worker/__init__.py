@@ -2,11 +2,12 @@
 
 A Dask task is `run_batch((context_key, inline_context), batch, token)`, with no Dask
 dependencies at all, so the scheduler treats every batch as a root task and hands them
-out from its queue to whichever thread is free. Items are pickled by reference to the
-three tasks here (`run_batch`, `stop_run`, `pin`): keep their names.
+out from its queue to whichever thread is free. The kernel sends three functions of this
+package, pickled by reference (`run_batch`; `stop_run` and `pin`, from `context.py`): keep
+their names.
 A run's first batches come as a request to the worker itself instead (`direct.py`), which
 runs the same `run_blob` in the same thread pool, without the scheduler, and sends its first
-item's result ahead when the batch goes on (`ahead.py`).
+item's result ahead when the batch goes on.
 
 - `batch` is one opaque blob `(indices, items, budget)`: Dask never walks into it, so its
   cost does not grow with the items inside.
@@ -14,10 +15,9 @@ item's result ahead when the batch goes on (`ahead.py`).
   unpickled once per worker, and its *large values* are kept outside Dask's store:
   `context.py`. A key that no worker holds any more (every holder died) comes back as
   `{"lost": key}`; the kernel scatters it again and resubmits the batch.
-- The items run in `items.py`, in chunks; their prints and `display()`s are kept apart per
-  item in `output.py`; an item's exception becomes a record in `records.py`. One batch's
-  path: `run_batch` -> `run` -> `context.load`/`fetch` -> `items.run_items` (-> `output`,
-  `records`) -> `items.dump_result`.
+- The items run in `items.py`, in chunks, their prints and `display()`s kept apart per
+  item; an item's exception becomes a record in `records.py`. One batch's path:
+  `run_batch` -> `run` -> `context.load`/`fetch` -> `items.run_items` -> `items.dump_result`.
 - A `--persist` item's value stays on its worker under its own key (`held.py`).
 - A trial item reports metrics, is asked to stop and may checkpoint (`trial.py`,
   `checkpoint.py`); a rank of a `--ranks` job runs with torchrun's environment (`rank.py`);
@@ -35,16 +35,17 @@ clock). A small blob is also pushed to the kernel as a Dask event just before th
 context that cannot even be loaded fails the whole batch, again as a returned record
 (`{"fatal": record}`).
 
-Stopping (`stopping.py`): a batch carries its run's *stop token*. `stop_run(token)`, sent
-to every worker by the kernel on interrupt or `Results.cancel()`, makes a batch return
+Stopping (`context.py`, `items.py`): a batch carries its run's *stop token*. `stop_run(token)`,
+sent to every worker by the kernel on interrupt or `Results.cancel()`, makes a batch return
 with the items it finished, `"stopped": True`, before its next chunk of items (a few ms,
 or one item). So a cancel keeps finished work, and a worker thread is free again one item
 later (Dask cannot stop a running thread, and cancelling the task on the scheduler would
 throw the finished items away). A batch whose Dask task was cancelled outright also stops,
 checked every 50 ms.
 
-This package imports nothing from nbcluster but base modules (`errors`, `_compat`, `_wire`): a worker needs
-cloudpickle and Dask, and loads no kernel-side module (`tests/test_worker_imports.py`).
+This package imports nothing from nbcluster but base modules (`errors`, `_compat`, `_wire`):
+a worker needs cloudpickle and Dask, and loads no kernel-side module
+(`tests/test_worker_imports.py`).
 """
 
 from __future__ import annotations
@@ -54,29 +55,19 @@ import pickle
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nbcluster._wire import PUSHED_TOPIC, Pushed
 from nbcluster.errors import Lost
-from nbcluster.worker import output, stopping
-from nbcluster.worker.ahead import FirstAhead, without_first
-from nbcluster.worker.context import INLINE_CONTEXT, Context, fetch, load, pin, ran_on
-from nbcluster.worker.items import dump_result, run_items
+from nbcluster.worker.context import INLINE_CONTEXT, Context, fetch, load, pin, ran_on, stop_run, stopped_run
+from nbcluster.worker.items import dump_result, install, run_items, without_first
 from nbcluster.worker.records import ErrorRecord, error_record
 
-__all__ = [
-    "INLINE_CONTEXT",
-    "Context",
-    "ErrorRecord",
-    "Slot",
-    "error_record",
-    "pin",
-    "push",
-    "run_batch",
-    "run_blob",
-    "run_items",
-    "stop_run",
-]
+if TYPE_CHECKING:
+    from nbcluster.worker.direct import FirstAhead
+
+__all__ = ["INLINE_CONTEXT", "Context", "ErrorRecord", "Slot", "error_record", "pin", "push", "run_batch", "run_blob",
+           "run_items", "stop_run"]  # fmt: skip
 
 #: Blobs larger than this (bytes) are not pushed, only gathered: the scheduler keeps a topic's
 #: last events (`distributed.admin.low-level-log-length`), and these must stay small there.
@@ -117,16 +108,13 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
     return blob
 
 
-def run_blob(
-    context: tuple[str, bytes | None],
-    batch: bytes,
-    token: str | None = None,
-    ahead: FirstAhead | None = None,
-    deps: tuple[Any, ...] = (),
-    names: dict[str, int] | None = None,
-) -> bytes:
+def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None = None, ahead: FirstAhead | None = None,
+             deps: tuple[Any, ...] = (), names: dict[str, int] | None = None) -> bytes:  # fmt: skip
     """`run_batch` without the push: what a batch sent to the worker directly runs
     (`direct.py`); `held.py` and `rank.py` push their own results.
+
+    The result says how long this thread waited since it ended its last batch of the same
+    run (``idle``, for the batch sizing in `batching.py`).
 
     Parameters
     ----------
@@ -138,7 +126,7 @@ def run_blob(
         The run's stop token.
     ahead : FirstAhead, optional
         A run's first direct batch: told when its first item ended, it may send that item
-        ahead of the rest, which the result then leaves out (`ahead.py`).
+        ahead of the rest, which the result then leaves out (`direct.py`).
     deps : tuple
         The values of the handles the batch reads, for its `Slot`s.
     names : dict of str to int, optional
@@ -155,58 +143,10 @@ def run_blob(
     if ahead is not None and "values" in result and ahead.close():
         result = without_first(result, pickle.loads(batch)[0][0], ahead.seconds)
     if idle is not None and "values" in result:
-        result["idle"] = idle  # for the batch sizing: what a task's round costs this thread
+        result["idle"] = idle  # what a task's round costs this thread
     blob = dump_result(result)
     ended(token)
     return blob
-
-
-def run(
-    context: tuple[str, bytes | None],
-    batch: bytes,
-    token: str | None,
-    deps: tuple[Any, ...] = (),
-    names: dict[str, int] | None = None,
-    first: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
-    """A batch's result, not yet pickled; as `run_batch` describes it.
-
-    Parameters
-    ----------
-    context, batch, token, deps, names
-        As for `run_blob`.
-    first : callable, optional
-        Told the first item's result as soon as it ended (`run_items`).
-
-    Returns
-    -------
-    dict
-        What `run_items` returns, with ``ran_on``: which worker ran the batch, for the
-        kernel's journal; or, where no item could run, ``stopped``, ``lost`` or ``fatal``.
-    """
-    if stopping.stopped(token):  # queued before the stop: nothing to load or run
-        return {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True}
-    try:
-        loaded = load(*context)
-        large_values = tuple(fetch(key, size) for _, key, size in loaded.large)
-    except Lost as e:
-        return {"lost": e.key, "worker": (ran_on() or (None,))[0]}
-    except BaseException as e:
-        return {"fatal": error_record(e)}
-    indices, items, budget = pickle.loads(batch)
-    if deps:  # a `Slot` (an item, or one level inside a tuple item) stands for a handle's value
-
-        def fill(v: Any) -> Any:
-            return deps[v.k] if isinstance(v, Slot) else v
-
-        items = [tuple(map(fill, item)) if type(item) is tuple else fill(item) for item in items]
-    if names:  # handles captured by name: bound as the cell's globals, for this batch only
-        loaded = copy.copy(loaded)
-        loaded.namespace = {**loaded.namespace, **{n: deps[k] for n, k in names.items()}}
-    output.install()
-    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget, first=first)
-    result["ran_on"] = ran_on()
-    return result
 
 
 def since_last(token: str | None) -> float | None:
@@ -222,8 +162,8 @@ def since_last(token: str | None) -> float | None:
     float or None
         The thread's idle time before this batch.
     """
-    last: tuple[str | None, float] | None = getattr(_thread, "ended", None)
-    return None if token is None or last is None or last[0] != token else time.perf_counter() - last[1]
+    last: tuple[str | None, float] = getattr(_thread, "ended", (None, 0.0))
+    return time.perf_counter() - last[1] if token is not None and last[0] == token else None
 
 
 def ended(token: str | None) -> None:
@@ -235,6 +175,48 @@ def ended(token: str | None) -> None:
         The run's stop token.
     """
     _thread.ended = (token, time.perf_counter())
+
+
+def run(context: tuple[str, bytes | None], batch: bytes, token: str | None, deps: tuple[Any, ...] = (),
+        names: dict[str, int] | None = None, first: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A batch's result, not yet pickled; as `run_batch` describes it.
+
+    Parameters
+    ----------
+    context, batch, token, deps, names
+        As for `run_blob`.
+    first : callable, optional
+        Told the first item's result as soon as it ended (`run_items`).
+
+    Returns
+    -------
+    dict
+        What `run_items` returns, with ``ran_on``: which worker ran the batch, for the
+        kernel's journal; or, where no item could run, ``stopped``, ``lost`` or ``fatal``.
+    """
+    if stopped_run(token):  # queued before the stop: nothing to load or run
+        return {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True}
+    try:
+        loaded = load(*context)
+        large_values = tuple(fetch(key, size) for _, key, size in loaded.sharing.large)
+    except Lost as e:
+        return {"lost": e.key, "worker": (ran_on() or (None,))[0]}
+    except BaseException as e:
+        return {"fatal": error_record(e)}
+    indices, items, budget = pickle.loads(batch)
+    if deps:  # a `Slot` (an item, or one level inside a tuple item) stands for a handle's value
+
+        def fill(v: Any) -> Any:
+            return deps[v.k] if isinstance(v, Slot) else v
+
+        items = [tuple(map(fill, item)) if type(item) is tuple else fill(item) for item in items]
+    if names:  # handles captured by name: bound as the cell's globals, for this batch only
+        loaded = copy.copy(loaded)
+        loaded.namespace = {**loaded.namespace, **{n: deps[k] for n, k in names.items()}}
+    install()
+    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget, first=first)
+    result["ran_on"] = ran_on()
+    return result
 
 
 def push(blob: bytes) -> None:
@@ -249,26 +231,23 @@ def push(blob: bytes) -> None:
     blob : bytes
         The task's result blob, or a persisted item's report.
     """
-    if len(blob) > LARGEST_PUSH:
-        return
+    if len(blob) <= LARGEST_PUSH and (task := current_task()) is not None:
+        task[0].log_event(PUSHED_TOPIC, Pushed(key=task[1], report=blob))
+
+
+def current_task() -> tuple[Any, str] | None:
+    """The Dask worker running this thread's task, and the task's key; None outside a task.
+
+    Returns
+    -------
+    tuple of (distributed.Worker, str) or None
+        None also where a test calls a task's function directly.
+    """
     try:
         from distributed import get_worker
 
         dask_worker = get_worker()
-    except ValueError:  # not in a Dask worker's task (a test calling the task directly)
-        return
-    if (key := dask_worker.get_current_task()) is not None:
-        dask_worker.log_event(PUSHED_TOPIC, Pushed(key=str(key), report=blob))
-
-
-def stop_run(token: str) -> None:
-    """Make running and queued batches of the run with this stop token return early.
-
-    Run on every worker with `client.run` (in its event loop).
-
-    Parameters
-    ----------
-    token : str
-        The stop token of the run to stop.
-    """
-    stopping.stop(token)
+    except ValueError:
+        return None
+    key = dask_worker.get_current_task()
+    return None if key is None else (dask_worker, str(key))

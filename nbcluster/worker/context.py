@@ -11,7 +11,7 @@ kernel builds a `Context` directly (`capture.Job.for_kernel`).
 **Each item starts from the notebook's state** (`run/capture.py` sorts the values). The
 shareable values (immutable ones, and large arrays made read-only) are loaded once, into
 `Context.namespace`, which the items share. The others come as one pickled blob
-(`Context.fresh`) that each item unpickles again, and a function that reads such a value is
+(`Sharing.fresh`) that each item unpickles again, and a function that reads such a value is
 unpickled again for every item (`Context.item_function`). A large plain array is shared
 through a read-only view (`Context.shared`): writing to it fails, and `read_only_error`
 turns numpy's error into one line naming the variable. A large pandas object gets a shallow
@@ -26,11 +26,17 @@ the scatter the kernel runs `pin` on every worker, which moves the fresh replica
 `_OBJECTS` (the same object, no copy); a worker that joins later fetches the value from a
 peer on its first batch (`fetch`). A key no worker holds any more raises `Lost`, and the
 kernel scatters it again.
+
+**Runs told to stop.** `stop_run(token)`, sent to every worker by the kernel on interrupt or
+`Results.cancel()`, records the run's stop token, which its batches look up between chunks
+of items (`items.py`). The tokens live here, with the thread's item output (`running`), so
+that trial items read both without importing the batch runner.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import importlib
 import linecache
@@ -40,8 +46,9 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import CodeType, FunctionType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import cloudpickle
 
@@ -61,14 +68,53 @@ _CONTEXTS: OrderedDict[str, Context] = OrderedDict()
 _OBJECTS: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # key -> (value, size)
 _LOCK = threading.Lock()  # for both; `pin` takes it in the event loop: never held over the network
 _FETCHING = threading.Lock()  # one fetch at a time: threads wanting the same value wait for it
+_STOPPED: dict[str, None] = {}  # stop tokens of runs told to stop, oldest first (the last 256)
+#: What this thread's items write to (`items.py`): ``outputs``, and ``follow``, the batch's
+#: (values, indices), which name the item running.
+running = threading.local()
 # Names through which a one-expression cell could write to the namespace its items share.
 _INTROSPECTION = frozenset({"globals", "locals", "vars", "exec", "eval", "dir", "breakpoint", "_getframe",
                             "currentframe", "f_globals", "f_locals", "f_back", "__nbcluster_items__",
                             "__nbcluster_values__"})  # fmt: skip
 
 
+class Code(NamedTuple):
+    """What an item runs: a cell's code objects, or a function (with its pickle when each item
+    unpickles its own copy)."""
+
+    body: CodeType | None = None
+    last: CodeType | None = None
+    bind: CodeType | None = None  # `TARGET = __nbcluster_item__` for an unpacking target
+    expression: CodeType | None = None  # a one-expression cell, as a loop (`cell_loop`)
+    fn: Callable[..., Any] | None = None
+    fn_blob: bytes | None = None
+
+
+@dataclass
+class Sharing:
+    """How the items get the captured values: in the shared namespace, shared read-only, or
+    copied for each item (module docstring)."""
+
+    large: list[tuple[str, str, int]]  # values scattered apart, fetched by key: (name, key, size)
+    read_only: tuple[str, ...]  # large values the items share read-only
+    arrays: set[str]  # the read-only arrays, which a write error names (`read_only_error`)
+    fresh: bytes | None  # the values each item unpickles its own copy of
+    large_blob: bytes | None = None  # the large values each item copies, pickled once
+
+
 class Context:
-    """A cell run's shared state on one worker (or in the kernel for --local)."""
+    """A cell run's shared state on one worker (or in the kernel for --local).
+
+    Parameters
+    ----------
+    spec : dict
+        How an item binds names (``kind``, ``mode``, ``names``, ``target``, ``unpacks``), the
+        ``seed``, the ``trial``, the code (``filename``, ``source``, ``body``, ``last``, or
+        ``fn``, ``fn_blob``) and the captured values apart from `namespace` (``large``,
+        ``read_only``, ``arrays``, ``fresh``).
+    namespace : dict
+        The captured values the items share.
+    """
 
     def __init__(self, spec: dict[str, Any], namespace: dict[str, Any]):
         self.kind: str = spec["kind"]
@@ -76,35 +122,27 @@ class Context:
         self.names: tuple[str, ...] = tuple(spec["names"])
         self.unpacks: bool = spec["unpacks"]
         self.seed: int | None = spec["seed"]
-        self.large: list[tuple[str, str, int]] = spec["large"]  # (name, key, size)
-        self.read_only: tuple[str, ...] = tuple(spec.get("read_only", ()))  # large values, shared read-only
-        self.arrays: set[str] = set(spec.get("arrays", ()))  # what a write error names (`read_only_error`)
-        self.fresh: bytes | None = spec.get("fresh")  # the values each item gets its own copy of
         self.trial: TrialSpec | None = spec.get("trial")  # each item then a trial (`worker/trial.py`)
-        # The function of a "function" run, and its pickle when each item unpickles its own.
-        self.fn: Callable[..., Any] | None = spec.get("fn")
-        self.fn_blob: bytes | None = spec.get("fn_blob")
-        self._large_blob: bytes | None = None  # the large values each item copies, pickled once
+        self.sharing = Sharing(spec["large"], tuple(spec.get("read_only", ())), set(spec.get("arrays", ())),
+                               spec.get("fresh"))  # fmt: skip
         # C code that imports (numpy's lazy imports, any `PyImport_Import`) reads `__builtins__`
         # from the running frame's globals, which `exec` adds and a plain function call does not.
         namespace.setdefault("__builtins__", builtins)
         self.namespace = namespace
-        self.body: CodeType | None = None
-        self.last: CodeType | None = None
-        self.bind: CodeType | None = None
-        self.expression: CodeType | None = None  # a one-expression cell, as a loop (`cell_loop`)
+        self.code = Code(fn=spec.get("fn"), fn_blob=spec.get("fn_blob"))
         if self.kind == "cell":
             filename, source = spec["filename"], spec["source"]
             linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
             # marshal, not cloudpickle: cloudpickle renames every code object's file to
             # "<dynamic-code>", and the cell's filename is what maps tracebacks to cell lines.
-            code = [marshal.loads(c) if isinstance(c, bytes) else c for c in (spec["body"], spec["last"])]
-            self.body, self.last = code
+            body, last = (marshal.loads(c) if isinstance(c, bytes) else c for c in (spec["body"], spec["last"]))
+            bind = expression = None
             if self.unpacks and self.mode == "over":
-                bind = f"{spec['target']} = __nbcluster_item__\ndel __nbcluster_item__"
-                self.bind = compile(bind, "<--over>", "exec", dont_inherit=True)
-            elif self.body is None and self.mode in ("over", "grid", "zip"):
-                self.expression = cell_loop(source, filename, self.names, self.mode != "over")
+                bind = compile(f"{spec['target']} = __nbcluster_item__\ndel __nbcluster_item__", "<--over>", "exec",
+                               dont_inherit=True)  # fmt: skip
+            elif body is None and self.mode in ("over", "grid", "zip"):
+                expression = cell_loop(source, filename, self.names, self.mode != "over")
+            self.code = Code(body, last, bind, expression)
 
     def shared(self, large_values: tuple[Any, ...]) -> tuple[dict[str, Any], list[Copy]]:
         """What the items of a batch read: the shared namespace, and how each item copies the rest.
@@ -112,7 +150,7 @@ class Context:
         Parameters
         ----------
         large_values : tuple
-            The values of `large`, in that order, fetched on this worker.
+            The values of ``sharing.large``, in that order, fetched on this worker.
 
         Returns
         -------
@@ -123,31 +161,28 @@ class Context:
             to copy, unpickled again; a large pandas object, as a shallow copy that pandas'
             copy-on-write keeps apart; any other large value, unpickled again.
         """
-        namespace = self.namespace
-        copies: list[Copy] = [] if self.fresh is None else [functools.partial(pickle.loads, self.fresh)]
+        s, namespace = self.sharing, self.namespace
+        copies: list[Copy] = [] if s.fresh is None else [functools.partial(pickle.loads, s.fresh)]
         if not large_values:
             return namespace, copies
-        namespace, copied, lazy = dict(namespace), {}, {}
-        for (name, _, _), value in zip(self.large, large_values, strict=True):
-            if name in self.read_only and isinstance(value, FunctionType):
-                self.arrays.update(freeze(value))  # this worker's own copy, cached for every run
-                namespace[name] = value
-            elif name in self.read_only and _plain_array(value):
-                namespace[name] = value.view()  # the worker's copy stays as it is for the next run
-                namespace[name].flags.writeable = False
-                self.arrays.add(name)
-            elif name in self.read_only:  # immutable: a long string, a class
-                namespace[name] = value
-            elif _copy_on_write(value):
-                lazy[name] = value
-            else:
-                copied[name] = value
+        namespace, copied, lazy = dict(namespace), dict[str, Any](), dict[str, Any]()
+        for (name, _, _), value in zip(s.large, large_values, strict=True):
+            if name in s.read_only and isinstance(value, FunctionType):
+                s.arrays.update(freeze(value))  # this worker's own copy, cached for every run
+            elif name in s.read_only and _plain_array(value):
+                value = value.view()  # the worker's copy stays as it is for the next run
+                value.flags.writeable = False
+                s.arrays.add(name)
+            elif name not in s.read_only:  # else immutable: a long string, a class
+                (lazy if _copy_on_write(value) else copied)[name] = value
+                continue
+            namespace[name] = value
         if lazy:
             copies.append(lambda: {n: v.copy(deep=False) for n, v in lazy.items()})
         if copied:
-            if self._large_blob is None:  # a key's value never changes: pickled once per run
-                self._large_blob = cloudpickle.dumps(copied, protocol=5)
-            copies.append(functools.partial(pickle.loads, self._large_blob))
+            if s.large_blob is None:  # a key's value never changes: pickled once per run
+                s.large_blob = cloudpickle.dumps(copied, protocol=5)
+            copies.append(functools.partial(pickle.loads, s.large_blob))
         return namespace, copies
 
     def item_function(self) -> Callable[..., Any]:
@@ -158,7 +193,7 @@ class Context:
         callable
             The function.
         """
-        fn = self.fn if self.fn_blob is None else cloudpickle.loads(self.fn_blob)
+        fn = self.code.fn if self.code.fn_blob is None else cloudpickle.loads(self.code.fn_blob)
         assert fn is not None  # set for every "function" context
         return fn
 
@@ -193,10 +228,8 @@ class Context:
             try:
                 namespace[name] = importlib.import_module(module)
             except ImportError as e:
-                raise ImportError(
-                    f"the cell uses `{name}` (module {module}), which cannot be imported on the "
-                    f"worker: {e}. Install it on the workers"
-                ) from None
+                why = f"the cell uses `{name}` (module {module}), which cannot be imported on the worker: {e}"
+                raise ImportError(f"{why}. Install it on the workers") from None
         for name, blob in spec["values"].items():
             namespace[name] = _loaded(blob, f"the variable `{name}`", "it needs")
         if spec.get("fresh") is not None:  # loaded once here, so that a value that cannot load is named
@@ -213,9 +246,8 @@ def _loaded(blob: bytes, what: str, need: str) -> Any:
     try:
         return cloudpickle.loads(blob)
     except Exception as e:
-        raise RuntimeError(
-            f"{what} could not be loaded on the worker: {type(e).__name__}: {e} (is a module {need} missing there?)"
-        ) from None
+        why = f"{what} could not be loaded on the worker: {type(e).__name__}: {e}"
+        raise RuntimeError(f"{why} (is a module {need} missing there?)") from None
 
 
 def cell_loop(source: str, filename: str, names: tuple[str, ...], tuple_target: bool) -> CodeType | None:
@@ -262,31 +294,24 @@ def cell_loop(source: str, filename: str, names: tuple[str, ...], tuple_target: 
     except SyntaxError:  # a trailing `;`, a statement: item by item
         return None
     code = next(c for c in module.co_consts if isinstance(c, CodeType))
-    nested = list(_codes(code))
-    if ({*code.co_varnames, *code.co_cellvars} != set(own) or _INTROSPECTION.intersection(_names(code))
-            or any(c.co_name in ("<lambda>", "<genexpr>") for c in nested)):  # fmt: skip
+    nested = list(_nested(code))
+    if ({*code.co_varnames, *code.co_cellvars} != set(own) or any(c.co_name in ("<lambda>", "<genexpr>") for c in nested)
+            or _INTROSPECTION.intersection(n for c in (code, *nested) for n in c.co_names)):  # fmt: skip
         return None
     return _shifted(code).replace(co_name="<module>")  # the loop's own line is the source's first
 
 
-def _codes(code: CodeType) -> Iterator[CodeType]:
+def _nested(code: CodeType) -> Iterator[CodeType]:
     for const in code.co_consts:
         if isinstance(const, CodeType):
             yield const
-            yield from _codes(const)
+            yield from _nested(const)
 
 
 def _shifted(code: CodeType) -> CodeType:
     """`code` one line up: the loop's `def` line goes, its `for` line is the cell's first."""
     consts = tuple(_shifted(c) if isinstance(c, CodeType) else c for c in code.co_consts)
     return code.replace(co_firstlineno=code.co_firstlineno - 1, co_consts=consts)
-
-
-def _names(code: CodeType) -> Iterator[str]:
-    yield from code.co_names
-    for const in code.co_consts:
-        if isinstance(const, CodeType):
-            yield from _names(const)
 
 
 def freeze(fn: Any) -> list[str]:
@@ -339,11 +364,8 @@ def _contents(cell: Any) -> Any:
 def _copy_on_write(value: Any) -> bool:
     """A pandas object whose shallow copy behaves as a copy (pandas 3 is copy-on-write)."""
     pandas = sys.modules.get("pandas")
-    return (
-        pandas is not None
-        and isinstance(value, pandas.DataFrame | pandas.Series)
-        and int(pandas.__version__.split(".")[0]) >= 3
-    )
+    return (pandas is not None and isinstance(value, pandas.DataFrame | pandas.Series)
+            and int(pandas.__version__.split(".")[0]) >= 3)  # fmt: skip
 
 
 def read_only_error(e: BaseException, names: tuple[str, ...]) -> BaseException:
@@ -354,7 +376,7 @@ def read_only_error(e: BaseException, names: tuple[str, ...]) -> BaseException:
     e : BaseException
         What an item raised.
     names : tuple of str
-        The large arrays the items share read-only (`Context.arrays`).
+        The large arrays the items share read-only (`Sharing.arrays`).
 
     Returns
     -------
@@ -379,6 +401,8 @@ def read_only_error(e: BaseException, names: tuple[str, ...]) -> BaseException:
 def load(key: str, inline: bytes | None) -> Context:
     """The context of a run: cached, else unpickled from `inline` or fetched by `key`.
 
+    Two threads racing on a run's first batch may both build one; the last kept wins.
+
     Parameters
     ----------
     key : str
@@ -401,11 +425,10 @@ def load(key: str, inline: bytes | None) -> Context:
         if key in _CONTEXTS:
             _CONTEXTS.move_to_end(key)
             return _CONTEXTS[key]
-    # Unpickled outside the lock; two threads racing on the first batch both build one.
     context = Context.from_payload(inline if inline is not None else fetch(key, 0, keep=False))
     with _LOCK:
         _CONTEXTS[key] = context
-        while len(_CONTEXTS) > KEEP_CONTEXTS:
+        if len(_CONTEXTS) > KEEP_CONTEXTS:
             _CONTEXTS.popitem(last=False)
     return context
 
@@ -437,31 +460,20 @@ def fetch(key: str, size: int, *, keep: bool = True) -> Any:
             if key in _OBJECTS:
                 _OBJECTS.move_to_end(key)
                 return _OBJECTS[key][0]
-        from distributed import Future, get_client, get_worker
+        from distributed import get_worker
 
         worker = get_worker()
         try:
             value = worker.data[key]  # zict mappings are thread-safe
         except KeyError:
-            client = get_client()
-            # state="memory" is how Dask's own Variable hands a Future to another client (Dask
-            # annotates `state` as a FutureState, yet looks the string up, as its Variable does).
-            future: Future[Any] = Future(key, client, state="memory")  # type: ignore[arg-type]
-            try:
-                value = _gather_watching(client, future)
-            except Lost:
-                raise
-            except Exception as e:
-                raise Lost(key) from e
-            finally:
-                future.release()
+            value = _from_peer(key)
         if keep:
             with _LOCK:
                 _remember(worker, key, value, size)
         return value
 
 
-def _gather_watching(client: Any, future: Any) -> Any:
+def _from_peer(key: str) -> Any:
     """Gather one value from a peer, giving up as soon as no worker holds it any more.
 
     A holder can die mid-transfer; Dask's gather would then wait for a key nobody will ever
@@ -472,16 +484,23 @@ def _gather_watching(client: Any, future: Any) -> Any:
     import asyncio
     import concurrent.futures
 
-    if not client.who_has([future]).get(future.key):
-        raise Lost(future.key)
-    transfer = asyncio.run_coroutine_threadsafe(client.gather([future], asynchronous=True), client.loop.asyncio_loop)
-    while True:
-        try:
-            return transfer.result(timeout=FETCH_CHECK_S)[0]
-        except concurrent.futures.TimeoutError:
-            if not client.who_has([future]).get(future.key):
-                transfer.cancel()
-                raise Lost(future.key) from None
+    from distributed import Future, get_client
+
+    client: Any = get_client()
+    # state="memory" is how Dask's own Variable hands a Future to another client (Dask
+    # annotates `state` as a FutureState, yet looks the string up, as its Variable does).
+    future: Future[Any] = Future(key, client, state="memory")  # type: ignore[arg-type]
+    try:
+        transfer = asyncio.run_coroutine_threadsafe(client.gather([future], asynchronous=True), client.loop.asyncio_loop)
+        while client.who_has([future]).get(key):
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                return transfer.result(timeout=FETCH_CHECK_S)[0]
+        transfer.cancel()
+    except Exception as e:
+        raise Lost(key) from e
+    finally:
+        future.release()
+    raise Lost(key)
 
 
 def pin(keys: list[tuple[str, int]], dask_worker: Any = None) -> None:
@@ -505,14 +524,57 @@ def pin(keys: list[tuple[str, int]], dask_worker: Any = None) -> None:
 
 
 def _remember(worker: Any, key: str, value: Any, size: int) -> None:
-    """Add to `_OBJECTS` (lock held), evicting the least recently used beyond the budget."""
+    """Add to `_OBJECTS` (lock held), evicting the least recently used beyond the budget
+    (`OBJECTS_BYTES`, or 40% of the worker's memory limit)."""
     _OBJECTS[key] = (value, size)
-    limit = OBJECTS_BYTES
     memory_limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
-    if memory_limit:
-        limit = min(limit, int(memory_limit * 0.4))
+    limit = min(OBJECTS_BYTES, int(memory_limit * 0.4)) if memory_limit else OBJECTS_BYTES
     while len(_OBJECTS) > 1 and sum(s for _, s in _OBJECTS.values()) > limit:
         _OBJECTS.popitem(last=False)
+
+
+def stop_run(token: str) -> None:
+    """Make running and queued batches of the run with this stop token return early.
+
+    Run on every worker with `client.run` (in its event loop); batches read the tokens from
+    their threads, which a dict under the GIL allows. The oldest of 256 tokens are forgotten.
+
+    Parameters
+    ----------
+    token : str
+        The stop token of the run to stop, as its batches carry it.
+    """
+    _STOPPED[token] = None
+    if len(_STOPPED) > 256:
+        del _STOPPED[next(iter(_STOPPED))]
+
+
+def stopped_run(token: str | None) -> bool:
+    """True when the run with this stop token was told to stop (`stop_run`); never for None.
+
+    Parameters
+    ----------
+    token : str or None
+        The batch's stop token.
+
+    Returns
+    -------
+    bool
+        Whether `stop_run` was called with `token` (among the last 256 tokens).
+    """
+    return token in _STOPPED
+
+
+def current_output() -> dict[int, list[list[Any]]] | None:
+    """Where this thread's item output goes now, for a reader in another thread: a trial's
+    reports send the running item's new output with them (`trial.py`).
+
+    Returns
+    -------
+    dict of int to list, or None
+        Item index -> chunks, filled in place; None when output goes to the real streams.
+    """
+    return getattr(running, "outputs", None)
 
 
 def ran_on() -> tuple[str, str] | None:

@@ -18,18 +18,26 @@ What a direct batch does not do, and why that is safe:
 - The scheduler does not see it as a task. The run's live view still draws it: the worker
   reports each one as a Dask event (`_wire.DIRECT_TOPIC`), which nbcluster's metrics plugin records as a
   task of the run. Dask's own dashboard does not, which is why only a run's first
-  half-second goes direct. The events leave `EVENTS_S` after the answers, together
-  (`_Events`), so that they do not compete with the answer the kernel waits for.
+  half-second goes direct.
 - A worker that is not running (paused past its memory limit, closing) refuses it
   (``{"refused": why}``), and the kernel sends the batch through the scheduler instead, which
   holds it until the worker can take it.
 - A worker that dies under it breaks the request; the kernel sends its items again through
   the scheduler, once, as Dask would have.
 
-A run's first batch says ``first``: the handler then takes the request's connection
-(Dask passes it to a handler whose first argument is ``comm``) and, when the batch is still
-going `ahead.AHEAD_S` after it arrived, writes the first item's result on it ahead of the
-answer (`ahead.py`).
+**The first item goes ahead.** A run's first result should arrive one item's time after its
+start, whatever the other items do (an item that blocks, or takes an hour, right behind the
+first). So a run's first direct batch says ``first``: the handler then takes the request's
+connection (Dask passes it to a handler whose first argument is ``comm``). A batch that ends
+within `AHEAD_S` of its arrival answers once, as any batch: every small cell does. When it is
+still going by then, and its first item has finished (or when that item finishes later), the
+worker writes the first item's result on that connection, ahead of the answer
+(``{"first": blob}``), and leaves that item out of the answer. The kernel reads both on that
+one connection, so the first always arrives before the rest (`run/direct.py`). No item is sent
+twice or left out: whether the first went ahead is decided once, under a lock, by whichever
+of the two comes first, the batch's end (in its thread) or the deadline (in the event loop).
+A first item that went ahead and a worker that then dies: the kernel delivered the first,
+and sends the rest again, as it would for any broken batch.
 
 In the order sent. The kernel sends a worker's direct batches as concurrent requests, each
 over a connection of its pool, and two of them can reach the worker in either order (the
@@ -44,15 +52,15 @@ short, never a hang on a request that broke on its way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from nbcluster._compat import as_worker, worker_accepts_work
 from nbcluster._wire import DIRECT_TOPIC, DirectRecord
 from nbcluster.worker import run_blob
-from nbcluster.worker.ahead import AHEAD_S, FirstAhead
 from nbcluster.worker.items import dump_result
 
 #: The request a worker serves once `install` ran there.
@@ -64,83 +72,123 @@ VERSION = 3
 GAP_S = 0.5
 #: Senders whose order a worker keeps (the oldest are forgotten: their runs are over).
 MAX_SENDERS = 64
-#: How long a finished batch's event waits on the worker before it goes to the scheduler.
-EVENTS_S = 0.02
-
-
-class _Line:
-    """One sender's batches on this worker: the number to start next, and those waiting for their turn."""
-
-    __slots__ = ("following", "waiting")
-
-    def __init__(self) -> None:
-        self.following = 0
-        self.waiting: dict[int, asyncio.Future[None]] = {}
+#: A first batch still running this long after its arrival sends its first item ahead.
+AHEAD_S = 0.005
 
 
 class _Order:
     """Starts each sender's direct batches in the order it numbered them (module docstring)."""
 
     def __init__(self) -> None:
-        self._lines: OrderedDict[str, _Line] = OrderedDict()
+        self._next: OrderedDict[str, int] = OrderedDict()  # sender -> the number to start next
+        self._waiting: dict[tuple[str, int], asyncio.Future[None]] = {}
 
     async def turn(self, sender: str, number: int) -> None:
         """Wait until the batches `sender` numbered before `number` started (or `GAP_S`)."""
-        line = self._lines.get(sender)
-        if line is None:
-            line = self._lines[sender] = _Line()
-            while len(self._lines) > MAX_SENDERS:
-                self._lines.popitem(last=False)
-        if number <= line.following:
+        if number <= self._next.setdefault(sender, 0):
             return
-        waiter = line.waiting[number] = asyncio.get_running_loop().create_future()
+        if len(self._next) > MAX_SENDERS:
+            self._next.popitem(last=False)
+        waiter = self._waiting[sender, number] = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(waiter, GAP_S)
-        except asyncio.TimeoutError:
-            pass
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(waiter, GAP_S)
         finally:
-            line.waiting.pop(number, None)
+            self._waiting.pop((sender, number), None)
 
     def started(self, sender: str, number: int) -> None:
         """Batch `number` of `sender` is in the thread pool's queue: wake the next one."""
-        line = self._lines.get(sender)
-        if line is None:
-            return
-        line.following = max(line.following, number + 1)
-        waiter = line.waiting.get(line.following)
+        following = self._next[sender] = max(self._next.get(sender, 0), number + 1)
+        waiter = self._waiting.get((sender, following))
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
 
-class _Events:
-    """A worker's direct-batch events, sent to the scheduler `EVENTS_S` after the first of them.
+class FirstAhead:
+    """Whether, and when, one batch's first item goes ahead of its answer (module docstring).
 
-    Sent at once, a batch's event left beside its answer: on this 2-core machine the worker's
-    write to the scheduler, the scheduler's read and its metrics plugin took their share of
-    the cores in the very millisecond the kernel was taking the answer in, which is what the
-    cell waits for. Held back, it goes after, and one message carries the events of every
-    batch that ended meanwhile (a cell's first item and the probe behind it). The live view,
-    which draws them, refreshes every few hundred ms.
+    Made in the worker's event loop by the request handler; `ran` is called from the pool's
+    thread when the first item ends, `close` from it when the batch ends, `due` from the
+    loop `AHEAD_S` after the start.
+
+    Parameters
+    ----------
+    encode : callable
+        The message that carries the first item's result (as `run_items` returns one).
+        Called once it is decided to send it: if it raises, the first item is not sent
+        ahead and stays in the answer.
+    write : callable
+        Sends a message on the request's connection (``comm.write``); called in the event
+        loop, it returns an awaitable.
+    loop : asyncio.AbstractEventLoop
+        The worker's event loop.
     """
 
-    def __init__(self, dask_worker: Any):
-        self._worker = dask_worker
-        self._held: list[DirectRecord] = []
+    def __init__(self, encode: Any, write: Any, loop: asyncio.AbstractEventLoop):
+        self._encode, self._write, self._loop = encode, write, loop
+        self._lock = threading.Lock()
+        self._first: dict[str, Any] | None = None  # the first item's result, once it ended
+        self._due = False
+        self._state = "open"  # "sent": the first item goes ahead; "closed": the batch ended first
+        self.written: asyncio.Future[Any] | None = None  # the ahead write, for the answer to wait on
+        self.seconds = 0.0  # the first item's time, which the answer then leaves out
 
-    def add(self, event: DirectRecord) -> None:
-        """Send `event` on `DIRECT_TOPIC` with the others that come within `EVENTS_S` (in the worker's loop)."""
-        self._held.append(event)
-        if len(self._held) == 1:
-            asyncio.get_running_loop().call_later(EVENTS_S, self._send)
+    def ran(self, first: dict[str, Any]) -> None:
+        """The first item ended (in the pool's thread): its result, as `run_items` returns one.
 
-    def _send(self) -> None:
-        held, self._held = self._held, []
-        for event in held:  # one loop callback: Dask's batched stream takes them in one write
-            self._worker.log_event(DIRECT_TOPIC, event)
+        Parameters
+        ----------
+        first : dict
+            ``values``, ``errors``, ``outputs``, ``count`` (1) and ``seconds`` of that item.
+        """
+        with self._lock:
+            self._first = first
+            message = self._take()
+        if message is not None:
+            self._loop.call_soon_threadsafe(self._send, message)
+
+    def due(self) -> None:
+        """`AHEAD_S` after the batch started (in the event loop): send the first if it ended."""
+        with self._lock:
+            self._due = True
+            message = self._take()
+        if message is not None:
+            self._send(message)
+
+    def close(self) -> bool:
+        """The batch ended (in the pool's thread): whether its first item went ahead.
+
+        Returns
+        -------
+        bool
+            True when the answer must leave the first item out.
+        """
+        with self._lock:
+            self._state = "closed" if self._state == "open" else self._state
+            return self._state == "sent"
+
+    def _take(self) -> Any:
+        # Under the lock: the first item goes ahead once it ended and is due, unless the batch
+        # ended first. Encoded here, so that one that cannot be is simply left in the answer.
+        if self._state != "open" or not self._due or self._first is None:
+            return None
+        try:
+            message = self._encode(self._first)
+        except Exception:
+            self._state = "closed"
+            return None
+        self._state, self.seconds = "sent", float(self._first["seconds"])
+        return message
+
+    def _send(self, message: Any) -> None:
+        self.written = asyncio.ensure_future(self._write(message))
 
 
 def install(dask_worker: Any) -> int:
     """Serve `HANDLER` on this worker from now on (run by the kernel through ``Client.run``'s request).
+
+    The handler runs one batch in the worker's thread pool and answers its result blob, or
+    ``{"refused": reason}`` when this worker takes no work now (module docstring).
 
     Parameters
     ----------
@@ -152,103 +200,50 @@ def install(dask_worker: Any) -> int:
     int
         `VERSION`: the kernel sends direct batches only to a worker that answers its own.
     """
-
     # One order per worker, kept when another kernel's client installs the handler again.
-    order = getattr(dask_worker, "_nbcluster_direct_order", None)
-    if order is None:
-        order = dask_worker._nbcluster_direct_order = _Order()
+    order = getattr(dask_worker, "_nbcluster_direct_order", None) or _Order()
+    dask_worker._nbcluster_direct_order = order
 
     # A function, not a `functools.partial`: Dask logs each handler by its `__name__`. Its
-    # first argument is named `comm`, so Dask passes the request's connection (`ahead.py`).
-    async def nbcluster_run_batch(
-        comm: Any,
-        key: str,
-        context: tuple[str, bytes | None],
-        batch: bytes,
-        token: str,
-        sender: str,
-        number: int,
-        first: bool = False,
-    ) -> Any:
+    # first argument is named `comm`, so Dask passes the request's connection. `key` is the
+    # batch's name as its Dask key would be (``distribute-<run id>-<n>``): the live view
+    # draws it by that name.
+    async def nbcluster_run_batch(comm: Any, key: str, context: tuple[str, bytes | None], batch: bytes, token: str,
+                                  sender: str, number: int, first: bool = False) -> Any:  # fmt: skip
         await order.turn(sender, number)
-        ahead = None
-        if first:
-            ahead = FirstAhead(lambda result: {"first": dump_result(result)}, comm.write, asyncio.get_running_loop())
-        return await serve(
-            dask_worker, key, context, batch, token, started=lambda: order.started(sender, number), ahead=ahead
-        )
+        loop = asyncio.get_running_loop()
+        try:
+            if (refused := worker_accepts_work(dask_worker)) is not None:
+                return {"refused": refused}
+            ahead = FirstAhead(lambda result: {"first": dump_result(result)}, comm.write, loop) if first else None
+            start = time.time()
+            # Queued in the pool by this call itself, before the sender's next batch may start.
+            running = loop.run_in_executor(dask_worker.executors["default"], _as_worker, dask_worker, key, context,
+                                           batch, token, ahead)  # fmt: skip
+        finally:
+            order.started(sender, number)
+        # From the request's arrival: a batch that queued behind another is late already, and
+        # its first item goes ahead as soon as it ends.
+        deadline = loop.call_later(AHEAD_S, ahead.due) if ahead is not None else None
+        try:
+            blob = await running
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+        if ahead is not None and ahead.written is not None:
+            await ahead.written  # the first item before the rest, on the same connection
+        dask_worker.log_event(DIRECT_TOPIC, DirectRecord(key=key, start=start, stop=time.time()))
+        return blob
 
     dask_worker.handlers[HANDLER] = nbcluster_run_batch
     return VERSION
 
 
-async def serve(
-    dask_worker: Any,
-    key: str,
-    context: tuple[str, bytes | None],
-    batch: bytes,
-    token: str,
-    started: Callable[[], None] = lambda: None,
-    ahead: FirstAhead | None = None,
-) -> Any:
-    """Run one batch in the worker's thread pool; its result blob, or why it was refused.
-
-    Parameters
-    ----------
-    dask_worker : distributed.Worker
-        The worker serving the request.
-    key : str
-        The batch's name, as its Dask key would be (``distribute-<run id>-<n>``): the live
-        view draws it by that name.
-    context, batch, token
-        As for `nbcluster.worker.run_batch`.
-    started : callable, optional
-        Called once the batch is queued in the thread pool, or refused.
-    ahead : FirstAhead, optional
-        For a run's first batch: sends its first item ahead when the batch is still going
-        `ahead.AHEAD_S` after its start (`ahead.py`).
-
-    Returns
-    -------
-    bytes or dict
-        The result blob; ``{"refused": reason}`` when this worker takes no work now.
-    """
-    try:
-        refused = worker_accepts_work(dask_worker)
-        if refused is not None:
-            return {"refused": refused}
-        start = time.time()
-        loop = asyncio.get_running_loop()
-        # Queued in the pool by this call itself, before `started` lets the next batch in.
-        running = loop.run_in_executor(
-            dask_worker.executors["default"], _as_worker, dask_worker, key, run_blob, context, batch, token, ahead
-        )
-    finally:
-        started()
-    if ahead is None:
-        blob = await running
-    else:
-        # From the request's arrival: a batch that queued behind another is late already, and
-        # its first item goes ahead as soon as it ends.
-        deadline = loop.call_later(AHEAD_S, ahead.due)
-        try:
-            blob = await running
-        finally:
-            deadline.cancel()
-        if ahead.written is not None:
-            await ahead.written  # the first item before the rest, on the same connection
-    events = getattr(dask_worker, "_nbcluster_direct_events", None)
-    if events is None:
-        events = dask_worker._nbcluster_direct_events = _Events(dask_worker)
-    events.add(DirectRecord(key=key, start=start, stop=time.time()))
-    return blob
-
-
-def _as_worker(dask_worker: Any, key: str, fn: Any, *args: Any) -> Any:
+def _as_worker(dask_worker: Any, key: str, *args: Any) -> bytes:
     # The item's code may ask `distributed.get_worker()` (and a large value's fetch does):
     # the pool's thread runs it as this worker's, as it would a task.
     with as_worker(dask_worker, key):
-        return fn(*args)
+        return run_blob(*args)
 
 
 def refusal(answer: Any) -> str | None:
@@ -257,15 +252,11 @@ def refusal(answer: Any) -> str | None:
     Parameters
     ----------
     answer : Any
-        What `serve` answered.
+        What the worker answered.
 
     Returns
     -------
     str or None
         The reason (``"paused"``, ``"closing"``...).
     """
-    if isinstance(answer, dict):
-        return str(answer.get("refused", "an unexpected answer"))
-    return None
-
-
+    return str(answer.get("refused", "an unexpected answer")) if isinstance(answer, dict) else None

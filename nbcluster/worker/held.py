@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbcluster.errors import NotRecomputed
 from nbcluster.worker import Slot as Slot  # what handles.py puts in a batch, named here too
-from nbcluster.worker import push, run, run_blob
+from nbcluster.worker import current_task, push, run, run_blob
 from nbcluster.worker.items import dump_result
 
 if TYPE_CHECKING:
@@ -54,9 +54,8 @@ _KEPT_BYTES = [0]  # their total length: kept, not summed at every task
 _KEPT_LOCK = threading.Lock()  # worker threads write, the event loop reads
 
 
-def run_batch_held(
-    context: tuple[str, bytes | None], batch: bytes, token: str | None, keep: bool, names: dict[str, int], *deps: Any
-) -> Any:
+def run_batch_held(context: tuple[str, bytes | None], batch: bytes, token: str | None, keep: bool,
+                   names: dict[str, int], *deps: Any) -> Any:  # fmt: skip
     """The Dask task of a `--persist` item, or (`keep` False) of a batch that reads handles.
 
     Without `keep` the values come back to the kernel as `run_batch`'s blob does.
@@ -109,17 +108,12 @@ def run_batch_held(
 
 def _report(report: bytes) -> None:
     """Keep this task's report for `report_of`, and push it to the kernel (`worker.push`)."""
-    try:
-        from distributed import get_worker
-
-        key = get_worker().get_current_task()
-    except ValueError:  # not in a Dask worker's task (a test calling the task directly)
+    if (task := current_task()) is None:
         return
-    if key is None:
-        return
+    key = task[1]
     with _KEPT_LOCK:
-        _KEPT_BYTES[0] += len(report) - len(_KEPT.pop(str(key), b""))  # a recompute replaces its own
-        _KEPT[str(key)] = report
+        _KEPT_BYTES[0] += len(report) - len(_KEPT.pop(key, b""))  # a recompute replaces its own
+        _KEPT[key] = report
         while _KEPT_BYTES[0] > KEEP_BYTES and len(_KEPT) > 1:
             _KEPT_BYTES[0] -= len(_KEPT.popitem(last=False)[1])
     push(report)

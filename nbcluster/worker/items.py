@@ -20,17 +20,26 @@ change, and shares the rest (`context.py`).
 item, each next one at most twice the last, from the time per item of the last chunk (and
 never past the batch's time budget). A stop token, a cancelled task or a spent budget,
 checked between chunks, so takes effect within a few ms, or one item for items slower
-than that, while the bookkeeping costs nothing per item. The general path also checks the
-stop token before each item: a cell that waited on something, then was stopped, starts no
-further item.
+than that. The general path also checks the stop token before each item: a cell that
+waited on something, then was stopped, starts no further item.
 
 **A failing item fails alone.** The values are appended in order to one list, so when the
 chunk's call raises, the list's length is the failing item's position in the batch: it gets
 its error record and a None, and the call is made again on the rest of the chunk (an
 iterator, from which the failing item was taken). The resumption runs outside the `except`
-block, so the next item's own exception carries no `__context__` from this one. The item
-running is likewise the one at position ``len(values)``: `output.collect` files its prints
-under its index.
+block, so the next item's own exception carries no `__context__` from this one.
+
+**Stopping.** A batch carries its run's *stop token*. `stop_run(token)`, sent to every
+worker by the kernel on interrupt or `Results.cancel()`, makes the run's batches return with
+the items they finished, before their next chunk. A batch whose Dask task was cancelled
+outright also stops, checked every `CHECK_S`.
+
+**Output.** `sys.stdout`/`sys.stderr` are wrapped once per process (`install`) by a stream
+that sends writes to the running item's buffer when the writing thread runs items, and to
+the real stream otherwise: with several threads per worker, each item sees only its own
+prints. The item running is the one at position ``len(values)``, so its prints are filed
+under its index at no cost per item. `outputs` maps item index -> chunks `[stream, text]`
+(or `["display", mimebundle]`).
 
 `dump_result` pickles what a batch sends back, failing only the items whose values cannot
 travel.
@@ -38,39 +47,36 @@ travel.
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import hashlib
+import io
 import itertools
+import sys
 import time
 from collections.abc import Callable, Iterator
 from types import FunctionType
-from typing import Any
+from typing import Any, TextIO
 
 import cloudpickle
 
-from nbcluster.worker import output, stopping, trial
-from nbcluster.worker.ahead import first_of
-from nbcluster.worker.context import Context, Copy, read_only_error
+from nbcluster.worker import trial
+from nbcluster.worker.context import Context, Copy, read_only_error, running, stopped_run
 from nbcluster.worker.records import ErrorRecord, error_record
 
 CHUNK_S = 0.002  # seconds a chunk aims at: how long a stop or a spent budget may wait
+CHECK_S = 0.05  # how often a running batch asks whether its Dask task was cancelled
+LIMIT = 64 * 1024  # output characters kept per item and stream
+CUT = "\n... (output truncated)\n"
 
 
-def run_items(
-    context: Context,
-    indices: Any,
-    items: list[Any],
-    large_values: tuple[Any, ...] = (),
-    *,
-    capture: bool,
-    token: str | None = None,
-    budget: float | None = None,
-    first: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
+def run_items(context: Context, indices: Any, items: list[Any], large_values: tuple[Any, ...] = (), *, capture: bool,
+              token: str | None = None, budget: float | None = None,
+              first: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """Run items in this thread until done or stopped; never raises for an item's own failure.
 
     Stops early, between chunks of a few ms, when the run was told to stop (`token`), once
-    `budget` seconds have gone by, or when Dask cancelled the task (checked every
-    `stopping.CHECK_S`).
+    `budget` seconds have gone by, or when Dask cancelled the task.
 
     Parameters
     ----------
@@ -88,14 +94,12 @@ def run_items(
         True keeps each item's output in the result (on a worker); False lets it go to the
         real streams (in the kernel, for ``--local``).
     token : str or None
-        The run's stop token (`stopping.stopped`); None is never stopped.
+        The run's stop token (`stop_run`); None is never stopped.
     budget : float or None
-        Seconds after which no further chunk is started (the batch's time budget); None runs
-        them all.
+        Seconds after which no further chunk is started; None runs them all.
     first : callable, optional
-        Called once the first item ended, with that item's result (`ahead.first_of`),
-        before the next item starts: a run's first direct batch may send
-        it ahead of the rest (`ahead.py`).
+        Called with the first item's result (`first_of`) once it ended, before the next item
+        starts: a run's first direct batch may send it ahead of the rest (`direct.py`).
 
     Returns
     -------
@@ -108,23 +112,19 @@ def run_items(
     Raises
     ------
     KeyboardInterrupt
-        Ctrl-C in the kernel during ``--local``: it stops the cell rather than fail one
-        item.
+        Ctrl-C in the kernel during ``--local``: it stops the cell rather than fail one item.
     """
-    base, copies = context.shared(large_values)
-    run, todo = _plan(context, base, copies, indices, items, token)
-    read_only = tuple(sorted(context.arrays))
+    run, todo = _plan(context, *context.shared(large_values), indices, items, token)
+    read_only = tuple(sorted(context.sharing.arrays))
     values: list[Any] = []  # appended in order: its length is the running item's position
     errors: dict[int, ErrorRecord] = {}
-    outputs: dict[int, list[list[Any]]] = {}
+    outputs: dict[int, list[list[Any]]] = {}  # item index -> chunks
     if capture:
-        output.collect(outputs, values, indices)
+        running.outputs, running.follow = outputs, (values, indices)
     todo, n, size, stopped = iter(todo), len(items), 1, False
     started = checked = time.perf_counter()
     try:
-        while len(values) < n and not stopped:
-            if stopping.stopped(token):
-                break
+        while len(values) < n and not stopped and not stopped_run(token):
             before, begun = len(values), time.perf_counter()
             chunk = itertools.islice(todo, size)
             while True:
@@ -143,37 +143,35 @@ def run_items(
                 break
             now = time.perf_counter()
             if first is not None:  # the first chunk is the first item alone
-                first(first_of(values, errors, outputs, indices[0], now - started))
+                first(first_of({"values": values, "errors": errors, "outputs": outputs}, indices[0], now - started))
                 first = None
             aim = CHUNK_S if budget is None else min(CHUNK_S, budget - (now - started))
             per_item = (now - begun) / (len(values) - before)
             size = max(1, min(2 * size, int(aim / per_item) if per_item > 0 else 2 * size))
             stopped = budget is not None and now - started >= budget
-            if now - checked > stopping.CHECK_S:
+            if now - checked > CHECK_S:
                 checked = now
-                stopped = stopped or stopping.cancelled()
+                stopped = stopped or _cancelled()
     finally:
-        output.collect(None)
+        running.outputs = None
     seconds, count = time.perf_counter() - started, len(values)
     return {"values": values, "errors": errors, "outputs": outputs, "count": count, "seconds": seconds,
             "stopped": count < n}  # fmt: skip
 
 
-def _plan(
-    context: Context, base: dict[str, Any], copies: list[Copy], indices: Any, items: list[Any], token: str | None
-) -> tuple[Callable[[Iterator[Any], list[Any]], None], Any]:
+def _plan(c: Context, base: dict[str, Any], copies: list[Copy], indices: Any, items: list[Any],
+          token: str | None) -> tuple[Callable[[Iterator[Any], list[Any]], None], Any]:  # fmt: skip
     """How the items run: ``run(chunk, values)``, which appends each item's value, and what the
     chunks are cut from."""
-    c = context
     if c.seed is None and c.trial is None:  # else each item binds its own seed, or is a trial
-        if c.kind == "function" and c.mode == "over" and c.fn_blob is None:
+        if c.kind == "function" and c.mode == "over" and c.code.fn_blob is None:
             fn, over = c.item_function(), itertools.starmap if c.unpacks else map
             return lambda chunk, values: values.extend(over(fn, chunk)), items
-        if c.expression is not None and not copies:
-            return FunctionType(c.expression, base), items
+        if c.code.expression is not None and not copies:
+            return FunctionType(c.code.expression, base), items
 
     def step(item: Any, index: int) -> Any:
-        if stopping.stopped(token):  # beside a namespace per item this costs little: checked per item
+        if stopped_run(token):  # beside a namespace per item this costs little: checked per item
             raise _Stopped
         if c.trial is not None:
             return trial.run_item(c.trial, index, token, lambda: _one_item(c, base, copies, item, index))
@@ -186,10 +184,9 @@ class _Stopped(Exception):
     """Raised by the general path's step, before its item, when the run was told to stop."""
 
 
-def _one_item(context: Context, base: dict[str, Any], copies: list[Copy], item: Any, index: int) -> Any:
+def _one_item(c: Context, base: dict[str, Any], copies: list[Copy], item: Any, index: int) -> Any:
     """One item on the general path: a function called with its arguments, or a cell run in a
     namespace of its own."""
-    c = context
     named = dict(zip(c.names, item, strict=True)) if c.mode in ("grid", "zip") else {}
     if c.seed is not None:
         named["seed"] = item_seed(c.seed, index)
@@ -200,14 +197,14 @@ def _one_item(context: Context, base: dict[str, Any], copies: list[Copy], item: 
     for copy in copies:
         ns.update(copy())
     ns.update(named)
-    if c.bind is not None:  # `TARGET = __nbcluster_item__`, which then deletes that name
+    if c.code.bind is not None:  # `TARGET = __nbcluster_item__`, which then deletes that name
         ns["__nbcluster_item__"] = item
-        exec(c.bind, ns)
+        exec(c.code.bind, ns)
     elif c.mode == "over":
         ns[c.names[0]] = item
-    if c.body is not None:  # None: the cell is one expression
-        exec(c.body, ns)
-    return eval(c.last, ns) if c.last is not None else None
+    if c.code.body is not None:  # None: the cell is one expression
+        exec(c.code.body, ns)
+    return eval(c.code.last, ns) if c.code.last is not None else None
 
 
 def item_seed(seed: int, index: int) -> int:
@@ -233,8 +230,66 @@ def item_seed(seed: int, index: int) -> int:
     >>> item_seed(42, 0), item_seed(42, 1)
     (1042318869, 2349893302)
     """
-    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little")
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=4).digest(), "little")
+
+
+def first_of(result: dict[str, Any], first_index: Any, seconds: float) -> dict[str, Any]:
+    """The first item's part of a batch's running result, as a result of its own.
+
+    Parameters
+    ----------
+    result : dict
+        The batch's ``values``, ``errors`` and ``outputs`` so far (``values`` holds at least one).
+    first_index : int
+        The run's index of the batch's first item (its key in ``outputs``).
+    seconds : float
+        The first item's time.
+
+    Returns
+    -------
+    dict
+        A result of one item, ``count`` 1.
+
+    Examples
+    --------
+    >>> first_of({"values": [5, 6], "errors": {1: "e"}, "outputs": {7: [["stdout", "hi"]]}}, 7, 0.25)
+    {'values': [5], 'errors': {}, 'outputs': {7: [['stdout', 'hi']]}, 'count': 1, 'seconds': 0.25, 'stopped': False}
+    """
+    errors, outputs = result["errors"], result["outputs"]
+    return {"values": result["values"][:1], "errors": {0: errors[0]} if 0 in errors else {},
+            "outputs": {first_index: list(outputs[first_index])} if first_index in outputs else {},
+            "count": 1, "seconds": seconds, "stopped": False}  # fmt: skip
+
+
+def without_first(result: dict[str, Any], first_index: Any, seconds: float) -> dict[str, Any]:
+    """A batch's result with its first item left out: that item went ahead (`first_of`).
+
+    Parameters
+    ----------
+    result : dict
+        What `run_items` returned, with at least the first item run.
+    first_index : int
+        The run's index of that item.
+    seconds : float
+        Its time, taken off the batch's.
+
+    Returns
+    -------
+    dict
+        The same result for the items after the first: positions in ``errors`` one less.
+
+    Examples
+    --------
+    >>> r = {"values": [5, 6, 7], "errors": {2: "e"}, "outputs": {0: ["a"], 1: ["b"]},
+    ...      "count": 3, "seconds": 0.3, "stopped": False}
+    >>> out = without_first(r, 0, 0.1)
+    >>> out["values"], out["errors"], out["outputs"], out["count"], round(out["seconds"], 3)
+    ([6, 7], {1: 'e'}, {1: ['b']}, 2, 0.2)
+    """
+    return {**result, "values": result["values"][1:], "count": result["count"] - 1,
+            "errors": {j - 1: record for j, record in result["errors"].items() if j > 0},
+            "outputs": {i: chunks for i, chunks in result["outputs"].items() if i != first_index},
+            "seconds": max(0.0, result["seconds"] - seconds)}  # fmt: skip
 
 
 def dump_result(result: dict[str, Any]) -> bytes:
@@ -249,8 +304,9 @@ def dump_result(result: dict[str, Any]) -> bytes:
     Returns
     -------
     bytes
-        `result` cloudpickled. A value that cannot be pickled is replaced by None and its item fails with a `TypeError` saying why; an
-        exception that cannot be pickled travels as its traceback only (``"exception"`` None).
+        `result` cloudpickled. A value that cannot be pickled is replaced by None and its item
+        fails with a `TypeError` saying why; an exception that cannot be pickled travels as
+        its traceback only (``"exception"`` None).
 
     Examples
     --------
@@ -263,23 +319,131 @@ def dump_result(result: dict[str, Any]) -> bytes:
     >>> print(back["errors"][1]["message"])
     the item's result cannot be sent back to the kernel: TypeError: cannot pickle '_thread.lock' object
     """
-    values = result.get("values", [])  # none in a batch that ran no item (`worker.run`)
-    try:
+    with contextlib.suppress(Exception):
         return cloudpickle.dumps(result)
-    except Exception:
-        pass
-    # Some value cannot travel back: find which, and fail only those items.
+    values = result.get("values", [])  # none in a batch that ran no item
     for j, value in enumerate(values):
         try:
             cloudpickle.dumps(value)
         except Exception as e:
             values[j] = None
-            result["errors"][j] = error_record(
-                TypeError(f"the item's result cannot be sent back to the kernel: {type(e).__name__}: {e}")
-            )
+            why = f"the item's result cannot be sent back to the kernel: {type(e).__name__}: {e}"
+            result["errors"][j] = error_record(TypeError(why))
     for record in result.get("errors", {}).values():
         try:
             cloudpickle.dumps(record)
         except Exception:
             record["exception"] = None
     return cloudpickle.dumps(result)
+
+
+# -- stopping and output -------------------------------------------------------------------
+def _cancelled() -> bool:
+    """True when this thread's Dask task was cancelled (False outside Dask, or when asking fails)."""
+    try:
+        from nbcluster._compat import running_task_key, worker_task
+
+        key = running_task_key()
+        ts = None if key is None else worker_task(key)
+        return key is not None and (ts is None or ts.state in ("cancelled", "released", "forgotten"))
+    except Exception:
+        return False
+
+
+# -- output --------------------------------------------------------------------------------
+def _chunks() -> list[list[Any]]:
+    values, indices = running.follow
+    chunks: list[list[Any]] = running.outputs.setdefault(int(indices[len(values)]), [])
+    return chunks
+
+
+class _ItemStream(io.TextIOBase):
+    """Writes go to the running item's buffer in this thread, else to the real stream."""
+
+    def __init__(self, name: str, real: TextIO):
+        self.name_, self.real = name, real
+
+    def write(self, text: str) -> int:
+        if getattr(running, "outputs", None) is None:
+            return self.real.write(text)
+        chunks = _chunks()
+        if chunks and chunks[-1][0] == self.name_:
+            if len(chunks[-1][1]) <= LIMIT:  # a longer one was cut already: it takes no more
+                chunks[-1][1] += text
+        else:
+            chunks.append([self.name_, text])
+        if len(chunks[-1][1]) > LIMIT:  # cut, and say so, whether one write or many got here
+            chunks[-1][1] = chunks[-1][1][:LIMIT] + CUT
+        return len(text)
+
+    def flush(self) -> None:
+        if getattr(running, "outputs", None) is None:
+            self.real.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]  # TextIOBase declares a plain attribute
+        return getattr(self.real, "encoding", "utf-8")
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+
+def install() -> None:
+    """Wrap this process's `sys.stdout`/`sys.stderr` (once) and give it a `display`."""
+    for name in ("stdout", "stderr"):
+        if not isinstance(getattr(sys, name), _ItemStream):
+            setattr(sys, name, _ItemStream(name, getattr(sys, name)))
+    # In a notebook `display` is a builtin (IPython puts it there); cells and notebook
+    # functions call it unqualified, so a worker needs one too.
+    if not hasattr(builtins, "display"):
+        builtins.display = display  # type: ignore[attr-defined]
+
+
+def display(*objs: Any, raw: bool = False, **_ignored: Any) -> None:
+    """`display()` for worker items: records each object's rich representation for the cell.
+
+    Outside an item the plain-text form is printed instead.
+
+    Parameters
+    ----------
+    *objs : Any
+        The objects to show; each becomes a mimebundle, as IPython's formatter makes it (else
+        its ``repr``).
+    raw : bool
+        When True, an object that is a dict is taken as a ready mimebundle, as in IPython.
+    **_ignored : Any
+        IPython's other keywords (``display_id``, ``metadata``...), accepted so cells written
+        for the notebook run unchanged, and ignored.
+
+    Examples
+    --------
+    Outside an item, as here, the plain-text form is printed:
+
+    >>> display({"text/plain": "done", "text/html": "<b>done</b>"}, raw=True)
+    done
+    """
+    for obj in objs:
+        bundle = obj if raw and isinstance(obj, dict) else _mimebundle(obj)
+        if getattr(running, "outputs", None) is None:
+            print(bundle.get("text/plain", ""))
+        else:
+            _chunks().append(["display", bundle])
+
+
+def _mimebundle(obj: Any) -> dict[str, Any]:
+    with contextlib.suppress(Exception):  # no IPython on the worker, or a failing _repr_*_: plain text
+        from IPython.core.formatters import DisplayFormatter
+
+        data, _ = DisplayFormatter().format(obj)
+        if data:
+            return dict(data)
+    try:
+        return {"text/plain": repr(obj)}
+    except Exception:
+        return {"text/plain": f"<unprintable {type(obj).__name__}>"}

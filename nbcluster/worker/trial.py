@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nbcluster.errors import TrialStopped
-from nbcluster.worker import output, stopping
+from nbcluster.worker import context
 
 if TYPE_CHECKING:  # types only: the worker package loads no more than it runs
     from nbcluster._wire import TrialEvent, TrialSpec
@@ -108,7 +108,7 @@ class _Item:
     last: dict[str, float] = field(default_factory=dict)
     ended: bool = False
     interrupted: bool = False
-    outputs: dict[int, list[list[Any]]] | None = None  # this thread's output, by item (`output.py`)
+    outputs: dict[int, list[list[Any]]] | None = None  # this thread's output, by item (`context.running`)
     printed: tuple[int, int] = (0, 0)  # output sent so far: whole chunks, then characters of the next
 
 
@@ -227,7 +227,7 @@ def run_item(spec: TrialSpec, index: int, token: str | None, fn: Callable[[], An
         What `fn` returned, or a `Stopped` when it raised `TrialStopped`.
     """
     worker, address = _worker()
-    item = _Item(spec, index, token, threading.get_ident(), worker, address, outputs=output.current())
+    item = _Item(spec, index, token, threading.get_ident(), worker, address, outputs=context.current_output())
     _here.item = item
     with _LOCK:
         _RUNNING[item.thread] = item
@@ -350,7 +350,7 @@ def running(topic: str) -> list[int]:
 
 def _told(item: _Item) -> str | None:
     reason = _STOP.get((item.spec["topic"], item.index))
-    if reason is None and item.token is not None and stopping.stopped(item.token):
+    if reason is None and item.token is not None and context.stopped_run(item.token):
         reason = "stopped from the notebook"
     return reason
 
