@@ -17,7 +17,7 @@ import statistics
 import time
 
 import nbcluster
-from nbcluster.run import loadable
+from nbcluster.run import transport as loadable
 
 
 def as_it_was(fn, *args):  # the task before loadable.py
