@@ -69,6 +69,8 @@ class Call:
 
     Attributes
     ----------
+    client : distributed.Client
+        The client whose event loop sends it.
     key : str
         Its name, as a Dask key would be (``distribute-<run id>-<n>``).
     worker : str
@@ -83,14 +85,12 @@ class Call:
         (`worker/ahead.py`): the batch it came from; None for a batch's answer.
     """
 
-    __slots__ = ("__weakref__", "answer", "key", "of", "sent", "status", "worker")
+    __slots__ = ("answer", "client", "key", "of", "sent", "status", "worker")
 
-    def __init__(self, key: str, worker: str, of: Call | None = None, status: str = "pending", answer: Any = None):
-        self.key, self.worker, self.of, self.status, self.answer = key, worker, of, status, answer
+    def __init__(self, client: Any, key: str, worker: str, of: Call | None = None, answer: Any = None):
+        self.client, self.key, self.worker, self.of, self.answer = client, key, worker, of, answer
+        self.status = "pending" if of is None else "finished"
         self.sent: Any = None  # the request (a task of the client's event loop), while it runs
-
-    def __repr__(self) -> str:
-        return f"<direct batch {self.key} on {self.worker}: {self.status}>"
 
 
 class Direct:
@@ -118,7 +118,6 @@ class Direct:
         self.out = dict.fromkeys(chosen, 0)
         self.until = time.monotonic() + config.seconds("distribute.direct")
         self.completions = completions
-        self.calls: weakref.WeakSet[Call] = weakref.WeakSet()
         self.stopped = False  # set by the transport after a failed call: the rest are Dask tasks
         self._lock = threading.Lock()  # `out`: the driver sends, the client's loop answers
         self._held: list[tuple[Call, dict[str, Any], bool]] = []  # sent, not yet started
@@ -144,17 +143,13 @@ class Direct:
                 best, load = address, share
         return best
 
-    def send(
-        self, key: str, worker: str, context: tuple[str, bytes | None], blob: bytes, token: str, first: bool = False
-    ) -> Call:
-        """Send one batch to `worker` (from `worker()`) at the next `flush`.
+    def send(self, key: str, context: tuple[str, bytes | None], blob: bytes, token: str, first: bool) -> Call | None:
+        """Send one batch to the worker `worker()` names at the next `flush`; None: no worker.
 
         Parameters
         ----------
         key : str
             The batch's name (``distribute-<run id>-<n>``).
-        worker : str
-            The worker's address.
         context, blob, token
             As a batch's task takes them (`worker.run_batch`).
         first : bool
@@ -164,13 +159,14 @@ class Direct:
 
         Returns
         -------
-        Call
-            The call, pending.
+        Call or None
+            The call, pending; None when no worker takes a direct batch now (see `worker`).
         """
-        call = Call(key, worker)
+        if (worker := self.worker()) is None:
+            return None
+        call = Call(self.client, key, worker)
         with self._lock:
             self.out[worker] += 1
-            self.calls.add(call)
             number, self._numbered[worker] = self._numbered[worker], self._numbered[worker] + 1
             args = {"key": key, "context": context, "batch": blob, "token": token, "sender": self.sender, "number": number}
             self._held.append((call, args, first))
@@ -208,7 +204,7 @@ class Direct:
     def _ahead(self, call: Call, blob: bytes) -> None:
         # In the client's event loop: the first item of `call`, ahead of its answer.
         self.completions.expect()
-        self.completions.put(Call(call.key, call.worker, of=call, status="finished", answer=blob))
+        self.completions.put(Call(self.client, call.key, call.worker, of=call, answer=blob))
 
     def _answered(self, call: Call, sent: Any) -> None:
         with self._lock:
@@ -222,20 +218,6 @@ class Direct:
             refused = served.refusal(answer)
             call.status, call.answer = ("finished", answer) if refused is None else ("error", refused)
         self.completions.put(call)
-
-    def abandon_lost(self, workers: dict[str, int]) -> None:
-        """Give up the calls to workers no longer in the cluster (their answer will not come).
-
-        Parameters
-        ----------
-        workers : dict of str to int
-            The cluster's workers now, as the run's watch thread read them.
-        """
-        with self._lock:
-            calls = list(self.calls)
-        for call in calls:
-            if (sent := call.sent) is not None and call.worker not in workers:
-                call_in_loop(self.client, sent.cancel)  # a task of the client's loop
 
 
 async def _install(client: Any, worker: str) -> bool:

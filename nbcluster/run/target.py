@@ -212,25 +212,17 @@ def placement(needs: Needs, workers: dict[str, Any]) -> tuple[dict[str, Any], in
         workers for ``--cpu-only``/``--cpus``; the message says what they offer. Also when
         ``--gpus`` asks fewer GPUs than a multi-GPU worker holds (its items see them all).
     """
-    resources: dict[str, float] = {}
-    if needs.gpus:
-        resources["GPU"] = needs.gpus
-    if needs.cpus:
-        resources["CPU"] = needs.cpus
+    resources = {k: float(v) for k, v in (("GPU", needs.gpus), ("CPU", needs.cpus)) if v}
     offered = {k for w in workers.values() for k in (w.get("resources") or {})}
     if needs.cpu_only and "CPU" not in resources:
         if "CPU" in offered:
             resources["CPU"] = 1
         elif "GPU" in offered:
-            raise BadArgument(
-                "--cpu-only: this cluster's workers do not say which ones are CPU workers (none "
-                "advertises a CPU resource); start the cluster with nbcluster, or drop --cpu-only"
-            )
+            raise BadArgument("--cpu-only: this cluster's workers do not say which ones are CPU workers (none "
+                              "advertises a CPU resource); start the cluster with nbcluster, or drop --cpu-only")  # fmt: skip
     if "CPU" in resources and "CPU" not in offered and workers:
-        raise BadArgument(
-            "--cpus needs workers that advertise a CPU resource (nbcluster's clusters do); this "
-            "cluster's workers advertise none"
-        )
+        raise BadArgument("--cpus needs workers that advertise a CPU resource (nbcluster's clusters do); this "
+                          "cluster's workers advertise none")  # fmt: skip
     eligible, threads = [], 0
     for address, info in workers.items():
         have = info.get("resources") or {}
@@ -253,21 +245,13 @@ def _check_gpu_share(gpus: float, eligible: list[dict[str, Any]]) -> None:
     # several GPUs sees all of them. An item asking fewer would see (and could use)
     # devices that the scheduler counts as another item's, so it is refused, not run.
     held = sorted({float(w["resources"]["GPU"]) for w in eligible if float(w["resources"]["GPU"]) > 1})
-    wrong = [g for g in held if g != gpus]
-    if wrong:
+    if wrong := [g for g in held if g != gpus]:
         each = f"{wrong[0]:g}"
-        raise BadArgument(
-            f"--gpus {gpus:g}: this cluster's GPU workers hold {each} GPUs each and an item sees all of "
-            f"its worker's GPUs (one CUDA_VISIBLE_DEVICES per process); ask --gpus {each}, or start the "
-            "cluster with --gpus-per-worker 1 to run items of one GPU or less"
-        )
+        raise BadArgument(f"--gpus {gpus:g}: this cluster's GPU workers hold {each} GPUs each and an item sees all of "
+                          f"its worker's GPUs (one CUDA_VISIBLE_DEVICES per process); ask --gpus {each}, or start the "
+                          "cluster with --gpus-per-worker 1 to run items of one GPU or less")  # fmt: skip
 
 
 def _offers(workers: dict[str, Any]) -> str:
-    kinds = sorted(
-        {
-            ", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) or "no resources"
-            for w in workers.values()
-        }
-    )
-    return "; ".join(kinds)
+    kinds = {", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) for w in workers.values()}
+    return "; ".join(sorted(kind or "no resources" for kind in kinds))

@@ -60,18 +60,17 @@ from typing import TYPE_CHECKING, Any
 from dask.base import annotate
 
 from nbcluster import config, worker
-from nbcluster._compat import nested_task
+from nbcluster._compat import call_in_loop, nested_task
 from nbcluster._version import __version__
 from nbcluster._wire import PUSHED_TOPIC
 from nbcluster.errors import ClusterUnreachable
 from nbcluster.run.capture import pin_soon, shipments
-from nbcluster.run.direct import Call, Direct
+from nbcluster.run.direct import Call as Call  # the engine tells direct batches by it
+from nbcluster.run.direct import Direct
 from nbcluster.run.target import Link, Needs
 
 if TYPE_CHECKING:  # the job imports persisted handles, which import `outcome` from here
     from nbcluster.run.job import Job
-
-__all__ = ["Call", "Shipment", "Transport", "halt_reason", "task"]
 
 RESHIPS = 10  # a run sends its lost values again at most this many times
 
@@ -132,10 +131,8 @@ class Transport:
         if self._inbox is not None:
             self._inbox.forget(self.run_id)
 
-    def map(
-        self, client: Any, calls: Sequence[tuple[Any, ...]], batches: Sequence[Any], *, persist: bool = False,
-        placed: Sequence[Sequence[str]] = (), **where: Any,
-    ) -> list[Any | None]:  # fmt: skip
+    def map(self, client: Any, calls: Sequence[tuple[Any, ...]], batches: Sequence[Any], *, persist: bool = False,
+            placed: Sequence[Sequence[str]] = (), **where: Any) -> list[Any | None]:  # fmt: skip
         """Submit each of `calls` as a Dask task, all in one graph message.
 
         Parameters
@@ -160,8 +157,7 @@ class Transport:
         """
         if not calls:
             return []
-        if self._inbox is None:
-            self._inbox = _inbox(client)
+        self._inbox = self._inbox or _inbox(client)
         prefix = "persist" if persist else "distribute"
         with self.lock:
             if self.stopping:
@@ -203,15 +199,14 @@ class Transport:
             True when it was sent, or dropped because the run is stopping (its items then
             become cancelled).
         """
-        sending = self._direct
-        address = sending.worker() if sending is not None else None
-        if sending is None or address is None:
+        if (sending := self._direct) is None:
             return False
         with self.lock:
             if self.stopping:
                 return True
-            key = f"distribute-{self.run_id}-{next(self._seq)}"
-            call = sending.send(key, address, context, blob, token, first=not self.pending)
+            call = sending.send(f"distribute-{self.run_id}-{next(self._seq)}", context, blob, token, not self.pending)
+            if call is None:
+                return False
             self._alone = None if self.pending else call
             self.pending[call] = indices
             self.idle.clear()
@@ -342,8 +337,11 @@ class Transport:
         workers : dict of str to int
             The cluster's workers now.
         """
-        if (sending := self._direct) is not None:
-            sending.abandon_lost(workers)
+        with self.lock:
+            lost = [c for c in self.pending if isinstance(c, Call) and c.worker not in workers]
+        for call in lost:
+            if (sent := call.sent) is not None:
+                call_in_loop(call.client, sent.cancel)  # a task of the client's loop
 
     def stop(self) -> bool:
         """Submit nothing more; whether batches are still out.
@@ -571,15 +569,11 @@ def halt_reason(client: Any, key: str, why: str) -> str:
     except Exception:  # a scheduler without nbcluster cannot run this: say what is known
         workers = []
     if not workers:
-        return (
-            f"the cluster at {client.scheduler.address} cannot load nbcluster's tasks ({why}): "
-            "nbcluster must be installed where its scheduler runs and on its workers"
-        )
+        return (f"the cluster at {client.scheduler.address} cannot load nbcluster's tasks ({why}): "
+                "nbcluster must be installed where its scheduler runs and on its workers")  # fmt: skip
     name, address = workers[0]
-    return (
-        f"worker {name} ({address}) cannot import nbcluster ({why}): install nbcluster {__version__} "
-        "in the Python environment that runs it (as on the scheduler), or stop that worker"
-    )
+    return (f"worker {name} ({address}) cannot import nbcluster ({why}): install nbcluster {__version__} "
+            "in the Python environment that runs it (as on the scheduler), or stop that worker")  # fmt: skip
 
 
 # -- what goes before the first batch --------------------------------------------------------
@@ -633,10 +627,8 @@ class Shipment:
             if not inline:
                 self._future = self._scatter(client)
         except (OSError, TimeoutError) as e:
-            raise ClusterUnreachable(
-                f"could not send the cell's data to the workers ({e}); if a worker just died, "
-                "run the cell again in a moment"
-            ) from None
+            raise ClusterUnreachable(f"could not send the cell's data to the workers ({e}); if a worker just died, "
+                                     "run the cell again in a moment") from None  # fmt: skip
         self.context = (self.key, self._blob if inline else None)
         return notes
 
