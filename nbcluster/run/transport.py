@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 from dask.base import annotate
 
 from nbcluster import config, worker
-from nbcluster._compat import call_in_loop, nested_task
+from nbcluster._compat import call_in_loop, erred_on, nested_task
 from nbcluster._version import __version__
 from nbcluster._wire import PUSHED_TOPIC
 from nbcluster.errors import ClusterUnreachable
@@ -538,13 +538,6 @@ def task(fn: Callable[..., Any], *args: Any, deps: tuple[Any, ...] = ()) -> tupl
     return (pickle.loads, pickle.dumps(_Call(fn, args), protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _erred_on(key: str, dask_scheduler: Any = None) -> list[tuple[str, str]]:
-    """(name, address) of the workers `key` failed on (run on the scheduler)."""
-    ts = dask_scheduler.tasks.get(key)
-    where = sorted(getattr(ts, "erred_on", None) or ()) if ts is not None else []
-    return [(str(getattr(dask_scheduler.workers.get(a), "name", a)), a) for a in where]
-
-
 def halt_reason(client: Any, key: str, why: str) -> str:
     """The one line for a batch that could not import nbcluster: the worker it failed on and
     the fix, where the scheduler can say which worker (it has nbcluster), else the cluster's.
@@ -565,7 +558,7 @@ def halt_reason(client: Any, key: str, why: str) -> str:
         install there; or that the whole cluster needs nbcluster, on its scheduler and workers.
     """
     try:
-        workers = client.run_on_scheduler(_erred_on, key)
+        workers = client.run_on_scheduler(erred_on, key)
     except Exception:  # a scheduler without nbcluster cannot run this: say what is known
         workers = []
     if not workers:
