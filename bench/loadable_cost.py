@@ -1,4 +1,4 @@
-"""What sending batches as ``pickle.loads`` of bytes costs (`nbcluster/run/loadable.py`).
+"""What sending batches as ``pickle.loads`` of bytes costs (`nbcluster/run/transport.py`, `task`).
 
     python bench/loadable_cost.py [--runs 5] [--items 20000,1000000]
 
