@@ -85,3 +85,36 @@ def test_a_stopped_transport_submits_nothing_and_cancel_cancels_what_is_out(clus
     finally:
         Event(name, client=client).set()
         transport.close()
+
+
+
+def test_a_direct_batch_and_a_task_come_back_through_the_same_completions(cluster: Any) -> None:
+    # The engine's one interface: a batch sent to a worker directly, then one as a Dask task
+    # (as after the direct time): both come back from `completions` with their items and
+    # their results, and only the first is a direct call.
+    import pickle
+
+    import cloudpickle
+
+    from nbcluster import worker
+    from nbcluster.run.cell import plan
+    from nbcluster.run.job import Job
+    from nbcluster.run.transport import Call, Shipment, task
+
+    client = cluster.client
+    run_id = uuid.uuid4().hex[:8]
+    job = Job(plan(over=[3, 4, 5], evaluate=lambda *_: None), fn=abs, sent_from=0)
+    shipment = Shipment(run_id)
+    shipment.ship(client, job)
+    assert shipment.context is not None
+    transport = Transport(run_id)
+    assert transport.open(Link(Needs(), client=client, find=lambda name: None).open()) is True
+    assert transport.send_direct([0, 1], shipment.context, cloudpickle.dumps(([0, 1], [-3, -4], None)), "t")
+    transport.flush()
+    call = task(worker.run_batch, shipment.context, cloudpickle.dumps(([2], [-5], None)), "t")
+    (future,) = transport.map(client, [call], [[2]])
+    back = _all_back(transport, client)
+    transport.close()
+    assert {type(f) is Call for f in back} == {True, False} and future in back
+    values = {tuple(batch): pickle.loads(blob)["values"] for batch, blob in back.values()}
+    assert values == {(0, 1): [3, 4], (2,): [5]}
