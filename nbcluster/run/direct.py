@@ -6,7 +6,7 @@ Why. A batch that is a Dask task crosses the scheduler on its way out and on its
 4 to 5 ms here for a task that does nothing, the whole cost of a small cell. A request from
 the kernel to a worker over the client's own connection pool (TLS, the cluster's
 credentials) answers in 0.3 to 0.5 ms. So for the first `distribute.direct` seconds of a
-run (0.5 s), the engine sends each batch straight to a worker (`Direct.send`), which runs it
+run (0.5 s), the transport sends each batch straight to a worker (`Direct.send`), which runs it
 in the thread pool its tasks run in (`worker/direct.py`) and answers with the same result
 blob a task returns. A small cell, 20,000 tiny items, a million of them: all of it is over
 within that half-second, in a few direct round trips. A longer run goes on through the
@@ -17,26 +17,27 @@ The first batch. A run's first result must come one item's time after its start,
 the items behind it do. Through the scheduler, the first batch is that item alone; sent
 directly, it is a probe like the others, and its worker sends the first item's result
 ahead of the answer when the batch goes on (`worker/ahead.py`), on the same connection
-(`_compat.worker_exchange`): the driver takes it as a `Call` of its own (``of`` the batch), before the
-batch's answer, which leaves that item out.
+(`_compat.worker_exchange`): the driver takes it as a `Call` of its own (``of`` the batch),
+before the batch's answer, which leaves that item out.
 
-Which workers. Only those that fit every item (a run with ``--gpus``/``--cpus`` asks the
-scheduler, which counts resources), spread by their threads: a worker gets at most
-`in-flight` direct batches per thread at once. And at most `MAX_WORKERS` of them: the
-kernel opens a connection, with a TLS handshake, to each worker it sends to (the scheduler
-has one to every worker already), so on a cluster of a thousand workers the batches beyond
-those workers' slots go through the scheduler from the start, in the same top-up (and
-each of those workers then gets one direct batch per thread, not `in-flight`: a batch that
-would wait on a busy worker goes to an idle one through the scheduler instead). A worker is asked once per client to serve
-direct batches (`worker.direct.install`, through Dask's ``run`` request); one that cannot
-(nbcluster missing there, another nbcluster version) is remembered and gets Dask tasks only.
+Which workers. Only a run whose items fit every worker goes direct (one with ``--gpus`` or
+``--cpus`` is Dask tasks: the scheduler counts resources), spread by the workers' threads: a
+worker gets at most `in-flight` direct batches per thread at once. And at most `MAX_WORKERS`
+of them: the kernel opens a connection, with a TLS handshake, to each worker it sends to
+(the scheduler has one to every worker already), so on a cluster of a thousand workers the
+batches beyond those workers' slots go through the scheduler from the start, in the same
+top-up (and each of those workers then gets one direct batch per thread, not `in-flight`: a
+batch that would wait on a busy worker goes to an idle one through the scheduler instead).
+A worker is asked once per client to serve direct batches (`worker.direct.install`, through
+Dask's ``run`` request); one that cannot (nbcluster missing there, another nbcluster
+version) is remembered and gets Dask tasks only.
 
 When it goes wrong, the batch goes through the scheduler instead, and the run sends every
 later batch that way:
 - the worker refused it (paused past its memory limit, closing): the scheduler holds the
   batch until a worker can take it;
 - the request broke (the worker died, or left the cluster, which the run's watch thread
-  notices within half a second: `abandon_lost`): its items run again, once, as Dask re-runs
+  notices within half a second: `Transport.abandon_lost`): its items run again, once, as Dask re-runs
   a task whose worker died. A crash that an item itself causes is then found by the
   engine's suspects (`engine.py`), as before.
 Nothing of a batch is lost or run twice by this: a batch's items are delivered only from
