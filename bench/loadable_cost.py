@@ -1,4 +1,4 @@
-"""What sending batches as ``pickle.loads`` of bytes costs (`nbcluster/run/loadable.py`).
+"""What sending batches as ``pickle.loads`` of bytes costs (`nbcluster/run/transport.py`, `task`).
 
     python bench/loadable_cost.py [--runs 5] [--items 20000,1000000]
 
@@ -17,7 +17,7 @@ import statistics
 import time
 
 import nbcluster
-from nbcluster.run import loadable
+from nbcluster.run import transport as loadable
 
 
 def as_it_was(fn, *args):  # the task before loadable.py

@@ -80,6 +80,26 @@ def prefix_duration(scheduler: Any, prefix: Any) -> float:
     return float(scheduler._get_prefix_duration(prefix))
 
 
+def erred_on(key: str, dask_scheduler: Any = None) -> list[tuple[str, str]]:
+    """(name, address) of the workers task `key` failed on; run on the scheduler.
+
+    Parameters
+    ----------
+    key : str
+        The failed task's key (still held, so the scheduler remembers it).
+    dask_scheduler : distributed.Scheduler
+        The scheduler, as ``Client.run_on_scheduler`` passes it.
+
+    Returns
+    -------
+    list of (str, str)
+        The workers' names and addresses, by address; empty when the scheduler knows none.
+    """
+    ts = dask_scheduler.tasks.get(key)
+    where = sorted(getattr(ts, "erred_on", None) or ()) if ts is not None else []
+    return [(str(getattr(dask_scheduler.workers.get(a), "name", a)), a) for a in where]
+
+
 def worker_task(key: Any) -> Any | None:
     """This worker's state record of task `key` (it has `.state`), or None if it has none.
 

@@ -432,7 +432,7 @@ class DirectRecord(TypedDict):
 
 
 #: The Dask event topic on which a task pushes its small result (or a ``--persist`` item its
-#: report) to the kernel just before it ends, so the kernel need not gather it (`run/reports.py`).
+#: report) to the kernel just before it ends, so the kernel need not gather it (`run/transport.py`).
 PUSHED_TOPIC = "nbcluster-pushed"
 
 

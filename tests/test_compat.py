@@ -74,6 +74,19 @@ def test_prefix_duration_reads_the_schedulers_measurement(local: tuple[LocalClus
     assert 0.2 <= _compat.prefix_duration(cluster.scheduler, prefix) < 5
 
 
+def _fail() -> None:
+    raise ValueError("on purpose")
+
+
+def test_erred_on_names_the_worker_a_task_failed_on(local: tuple[LocalCluster, Client]) -> None:
+    cluster, client = local
+    future = client.submit(_fail, key="fails-once")
+    assert future.exception() is not None
+    (worker,) = cluster.scheduler.workers.values()
+    assert _compat.erred_on("fails-once", cluster.scheduler) == [(str(worker.name), worker.address)]
+    assert _compat.erred_on("no-such-key", cluster.scheduler) == []
+
+
 def _own_state() -> tuple[str | None, object]:
     record = _compat.worker_task(thread_state.key)
     return (record.state if record is not None else None), _compat.worker_task("no-such-key")

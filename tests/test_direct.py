@@ -10,6 +10,10 @@ time: every item comes back once, right.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -20,6 +24,7 @@ import dask.config
 import pytest
 from distributed import Event
 
+import nbcluster
 from nbcluster.cluster.handle import ClusterHandle, start
 from nbcluster.run.api import distribute
 from nbcluster.worker import direct as served
@@ -34,25 +39,23 @@ WHERE = (
 )
 
 
-def _tasks_seen(client: Any) -> int:
-    """How many `distribute-...` tasks the scheduler has ever had."""
+def _tasks_seen(client: Any, run_id: str) -> int:
+    """How many of the run's batches the scheduler has had as tasks (its recent transitions)."""
 
     def count(dask_scheduler: Any) -> int:
-        prefix = dask_scheduler.task_prefixes.get("distribute")
-        return 0 if prefix is None else sum(prefix.state_counts.values())
+        return len({t[0] for t in dask_scheduler.transition_log if str(t[0]).startswith(f"distribute-{run_id}-")})
 
     return int(client.run_on_scheduler(count))
 
 
 def test_a_small_cell_never_becomes_a_scheduler_task_and_shows_in_the_task_stream(cluster: Any) -> None:
     client = cluster.client
-    before = _tasks_seen(client)
     res = distribute(WHERE, over="x in range(8)", namespace={})
     assert res.ok and [v[0] for v in res] == list(range(8))
     assert not any(as_task for _, as_task, _ in res), "every item ran in a direct batch"
     workers = set(client.scheduler_info()["workers"])
     assert {address for _, _, address in res} <= workers
-    assert _tasks_seen(client) == before
+    assert _tasks_seen(client, res.run_id) == 0
 
     # The live view's task stream still has the run's batches, on the workers that ran them
     # (each batch's event leaves its worker with the answer).
@@ -70,35 +73,49 @@ def test_after_the_direct_time_the_batches_are_dask_tasks(cluster: Any) -> None:
     client = cluster.client
     cell = "import time\ntime.sleep(0.02)\n" + WHERE
     with dask.config.set({"nbcluster.distribute.direct": "0.15s"}):
-        before = _tasks_seen(client)
         res = distribute(cell, over="x in range(60)", namespace={})
     assert res.ok and [v[0] for v in res] == list(range(60))
     ran_as_task = [as_task for _, as_task, _ in res]
     assert not ran_as_task[0], "the run's first batch went direct"
     assert ran_as_task[-1], "its last, after 0.15 s, was a Dask task"
-    assert _tasks_seen(client) > before
+    assert _tasks_seen(client, res.run_id) > 0
 
     with dask.config.set({"nbcluster.distribute.direct": "0s"}):
         res = distribute(WHERE, over="x in range(8)", namespace={})
     assert all(as_task for _, as_task, _ in res), "0s: never direct"
 
 
-def test_a_worker_that_cannot_serve_direct_batches_gets_tasks(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A kernel whose nbcluster speaks another version than the workers': they install theirs,
-    # the kernel sees it is not its own, and sends that worker's batches through the scheduler.
-    monkeypatch.setattr(served, "VERSION", served.VERSION + 1000)
-    client = cluster.client
-    from nbcluster.run import direct
-
-    monkeypatch.setattr(direct, "_SERVES", type(direct._SERVES)())  # ask the workers afresh
-    res = distribute(WHERE, over="x in range(8)", namespace={})
-    assert res.ok and [v[0] for v in res] == list(range(8))
-    assert all(as_task for _, as_task, _ in res)
-    known = direct._SERVES[client]
-    assert known and not any(known.values())
-    # Remembered: the next cell asks nothing, and its batches are tasks from the start.
-    res = distribute(WHERE, over="x in range(8)", namespace={})
-    assert all(as_task for _, as_task, _ in res)
+def test_a_worker_of_another_nbcluster_version_gets_tasks_and_the_cell_is_right(runtime_dir: Path, tmp_path: Path) -> None:
+    # The cluster's one worker runs a copy of nbcluster whose direct requests are of another
+    # version (as an older release's would be): it cannot serve this kernel's direct batches,
+    # so every batch goes through the scheduler, and the results are the same.
+    old = tmp_path / "old"
+    shutil.copytree(Path(nbcluster.__file__).parent, old / "nbcluster", ignore=shutil.ignore_patterns("labextension"))
+    module = old / "nbcluster" / "worker" / "direct.py"
+    module.write_text(module.read_text().replace(f"VERSION = {served.VERSION}\n", f"VERSION = {served.VERSION + 1000}\n"))
+    handle = start(workers=0, name="old-direct")
+    security = handle.security
+    assert security is not None
+    env = {**os.environ, "PYTHONPATH": str(old)}
+    with (tmp_path / "worker.log").open("w") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", handle.address, "--nthreads", "1", "--host",
+             "127.0.0.1", "--no-dashboard", "--tls-ca-file", str(security.tls_ca_file),
+             "--tls-cert", str(security.tls_client_cert), "--tls-key", str(security.tls_client_key)],
+            env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        handle.client.wait_for_workers(1, timeout=60)
+        where = "import nbcluster\n" + WHERE + " + (nbcluster.__file__,)"
+        for _ in range(2):  # and the next cell, once the kernel knows
+            res = distribute(where, over="x in range(8)", namespace={}, on=handle.client)
+            assert res.ok and [v[0] for v in res] == list(range(8))
+            assert all(as_task for _, as_task, _, _ in res), "a batch went direct to a worker that cannot serve it"
+            assert {path for *_, path in res} == {str(old / "nbcluster" / "__init__.py")}
+    finally:
+        worker.kill()
+        worker.wait(timeout=30)
+        handle.stop()
 
 
 def test_a_paused_worker_refuses_and_its_batch_runs_elsewhere(cluster: Any) -> None:
@@ -199,13 +216,13 @@ def test_a_worker_that_dies_under_a_direct_batch_costs_its_items_one_run_more(
         "    os._exit(1)\n"
         "x * 10"
     )
-    res = distribute(cell, over="x in range(8)", namespace={"folder": str(tmp_path)}, client=mortal.client)
+    res = distribute(cell, over="x in range(8)", namespace={"folder": str(tmp_path)}, on=mortal.client)
     assert res.ok and list(res) == [x * 10 for x in range(8)]
     runs = {x: (tmp_path / str(x)).read_text().split() for x in range(8)}
     assert runs[5] == ["direct", "task"], "it died in a direct batch, and ran once more as a task"
     assert all(len(r) <= 2 for r in runs.values()), runs
     mortal.client.wait_for_workers(2, timeout=60)
-    assert list(distribute("x + 1", over="x in range(8)", namespace={}, client=mortal.client)) == list(range(1, 9))
+    assert list(distribute("x + 1", over="x in range(8)", namespace={}, on=mortal.client)) == list(range(1, 9))
 
 
 def test_a_first_item_sent_ahead_is_not_run_again_when_its_worker_dies(
@@ -227,7 +244,7 @@ def test_a_first_item_sent_ahead_is_not_run_again_when_its_worker_dies(
         "x * 10"
     )
     res = distribute(
-        cell, over="x in range(8)", namespace={"folder": str(tmp_path), "tag": tag}, client=mortal.client,
+        cell, over="x in range(8)", namespace={"folder": str(tmp_path), "tag": tag}, on=mortal.client,
         progress=lambda r: r.counts()["done"] and arrived.set(),
     )  # fmt: skip
     assert res.ok and list(res) == [x * 10 for x in range(8)]

@@ -46,8 +46,8 @@ def test_the_item_of_a_worker_that_left_fails_and_the_others_finish(shell: Inter
 
 
 def test_a_worker_that_just_joined_gets_its_item(shell: InteractiveShell) -> None:
-    # A cell's link may reuse the scheduler's word on its workers from up to a second ago
-    # (`target.FRESH_S`); --everywhere asks afresh, so the worker added a moment ago counts.
+    # --everywhere asks the scheduler for its workers when it starts: the worker added a
+    # moment ago, after an earlier cell's link asked, counts.
     magic(shell, "start --workers 1 --threads 1 --name joined")
     assert cell(shell, "%%distribute --over 'x in range(2)' --into warm\nx") is None
     magic(shell, "scale 2")

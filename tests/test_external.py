@@ -181,7 +181,7 @@ def test_distribute_and_persist_on_a_scheduler_without_nbcluster_whose_workers_h
     with kernel() as k:
         k.run(f"%load_ext nbcluster\n%cluster use {address} --security {','.join(files)}").ok()
         k.run("import nbcluster; nbcluster.current().client.wait_for_workers(1, timeout=30)").ok()
-        # A plain batch loads only on the worker (distribute/loadable.py), which has nbcluster here.
+        # A plain batch loads only on the worker (run/transport.py, `task`), which has nbcluster here.
         k.run('%%distribute --over "x in range(40)" --into plain\nx * x').ok()
         assert k.value("plain.values()[-1]") == 39 * 39
         # So does a --persist item, and a chained one: their Dask dependencies are arguments the

@@ -1,7 +1,7 @@
 """A `--persist` item's report (its output, its value's description) reaches the kernel; its value stays.
 
 On the session's shared real cluster: every item's report reaches the kernel, pushed by its
-worker (`run/reports.py`), so a persisted run of several batches reads none with a round
+worker (`run/transport.py`), so a persisted run of several batches reads none with a round
 trip; a report the kernel did not expect (another run's, a lineage recompute's) is dropped;
 a worker keeps its reports within a bound, for those that were not pushed.
 """
@@ -15,7 +15,7 @@ import pytest
 from nbcluster import _compat
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.run.api import distribute
-from nbcluster.run.reports import Inbox
+from nbcluster.run.transport import _Inbox as Inbox
 from nbcluster.worker import held
 
 
@@ -56,17 +56,17 @@ def test_a_persist_run_reads_no_report_with_a_round_trip(
 
 def test_an_inbox_keeps_only_the_reports_it_expects() -> None:
     inbox = Inbox()
-    inbox.expect("distribute-aa-1")
+    inbox.expect(["distribute-aa-1"])
     inbox.arrived((0.0, {"key": "distribute-aa-1", "report": b"mine"}))
     inbox.arrived((0.0, {"key": "distribute-bb-1", "report": b"another kernel's"}))
     inbox.arrived((0.0, {"key": "distribute-aa-2", "report": b"not expected (a recompute)"}))
-    assert inbox.take("distribute-aa-1", 0.0) == b"mine"
-    assert inbox.take("distribute-aa-1", 0.0) is None  # taken once
-    assert inbox.take("distribute-bb-1", 0.0) is None
-    inbox.expect("distribute-aa-3")
-    inbox.forget("distribute-aa-")  # the run ended: a late report is dropped
+    assert inbox.take("distribute-aa-1") == b"mine"
+    assert inbox.take("distribute-aa-1") is None  # taken once
+    assert inbox.take("distribute-bb-1") is None
+    inbox.expect(["distribute-aa-3"])
+    inbox.forget("aa")  # the run ended: a late report is dropped
     inbox.arrived((0.0, {"key": "distribute-aa-3", "report": b"late"}))
-    assert inbox.take("distribute-aa-3", 0.0) is None
+    assert inbox.take("distribute-aa-3") is None
 
 
 def test_a_worker_keeps_its_newest_reports_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:

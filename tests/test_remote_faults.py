@@ -203,15 +203,15 @@ def python_without_nbcluster(folder: Path) -> Path:
 def test_a_task_reading_persisted_values_loads_without_nbcluster_and_fails_when_run(tmp_path: Path) -> None:
     """A chained `--persist` task keeps its handles as Dask dependencies, so it is not one
     ``pickle.loads`` of bytes: what a worker without nbcluster unpickles must still load, and
-    the missing module be the task's error when it runs (`loadable.task` with `deps`)."""
+    the missing module be the task's error when it runs (`transport.task` with `deps`)."""
     from dask._task_spec import Task
 
-    from nbcluster.run import loadable
+    from nbcluster.run.transport import task
     from nbcluster.worker import held
 
     python = python_without_nbcluster(tmp_path / "venv")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    fn, loader, deps = loadable.task(held.run_batch_held, ("ctx", None), b"", "token", True, {}, deps=("dep",))
+    fn, loader, deps = task(held.run_batch_held, ("ctx", None), b"", "token", True, {}, deps=("dep",))
     assert isinstance(loader, Task) and deps == ["dep"]
     script = (
         "import pickle, sys\n"

@@ -12,6 +12,7 @@ from typing import Any
 
 from distributed import Event
 
+from nbcluster.run.target import Link, Needs
 from nbcluster.run.transport import Transport
 
 
@@ -20,6 +21,11 @@ def _wait_then(name: str, x: int) -> int:
 
     Event(name).wait(60)
     return x + 1
+
+
+def _opened(transport: Transport, client: Any) -> bool:
+    """`transport.open` for Dask tasks only, on the shared cluster's client."""
+    return transport.open(Link(Needs(), client=client, find=lambda name: None).open(), direct=False)
 
 
 def _all_back(transport: Transport, client: Any) -> dict[Any, tuple[Any, Any]]:
@@ -39,7 +45,7 @@ def test_tasks_go_out_in_one_map_keyed_by_the_run_and_come_back_with_their_items
     client = cluster.client
     run_id = uuid.uuid4().hex[:8]
     transport = Transport(run_id)
-    assert transport.open(client) is False  # no direct workers asked for
+    assert _opened(transport, client) is False  # no direct workers asked for
     calls = [(operator.add, 1, 2), (operator.add, 3, 4)]
     made = transport.map(client, calls, [range(0, 1), range(1, 3)])
     assert [str(f.key) for f in made] == [f"distribute-{run_id}-0", f"distribute-{run_id}-1"]
@@ -53,7 +59,7 @@ def test_tasks_go_out_in_one_map_keyed_by_the_run_and_come_back_with_their_items
 def test_a_batch_sent_while_none_is_out_ran_alone(cluster: Any) -> None:
     client = cluster.client
     transport = Transport(uuid.uuid4().hex[:8])
-    transport.open(client)
+    _opened(transport, client)
     (first,) = transport.map(client, [(operator.add, 1, 1)], [[0]])
     _, alone, _ = transport.take(first)
     assert alone  # nothing else was out while it ran: a suspect that dies here is the culprit
@@ -68,7 +74,7 @@ def test_a_stopped_transport_submits_nothing_and_cancel_cancels_what_is_out(clus
     client = cluster.client
     name = f"transport-{uuid.uuid4().hex[:8]}"
     transport = Transport(uuid.uuid4().hex[:8])
-    transport.open(client)
+    _opened(transport, client)
     (out,) = transport.map(client, [(_wait_then, name, 1)], [[0]])
     try:
         assert transport.stop() is True  # one batch still out
@@ -79,3 +85,36 @@ def test_a_stopped_transport_submits_nothing_and_cancel_cancels_what_is_out(clus
     finally:
         Event(name, client=client).set()
         transport.close()
+
+
+
+def test_a_direct_batch_and_a_task_come_back_through_the_same_completions(cluster: Any) -> None:
+    # The engine's one interface: a batch sent to a worker directly, then one as a Dask task
+    # (as after the direct time): both come back from `completions` with their items and
+    # their results, and only the first is a direct call.
+    import pickle
+
+    import cloudpickle
+
+    from nbcluster import worker
+    from nbcluster.run.capture import Job
+    from nbcluster.run.cell import plan
+    from nbcluster.run.transport import Call, Shipment, task
+
+    client = cluster.client
+    run_id = uuid.uuid4().hex[:8]
+    job = Job(plan(over=[3, 4, 5], evaluate=lambda *_: None), fn=abs, sent_from=0)
+    shipment = Shipment(run_id)
+    shipment.ship(client, job)
+    assert shipment.context is not None
+    transport = Transport(run_id)
+    assert transport.open(Link(Needs(), client=client, find=lambda name: None).open()) is True
+    assert transport.send_direct([0, 1], shipment.context, cloudpickle.dumps(([0, 1], [-3, -4], None)), "t")
+    transport.flush()
+    call = task(worker.run_batch, shipment.context, cloudpickle.dumps(([2], [-5], None)), "t")
+    (future,) = transport.map(client, [call], [[2]])
+    back = _all_back(transport, client)
+    transport.close()
+    assert {type(f) is Call for f in back} == {True, False} and future in back
+    values = {tuple(batch): pickle.loads(blob)["values"] for batch, blob in back.values()}
+    assert values == {(0, 1): [3, 4], (2,): [5]}

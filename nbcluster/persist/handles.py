@@ -457,7 +457,7 @@ def held_slots(items: Sequence[Any], first: int) -> tuple[list[Any], list[Any]]:
 def held_report(client: Any, pushed: bytes | None, future: Any, result: Any) -> Any:
     """A persisted item's report blob, read where it ran; else its task's exception.
 
-    The worker pushed it as an event ahead of the task's end (`reports.py`): no round trip,
+    The worker pushed it as an event ahead of the task's end (`run/transport.py`): no round trip,
     where a worker busy with its next item would answer late. Where it did not come, it is
     read from the worker's event loop (a task would queue behind the worker's next item),
     and failing that (the worker dropped it) made again from the value by a small task. A

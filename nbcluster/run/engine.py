@@ -40,7 +40,7 @@ kernel, feeds the workers. Per batch it decides:
 - a batch that found a scattered value *lost* (every worker holding it died) makes the
   engine scatter it again from the kernel and resubmit the batch, up to 10 times a run.
 - a batch that failed because nbcluster cannot be imported where it was unpickled (a
-  worker without it fails the batch as it runs it, `loadable.py`, named in the line; the
+  worker without it fails the batch as it runs it, `transport.task`, named in the line; the
   tasks themselves load anywhere, so a scheduler without nbcluster passes them on)
   *halts* the run: nothing more is submitted, the unfinished items are given up, not
   failed, and the waiting cell ends with one line naming the fix (`ClusterCannotRun`).
@@ -99,16 +99,15 @@ from nbcluster import config, worker
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
 from nbcluster.persist.handles import Handle, Placement, handle_of, held_report, held_slots, publish
-from nbcluster.run import direct, everywhere, loadable, ranks
+from nbcluster.run import everywhere, ranks, transport
 from nbcluster.run.backlog import BacklogReport
 from nbcluster.run.batching import PROBE_ITEMS, Batcher
 from nbcluster.run.capture import Job
 from nbcluster.run.outcome import Outcome, internal_error, killed_record, quiet_rescheduling, unpack
 from nbcluster.run.policy import Policy
-from nbcluster.run.shipping import Shipment
 from nbcluster.run.state import RunState
-from nbcluster.run.target import Link, Needs
-from nbcluster.run.transport import Transport
+from nbcluster.run.target import Link
+from nbcluster.run.transport import Shipment, Transport
 from nbcluster.worker import held
 
 WATCH_S = 0.5  # how often a running run checks that its cluster is still there
@@ -399,11 +398,7 @@ class Engine:
         quiet_rescheduling()
         backlog = _policy(indices, self.job, self.link.threads)
         self._placed = Placement()
-        job = self.job
-        direct_to = None
-        if not (job.persist or job.reads_handles) and self.link.needs == Needs() and config.seconds("distribute.direct") > 0:
-            direct_to = self.link.workers()
-        if self.transport.open(self.client, direct_to, backlog.per_thread):
+        if self.transport.open(self.link, backlog.per_thread, direct=not (self.job.persist or self.job.reads_handles)):
             backlog.batcher.alone_first = False  # its first batch sends its first item ahead instead
         self._backlog = backlog
         try:
@@ -445,7 +440,7 @@ class Engine:
             if not self.transport.stopping:
                 backlog.refused(batch)
             return True
-        if isinstance(future, direct.Call) and future.of is None:
+        if isinstance(future, transport.Call) and future.of is None:
             self.state.direct_keys.append(future.key)
         # A batch that did not finish may have been cancelled by Dask with a dead cluster:
         # not the items' failure.
@@ -525,7 +520,7 @@ class Engine:
                 self._fail([i], killed_record(self.client, self.job.plan.describe(i), i, outcome.killed))
             return [], None
         if outcome.halt is not None:
-            reason = loadable.halt_reason(self.client, str(future.key), outcome.halt)  # while the key is held
+            reason = transport.halt_reason(self.client, str(future.key), outcome.halt)  # while the key is held
             self.transport.cancel(self.client)
             self.state.halt(reason)
             return [], None
@@ -690,11 +685,11 @@ class Engine:
                 names = {name: k for k, name in enumerate(captured)}
                 futures = [h.future for h in captured.values()] + list(deps)
                 # fails, not hangs, without nbcluster: the handles' futures stay arguments Dask sees
-                calls.append(loadable.task(
+                calls.append(transport.task(
                     held.run_batch_held, self.context, blob, self.token, job.persist, names, deps=tuple(futures)
                 ))  # fmt: skip
             else:  # fails, not hangs, without nbcluster
-                calls.append(loadable.task(runner or worker.run_batch, self.context, blob, self.token))
+                calls.append(transport.task(runner or worker.run_batch, self.context, blob, self.token))
         batches = [indices for indices, _, _ in tasks]
         return self.transport.map(self.client, calls, batches, persist=job.persist, placed=placed, **where)
 

@@ -8,15 +8,10 @@ scheduler for its workers once, and works out the placement of the run's items f
 `Needs`: the Dask resource restrictions, the workers that can take them and how many items
 can run at once there (the batch sizing's `threads`).
 
-Where every worker fits (no `Needs`), an answer of the scheduler's from the last `FRESH_S`
-seconds stands in for asking: cells run back to back (a loop of `distribute` calls, a
-pipeline) then send their first items without waiting for a round trip. Being a second
-late about the workers costs little: each run's watch thread asks afresh twice a second
-and resizes the run (`usable_threads`). A scheduler with nbcluster's plugin (every cluster
-nbcluster starts) says on `ROSTER_TOPIC` when a worker comes or goes; there the answer
-stands until such news (`TOLD_S` at most), so cells seconds apart, as a notebook's are, do
-not wait for the round trip either. `--everywhere`, which runs once on each worker, asks
-afresh (`eligible_now`).
+The link asks; it caches nothing across runs. Where every worker fits (no `Needs`) it asks
+Dask's ``ncores``, a few bytes a worker, not a description of each. A run's watch thread asks
+afresh twice a second and resizes the run (`usable_threads`). `--everywhere`, which runs once
+on each worker, asks when it starts (`eligible_now`).
 
 A link whose cluster went away is `close()`d by the engine; a retry `open()`s it again, to
 whatever cluster is current by then.
@@ -25,97 +20,12 @@ whatever cluster is current by then.
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
-import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from nbcluster import _compat
-from nbcluster._wire import ROSTER_TOPIC
 from nbcluster.cluster import registry
 from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
-
-#: Seconds for which the scheduler's last word on its workers stands, for opening a link.
-FRESH_S = 1.0
-#: ... and where that scheduler tells this kernel of every worker that comes or goes
-#: (nbcluster's plugin, on `ROSTER_TOPIC`): until such news, or this long at most.
-TOLD_S = 60.0
-#: An answer stands for `TOLD_S` only if asked this long after the kernel subscribed to the
-#: news: the subscription and the question travel on two connections, so a question asked at
-#: once could be answered before the subscription took effect, and a change in between missed.
-SETTLED_S = 1.0
-
-
-class _Asked(NamedTuple):
-    at: float  # when it was asked (monotonic)
-    cores: dict[str, int]
-    told: bool  # the scheduler says on `ROSTER_TOPIC` when this changes
-    news: int  # the roster news heard before asking: newer news makes it stale
-
-
-_ASKED: weakref.WeakKeyDictionary[Any, _Asked] = weakref.WeakKeyDictionary()
-_ASKED_LOCK = threading.Lock()  # the kernel's thread opens links, runs' watch threads refresh
-_NEWS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # client -> events heard
-# client -> (its connection to the scheduler when it subscribed, when)
-_FOLLOWING: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], float]] = weakref.WeakKeyDictionary()
-_UNTOLD: weakref.WeakSet[Any] = weakref.WeakSet()  # clients whose scheduler has no `nbcluster_roster`
-
-
-def _ncores(client: Any, within: float) -> dict[str, int]:
-    """The scheduler's workers and their threads: its answer of the last `within` seconds
-    (`TOLD_S` where it tells of changes, and none came since), else asked now.
-
-    A notebook's cells come seconds apart, so with `FRESH_S` alone nearly every cell asked,
-    a round trip of 2 ms before its first item could go out (a third of a small cell).
-    """
-    now = time.monotonic()
-    with _ASKED_LOCK:
-        asked = _ASKED.get(client)
-        news = _NEWS.get(client, 0)
-    if asked is not None and client.status == "running":
-        told = asked.told and asked.news == news and within > 0
-        if now - asked.at < (TOLD_S if told else within):
-            return asked.cores
-    told = _follow(client, now)
-    answer = None
-    if client not in _UNTOLD:
-        answer = client.sync(client.scheduler.nbcluster_roster)
-        if answer is None:  # Dask answers None to an operation the scheduler has no handler for
-            _UNTOLD.add(client)
-    if answer is None:
-        told, answer = False, client.ncores()
-    cores = {str(address): int(n) for address, n in answer.items()}
-    with _ASKED_LOCK:
-        _ASKED[client] = _Asked(now, cores, told, news)
-    return cores
-
-
-def _follow(client: Any, now: float) -> bool:
-    """Subscribe `client` to the roster news, once per connection to its scheduler (a client
-    that reconnected is subscribed to nothing); whether it was subscribed `SETTLED_S` ago."""
-    stream = getattr(client, "scheduler_comm", None)
-    if stream is None:
-        return False
-    with _ASKED_LOCK:
-        following = _FOLLOWING.get(client)
-        if following is not None and following[0]() is stream:
-            return now - following[1] >= SETTLED_S
-        _FOLLOWING[client] = (weakref.ref(stream), now)
-    ref = weakref.ref(client)  # the handler is the client's own: it must not keep it alive
-
-    def heard(event: Any) -> None:
-        followed = ref()
-        if followed is not None:
-            with _ASKED_LOCK:
-                _NEWS[followed] = _NEWS.get(followed, 0) + 1
-
-    try:
-        client.subscribe_topic(ROSTER_TOPIC, heard)
-    except Exception:  # a client closing: asked each time, as without the news
-        with _ASKED_LOCK:
-            _FOLLOWING.pop(client, None)
-    return False
 
 
 class Needs(NamedTuple):
@@ -158,7 +68,8 @@ class Link:
         self.handle: Any = None  # the cluster's handle, when the link found the client itself
         self.submit_kwargs: dict[str, Any] = {}
         self.threads = 1
-        self._eligible: list[str] | None = None
+        self.eligible: list[str] = []  # the workers that qualified when the link opened
+        self.cores: dict[str, int] = {}  # threads by worker, as last asked
         self.is_open = False
 
     def open(self) -> Link:
@@ -167,7 +78,8 @@ class Link:
         Returns
         -------
         Link
-            This link, open: its client, submit keywords and usable threads set.
+            This link, open: its client, submit keywords, usable threads and eligible
+            workers set.
 
         Raises
         ------
@@ -181,7 +93,6 @@ class Link:
         """
         if self.is_open:
             return self
-        self._eligible = None
         if self.client is None:
             try:
                 self.handle = self._find(self.cluster)
@@ -189,19 +100,18 @@ class Link:
                 raise NoCluster(f"{e}; or run the items in this kernel with --local") from None
             self.client = self.handle.client
         try:
-            if self.needs == Needs():
-                # Every worker fits. Asked with `ncores`, a few bytes a worker (not a description of
-                # each), and not again within `FRESH_S` of the last answer: a loop of cells asked it
-                # once a cell, 3.8 ms each here (py-spy), before its first item could go out.
-                cores = _ncores(self.client, FRESH_S)
-                self.submit_kwargs, self.threads, self._eligible = {}, max(1, sum(cores.values())), list(cores)
-            else:
-                workers = _compat.workers(self.client)
-                self.submit_kwargs, self.threads, self._eligible = placement(self.needs, workers)
+            self.submit_kwargs, self.threads, self.eligible = self._place()
         except (OSError, TimeoutError) as e:
             raise ClusterUnreachable(f"the cluster's scheduler does not answer: {e}") from None
         self.is_open = True
         return self
+
+    def _place(self) -> tuple[dict[str, Any], int, list[str]]:
+        """`placement` of the items on the workers there now, asked of the scheduler."""
+        if self.needs == Needs():  # every worker fits
+            self.cores = {str(a): int(n) for a, n in self.client.ncores().items()}
+            return {}, max(1, sum(self.cores.values())), list(self.cores)
+        return placement(self.needs, _compat.workers(self.client))
 
     def usable_threads(self) -> int:
         """How many items the workers that fit can run at once now (at least 1), asked now.
@@ -209,34 +119,25 @@ class Link:
         Returns
         -------
         int
-            The threads of the eligible workers. Where every worker fits, from the scheduler's
-            `ncores`: not every worker described (0.78 s a call at 1,000 workers;
-            bench/RESULTS.md, "scale: engine").
+            The threads of the eligible workers.
 
         Raises
         ------
         nbcluster.errors.BadArgument
             When no worker fits any more (see `placement`).
         """
-        if self.needs == Needs():
-            return max(1, sum(_ncores(self.client, 0.0).values()))
-        return placement(self.needs, _compat.workers(self.client))[1]
+        return self._place()[1]
 
     def workers(self) -> dict[str, int]:
-        """Every worker of the cluster and its threads, as the scheduler said within `FRESH_S`.
+        """Every worker of the cluster and its threads, as last asked (where every worker fits).
 
         Returns
         -------
         dict of str to int
-            Threads by worker address (`usable_threads` has just asked, in a run's watch
-            thread).
+            Threads by worker address: asked when the link opened, and again by each
+            `usable_threads`.
         """
-        return _ncores(self.open().client, FRESH_S)
-
-    @property
-    def eligible(self) -> list[str]:
-        """The addresses of the workers that qualified when the link opened (within `FRESH_S`)."""
-        return self.open()._eligible or []
+        return self.open().cores
 
     def eligible_now(self) -> list[str]:
         """The addresses of the workers that qualify, asked of the scheduler now (`--everywhere`).
@@ -247,7 +148,7 @@ class Link:
             Their addresses; empty when the cluster has no worker that fits.
         """
         self.open()
-        return placement(self.needs, _compat.workers(self.client))[2]
+        return self._place()[2]
 
     @property
     def name(self) -> str:
@@ -311,25 +212,17 @@ def placement(needs: Needs, workers: dict[str, Any]) -> tuple[dict[str, Any], in
         workers for ``--cpu-only``/``--cpus``; the message says what they offer. Also when
         ``--gpus`` asks fewer GPUs than a multi-GPU worker holds (its items see them all).
     """
-    resources: dict[str, float] = {}
-    if needs.gpus:
-        resources["GPU"] = needs.gpus
-    if needs.cpus:
-        resources["CPU"] = needs.cpus
+    resources = {k: float(v) for k, v in (("GPU", needs.gpus), ("CPU", needs.cpus)) if v}
     offered = {k for w in workers.values() for k in (w.get("resources") or {})}
     if needs.cpu_only and "CPU" not in resources:
         if "CPU" in offered:
             resources["CPU"] = 1
         elif "GPU" in offered:
-            raise BadArgument(
-                "--cpu-only: this cluster's workers do not say which ones are CPU workers (none "
-                "advertises a CPU resource); start the cluster with nbcluster, or drop --cpu-only"
-            )
+            raise BadArgument("--cpu-only: this cluster's workers do not say which ones are CPU workers (none "
+                              "advertises a CPU resource); start the cluster with nbcluster, or drop --cpu-only")  # fmt: skip
     if "CPU" in resources and "CPU" not in offered and workers:
-        raise BadArgument(
-            "--cpus needs workers that advertise a CPU resource (nbcluster's clusters do); this "
-            "cluster's workers advertise none"
-        )
+        raise BadArgument("--cpus needs workers that advertise a CPU resource (nbcluster's clusters do); this "
+                          "cluster's workers advertise none")  # fmt: skip
     eligible, threads = [], 0
     for address, info in workers.items():
         have = info.get("resources") or {}
@@ -352,21 +245,13 @@ def _check_gpu_share(gpus: float, eligible: list[dict[str, Any]]) -> None:
     # several GPUs sees all of them. An item asking fewer would see (and could use)
     # devices that the scheduler counts as another item's, so it is refused, not run.
     held = sorted({float(w["resources"]["GPU"]) for w in eligible if float(w["resources"]["GPU"]) > 1})
-    wrong = [g for g in held if g != gpus]
-    if wrong:
+    if wrong := [g for g in held if g != gpus]:
         each = f"{wrong[0]:g}"
-        raise BadArgument(
-            f"--gpus {gpus:g}: this cluster's GPU workers hold {each} GPUs each and an item sees all of "
-            f"its worker's GPUs (one CUDA_VISIBLE_DEVICES per process); ask --gpus {each}, or start the "
-            "cluster with --gpus-per-worker 1 to run items of one GPU or less"
-        )
+        raise BadArgument(f"--gpus {gpus:g}: this cluster's GPU workers hold {each} GPUs each and an item sees all of "
+                          f"its worker's GPUs (one CUDA_VISIBLE_DEVICES per process); ask --gpus {each}, or start the "
+                          "cluster with --gpus-per-worker 1 to run items of one GPU or less")  # fmt: skip
 
 
 def _offers(workers: dict[str, Any]) -> str:
-    kinds = sorted(
-        {
-            ", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) or "no resources"
-            for w in workers.values()
-        }
-    )
-    return "; ".join(kinds)
+    kinds = {", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) for w in workers.values()}
+    return "; ".join(sorted(kind or "no resources" for kind in kinds))

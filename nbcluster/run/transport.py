@@ -1,35 +1,78 @@
 """How a run's batches leave the kernel and come back: one interface, Dask tasks behind it.
 
 The engine (`engine.py`) decides what to send (its `policy.Policy`); a `Transport` sends it
-and hands back what finished. Its verbs:
+and hands back what finished. The engine talks to nothing else of the way out. Its verbs:
 
+- `open` begins a start (the first run, each retry) and says whether its batches may go to
+  the workers directly; `close` ends it;
 - `map` submits batches as Dask tasks, in one graph message (`client.map`), keyed
   ``distribute-<run id>-<n>`` (``persist-...`` for a persisted item);
 - `send_direct` sends a batch to a worker directly instead (`direct.py`: a start's first
-  half-second, where a small cell's round trip is 0.5 ms, not the scheduler's 4-5 ms);
+  half-second, where a small cell's round trip is 0.5 ms, not the scheduler's 4-5 ms), and
+  `flush` starts the direct requests of one top-up together;
 - `completions` yields the finished batches, futures and direct calls in one queue, in the
-  order they finish; `results` reads their result blobs (a direct call's came with it, a
-  small task's was pushed by its worker ahead of the task's end, the rest is gathered in one
-  call); `take` tells which items a finished batch held, and whether it ran alone;
+  order they finish (`distributed.as_completed` takes futures only); `results` reads their
+  result blobs; `take` tells which items a finished batch held, and whether it ran alone;
 - `stop` submits nothing more, `cancel` cancels on the scheduler what is still out, `lose`
   forgets it all (the cluster went away).
 
 Every batch out is *pending* (its items by future) until taken. A `Transport` lives as long
-as its run; `open` and `close` bracket each start (the first run, each retry).
+as its run.
+
+Results without a gather. A worker pushes a small result blob (or a persisted item's report)
+to the kernel as a Dask event on `PUSHED_TOPIC` just before the task ends (`worker.push`).
+Events from a worker travel on the same ordered stream as its task-finished message, so by
+the time the kernel sees the task done, its blob is in the client's `_Inbox`; where it is
+not (a worker of another version, a blob too large, a lost event) the blob is gathered, so
+a push never costs a result. The inbox is opened on a run's first Dask task: a run whose
+batches all went directly has nothing pushed.
+
+Tasks that fail, not hang, on a worker without nbcluster (`task`). Dask unpickles a task as
+part of the message that brings it to a worker; one that cannot import nbcluster failed
+there, outside any task, lost its connection, and the batch waited forever. So a task is
+sent as one ``pickle.loads`` of bytes: the message loads anywhere, and the import happens
+when the task runs, where its ``ModuleNotFoundError`` halts the run in one line
+(`halt_reason`). A task with Dask dependencies (the futures of `--persist` handles it reads)
+keeps them as arguments Dask sees: ``dask.utils.apply(loader, [*deps])``, ``loader`` a nested
+task loading the function with its other arguments.
+
+What goes before the first batch (`Shipment`). The run's context (the cell or function and
+what it captured) travels inline in every batch when small (up to `worker.INLINE_CONTEXT`
+bytes), else is scattered once to every worker and pinned there; large captured values are
+scattered once per kernel (`capture.shipments`). A scattered value every holder of which
+died is sent again (`Shipment.reship`) to the worker that asked, which is alive, at most
+`RESHIPS` times a run.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
+import pickle
+import queue
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dask.base import annotate
 
-from nbcluster.run import direct, reports
+from nbcluster import config, worker
+from nbcluster._compat import call_in_loop, erred_on, nested_task
+from nbcluster._version import __version__
+from nbcluster._wire import PUSHED_TOPIC
+from nbcluster.errors import ClusterUnreachable
+from nbcluster.run.capture import pin_soon, shipments
+from nbcluster.run.direct import Call as Call  # the engine tells direct batches by it
+from nbcluster.run.direct import Direct
+from nbcluster.run.target import Link, Needs
+
+if TYPE_CHECKING:  # the job imports persisted handles, which import `outcome` from here
+    from nbcluster.run.capture import Job
+
+RESHIPS = 10  # a run sends its lost values again at most this many times
 
 
 class Transport:
@@ -50,33 +93,31 @@ class Transport:
         self.idle.set()
         self._alone: Any = None  # the batch that has been the only one out since its submit
         self._seq = itertools.count()
-        self._completed: direct.Completions | None = None
-        self._direct: direct.Direct | None = None
-        self._inbox: reports.Inbox | None = None
+        self._completed: _Completions | None = None
+        self._direct: Direct | None = None
+        self._inbox: _Inbox | None = None
 
-    # -- a start -----------------------------------------------------------------------------
-    def open(self, client: Any, direct_to: dict[str, int] | None = None, per_thread: int = 1) -> bool:
+    def open(self, link: Link, per_thread: int = 1, direct: bool = True) -> bool:
         """Begin a start: batches may go out; True when its batches go to workers directly.
 
         Parameters
         ----------
-        client : distributed.Client
-            The run's client.
-        direct_to : dict of str to int, optional
-            The workers (and their threads) that may take batches directly (`direct.py`);
-            None sends every batch through the scheduler.
+        link : Link
+            The run's link, open.
         per_thread : int
-            Direct batches a worker thread may have at once.
+            Batches a worker thread may have at once.
+        direct : bool
+            Whether the run's batches may go directly at all: only a run whose items fit
+            every worker and read no persisted values (for ``distribute.direct`` seconds).
 
         Returns
         -------
         bool
             Whether a worker takes direct batches now.
         """
-        if self._inbox is None:
-            self._inbox = reports.inbox(client)
-        completed = direct.Completions()
-        sending = direct.Direct(client, direct_to, per_thread, completed) if direct_to is not None else None
+        completed, sending = _Completions(), None
+        if direct and link.needs == Needs() and config.seconds("distribute.direct") > 0:
+            sending = Direct(link.client, link.workers(), per_thread, completed)
         with self.lock:
             self.stopping = False
             self._completed, self._direct = completed, sending
@@ -85,18 +126,13 @@ class Transport:
     def close(self) -> None:
         """End a start: what finishes from now on is ignored; nothing is expected any more."""
         with self.lock:
-            self._completed = None
-            self._direct = None
+            self._completed = self._direct = None
             self.idle.set()
         if self._inbox is not None:
-            for prefix in ("persist", "distribute"):
-                self._inbox.forget(f"{prefix}-{self.run_id}-")
+            self._inbox.forget(self.run_id)
 
-    # -- out ---------------------------------------------------------------------------------------
-    def map(
-        self, client: Any, calls: Sequence[tuple[Any, ...]], batches: Sequence[Any], *, persist: bool = False,
-        placed: Sequence[Sequence[str]] = (), **where: Any,
-    ) -> list[Any | None]:  # fmt: skip
+    def map(self, client: Any, calls: Sequence[tuple[Any, ...]], batches: Sequence[Any], *, persist: bool = False,
+            placed: Sequence[Sequence[str]] = (), **where: Any) -> list[Any | None]:  # fmt: skip
         """Submit each of `calls` as a Dask task, all in one graph message.
 
         Parameters
@@ -104,7 +140,7 @@ class Transport:
         client : distributed.Client
             The run's client.
         calls : sequence of tuple
-            Per task: its function (the same for all) and arguments.
+            Per task: its function (the same for all) and arguments (as `task` makes them).
         batches : sequence
             Per task: the item indices it runs.
         persist : bool
@@ -121,16 +157,14 @@ class Transport:
         """
         if not calls:
             return []
+        self._inbox = self._inbox or _inbox(client)
         prefix = "persist" if persist else "distribute"
         with self.lock:
             if self.stopping:
                 return [None] * len(calls)
             keys = [f"{prefix}-{self.run_id}-{next(self._seq)}" for _ in calls]
             if self._inbox is not None:
-                for key in keys:
-                    self._inbox.expect(key)  # before the task can run: its push may come first
-            # One `client.map`: one graph message, however many tasks (the function is the
-            # same for all) and however many workers they are bound for.
+                self._inbox.expect(keys)  # before the tasks can run: a push may come first
             columns = zip(*(c[1:] for c in calls), strict=True)
             with _placing(keys, placed, where):
                 made = client.map(calls[0][0], *columns, key=keys, pure=False, **where)
@@ -140,12 +174,13 @@ class Transport:
             self.idle.clear()
             completed = self._completed
         if completed is not None:
+            completed.expect(len(made))
             for future in made:
-                completed.add(future)
+                future.add_done_callback(completed.put)
         return list(made)
 
     def send_direct(self, indices: Any, context: tuple[str, bytes | None], blob: bytes, token: str) -> bool:
-        """Send one batch to a worker directly; False: it must go through the scheduler.
+        """Send one batch to a worker directly at the next `flush`; False: it must be a Dask task.
 
         Parameters
         ----------
@@ -164,28 +199,27 @@ class Transport:
             True when it was sent, or dropped because the run is stopping (its items then
             become cancelled).
         """
-        sending = self._direct
-        address = sending.worker() if sending is not None else None
-        if sending is None or address is None:
+        if (sending := self._direct) is None:
             return False
         with self.lock:
             if self.stopping:
                 return True
-            key = f"distribute-{self.run_id}-{next(self._seq)}"
-            call = sending.send(key, address, context, blob, token, first=not self.pending)
+            call = sending.send(f"distribute-{self.run_id}-{next(self._seq)}", context, blob, token, not self.pending)
+            if call is None:
+                return False
             self._alone = None if self.pending else call
             self.pending[call] = indices
             self.idle.clear()
         return True
 
     def flush(self) -> None:
-        """Start the direct requests of this top-up, together."""
+        """Start the direct requests `send_direct` made since the last flush, together."""
         if self._direct is not None:
             self._direct.flush()
 
-    # -- back --------------------------------------------------------------------------------------
     def completions(self) -> Iterator[list[Any]]:
-        """Lists of finished batches, in the order they finished, until none is out.
+        """Lists of finished batches (futures and direct calls), in the order they finished,
+        each all that had finished by then, until none is out.
 
         Yields
         ------
@@ -193,15 +227,25 @@ class Transport:
             Dask futures and direct calls.
         """
         completed = self._completed
-        if completed is not None:
-            yield from completed.batches()
+        if completed is None:
+            return
+        while completed.out > 0:
+            done = [completed.done.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    done.append(completed.done.get_nowait())
+            if completed in done:  # cleared: the run is over
+                return
+            with completed.lock:
+                completed.out -= len(done)
+            yield done
 
     def results(self, client: Any, done: list[Any]) -> list[Any]:
         """The result blobs of the finished batches in `done`, fetched in one gather.
 
-        A direct call's came with its answer; a small one a worker pushed ahead of its
-        task's end (`worker.push`) needs no gather. A batch that did not finish gives its
-        exception instead, and so does one whose gather failed (asked alone then).
+        A direct call's came with its answer; one its worker pushed ahead of the task's end
+        needs no gather. A batch that did not finish gives its exception instead, and so
+        does one whose gather failed (each is then asked alone).
 
         Parameters
         ----------
@@ -215,12 +259,11 @@ class Transport:
         list
             Per batch, its blob or its exception.
         """
-        got: dict[int, Any] = {id(f): f.answer for f in done if isinstance(f, direct.Call)}
-        finished = [f for f in done if f.status == "finished" and id(f) not in got]
-        for f in finished:
-            if (pushed := self.pushed(str(f.key))) is not None:
+        got: dict[int, Any] = {id(f): f.answer for f in done if isinstance(f, Call)}
+        for f in done:
+            if id(f) not in got and f.status == "finished" and (pushed := self.pushed(str(f.key))) is not None:
                 got[id(f)] = pushed
-        if fetch := [f for f in finished if id(f) not in got]:
+        if fetch := [f for f in done if id(f) not in got and f.status == "finished"]:
             with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
                 got.update({id(f): blob for f, blob in zip(fetch, client.gather(fetch), strict=True)})
         return [got[id(f)] if id(f) in got else outcome(f) for f in done]
@@ -238,14 +281,14 @@ class Transport:
         bytes or None
             Its result blob (or a persisted item's report); None when none came.
         """
-        return self._inbox.take(key, 0.0) if self._inbox is not None else None
+        return self._inbox.take(key) if self._inbox is not None else None
 
     def take(self, future: Any) -> tuple[Any, bool, bool]:
         """The items of a finished batch, now no longer pending.
 
         Parameters
         ----------
-        future : distributed.Future or direct.Call
+        future : distributed.Future or Call
             A finished batch.
 
         Returns
@@ -254,12 +297,12 @@ class Transport:
             Its items (None when it was cancelled or withdrawn, or the first item of a batch
             no longer out); whether no other batch was out while it ran; whether it came back
             unrun from a worker asked directly (refused, or the worker died under it), in
-            which case every later batch of this start goes through the scheduler.
+            which case every later batch of this start is a Dask task.
         """
         with self.lock:
-            if isinstance(future, direct.Call) and future.of is not None:
-                # The first item of a batch still out (`worker/direct.py`): a batch of its own now;
-                # the batch's answer leaves it out.
+            if isinstance(future, Call) and future.of is not None:
+                # The first item of a batch still out (`worker/direct.py`): a batch of its own
+                # now; the batch's answer leaves it out.
                 whole = self.pending.get(future.of)
                 if whole is None:
                     return None, False, False
@@ -267,9 +310,9 @@ class Transport:
                 return batch, False, False
             batch = self.pending.pop(future, None)
             alone, self._alone = self._alone is future, None
-        unrun = isinstance(future, direct.Call) and future.status != "finished"
+        unrun = isinstance(future, Call) and future.status != "finished"
         if unrun and self._direct is not None:
-            self._direct.failed(future)
+            self._direct.stopped = True
         return batch, alone, unrun
 
     def drained(self) -> bool:
@@ -294,11 +337,12 @@ class Transport:
         workers : dict of str to int
             The cluster's workers now.
         """
-        sending = self._direct
-        if sending is not None:
-            sending.abandon_lost(workers)
+        with self.lock:
+            lost = [c for c in self.pending if isinstance(c, Call) and c.worker not in workers]
+        for call in lost:
+            if (sent := call.sent) is not None:
+                call_in_loop(call.client, sent.cancel)  # a task of the client's loop
 
-    # -- stopping ----------------------------------------------------------------------------------
     def stop(self) -> bool:
         """Submit nothing more; whether batches are still out.
 
@@ -314,16 +358,15 @@ class Transport:
     def cancel(self, client: Any) -> None:
         """Stop, and cancel on the scheduler every batch still out (its items are given up).
 
+        A direct batch cannot be cancelled: it was told the stop token, and its answer, if it
+        still comes, is ignored.
+
         Parameters
         ----------
         client : distributed.Client
             The run's client.
         """
-        futures = self.lose()
-        # A direct batch cannot be cancelled: it was told the stop token, and its answer, if
-        # it still comes, is ignored.
-        futures = [f for f in futures if not isinstance(f, direct.Call)]
-        if futures:
+        if futures := [f for f in self.lose() if not isinstance(f, Call)]:
             client.cancel(futures, reason="interrupted from the notebook")
 
     def lose(self) -> list[Any]:
@@ -340,35 +383,50 @@ class Transport:
             self.pending.clear()
             completed = self._completed
         if completed is not None:
-            completed.clear()
+            completed.put(completed)  # `completions` ends
         return futures
+
+
+class _Completions:
+    """One start's finished batches, futures and direct calls, in one queue (`put`), and how
+    many are still out (`expect`); putting this object itself ends `Transport.completions`."""
+
+    def __init__(self) -> None:
+        self.done: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.out = 0
+
+    def expect(self, n: int = 1) -> None:
+        with self.lock:
+            self.out += n
+
+    def put(self, finished: Any) -> None:
+        self.done.put(finished)
 
 
 @contextlib.contextmanager
 def _placing(keys: Sequence[str], placed: Sequence[Sequence[str]], where: dict[str, Any]) -> Iterator[None]:
     """Bind each of the tasks `keys` loosely to its workers in `placed`, within one graph message.
 
-    Dask's submit keywords bind every task of a message to the same workers, which cost a
-    chained cell one message per worker holding its inputs (~1.5 ms of the scheduler's time
-    each: a thousand at a thousand workers). A graph's annotation may instead be a function
-    of the key, which the scheduler calls for each new task: a mapping's own lookup, so the
-    scheduler needs nothing of nbcluster to load it. `where` is updated in place when all the
-    tasks go to the same workers.
+    Dask's submit keywords bind every task of a message to the same workers, which would cost
+    a chained cell one message per worker holding its inputs. A graph's annotation may
+    instead be a function of the key, which the scheduler calls for each new task: a
+    mapping's own lookup, so the scheduler needs nothing of nbcluster to load it. `where` is
+    updated in place when all the tasks go to the same workers.
     """
     if not any(placed):
         yield
-        return
-    if all(list(p) == list(placed[0]) for p in placed):
+    elif all(list(p) == list(placed[0]) for p in placed):
         where.update(workers=list(placed[0]), allow_other_workers=True)
         yield
-        return
-    by_key = collections.defaultdict(list, {k: list(p) for k, p in zip(keys, placed, strict=True) if p})
-    with annotate(workers=by_key.__getitem__, allow_other_workers=True):
-        yield
+    else:
+        by_key = collections.defaultdict(list, {k: list(p) for k, p in zip(keys, placed, strict=True) if p})
+        with annotate(workers=by_key.__getitem__, allow_other_workers=True):
+            yield
 
 
 def outcome(future: Any) -> Any:
-    """What as_completed(with_results=True) would give: the blob, or the exception.
+    """What ``as_completed(with_results=True)`` would give: the blob, or the exception.
 
     Parameters
     ----------
@@ -384,3 +442,228 @@ def outcome(future: Any) -> Any:
         return future.result()
     except BaseException as e:
         return e
+
+
+# -- results pushed by the workers -----------------------------------------------------------
+class _Inbox:
+    """The blobs pushed on `PUSHED_TOPIC` to one client, kept for the keys some run expects."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wanted: set[str] = set()
+        self._blobs: dict[str, bytes] = {}
+
+    def expect(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            self._wanted.update(keys)
+
+    def take(self, key: str) -> bytes | None:
+        with self._lock:
+            self._wanted.discard(key)
+            return self._blobs.pop(key, None)
+
+    def forget(self, run_id: str) -> None:
+        """Expect nothing more of run `run_id` (its keys hold ``-<run id>-``)."""
+        mark = f"-{run_id}-"
+        with self._lock:
+            self._wanted = {k for k in self._wanted if mark not in k}
+            self._blobs = {k: b for k, b in self._blobs.items() if mark not in k}
+
+    def arrived(self, event: tuple[float, Any]) -> None:
+        key, blob = event[1].get("key"), event[1].get("report")
+        with self._lock:
+            if isinstance(key, str) and isinstance(blob, bytes) and key in self._wanted:
+                self._blobs[key] = blob
+
+
+_INBOXES: weakref.WeakKeyDictionary[Any, _Inbox] = weakref.WeakKeyDictionary()
+_INBOXES_LOCK = threading.Lock()
+
+
+def _inbox(client: Any) -> _Inbox | None:
+    """The inbox of `client`, subscribed the first time; None if it cannot subscribe (every
+    blob is then gathered)."""
+    with _INBOXES_LOCK:
+        if client not in _INBOXES:
+            with contextlib.suppress(Exception):
+                found = _Inbox()
+                client.subscribe_topic(PUSHED_TOPIC, found.arrived)
+                _INBOXES[client] = found
+        return _INBOXES.get(client)
+
+
+# -- tasks that load anywhere --------------------------------------------------------------------
+class _Call:
+    """Pickles as ``fn(*args)``: unpickling makes the call."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return self.fn, self.args
+
+
+def task(fn: Callable[..., Any], *args: Any, deps: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    """``client.submit(*task(fn, *args, deps=deps))`` runs ``fn(*args, *deps)``; where `fn`
+    cannot be imported, the task fails with that ImportError instead of breaking the
+    worker's connection (see the module docstring).
+
+    Parameters
+    ----------
+    fn : callable
+        A function importable by name (a module's top-level function) where the task runs.
+    *args : Any
+        Its arguments: plain data, pickled with it (no Dask futures: Dask would not see them).
+    deps : tuple
+        Dask futures, passed last, as their values: Dask resolves them on the worker.
+
+    Returns
+    -------
+    tuple
+        ``(pickle.loads, the pickled call)``; with `deps`, ``(dask.utils.apply, a nested task
+        loading the function with its arguments, [*deps])``.
+
+    Examples
+    --------
+    >>> import operator
+    >>> loads, call = task(operator.add, 2, 3)
+    >>> loads(call)
+    5
+    """
+    if deps:
+        from dask.utils import apply
+
+        loader = nested_task(pickle.loads, pickle.dumps(functools.partial(fn, *args), protocol=pickle.HIGHEST_PROTOCOL))
+        return (apply, loader, list(deps))
+    return (pickle.loads, pickle.dumps(_Call(fn, args), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def halt_reason(client: Any, key: str, why: str) -> str:
+    """The one line for a batch that could not import nbcluster: the worker it failed on and
+    the fix, where the scheduler can say which worker (it has nbcluster), else the cluster's.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The run's client, to ask the scheduler where the task failed.
+    key : str
+        The failed batch's Dask key (still held, so the scheduler remembers it).
+    why : str
+        The import error, as one line (``ModuleNotFoundError: No module named 'nbcluster'``).
+
+    Returns
+    -------
+    str
+        The line the cell ends with: the worker, its address and the nbcluster version to
+        install there; or that the whole cluster needs nbcluster, on its scheduler and workers.
+    """
+    try:
+        workers = client.run_on_scheduler(erred_on, key)
+    except Exception:  # a scheduler without nbcluster cannot run this: say what is known
+        workers = []
+    if not workers:
+        return (f"the cluster at {client.scheduler.address} cannot load nbcluster's tasks ({why}): "
+                "nbcluster must be installed where its scheduler runs and on its workers")  # fmt: skip
+    name, address = workers[0]
+    return (f"worker {name} ({address}) cannot import nbcluster ({why}): install nbcluster {__version__} "
+            "in the Python environment that runs it (as on the scheduler), or stop that worker")  # fmt: skip
+
+
+# -- what goes before the first batch --------------------------------------------------------
+class Shipment:
+    """One run's context on the cluster; see the module docstring.
+
+    Parameters
+    ----------
+    run_id : str
+        The run's id, in its context's key.
+    """
+
+    def __init__(self, run_id: str):
+        self.key = f"nbcluster-context-{run_id}"
+        self.context: tuple[str, bytes | None] | None = None  # (key, inline blob or None); None: not shipped
+        self._blob = b""
+        self._future: Any = None
+        self._reships = 0
+
+    def ship(self, client: Any, job: Job) -> list[str]:
+        """Scatter large values (once per kernel) and the context blob; report lines.
+
+        Called before the first submit, and again by a retry after the cluster went away
+        (the context is then sent afresh: `context` was reset).
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The run's client.
+        job : Job
+            What the run runs.
+
+        Returns
+        -------
+        list of str
+            What shipping did, for the line the cell prints (a large value sent, or one
+            already on the workers from an earlier run); empty when it was shipped already.
+
+        Raises
+        ------
+        nbcluster.errors.ClusterUnreachable
+            When the values cannot be sent (the cluster's connection failed), saying to run
+            the cell again in a moment.
+        """
+        if self.context is not None:
+            return []
+        try:
+            large, notes = shipments(client).ship(client, job.capture.large)
+            self._blob = job.for_workers(large)
+            inline = len(self._blob) <= worker.INLINE_CONTEXT
+            if not inline:
+                self._future = self._scatter(client)
+        except (OSError, TimeoutError) as e:
+            raise ClusterUnreachable(f"could not send the cell's data to the workers ({e}); if a worker just died, "
+                                     "run the cell again in a moment") from None  # fmt: skip
+        self.context = (self.key, self._blob if inline else None)
+        return notes
+
+    def _scatter(self, client: Any, workers: list[str] | None = None) -> Any:
+        future = client.scatter({self.key: self._blob}, workers=workers, broadcast=workers is None, hash=False)[self.key]
+        pin_soon(client, future, len(self._blob))
+        return future
+
+    def reship(self, client: Any, job: Job, key: str, to: str | None) -> bool:
+        """Send again a scattered value every holder of which died; False to give up.
+
+        Sent to the worker that asked, which is alive: a broadcast could pick a dead worker
+        the scheduler still lists, and wait out its connect timeout.
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The run's client.
+        job : Job
+            What the run runs (its large values).
+        key : str
+            The lost value's key.
+        to : str or None
+            The worker that asked for it.
+
+        Returns
+        -------
+        bool
+            True when the value is on the cluster again (or never was lost).
+        """
+        try:
+            current = self._future if key == self.key else shipments(client).future(key)
+            # A value lost with all its holders shows as a cancelled future here.
+            if current is not None and current.status == "finished" and client.who_has([current]).get(key):
+                return True
+            self._reships += 1
+            if self._reships > RESHIPS:
+                return False
+            workers = [to] if to else None
+            if key == self.key:
+                self._future = self._scatter(client, workers)
+                return True
+            return bool(shipments(client).reship(client, key, job.capture.large, workers))
+        except (OSError, TimeoutError):
+            return False

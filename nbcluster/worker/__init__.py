@@ -223,7 +223,7 @@ def push(blob: bytes) -> None:
     """Send `blob` to the kernel as the current task's event, if it is small enough.
 
     On the same ordered stream as the task-finished message that follows, so the kernel has
-    it when it sees the task done, and needs no gather (`run/reports.py`); where it does not
+    it when it sees the task done, and needs no gather (`run/transport.py`); where it does not
     come, the result is gathered, so a push never loses a result.
 
     Parameters

@@ -12,7 +12,7 @@ blob `run_batch` would have returned.
 The handler is not part of Dask: `install`, run once per worker through Dask's own ``run``
 request (`Client.run`'s, which every worker serves), adds it. A worker that cannot import
 nbcluster answers that request with its error, and the kernel sends that worker's batches
-through the scheduler, where they fail with one line (`loadable.py`).
+through the scheduler, where they fail with one line (`run/transport.py`, `task`).
 
 What a direct batch does not do, and why that is safe:
 - The scheduler does not see it as a task. The run's live view still draws it: the worker

@@ -11,7 +11,7 @@ report is out, so that its key never holds anything that looks like a result.
 
 The kernel never gathers the value. What it needs, the item's *report* (its error or output,
 its time, and a `HeldValue` description of the value, made here where the value is), is
-pushed to it as a Dask event before the task ends (`worker.push`, `run/reports.py`), and
+pushed to it as a Dask event before the task ends (`worker.push`, `run/transport.py`), and
 kept in this process as well (`_KEPT`, a few MB at most, the oldest dropped first). Where
 the event did not come the kernel reads the kept report in the worker's event loop
 (`report_of`; a task would wait for the worker's thread, which is already running the next
