@@ -41,7 +41,6 @@ from nbcluster import _compat
 from nbcluster._wire import HeldValue
 from nbcluster.errors import BadArgument, HandleGone
 from nbcluster.run.cell import human
-from nbcluster.run.transport import outcome
 from nbcluster.worker.held import Slot, holdings, report_for, report_of
 
 #: The `--into` name of each --persist run still alive in this kernel, by run id (for status).
@@ -679,3 +678,22 @@ def forget_shown(shell: Any) -> None:
             ns[name] = weak(ns[name])
     for name in ("_", "__", "___"):
         setattr(hook, name, weak(getattr(hook, name, None)))
+
+
+def outcome(future: Any) -> Any:
+    """What ``as_completed(with_results=True)`` would give: the blob, or the exception.
+
+    Parameters
+    ----------
+    future : distributed.Future
+        A finished task.
+
+    Returns
+    -------
+    Any
+        Its result, or the exception it raised.
+    """
+    try:
+        return future.result()
+    except BaseException as e:
+        return e

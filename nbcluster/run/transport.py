@@ -64,6 +64,7 @@ from nbcluster._compat import call_in_loop, erred_on, nested_task
 from nbcluster._version import __version__
 from nbcluster._wire import PUSHED_TOPIC
 from nbcluster.errors import ClusterUnreachable
+from nbcluster.persist.handles import outcome
 from nbcluster.run.capture import pin_soon, shipments
 from nbcluster.run.direct import Call as Call  # the engine tells direct batches by it
 from nbcluster.run.direct import Direct
@@ -423,25 +424,6 @@ def _placing(keys: Sequence[str], placed: Sequence[Sequence[str]], where: dict[s
         by_key = collections.defaultdict(list, {k: list(p) for k, p in zip(keys, placed, strict=True) if p})
         with annotate(workers=by_key.__getitem__, allow_other_workers=True):
             yield
-
-
-def outcome(future: Any) -> Any:
-    """What ``as_completed(with_results=True)`` would give: the blob, or the exception.
-
-    Parameters
-    ----------
-    future : distributed.Future
-        A finished task.
-
-    Returns
-    -------
-    Any
-        Its result, or the exception it raised.
-    """
-    try:
-        return future.result()
-    except BaseException as e:
-        return e
 
 
 # -- results pushed by the workers -----------------------------------------------------------
