@@ -10,12 +10,11 @@ magic's line), `cell` (source -> code, free names; the items: `Plan`), `capture`
 travels and how), `job` (what runs, made once).
 The run: `api` (checks, then the run's steps; `Run`, the controls of a run), `target`
 (the cluster link: where items may run), `engine` (the driver: it feeds events to the
-policy and performs its actions), `policy` (the scheduling policy as a pure state machine:
-backlog, probes, suspects, retries), `batching` (batch sizes), `transport` (submit, cancel,
-completions: Dask tasks, and `direct` batches sent to a worker without the scheduler),
-`outcome` (what a finished batch says), `shipping` (the context and large values sent
-ahead), `backlog` (held-back work told to
-the adaptive scaler), `everywhere` (one task pinned to each worker), `ranks` (`--ranks N`: N ranks
+policy and performs its actions; what a finished batch says; the backlog told to the
+adaptive scaler), `policy` (the scheduling policy as a pure state machine: backlog, batch
+sizes, probes, suspects, retries), `transport` (submit, cancel, completions: Dask tasks, and
+`direct` batches sent to a worker without the scheduler), `shipping` (the context and large
+values sent ahead), `everywhere` (one task pinned to each worker), `ranks` (`--ranks N`: N ranks
 of one job, all or nothing), `trials` (reports, stoppers and timeouts of trial runs), `stoppers`
 (ASHA, median, and the `Stopper` protocol), `trial_results` (`Results.metrics`, `best`), `reports` (what workers push while a batch runs), `loadable`
 (tasks that fail, not hang, on a worker without nbcluster).

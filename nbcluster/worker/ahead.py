@@ -1,7 +1,7 @@
 """A run's first direct batch sends its first item's result ahead when the batch goes on.
 
 Why. A run's first result should arrive one item's time after its start, whatever the other
-items do: an item that blocks, or takes an hour, right behind the first (`batching.py`).
+items do: an item that blocks, or takes an hour, right behind the first (`run/policy.py`).
 Until a batch could do that, the run's first batch was one item alone, and the probes
 behind it shared out the rest. That alone batch was a request, an answer and a settle of
 its own on the cell's critical path, in small cells and in cells of many tiny items alike.
