@@ -407,7 +407,7 @@ class Engine:
         if "halt" in data:
             reason = loadable.halt_reason(client, str(future.key), data["halt"])  # while the key is held
             self.transport.cancel(client)
-            self.state.halt(reason)
+            self.state.lose(reason, halted=True)
             return [], None
         if "lost" in data:
             if self.shipment.reship(client, self.job, data["lost"], data.get("worker")):
@@ -531,17 +531,18 @@ class Engine:
             The tasks' futures, in order; Nones when the run is stopping and nothing was
             submitted.
         """
-        job, context = self.job, self.shipment.context
-        calls: list[Any] = []
-        for _, blob, deps in tasks:
-            if job.persist or job.reads_handles:
-                captured = job.capture.held
-                names = {name: k for k, name in enumerate(captured)}
-                futures = (*(h.future for h in captured.values()), *deps)
-                # fails, not hangs, without nbcluster: the handles' futures stay arguments Dask sees
-                calls.append(loadable.task(held.run_batch_held, context, blob, self.token, job.persist, names, deps=futures))
-            else:  # fails, not hangs, without nbcluster
-                calls.append(loadable.task(runner or worker.run_batch, context, blob, self.token))
+        job, context, token = self.job, self.shipment.context, self.token
+        # Either way a task fails, not hangs, on a worker without nbcluster (`loadable.py`).
+        if job.persist or job.reads_handles:
+            captured = job.capture.held
+            names = {name: k for k, name in enumerate(captured)}
+            mine = [h.future for h in captured.values()]  # the handles' futures stay arguments Dask sees
+            calls = [
+                loadable.task(held.run_batch_held, context, blob, token, job.persist, names, deps=(*mine, *deps))
+                for _, blob, deps in tasks
+            ]
+        else:
+            calls = [loadable.task(runner or worker.run_batch, context, blob, token) for _, blob, _ in tasks]
         batches = [indices for indices, _, _ in tasks]
         return self.transport.map(self.client, calls, batches, persist=job.persist, placed=placed, **where)
 

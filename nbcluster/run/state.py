@@ -35,6 +35,8 @@ An exception in a listener is printed to stderr and does not stop the run.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
 import threading
 import time
@@ -158,14 +160,10 @@ class RunState:
             Seconds to wait at most; None waits until the end. Either way Ctrl-C in the
             kernel interrupts it within a second.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         with self.changed:
-            while not self.finished.is_set():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                # Short waits, so that Ctrl-C in the kernel lands within a second.
-                self.changed.wait(1.0 if left is None else min(left, 1.0))
+            while not self.finished.is_set() and (left := deadline - time.monotonic()) > 0:
+                self.changed.wait(min(left, 1.0))  # short waits: Ctrl-C in the kernel lands within a second
 
     def wait_output(self, seen: int, timeout: float) -> None:
         """Block until more items have output than `seen`, the run ends, or `timeout`.
@@ -200,9 +198,8 @@ class RunState:
                 self._hooks["change"].append(fn)
 
         def unsubscribe() -> None:
-            with self.lock:
-                if fn in self._hooks["change"]:
-                    self._hooks["change"].remove(fn)
+            with self.lock, contextlib.suppress(ValueError):  # gone already
+                self._hooks["change"].remove(fn)
 
         return unsubscribe
 
@@ -247,10 +244,9 @@ class RunState:
         """
         with self.lock:
             for i in indices:
-                if self.status[i] != PENDING:
-                    self.status[i] = PENDING
-                    self.errors.pop(i, None)
-                    self.outputs.pop(i, None)
+                self.status[i] = PENDING
+                self.errors.pop(i, None)
+                self.outputs.pop(i, None)
             self._starts += 1
             self.lost = self.halted = None
             self.finished.clear()
@@ -316,30 +312,22 @@ class RunState:
         if changed:
             self._notify()
 
-    def lose(self, reason: str) -> None:
-        """The cluster went away: the unfinished items are given up (a retry runs them).
+    def lose(self, reason: str, *, halted: bool = False) -> None:
+        """Give up the unfinished items (a retry runs them): the cluster went away, or is there
+        but cannot run them (nbcluster missing on its scheduler).
 
         Parameters
         ----------
         reason : str
-            Why, in a line the user is shown (`lost`).
+            Why (and for `halted`, what to do), in a line the user is shown.
+        halted : bool
+            Whether the cluster cannot run them (`halted`), rather than went away (`lost`).
         """
         with self.lock:
-            # The first says it: the watch thread and the driver may both notice, and the
-            # second, after the first closed the link, no longer knows the cluster's name.
-            self.lost = self.lost or reason
-        self.cancel_pending()
-
-    def halt(self, reason: str) -> None:
-        """The cluster cannot run the items: the unfinished ones are given up (a retry runs them).
-
-        Parameters
-        ----------
-        reason : str
-            Why, and what to do, in a line the user is shown (`halted`).
-        """
-        with self.lock:
-            self.halted = reason
+            if halted:
+                self.halted = reason
+            else:  # the first says it: the watch thread and the driver may both notice, the
+                self.lost = self.lost or reason  # second after the first closed the link
         self.cancel_pending()
 
     def end(self) -> None:
