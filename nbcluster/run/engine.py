@@ -341,7 +341,7 @@ class Engine:
         if gone is not None:
             self._lose(gone)
             return False
-        fatal = self._handle(future, result, batch, policy, alone=alone)[1]
+        fatal = self._handle(future, result, batch, policy, alone=alone)
         if fatal is not None:
             self.fail(policy.drain(), fatal)
             self.transport.cancel(self.client)
@@ -360,10 +360,8 @@ class Engine:
             indices: Any = batch
             if batch and batch[-1] - batch[0] == len(batch) - 1:
                 indices = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
-            if isinstance(items, (range, list, tuple)) and isinstance(indices, range):
-                chosen: Sequence[Any] = items[indices.start : indices.stop]  # a range's slice is a range
-            else:
-                chosen = [items[i] for i in batch]
+            # The plan's items are a list or a range (whose slice is a range: a few bytes).
+            chosen = items[indices.start : indices.stop] if isinstance(indices, range) else [items[i] for i in batch]
             deps: list[Any] = []
             if self.job.reads_handles:
                 chosen, deps = held_slots(chosen, len(self.job.capture.held))
@@ -387,54 +385,46 @@ class Engine:
         for tasks, where in groups.values():
             self.submit_tasks(tasks, placed=where, **self.link.submit_kwargs)
 
-    def _handle(
-        self, future: Any, result: Any, indices: Any, policy: Policy | None = None, *, alone: bool = True
-    ) -> tuple[list[int], worker.ErrorRecord | None]:
-        """Deliver one batch; (the items to submit again, the fatal record or None).
+    def _handle(self, future: Any, result: Any, indices: Any, policy: Policy, *, alone: bool) -> worker.ErrorRecord | None:
+        """Deliver one batch; the record that fails every batch, if the batch's context could not load.
 
-        With a `policy` (the driver's), the items that run again (failed with an attempt
-        left, not reached by a batch its budget stopped, or reading a value shipped again)
-        go back to it, and none are returned. `alone`: no other batch was out while it ran.
+        The items that run again (failed with an attempt left, not reached by a batch its
+        budget stopped, or reading a value shipped again) go back to `policy`, undelivered.
+        `alone`: no other batch was out while it ran.
         """
         client, n = self.client, len(indices)
         if self.job.persist:
             result = held_report(client, self.transport.pushed(str(future.key)), future, result)
         data = _unpack(future, result, n)
         if "killed" in data:
-            for i in policy.killed(indices, alone=alone) if policy is not None else indices:
+            for i in policy.killed(indices, alone=alone):
                 self.fail([i], _killed_record(client, self.job.plan.describe(i), i, data["killed"]))
-            return [], None
+            return None
         if "halt" in data:
             reason = loadable.halt_reason(client, str(future.key), data["halt"])  # while the key is held
             self.transport.cancel(client)
             self.state.lose(reason, halted=True)
-            return [], None
+            return None
         if "lost" in data:
             if self.shipment.reship(client, self.job, data["lost"], data.get("worker")):
-                if policy is None:
-                    return list(indices), None
                 policy.put_back(indices)  # not the items' fault: no attempt used
-                return [], None
+                return None
             data = _failed(n, worker.error_record(RuntimeError("a captured value was lost with the workers holding it")))
         values, errors, outputs, ran_on = data["values"], data["errors"], data["outputs"], data.get("ran_on")
         if self.job.persist and data.get("held") is not None:
             values = handle_of(future, indices, data["held"], errors, ran_on)
             publish(client, values, self.publish)
-        # Items a batch did not reach (its budget was spent) are not delivered: the state and
-        # the journal take the first len(values) of `indices`; the policy puts them back.
-        unreached: list[int] = []
-        if policy is None:
-            unreached = [] if self.transport.stopping else list(indices[len(values) :])
-        elif again := set(policy.finished(
-            indices, reached=len(values), failed={} if "fatal" in data else errors, seconds=data.get("seconds"),
-            idle=data.get("idle"),
-        )):  # fmt: skip
+        # The state and the journal take the first len(values) of `indices`: items the batch did
+        # not reach (its budget was spent) are not delivered, the policy puts them back.
+        failed = {} if "fatal" in data else errors
+        if again := set(policy.finished(indices, reached=len(values), failed=failed, seconds=data.get("seconds"),
+                                        idle=data.get("idle"))):  # fmt: skip
             keep = [j for j in range(len(values)) if indices[j] not in again]
             indices, values = [indices[j] for j in keep], [values[j] for j in keep]
             errors = {k: errors[j] for k, j in enumerate(keep) if j in errors}
             outputs = {i: o for i, o in outputs.items() if i not in again}
         self._deliver(indices, values, errors, outputs, ran_on=ran_on)
-        return unreached, data.get("fatal")
+        return data.get("fatal")
 
     def _deliver(
         self, indices: Sequence[int], values: Sequence[Any], records: dict[int, worker.ErrorRecord],
@@ -609,11 +599,12 @@ class Engine:
             workers and has been sent again, or those it did not reach before it stopped.
             A failed item is not among them (``--retries`` is not applied here).
         """
-        batch = self.transport.take(future)[0]
-        result = None if self.job.persist else self.transport.results(self.client, [future])[0]
-        retry = [] if batch is None else self._handle(future, result, batch)[0]
+        batch, again = self.transport.take(future)[0], Policy([], Batcher(1))  # this task's verdicts
+        if batch is not None:
+            result = None if self.job.persist else self.transport.results(self.client, [future])[0]
+            self._handle(future, result, batch, again, alone=True)
         self.transport.drained()
-        return retry
+        return [] if self.transport.stopping else again.drain()
 
     def withdraw(self, future: Any) -> None:
         """Stop waiting for a task (its items are then failed or given up by the caller).
@@ -654,14 +645,11 @@ def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
         min_batch=config.seconds("distribute.min-batch"), max_batch=config.seconds("distribute.max-batch"),
     )  # fmt: skip
     per_thread = max(1, int(config.get("distribute.in-flight")))
-    if job.reads_handles:
-        # One item a task, each placed where its value is: all go out at once and wait on
-        # their holders, as hand-written futures would.
-        per_thread = max(per_thread, len(indices))
-    elif job.persist:
-        # As `client.map` would: the scheduler's queue feeds the workers, not a round trip to
-        # the kernel after each item; bounded, so a huge run is not all futures at once.
-        per_thread = max(per_thread, min(len(indices), PERSIST_AHEAD))
+    if job.reads_handles or job.persist:
+        # One item a task, all out at once as `client.map` would (each placed where its value
+        # is, for handles read), so the scheduler's queue feeds the workers, not a round trip
+        # to the kernel after each item; a persisted run bounded, not all futures at once.
+        per_thread = max(per_thread, len(indices) if job.reads_handles else min(len(indices), PERSIST_AHEAD))
     return Policy(indices, batcher, retries=job.retries, per_thread=per_thread)
 
 

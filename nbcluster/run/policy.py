@@ -409,21 +409,15 @@ class _Queue:
 
     def take(self, n: int) -> Sequence[int]:
         """The first `n` indices (fewer if there are fewer), removed: a `range` when consecutive."""
-        runs = self._runs
-        if runs and len(runs[0]) >= n:
-            taken, runs[0] = runs[0][:n], runs[0][n:]
-            if not runs[0]:
-                runs.popleft()
-            self._count -= n
-            return taken
-        out: list[int] = []
-        while runs and len(out) < n:
-            run, want = runs.popleft(), n - len(out)
-            out.extend(run[:want])
-            if len(run) > want:
-                runs.appendleft(run[want:])
-        self._count -= len(out)
-        return out
+        taken: list[range] = []
+        while self._runs and n > 0:
+            run = self._runs.popleft()
+            taken.append(run[:n])
+            if len(run) > n:
+                self._runs.appendleft(run[n:])
+            n -= len(taken[-1])
+            self._count -= len(taken[-1])
+        return taken[0] if len(taken) == 1 else [i for run in taken for i in run]
 
     def put_back(self, indices: Sequence[int]) -> None:
         """`indices` go back in front, in their order."""

@@ -253,11 +253,7 @@ class RunState:
             self.ended = None
 
     def deliver(
-        self,
-        indices: Sequence[int],
-        values: Sequence[Any],
-        errors: dict[int, ItemError],
-        outputs: dict[int, list[list[Any]]],
+        self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError], outputs: dict[int, Any]
     ) -> None:
         """Store a batch: `values[j]` is item `indices[j]`'s value, `errors[j]` its failure.
 
