@@ -2,12 +2,12 @@
 
 An `Engine` is made from a `Job` (what to run: `job.py`) and a `Link` (where: `target.py`,
 None when every item runs in the kernel). It owns the run's `RunState` (`state.py`), which
-its driver writes as batches finish (`api.py` writes the items of a ``--local`` part and
-of a resumed journal); the `Results` view reads it, and `api.Run` hands the user's verbs
-(cancel, retry) to the engine. The engine decides nothing by itself: its `policy.Policy`
-says what to submit and what a finished batch means, its `transport.Transport` sends
-batches and hands back what finished, and the driver (`_drive`) feeds each the events of
-the other, until nothing is out.
+its driver writes as batches finish, and `run_local` as items run in the kernel (`api.py`
+writes the items a resumed journal holds); the `Results` view reads it, and `api.Run` hands
+the user's verbs (cancel, retry) to the engine. The engine decides nothing by itself: its
+`policy.Policy` says what to submit and what a finished batch means, its
+`transport.Transport` sends batches and hands back what finished, and the driver
+(`_drive`) feeds each the events of the other, until nothing is out.
 
 A finished batch is read by `_unpack`, which sorts one that did not finish into the cases
 the driver acts on:
