@@ -7,9 +7,9 @@ import io
 import pytest
 
 from nbcluster.errors import BadArgument
-from nbcluster.run.batching import PROBE_ITEMS, PROBE_S, Batcher
 from nbcluster.run.capture import LARGE, Capture, capture
 from nbcluster.run.cell import Cell, mentions_trials, plan
+from nbcluster.run.policy import PROBE_ITEMS, PROBE_S, Batcher
 
 
 def free(source: str, bound: tuple[str, ...] = ()) -> set[str]:

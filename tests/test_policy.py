@@ -1,17 +1,11 @@
-"""The scheduling policy, driven by its events alone: no cluster, no thread (`run/policy.py`)."""
+"""The scheduling policy, driven by its events alone: no cluster, no thread (`run/policy.py`).
+
+The worked example in the module's docstring runs in `test_docstring_examples.py`.
+"""
 
 from __future__ import annotations
 
-import doctest
-
-from nbcluster.run import policy as policy_module
-from nbcluster.run.batching import Batcher
-from nbcluster.run.policy import Policy
-
-
-def test_the_worked_example_in_the_docstring_holds() -> None:
-    result = doctest.testmod(policy_module, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
+from nbcluster.run.policy import PROBE_ITEMS, Batcher, Policy
 
 
 def test_never_more_batches_out_than_in_flight_per_thread() -> None:
@@ -110,9 +104,11 @@ def test_a_million_item_backlog_stays_a_few_ranges() -> None:
     batches = policy.top_up(out=0)
     assert all(isinstance(b, range) for b in batches)
     kept = policy.held()  # the share kept behind the first item: one range too
-    assert kept == 333_333 and len(policy.items._runs) == 1
-    policy.put_back([5, 6, 7, 9])
-    assert policy.items._runs[0] == range(5, 8) and policy.held() == 4 + kept
+    assert kept == 333_333
+    policy.put_back([5, 6, 7, 9])  # consecutive items put back go out as a range, in front
+    assert policy.held() == 4 + kept
+    policy.finished(range(0, 1), reached=1, seconds=1.0)  # items of a second: a batch of one
+    assert policy.top_up(out=2) == [range(5, 6), range(6, 7)]
 
 
 def test_drain_gives_the_suspects_then_the_backlog() -> None:
@@ -121,3 +117,32 @@ def test_drain_gives_the_suspects_then_the_backlog() -> None:
     policy.killed(batch, alone=False)
     assert policy.drain() == [0, 1, 2, 3, 4, 5]
     assert policy.top_up(out=0) == [] and policy.held() == 0
+
+
+def test_a_range_of_tiny_items_goes_out_in_one_round_of_probes() -> None:
+    # A range's items cost nothing to send (the engine gives it no probe cap): with the first
+    # item sent ahead by a direct batch, one probe per thread takes every item; sent alone
+    # first, one share waits behind it for a batch to come back. A list's probes are capped.
+    n = 50 * PROBE_ITEMS
+    direct = Batcher(2, probe_items=None)
+    direct.alone_first = False
+    assert [len(b) for b in Policy(range(n), direct).top_up(out=0)] == [n // 2, n // 2]
+    alone = Policy(range(n), Batcher(2, probe_items=None)).top_up(out=0)
+    assert [len(b) for b in alone] == [1, 166_667, 166_666]  # a third each; the last third waits
+    capped = Policy(list(range(n)), Batcher(2)).top_up(out=0)
+    assert [len(b) for b in capped] == [1, PROBE_ITEMS, PROBE_ITEMS]
+
+
+def test_batches_grow_when_their_threads_waited_for_them() -> None:
+    # Each batch says how long its thread waited for it (`worker.since_last`); when a round
+    # trip costs more than a batch works, fewer, bigger batches are the cure.
+    def sizes(idle: float) -> list[int]:
+        policy = Policy(range(100_000), Batcher(4, fixed=None), per_thread=1)
+        (first,) = policy.top_up(out=0)[:1]
+        policy.finished(first, reached=1, seconds=0.001, idle=None)
+        for _ in range(4):
+            policy.finished([], reached=0, seconds=0.0, idle=idle)
+        return [len(b) for b in policy.top_up(out=0)]
+
+    assert max(sizes(0.0)) == 250  # 0.25 s of 1 ms items
+    assert min(sizes(2.0)) == 2000  # 2 s of work: as long as the threads waited

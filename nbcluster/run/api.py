@@ -14,8 +14,8 @@ The order of a run, and why:
    `--into` now, so a `--no-wait` variable exists at once), run the first `--local K`
    items in the kernel, ship large values (once per worker, cached) and the cell's
    context blob.
-3. The engine's driver thread submits the batches, sized by the policy (`policy.py`,
-   `batching.py`), streams each finished batch into the state and resubmits failed items
+3. The engine's driver thread submits the batches, sized by the policy (`policy.py`),
+   streams each finished batch into the state and resubmits failed items
    while `--retries` allow. The kernel's main thread only follows the run, so `--no-wait`
    is the same code with the main thread returning at once.
 4. With `wait=True`, the main thread follows the `Results` (`results.follow`): it prints item

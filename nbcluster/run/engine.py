@@ -1,85 +1,54 @@
-"""The engine of a run: the driver thread that submits batches and streams them back.
+"""The engine of a run: the driver thread that feeds the policy and performs its actions.
 
 An `Engine` is made from a `Job` (what to run: `capture.Job`) and a `Link` (where: `target.py`,
-None when every item runs in the kernel). It owns the run's `RunState` (`state.py`) and
-writes it as batches finish (`api.py` begins and ends a run's state around a ``--local``
-part); the `Results` view reads it, and `run.Run` hands the user's verbs (cancel, retry) to
-the engine. The engine decides nothing by itself: its `policy.Policy` says what to submit
-and what a finished batch means, its `transport.Transport` sends batches and hands back
-what finished, and the engine feeds the one the events of the other.
+None when every item runs in the kernel). It owns the run's `RunState` (`state.py`), which
+its driver writes as batches finish, and `run_local` as items run in the kernel (`api.py`
+writes the items a resumed journal holds); the `Results` view reads it, and `api.Run` hands
+the user's verbs (cancel, retry) to the engine. The engine decides nothing by itself: its
+`policy.Policy` says what to submit and what a finished batch means, its
+`transport.Transport` sends batches and hands back what finished, and the driver
+(`_drive`) feeds each the events of the other, until nothing is out.
 
-Policy
-------
-`_drive` owns everything between the first submit and the last result. It keeps
-`in-flight` batches per usable worker thread submitted (one running, the next already
-waiting on the worker, so no thread waits for the kernel between batches), sized by the
-policy (`batching.Batcher`: probes sharing out the items until an item time is measured,
-each returning after its first item past `batching.PROBE_S`, then sized from the time), and
-turns each finished batch into deliveries to the state (`_settle`). The batches of one
-top-up go to the scheduler as one graph (`submit_tasks`, a `client.map`), not one message
-each; but for the first `distribute.direct` seconds of a start (0.5 s), each batch goes to
-a worker directly (`direct.py`: 0.5 ms a round trip, not the scheduler's 4-5 ms), and one
-that comes back refused or broken goes through the scheduler, with every later batch. A `--persist` run, and one reading persisted values, sends one item a task instead
-(a Dask key holds one value: `worker/held.py`), all at once as `client.map` would (at most
-`PERSIST_AHEAD` per thread ahead), so that the scheduler's queue, not a round trip to the
-kernel, feeds the workers. Per batch it decides:
+A finished batch is read by `_unpack`, which sorts one that did not finish into the cases
+the driver acts on:
 
-- a batch whose workers kept dying (`KilledWorker`: Dask ran it on
-  `allowed-failures + 1` workers, and each died) is split, not failed: one item that
-  crashes its worker (`os._exit`, a segfault, past the memory limit) must not take the
-  items batched with it down too. The halves become *suspects*, and a suspect runs
-  *alone*: nothing else of the run is out while it runs (the others drain first), because
-  Dask counts a death against every task a worker holds, queued ones too, and a suspect
-  killed beside another batch proves nothing. A batch of one item killed while it ran
-  alone is the culprit: that item fails with `WorkerKilled`, one line with the count and
-  the last thing the worker's nanny logged (exit status, or the memory limit it passed).
-  The run then goes on as before, on the restarted workers;
-- a batch whose context cannot load on the worker (a module missing there) is *fatal*:
-  every other batch would fail the same way, so the rest is failed at once, with that
-  one message, and nothing more is submitted;
-- a batch that found a scattered value *lost* (every worker holding it died) makes the
-  engine scatter it again from the kernel and resubmit the batch, up to 10 times a run.
-- a batch that failed because nbcluster cannot be imported where it was unpickled (a
-  worker without it fails the batch as it runs it, `transport.task`, named in the line; the
-  tasks themselves load anywhere, so a scheduler without nbcluster passes them on)
-  *halts* the run: nothing more is submitted, the unfinished items are given up, not
-  failed, and the waiting cell ends with one line naming the fix (`ClusterCannotRun`).
-  It is looked for only in a batch that failed: a finished batch costs nothing more.
+- *killed*: its workers kept dying (``KilledWorker``: Dask ran it on ``allowed-failures +
+  1`` workers, and each died). The policy splits it into suspects that run alone; a batch
+  of one item killed alone is the culprit, which fails with `WorkerKilled`: one line with
+  the count and the last thing the worker's nanny logged. The run goes on;
+- *fatal*: its context cannot load on the worker (a module missing there). Every batch
+  would fail the same way, so the rest fails at once, with that message;
+- *lost*: a scattered value it reads was lost with every worker holding it. The engine
+  ships it again and the batch goes back to the backlog, up to 10 times a run
+  (`transport.Shipment`); after that it is fatal;
+- *halt*: nbcluster cannot be imported where the batch was unpickled (`transport.task`).
+  Nothing more is submitted, the unfinished items are given up, not failed, and the
+  waiting cell ends with one line naming the fix (`ClusterCannotRun`).
 
-State of one start (the first run, each retry): its `policy.Policy` (the backlog, batch
-sizes, suspects and retries: a pure state machine that this driver feeds the events of
-each finished batch, and whose batches it submits); the transport's pending batches (each
-future -> the item indices of its batch); `token`, the start's stop token. The policy's
-docstring has a worked example (it runs as a doctest).
+For the first ``distribute.direct`` seconds of a start (0.5 s) each batch goes to a worker
+directly (`direct.py`), and one that comes back refused goes through the scheduler, with
+every later batch. A ``--persist`` run, and one reading persisted values, sends one item a
+task (a Dask key holds one value: `worker/held.py`), all at once as `client.map` would (at
+most `PERSIST_AHEAD` per thread ahead), placed where its inputs are.
 
-Stopping (`cancel()`: Ctrl-C in the waiting cell, or `Results.cancel()`) keeps finished
-work. Nothing more is submitted; every worker is told the run's stop token
+Stopping (`cancel`: Ctrl-C in the waiting cell, or `Results.cancel()`) keeps finished work.
+Nothing more is submitted; every worker is told the start's stop token
 (`worker.stop_run`), so each running batch returns after its current item with the items
 it finished, and batches still queued return at once. The kernel waits for those
-(`distribute.cancel-grace`, 2 s, at most) and delivers them; whatever is still out after
-that (an item that runs for minutes) is cancelled on the scheduler, and its items count as
-cancelled. Because only `in-flight` batches per thread are ever out, a stop drains in about
-one item's time. Each start has its own token, so a retry is not stopped by an earlier
-cancel.
+(``distribute.cancel-grace``, 2 s, at most) and delivers them; whatever is still out after
+that is cancelled on the scheduler, and its items count as cancelled. Each start (the
+first run, each retry) has its own token, so a retry is not stopped by an earlier cancel.
 
-Adaptive clusters: the scheduler sees only the batches out, never the backlog in the
-kernel, so every half second the watch thread (`_watch`) reports the backlog to the
-scheduler (`nbcluster_backlog`: items left and their expected seconds), where the adaptive
-target counts it as queued work (`cluster/adaptive.py`), and re-reads the workers: the
-backlog's `limit` grows with the threads that joined, so a new worker gets batches at
-once, and shrinks with those that left. A cluster without that handler (a scheduler
-nbcluster did not start) answers the first report with an error, and gets no more.
+The watch thread (`_watch`, from half a second into a start) looks every `WATCH_S`:
+it re-reads the usable threads (the policy's limit follows workers that join or leave),
+reports the backlog to the scheduler for the adaptive target (`hold_back`,
+``nbcluster_backlog``; a scheduler without that handler gets no more reports), and
+notices a cluster that went away: the unfinished items are then given up as *lost*, the
+run ends and the link is closed at once. `retry()` opens the link afresh.
 
-A cluster that goes away mid-run (its supervisor killed, its scheduler gone) is noticed
-by the same watch thread within half a second: the items not yet finished are given up
-as *lost* (not failed: nothing is wrong with them), the run ends, and the link is closed
-at once, so that its client's reconnect attempts log nothing into the cell. `retry()` then
-opens the link afresh, to whatever cluster is current by then.
-
-`--everywhere` is its own strategy (`everywhere.py`): one task pinned to each worker, and
-a task whose worker leaves the cluster is failed rather than left waiting forever. It
-drives the same tasks through the engine's `submit_task`/`settle_task` verbs. So does
-`--ranks N` (`ranks.py`): N tasks of one job, started together or not at all.
+``--everywhere`` (`everywhere.py`) and ``--ranks N`` (`ranks.py`) are strategies of their
+own: they drive tasks through the `everywhere.Tasks` verbs (`submit_task`, `settle_task`,
+`outstanding`, `withdraw`, `fail`, `finish`, `hold_back`), not the policy.
 """
 
 from __future__ import annotations
@@ -87,61 +56,39 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import cloudpickle
+import dask.config
+from dask.utils import parse_timedelta
 
 from nbcluster import _threads as threads
 from nbcluster import config, worker
+from nbcluster._compat import nanny_logs
+from nbcluster.errors import WorkerKilled
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
 from nbcluster.persist.handles import Handle, Placement, handle_of, held_report, held_slots, publish
 from nbcluster.run import everywhere, ranks, transport
-from nbcluster.run.backlog import BacklogReport
-from nbcluster.run.batching import PROBE_ITEMS, Batcher
 from nbcluster.run.capture import Job
-from nbcluster.run.outcome import Outcome, internal_error, killed_record, quiet_rescheduling, unpack
-from nbcluster.run.policy import Policy
+from nbcluster.run.policy import PROBE_ITEMS, Batcher, Policy
 from nbcluster.run.state import RunState
 from nbcluster.run.target import Link
 from nbcluster.run.transport import Shipment, Transport
 from nbcluster.worker import held
 
-WATCH_S = 0.5  # how often a running run checks that its cluster is still there
+WATCH_S = 0.5  # how often a running start checks its cluster
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
 PERSIST_AHEAD = 1024  # --persist: items submitted ahead, per thread, at most
 _STARTS = itertools.count(1)  # each start's stop token is the run's id and one of these
 
 
-def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
-    """The policy of one start: its batch sizer and how many batches a thread keeps out."""
-    # A range's items travel as a range, in a few bytes however many a batch takes: the
-    # probes share them out whole, and tiny items need no second round (`batching.py`).
-    probe_items = None if isinstance(job.plan.items, range) else PROBE_ITEMS
-    # A persisted item is a task of its own (`worker/held.py`).
-    batcher = Batcher.from_config(threads, 1 if job.persist else job.fixed_batch, probe_items)
-    per_thread = max(1, int(config.get("distribute.in-flight")))
-    if job.reads_handles:
-        # One item a task, each placed where its value is: no batch to size from what comes
-        # back, so all go out at once and wait on their holders, as hand-written futures would
-        # (two a thread left each worker idle for a round trip after every short item).
-        per_thread = max(per_thread, len(indices))
-    elif job.persist:
-        # Likewise, as `client.map` would: the scheduler's queue feeds the workers, not a round
-        # trip to the kernel after each item; bounded, so a huge run is not all futures at once.
-        per_thread = max(per_thread, min(len(indices), PERSIST_AHEAD))
-    return Policy(indices, batcher, retries=job.retries, per_thread=per_thread)
-
-
 class Engine:
     """Runs one job's items and writes their state; see the module docstring.
-
-    Made by `run.distribute`, which hands the user's verbs to it through `run.Run`; the
-    strategy of an ``--everywhere`` run drives it through the `everywhere.Tasks` verbs
-    (`submit_task`, `settle_task` and the properties beside them).
 
     Parameters
     ----------
@@ -156,39 +103,19 @@ class Engine:
     """
 
     def __init__(self, job: Job, run_id: str, link: Link | None):
-        self.job = job
-        self.run_id = run_id
-        self.link = link
+        self.job, self.link = job, link
         self.state = RunState(len(job.plan))
         self.shipment = Shipment(run_id)  # the context and large values sent to the cluster
         self.transport = Transport(run_id)  # the batches out, and how they go and come back
         self.token = ""  # this start's stop token (see worker.stop_run)
-        self.stop_sent = threading.Event()  # every worker has been told the token
-        self._backlog: Policy | None = None  # the running start's, for the watch thread
-        self._adaptive = BacklogReport(run_id)  # the held-back work, told to the adaptive target
-        self.journal: Writer | None = None  # every delivered batch is appended (`journal.py`)
+        self.journal: Writer | None = None  # every delivered batch is appended (`journal/store.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
-        self._placed = Placement()  # where the handles the run reads are, asked once per start
+        self._told: int | None = 0  # items the last backlog report held back; None: not taken
 
-    def journal_to(self, writer: Writer | None) -> None:
-        """Append every batch delivered from now on to `writer`; each start's end closes it.
-
-        Parameters
-        ----------
-        writer : Writer or None
-            The run's journal (`journal.py`); None writes no journal.
-        """
-        self.journal = writer
-        if writer is not None:
-            # Weakly: a bound method would make a cycle state -> engine -> state, and a --persist
-            # run's handles (in the state) would then outlive `del` until a garbage collection.
-            engine = weakref.ref(self)
-            self.state.on_end(lambda: _call(engine, Engine._end_journal))
-
-    def _end_journal(self) -> None:
-        if self.journal is not None:
-            c = self.state.counts()
-            self.journal.end(c["done"], c["total"])
+    @property
+    def run_id(self) -> str:
+        """The run's id."""
+        return self.transport.run_id
 
     @property
     def local_only(self) -> bool:
@@ -200,7 +127,20 @@ class Engine:
         """The run's Dask client; None for a --local run, or once its cluster went away."""
         return self.link.client if self.link is not None else None
 
-    # -- set-up (kernel main thread) -------------------------------------------------------
+    def journal_to(self, writer: Writer | None) -> None:
+        """Append every batch delivered from now on to `writer`; each start's end closes it.
+
+        Parameters
+        ----------
+        writer : Writer or None
+            The run's journal (`journal/store.py`); None writes no journal.
+        """
+        self.journal = writer
+        if writer is not None:
+            state = weakref.proxy(self.state)  # the state holds this hook: it must not keep itself alive
+            self.state.on_end(lambda: writer.end(state.counts()["done"], len(state)))
+
+    # -- set-up and the user's verbs (kernel main thread) ------------------------------------
     def ship(self) -> list[str]:
         """Send the run's large values and context to the cluster (`Shipment.ship`); report lines.
 
@@ -217,17 +157,10 @@ class Engine:
         assert self.link is not None
         return self.shipment.ship(self.link.open().client, self.job)
 
-    @property
-    def context(self) -> tuple[str, bytes | None] | None:
-        """The run's context as batches name it: (key, inline blob or None); None until shipped."""
-        return self.shipment.context
-
     def run_local(self, indices: Iterable[int]) -> bool:
-        """Run items in the kernel; False if one failed (then nothing is sent).
+        """Run items in the kernel, one by one, each delivered as it ends; False if one failed.
 
-        Items run one by one in this thread, their output going to the cell as it is
-        printed; each is delivered (and journaled) as it finishes, and the first failure
-        stops there.
+        The first failure stops there; an item's output goes to the cell as it is printed.
 
         Parameters
         ----------
@@ -244,8 +177,7 @@ class Engine:
         KeyboardInterrupt
             Ctrl-C while an item runs: the items delivered so far are kept.
         """
-        context = self.job.for_kernel()
-        items = self.job.plan.items
+        context, items = self.job.for_kernel(), self.job.plan.items
         for i in indices:
             out = worker.run_items(context, [i], [items[i]], capture=False)
             self._deliver([i], out["values"], out["errors"], {}, where=KERNEL)
@@ -257,7 +189,6 @@ class Engine:
         """Nothing (more) is sent: the items still pending count as cancelled, the run ends."""
         self.state.end()
 
-    # -- the user's verbs, through run.Run ---------------------------------------------------
     def retry(self) -> bool:
         """Run the failed and cancelled items again; False if there are none.
 
@@ -284,14 +215,13 @@ class Engine:
             return False
         if self.journal is not None:
             self.journal.reopen()
-        if self.local_only:
+        if self.link is None:
             self.state.begin(indices)
             try:
                 self.run_local(indices)
             finally:
                 self.state.end()
             return True
-        assert self.link is not None
         self.job.recall_handles()
         self.link.open()
         self.ship()
@@ -303,88 +233,56 @@ class Engine:
         """Stop the run, keeping every item that finished (see the module docstring)."""
         if self.transport.stop():
             # In a thread: a worker that hangs must not hold the kernel beyond the grace.
-            threads.spawn(self._tell_workers, name="nbcluster-stop")
+            threads.spawn(_tell_workers, self.client, self.token, name="nbcluster-stop")
             with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
                 self.transport.idle.wait(config.seconds("distribute.cancel-grace"))
         self.transport.cancel(self.client)
         self.state.cancel_pending()
 
-    def _tell_workers(self) -> None:
-        # If the cluster is gone, the scheduler-side cancel is all that is left to do.
-        with contextlib.suppress(Exception):
-            self.client.run(worker.stop_run, self.token, on_error="return")
-        self.stop_sent.set()
-
     # -- driving (a background thread) -------------------------------------------------------
     def start(self, indices: Sequence[int]) -> None:
         """Submit `indices` from a driver thread, watched by a thread that notices a lost cluster.
 
-        Returns at once: the driver (`_drive`, or `everywhere.drive` for ``--everywhere``)
-        ends the state's start when its last batch is in. Each start gets its own stop token,
-        so an earlier cancel does not stop it.
+        Returns at once: the driver (`_drive`, or the strategy of ``--everywhere`` and
+        ``--ranks``) ends the state's start when its last batch is in.
 
         Parameters
         ----------
         indices : sequence of int
             The items to run, in order (a `range` for consecutive ones).
         """
+        assert self.link is not None
         self.state.add_done_callback(self.job.forget_handles)
         self.token = f"{self.run_id}-{next(_STARTS)}"
         self.transport.stopping = False
-        self.stop_sent.clear()
+        strategy: Any = {"everywhere": everywhere.drive, "ranks": ranks.drive}.get(self.job.plan.mode)
+        policy = None if strategy else _policy(indices, self.job, self.link.threads)
+        target = functools.partial(strategy, self) if strategy else functools.partial(self._drive, policy)
         name = f"nbcluster-distribute-{self.run_id}"
-        strategies = {"everywhere": everywhere.drive, "ranks": ranks.drive}
-        strategy = strategies.get(self.job.plan.mode)
-        target = functools.partial(strategy, self) if strategy is not None else self._drive
-        # The watch thread starts after its first half-second: a run over by then (a small cell)
-        # never starts one.
+        # The watch thread starts after its first look's wait: a run over by then never starts one.
         driven = threading.Event()
-        watch = threads.later(WATCH_S, self._watch, driven, name=f"{name}-watch")
-        threads.spawn(self._driving, target, indices, driven, watch, name=name)
+        watch = threads.later(WATCH_S, self._watch, driven, policy, name=f"{name}-watch")
+        threads.spawn(_driving, target, indices, driven, watch, name=name)
 
-    @staticmethod
-    def _driving(target: Any, indices: Sequence[int], driven: threading.Event, watch: threads.Later) -> None:
-        try:
-            target(indices)
-        finally:
-            driven.set()
-            watch.cancel()
-
-    def _watch(self, driven: threading.Event) -> None:
-        """End the run if its cluster goes away (see the module docstring); `driven`: the driver ended.
-
-        Started `WATCH_S` after the run, it looks at once, then every `WATCH_S`.
-        """
+    def _watch(self, driven: threading.Event, policy: Policy | None) -> None:
+        """Until the driver ends (`driven`): follow the cluster's threads, report the backlog,
+        and end the run if the cluster goes away (see the module docstring)."""
         assert self.link is not None
         unanswered = 0
-        while not driven.is_set():
-            if self.transport.stopping:
-                return
+        while not driven.is_set() and not self.transport.stopping:
             reason = self.link.gone()
-            if reason is None:
-                self._follow_cluster()
-            # An external scheduler is judged by the client's connection alone; a dropped
-            # connection that comes back within a couple of seconds is not a lost cluster.
+            if reason is None and policy is not None:
+                with contextlib.suppress(Exception):  # the scheduler busy, or no worker fits: keep the last
+                    policy.resize(self.link.usable_threads())
+                    self.transport.abandon_lost(self.link.workers())
+                self.hold_back(policy.held(), policy.batcher.seconds_per_item)
+            # A dropped connection to an external scheduler that comes back within a couple of
+            # seconds is not a lost cluster.
             unanswered = unanswered + 1 if reason else 0
             if reason and (reason != "its scheduler stopped answering" or unanswered * WATCH_S >= 2):
                 self._lose(reason)
                 return
             driven.wait(WATCH_S)
-
-    def _follow_cluster(self) -> None:
-        """Report the backlog for the adaptive target; size it to the workers there now."""
-        backlog, link, client = self._backlog, self.link, self.client
-        if backlog is None or link is None or client is None:
-            return
-        try:
-            usable: int | None = link.usable_threads()  # twice a second: the cheap way where it can
-        except Exception:  # the scheduler busy, or no worker fits any more: keep the last
-            usable = None
-        if usable is not None:
-            backlog.resize(usable)
-            self.transport.abandon_lost(link.workers())
-        self._adaptive.send(client, link.needs, backlog.held(), backlog.batcher.seconds_per_item)
-
 
     def _lose(self, reason: str) -> None:
         assert self.link is not None
@@ -393,52 +291,43 @@ class Engine:
         self.shipment.context = None
         self.link.close()
 
-    def _drive(self, indices: Sequence[int]) -> None:
-        assert self.link is not None
-        quiet_rescheduling()
-        backlog = _policy(indices, self.job, self.link.threads)
-        self._placed = Placement()
-        if self.transport.open(self.link, backlog.per_thread, direct=not (self.job.persist or self.job.reads_handles)):
-            backlog.batcher.alone_first = False  # its first batch sends its first item ahead instead
-        self._backlog = backlog
+    def _drive(self, policy: Policy | None, indices: Sequence[int]) -> None:
+        assert self.link is not None and policy is not None
+        logging.getLogger("distributed.client").addFilter(_not_rescheduling)
+        job = self.job
+        if self.transport.open(self.link, policy.per_thread, direct=not (job.persist or job.reads_handles)):
+            policy.batcher.alone_first = False  # its first batch sends its first item ahead instead
+        placed = Placement() if job.reads_handles else None  # where the handles read are, asked once
         try:
-            self._top_up(backlog)
-            going = True
+            self._top_up(policy, placed)
             for done in self.transport.completions():
-                for future, result in zip(done, self._results(done), strict=True):
-                    going = going and self._settle(future, result, backlog)
-                if not going:
+                # A --persist run gathers nothing: its values stay where they are.
+                results = [None] * len(done) if job.persist else self.transport.results(self.client, done)
+                if not all(self._settle(f, r, policy) for f, r in zip(done, results, strict=True)):
                     break
-                self._top_up(backlog)
+                self._top_up(policy, placed)
                 if self.transport.drained():
                     break
         except Exception as e:  # an nbcluster bug must not leave the cell waiting forever
-            self._fail(self.state.pending(indices), internal_error(e))
+            error = RuntimeError(f"nbcluster internal error while running the items: {type(e).__name__}: {e}")
+            error.__cause__ = e
+            self.fail(self.state.pending(indices), worker.error_record(error))
         finally:
-            self._backlog = None
             self.transport.close()
-            self._adaptive.withdraw(self.client, self.link.needs)
+            self.hold_back(0)
             self.state.end()
 
-    def _results(self, done: list[Any]) -> list[Any]:
-        """The result blobs of the finished batches in `done` (`Transport.results`); a
-        `--persist` run gathers nothing: its values stay where they are, and only their
-        reports are read (`handles.held_report`)."""
-        if self.job.persist:
-            return [None] * len(done)
-        return self.transport.results(self.client, done)
-
-    def _settle(self, future: Any, result: Any, backlog: Policy) -> bool:
+    def _settle(self, future: Any, result: Any, policy: Policy) -> bool:
         """Take in one finished batch; False when the run cannot go on."""
+        assert self.link is not None
         batch, alone, unrun = self.transport.take(future)
         if batch is None:
             return True  # cancelled on the scheduler: its items were given up
-        assert self.link is not None
         if unrun:
-            # Refused, or its worker died under it: nothing of it was delivered, so its items go
-            # through the scheduler now, once (not an attempt of theirs), and so does the rest.
+            # Refused, or its worker died under it: its items go through the scheduler now,
+            # with the rest (not an attempt of theirs).
             if not self.transport.stopping:
-                backlog.refused(batch)
+                policy.refused(batch)
             return True
         if isinstance(future, transport.Call) and future.of is None:
             self.state.direct_keys.append(future.key)
@@ -448,129 +337,96 @@ class Engine:
         if gone is not None:
             self._lose(gone)
             return False
-        fatal = self._handle(future, result, batch, backlog, alone=alone)[1]
+        fatal = self._handle(future, result, batch, policy, alone=alone)
         if fatal is not None:
-            self._fail(backlog.drain(), fatal)
+            self.fail(policy.drain(), fatal)
             self.transport.cancel(self.client)
             return False
         return True
 
-    def _top_up(self, backlog: Policy) -> None:
-        """Submit the policy's batches: `in-flight` per thread out, or a suspect alone.
-
-        The batches of one top-up go out together, in one message to the scheduler per
-        placement (`submit_tasks`): each message costs the scheduler ~1.5 ms here.
-        """
-        if not self.transport.stopping:
-            self._submit(backlog.top_up(len(self.transport.pending)), backlog.batcher.budget)
-
-    def _submit(self, batches: Sequence[Sequence[int]], budget: float | None = None) -> None:
+    def _top_up(self, policy: Policy, placed: Placement | None) -> None:
+        """Submit the policy's batches; those of one top-up go out together, one message to
+        the scheduler per placement."""
+        if self.transport.stopping:
+            return
         assert self.link is not None
-        groups: dict[bool, list[tuple[Any, bytes, list[Any]]]] = {}
-        placed: dict[bool, list[list[str]]] = {}
-        items = self.job.plan.items
-        for batch in batches:
+        budget, items = policy.batcher.budget, self.job.plan.items
+        groups: dict[bool, tuple[list[tuple[Any, bytes, list[Any]]], list[list[str]]]] = {}
+        for batch in policy.top_up(len(self.transport.pending)):
             indices: Any = batch
             if batch and batch[-1] - batch[0] == len(batch) - 1:
                 indices = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
-            if isinstance(items, (range, list, tuple)) and isinstance(indices, range):
-                chosen: Sequence[Any] = items[indices.start : indices.stop]  # a range pickles in a few bytes
-            else:
-                chosen = [items[i] for i in batch]
+            # The plan's items are a list or a range (whose slice is a range: a few bytes).
+            chosen = items[indices.start : indices.stop] if isinstance(indices, range) else [items[i] for i in batch]
             deps: list[Any] = []
             if self.job.reads_handles:
                 chosen, deps = held_slots(chosen, len(self.job.capture.held))
             try:
                 blob = cloudpickle.dumps((indices, chosen, budget))
             except Exception as e:
-                error = TypeError(f"the item values cannot be sent to the workers: {e}")
-                self._fail(batch, worker.error_record(error))
+                self.fail(batch, worker.error_record(TypeError(f"the item values cannot be sent to the workers: {e}")))
                 continue
-            assert self.context is not None
-            if not deps and self.transport.send_direct(indices, self.context, blob, self.token):
+            assert self.shipment.context is not None
+            if not deps and self.transport.send_direct(indices, self.shipment.context, blob, self.token):
                 continue
-            # Where its input is (nothing moves, `worker/held.py`); a persisted item without one,
-            # loosely on every worker that fits: Dask never queues a restricted task as a root
-            # task, so the items reach the workers at once and run back to back (queued, each
-            # waited for a scheduler round trip: 1.6 ms a tiny item, 0.6 ms so; RESULTS.md).
-            holders = self._placed.of(self.client, self.job.plan.items, deps) or (
-                self.link.eligible if self.job.persist else []
-            )
-            groups.setdefault(bool(deps), []).append((indices, blob, deps))
-            placed.setdefault(bool(deps), []).append(holders)
+            # Where its input is (`worker/held.py`); a persisted item without one, loosely on every
+            # worker that fits: Dask never queues a restricted task as a root task, so the items
+            # reach the workers at once and run back to back.
+            holders = placed.of(self.client, items, deps) if placed is not None else []
+            holders = holders or (self.link.eligible if self.job.persist else [])
+            tasks, where = groups.setdefault(bool(deps), ([], []))
+            tasks.append((indices, blob, deps))
+            where.append(holders)
         self.transport.flush()  # the direct batches of this top-up go out together
-        for has_deps, tasks in groups.items():
-            self.submit_tasks(tasks, placed=placed[has_deps], **self.link.submit_kwargs)
+        for tasks, where in groups.values():
+            self.submit_tasks(tasks, placed=where, **self.link.submit_kwargs)
 
-    def _handle(
-        self, future: Any, result: Any, indices: Any, backlog: Policy | None = None, *, alone: bool = True
-    ) -> tuple[list[int], worker.ErrorRecord | None]:
-        """Deliver one batch, holding back the failed items the backlog takes for another attempt.
+    def _handle(self, future: Any, result: Any, indices: Any, policy: Policy, *, alone: bool) -> worker.ErrorRecord | None:
+        """Deliver one batch; the record that fails every batch, if the batch's context could not load.
 
-        Returns (items to submit again, fatal record); with a `backlog` (the driver's policy),
-        it has taken those back itself and none are returned. Items a stopped batch did not
-        reach stay pending (the run is ending: they become cancelled). `alone`: no other batch
-        was out while this one was.
+        The items that run again (failed with an attempt left, not reached by a batch its
+        budget stopped, or reading a value shipped again) go back to `policy`, undelivered.
+        `alone`: no other batch was out while it ran.
         """
+        client, n = self.client, len(indices)
         if self.job.persist:
-            result = held_report(self.client, self.transport.pushed(str(future.key)), future, result)
-        outcome = unpack(future, result, len(indices))
-        if outcome.killed is not None:
-            for i in backlog.killed(indices, alone=alone) if backlog is not None else indices:
-                self._fail([i], killed_record(self.client, self.job.plan.describe(i), i, outcome.killed))
-            return [], None
-        if outcome.halt is not None:
-            reason = transport.halt_reason(self.client, str(future.key), outcome.halt)  # while the key is held
-            self.transport.cancel(self.client)
-            self.state.halt(reason)
-            return [], None
-        if outcome.lost is not None:
-            if self.shipment.reship(self.client, self.job, *outcome.lost):  # not the items' fault: no attempt used
-                if backlog is None:
-                    return list(indices), None
-                backlog.put_back(list(indices))
-                return [], None
-            lost = worker.error_record(RuntimeError("a captured value was lost with the workers holding it"))
-            every = dict.fromkeys(range(len(indices)), lost)
-            outcome = Outcome([None] * len(indices), every, {}, fatal=lost)
-        values, errors, outputs = outcome.values, outcome.errors, outcome.outputs
-        if self.job.persist and outcome.held is not None:
-            values = self._handles(future, indices, outcome)
-        # Items a batch did not reach (its budget was spent) are simply not delivered: the
-        # state and the journal take the first len(values) of `indices`; the policy puts them
-        # back, with the failed items that get another attempt (`retry`, not delivered).
-        retry: list[int] = []
-        unreached = list(indices[len(values) :]) if len(values) < len(indices) and not self.transport.stopping else []
-        if backlog is not None:
-            failed = errors if outcome.fatal is None else {}
-            retry = backlog.finished(
-                indices, reached=len(values), failed=failed, seconds=outcome.seconds, idle=outcome.idle
-            )
-            unreached = []
-        if retry:
-            held = set(retry)
-            keep = [j for j in range(len(values)) if indices[j] not in held]
-            self._deliver(
-                [indices[j] for j in keep],
-                [values[j] for j in keep],
-                {k: errors[j] for k, j in enumerate(keep) if j in errors},
-                {i: o for i, o in outputs.items() if i not in held},
-                ran_on=outcome.ran_on,
-            )
-        else:
-            self._deliver(indices, values, errors, outputs, ran_on=outcome.ran_on)
-        return retry + unreached, outcome.fatal
+            result = held_report(client, self.transport.pushed(str(future.key)), future, result)
+        data = _unpack(future, result, n)
+        if "killed" in data:
+            for i in policy.killed(indices, alone=alone):
+                self.fail([i], _killed_record(client, self.job.plan.describe(i), i, data["killed"]))
+            return None
+        if "halt" in data:
+            reason = transport.halt_reason(client, str(future.key), data["halt"])  # while the key is held
+            self.transport.cancel(client)
+            self.state.lose(reason, halted=True)
+            return None
+        if "lost" in data:
+            if self.shipment.reship(client, self.job, data["lost"], data.get("worker")):
+                policy.put_back(indices)  # not the items' fault: no attempt used
+                return None
+            data = _failed(n, worker.error_record(RuntimeError("a captured value was lost with the workers holding it")))
+        values, errors, outputs, ran_on = data["values"], data["errors"], data["outputs"], data.get("ran_on")
+        if self.job.persist and data.get("held") is not None:
+            values = handle_of(future, indices, data["held"], errors, ran_on)
+            publish(client, values, self.publish)
+        # The state and the journal take the first len(values) of `indices`: items the batch did
+        # not reach (its budget was spent) are not delivered, the policy puts them back.
+        failed = {} if "fatal" in data else errors
+        if again := set(policy.finished(indices, reached=len(values), failed=failed, seconds=data.get("seconds"),
+                                        idle=data.get("idle"))):  # fmt: skip
+            keep = [j for j in range(len(values)) if indices[j] not in again]
+            indices, values = [indices[j] for j in keep], [values[j] for j in keep]
+            errors = {k: errors[j] for k, j in enumerate(keep) if j in errors}
+            outputs = {i: o for i, o in outputs.items() if i not in again}
+        self._deliver(indices, values, errors, outputs, ran_on=ran_on)
+        return data.get("fatal")
 
     def _deliver(
-        self,
-        indices: Sequence[int],
-        values: Sequence[Any],
-        records: dict[int, worker.ErrorRecord],
-        outputs: dict[int, Any],
-        where: str = CLUSTER,
-        ran_on: tuple[str, str] | None = None,
-    ) -> None:
-        """Store a batch in the state, its failure records made `ItemError`s.
+        self, indices: Sequence[int], values: Sequence[Any], records: dict[int, worker.ErrorRecord],
+        outputs: dict[int, Any], where: str = CLUSTER, ran_on: tuple[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """Store a batch in the state and the journal, its failure records made `ItemError`s.
 
         `ran_on`: the worker that ran it, (address, name), for the journal; None in the kernel,
         or when the kernel failed the items itself.
@@ -581,21 +437,10 @@ class Engine:
             failures = {indices[j]: journal_failure(e) for j, e in errors.items()}
             recipes = None
             if self.job.persist:
-                describe = self.job.plan.describe
                 # values may be fewer than indices (a stopped batch): the first len(values) count
                 pairs = zip(indices, values, strict=False)
-                recipes = [v.recipe(describe(i)) if isinstance(v, Handle) else None for i, v in pairs]
+                recipes = [v.recipe(self.job.plan.describe(i)) if isinstance(v, Handle) else None for i, v in pairs]
             self.journal.write(indices, values, failures, outputs, where, ran_on, recipes)
-
-    def _fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
-        self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
-
-    # -- --persist (worker/held.py) --------------------------------------------------------------
-    def _handles(self, future: Any, indices: Sequence[int], outcome: Outcome) -> list[Any]:
-        """The handle of a persisted item that has a value, published if the run is journaled."""
-        made = handle_of(future, indices, outcome.held or [], outcome.errors, outcome.ran_on)
-        publish(self.client, made, self.publish)
-        return made
 
     # -- the tasks a strategy drives (everywhere.Tasks) ---------------------------------------
     @property
@@ -619,8 +464,6 @@ class Engine:
     ) -> Any | None:
         """Submit one task running `indices` (their items in `blob`); None once stopping.
 
-        `submit_tasks` of one task.
-
         Parameters
         ----------
         indices : sequence of int
@@ -643,25 +486,22 @@ class Engine:
         return self.submit_tasks([(indices, blob, list(_deps))], runner=runner, **where)[0]
 
     def submit_tasks(
-        self,
-        tasks: Sequence[tuple[Any, bytes, list[Any]]],
-        placed: Sequence[Sequence[str]] = (),
-        runner: Any = None,
+        self, tasks: Sequence[tuple[Any, bytes, list[Any]]], placed: Sequence[Sequence[str]] = (), runner: Any = None,
         **where: Any,
-    ) -> list[Any | None]:
+    ) -> list[Any | None]:  # fmt: skip
         """Submit tasks, each running the items of one batch, in one message to the scheduler.
 
         A task is `worker.run_batch`, or `held.run_batch_held` for a run that persists or
         reads persisted values (taking the handles' futures as Dask dependencies); its key is
         ``distribute-<run id>-<n>`` (``persist-<run id>-<n>`` for a persisted item). Each is
-        recorded as pending until `settle_task` or `withdraw` takes it.
+        pending until `settle_task` or `withdraw` takes it.
 
         Parameters
         ----------
         tasks : sequence of (indices, blob, deps)
             Per task: the items it runs (a list, or a `range` when consecutive), the pickled
             batch ``(indices, items, budget)``, and the futures of the handles in its items
-            (after those captured by name); all with deps, or all without.
+            (after those captured by name).
         placed : sequence of sequence of str
             Per task, the workers it should run on, loosely (Dask may run it elsewhere, and
             moves its inputs there); an empty one, or none at all: anywhere.
@@ -677,34 +517,49 @@ class Engine:
             The tasks' futures, in order; Nones when the run is stopping and nothing was
             submitted.
         """
-        job = self.job
-        calls: list[tuple[Any, ...]] = []
-        for _, blob, deps in tasks:
-            if job.persist or job.reads_handles:
-                captured = job.capture.held
-                names = {name: k for k, name in enumerate(captured)}
-                futures = [h.future for h in captured.values()] + list(deps)
-                # fails, not hangs, without nbcluster: the handles' futures stay arguments Dask sees
-                calls.append(transport.task(
-                    held.run_batch_held, self.context, blob, self.token, job.persist, names, deps=tuple(futures)
-                ))  # fmt: skip
-            else:  # fails, not hangs, without nbcluster
-                calls.append(transport.task(runner or worker.run_batch, self.context, blob, self.token))
+        job, context, token = self.job, self.shipment.context, self.token
+        # Either way a task fails, not hangs, on a worker without nbcluster (`transport.task`).
+        if job.persist or job.reads_handles:
+            captured = job.capture.held
+            names = {name: k for k, name in enumerate(captured)}
+            mine = [h.future for h in captured.values()]  # the handles' futures stay arguments Dask sees
+            calls = [
+                transport.task(held.run_batch_held, context, blob, token, job.persist, names, deps=(*mine, *deps))
+                for _, blob, deps in tasks
+            ]
+        else:
+            calls = [transport.task(runner or worker.run_batch, context, blob, token) for _, blob, _ in tasks]
         batches = [indices for indices, _, _ in tasks]
         return self.transport.map(self.client, calls, batches, persist=job.persist, placed=placed, **where)
 
     def hold_back(self, items: int, seconds: float | None = None) -> None:
-        """Report `items` that wait for workers to the scheduler's adaptive target (ranks).
+        """Report `items` not yet submitted to the scheduler's adaptive target.
+
+        Sent only when it changes something: a run over before the watch thread's first
+        report told the scheduler nothing, and has nothing to withdraw.
 
         Parameters
         ----------
         items : int
-            How many items wait for a worker to be free; 0 withdraws the report.
+            How many items wait; 0 withdraws the report.
         seconds : float, optional
             Each item's expected seconds; default Dask's guess for an unknown task.
         """
-        if self.client is not None and self.link is not None and (items or self._adaptive.holding):
-            self._adaptive.send(self.client, self.link.needs, items, seconds)
+        client, told = self.client, self._told
+        if client is None or self.link is None or told is None or not (items or told):
+            return
+        if seconds is None:
+            seconds = float(parse_timedelta(dask.config.get("distributed.scheduler.unknown-task-duration")))
+        self._told, kind, expected = items, "gpu" if self.link.needs.gpus else "cpu", items * seconds
+
+        async def report() -> None:
+            try:
+                await client.scheduler.nbcluster_backlog(run=self.run_id, kind=kind, items=items, seconds=expected)
+            except Exception:  # not nbcluster's scheduler (or gone): stop asking it
+                self._told = None
+
+        with contextlib.suppress(Exception):
+            client.loop.add_callback(report)
 
     def outstanding(self, futures: list[Any]) -> list[Any]:
         """Those of `futures` still out (not taken in, withdrawn or cancelled).
@@ -740,11 +595,12 @@ class Engine:
             workers and has been sent again, or those it did not reach before it stopped.
             A failed item is not among them (``--retries`` is not applied here).
         """
-        batch = self.transport.take(future)[0]
-        [result] = self._results([future])
-        retry = [] if batch is None else self._handle(future, result, batch)[0]
+        batch, again = self.transport.take(future)[0], Policy([], Batcher(1))  # this task's verdicts
+        if batch is not None:
+            result = None if self.job.persist else self.transport.results(self.client, [future])[0]
+            self._handle(future, result, batch, again, alone=True)
         self.transport.drained()
-        return retry
+        return [] if self.transport.stopping else again.drain()
 
     def withdraw(self, future: Any) -> None:
         """Stop waiting for a task (its items are then failed or given up by the caller).
@@ -767,7 +623,7 @@ class Engine:
         record : ErrorRecord
             Why, as `worker.error_record` makes it.
         """
-        self._fail(indices, record)
+        self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
 
     def finish(self) -> None:
         """The start is over: nothing is out, the state ends."""
@@ -775,7 +631,110 @@ class Engine:
         self.state.end()
 
 
-def _call(ref: weakref.ref[Engine], method: Any) -> None:
-    engine = ref()
-    if engine is not None:
-        method(engine)
+def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
+    """The policy of one start: its batch sizer and how many batches a thread keeps out."""
+    # A range's items travel as a range, in a few bytes however many a batch takes: the
+    # probes share them out whole. A persisted item is a task of its own.
+    probe_items = None if isinstance(job.plan.items, range) else PROBE_ITEMS
+    batcher = Batcher(
+        threads, fixed=1 if job.persist else job.fixed_batch, probe_items=probe_items,
+        min_batch=config.seconds("distribute.min-batch"), max_batch=config.seconds("distribute.max-batch"),
+    )  # fmt: skip
+    per_thread = max(1, int(config.get("distribute.in-flight")))
+    if job.reads_handles or job.persist:
+        # One item a task, all out at once as `client.map` would (each placed where its value
+        # is, for handles read), so the scheduler's queue feeds the workers, not a round trip
+        # to the kernel after each item; a persisted run bounded, not all futures at once.
+        per_thread = max(per_thread, len(indices) if job.reads_handles else min(len(indices), PERSIST_AHEAD))
+    return Policy(indices, batcher, retries=job.retries, per_thread=per_thread)
+
+
+def _driving(target: Any, indices: Sequence[int], driven: threading.Event, watch: threads.Later) -> None:
+    try:
+        target(indices)
+    finally:
+        driven.set()
+        watch.cancel()
+
+
+def _tell_workers(client: Any, token: str) -> None:
+    # If the cluster is gone, the scheduler-side cancel is all that is left to do.
+    with contextlib.suppress(Exception):
+        client.run(worker.stop_run, token, on_error="return")
+
+
+def _not_rescheduling(record: logging.LogRecord) -> bool:
+    """Keep the client's "Couldn't gather 1 keys, rescheduling" out of the cell: Dask computes
+    the batch again, and the run takes the result from that; nothing is lost."""
+    return not str(record.msg).startswith("Couldn't gather")
+
+
+def _failed(n: int, record: worker.ErrorRecord, fatal: bool = True) -> dict[str, Any]:
+    """A batch of `n` items that each failed with `record` (`fatal`: every batch would)."""
+    return {"values": [None] * n, "errors": dict.fromkeys(range(n), record), "outputs": {}, **({"fatal": record} if fatal else {})}
+
+
+def _unpack(future: Any, result: Any, n: int) -> dict[str, Any]:
+    """What the finished batch `future` of `n` items says, from its `result` (blob or exception).
+
+    The worker's dict (`worker.run_batch`: values, errors, outputs, seconds, ...), or one of
+    ``{"halt": why}``, ``{"killed": KilledWorker}``, ``{"lost": key, "worker": ...}``, or each
+    item failed (``fatal`` set when every batch would fail the same way).
+    """
+    from distributed import KilledWorker
+
+    # A result blob is a result even if the future reads "lost" by now: the worker that
+    # held it died after it was gathered.
+    if future.status != "finished" and not isinstance(result, bytes):
+        exc = result[1] if isinstance(result, tuple) else result
+        if (missing := _nbcluster_missing(exc)) is not None:
+            return {"halt": missing}
+        if isinstance(exc, KilledWorker) and len(exc.args) == 3:
+            return {"killed": exc}
+        if type(exc).__name__ == "CancelledError":
+            exc = type(exc)("the batch was cancelled on the cluster")
+        elif not isinstance(exc, BaseException):
+            exc = RuntimeError(f"the batch failed: {exc!r}")
+        return _failed(n, worker.error_record(exc, frames=False), fatal=False)
+    try:
+        data: dict[str, Any] = cloudpickle.loads(result)
+    except Exception as e:
+        failed = TypeError(f"the results could not be loaded in the kernel: {type(e).__name__}: {e}")
+        return _failed(n, worker.error_record(failed), fatal=False)
+    return _failed(n, data["fatal"]) if "fatal" in data else data
+
+
+def _nbcluster_missing(exc: Any) -> str | None:
+    """The import error in `exc`'s chain that names nbcluster, as one line, else None.
+
+    Dask wraps the scheduler's failure to unpickle a graph in its own multi-line
+    RuntimeError; the cause it keeps says which module was missing.
+    """
+    for _ in range(8):  # a chain is short; a cycle must not hang the driver
+        if not isinstance(exc, BaseException):
+            return None
+        if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] == "nbcluster":
+            return f"{type(exc).__name__}: {exc}"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _killed_record(client: Any, described: str, index: int, killed: Any) -> worker.ErrorRecord:
+    """The failure of item `index`, whose worker died each time it ran it: the count, and the
+    last thing the dead worker's nanny logged (its exit status, or the memory limit it
+    passed); Dask keeps no stderr of the dead process itself."""
+    message = (
+        f"item {index}{f' ({described})' if described else ''} killed its worker "
+        f"{killed.allowed_failures + 1} times (a crash or out of memory)"
+    )
+    last, lines = killed.last_worker, []
+    with contextlib.suppress(Exception):  # no nanny (`dask worker --no-nanny`), or it is gone too
+        if last.nanny:
+            lines = [str(msg).split(" - ", 3)[-1].strip() for _, msg in nanny_logs(client, last.nanny)]
+    # Newest first. Nannies that share a process share its log: keep this worker's lines.
+    pid = getattr(last, "pid", None)
+    lines = [line for line in lines if pid is None or f"pid={pid})" in line or f"process {pid} " in line]
+    for said in (line for wanted in ("memory budget", "Worker process") for line in lines if wanted in line):
+        message += f"; the worker's nanny logged: {said}"
+        break
+    return worker.error_record(WorkerKilled(message), frames=False)

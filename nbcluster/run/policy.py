@@ -1,34 +1,57 @@
 """The scheduling policy of one start of a run: events in, batches and verdicts out.
 
 The driver (`engine.py`) owns the transport and the futures; this module owns the
-decisions, and touches neither Dask nor a thread, so it is tested by feeding it events
+decisions and touches neither Dask nor a thread, so it is tested by feeding it events
 (`tests/test_policy.py`).
 
 Policy
 ------
 - **Backlog.** The items not yet submitted wait here, in order; an item put back (a retry,
   an item a stopped batch did not reach, a batch a worker refused) goes back in front.
-- **Batches in flight.** At most `limit` batches are out at once: `per_thread` (the
-  ``distribute.in-flight`` setting, 2) per usable worker thread, so a thread always has its
-  next batch waiting on it. `top_up` gives the batches to submit now, sized by the
-  `batching.Batcher` (probes first, then from measured item times); `finished` feeds the
-  sizer the time a batch measured.
-- **Retries.** A failed item runs again while it has attempts left (``--retries``); it is
-  then held back from delivery (`finished` returns it) and goes back in front.
+- **Batches in flight.** At most `Policy.limit` batches are out at once: `per_thread` (the
+  ``distribute.in-flight`` setting, 2) per usable worker thread, so that a thread finds its
+  next batch waiting when it finishes one. `top_up` gives the batches to submit now.
+- **Batch sizes** (`Batcher`). A task costs milliseconds however little it does, so small
+  items travel in batches; but a batch's results come back only when it is done.
+
+  1. *Probes.* Until an item time is measured, the first batch is one item alone, so the
+     first result arrives one item's time after the start whatever the others do. (A batch
+     sent to a worker directly sends its first item's result ahead of the rest,
+     `worker/ahead.py`, so the engine sets `Batcher.alone_first` off for it.) Then one probe
+     per thread shares out the rest, at most `PROBE_ITEMS` each (a range's items cost
+     nothing to send, so there the whole share); behind a first item sent alone, one share
+     more waits in the backlog for the thread that ran that item, free first. A probe's
+     budget is `PROBE_S`: its worker returns after the first item that ends past it, with
+     what it finished, and the rest goes back in front of the backlog.
+  2. *Measured sizes.* Then, from `t`, the mean time an item took on the workers,
+     ``size = clamp(remaining / (4 * threads), min_batch / t, max_batch / t)``
+     (``distribute.min-batch``, 50 ms, and ``distribute.max-batch``, 250 ms), but never
+     more than a thread's share of what is left, down to `SPLIT_S` of work: the tail is
+     shared out, not left to one thread.
+  3. *A budget, not trust.* Every sized batch has a budget of `max_batch` seconds (twice
+     `Batcher.least`, if more): a wrong estimate costs one budget, not a batch of hours.
+  4. *Threads that wait get bigger batches.* Each batch says how long its thread waited
+     for it (`worker.since_last`); no batch carries less work than the median of the last
+     `IDLE_SEEN` waits (`Batcher.least`): when a round trip is slower than a batch, as
+     with a scheduler serving a thousand threads, fewer, bigger batches are the cure.
+
+  ``--batch N`` bypasses sizing: N items a batch, no budget.
+- **Retries.** A failed item runs again while it has attempts left (``--retries``): it is
+  held back from delivery (`finished` returns it) and goes back in front.
 - **Suspects.** A batch whose workers kept dying (Dask's ``KilledWorker``) is split in
   halves, the *suspects*, and a suspect runs *alone*: nothing else of the run is out while it
   runs, because Dask counts a death against every task a worker holds. A batch of one item
   killed while it ran alone is the culprit: `killed` returns it, to be failed.
-- **Workers that come and go.** `resize` sets the usable threads: `limit` grows and shrinks.
+- **Workers that come and go.** `resize` sets the usable threads; `limit` follows.
 
-State: `items` (the backlog, as runs of consecutive indices), `suspects`, `attempts` (by
-the failed items only), `batcher`, `limit`.
+State: `items` (the backlog, as runs of consecutive indices: a million items are one
+range), `suspects` (lists of items), `attempts` (used, by failed item only), `batcher`
+(the items measured, their seconds, the probes left, the last waits).
 
 Worked example: 2 threads, 2 in flight each, 13 items, one retry. The first top-up sends
-the first item alone (its result arrives after one item's time), then one probe per thread
-takes a third of the rest; the last third waits for a batch to come back (`batching.py`).
+the first item alone, then one probe per thread takes a third of the rest; the last third
+waits for a batch to come back.
 
->>> from nbcluster.run.batching import Batcher
 >>> policy = Policy(range(13), Batcher(2), retries=1, per_thread=2)
 >>> policy.top_up(out=0)
 [range(0, 1), range(1, 5), range(5, 9)]
@@ -65,10 +88,15 @@ killed alone is the culprit, to be failed.
 from __future__ import annotations
 
 import itertools
+import math
+import statistics
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
-from nbcluster.run.batching import Batcher
+PROBE_S = 0.05  # a probe returns after the first item that ends past this
+PROBE_ITEMS = 10_000  # at most this many items in a probe: sent back unrun if the items are slow
+SPLIT_S = 0.005  # the least work worth a task of its own when the tail is shared out
+IDLE_SEEN = 16  # the threads' waits for a batch that `Batcher.least` takes the median of
 
 
 class Policy:
@@ -90,12 +118,15 @@ class Policy:
         self.items = _Queue(indices)
         self.suspects: deque[list[int]] = deque()  # parts of killed batches, each to run alone
         self.retries = retries
-        self.attempts: dict[int, int] = {}  # attempts used, by the failed items only (no dict of a million)
+        self.attempts: dict[int, int] = {}  # by the failed items only (no dict of a million)
         self.batcher = batcher
         self.per_thread = max(1, per_thread)
-        self.limit = self.per_thread * batcher.threads  # batches out at once
 
-    # -- events --------------------------------------------------------------------------------
+    @property
+    def limit(self) -> int:
+        """Batches out at once, at most: `per_thread` per usable thread."""
+        return self.per_thread * self.batcher.threads
+
     def top_up(self, out: int) -> list[Sequence[int]]:
         """The batches to submit now, with `out` batches already out.
 
@@ -127,7 +158,7 @@ class Policy:
     ) -> list[int]:  # fmt: skip
         """A batch came back; the failed items that get another attempt.
 
-        Those, and the items the batch did not reach (its time budget was spent), go back in
+        Those, and the items the batch did not reach (its budget was spent), go back in
         front of the backlog.
 
         Parameters
@@ -141,7 +172,7 @@ class Policy:
         seconds : float or None
             Time the worker spent in the items it ran; None when not measured.
         idle : float or None
-            How long its worker thread waited for it (`batching.Batcher.observe`).
+            How long its worker thread waited for it (`Batcher.observe`).
 
         Returns
         -------
@@ -150,12 +181,18 @@ class Policy:
         """
         if seconds is not None:
             self.batcher.observe(reached, seconds, idle=idle)
-        retry = [indices[j] for j in failed if self._may_retry(indices[j])]
+        retry = []
+        for i in (indices[j] for j in failed):
+            if self.attempts.get(i, 0) < self.retries:
+                self.attempts[i] = self.attempts.get(i, 0) + 1
+                retry.append(i)
         self.put_back(retry + list(indices[reached:]))
         return retry
 
     def killed(self, indices: Sequence[int], *, alone: bool) -> list[int]:
         """A batch whose workers kept dying; the items to fail (the culprit), if found.
+
+        Not an attempt of its items: which item it was is not known yet.
 
         Parameters
         ----------
@@ -171,8 +208,7 @@ class Policy:
         """
         if alone and len(indices) == 1:
             return list(indices)
-        items = list(indices)  # not an attempt: which item it was is not known yet
-        half = (len(items) + 1) // 2
+        items, half = list(indices), (len(indices) + 1) // 2
         self.suspects.extend(part for part in (items[:half], items[half:]) if part)
         return []
 
@@ -184,7 +220,7 @@ class Policy:
         indices : sequence of int
             The batch's items, back in front of the backlog.
         """
-        self.put_back(list(indices))
+        self.put_back(indices)
         if not self.batcher.items:
             self.batcher.alone_first = True  # no first item came: the next batch is one
 
@@ -197,7 +233,6 @@ class Policy:
             Usable worker threads (at least 1 is assumed).
         """
         self.batcher.threads = max(threads, 1)
-        self.limit = self.per_thread * max(threads, 1)
 
     def drain(self) -> list[int]:
         """Every item not yet submitted, taken out: the run fails or gives them up.
@@ -208,46 +243,159 @@ class Policy:
             The suspects' items, then the backlog's.
         """
         taken = [*(i for part in self.suspects for i in part), *self.items]
-        self.items.clear()
+        self.items = _Queue([])
         self.suspects.clear()
         return taken
 
-    # -- state -----------------------------------------------------------------------------------
     def held(self) -> int:
-        """Items not submitted yet (the backlog's and the suspects').
+        """Items not submitted yet (the backlog's and the suspects'), for the adaptive target.
 
         Returns
         -------
         int
-            Their count, for the adaptive target's backlog report.
+            Their count.
         """
         return len(self.items) + sum(len(part) for part in self.suspects)
 
     def put_back(self, indices: Sequence[int]) -> None:
-        """`indices` go back in front of the backlog, in their order.
+        """`indices` go back in front of the backlog, in their order (not an attempt of theirs).
 
         Parameters
         ----------
         indices : sequence of int
-            Items to submit again (not an attempt of theirs).
+            Items to submit again.
         """
-        if indices:
-            self.items.put_back(indices)
+        self.items.put_back(indices)
 
-    def _may_retry(self, i: int) -> bool:
-        used = self.attempts.get(i, 0)
-        if used >= self.retries:
-            return False
-        self.attempts[i] = used + 1
-        return True
+
+class Batcher:
+    """Sizes one start's batches from what the finished batches measured (module docstring).
+
+    Parameters
+    ----------
+    threads : int
+        Usable worker threads (at least 1 is assumed): sized batches aim at four per thread
+        for the work that is left.
+    fixed : int or None
+        ``--batch N``: every batch takes N items and runs them all (no budget); None sizes
+        them from measurements.
+    min_batch, max_batch : float
+        Seconds of work in the smallest and the largest sized batch; `max_batch` is also the
+        budget of every sized batch.
+    probe_items : int or None
+        The most items a probe takes (`PROBE_ITEMS`); None for items that cost nothing to
+        send (a range's), which the probes share out whole.
+
+    Examples
+    --------
+    Two threads, 400 items of 10 ms: one item first, a probe per thread takes a third of the
+    rest, the last third waits (0) for a batch to come back; then sizes follow the measured
+    time, 25 items (0.25 s) while plenty is left, 5 (0.05 s) at the end.
+
+    >>> batcher = Batcher(2)
+    >>> [batcher.next_size(n, free) for n, free in ((400, 4), (399, 3), (266, 2), (133, 1))]
+    [1, 133, 133, 0]
+    >>> batcher.observe(4, 0.04)
+    >>> batcher.next_size(396), batcher.next_size(30), batcher.budget
+    (25, 5, 0.25)
+    >>> Batcher(2, fixed=8).next_size(5)
+    5
+    """
+
+    def __init__(
+        self, threads: int, *, fixed: int | None = None, min_batch: float = 0.05, max_batch: float = 0.25,
+        probe_items: int | None = PROBE_ITEMS,
+    ):  # fmt: skip
+        self.threads = max(threads, 1)
+        self.fixed, self.probe_items = fixed, probe_items
+        self.bounds = (min_batch, max_batch)
+        self.items, self.seconds = 0, 0.0  # items measured, and their total time on the workers
+        self.alone_first = True  # the next batch is one item (see the module docstring)
+        self._probes = self.threads  # probes still to share out the items: one per thread
+        self._kept = 0  # shares the probes leave in the backlog (one, behind a first item alone)
+        self._idle: deque[float] = deque(maxlen=IDLE_SEEN)  # the threads' last waits for a batch
+
+    @property
+    def budget(self) -> float | None:
+        """Seconds after which a batch returns what it finished (None: run it all)."""
+        if self.fixed is not None:
+            return None
+        # Twice the least work a batch carries: one sized to it is not cut short by its budget.
+        return max(self.bounds[1], 2 * self.least) if self.items else PROBE_S
+
+    @property
+    def least(self) -> float:
+        """Seconds of work a batch must carry to be worth a task: `SPLIT_S`, or the median of
+        the threads' last waits for a batch, where more."""
+        return max(SPLIT_S, statistics.median(self._idle)) if self._idle else SPLIT_S
+
+    @property
+    def seconds_per_item(self) -> float | None:
+        """Mean seconds an item took on the workers so far; None before any was measured."""
+        return self.seconds / self.items if self.items else None
+
+    def observe(self, count: int, seconds: float, idle: float | None = None) -> None:
+        """A batch of `count` items finished, having spent `seconds` in its items.
+
+        Parameters
+        ----------
+        count : int
+            Items the batch ran (a batch that ran none is not measured).
+        seconds : float
+            Time the worker spent in those items, not in loading the cell.
+        idle : float or None
+            How long the worker's thread waited for this batch after its previous one of the
+            run (`worker.since_last`); None for a thread's first.
+        """
+        if idle is not None:
+            self._idle.append(idle)
+        if count > 0:
+            self.items += count
+            self.seconds += seconds
+
+    def next_size(self, remaining: int, free: int = 1) -> int:
+        """How many of the `remaining` items the next batch takes.
+
+        Parameters
+        ----------
+        remaining : int
+            Items not yet sent.
+        free : int
+            Batches that may still be submitted now, the next among them; until an item time
+            is measured they share out the items (a probe each).
+
+        Returns
+        -------
+        int
+            Between 1 and `remaining`; 0 when nothing remains, or when the probes are out and
+            the share kept behind the first item waits for a batch to come back.
+        """
+        if remaining <= 0:
+            return 0
+        if self.fixed is not None:
+            return min(self.fixed, remaining)
+        t = self.seconds_per_item
+        if t is None:
+            if self.alone_first:
+                self.alone_first = False
+                self._kept = 1  # a share waits for the thread that ran it: it is free first
+                return 1
+            if not self._probes:
+                return 0
+            probes = max(1, min(free, self._probes))
+            self._probes = max(0 if self._kept else 1, self._probes - 1)
+            share = math.ceil(remaining / (probes + self._kept))
+            return max(1, share if self.probe_items is None else min(self.probe_items, share))
+        t = max(t, 1e-9) * (1 + 1e-9)  # a mean of 0.00999999 s is 10 ms: no 6 where 5 fits
+        least = self.least
+        lo = max(1, math.ceil(max(self.bounds[0], least) / t))
+        size = max(lo, min(math.ceil(self.bounds[1] / t), math.ceil(remaining / (4 * self.threads))))
+        share = max(math.ceil(remaining / self.threads), math.ceil(least / t))  # the tail, shared out
+        return max(1, min(size, share, remaining))
 
 
 class _Queue:
-    """Item indices in order, held as runs of consecutive ones (ranges), not one int each.
-
-    A backlog of 1,000,000 items is then one range, not a deque of a million ints (~36 MB
-    in the kernel); a batch's indices exist as a list only while it is made.
-    """
+    """Item indices in order, held as runs of consecutive ones (ranges), not one int each."""
 
     def __init__(self, indices: Sequence[int]):
         self._runs: deque[range] = deque(_runs(indices))
@@ -261,34 +409,20 @@ class _Queue:
 
     def take(self, n: int) -> Sequence[int]:
         """The first `n` indices (fewer if there are fewer), removed: a `range` when consecutive."""
-        runs = self._runs
-        if runs and len(runs[0]) >= n:
-            run = runs[0]
-            taken, runs[0] = run[:n], run[n:]
-            if not runs[0]:
-                runs.popleft()
-            self._count -= len(taken)
-            return taken
-        out: list[int] = []
-        while runs and len(out) < n:
-            run = runs[0]
-            want = n - len(out)
-            if len(run) <= want:
-                out.extend(runs.popleft())
-            else:
-                out.extend(run[:want])
-                runs[0] = run[want:]
-        self._count -= len(out)
-        return out
+        taken: list[range] = []
+        while self._runs and n > 0:
+            run = self._runs.popleft()
+            taken.append(run[:n])
+            if len(run) > n:
+                self._runs.appendleft(run[n:])
+            n -= len(taken[-1])
+            self._count -= len(taken[-1])
+        return taken[0] if len(taken) == 1 else [i for run in taken for i in run]
 
     def put_back(self, indices: Sequence[int]) -> None:
         """`indices` go back in front, in their order."""
         self._runs.extendleft(reversed(_runs(indices)))
         self._count += len(indices)
-
-    def clear(self) -> None:
-        self._runs.clear()
-        self._count = 0
 
 
 def _runs(indices: Sequence[int]) -> list[range]:
@@ -296,14 +430,9 @@ def _runs(indices: Sequence[int]) -> list[range]:
     if isinstance(indices, range):
         return [indices] if len(indices) else []
     runs: list[range] = []
-    start = previous = None
     for i in indices:
-        if previous is not None and i == previous + 1:
-            previous = i
-            continue
-        if start is not None and previous is not None:
-            runs.append(range(start, previous + 1))
-        start = previous = i
-    if start is not None and previous is not None:
-        runs.append(range(start, previous + 1))
+        if runs and runs[-1].stop == i:
+            runs[-1] = range(runs[-1].start, i + 1)
+        else:
+            runs.append(range(i, i + 1))
     return runs

@@ -1,4 +1,4 @@
-"""`RunState`: the per-item record of one run, written by its engine alone.
+"""`RunState`: the per-item record of one run.
 
 Every item is in exactly one state: *pending* (queued or running), *done*, *failed* or
 *cancelled*. A delivery for an item that has already left *pending* is ignored, which is
@@ -22,9 +22,10 @@ Shape, for a run of `n` items:
 A state is made running: the first start is its creation. Each `retry()` is a further
 start (`begin`); the state finishes when its last start `end`s, and then whatever is still
 pending counts as cancelled. Writers are the engine's driver thread and, for `--local`
-items, the kernel's main thread; readers (the `Results` view, the waiting cell, the live
-widget) may be any thread. One re-entrant lock guards it all; `changed` wakes the waiters
-when items printed output, and when the run ends (or its pending items are cancelled).
+items and a resumed journal's, the kernel's main thread (`api.py`); readers (the `Results`
+view, the waiting cell, the live widget) may be any thread. One re-entrant lock guards it
+all (`lock`, the lock of `changed`); `changed` wakes the waiters when items printed output,
+and when the run ends (or its pending items are cancelled).
 
 Listeners: `subscribe(fn)` calls `fn()` after every change, from the writing thread, so it
 must be quick; listeners are dropped once the run has finished, so that a finished run kept
@@ -34,6 +35,8 @@ An exception in a listener is printed to stderr and does not stop the run.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
 import threading
 import time
@@ -81,17 +84,19 @@ class RunState:
         self.started = time.time()
         self.ended: float | None = None
         self.direct_keys: list[str] = []
-        self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)
+        self.changed = threading.Condition(threading.RLock())
         self.finished = threading.Event()
-        self._tally = {DONE: 0, FAILED: 0, CANCELLED: 0}
         self._starts = 1  # starts (the first, retries) not yet ended
-        self._listeners: list[Callable[[], None]] = []
-        self._done_callbacks: list[Callable[[], None]] = []
-        self._closers: list[Callable[[], None]] = []
+        # fn() after each change, once the run finished, at each start's end
+        self._hooks: dict[str, list[Any]] = {"change": [], "done": [], "end": []}
 
     def __len__(self) -> int:
         return len(self.status)
+
+    @property
+    def lock(self) -> threading.Condition:
+        """The state's re-entrant lock (that of `changed`): hold it to read several fields at once."""
+        return self.changed
 
     # -- reading -------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
@@ -103,11 +108,11 @@ class RunState:
             ``total``, ``done``, ``failed``, ``cancelled``, and ``running`` (the pending
             items: queued or running).
         """
+        status = self.status
         with self.lock:
-            done, failed, cancelled = self._tally[DONE], self._tally[FAILED], self._tally[CANCELLED]
-        total = len(self)
-        running = total - done - failed - cancelled
-        return {"total": total, "done": done, "failed": failed, "cancelled": cancelled, "running": running}
+            done, failed, cancelled = status.count(DONE), status.count(FAILED), status.count(CANCELLED)
+        running = len(status) - done - failed - cancelled
+        return {"total": len(status), "done": done, "failed": failed, "cancelled": cancelled, "running": running}
 
     def all_done(self) -> bool:
         """Whether every item is done (none failed, cancelled or pending).
@@ -117,7 +122,7 @@ class RunState:
         bool
             True when every item has its value.
         """
-        return self._tally[DONE] == len(self)
+        return self.status.count(DONE) == len(self)
 
     def unfinished(self) -> list[int]:
         """The items a retry runs again: failed or cancelled.
@@ -155,14 +160,10 @@ class RunState:
             Seconds to wait at most; None waits until the end. Either way Ctrl-C in the
             kernel interrupts it within a second.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         with self.changed:
-            while not self.finished.is_set():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                # Short waits, so that Ctrl-C in the kernel lands within a second.
-                self.changed.wait(1.0 if left is None else min(left, 1.0))
+            while not self.finished.is_set() and (left := deadline - time.monotonic()) > 0:
+                self.changed.wait(min(left, 1.0))  # short waits: Ctrl-C in the kernel lands within a second
 
     def wait_output(self, seen: int, timeout: float) -> None:
         """Block until more items have output than `seen`, the run ends, or `timeout`.
@@ -194,12 +195,11 @@ class RunState:
         """
         with self.lock:
             if not self.finished.is_set():  # a finished run changes no more (until a retry, which drops listeners)
-                self._listeners.append(fn)
+                self._hooks["change"].append(fn)
 
         def unsubscribe() -> None:
-            with self.lock:
-                if fn in self._listeners:
-                    self._listeners.remove(fn)
+            with self.lock, contextlib.suppress(ValueError):  # gone already
+                self._hooks["change"].remove(fn)
 
         return unsubscribe
 
@@ -213,7 +213,7 @@ class RunState:
         """
         with self.lock:
             if not self.finished.is_set():
-                self._done_callbacks.append(fn)
+                self._hooks["done"].append(fn)
                 return
         _call(fn)
 
@@ -228,7 +228,7 @@ class RunState:
             printed to stderr.
         """
         with self.lock:
-            self._closers.append(fn)
+            self._hooks["end"].append(fn)
 
     # -- writing: the engine only ---------------------------------------------------------
     def begin(self, indices: Iterable[int]) -> None:
@@ -244,22 +244,16 @@ class RunState:
         """
         with self.lock:
             for i in indices:
-                if self.status[i] != PENDING:
-                    self._tally[self.status[i]] -= 1
-                    self.status[i] = PENDING
-                    self.errors.pop(i, None)
-                    self.outputs.pop(i, None)
+                self.status[i] = PENDING
+                self.errors.pop(i, None)
+                self.outputs.pop(i, None)
             self._starts += 1
             self.lost = self.halted = None
             self.finished.clear()
             self.ended = None
 
     def deliver(
-        self,
-        indices: Sequence[int],
-        values: Sequence[Any],
-        errors: dict[int, ItemError],
-        outputs: dict[int, list[list[Any]]],
+        self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError], outputs: dict[int, Any]
     ) -> None:
         """Store a batch: `values[j]` is item `indices[j]`'s value, `errors[j]` its failure.
 
@@ -278,61 +272,33 @@ class RunState:
             What items printed, by the item's index in the run: ``[stream, payload]``
             chunks.
         """
-        status = self.status  # a local: this loop runs once per item
-        done = failed = 0
+        status, n = self.status, len(values)  # locals: the loop below runs once per item
         with self.lock:
-            fresh = self._deliver_fresh(indices, values, errors, outputs)
-            stored = self.values
             printed = len(self.output_order)
-            for j, value in enumerate(() if fresh else values):
+            start = indices.start if isinstance(indices, range) and indices.step == 1 else -1
+            if start >= 0 and not errors and not outputs and n <= len(indices) and status.count(PENDING, start, start + n) == n:
+                # The common batch (consecutive, all pending, none failed, no output): by slices.
+                self.values[start : start + n] = values
+                status[start : start + n] = bytes([DONE]) * n
+                values = ()
+            for j, value in enumerate(values):
                 i = indices[j]
                 if status[i] != PENDING:
                     continue  # a re-run after a lost worker, or a result after cancel
                 error = errors.get(j) if errors else None
                 if error is None:
-                    stored[i] = value
+                    self.values[i] = value
                     status[i] = DONE
-                    done += 1
                 else:
                     self.errors[i] = error
                     status[i] = FAILED
-                    failed += 1
                 if outputs and i in outputs:
                     self.outputs[i] = outputs[i]
                     self.output_order.append(i)
-            self._tally[DONE] += done
-            self._tally[FAILED] += failed
             if len(self.output_order) != printed:
-                # Only output wakes the waiting cell before the end (`wait_output`): a wake per
-                # batch was a GIL hand-off to the main thread and back for nothing.
+                # Only output wakes the waiting cell before the end (`wait_output`).
                 self.changed.notify_all()
         self._notify()
-
-    def _deliver_fresh(
-        self,
-        indices: Sequence[int],
-        values: Sequence[Any],
-        errors: dict[int, ItemError],
-        outputs: dict[int, list[list[Any]]],
-    ) -> bool:
-        """The common batch, stored by slices at C speed, or kept packed;
-        False if not it.
-
-        It is a run of consecutive items (a `range`), all pending, none failed, none with
-        output. Lock held.
-        """
-        n = len(values)
-        if errors or outputs or not n or not isinstance(indices, range) or indices.step != 1:
-            return False
-        if n > len(indices):
-            return False
-        start, stop = indices.start, indices.start + n
-        if self.status.count(PENDING, start, stop) != n:
-            return False  # some delivered already (a re-run after a lost worker): item by item
-        self.values[start:stop] = values
-        self.status[start:stop] = bytes([DONE]) * n
-        self._tally[DONE] += n
-        return True
 
     def cancel_pending(self) -> None:
         """Mark every pending item cancelled (a batch still out is ignored when it returns)."""
@@ -342,30 +308,22 @@ class RunState:
         if changed:
             self._notify()
 
-    def lose(self, reason: str) -> None:
-        """The cluster went away: the unfinished items are given up (a retry runs them).
+    def lose(self, reason: str, *, halted: bool = False) -> None:
+        """Give up the unfinished items (a retry runs them): the cluster went away, or is there
+        but cannot run them (nbcluster missing on its scheduler).
 
         Parameters
         ----------
         reason : str
-            Why, in a line the user is shown (`lost`).
+            Why (and for `halted`, what to do), in a line the user is shown.
+        halted : bool
+            Whether the cluster cannot run them (`halted`), rather than went away (`lost`).
         """
         with self.lock:
-            # The first says it: the watch thread and the driver may both notice, and the
-            # second, after the first closed the link, no longer knows the cluster's name.
-            self.lost = self.lost or reason
-        self.cancel_pending()
-
-    def halt(self, reason: str) -> None:
-        """The cluster cannot run the items: the unfinished ones are given up (a retry runs them).
-
-        Parameters
-        ----------
-        reason : str
-            Why, and what to do, in a line the user is shown (`halted`).
-        """
-        with self.lock:
-            self.halted = reason
+            if halted:
+                self.halted = reason
+            else:  # the first says it: the watch thread and the driver may both notice, the
+                self.lost = self.lost or reason  # second after the first closed the link
         self.cancel_pending()
 
     def end(self) -> None:
@@ -375,31 +333,28 @@ class RunState:
             if self._starts > 0:
                 return
             self._cancel_pending()  # never delivered: cancelled, never lost
-            for fn in self._closers:
+            for fn in self._hooks["end"]:
                 _call(fn)
             self.ended = time.time()
             self.finished.set()
             self.changed.notify_all()
-            callbacks, self._done_callbacks = self._done_callbacks, []
+            callbacks, self._hooks["done"] = self._hooks["done"], []
         self._notify()
         with self.lock:
             if self.finished.is_set():  # not restarted meanwhile: nothing more to tell
-                self._listeners = []
+                self._hooks["change"] = []
         for fn in callbacks:
             _call(fn)
 
     def _cancel_pending(self) -> bool:
-        if sum(self._tally.values()) == len(self):
+        if PENDING not in self.status:
             return False
-        for i, s in enumerate(self.status):
-            if s == PENDING:
-                self.status[i] = CANCELLED
-                self._tally[CANCELLED] += 1
+        self.status[:] = self.status.replace(bytes([PENDING]), bytes([CANCELLED]))
         return True
 
     def _notify(self) -> None:
         with self.lock:
-            listeners = list(self._listeners)
+            listeners = list(self._hooks["change"])
         for fn in listeners:
             _call(fn)
 

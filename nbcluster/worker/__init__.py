@@ -25,11 +25,11 @@ item's result ahead when the batch goes on.
 
 A batch may carry a time *budget*: it returns, between chunks of items, once the budget is
 spent, with the items it reached; the kernel sends the rest again. So a batch sized from a
-misleading estimate still comes back on time (see `batching.py`).
+misleading estimate still comes back on time (see `run/policy.py`).
 
 The task returns one opaque blob: per-item values, error records, captured output, the
 time spent in the items and how long the thread waited for the batch since its last one of
-the run (`idle`, for the batch sizing in `batching.py`; measured with the thread's own
+the run (`idle`, for the batch sizing in `run/policy.py`; measured with the thread's own
 clock). A small blob is also pushed to the kernel as a Dask event just before the task ends
 (`push`), which saves the kernel a gather. A batch never raises for an item. Only a
 context that cannot even be loaded fails the whole batch, again as a returned record
