@@ -79,9 +79,9 @@ def test_a_stop_keeps_every_finished_item_and_starts_nothing_new(cluster: Any) -
         run_id = res.run_id
 
         def told() -> bool:  # on a worker: the run's stop token reached it (`worker.stop_run`)
-            from nbcluster.worker import stopping
+            from nbcluster.worker import context
 
-            return any(t.startswith(f"{run_id}-") for t in stopping._STOPPED)
+            return any(t.startswith(f"{run_id}-") for t in context._STOPPED)
 
         assert until(lambda: all(client.run(told).values()), 30)
         Event(f"{tag}-go-3", client=client).set()
@@ -195,7 +195,7 @@ def test_many_tiny_items_over_a_range_or_a_list_all_come_back_in_order(
 def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
     cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A small batch's result comes with the worker's push (`worker/push.py`), which saves the
+    # A small batch's result comes with the worker's push (`worker.push`), which saves the
     # cell a gather after its last item; a large one, or one whose push never came, is
     # gathered as before. Either way every value arrives, in order. (Batches that are Dask
     # tasks: a direct batch's result comes with its answer, `test_direct`.)
@@ -214,10 +214,10 @@ def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
     assert [len(v) for v in big] == [20_000] * 4 and big[3][0] == 3
     assert sum(gathers) >= 1, "results over push.LARGEST are gathered"
 
-    from nbcluster.run import reports
+    from nbcluster.run import transport
 
     gathers.clear()
-    monkeypatch.setattr(reports.Inbox, "take", lambda self, key, timeout: None)  # every push lost
+    monkeypatch.setattr(transport._Inbox, "take", lambda self, key: None)  # every push lost
     assert list(distribute(lambda x: x + 1, over=range(8))) == list(range(1, 9))
     assert sum(gathers) >= 1
 
