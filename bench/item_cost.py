@@ -50,8 +50,7 @@ def _in_process(repeats: int) -> dict[str, float]:
 
     from nbcluster.run.cell import Cell
     from nbcluster.run.state import RunState
-    from nbcluster.worker.context import Context
-    from nbcluster.worker.items import dump_result, install, run_items
+    from nbcluster.worker import Context, dump_result, install, run_items
 
     install()
     cell = Cell.parse("x + 1", filename="<bench-cell>")

@@ -441,7 +441,7 @@ def test_results_cannot_be_written_by_user_code() -> None:
 
 def test_one_failing_item_among_many_tiny_ones_fails_alone(ns: dict[str, Any], capsys: Any) -> None:
     # One-expression cells and plain functions map a chunk of items as one call on the worker
-    # (worker/items.py); an item that raises in the middle of it must fail alone.
+    # (worker/__init__.py); an item that raises in the middle of it must fail alone.
     res = run("100 // (x - 1234) + x", ns, over="x in range(5000)", into="res")
     assert [(e.index, e.type_name) for e in res.errors] == [(1234, "ZeroDivisionError")]
     assert res.values() == [None if x == 1234 else 100 // (x - 1234) + x for x in range(5000)]

@@ -64,7 +64,7 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
     ("nbcluster.worker.trial", "nbcluster._compat"): (
         "a trial item's task key: _compat imports Dask's distributed, which the worker package must not need to load"
     ),
-    ("nbcluster.worker.items", "nbcluster._compat"): (
+    ("nbcluster.worker", "nbcluster._compat"): (
         "the worker package loads without Dask's Client (_compat imports it); only a cancel check needs it"
     ),
 }

@@ -1,4 +1,4 @@
-"""A run's values read back right, whichever way they travelled (`worker/items.py`, `run/engine.py`).
+"""A run's values read back right, whichever way they travelled (`worker/__init__.py`, `run/engine.py`).
 
 What a user notices: every value reads back right, whichever item is read first, from
 whichever thread, and after a retry over part of a batch (a resumed journal of such

@@ -1,4 +1,4 @@
-"""A batch's items on a worker (`worker/items.py`), mapped in chunks, keep the per-item
+"""A batch's items on a worker (`worker/__init__.py`), mapped in chunks, keep the per-item
 guarantees: one failing item fails alone, output goes to the item that wrote it, a stop ends a
 batch within a chunk, and each item sees its own names, whichever way it runs."""
 
@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
+from nbcluster import worker
 from nbcluster.run.cell import Cell
-from nbcluster.worker import items
-from nbcluster.worker.context import Context, stop_run
-from nbcluster.worker.items import run_items
+from nbcluster.worker import Context, run_items, stop_run
 
 
 def context(
@@ -74,9 +73,9 @@ def test_items_that_unpack_into_arguments_or_names() -> None:
 
 
 def test_output_is_filed_under_the_item_that_wrote_it() -> None:
-    items.install()
+    worker.install()
     # The worker's `display` (in a process that made an IPython shell, the builtin is IPython's).
-    ctx = context("print('item', x) or display(x * 10) or x", {"display": items.display})
+    ctx = context("print('item', x) or display(x * 10) or x", {"display": worker.display})
     result = run_items(ctx, range(500, 700), list(range(200)), capture=True)
     assert result["values"] == list(range(200))
     assert sorted(result["outputs"]) == list(range(500, 700))

@@ -1,47 +1,75 @@
 """What runs on a worker (and, for `--local`, in the kernel): one batch of items.
 
-A Dask task is `run_batch((context_key, inline_context), batch, token)`, with no Dask
-dependencies at all, so the scheduler treats every batch as a root task and hands them
-out from its queue to whichever thread is free. The kernel sends three functions of this
-package, pickled by reference (`run_batch`; `stop_run` and `pin`, from `context.py`): keep
-their names.
-A run's first batches come as a request to the worker itself instead (`direct.py`), which
-runs the same `run_blob` in the same thread pool, without the scheduler, and sends its first
-item's result ahead when the batch goes on.
+What is where: this module runs a batch, from the Dask task to the result blob: its items,
+in chunks (`run_items`), their prints and `display()`s (`install`) and the blob's pickling
+(`dump_result`). Beside it, each with one purpose: `context.py`, the cell's context loaded
+once per worker, the large values it reads and the runs told to stop; `direct.py`, the
+request that runs a batch without the scheduler; `records.py`, an item's exception as a
+record; `held.py`, `--persist`. The other strategies' items: `trial.py` and `checkpoint.py`
+(`--trials`), `rank.py` (`--ranks`); `local.py` keeps a value per worker process, on purpose.
+
+**The task.** A Dask task is `run_batch((context_key, inline_context), batch, token)`, with
+no Dask dependencies at all, so the scheduler treats every batch as a root task and hands
+them out from its queue to whichever thread is free. The kernel sends three functions of
+this package, pickled by reference (`run_batch`; `stop_run` and `pin`, from `context.py`):
+keep their names. A run's first batches come as a request to the worker itself instead
+(`direct.py`), which runs the same `run_blob` in the same thread pool, without the
+scheduler, and sends its first item's result ahead when the batch goes on. One batch's path:
+`run_batch` -> `run` -> `context.load`/`fetch` -> `run_items` -> `dump_result`.
 
 - `batch` is one opaque blob `(indices, items, budget)`: Dask never walks into it, so its
   cost does not grow with the items inside.
-- The cell's *context* (code, small captured values, how an item binds names) is
-  unpickled once per worker, and its *large values* are kept outside Dask's store:
-  `context.py`. A key that no worker holds any more (every holder died) comes back as
+- A key of a large value that no worker holds any more (every holder died) comes back as
   `{"lost": key}`; the kernel scatters it again and resubmits the batch.
-- The items run in `items.py`, in chunks, their prints and `display()`s kept apart per
-  item; an item's exception becomes a record in `records.py`. One batch's path:
-  `run_batch` -> `run` -> `context.load`/`fetch` -> `items.run_items` -> `items.dump_result`.
-- A `--persist` item's value stays on its worker under its own key (`held.py`).
-- A trial item reports metrics, is asked to stop and may checkpoint (`trial.py`,
-  `checkpoint.py`); a rank of a `--ranks` job runs with torchrun's environment (`rank.py`);
-  `worker_local` keeps a value per worker process, on purpose (`local.py`).
+- The task returns one opaque blob: per-item values, error records, captured output, the
+  time spent in the items and how long the thread waited for the batch since its last one
+  of the run (`idle`, for the batch sizing in `run/policy.py`; measured with the thread's
+  own clock). A small blob is also pushed to the kernel as a Dask event just before the
+  task ends (`push`), which saves the kernel a gather. A batch never raises for an item:
+  each item's exception becomes an error record with its own traceback, so one failing
+  item loses nothing else. Only a context that cannot even be loaded fails the whole
+  batch, again as a returned record (`{"fatal": record}`).
 
-A batch may carry a time *budget*: it returns, between chunks of items, once the budget is
-spent, with the items it reached; the kernel sends the rest again. So a batch sized from a
-misleading estimate still comes back on time (see `run/policy.py`).
+**Each item starts from the notebook's state**: it gets its own copy of every captured
+value that it could change, and shares the rest (`context.py`).
 
-The task returns one opaque blob: per-item values, error records, captured output, the
-time spent in the items and how long the thread waited for the batch since its last one of
-the run (`idle`, for the batch sizing in `run/policy.py`; measured with the thread's own
-clock). A small blob is also pushed to the kernel as a Dask event just before the task ends
-(`push`), which saves the kernel a gather. A batch never raises for an item. Only a
-context that cannot even be loaded fails the whole batch, again as a returned record
-(`{"fatal": record}`).
+**One loop per chunk.** A batch runs in chunks, each one call that appends each item's value:
 
-Stopping (`context.py`, `items.py`): a batch carries its run's *stop token*. `stop_run(token)`,
-sent to every worker by the kernel on interrupt or `Results.cancel()`, makes a batch return
-with the items it finished, `"stopped": True`, before its next chunk of items (a few ms,
-or one item). So a cancel keeps finished work, and a worker thread is free again one item
-later (Dask cannot stop a running thread, and cancelling the task on the scheduler would
-throw the finished items away). A batch whose Dask task was cancelled outright also stops,
-checked every 50 ms.
+- a function over plain items (no seed, nothing it reads to copy per item):
+  ``values.extend(map(fn, chunk))`` (`starmap` when an item unpacks into arguments);
+- a cell that is one expression and captures nothing to copy: the cell compiled into a loop,
+  ``for x in chunk: values.append(<expression>)`` (`context.cell_loop`), whose globals are
+  the shared namespace;
+- anything else (statements, values to copy per item, a seed, an unpacking target, keyword
+  arguments, a trial): `_one_item`, which gives the item a fresh namespace, mapped over
+  (item, index) pairs.
+
+**Chunks.** The items run in chunks sized to take about `CHUNK_S`: the first chunk is one
+item, each next one at most twice the last, from the time per item of the last chunk (and
+never past the batch's time *budget*: a batch sized from a misleading estimate returns on
+time, with the items it reached, and the kernel sends the rest again).
+
+**A failing item fails alone.** The values are appended in order to one list, so when the
+chunk's call raises, the list's length is the failing item's position in the batch: it gets
+its error record and a None, and the call is made again on the rest of the chunk (an
+iterator, from which the failing item was taken). The resumption runs outside the `except`
+block, so the next item's own exception carries no `__context__` from this one.
+
+**Stopping.** A batch carries its run's *stop token*. `stop_run(token)`, sent to every
+worker by the kernel on interrupt or `Results.cancel()`, makes the run's batches return with
+the items they finished, `"stopped": True`, before their next chunk (a few ms, or one item;
+the general path also checks before each item, so a cell that waited on something, then
+was stopped, starts no further item). So a cancel keeps finished work, and a worker thread
+is free again one item later (Dask cannot stop a running thread, and cancelling the task on
+the scheduler would throw the finished items away). A batch whose Dask task was cancelled
+outright also stops, checked every `CHECK_S`.
+
+**Output.** `sys.stdout`/`sys.stderr` are wrapped once per process (`install`) by a stream
+that sends writes to the running item's buffer when the writing thread runs items, and to
+the real stream otherwise: with several threads per worker, each item sees only its own
+prints. The item running is the one at position ``len(values)``, so its prints are filed
+under its index at no cost per item. `outputs` maps item index -> chunks `[stream, text]`
+(or `["display", mimebundle]`).
 
 This package imports nothing from nbcluster but base modules (`errors`, `_compat`, `_wire`):
 a worker needs cloudpickle and Dask, and loads no kernel-side module
@@ -50,28 +78,53 @@ a worker needs cloudpickle and Dask, and loads no kernel-side module
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import copy
+import hashlib
+import io
+import itertools
 import pickle
+import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterator
+from types import FunctionType
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
+
+import cloudpickle
 
 from nbcluster._wire import PUSHED_TOPIC, Pushed
 from nbcluster.errors import Lost
-from nbcluster.worker.context import INLINE_CONTEXT, Context, fetch, load, pin, ran_on, stop_run, stopped_run
-from nbcluster.worker.items import dump_result, install, run_items, without_first
+from nbcluster.worker import trial
+from nbcluster.worker.context import (
+    INLINE_CONTEXT,
+    Context,
+    Copy,
+    fetch,
+    load,
+    pin,
+    ran_on,
+    read_only_error,
+    running,
+    stop_run,
+    stopped_run,
+)
 from nbcluster.worker.records import ErrorRecord, error_record
 
 if TYPE_CHECKING:
     from nbcluster.worker.direct import FirstAhead
 
-__all__ = ["INLINE_CONTEXT", "Context", "ErrorRecord", "Slot", "error_record", "pin", "push", "run_batch", "run_blob",
-           "run_items", "stop_run"]  # fmt: skip
+__all__ = ["INLINE_CONTEXT", "Context", "ErrorRecord", "Slot", "display", "dump_result", "error_record", "install",
+           "pin", "push", "run_batch", "run_blob", "run_items", "stop_run"]  # fmt: skip
 
 #: Blobs larger than this (bytes) are not pushed, only gathered: the scheduler keeps a topic's
 #: last events (`distributed.admin.low-level-log-length`), and these must stay small there.
 LARGEST_PUSH = 8_192
+CHUNK_S = 0.002  # seconds a chunk aims at: how long a stop or a spent budget may wait
+CHECK_S = 0.05  # how often a running batch asks whether its Dask task was cancelled
+LIMIT = 64 * 1024  # output characters kept per item and stream
+CUT = "\n... (output truncated)\n"
 _thread = threading.local()  # `ended`: (stop token, perf_counter) at the end of the thread's last batch
 
 
@@ -251,3 +304,382 @@ def current_task() -> tuple[Any, str] | None:
         return None
     key = dask_worker.get_current_task()
     return None if key is None else (dask_worker, str(key))
+
+
+# -- the items --------------------------------------------------------------------------------
+def run_items(context: Context, indices: Any, items: list[Any], large_values: tuple[Any, ...] = (), *, capture: bool,
+              token: str | None = None, budget: float | None = None,
+              first: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run items in this thread until done or stopped; never raises for an item's own failure.
+
+    Stops early, between chunks of a few ms, when the run was told to stop (`token`), once
+    `budget` seconds have gone by, or when Dask cancelled the task.
+
+    Parameters
+    ----------
+    context : Context
+        The run's context: the cell's code or function, its captured values, how an item
+        binds names, the seed.
+    indices : sequence of int
+        The run's index of each of `items` (a list or a range), for seeds and output.
+    items : list
+        The items themselves, in order.
+    large_values : tuple
+        The values of ``context.large``, fetched on this worker, in that order: added to the
+        names each item sees.
+    capture : bool
+        True keeps each item's output in the result (on a worker); False lets it go to the
+        real streams (in the kernel, for ``--local``).
+    token : str or None
+        The run's stop token (`stop_run`); None is never stopped.
+    budget : float or None
+        Seconds after which no further chunk is started; None runs them all.
+    first : callable, optional
+        Called with the first item's result (`first_of`) once it ended, before the next item
+        starts: a run's first direct batch may send it ahead of the rest (`direct.py`).
+
+    Returns
+    -------
+    dict
+        ``values`` (one per item run, None where it failed), ``errors`` (position in the
+        batch -> `ErrorRecord`), ``outputs`` (item index -> chunks, when captured),
+        ``count`` (the items run, from the first), ``seconds`` (their time) and ``stopped``
+        (True when some items were not reached).
+
+    Raises
+    ------
+    KeyboardInterrupt
+        Ctrl-C in the kernel during ``--local``: it stops the cell rather than fail one item.
+    """
+    run, todo = _plan(context, *context.shared(large_values), indices, items, token)
+    read_only = tuple(sorted(context.sharing.arrays))
+    values: list[Any] = []  # appended in order: its length is the running item's position
+    errors: dict[int, ErrorRecord] = {}
+    outputs: dict[int, list[list[Any]]] = {}  # item index -> chunks
+    if capture:
+        running.outputs, running.follow = outputs, (values, indices)
+    todo, n, size, stopped = iter(todo), len(items), 1, False
+    started = checked = time.perf_counter()
+    try:
+        while len(values) < n and not stopped and not stopped_run(token):
+            before, begun = len(values), time.perf_counter()
+            chunk = itertools.islice(todo, size)
+            while True:
+                try:
+                    run(chunk, values)  # again after a failing item: on from the next one
+                    break
+                except KeyboardInterrupt:
+                    raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
+                except _Stopped:
+                    stopped = True
+                    break
+                except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
+                    errors[len(values)] = error_record(read_only_error(e, read_only))
+                    values.append(None)
+            if stopped:
+                break
+            now = time.perf_counter()
+            if first is not None:  # the first chunk is the first item alone
+                first(first_of({"values": values, "errors": errors, "outputs": outputs}, indices[0], now - started))
+                first = None
+            aim = CHUNK_S if budget is None else min(CHUNK_S, budget - (now - started))
+            per_item = (now - begun) / (len(values) - before)
+            size = max(1, min(2 * size, int(aim / per_item) if per_item > 0 else 2 * size))
+            stopped = budget is not None and now - started >= budget
+            if now - checked > CHECK_S:
+                checked = now
+                stopped = stopped or _cancelled()
+    finally:
+        running.outputs = None
+    seconds, count = time.perf_counter() - started, len(values)
+    return {"values": values, "errors": errors, "outputs": outputs, "count": count, "seconds": seconds,
+            "stopped": count < n}  # fmt: skip
+
+
+def _plan(c: Context, base: dict[str, Any], copies: list[Copy], indices: Any, items: list[Any],
+          token: str | None) -> tuple[Callable[[Iterator[Any], list[Any]], None], Any]:  # fmt: skip
+    """How the items run: ``run(chunk, values)``, which appends each item's value, and what the
+    chunks are cut from."""
+    if c.seed is None and c.trial is None:  # else each item binds its own seed, or is a trial
+        if c.kind == "function" and c.mode == "over" and c.code.fn_blob is None:
+            fn, over = c.item_function(), itertools.starmap if c.unpacks else map
+            return lambda chunk, values: values.extend(over(fn, chunk)), items
+        if c.code.expression is not None and not copies:
+            return FunctionType(c.code.expression, base), items
+
+    def step(item: Any, index: int) -> Any:
+        if stopped_run(token):  # beside a namespace per item this costs little: checked per item
+            raise _Stopped
+        if c.trial is not None:
+            return trial.run_item(c.trial, index, token, lambda: _one_item(c, base, copies, item, index))
+        return _one_item(c, base, copies, item, index)
+
+    return lambda chunk, values: values.extend(itertools.starmap(step, chunk)), zip(items, indices, strict=True)
+
+
+class _Stopped(Exception):
+    """Raised by the general path's step, before its item, when the run was told to stop."""
+
+
+def _one_item(c: Context, base: dict[str, Any], copies: list[Copy], item: Any, index: int) -> Any:
+    """One item on the general path: a function called with its arguments, or a cell run in a
+    namespace of its own."""
+    named = dict(zip(c.names, item, strict=True)) if c.mode in ("grid", "zip") else {}
+    if c.seed is not None:
+        named["seed"] = item_seed(c.seed, index)
+    if c.kind == "function":
+        args = (tuple(item) if c.unpacks else (item,)) if c.mode == "over" else ()
+        return c.item_function()(*args, **named)
+    ns = dict(base)
+    for fresh in copies:
+        ns.update(fresh())
+    ns.update(named)
+    if c.code.bind is not None:  # `TARGET = __nbcluster_item__`, which then deletes that name
+        ns["__nbcluster_item__"] = item
+        exec(c.code.bind, ns)
+    elif c.mode == "over":
+        ns[c.names[0]] = item
+    if c.code.body is not None:  # None: the cell is one expression
+        exec(c.code.body, ns)
+    return eval(c.code.last, ns) if c.code.last is not None else None
+
+
+def item_seed(seed: int, index: int) -> int:
+    """A 32-bit seed from the cell's seed and the item's index (fits `np.random.seed`).
+
+    The same on every worker and every Python (a hash of the text, not Python's `hash`), so
+    an item draws the same numbers wherever and whenever it runs.
+
+    Parameters
+    ----------
+    seed : int
+        The cell's ``--seed``.
+    index : int
+        The item's index in the run.
+
+    Returns
+    -------
+    int
+        Between 0 and 2**32 - 1.
+
+    Examples
+    --------
+    >>> item_seed(42, 0), item_seed(42, 1)
+    (1042318869, 2349893302)
+    """
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=4).digest(), "little")
+
+
+def first_of(result: dict[str, Any], first_index: Any, seconds: float) -> dict[str, Any]:
+    """The first item's part of a batch's running result, as a result of its own.
+
+    Parameters
+    ----------
+    result : dict
+        The batch's ``values``, ``errors`` and ``outputs`` so far (``values`` holds at least one).
+    first_index : int
+        The run's index of the batch's first item (its key in ``outputs``).
+    seconds : float
+        The first item's time.
+
+    Returns
+    -------
+    dict
+        A result of one item, ``count`` 1.
+
+    Examples
+    --------
+    >>> first_of({"values": [5, 6], "errors": {1: "e"}, "outputs": {7: [["stdout", "hi"]]}}, 7, 0.25)
+    {'values': [5], 'errors': {}, 'outputs': {7: [['stdout', 'hi']]}, 'count': 1, 'seconds': 0.25, 'stopped': False}
+    """
+    errors, outputs = result["errors"], result["outputs"]
+    return {"values": result["values"][:1], "errors": {0: errors[0]} if 0 in errors else {},
+            "outputs": {first_index: list(outputs[first_index])} if first_index in outputs else {},
+            "count": 1, "seconds": seconds, "stopped": False}  # fmt: skip
+
+
+def without_first(result: dict[str, Any], first_index: Any, seconds: float) -> dict[str, Any]:
+    """A batch's result with its first item left out: that item went ahead (`first_of`).
+
+    Parameters
+    ----------
+    result : dict
+        What `run_items` returned, with at least the first item run.
+    first_index : int
+        The run's index of that item.
+    seconds : float
+        Its time, taken off the batch's.
+
+    Returns
+    -------
+    dict
+        The same result for the items after the first: positions in ``errors`` one less.
+
+    Examples
+    --------
+    >>> r = {"values": [5, 6, 7], "errors": {2: "e"}, "outputs": {0: ["a"], 1: ["b"]},
+    ...      "count": 3, "seconds": 0.3, "stopped": False}
+    >>> out = without_first(r, 0, 0.1)
+    >>> out["values"], out["errors"], out["outputs"], out["count"], round(out["seconds"], 3)
+    ([6, 7], {1: 'e'}, {1: ['b']}, 2, 0.2)
+    """
+    return {**result, "values": result["values"][1:], "count": result["count"] - 1,
+            "errors": {j - 1: record for j, record in result["errors"].items() if j > 0},
+            "outputs": {i: chunks for i, chunks in result["outputs"].items() if i != first_index},
+            "seconds": max(0.0, result["seconds"] - seconds)}  # fmt: skip
+
+
+def dump_result(result: dict[str, Any]) -> bytes:
+    """The batch's result as one blob; an item whose value cannot be pickled fails alone.
+
+    Parameters
+    ----------
+    result : dict
+        What `run_items` returned; changed in place where a value or an exception cannot be
+        pickled.
+
+    Returns
+    -------
+    bytes
+        `result` cloudpickled. A value that cannot be pickled is replaced by None and its item
+        fails with a `TypeError` saying why; an exception that cannot be pickled travels as
+        its traceback only (``"exception"`` None).
+
+    Examples
+    --------
+    >>> import threading
+    >>> result = {"values": [1, threading.Lock()], "errors": {}, "outputs": {}, "count": 2,
+    ...           "seconds": 0.1, "stopped": False}
+    >>> back = cloudpickle.loads(dump_result(result))
+    >>> back["values"]
+    [1, None]
+    >>> print(back["errors"][1]["message"])
+    the item's result cannot be sent back to the kernel: TypeError: cannot pickle '_thread.lock' object
+    """
+    with contextlib.suppress(Exception):
+        return cloudpickle.dumps(result)
+    values = result.get("values", [])  # none in a batch that ran no item
+    for j, value in enumerate(values):
+        try:
+            cloudpickle.dumps(value)
+        except Exception as e:
+            values[j] = None
+            why = f"the item's result cannot be sent back to the kernel: {type(e).__name__}: {e}"
+            result["errors"][j] = error_record(TypeError(why))
+    for record in result.get("errors", {}).values():
+        try:
+            cloudpickle.dumps(record)
+        except Exception:
+            record["exception"] = None
+    return cloudpickle.dumps(result)
+
+
+def _cancelled() -> bool:
+    """True when this thread's Dask task was cancelled (False outside Dask, or when asking fails)."""
+    try:
+        from nbcluster._compat import running_task_key, worker_task
+
+        key = running_task_key()
+        ts = None if key is None else worker_task(key)
+        return key is not None and (ts is None or ts.state in ("cancelled", "released", "forgotten"))
+    except Exception:
+        return False
+
+
+# -- output --------------------------------------------------------------------------------
+def _chunks() -> list[list[Any]]:
+    values, indices = running.follow
+    chunks: list[list[Any]] = running.outputs.setdefault(int(indices[len(values)]), [])
+    return chunks
+
+
+class _ItemStream(io.TextIOBase):
+    """Writes go to the running item's buffer in this thread, else to the real stream."""
+
+    def __init__(self, name: str, real: TextIO):
+        self.name_, self.real = name, real
+
+    def write(self, text: str) -> int:
+        if getattr(running, "outputs", None) is None:
+            return self.real.write(text)
+        chunks = _chunks()
+        if chunks and chunks[-1][0] == self.name_:
+            if len(chunks[-1][1]) <= LIMIT:  # a longer one was cut already: it takes no more
+                chunks[-1][1] += text
+        else:
+            chunks.append([self.name_, text])
+        if len(chunks[-1][1]) > LIMIT:  # cut, and say so, whether one write or many got here
+            chunks[-1][1] = chunks[-1][1][:LIMIT] + CUT
+        return len(text)
+
+    def flush(self) -> None:
+        if getattr(running, "outputs", None) is None:
+            self.real.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]  # TextIOBase declares a plain attribute
+        return getattr(self.real, "encoding", "utf-8")
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+
+def install() -> None:
+    """Wrap this process's `sys.stdout`/`sys.stderr` (once) and give it a `display`."""
+    for name in ("stdout", "stderr"):
+        if not isinstance(getattr(sys, name), _ItemStream):
+            setattr(sys, name, _ItemStream(name, getattr(sys, name)))
+    # In a notebook `display` is a builtin (IPython puts it there); cells and notebook
+    # functions call it unqualified, so a worker needs one too.
+    if not hasattr(builtins, "display"):
+        builtins.display = display  # type: ignore[attr-defined]
+
+
+def display(*objs: Any, raw: bool = False, **_ignored: Any) -> None:
+    """`display()` for worker items: records each object's rich representation for the cell.
+
+    Outside an item the plain-text form is printed instead.
+
+    Parameters
+    ----------
+    *objs : Any
+        The objects to show; each becomes a mimebundle, as IPython's formatter makes it (else
+        its ``repr``).
+    raw : bool
+        When True, an object that is a dict is taken as a ready mimebundle, as in IPython.
+    **_ignored : Any
+        IPython's other keywords (``display_id``, ``metadata``...), accepted so cells written
+        for the notebook run unchanged, and ignored.
+
+    Examples
+    --------
+    Outside an item, as here, the plain-text form is printed:
+
+    >>> display({"text/plain": "done", "text/html": "<b>done</b>"}, raw=True)
+    done
+    """
+    for obj in objs:
+        bundle = obj if raw and isinstance(obj, dict) else _mimebundle(obj)
+        if getattr(running, "outputs", None) is None:
+            print(bundle.get("text/plain", ""))
+        else:
+            _chunks().append(["display", bundle])
+
+
+def _mimebundle(obj: Any) -> dict[str, Any]:
+    with contextlib.suppress(Exception):  # no IPython on the worker, or a failing _repr_*_: plain text
+        from IPython.core.formatters import DisplayFormatter
+
+        data, _ = DisplayFormatter().format(obj)
+        if data:
+            return dict(data)
+    try:
+        return {"text/plain": repr(obj)}
+    except Exception:
+        return {"text/plain": f"<unprintable {type(obj).__name__}>"}

@@ -29,8 +29,9 @@ kernel scatters it again.
 
 **Runs told to stop.** `stop_run(token)`, sent to every worker by the kernel on interrupt or
 `Results.cancel()`, records the run's stop token, which its batches look up between chunks
-of items (`items.py`). The tokens live here, with the thread's item output (`running`), so
-that trial items read both without importing the batch runner.
+of items (`worker/__init__.py`). The tokens live here, with the thread's item output
+(`running`), so that trial items (`trial.py`, which the batch runner imports) read both
+without an import cycle.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ _OBJECTS: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # key -> (value, si
 _LOCK = threading.Lock()  # for both; `pin` takes it in the event loop: never held over the network
 _FETCHING = threading.Lock()  # one fetch at a time: threads wanting the same value wait for it
 _STOPPED: dict[str, None] = {}  # stop tokens of runs told to stop, oldest first (the last 256)
-#: What this thread's items write to (`items.py`): ``outputs``, and ``follow``, the batch's
+#: What this thread's items write to (`worker/__init__.py`): ``outputs``, and ``follow``, the batch's
 #: (values, indices), which name the item running.
 running = threading.local()
 # Names through which a one-expression cell could write to the namespace its items share.

@@ -60,8 +60,7 @@ from typing import Any
 
 from nbcluster._compat import as_worker, worker_accepts_work
 from nbcluster._wire import DIRECT_TOPIC, DirectRecord
-from nbcluster.worker import run_blob
-from nbcluster.worker.items import dump_result
+from nbcluster.worker import dump_result, run_blob
 
 #: The request a worker serves once `install` ran there.
 HANDLER = "nbcluster_run_batch"

@@ -39,8 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbcluster.errors import NotRecomputed
 from nbcluster.worker import Slot as Slot  # what handles.py puts in a batch, named here too
-from nbcluster.worker import current_task, push, run, run_blob
-from nbcluster.worker.items import dump_result
+from nbcluster.worker import current_task, dump_result, push, run, run_blob
 
 if TYPE_CHECKING:
     from nbcluster._wire import HeldValue
