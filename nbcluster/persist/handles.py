@@ -41,7 +41,8 @@ from nbcluster import _compat
 from nbcluster._wire import HeldValue
 from nbcluster.errors import BadArgument, HandleGone
 from nbcluster.run.cell import human
-from nbcluster.worker.held import Slot, holdings, report_for, report_of
+from nbcluster.worker import Slot
+from nbcluster.worker.held import holdings, report_for, report_of
 
 #: The `--into` name of each --persist run still alive in this kernel, by run id (for status).
 RUNS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()

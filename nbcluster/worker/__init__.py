@@ -167,7 +167,7 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
     (`direct.py`); `held.py` and `rank.py` push their own results.
 
     The result says how long this thread waited since it ended its last batch of the same
-    run (``idle``, for the batch sizing in `batching.py`).
+    run (``idle``, for the batch sizing in `run/policy.py`).
 
     Parameters
     ----------
@@ -587,10 +587,10 @@ def _cancelled() -> bool:
 
 
 # -- output --------------------------------------------------------------------------------
-def _chunks() -> list[list[Any]]:
+def _chunks(outputs: dict[int, list[list[Any]]]) -> list[list[Any]]:
+    """The running item's output chunks in `outputs`, this thread's."""
     values, indices = running.follow
-    chunks: list[list[Any]] = running.outputs.setdefault(int(indices[len(values)]), [])
-    return chunks
+    return outputs.setdefault(int(indices[len(values)]), [])
 
 
 class _ItemStream(io.TextIOBase):
@@ -600,9 +600,9 @@ class _ItemStream(io.TextIOBase):
         self.name_, self.real = name, real
 
     def write(self, text: str) -> int:
-        if getattr(running, "outputs", None) is None:
+        if (outputs := running.outputs) is None:
             return self.real.write(text)
-        chunks = _chunks()
+        chunks = _chunks(outputs)
         if chunks and chunks[-1][0] == self.name_:
             if len(chunks[-1][1]) <= LIMIT:  # a longer one was cut already: it takes no more
                 chunks[-1][1] += text
@@ -613,7 +613,7 @@ class _ItemStream(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
-        if getattr(running, "outputs", None) is None:
+        if running.outputs is None:
             self.real.flush()
 
     def writable(self) -> bool:
@@ -666,10 +666,10 @@ def display(*objs: Any, raw: bool = False, **_ignored: Any) -> None:
     """
     for obj in objs:
         bundle = obj if raw and isinstance(obj, dict) else _mimebundle(obj)
-        if getattr(running, "outputs", None) is None:
+        if (outputs := running.outputs) is None:
             print(bundle.get("text/plain", ""))
         else:
-            _chunks().append(["display", bundle])
+            _chunks(outputs).append(["display", bundle])
 
 
 def _mimebundle(obj: Any) -> dict[str, Any]:

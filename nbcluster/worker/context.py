@@ -70,13 +70,20 @@ _OBJECTS: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # key -> (value, si
 _LOCK = threading.Lock()  # for both; `pin` takes it in the event loop: never held over the network
 _FETCHING = threading.Lock()  # one fetch at a time: threads wanting the same value wait for it
 _STOPPED: dict[str, None] = {}  # stop tokens of runs told to stop, oldest first (the last 256)
-#: What this thread's items write to (`worker/__init__.py`): ``outputs``, and ``follow``, the batch's
-#: (values, indices), which name the item running.
-running = threading.local()
 # Names through which a one-expression cell could write to the namespace its items share.
 _INTROSPECTION = frozenset({"globals", "locals", "vars", "exec", "eval", "dir", "breakpoint", "_getframe",
                             "currentframe", "f_globals", "f_locals", "f_back", "__nbcluster_items__",
                             "__nbcluster_values__"})  # fmt: skip
+
+
+class _Running(threading.local):
+    """What this thread's items write to (`worker/__init__.py`), read by a trial's reports too."""
+
+    outputs: dict[int, list[list[Any]]] | None = None  # item index -> chunks; None: the real streams
+    follow: tuple[list[Any], Any] = ([], ())  # the batch's (values, indices): they name the item running
+
+
+running = _Running()
 
 
 class Code(NamedTuple):
@@ -564,18 +571,6 @@ def stopped_run(token: str | None) -> bool:
         Whether `stop_run` was called with `token` (among the last 256 tokens).
     """
     return token in _STOPPED
-
-
-def current_output() -> dict[int, list[list[Any]]] | None:
-    """Where this thread's item output goes now, for a reader in another thread: a trial's
-    reports send the running item's new output with them (`trial.py`).
-
-    Returns
-    -------
-    dict of int to list, or None
-        Item index -> chunks, filled in place; None when output goes to the real streams.
-    """
-    return getattr(running, "outputs", None)
 
 
 def ran_on() -> tuple[str, str] | None:

@@ -38,7 +38,6 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from nbcluster.errors import NotRecomputed
-from nbcluster.worker import Slot as Slot  # what handles.py puts in a batch, named here too
 from nbcluster.worker import current_task, dump_result, push, run, run_blob
 
 if TYPE_CHECKING:
@@ -118,7 +117,7 @@ def _report(report: bytes) -> None:
     push(report)
 
 
-def report_of(key: str, dask_worker: Any = None) -> bytes:
+def report_of(key: str) -> bytes:
     """The kept report of persisted item `key` (`client.run` on its holder, in its event loop).
 
     So the kernel need not wait for the worker's thread, busy with the next item. A report is
@@ -128,8 +127,6 @@ def report_of(key: str, dask_worker: Any = None) -> bytes:
     ----------
     key : str
         The Dask key of the persisted item.
-    dask_worker : distributed.Worker
-        The worker, which the call passes in (unused: the reports are this process's).
 
     Returns
     -------

@@ -25,7 +25,7 @@ from typing import TypedDict
 
 import cloudpickle
 
-_DISTRIBUTE = os.path.dirname(os.path.dirname(os.path.normcase(os.path.abspath(__file__))))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.normcase(os.path.abspath(__file__))))
 
 
 class TypeName(TypedDict):
@@ -126,4 +126,4 @@ def parts(tb: traceback.TracebackException) -> Iterator[traceback.TracebackExcep
 def _internal(filename: str) -> bool:
     if filename.startswith("<"):
         return False  # a cell's code ("<distribute-...>"), or one compiled by the user
-    return os.path.normcase(os.path.abspath(filename)).startswith(_DISTRIBUTE)
+    return os.path.normcase(os.path.abspath(filename)).startswith(_PACKAGE)

@@ -227,7 +227,7 @@ def run_item(spec: TrialSpec, index: int, token: str | None, fn: Callable[[], An
         What `fn` returned, or a `Stopped` when it raised `TrialStopped`.
     """
     worker, address = _worker()
-    item = _Item(spec, index, token, threading.get_ident(), worker, address, outputs=context.current_output())
+    item = _Item(spec, index, token, threading.get_ident(), worker, address, outputs=context.running.outputs)
     _here.item = item
     with _LOCK:
         _RUNNING[item.thread] = item
