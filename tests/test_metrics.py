@@ -338,15 +338,19 @@ def test_spread_and_band_describe_every_worker_in_three_numbers() -> None:
 
 
 def test_run_progress_reports_are_kept_per_run_and_bounded() -> None:
+    from nbcluster._wire import PROGRESS_TOPIC
     from nbcluster.metrics.plugin import MAX_RUNS
 
     def body(s, plugin):
+        # Through the scheduler's own event log, which hands each event to its plugins.
         for i in range(MAX_RUNS + 5):
-            plugin.nbcluster_progress(f"run{i}", {"done": i, "total": 20, "state": "running", "junk": 1})
-        plugin.nbcluster_progress("run7", {"done": 20, "total": 20, "state": "done", "elapsed": 3.0})
+            s.log_event(PROGRESS_TOPIC, {"run": f"run{i}", "done": i, "total": 20, "state": "running", "junk": 1})
+        s.log_event(PROGRESS_TOPIC, {"run": "run7", "done": 20, "total": 20, "state": "done", "elapsed": 3.0})
+        s.log_event("elsewhere", {"run": "run8", "done": 99})  # another topic: not a report
         runs = plugin.nbcluster_metrics()["runs"]
         assert len(runs) == MAX_RUNS and runs[-1]["run"] == "run7" and runs[-1]["state"] == "done"
         assert "junk" not in runs[0] and runs[0]["run"] == "run5"  # the oldest five went
+        assert next(r["done"] for r in runs if r["run"] == "run8") == 8
         return True
 
     assert _run_with_plugin(body)

@@ -74,22 +74,6 @@ def client_feed(client: Client, detail: int | None = None) -> Feed:
     return fetch
 
 
-def has_plugin(client: Client) -> bool:
-    """Whether `client`'s scheduler has nbcluster's plugin, as far as its feeds found.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        The client its feeds used.
-
-    Returns
-    -------
-    bool
-        False once a feed found no plugin there (until `ensure_plugin` installs one).
-    """
-    return client not in _without_plugin
-
-
 def ensure_plugin(client: Client) -> None:
     """Install `MetricsPlugin` on `client`'s scheduler unless it is already there.
 

@@ -53,6 +53,7 @@ from tornado.ioloop import PeriodicCallback
 from nbcluster import config
 from nbcluster._wire import (
     DIRECT_TOPIC,
+    PROGRESS_TOPIC,
     ROSTER_TOPIC,
     Band,
     GpuDevice,
@@ -75,7 +76,7 @@ if TYPE_CHECKING:
 
 SNAPSHOT_VERSION = 1
 MAX_GROUPS = 20
-#: Runs whose item counts are kept (`nbcluster_progress`), the latest reported last.
+#: Runs whose item counts are kept (from `PROGRESS_TOPIC`), the latest reported last.
 MAX_RUNS = 20
 #: Distributions kept (one per sampling round with news: ~8 minutes at 500 ms).
 BAND_CAPACITY = 1000
@@ -144,7 +145,7 @@ class MetricsPlugin(SchedulerPlugin):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self, scheduler: Scheduler) -> None:
-        """Dask's plugin hook: serve the two handlers and start sampling.
+        """Dask's plugin hook: serve the handlers and start sampling.
 
         Parameters
         ----------
@@ -153,7 +154,6 @@ class MetricsPlugin(SchedulerPlugin):
         """
         self._scheduler = scheduler
         scheduler.handlers["nbcluster_metrics"] = self.nbcluster_metrics
-        scheduler.handlers["nbcluster_progress"] = self.nbcluster_progress
         scheduler.handlers["nbcluster_roster"] = self.nbcluster_roster
         if self._callback is None:
             self._callback = PeriodicCallback(self.sample, self.sample_interval * 1000)
@@ -166,8 +166,6 @@ class MetricsPlugin(SchedulerPlugin):
         handlers = self._scheduler.handlers if self._scheduler is not None else {}
         if handlers.get("nbcluster_metrics") == self.nbcluster_metrics:
             del handlers["nbcluster_metrics"]
-        if handlers.get("nbcluster_progress") == self.nbcluster_progress:
-            del handlers["nbcluster_progress"]
         if handlers.get("nbcluster_roster") == self.nbcluster_roster:
             del handlers["nbcluster_roster"]
 
@@ -259,25 +257,39 @@ class MetricsPlugin(SchedulerPlugin):
         self.tasks.append(self._stamp(), (prefix, group, worker, begin, end, finish == "memory", key))
 
     def log_event(self, topic: str, msg: Any) -> None:
-        """Dask's plugin hook: record a batch a worker ran for a kernel directly, not as a task.
+        """Dask's plugin hook: keep a run's counts, or record a batch a worker ran directly.
 
-        A direct batch (`nbcluster.run.direct`) is no task of the scheduler's, so no
-        transition reports it; its worker sends an event on `DIRECT_TOPIC` when it ends,
-        which is drawn like a task of the run: prefix and group from its key.
+        On `PROGRESS_TOPIC` a kernel reports a run's item counts (`RunCounts`): a batch
+        task holds many items, so only the kernel knows how many are done. The latest
+        `MAX_RUNS` runs are served in snapshots as ``runs``.
+
+        On `DIRECT_TOPIC` a worker reports a batch it ran for a kernel directly
+        (`nbcluster.run.direct`), which is no task of the scheduler's, so no transition
+        reports it: it is drawn like a task of the run, prefix and group from its key.
 
         Parameters
         ----------
         topic : str
             The event's topic; others are ignored.
         msg : Any
-            The event: ``key``, ``start``, ``stop``, and the ``worker`` the scheduler adds.
+            The event: `RunCounts`, or ``key``, ``start``, ``stop`` and the ``worker`` the
+            scheduler adds.
         """
-        if topic != DIRECT_TOPIC or not isinstance(msg, dict) or not msg.get("worker"):
+        if not isinstance(msg, dict):
             return
-        key = str(msg.get("key"))
-        prefix = key_split(key)
-        start, stop = float(msg.get("start") or 0.0), float(msg.get("stop") or 0.0)
-        self.tasks.append(self._stamp(), (prefix, prefix, str(msg["worker"]), start, stop, True, key))
+        if topic == PROGRESS_TOPIC:
+            # Only the declared keys: the counts cross a process boundary.
+            counts = {k: msg[k] for k in RunProgress.__optional_keys__ if k in msg}
+            record = cast(RunProgress, {**counts, "run": str(msg.get("run")), "time": time.time()})
+            self.runs.pop(record["run"], None)
+            self.runs[record["run"]] = record
+            while len(self.runs) > MAX_RUNS:
+                self.runs.pop(next(iter(self.runs)))
+        elif topic == DIRECT_TOPIC and msg.get("worker"):
+            key = str(msg.get("key"))
+            prefix = key_split(key)
+            start, stop = float(msg.get("start") or 0.0), float(msg.get("stop") or 0.0)
+            self.tasks.append(self._stamp(), (prefix, prefix, str(msg["worker"]), start, stop, True, key))
 
     def sample(self) -> None:
         """Copy each worker's newest heartbeat sample, if it is new (runs periodically).
@@ -316,26 +328,6 @@ class MetricsPlugin(SchedulerPlugin):
                 band.drop(addr)
         if news:
             self.bands.append(self._stamp(), band.band(time.time()))
-
-    def nbcluster_progress(self, run: str, counts: dict[str, Any]) -> None:
-        """A kernel's report of one ``%%distribute`` run's item counts (its live view
-        sends them as they change): a batch task holds many items, so only the kernel
-        knows how many items are done. Served in snapshots as ``runs``.
-
-        Parameters
-        ----------
-        run : str
-            The run's id.
-        counts : dict
-            Its counts (the keys of `nbcluster._wire.RunProgress`; others are dropped).
-        """
-        # Only the declared keys: the kernel's counts cross a process boundary.
-        reported = {k: counts[k] for k in RunProgress.__optional_keys__ if k in counts}
-        record = cast(RunProgress, {**reported, "run": str(run), "time": time.time()})
-        self.runs.pop(record["run"], None)
-        self.runs[record["run"]] = record
-        while len(self.runs) > MAX_RUNS:
-            self.runs.pop(next(iter(self.runs)))
 
     # -- serving --------------------------------------------------------------------------
 
