@@ -311,11 +311,12 @@ def test_window_folds_snapshots_and_stays_bounded(cluster: ClusterHandle) -> Non
     # The bounds every live view shares (the widget and the sidebar get them from Python).
     with dask.config.set({"nbcluster.widget.max-tasks": 4, "nbcluster.widget.max-samples": 3}):
         window = MetricsWindow()
-    window.poll(cluster.metrics)
+    window.apply(cluster.metrics(window.cursor))
     assert window.cursor is not None and len(window.workers) == 2
     assert len(window.tasks) == 4  # only the newest four
     client.gather(client.map(slow_inc, range(210, 212)))
-    delta = window.poll(cluster.metrics)
+    delta = cluster.metrics(window.cursor)
+    window.apply(delta)
     assert [t["prefix"] for t in delta["tasks"]] == ["slow_inc"] * 2
     view = window.to_view()
     assert len(view["tasks"]) == 4

@@ -137,23 +137,6 @@ class MetricsWindow:
                 series = self.samples[r["worker"]] = deque(maxlen=self.max_samples)
             series.append(r)
 
-    def poll(self, feed: Feed) -> Snapshot:
-        """Fetch what is new from `feed`, fold it in, and return the snapshot (the delta).
-
-        Parameters
-        ----------
-        feed : Feed
-            Where snapshots come from (`client_feed`).
-
-        Returns
-        -------
-        Snapshot
-            What the feed returned for this window's cursor.
-        """
-        snap = feed(self.cursor)
-        self.apply(snap)
-        return snap
-
     def to_view(self) -> dict[str, Any]:
         """The window as plain data, shaped like the ``view`` of ``graphs.js``.
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 import itertools
 import operator
 import time
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -80,30 +80,12 @@ MAX_GROUPS = 20
 MAX_RUNS = 20
 #: Distributions kept (one per sampling round with news: ~8 minutes at 500 ms).
 BAND_CAPACITY = 1000
+#: The scheduler handlers the plugin serves while it runs.
+_HANDLERS = ("nbcluster_metrics", "nbcluster_roster")
 
 # (prefix, group, worker, start, stop, ok, key); the key is the scheduler's own object (a
 # reference, not a copy), turned into a string only when a snapshot is served.
 TaskRecord = tuple[str, str, str, float, float, bool, Any]
-
-
-class Reported(Protocol):
-    """What a sample reads of a worker: a `WorkerState`, or the same fields of a scheduler's
-    ``identity`` answer (`basic.basic_snapshot`)."""
-
-    @property
-    def memory_limit(self) -> int | None:
-        """The worker's memory limit in bytes (None: no limit)."""
-        ...
-
-    @property
-    def metrics(self) -> dict[str, Any]:
-        """The worker's last heartbeat metrics (``time``, ``cpu``, ``memory``, ...)."""
-        ...
-
-    @property
-    def extra(self) -> dict[str, Any]:
-        """What the worker's plugins added to its heartbeat (nbcluster's GPU reading)."""
-        ...
 
 
 class MetricsPlugin(SchedulerPlugin):
@@ -153,8 +135,8 @@ class MetricsPlugin(SchedulerPlugin):
             The scheduler the plugin was added to.
         """
         self._scheduler = scheduler
-        scheduler.handlers["nbcluster_metrics"] = self.nbcluster_metrics
-        scheduler.handlers["nbcluster_roster"] = self.nbcluster_roster
+        for name in _HANDLERS:
+            scheduler.handlers[name] = getattr(self, name)
         if self._callback is None:
             self._callback = PeriodicCallback(self.sample, self.sample_interval * 1000)
             self._callback.start()
@@ -164,44 +146,30 @@ class MetricsPlugin(SchedulerPlugin):
             self._callback.stop()
             self._callback = None
         handlers = self._scheduler.handlers if self._scheduler is not None else {}
-        if handlers.get("nbcluster_metrics") == self.nbcluster_metrics:
-            del handlers["nbcluster_metrics"]
-        if handlers.get("nbcluster_roster") == self.nbcluster_roster:
-            del handlers["nbcluster_roster"]
-
-    def add_worker(self, scheduler: Scheduler, worker: str) -> None:
-        """Dask's plugin hook: the workers' roster is out of date.
-
-        Parameters
-        ----------
-        scheduler : distributed.Scheduler
-            The scheduler.
-        worker : str
-            The new worker's address.
-        """
-        self._roster = None
-        self._roster_changed(scheduler)
+        for name in _HANDLERS:
+            if handlers.get(name) == getattr(self, name):  # not another plugin's since
+                del handlers[name]
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
-        """Dask's plugin hook: the workers' roster is out of date.
+        """Dask's plugin hook (for `add_worker` too): the workers' roster is out of date.
+
+        Kernels that keep the workers they were told of (`nbcluster_roster`) hear of it
+        on `ROSTER_TOPIC`.
 
         Parameters
         ----------
         scheduler : distributed.Scheduler
             The scheduler.
         worker : str
-            The address of the worker that left.
+            The address of the worker that came or left.
         **kwargs
             Dask's details (``stimulus_id``, ``expected``), unused.
         """
         self._roster = None
-        self._roster_changed(scheduler)
-
-    @staticmethod
-    def _roster_changed(scheduler: Scheduler) -> None:
-        # To the kernels that keep the workers they were told of (`nbcluster_roster`).
         changed: RosterChanged = {"workers": len(scheduler.workers)}
         scheduler.log_event(ROSTER_TOPIC, changed)
+
+    add_worker = remove_worker
 
     def nbcluster_roster(self) -> dict[str, int]:
         """The workers and their threads, as Dask's ``ncores`` answers; a kernel that asks
@@ -429,7 +397,7 @@ def _setting(value: int | None, key: str) -> int:
     return int(config.get(key)) if value is None else value
 
 
-def _gpu_static(ws: Reported) -> SnapshotGpu | None:
+def _gpu_static(ws: Any) -> SnapshotGpu | None:
     gpu = ws.extra.get("gpu")
     if isinstance(gpu, dict) and gpu.get("memory-total") is not None:
         return {"name": gpu.get("name"), "memory_total": gpu["memory-total"]}
@@ -468,7 +436,7 @@ def _worker_info(ws: WorkerState, devices: dict[str, GpuDevice] | None = None) -
     return info
 
 
-def resource_sample(addr: str, ws: Reported, m: dict[str, Any]) -> ResourceSample:
+def resource_sample(addr: str, ws: Any, m: dict[str, Any]) -> ResourceSample:
     """One worker's heartbeat sample in the snapshot's shape, GPU fields only where the
     worker reports them.
 
@@ -476,8 +444,9 @@ def resource_sample(addr: str, ws: Reported, m: dict[str, Any]) -> ResourceSampl
     ----------
     addr : str
         The worker's address.
-    ws : Reported
-        The worker (a `WorkerState`, or its part of an ``identity`` answer).
+    ws : WorkerState or alike
+        The worker's ``memory_limit``, ``metrics`` and ``extra``: a `WorkerState`, or the
+        same fields of a scheduler's ``identity`` answer (`basic.basic_snapshot`).
     m : dict
         Its heartbeat ``metrics``.
 

@@ -374,30 +374,25 @@ def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
     if client is None:
         return None
     run = results.run_id
-    lock = threading.Lock()
-    newest: list[RunCounts] = []
-    sending = [False]
+    waiting: list[RunCounts] = []  # the newest counts not sent yet; touched on the loop only
 
-    async def send() -> None:
-        while True:
-            with lock:
-                sending[0] = bool(newest)
-                if not newest:
-                    return
-                message = newest.pop()
+    async def send(counts: RunCounts) -> None:
+        if waiting:  # a call is sending: it sends these counts next, in place of older ones
+            waiting[0] = counts
+            return
+        waiting.append(counts)
+        while waiting:
+            message = waiting[0]
             try:
                 await client.scheduler.log_event(topic=PROGRESS_TOPIC, msg=message)
             except Exception as e:  # the cluster went away: the sidebar has nothing to show
                 logger.info("nbcluster: cannot report the run's progress (%s: %s)", type(e).__name__, e)
             await asyncio.sleep(REPORT_GAP_S)
+            if waiting[0] is message:
+                waiting.clear()
 
     def report(counts: dict[str, Any]) -> None:
-        with lock:
-            newest[:] = [cast(RunCounts, {**counts, "run": run})]
-            if sending[0]:
-                return
-            sending[0] = True
-        client.loop.add_callback(send)
+        client.loop.add_callback(send, cast(RunCounts, {**counts, "run": run}))
 
     return report
 
