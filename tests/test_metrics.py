@@ -428,7 +428,11 @@ def test_summary_busiest_and_bands_stay_right_when_only_some_workers_change() ->
             workers, pool = await start_workers(s.address, None, 30, 3, "light", heartbeats=False)
             try:
                 plugin.sample()
-                check(s, plugin.nbcluster_metrics(detail=4), plugin)
+                idle = plugin.nbcluster_metrics(detail=4)
+                check(s, idle, plugin)
+                # All idle: the four described are the first four by name, in that order.
+                by_name = sorted(s.workers.values(), key=lambda ws: str(ws.name))
+                assert list(idle["workers"]) == [ws.address for ws in by_name[:4]]
 
                 # Five workers report new memory; the others say nothing new.
                 cursor = plugin.nbcluster_metrics()["cursor"]

@@ -24,11 +24,11 @@ not grow with idle workers)
   about 200 a second however many workers there are), and the band of every worker's latest
   sample is kept by worker (`summary.LatestBand`): a new sample is a few dict assignments,
   a band three sorts in C, not a sample dict read per worker.
-- An answer's ``summary`` and its busiest workers read what changes with every task (tasks
-  processing) and every heartbeat (memory) in two passes over the workers made of C calls
-  (``map`` over ``attrgetter``), no Python step per worker; what changes only when workers
-  join or leave (hosts, their ranking, threads, limits, names) is kept in `_Roster`, rebuilt
-  only then.
+- An answer's ``summary`` reads what changes with every task (tasks processing) and every
+  heartbeat (memory) in two passes over the workers made of C calls (``map`` over
+  ``attrgetter``), no Python step per worker, and picks its busiest workers with a heap;
+  what changes only when workers join or leave (hosts, their ranking, threads, limits,
+  names) is kept in `_Roster`, rebuilt only then.
 The snapshot format is documented in `nbcluster.metrics` and declared in `nbcluster._wire`.
 
 Installing it: the plugin's `start` registers the ``nbcluster_metrics`` RPC handler, and
@@ -41,6 +41,7 @@ Dask calls `start` only for plugins present when the scheduler starts
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import operator
 import time
@@ -502,8 +503,7 @@ class _Roster:
 
     An answer then reads only what changes with each task or heartbeat (tasks processing,
     memory), in two passes of C calls over the workers (``map`` over ``attrgetter``; a
-    host's share is a slice): no Python step per worker, four times a second per open view
-    at 1,000 workers. Dask counts every worker that joins (``_workers_added_total``); with
+    host's share is a slice). Dask counts every worker that joins (``_workers_added_total``); with
     the number of workers that tells when the roster is out of date (and the plugin's
     `add_worker` / `remove_worker` hooks drop it too).
     """
@@ -547,20 +547,9 @@ class _Roster:
         return len(scheduler.workers), getattr(scheduler, "_workers_added_total", -1)
 
     def busiest(self, processing: list[int], n: int) -> list[int]:
-        """The `n` workers with the most tasks processing, ties by name (indices, busiest
-        first): those above the `n`-th largest count, then those at it, in name order."""
-        if n <= 0:
-            return []
-        threshold = sorted(processing)[-n]
-        in_name_order = [processing[i] for i in self.by_name] if len(processing) < 2 else (
-            operator.itemgetter(*self.by_name)(processing)
-        )  # fmt: skip
-        above = list(
-            itertools.compress(self.by_name, map(operator.gt, in_name_order, itertools.repeat(threshold)))
-        )
-        above.sort(key=processing.__getitem__, reverse=True)  # stable: name order within a count
-        at = itertools.compress(self.by_name, map(operator.eq, in_name_order, itertools.repeat(threshold)))
-        return above + list(itertools.islice(at, n - len(above)))
+        """The `n` workers with the most tasks processing, busiest first, ties in name order
+        (indices; `heapq.nsmallest` keeps the order it was given among equals)."""
+        return heapq.nsmallest(n, self.by_name, key=lambda i: -processing[i])
 
     def summary(self, processing: list[int]) -> Summary:
         """The snapshot's ``summary``; `processing` counts each worker's tasks, in roster order."""
