@@ -154,8 +154,8 @@ class MetricsPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         """Dask's plugin hook (for `add_worker` too): the workers' roster is out of date.
 
-        Kernels that keep the workers they were told of (`nbcluster_roster`) hear of it
-        on `ROSTER_TOPIC`.
+        What sampling knew of a worker at that address is forgotten. Kernels that keep the
+        workers they were told of (`nbcluster_roster`) hear of it on `ROSTER_TOPIC`.
 
         Parameters
         ----------
@@ -167,6 +167,9 @@ class MetricsPlugin(SchedulerPlugin):
             Dask's details (``stimulus_id``, ``expected``), unused.
         """
         self._roster = None
+        self._seen.pop(worker, None)
+        self._last_sample_time.pop(worker, None)
+        self._band.drop(worker)
         changed: RosterChanged = {"workers": len(scheduler.workers)}
         scheduler.log_event(ROSTER_TOPIC, changed)
 
@@ -289,12 +292,6 @@ class MetricsPlugin(SchedulerPlugin):
             self.samples.append(self._stamp(), sample)
             band.put(addr, sample)
             news = True
-        if len(seen) > len(workers):
-            # Every worker here is in `seen` by now: more means some left.
-            for addr in [a for a in seen if a not in workers]:
-                del seen[addr]
-                last.pop(addr, None)
-                band.drop(addr)
         if news:
             self.bands.append(self._stamp(), band.band(time.time()))
 
