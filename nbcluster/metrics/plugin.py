@@ -261,7 +261,7 @@ class MetricsPlugin(SchedulerPlugin):
     def log_event(self, topic: str, msg: Any) -> None:
         """Dask's plugin hook: record a batch a worker ran for a kernel directly, not as a task.
 
-        A direct batch (`nbcluster.run.direct`) is no task of the scheduler's, so no
+        A direct batch (`nbcluster.run.transport`) is no task of the scheduler's, so no
         transition reports it; its worker sends an event on `DIRECT_TOPIC` when it ends,
         which is drawn like a task of the run: prefix and group from its key.
 
