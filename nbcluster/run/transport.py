@@ -221,9 +221,7 @@ class Transport:
             with _placing(keys, placed, where):
                 made = client.map(calls[0][0], *columns, key=keys, pure=False, **where)
             for future, indices in zip(made, batches, strict=True):
-                self._alone = None if self.pending else future
-                self.pending[future] = indices
-            self.idle.clear()
+                self._out(future, indices)
             completed = self._completed
         if completed is not None:
             completed.expect(len(made))
@@ -259,10 +257,14 @@ class Transport:
             call = sending.send(f"distribute-{self.run_id}-{next(self._seq)}", context, blob, token, not self.pending)
             if call is None:
                 return False
-            self._alone = None if self.pending else call
-            self.pending[call] = indices
-            self.idle.clear()
+            self._out(call, indices)
         return True
+
+    def _out(self, batch: Any, indices: Any) -> None:
+        # Under `lock`: `batch` (a future or a direct call) is pending, alone if none else is.
+        self._alone = None if self.pending else batch
+        self.pending[batch] = indices
+        self.idle.clear()
 
     def flush(self) -> None:
         """Start the direct requests `send_direct` made since the last flush, together."""
@@ -282,10 +284,10 @@ class Transport:
         if completed is None:
             return
         while completed.out > 0:
-            done = [completed.done.get()]
+            done = [completed.get()]
             with contextlib.suppress(queue.Empty):
                 while True:
-                    done.append(completed.done.get_nowait())
+                    done.append(completed.get_nowait())
             if completed in done:  # cleared: the run is over
                 return
             with completed.lock:
@@ -439,21 +441,18 @@ class Transport:
         return futures
 
 
-class _Completions:
+class _Completions(queue.SimpleQueue[Any]):
     """One start's finished batches, futures and direct calls, in one queue (`put`), and how
     many are still out (`expect`); putting this object itself ends `Transport.completions`."""
 
     def __init__(self) -> None:
-        self.done: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        super().__init__()
         self.lock = threading.Lock()
         self.out = 0
 
     def expect(self, n: int = 1) -> None:
         with self.lock:
             self.out += n
-
-    def put(self, finished: Any) -> None:
-        self.done.put(finished)
 
 
 @contextlib.contextmanager
