@@ -418,7 +418,7 @@ class HeldValue(TypedDict):
 
 
 #: The Dask event topic on which a worker reports each batch it ran for a kernel directly, not
-#: as a Dask task (`run/direct.py`): nbcluster's scheduler plugin draws it as a task of the run.
+#: as a Dask task (`run/transport.py`): nbcluster's scheduler plugin draws it as a task of the run.
 DIRECT_TOPIC = "nbcluster-direct"
 
 

@@ -217,7 +217,7 @@ class MetricsPlugin(SchedulerPlugin):
         `MAX_RUNS` runs are served in snapshots as ``runs``.
 
         On `DIRECT_TOPIC` a worker reports a batch it ran for a kernel directly
-        (`nbcluster.run.direct`), which is no task of the scheduler's, so no transition
+        (`nbcluster.run.transport`), which is no task of the scheduler's, so no transition
         reports it: it is drawn like a task of the run, prefix and group from its key.
 
         Parameters
