@@ -40,24 +40,25 @@ class _Seen:
     runs while its pidfd does not poll readable (it does once the process exits).
     """
 
-    def __init__(self, handle: ClusterHandle, path: Path, status: os.stat_result, pidfd: int) -> None:
-        self.handle, self.path, self.status, self.pidfd = handle, path, _signature(status), pidfd
+    def __init__(self, handle: ClusterHandle, path: Path, status: tuple[int, ...], pidfd: int) -> None:
+        self.handle, self.path, self.status, self.pidfd = handle, path, status, pidfd
         self.exits = select.poll()
         self.exits.register(pidfd, select.POLLIN)
 
     def unchanged(self) -> bool:
-        try:
-            status = _signature(os.lstat(self.path))
-        except OSError:  # removed: stopped
-            return False
-        return status == self.status and not self.exits.poll(0)
+        return _status(self.path) == self.status and not self.exits.poll(0)
 
     def close(self) -> None:
         os.close(self.pidfd)
 
 
-def _signature(status: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (status.st_ino, status.st_mtime_ns, status.st_size, status.st_uid, status.st_mode)
+def _status(path: Path) -> tuple[int, ...] | None:
+    """What tells one version of an entry file from another; None once it is removed."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size, st.st_uid, st.st_mode)
 
 
 def _pidfd(pid: int | None) -> int | None:
@@ -72,6 +73,7 @@ _seen_lock = threading.Lock()  # a cell and a run's journal may ask at once
 
 
 def _alive(handle: ClusterHandle) -> bool:
+    """Whether `handle`'s cluster still runs, as its entry says (see `_Seen` for when that is asked)."""
     global _seen
     if not handle.managed or handle.directory is None:
         return True
@@ -85,10 +87,7 @@ def _alive(handle: ClusterHandle) -> bool:
         supervisor = handle.entry.get("supervisor_pid")
         pid = supervisor if isinstance(supervisor, int) else None
         pidfd = _pidfd(pid)  # opened before the registry's check, which then vouches for its process
-        try:
-            status: os.stat_result | None = os.lstat(path)
-        except OSError:
-            status = None
+        status = _status(path)
         entry = registry.read(handle.directory, handle.name)
         alive = bool(entry and entry.get("address") == handle.address and entry.get("state") == "running")
         if pidfd is not None:
