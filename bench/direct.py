@@ -4,7 +4,7 @@
 
 One cluster (2 workers x 1 thread, TLS, supervisor process), one IPython shell. Each round
 runs every case once with ``distribute.direct`` at its default (a run's first half-second
-of batches goes to the workers directly, `nbcluster/run/direct.py`) and once at
+of batches goes to the workers directly, `nbcluster/run/transport.py`) and once at
 ``0s`` (every batch a Dask task, as before), in turns, so that drift in the machine's load
 hits both alike; and the peer a Dask user has, ``client.map`` + ``gather`` of the same
 items, and one task's round trip. Medians over the rounds:

@@ -131,7 +131,6 @@ async def _use(code: str, old_source: str, dask_scheduler: Any = None) -> str:
             await target.start(dask_scheduler)
         else:
             dask_scheduler.handlers["nbcluster_metrics"] = target.nbcluster_metrics
-            dask_scheduler.handlers["nbcluster_progress"] = target.nbcluster_progress
             target._callback.start()
     return code
 

@@ -1,13 +1,19 @@
 """This process's current cluster: the one `%%distribute` and plain Dask code use.
 
 The current cluster is process state (like Dask's default client), so it lives here and
-nowhere else. Whether it is still running is asked of the registry on every use, so a
-cluster stopped from the sidebar or another kernel is noticed at once.
+nowhere else. Whether it is still running is asked on every use, so a cluster stopped from
+the sidebar or another kernel is noticed at once: of the operating system first (is its
+registry entry the same file as when it was last read, and does its supervisor still run,
+`_Seen`), and of the registry when either has changed, since only then can the answer differ.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import select
+import threading
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -25,11 +31,71 @@ _current: ClusterHandle | None = None
 _handles: dict[str, ClusterHandle] = {}
 
 
+class _Seen:
+    """A running cluster's entry file and supervisor, as found when its entry was last read.
+
+    Both are asked of the operating system at each use, nothing is kept in their place: the
+    entry is unchanged while its file is the same file with the same status (every change
+    to an entry is a new file renamed into place, `registry.update`), and the supervisor
+    runs while its pidfd does not poll readable (it does once the process exits).
+    """
+
+    def __init__(self, handle: ClusterHandle, path: Path, status: tuple[int, ...], pidfd: int) -> None:
+        self.handle, self.path, self.status, self.pidfd = handle, path, status, pidfd
+        self.exits = select.poll()
+        self.exits.register(pidfd, select.POLLIN)
+
+    def unchanged(self) -> bool:
+        return _status(self.path) == self.status and not self.exits.poll(0)
+
+    def close(self) -> None:
+        os.close(self.pidfd)
+
+
+def _status(path: Path) -> tuple[int, ...] | None:
+    """What tells one version of an entry file from another; None once it is removed."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size, st.st_uid, st.st_mode)
+
+
+def _pidfd(pid: int | None) -> int | None:
+    try:
+        return os.pidfd_open(pid) if pid else None
+    except (AttributeError, OSError):  # no pidfds here, or gone: the registry answers alone
+        return None
+
+
+_seen: _Seen | None = None
+_seen_lock = threading.Lock()  # a cell and a run's journal may ask at once
+
+
 def _alive(handle: ClusterHandle) -> bool:
+    """Whether `handle`'s cluster still runs, as its entry says (see `_Seen` for when that is asked)."""
+    global _seen
     if not handle.managed or handle.directory is None:
         return True
-    entry = registry.read(handle.directory, handle.name)
-    return bool(entry and entry.get("address") == handle.address and entry.get("state") == "running")
+    with _seen_lock:
+        if _seen is not None and _seen.handle is handle and _seen.unchanged():
+            return True
+        if _seen is not None:
+            _seen.close()
+            _seen = None
+        path = handle.directory / f"{handle.name}{registry.ENTRY}"
+        supervisor = handle.entry.get("supervisor_pid")
+        pid = supervisor if isinstance(supervisor, int) else None
+        pidfd = _pidfd(pid)  # opened before the registry's check, which then vouches for its process
+        status = _status(path)
+        entry = registry.read(handle.directory, handle.name)
+        alive = bool(entry and entry.get("address") == handle.address and entry.get("state") == "running")
+        if pidfd is not None:
+            if alive and status is not None and entry and entry.get("supervisor_pid") == pid:
+                _seen = _Seen(handle, path, status, pidfd)
+            else:
+                os.close(pidfd)
+        return alive
 
 
 def remember(handle: ClusterHandle) -> ClusterHandle:
@@ -86,8 +152,12 @@ def forget(name: str) -> None:
     name : str
         The cluster's name. An unknown name is not an error.
     """
-    global _current
+    global _current, _seen
     handle = _handles.pop(name, None)
+    with _seen_lock:
+        if _seen is not None and _seen.handle.name == name:
+            _seen.close()
+            _seen = None
     if handle is not None:
         handle.close_client()
     if _current is not None and _current.name == name:

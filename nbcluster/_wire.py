@@ -343,15 +343,20 @@ class Summary(TypedDict):
     more_hosts: int
 
 
+#: The Dask event topic on which a kernel reports a run's item counts (`widgets.reporter_for`),
+#: a few times a second at most: a batch task holds many items, so only the kernel can count
+#: them. nbcluster's scheduler plugin keeps the latest per run; any other scheduler keeps
+#: the events as Dask keeps every topic's (the newest ``distributed.admin.low-level-log-length``).
+PROGRESS_TOPIC = "nbcluster-progress"
+
+
 class _RunRequired(TypedDict):
     run: str
-    time: float
 
 
-class RunProgress(_RunRequired, total=False):
-    """A run's progress as the kernel reported it to the scheduler (the sidebar shows it)."""
+class RunCounts(_RunRequired, total=False):
+    """An event on `PROGRESS_TOPIC`: one run's counts as the kernel's view of it has them."""
 
-    # What the kernel reported (`widgets.reporter_for`), key by key.
     label: str | None
     done: int
     failed: int
@@ -359,6 +364,12 @@ class RunProgress(_RunRequired, total=False):
     cancelled: int
     state: str
     elapsed: float
+
+
+class RunProgress(RunCounts):
+    """A run's latest `RunCounts` as the scheduler keeps them (the sidebar shows them)."""
+
+    time: float  # when the scheduler heard them (its clock)
 
 
 class GroupProgress(TypedDict):
@@ -406,20 +417,8 @@ class HeldValue(TypedDict):
     nbytes: int  # Dask's `sizeof` of the value
 
 
-#: The Dask event topic on which nbcluster's scheduler plugin says that a worker came or went
-#: (`MetricsPlugin.add_worker`): a kernel subscribed to it keeps the workers it was told of
-#: (`run/target.py`) until the next such event, rather than asking again each cell.
-ROSTER_TOPIC = "nbcluster-roster"
-
-
-class RosterChanged(TypedDict):
-    """An event on `ROSTER_TOPIC`: the scheduler's workers now."""
-
-    workers: int  # how many
-
-
 #: The Dask event topic on which a worker reports each batch it ran for a kernel directly, not
-#: as a Dask task (`run/direct.py`): nbcluster's scheduler plugin draws it as a task of the run.
+#: as a Dask task (`run/transport.py`): nbcluster's scheduler plugin draws it as a task of the run.
 DIRECT_TOPIC = "nbcluster-direct"
 
 

@@ -19,8 +19,9 @@ from distributed import Client, Security, get_worker
 import nbcluster
 from nbcluster.cluster import credentials, registry
 from nbcluster.cluster.gpu import SIMULATE_ENV
-from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable
+from nbcluster.errors import BadArgument, ClusterNotFound, ClusterUnreachable, NoCluster
 from tests import os_helpers
+from tests.shell_helpers import one_clear_line
 
 
 def _worker_count(handle: nbcluster.ClusterHandle) -> int:
@@ -68,6 +69,26 @@ def test_default_client_and_plain_dask_use_the_current_cluster(runtime_dir):
     assert float(da.ones((100, 100), chunks=10).sum().compute()) == 10_000.0
     where = dask.delayed(lambda: get_worker().address)().compute()
     assert where in {w["address"] for w in handle.info().workers}
+
+
+def test_a_current_cluster_stopped_or_killed_elsewhere_is_gone_at_its_next_use(runtime_dir, cli):
+    # Each use asks whether the current cluster still runs; while its entry file and its
+    # supervisor are as they were, the operating system answers without a registry read.
+    handle = nbcluster.start(workers=0, name="elsewhere")
+    assert nbcluster.current() is handle and nbcluster.current() is handle
+    assert cli("stop", "elsewhere").returncode == 0  # as the sidebar or another kernel would
+    assert nbcluster.current() is None
+    with pytest.raises(NoCluster, match="no cluster is running") as info:
+        nbcluster.distribute(lambda x: x, over=range(2))
+    assert one_clear_line(str(info.value)), info.value
+
+    killed = nbcluster.start(workers=0, name="killed")
+    assert nbcluster.current() is killed and nbcluster.current() is killed
+    supervisor = psutil.Process(killed.entry["supervisor_pid"])
+    supervisor.kill()  # no stop, no entry removed: only the process is gone
+    supervisor.wait(15)
+    assert nbcluster.current() is None
+    assert nbcluster.clusters() == []
 
 
 def test_rerunning_start_reuses_the_cluster(runtime_dir):

@@ -311,11 +311,12 @@ def test_window_folds_snapshots_and_stays_bounded(cluster: ClusterHandle) -> Non
     # The bounds every live view shares (the widget and the sidebar get them from Python).
     with dask.config.set({"nbcluster.widget.max-tasks": 4, "nbcluster.widget.max-samples": 3}):
         window = MetricsWindow()
-    window.poll(cluster.metrics)
+    window.apply(cluster.metrics(window.cursor))
     assert window.cursor is not None and len(window.workers) == 2
     assert len(window.tasks) == 4  # only the newest four
     client.gather(client.map(slow_inc, range(210, 212)))
-    delta = window.poll(cluster.metrics)
+    delta = cluster.metrics(window.cursor)
+    window.apply(delta)
     assert [t["prefix"] for t in delta["tasks"]] == ["slow_inc"] * 2
     view = window.to_view()
     assert len(view["tasks"]) == 4
@@ -338,15 +339,19 @@ def test_spread_and_band_describe_every_worker_in_three_numbers() -> None:
 
 
 def test_run_progress_reports_are_kept_per_run_and_bounded() -> None:
+    from nbcluster._wire import PROGRESS_TOPIC
     from nbcluster.metrics.plugin import MAX_RUNS
 
     def body(s, plugin):
+        # Through the scheduler's own event log, which hands each event to its plugins.
         for i in range(MAX_RUNS + 5):
-            plugin.nbcluster_progress(f"run{i}", {"done": i, "total": 20, "state": "running", "junk": 1})
-        plugin.nbcluster_progress("run7", {"done": 20, "total": 20, "state": "done", "elapsed": 3.0})
+            s.log_event(PROGRESS_TOPIC, {"run": f"run{i}", "done": i, "total": 20, "state": "running", "junk": 1})
+        s.log_event(PROGRESS_TOPIC, {"run": "run7", "done": 20, "total": 20, "state": "done", "elapsed": 3.0})
+        s.log_event("elsewhere", {"run": "run8", "done": 99})  # another topic: not a report
         runs = plugin.nbcluster_metrics()["runs"]
         assert len(runs) == MAX_RUNS and runs[-1]["run"] == "run7" and runs[-1]["state"] == "done"
         assert "junk" not in runs[0] and runs[0]["run"] == "run5"  # the oldest five went
+        assert next(r["done"] for r in runs if r["run"] == "run8") == 8
         return True
 
     assert _run_with_plugin(body)
@@ -423,7 +428,11 @@ def test_summary_busiest_and_bands_stay_right_when_only_some_workers_change() ->
             workers, pool = await start_workers(s.address, None, 30, 3, "light", heartbeats=False)
             try:
                 plugin.sample()
-                check(s, plugin.nbcluster_metrics(detail=4), plugin)
+                idle = plugin.nbcluster_metrics(detail=4)
+                check(s, idle, plugin)
+                # All idle: the four described are the first four by name, in that order.
+                by_name = sorted(s.workers.values(), key=lambda ws: str(ws.name))
+                assert list(idle["workers"]) == [ws.address for ws in by_name[:4]]
 
                 # Five workers report new memory; the others say nothing new.
                 cursor = plugin.nbcluster_metrics()["cursor"]

@@ -15,7 +15,6 @@ import pytest
 from nbcluster import _compat
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.run.api import distribute
-from nbcluster.run.transport import _Inbox as Inbox
 from nbcluster.worker import held
 
 
@@ -52,21 +51,6 @@ def test_a_persist_run_reads_no_report_with_a_round_trip(
     assert len({h.future.key for h in made}) == 8
     assert asked == []  # every report came pushed, none was fetched
     made.release()
-
-
-def test_an_inbox_keeps_only_the_reports_it_expects() -> None:
-    inbox = Inbox()
-    inbox.expect(["distribute-aa-1"])
-    inbox.arrived((0.0, {"key": "distribute-aa-1", "report": b"mine"}))
-    inbox.arrived((0.0, {"key": "distribute-bb-1", "report": b"another kernel's"}))
-    inbox.arrived((0.0, {"key": "distribute-aa-2", "report": b"not expected (a recompute)"}))
-    assert inbox.take("distribute-aa-1") == b"mine"
-    assert inbox.take("distribute-aa-1") is None  # taken once
-    assert inbox.take("distribute-bb-1") is None
-    inbox.expect(["distribute-aa-3"])
-    inbox.forget("aa")  # the run ended: a late report is dropped
-    inbox.arrived((0.0, {"key": "distribute-aa-3", "report": b"late"}))
-    assert inbox.take("distribute-aa-3") is None
 
 
 def test_a_worker_keeps_its_newest_reports_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -137,7 +137,7 @@ def test_a_distribute_cell_over_201_workers(shell: InteractiveShell, big: Cluste
     ran_on = {w for _, w, _ in out}
     assert len(ran_on) > 150, len(ran_on)
     # The kernel sent batches directly to a few of them only (a connection each), the rest
-    # went through the scheduler (`distribute/direct.py`).
+    # went through the scheduler (`run/transport.py`).
     direct = {w for _, w, d in out if d}
     assert 0 < len(direct) <= 32, len(direct)
     # Its Dask tasks (batches), as the task stream recorded them: never one per item.

@@ -118,3 +118,51 @@ def test_a_direct_batch_and_a_task_come_back_through_the_same_completions(cluste
     assert {type(f) is Call for f in back} == {True, False} and future in back
     values = {tuple(batch): pickle.loads(blob)["values"] for batch, blob in back.values()}
     assert values == {(0, 1): [3, 4], (2,): [5]}
+
+
+def _back(transport: Transport, client: Any) -> dict[tuple[int, ...], Any]:
+    return {tuple(batch): result for batch, result in _all_back(transport, client).values()}
+
+
+def test_a_run_reads_its_own_pushes_and_no_one_elses(cluster: Any) -> None:
+    # What a user sees of pushed results: each batch's own result, whether its push came
+    # before its end (read without a gather) or not at all (gathered). A push for a key the
+    # run does not expect (another kernel's run, or one of this run's before it was
+    # submitted, as a recompute's) never stands in for a result, nor one after the run closed.
+    def _push(pushes: list[tuple[str, bytes]], value: int, after: str = "") -> int:
+        # Pushes each blob for its task key (its own, or another's), then returns `value`;
+        # with `after`, it waits for that `distributed.Event` first. Nested, so that it
+        # travels by value: the workers cannot import the tests.
+        from distributed import Event, get_worker
+
+        from nbcluster._wire import PUSHED_TOPIC
+
+        if after:
+            Event(after).wait(60)
+        for key, blob in pushes:
+            get_worker().log_event(PUSHED_TOPIC, {"key": key, "report": blob})
+        return value
+
+    client = cluster.client
+    run_id, foreign = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
+    transport = Transport(run_id)
+    _opened(transport, client)
+    transport.map(client, [(_push, [(f"distribute-{run_id}-0", b"pushed")], 0)], [[0]])
+    assert _back(transport, client) == {(0,): b"pushed"}  # the push, not the gathered 0
+    strays = [(f"distribute-{foreign}-0", b"foreign"), (f"distribute-{run_id}-2", b"early")]
+    transport.map(client, [(_push, strays, 1)], [[1]])
+    assert _back(transport, client) == {(1,): 1}  # nothing pushed for its own key: gathered
+    transport.map(client, [(operator.add, 1, 1)], [[2]])
+    assert _back(transport, client) == {(2,): 2}, "the early push stood in for the result"
+    other = Transport(foreign)
+    _opened(other, client)
+    other.map(client, [(operator.add, 2, 3)], [[0]])
+    assert _back(other, client) == {(0,): 5}, "another run's push stood in for the result"
+    other.close()
+    # Closed while its last batch runs: that batch's push is dropped, not kept.
+    name, late = f"transport-{uuid.uuid4().hex[:8]}", f"distribute-{run_id}-3"
+    (out,) = transport.map(client, [(_push, [(late, b"late")], 3, name)], [[3]])
+    transport.close()
+    Event(name, client=client).set()
+    assert out.result(timeout=60) == 3  # its push came before the task's end
+    assert transport.pushed(late) is None

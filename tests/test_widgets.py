@@ -330,7 +330,7 @@ def test_progress_hook_follows_a_distribute_run_and_only_its_tasks(cluster: Clus
     hook = progress_hook(delay=0, interval=0.1, _display=rec, _widgets=True)
     # Other work on the cluster at the same time must not appear in this run's picture.
     other = cluster.client.map(square, range(7000, 7010))
-    results = distribute(square, over=range(6), batch=1, client=cluster.client, progress=hook)
+    results = distribute(square, over=range(6), batch=1, on=cluster.client, progress=hook)
     cluster.client.gather(other)
     assert results.values() == [x * x for x in range(6)]
     hook.live.close()
@@ -346,7 +346,7 @@ def test_a_run_frozen_as_it_ends_draws_the_batches_a_worker_ran_directly(cluster
 
     rec = Recorder()
     hook = progress_hook(delay=0, interval=0.1, _display=rec, _widgets=True)
-    results = distribute(square, over=range(4), batch=1, client=cluster.client, progress=hook)
+    results = distribute(square, over=range(4), batch=1, on=cluster.client, progress=hook)
     # Closed at once: the workers report their direct batches after the answers, and the
     # picture must wait for those reports, not freeze without the last batches.
     hook.live.close()
@@ -365,7 +365,7 @@ def test_a_run_over_before_its_view_shows_tells_the_sidebar_its_end(cluster: Clu
     from nbcluster.widgets import progress_hook
 
     hook = progress_hook(delay=30, label="quick")  # the view would show after 30 s
-    results = distribute(lambda x: x + 1, over=range(8), client=cluster.client, progress=hook)
+    results = distribute(lambda x: x + 1, over=range(8), on=cluster.client, progress=hook)
     assert results.ok and hook.live is None  # nothing made, nothing shown
 
     def reported() -> dict | None:

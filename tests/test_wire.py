@@ -266,8 +266,8 @@ def test_real_plugin_and_basic_snapshots_are_snapshots(cluster: ClusterHandle) -
     held = cluster.client.submit(sum, [1, 2], key="wire-check-1")  # held: its group stays listed
     assert held.result() == 3
     cluster.client.run_on_scheduler(
-        lambda dask_scheduler: dask_scheduler.handlers["nbcluster_progress"](
-            run="wire", counts={"done": 1, "failed": 0, "total": 2, "state": "running", "label": None}
+        lambda dask_scheduler: dask_scheduler.log_event(
+            _wire.PROGRESS_TOPIC, {"run": "wire", "done": 1, "failed": 0, "total": 2, "state": "running", "label": None}
         )
     )
 

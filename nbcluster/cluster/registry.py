@@ -233,7 +233,7 @@ def process_alive(pid: int | None, started: float | None = None) -> bool:
 
 #: (pid, start time) -> a pidfd of that process (and a poll of it), seen running as itself when
 #: it was opened: it becomes readable when the process exits (a zombie too), and a reused pid is
-#: another process. Asked on every read of a cluster's entry: each cell, the sidebar's polls.
+#: another process. Asked on every read of a cluster's entry: the sidebar's polls, `%cluster list`.
 _PIDFDS: dict[tuple[int, float | None], tuple[int, select.poll]] = {}
 _PIDFDS_LOCK = threading.Lock()
 
@@ -265,9 +265,8 @@ def _keep_pidfd(key: tuple[int, float | None], fd: int) -> None:
             _PIDFDS[key] = (fd, watch)
 
 
-def _read_trusted(path: Path) -> tuple[str, os.stat_result] | None:
-    """The text of an entry this user wrote and nobody else can change, and the file's
-    status; None otherwise.
+def _read_trusted(path: Path) -> str | None:
+    """The text of an entry this user wrote and nobody else can change; None otherwise.
 
     An entry names credential files and a dashboard address that front ends will use, so
     one that another user owns, or that others may write, is refused (with a warning, once)
@@ -293,7 +292,7 @@ def _read_trusted(path: Path) -> tuple[str, os.stat_result] | None:
         chunks = []  # os.read, not a text file object: its set-up was most of this read's time
         while chunk := os.read(fd, max(st.st_size + 1, 4096)):
             chunks.append(chunk)
-        return b"".join(chunks).decode(), st
+        return b"".join(chunks).decode()
     finally:
         os.close(fd)
 
@@ -309,19 +308,6 @@ def _warn_once(path: Path, st: os.stat_result | None, why: str) -> None:
         log.warning(
             "nbcluster: ignoring registry entry %s: it %s; remove it if you do not know it", path, why
         )
-
-
-#: Entry file -> its status's signature and its entry, as last read. Each `%%distribute` asks
-#: whether its cluster still runs (`read`: an open, a status, a read and a close, and the
-#: JSON); a file of the same signature holds the same entry, since every change is a new
-#: file renamed into place (`update`): one status call then answers, with the supervisor's
-#: pid checked as before.
-_READ: dict[Path, tuple[tuple[int, int, int, int, int], RegistryEntry]] = {}
-_KEEP_READ = 64
-
-
-def _signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_ino, st.st_mtime_ns, st.st_size, st.st_uid, st.st_mode)
 
 
 def read(directory: Path, name: str) -> RegistryEntry | None:
@@ -340,18 +326,9 @@ def read(directory: Path, name: str) -> RegistryEntry | None:
         None when there is no live entry.
     """
     path = directory / f"{name}{ENTRY}"
-    with contextlib.suppress(OSError):
-        kept = _READ.get(path)
-        if kept is not None and kept[0] == _signature(os.lstat(path)):
-            known = kept[1]
-            if process_alive(known.get("supervisor_pid"), known.get("supervisor_started")):
-                return cast(RegistryEntry, dict(known))
-            # Its supervisor is gone: read it afresh, which removes it if it is still that entry.
-    _READ.pop(path, None)
-    read_ = _read_trusted(path)
-    if read_ is None:
+    text = _read_trusted(path)
+    if text is None:
         return None
-    text, st = read_
     try:
         entry = json.loads(text)
     except json.JSONDecodeError:
@@ -364,9 +341,6 @@ def read(directory: Path, name: str) -> RegistryEntry | None:
         remove(directory, name)
         return None
     entry.setdefault("external", False)  # the tag, missing from an entry written before it existed
-    if len(_READ) >= _KEEP_READ:
-        _READ.clear()
-    _READ[path] = (_signature(st), cast(RegistryEntry, dict(entry)))
     # A file this user wrote and nobody else can change (`_read_trusted`), in the
     # supervisor's format: tests/test_wire.py checks a real one against the type.
     return cast(RegistryEntry, entry)

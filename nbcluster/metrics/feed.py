@@ -74,22 +74,6 @@ def client_feed(client: Client, detail: int | None = None) -> Feed:
     return fetch
 
 
-def has_plugin(client: Client) -> bool:
-    """Whether `client`'s scheduler has nbcluster's plugin, as far as its feeds found.
-
-    Parameters
-    ----------
-    client : distributed.Client
-        The client its feeds used.
-
-    Returns
-    -------
-    bool
-        False once a feed found no plugin there (until `ensure_plugin` installs one).
-    """
-    return client not in _without_plugin
-
-
 def ensure_plugin(client: Client) -> None:
     """Install `MetricsPlugin` on `client`'s scheduler unless it is already there.
 
@@ -152,23 +136,6 @@ class MetricsWindow:
             if series is None:
                 series = self.samples[r["worker"]] = deque(maxlen=self.max_samples)
             series.append(r)
-
-    def poll(self, feed: Feed) -> Snapshot:
-        """Fetch what is new from `feed`, fold it in, and return the snapshot (the delta).
-
-        Parameters
-        ----------
-        feed : Feed
-            Where snapshots come from (`client_feed`).
-
-        Returns
-        -------
-        Snapshot
-            What the feed returned for this window's cursor.
-        """
-        snap = feed(self.cursor)
-        self.apply(snap)
-        return snap
 
     def to_view(self) -> dict[str, Any]:
         """The window as plain data, shaped like the ``view`` of ``graphs.js``.

@@ -24,11 +24,11 @@ not grow with idle workers)
   about 200 a second however many workers there are), and the band of every worker's latest
   sample is kept by worker (`summary.LatestBand`): a new sample is a few dict assignments,
   a band three sorts in C, not a sample dict read per worker.
-- An answer's ``summary`` and its busiest workers read what changes with every task (tasks
-  processing) and every heartbeat (memory) in two passes over the workers made of C calls
-  (``map`` over ``attrgetter``), no Python step per worker; what changes only when workers
-  join or leave (hosts, their ranking, threads, limits, names) is kept in `_Roster`, rebuilt
-  only then.
+- An answer's ``summary`` reads what changes with every task (tasks processing) and every
+  heartbeat (memory) in two passes over the workers made of C calls (``map`` over
+  ``attrgetter``), no Python step per worker, and picks its busiest workers with a heap;
+  what changes only when workers join or leave (hosts, their ranking, threads, limits,
+  names) is kept in `_Roster`, rebuilt only then.
 The snapshot format is documented in `nbcluster.metrics` and declared in `nbcluster._wire`.
 
 Installing it: the plugin's `start` registers the ``nbcluster_metrics`` RPC handler, and
@@ -41,10 +41,11 @@ Dask calls `start` only for plugins present when the scheduler starts
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import operator
 import time
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from dask.utils import key_split
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -53,13 +54,12 @@ from tornado.ioloop import PeriodicCallback
 from nbcluster import config
 from nbcluster._wire import (
     DIRECT_TOPIC,
-    ROSTER_TOPIC,
+    PROGRESS_TOPIC,
     Band,
     GpuDevice,
     GroupProgress,
     HostTotals,
     ResourceSample,
-    RosterChanged,
     RunProgress,
     Snapshot,
     SnapshotGpu,
@@ -75,34 +75,16 @@ if TYPE_CHECKING:
 
 SNAPSHOT_VERSION = 1
 MAX_GROUPS = 20
-#: Runs whose item counts are kept (`nbcluster_progress`), the latest reported last.
+#: Runs whose item counts are kept (from `PROGRESS_TOPIC`), the latest reported last.
 MAX_RUNS = 20
 #: Distributions kept (one per sampling round with news: ~8 minutes at 500 ms).
 BAND_CAPACITY = 1000
+#: The scheduler handlers the plugin serves while it runs.
+_HANDLERS = ("nbcluster_metrics",)
 
 # (prefix, group, worker, start, stop, ok, key); the key is the scheduler's own object (a
 # reference, not a copy), turned into a string only when a snapshot is served.
 TaskRecord = tuple[str, str, str, float, float, bool, Any]
-
-
-class Reported(Protocol):
-    """What a sample reads of a worker: a `WorkerState`, or the same fields of a scheduler's
-    ``identity`` answer (`basic.basic_snapshot`)."""
-
-    @property
-    def memory_limit(self) -> int | None:
-        """The worker's memory limit in bytes (None: no limit)."""
-        ...
-
-    @property
-    def metrics(self) -> dict[str, Any]:
-        """The worker's last heartbeat metrics (``time``, ``cpu``, ``memory``, ...)."""
-        ...
-
-    @property
-    def extra(self) -> dict[str, Any]:
-        """What the worker's plugins added to its heartbeat (nbcluster's GPU reading)."""
-        ...
 
 
 class MetricsPlugin(SchedulerPlugin):
@@ -144,7 +126,7 @@ class MetricsPlugin(SchedulerPlugin):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self, scheduler: Scheduler) -> None:
-        """Dask's plugin hook: serve the two handlers and start sampling.
+        """Dask's plugin hook: serve the handlers and start sampling.
 
         Parameters
         ----------
@@ -152,9 +134,8 @@ class MetricsPlugin(SchedulerPlugin):
             The scheduler the plugin was added to.
         """
         self._scheduler = scheduler
-        scheduler.handlers["nbcluster_metrics"] = self.nbcluster_metrics
-        scheduler.handlers["nbcluster_progress"] = self.nbcluster_progress
-        scheduler.handlers["nbcluster_roster"] = self.nbcluster_roster
+        for name in _HANDLERS:
+            scheduler.handlers[name] = getattr(self, name)
         if self._callback is None:
             self._callback = PeriodicCallback(self.sample, self.sample_interval * 1000)
             self._callback.start()
@@ -164,60 +145,30 @@ class MetricsPlugin(SchedulerPlugin):
             self._callback.stop()
             self._callback = None
         handlers = self._scheduler.handlers if self._scheduler is not None else {}
-        if handlers.get("nbcluster_metrics") == self.nbcluster_metrics:
-            del handlers["nbcluster_metrics"]
-        if handlers.get("nbcluster_progress") == self.nbcluster_progress:
-            del handlers["nbcluster_progress"]
-        if handlers.get("nbcluster_roster") == self.nbcluster_roster:
-            del handlers["nbcluster_roster"]
-
-    def add_worker(self, scheduler: Scheduler, worker: str) -> None:
-        """Dask's plugin hook: the workers' roster is out of date.
-
-        Parameters
-        ----------
-        scheduler : distributed.Scheduler
-            The scheduler.
-        worker : str
-            The new worker's address.
-        """
-        self._roster = None
-        self._roster_changed(scheduler)
+        for name in _HANDLERS:
+            if handlers.get(name) == getattr(self, name):  # not another plugin's since
+                del handlers[name]
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
-        """Dask's plugin hook: the workers' roster is out of date.
+        """Dask's plugin hook (for `add_worker` too): the workers' roster is out of date.
+
+        What sampling knew of a worker at that address is forgotten.
 
         Parameters
         ----------
         scheduler : distributed.Scheduler
             The scheduler.
         worker : str
-            The address of the worker that left.
+            The address of the worker that came or left.
         **kwargs
             Dask's details (``stimulus_id``, ``expected``), unused.
         """
         self._roster = None
-        self._roster_changed(scheduler)
+        self._seen.pop(worker, None)
+        self._last_sample_time.pop(worker, None)
+        self._band.drop(worker)
 
-    @staticmethod
-    def _roster_changed(scheduler: Scheduler) -> None:
-        # To the kernels that keep the workers they were told of (`nbcluster_roster`).
-        changed: RosterChanged = {"workers": len(scheduler.workers)}
-        scheduler.log_event(ROSTER_TOPIC, changed)
-
-    def nbcluster_roster(self) -> dict[str, int]:
-        """The workers and their threads, as Dask's ``ncores`` answers; a kernel that asks
-        this (not ``ncores``) knows that this scheduler says on `ROSTER_TOPIC` when a worker
-        comes or goes, and keeps the answer until then.
-
-        Returns
-        -------
-        dict of str to int
-            Threads by worker address.
-        """
-        scheduler = self._scheduler
-        assert scheduler is not None, "MetricsPlugin.start() has not run"
-        return {address: ws.nthreads for address, ws in scheduler.workers.items()}
+    add_worker = remove_worker
 
     # -- recording ------------------------------------------------------------------------
 
@@ -259,25 +210,39 @@ class MetricsPlugin(SchedulerPlugin):
         self.tasks.append(self._stamp(), (prefix, group, worker, begin, end, finish == "memory", key))
 
     def log_event(self, topic: str, msg: Any) -> None:
-        """Dask's plugin hook: record a batch a worker ran for a kernel directly, not as a task.
+        """Dask's plugin hook: keep a run's counts, or record a batch a worker ran directly.
 
-        A direct batch (`nbcluster.run.direct`) is no task of the scheduler's, so no
-        transition reports it; its worker sends an event on `DIRECT_TOPIC` when it ends,
-        which is drawn like a task of the run: prefix and group from its key.
+        On `PROGRESS_TOPIC` a kernel reports a run's item counts (`RunCounts`): a batch
+        task holds many items, so only the kernel knows how many are done. The latest
+        `MAX_RUNS` runs are served in snapshots as ``runs``.
+
+        On `DIRECT_TOPIC` a worker reports a batch it ran for a kernel directly
+        (`nbcluster.run.transport`), which is no task of the scheduler's, so no transition
+        reports it: it is drawn like a task of the run, prefix and group from its key.
 
         Parameters
         ----------
         topic : str
             The event's topic; others are ignored.
         msg : Any
-            The event: ``key``, ``start``, ``stop``, and the ``worker`` the scheduler adds.
+            The event: `RunCounts`, or ``key``, ``start``, ``stop`` and the ``worker`` the
+            scheduler adds.
         """
-        if topic != DIRECT_TOPIC or not isinstance(msg, dict) or not msg.get("worker"):
+        if not isinstance(msg, dict):
             return
-        key = str(msg.get("key"))
-        prefix = key_split(key)
-        start, stop = float(msg.get("start") or 0.0), float(msg.get("stop") or 0.0)
-        self.tasks.append(self._stamp(), (prefix, prefix, str(msg["worker"]), start, stop, True, key))
+        if topic == PROGRESS_TOPIC:
+            # Only the declared keys: the counts cross a process boundary.
+            counts = {k: msg[k] for k in RunProgress.__optional_keys__ if k in msg}
+            record = cast(RunProgress, {**counts, "run": str(msg.get("run")), "time": time.time()})
+            self.runs.pop(record["run"], None)
+            self.runs[record["run"]] = record
+            while len(self.runs) > MAX_RUNS:
+                self.runs.pop(next(iter(self.runs)))
+        elif topic == DIRECT_TOPIC and msg.get("worker"):
+            key = str(msg.get("key"))
+            prefix = key_split(key)
+            start, stop = float(msg.get("start") or 0.0), float(msg.get("stop") or 0.0)
+            self.tasks.append(self._stamp(), (prefix, prefix, str(msg["worker"]), start, stop, True, key))
 
     def sample(self) -> None:
         """Copy each worker's newest heartbeat sample, if it is new (runs periodically).
@@ -308,34 +273,8 @@ class MetricsPlugin(SchedulerPlugin):
             self.samples.append(self._stamp(), sample)
             band.put(addr, sample)
             news = True
-        if len(seen) > len(workers):
-            # Every worker here is in `seen` by now: more means some left.
-            for addr in [a for a in seen if a not in workers]:
-                del seen[addr]
-                last.pop(addr, None)
-                band.drop(addr)
         if news:
             self.bands.append(self._stamp(), band.band(time.time()))
-
-    def nbcluster_progress(self, run: str, counts: dict[str, Any]) -> None:
-        """A kernel's report of one ``%%distribute`` run's item counts (its live view
-        sends them as they change): a batch task holds many items, so only the kernel
-        knows how many items are done. Served in snapshots as ``runs``.
-
-        Parameters
-        ----------
-        run : str
-            The run's id.
-        counts : dict
-            Its counts (the keys of `nbcluster._wire.RunProgress`; others are dropped).
-        """
-        # Only the declared keys: the kernel's counts cross a process boundary.
-        reported = {k: counts[k] for k in RunProgress.__optional_keys__ if k in counts}
-        record = cast(RunProgress, {**reported, "run": str(run), "time": time.time()})
-        self.runs.pop(record["run"], None)
-        self.runs[record["run"]] = record
-        while len(self.runs) > MAX_RUNS:
-            self.runs.pop(next(iter(self.runs)))
 
     # -- serving --------------------------------------------------------------------------
 
@@ -437,7 +376,7 @@ def _setting(value: int | None, key: str) -> int:
     return int(config.get(key)) if value is None else value
 
 
-def _gpu_static(ws: Reported) -> SnapshotGpu | None:
+def _gpu_static(ws: Any) -> SnapshotGpu | None:
     gpu = ws.extra.get("gpu")
     if isinstance(gpu, dict) and gpu.get("memory-total") is not None:
         return {"name": gpu.get("name"), "memory_total": gpu["memory-total"]}
@@ -476,7 +415,7 @@ def _worker_info(ws: WorkerState, devices: dict[str, GpuDevice] | None = None) -
     return info
 
 
-def resource_sample(addr: str, ws: Reported, m: dict[str, Any]) -> ResourceSample:
+def resource_sample(addr: str, ws: Any, m: dict[str, Any]) -> ResourceSample:
     """One worker's heartbeat sample in the snapshot's shape, GPU fields only where the
     worker reports them.
 
@@ -484,8 +423,9 @@ def resource_sample(addr: str, ws: Reported, m: dict[str, Any]) -> ResourceSampl
     ----------
     addr : str
         The worker's address.
-    ws : Reported
-        The worker (a `WorkerState`, or its part of an ``identity`` answer).
+    ws : WorkerState or alike
+        The worker's ``memory_limit``, ``metrics`` and ``extra``: a `WorkerState`, or the
+        same fields of a scheduler's ``identity`` answer (`basic.basic_snapshot`).
     m : dict
         Its heartbeat ``metrics``.
 
@@ -541,8 +481,7 @@ class _Roster:
 
     An answer then reads only what changes with each task or heartbeat (tasks processing,
     memory), in two passes of C calls over the workers (``map`` over ``attrgetter``; a
-    host's share is a slice): no Python step per worker, four times a second per open view
-    at 1,000 workers. Dask counts every worker that joins (``_workers_added_total``); with
+    host's share is a slice). Dask counts every worker that joins (``_workers_added_total``); with
     the number of workers that tells when the roster is out of date (and the plugin's
     `add_worker` / `remove_worker` hooks drop it too).
     """
@@ -586,20 +525,9 @@ class _Roster:
         return len(scheduler.workers), getattr(scheduler, "_workers_added_total", -1)
 
     def busiest(self, processing: list[int], n: int) -> list[int]:
-        """The `n` workers with the most tasks processing, ties by name (indices, busiest
-        first): those above the `n`-th largest count, then those at it, in name order."""
-        if n <= 0:
-            return []
-        threshold = sorted(processing)[-n]
-        in_name_order = [processing[i] for i in self.by_name] if len(processing) < 2 else (
-            operator.itemgetter(*self.by_name)(processing)
-        )  # fmt: skip
-        above = list(
-            itertools.compress(self.by_name, map(operator.gt, in_name_order, itertools.repeat(threshold)))
-        )
-        above.sort(key=processing.__getitem__, reverse=True)  # stable: name order within a count
-        at = itertools.compress(self.by_name, map(operator.eq, in_name_order, itertools.repeat(threshold)))
-        return above + list(itertools.islice(at, n - len(above)))
+        """The `n` workers with the most tasks processing, busiest first, ties in name order
+        (indices; `heapq.nsmallest` keeps the order it was given among equals)."""
+        return heapq.nsmallest(n, self.by_name, key=lambda i: -processing[i])
 
     def summary(self, processing: list[int]) -> Summary:
         """The snapshot's ``summary``; `processing` counts each worker's tasks, in roster order."""

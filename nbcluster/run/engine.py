@@ -26,7 +26,7 @@ the driver acts on:
   waiting cell ends with one line naming the fix (`ClusterCannotRun`).
 
 For the first ``distribute.direct`` seconds of a start (0.5 s) each batch goes to a worker
-directly (`direct.py`), and one that comes back refused goes through the scheduler, with
+directly (`transport.py`), and one that comes back refused goes through the scheduler, with
 every later batch. A ``--persist`` run, and one reading persisted values, sends one item a
 task (a Dask key holds one value: `worker/held.py`), all at once as `client.map` would (at
 most `PERSIST_AHEAD` per thread ahead), placed where its inputs are.

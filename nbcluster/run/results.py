@@ -36,7 +36,7 @@ Observing a run (the live widget's hook)
   runs).
 - Names: every batch is named `distribute-<run id>-<n>`, and a `--persist` item
   `persist-<run id>-<n>`. A batch that goes through the scheduler is a Dask task of that
-  key; a batch sent straight to a worker (`direct.py`) is no Dask task, but its worker
+  key; a batch sent straight to a worker (`transport.py`) is no Dask task, but its worker
   reports a task-stream record of that name after the answer. `results.run_id` is that id,
   for matching the scheduler's records.
 

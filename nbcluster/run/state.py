@@ -17,7 +17,7 @@ Shape, for a run of `n` items:
   (nbcluster missing on its scheduler), else None;
 - `started`, `ended`: wall-clock times (`ended` is None while the run goes on);
 - `direct_keys`: the keys of the batches a worker ran for the kernel directly, not as Dask
-  tasks (`direct.py`), whose task-stream records reach the scheduler after their answers.
+  tasks (`transport.py`), whose task-stream records reach the scheduler after their answers.
 
 A state is made running: the first start is its creation. Each `retry()` is a further
 start (`begin`); the state finishes when its last start `end`s, and then whatever is still

@@ -1,4 +1,4 @@
-"""How a run's batches leave the kernel and come back: one interface, Dask tasks behind it.
+"""How a run's batches leave the kernel and come back: one interface, two ways out behind it.
 
 The engine (`engine.py`) decides what to send (its `policy.Policy`); a `Transport` sends it
 and hands back what finished. The engine talks to nothing else of the way out. Its verbs:
@@ -7,25 +7,69 @@ and hands back what finished. The engine talks to nothing else of the way out. I
   the workers directly; `close` ends it;
 - `map` submits batches as Dask tasks, in one graph message (`client.map`), keyed
   ``distribute-<run id>-<n>`` (``persist-...`` for a persisted item);
-- `send_direct` sends a batch to a worker directly instead (`direct.py`: a start's first
-  half-second, where a small cell's round trip is 0.5 ms, not the scheduler's 4-5 ms), and
-  `flush` starts the direct requests of one top-up together;
+- `send_direct` sends a batch to a worker directly instead (a start's first half-second,
+  where a small cell's round trip is 0.5 ms, not the scheduler's 4-5 ms), and `flush`
+  starts the direct requests of one top-up together;
 - `completions` yields the finished batches, futures and direct calls in one queue, in the
   order they finish (`distributed.as_completed` takes futures only); `results` reads their
   result blobs; `take` tells which items a finished batch held, and whether it ran alone;
 - `stop` submits nothing more, `cancel` cancels on the scheduler what is still out, `lose`
   forgets it all (the cluster went away).
 
-Every batch out is *pending* (its items by future) until taken. A `Transport` lives as long
-as its run.
+Every batch out is *pending* (its items by future, or by direct `Call`) until taken. A
+`Transport` lives as long as its run.
+
+What is where, in this module: `Transport` and its one queue of finished batches
+(`_Completions`); Dask tasks bound to their workers (`_placing`); the direct path (`Call`,
+`_Direct`); results pushed ahead of a gather (`_Inbox`); tasks that load anywhere (`task`,
+`halt_reason`); what goes before the first batch (`Shipment`).
+
+Direct batches. A batch that is a Dask task crosses the scheduler on its way out and on its
+way back: 4 to 5 ms here for a task that does nothing, the whole cost of a small cell. A
+request from the kernel to a worker over the client's own connection pool (TLS, the
+cluster's credentials) answers in 0.3 to 0.5 ms. So for the first `distribute.direct`
+seconds of a run (0.5 s), `send_direct` sends each batch straight to a worker, which runs it
+in the thread pool its tasks run in (`worker/direct.py`) and answers with the same result
+blob a task returns. A small cell, 20,000 tiny items, a million of them: all of it is over
+within that half-second, in a few direct round trips. A longer run goes on through the
+scheduler after that, where Dask's dashboard, its work stealing and adaptive scaling see its
+batches as they always did.
+
+- The first batch. A run's first result must come one item's time after its start, whatever
+  the items behind it do. Through the scheduler, the first batch is that item alone; sent
+  directly, it is a probe like the others, and its worker sends the first item's result
+  ahead of the answer when the batch goes on (`worker/direct.py`), on the same connection
+  (`_compat.worker_exchange`): `completions` gives it as a `Call` of its own (``of`` the
+  batch), before the batch's answer, which leaves that item out.
+- Which workers. Only a run whose items fit every worker goes direct (one with ``--gpus`` or
+  ``--cpus`` is Dask tasks: the scheduler counts resources), spread by the workers' threads:
+  a worker gets at most `in-flight` direct batches per thread at once. And at most
+  `MAX_WORKERS` of them: the kernel opens a connection, with a TLS handshake, to each worker
+  it sends to (the scheduler has one to every worker already), so on a cluster of a thousand
+  workers the batches beyond those workers' slots go through the scheduler from the start,
+  in the same top-up (and each of those workers then gets one direct batch per thread, not
+  `in-flight`: a batch that would wait on a busy worker goes to an idle one through the
+  scheduler instead). A worker is asked once per client to serve direct batches
+  (`worker.direct.install`, through Dask's ``run`` request); one that cannot (nbcluster
+  missing there, another nbcluster version) is remembered and gets Dask tasks only.
+- When it goes wrong, the batch goes through the scheduler instead, and the start sends
+  every later batch that way (`take` says it came back unrun): the worker refused it (paused
+  past its memory limit, closing), and the scheduler holds the batch until a worker can take
+  it; or the request broke (the worker died, or left the cluster, which the run's watch
+  thread notices within half a second: `abandon_lost`), and its items run again, once, as
+  Dask re-runs a task whose worker died. A crash that an item itself causes is then found by
+  the engine's suspects, as before. Nothing of a batch is lost or run twice by this: a
+  batch's items are delivered only from its answer, and an answer that never came delivered
+  nothing.
 
 Results without a gather. A worker pushes a small result blob (or a persisted item's report)
 to the kernel as a Dask event on `PUSHED_TOPIC` just before the task ends (`worker.push`).
 Events from a worker travel on the same ordered stream as its task-finished message, so by
 the time the kernel sees the task done, its blob is in the client's `_Inbox`; where it is
 not (a worker of another version, a blob too large, a lost event) the blob is gathered, so
-a push never costs a result. The inbox is opened on a run's first Dask task: a run whose
-batches all went directly has nothing pushed.
+a push never costs a result. The inbox keeps only the pushes of the keys a run of this
+kernel expects, and forgets a run's keys when the run closes. It is opened on a run's first
+Dask task: a run whose batches all went directly has nothing pushed.
 
 Tasks that fail, not hang, on a worker without nbcluster (`task`). Dask unpickles a task as
 part of the message that brings it to a worker; one that cannot import nbcluster failed
@@ -46,6 +90,7 @@ died is sent again (`Shipment.reship`) to the worker that asked, which is alive,
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import functools
@@ -53,6 +98,8 @@ import itertools
 import pickle
 import queue
 import threading
+import time
+import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -60,20 +107,24 @@ from typing import TYPE_CHECKING, Any
 from dask.base import annotate
 
 from nbcluster import config, worker
-from nbcluster._compat import call_in_loop, erred_on, nested_task
+from nbcluster._compat import call_in_loop, erred_on, nested_task, run_on_worker, worker_call, worker_exchange
 from nbcluster._version import __version__
 from nbcluster._wire import PUSHED_TOPIC
 from nbcluster.errors import ClusterUnreachable
 from nbcluster.persist.handles import outcome
 from nbcluster.run.capture import pin_soon, shipments
-from nbcluster.run.direct import Call as Call  # the engine tells direct batches by it
-from nbcluster.run.direct import Direct
 from nbcluster.run.target import Link, Needs
+from nbcluster.worker import direct as served
 
 if TYPE_CHECKING:  # the job imports persisted handles, which import `outcome` from here
     from nbcluster.run.capture import Job
 
 RESHIPS = 10  # a run sends its lost values again at most this many times
+#: Workers one start sends direct batches to, at most (the first by address).
+MAX_WORKERS = 32
+#: Per client: worker address -> True (serves direct batches), False (does not), or the
+#: asyncio task asking it now. Touched only in the client's event loop.
+_SERVES: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 class Transport:
@@ -95,7 +146,7 @@ class Transport:
         self._alone: Any = None  # the batch that has been the only one out since its submit
         self._seq = itertools.count()
         self._completed: _Completions | None = None
-        self._direct: Direct | None = None
+        self._direct: _Direct | None = None
         self._inbox: _Inbox | None = None
 
     def open(self, link: Link, per_thread: int = 1, direct: bool = True) -> bool:
@@ -118,7 +169,7 @@ class Transport:
         """
         completed, sending = _Completions(), None
         if direct and link.needs == Needs() and config.seconds("distribute.direct") > 0:
-            sending = Direct(link.client, link.workers(), per_thread, completed)
+            sending = _Direct(link.client, link.workers(), per_thread, completed)
         with self.lock:
             self.stopping = False
             self._completed, self._direct = completed, sending
@@ -170,9 +221,7 @@ class Transport:
             with _placing(keys, placed, where):
                 made = client.map(calls[0][0], *columns, key=keys, pure=False, **where)
             for future, indices in zip(made, batches, strict=True):
-                self._alone = None if self.pending else future
-                self.pending[future] = indices
-            self.idle.clear()
+                self._out(future, indices)
             completed = self._completed
         if completed is not None:
             completed.expect(len(made))
@@ -208,10 +257,14 @@ class Transport:
             call = sending.send(f"distribute-{self.run_id}-{next(self._seq)}", context, blob, token, not self.pending)
             if call is None:
                 return False
-            self._alone = None if self.pending else call
-            self.pending[call] = indices
-            self.idle.clear()
+            self._out(call, indices)
         return True
+
+    def _out(self, batch: Any, indices: Any) -> None:
+        # Under `lock`: `batch` (a future or a direct call) is pending, alone if none else is.
+        self._alone = None if self.pending else batch
+        self.pending[batch] = indices
+        self.idle.clear()
 
     def flush(self) -> None:
         """Start the direct requests `send_direct` made since the last flush, together."""
@@ -231,10 +284,10 @@ class Transport:
         if completed is None:
             return
         while completed.out > 0:
-            done = [completed.done.get()]
+            done = [completed.get()]
             with contextlib.suppress(queue.Empty):
                 while True:
-                    done.append(completed.done.get_nowait())
+                    done.append(completed.get_nowait())
             if completed in done:  # cleared: the run is over
                 return
             with completed.lock:
@@ -388,21 +441,18 @@ class Transport:
         return futures
 
 
-class _Completions:
+class _Completions(queue.SimpleQueue[Any]):
     """One start's finished batches, futures and direct calls, in one queue (`put`), and how
     many are still out (`expect`); putting this object itself ends `Transport.completions`."""
 
     def __init__(self) -> None:
-        self.done: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        super().__init__()
         self.lock = threading.Lock()
         self.out = 0
 
     def expect(self, n: int = 1) -> None:
         with self.lock:
             self.out += n
-
-    def put(self, finished: Any) -> None:
-        self.done.put(finished)
 
 
 @contextlib.contextmanager
@@ -424,6 +474,170 @@ def _placing(keys: Sequence[str], placed: Sequence[Sequence[str]], where: dict[s
         by_key = collections.defaultdict(list, {k: list(p) for k, p in zip(keys, placed, strict=True) if p})
         with annotate(workers=by_key.__getitem__, allow_other_workers=True):
             yield
+
+
+# -- direct batches: to a worker, not through the scheduler --------------------------------
+class Call:
+    """One direct batch, kept where the engine keeps a Dask future.
+
+    Attributes
+    ----------
+    client : distributed.Client
+        The client whose event loop sends it.
+    key : str
+        Its name, as a Dask key would be (``distribute-<run id>-<n>``).
+    worker : str
+        The worker's address.
+    status : str
+        ``"pending"``, ``"finished"`` (``answer`` is the result blob) or ``"error"``
+        (``answer`` is why: the exception, or a refusal's reason).
+    answer : Any
+        See `status`.
+    of : Call or None
+        For the first item of a run's first batch, sent ahead of its answer
+        (`worker/direct.py`): the batch it came from; None for a batch's answer.
+    """
+
+    __slots__ = ("answer", "client", "key", "of", "sent", "status", "worker")
+
+    def __init__(self, client: Any, key: str, worker: str, of: Call | None = None, answer: Any = None):
+        self.client, self.key, self.worker, self.of, self.answer = client, key, worker, of, answer
+        self.status = "pending" if of is None else "finished"
+        self.sent: Any = None  # the request (a task of the client's event loop), while it runs
+
+
+class _Direct:
+    """Sends one start's direct batches; see the module docstring.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The run's client (its event loop sends the requests).
+    workers : dict of str to int
+        The workers every item fits, with their threads (`MAX_WORKERS` of them are used).
+    per_thread : int
+        Direct batches a worker may hold per thread (``distribute.in-flight``).
+    completions : _Completions
+        Where each call goes when it is answered, after it was counted out.
+    """
+
+    def __init__(self, client: Any, workers: dict[str, int], per_thread: int, completions: _Completions):
+        self.client = client
+        chosen = sorted(workers)[:MAX_WORKERS]
+        if len(chosen) < len(workers):
+            per_thread = 1  # the batches a thread would queue here go to another worker's free thread
+        self.slots = {address: max(1, workers[address]) * per_thread for address in chosen}
+        self.out = dict.fromkeys(chosen, 0)
+        self.until = time.monotonic() + config.seconds("distribute.direct")
+        self.completions = completions
+        self.stopped = False  # set by the transport after a failed call: the rest are Dask tasks
+        self._lock = threading.Lock()  # `out`: the driver sends, the client's loop answers
+        self._held: list[tuple[Call, dict[str, Any], bool]] = []  # sent, not yet started
+        # Each worker starts this start's batches in the order they were sent (`worker/direct.py`).
+        self.sender = uuid.uuid4().hex
+        self._numbered = dict.fromkeys(chosen, 0)
+
+    def worker(self) -> str | None:
+        """The worker the next batch goes to directly, or None: send it through the scheduler.
+
+        Returns
+        -------
+        str or None
+            The least busy worker (by its share of its slots) with a free slot; None once the
+            direct time is over, after a failed call, or when every slot is taken.
+        """
+        if self.stopped or time.monotonic() >= self.until:
+            return None
+        known = _SERVES.get(self.client, {})
+        best, load = None, 1.0
+        for address, slots in self.slots.items():
+            if known.get(address) is not False and (share := self.out[address] / slots) < load:
+                best, load = address, share
+        return best
+
+    def send(self, key: str, context: tuple[str, bytes | None], blob: bytes, token: str, first: bool) -> Call | None:
+        """Send one batch to the worker `worker()` names at the next `flush`; None: no worker.
+
+        Parameters
+        ----------
+        key : str
+            The batch's name (``distribute-<run id>-<n>``).
+        context, blob, token
+            As a batch's task takes them (`worker.run_batch`).
+        first : bool
+            The run's first batch: a worker still running it after `worker.direct.AHEAD_S`
+            sends its first item ahead, which reaches the completions as a `Call` of its own
+            (``of`` this one) before this one's answer, which then leaves that item out.
+
+        Returns
+        -------
+        Call or None
+            The call, pending; None when no worker takes a direct batch now (see `worker`).
+        """
+        if (worker := self.worker()) is None:
+            return None
+        call = Call(self.client, key, worker)
+        with self._lock:
+            self.out[worker] += 1
+            number, self._numbered[worker] = self._numbered[worker], self._numbered[worker] + 1
+            args = {"key": key, "context": context, "batch": blob, "token": token, "sender": self.sender, "number": number}
+            self._held.append((call, args, first))
+        self.completions.expect()
+        return call
+
+    def flush(self) -> None:
+        """Start the requests `send` held since the last flush, in one wake of the client's
+        event loop (each wake is a write to its pipe)."""
+        with self._lock:
+            held, self._held = self._held, []
+        if held:
+            call_in_loop(self.client, self._start, held)
+
+    def _start(self, held: list[tuple[Call, dict[str, Any], bool]]) -> None:
+        # In the client's event loop.
+        for call, args, first in held:
+            call.sent = asyncio.ensure_future(self._request(call, args, first))
+            call.sent.add_done_callback(functools.partial(self._answered, call))
+
+    async def _request(self, call: Call, args: dict[str, Any], first: bool) -> Any:
+        """Ask the worker to run the batch, installing the handler there first (once per client)."""
+        known = _SERVES.setdefault(self.client, {})
+        if (serves := known.get(call.worker)) is None:
+            serves = known[call.worker] = asyncio.ensure_future(_install(self.client, call.worker))
+        if isinstance(serves, asyncio.Future):
+            serves = known[call.worker] = await serves
+        if not serves:
+            return {"refused": "it cannot serve direct batches"}
+        if not first:
+            return await worker_call(self.client, call.worker, served.HANDLER, **args)
+        message = {"op": served.HANDLER, "reply": True, "first": True, **args}
+        return await worker_exchange(self.client, call.worker, message, functools.partial(self._ahead, call))
+
+    def _ahead(self, call: Call, blob: bytes) -> None:
+        # In the client's event loop: the first item of `call`, ahead of its answer.
+        self.completions.expect()
+        self.completions.put(Call(self.client, call.key, call.worker, of=call, answer=blob))
+
+    def _answered(self, call: Call, sent: Any) -> None:
+        with self._lock:
+            self.out[call.worker] -= 1
+        call.sent = None
+        try:
+            answer = sent.result()
+        except BaseException as e:  # the request broke, or was given up (`abandon_lost`)
+            call.status, call.answer = "error", e
+        else:
+            refused = served.refusal(answer)
+            call.status, call.answer = ("finished", answer) if refused is None else ("error", refused)
+        self.completions.put(call)
+
+
+async def _install(client: Any, worker: str) -> bool:
+    """Whether `worker` now serves direct batches of this nbcluster's `VERSION`."""
+    try:
+        return bool(await run_on_worker(client, worker, served.install) == served.VERSION)
+    except Exception:
+        return False
 
 
 # -- results pushed by the workers -----------------------------------------------------------

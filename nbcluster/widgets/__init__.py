@@ -66,6 +66,7 @@ and bounds are Dask config keys under ``nbcluster.widget.`` (the docs' settings 
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import threading
@@ -75,7 +76,8 @@ from typing import Any, cast
 
 from nbcluster import _threads as threads
 from nbcluster import config
-from nbcluster.metrics.feed import Feed, client_feed, has_plugin
+from nbcluster._wire import PROGRESS_TOPIC, RunCounts
+from nbcluster.metrics.feed import Feed, client_feed
 from nbcluster.widgets._controls import controls_for
 from nbcluster.widgets._live import Live, as_progress_source
 from nbcluster.widgets._options import LiveOptions
@@ -85,6 +87,8 @@ from nbcluster.widgets._theme import THEME
 logger = logging.getLogger(__name__)
 
 GRID_MAX_ITEMS = 5000
+#: Seconds between two reports of one run's counts to the scheduler (`reporter_for`).
+REPORT_GAP_S = 0.25
 _MISSING = object()
 
 __all__ = ["Live", "live", "progress_hook", "status"]
@@ -347,8 +351,14 @@ class ResultsProgress:
 
 
 def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
-    """Send the run's item counts to the scheduler's plugin (``nbcluster_progress``), so
-    the sidebar shows items as the cell counts them.
+    """Send the run's item counts to the scheduler as events on `PROGRESS_TOPIC`, so the
+    sidebar shows items as the cell counts them (where nbcluster's plugin is there to read
+    them; any other scheduler keeps the events as it keeps every topic's, a bounded number).
+
+    At most one report every `REPORT_GAP_S` seconds: counts that come faster wait, and
+    only the newest is sent, so the last counts always arrive. Sent from the client's event
+    loop, one at a time: the caller never waits for the scheduler, and a newer report never
+    arrives before an older one.
 
     Parameters
     ----------
@@ -364,33 +374,25 @@ def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
     if client is None:
         return None
     run = results.run_id
-    # Sent from the client's event loop, one at a time and the newest counts only: the cell
-    # never waits for the scheduler's reply, and a newer report never arrives before an older one.
-    lock = threading.Lock()
-    newest: list[dict[str, Any]] = []
-    sending = [False]
+    waiting: list[RunCounts] = []  # the newest counts not sent yet; touched on the loop only
 
-    async def send() -> None:
-        while True:
-            with lock:
-                if not newest:
-                    sending[0] = False
-                    return
-                counts = newest.pop()
+    async def send(counts: RunCounts) -> None:
+        if waiting:  # a call is sending: it sends these counts next, in place of older ones
+            waiting[0] = counts
+            return
+        waiting.append(counts)
+        while waiting:
+            message = waiting[0]
             try:
-                await client.scheduler.nbcluster_progress(run=run, counts=counts)
+                await client.scheduler.log_event(topic=PROGRESS_TOPIC, msg=message)
             except Exception as e:  # the cluster went away: the sidebar has nothing to show
                 logger.info("nbcluster: cannot report the run's progress (%s: %s)", type(e).__name__, e)
+            await asyncio.sleep(REPORT_GAP_S)
+            if waiting[0] is message:
+                waiting.clear()
 
     def report(counts: dict[str, Any]) -> None:
-        if not has_plugin(client):
-            return
-        with lock:
-            newest[:] = [counts]
-            if sending[0]:
-                return
-            sending[0] = True
-        client.loop.add_callback(send)
+        client.loop.add_callback(send, cast(RunCounts, {**counts, "run": run}))
 
     return report
 
