@@ -33,7 +33,7 @@ within `AHEAD_S` of its arrival answers once, as any batch: every small cell doe
 still going by then, and its first item has finished (or when that item finishes later), the
 worker writes the first item's result on that connection, ahead of the answer
 (``{"first": blob}``), and leaves that item out of the answer. The kernel reads both on that
-one connection, so the first always arrives before the rest (`run/direct.py`). No item is sent
+one connection, so the first always arrives before the rest (`run/transport.py`). No item is sent
 twice or left out: whether the first went ahead is decided once, under a lock, by whichever
 of the two comes first, the batch's end (in its thread) or the deadline (in the event loop).
 A first item that went ahead and a worker that then dies: the kernel delivered the first,
