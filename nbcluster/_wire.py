@@ -417,6 +417,18 @@ class HeldValue(TypedDict):
     nbytes: int  # Dask's `sizeof` of the value
 
 
+#: The Dask event topic on which nbcluster's scheduler plugin says that a worker came or went
+#: (`MetricsPlugin.add_worker`): a kernel subscribed to it keeps the workers it was told of
+#: (`run/target.py`) until the next such event, rather than asking again each cell.
+ROSTER_TOPIC = "nbcluster-roster"
+
+
+class RosterChanged(TypedDict):
+    """An event on `ROSTER_TOPIC`: the scheduler's workers now."""
+
+    workers: int  # how many
+
+
 #: The Dask event topic on which a worker reports each batch it ran for a kernel directly, not
 #: as a Dask task (`run/transport.py`): nbcluster's scheduler plugin draws it as a task of the run.
 DIRECT_TOPIC = "nbcluster-direct"

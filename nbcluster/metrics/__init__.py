@@ -6,12 +6,15 @@ The scheduler already sees every fact the live graphs need: each finished task a
 ``processing -> memory|erred`` transition carrying the worker's ``startstops``, and each
 worker heartbeat leaves its latest system-monitor sample in ``WorkerState.metrics``.
 `MetricsPlugin` (``nbcluster/metrics/plugin.py``) copies those facts, as small tuples, into
-two bounded ring buffers, and serves them through a scheduler RPC handler::
+two bounded ring buffers, and serves them through scheduler RPC handlers::
 
     nbcluster_metrics(since: int | None = None, detail: int | None = None) -> dict
                                                    # the snapshot below
+    nbcluster_roster() -> dict                     # threads by worker, as Dask's ncores
 
-It reads two topics as Dask's events pass by: ``nbcluster-progress``
+It logs an event on ``nbcluster-roster`` (`nbcluster._wire.ROSTER_TOPIC`) whenever a worker
+comes or goes, so that a kernel that asked `nbcluster_roster` keeps the answer until then,
+and reads two topics as Dask's events pass by: ``nbcluster-progress``
 (`nbcluster._wire.PROGRESS_TOPIC`), a run's item counts as its kernel reports them, and
 ``nbcluster-direct`` (`nbcluster._wire.DIRECT_TOPIC`), the batches workers ran directly.
 

@@ -55,11 +55,13 @@ from nbcluster import config
 from nbcluster._wire import (
     DIRECT_TOPIC,
     PROGRESS_TOPIC,
+    ROSTER_TOPIC,
     Band,
     GpuDevice,
     GroupProgress,
     HostTotals,
     ResourceSample,
+    RosterChanged,
     RunProgress,
     Snapshot,
     SnapshotGpu,
@@ -80,7 +82,7 @@ MAX_RUNS = 20
 #: Distributions kept (one per sampling round with news: ~8 minutes at 500 ms).
 BAND_CAPACITY = 1000
 #: The scheduler handlers the plugin serves while it runs.
-_HANDLERS = ("nbcluster_metrics",)
+_HANDLERS = ("nbcluster_metrics", "nbcluster_roster")
 
 # (prefix, group, worker, start, stop, ok, key); the key is the scheduler's own object (a
 # reference, not a copy), turned into a string only when a snapshot is served.
@@ -152,7 +154,8 @@ class MetricsPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         """Dask's plugin hook (for `add_worker` too): the workers' roster is out of date.
 
-        What sampling knew of a worker at that address is forgotten.
+        What sampling knew of a worker at that address is forgotten. Kernels that keep the
+        workers they were told of (`nbcluster_roster`) hear of it on `ROSTER_TOPIC`.
 
         Parameters
         ----------
@@ -167,8 +170,24 @@ class MetricsPlugin(SchedulerPlugin):
         self._seen.pop(worker, None)
         self._last_sample_time.pop(worker, None)
         self._band.drop(worker)
+        changed: RosterChanged = {"workers": len(scheduler.workers)}
+        scheduler.log_event(ROSTER_TOPIC, changed)
 
     add_worker = remove_worker
+
+    def nbcluster_roster(self) -> dict[str, int]:
+        """The workers and their threads, as Dask's ``ncores`` answers; a kernel that asks
+        this (not ``ncores``) knows that this scheduler says on `ROSTER_TOPIC` when a worker
+        comes or goes, and keeps the answer until then.
+
+        Returns
+        -------
+        dict of str to int
+            Threads by worker address.
+        """
+        scheduler = self._scheduler
+        assert scheduler is not None, "MetricsPlugin.start() has not run"
+        return {address: ws.nthreads for address, ws in scheduler.workers.items()}
 
     # -- recording ------------------------------------------------------------------------
 
