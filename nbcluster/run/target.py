@@ -8,10 +8,16 @@ scheduler for its workers once, and works out the placement of the run's items f
 `Needs`: the Dask resource restrictions, the workers that can take them and how many items
 can run at once there (the batch sizing's `threads`).
 
-The link asks; it caches nothing across runs. Where every worker fits (no `Needs`) it asks
-Dask's ``ncores``, a few bytes a worker, not a description of each. A run's watch thread asks
-afresh twice a second and resizes the run (`usable_threads`). `--everywhere`, which runs once
-on each worker, asks when it starts (`eligible_now`).
+Where every worker fits (no `Needs`), an answer of the scheduler's from the last `FRESH_S`
+seconds stands in for asking: cells run back to back (a loop of `distribute` calls, a
+pipeline) then send their first items without waiting for a round trip. Being a second
+late about the workers costs little: each run's watch thread asks afresh twice a second
+and resizes the run (`usable_threads`). A scheduler with nbcluster's plugin (every cluster
+nbcluster starts) says on `ROSTER_TOPIC` when a worker comes or goes; there the answer
+stands until such news (`TOLD_S` at most), so cells seconds apart, as a notebook's are, do
+not wait for the round trip either (asking each cell cost a small cell its lead over
+ipyparallel: bench/RESULTS.md, "engine removals"). `--everywhere`, which runs once on each
+worker, asks afresh (`eligible_now`).
 
 A link whose cluster went away is `close()`d by the engine; a retry `open()`s it again, to
 whatever cluster is current by then.
@@ -20,12 +26,97 @@ whatever cluster is current by then.
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from nbcluster import _compat
+from nbcluster._wire import ROSTER_TOPIC
 from nbcluster.cluster import registry
 from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
+
+#: Seconds for which the scheduler's last word on its workers stands, for opening a link.
+FRESH_S = 1.0
+#: ... and where that scheduler tells this kernel of every worker that comes or goes
+#: (nbcluster's plugin, on `ROSTER_TOPIC`): until such news, or this long at most.
+TOLD_S = 60.0
+#: An answer stands for `TOLD_S` only if asked this long after the kernel subscribed to the
+#: news: the subscription and the question travel on two connections, so a question asked at
+#: once could be answered before the subscription took effect, and a change in between missed.
+SETTLED_S = 1.0
+
+
+class _Asked(NamedTuple):
+    at: float  # when it was asked (monotonic)
+    cores: dict[str, int]
+    told: bool  # the scheduler says on `ROSTER_TOPIC` when this changes
+    news: int  # the roster news heard before asking: newer news makes it stale
+
+
+_ASKED: weakref.WeakKeyDictionary[Any, _Asked] = weakref.WeakKeyDictionary()
+_ASKED_LOCK = threading.Lock()  # the kernel's thread opens links, runs' watch threads refresh
+_NEWS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # client -> events heard
+# client -> (its connection to the scheduler when it subscribed, when)
+_FOLLOWING: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], float]] = weakref.WeakKeyDictionary()
+_UNTOLD: weakref.WeakSet[Any] = weakref.WeakSet()  # clients whose scheduler has no `nbcluster_roster`
+
+
+def _ncores(client: Any, within: float) -> dict[str, int]:
+    """The scheduler's workers and their threads: its answer of the last `within` seconds
+    (`TOLD_S` where it tells of changes, and none came since), else asked now.
+
+    A notebook's cells come seconds apart, so with `FRESH_S` alone nearly every cell asked,
+    a round trip of 2 ms before its first item could go out (a third of a small cell).
+    """
+    now = time.monotonic()
+    with _ASKED_LOCK:
+        asked = _ASKED.get(client)
+        news = _NEWS.get(client, 0)
+    if asked is not None and client.status == "running":
+        told = asked.told and asked.news == news and within > 0
+        if now - asked.at < (TOLD_S if told else within):
+            return asked.cores
+    told = _follow(client, now)
+    answer = None
+    if client not in _UNTOLD:
+        answer = client.sync(client.scheduler.nbcluster_roster)
+        if answer is None:  # Dask answers None to an operation the scheduler has no handler for
+            _UNTOLD.add(client)
+    if answer is None:
+        told, answer = False, client.ncores()
+    cores = {str(address): int(n) for address, n in answer.items()}
+    with _ASKED_LOCK:
+        _ASKED[client] = _Asked(now, cores, told, news)
+    return cores
+
+
+def _follow(client: Any, now: float) -> bool:
+    """Subscribe `client` to the roster news, once per connection to its scheduler (a client
+    that reconnected is subscribed to nothing); whether it was subscribed `SETTLED_S` ago."""
+    stream = getattr(client, "scheduler_comm", None)
+    if stream is None:
+        return False
+    with _ASKED_LOCK:
+        following = _FOLLOWING.get(client)
+        if following is not None and following[0]() is stream:
+            return now - following[1] >= SETTLED_S
+        _FOLLOWING[client] = (weakref.ref(stream), now)
+    ref = weakref.ref(client)  # the handler is the client's own: it must not keep it alive
+
+    def heard(event: Any) -> None:
+        followed = ref()
+        if followed is not None:
+            with _ASKED_LOCK:
+                _NEWS[followed] = _NEWS.get(followed, 0) + 1
+
+    try:
+        client.subscribe_topic(ROSTER_TOPIC, heard)
+    except Exception:  # a client closing: asked each time, as without the news
+        with _ASKED_LOCK:
+            _FOLLOWING.pop(client, None)
+    return False
 
 
 class Needs(NamedTuple):
@@ -100,16 +191,17 @@ class Link:
                 raise NoCluster(f"{e}; or run the items in this kernel with --local") from None
             self.client = self.handle.client
         try:
-            self.submit_kwargs, self.threads, self.eligible = self._place()
+            self.submit_kwargs, self.threads, self.eligible = self._place(FRESH_S)
         except (OSError, TimeoutError) as e:
             raise ClusterUnreachable(f"the cluster's scheduler does not answer: {e}") from None
         self.is_open = True
         return self
 
-    def _place(self) -> tuple[dict[str, Any], int, list[str]]:
-        """`placement` of the items on the workers there now, asked of the scheduler."""
+    def _place(self, within: float = 0.0) -> tuple[dict[str, Any], int, list[str]]:
+        """`placement` of the items on the workers there: the scheduler's word of the last
+        `within` seconds where every worker fits (`_ncores`), else asked now."""
         if self.needs == Needs():  # every worker fits
-            self.cores = {str(a): int(n) for a, n in self.client.ncores().items()}
+            self.cores = _ncores(self.client, within)
             return {}, max(1, sum(self.cores.values())), list(self.cores)
         return placement(self.needs, _compat.workers(self.client))
 
