@@ -56,3 +56,14 @@ def family(pid: int, *, gone_ok: bool = False) -> list[psutil.Process]:
 def rss() -> int:
     """This process's resident memory, in bytes (also where a worker runs it, through `client.run`)."""
     return int(psutil.Process().memory_info().rss)
+
+
+def stop_all(processes: list[subprocess.Popen[bytes]], timeout: float = 10) -> None:
+    """Terminate `processes`, last started first, and kill any that outlive `timeout`."""
+    for p in reversed(processes):
+        p.terminate()
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

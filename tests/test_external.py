@@ -27,7 +27,7 @@ from nbcluster import commands
 from nbcluster._wire import ClusterState, ExternalEntry, Snapshot, problems
 from nbcluster.cluster import credentials
 from nbcluster.errors import BadArgument, ClusterUnreachable
-from tests.os_helpers import silent_port
+from tests.os_helpers import silent_port, stop_all
 from tests.waiting import until, waited_for
 
 
@@ -82,13 +82,7 @@ def someone_elses_scheduler(request, tmp_path: Path) -> Iterator[tuple[str, tupl
         )  # fmt: skip
         yield address, files, allowed
     finally:
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(procs)
 
 
 def _sampled(handle, timeout: float = 30) -> dict:

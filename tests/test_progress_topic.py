@@ -25,6 +25,7 @@ from nbcluster._wire import PROGRESS_TOPIC
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.run.api import distribute
 from nbcluster.widgets import REPORT_GAP_S, progress_hook
+from tests.os_helpers import stop_all
 from tests.waiting import until, waited_for
 from tests.widget_helpers import Recorder, square
 
@@ -87,13 +88,7 @@ def plain_dask(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         )  # fmt: skip
         yield address, log
     finally:
-        for p in reversed(procs):
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_all(procs)
 
 
 def test_a_scheduler_without_the_plugin_keeps_a_bounded_log_and_says_nothing(

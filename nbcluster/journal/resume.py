@@ -87,6 +87,7 @@ from nbcluster.journal import store
 from nbcluster.persist import handles
 from nbcluster.run.capture import Capture, read_only_array
 from nbcluster.run.cell import Cell, Plan
+from nbcluster.worker.context import cell_value
 
 VERSION = b"nbcluster-run-3"  # part of every identity: change it when what goes in changes
 # A class's attributes that say where it was defined, or hold no content of its own.
@@ -211,7 +212,7 @@ class _Hasher(cloudpickle.Pickler):
         else:
             fn: FunctionType = obj
             reads = sorted((n, fn.__globals__[n]) for n in _globals_read(fn.__code__) if n in fn.__globals__)
-            closure = [_contents(c) for c in fn.__closure__ or ()]
+            closure = [cell_value(c) for c in fn.__closure__ or ()]
             parts = ("function", _source(fn), fn.__defaults__, fn.__kwdefaults__, closure, reads)
         self.seen[id(obj)] = value_hash(parts, self.seen)
         return self.seen[id(obj)]
@@ -227,13 +228,6 @@ def _globals_read(code: CodeType) -> set[str]:
     """
     names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
     return names.union(*(_globals_read(c) for c in code.co_consts if isinstance(c, CodeType)))
-
-
-def _contents(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell: a name the enclosing function binds later
-        return None
 
 
 def _source(fn: FunctionType) -> bytes:

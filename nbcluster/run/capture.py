@@ -59,6 +59,7 @@ from nbcluster.errors import BadArgument
 from nbcluster.persist import handles
 from nbcluster.run.cell import Cell, Plan, human
 from nbcluster.run.tracebacks import ItemError
+from nbcluster.worker.context import cell_value
 
 LARGE = 1_000_000  # bytes of pickle above which a value is shipped once per worker
 PIN_WAIT_S = 5.0
@@ -251,19 +252,12 @@ def _shareable(value: Any, seen: set[int], arrays: bool, read: bool = False) -> 
     if id(value) in seen:
         return True  # a recursive function: the rest of it is being checked
     seen.add(id(value))
-    cells = [_contents(c) for c in value.__closure__ or ()]
+    cells = [cell_value(c) for c in value.__closure__ or ()]
     defaults = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
     reads = [value.__globals__[n] for n in _global_names(value.__code__) if n in value.__globals__]
     return all(_shareable(v, seen, arrays) for v in defaults) and all(
         _shareable(v, seen, arrays, read=True) for v in (*cells, *reads)
     )
-
-
-def _contents(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell: a name the enclosing function binds later
-        return None
 
 
 def read_only_array(value: Any) -> bool:

@@ -347,7 +347,7 @@ def freeze(fn: Any) -> list[str]:
         if type(f) is not FunctionType or f.__module__ != "__main__" or id(f) in seen:
             continue  # an imported function's globals are its module's, never touched
         seen.add(id(f))
-        cells = [(n, _contents(c)) for n, c in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True)]
+        cells = [(n, cell_value(c)) for n, c in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True)]
         for name, value in [*f.__globals__.items(), *cells]:
             if _plain_array(value):
                 value.flags.writeable = False
@@ -362,10 +362,22 @@ def _plain_array(value: Any) -> bool:
     return numpy is not None and type(value) is numpy.ndarray and not value.dtype.hasobject
 
 
-def _contents(cell: Any) -> Any:
+def cell_value(cell: Any) -> Any:
+    """A closure cell's value; None for an empty cell (a name its function binds later).
+
+    Parameters
+    ----------
+    cell : types.CellType
+        One of a function's ``__closure__`` cells.
+
+    Returns
+    -------
+    Any
+        What the cell holds, or None.
+    """
     try:
         return cell.cell_contents
-    except ValueError:  # an empty cell: a name the enclosing function binds later
+    except ValueError:
         return None
 
 
