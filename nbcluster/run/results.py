@@ -649,7 +649,7 @@ class _Printer:
             if self._shows(i) and i not in self.ended:
                 if not live:
                     self.current = None  # a header, even after the same item's output of a former run
-                self._write(i, state.outputs.get(i, []), skip=trials.shown.get(i, 0) if live and trials else 0)
+                self._write(i, state.outputs.get(i, []), skip=trials.printed.shown.get(i, 0) if live and trials else 0)
             self.ended.add(i)
 
     def _shows(self, i: int) -> bool:

@@ -83,8 +83,8 @@ class TrialControls:
             ``running`` (item and label) and ``more`` (those left out).
         """
         states = self.results.states
-        finals = set(self.trials.finals)
-        running = [i for i in sorted(list(self.trials.begun)) if i not in finals and states[i] == "running"]
+        finals = set(self.trials.running.finals)
+        running = [i for i in sorted(list(self.trials.running.begun)) if i not in finals and states[i] == "running"]
         shown: list[RunningTrial] = []
         for i in running[:RUNNING_SHOWN]:
             label = ", ".join(f"{k}={v}" for k, v in self.results._plan.params(i).items())
