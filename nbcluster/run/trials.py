@@ -18,6 +18,12 @@ one can be stopped without its neighbours) as their thread's current item
 
 One thread a run (``nbcluster-trials-<run id>``) does the stops and the timeouts, so the
 client's event loop, which delivers the reports, never waits on the cluster.
+
+What `Trials` holds, one small record each: `Rules` (objective, stopper, timeout), `Items`
+(what the run's plan and state say of an item), `Running` (where and since when each item
+runs), `Reports` (what was reported), `Series` (the live view's curves), `Printed` (the
+items' output for the waiting cell), `Stops` (the stops asked, and what the thread has still
+to do for them) and `_Watch` (what the thread waits on, and the client it asks).
 """
 
 from __future__ import annotations
@@ -152,6 +158,11 @@ class Items:
     params: Callable[[int], dict[str, Any]]  # item -> its parameters (`Plan.params`)
     ended: Callable[[int], bool] = lambda i: False  # the run's state has it finished
     ran: Callable[[int], bool] = lambda i: False  # it was run by this run (not resumed)
+
+    def label(self, i: int) -> str:
+        """Item `i` as the live view names it: ``"3: lr=0.1, depth=4"`` (``"3"`` without parameters)."""
+        params = ", ".join(f"{k}={v}" for k, v in self.params(i).items())
+        return f"{i}: {params}" if params else str(i)
 
 
 @dataclass
@@ -409,8 +420,7 @@ class Trials:
             chosen = ([best] if best in self.series.points else []) + [i for i in items if i != best]
             series = []
             for i in chosen[:CURVES]:
-                label = ", ".join(f"{k}={v}" for k, v in self.items.params(i).items())
-                series.append({"label": f"{i}: {label}" if label else str(i), "state": states[i] if i < len(states) else "running",
+                series.append({"label": self.items.label(i), "state": states[i] if i < len(states) else "running",
                                "best": i == best, "points": [[s, v] for s, v in self.series.points[i]]})  # fmt: skip
         mode = self.rules.objective.mode if self.rules.objective else None
         return {"metric": self.series.metric, "mode": mode, "series": series}
@@ -421,7 +431,7 @@ class Trials:
         Returns
         -------
         list of (int, list of (str, str))
-            (item, its ``(stream, text)`` chunks); `shown` counts them as shown.
+            (item, its ``(stream, text)`` chunks); `Printed.shown` counts them as shown.
         """
         with self._lock:
             taken, self.printed.pending = self.printed.pending, []
@@ -489,8 +499,8 @@ class Trials:
             verdicts, self.stops.verdicts = self.stops.verdicts, []
             due = [d for d in self.stops.due if d[0] <= mono]
             self.stops.due = [d for d in self.stops.due if d[0] > mono]
-        for i, reason in asks:
-            self._ask(i, reason)
+        for i, reason in asks:  # a --local item was told at once, by `stop`
+            self._on_workers(None, trial.stop_items, self.topic, [i], reason)
         by_worker: dict[str | None, list[tuple[int, int]]] = {}
         for i, rung in verdicts if client is not None else ():
             by_worker.setdefault(self.running.where.get(i), []).append((i, rung))
@@ -515,12 +525,6 @@ class Trials:
                     reason = "stopped: it ran on past the grace"
                     client.cancel([Future(self.running.keys[i], client)], reason=reason)
                 client.restart_workers([address], timeout=30, raise_for_error=False)
-
-    def _ask(self, i: int, reason: str) -> None:
-        if self._watch.client is None:
-            trial.stop_items(self.topic, [i], reason)
-        else:
-            self._on_workers(None, trial.stop_items, self.topic, [i], reason)
 
     def _on_workers(self, i: int | None, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
         """Run `fn` on item `i`'s worker (on every worker for None, or an item not begun yet):
