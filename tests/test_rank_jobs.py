@@ -102,7 +102,7 @@ def test_rank_zeros_reports_draw_the_curve_live_and_metrics_keep_every_rank(two:
 
         # Both ranks have reported 3 steps; the job still runs, held at step 3.
         _until("rank 0's steps 1-3 on the curve", lambda: len(drawn()) == 1 and len(drawn()[0]["points"]) == 3)
-        _until("rank 1's reports", lambda: 1 in trials.last and trials.last[1][0] == 3)
+        _until("rank 1's reports", lambda: 1 in trials.reports.last and trials.reports.last[1][0] == 3)
         assert not runs.done
         series = drawn()
         assert [s["label"] for s in series] == ["0: rank=0"]  # rank 0's curve only
@@ -253,7 +253,7 @@ def test_runs_stop_stops_the_whole_job(two: ClusterHandle, capsys: pytest.Captur
     runs = run_ranks(LOOP, n=2, namespace=_ns(), wait=False)
     trials = runs._trials
     assert trials is not None
-    _until("both ranks report", lambda: {0, 1} <= set(trials.last))
+    _until("both ranks report", lambda: {0, 1} <= set(trials.reports.last))
     runs.stop(1)  # one rank named: the job is one, so every rank stops
     runs.wait(30)
     assert runs.done and runs.states == ["stopped", "stopped"], (runs.states, runs.errors)

@@ -122,7 +122,7 @@ def test_stopping_an_item_that_never_reports_frees_its_worker(cluster: ClusterHa
 
     with dask.config.set({"nbcluster.stop.grace": "1s"}):
         runs = nbcluster.distribute(spin, over=[0], objective="loss:min", wait=False)
-        assert until(lambda: 0 in runs._trials.begun, 30)
+        assert until(lambda: 0 in runs._trials.running.begun, 30)
         asked = time.monotonic()
         runs.stop(0)
         runs.wait(30)
@@ -404,7 +404,7 @@ def test_cancel_asks_running_trials_to_stop_and_keeps_finished_items(cluster: Cl
         return x
 
     runs = nbcluster.distribute(item, over=[0, 1, 2], wait=False)
-    assert until(lambda: {1, 2} <= set(runs._trials.begun), 30)
+    assert until(lambda: {1, 2} <= set(runs._trials.running.begun), 30)
     runs.cancel()  # what Ctrl-C in the waiting cell does
     runs.wait(10)
     assert runs.states == ["done", "stopped", "stopped"]
@@ -451,7 +451,7 @@ def test_a_thousand_reports_a_second_lose_nothing_and_match_the_declared_event(c
     runs = nbcluster.distribute(item, over=[0, 1], objective="loss:min")
     frame = runs.metrics
     assert len(frame) == 4000 and sorted(frame.groupby("item")["step"].nunique()) == [2000, 2000]
-    assert runs._trials.dropped == 0
+    assert runs._trials.reports.dropped == 0
     events = cluster.client.get_events(runs._trials.topic)
     assert 2 * 2 <= len(events) < 200  # batched: a few dozen messages, not 4,000
     for _, message in events:

@@ -63,7 +63,7 @@ from nbcluster.run.results import Results, follow, interrupted, report
 from nbcluster.run.state import DONE, FAILED, PENDING
 from nbcluster.run.stoppers import make
 from nbcluster.run.target import Link, Needs
-from nbcluster.run.trials import Objective, Trials, parse_timeout
+from nbcluster.run.trials import Objective, Rules, Trials, parse_timeout
 
 #: The keywords of the release before -> how to spell them now (`{fn}` is the function's name).
 OLD = {
@@ -482,10 +482,8 @@ def launch(
     tracker, batch = None, o.batch
     if not o.everywhere and (o.objective or o.stopper is not None or o.timeout is not None
                              or mentions_trials(cell or body)):  # fmt: skip
-        tracker = Trials(
-            run_id, len(items), objective=Objective.parse(o.objective), stopper=make(o.stopper),
-            timeout=parse_timeout(o.timeout), params=items.params, ended=lambda i: False,
-        )  # fmt: skip
+        rules = Rules(Objective.parse(o.objective), make(o.stopper), parse_timeout(o.timeout))
+        tracker = Trials(run_id, rules, len(items), items.params)
         batch = 1 if batch == "auto" else batch  # trials run one item a task
     if o.ranks is not None:
         rank_jobs.check(o.ranks, link)
@@ -558,11 +556,11 @@ def _follow_trials(tracker: Trials, run: Run, client: Any, resumed: set[int]) ->
         with state.changed:
             state.changed.notify_all()
 
-    tracker._ended = lambda i: state.status[i] != PENDING
-    tracker.ran = lambda i: state.status[i] in (DONE, FAILED) and i not in resumed
+    tracker.items.ended = lambda i: state.status[i] != PENDING
+    tracker.items.ran = lambda i: state.status[i] in (DONE, FAILED) and i not in resumed
     tracker.open(client)
     run.results._trials = run.trials = tracker
-    tracker.wake = wake
+    tracker.printed.wake = wake
     state.on_end(tracker.settle)  # before a waiting cell sees the run end: its last reports are in
     state.add_done_callback(tracker.closer())
 

@@ -49,7 +49,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import BuiltinFunctionType, CodeType, FunctionType, ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -542,6 +542,20 @@ def shipments(client: Any) -> Shipments:
         return _SHIPMENTS.setdefault(client, Shipments())
 
 
+class Sends(NamedTuple):
+    """How the engine sends a job's items: a fixed batch size (None: adapted), and a failed item's retries."""
+
+    batch: int | None
+    retries: int
+
+
+class Packed(NamedTuple):
+    """A job's code made ready once: its wire form, and where its shipped functions came from."""
+
+    wire: dict[str, Any] | None  # None for a job whose items all run in the kernel
+    sources: dict[str, list[tuple[str, int, int]]]  # `code_index`: tracebacks map back to notebook cells
+
+
 class Job:
     """What a run runs, made once in the kernel before anything is sent.
 
@@ -564,17 +578,16 @@ class Job:
         seed: int | None = None, retries: int = 0, batch: int | str = "auto", sent_from: int | None = None,
         persist: bool = False, reads_handles: bool = False, trial: TrialSpec | None = None,
     ):  # fmt: skip
-        self.plan, self.cell, self.fn, self.seed, self.retries = plan, cell, fn, seed, retries
+        self.plan, self.cell, self.fn, self.seed = plan, cell, fn, seed
         self.capture = capture if capture is not None else Capture()
+        self.sends = Sends(None if batch == "auto" else int(batch), retries)
         self.persist = persist  # the values stay on the workers, behind handles
         self.reads_handles = reads_handles  # items or captured names are handles: Dask dependencies
         self.trial = trial  # a trial run's spec: its items report, and may be stopped (`trials.py`)
-        self.fixed_batch = None if batch == "auto" else int(batch)
-        self.code_index = code_index([*self.capture.direct.values(), *([fn] if fn is not None else [])])
-        self._wire: dict[str, Any] | None = None
+        index = code_index([*self.capture.direct.values(), *([fn] if fn is not None else [])])
         if sent_from is not None:
             self._check_item(sent_from)
-            self._wire = self._code(wire=True)
+        self.packed = Packed(self._code(wire=True) if sent_from is not None else None, index)
 
     def forget_handles(self) -> None:
         """The run is over: hold the handles it read weakly (see `handles.Read`)."""
@@ -620,10 +633,10 @@ class Job:
         bytes
             The cloudpickled context spec, which `worker.Context.from_payload` loads.
         """
-        assert self._wire is not None, "a job made for the kernel only sends nothing"
+        assert self.packed.wire is not None, "a job made for the kernel only sends nothing"
         c = self.capture
         values = {n: b for n, b in c.values.items() if n not in c.copied}
-        return cloudpickle.dumps({**self._binding(), **self._wire, "large": large, "modules": c.modules,
+        return cloudpickle.dumps({**self._binding(), **self.packed.wire, "large": large, "modules": c.modules,
                                   "values": values, "fresh": c.fresh, "copied": c.copied, "read_only": c.read_only})  # fmt: skip
 
     def item_error(self, index: int, record: worker.ErrorRecord, where: str) -> ItemError:
@@ -644,7 +657,7 @@ class Job:
             The error with the item's parameters, its traceback mapped to the notebook cells the
             shipped functions came from.
         """
-        return ItemError(index, self.plan.params(index), record, where, self.code_index)
+        return ItemError(index, self.plan.params(index), record, where, self.packed.sources)
 
     def _binding(self) -> dict[str, Any]:
         """How an item binds names, for `worker.Context`."""

@@ -193,8 +193,8 @@ def attach(tracker: Trials, run_id: str) -> None:
     run_id : str
         The job's run id.
     """
-    tracker.job_stop = functools.partial(stop_job, run_id, timeout=tracker.timeout)
-    tracker.drawn = lambda i: i == 0
+    tracker.stops.job = functools.partial(stop_job, run_id, timeout=tracker.rules.timeout)
+    tracker.series.drawn = lambda i: i == 0
 
 
 def stop_job(run_id: str, reason: str, timeout: float | None = None) -> None:

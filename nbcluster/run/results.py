@@ -131,12 +131,12 @@ class Results(TrialResults):
     @property
     def started(self) -> float:
         """When the run started: seconds since the epoch (`time.time`)."""
-        return self._state.started
+        return self._state.span.started
 
     @property
     def ended(self) -> float | None:
         """When the last item finished (seconds since the epoch), or None while it runs."""
-        return self._state.ended
+        return self._state.span.ended
 
     @property
     def _direct_keys(self) -> tuple[str, ...]:
@@ -147,7 +147,7 @@ class Results(TrialResults):
     @property
     def lost(self) -> str | None:
         """Why the unfinished items were given up (the cluster went away), else None."""
-        return self._state.lost
+        return self._state.span.lost
 
     # -- list-like -----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -269,7 +269,7 @@ class Results(TrialResults):
         if (i is None) == (rank is None):
             raise TypeError("output() takes an item index, or rank= for a --ranks job")
         text, index = [], range(len(self))[i if i is not None else rank]  # type: ignore[index]
-        for stream, payload in self._state.outputs.get(index, []):
+        for stream, payload in self._state.output.chunks.get(index, []):
             if stream == "stderr":
                 text += [f"[stderr] {line}" for line in payload.splitlines(keepends=True)]
             else:  # stdout's text, or a display()'s bundle
@@ -535,7 +535,7 @@ class Results(TrialResults):
         parts = [f"{c['total']} items", f"{c['done']} ok", *(f"{c[k]} {k}" for k in ("failed", "cancelled", "running") if c[k])]
         parts += [f"{self.ended - self.started:.2f} s"] if self.ended is not None else []
         # A run left with --no-wait shows why it stopped here, where its owner looks next.
-        stopped = self.lost or self._state.halted
+        stopped = self.lost or self._state.span.halted
         return " · ".join(parts + ([f"stopped: {stopped}"] if stopped else []))
 
 
@@ -583,8 +583,8 @@ def follow(results: Results) -> None:
     kept = f"{c['done']}/{c['total']} items finished and are in {name}"
     if results.lost:
         raise ClusterLost(f"{results.lost}: {kept}; start a cluster and run {name}.retry()", results)
-    if results._state.halted:
-        raise ClusterCannotRun(f"{results._state.halted}, then {name}.retry() runs the rest; {kept}", results)
+    if halted := results._state.span.halted:
+        raise ClusterCannotRun(f"{halted}, then {name}.retry() runs the rest; {kept}", results)
 
 
 def interrupted(results: Results) -> Interrupted:
@@ -631,7 +631,7 @@ class _Printer:
 
     def __init__(self, results: Results):
         self.results = results
-        self.seen = 0  # the items of `output_order` taken so far
+        self.seen = 0  # the items of `output.order` taken so far
         self.shows: dict[int, bool] = {}  # item -> its output is shown (decided at its first output)
         self.shown = 0
         self.current: int | None = None  # the item whose header was written last
@@ -642,14 +642,14 @@ class _Printer:
         for i, chunks in trials.new_output() if trials is not None else ():
             if self._shows(i) and i not in self.ended:
                 self._write(i, chunks)
-        order = state.output_order
+        order = state.output.order
         new, self.seen = order[self.seen : len(order)], len(order)
         for i in new:
             live = i in self.shows  # its output came as it ran (a trial): only what had not come yet
             if self._shows(i) and i not in self.ended:
                 if not live:
                     self.current = None  # a header, even after the same item's output of a former run
-                self._write(i, state.outputs.get(i, []), skip=trials.shown.get(i, 0) if live and trials else 0)
+                self._write(i, state.output.chunks.get(i, []), skip=trials.printed.shown.get(i, 0) if live and trials else 0)
             self.ended.add(i)
 
     def _shows(self, i: int) -> bool:

@@ -10,12 +10,12 @@ Shape, for a run of `n` items:
 - `status`: a `bytearray(n)` of `PENDING`, `DONE`, `FAILED`, `CANCELLED`;
 - `values[i]`: item `i`'s value once *done* (else None);
 - `errors[i]`: an `ItemError` for each *failed* item;
-- `outputs[i]`: what item `i` printed, as `[stream, payload]` chunks (stream `stdout`,
-  `stderr` or `display`), and `output_order`, the items with output in arrival order;
-- `lost`: why the unfinished items were given up (the cluster went away), else None;
-- `halted`: why they were given up on a cluster that is there but cannot run them
-  (nbcluster missing on its scheduler), else None;
-- `started`, `ended`: wall-clock times (`ended` is None while the run goes on);
+- `output` (an `Output`): `chunks[i]`, what item `i` printed, as `[stream, payload]` chunks
+  (stream `stdout`, `stderr` or `display`), and `order`, the items with output in arrival order;
+- `span` (a `Span`): `started`, `ended`, wall-clock times (`ended` is None while the run goes
+  on); `lost`, why the unfinished items were given up (the cluster went away), and `halted`,
+  why they were given up on a cluster that is there but cannot run them (nbcluster missing
+  on its scheduler), each else None;
 - `direct_keys`: the keys of the batches a worker ran for the kernel directly, not as Dask
   tasks (`transport.py`), whose task-stream records reach the scheduler after their answers.
 
@@ -42,11 +42,30 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from nbcluster.run.tracebacks import ItemError
 
 PENDING, DONE, FAILED, CANCELLED = 0, 1, 2, 3
+
+
+@dataclass
+class Output:
+    """What a run's items printed: each one's ``[stream, payload]`` chunks, and who, in arrival order."""
+
+    chunks: dict[int, list[list[Any]]] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)  # the items with output, as it came
+
+
+@dataclass
+class Span:
+    """When a run started and ended, and why its unfinished items were given up, if they were."""
+
+    started: float
+    ended: float | None = None  # None while the run goes on
+    lost: str | None = None  # the cluster went away
+    halted: str | None = None  # the cluster is there but cannot run them (what to do, in a line)
 
 
 class RunState:
@@ -77,12 +96,8 @@ class RunState:
         self.status = bytearray(n)
         self.values: list[Any] = [None] * n
         self.errors: dict[int, ItemError] = {}
-        self.outputs: dict[int, list[list[Any]]] = {}
-        self.output_order: list[int] = []
-        self.lost: str | None = None
-        self.halted: str | None = None
-        self.started = time.time()
-        self.ended: float | None = None
+        self.output = Output()
+        self.span = Span(time.time())
         self.direct_keys: list[str] = []
         self.changed = threading.Condition(threading.RLock())
         self.finished = threading.Event()
@@ -171,12 +186,12 @@ class RunState:
         Parameters
         ----------
         seen : int
-            Items with output the caller has shown (a length of `output_order`).
+            Items with output the caller has shown (a length of `output.order`).
         timeout : float
             Seconds to wait at most.
         """
         with self.changed:
-            if len(self.output_order) == seen and not self.finished.is_set():
+            if len(self.output.order) == seen and not self.finished.is_set():
                 self.changed.wait(timeout)
 
     def subscribe(self, fn: Callable[[], None]) -> Callable[[], None]:
@@ -234,7 +249,7 @@ class RunState:
     def begin(self, indices: Iterable[int]) -> None:
         """A retry starts: `indices` are pending again, and the run is going again.
 
-        Their errors and output are dropped, and `lost`, `halted` and `ended` are cleared;
+        Their errors and output are dropped, and the span's `lost`, `halted` and `ended` are cleared;
         the run finishes when this start, and any other still going, has ended.
 
         Parameters
@@ -246,11 +261,10 @@ class RunState:
             for i in indices:
                 self.status[i] = PENDING
                 self.errors.pop(i, None)
-                self.outputs.pop(i, None)
+                self.output.chunks.pop(i, None)
             self._starts += 1
-            self.lost = self.halted = None
+            self.span.lost = self.span.halted = self.span.ended = None
             self.finished.clear()
-            self.ended = None
 
     def deliver(
         self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError], outputs: dict[int, Any]
@@ -274,7 +288,7 @@ class RunState:
         """
         status, n = self.status, len(values)  # locals: the loop below runs once per item
         with self.lock:
-            printed = len(self.output_order)
+            printed = len(self.output.order)
             start = indices.start if isinstance(indices, range) and indices.step == 1 else -1
             if start >= 0 and not errors and not outputs and n <= len(indices) and status.count(PENDING, start, start + n) == n:
                 # The common batch (consecutive, all pending, none failed, no output): by slices.
@@ -293,9 +307,9 @@ class RunState:
                     self.errors[i] = error
                     status[i] = FAILED
                 if outputs and i in outputs:
-                    self.outputs[i] = outputs[i]
-                    self.output_order.append(i)
-            if len(self.output_order) != printed:
+                    self.output.chunks[i] = outputs[i]
+                    self.output.order.append(i)
+            if len(self.output.order) != printed:
                 # Only output wakes the waiting cell before the end (`wait_output`).
                 self.changed.notify_all()
         self._notify()
@@ -317,13 +331,13 @@ class RunState:
         reason : str
             Why (and for `halted`, what to do), in a line the user is shown.
         halted : bool
-            Whether the cluster cannot run them (`halted`), rather than went away (`lost`).
+            Whether the cluster cannot run them (`Span.halted`), rather than went away (`Span.lost`).
         """
         with self.lock:
             if halted:
-                self.halted = reason
+                self.span.halted = reason
             else:  # the first says it: the watch thread and the driver may both notice, the
-                self.lost = self.lost or reason  # second after the first closed the link
+                self.span.lost = self.span.lost or reason  # second after the first closed the link
         self.cancel_pending()
 
     def end(self) -> None:
@@ -335,7 +349,7 @@ class RunState:
             self._cancel_pending()  # never delivered: cancelled, never lost
             for fn in self._hooks["end"]:
                 _call(fn)
-            self.ended = time.time()
+            self.span.ended = time.time()
             self.finished.set()
             self.changed.notify_all()
             callbacks, self._hooks["done"] = self._hooks["done"], []

@@ -94,7 +94,7 @@ class TrialResults:
             that were reported).
         """
         trials = self._trials
-        if trials is None or trials.objective is None:
+        if trials is None or (objective := trials.rules.objective) is None:
             # Never a guess at the direction: a loss is best low, an accuracy high.
             raise BadArgument(
                 "best() needs an objective, to know whether larger or smaller is better: "
@@ -106,11 +106,11 @@ class TrialResults:
         for i in range(len(state)):
             value = trials.objective_value(i, state.values[i] if state.status[i] == DONE else None)
             if value is not None and value == value:  # nan ranks nowhere
-                scored.append((trials.objective.score(value), i, value))
+                scored.append((objective.score(value), i, value))
         if not scored:
-            raise BadArgument(trials.unknown_objective() or f"no trial has a value for {trials.objective.name} yet")
+            raise BadArgument(trials.unknown_objective() or f"no trial has a value for {objective.name} yet")
         _, i, value = max(scored)
-        step, metrics = trials.last.get(i, (None, {}))
+        step, metrics = trials.reports.last.get(i, (None, {}))
         return Best(i, self._plan.params(i), value, step, dict(metrics), states[i])
 
     def stop(self, i: int) -> None:

@@ -18,6 +18,12 @@ one can be stopped without its neighbours) as their thread's current item
 
 One thread a run (``nbcluster-trials-<run id>``) does the stops and the timeouts, so the
 client's event loop, which delivers the reports, never waits on the cluster.
+
+What `Trials` holds, one small record each: `Rules` (objective, stopper, timeout), `Items`
+(what the run's plan and state say of an item), `Running` (where and since when each item
+runs), `Reports` (what was reported), `Series` (the live view's curves), `Printed` (the
+items' output for the waiting cell), `Stops` (the stops asked, and what the thread has still
+to do for them) and `_Watch` (what the thread waits on, and the client it asks).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nbcluster import config
@@ -135,6 +141,108 @@ def parse_timeout(value: str | float | None) -> float | None:
     return seconds
 
 
+@dataclass(frozen=True)
+class Rules:
+    """What judges a trial run's items: ``--objective``, ``--stop`` and ``--timeout``, checked."""
+
+    objective: Objective | None
+    stopper: Stopper | None
+    timeout: float | None
+
+
+@dataclass
+class Items:
+    """What the run's plan and state say of its items (`distribute` fills in `ended` and `ran`)."""
+
+    n: int
+    params: Callable[[int], dict[str, Any]]  # item -> its parameters (`Plan.params`)
+    ended: Callable[[int], bool] = lambda i: False  # the run's state has it finished
+    ran: Callable[[int], bool] = lambda i: False  # it was run by this run (not resumed)
+
+    def label(self, i: int) -> str:
+        """Item `i` as the live view names it: ``"3: lr=0.1, depth=4"`` (``"3"`` without parameters)."""
+        params = ", ".join(f"{k}={v}" for k, v in self.params(i).items())
+        return f"{i}: {params}" if params else str(i)
+
+
+@dataclass
+class Running:
+    """Where and since when each item runs, from its own messages."""
+
+    where: dict[int, str] = field(default_factory=dict)  # item -> its worker's address
+    keys: dict[int, str] = field(default_factory=dict)  # item -> its Dask task's key, where it has one
+    begun: dict[int, float] = field(default_factory=dict)  # kernel time the item's first message came
+    finals: set[int] = field(default_factory=set)  # items whose last message came
+
+
+@dataclass
+class Reports:
+    """What the items reported: `Results.metrics` and the objective's values."""
+
+    rows: list[tuple[int, int, float, dict[str, float]]] = field(default_factory=list)  # at most MAX_ROWS
+    last: dict[int, tuple[int, dict[str, float]]] = field(default_factory=dict)  # item -> (step, metrics)
+    seen: set[str] = field(default_factory=set)  # metric names reported
+    dropped: int = 0  # reports the items' workers could not send
+
+
+@dataclass
+class Series:
+    """The live view's curves: each drawn item's (step, value) points of one metric."""
+
+    metric: str | None  # the objective, else the first metric reported
+    points: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    drawn: Callable[[int], bool] = lambda i: True  # a --ranks job draws rank 0 only (`ranks.attach`)
+
+    def add(self, i: int, step: int, metrics: dict[str, float]) -> None:
+        """Keep item `i`'s point of the curves' metric, halving its points past twice `CURVE_POINTS`."""
+        if not self.drawn(i):
+            return
+        if self.metric is None:
+            self.metric = next(iter(metrics), None)
+        value = metrics.get(self.metric) if self.metric else None
+        if value is None or value != value:
+            return
+        points = self.points.setdefault(i, [])
+        points.append((step, value))
+        if len(points) > 2 * CURVE_POINTS:
+            self.points[i] = points[::2]
+
+
+@dataclass
+class Printed:
+    """What the items printed, for the waiting cell to show as it comes."""
+
+    pending: list[tuple[int, list[tuple[str, str]]]] = field(default_factory=list)  # not yet shown
+    shown: dict[int, int] = field(default_factory=dict)  # item -> characters of its output shown
+    wake: Callable[[], None] = lambda: None  # the waiting cell: new output to show
+
+
+@dataclass
+class Stops:
+    """The stops asked for, and what the run's thread has still to do for them."""
+
+    told: dict[int, str] = field(default_factory=dict)  # item -> why it was told to stop
+    asks: list[tuple[int, str]] = field(default_factory=list)  # (item, why) to tell its workers
+    due: list[tuple[float, int, str]] = field(default_factory=list)  # (when, item, "interrupt" | "restart")
+    verdicts: list[tuple[int, int]] = field(default_factory=list)  # (item, rung) judged "go on": report waits
+    job: Callable[[str], None] | None = None  # a --ranks job: a stop of any item stops the whole job
+
+    def ask(self, i: int, reason: str) -> None:
+        """Queue the ask to item `i`, and its forced stop after ``nbcluster.stop.grace``."""
+        self.asks.append((i, reason))
+        self.due.append((time.monotonic() + config.seconds("stop.grace"), i, "interrupt"))
+
+
+@dataclass
+class _Watch:
+    """What the run's thread waits on, the client it asks, and the starts of the run it serves."""
+
+    client: Any = None
+    wake: threading.Event = field(default_factory=threading.Event)  # something to do now
+    closed: threading.Event = field(default_factory=threading.Event)
+    generation: int = 0  # starts of the run (the first, retries): see `Trials.closer`
+
+
 class Trials:
     """One trial run's reports, stopper, stops and states; see the module docstring.
 
@@ -142,55 +250,30 @@ class Trials:
     ----------
     run_id : str
         The run's id (its topic is ``nbcluster-trial-<run id>``).
+    rules : Rules
+        Its objective, stopper and timeout, as `distribute` checked them (`Objective.parse`,
+        `stoppers.make`, `parse_timeout`).
     n : int
         The run's items.
-    objective, stopper, timeout
-        As `distribute` takes them, checked (`Objective.parse`, `stoppers.make`,
-        `parse_timeout`).
     params : callable
         Item index -> its parameters (`Plan.params`), for `metrics`.
-    ended : callable
-        Item index -> whether the run's state has it finished.
     """
 
-    def __init__(
-        self, run_id: str, n: int, *, objective: Objective | None, stopper: Stopper | None, timeout: float | None,
-        params: Callable[[int], dict[str, Any]], ended: Callable[[int], bool],
-    ):  # fmt: skip
-        self.topic = TRIAL_TOPIC_PREFIX + run_id
-        self.n, self.objective, self.stopper, self.timeout = n, objective, stopper, timeout
-        self.params, self._ended = params, ended
-        self.ran: Callable[[int], bool] = lambda i: False  # item i was run by this run (not resumed)
-        # A --ranks job (`ranks.attach`): a stop of any item stops the whole job through this,
-        # and only the curves of the items `drawn` says are drawn.
-        self.job_stop: Callable[[str], None] | None = None
-        self.drawn: Callable[[int], bool] = lambda i: True
-        rungs = [int(r) for r in getattr(stopper, "rungs", ())] if objective else []
-        self.spec: TrialSpec = {"topic": self.topic, "identity": None, "checkpoints": None, "rungs": rungs,
-                                "metric": objective.name if objective else None}  # fmt: skip
-        self.rows: list[tuple[int, int, float, dict[str, float]]] = []
-        self.last: dict[int, tuple[int, dict[str, float]]] = {}  # item -> (step, metrics)
-        self.seen: set[str] = set()  # metric names reported
-        self.where: dict[int, str] = {}
-        self.begun: dict[int, float] = {}  # kernel time the item's first message came
-        self.finals: set[int] = set()
-        self.told: dict[int, str] = {}  # item -> why it was told to stop
-        self.keys: dict[int, str] = {}  # item -> its Dask task's key, where it has one
-        self.series: dict[int, list[tuple[int, float]]] = {}  # item -> (step, value) of the curve's metric
-        self._curve_metric: str | None = objective.name if objective else None
-        self.dropped = 0
-        self._printed: list[tuple[int, list[tuple[str, str]]]] = []  # output not yet shown in the cell
-        self.shown: dict[int, int] = {}  # item -> characters of its output the cell has shown
-        self.wake: Callable[[], None] = lambda: None  # the waiting cell: new output to show
-        self._due: list[tuple[float, int, str]] = []  # (when, item, "interrupt" | "restart")
-        self._asks: list[tuple[int, str]] = []
-        self._verdicts: list[tuple[int, int]] = []  # (item, rung) judged "go on": its report waits
+    def __init__(self, run_id: str, rules: Rules, n: int, params: Callable[[int], dict[str, Any]]):
+        objective = rules.objective
+        self.rules, self.items = rules, Items(n, params)
+        rungs = [int(r) for r in getattr(rules.stopper, "rungs", ())] if objective else []
+        self.spec: TrialSpec = {"topic": TRIAL_TOPIC_PREFIX + run_id, "identity": None, "checkpoints": None,
+                                "rungs": rungs, "metric": objective.name if objective else None}  # fmt: skip
+        self.running, self.reports, self.stops = Running(), Reports(), Stops()
+        self.series, self.printed = Series(objective.name if objective else None), Printed()
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._closed = threading.Event()
-        self._client: Any = None
-        self._thread: threading.Thread | None = None
-        self._generation = 0  # starts of the run (the first, retries): see `closer`
+        self._watch = _Watch()
+
+    @property
+    def topic(self) -> str:
+        """The run's Dask event topic, ``nbcluster-trial-<run id>``."""
+        return self.spec["topic"]
 
     # -- lifetime ---------------------------------------------------------------------------
     def open(self, client: Any) -> None:
@@ -201,20 +284,19 @@ class Trials:
         client : distributed.Client or None
             The run's client; None when every item runs here.
         """
-        self._client = client
+        self._watch.client = client
         trial.LOCAL_SINKS[self.topic] = self.take  # items run here (--local) hand their reports over
         if client is not None:
             client.subscribe_topic(self.topic, lambda event: self.take(event[1]))
-        self._thread = threading.Thread(target=self._run, name=f"nbcluster-trials-{self.topic}", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._run, name=f"nbcluster-trials-{self.topic}", daemon=True).start()
 
     def settle(self) -> None:
         """Wait (1 s at most) for the last messages of the items that began: they may trail
         the items' results by a moment. Called as each start of the run ends."""
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
-            ran = set(self.begun) | {i for i in range(self.n) if self.ran(i)}
-            if ran <= self.finals:
+            ran = set(self.running.begun) | {i for i in range(self.items.n) if self.items.ran(i)}
+            if ran <= self.running.finals:
                 return
             time.sleep(0.01)
 
@@ -229,16 +311,16 @@ class Trials:
             The items the retry runs: their last messages are awaited afresh, and an earlier
             stop of theirs is forgotten, so that the retry can be stopped, and time out, anew.
         """
-        self._generation += 1
+        self._watch.generation += 1
         with self._lock:
-            self.finals.difference_update(items)
+            self.running.finals.difference_update(items)
             for i in items:
-                self.begun.pop(i, None)
-                self.told.pop(i, None)
-        if not self._closed.is_set():
+                self.running.begun.pop(i, None)
+                self.stops.told.pop(i, None)
+        if not self._watch.closed.is_set():
             return
-        self._closed.clear()
-        self.open(self._client)
+        self._watch.closed.clear()
+        self.open(self._watch.client)
 
     def closer(self) -> Callable[[], None]:
         """`close`, for the start running now only (a retry's listener outlives an earlier end).
@@ -248,24 +330,24 @@ class Trials:
         callable
             Closes the listener unless `reopen` was called since.
         """
-        generation = self._generation
+        generation = self._watch.generation
 
         def close() -> None:
-            if generation == self._generation:
+            if generation == self._watch.generation:
                 self.close()
 
         return close
 
     def close(self) -> None:
         """Stop listening (the run has ended); what was received is kept."""
-        if self._closed.is_set():
+        if self._watch.closed.is_set():
             return
-        self._closed.set()
-        self._wake.set()
+        self._watch.closed.set()
+        self._watch.wake.set()
         trial.LOCAL_SINKS.pop(self.topic, None)
-        if self._client is not None:
+        if self._watch.client is not None:
             with contextlib.suppress(Exception):
-                self._client.unsubscribe_topic(self.topic)
+                self._watch.client.unsubscribe_topic(self.topic)
 
     # -- reports (the client's event loop, or the kernel's thread for --local) --------------
     def take(self, event: TrialEvent) -> None:
@@ -276,60 +358,43 @@ class Trials:
         event : TrialEvent
             The message, as the item's worker (or this process) sent it.
         """
-        i = int(event["item"])
-        now = time.time()
-        stop = False
+        i, now, stop, told = int(event["item"]), time.time(), False, self.stops.told
+        objective, stopper = self.rules.objective, self.rules.stopper
         with self._lock:
             if event.get("worker"):
-                self.where[i] = event["worker"]
+                self.running.where[i] = event["worker"]
             if event.get("key"):
-                self.keys[i] = str(event["key"])
-            again = event.get("begun") is not None and i in self.begun and i in self.told
+                self.running.keys[i] = str(event["key"])
+            again = event.get("begun") is not None and i in self.running.begun and i in told
             if event.get("begun") is not None:
-                self.begun[i] = now  # run again (its worker restarted): timed from now
-            self.dropped += int(event.get("dropped") or 0)
-            for step, at, values in event.get("reports") or ():
-                metrics = dict(values)
-                if len(self.rows) < MAX_ROWS:
-                    self.rows.append((i, int(step), float(at), metrics))
-                self.seen.update(metrics)
-                self.last[i] = (int(step), metrics)
-                self._curve(i, int(step), metrics)
-                name = self.objective.name if self.objective else None
-                if self.stopper is not None and name in metrics and i not in self.told and self.objective:
-                    stop = stop or bool(self.stopper.decide(i, int(step), self.objective.score(metrics[name])))
-                    if not stop and int(step) in self.spec["rungs"]:
-                        self._verdicts.append((i, int(step)))
+                self.running.begun[i] = now  # run again (its worker restarted): timed from now
+            self.reports.dropped += int(event.get("dropped") or 0)
+            for sent, at, values in event.get("reports") or ():
+                step, metrics = int(sent), dict(values)
+                if len(self.reports.rows) < MAX_ROWS:
+                    self.reports.rows.append((i, step, float(at), metrics))
+                self.reports.seen.update(metrics)
+                self.reports.last[i] = (step, metrics)
+                self.series.add(i, step, metrics)
+                if stopper is not None and objective and objective.name in metrics and i not in told:
+                    stop = stop or bool(stopper.decide(i, step, objective.score(metrics[objective.name])))
+                    if not stop and step in self.spec["rungs"]:
+                        self.stops.verdicts.append((i, step))
             if event.get("final"):
-                self.finals.add(i)
+                self.running.finals.add(i)
             printed = [(str(s), str(t)) for s, t in event.get("output") or ()]
             if printed:
-                self._printed.append((i, printed))
+                self.printed.pending.append((i, printed))
         if printed:
-            self.wake()
+            self.printed.wake()
         if again:  # told to stop, and started again elsewhere: ask it, and force it, again
             with self._lock:
-                self._asks.append((i, self.told[i]))
-                self._due.append((time.monotonic() + config.seconds("stop.grace"), i, "interrupt"))
-            self._wake.set()
+                self.stops.ask(i, self.stops.told[i])
+            self._watch.wake.set()
         if stop:
-            self.stop(i, f"stopped by {getattr(self.stopper, 'name', type(self.stopper).__name__)}")
-        elif self._verdicts:
-            self._wake.set()
-
-    def _curve(self, i: int, step: int, metrics: dict[str, float]) -> None:
-        """Keep item `i`'s point of the curves' metric (the objective, else the first reported)."""
-        if not self.drawn(i):
-            return
-        if self._curve_metric is None:
-            self._curve_metric = next(iter(metrics), None)
-        value = metrics.get(self._curve_metric) if self._curve_metric else None
-        if value is None or value != value:
-            return
-        points = self.series.setdefault(i, [])
-        points.append((step, value))
-        if len(points) > 2 * CURVE_POINTS:
-            self.series[i] = points[::2]
+            self.stop(i, f"stopped by {getattr(stopper, 'name', type(stopper).__name__)}")
+        elif self.stops.verdicts:
+            self._watch.wake.set()
 
     def curves(self, states: list[str], best: int | None) -> dict[str, Any]:
         """The live view's curves: one per trial, its metric against its step.
@@ -349,16 +414,16 @@ class Trials:
             report.
         """
         with self._lock:
-            items = sorted(self.series)
-            if not items or self._curve_metric is None:
+            items = sorted(self.series.points)
+            if not items or self.series.metric is None:
                 return {}
-            chosen = ([best] if best in self.series else []) + [i for i in items if i != best]
+            chosen = ([best] if best in self.series.points else []) + [i for i in items if i != best]
             series = []
             for i in chosen[:CURVES]:
-                label = ", ".join(f"{k}={v}" for k, v in self.params(i).items())
-                series.append({"label": f"{i}: {label}" if label else str(i), "state": states[i] if i < len(states) else "running",
-                               "best": i == best, "points": [[s, v] for s, v in self.series[i]]})  # fmt: skip
-        return {"metric": self._curve_metric, "mode": self.objective.mode if self.objective else None, "series": series}
+                series.append({"label": self.items.label(i), "state": states[i] if i < len(states) else "running",
+                               "best": i == best, "points": [[s, v] for s, v in self.series.points[i]]})  # fmt: skip
+        mode = self.rules.objective.mode if self.rules.objective else None
+        return {"metric": self.series.metric, "mode": mode, "series": series}
 
     def new_output(self) -> list[tuple[int, list[tuple[str, str]]]]:
         """What items printed since the last call, in arrival order: shown by the waiting cell.
@@ -366,12 +431,12 @@ class Trials:
         Returns
         -------
         list of (int, list of (str, str))
-            (item, its ``(stream, text)`` chunks); `shown` counts them as shown.
+            (item, its ``(stream, text)`` chunks); `Printed.shown` counts them as shown.
         """
         with self._lock:
-            taken, self._printed = self._printed, []
+            taken, self.printed.pending = self.printed.pending, []
             for i, chunks in taken:
-                self.shown[i] = self.shown.get(i, 0) + sum(len(t) for _, t in chunks)
+                self.printed.shown[i] = self.printed.shown.get(i, 0) + sum(len(t) for _, t in chunks)
         return taken
 
     # -- stopping ---------------------------------------------------------------------------
@@ -385,23 +450,21 @@ class Trials:
         reason : str
             What its `Stopped` value will say: ``"timed out"`` makes it *timed out*.
         """
-        if self.job_stop is not None:  # one job: every item is told, and the job stops them
-            with self._lock:
-                if i in self.told:
-                    return
-                self.told.update({j: reason for j in range(self.n) if j not in self.told})
-            self.job_stop(reason)
-            return
+        stops = self.stops
         with self._lock:
-            if i in self.told:
+            if i in stops.told:
                 return
-            self.told[i] = reason
-            if self._client is None:  # --local: the item may be waiting on this very report
-                trial.stop_items(self.topic, [i], reason)
-            self._asks.append((i, reason))
-            grace = config.seconds("stop.grace")
-            self._due.append((time.monotonic() + grace, i, "interrupt"))
-        self._wake.set()
+            if stops.job is not None:  # one job: every item is told, and the job stops them
+                stops.told.update({j: reason for j in range(self.items.n) if j not in stops.told})
+            else:
+                stops.told[i] = reason
+                if self._watch.client is None:  # --local: the item may be waiting on this very report
+                    trial.stop_items(self.topic, [i], reason)
+                stops.ask(i, reason)
+        if stops.job is not None:
+            stops.job(reason)
+        else:
+            self._watch.wake.set()
 
     def stop_all(self, reason: str = "stopped from the notebook") -> None:
         """Ask every running item to stop (Ctrl-C, `Results.cancel`), forcing them after the grace.
@@ -411,73 +474,66 @@ class Trials:
         reason : str
             What their `Stopped` values will say.
         """
-        for i in list(self.begun):
-            if not self._ended(i) and i not in self.finals:
+        for i in list(self.running.begun):
+            if not self.items.ended(i) and i not in self.running.finals:
                 self.stop(i, reason)
 
     def _run(self) -> None:
         # After the run's end too, until the forced stops due are done: a cancelled run's items
         # that ignore the ask still hold their workers.
-        while not self._closed.is_set() or self._due or self._asks or self._verdicts:
-            self._wake.wait(TICK_S)
-            self._wake.clear()
+        while not self._watch.closed.is_set() or self.stops.due or self.stops.asks or self.stops.verdicts:
+            self._watch.wake.wait(TICK_S)
+            self._watch.wake.clear()
             with contextlib.suppress(Exception):  # a bad moment of the cluster must not end the run's watch
                 self._tick()
 
     def _tick(self) -> None:
-        now, mono = time.time(), time.monotonic()
-        if self.timeout is not None:
-            for i, begun in list(self.begun.items()):
-                if now - begun > self.timeout and i not in self.told and not self._done(i):
+        now, mono, client = time.time(), time.monotonic(), self._watch.client
+        if self.rules.timeout is not None:
+            for i, begun in list(self.running.begun.items()):
+                ended = i in self.running.finals or self.items.ended(i)
+                if now - begun > self.rules.timeout and i not in self.stops.told and not ended:
                     self.stop(i, "timed out")
         with self._lock:
-            asks, self._asks = self._asks, []
-            verdicts, self._verdicts = self._verdicts, []
-            due = [d for d in self._due if d[0] <= mono]
-            self._due = [d for d in self._due if d[0] > mono]
-        for i, reason in asks:
-            self._ask(i, reason)
+            asks, self.stops.asks = self.stops.asks, []
+            verdicts, self.stops.verdicts = self.stops.verdicts, []
+            due = [d for d in self.stops.due if d[0] <= mono]
+            self.stops.due = [d for d in self.stops.due if d[0] > mono]
+        for i, reason in asks:  # a --local item was told at once, by `stop`
+            self._on_workers(None, trial.stop_items, self.topic, [i], reason)
         by_worker: dict[str | None, list[tuple[int, int]]] = {}
-        for i, rung in verdicts if self._client is not None else ():
-            by_worker.setdefault(self.where.get(i), []).append((i, rung))
+        for i, rung in verdicts if client is not None else ():
+            by_worker.setdefault(self.running.where.get(i), []).append((i, rung))
         for address, judged in by_worker.items():
             workers = [address] if address else None
-            self._client.run(trial.go_on, self.topic, judged, workers=workers, on_error="return")
+            client.run(trial.go_on, self.topic, judged, workers=workers, on_error="return")
         for _, i, step in due:
-            if i in self.finals:  # it ended on its worker
+            if i in self.running.finals:  # it ended on its worker
                 continue
-            address = self.where.get(i)
+            address = self.running.where.get(i)
             if step == "interrupt":
                 if any(v is True for v in self._on_workers(i, trial.interrupt, self.topic, i).values()):
                     with self._lock:
-                        self._due.append((mono + FORCE_WAIT_S, i, "restart"))
+                        self.stops.due.append((mono + FORCE_WAIT_S, i, "restart"))
             elif address and any(i in v for v in self._on_workers(i, trial.running, self.topic).values()
                                  if isinstance(v, list)):  # fmt: skip
                 # Its task is cancelled first, so that the restarted worker does not run it again;
                 # Dask runs the worker's other tasks again.
-                if i in self.keys:
+                if i in self.running.keys:
                     from distributed import Future
 
-                    self._client.cancel([Future(self.keys[i], self._client)], reason="stopped: it ran on past the grace")
-                self._client.restart_workers([address], timeout=30, raise_for_error=False)
-
-    def _ask(self, i: int, reason: str) -> None:
-        if self._client is None:
-            trial.stop_items(self.topic, [i], reason)
-        else:
-            self._on_workers(None, trial.stop_items, self.topic, [i], reason)
+                    reason = "stopped: it ran on past the grace"
+                    client.cancel([Future(self.running.keys[i], client)], reason=reason)
+                client.restart_workers([address], timeout=30, raise_for_error=False)
 
     def _on_workers(self, i: int | None, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
         """Run `fn` on item `i`'s worker (on every worker for None, or an item not begun yet):
         what each answered."""
-        if self._client is None:
+        if self._watch.client is None:
             return {}  # --local: the kernel's own thread cannot be forced; Ctrl-C stops it
-        address = self.where.get(i) if i is not None else None
+        address = self.running.where.get(i) if i is not None else None
         workers = [address] if address else None
-        return dict(self._client.run(fn, *args, workers=workers, on_error="return"))
-
-    def _done(self, i: int) -> bool:
-        return i in self.finals or self._ended(i)
+        return dict(self._watch.client.run(fn, *args, workers=workers, on_error="return"))
 
     # -- reading ----------------------------------------------------------------------------
     def state(self, i: int, status: str, value: Any, error_type: str | None) -> str:
@@ -500,8 +556,9 @@ class Trials:
             `status`, or ``stopped`` / ``timed out`` for an item that was stopped.
         """
         # A forced stop may end it as failed (interrupted outside the item, or its task cancelled).
-        if isinstance(value, trial.Stopped) or error_type == "TrialStopped" or (status == "failed" and i in self.told):
-            return "timed out" if self.told.get(i) == "timed out" else "stopped"
+        told = self.stops.told
+        if isinstance(value, trial.Stopped) or error_type == "TrialStopped" or (status == "failed" and i in told):
+            return "timed out" if told.get(i) == "timed out" else "stopped"
         return status
 
     def objective_value(self, i: int, value: Any) -> float | None:
@@ -519,14 +576,15 @@ class Trials:
         float or None
             None without an objective, or when the item has no value for it.
         """
-        if self.objective is None:
+        name = self.rules.objective.name if self.rules.objective else None
+        if name is None:
             return None
-        last = self.last.get(i)
-        if last is not None and self.objective.name in last[1]:
-            return last[1][self.objective.name]
-        if isinstance(value, dict) and isinstance(value.get(self.objective.name), int | float):
-            return float(value[self.objective.name])
-        if isinstance(value, int | float) and not isinstance(value, bool) and not self.seen:
+        last = self.reports.last.get(i)
+        if last is not None and name in last[1]:
+            return last[1][name]
+        if isinstance(value, dict) and isinstance(value.get(name), int | float):
+            return float(value[name])
+        if isinstance(value, int | float) and not isinstance(value, bool) and not self.reports.seen:
             return float(value)
         return None
 
@@ -538,10 +596,11 @@ class Trials:
         str or None
             None when the objective was reported, or nothing was.
         """
-        if self.objective is None or not self.seen or self.objective.name in self.seen:
+        objective, seen = self.rules.objective, self.reports.seen
+        if objective is None or not seen or objective.name in seen:
             return None
-        return (f"nbcluster: --objective {self.objective.name} was never reported; the items reported "
-                f"{', '.join(sorted(self.seen))}: name one of those")  # fmt: skip
+        return (f"nbcluster: --objective {objective.name} was never reported; the items reported "
+                f"{', '.join(sorted(seen))}: name one of those")  # fmt: skip
 
     def frame(self) -> Any:
         """`Results.metrics`: a pandas DataFrame of every report kept.
@@ -556,16 +615,14 @@ class Trials:
         except ImportError:
             raise BadArgument("runs.metrics needs pandas: pip install pandas") from None
         with self._lock:
-            rows = list(self.rows)
-            names = sorted(self.seen)
+            rows = list(self.reports.rows)
+            names = sorted(self.reports.seen)
         taken = {"item", "step", "time", *names}  # a parameter of one of these names gets a prefix
 
         def params(i: int) -> dict[str, Any]:
-            return {(f"param_{k}" if k in taken else k): v for k, v in self.params(i).items()}
+            return {(f"param_{k}" if k in taken else k): v for k, v in self.items.params(i).items()}
 
         records = [{"item": i, **params(i), "step": step, **{k: m.get(k) for k in names}, "time": at}
                    for i, step, at, m in rows]  # fmt: skip
-        frame = pd.DataFrame.from_records(records)
-        if not records:
-            frame = pd.DataFrame(columns=["item", "step", *names, "time"])
-        return frame
+        empty = pd.DataFrame(columns=["item", "step", *names, "time"])
+        return pd.DataFrame.from_records(records) if records else empty

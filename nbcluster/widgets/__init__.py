@@ -317,8 +317,8 @@ class ResultsProgress:
                 self._grid_key, self._grid = key, self._grid_rows()
             c["grid"] = self._grid  # the same object while nothing changed: no re-ranking
             if trials is not None:  # a trial run ranks by its objective, or claims no order
-                c["best"] = trials.objective.mode if trials.objective is not None else None
-        if trials is not None and trials.series and len(self.results) <= GRID_MAX_ITEMS:
+                c["best"] = trials.rules.objective.mode if trials.rules.objective is not None else None
+        if trials is not None and trials.series.points and len(self.results) <= GRID_MAX_ITEMS:
             c["curves"] = trials.curves(self.results.states, self._best())
         return c
 

@@ -83,12 +83,10 @@ class TrialControls:
             ``running`` (item and label) and ``more`` (those left out).
         """
         states = self.results.states
-        finals = set(self.trials.finals)
-        running = [i for i in sorted(list(self.trials.begun)) if i not in finals and states[i] == "running"]
-        shown: list[RunningTrial] = []
-        for i in running[:RUNNING_SHOWN]:
-            label = ", ".join(f"{k}={v}" for k, v in self.results._plan.params(i).items())
-            shown.append({"item": i, "label": f"{i}: {label}" if label else str(i)})
+        finals = set(self.trials.running.finals)
+        running = [i for i in sorted(list(self.trials.running.begun)) if i not in finals and states[i] == "running"]
+        label = self.trials.items.label
+        shown: list[RunningTrial] = [{"item": i, "label": label(i)} for i in running[:RUNNING_SHOWN]]
         return {"running": shown, "more": max(0, len(running) - RUNNING_SHOWN)}
 
     def handle(self, message: Any, answer: Any) -> None:

@@ -94,22 +94,30 @@ class Stopped:
 
 
 @dataclass
+class _Outbox:
+    """What an item has still to send the kernel: its reports, and its output past what was sent."""
+
+    reports: list[tuple[int, float, dict[str, float]]] = field(default_factory=list)  # (step, time, metrics)
+    dropped: int = 0  # reports dropped past MAX_BUFFER since the last message
+    sent: float = 0.0  # time.monotonic() of its last message
+    output: dict[int, list[list[Any]]] | None = None  # this thread's output, by item (`context.running`)
+    printed: tuple[int, int] = (0, 0)  # output sent so far: whole chunks, then characters of the next
+
+
+@dataclass
 class _Item:
+    """One running item of a trial run: who it is, where it runs, its last report, its messages."""
+
     spec: TrialSpec
     index: int
     token: str | None
     thread: int
     worker: Any  # the distributed.Worker, None in the kernel
     address: str
-    buffer: list[tuple[int, float, dict[str, float]]] = field(default_factory=list)
-    sent: float = 0.0  # time.monotonic() of its last message
-    dropped: int = 0
-    step: int = 0
-    last: dict[str, float] = field(default_factory=dict)
+    outbox: _Outbox
+    last: tuple[int, dict[str, float]] = field(default_factory=lambda: (0, {}))  # its last (step, metrics)
     ended: bool = False
     interrupted: bool = False
-    outputs: dict[int, list[list[Any]]] | None = None  # this thread's output, by item (`context.running`)
-    printed: tuple[int, int] = (0, 0)  # output sent so far: whole chunks, then characters of the next
 
 
 def report(step: int | None = None, **metrics: float) -> None:
@@ -149,17 +157,17 @@ def report(step: int | None = None, **metrics: float) -> None:
         last = _LOCAL[-1][0] if _LOCAL else 0
         _LOCAL.append((int(step) if step is not None else last + 1, time.time(), values))
         return
-    item.step = int(step) if step is not None else item.step + 1
-    item.last = values
+    item.last = (int(step) if step is not None else item.last[0] + 1, values)
+    outbox = item.outbox
     with _LOCK:
-        if len(item.buffer) >= MAX_BUFFER:
-            del item.buffer[0]
-            item.dropped += 1
-        item.buffer.append((item.step, time.time(), values))
+        if len(outbox.reports) >= MAX_BUFFER:
+            del outbox.reports[0]
+            outbox.dropped += 1
+        outbox.reports.append((item.last[0], time.time(), values))
     spec = item.spec
-    if item.worker is not None and item.step in spec.get("rungs", ()) and spec.get("metric") in values:
+    if item.worker is not None and item.last[0] in spec.get("rungs", ()) and spec.get("metric") in values:
         _await_verdict(item)
-    elif item.worker is None or time.monotonic() - item.sent >= GAP_S:  # in the kernel (--local): at once
+    elif item.worker is None or time.monotonic() - outbox.sent >= GAP_S:  # in the kernel (--local): at once
         _flush(item)
     if _told(item) is not None:
         raise TrialStopped(f"item {item.index} was told to stop ({_told(item)})")
@@ -227,7 +235,8 @@ def run_item(spec: TrialSpec, index: int, token: str | None, fn: Callable[[], An
         What `fn` returned, or a `Stopped` when it raised `TrialStopped`.
     """
     worker, address = _worker()
-    item = _Item(spec, index, token, threading.get_ident(), worker, address, outputs=context.running.outputs)
+    outbox = _Outbox(output=context.running.outputs)
+    item = _Item(spec, index, token, threading.get_ident(), worker, address, outbox)
     _here.item = item
     with _LOCK:
         _RUNNING[item.thread] = item
@@ -238,7 +247,7 @@ def run_item(spec: TrialSpec, index: int, token: str | None, fn: Callable[[], An
         try:
             return fn()
         except TrialStopped:
-            return Stopped(item.step or None, item.last, _told(item) or "stopped")
+            return Stopped(item.last[0] or None, item.last[1], _told(item) or "stopped")
     finally:
         _leave(item)
 
@@ -257,7 +266,7 @@ def _await_verdict(item: _Item) -> None:
     key = (item.spec["topic"], item.index)
     verdict = threading.Event()
     with _LOCK:
-        _WAITING[key] = (item.step, verdict)
+        _WAITING[key] = (item.last[0], verdict)
     try:
         _flush(item)
         if _told(item) is None:
@@ -400,10 +409,11 @@ def _send(item: _Item, event: TrialEvent) -> None:
 
 def _new_output(item: _Item) -> list[tuple[str, str]]:
     """What the item printed since the last message (its text; display() output is skipped)."""
-    chunks = item.outputs.get(item.index) if item.outputs is not None else None
+    outbox = item.outbox
+    chunks = outbox.output.get(item.index) if outbox.output is not None else None
     if not chunks:
         return []
-    whole, chars = item.printed
+    whole, chars = outbox.printed
     new = []
     for k in range(whole, len(chunks)):
         stream, payload = chunks[k][0], chunks[k][1]
@@ -412,16 +422,17 @@ def _new_output(item: _Item) -> list[tuple[str, str]]:
             if text:
                 new.append((str(stream), str(text)))
     last = chunks[-1]
-    item.printed = (len(chunks) - 1, len(last[1])) if last[0] != "display" else (len(chunks), 0)
+    outbox.printed = (len(chunks) - 1, len(last[1])) if last[0] != "display" else (len(chunks), 0)
     return new
 
 
 def _flush(item: _Item, final: bool = False) -> None:
     with _LOCK:
-        taken, item.buffer = item.buffer, []
-        dropped, item.dropped = item.dropped, 0
+        outbox = item.outbox
+        taken, outbox.reports = outbox.reports, []
+        dropped, outbox.dropped = outbox.dropped, 0
         printed = _new_output(item)
-        item.sent = time.monotonic()
+        outbox.sent = time.monotonic()
     for start in range(0, max(len(taken), 1), MAX_BATCH):
         part = taken[start : start + MAX_BATCH]
         last = start + MAX_BATCH >= len(taken)
