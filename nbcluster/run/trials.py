@@ -150,17 +150,40 @@ class Rules:
     timeout: float | None
 
 
+def _never(i: int) -> bool:
+    return False
+
+
+def _always(i: int) -> bool:
+    return True
+
+
+def _nothing() -> None:
+    return None
+
+
 @dataclass
 class Items:
     """What the run's plan and state say of its items (`distribute` fills in `ended` and `ran`)."""
 
     n: int
     params: Callable[[int], dict[str, Any]]  # item -> its parameters (`Plan.params`)
-    ended: Callable[[int], bool] = lambda i: False  # the run's state has it finished
-    ran: Callable[[int], bool] = lambda i: False  # it was run by this run (not resumed)
+    ended: Callable[[int], bool] = field(default_factory=lambda: _never)  # the run's state has it finished
+    ran: Callable[[int], bool] = field(default_factory=lambda: _never)  # it was run by this run (not resumed)
 
     def label(self, i: int) -> str:
-        """Item `i` as the live view names it: ``"3: lr=0.1, depth=4"`` (``"3"`` without parameters)."""
+        """Item `i` as the live view names it.
+
+        Parameters
+        ----------
+        i : int
+            The item.
+
+        Returns
+        -------
+        str
+            ``"3: lr=0.1, depth=4"``, or ``"3"`` for an item without parameters.
+        """
         params = ", ".join(f"{k}={v}" for k, v in self.params(i).items())
         return f"{i}: {params}" if params else str(i)
 
@@ -191,10 +214,20 @@ class Series:
 
     metric: str | None  # the objective, else the first metric reported
     points: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
-    drawn: Callable[[int], bool] = lambda i: True  # a --ranks job draws rank 0 only (`ranks.attach`)
+    drawn: Callable[[int], bool] = field(default_factory=lambda: _always)  # --ranks: rank 0 only (`ranks.attach`)
 
     def add(self, i: int, step: int, metrics: dict[str, float]) -> None:
-        """Keep item `i`'s point of the curves' metric, halving its points past twice `CURVE_POINTS`."""
+        """Keep item `i`'s point of the curves' metric, halving its points past twice `CURVE_POINTS`.
+
+        Parameters
+        ----------
+        i : int
+            The item that reported.
+        step : int
+            Its step.
+        metrics : dict of str to float
+            What it reported; the curves draw one metric of them.
+        """
         if not self.drawn(i):
             return
         if self.metric is None:
@@ -214,7 +247,7 @@ class Printed:
 
     pending: list[tuple[int, list[tuple[str, str]]]] = field(default_factory=list)  # not yet shown
     shown: dict[int, int] = field(default_factory=dict)  # item -> characters of its output shown
-    wake: Callable[[], None] = lambda: None  # the waiting cell: new output to show
+    wake: Callable[[], None] = field(default_factory=lambda: _nothing)  # the waiting cell: new output to show
 
 
 @dataclass
@@ -228,7 +261,15 @@ class Stops:
     job: Callable[[str], None] | None = None  # a --ranks job: a stop of any item stops the whole job
 
     def ask(self, i: int, reason: str) -> None:
-        """Queue the ask to item `i`, and its forced stop after ``nbcluster.stop.grace``."""
+        """Queue the ask to item `i`, and its forced stop after ``nbcluster.stop.grace``.
+
+        Parameters
+        ----------
+        i : int
+            The item to stop.
+        reason : str
+            Why, as the item is told.
+        """
         self.asks.append((i, reason))
         self.due.append((time.monotonic() + config.seconds("stop.grace"), i, "interrupt"))
 
