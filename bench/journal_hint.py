@@ -35,7 +35,7 @@ def main() -> None:
         writer = journal.create("ab" * 16, ITEMS, "x + 1")
         assert writer is not None
         for b in range(0, ITEMS, BATCH):
-            writer.write(range(b, b + BATCH), [i + 1 for i in range(b, b + BATCH)], {}, {}, "the cluster")
+            writer.write(range(b, b + BATCH), [i + 1 for i in range(b, b + BATCH)], {}, {}, "the cluster", None, None)
         writer.end(ITEMS, ITEMS)
         (path,) = journal.journals("ab" * 16)
         whole = median_ms(lambda: journal.load(path, values=False))

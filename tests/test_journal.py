@@ -294,14 +294,13 @@ def test_two_runs_resuming_one_journal_one_wins_the_other_runs_fresh(journals, t
     log = tmp_path / "log"
     run(log, 6, local=True)
     (found,) = journal.journals(where=journals)
-    # Another kernel has taken the journal to resume it (it holds the journal's lock).
+    # Another kernel has taken the journal to resume it: it holds the journal's flock, as a run does.
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
-            import sys
-            from pathlib import Path
-            from nbcluster.journal import store as journal
-            writer = journal.claim(Path({str(found)!r}))
-            print("held" if writer else "refused", flush=True)
+            import fcntl, os, sys
+            fd = os.open({str(found)!r}, os.O_WRONLY | os.O_APPEND)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            print("held", flush=True)
             sys.stdin.readline()
         """)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

@@ -92,6 +92,7 @@ from nbcluster.worker.context import cell_value
 VERSION = b"nbcluster-run-3"  # part of every identity: change it when what goes in changes
 # A class's attributes that say where it was defined, or hold no content of its own.
 _NOT_CLASS_CONTENT = frozenset({"__dict__", "__weakref__", "__module__", "__firstlineno__", "__static_attributes__"})
+NOT_FOUND = "no journal of this run (the same code, items and captured values) was found"
 
 
 # -- identity -------------------------------------------------------------------------------
@@ -118,35 +119,25 @@ def fingerprint(plan: Plan, cell: Cell | None, fn: Any, seed: int | None, captur
         what the notebook functions among them read) in any kernel; None when something
         cannot be pickled to hash (the run is then not journaled).
     """
-    h = hashlib.blake2b(VERSION, digest_size=16)
-
-    def part(tag: str, data: bytes) -> None:
-        h.update(tag.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
-
     try:
-        if cell is not None:
-            part("cell", cell.source.lstrip("\n").encode())
-        else:
-            part("function", value_hash(fn))
-        part("binding", repr((plan.mode, plan.names, plan.target, plan.positional, seed)).encode())
-        part("items", value_hash(plan.items))
-        for name in sorted(captured.direct):
-            value = captured.direct[name]
+        parts = [("cell", cell.source.lstrip("\n").encode()) if cell is not None else ("function", value_hash(fn)),
+                 ("binding", repr((plan.mode, plan.names, plan.target, plan.positional, seed)).encode()),
+                 ("items", value_hash(plan.items))]  # fmt: skip
+        for name, value in sorted(captured.direct.items()):
             if name in captured.modules:
-                part(f"module {name}", captured.modules[name].encode())
+                parts.append((f"module {name}", captured.modules[name].encode()))
             elif name in captured.large and read_only_array(value):
                 # A plain array's pickle holds nothing of the kernel's: the digest it is
                 # shipped by is its content's, already computed.
-                part(f"value {name}", bytes.fromhex(captured.large[name][1]))
+                parts.append((f"value {name}", bytes.fromhex(captured.large[name][1])))
             else:
-                part(f"value {name}", value_hash(value))
-    except Unhashable:
+                parts.append((f"value {name}", value_hash(value)))
+    except Exception:  # an input no pickler can take: no identity, no journal
         return None
+    h = hashlib.blake2b(VERSION, digest_size=16)
+    for tag, data in parts:
+        h.update(tag.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     return h.hexdigest()
-
-
-class Unhashable(Exception):
-    """A value that no pickler can take: the run has no identity."""
 
 
 def value_hash(value: Any, seen: dict[int, bytes] | None = None) -> bytes:
@@ -168,8 +159,8 @@ def value_hash(value: Any, seen: dict[int, bytes] | None = None) -> bytes:
 
     Raises
     ------
-    Unhashable
-        When the value cannot be pickled.
+    Exception
+        The pickler's, when the value cannot be pickled.
 
     Examples
     --------
@@ -177,10 +168,7 @@ def value_hash(value: Any, seen: dict[int, bytes] | None = None) -> bytes:
     True
     """
     out, buffers = io.BytesIO(), list[pickle.PickleBuffer]()
-    try:
-        _Hasher(out, {} if seen is None else seen, buffers).dump(value)
-    except Exception as e:
-        raise Unhashable(f"{type(e).__name__}: {e}") from None
+    _Hasher(out, {} if seen is None else seen, buffers).dump(value)
     h = hashlib.blake2b(len(out.getbuffer()).to_bytes(8, "little") + out.getbuffer(), digest_size=16)
     for b in buffers:
         h.update(b.raw())
@@ -210,10 +198,9 @@ class _Hasher(cloudpickle.Pickler):
             members = {k: v for k, v in vars(obj).items() if k not in _NOT_CLASS_CONTENT}
             parts: Any = ("class", obj.__qualname__, obj.__bases__, sorted(members.items()))
         else:
-            fn: FunctionType = obj
-            reads = sorted((n, fn.__globals__[n]) for n in _globals_read(fn.__code__) if n in fn.__globals__)
-            closure = [cell_value(c) for c in fn.__closure__ or ()]
-            parts = ("function", _source(fn), fn.__defaults__, fn.__kwdefaults__, closure, reads)
+            reads = sorted((n, obj.__globals__[n]) for n in _globals_read(obj.__code__) if n in obj.__globals__)
+            closure = [cell_value(c) for c in obj.__closure__ or ()]
+            parts = ("function", _source(obj), obj.__defaults__, obj.__kwdefaults__, closure, reads)
         self.seen[id(obj)] = value_hash(parts, self.seen)
         return self.seen[id(obj)]
 
@@ -232,10 +219,9 @@ def _globals_read(code: CodeType) -> set[str]:
 
 def _source(fn: FunctionType) -> bytes:
     """A notebook function's source; its code where there is none (a lambda typed at a prompt)."""
-    try:
+    with contextlib.suppress(OSError, TypeError):
         return inspect.getsource(fn).encode()
-    except (OSError, TypeError):
-        return _code(fn.__code__)
+    return _code(fn.__code__)
 
 
 def _code(code: CodeType) -> bytes:
@@ -265,7 +251,6 @@ def label(cell: Cell | None, fn: Any) -> str:
     return fn.__name__ if isinstance(fn, ModuleType) else f"{getattr(fn, '__qualname__', type(fn).__name__)}()"
 
 
-# -- resuming -------------------------------------------------------------------------------
 @dataclass
 class Resumption:
     """What `prepare` decided: the writer (None: not journaled), the items taken over, a line."""
@@ -277,10 +262,9 @@ class Resumption:
     publish: str | None = None  # --persist: the dataset prefix its new handles are published under
 
 
-def prepare(
-    identity: str | None, total: int, shown: str, *, resume: bool, persist: bool, client: Any = None,
-    cluster: str | None = None,
-) -> Resumption:  # fmt: skip
+# -- resuming -------------------------------------------------------------------------------
+def prepare(identity: str | None, total: int, shown: str, *, resume: bool, persist: bool, client: Any = None,
+            cluster: str | None = None) -> Resumption:  # fmt: skip
     """Choose the run's journal, and load the earlier run's items with `resume`.
 
     Parameters
@@ -317,15 +301,10 @@ def prepare(
         identity = hashlib.blake2b(f"{identity}:persist".encode(), digest_size=len(identity) // 2).hexdigest()
     found = store.journals(identity)
     chosen = _take(found[0], total, client if persist else None) if resume and found else None
-    if not isinstance(chosen, Resumption):
-        line: str | None
-        if chosen is not None:  # why the journal could not be taken
-            line = f"nbcluster: --resume: {chosen}: running all {total} items fresh"
-        elif resume:
-            line = (f"nbcluster: --resume: no journal of this run (the same code, items and captured values) "
-                    f"was found: running all {total} items")  # fmt: skip
-        else:
-            line = _hint(found[0], total) if found else None
+    if not isinstance(chosen, Resumption):  # a line says why the journal could not be taken, or that there is none
+        line = (f"nbcluster: --resume: {chosen}: running all {total} items fresh" if chosen
+                else f"nbcluster: --resume: {NOT_FOUND}: running all {total} items" if resume
+                else _hint(found[0], total) if found else None)  # fmt: skip
         chosen = Resumption(store.create(identity, total, shown, cluster=cluster if persist else None), line=line)
     if persist and chosen.writer is not None:
         chosen.publish = handles.dataset_prefix(chosen.writer.path.name)
@@ -336,24 +315,23 @@ def prepare(
 
 def _take(path: Path, total: int, client: Any) -> Resumption | str:
     """Claim and load the journal (`client`: a --persist one, whose held values are adopted); why not, if it cannot be."""
-    if (writer := store.claim(path)) is None:
+    try:
+        loaded, writer = store.load(path), store.claim(path)
+    except BlockingIOError:
         return "another run is using this cell's journal right now"
-    try:
-        loaded = store.load(path)
-    except (store.Refused, OSError) as e:
-        writer.release()
+    except (store.Refused, OSError) as e:  # damaged, another format, or deleted meanwhile
         return f"the journal {path.name} cannot be read ({e.strerror or e})" if isinstance(e, OSError) else str(e)
-    if client is None:
-        return Resumption(writer, loaded.values, loaded.outputs, resumed_line(loaded, total))
-    try:
-        adopted, lost = handles.adopt(client, loaded.values)
-    except Exception:  # the scheduler cannot be asked: nothing is adopted, every item runs
-        adopted, lost = {}, len(loaded.values)
+    adopted, lost = loaded.values, 0
+    if client is not None:
+        try:
+            adopted, lost = handles.adopt(client, loaded.values)
+        except Exception:  # the scheduler cannot be asked: nothing is adopted, every item runs
+            adopted, lost = {}, len(loaded.values)
     outputs = {i: o for i, o in loaded.outputs.items() if i in adopted}
-    return Resumption(writer, dict(adopted), outputs, resumed_line(loaded, total, done=len(adopted), lost=lost))
+    return Resumption(writer, adopted, outputs, resumed_line(loaded, total, len(adopted), lost))
 
 
-def resumed_line(loaded: store.Loaded, total: int, *, done: int | None = None, lost: int = 0) -> str:
+def resumed_line(loaded: store.Loaded, total: int, done: int, lost: int) -> str:
     """``nbcluster: resumed 734/1000 items from the run of 14:02 (killed); running 266``.
 
     Parameters
@@ -362,9 +340,9 @@ def resumed_line(loaded: store.Loaded, total: int, *, done: int | None = None, l
         The journal taken over.
     total : int
         Items in the run.
-    done : int, optional
-        Items taken over, when not all of the journal's (``--persist``: those the cluster
-        still held).
+    done : int
+        Items taken over: all of the journal's, or (``--persist``) those the cluster still
+        held.
     lost : int
         ``--persist``: finished items whose value the cluster no longer holds.
 
@@ -374,30 +352,25 @@ def resumed_line(loaded: store.Loaded, total: int, *, done: int | None = None, l
         The line, naming also the finished items that run again (too large to journal, or
         their value cannot be loaded now).
     """
-    done = len(loaded.values) if done is None else done
     line = f"nbcluster: resumed {done}/{total} items from the run of {loaded.when} ({loaded.state}); running {total - done}"
     why = "not published on the cluster" if loaded.header.get("persist") else "over nbcluster.journal.max-item-size"
-    again = [f"{n} {what}" for n, what in [
-        (loaded.left_out, f"finished but {why}"),
-        (loaded.unloadable, "whose value cannot be loaded now (its class or module is gone)"),
-        (lost, "finished whose value the cluster no longer holds"),
-    ] if n]  # fmt: skip
-    return f"{line} ({'; '.join(again)})" if again else line
+    counts = [(loaded.left_out, f"finished but {why}"), (lost, "finished whose value the cluster no longer holds"),
+              (loaded.unloadable, "whose value cannot be loaded now (its class or module is gone)")]  # fmt: skip
+    again = "; ".join(f"{n} {what}" for n, what in counts if n)  # `lost` (--persist) and `unloadable` never both
+    return f"{line} ({again})" if again else line
 
 
 def _hint(path: Path, total: int) -> str | None:
     """The line naming ``--resume`` when the cell's last run did not finish; None otherwise."""
     if store.ended_complete(path) or store.in_use(path):
         return None  # a complete journal (the usual case) costs a read of its last record only
-    try:
+    with contextlib.suppress(store.Refused, OSError):
         loaded = store.load(path, values=False)
-    except (store.Refused, OSError):
-        return None
-    if loaded.state == "complete" or not (done := len(loaded.values)):
-        return None
-    how = f"had {len(loaded.failed)} failed" if loaded.state == "failed" else f"was {loaded.state}"
-    return (f"nbcluster: the run of this cell at {loaded.when} {how} with {done}/{total} "
-            f"items done; running it fresh (--resume would run only the {total - done} missing)")  # fmt: skip
+        if loaded.state != "complete" and (done := len(loaded.values)):
+            how = f"had {len(loaded.failed)} failed" if loaded.state == "failed" else f"was {loaded.state}"
+            return (f"nbcluster: the run of this cell at {loaded.when} {how} with {done}/{total} "
+                    f"items done; running it fresh (--resume would run only the {total - done} missing)")  # fmt: skip
+    return None
 
 
 def attach_checkpoints(spec: TrialSpec, identity: str, *, resume: bool) -> None:
@@ -422,11 +395,10 @@ def attach_checkpoints(spec: TrialSpec, identity: str, *, resume: bool) -> None:
         for run in (p for p in base.iterdir() if p.is_dir() and p.name != identity):
             if not store.journals(run.name):  # pruned or forgotten: its checkpoints go with it
                 shutil.rmtree(run, ignore_errors=True)
-                continue
-            with contextlib.suppress(OSError):
+            else:  # one deleted meanwhile (another kernel's start) ends the scan: the next start goes on
                 runs.append((run.stat().st_mtime, sum(f.stat().st_size for f in run.iterdir()), run))
-    total, limit = sum(size for _, size, _ in runs), store.size("checkpoint.max-size")
-    for _, size, run in sorted(runs):  # oldest first
+    total, limit = sum(n for _, n, _ in runs), store.size("checkpoint.max-size")
+    for _, n, run in sorted(runs):  # oldest first
         if total > limit:
             shutil.rmtree(run, ignore_errors=True)
-            total -= size
+            total -= n

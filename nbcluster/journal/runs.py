@@ -52,7 +52,7 @@ def table(client_of: ClientOf) -> str:
     for path, loaded in _read(store.journals()):
         rows.append([path.name[:ID_LENGTH], loaded.when, loaded.header["first_line"][:40],
                      f"{len(loaded.values)}/{loaded.header['total']}", str(len(loaded.failed)), human(loaded.size),
-                     _held(path, loaded, client_of), _state(path, loaded)]
+                     _held(path, loaded, client_of), "running" if store.in_use(path) else loaded.state]
                     if isinstance(loaded, store.Loaded)  # why an unreadable one is, in full, is `show`'s to say
                     else [path.name[:ID_LENGTH], store.when(store.started(path)),
                           "(another format, or damaged: show it for why)", "", "", "", "", "unreadable"])  # fmt: skip
@@ -74,10 +74,6 @@ def _read(paths: list[Path]) -> Iterator[tuple[Path, store.Loaded | store.Refuse
                 yield path, store.load(path, values=False)
             except store.Refused as e:
                 yield path, e
-
-
-def _state(path: Path, loaded: store.Loaded) -> str:
-    return "running" if store.in_use(path) else loaded.state
 
 
 def _held(path: Path, loaded: store.Loaded, client_of: ClientOf) -> str:
@@ -121,11 +117,11 @@ def show(ident: str) -> str:
             blocks.append(f"{path.name[:ID_LENGTH]}: {loaded}")
             continue
         total, done, failed = loaded.header["total"], len(loaded.values), loaded.failed
-        lines = [f"Run {path.name[:ID_LENGTH]} of {loaded.when} ({_state(path, loaded)}): {loaded.header['first_line']}",
+        state = "running" if store.in_use(path) else loaded.state
+        lines = [f"Run {path.name[:ID_LENGTH]} of {loaded.when} ({state}): {loaded.header['first_line']}",
                  f"  {done}/{total} done, {len(failed)} failed, {total - done - len(failed)} not run"]  # fmt: skip
         if loaded.workers:
-            ran = sorted(loaded.workers.items(), key=lambda kv: -kv[1])
-            lines.append(f"  done where: {', '.join(f'{name} {n}' for name, n in ran)}")
+            lines.append(f"  done where: {', '.join(f'{name} {n}' for name, n in loaded.workers.most_common())}")
         lines += ["  failed (--resume runs them again):"] if failed else []
         for i, f in sorted(failed.items()):
             params, on = f" ({f['params']})" if f["params"] else "", f" on worker {f['worker']}" if f["worker"] else ""

@@ -26,7 +26,7 @@ Policy
 - **Bounded.** Before a journal is made, the oldest journals not in use are deleted until
   all fit in ``nbcluster.journal.max-size`` (never a ``--persist`` run's: its values may be
   kept on its cluster, and only `runs.forget` lets them go). A run that completes deletes
-  the older journals of its identity (`superseded`): it holds every item they could give.
+  the older journals of its identity (`Writer.end`): it holds every item they could give.
 
 File layout (one file per run, ``<identity>-<start µs>-<pid>.journal``)::
 
@@ -47,17 +47,16 @@ other 266, and appends their batches and the `End` to the same file.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
 import fcntl
 import json
 import os
 import pickle
-import struct
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +72,9 @@ from nbcluster.run.cell import describe
 FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
 SUFFIX = ".journal"
-_LENGTH = struct.Struct("<I")
+#: Types whose values load in any process: a batch of only these is pickled as one list.
+_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
+_LEFT_OUT, _GONE = object(), object()  # a value not journaled; one that cannot be loaded now
 
 
 class Header(TypedDict):
@@ -140,7 +141,7 @@ class Loaded:
     values: dict[int, Any] = field(default_factory=dict)  # item -> value (--persist: its Recipe), for done items
     outputs: dict[int, list[list[Any]]] = field(default_factory=dict)
     failed: dict[int, Failed] = field(default_factory=dict)  # failed and never done, by item
-    workers: dict[str, int] = field(default_factory=dict)  # worker name (or "the kernel") -> items done there
+    workers: Counter[str] = field(default_factory=Counter)  # worker name (or "the kernel") -> items done there
     left_out: int = 0  # done, but too large to journal (--persist: not published)
     unloadable: int = 0  # done, but the value cannot be loaded now (its class is gone)
     ended: End | None = None  # the last End record; None: the kernel died mid-run
@@ -187,8 +188,7 @@ def enabled() -> bool:
     bool
         The setting, a bool or the text ``"true"`` (from an environment variable).
     """
-    value = config.get("journal.enabled")
-    return value if isinstance(value, bool) else str(value).strip().lower() == "true"
+    return str(config.get("journal.enabled")).strip().lower() == "true"
 
 
 def size(key: str) -> int:
@@ -214,7 +214,7 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
     Parameters
     ----------
     identity : str, optional
-        Only the journals of runs with this identity (`resume.fingerprint`); every journal
+        Only the journals of runs with this identity (`fingerprint`); every journal
         when None.
     where : pathlib.Path, optional
         The folder to look in; `folder()` when None.
@@ -225,11 +225,10 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
         The journals, newest start first; [] when the folder cannot be read.
     """
     base, prefix = where or folder(), f"{identity}-" if identity else ""
-    try:
+    with contextlib.suppress(OSError):  # no folder yet
         found = [base / n for n in os.listdir(base) if n.endswith(SUFFIX) and n.startswith(prefix) and n.count("-") >= 2]
-    except OSError:
-        return []
-    return sorted(found, key=started, reverse=True)
+        return sorted(found, key=started, reverse=True)
+    return []
 
 
 def started(path: Path) -> float:
@@ -288,11 +287,22 @@ def in_use(path: Path) -> bool:
     return False
 
 
+def _locked(path: Path, flags: int = 0) -> int:
+    """The journal opened to append, holding its lock (BlockingIOError: another run holds it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 # -- writing --------------------------------------------------------------------------------
 class Writer:
     """Appends one run's batches to its journal; see the module docstring.
 
-    Made by `create` (a new journal) or `claim` (one being resumed). `write` never raises:
+    Made by `create` (a new journal) or `prepare` (one being resumed). `write` never raises:
     the first failure prints one warning line and turns the writer off.
     """
 
@@ -304,8 +314,8 @@ class Writer:
         self._lock = threading.RLock()  # the driver thread writes; whichever thread ends the run closes
 
     def write(self, indices: Sequence[int], values: Sequence[Any], failed: dict[int, Failure],
-              outputs: dict[int, list[list[Any]]], where: str, ran_on: tuple[str, str] | None = None,
-              held: list[Any] | None = None) -> None:  # fmt: skip
+              outputs: dict[int, list[list[Any]]], where: str, ran_on: tuple[str, str] | None, held: list[Any] | None,
+              ) -> None:  # fmt: skip
         """Append one delivered batch (`values[j]` is item `indices[j]`'s value).
 
         Parameters
@@ -321,10 +331,10 @@ class Writer:
             What the items printed, by item index.
         where : str
             ``"the cluster"`` or ``"the kernel"`` (``--local``).
-        ran_on : tuple of (str, str), optional
+        ran_on : tuple of (str, str) or None
             The address and name of the worker that ran the batch; None when the kernel ran
             it, or failed its items itself.
-        held : list, optional
+        held : list or None
             A ``--persist`` batch: each item's `handles.Recipe` (None where it has none),
             journaled instead of `values`, which are handles.
         """
@@ -332,10 +342,8 @@ class Writer:
             # A batch of builtin data only is one pickle (loadable whatever the notebook defines).
             plain = _pickled(list(values), self._max_item) if held is None and set(map(type, values)) <= _ATOMS else None
             each = [_pickled(v, self._max_item) for v in values] if held is None and plain is None else None
-            self._append({
-                "kind": "batch", "at": time.time(), "where": where, "worker": ran_on, "indices": indices[: len(values)],
-                "errors": failed, "plain": plain, "pickled": each, "held": held, "outputs": outputs,
-            })  # fmt: skip
+            self._append(Batch(kind="batch", at=time.time(), where=where, worker=ran_on, indices=indices[: len(values)],
+                               errors=failed, plain=plain, pickled=each, held=held, outputs=outputs))  # fmt: skip
 
     def end(self, done: int, total: int) -> None:
         """The start is over: mark it so, and let go of the journal (another run may take it).
@@ -345,24 +353,28 @@ class Writer:
         done : int
             Items done in the run so far.
         total : int
-            Items in the run: when every one is done, the run's older journals are deleted
-            (`superseded`).
+            Items in the run: when every one is done, the run's older journals that no run is
+            using are deleted (`before_superseding` is told them first; its failure deletes none).
         """
         with self._lock:
             if self._fd is None:
                 return
             self._append({"kind": "end", "at": time.time(), "done": done, "total": total})
             self.release()  # and with it the journal's lock
-        if done == total:
-            superseded(self.path, self.before_superseding)
+        # Complete, it holds every item: an older journal of its identity can only be resumed to less.
+        if done == total and (others := [p for p in journals(self.path.name.split("-", 1)[0], where=self.path.parent)
+                                         if p != self.path and not in_use(p)]):  # fmt: skip
+            with contextlib.suppress(Exception):  # a failure keeps them: their values stay listed by `runs`
+                if self.before_superseding is not None:
+                    self.before_superseding(others)  # --persist: unpublish their values first
+                _delete(others)
 
     def release(self) -> None:
         """Let go of the journal without marking it (a claim that was not used after all)."""
         with self._lock:
             fd, self._fd = self._fd, None
             if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+                os.close(fd)
 
     def reopen(self) -> None:
         """A retry: take the journal again (one line, and no journal, if another run has it)."""
@@ -380,7 +392,7 @@ class Writer:
             return
         try:
             blob = pickle.dumps(record, protocol=5)
-            _write(self._fd, [_LENGTH.pack(len(blob)), blob])
+            _write(self._fd, [len(blob).to_bytes(4, "little"), blob])
         except Exception as e:
             self._give_up(e)
 
@@ -388,10 +400,6 @@ class Writer:
         self.release()  # so it is said once: nothing is written, and `reopen` takes nothing, after it
         self._broken = True
         print(_cannot_write(e, self.path), file=sys.stderr)
-
-
-#: Types whose values load in any process: a batch of only these is pickled as one list.
-_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 
 def _pickled(value: Any, limit: int) -> bytes | None:
@@ -433,28 +441,17 @@ def _cannot_write(e: BaseException, path: Path) -> str:
     return f"nbcluster: cannot write the run's journal {why}: the run goes on without a journal (--resume cannot pick it up)"
 
 
-def _locked(path: Path, flags: int = 0) -> int:
-    """The journal opened to append, holding its lock (BlockingIOError: another run holds it)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | flags, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def create(identity: str, total: int, first_line: str, *, cluster: str | None = None) -> Writer | None:
     """A new journal for a run (pruning old ones to fit); None, with one line, if it cannot be.
 
     Parameters
     ----------
     identity : str
-        The run's identity (`resume.fingerprint`).
+        The run's identity (`fingerprint`).
     total : int
         Items in the run.
     first_line : str
-        What listings show of the run (`resume.label`).
+        What listings show of the run (`label`).
     cluster : str, optional
         A ``--persist`` run: the name (or address) of the cluster its values stay on; its
         journal then holds recipes, not values.
@@ -467,17 +464,14 @@ def create(identity: str, total: int, first_line: str, *, cluster: str | None = 
     """
     base, now = folder(), time.time()
     path = base / f"{identity}-{int(now * 1e6)}-{os.getpid()}{SUFFIX}"
-    header: Header = {
-        "format": FORMAT, "nbcluster": __version__, "identity": identity, "total": total,
-        "first_line": first_line, "started": now, "persist": cluster is not None, "cluster": cluster,
-    }  # fmt: skip
+    header = Header(format=FORMAT, nbcluster=__version__, identity=identity, total=total, first_line=first_line,
+                    started=now, persist=cluster is not None, cluster=cluster)  # fmt: skip
     try:
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(base, 0o700)  # a folder made by hand (or under a umask) must not show others the values
-        limit = size("journal.max-size")
-        if now - _pruned.get((base, limit), 0.0) >= PRUNE_EVERY_S:  # a listing and a stat per journal
-            _pruned[(base, limit)] = now
-            prune(limit, base)
+        if now - _pruned.get(bound := (base, size("journal.max-size")), 0.0) >= PRUNE_EVERY_S:
+            _pruned[bound] = now
+            prune(bound[1], base)
         fd = _locked(path, os.O_CREAT | os.O_EXCL)
         try:
             _write(fd, [MAGIC, json.dumps(header).encode() + b"\n"])
@@ -491,7 +485,7 @@ def create(identity: str, total: int, first_line: str, *, cluster: str | None = 
         return None
 
 
-def claim(path: Path) -> Writer | None:
+def claim(path: Path) -> Writer:
     """Take a journal to resume it.
 
     Parameters
@@ -501,13 +495,15 @@ def claim(path: Path) -> Writer | None:
 
     Returns
     -------
-    Writer or None
-        A writer appending to it, holding its lock; None when another run holds it or it
-        is gone.
+    Writer
+        A writer appending to it, holding its lock.
+
+    Raises
+    ------
+    OSError
+        BlockingIOError when another run holds it; another when it is gone.
     """
-    with contextlib.suppress(OSError):  # BlockingIOError: in use; or it was just deleted
-        return Writer(path, _locked(path))
-    return None
+    return Writer(path, _locked(path))
 
 
 #: A run's start prunes its folder at most this often (seconds) under one size bound: a folder
@@ -517,15 +513,15 @@ PRUNE_EVERY_S = 30.0
 _pruned: dict[tuple[Path, int], float] = {}  # (folder, bound) -> when this process last pruned it
 
 
-def prune(limit: int, base: Path | None = None) -> list[Path]:
+def prune(limit: int, base: Path) -> list[Path]:
     """Delete the oldest journals not in use (never a ``--persist`` run's) until the rest fit in `limit` bytes.
 
     Parameters
     ----------
     limit : int
         The bytes all journals together may take (``nbcluster.journal.max-size``).
-    base : pathlib.Path, optional
-        The journals' folder; `folder()` when None.
+    base : pathlib.Path
+        The journals' folder.
 
     Returns
     -------
@@ -533,43 +529,15 @@ def prune(limit: int, base: Path | None = None) -> list[Path]:
         The journals it deleted (or found deleted already), oldest first.
     """
     sizes = {}
-    for path in journals(where=base):
+    for path in reversed(journals(where=base)):  # oldest first
         with contextlib.suppress(OSError):  # deleted meanwhile
             sizes[path] = path.stat().st_size
     total, old = sum(sizes.values()), []
-    for path in reversed(sizes):  # oldest first
+    for path, n in sizes.items():
         if total > limit and not in_use(path) and not ((header := read_header(path)) and header["persist"]):
             old.append(path)
-            total -= sizes[path]
+            total -= n
     return _delete(old)
-
-
-def superseded(path: Path, before: Callable[[list[Path]], object] | None = None) -> list[Path]:
-    """Delete the other journals of `path`'s run that no run is using.
-
-    Called when the run in `path` completes: it holds every item, so an older journal of the
-    same identity can only ever be resumed to less.
-
-    Parameters
-    ----------
-    path : pathlib.Path
-        The journal of the run that completed.
-    before : callable, optional
-        Called with the journals about to be deleted, first (a ``--persist`` run unpublishes
-        the values they left on the cluster); its failure deletes nothing.
-
-    Returns
-    -------
-    list of pathlib.Path
-        The journals deleted (none when `before` failed).
-    """
-    others = [p for p in journals(path.name.split("-", 1)[0], where=path.parent) if p != path and not in_use(p)]
-    try:
-        if others and before is not None:
-            before(others)
-    except Exception:  # their values stay listed by `runs`, to forget by hand
-        others = []
-    return _delete(others)
 
 
 def _delete(paths: list[Path]) -> list[Path]:
@@ -601,18 +569,14 @@ def parse_header(data: bytes, path: Path) -> tuple[Header, int]:
         When its header is damaged (or it is no journal at all), or another version of
         nbcluster wrote it in another format; its message is the one line a user sees.
     """
-    end = data.find(b"\n", len(MAGIC))
-    try:
+    end, header = data.find(b"\n", len(MAGIC)), None
+    with contextlib.suppress(ValueError):
         header = json.loads(data[len(MAGIC) : end]) if data.startswith(MAGIC) and end >= 0 else None
-    except ValueError:
-        header = None
     if not isinstance(header, dict):
         raise Refused(f"the journal of {when(started(path))} has a damaged header")
     if header.get("format") != FORMAT:
-        raise Refused(
-            f"the journal of {when(started(path))} was written by nbcluster {header.get('nbcluster', '?')} "
-            f"(journal format {header.get('format')}), which this nbcluster {__version__} cannot read"
-        )
+        raise Refused(f"the journal of {when(started(path))} was written by nbcluster {header.get('nbcluster', '?')} "
+                      f"(journal format {header.get('format')}), which this nbcluster {__version__} cannot read")
     return header, end + 1  # type: ignore[return-value]  # the format matched: its fields are this version's
 
 
@@ -636,9 +600,9 @@ def read_header(path: Path) -> Header | None:
 
 def _frames(data: bytes, offset: int) -> Iterator[memoryview]:
     """Each whole record's bytes from `offset`; stops at one cut short (the kernel was killed mid-write)."""
-    while offset + _LENGTH.size <= len(data):
-        (length,) = _LENGTH.unpack_from(data, offset)
-        offset += _LENGTH.size + length
+    while offset + 4 <= len(data):
+        length = int.from_bytes(data[offset : offset + 4], "little")
+        offset += 4 + length
         if offset > len(data):
             return
         yield memoryview(data)[offset - length : offset]
@@ -648,7 +612,7 @@ def ended_complete(path: Path) -> bool:
     """Whether the journal's last record is an `End` with every item done (False if unreadable).
 
     Only that record is unpickled: a fresh run asks this of its cell's previous journal
-    (`resume.prepare`), and a complete one, the usual case, then costs no read of its values.
+    (`prepare`), and a complete one, the usual case, then costs no read of its values.
 
     Parameters
     ----------
@@ -662,13 +626,10 @@ def ended_complete(path: Path) -> bool:
     """
     with contextlib.suppress(Exception):
         data = path.read_bytes()
-        (last,) = collections.deque(_frames(data, parse_header(data, path)[1]), maxlen=1)
+        *_, last = _frames(data, parse_header(data, path)[1])
         record = pickle.loads(last)
         return bool(record["kind"] == "end" and record["done"] == record["total"])
     return False
-
-
-_LEFT_OUT, _GONE = object(), object()  # a value not journaled; one that cannot be loaded now
 
 
 def _values(record: Batch, values: bool) -> list[Any]:
@@ -717,10 +678,9 @@ def load(path: Path, *, values: bool = True) -> Loaded:
     with contextlib.suppress(Exception):  # a damaged record (or one of the wrong shape): nothing after it is trusted
         for frame in _frames(data, offset):
             record = pickle.loads(frame)
-            if record["kind"] == "end":
-                loaded.ended = record
+            loaded.ended = record if record["kind"] == "end" else None  # a retry's batch after an End: its End comes later
+            if loaded.ended is not None:
                 continue
-            loaded.ended = None  # a retry after an End went on: its End comes later, or never
             failed, ran_on, before = record["errors"], record["worker"], len(done)
             name = ran_on[1] if ran_on is not None else record["where"]
             for i, value in zip(record["indices"], _values(record, values), strict=False):
@@ -732,10 +692,8 @@ def load(path: Path, *, values: bool = True) -> Loaded:
                 elif i not in done:  # a second delivery (a re-run batch): the first one counted
                     done[i] = value
             if len(done) > before:
-                loaded.workers[name] = loaded.workers.get(name, 0) + len(done) - before
+                loaded.workers[name] += len(done) - before
             loaded.outputs.update((i, chunks) for i, chunks in record["outputs"].items() if i in done)
-    loaded.left_out = len(missing[_LEFT_OUT] - done.keys())
-    loaded.unloadable = len(missing[_GONE] - done.keys())
-    for i in loaded.failed.keys() & done.keys():
-        del loaded.failed[i]
+    loaded.left_out, loaded.unloadable = (len(missing[m] - done.keys()) for m in (_LEFT_OUT, _GONE))
+    loaded.failed = {i: f for i, f in loaded.failed.items() if i not in done}
     return loaded
