@@ -124,14 +124,11 @@ def fingerprint(plan: Plan, cell: Cell | None, fn: Any, seed: int | None, captur
                  ("binding", repr((plan.mode, plan.names, plan.target, plan.positional, seed)).encode()),
                  ("items", value_hash(plan.items))]  # fmt: skip
         for name, value in sorted(captured.direct.items()):
-            if name in captured.modules:
-                parts.append((f"module {name}", captured.modules[name].encode()))
-            elif name in captured.large and read_only_array(value):
-                # A plain array's pickle holds nothing of the kernel's: the digest it is
-                # shipped by is its content's, already computed.
-                parts.append((f"value {name}", bytes.fromhex(captured.large[name][1])))
-            else:
-                parts.append((f"value {name}", value_hash(value)))
+            # A plain array's pickle holds nothing of the kernel's: the digest it is shipped by is
+            # its content's, already computed.
+            shipped = name in captured.large and read_only_array(value)
+            parts.append((f"module {name}", captured.modules[name].encode()) if name in captured.modules else
+                         (f"value {name}", bytes.fromhex(captured.large[name][1]) if shipped else value_hash(value)))
     except Exception:  # an input no pickler can take: no identity, no journal
         return None
     h = hashlib.blake2b(VERSION, digest_size=16)
