@@ -71,6 +71,9 @@ def test_kill_9_mid_cell_then_resume_in_a_new_kernel(runtime_dir, tmp_path):
         client = handle.client
         wait_for(lambda: client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0,
                  "the dead kernel's batches to end")  # fmt: skip
+        # Its direct batches are no scheduler tasks: they run in the workers' one-thread pools,
+        # so a task sent to each worker after them ends after them.
+        client.gather([client.submit(int, 0, workers=[w], pure=False) for w in client.scheduler_info()["workers"]])
         before = len(executions(log))
         shutil.copytree(folder, copy)
 
