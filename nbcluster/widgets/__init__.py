@@ -234,8 +234,7 @@ class ProgressHook:
     """
 
     def __init__(self, feed: Feed | None, kwargs: dict[str, Any]):
-        self.feed = feed
-        self.kwargs = kwargs
+        self.feed, self.kwargs = feed, kwargs
         self.live: Live | None = None
         self._results: Any = None
         self._lock = threading.Lock()
@@ -289,9 +288,9 @@ class ProgressHook:
             self._later.cancel()
         results, label = self._results, self.kwargs.get("label")
         if (report := reporter_for(results)) is not None:  # the sidebar hears of the run's end as from a frozen view
-            c = results.counts()
-            report({**c, "state": "cancelled" if c["cancelled"] else "done", "elapsed": (results.ended or time.time())
-                    - results.started, "label": results.label if label is None else label})  # fmt: skip
+            c, elapsed = results.counts(), (results.ended or time.time()) - results.started
+            report({**c, "state": "cancelled" if c["cancelled"] else "done", "elapsed": elapsed,
+                    "label": results.label if label is None else label})  # fmt: skip
 
 
 class ResultsProgress:
@@ -606,10 +605,8 @@ def shell() -> Any:
     InteractiveShell or None
         None in plain Python.
     """
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
+    from IPython import get_ipython  # a dependency, loaded in plain Python only when asked
+
     return get_ipython()
 
 
