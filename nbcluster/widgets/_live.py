@@ -201,9 +201,8 @@ class Live:
         live_for = self.options.live_for
         try:
             while not self._poll() and not self._stop.is_set():
-                if live_for is not None and self._clock() - self._t0 >= live_for:
-                    break
-                if self._stop.wait(self.options.interval):
+                lived_out = live_for is not None and self._clock() - self._t0 >= live_for
+                if lived_out or self._stop.wait(self.options.interval):
                     break
             self._poll()
         except Exception:
