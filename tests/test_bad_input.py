@@ -71,7 +71,7 @@ while open_clients := [c for c in Client._instances if c.status != "closed"]:
     assert time.monotonic() < deadline, f"clients still open 10 s after the stop: {open_clients}"
     time.sleep(0.05)
 polled = []
-for view in [o for o in gc.get_objects() if isinstance(o, Live) and o._thread.is_alive()]:
+for view in [o for o in gc.get_objects() if isinstance(o, Live) and not o._polled.is_set()]:
     def counted(tick=view._tick, ticks=threading.Semaphore(0)):
         try:
             return tick()

@@ -3,7 +3,8 @@
 The test starts `jupyter lab` (or `jupyter notebook`) on a free loopback port with a token, opens a notebook in
 Debian's Chromium through Playwright, runs its `%%distribute` cell, and watches the widget: the live view
 (drawn by graphs.js in the browser) with one lane per worker, then the frozen picture at
-100%. It switches to the dark theme to check the picture follows JupyterLab's CSS
+100%. The second half of the cell's items waits for the test to have seen the live view (a
+Dask `Event`), so a page slow to draw on a busy machine cannot miss it. It switches to the dark theme to check the picture follows JupyterLab's CSS
 variables, with every label of the picture at a contrast of at least 7 in the dark theme,
 and fails if the page asks anything of the network beyond the local server.
 Screenshots go to test-artifacts/live-browser/<app>/ (printed). A missing Chromium fails
@@ -12,11 +13,14 @@ the test: it is never skipped.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from distributed import Event
 from playwright.sync_api import expect
 
 from nbcluster.cluster.handle import ClusterHandle
@@ -36,10 +40,13 @@ SETUP = """\
 %cluster use {name}
 """
 
-# 80 items of 0.15 s on 2 workers: live for several seconds after the widget's 0.75 s delay.
+# 80 items of 0.15 s on 2 workers; items 40 on wait until the test has seen the live view.
 CELL = """\
 %%distribute --over "x in range(80)" --batch 1 --into results
 import time
+from distributed import Event
+if x >= 40:
+    assert Event("{gate}").wait(timeout=300)
 time.sleep(0.15)
 x * x
 """
@@ -50,6 +57,15 @@ APPS = {
     "lab": ("jupyterlab", "LabApp", "lab/tree/live.ipynb"),
     "notebook7": ("notebook", "JupyterNotebookApp", "notebooks/live.ipynb"),
 }
+
+
+@contextlib.contextmanager
+def _set_on_exit(gate: Event) -> Iterator[None]:
+    """Let the held items go however the test ends: they must not hold the session's cluster."""
+    try:
+        yield
+    finally:
+        gate.set()
 
 
 @pytest.fixture(params=sorted(APPS))
@@ -67,23 +83,26 @@ def test_widget_renders_live_and_freezes_in_the_browser(
 ) -> None:
     url, root = lab
     artifacts = ARTIFACTS / request.node.callspec.params["lab"]
-    write_notebook(root / "live.ipynb", SETUP.format(name=cluster.name), CELL)
+    gate = Event(f"live-browser-{uuid.uuid4().hex[:8]}", client=cluster.client)
+    write_notebook(root / "live.ipynb", SETUP.format(name=cluster.name), CELL.format(gate=gate.name))
     artifacts.mkdir(parents=True, exist_ok=True)
     print(f"\nscreenshots in {artifacts}")
 
     outside: list[str] = []
-    with watched_page(artifacts) as page:
+    with watched_page(artifacts) as page, _set_on_exit(gate):
         page.on(
             "request",
             lambda r: None if r.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")) else outside.append(r.url),
         )  # fmt: skip
         run_all_cells(page, url)
 
-        # Live: the anywidget view, drawn in the browser by graphs.js.
+        # Live: the anywidget view, drawn in the browser by graphs.js. The run holds half its
+        # items until it has been seen, however long the page takes to draw it.
         live_view = page.locator(".nbc-live:not(.nbc-static)")
-        expect(live_view.locator(".nbc-progress")).to_be_visible(timeout=90_000)
+        expect(live_view.locator(".nbc-progress")).to_be_visible(timeout=120_000)
         expect(live_view.locator(".nbc-lane")).to_have_count(2, timeout=30_000)
         page.screenshot(path=str(artifacts / "live.png"))
+        gate.set()
 
         # Frozen: the output is replaced by the static picture, at 100%.
         frozen = page.locator(".nbc-static")

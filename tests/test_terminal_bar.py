@@ -12,7 +12,7 @@ import io
 from typing import Any
 
 from nbcluster.run.api import distribute
-from nbcluster.widgets._output import TextBar
+from nbcluster.widgets import TextBar
 
 
 class Terminal(io.StringIO):

@@ -365,7 +365,7 @@ q''')
 
 def test_the_live_table_ranks_by_the_objective_or_claims_no_order(cluster: ClusterHandle) -> None:
     from nbcluster.widgets import ResultsProgress
-    from nbcluster.widgets._output import rank_grid
+    from nbcluster.widgets._progress import rank_grid
 
     def item(lr: float) -> str:
         import nbcluster

@@ -28,10 +28,10 @@ from distributed import Event, as_completed
 from nbcluster._wire import DIRECT_TOPIC
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.cluster.info import ClusterInfo
-from nbcluster.widgets import live, status
+from nbcluster.widgets import TextBar, live, status
 from nbcluster.widgets._format import format_bytes, format_duration, prefix_color
 from nbcluster.widgets._options import LiveOptions
-from nbcluster.widgets._output import RateMeter, TextBar, is_finished, rank_grid
+from nbcluster.widgets._progress import RateMeter, is_finished, rank_grid
 from nbcluster.widgets._static import render_grid, render_html
 from nbcluster.widgets.widget import build_esm
 from tests.waiting import until

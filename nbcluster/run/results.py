@@ -70,7 +70,7 @@ from nbcluster.run.cell import Plan, describe
 from nbcluster.run.state import CANCELLED, DONE, FAILED, RunState
 from nbcluster.run.tracebacks import ItemError, reraise
 from nbcluster.run.trial_results import TrialResults
-from nbcluster.widgets._output import end_open_lines, in_kernel, shell, widget_shown_since
+from nbcluster.widgets import end_open_lines, in_kernel, shell, widget_shown_since
 
 if TYPE_CHECKING:
     from nbcluster.run.api import Run

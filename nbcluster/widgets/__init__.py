@@ -34,21 +34,22 @@ method) returning a mapping::
               "rows": [{"params": {"lr": 0.1, "depth": 3}, "value": 0.93, "status": "ok"}]}}
 
 It is called from a background thread every ``nbcluster.widget.interval`` (4 times a second
-by default), so it must be cheap and thread-safe (reading a few counters is). ``feed`` is a callable ``since -> snapshot``
-(`nbcluster.metrics.client_feed(client)`, `ClusterHandle.metrics`; a `ClusterHandle` itself
-is taken to mean its client's feed), see `nbcluster.metrics` for the format; None shows
-progress only. On a scheduler without nbcluster's plugin (one someone else runs that refused
-it) the client's feed serves the scheduler's own view: the worker charts, and in place of
-the task stream one line saying that it needs the plugin there.
+by default), so it must be cheap and thread-safe (reading a few counters is). ``feed`` is a
+callable ``since -> snapshot`` (`nbcluster.metrics.client_feed(client)`,
+`ClusterHandle.metrics`; a `ClusterHandle` itself is taken to mean its client's feed), see
+`nbcluster.metrics` for the format; None shows progress only. On a scheduler without
+nbcluster's plugin (one someone else runs that refused it) the client's feed serves the
+scheduler's own view: the worker charts, and in place of the task stream one line saying
+that it needs the plugin there.
 
 What a user sees: nothing for ``delay`` seconds (``nbcluster.widget.delay``: instant cells
-stay clean); then, in a
-kernel (JupyterLab, Notebook 7, VS Code), the widget: a progress bar with items/s and ETA,
-the grid table (best first by the run's objective, else in item order), a task stream with one lane per worker, and per-worker CPU /
-memory / GPU charts (on a large cluster: lanes by host or the busiest and "others", and
-distributions across workers; departed workers share one lane). When the run ends (the source says so, or ``close()``), the output
-is replaced by a static HTML/SVG picture of the final state, which is what a saved
-notebook and nbconvert show. In terminal IPython or plain Python: a one-line text bar.
+stay clean); then, in a kernel (JupyterLab, Notebook 7, VS Code), the widget: a progress bar
+with items/s and ETA, the grid table (best first by the run's objective, else in item
+order), a task stream with one lane per worker, and per-worker CPU / memory / GPU charts (on
+a large cluster: lanes by host or the busiest and "others", and distributions across
+workers; departed workers share one lane). When the run ends (the source says so, or
+``close()``), the output is replaced by a static HTML/SVG picture of the final state, which
+is what a saved notebook and nbconvert show. In terminal IPython or plain Python: a one-line text bar.
 
 The freeze happens in the cell itself when the run is over by the cell's end (an IPython
 ``post_run_cell`` hook), so even a client that records only the cell's own messages
@@ -62,6 +63,13 @@ its last cell's view is still live holds the widget, which needs the kernel to d
 The drawing code is ``static/graphs.js``, shared with the JupyterLab sidebar panel; the
 frozen picture is drawn by ``_static.py`` from the same ``static/theme.json``. The timings
 and bounds are Dask config keys under ``nbcluster.widget.`` (the docs' settings reference).
+
+What lives where: this module holds the entry points and everything a run's cell calls
+while its view has not started (a small cell's whole life): `progress_hook`, the report
+of a run's counts to the sidebar (`reporter_for`), and where a view goes (`Output`: the
+kernel's display, a terminal's `TextBar`, or a test's recorder). The poller that draws is
+`Live` (``_live.py``), which is handed its `Output`; the arithmetic from counts to what a
+person reads is ``_progress.py``.
 """
 
 from __future__ import annotations
@@ -69,19 +77,22 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, cast
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO, cast
 
 from nbcluster import _threads as threads
 from nbcluster import config
 from nbcluster._wire import PROGRESS_TOPIC, RunCounts
 from nbcluster.metrics.feed import Feed, client_feed
 from nbcluster.widgets._controls import controls_for
-from nbcluster.widgets._live import Live, as_progress_source
+from nbcluster.widgets._live import Live
 from nbcluster.widgets._options import LiveOptions
-from nbcluster.widgets._output import Best, ProgressSource, Seams, decorate, reported
+from nbcluster.widgets._progress import Best, ProgressSource, text_line
 from nbcluster.widgets._theme import THEME
 
 logger = logging.getLogger(__name__)
@@ -89,21 +100,15 @@ logger = logging.getLogger(__name__)
 GRID_MAX_ITEMS = 5000
 #: Seconds between two reports of one run's counts to the scheduler (`reporter_for`).
 REPORT_GAP_S = 0.25
+#: What of a view's counts the sidebar is told (`RunCounts`, besides the run's id).
+REPORTED = ("label", "done", "failed", "total", "cancelled", "state", "elapsed")
 _MISSING = object()
 
 __all__ = ["Live", "live", "progress_hook", "status"]
 
 
-def live(
-    progress: Any,
-    feed: Feed | None = None,
-    *,
-    label: str | None = None,
-    delay: float | None = None,
-    interval: float | None = None,
-    best: Best = None,
-    **kwargs: Any,
-) -> Live:
+def live(progress: Any, feed: Feed | None = None, *, label: str | None = None, delay: float | None = None,
+         interval: float | None = None, best: Best = None, **kwargs: Any) -> Live:  # fmt: skip
     """Start showing the progress of one run; returns a `Live` to `close()` when it ends.
 
     `progress` may also be a distribute `Results` (its counts, grid and own tasks are
@@ -112,9 +117,10 @@ def live(
 
     Parameters
     ----------
-    progress : Results or ProgressSource
-        What to follow: a distribute `Results`, or any object with a ``counts()`` mapping
-        (``done``, ``failed``, ``running``, ``total``, ``state``).
+    progress : Results, ProgressSource or None
+        What to follow: a distribute `Results`; a callable returning counts (``done``,
+        ``running``, ``failed``, ``total``, see above) or an object whose ``progress()``
+        method does; None follows the feed alone, until ``close()``.
     feed : Feed, optional
         Where the task stream and worker charts come from (a `ClusterHandle`, a client's
         feed); None shows the progress bar alone (or, for `Results`, the run's client).
@@ -145,6 +151,11 @@ def live(
     Live
         The running view; ``close()`` freezes it into its final picture.
 
+    Raises
+    ------
+    TypeError
+        When `progress` is none of the above.
+
     Examples
     --------
     >>> import time
@@ -154,12 +165,12 @@ def live(
     True
     >>> view.close()
     """
-    seams = Seams.pop_from(kwargs)
+    output = Output.pop_from(kwargs)
     started = kwargs.pop("_started", None)  # `ProgressHook`: when its run started (time.monotonic)
+    grid = kwargs.pop("grid", None)
     feed = _as_feed(feed)
+    report = controls = None
     source: ProgressSource | None
-    report = None
-    controls = None
     if callable(getattr(progress, "counts", None)) and hasattr(progress, "run_id"):  # a distribute `Results`
         report = reporter_for(progress)
         # The run's own records: its batches' names, and its --persist items'.
@@ -167,15 +178,17 @@ def live(
         kwargs.setdefault("task_filter", lambda t: str(t.get("key", "")).startswith(prefixes))
         if feed is None and progress.client is not None:
             feed = client_feed(progress.client, detail=THEME["stream"]["maxLanes"])
-        if label is None:
-            label = progress.label
-        source = ResultsProgress(progress, grid=kwargs.pop("grid", None))
-        controls = controls_for(progress)
+        label = progress.label if label is None else label
+        source, controls = ResultsProgress(progress, grid=grid), controls_for(progress)
+    elif progress is None or callable(progress):  # taken on trust: what it returns is checked as it is read
+        source = progress
+    elif callable(method := getattr(progress, "progress", None)):
+        source = method
     else:
-        kwargs.pop("grid", None)
-        source = as_progress_source(progress)
+        raise TypeError(f"expected a callable returning progress counts, or an object with .progress(); "
+                        f"got {progress!r}")  # fmt: skip
     options = LiveOptions(label=label, delay=delay, interval=interval, best=best, **kwargs)
-    return Live(source, feed, options, seams, report=report, started=started, controls=controls)
+    return Live(source, feed, options, output, report=report, started=started, controls=controls)
 
 
 def progress_hook(feed: Feed | None = None, **kwargs: Any) -> ProgressHook:
@@ -221,8 +234,7 @@ class ProgressHook:
     """
 
     def __init__(self, feed: Feed | None, kwargs: dict[str, Any]):
-        self.feed = feed
-        self.kwargs = kwargs
+        self.feed, self.kwargs = feed, kwargs
         self.live: Live | None = None
         self._results: Any = None
         self._lock = threading.Lock()
@@ -274,13 +286,11 @@ class ProgressHook:
             self._over = True
         if self._later is not None:
             self._later.cancel()
-        results, report = self._results, reporter_for(self._results)
-        if report is not None:  # the sidebar hears of the run's end as from a view that froze
-            label = self.kwargs.get("label")
-            c = results.counts()
-            state = "cancelled" if c.get("cancelled") else "done"
-            elapsed = (results.ended or time.time()) - results.started
-            report(reported(decorate(c, elapsed=elapsed, rate=None, state=state, label=results.label if label is None else label)))
+        results, label = self._results, self.kwargs.get("label")
+        if (report := reporter_for(results)) is not None:  # the sidebar hears of the run's end as from a frozen view
+            c, elapsed = results.counts(), (results.ended or time.time()) - results.started
+            report({**c, "state": "cancelled" if c["cancelled"] else "done", "elapsed": elapsed,
+                    "label": results.label if label is None else label})  # fmt: skip
 
 
 class ResultsProgress:
@@ -295,24 +305,22 @@ class ResultsProgress:
     """
 
     def __init__(self, results: Any, grid: bool | None = None) -> None:
-        self.results = results
-        if grid is None:
-            grid = results.mode == "grid"
-        self.grid = bool(grid) and len(results) <= GRID_MAX_ITEMS
+        self.results, self.trials = results, results._trials  # a trial run's (`run/trials.py`), else None
+        self.grid = (results.mode == "grid" if grid is None else grid) and len(results) <= GRID_MAX_ITEMS
         self._params: list[dict[str, Any]] | None = None
         self._grid_key: tuple[int, ...] | None = None
         self._grid: dict[str, Any] | None = None
 
     def __call__(self) -> dict[str, Any]:
-        c = dict(self.results.counts())
+        c: dict[str, Any] = dict(self.results.counts())
         # Results counts queued and executing items together as "running"; say "pending".
         c["pending"] = c.pop("running", 0)
         c["finished"] = bool(self.results.done)
-        trials = getattr(self.results, "_trials", None)  # a trial run's (`run/trials.py`)
+        trials = self.trials
         if c["finished"] and (direct := self.results._direct_keys):
             c["awaited"] = direct  # their records come after their answers (`Live` waits)
         if self.grid:
-            key = (c["done"], c["failed"], c.get("cancelled", 0))
+            key = (c["done"], c["failed"], c["cancelled"])
             if key != self._grid_key:
                 self._grid_key, self._grid = key, self._grid_rows()
             c["grid"] = self._grid  # the same object while nothing changed: no re-ranking
@@ -332,12 +340,11 @@ class ResultsProgress:
     def _grid_rows(self) -> dict[str, Any]:
         if self._params is None:
             self._params = self.results.params
+        params, trials = self._params, self.trials  # a trial run: its objective is the value
         failed = {e.index for e in self.results.errors}
-        values = self.results.values(missing=_MISSING)
-        trials = getattr(self.results, "_trials", None)  # a trial run: its objective is the value
         rows = []
-        for i, (params, value) in enumerate(zip(self._params, values, strict=False)):
-            row: dict[str, Any] = {"params": params}
+        for i, (p, value) in enumerate(zip(params, self.results.values(missing=_MISSING), strict=False)):
+            row: dict[str, Any] = {"params": p}
             scored = None if trials is None else trials.objective_value(i, None if value is _MISSING else value)
             if i in failed:
                 row.update(value="failed", status="error")
@@ -346,19 +353,19 @@ class ResultsProgress:
             elif value is not _MISSING:
                 row.update(value=value, status="ok")
             rows.append(row)
-        names = list(self._params[0]) if self._params else []
-        return {"params": names, "rows": rows}
+        return {"params": list(params[0]) if params else [], "rows": rows}
 
 
-def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
+def reporter_for(results: Any) -> Callable[[Mapping[str, Any]], None] | None:
     """Send the run's item counts to the scheduler as events on `PROGRESS_TOPIC`, so the
     sidebar shows items as the cell counts them (where nbcluster's plugin is there to read
     them; any other scheduler keeps the events as it keeps every topic's, a bounded number).
 
-    At most one report every `REPORT_GAP_S` seconds: counts that come faster wait, and
-    only the newest is sent, so the last counts always arrive. Sent from the client's event
-    loop, one at a time: the caller never waits for the scheduler, and a newer report never
-    arrives before an older one.
+    Only `REPORTED` fields travel, and only when one of them other than ``elapsed`` changed:
+    a view reports at every tick, the sidebar hears of changes. At most one report every
+    `REPORT_GAP_S` seconds: counts that come faster wait, and only the newest is sent, so the
+    last counts always arrive. Sent from the client's event loop, one at a time: the caller
+    never waits for the scheduler, and a newer report never arrives before an older one.
 
     Parameters
     ----------
@@ -368,13 +375,15 @@ def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
     Returns
     -------
     callable or None
-        ``report(counts)``; None where the run has no client (``--local``).
+        ``report(counts)``, given a view's counts (`decorate`) or the run's own with
+        ``state``, ``label`` and ``elapsed``; None where the run has no client (``--local``).
     """
     client = results.client
     if client is None:
         return None
     run = results.run_id
     waiting: list[RunCounts] = []  # the newest counts not sent yet; touched on the loop only
+    last: dict[str, Any] = {}  # the latest report, but for its time
 
     async def send(counts: RunCounts) -> None:
         if waiting:  # a call is sending: it sends these counts next, in place of older ones
@@ -391,8 +400,16 @@ def reporter_for(results: Any) -> Callable[[dict[str, Any]], None] | None:
             if waiting[0] is message:
                 waiting.clear()
 
-    def report(counts: dict[str, Any]) -> None:
-        client.loop.add_callback(send, cast(RunCounts, {**counts, "run": run}))
+    def report(counts: Mapping[str, Any]) -> None:
+        nonlocal last
+        message = {k: counts[k] for k in REPORTED if counts.get(k) is not None}
+        if {**message, "elapsed": None} == {**last, "elapsed": None}:
+            return
+        last = message
+        try:
+            client.loop.add_callback(send, cast(RunCounts, {**message, "run": run}))
+        except RuntimeError as e:  # the client's loop has stopped: the cluster is gone
+            logger.info("nbcluster: cannot report the run's progress (%s: %s)", type(e).__name__, e)
 
     return report
 
@@ -403,8 +420,9 @@ def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0
     In a kernel the view also freezes when the next cell starts or the cluster goes away.
 
     `cluster` is a `ClusterHandle` (its Dask client's connection is reused, not a fresh
-    connection per poll as `handle.metrics` makes) or any feed. After `live_for` seconds (None: until ``close()``) the picture freezes, so the
-    notebook holds a readable snapshot rather than a widget that needs the kernel.
+    connection per poll as `handle.metrics` makes) or any feed. After `live_for` seconds
+    (None: until ``close()``) the picture freezes, so the notebook holds a readable snapshot
+    rather than a widget that needs the kernel.
 
     Parameters
     ----------
@@ -428,12 +446,221 @@ def status(cluster: Any, *, live_for: float | None = 300.0, window: float = 60.0
     >>> view = nbcluster.widgets.status(cluster, live_for=60)
     >>> view.close()
     """
-    seams = Seams.pop_from(kwargs)
+    output = Output.pop_from(kwargs)
     options = LiveOptions(delay=0.0, live_for=live_for, window=window, history=True, **kwargs)
-    return Live(None, _as_feed(cluster), options, seams)
+    return Live(None, _as_feed(cluster), options, output)
 
 
 def _as_feed(obj: Any) -> Feed | None:
     if obj is not None and hasattr(obj, "client") and callable(getattr(obj, "metrics", None)):
         return client_feed(obj.client, detail=THEME["stream"]["maxLanes"])
     return cast("Feed | None", obj)  # already a feed, or None
+
+
+# -- where a view goes ----------------------------------------------------------------------
+
+
+class TextBar:
+    """The one-line progress bar for terminal IPython and plain Python.
+
+    On a terminal the line is redrawn in place (carriage return); elsewhere (a log file,
+    a pipe) only the final line is written, so logs do not fill with partial bars. Redrawn
+    in place, the bar leaves the cursor at the end of its line; item output or an
+    `Interrupted:` line printed then would be glued onto it (`... ETA 3.0 s── item 2 ──`), so
+    whatever prints first ends the line (`end_open_lines`).
+    """
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last_len = 0
+
+    def update(self, counts: Mapping[str, Any]) -> None:
+        """Redraw the line in place, on a terminal only.
+
+        Parameters
+        ----------
+        counts : Mapping
+            Decorated counts (`decorate`).
+        """
+        if self.live:
+            self._write(text_line(counts), end="")
+            _OPEN.add(self)
+
+    def finish(self, counts: Mapping[str, Any]) -> None:
+        """Write the final line (also to a log or a pipe).
+
+        Parameters
+        ----------
+        counts : Mapping
+            Decorated final counts.
+        """
+        _OPEN.discard(self)
+        self._write(text_line(counts), end="\n")
+
+    def end_line(self) -> None:
+        """Leave the bar's line: the next redraw starts on a line of its own."""
+        _OPEN.discard(self)
+        if self._last_len:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._last_len = 0
+
+    def _write(self, text: str, end: str) -> None:
+        pad = " " * max(0, self._last_len - len(text))
+        self.stream.write(("\r" if self.live else "") + text + pad + end)
+        self.stream.flush()
+        self._last_len = 0 if end else len(text)
+
+
+_OPEN: weakref.WeakSet[TextBar] = weakref.WeakSet()  # bars whose line the cursor is still on
+
+
+def end_open_lines() -> None:
+    """End the line of every bar drawn in place, before other output is printed."""
+    for bar in list(_OPEN):
+        bar.end_line()
+
+
+class Display(Protocol):
+    """Where the widget goes: the kernel's display system, or a test's recorder."""
+
+    def show(self, bundle: dict[str, Any]) -> None:
+        """Put a MIME bundle into the output area.
+
+        Parameters
+        ----------
+        bundle : dict
+            MIME type to data (the widget view, and HTML and text fallbacks).
+        """
+        ...
+
+    def update(self, bundle: dict[str, Any]) -> None:
+        """Replace what `show` put there.
+
+        Parameters
+        ----------
+        bundle : dict
+            MIME type to data (the frozen picture).
+        """
+        ...
+
+
+class KernelDisplay:
+    """One output area of the current cell, addressed by a display id."""
+
+    def __init__(self) -> None:
+        self._handle: Any = None
+
+    def show(self, bundle: dict[str, Any]) -> None:
+        """Display `bundle` with a new display id.
+
+        Parameters
+        ----------
+        bundle : dict
+            MIME type to data.
+        """
+        from IPython.display import display
+
+        global _last_shown
+        self._handle = display(bundle, raw=True, display_id=True)
+        _last_shown = time.monotonic()
+
+    def update(self, bundle: dict[str, Any]) -> None:
+        """Replace the displayed output in place (nothing before `show`).
+
+        Parameters
+        ----------
+        bundle : dict
+            MIME type to data.
+        """
+        if self._handle is not None:
+            self._handle.update(bundle, raw=True)
+
+
+_last_shown = float("-inf")  # when a live widget was last put into a cell (time.monotonic)
+
+
+def widget_shown_since(t: float) -> bool:
+    """Whether a live widget has been displayed since `t`.
+
+    Parameters
+    ----------
+    t : float
+        A `time.monotonic` reading.
+
+    Returns
+    -------
+    bool
+        True when one was shown at or after `t`.
+    """
+    return _last_shown >= t
+
+
+def shell() -> Any:
+    """The running IPython shell (kernel or terminal).
+
+    Returns
+    -------
+    InteractiveShell or None
+        None in plain Python.
+    """
+    from IPython import get_ipython  # a dependency, loaded in plain Python only when asked
+
+    return get_ipython()
+
+
+def in_kernel() -> bool:
+    """Whether we run inside a Jupyter kernel (where widgets can show).
+
+    Returns
+    -------
+    bool
+        True in a kernel; False in terminal IPython and plain Python.
+    """
+    ip = shell()
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where one `Live` goes and what ends it: a widget display or a text bar (never both),
+    the clock its delay is measured on, and the IPython shell whose cells freeze it.
+
+    `pop_from` makes it from what the process offers: in a kernel the cell's display, else a
+    text bar. The test seams among `live`'s keyword arguments replace parts of it:
+    ``_display`` (a recorder), ``_text`` (a `TextBar` on a stream), ``_clock`` and
+    ``_widgets`` (whether widgets can show). A test that sets ``_display`` or ``_text``
+    closes the view itself: it gets no end-of-cell hook (`ipython` is None).
+    """
+
+    display: Display | None
+    text: TextBar | None
+    clock: Callable[[], float] = time.monotonic
+    ipython: Any = None
+
+    @classmethod
+    def pop_from(cls, kwargs: dict[str, Any]) -> Output:
+        """The output for a view, its seams popped from `kwargs`.
+
+        Parameters
+        ----------
+        kwargs : dict
+            Keyword arguments of `nbcluster.widgets.live` or `status`; the seams are popped.
+
+        Returns
+        -------
+        Output
+            A display in a kernel, else a text bar; the seams given replace their parts.
+        """
+        display, text = kwargs.pop("_display", None), kwargs.pop("_text", None)
+        clock, widgets = kwargs.pop("_clock", time.monotonic), kwargs.pop("_widgets", None)
+        ipython = None if display is not None or text is not None else shell()
+        if in_kernel() if widgets is None else widgets:
+            return cls(KernelDisplay() if display is None else display, text, clock, ipython)
+        return cls(display, TextBar() if text is None else text, clock, ipython)
+
+    @property
+    def widgets(self) -> bool:
+        """Whether the output is a widget display (not a text bar)."""
+        return self.text is None

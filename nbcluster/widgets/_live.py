@@ -22,7 +22,10 @@ ipykernel (which keeps the current cell's parent header in a context variable) a
 output to the cell that started it, even if the user has moved on to another cell.
 
 Outside a kernel (terminal IPython, plain Python) there is no widget: `TextBar` prints one
-progress line instead, and metrics are not fetched.
+progress line instead, and metrics are not fetched. Where the view goes, its clock and the
+shell whose cells freeze it are handed in by its maker (`nbcluster.widgets.Output`), and so
+is the report to the sidebar (`nbcluster.widgets.reporter_for`); the arithmetic from counts
+to what a person reads is ``_progress.py``.
 """
 
 from __future__ import annotations
@@ -31,29 +34,20 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from nbcluster import _compat
 from nbcluster import _threads as threads
-from nbcluster._wire import Band, ResourceSample, TaskRecord
 from nbcluster.metrics.feed import Feed, MetricsWindow
 from nbcluster.widgets import _static
 from nbcluster.widgets._controls import TrialControls
 from nbcluster.widgets._options import LiveOptions
-from nbcluster.widgets._output import (
-    Output,
-    ProgressSource,
-    RateMeter,
-    Seams,
-    decorate,
-    is_finished,
-    rank_grid,
-    reported,
-    shell,
-    text_line,
-)
+from nbcluster.widgets._progress import ProgressSource, RateMeter, decorate, is_finished, rank_grid, text_line
 from nbcluster.widgets._theme import THEME
+
+if TYPE_CHECKING:
+    from nbcluster.widgets import Output
 
 logger = logging.getLogger(__name__)
 
@@ -74,118 +68,69 @@ CLOCK_SLACK_S = 0.1
 # not hold the cell's end.
 AWAIT_S = 0.5
 AWAIT_POLL_S = 0.02
-
-
-class _Poller:
-    """The live view's polling thread, as `Live` (and a test) asks of it: a spare thread's
-    call (`threads.spawn`), not a `threading.Thread` of its own."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.ident: int | None = None  # the thread's, once it runs the poller
-
-    def join(self, timeout: float | None = None) -> None:
-        """Wait until the poller has ended, `timeout` seconds at most."""
-        self.done.wait(timeout)
-
-    def is_alive(self) -> bool:
-        """Whether the poller has not ended yet."""
-        return not self.done.is_set()
+#: What a delta always carries; anything more is news for the front end.
+_DELTA_BASE = {"seq", "now", "cursor", "basic"}
 
 
 class Live:
     """Polls a progress source and a metrics feed; shows, updates and finally freezes.
 
     Use `nbcluster.widgets.live` / `nbcluster.widgets.status` rather than this class; the
-    options are documented there (`LiveOptions`), and `seams` are for tests.
+    options are documented there (`LiveOptions`), and `output` says where the view goes.
     """
 
-    def __init__(
-        self,
-        progress: ProgressSource | None,
-        feed: Feed | None,
-        options: LiveOptions | None = None,
-        seams: Seams | None = None,
-        report: Callable[[dict[str, Any]], None] | None = None,
-        started: float | None = None,
-        controls: TrialControls | None = None,
-    ) -> None:
+    def __init__(self, progress: ProgressSource | None, feed: Feed | None, options: LiveOptions, output: Output, *,
+                 report: Callable[[Mapping[str, Any]], None] | None = None, started: float | None = None,
+                 controls: TrialControls | None = None) -> None:  # fmt: skip
         self.progress_source = progress
-        # A trial run's stop buttons (`_controls.py`), None for other runs.
-        self._controls = controls
-        # A view started after its run (`ProgressHook`) counts the run's time from its start.
-        self._started = started
-        # Where the run's item counts go as they change (the scheduler's plugin, for the
-        # sidebar), or None.
-        self._report = report
-        self._reported: dict[str, Any] | None = None
-        self.options = (options or LiveOptions()).resolved()
-        seams = seams or Seams()
-        self._clock = seams.clock
-        self._output = Output.for_seams(seams)
-        # No graphs to draw in a terminal.
-        self.feed = feed if self._output.widgets else None
-        self._init_state()
-        if progress is None and self.options.delay == 0:
-            # A status view shows at once, in its own cell's messages: a client that
-            # records only those (nbclient) would miss a display sent a moment later.
-            self._tick()
-        self._start_polling()
-        # Test seams replace the output; then the test closes the widget itself.
-        self._ipython = None if seams.replaced else shell()
-        if self._ipython is not None:
-            self._ipython.events.register("post_run_cell", self._on_cell_end)
-            if progress is None:
-                # A status view has no end of its own: it is live while its cell is the
-                # latest one, and freezes as the next cell starts (in that cell's
-                # messages, which every client records), so a saved notebook holds the
-                # picture, never a widget that needs this kernel to draw.
-                self._ipython.events.register("pre_run_cell", self._on_next_cell)
-
-    def _init_state(self) -> None:
-        o = self.options
+        self._controls = controls  # a trial run's stop buttons (`_controls.py`), None for other runs
+        self._report = report  # where the counts go as they change (the sidebar: `reporter_for`), or None
+        self.options = o = options.resolved()
+        self._output, self._clock = output, output.clock
+        self.feed = feed if output.widgets else None  # no graphs to draw in a terminal
         self.metrics = MetricsWindow(max_tasks=o.limits["maxTasks"], max_samples=o.limits["maxSamples"])
         self._since_wall = None if o.history else time.time() - CLOCK_SLACK_S
         self.widget: Any = None
-        self.shown = False
-        self.frozen = False
+        self.shown = self.frozen = False
         self.final_html: str | None = None
         self.counts: dict[str, Any] = {}
         self.grid: dict[str, Any] = {}
         self._raw_grid: Any = None
         self.curves: dict[str, Any] = {}  # a trial run's: one curve per trial (`_curves.py`)
         self._rate = RateMeter()
-        self._t0 = self._clock() if self._started is None else self._started
-        self._last_delta = self._t0
+        # A view started after its run (`ProgressHook`) counts the run's time from its start.
+        self._t0 = self._last_delta = self._clock() if started is None else started
         self._seq = 0
         self._sent_workers: Any = None
         self._sent_summary: Any = None
-        self._pending_tasks: list[TaskRecord] = []
-        self._pending_samples: list[ResourceSample] = []
-        self._pending_bands: list[Band] = []
+        self._pending = self._nothing_pending()  # what the next delta carries, by its key
         self._seen_keys: set[str] = set()  # of the records kept, for `_await_tasks`
         self._awaited: frozenset[str] = frozenset()
         self._end_state: str | None = None
         self._stop = threading.Event()
-        self._caller_freezes = False
         self._lock = threading.Lock()
-        self._closing = False  # the caller closes: the poller ticks no more
+        self._closing = False  # the caller closes (and freezes): the poller ticks no more
         self._busy = False  # the poller is in a tick
-
-    def _start_polling(self) -> None:
+        if progress is None and o.delay == 0:
+            # A status view shows at once, in its own cell's messages: a client that
+            # records only those (nbclient) would miss a display sent a moment later.
+            self._tick()
         # A copy of the caller's context: ipykernel keeps the cell's parent header there. A
         # spare thread: starting a new one waited for a GIL hand-off, 0.5-1 ms of every cell.
         # A run's view shows nothing before `delay`: its poller starts an interval in (or at
         # `delay`, if sooner), so a cell over by then, most small ones, never starts it.
-        self._thread = _Poller()
-        run = contextvars.copy_context().run
-        wait = min(self.options.interval, self.options.delay)
-        if self.progress_source is not None and wait > 0:
-            self._later: threads.Later | None = threads.later(wait, run, self._run, name="nbcluster-live")
-            self._thread.done = self._later.finished
-        else:
-            self._later = None
-            self._thread.done = threads.spawn(run, self._run, name="nbcluster-live")
+        run, wait = contextvars.copy_context().run, min(o.interval, o.delay) if progress is not None else 0.0
+        self._poller: int | None = None  # the poller's thread, once it runs
+        self._later = threads.later(wait, run, self._run, name="nbcluster-live") if wait > 0 else None
+        self._polled = self._later.finished if self._later else threads.spawn(run, self._run, name="nbcluster-live")
+        # A run's view freezes at the end of its cell if the run is over. A status view has no
+        # end of its own: it is live while its cell is the latest one, and freezes as the next
+        # cell starts (in that cell's messages, which every client records), so a saved
+        # notebook holds the picture, never a widget that needs this kernel to draw.
+        self._hook = ("pre_run_cell", self._on_next_cell) if progress is None else ("post_run_cell", self._on_cell_end)
+        self._ipython = output.ipython
+        if self._ipython is not None:
+            self._ipython.events.register(*self._hook)
 
     # -- public ---------------------------------------------------------------------------
 
@@ -199,25 +144,23 @@ class Live:
         timeout : float
             Seconds to wait for the polling thread to stop.
         """
-        if state is not None and self._end_state is None:
-            self._end_state = state
-        if threading.get_ident() != self._thread.ident:
+        self._end_state = self._end_state or state
+        if threading.get_ident() != self._poller:
             # The caller ticks a last time and freezes, in its own context: the picture is
             # then part of the cell that closes the view (ipykernel takes a message's parent
             # from the context), which is the next cell for a status view. The poller ticks
             # no more; it is waited for only if it is in a tick now (waiting for an idle one
             # to wake and end took 2.5-4 ms of every small cell).
-            self._caller_freezes = True
             with self._lock:
-                self._closing = True
-                busy = self._busy
+                self._closing, busy = True, self._busy
             if self._later is not None:
                 self._later.cancel()  # not started yet: it never will
             self._stop.set()
-            if busy:
-                self._thread.join(timeout)
-            if not self._thread.is_alive() or not busy:
-                self._tick_logged()
+            if not busy or self._polled.wait(timeout):
+                try:
+                    self._tick()
+                except Exception:
+                    logger.exception("nbcluster live widget failed; freezing it")
         self._stop.set()
         self._freeze()
 
@@ -227,51 +170,45 @@ class Live:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.close("cancelled" if exc_type is KeyboardInterrupt else None)
 
+    def _unhook(self) -> None:
+        ip, self._ipython = self._ipython, None
+        if ip is not None:
+            ip.events.unregister(*self._hook)
+
     def _on_cell_end(self, result: Any = None) -> None:
         # The cell's last chance to change its own outputs: a frontend-less client such as
         # nbclient (and so nbconvert --execute) records only messages that arrive before
         # the cell's reply, and a terminal's final bar belongs before the next prompt. If
         # the run is over, freeze now, synchronously, in the main thread; a run that goes
         # on (--no-wait) freezes later from the poller.
-        if self.progress_source is None:
-            return  # a status view: it freezes when the next cell starts
-        ip, self._ipython = self._ipython, None
-        if ip is not None:
-            ip.events.unregister("post_run_cell", self._on_cell_end)
-        if self.frozen:
-            return
+        self._unhook()
+        source = self.progress_source
         try:
-            finished = is_finished(self.progress_source())
+            finished = source is not None and not self.frozen and is_finished(source())
         except Exception:
             finished = False
         if finished:
             self.close()
 
     def _on_next_cell(self, info: Any = None) -> None:
-        ip, self._ipython = self._ipython, None
-        if ip is not None:
-            ip.events.unregister("pre_run_cell", self._on_next_cell)
-            ip.events.unregister("post_run_cell", self._on_cell_end)
+        self._unhook()
         self.close()
 
     # -- the poller thread ----------------------------------------------------------------
 
     def _run(self) -> None:
-        self._thread.ident = threading.get_ident()
+        self._poller = threading.get_ident()
+        live_for = self.options.live_for
         try:
-            while True:
-                finished = self._poll()
-                if finished or self._stop.is_set():
-                    break
-                if self.options.live_for is not None and self._clock() - self._t0 >= self.options.live_for:
-                    break
-                if self._stop.wait(self.options.interval):
+            while not self._poll() and not self._stop.is_set():
+                lived_out = live_for is not None and self._clock() - self._t0 >= live_for
+                if lived_out or self._stop.wait(self.options.interval):
                     break
             self._poll()
         except Exception:
             logger.exception("nbcluster live widget failed; freezing it")
         finally:
-            if not self._caller_freezes:
+            if not self._closing:
                 self._freeze()
 
     def _poll(self) -> bool:
@@ -286,30 +223,11 @@ class Live:
             with self._lock:
                 self._busy = False
 
-    def _tick_logged(self) -> None:
-        try:
-            self._tick()
-        except Exception:
-            logger.exception("nbcluster live widget failed; freezing it")
-
-    def _send_report(self) -> None:
-        if self._report is None or not self.counts:
-            return
-        counts = reported(self.counts)
-        if {**counts, "elapsed": None} == {**(self._reported or {}), "elapsed": None}:
-            return
-        try:
-            self._report(counts)
-        except Exception as e:
-            logger.info("nbcluster live widget: cannot report progress (%s: %s)", type(e).__name__, e)
-            self._report = None
-            return
-        self._reported = counts
-
     def _tick(self) -> bool:
         """One poll: read, maybe show, push. Returns whether the run has finished."""
         finished = self._read_progress()
-        self._send_report()
+        if self._report is not None and self.counts:
+            self._report(self.counts)
         if not self.shown and (finished or self._clock() - self._t0 < self.options.delay):
             # Instant runs stay clean: nothing is ever shown. Nor are the metrics read (a
             # round trip to the scheduler, 2.5 ms of every small cell): the first read, once
@@ -332,26 +250,18 @@ class Live:
 
     def _read_progress(self) -> bool:
         if self.progress_source is None:
-            self.counts = {}
             return False
         raw = dict(self.progress_source())
         self._awaited = frozenset(raw.pop("awaited", ()))
-        # A trial run says which way its objective ranks, or that none does (`_results.py`).
+        # A trial run says which way its objective ranks, or that none does (`ResultsProgress`).
         order = raw.pop("best", self.options.best)
         self.curves = raw.pop("curves", None) or self.curves
-        elapsed = self._clock() - self._t0
-        finished = is_finished(raw)
-        completed = int(raw.get("done") or 0) + int(raw.get("failed") or 0)
-        rate = self._rate.add(self._clock(), completed)
-        if not finished:
-            state = self._end_state or "running"
-        else:
-            state = self._end_state or ("cancelled" if raw.get("cancelled") else "done")
-        self.counts = decorate(raw, elapsed=elapsed, rate=rate, state=state, label=self.options.label)
-        grid = raw.get("grid")
-        if grid is not self._raw_grid or finished:
-            self._raw_grid = grid
-            self.grid = rank_grid(grid, order)
+        finished, now = is_finished(raw), self._clock()
+        rate = self._rate.add(now, int(raw.get("done") or 0) + int(raw.get("failed") or 0))
+        state = self._end_state or (("cancelled" if raw.get("cancelled") else "done") if finished else "running")
+        self.counts = decorate(raw, elapsed=now - self._t0, rate=rate, state=state, label=self.options.label)
+        if (grid := raw.get("grid")) is not self._raw_grid or finished:
+            self._raw_grid, self.grid = grid, rank_grid(grid, order)
         return finished
 
     def _read_metrics(self) -> None:
@@ -370,23 +280,22 @@ class Live:
             return
         # The first answer holds the scheduler's whole history (up to its ring sizes); keep
         # only what can be drawn, so the first message to the front end stays small.
-        now = snap.get("now") or time.time()
-        tasks = snap.get("tasks") or ()
-        if self.options.task_filter is not None:
-            tasks = [t for t in tasks if self.options.task_filter(t)]
+        o, now = self.options, snap.get("now") or time.time()
+        tasks = list(snap.get("tasks") or ())
+        if o.task_filter is not None:  # the run's own (a run's batches: few), never the cluster's
+            tasks = [t for t in tasks if o.task_filter(t)]
+            self._seen_keys.update(str(t.get("key")) for t in tasks)
         elif self._since_wall is not None:
             tasks = [t for t in tasks if t["start"] >= self._since_wall]
-        if self.options.window is not None:
-            tasks = [t for t in tasks if t["stop"] >= now - self.options.window]
-        horizon = now - self.options.resource_window
-        samples = [r for r in snap.get("resources") or () if r["time"] >= horizon]
-        snap = {**snap, "tasks": list(tasks), "resources": samples}
-        if self.options.task_filter is not None:  # the run's own (a run's batches: few), never the cluster's
-            self._seen_keys.update(str(t.get("key")) for t in snap["tasks"])
-        self.metrics.apply(snap)
-        self._pending_tasks.extend(snap["tasks"])
-        self._pending_samples.extend(samples)
-        self._pending_bands.extend(snap.get("bands") or ())
+        if o.window is not None:
+            tasks = [t for t in tasks if t["stop"] >= now - o.window]
+        samples = [r for r in snap.get("resources") or () if r["time"] >= now - o.resource_window]
+        self.metrics.apply({**snap, "tasks": tasks, "resources": samples})
+        for key, new in (("tasks", tasks), ("resources", samples), ("bands", snap.get("bands") or ())):
+            self._pending[key].extend(new)
+
+    def _nothing_pending(self) -> dict[str, list[Any]]:
+        return {"tasks": [], "resources": [], "bands": []}
 
     def _show(self) -> None:
         from nbcluster.widgets.widget import LiveWidget
@@ -401,17 +310,13 @@ class Live:
             self.widget.on_msg(self._on_message)
             _compat.comm_replies_on_senders_subshell(self.widget.comm)
         # The first delta carries everything gathered before the widget appeared.
-        self._pending_tasks = list(self.metrics.tasks)[-THEME["stream"]["maxBars"] :]
-        self._pending_samples = [r for series in self.metrics.samples.values() for r in series]
-        self._pending_bands = list(self.metrics.bands)
+        m = self.metrics
+        self._pending = {"tasks": list(m.tasks)[-THEME["stream"]["maxBars"] :], "bands": list(m.bands),
+                         "resources": [r for series in m.samples.values() for r in series]}  # fmt: skip
         self._push(reset=True)
-        assert self._output.display is not None
-        self._output.display.show(
-            {
-                WIDGET_MIME: {"version_major": 2, "version_minor": 1, "model_id": self.widget.model_id},
-                "text/plain": self._text_line(),
-            }
-        )
+        assert self._output.display is not None  # a widget's output is a display (`Output.widgets`)
+        view = {"version_major": 2, "version_minor": 1, "model_id": self.widget.model_id}
+        self._output.display.show({WIDGET_MIME: view, "text/plain": self._text_line()})
         self.shown = True
 
     def _push(self, reset: bool = False) -> None:
@@ -423,30 +328,19 @@ class Live:
         if w is None:
             return
         self._seq += 1
-        delta: dict[str, Any] = {
-            "seq": self._seq, "now": self.metrics.now, "cursor": self.metrics.cursor, "basic": self.metrics.basic,
-        }  # fmt: skip
-        news = reset
+        m = self.metrics
+        delta: dict[str, Any] = {"seq": self._seq, "now": m.now, "cursor": m.cursor, "basic": m.basic}
         if reset:
             delta["reset"] = True
-        if reset or self.metrics.workers != self._sent_workers:
-            delta["workers"] = self._sent_workers = self.metrics.workers
-            news = True
-        if self.metrics.summary is not None and (reset or self.metrics.summary != self._sent_summary):
-            delta["summary"] = self._sent_summary = self.metrics.summary
-            news = True
-        if self._pending_tasks:
-            limit = None if reset else MAX_TASKS_PER_UPDATE
-            tasks = self._pending_tasks[-limit:] if limit else self._pending_tasks
+        if reset or m.workers != self._sent_workers:
+            delta["workers"] = self._sent_workers = m.workers
+        if m.summary is not None and (reset or m.summary != self._sent_summary):
+            delta["summary"] = self._sent_summary = m.summary
+        pending, self._pending = self._pending, self._nothing_pending()
+        delta.update({key: new for key, new in pending.items() if new})
+        if "tasks" in delta:
+            tasks = delta["tasks"] if reset else delta["tasks"][-MAX_TASKS_PER_UPDATE:]
             delta["tasks"] = [{k: v for k, v in t.items() if k in _TASK_FIELDS} for t in tasks]
-            self._pending_tasks = []
-            news = True
-        if self._pending_bands:
-            delta["bands"], self._pending_bands = self._pending_bands, []
-            news = True
-        if self._pending_samples:
-            delta["resources"], self._pending_samples = self._pending_samples, []
-            news = True
         with w.hold_sync():
             if self.counts and self.counts != w.progress:
                 w.progress = self.counts
@@ -459,7 +353,7 @@ class Live:
             # Send a delta when something is new, or every `refresh` seconds so the
             # live time axis keeps moving while nothing finishes.
             now = self._clock()
-            if news or now - self._last_delta >= self.options.refresh:
+            if delta.keys() - _DELTA_BASE or now - self._last_delta >= self.options.refresh:
                 w.delta = delta
                 self._last_delta = now
 
@@ -486,9 +380,7 @@ class Live:
     # -- the end --------------------------------------------------------------------------
 
     def _text_line(self) -> str:
-        if self.counts:
-            return text_line(self.counts)
-        return f"nbcluster: {len(self.metrics.workers)} workers"
+        return text_line(self.counts) if self.counts else f"nbcluster: {len(self.metrics.workers)} workers"
 
     def _freeze(self) -> None:
         with self._lock:
@@ -500,7 +392,8 @@ class Live:
             # a frozen "running" with an ETA would be a lie.
             self.counts = {**self.counts, "state": self._end_state or "stopped"}
             self.counts.pop("eta", None)
-        self._send_report()
+        if self._report is not None and self.counts:
+            self._report(self.counts)
         if not self.shown:
             return
         if self._output.text is not None:
@@ -511,46 +404,10 @@ class Live:
             # Sync the final counts first: a front end that ignores display updates keeps
             # the widget's view, which then shows the end state, not the last tick.
             self._push()
-        self.final_html = _static.render_html(
-            self.counts or None,
-            self.metrics.to_view(),
-            self.grid or None,
-            window=self.options.window,
-            resource_window=self.options.resource_window,
-            curves=self.curves or None,
-        )
+        self.final_html = _static.render_html(self.counts or None, self.metrics.to_view(), self.grid or None,
+                                              window=self.options.window, resource_window=self.options.resource_window,
+                                              curves=self.curves or None)  # fmt: skip
         assert self._output.display is not None
         self._output.display.update({"text/html": self.final_html, "text/plain": self._text_line()})
         if self.widget is not None:
             self.widget.close()
-
-
-def as_progress_source(obj: Any) -> ProgressSource | None:
-    """Accept a callable, or an object with a ``progress()`` method.
-
-    Parameters
-    ----------
-    obj : object
-        None, a callable returning counts, or an object with a ``progress()`` method.
-
-    Returns
-    -------
-    ProgressSource or None
-        The callable to poll (None for None).
-
-    Raises
-    ------
-    TypeError
-        For anything else.
-    """
-    if obj is None:
-        return None
-    # Any callable is taken on trust: what it returns is checked as it is read.
-    if callable(obj):
-        return cast(ProgressSource, obj)
-    method = getattr(obj, "progress", None)
-    if callable(method):
-        return cast(ProgressSource, method)
-    raise TypeError(
-        f"expected a callable returning progress counts, or an object with .progress(); got {obj!r}"
-    )

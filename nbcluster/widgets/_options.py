@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from nbcluster import config
 from nbcluster._wire import TaskRecord
-from nbcluster.widgets._output import Best
+from nbcluster.widgets._progress import Best
 
 TaskFilter = Callable[[TaskRecord], bool]
 

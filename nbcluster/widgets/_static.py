@@ -49,7 +49,7 @@ def progress_line(counts: Mapping[str, Any]) -> str:
     Parameters
     ----------
     counts : Mapping
-        Decorated counts (`nbcluster.widgets._output.decorate`).
+        Decorated counts (`nbcluster.widgets._progress.decorate`).
 
     Returns
     -------
@@ -116,7 +116,7 @@ def render_grid(grid: Mapping[str, Any]) -> str:
     Parameters
     ----------
     grid : Mapping
-        A ranked grid (`nbcluster.widgets._output.rank_grid`).
+        A ranked grid (`nbcluster.widgets._progress.rank_grid`).
 
     Returns
     -------
