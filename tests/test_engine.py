@@ -33,7 +33,7 @@ def _tag() -> str:
 def test_the_first_result_arrives_while_every_other_item_is_still_blocked(
     cluster: Any, direct: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Sent to a worker directly, the first batch sends item 0 ahead (`worker/direct.py`); as a
+    # Sent to a worker directly, the first batch sends item 0 ahead (`worker.serve`); as a
     # Dask task, it is item 0 alone.
     monkeypatch.setitem(dask.config.config["nbcluster"]["distribute"], "direct", direct)
     tag = _tag()
