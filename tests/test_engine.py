@@ -78,7 +78,7 @@ def test_a_stop_keeps_every_finished_item_and_starts_nothing_new(cluster: Any) -
         # batch then returns its 4 finished items instead of going on to item 4 / 14.
         run_id = res.run_id
 
-        def told() -> bool:  # on a worker: the run's stop token reached it (`worker.stop_run`)
+        def told() -> bool:  # on a worker: the run's stop token reached it (`worker.context.stop_run`)
             from nbcluster.worker import context
 
             return any(t.startswith(f"{run_id}-") for t in context._STOPPED)

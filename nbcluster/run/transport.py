@@ -81,7 +81,7 @@ keeps them as arguments Dask sees: ``dask.utils.apply(loader, [*deps])``, ``load
 task loading the function with its other arguments.
 
 What goes before the first batch (`Shipment`). The run's context (the cell or function and
-what it captured) travels inline in every batch when small (up to `worker.INLINE_CONTEXT`
+what it captured) travels inline in every batch when small (up to `worker.context.INLINE_CONTEXT`
 bytes), else is scattered once to every worker and pinned there; large captured values are
 scattered once per kernel (`capture.shipments`). A scattered value every holder of which
 died is sent again (`Shipment.reship`) to the worker that asked, which is alive, at most
@@ -812,7 +812,7 @@ class Shipment:
         try:
             large, notes = shipments(client).ship(client, job.capture.large)
             self._blob = job.for_workers(large)
-            inline = len(self._blob) <= worker.INLINE_CONTEXT
+            inline = len(self._blob) <= worker.context.INLINE_CONTEXT
             if not inline:
                 self._future = self._scatter(client)
         except (OSError, TimeoutError) as e:

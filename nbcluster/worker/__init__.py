@@ -11,7 +11,7 @@ record; `held.py`, `--persist`. The other strategies' items: `trial.py` and `che
 **The task.** A Dask task is `run_batch((context_key, inline_context), batch, token)`, with
 no Dask dependencies at all, so the scheduler treats every batch as a root task and hands
 them out from its queue to whichever thread is free. The kernel sends three functions of
-this package, pickled by reference (`run_batch`; `stop_run` and `pin`, from `context.py`):
+this package, pickled by reference (`run_batch`; `context.stop_run` and `context.pin`):
 keep their names. A run's first batches come as a request to the worker itself instead
 ("Direct batches", below), which runs the same `run_blob` in the same thread pool, without the
 scheduler, and sends its first item's result ahead when the batch goes on. One batch's path:
@@ -144,28 +144,14 @@ from typing import Any, NamedTuple, TextIO
 
 import cloudpickle
 
-from nbcluster._compat import as_worker, running_task_key, worker_accepts_work, worker_task
 from nbcluster._wire import DIRECT_TOPIC, PUSHED_TOPIC, DirectRecord, Pushed
 from nbcluster.errors import Lost
 from nbcluster.worker import trial
-from nbcluster.worker.context import (
-    INLINE_CONTEXT,
-    Context,
-    Copy,
-    fetch,
-    load,
-    pin,
-    ran_on,
-    read_only_error,
-    running,
-    stop_run,
-    stopped_run,
-)
+from nbcluster.worker.context import Context, Copy, fetch, load, ran_on, read_only_error, running, stopped_run
 from nbcluster.worker.records import ErrorRecord, error_record
 
-__all__ = ["HANDLER", "INLINE_CONTEXT", "VERSION", "Context", "ErrorRecord", "FirstAhead", "Order", "Slot", "display",
-           "dump_result", "error_record", "install", "pin", "push", "refusal", "run_batch", "run_blob", "run_items",
-           "serve", "stop_run"]  # fmt: skip
+__all__ = ["HANDLER", "VERSION", "Context", "ErrorRecord", "FirstAhead", "Order", "Slot", "display", "dump_result",
+           "error_record", "install", "push", "refusal", "run_batch", "run_blob", "run_items", "serve"]  # fmt: skip
 
 #: Blobs larger than this (bytes) are not pushed, only gathered: the scheduler keeps a topic's
 #: last events (`distributed.admin.low-level-log-length`), and these must stay small there.
@@ -355,12 +341,10 @@ def current_task() -> tuple[Any, str] | None:
     """
     from distributed import get_worker
 
-    try:
-        dask_worker = get_worker()
-    except ValueError:
-        return None
-    key = dask_worker.get_current_task()
-    return None if key is None else (dask_worker, str(key))
+    from nbcluster._compat import running_task_key
+
+    key = running_task_key()
+    return None if key is None else (get_worker(), str(key))
 
 
 # -- the items --------------------------------------------------------------------------------
@@ -409,7 +393,6 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
         Ctrl-C in the kernel during ``--local``: it stops the cell rather than fail one item.
     """
     run, todo = _plan(context, *context.shared(large_values), indices, items, token)
-    read_only = tuple(sorted(context.sharing.arrays))
     values: list[Any] = []  # appended in order: its length is the running item's position
     errors: dict[int, ErrorRecord] = {}
     outputs: dict[int, list[list[Any]]] = {}  # item index -> chunks
@@ -428,7 +411,7 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
                 except KeyboardInterrupt:
                     raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
                 except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
-                    errors[len(values)] = error_record(read_only_error(e, read_only))
+                    errors[len(values)] = error_record(read_only_error(e, tuple(sorted(context.sharing.arrays))))
                     values.append(None)
             if len(values) == before:  # told to stop before the chunk's first item
                 break
@@ -593,8 +576,8 @@ def dump_result(result: dict[str, Any]) -> bytes:
     -------
     bytes
         `result` cloudpickled. A value that cannot be pickled is replaced by None and its item
-        fails with a `TypeError` saying why; an exception that cannot be pickled travels as
-        its traceback only (``"exception"`` None).
+        fails with a `TypeError` saying why (an exception that cannot be pickled travels as
+        its traceback only: `error_record`).
 
     Examples
     --------
@@ -617,17 +600,14 @@ def dump_result(result: dict[str, Any]) -> bytes:
             values[j] = None
             why = f"the item's result cannot be sent back to the kernel: {type(e).__name__}: {e}"
             result["errors"][j] = error_record(TypeError(why))
-    for record in result.get("errors", {}).values():
-        try:
-            cloudpickle.dumps(record)
-        except Exception:
-            record["exception"] = None
     return cloudpickle.dumps(result)
 
 
 
 def _cancelled() -> bool:
     """True when this thread's Dask task was cancelled (False outside a task: `--local`, a direct batch)."""
+    from nbcluster._compat import running_task_key, worker_task
+
     key = running_task_key()
     ts = None if key is None else worker_task(key)
     return key is not None and (ts is None or ts.state in ("cancelled", "released", "forgotten"))
@@ -650,13 +630,11 @@ class _ItemStream(io.TextIOBase):
         if (outputs := running.outputs) is None:
             return self.real.write(text)
         chunks = _chunks(outputs)
-        if chunks and chunks[-1][0] == self.name_:
-            if len(chunks[-1][1]) <= LIMIT:  # a longer one was cut already: it takes no more
-                chunks[-1][1] += text
-        else:
-            chunks.append([self.name_, text])
-        if len(chunks[-1][1]) > LIMIT:  # cut, and say so, whether one write or many got here
-            chunks[-1][1] = chunks[-1][1][:LIMIT] + CUT
+        if not chunks or chunks[-1][0] != self.name_:
+            chunks.append([self.name_, ""])
+        if len(chunks[-1][1]) <= LIMIT:  # a longer one was cut already: it takes no more
+            full = chunks[-1][1] + text  # cut, and say so, whether one write or many got here
+            chunks[-1][1] = full if len(full) <= LIMIT else full[:LIMIT] + CUT
         return len(text)
 
     def flush(self) -> None:
@@ -812,18 +790,12 @@ class FirstAhead:
         first : dict
             ``values``, ``errors``, ``outputs``, ``count`` (1) and ``seconds`` of that item.
         """
-        with self._lock:
-            self._first = first
-            message = self._take()
-        if message is not None:
+        if (message := self._decide(first=first)) is not None:
             self._loop.call_soon_threadsafe(self._send, message)
 
     def due(self) -> None:
         """`AHEAD_S` after the batch started (in the event loop): send the first if it ended."""
-        with self._lock:
-            self._due = True
-            message = self._take()
-        if message is not None:
+        if (message := self._decide(due=True)) is not None:
             self._send(message)
 
     def close(self) -> bool:
@@ -838,18 +810,20 @@ class FirstAhead:
             self._state = "closed" if self._state == "open" else self._state
             return self._state == "sent"
 
-    def _take(self) -> Any:
-        # Under the lock: the first item goes ahead once it ended and is due, unless the batch
-        # ended first. Encoded here, so that one that cannot be is simply left in the answer.
-        if self._state != "open" or not self._due or self._first is None:
-            return None
-        try:
-            message = self._encode(self._first)
-        except Exception:
-            self._state = "closed"
-            return None
-        self._state, self.seconds = "sent", float(self._first["seconds"])
-        return message
+    def _decide(self, first: dict[str, Any] | None = None, due: bool = False) -> Any:
+        # The first item goes ahead once it ended and is due, unless the batch ended first.
+        # Encoded under the lock, so that one that cannot be is simply left in the answer.
+        with self._lock:
+            self._first, self._due = first or self._first, due or self._due
+            if self._state != "open" or not self._due or self._first is None:
+                return None
+            try:
+                message = self._encode(self._first)
+            except Exception:
+                self._state = "closed"
+                return None
+            self._state, self.seconds = "sent", float(self._first["seconds"])
+            return message
 
     def _send(self, message: Any) -> None:
         self.written = asyncio.ensure_future(self._write(message))
@@ -871,8 +845,16 @@ def serve(dask_worker: Any) -> int:
     int
         `VERSION`: the kernel sends direct batches only to a worker that answers its own.
     """
+    from nbcluster._compat import as_worker, worker_accepts_work
+
     # One order per worker, kept when another kernel's client installs the handler again.
     order = dask_worker._nbcluster_direct_order = getattr(dask_worker, "_nbcluster_direct_order", None) or Order()
+
+    def in_pool(key: str, *args: Any) -> bytes:
+        # The item's code may ask `distributed.get_worker()` (and a large value's fetch does):
+        # the pool's thread runs it as this worker's, as it would a task.
+        with as_worker(dask_worker, key):
+            return run_blob(*args)
 
     # A function, not a `functools.partial`: Dask logs each handler by its `__name__`. Its
     # first argument is named `comm`, so Dask passes the request's connection. `key` is the
@@ -888,18 +870,14 @@ def serve(dask_worker: Any) -> int:
             ahead = FirstAhead(lambda result: {"first": dump_result(result)}, comm.write, loop) if first else None
             start = time.time()
             # Queued in the pool by this call itself, before the sender's next batch may start.
-            running = loop.run_in_executor(dask_worker.executors["default"], _as_worker, dask_worker, key, context,
-                                           batch, token, ahead)  # fmt: skip
+            running = loop.run_in_executor(dask_worker.executors["default"], in_pool, key, context, batch, token, ahead)
         finally:
             order.started(sender, number)
         # From the request's arrival: a batch that queued behind another is late already, and
-        # its first item goes ahead as soon as it ends.
-        deadline = loop.call_later(AHEAD_S, ahead.due) if ahead is not None else None
-        try:
-            blob = await running
-        finally:
-            if deadline is not None:
-                deadline.cancel()
+        # its first item goes ahead as soon as it ends. Due after the batch ended, it does nothing.
+        if ahead is not None:
+            loop.call_later(AHEAD_S, ahead.due)
+        blob = await running
         if ahead is not None and ahead.written is not None:
             await ahead.written  # the first item before the rest, on the same connection
         dask_worker.log_event(DIRECT_TOPIC, DirectRecord(key=key, start=start, stop=time.time()))
@@ -907,13 +885,6 @@ def serve(dask_worker: Any) -> int:
 
     dask_worker.handlers[HANDLER] = nbcluster_run_batch
     return VERSION
-
-
-def _as_worker(dask_worker: Any, key: str, *args: Any) -> bytes:
-    # The item's code may ask `distributed.get_worker()` (and a large value's fetch does):
-    # the pool's thread runs it as this worker's, as it would a task.
-    with as_worker(dask_worker, key):
-        return run_blob(*args)
 
 
 def refusal(answer: Any) -> str | None:
