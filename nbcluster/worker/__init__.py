@@ -64,14 +64,14 @@ is free again one item later (Dask cannot stop a running thread, and cancelling 
 the scheduler would throw the finished items away). A batch whose Dask task was cancelled
 outright also stops, checked every `CHECK_S`.
 
-**Direct batches.** A batch that goes through Dask crosses the scheduler twice (kernel to scheduler to worker,
-and the result's way back): 4 to 5 ms here for a task that does nothing, against 0.3 to
-0.5 ms for a request the kernel sends a worker over the same TLS connection pool. So a run's
-short batches, the first ones of every run (`engine.py`, "Direct batches"), go straight to a
-worker: the request ``nbcluster_run_batch`` (`HANDLER`) runs the batch in the worker's own thread pool,
-the one its Dask tasks run in (so it never runs more at once than the worker has threads:
-a direct batch queues behind a running task, as a task would), and answers with the result
-blob `run_batch` would have returned.
+**Direct batches.** A batch that goes through Dask crosses the scheduler twice (kernel to
+scheduler to worker, and the result's way back): 4 to 5 ms here for a task that does
+nothing, against 0.3 to 0.5 ms for a request the kernel sends a worker over the same TLS
+connection pool. So a run's short batches, the first ones of every run (`engine.py`, "Direct
+batches"), go straight to a worker: the request ``nbcluster_run_batch`` (`HANDLER`) runs the
+batch in the worker's own thread pool, the one its Dask tasks run in (so it never runs more
+at once than the worker has threads: a direct batch queues behind a running task, as a task
+would), and answers with the result blob `run_batch` would have returned.
 
 The handler is not part of Dask: `serve`, run once per worker through Dask's own ``run``
 request (`Client.run`'s, which every worker serves), adds it. A worker that cannot import
@@ -80,12 +80,12 @@ through the scheduler, where they fail with one line (`run/transport.py`, `task`
 
 What a direct batch does not do, and why that is safe:
 - The scheduler does not see it as a task. The run's live view still draws it: the worker
-  reports each one as a Dask event (`_wire.DIRECT_TOPIC`), which nbcluster's metrics plugin records as a
-  task of the run. Dask's own dashboard does not, which is why only a run's first
-  half-second goes direct.
+  reports each one as a Dask event (`_wire.DIRECT_TOPIC`), which nbcluster's metrics plugin
+  records as a task of the run. Dask's own dashboard does not, which is why only a run's
+  first half-second goes direct.
 - A worker that is not running (paused past its memory limit, closing) refuses it
-  (``{"refused": why}``), and the kernel sends the batch through the scheduler instead, which
-  holds it until the worker can take it.
+  (``{"refused": why}``), and the kernel sends the batch through the scheduler instead,
+  which holds it until the worker can take it.
 - A worker that dies under it breaks the request; the kernel sends its items again through
   the scheduler, once, as Dask would have.
 
@@ -93,15 +93,15 @@ What a direct batch does not do, and why that is safe:
 start, whatever the other items do (an item that blocks, or takes an hour, right behind the
 first). So a run's first direct batch says ``first``: the handler then takes the request's
 connection (Dask passes it to a handler whose first argument is ``comm``). A batch that ends
-within `AHEAD_S` of its arrival answers once, as any batch: every small cell does. When it is
-still going by then, and its first item has finished (or when that item finishes later), the
-worker writes the first item's result on that connection, ahead of the answer
+within `AHEAD_S` of its arrival answers once, as any batch: every small cell does. When it
+is still going by then, and its first item has finished (or when that item finishes later),
+the worker writes the first item's result on that connection, ahead of the answer
 (``{"first": blob}``), and leaves that item out of the answer. The kernel reads both on that
-one connection, so the first always arrives before the rest (`run/transport.py`). No item is sent
-twice or left out: whether the first went ahead is decided once, under a lock, by whichever
-of the two comes first, the batch's end (in its thread) or the deadline (in the event loop).
-A first item that went ahead and a worker that then dies: the kernel delivered the first,
-and sends the rest again, as it would for any broken batch.
+one connection, so the first always arrives before the rest (`run/transport.py`). No item is
+sent twice or left out: whether the first went ahead is decided once, under a lock, by
+whichever of the two comes first, the batch's end (in its thread) or the deadline (in the
+event loop). A first item that went ahead and a worker that then dies: the kernel delivered
+the first, and sends the rest again, as it would for any broken batch.
 
 In the order sent. The kernel sends a worker's direct batches as concurrent requests, each
 over a connection of its pool, and two of them can reach the worker in either order (the
