@@ -341,10 +341,12 @@ def current_task() -> tuple[Any, str] | None:
     """
     from distributed import get_worker
 
-    from nbcluster._compat import running_task_key
-
-    key = running_task_key()
-    return None if key is None else (get_worker(), str(key))
+    try:
+        dask_worker = get_worker()
+    except ValueError:
+        return None
+    key = dask_worker.get_current_task()
+    return None if key is None else (dask_worker, str(key))
 
 
 # -- the items --------------------------------------------------------------------------------
