@@ -516,7 +516,7 @@ def as_worker(worker: Any, key: str) -> Iterator[None]:
 
     Dask sets a private context variable (`distributed.get_worker()`) and
     ``thread_state.key`` for the tasks it runs; a batch nbcluster runs in the worker's
-    thread pool outside a task (`worker/direct.py`) sets them the same way, so an
+    thread pool outside a task (`worker.serve`) sets them the same way, so an
     item's own ``get_worker()``, ``get_client()`` and ``thread_state.key`` work there too.
     `running_task_key` still answers None there: the worker has no task of that key.
 

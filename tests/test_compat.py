@@ -326,7 +326,7 @@ def _as_worker_sees(worker: Any) -> tuple[Any, ...]:
 
 
 def test_as_worker_makes_a_pool_thread_the_workers_and_no_task(local: tuple[LocalCluster, Client]) -> None:
-    # A direct batch runs in the worker's thread pool outside any task (`worker/direct.py`):
+    # A direct batch runs in the worker's thread pool outside any task (`worker.serve`):
     # an item's `get_worker()` must answer that worker, and nbcluster's cancellation check
     # must not look for a task of that key (it would find none, and stop the batch).
     cluster, _ = local
@@ -421,7 +421,7 @@ def test_worker_exchange_reads_a_message_sent_before_the_answer(local: tuple[Loc
     (worker,) = cluster.workers.values()
 
     async def two_messages(comm: Any, word: str) -> dict[str, str]:
-        await comm.write({"first": word.encode()})  # on the request's connection, as worker/direct.py does
+        await comm.write({"first": word.encode()})  # on the request's connection, as worker.serve does
         return {"status": "OK", "word": word}  # the answer Dask sends
 
     worker.handlers["nbcluster_test_two"] = two_messages

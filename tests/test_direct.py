@@ -27,8 +27,7 @@ from distributed import Event
 import nbcluster
 from nbcluster.cluster.handle import ClusterHandle, start
 from nbcluster.run.api import distribute
-from nbcluster.worker import direct as served
-from nbcluster.worker.direct import FirstAhead
+from nbcluster.worker import GAP_S, VERSION, FirstAhead, Order
 from tests.waiting import until
 
 #: What an item reports: its value, whether it ran as a scheduler task, and on which worker.
@@ -91,8 +90,8 @@ def test_a_worker_of_another_nbcluster_version_gets_tasks_and_the_cell_is_right(
     # so every batch goes through the scheduler, and the results are the same.
     old = tmp_path / "old"
     shutil.copytree(Path(nbcluster.__file__).parent, old / "nbcluster", ignore=shutil.ignore_patterns("labextension"))
-    module = old / "nbcluster" / "worker" / "direct.py"
-    module.write_text(module.read_text().replace(f"VERSION = {served.VERSION}\n", f"VERSION = {served.VERSION + 1000}\n"))
+    module = old / "nbcluster" / "worker" / "__init__.py"
+    module.write_text(module.read_text().replace(f"VERSION = {VERSION}\n", f"VERSION = {VERSION + 1000}\n"))
     handle = start(workers=0, name="old-direct")
     security = handle.security
     assert security is not None
@@ -122,25 +121,22 @@ def test_a_paused_worker_refuses_and_its_batch_runs_elsewhere(cluster: Any) -> N
     client = cluster.client
     first, *_ = sorted(client.scheduler_info()["workers"])
 
-    def pause(paused: bool, dask_worker: Any = None) -> None:
+    def pause(paused: bool, fraction: Any, dask_worker: Any = None) -> Any:
         # As past its memory limit: with a pause fraction of almost nothing, the worker's own
         # memory monitor keeps it paused (it would undo a bare status change within 0.1 s).
+        # The fraction it had comes back, to be set again.
         from distributed.core import Status
 
         manager = dask_worker.memory_manager
-        if paused:
-            dask_worker._nbcluster_test_fraction = manager.memory_pause_fraction
-            manager.memory_pause_fraction = 1e-9
-            dask_worker.status = Status.paused
-        else:
-            manager.memory_pause_fraction = dask_worker._nbcluster_test_fraction
-            dask_worker.status = Status.running
+        before, manager.memory_pause_fraction = manager.memory_pause_fraction, fraction
+        dask_worker.status = Status.paused if paused else Status.running
+        return before
 
-    client.run(pause, True, workers=[first])
+    before = client.run(pause, True, 1e-9, workers=[first])[first]
     try:
         res = distribute(WHERE, over="x in range(8)", namespace={})
     finally:
-        client.run(pause, False, workers=[first])
+        client.run(pause, False, before, workers=[first])
     assert res.ok and [v[0] for v in res] == list(range(8))
     # No direct batch ran there, and the refused one went through the scheduler (where Dask
     # may still have placed a task on that worker before it heard of the pause: a race of
@@ -301,18 +297,21 @@ def test_whether_a_first_item_goes_ahead_is_decided_once() -> None:
 def test_a_workers_direct_batches_start_in_the_order_they_were_sent() -> None:
     # Two requests over two connections can reach the worker in either order; the worker
     # starts them as numbered, and never waits long for one that does not come.
-    async def arrive(order: served._Order, started: list[int], sender: str, number: int) -> None:
+    async def arrive(order: Order, started: list[int], sender: str, number: int) -> None:
         await order.turn(sender, number)
         started.append(number)
         order.started(sender, number)
 
     async def scenario() -> tuple[list[int], list[int], float]:
-        order, started = served._Order(), []
+        order, started = Order(), []
         later = asyncio.ensure_future(arrive(order, started, "run", 1))  # number 1 comes first
         for _ in range(5):  # let it run as far as it can
             await asyncio.sleep(0)
         assert started == []  # it waits for number 0
         await arrive(order, started, "run", 0)
+        for _ in range(5):  # number 0's start wakes number 1 at once, long before GAP_S
+            await asyncio.sleep(0)
+        assert started == [0, 1]
         await later
         # Another sender's line is its own; a lost predecessor costs at most GAP_S.
         lone: list[int] = []
@@ -322,4 +321,4 @@ def test_a_workers_direct_batches_start_in_the_order_they_were_sent() -> None:
 
     started, lone, waited = asyncio.run(scenario())
     assert started == [0, 1]
-    assert lone == [3] and served.GAP_S * 0.9 <= waited < 5
+    assert lone == [3] and GAP_S * 0.9 <= waited < 5

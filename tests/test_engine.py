@@ -33,7 +33,7 @@ def _tag() -> str:
 def test_the_first_result_arrives_while_every_other_item_is_still_blocked(
     cluster: Any, direct: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Sent to a worker directly, the first batch sends item 0 ahead (`worker/direct.py`); as a
+    # Sent to a worker directly, the first batch sends item 0 ahead (`worker.serve`); as a
     # Dask task, it is item 0 alone.
     monkeypatch.setitem(dask.config.config["nbcluster"]["distribute"], "direct", direct)
     tag = _tag()
@@ -78,7 +78,7 @@ def test_a_stop_keeps_every_finished_item_and_starts_nothing_new(cluster: Any) -
         # batch then returns its 4 finished items instead of going on to item 4 / 14.
         run_id = res.run_id
 
-        def told() -> bool:  # on a worker: the run's stop token reached it (`worker.stop_run`)
+        def told() -> bool:  # on a worker: the run's stop token reached it (`worker.context.stop_run`)
             from nbcluster.worker import context
 
             return any(t.startswith(f"{run_id}-") for t in context._STOPPED)

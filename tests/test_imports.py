@@ -65,7 +65,7 @@ ALLOWED_LOCAL: dict[tuple[str, str], str] = {
         "a trial item's task key: _compat imports Dask's distributed, which the worker package must not need to load"
     ),
     ("nbcluster.worker", "nbcluster._compat"): (
-        "the worker package loads without Dask's Client (_compat imports it); only a cancel check needs it"
+        "the worker package loads without Dask's Client (_compat imports it): a cancel check and a direct batch need it"
     ),
 }
 

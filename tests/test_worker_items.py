@@ -13,7 +13,8 @@ import pytest
 
 from nbcluster import worker
 from nbcluster.run.cell import Cell
-from nbcluster.worker import Context, run_items, stop_run
+from nbcluster.worker import Context, run_items
+from nbcluster.worker.context import stop_run
 
 
 def context(

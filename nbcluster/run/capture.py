@@ -59,7 +59,7 @@ from nbcluster.errors import BadArgument
 from nbcluster.persist import handles
 from nbcluster.run.cell import Cell, Plan, human
 from nbcluster.run.tracebacks import ItemError
-from nbcluster.worker.context import cell_value
+from nbcluster.worker.context import cell_value, pin
 
 LARGE = 1_000_000  # bytes of pickle above which a value is shipped once per worker
 PIN_WAIT_S = 5.0
@@ -487,7 +487,7 @@ class Shipments:
 
 
 def pin_soon(client: Any, future: Any, size: int, wait: float = PIN_WAIT_S) -> None:
-    """Have the workers holding a just-scattered value keep it (`worker.pin`).
+    """Have the workers holding a just-scattered value keep it (`worker.context.pin`).
 
     broadcast put a copy on every worker; pinning it before Dask's memory manager drops
     the "extra" replicas (every 2 s) saves each worker a later fetch. It is only that, a
@@ -512,7 +512,7 @@ def pin_soon(client: Any, future: Any, size: int, wait: float = PIN_WAIT_S) -> N
         try:
             holders = client.who_has([future]).get(future.key, ())
             if holders:
-                client.run(worker.pin, [(future.key, size)], workers=list(holders), on_error="ignore")
+                client.run(pin, [(future.key, size)], workers=list(holders), on_error="ignore")
         except Exception:  # the client closed meanwhile: nothing to save any more
             pass
 

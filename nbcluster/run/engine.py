@@ -33,7 +33,7 @@ most `PERSIST_AHEAD` per thread ahead), placed where its inputs are.
 
 Stopping (`cancel`: Ctrl-C in the waiting cell, or `Results.cancel()`) keeps finished work.
 Nothing more is submitted; every worker is told the start's stop token
-(`worker.stop_run`), so each running batch returns after its current item with the items
+(`worker.context.stop_run`), so each running batch returns after its current item with the items
 it finished, and batches still queued return at once. The kernel waits for those
 (``distribute.cancel-grace``, 2 s, at most) and delivers them; whatever is still out after
 that is cancelled on the scheduler, and its items count as cancelled. Each start (the
@@ -107,7 +107,7 @@ class Engine:
         self.state = RunState(len(job.plan))
         self.shipment = Shipment(run_id)  # the context and large values sent to the cluster
         self.transport = Transport(run_id)  # the batches out, and how they go and come back
-        self.token = ""  # this start's stop token (see worker.stop_run)
+        self.token = ""  # this start's stop token (see worker.context.stop_run)
         self.journal: Writer | None = None  # every delivered batch is appended (`journal/store.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
         self._told: int | None = 0  # items the last backlog report held back; None: not taken
@@ -660,7 +660,7 @@ def _driving(target: Any, indices: Sequence[int], driven: threading.Event, watch
 def _tell_workers(client: Any, token: str) -> None:
     # If the cluster is gone, the scheduler-side cancel is all that is left to do.
     with contextlib.suppress(Exception):
-        client.run(worker.stop_run, token, on_error="return")
+        client.run(worker.context.stop_run, token, on_error="return")
 
 
 def _not_rescheduling(record: logging.LogRecord) -> bool:

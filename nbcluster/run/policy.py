@@ -17,7 +17,7 @@ Policy
   1. *Probes.* Until an item time is measured, the first batch is one item alone, so the
      first result arrives one item's time after the start whatever the others do. (A batch
      sent to a worker directly sends its first item's result ahead of the rest,
-     `worker/direct.py`, so the engine sets `Batcher.alone_first` off for it.) Then one probe
+     `worker.FirstAhead`, so the engine sets `Batcher.alone_first` off for it.) Then one probe
      per thread shares out the rest, at most `PROBE_ITEMS` each (a range's items cost
      nothing to send, so there the whole share); behind a first item sent alone, one share
      more waits in the backlog for the thread that ran that item, free first. A probe's

@@ -29,7 +29,7 @@ way back: 4 to 5 ms here for a task that does nothing, the whole cost of a small
 request from the kernel to a worker over the client's own connection pool (TLS, the
 cluster's credentials) answers in 0.3 to 0.5 ms. So for the first `distribute.direct`
 seconds of a run (0.5 s), `send_direct` sends each batch straight to a worker, which runs it
-in the thread pool its tasks run in (`worker/direct.py`) and answers with the same result
+in the thread pool its tasks run in (`worker/__init__.py`) and answers with the same result
 blob a task returns. A small cell, 20,000 tiny items, a million of them: all of it is over
 within that half-second, in a few direct round trips. A longer run goes on through the
 scheduler after that, where Dask's dashboard, its work stealing and adaptive scaling see its
@@ -38,7 +38,7 @@ batches as they always did.
 - The first batch. A run's first result must come one item's time after its start, whatever
   the items behind it do. Through the scheduler, the first batch is that item alone; sent
   directly, it is a probe like the others, and its worker sends the first item's result
-  ahead of the answer when the batch goes on (`worker/direct.py`), on the same connection
+  ahead of the answer when the batch goes on (`worker/__init__.py`), on the same connection
   (`_compat.worker_exchange`): `completions` gives it as a `Call` of its own (``of`` the
   batch), before the batch's answer, which leaves that item out.
 - Which workers. Only a run whose items fit every worker goes direct (one with ``--gpus`` or
@@ -50,7 +50,7 @@ batches as they always did.
   in the same top-up (and each of those workers then gets one direct batch per thread, not
   `in-flight`: a batch that would wait on a busy worker goes to an idle one through the
   scheduler instead). A worker is asked once per client to serve direct batches
-  (`worker.direct.install`, through Dask's ``run`` request); one that cannot (nbcluster
+  (`worker.serve`, through Dask's ``run`` request); one that cannot (nbcluster
   missing there, another nbcluster version) is remembered and gets Dask tasks only.
 - When it goes wrong, the batch goes through the scheduler instead, and the start sends
   every later batch that way (`take` says it came back unrun): the worker refused it (paused
@@ -81,7 +81,7 @@ keeps them as arguments Dask sees: ``dask.utils.apply(loader, [*deps])``, ``load
 task loading the function with its other arguments.
 
 What goes before the first batch (`Shipment`). The run's context (the cell or function and
-what it captured) travels inline in every batch when small (up to `worker.INLINE_CONTEXT`
+what it captured) travels inline in every batch when small (up to `worker.context.INLINE_CONTEXT`
 bytes), else is scattered once to every worker and pinned there; large captured values are
 scattered once per kernel (`capture.shipments`). A scattered value every holder of which
 died is sent again (`Shipment.reship`) to the worker that asked, which is alive, at most
@@ -114,7 +114,7 @@ from nbcluster.errors import ClusterUnreachable
 from nbcluster.persist.handles import outcome
 from nbcluster.run.capture import pin_soon, shipments
 from nbcluster.run.target import Link, Needs
-from nbcluster.worker import direct as served
+from nbcluster.worker import HANDLER, VERSION, refusal, serve
 
 if TYPE_CHECKING:  # the job imports persisted handles, which import `outcome` from here
     from nbcluster.run.capture import Job
@@ -355,7 +355,7 @@ class Transport:
         """
         with self.lock:
             if isinstance(future, Call) and future.of is not None:
-                # The first item of a batch still out (`worker/direct.py`): a batch of its own
+                # The first item of a batch still out (`worker/__init__.py`): a batch of its own
                 # now; the batch's answer leaves it out.
                 whole = self.pending.get(future.of)
                 if whole is None:
@@ -495,7 +495,7 @@ class Call:
         See `status`.
     of : Call or None
         For the first item of a run's first batch, sent ahead of its answer
-        (`worker/direct.py`): the batch it came from; None for a batch's answer.
+        (`worker/__init__.py`): the batch it came from; None for a batch's answer.
     """
 
     __slots__ = ("answer", "client", "key", "of", "sent", "status", "worker")
@@ -533,7 +533,7 @@ class _Direct:
         self.stopped = False  # set by the transport after a failed call: the rest are Dask tasks
         self._lock = threading.Lock()  # `out`: the driver sends, the client's loop answers
         self._held: list[tuple[Call, dict[str, Any], bool]] = []  # sent, not yet started
-        # Each worker starts this start's batches in the order they were sent (`worker/direct.py`).
+        # Each worker starts this start's batches in the order they were sent (`worker/__init__.py`).
         self.sender = uuid.uuid4().hex
         self._numbered = dict.fromkeys(chosen, 0)
 
@@ -565,7 +565,7 @@ class _Direct:
         context, blob, token
             As a batch's task takes them (`worker.run_batch`).
         first : bool
-            The run's first batch: a worker still running it after `worker.direct.AHEAD_S`
+            The run's first batch: a worker still running it after `worker.AHEAD_S`
             sends its first item ahead, which reaches the completions as a `Call` of its own
             (``of`` this one) before this one's answer, which then leaves that item out.
 
@@ -609,8 +609,8 @@ class _Direct:
         if not serves:
             return {"refused": "it cannot serve direct batches"}
         if not first:
-            return await worker_call(self.client, call.worker, served.HANDLER, **args)
-        message = {"op": served.HANDLER, "reply": True, "first": True, **args}
+            return await worker_call(self.client, call.worker, HANDLER, **args)
+        message = {"op": HANDLER, "reply": True, "first": True, **args}
         return await worker_exchange(self.client, call.worker, message, functools.partial(self._ahead, call))
 
     def _ahead(self, call: Call, blob: bytes) -> None:
@@ -627,7 +627,7 @@ class _Direct:
         except BaseException as e:  # the request broke, or was given up (`abandon_lost`)
             call.status, call.answer = "error", e
         else:
-            refused = served.refusal(answer)
+            refused = refusal(answer)
             call.status, call.answer = ("finished", answer) if refused is None else ("error", refused)
         self.completions.put(call)
 
@@ -635,7 +635,7 @@ class _Direct:
 async def _install(client: Any, worker: str) -> bool:
     """Whether `worker` now serves direct batches of this nbcluster's `VERSION`."""
     try:
-        return bool(await run_on_worker(client, worker, served.install) == served.VERSION)
+        return bool(await run_on_worker(client, worker, serve) == VERSION)
     except Exception:
         return False
 
@@ -812,7 +812,7 @@ class Shipment:
         try:
             large, notes = shipments(client).ship(client, job.capture.large)
             self._blob = job.for_workers(large)
-            inline = len(self._blob) <= worker.INLINE_CONTEXT
+            inline = len(self._blob) <= worker.context.INLINE_CONTEXT
             if not inline:
                 self._future = self._scatter(client)
         except (OSError, TimeoutError) as e:

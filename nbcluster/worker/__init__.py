@@ -2,18 +2,18 @@
 
 What is where: this module runs a batch, from the Dask task to the result blob: its items,
 in chunks (`run_items`), their prints and `display()`s (`install`) and the blob's pickling
-(`dump_result`). Beside it, each with one purpose: `context.py`, the cell's context loaded
-once per worker, the large values it reads and the runs told to stop; `direct.py`, the
-request that runs a batch without the scheduler; `records.py`, an item's exception as a
+(`dump_result`), and the request that runs a batch without the scheduler (`serve`, below).
+Beside it, each with one purpose: `context.py`, the cell's context loaded once per worker,
+the large values it reads and the runs told to stop; `records.py`, an item's exception as a
 record; `held.py`, `--persist`. The other strategies' items: `trial.py` and `checkpoint.py`
 (`--trials`), `rank.py` (`--ranks`); `local.py` keeps a value per worker process, on purpose.
 
 **The task.** A Dask task is `run_batch((context_key, inline_context), batch, token)`, with
 no Dask dependencies at all, so the scheduler treats every batch as a root task and hands
 them out from its queue to whichever thread is free. The kernel sends three functions of
-this package, pickled by reference (`run_batch`; `stop_run` and `pin`, from `context.py`):
+this package, pickled by reference (`run_batch`; `context.stop_run` and `context.pin`):
 keep their names. A run's first batches come as a request to the worker itself instead
-(`direct.py`), which runs the same `run_blob` in the same thread pool, without the
+("Direct batches", below), which runs the same `run_blob` in the same thread pool, without the
 scheduler, and sends its first item's result ahead when the batch goes on. One batch's path:
 `run_batch` -> `run` -> `context.load`/`fetch` -> `run_items` -> `dump_result`.
 
@@ -64,6 +64,54 @@ is free again one item later (Dask cannot stop a running thread, and cancelling 
 the scheduler would throw the finished items away). A batch whose Dask task was cancelled
 outright also stops, checked every `CHECK_S`.
 
+**Direct batches.** A batch that goes through Dask crosses the scheduler twice (kernel to
+scheduler to worker, and the result's way back): 4 to 5 ms here for a task that does
+nothing, against 0.3 to 0.5 ms for a request the kernel sends a worker over the same TLS
+connection pool. So a run's short batches, the first ones of every run (`engine.py`, "Direct
+batches"), go straight to a worker: the request ``nbcluster_run_batch`` (`HANDLER`) runs the
+batch in the worker's own thread pool, the one its Dask tasks run in (so it never runs more
+at once than the worker has threads: a direct batch queues behind a running task, as a task
+would), and answers with the result blob `run_batch` would have returned.
+
+The handler is not part of Dask: `serve`, run once per worker through Dask's own ``run``
+request (`Client.run`'s, which every worker serves), adds it. A worker that cannot import
+nbcluster answers that request with its error, and the kernel sends that worker's batches
+through the scheduler, where they fail with one line (`run/transport.py`, `task`).
+
+What a direct batch does not do, and why that is safe:
+- The scheduler does not see it as a task. The run's live view still draws it: the worker
+  reports each one as a Dask event (`_wire.DIRECT_TOPIC`), which nbcluster's metrics plugin
+  records as a task of the run. Dask's own dashboard does not, which is why only a run's
+  first half-second goes direct.
+- A worker that is not running (paused past its memory limit, closing) refuses it
+  (``{"refused": why}``), and the kernel sends the batch through the scheduler instead,
+  which holds it until the worker can take it.
+- A worker that dies under it breaks the request; the kernel sends its items again through
+  the scheduler, once, as Dask would have.
+
+**The first item goes ahead.** A run's first result should arrive one item's time after its
+start, whatever the other items do (an item that blocks, or takes an hour, right behind the
+first). So a run's first direct batch says ``first``: the handler then takes the request's
+connection (Dask passes it to a handler whose first argument is ``comm``). A batch that ends
+within `AHEAD_S` of its arrival answers once, as any batch: every small cell does. When it
+is still going by then, and its first item has finished (or when that item finishes later),
+the worker writes the first item's result on that connection, ahead of the answer
+(``{"first": blob}``), and leaves that item out of the answer. The kernel reads both on that
+one connection, so the first always arrives before the rest (`run/transport.py`). No item is
+sent twice or left out: whether the first went ahead is decided once, under a lock, by
+whichever of the two comes first, the batch's end (in its thread) or the deadline (in the
+event loop). A first item that went ahead and a worker that then dies: the kernel delivered
+the first, and sends the rest again, as it would for any broken batch.
+
+In the order sent. The kernel sends a worker's direct batches as concurrent requests, each
+over a connection of its pool, and two of them can reach the worker in either order (the
+second's connection may be the one already open). Run out of order, an item could wait
+behind a later one: a slow or blocked item 3 holding the worker's one thread while item 1,
+sent first, waits. So each request carries its sender (one start of one run) and its number
+among that sender's batches to this worker, and `Order` starts them in that order. A batch
+whose predecessor has not come within `GAP_S` starts anyway: order is worth a wait that
+short, never a hang on a request that broke on its way.
+
 **Output.** `sys.stdout`/`sys.stderr` are wrapped once per process (`install`) by a stream
 that sends writes to the running item's buffer when the writing thread runs items, and to
 the real stream otherwise: with several threads per worker, each item sees only its own
@@ -78,6 +126,7 @@ a worker needs cloudpickle and Dask, and loads no kernel-side module
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import copy
@@ -88,35 +137,21 @@ import pickle
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from types import FunctionType
-from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import cloudpickle
 
-from nbcluster._wire import PUSHED_TOPIC, Pushed
+from nbcluster._wire import DIRECT_TOPIC, PUSHED_TOPIC, DirectRecord, Pushed
 from nbcluster.errors import Lost
 from nbcluster.worker import trial
-from nbcluster.worker.context import (
-    INLINE_CONTEXT,
-    Context,
-    Copy,
-    fetch,
-    load,
-    pin,
-    ran_on,
-    read_only_error,
-    running,
-    stop_run,
-    stopped_run,
-)
+from nbcluster.worker.context import Context, Copy, fetch, load, ran_on, read_only_error, running, stopped_run
 from nbcluster.worker.records import ErrorRecord, error_record
 
-if TYPE_CHECKING:
-    from nbcluster.worker.direct import FirstAhead
-
-__all__ = ["INLINE_CONTEXT", "Context", "ErrorRecord", "Slot", "display", "dump_result", "error_record", "install",
-           "pin", "push", "run_batch", "run_blob", "run_items", "stop_run"]  # fmt: skip
+__all__ = ["HANDLER", "VERSION", "Context", "ErrorRecord", "FirstAhead", "Order", "Slot", "display", "dump_result",
+           "error_record", "install", "push", "refusal", "run_batch", "run_blob", "run_items", "serve"]  # fmt: skip
 
 #: Blobs larger than this (bytes) are not pushed, only gathered: the scheduler keeps a topic's
 #: last events (`distributed.admin.low-level-log-length`), and these must stay small there.
@@ -125,6 +160,14 @@ CHUNK_S = 0.002  # seconds a chunk aims at: how long a stop or a spent budget ma
 CHECK_S = 0.05  # how often a running batch asks whether its Dask task was cancelled
 LIMIT = 64 * 1024  # output characters kept per item and stream
 CUT = "\n... (output truncated)\n"
+#: The request a worker serves once `serve` ran there.
+HANDLER = "nbcluster_run_batch"
+#: Bumped when the request's arguments or answer change: a kernel only sends batches to a
+#: worker that serves the same version.
+VERSION = 3
+GAP_S = 0.5  # how long a direct batch waits for the one its sender sent this worker before it
+MAX_SENDERS = 64  # senders whose order a worker keeps (the oldest are forgotten: their runs are over)
+AHEAD_S = 0.005  # a first batch still running this long after its arrival sends its first item ahead
 _thread = threading.local()  # `ended`: (stop token, perf_counter) at the end of the thread's last batch
 
 
@@ -163,8 +206,8 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
 
 def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None = None, ahead: FirstAhead | None = None,
              deps: tuple[Any, ...] = (), names: dict[str, int] | None = None) -> bytes:  # fmt: skip
-    """`run_batch` without the push: what a batch sent to the worker directly runs
-    (`direct.py`); `held.py` and `rank.py` push their own results.
+    """`run_batch` without the push: what a direct batch runs (`serve`); `held.py` and
+    `rank.py` push their own results.
 
     The result says how long this thread waited since it ended its last batch of the same
     run (``idle``, for the batch sizing in `run/policy.py`).
@@ -179,7 +222,7 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
         The run's stop token.
     ahead : FirstAhead, optional
         A run's first direct batch: told when its first item ended, it may send that item
-        ahead of the rest, which the result then leaves out (`direct.py`).
+        ahead of the rest, which the result then leaves out (`FirstAhead`).
     deps : tuple
         The values of the handles the batch reads, for its `Slot`s.
     names : dict of str to int, optional
@@ -296,9 +339,9 @@ def current_task() -> tuple[Any, str] | None:
     tuple of (distributed.Worker, str) or None
         None also where a test calls a task's function directly.
     """
-    try:
-        from distributed import get_worker
+    from distributed import get_worker
 
+    try:
         dask_worker = get_worker()
     except ValueError:
         return None
@@ -336,7 +379,7 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
         Seconds after which no further chunk is started; None runs them all.
     first : callable, optional
         Called with the first item's result (`first_of`) once it ended, before the next item
-        starts: a run's first direct batch may send it ahead of the rest (`direct.py`).
+        starts: a run's first direct batch may send it ahead of the rest (`FirstAhead`).
 
     Returns
     -------
@@ -352,7 +395,6 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
         Ctrl-C in the kernel during ``--local``: it stops the cell rather than fail one item.
     """
     run, todo = _plan(context, *context.shared(large_values), indices, items, token)
-    read_only = tuple(sorted(context.sharing.arrays))
     values: list[Any] = []  # appended in order: its length is the running item's position
     errors: dict[int, ErrorRecord] = {}
     outputs: dict[int, list[list[Any]]] = {}  # item index -> chunks
@@ -370,13 +412,10 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
                     break
                 except KeyboardInterrupt:
                     raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
-                except _Stopped:
-                    stopped = True
-                    break
                 except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
-                    errors[len(values)] = error_record(read_only_error(e, read_only))
+                    errors[len(values)] = error_record(read_only_error(e, tuple(sorted(context.sharing.arrays))))
                     values.append(None)
-            if stopped:
+            if len(values) == before:  # told to stop before the chunk's first item
                 break
             now = time.perf_counter()
             if first is not None:  # the first chunk is the first item alone
@@ -408,17 +447,14 @@ def _plan(c: Context, base: dict[str, Any], copies: list[Copy], indices: Any, it
             return FunctionType(c.code.expression, base), items
 
     def step(item: Any, index: int) -> Any:
-        if stopped_run(token):  # beside a namespace per item this costs little: checked per item
-            raise _Stopped
         if c.trial is not None:
             return trial.run_item(c.trial, index, token, lambda: _one_item(c, base, copies, item, index))
         return _one_item(c, base, copies, item, index)
 
-    return lambda chunk, values: values.extend(itertools.starmap(step, chunk)), zip(items, indices, strict=True)
+    def run(chunk: Iterator[Any], values: list[Any]) -> None:  # checked per item: a stopped run starts no further one
+        values.extend(itertools.starmap(step, itertools.takewhile(lambda _: not stopped_run(token), chunk)))
 
-
-class _Stopped(Exception):
-    """Raised by the general path's step, before its item, when the run was told to stop."""
+    return run, zip(items, indices, strict=True)
 
 
 def _one_item(c: Context, base: dict[str, Any], copies: list[Copy], item: Any, index: int) -> Any:
@@ -542,8 +578,8 @@ def dump_result(result: dict[str, Any]) -> bytes:
     -------
     bytes
         `result` cloudpickled. A value that cannot be pickled is replaced by None and its item
-        fails with a `TypeError` saying why; an exception that cannot be pickled travels as
-        its traceback only (``"exception"`` None).
+        fails with a `TypeError` saying why (an exception that cannot be pickled travels as
+        its traceback only: `error_record`).
 
     Examples
     --------
@@ -566,24 +602,17 @@ def dump_result(result: dict[str, Any]) -> bytes:
             values[j] = None
             why = f"the item's result cannot be sent back to the kernel: {type(e).__name__}: {e}"
             result["errors"][j] = error_record(TypeError(why))
-    for record in result.get("errors", {}).values():
-        try:
-            cloudpickle.dumps(record)
-        except Exception:
-            record["exception"] = None
     return cloudpickle.dumps(result)
 
 
-def _cancelled() -> bool:
-    """True when this thread's Dask task was cancelled (False outside Dask, or when asking fails)."""
-    try:
-        from nbcluster._compat import running_task_key, worker_task
 
-        key = running_task_key()
-        ts = None if key is None else worker_task(key)
-        return key is not None and (ts is None or ts.state in ("cancelled", "released", "forgotten"))
-    except Exception:
-        return False
+def _cancelled() -> bool:
+    """True when this thread's Dask task was cancelled (False outside a task: `--local`, a direct batch)."""
+    from nbcluster._compat import running_task_key, worker_task
+
+    key = running_task_key()
+    ts = None if key is None else worker_task(key)
+    return key is not None and (ts is None or ts.state in ("cancelled", "released", "forgotten"))
 
 
 # -- output --------------------------------------------------------------------------------
@@ -594,7 +623,7 @@ def _chunks(outputs: dict[int, list[list[Any]]]) -> list[list[Any]]:
 
 
 class _ItemStream(io.TextIOBase):
-    """Writes go to the running item's buffer in this thread, else to the real stream."""
+    """Writes go to the running item's buffer in this thread, else to the real stream (never a tty)."""
 
     def __init__(self, name: str, real: TextIO):
         self.name_, self.real = name, real
@@ -603,13 +632,11 @@ class _ItemStream(io.TextIOBase):
         if (outputs := running.outputs) is None:
             return self.real.write(text)
         chunks = _chunks(outputs)
-        if chunks and chunks[-1][0] == self.name_:
-            if len(chunks[-1][1]) <= LIMIT:  # a longer one was cut already: it takes no more
-                chunks[-1][1] += text
-        else:
-            chunks.append([self.name_, text])
-        if len(chunks[-1][1]) > LIMIT:  # cut, and say so, whether one write or many got here
-            chunks[-1][1] = chunks[-1][1][:LIMIT] + CUT
+        if not chunks or chunks[-1][0] != self.name_:
+            chunks.append([self.name_, ""])
+        if len(chunks[-1][1]) <= LIMIT:  # a longer one was cut already: it takes no more
+            full = chunks[-1][1] + text  # cut, and say so, whether one write or many got here
+            chunks[-1][1] = full if len(full) <= LIMIT else full[:LIMIT] + CUT
         return len(text)
 
     def flush(self) -> None:
@@ -618,9 +645,6 @@ class _ItemStream(io.TextIOBase):
 
     def writable(self) -> bool:
         return True
-
-    def isatty(self) -> bool:
-        return False
 
     @property
     def encoding(self) -> str:  # type: ignore[override]  # TextIOBase declares a plain attribute
@@ -683,3 +707,199 @@ def _mimebundle(obj: Any) -> dict[str, Any]:
         return {"text/plain": repr(obj)}
     except Exception:
         return {"text/plain": f"<unprintable {type(obj).__name__}>"}
+
+
+# -- direct batches ------------------------------------------------------------------------
+class Order:
+    """Starts each sender's direct batches in the order it numbered them (module docstring).
+
+    One per worker, in its event loop: a request waits its `turn`, and says when it `started`.
+    """
+
+    def __init__(self) -> None:
+        self._next: OrderedDict[str, int] = OrderedDict()  # sender -> the number to start next
+        self._waiting: dict[tuple[str, int], asyncio.Future[None]] = {}
+
+    async def turn(self, sender: str, number: int) -> None:
+        """Wait until the batches `sender` numbered before `number` started, or `GAP_S` went by.
+
+        Parameters
+        ----------
+        sender : str
+            One start of one run, in one kernel.
+        number : int
+            The batch's number among that sender's batches to this worker, from 0.
+        """
+        if number <= self._next.setdefault(sender, 0):
+            return
+        if len(self._next) > MAX_SENDERS:
+            self._next.popitem(last=False)
+        waiter = self._waiting[sender, number] = asyncio.get_running_loop().create_future()
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(waiter, GAP_S)
+        finally:
+            self._waiting.pop((sender, number), None)
+
+    def started(self, sender: str, number: int) -> None:
+        """Batch `number` of `sender` is in the thread pool's queue: wake the next one.
+
+        Parameters
+        ----------
+        sender : str
+            As for `turn`.
+        number : int
+            As for `turn`.
+        """
+        following = self._next[sender] = max(self._next.get(sender, 0), number + 1)
+        waiter = self._waiting.get((sender, following))
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+class FirstAhead:
+    """Whether, and when, one batch's first item goes ahead of its answer (module docstring).
+
+    Made in the worker's event loop by the request handler; `ran` is called from the pool's
+    thread when the first item ends, `close` from it when the batch ends, `due` from the
+    loop `AHEAD_S` after the start.
+
+    Parameters
+    ----------
+    encode : callable
+        The message that carries the first item's result (as `run_items` returns one).
+        Called once it is decided to send it: if it raises, the first item is not sent
+        ahead and stays in the answer.
+    write : callable
+        Sends a message on the request's connection (``comm.write``); called in the event
+        loop, it returns an awaitable.
+    loop : asyncio.AbstractEventLoop
+        The worker's event loop.
+    """
+
+    def __init__(self, encode: Any, write: Any, loop: asyncio.AbstractEventLoop):
+        self._encode, self._write, self._loop = encode, write, loop
+        self._lock = threading.Lock()
+        self._first: dict[str, Any] | None = None  # the first item's result, once it ended
+        self._due = False
+        self._state = "open"  # "sent": the first item goes ahead; "closed": the batch ended first
+        self.written: asyncio.Future[Any] | None = None  # the ahead write, for the answer to wait on
+        self.seconds = 0.0  # the first item's time, which the answer then leaves out
+
+    def ran(self, first: dict[str, Any]) -> None:
+        """The first item ended (in the pool's thread): its result, as `run_items` returns one.
+
+        Parameters
+        ----------
+        first : dict
+            ``values``, ``errors``, ``outputs``, ``count`` (1) and ``seconds`` of that item.
+        """
+        if (message := self._decide(first=first)) is not None:
+            self._loop.call_soon_threadsafe(self._send, message)
+
+    def due(self) -> None:
+        """`AHEAD_S` after the batch started (in the event loop): send the first if it ended."""
+        if (message := self._decide(due=True)) is not None:
+            self._send(message)
+
+    def close(self) -> bool:
+        """The batch ended (in the pool's thread): whether its first item went ahead.
+
+        Returns
+        -------
+        bool
+            True when the answer must leave the first item out.
+        """
+        with self._lock:
+            self._state = "closed" if self._state == "open" else self._state
+            return self._state == "sent"
+
+    def _decide(self, first: dict[str, Any] | None = None, due: bool = False) -> Any:
+        # The first item goes ahead once it ended and is due, unless the batch ended first.
+        # Encoded under the lock, so that one that cannot be is simply left in the answer.
+        with self._lock:
+            self._first, self._due = first or self._first, due or self._due
+            if self._state != "open" or not self._due or self._first is None:
+                return None
+            try:
+                message = self._encode(self._first)
+            except Exception:
+                self._state = "closed"
+                return None
+            self._state, self.seconds = "sent", float(self._first["seconds"])
+            return message
+
+    def _send(self, message: Any) -> None:
+        self.written = asyncio.ensure_future(self._write(message))
+
+
+def serve(dask_worker: Any) -> int:
+    """Serve `HANDLER` on this worker from now on (run by the kernel through ``Client.run``'s request).
+
+    The handler runs one batch in the worker's thread pool and answers its result blob, or
+    ``{"refused": reason}`` when this worker takes no work now (module docstring).
+
+    Parameters
+    ----------
+    dask_worker : distributed.Worker
+        The worker, as Dask's ``run`` request passes it.
+
+    Returns
+    -------
+    int
+        `VERSION`: the kernel sends direct batches only to a worker that answers its own.
+    """
+    from nbcluster._compat import as_worker, worker_accepts_work
+
+    # One order per worker, kept when another kernel's client installs the handler again.
+    order = dask_worker._nbcluster_direct_order = getattr(dask_worker, "_nbcluster_direct_order", None) or Order()
+
+    def in_pool(key: str, *args: Any) -> bytes:
+        # The item's code may ask `distributed.get_worker()` (and a large value's fetch does):
+        # the pool's thread runs it as this worker's, as it would a task.
+        with as_worker(dask_worker, key):
+            return run_blob(*args)
+
+    # A function, not a `functools.partial`: Dask logs each handler by its `__name__`. Its
+    # first argument is named `comm`, so Dask passes the request's connection. `key` is the
+    # batch's name as its Dask key would be (``distribute-<run id>-<n>``): the live view
+    # draws it by that name.
+    async def nbcluster_run_batch(comm: Any, key: str, context: tuple[str, bytes | None], batch: bytes, token: str,
+                                  sender: str, number: int, first: bool = False) -> Any:  # fmt: skip
+        await order.turn(sender, number)
+        loop = asyncio.get_running_loop()
+        try:
+            if (refused := worker_accepts_work(dask_worker)) is not None:
+                return {"refused": refused}
+            ahead = FirstAhead(lambda result: {"first": dump_result(result)}, comm.write, loop) if first else None
+            start = time.time()
+            # Queued in the pool by this call itself, before the sender's next batch may start.
+            running = loop.run_in_executor(dask_worker.executors["default"], in_pool, key, context, batch, token, ahead)
+        finally:
+            order.started(sender, number)
+        # From the request's arrival: a batch that queued behind another is late already, and
+        # its first item goes ahead as soon as it ends. Due after the batch ended, it does nothing.
+        if ahead is not None:
+            loop.call_later(AHEAD_S, ahead.due)
+        blob = await running
+        if ahead is not None and ahead.written is not None:
+            await ahead.written  # the first item before the rest, on the same connection
+        dask_worker.log_event(DIRECT_TOPIC, DirectRecord(key=key, start=start, stop=time.time()))
+        return blob
+
+    dask_worker.handlers[HANDLER] = nbcluster_run_batch
+    return VERSION
+
+
+def refusal(answer: Any) -> str | None:
+    """Why a worker refused a direct batch, or None when `answer` is a result blob.
+
+    Parameters
+    ----------
+    answer : Any
+        What the worker answered.
+
+    Returns
+    -------
+    str or None
+        The reason (``"paused"``, ``"closing"``...).
+    """
+    return str(answer.get("refused", "an unexpected answer")) if isinstance(answer, dict) else None

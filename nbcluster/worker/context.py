@@ -36,7 +36,9 @@ without an import cycle.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import concurrent.futures
 import contextlib
 import functools
 import importlib
@@ -171,8 +173,6 @@ class Context:
         """
         s, namespace = self.sharing, self.namespace
         copies: list[Copy] = [] if s.fresh is None else [functools.partial(pickle.loads, s.fresh)]
-        if not large_values:
-            return namespace, copies
         namespace, copied, lazy = dict(namespace), dict[str, Any](), dict[str, Any]()
         for (name, _, _), value in zip(s.large, large_values, strict=True):
             if name in s.read_only and isinstance(value, FunctionType):
@@ -340,8 +340,7 @@ def freeze(fn: Any) -> list[str]:
     list of str
         The names the arrays go by in the function's globals or closure.
     """
-    names: list[str] = []
-    todo, seen = [fn], set()
+    names, todo, seen = list[str](), [fn], set[int]()
     while todo:
         f = todo.pop()
         if type(f) is not FunctionType or f.__module__ != "__main__" or id(f) in seen:
@@ -501,9 +500,6 @@ def _from_peer(key: str) -> Any:
     `FETCH_CHECK_S` that someone still holds the key (a slow transfer of a big value is left
     to finish).
     """
-    import asyncio
-    import concurrent.futures
-
     from distributed import Future, get_client
 
     client: Any = get_client()
@@ -595,10 +591,10 @@ def ran_on() -> tuple[str, str] | None:
     tuple of (str, str) or None
         ``(address, name)`` as the scheduler knows the worker.
     """
-    try:
-        from distributed import get_worker
+    from distributed import get_worker
 
+    try:
         worker = get_worker()
-    except Exception:
+    except ValueError:
         return None
-    return worker.address, str(worker.name if worker.name is not None else worker.address)
+    return worker.address, str(worker.name)  # a started worker's name is its address if it has none

@@ -204,11 +204,8 @@ def holdings(dask_scheduler: Any = None) -> dict[str, dict[str, list[int]]]:
     """
     out: dict[str, dict[str, list[int]]] = {}
     for key, ts in dask_scheduler.tasks.items():
-        if not str(key).startswith("persist-") or ts.state != "memory":
-            continue
-        run_id = str(key).split("-")[1]
-        for ws in ts.who_has or ():
-            entry = out.setdefault(ws.address, {}).setdefault(run_id, [0, 0])
-            entry[0] += 1
-            entry[1] += int(ts.nbytes or 0)
+        if str(key).startswith("persist-") and ts.state == "memory":
+            for ws in ts.who_has or ():
+                entry = out.setdefault(ws.address, {}).setdefault(str(key).split("-")[1], [0, 0])
+                entry[0], entry[1] = entry[0] + 1, entry[1] + int(ts.nbytes or 0)
     return out

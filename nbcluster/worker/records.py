@@ -79,10 +79,8 @@ def error_record(e: BaseException, *, frames: bool = True) -> ErrorRecord:
     tb = traceback.TracebackException.from_exception(e, lookup_lines=False)
     types: list[TypeName] = []
     for part in parts(tb):
-        cls = part.exc_type
-        module, qualname = getattr(cls, "__module__", "builtins"), getattr(cls, "__qualname__", "Exception")
-        syntax = isinstance(cls, type) and issubclass(cls, SyntaxError)
-        types.append({"module": module, "qualname": qualname, "syntax": syntax})
+        cls = part.exc_type  # always a class: each part is an exception that was raised
+        types.append({"module": cls.__module__, "qualname": cls.__qualname__, "syntax": issubclass(cls, SyntaxError)})
         part.exc_type = BaseException  # a builtin stand-in; the class travels by name in `types`
         part.stack = traceback.StackSummary.from_list([f for f in part.stack if frames and not _internal(f.filename)])
         notes = getattr(part, "__notes__", None)
@@ -124,6 +122,5 @@ def parts(tb: traceback.TracebackException) -> Iterator[traceback.TracebackExcep
 
 
 def _internal(filename: str) -> bool:
-    if filename.startswith("<"):
-        return False  # a cell's code ("<distribute-...>"), or one compiled by the user
-    return os.path.normcase(os.path.abspath(filename)).startswith(_PACKAGE)
+    # "<...>": a cell's code ("<distribute-...>"), or one compiled by the user
+    return not filename.startswith("<") and os.path.normcase(os.path.abspath(filename)).startswith(_PACKAGE)
