@@ -680,8 +680,7 @@ class _Printer:
             sys.stderr.flush()
 
     def finish(self) -> None:
-        hidden = len(self.shows) - self.shown
-        if hidden:
+        if hidden := len(self.shows) - self.shown:
             end_open_lines()
             ranks = self.results.mode == "ranks"
             what, call, one = ("ranks", "output(rank=r)", "rank r") if ranks else ("items", "output(i)", "item i")
