@@ -251,9 +251,8 @@ class RunState:
             self.span.lost = self.span.halted = self.span.ended = None
             self.finished.clear()
 
-    def deliver(
-        self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError], outputs: dict[int, Any]
-    ) -> None:
+    def deliver(self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError],
+                outputs: dict[int, Any]) -> None:  # fmt: skip
         """Store a batch: `values[j]` is item `indices[j]`'s value, `errors[j]` its failure.
 
         Items no longer pending are skipped, so a batch delivered twice (Dask ran it again
