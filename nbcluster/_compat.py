@@ -9,7 +9,6 @@ check, for one, swallows errors by design).
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,8 +20,9 @@ def workers(client: Client) -> dict[str, dict[str, Any]]:
 
     ``Client.scheduler_info()`` lists at most 5 workers from distributed 2025.4.0 to 2026.6.x
     (distributed#9045, reverted in 2026.7.0): a worker missing from it would be left out of
-    ``--everywhere`` without a word. Those releases take ``n_workers=-1`` for all of them;
-    older ones have no such parameter and list every worker.
+    ``--everywhere`` without a word. And it returns the client's cached identity, which the
+    client's own periodic refresh may overwrite, between the fetch and the return, with one
+    that lists no worker: so the scheduler is asked directly, for all of them.
 
     Parameters
     ----------
@@ -34,11 +34,9 @@ def workers(client: Client) -> dict[str, dict[str, Any]]:
     dict of str to dict
         Each worker's information (``name``, ``nthreads``, ``resources``, ...) by address.
     """
-    if "n_workers" in inspect.signature(client.scheduler_info).parameters:
-        info = client.scheduler_info(n_workers=-1)
-    else:
-        info = client.scheduler_info()
-    return dict(info.get("workers", {}))
+    if client.scheduler is None:  # never connected: it knows no worker
+        return {}
+    return dict(client.sync(client.scheduler.identity, n_workers=-1).get("workers", {}))
 
 
 def set_global_client(client: Client) -> None:

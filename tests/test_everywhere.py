@@ -14,7 +14,7 @@ import time
 
 from IPython.core.interactiveshell import InteractiveShell
 
-from nbcluster import _current
+from nbcluster import _compat, _current
 from nbcluster.run.results import Results
 from tests.shell_helpers import cell, magic
 
@@ -23,7 +23,7 @@ def test_the_item_of_a_worker_that_left_fails_and_the_others_finish(shell: Inter
     magic(shell, "start --workers 2 --threads 1 --name everywhere")
     client = _current.client_for("everywhere")
     client.wait_for_workers(2)
-    busy, free = sorted(client.scheduler_info()["workers"])
+    busy, free = sorted(_compat.workers(client))
     polled = threading.Event()  # never set: a wait between looks at the scheduler
     blocker = client.submit(time.sleep, 60, key="blocker", workers=[busy], pure=False)
     while not client.processing([busy])[busy]:  # its only thread taken: the cell's task will wait

@@ -421,7 +421,7 @@ def dead_kernel_run(cluster, log, n: int = 8, keep: int | None = None, cell: str
                                      client=dead, batch=1)  # fmt: skip
         assert first.ok and len(first) == n
         # Published from the client's loop, not waited for by the run: a kernel killed before
-        # that would leave those items to run again (`handles._Publisher`).
+        # that would leave those items to run again (`handles.publish`).
         assert until(lambda: len(dead.list_datasets()) == n, 30)
     finally:
         dead.close()

@@ -20,7 +20,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 import nbcluster
-from nbcluster import _current
+from nbcluster import _compat, _current
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.errors import BadArgument, HandleGone
 from nbcluster.persist.handles import Handle
@@ -77,7 +77,7 @@ def test_persisted_values_stay_on_the_workers_and_the_kernel_stays_flat(
     handles = [shards[i] for i in range(4)]
     assert all(isinstance(h, Handle) for h in handles)
     holders = pc.client.who_has([h.future for h in handles])
-    names = {a: str(w["name"]) for a, w in pc.client.scheduler_info()["workers"].items()}
+    names = {a: str(w["name"]) for a, w in _compat.workers(pc.client).items()}
     for h in handles:
         [address] = holders[h.key]
         assert repr(h) == f"<on worker {names[address]}: ndarray (12500000,) float64, 100.0 MB>"
@@ -193,7 +193,7 @@ def test_failures_retry_and_everywhere_behave_as_without_persist(
     assert re.fullmatch(r"<on worker cpu-[01]: list len 3, \d+ B>", repr(res[1]))
     cell(shell, "%%distribute --everywhere --persist --into per\nimport os\n{'pid': os.getpid()}")
     per = shell.user_ns["per"]
-    workers = sorted(pc.client.scheduler_info()["workers"])
+    workers = sorted(_compat.workers(pc.client))
     assert len(per) == 2 and sorted(per.params[i]["worker"] for i in range(2)) == workers
     cell(shell, '%%distribute --over "v in per" --into pids\nimport os\n(v["pid"], os.getpid())')
     assert all(mine == theirs for mine, theirs in shell.user_ns["pids"])  # each worker its own value
@@ -219,7 +219,7 @@ def test_a_worker_killed_holding_results_recomputes_them(shell: InteractiveShell
     held = shell.user_ns["held"]
     victim = held[0].future.client.who_has([held[0].future])[held[0].key][0]
     os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
-    until(lambda: victim not in client.scheduler_info()["workers"])
+    until(lambda: victim not in _compat.workers(client))
     assert [int(v[0]) for v in held.gather()] == [0, 1, 2, 3]  # Dask's lineage ran the lost items again
     held[1].release()
     held[3].release()
@@ -255,7 +255,7 @@ def _kill_holder(client: Any, handle: Handle) -> str:
     """SIGKILL the worker holding `handle`'s value; its address, once the scheduler saw it go."""
     victim = str(client.who_has([handle.future])[handle.key][0])
     os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
-    assert until(lambda: victim not in client.scheduler_info()["workers"])
+    assert until(lambda: victim not in _compat.workers(client))
     return victim
 
 

@@ -40,6 +40,16 @@ def test_a_finished_run_iterates_like_a_list() -> None:
     assert list(res) == [0, 1, 2]  # a finished run iterates as a list does
 
 
+def test_iterating_a_run_with_a_failed_item_raises_its_error_there(cluster: Any, capsys: Any) -> None:
+    res = distribute("10 // x", namespace={}, over="x in [5, 0, 2]")
+    seen = []
+    with pytest.raises(ZeroDivisionError):
+        seen.extend(res)  # not a None in its place: the loop stops at the failed item, with its own error
+    assert seen == [2]
+    errors = res.to_pandas()["error"]
+    assert errors.isna().tolist() == [True, False, True] and errors[1] == f"ZeroDivisionError: {res.errors[0].message}"
+
+
 def test_printed_output_of_a_run_without_into_points_at_underscore(cluster: Any, capsys: Any) -> None:
     distribute("print('hello', x)\nx", namespace={}, over="x in range(8)")
     out = capsys.readouterr().out

@@ -87,7 +87,7 @@ class Handle:
         Recipe or None
             The recipe; None when the handle is not published (journaling off) or released.
         """
-        if self._published is None or not self._published.alive or self._future is None:
+        if self._published is None or not self._published.alive:  # not published, or released
             return None
         return {"key": self.key, "dataset": self._dataset, "held": self.held, "params": params}
 
@@ -191,9 +191,7 @@ class Handle:
     def __reduce__(self) -> Any:
         # A handle crossing to a worker inside a blob would hide its key from Dask: runs pass
         # its future as a task dependency instead (`worker/held.py`), so this is a mistake.
-        raise TypeError(
-            "a persisted handle cannot be pickled; %%distribute passes it to the workers itself"
-        )
+        raise TypeError("a persisted handle cannot be pickled; %%distribute passes it to the workers itself")
 
 
 # -- datasets: values that outlive the kernel (journaled runs) ---------------------------------
@@ -672,8 +670,7 @@ def forget_shown(shell: Any) -> None:
         held = type(value) is Handle or (type(value).__name__ == "Results" and getattr(value._control, "persist", False))
         return proxies.setdefault(id(value), weakref.proxy(value)) if held else value
 
-    for n, value in list(out.items()):
-        out[n] = weak(value)
+    out.update({n: weak(value) for n, value in out.items()})
     for ns in (shell.user_ns, shell.user_ns_hidden):
         for name in [k for k in ns if k.startswith("_") and (k.strip("_") == "" or k[1:].isdigit())]:
             ns[name] = weak(ns[name])

@@ -181,7 +181,7 @@ class Results(TrialResults):
             wait = "" if c["cancelled"] else f", `%distribute wait {self._label or 'NAME'}` waits for the rest"
             raise NotReady(f"the run {what} ({self._progress_text()}): .values() lists every value, with None "
                            f"for the missing ones{wait}; .retry() runs what is missing")  # fmt: skip
-        yield from self._state.values if self._state.all_done() else (self[i] for i in range(len(self)))
+        yield from (self[i] for i in range(len(self))) if c["failed"] else self._state.values
 
     # -- reading -------------------------------------------------------------------------
     @property
@@ -199,7 +199,7 @@ class Results(TrialResults):
     @property
     def ok(self) -> bool:
         """Every item finished without an error."""
-        return self._state.all_done()
+        return self._state.status.count(DONE) == len(self)
 
     @property
     def done(self) -> bool:
@@ -317,11 +317,9 @@ class Results(TrialResults):
         except ImportError as e:  # missing, or installed but broken: the error says which
             raise NbclusterError(f"to_pandas() needs pandas, which did not import ({e}): pip install pandas") from None
         with self._state.lock:
-            errors = self._state.errors
+            failed = {e.index: f"{e.type_name}: {e.message}" for e in self.errors}
             rows = [{**self._plan.params(i), "result": value} for i, value in enumerate(self.values())]
-            for i, row in enumerate(rows if errors else []):
-                row["error"] = f"{errors[i].type_name}: {errors[i].message}" if i in errors else None
-        return pd.DataFrame(rows)
+        return pd.DataFrame([{**row, "error": failed.get(i)} for i, row in enumerate(rows)] if failed else rows)
 
     def wait(self, timeout: float | None = None) -> Results:
         """Block until the run has finished, or `timeout` seconds have passed.
@@ -670,21 +668,19 @@ class _Printer:
                 self.current = i
                 described = self.results._plan.describe(i)
                 sys.stdout.write(f"── item {i}{f' ({described})' if described else ''} ──\n")
-            if stream != "display":
-                (sys.stdout if stream == "stdout" else sys.stderr).write(payload)
-            elif shell() is None:  # plain Python: a display()'s text
-                print(payload.get("text/plain", ""))
-            else:
+            if stream == "display" and shell() is not None:
                 from IPython.display import display
 
                 sys.stdout.flush()
                 display(payload, raw=True)
+            else:  # plain Python shows a display()'s text
+                text = f"{payload.get('text/plain', '')}\n" if stream == "display" else payload
+                (sys.stderr if stream == "stderr" else sys.stdout).write(text)
             sys.stdout.flush()
             sys.stderr.flush()
 
     def finish(self) -> None:
-        hidden = len(self.shows) - self.shown
-        if hidden:
+        if hidden := len(self.shows) - self.shown:
             end_open_lines()
             ranks = self.results.mode == "ranks"
             what, call, one = ("ranks", "output(rank=r)", "rank r") if ranks else ("items", "output(i)", "item i")

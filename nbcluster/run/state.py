@@ -99,7 +99,8 @@ class RunState:
         self.output = Output()
         self.span = Span(time.time())
         self.direct_keys: list[str] = []
-        self.changed = threading.Condition(threading.RLock())
+        # One re-entrant lock: hold `lock` to read several fields at once; `changed` wakes the waiters.
+        self.lock = self.changed = threading.Condition(threading.RLock())
         self.finished = threading.Event()
         self._starts = 1  # starts (the first, retries) not yet ended
         # fn() after each change, once the run finished, at each start's end
@@ -107,11 +108,6 @@ class RunState:
 
     def __len__(self) -> int:
         return len(self.status)
-
-    @property
-    def lock(self) -> threading.Condition:
-        """The state's re-entrant lock (that of `changed`): hold it to read several fields at once."""
-        return self.changed
 
     # -- reading -------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
@@ -123,21 +119,10 @@ class RunState:
             ``total``, ``done``, ``failed``, ``cancelled``, and ``running`` (the pending
             items: queued or running).
         """
-        status = self.status
         with self.lock:
-            done, failed, cancelled = status.count(DONE), status.count(FAILED), status.count(CANCELLED)
-        running = len(status) - done - failed - cancelled
-        return {"total": len(status), "done": done, "failed": failed, "cancelled": cancelled, "running": running}
-
-    def all_done(self) -> bool:
-        """Whether every item is done (none failed, cancelled or pending).
-
-        Returns
-        -------
-        bool
-            True when every item has its value.
-        """
-        return self.status.count(DONE) == len(self)
+            done, failed, cancelled = map(self.status.count, (DONE, FAILED, CANCELLED))
+        return {"total": len(self), "done": done, "failed": failed, "cancelled": cancelled,
+                "running": len(self) - done - failed - cancelled}  # fmt: skip
 
     def unfinished(self) -> list[int]:
         """The items a retry runs again: failed or cancelled.
@@ -266,9 +251,8 @@ class RunState:
             self.span.lost = self.span.halted = self.span.ended = None
             self.finished.clear()
 
-    def deliver(
-        self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError], outputs: dict[int, Any]
-    ) -> None:
+    def deliver(self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError],
+                outputs: dict[int, Any]) -> None:  # fmt: skip
         """Store a batch: `values[j]` is item `indices[j]`'s value, `errors[j]` its failure.
 
         Items no longer pending are skipped, so a batch delivered twice (Dask ran it again
@@ -299,7 +283,7 @@ class RunState:
                 i = indices[j]
                 if status[i] != PENDING:
                     continue  # a re-run after a lost worker, or a result after cancel
-                error = errors.get(j) if errors else None
+                error = errors.get(j)
                 if error is None:
                     self.values[i] = value
                     status[i] = DONE

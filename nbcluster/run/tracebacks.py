@@ -42,8 +42,8 @@ class ItemError:
     """One failed item: its index, parameters, the original exception and its traceback."""
 
     def __init__(self, index: int, params: dict[str, Any], record: ErrorRecord, where: str,
-                 code_index: dict[str, list[tuple[str, int, int]]] | None = None):  # fmt: skip
-        _ready(record, code_index or {})
+                 code_index: dict[str, list[tuple[str, int, int]]]):  # fmt: skip
+        _ready(record, code_index)
         self.index, self.params, self.where = index, params, where  # where: "the cluster" or "the kernel"
         self.type_name, self.message = record["type"], record["message"]
         self._record = record
@@ -132,5 +132,5 @@ class _CellStack(traceback.StackSummary):
             where = f"Cell In[{cell}], line {f.lineno}{in_name}"
         else:
             where = f'File "{f.filename}", line {f.lineno}, in {f.name}'
-        line = f.line  # read here, in the kernel, from linecache
-        return f"  {where}\n" + (f"    {line}\n" if line else "")
+        # `line` is read here, in the kernel, from linecache (once: the frame keeps it)
+        return f"  {where}\n" + (f"    {f.line}\n" if f.line else "")
