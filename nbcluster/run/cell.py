@@ -113,9 +113,8 @@ class Cell:
             tree = ast.parse(padded, filename=filename, mode="exec")
         except SyntaxError as e:
             text = (e.text or "").strip()
-            hint = ""
-            if text.startswith(("%", "!")) or text.endswith("?"):
-                hint = " (IPython magics and shell commands cannot run on a worker; plain Python only)"
+            magic = text.startswith(("%", "!")) or text.endswith("?")
+            hint = " (IPython magics and shell commands cannot run on a worker; plain Python only)" if magic else ""
             where = f"cell line {e.lineno}" if e.lineno else "the cell"
             raise BadArgument(f"syntax error at {where}: {e.msg}{hint}" + (f": {text}" if text else "")) from None
         if not tree.body:
@@ -150,8 +149,7 @@ class Cell:
         """
         skip = set(bound)
         names: dict[str, int | None] = {n: line for n, line in self.immediate.items() if n not in skip}
-        names.update(dict.fromkeys(sorted(self.deferred - skip - set(names))))
-        return names
+        return names | dict.fromkeys(sorted(self.deferred - skip - set(names)))
 
 
 _TRIAL_NAMES = frozenset({"report", "should_stop", "checkpoint"})
@@ -178,14 +176,26 @@ def mentions_trials(body: Any) -> bool:
     >>> mentions_trials(Cell.parse("report(loss=x)", filename="<cell>"))
     True
     """
-    todo = [body.body, body.last] if isinstance(body, Cell) else [getattr(body, "__code__", None)]
-    while todo:
-        code = todo.pop()
-        if isinstance(code, CodeType):
-            if _TRIAL_NAMES.intersection(code.co_names):
-                return True
-            todo.extend(code.co_consts)
-    return False
+    codes = [body.body, body.last] if isinstance(body, Cell) else [getattr(body, "__code__", None)]
+    return any(_TRIAL_NAMES & code_names(code) for code in codes if isinstance(code, CodeType))
+
+
+def code_names(code: CodeType) -> set[str]:
+    """The names `code` and the code nested in it use: globals, and attribute names too.
+
+    What cloudpickle takes of a function's globals, and where `mentions_trials` looks.
+
+    Parameters
+    ----------
+    code : types.CodeType
+        A compiled function, cell or expression.
+
+    Returns
+    -------
+    set of str
+        Its ``co_names`` and those of every code object nested in it.
+    """
+    return set(code.co_names).union(*(code_names(c) for c in code.co_consts if isinstance(c, CodeType)))
 
 
 class _FreeNames(ast.NodeVisitor):
@@ -248,9 +258,8 @@ class _FreeNames(ast.NodeVisitor):
     visit_AsyncFor = visit_For
 
     def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
-        for alias in node.names:
-            if alias.name != "*":
-                self._store(alias.asname or alias.name.split(".")[0])
+        for alias in (alias for alias in node.names if alias.name != "*"):
+            self._store(alias.asname or alias.name.split(".")[0])
 
     visit_ImportFrom = visit_Import
 
@@ -298,9 +307,7 @@ class _FreeNames(ast.NodeVisitor):
         # Generator expressions are nearly always consumed where they stand (`sum(...)`),
         # so their reads count as immediate like a list comprehension's.
         self.scopes.append((set(), False))
-        self._visit_all(first.target, *first.ifs)
-        for gen in rest:
-            self._visit_all(gen.iter, gen.target, *gen.ifs)
+        self._visit_all(first.target, *first.ifs, *(n for gen in rest for n in (gen.iter, gen.target, *gen.ifs)))
         self._visit_all(*([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]))
         self.scopes.pop()
 
@@ -478,10 +485,8 @@ def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
 def _target_names(node: ast.expr) -> list[str] | None:
     if isinstance(node, ast.Name):
         return [node.id]
-    if not isinstance(node, ast.Tuple | ast.List):
-        return None
-    subs = [_target_names(elt) for elt in node.elts]
-    return None if any(s is None for s in subs) else [n for s in subs for n in s or ()]
+    subs = [_target_names(elt) for elt in node.elts] if isinstance(node, ast.Tuple | ast.List) else [None]
+    return None if None in subs else [n for s in subs for n in s or ()]
 
 
 def _named_lists(
@@ -490,8 +495,7 @@ def _named_lists(
     example = f'e.g. --{flag} "lr=[0.1, 0.01], depth=[3, 5]"'
     if isinstance(spec, Mapping):
         pairs = [(str(k), v) for k, v in spec.items()]
-        bad = [name for name, _ in pairs if not name.isidentifier()]
-        if bad:
+        if bad := [name for name, _ in pairs if not name.isidentifier()]:
             raise BadArgument(f"--{flag} names must be Python names, got {bad[0]!r}")
     elif isinstance(spec, str):
         source = f"_({spec})"
