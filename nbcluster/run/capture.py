@@ -104,29 +104,6 @@ class Capture:
     fresh: bytes | None = None
     read_only: list[str] = field(default_factory=list)
 
-    def in_kernel(self) -> tuple[dict[str, Any], list[str], bytes | None]:
-        """What ``--local`` items read: the values as they are, but no item sees another's changes.
-
-        Returns
-        -------
-        namespace : dict
-            The captured values, the large plain arrays as read-only views (the notebook's
-            own arrays stay writeable).
-        arrays : list of str
-            The names of those arrays.
-        fresh : bytes or None
-            The values each item gets its own copy of, pickled together (`copyable`); a
-            notebook function that reads a large array is copied too, since here it reads
-            the notebook's own array.
-        """
-        namespace = {"__name__": "__main__", **self.direct}
-        arrays = [n for n in self.read_only if read_only_array(namespace[n])]
-        for name in arrays:
-            namespace[name] = namespace[name].view()
-            namespace[name].flags.writeable = False
-        copied = [*self.copied, *(n for n in self.read_only if isinstance(namespace[n], FunctionType))]
-        fresh = copyable(", ".join(f"`{n}`" for n in copied), {n: self.direct[n] for n in copied}) if copied else None
-        return namespace, arrays, fresh
 
 
 def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool = True) -> Capture:
@@ -583,18 +560,29 @@ class Job:
             self.capture.held = {n: how(h) for n, h in self.capture.held.items()}
 
     def for_kernel(self) -> worker.Context:
-        """The context `--local` items run in: the code and the captured values as they are.
+        """The context `--local` items run in: the values as they are, but no item sees another's changes.
+
+        The large plain arrays are read-only views (the notebook's own arrays stay writeable).
+        The values each item gets its own copy of are pickled together (`copyable`), and so
+        is a notebook function that reads a large array (here it reads the notebook's own
+        array), and a function run that is not `shareable`.
 
         Returns
         -------
         worker.Context
-            A context built in the kernel; only the values each item copies are pickled
-            (`Capture.in_kernel`), and a function that reads them.
+            A context built in the kernel.
         """
+        c = self.capture
+        namespace = {"__name__": "__main__", **c.direct}
+        arrays = [n for n in c.read_only if read_only_array(namespace[n])]
+        for name in arrays:
+            namespace[name] = namespace[name].view()
+            namespace[name].flags.writeable = False
+        copied = [*c.copied, *(n for n in c.read_only if isinstance(namespace[n], FunctionType))]
+        fresh = copyable(", ".join(f"`{n}`" for n in copied), {n: c.direct[n] for n in copied}) if copied else None
         code = self._code(wire=False)
         if self.cell is None and not shareable(self.fn):
             code["fn_blob"] = copyable("the function", self.fn)
-        namespace, arrays, fresh = self.capture.in_kernel()
         spec = {**self._binding(), **code, "large": [], "read_only": arrays, "arrays": arrays, "fresh": fresh}
         return worker.Context(spec, namespace)
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import itertools
 import linecache
 import symtable
@@ -498,11 +499,9 @@ def _named_lists(
         if bad := [name for name, _ in pairs if not name.isidentifier()]:
             raise BadArgument(f"--{flag} names must be Python names, got {bad[0]!r}")
     elif isinstance(spec, str):
-        source = f"_({spec})"
-        try:
+        source, call = f"_({spec})", None
+        with contextlib.suppress(SyntaxError):
             call = ast.parse(source, mode="eval").body
-        except SyntaxError:
-            call = None
         if not isinstance(call, ast.Call) or call.args or any(k.arg is None for k in call.keywords):
             raise BadArgument(f"--{flag} needs NAME=VALUES pairs separated by commas, {example}; got {spec!r}")
         names = [k.arg for k in call.keywords]
