@@ -56,6 +56,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from nbcluster import _compat, worker
+from nbcluster import _threads as threads
 from nbcluster._wire import TrialSpec
 from nbcluster.errors import BadArgument
 from nbcluster.persist import handles
@@ -148,12 +149,12 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
         result.direct[name] = value
         if isinstance(value, ModuleType):
             result.modules[name] = value.__name__
-        elif pickle_values:
-            _add(result, name, value)
-        elif read_only_array(value):
-            result.read_only.append(name)
-        elif not shareable(value):
-            result.copied.append(name)
+            continue
+        large = pickle_values and _add(result, name, value)
+        if read_only_array(value) or (large and shareable(value, arrays=True)):
+            result.read_only.append(name)  # shared: a function's large arrays made read-only there
+        elif not large and not shareable(value):
+            result.copied.append(name)  # a large one is copied for every item on the worker
     if pickle_values and result.copied:
         # Together, so that two names of one object (or a function and the list it reads)
         # are still one object in an item. In-band buffers: each unpickling copies them.
@@ -261,7 +262,8 @@ def _by_reference(value: Any) -> bool:
     return functools.reduce(lambda found, part: getattr(found, part, None), name.split("."), sys.modules.get(module)) is value
 
 
-def _add(result: Capture, name: str, value: Any) -> None:
+def _add(result: Capture, name: str, value: Any) -> bool:
+    """Pickle `value` into `result.values`, or `result.large` (then True): one line if it cannot travel."""
     if isinstance(value, io.IOBase) and hasattr(value, "name"):  # a file, not a BytesIO/StringIO
         # cloudpickle would send a snapshot of a read-mode file's contents, not the file.
         raise BadArgument(f"`{name}` is an open file and cannot be sent to the workers: open it inside the cell instead")
@@ -280,12 +282,9 @@ def _add(result: Capture, name: str, value: Any) -> None:
         for b in buffers:
             digest.update(b.raw())
         result.large[name] = (value, digest.hexdigest(), size)
-        if read_only_array(value) or shareable(value, arrays=True):
-            result.read_only.append(name)  # shared: a function's large arrays made read-only there
-        return
+        return True
     result.values[name] = cloudpickle.dumps(value, protocol=5) if buffers else header
-    if not shareable(value):
-        result.copied.append(name)
+    return False
 
 
 def copyable(what: str, value: Any) -> bytes | None:
@@ -472,9 +471,7 @@ def pin_soon(client: Any, future: Any, size: int, wait: float = PIN_WAIT_S) -> N
             if holders := client.who_has([future]).get(future.key, ()):
                 client.run(worker.pin, [(future.key, size)], workers=list(holders), on_error="ignore")
 
-    thread = threading.Thread(target=run, name="nbcluster-pin", daemon=True)
-    thread.start()
-    thread.join(wait)
+    threads.spawn(run, name="nbcluster-pin").wait(wait)
 
 
 _SHIPMENTS: weakref.WeakKeyDictionary[Any, Shipments] = weakref.WeakKeyDictionary()

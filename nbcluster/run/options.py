@@ -125,8 +125,7 @@ class DistributeOptions:
         into, local, batch, ranks = self.into, self.local, self.batch, self.ranks
         if into is not None and (not isinstance(into, str) or not into.isidentifier() or keyword.iskeyword(into)):
             raise BadArgument(f"--into needs a Python variable name, got {into!r}")
-        for name in ("gpus", "cpus"):
-            value = getattr(self, name)
+        for name, value in (("gpus", self.gpus), ("cpus", self.cpus)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
                 raise BadArgument(f"--{name} needs a number above 0, got {value!r}")
         if self.cpu_only and self.gpus:
