@@ -466,7 +466,7 @@ def launch(body: str | Callable[..., Any], *, namespace: dict[str, Any] | None, 
               retries=o.retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
               persist=o.persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None)  # fmt: skip
     engine = Engine(job, run_id, link if remote else None)
-    taken = _journal(engine, cell, body, resume=o.resume, journaled=not (o.everywhere or (o.persist and reads)))
+    taken = _journal(engine, resume=o.resume, journaled=not (o.everywhere or (o.persist and reads)))
     run = Run(engine, label=o.into)
     if tracker is not None:
         if o.ranks is not None:  # a stop of any rank stops the job; rank 0's curve is drawn
@@ -482,13 +482,13 @@ def launch(body: str | Callable[..., Any], *, namespace: dict[str, Any] | None, 
     return results
 
 
-def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, journaled: bool) -> set[int]:
+def _journal(engine: Engine, *, resume: bool, journaled: bool) -> set[int]:
     """Open the run's journal; with `resume`, fill the state with an earlier run's items (those).
 
     `journaled` False (`--everywhere`, or a `--persist` run reading persisted handles): no journal.
     """
     job, link = engine.job, engine.link
-    ident = fingerprint(job.plan, cell, job.fn, job.seed, job.capture) if journaled else None
+    ident = fingerprint(job.plan, job.cell, job.fn, job.seed, job.capture) if journaled else None
     if job.trial is not None and ident is not None:
         try:  # a trial's checkpoints are keyed by the run's identity (`journal/resume.py`)
             attach_checkpoints(job.trial, ident, resume=resume)
@@ -498,7 +498,7 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
     cluster = None if link is None or link.client is None else (
         getattr(link.handle, "name", None) or link.cluster or str(link.client.scheduler.address))  # fmt: skip
     try:
-        chosen = prepare(ident, len(job.plan), label(cell, body), resume=resume, persist=job.persist,
+        chosen = prepare(ident, len(job.plan), label(job.cell, job.fn), resume=resume, persist=job.persist,
                          client=engine.client, cluster=cluster)  # fmt: skip
     except Exception as e:  # a journal must never stop a run
         print(f"nbcluster: the run journal could not be used ({type(e).__name__}: {e}): running without it")

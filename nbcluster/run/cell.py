@@ -125,8 +125,7 @@ class Cell:
         if value is not None:
             tree.body.pop()
         last = None if value is None else compile(ast.Expression(value), filename, "eval")
-        walker = _FreeNames()
-        walker._visit_all(*tree.body, value)
+        walker = _FreeNames(*tree.body, value)
         # Only functions and lambdas read later: a cell without one needs no second parse.
         later = "def" in padded or "lambda" in padded
         deferred = _deferred(symtable.symtable(padded, filename, "exec")) if later else set()
@@ -208,10 +207,11 @@ class _FreeNames(ast.NodeVisitor):
     comprehensions and classes nested in it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *nodes: ast.AST | None) -> None:
         self.bound: set[str] = set()
         self.immediate: dict[str, int] = {}
         self.scopes: list[tuple[set[str], bool]] = []  # (names bound, a class body?)
+        self._visit_all(*nodes)
 
     def _load(self, name: str, line: int) -> None:
         if not any(name in names and not (is_class and depth) for depth, (names, is_class)
