@@ -17,6 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
+import dask
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -157,7 +158,10 @@ def test_generated_distribute_lines_give_one_clean_line_or_the_results(
         for name in VALUES["name"]:
             shell.user_ns.pop(name, None)
         capsys.readouterr()
-        result = shell.run_cell(f"%%distribute {line}\n1\n")
+        # A run that lasts past the widget's delay shows its progress bar on stderr: on a loaded
+        # machine a 2-rank job can, so the bar waits longer than any run here takes.
+        with dask.config.set({"nbcluster.widget.delay": "1h"}):
+            result = shell.run_cell(f"%%distribute {line}\n1\n")
         error = result.error_before_exec or result.error_in_exec
         if error is not None:
             if not (isinstance(error, UsageError) and one_clear_line(str(error))) or "no cluster is running" in str(error):

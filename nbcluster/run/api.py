@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import builtins
 import difflib
+import functools
 import inspect
 import secrets
 import sys
@@ -53,7 +54,6 @@ from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.errors import BadArgument, Interrupted, NbclusterError
 from nbcluster.journal.resume import Resumption, attach_checkpoints, fingerprint, label, prepare
 from nbcluster.persist import handles
-from nbcluster.persist.handles import Handle
 from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.capture import Capture, Job, capture
 from nbcluster.run.cell import Cell, Plan, human, mentions_trials, plan
@@ -61,20 +61,15 @@ from nbcluster.run.engine import Engine
 from nbcluster.run.options import DistributeOptions
 from nbcluster.run.results import Results, follow, interrupted, report
 from nbcluster.run.state import DONE, FAILED, PENDING
-from nbcluster.run.stoppers import make
 from nbcluster.run.target import Link, Needs
-from nbcluster.run.trials import Objective, Rules, Trials, parse_timeout
+from nbcluster.run.trials import Trials
 
 #: The keywords of the release before -> how to spell them now (`{fn}` is the function's name).
 OLD = {
-    "gpus": "{fn}(needs=nbcluster.Needs(gpus=N))",
-    "cpus": "{fn}(needs=nbcluster.Needs(cpus=N))",
-    "cpu_only": "{fn}(needs=nbcluster.Needs(cpu_only=True))",
-    "cluster": '{fn}(on="NAME")',
-    "client": "{fn}(on=client)",
-    "everywhere": "nbcluster.everywhere(body)",
-    "ranks": "nbcluster.ranks(body, n=N)",
-}
+    "gpus": "{fn}(needs=nbcluster.Needs(gpus=N))", "cpus": "{fn}(needs=nbcluster.Needs(cpus=N))",
+    "cpu_only": "{fn}(needs=nbcluster.Needs(cpu_only=True))", "cluster": '{fn}(on="NAME")',
+    "client": "{fn}(on=client)", "everywhere": "nbcluster.everywhere(body)", "ranks": "nbcluster.ranks(body, n=N)",
+}  # fmt: skip
 #: Old keywords with no new spelling: they go, and what replaces them is said instead.
 GOING = {"first_line": "only the magic needs it (a cell's body starts on the cell's line 2); drop it"}
 #: What `ranks(**options)` passes on as it is: its options, and those a job refuses
@@ -83,14 +78,12 @@ RANKS_PASS = ("into", "wait", "seed", "timeout", "progress", "over", "grid", "zi
               "persist", "resume", "objective", "stopper")  # fmt: skip
 
 
-def distribute(
-    body: str | Callable[..., Any], *, over: Any = None, grid: Any = None, zip: Any = None,
-    into: str | None = None, needs: Needs | Mapping[str, Any] | None = None, on: Any = None,
-    retries: int = 0, batch: int | str = "auto", wait: bool = True, seed: int | None = None,
-    local: int | str | bool = 0, persist: bool = False, resume: bool = False, objective: str | None = None,
-    stopper: Any = None, timeout: str | float | None = None, namespace: dict[str, Any] | None = None,
-    progress: Callable[[Results], None] | None = None, **old: Any,
-) -> Results:  # fmt: skip
+def distribute(body: str | Callable[..., Any], *, over: Any = None, grid: Any = None, zip: Any = None,
+               into: str | None = None, needs: Needs | Mapping[str, Any] | None = None, on: Any = None,
+               retries: int = 0, batch: int | str = "auto", wait: bool = True, seed: int | None = None,
+               local: int | str | bool = 0, persist: bool = False, resume: bool = False, objective: str | None = None,
+               stopper: Any = None, timeout: str | float | None = None, namespace: dict[str, Any] | None = None,
+               progress: Callable[[Results], None] | None = None, **old: Any) -> Results:  # fmt: skip
     """Run a cell body or a function on the cluster, once per item: `%%distribute` in Python.
 
     Each item is one call (or one run of the cell) on a worker; small items are batched
@@ -199,19 +192,14 @@ def distribute(
     nbcluster: sent offset (5 B) with the cell
     [10, 11, 12]
     """
-    namespace, home = _namespaces(namespace)
-    return launch(
-        body, over=over, grid=grid, zip=zip, into=into, retries=retries, batch=batch, wait=wait, seed=seed,
-        local=local, persist=persist, resume=resume, objective=objective, stopper=stopper, timeout=timeout,
-        namespace=namespace, home=home, progress=progress, **_spell(distribute, old, needs, on),
-    )  # fmt: skip
+    return launch(body, over=over, grid=grid, zip=zip, into=into, retries=retries, batch=batch, wait=wait, seed=seed,
+                  local=local, persist=persist, resume=resume, objective=objective, stopper=stopper, timeout=timeout,
+                  namespace=namespace, progress=progress, **_spell(distribute, old, needs, on))  # fmt: skip
 
 
-def everywhere(
-    body: str | Callable[..., Any], *, needs: Needs | Mapping[str, Any] | None = None, on: Any = None,
-    into: str | None = None, wait: bool = True, seed: int | None = None, retries: int = 0,
-    namespace: dict[str, Any] | None = None, progress: Callable[[Results], None] | None = None,
-) -> Results:  # fmt: skip
+def everywhere(body: str | Callable[..., Any], *, needs: Needs | Mapping[str, Any] | None = None, on: Any = None,
+               into: str | None = None, wait: bool = True, seed: int | None = None, retries: int = 0,
+               namespace: dict[str, Any] | None = None, progress: Callable[[Results], None] | None = None) -> Results:  # fmt: skip
     """Run a cell body or a function once on every worker: ``%%distribute --everywhere``.
 
     For set-up code: an import, a file fetched, a model loaded into `worker_local`. The
@@ -260,15 +248,12 @@ def everywhere(
     >>> len(nbcluster.everywhere(where)) == len(nbcluster.current().client.ncores())
     True
     """
-    namespace, home = _namespaces(namespace)
     return launch(body, everywhere=True, into=into, wait=wait, seed=seed, retries=retries, namespace=namespace,
-                  home=home, progress=progress, **_spell(everywhere, {}, needs, on))  # fmt: skip
+                  progress=progress, **_spell(everywhere, {}, needs, on))  # fmt: skip
 
 
-def ranks(
-    fn: str | Callable[..., Any], n: int, *, needs: Needs | Mapping[str, Any] | None = None, on: Any = None,
-    namespace: dict[str, Any] | None = None, **options: Any,
-) -> Results:  # fmt: skip
+def ranks(fn: str | Callable[..., Any], n: int, *, needs: Needs | Mapping[str, Any] | None = None, on: Any = None,
+          namespace: dict[str, Any] | None = None, **options: Any) -> Results:  # fmt: skip
     """Run `fn` as `n` ranks of one job, as torchrun would: ``%%distribute --ranks N`` in Python.
 
     The `n` ranks start together or not at all, each on a worker process of its own that
@@ -322,8 +307,7 @@ def ranks(
     >>> nbcluster.ranks(where, n=2).values()
     [('0', '2'), ('1', '2')]
     """
-    namespace, home = _namespaces(namespace)
-    return launch(fn, ranks=n, namespace=namespace, home=home, **_spell(ranks, options, needs, on, RANKS_PASS))
+    return launch(fn, ranks=n, namespace=namespace, **_spell(ranks, options, needs, on, RANKS_PASS))
 
 
 def notice(fn: str, old: str) -> str:
@@ -360,17 +344,15 @@ def _spell(fn: Callable[..., Any], given: dict[str, Any], needs: Any, on: Any,
     A keyword `fn` does not take is one line naming the closest one.
     """
     name = fn.__name__
-    for key in given:
-        if key not in known and key not in OLD and key not in GOING:
+    for key in (key for key in given if key not in known):
+        if key not in OLD and key not in GOING:
             match = difflib.get_close_matches(key, [*inspect.signature(fn).parameters, *known, *OLD], n=1)
             hint = "" if not match else f"`{OLD[match[0]].format(fn=name)}`" if match[0] in OLD else repr(match[0])
             raise BadArgument(f"{name}() has no option {key!r}" + (f"; did you mean {hint}?" if hint else ""))
-        if key not in known:
-            warnings.warn(notice(name, key), FutureWarning, stacklevel=3)
+        warnings.warn(notice(name, key), FutureWarning, stacklevel=3)
     out = dict(given)
     for olds, new, value in (("gpus", "cpus", "cpu_only"), "needs", needs), (("cluster", "client"), "on", on):
-        given_old = [key for key in olds if key in out]
-        if given_old and value is not None:
+        if (given_old := [key for key in olds if key in out]) and value is not None:
             raise BadArgument(f"give {new}= only: {given_old[0]}= is its old spelling")
         if not given_old:
             out.update(_needs(value)._asdict() if new == "needs" else _target(value))
@@ -384,8 +366,7 @@ def _needs(needs: Any) -> Needs:
     if not isinstance(needs, Mapping):
         raise BadArgument("needs= takes nbcluster.Needs(gpus=..., cpus=..., cpu_only=...) or a dict of them, "
                           f"got {type(needs).__name__}")  # fmt: skip
-    unknown = sorted(set(needs) - set(Needs._fields), key=str)
-    if unknown:
+    if unknown := sorted(set(needs) - set(Needs._fields), key=str):
         match = difflib.get_close_matches(str(unknown[0]), Needs._fields, n=1)
         hint = f"; did you mean {match[0]!r}?" if match else ""
         raise BadArgument(f"needs= takes {', '.join(Needs._fields)}; {unknown[0]!r} is not one of them{hint}")
@@ -404,21 +385,8 @@ def _target(on: Any) -> dict[str, Any]:
                       f"or a distributed.Client, got {type(on).__name__}")  # fmt: skip
 
 
-def _namespaces(namespace: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Where a public function's run looks names up, and where ``into`` goes: `namespace`
-    for both, else its caller's variables and the caller's globals."""
-    if namespace is None:
-        caller = sys._getframe(2)
-        return {**caller.f_globals, **caller.f_locals}, caller.f_globals
-    if not hasattr(namespace, "__getitem__"):
-        raise BadArgument("namespace= needs a dict of the notebook's variables")
-    return namespace, namespace
-
-
-def launch(
-    body: str | Callable[..., Any], *, namespace: dict[str, Any], home: dict[str, Any] | None = None,
-    client: Any = None, progress: Callable[[Results], None] | None = None, first_line: int = 1, **flags: Any,
-) -> Results:  # fmt: skip
+def launch(body: str | Callable[..., Any], *, namespace: dict[str, Any] | None, client: Any = None,
+           progress: Callable[[Results], None] | None = None, first_line: int = 1, **flags: Any) -> Results:  # fmt: skip
     """Start a run from the options as `%%distribute`'s flags name them: what the magic calls.
 
     The public functions (`distribute`, `everywhere`, `ranks`) spell these in Python and
@@ -428,10 +396,10 @@ def launch(
     ----------
     body : str or callable
         As in `distribute`.
-    namespace : dict
-        Where names are looked up.
-    home : dict, optional
-        Where `into` is written; default `namespace`.
+    namespace : dict or None
+        Where names are looked up and `into` is written. None for a public function's
+        ``namespace=None``: the variables of that function's caller (two frames up), and
+        `into` written to the caller's globals.
     client : distributed.Client, optional
         The client `distribute`'s ``on=`` gave.
     progress : callable, optional
@@ -450,8 +418,14 @@ def launch(
     """
     if not isinstance(body, str) and not callable(body):
         raise BadArgument(f"distribute() needs cell source (a str) or a function, got {type(body).__name__}")
+    if namespace is None:
+        caller = sys._getframe(2)
+        namespace, home = {**caller.f_globals, **caller.f_locals}, caller.f_globals
+    elif hasattr(namespace, "__getitem__"):
+        home = namespace
+    else:
+        raise BadArgument("namespace= needs a dict of the notebook's variables")
     o = DistributeOptions(**flags)
-    home = namespace if home is None else home
     run_id = "0" + secrets.token_hex(6)[1:]  # Dask's key_split drops an all-letters word: a digit keeps it
     cell = Cell.parse(body, filename=f"<distribute-{run_id}>", first_line=first_line) if isinstance(body, str) else None
     handle = None if o.cluster is None or isinstance(o.cluster, str) else o.cluster  # `on=` a handle: that cluster
@@ -464,12 +438,14 @@ def launch(
         if not items.items:
             raise BadArgument("--everywhere: the cluster has no workers right now; scale it up first")
     else:
-        items = plan(over=o.over, grid=o.grid, zip=o.zip, evaluate=_evaluator(namespace))
+        items = plan(over=o.over, grid=o.grid, zip=o.zip, evaluate=functools.partial(_evaluate, namespace))
     n_local = len(items) if o.local in ("all", True) else min(int(o.local), len(items))
     remote = n_local < len(items)
     bound = [*items.names, *(["seed"] if o.seed is not None else [])]
     captured = capture(cell.free_names(bound), namespace, pickle_values=remote) if cell else Capture()
-    reads = [*captured.held.values(), *_handles_in(items)]
+    given = () if isinstance(items.items, range) else items.items  # a range holds no handle
+    reads = [*captured.held.values(), *(v for item in given for v in (item if type(item) is tuple else (item,))
+                                        if isinstance(v, handles.Handle))]  # items' handles: one tuple level deep
     if reads and n_local:
         raise BadArgument("this cell reads persisted results, which stay on the workers: drop --local, "
                           "or .gather() them first")  # fmt: skip
@@ -482,18 +458,15 @@ def launch(
     tracker, batch = None, o.batch
     if not o.everywhere and (o.objective or o.stopper is not None or o.timeout is not None
                              or mentions_trials(cell or body)):  # fmt: skip
-        rules = Rules(Objective.parse(o.objective), make(o.stopper), parse_timeout(o.timeout))
-        tracker = Trials(run_id, rules, len(items), items.params)
+        tracker = Trials(run_id, o.rules(), len(items), items.params)
         batch = 1 if batch == "auto" else batch  # trials run one item a task
     if o.ranks is not None:
         rank_jobs.check(o.ranks, link)
-    job = Job(
-        items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=o.seed,
-        retries=o.retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
-        persist=o.persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None,
-    )  # fmt: skip
+    job = Job(items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=o.seed,
+              retries=o.retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
+              persist=o.persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None)  # fmt: skip
     engine = Engine(job, run_id, link if remote else None)
-    taken = _journal(engine, cell, body, resume=o.resume, journaled=not (o.everywhere or (o.persist and reads)))
+    taken = _journal(engine, resume=o.resume, journaled=not (o.everywhere or (o.persist and reads)))
     run = Run(engine, label=o.into)
     if tracker is not None:
         if o.ranks is not None:  # a stop of any rank stops the job; rank 0's curve is drawn
@@ -509,13 +482,13 @@ def launch(
     return results
 
 
-def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, journaled: bool) -> set[int]:
+def _journal(engine: Engine, *, resume: bool, journaled: bool) -> set[int]:
     """Open the run's journal; with `resume`, fill the state with an earlier run's items (those).
 
     `journaled` False (`--everywhere`, or a `--persist` run reading persisted handles): no journal.
     """
     job, link = engine.job, engine.link
-    ident = fingerprint(job.plan, cell, job.fn, job.seed, job.capture) if journaled else None
+    ident = fingerprint(job.plan, job.cell, job.fn, job.seed, job.capture) if journaled else None
     if job.trial is not None and ident is not None:
         try:  # a trial's checkpoints are keyed by the run's identity (`journal/resume.py`)
             attach_checkpoints(job.trial, ident, resume=resume)
@@ -525,10 +498,8 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
     cluster = None if link is None or link.client is None else (
         getattr(link.handle, "name", None) or link.cluster or str(link.client.scheduler.address))  # fmt: skip
     try:
-        chosen = prepare(
-            ident, len(job.plan), label(cell, body), resume=resume, persist=job.persist,
-            client=engine.client, cluster=cluster,
-        )  # fmt: skip
+        chosen = prepare(ident, len(job.plan), label(job.cell, job.fn), resume=resume, persist=job.persist,
+                         client=engine.client, cluster=cluster)  # fmt: skip
     except Exception as e:  # a journal must never stop a run
         print(f"nbcluster: the run journal could not be used ({type(e).__name__}: {e}): running without it")
         chosen = Resumption()
@@ -539,8 +510,7 @@ def _journal(engine: Engine, cell: Cell | None, body: Any, *, resume: bool, jour
                        "finish, and a job never runs in part); they load its last checkpoint")  # fmt: skip
     if chosen.line:
         print(chosen.line)
-    if chosen.values:
-        indices = sorted(chosen.values)
+    if indices := sorted(chosen.values):
         outputs = {i: chosen.outputs[i] for i in indices if i in chosen.outputs}
         engine.state.deliver(indices, [chosen.values[i] for i in indices], {}, outputs)
     engine.journal_to(chosen.writer)
@@ -563,13 +533,6 @@ def _follow_trials(tracker: Trials, run: Run, client: Any, resumed: set[int]) ->
     tracker.printed.wake = wake
     state.on_end(tracker.settle)  # before a waiting cell sees the run end: its last reports are in
     state.add_done_callback(tracker.closer())
-
-
-def _handles_in(items: Plan) -> list[Any]:
-    """The persisted handles among the items (one tuple level deep); a range holds none."""
-    if isinstance(items.items, range):
-        return []
-    return [v for item in items.items for v in (item if type(item) is tuple else (item,)) if isinstance(v, Handle)]
 
 
 class Run:
@@ -608,14 +571,8 @@ class Run:
         """The values stay on the workers, behind handles (`--persist`): what `Results` asks."""
         return self.engine.job.persist
 
-    @property
-    def client(self) -> Any:
-        """The run's Dask client; None for a ``--local`` run, or once its cluster went away."""
-        return self.engine.client
-
-    def start(
-        self, n_local: int, wait: bool, skip: Collection[int] = (), progress: Callable[[Results], None] | None = None
-    ) -> Results:
+    def start(self, n_local: int, wait: bool, skip: Collection[int] = (),
+              progress: Callable[[Results], None] | None = None) -> Results:  # fmt: skip
         """Run the first `n_local` items here, then send the rest; follow them if `wait`.
 
         When an item run here fails, nothing is sent: the rest count as cancelled, and the
@@ -654,8 +611,7 @@ class Run:
         self._first = None
         local = [i for i in range(n_local) if i not in skip]
         rest: Sequence[int] = range(n_local, len(results))  # a range: no list of a million ints
-        if skip:
-            rest = [i for i in rest if i not in skip]
+        rest = [i for i in rest if i not in skip] if skip else rest
         if progress is not None and (local or engine.local_only or not rest):
             _follow_progress(results, progress)  # it shows the items run here as they run
             progress = None
@@ -672,9 +628,11 @@ class Run:
             if isinstance(e, KeyboardInterrupt):
                 raise interrupted(results) from None
             raise
-        line = _shipped_line(engine.job.capture, notes)
-        if line:
-            print(line)
+        cap = engine.job.capture
+        sent = f"sent {', '.join(cap.values)} ({human(sum(map(len, cap.values.values())))}) with the cell"
+        imported = f"import {', '.join(sorted(set(cap.modules.values())))} on the workers"
+        if parts := [*([sent] if cap.values else []), *([imported] if cap.modules else []), *notes]:
+            print("nbcluster: " + "; ".join(parts))
         engine.start(rest)
         if progress is not None:
             try:
@@ -777,27 +735,18 @@ def wait(target: Results | str, *, namespace: dict[str, Any] | None = None) -> R
     return target
 
 
-def _evaluator(namespace: Any) -> Callable[[str, str], Any]:
-    def evaluate(expression: str, flag: str) -> Any:
-        try:
-            code = compile(expression, f"<--{flag}>", "eval")
-        except SyntaxError as e:
-            raise BadArgument(f"--{flag}: {expression!r} is not a Python expression ({e.msg})") from None
-        # A copy as globals: eval would add __builtins__ to the user's dict, and
-        # comprehensions in the expression need the names as globals to see them.
-        try:
-            return eval(code, {"__builtins__": builtins, **namespace})
-        except Exception as e:
-            raise BadArgument(f"--{flag}: evaluating {expression!r} failed: {type(e).__name__}: {e}") from None
-
-    return evaluate
-
-
-def _shipped_line(cap: Capture, notes: list[str]) -> str:
-    sent = f"sent {', '.join(cap.values)} ({human(sum(map(len, cap.values.values())))}) with the cell"
-    imported = f"import {', '.join(sorted(set(cap.modules.values())))} on the workers"
-    parts = [*([sent] if cap.values else []), *([imported] if cap.modules else []), *notes]
-    return "nbcluster: " + "; ".join(parts) if parts else ""
+def _evaluate(namespace: Any, expression: str, flag: str) -> Any:
+    """`--over/--grid/--zip`'s `expression` evaluated in the user's `namespace`; one line if it fails."""
+    try:
+        code = compile(expression, f"<--{flag}>", "eval")
+    except SyntaxError as e:
+        raise BadArgument(f"--{flag}: {expression!r} is not a Python expression ({e.msg})") from None
+    # A copy as globals: eval would add __builtins__ to the user's dict, and
+    # comprehensions in the expression need the names as globals to see them.
+    try:
+        return eval(code, {"__builtins__": builtins, **namespace})
+    except Exception as e:
+        raise BadArgument(f"--{flag}: evaluating {expression!r} failed: {type(e).__name__}: {e}") from None
 
 
 __all__ = ["Interrupted", "distribute", "everywhere", "launch", "ranks", "wait"]

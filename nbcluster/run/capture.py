@@ -38,7 +38,9 @@ defines is left for Python to resolve when it runs, as in the kernel.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import enum
+import functools
 import hashlib
 import io
 import marshal
@@ -54,10 +56,11 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from nbcluster import _compat, worker
+from nbcluster import _threads as threads
 from nbcluster._wire import TrialSpec
 from nbcluster.errors import BadArgument
 from nbcluster.persist import handles
-from nbcluster.run.cell import Cell, Plan, human
+from nbcluster.run.cell import Cell, Plan, code_names, human
 from nbcluster.run.tracebacks import ItemError
 from nbcluster.worker.context import cell_value, pin
 
@@ -102,31 +105,6 @@ class Capture:
     fresh: bytes | None = None
     read_only: list[str] = field(default_factory=list)
 
-    def in_kernel(self) -> tuple[dict[str, Any], list[str], bytes | None]:
-        """What ``--local`` items read: the values as they are, but no item sees another's changes.
-
-        Returns
-        -------
-        namespace : dict
-            The captured values, the large plain arrays as read-only views (the notebook's
-            own arrays stay writeable).
-        arrays : list of str
-            The names of those arrays.
-        fresh : bytes or None
-            The values each item gets its own copy of, pickled together (`copyable`); a
-            notebook function that reads a large array is copied too, since here it reads
-            the notebook's own array.
-        """
-        namespace = {"__name__": "__main__", **self.direct}
-        arrays = [n for n in self.read_only if read_only_array(namespace[n])]
-        for name in arrays:
-            namespace[name] = namespace[name].view()
-            namespace[name].flags.writeable = False
-        copied = [*self.copied, *(n for n in self.read_only if isinstance(namespace[n], FunctionType))]
-        fresh = self.fresh if copied == self.copied else None
-        if fresh is None and copied:
-            fresh = copyable(", ".join(f"`{n}`" for n in copied), {n: self.direct[n] for n in copied})
-        return namespace, arrays, fresh
 
 
 def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool = True) -> Capture:
@@ -162,10 +140,8 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
         if name not in namespace:
             if line is None or name in _BUILTINS:
                 continue
-            raise BadArgument(
-                f"`{name}` (cell line {line}) is not defined in the notebook: define it in an earlier "
-                "cell or in this one before it is used"
-            )
+            raise BadArgument(f"`{name}` (cell line {line}) is not defined in the notebook: define it in an earlier "
+                              "cell or in this one before it is used")  # fmt: skip
         value = namespace[name]
         if isinstance(value, handles.Handle):  # a Dask dependency of each batch: never pickled
             result.held[name] = value
@@ -173,12 +149,12 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
         result.direct[name] = value
         if isinstance(value, ModuleType):
             result.modules[name] = value.__name__
-        elif pickle_values:
-            _add(result, name, value)
-        elif read_only_array(value):
-            result.read_only.append(name)
-        elif not shareable(value):
-            result.copied.append(name)
+            continue
+        large = pickle_values and _add(result, name, value)
+        if read_only_array(value) or (large and shareable(value, arrays=True)):
+            result.read_only.append(name)  # shared: a function's large arrays made read-only there
+        elif not large and not shareable(value):
+            result.copied.append(name)  # a large one is copied for every item on the worker
     if pickle_values and result.copied:
         # Together, so that two names of one object (or a function and the list it reads)
         # are still one object in an item. In-band buffers: each unpickling copies them.
@@ -254,7 +230,7 @@ def _shareable(value: Any, seen: set[int], arrays: bool, read: bool = False) -> 
     seen.add(id(value))
     cells = [cell_value(c) for c in value.__closure__ or ()]
     defaults = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
-    reads = [value.__globals__[n] for n in _global_names(value.__code__) if n in value.__globals__]
+    reads = [value.__globals__[n] for n in code_names(value.__code__) if n in value.__globals__]
     return all(_shareable(v, seen, arrays) for v in defaults) and all(
         _shareable(v, seen, arrays, read=True) for v in (*cells, *reads)
     )
@@ -277,30 +253,20 @@ def read_only_array(value: Any) -> bool:
     return numpy is not None and type(value) is numpy.ndarray and not value.dtype.hasobject and value.nbytes > LARGE
 
 
-def _global_names(code: CodeType) -> set[str]:
-    """The names `code` and the code nested in it may read as globals (attribute names
-    included, as cloudpickle takes them)."""
-    return set(code.co_names).union(*(_global_names(c) for c in code.co_consts if isinstance(c, CodeType)))
-
-
 def _by_reference(value: Any) -> bool:
     """Whether pickle sends `value` by reference: it is its module's attribute of its name."""
     name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
     module = getattr(value, "__module__", None)
     if not isinstance(name, str) or not isinstance(module, str) or module == "__main__":
         return False
-    found: Any = sys.modules.get(module)
-    for part in name.split("."):
-        found = getattr(found, part, None)
-    return found is value
+    return functools.reduce(lambda found, part: getattr(found, part, None), name.split("."), sys.modules.get(module)) is value
 
 
-def _add(result: Capture, name: str, value: Any) -> None:
+def _add(result: Capture, name: str, value: Any) -> bool:
+    """Pickle `value` into `result.values`, or `result.large` (then True): one line if it cannot travel."""
     if isinstance(value, io.IOBase) and hasattr(value, "name"):  # a file, not a BytesIO/StringIO
         # cloudpickle would send a snapshot of a read-mode file's contents, not the file.
-        raise BadArgument(
-            f"`{name}` is an open file and cannot be sent to the workers: open it inside the cell instead"
-        )
+        raise BadArgument(f"`{name}` is an open file and cannot be sent to the workers: open it inside the cell instead")
     buffers: list[pickle.PickleBuffer] = []
     try:
         header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
@@ -308,22 +274,17 @@ def _add(result: Capture, name: str, value: Any) -> None:
         raise BadArgument(f"`{name}` cannot be sent to the workers: it is nested too deeply to pickle") from None
     except Exception as e:
         why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
-        raise BadArgument(
-            f"`{name}` cannot be sent to the workers: {why}. Create it inside the cell instead, "
-            "or pass what it is made from"
-        ) from None
+        raise BadArgument(f"`{name}` cannot be sent to the workers: {why}. Create it inside the cell instead, "
+                          "or pass what it is made from") from None  # fmt: skip
     size = len(header) + sum(b.raw().nbytes for b in buffers)
     if size > LARGE:
         digest = hashlib.blake2b(header, digest_size=16)
         for b in buffers:
             digest.update(b.raw())
         result.large[name] = (value, digest.hexdigest(), size)
-        if read_only_array(value) or shareable(value, arrays=True):
-            result.read_only.append(name)  # shared: a function's large arrays made read-only there
-        return
+        return True
     result.values[name] = cloudpickle.dumps(value, protocol=5) if buffers else header
-    if not shareable(value):
-        result.copied.append(name)
+    return False
 
 
 def copyable(what: str, value: Any) -> bytes | None:
@@ -426,8 +387,7 @@ class Shipments:
                     notes.append(f"{name} ({human(size)}) already on the workers")
                 else:
                     future = self._scatter(client, digest, value, size)
-                    workers = len(_compat.workers(client))
-                    notes.append(f"sent {name} ({human(size)}) once to each of {workers} workers")
+                    notes.append(f"sent {name} ({human(size)}) once to each of {len(_compat.workers(client))} workers")
                 old, self.by_name[name] = self.by_name.get(name), digest
                 if old is not None and old != digest and old not in self.by_name.values():
                     self.futures.pop(old, None)  # dropping the future frees the workers' copies
@@ -449,9 +409,7 @@ class Shipments:
         """
         return self.futures.get(key.removeprefix("nbcluster-capture-"))
 
-    def reship(
-        self, client: Any, key: str, large: dict[str, tuple[Any, str, int]], workers: list[str] | None
-    ) -> bool:
+    def reship(self, client: Any, key: str, large: dict[str, tuple[Any, str, int]], workers: list[str] | None) -> bool:
         """Scatter again a value whose every holder died; False if it is not one of `large`.
 
         Parameters
@@ -509,16 +467,11 @@ def pin_soon(client: Any, future: Any, size: int, wait: float = PIN_WAIT_S) -> N
     """
 
     def run() -> None:
-        try:
-            holders = client.who_has([future]).get(future.key, ())
-            if holders:
+        with contextlib.suppress(Exception):  # the client closed meanwhile: nothing to save any more
+            if holders := client.who_has([future]).get(future.key, ()):
                 client.run(pin, [(future.key, size)], workers=list(holders), on_error="ignore")
-        except Exception:  # the client closed meanwhile: nothing to save any more
-            pass
 
-    thread = threading.Thread(target=run, name="nbcluster-pin", daemon=True)
-    thread.start()
-    thread.join(wait)
+    threads.spawn(run, name="nbcluster-pin").wait(wait)
 
 
 _SHIPMENTS: weakref.WeakKeyDictionary[Any, Shipments] = weakref.WeakKeyDictionary()
@@ -604,18 +557,29 @@ class Job:
             self.capture.held = {n: how(h) for n, h in self.capture.held.items()}
 
     def for_kernel(self) -> worker.Context:
-        """The context `--local` items run in: the code and the captured values as they are.
+        """The context `--local` items run in: the values as they are, but no item sees another's changes.
+
+        The large plain arrays are read-only views (the notebook's own arrays stay writeable).
+        The values each item gets its own copy of are pickled together (`copyable`), and so
+        is a notebook function that reads a large array (here it reads the notebook's own
+        array), and a function run that is not `shareable`.
 
         Returns
         -------
         worker.Context
-            A context built in the kernel; only the values each item copies are pickled
-            (`Capture.in_kernel`), and a function that reads them.
+            A context built in the kernel.
         """
+        c = self.capture
+        namespace = {"__name__": "__main__", **c.direct}
+        arrays = [n for n in c.read_only if read_only_array(namespace[n])]
+        for name in arrays:
+            namespace[name] = namespace[name].view()
+            namespace[name].flags.writeable = False
+        copied = [*c.copied, *(n for n in c.read_only if isinstance(namespace[n], FunctionType))]
+        fresh = copyable(", ".join(f"`{n}`" for n in copied), {n: c.direct[n] for n in copied}) if copied else None
         code = self._code(wire=False)
         if self.cell is None and not shareable(self.fn):
             code["fn_blob"] = copyable("the function", self.fn)
-        namespace, arrays, fresh = self.capture.in_kernel()
         spec = {**self._binding(), **code, "large": [], "read_only": arrays, "arrays": arrays, "fresh": fresh}
         return worker.Context(spec, namespace)
 
@@ -683,14 +647,11 @@ class Job:
 
     def _check_item(self, first: int) -> None:
         """Fail early, naming the item, when item values cannot travel."""
-        if self.plan.mode == "everywhere":
-            return
         item = self.plan.items[first]
         if self.reads_handles:  # its handles travel as Dask dependencies, not in the blob
             item = handles.held_slots([item], 0)[0][0]
         try:
             cloudpickle.dumps(item)
         except Exception as e:
-            raise BadArgument(
-                f"item {first} ({self.plan.describe(first)}) cannot be sent to the workers: {type(e).__name__}: {e}"
-            ) from None
+            raise BadArgument(f"item {first} ({self.plan.describe(first)}) cannot be sent to the workers: "
+                              f"{type(e).__name__}: {e}") from None  # fmt: skip

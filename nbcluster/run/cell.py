@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import itertools
 import linecache
 import symtable
@@ -113,9 +114,8 @@ class Cell:
             tree = ast.parse(padded, filename=filename, mode="exec")
         except SyntaxError as e:
             text = (e.text or "").strip()
-            hint = ""
-            if text.startswith(("%", "!")) or text.endswith("?"):
-                hint = " (IPython magics and shell commands cannot run on a worker; plain Python only)"
+            magic = text.startswith(("%", "!")) or text.endswith("?")
+            hint = " (IPython magics and shell commands cannot run on a worker; plain Python only)" if magic else ""
             where = f"cell line {e.lineno}" if e.lineno else "the cell"
             raise BadArgument(f"syntax error at {where}: {e.msg}{hint}" + (f": {text}" if text else "")) from None
         if not tree.body:
@@ -125,8 +125,7 @@ class Cell:
         if value is not None:
             tree.body.pop()
         last = None if value is None else compile(ast.Expression(value), filename, "eval")
-        walker = _FreeNames()
-        walker._visit_all(*tree.body, value)
+        walker = _FreeNames(*tree.body, value)
         # Only functions and lambdas read later: a cell without one needs no second parse.
         later = "def" in padded or "lambda" in padded
         deferred = _deferred(symtable.symtable(padded, filename, "exec")) if later else set()
@@ -150,8 +149,7 @@ class Cell:
         """
         skip = set(bound)
         names: dict[str, int | None] = {n: line for n, line in self.immediate.items() if n not in skip}
-        names.update(dict.fromkeys(sorted(self.deferred - skip - set(names))))
-        return names
+        return names | dict.fromkeys(sorted(self.deferred - skip - set(names)))
 
 
 _TRIAL_NAMES = frozenset({"report", "should_stop", "checkpoint"})
@@ -178,14 +176,26 @@ def mentions_trials(body: Any) -> bool:
     >>> mentions_trials(Cell.parse("report(loss=x)", filename="<cell>"))
     True
     """
-    todo = [body.body, body.last] if isinstance(body, Cell) else [getattr(body, "__code__", None)]
-    while todo:
-        code = todo.pop()
-        if isinstance(code, CodeType):
-            if _TRIAL_NAMES.intersection(code.co_names):
-                return True
-            todo.extend(code.co_consts)
-    return False
+    codes = [body.body, body.last] if isinstance(body, Cell) else [getattr(body, "__code__", None)]
+    return any(_TRIAL_NAMES & code_names(code) for code in codes if isinstance(code, CodeType))
+
+
+def code_names(code: CodeType) -> set[str]:
+    """The names `code` and the code nested in it use: globals, and attribute names too.
+
+    What cloudpickle takes of a function's globals, and where `mentions_trials` looks.
+
+    Parameters
+    ----------
+    code : types.CodeType
+        A compiled function, cell or expression.
+
+    Returns
+    -------
+    set of str
+        Its ``co_names`` and those of every code object nested in it.
+    """
+    return set(code.co_names).union(*(code_names(c) for c in code.co_consts if isinstance(c, CodeType)))
 
 
 class _FreeNames(ast.NodeVisitor):
@@ -197,10 +207,11 @@ class _FreeNames(ast.NodeVisitor):
     comprehensions and classes nested in it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *nodes: ast.AST | None) -> None:
         self.bound: set[str] = set()
         self.immediate: dict[str, int] = {}
         self.scopes: list[tuple[set[str], bool]] = []  # (names bound, a class body?)
+        self._visit_all(*nodes)
 
     def _load(self, name: str, line: int) -> None:
         if not any(name in names and not (is_class and depth) for depth, (names, is_class)
@@ -248,9 +259,8 @@ class _FreeNames(ast.NodeVisitor):
     visit_AsyncFor = visit_For
 
     def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
-        for alias in node.names:
-            if alias.name != "*":
-                self._store(alias.asname or alias.name.split(".")[0])
+        for alias in (alias for alias in node.names if alias.name != "*"):
+            self._store(alias.asname or alias.name.split(".")[0])
 
     visit_ImportFrom = visit_Import
 
@@ -298,9 +308,7 @@ class _FreeNames(ast.NodeVisitor):
         # Generator expressions are nearly always consumed where they stand (`sum(...)`),
         # so their reads count as immediate like a list comprehension's.
         self.scopes.append((set(), False))
-        self._visit_all(first.target, *first.ifs)
-        for gen in rest:
-            self._visit_all(gen.iter, gen.target, *gen.ifs)
+        self._visit_all(first.target, *first.ifs, *(n for gen in rest for n in (gen.iter, gen.target, *gen.ifs)))
         self._visit_all(*([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]))
         self.scopes.pop()
 
@@ -478,10 +486,8 @@ def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
 def _target_names(node: ast.expr) -> list[str] | None:
     if isinstance(node, ast.Name):
         return [node.id]
-    if not isinstance(node, ast.Tuple | ast.List):
-        return None
-    subs = [_target_names(elt) for elt in node.elts]
-    return None if any(s is None for s in subs) else [n for s in subs for n in s or ()]
+    subs = [_target_names(elt) for elt in node.elts] if isinstance(node, ast.Tuple | ast.List) else [None]
+    return None if None in subs else [n for s in subs for n in s or ()]
 
 
 def _named_lists(
@@ -490,15 +496,12 @@ def _named_lists(
     example = f'e.g. --{flag} "lr=[0.1, 0.01], depth=[3, 5]"'
     if isinstance(spec, Mapping):
         pairs = [(str(k), v) for k, v in spec.items()]
-        bad = [name for name, _ in pairs if not name.isidentifier()]
-        if bad:
+        if bad := [name for name, _ in pairs if not name.isidentifier()]:
             raise BadArgument(f"--{flag} names must be Python names, got {bad[0]!r}")
     elif isinstance(spec, str):
-        source = f"_({spec})"
-        try:
+        source, call = f"_({spec})", None
+        with contextlib.suppress(SyntaxError):
             call = ast.parse(source, mode="eval").body
-        except SyntaxError:
-            call = None
         if not isinstance(call, ast.Call) or call.args or any(k.arg is None for k in call.keywords):
             raise BadArgument(f"--{flag} needs NAME=VALUES pairs separated by commas, {example}; got {spec!r}")
         names = [k.arg for k in call.keywords]

@@ -33,6 +33,7 @@ evaluates them in the user's namespace and reports their errors.
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import keyword
 import math
@@ -43,12 +44,13 @@ from typing import Any, TypeGuard
 
 from nbcluster.errors import BadArgument
 from nbcluster.run.stoppers import make
-from nbcluster.run.trials import Objective, parse_timeout
+from nbcluster.run.trials import Objective, Rules, parse_timeout
 
 
-def _flag(kind: str, help: str, metavar: str = "", flag: str = "", python: str = "") -> dict[str, str]:
-    """A field's declaration as a flag: see `Flag`."""
-    return {"kind": kind, "help": help, "metavar": metavar, "flag": flag, "python": python}
+def _option(default: Any, kind: str, help: str, metavar: str = "", flag: str = "", python: str = "") -> Any:
+    """A field of `DistributeOptions` with its declaration as a flag (see `Flag`) as metadata."""
+    metadata = {"kind": kind, "help": help, "metavar": metavar, "flag": flag, "python": python}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -74,66 +76,56 @@ class DistributeOptions:
     """The options of one run, checked: each wrong value or clash is one line naming the fix."""
 
     # fmt: off
-    over: Any = field(default=None, metadata=_flag(
-        "expr", "run once per item, with `x` bound; `\"a, b in pairs\"` unpacks each item", '"x in ITERABLE"'))
-    grid: Any = field(default=None, metadata=_flag(
-        "expr", "every combination of the named lists (first name varies slowest)", '"lr=[...], depth=[...]"'))
-    zip: Any = field(default=None, metadata=_flag(
-        "expr", "the named lists walked in step (they must have the same length)", '"a=[...], b=[...]"'))
-    into: str | None = field(default=None, metadata=_flag(
-        "name", "put the results in the variable `NAME` (the cell then shows no output)", "NAME"))
-    gpus: float | None = field(default=None, metadata=_flag(
-        "amount", "each item needs `N` GPUs: it runs only on GPU workers", "N",
-        python="needs=Needs(gpus=N)"))
-    cpus: float | None = field(default=None, metadata=_flag(
-        "amount", "each item needs `N` CPU cores of a CPU worker", "N", python="needs=Needs(cpus=N)"))
-    cpu_only: bool = field(default=False, metadata=_flag(
-        "switch", "keep items off GPU workers", python="needs=Needs(cpu_only=True)"))
-    retries: int = field(default=0, metadata=_flag(
-        "count", "run a failing item again, up to `N` more times", "N"))
-    batch: int | str = field(default="auto", metadata=_flag(
-        "batch", "items per task; `auto` (default) measures the items and batches small ones", "auto|N"))
-    wait: bool = field(default=True, metadata=_flag(
-        "switch", "return at once; the results fill in while you work; `%distribute wait NAME` waits",
-        flag="no-wait"))
-    seed: int | None = field(default=None, metadata=_flag(
-        "int", "each item gets its own reproducible `seed` variable, derived from `S` and its index", "S"))
-    everywhere: bool = field(default=False, metadata=_flag(
-        "switch", "run the cell once on every worker (set-up code); results are keyed by worker",
-        python="nbcluster.everywhere(body)"))
-    ranks: int | None = field(default=None, metadata=_flag(
-        "count", "run the cell as `N` ranks of one job (data-parallel training), all started together, each "
-        "on a worker process of its own with the environment torchrun sets: `RANK`, `WORLD_SIZE`, "
-        "`MASTER_ADDR`, `MASTER_PORT`, and one failing stops them all", "N", python="nbcluster.ranks(body, n=N)"))
-    local: int | str | bool = field(default=0, metadata=_flag(
-        "local", "run the first `K` items here in the kernel first, to debug quickly; `--local` alone "
-        "runs everything here (no cluster needed)", "[K]"))
-    persist: bool = field(default=False, metadata=_flag(
-        "switch", "keep each result in the memory of the worker that made it, with `--into` naming "
-        "them: `NAME[i]` is a handle and `NAME.gather()` brings the values here"))
-    resume: bool = field(default=False, metadata=_flag(
-        "switch", "pick up the last run of this same cell (same items and inputs), from its journal: "
-        "only the items it did not finish run (a new kernel finds it too)"))
-    cluster: str | None = field(default=None, metadata=_flag(
-        "text", "use the named cluster instead of the current one", "NAME", python='on="NAME"'))
-    objective: str | None = field(default=None, metadata=_flag(
-        "text", "the metric (from `nbcluster.report` or the result) that ranks the trials, and which "
-        "way: the live table and `best()` use it; without it the table claims no order", "NAME:min|max"))
-    stopper: Any = field(default=None, metadata=_flag(
-        "expr", "stop losing trials early from their reports of the objective: `asha` or `median`, "
-        "each with parameters such as `asha(grace=1, eta=3, max_t=27)` (the defaults) or "
-        "`median(grace=3, min_trials=3)`", "POLICY", flag="stop"))
-    timeout: str | float | None = field(default=None, metadata=_flag(
-        "text", "stop an item that runs longer than this, such as `90s`, `10m` or `2h` (seconds in "
-        "Python): it ends timed out", "DURATION"))
+    # `_option` makes a dataclasses.Field, as `field` does (RUF009 knows only `field` itself).
+    over: Any = _option(None, "expr", "run once per item, with `x` bound; `\"a, b in pairs\"` unpacks each item",  # noqa: RUF009
+                        '"x in ITERABLE"')
+    grid: Any = _option(None, "expr", "every combination of the named lists (first name varies slowest)",  # noqa: RUF009
+                        '"lr=[...], depth=[...]"')
+    zip: Any = _option(None, "expr", "the named lists walked in step (they must have the same length)",  # noqa: RUF009
+                       '"a=[...], b=[...]"')
+    into: str | None = _option(None, "name", "put the results in the variable `NAME` (the cell then shows no output)",
+                               "NAME")
+    gpus: float | None = _option(None, "amount", "each item needs `N` GPUs: it runs only on GPU workers", "N",
+                                 python="needs=Needs(gpus=N)")
+    cpus: float | None = _option(None, "amount", "each item needs `N` CPU cores of a CPU worker", "N",
+                                 python="needs=Needs(cpus=N)")
+    cpu_only: bool = _option(False, "switch", "keep items off GPU workers", python="needs=Needs(cpu_only=True)")
+    retries: int = _option(0, "count", "run a failing item again, up to `N` more times", "N")
+    batch: int | str = _option("auto", "batch", "items per task; `auto` (default) measures the items and batches "
+                               "small ones", "auto|N")
+    wait: bool = _option(True, "switch", "return at once; the results fill in while you work; `%distribute wait "
+                         "NAME` waits", flag="no-wait")
+    seed: int | None = _option(None, "int", "each item gets its own reproducible `seed` variable, derived from `S` "
+                               "and its index", "S")
+    everywhere: bool = _option(False, "switch", "run the cell once on every worker (set-up code); results are keyed "
+                               "by worker", python="nbcluster.everywhere(body)")
+    ranks: int | None = _option(None, "count", "run the cell as `N` ranks of one job (data-parallel training), all "
+                                "started together, each on a worker process of its own with the environment "
+                                "torchrun sets: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, and one failing "
+                                "stops them all", "N", python="nbcluster.ranks(body, n=N)")
+    local: int | str | bool = _option(0, "local", "run the first `K` items here in the kernel first, to debug "
+                                      "quickly; `--local` alone runs everything here (no cluster needed)", "[K]")
+    persist: bool = _option(False, "switch", "keep each result in the memory of the worker that made it, with "
+                            "`--into` naming them: `NAME[i]` is a handle and `NAME.gather()` brings the values here")
+    resume: bool = _option(False, "switch", "pick up the last run of this same cell (same items and inputs), from "
+                           "its journal: only the items it did not finish run (a new kernel finds it too)")
+    cluster: str | None = _option(None, "text", "use the named cluster instead of the current one", "NAME",
+                                  python='on="NAME"')
+    objective: str | None = _option(None, "text", "the metric (from `nbcluster.report` or the result) that ranks "
+                                    "the trials, and which way: the live table and `best()` use it; without it the "
+                                    "table claims no order", "NAME:min|max")
+    stopper: Any = _option(None, "expr", "stop losing trials early from their reports of the objective: `asha` or "  # noqa: RUF009
+                           "`median`, each with parameters such as `asha(grace=1, eta=3, max_t=27)` (the defaults) "
+                           "or `median(grace=3, min_trials=3)`", "POLICY", flag="stop")
+    timeout: str | float | None = _option(None, "text", "stop an item that runs longer than this, such as `90s`, "
+                                          "`10m` or `2h` (seconds in Python): it ends timed out", "DURATION")
     # fmt: on
 
     def __post_init__(self) -> None:
-        into, local, batch = self.into, self.local, self.batch
+        into, local, batch, ranks = self.into, self.local, self.batch, self.ranks
         if into is not None and (not isinstance(into, str) or not into.isidentifier() or keyword.iskeyword(into)):
             raise BadArgument(f"--into needs a Python variable name, got {into!r}")
-        for name in ("gpus", "cpus"):
-            value = getattr(self, name)
+        for name, value in (("gpus", self.gpus), ("cpus", self.cpus)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
                 raise BadArgument(f"--{name} needs a number above 0, got {value!r}")
         if self.cpu_only and self.gpus:
@@ -154,43 +146,45 @@ class DistributeOptions:
             raise BadArgument(f"--persist runs each item as a Dask task of its own, holding its value: drop --batch {batch}")
         if self.persist and local not in (0, False):
             raise BadArgument("--persist keeps the results on the workers, --local runs items in the kernel: drop one of them")
-        if self.ranks is not None:
-            self._check_ranks()
-        if self.everywhere and self.resume:
-            raise BadArgument("--everywhere runs are not journaled (their items are the workers of now): drop --resume")
-        self._check_trials()
-        if self.everywhere and local not in (0, False):
-            raise BadArgument("--everywhere runs on the workers; it cannot be combined with --local")
-
-    def _check_ranks(self) -> None:
-        """`--ranks N` is one job: nothing that makes or keeps several independent items."""
-        if not _whole(self.ranks) or self.ranks < 1:
-            raise BadArgument(f"--ranks needs a whole number of 1 or more, got {self.ranks!r}")
+        if ranks is not None and (not _whole(ranks) or ranks < 1):
+            raise BadArgument(f"--ranks needs a whole number of 1 or more, got {ranks!r}")
+        # `--ranks N` is one job: nothing that makes or keeps several independent items.
         clashes = [flag for flag, on in (
             ("--over", self.over is not None), ("--grid", self.grid is not None), ("--zip", self.zip is not None),
             ("--everywhere", self.everywhere), ("--persist", self.persist),
-            ("--local", self.local not in (0, False)), ("--retries", bool(self.retries)),
-        ) if on]  # fmt: skip
+            ("--local", local not in (0, False)), ("--retries", bool(self.retries)),
+        ) if on and ranks is not None]  # fmt: skip
         if clashes:
-            raise BadArgument(
-                f"--ranks {self.ranks} runs the cell as one job of {self.ranks} ranks that start and fail together: "
-                f"it cannot be combined with {', '.join(clashes)}; drop {'it' if len(clashes) == 1 else 'them'}"
-            )
-
-    def _check_trials(self) -> None:
-        if self.objective is not None:
-            Objective.parse(self.objective)
-        if self.stopper is not None:
-            make(self.stopper)
-        if self.timeout is not None:
-            parse_timeout(self.timeout)
+            raise BadArgument(f"--ranks {ranks} runs the cell as one job of {ranks} ranks that start and fail together: "
+                              f"it cannot be combined with {', '.join(clashes)}; drop {'it' if len(clashes) == 1 else 'them'}")  # fmt: skip
+        if self.everywhere and self.resume:
+            raise BadArgument("--everywhere runs are not journaled (their items are the workers of now): drop --resume")
         stops = self.stopper is not None or self.timeout is not None
+        if stops or self.objective is not None:  # (a plain run loads none of trials.py and stoppers.py)
+            self.rules()  # each of --objective, --stop and --timeout alone
         if self.stopper is not None and self.objective is None:
             raise BadArgument("--stop judges trials by their objective: add --objective NAME:min|max")
-        if stops and self.batch not in ("auto", 1):
-            raise BadArgument(f"--stop and --timeout stop items one at a time (one a task): drop --batch {self.batch}")
+        if stops and batch not in ("auto", 1):
+            raise BadArgument(f"--stop and --timeout stop items one at a time (one a task): drop --batch {batch}")
         if self.everywhere and (stops or self.objective is not None):
             raise BadArgument("--everywhere runs set-up code once per worker: drop --stop/--timeout/--objective")
+        if self.everywhere and local not in (0, False):
+            raise BadArgument("--everywhere runs on the workers; it cannot be combined with --local")
+
+    def rules(self) -> Rules:
+        """What judges the run's trials: ``--objective``, ``--stop`` and ``--timeout``, each parsed.
+
+        Returns
+        -------
+        Rules
+            The parsed rules; each is None when its flag is not given.
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            For a malformed value, naming the flag.
+        """
+        return Rules(Objective.parse(self.objective), make(self.stopper), parse_timeout(self.timeout))
 
 
 def _whole(value: object) -> TypeGuard[int]:
@@ -198,9 +192,8 @@ def _whole(value: object) -> TypeGuard[int]:
 
 
 FLAGS: tuple[Flag, ...] = tuple(
-    Flag(name=f.metadata["flag"] or f.name.replace("_", "-"), dest=f.name, kind=f.metadata["kind"],
-         metavar=f.metadata["metavar"], help=f.metadata["help"], default=f.default,
-         python=f.metadata["python"] or f"{f.name}={f.default!r}")
+    Flag(f.metadata["flag"] or f.name.replace("_", "-"), f.name, f.metadata["kind"], f.metadata["metavar"],
+         f.metadata["help"], f.default, f.metadata["python"] or f"{f.name}={f.default!r}")
     for f in fields(DistributeOptions)
 )
 _BY_NAME = {f.name: f for f in FLAGS}
@@ -257,8 +250,21 @@ def parse_distribute_line(line: str) -> dict[str, Any]:
     >>> parse_distribute_line('--over "x in range(3)" --into res --no-wait')
     {'first_line': 2, 'over': 'x in range(3)', 'into': 'res', 'wait': False}
     """
+    groups: list[tuple[Flag, list[str]]] = []  # each flag with the words after it
+    for word in _words(line):
+        if word.startswith("--"):
+            name, eq, rest = word[2:].partition("=")
+            if name not in _BY_NAME:
+                close = difflib.get_close_matches(name, list(_BY_NAME), n=1)
+                hint = f"; did you mean --{close[0]}?" if close else ""
+                raise BadArgument(f"unknown option --{name}{hint} Usage: {usage()}")
+            groups.append((_BY_NAME[name], [rest] if eq else []))
+        elif not groups:
+            raise BadArgument(f"unexpected {word!r} before any --option. Usage: {usage()}")
+        else:
+            groups[-1][1].append(word)
     options: dict[str, Any] = {}
-    for flag, words in _split_flags(_words(line)):
+    for flag, words in groups:
         if flag.dest in options:
             raise BadArgument(f"--{flag.name} is given twice")
         options[flag.dest] = _read(flag, words)
@@ -290,10 +296,8 @@ def parse_wait_line(line: str) -> str:
         return words[1]
     if words[:1] == ["wait"]:
         raise BadArgument("usage: %distribute wait NAME, where NAME holds the results of a --no-wait cell")
-    raise BadArgument(
-        "%distribute as a line magic only takes `wait NAME` (the journaled runs: `%cluster runs`); to run a cell "
-        "on the cluster, put %%distribute (two %) on the first line of the cell"
-    )
+    raise BadArgument("%distribute as a line magic only takes `wait NAME` (the journaled runs: `%cluster runs`); to "
+                      "run a cell on the cluster, put %%distribute (two %) on the first line of the cell")  # fmt: skip
 
 
 # A string literal (a quote, then escaped or other characters up to the same quote), a
@@ -319,23 +323,6 @@ def _words(line: str) -> list[str]:
     return [*words, current] if current else words
 
 
-def _split_flags(words: list[str]) -> list[tuple[Flag, list[str]]]:
-    groups: list[tuple[Flag, list[str]]] = []
-    for word in words:
-        if word.startswith("--"):
-            name, eq, rest = word[2:].partition("=")
-            if name not in _BY_NAME:
-                close = difflib.get_close_matches(name, list(_BY_NAME), n=1)
-                hint = f"; did you mean --{close[0]}?" if close else ""
-                raise BadArgument(f"unknown option --{name}{hint} Usage: {usage()}")
-            groups.append((_BY_NAME[name], [rest] if eq else []))
-        elif not groups:
-            raise BadArgument(f"unexpected {word!r} before any --option. Usage: {usage()}")
-        else:
-            groups[-1][1].append(word)
-    return groups
-
-
 _EXPECTED = {"amount": "a number", "count": "a whole number", "int": "a whole number",
              "batch": "`auto` or a whole number", "local": "a whole number (or nothing, for all items)"}  # fmt: skip
 
@@ -351,11 +338,9 @@ def _read(flag: Flag, words: list[str]) -> Any:
     if flag.kind == "local" and not words:
         return "all"
     text = " ".join(words)
-    try:
+    with contextlib.suppress(SyntaxError, ValueError):
         node = ast.parse(text, mode="eval").body
         text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else text
-    except (SyntaxError, ValueError):
-        pass
     text = text.strip()
     if not text:
         raise BadArgument(f"--{flag.name} needs a value. Usage: {usage()}")

@@ -126,7 +126,7 @@ class Results(TrialResults):
     @property
     def client(self) -> Any:
         """The `distributed.Client` the run was submitted through (None for a ``--local`` run)."""
-        return self._control.client
+        return self._control.engine.client
 
     @property
     def started(self) -> float:
