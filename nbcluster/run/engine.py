@@ -84,7 +84,6 @@ from nbcluster.worker import held
 WATCH_S = 0.5  # how often a running start checks its cluster
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
 PERSIST_AHEAD = 1024  # --persist: items submitted ahead, per thread, at most
-_STARTS = itertools.count(1)  # each start's stop token is the run's id and one of these
 
 
 class Engine:
@@ -111,6 +110,7 @@ class Engine:
         self.journal: Writer | None = None  # every delivered batch is appended (`journal/store.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
         self._told: int | None = 0  # items the last backlog report held back; None: not taken
+        self._starts = itertools.count(1)  # a start's stop token is the run's id and its number
 
     @property
     def run_id(self) -> str:
@@ -253,16 +253,23 @@ class Engine:
         """
         assert self.link is not None
         self.state.add_done_callback(self.job.forget_handles)
-        self.token = f"{self.run_id}-{next(_STARTS)}"
+        self.token = f"{self.run_id}-{next(self._starts)}"
         self.transport.stopping = False
         strategy: Any = {"everywhere": everywhere.drive, "ranks": ranks.drive}.get(self.job.plan.mode)
         policy = None if strategy else _policy(indices, self.job, self.link.threads)
         target = functools.partial(strategy, self) if strategy else functools.partial(self._drive, policy)
-        name = f"nbcluster-distribute-{self.run_id}"
+        name, driven = f"nbcluster-distribute-{self.run_id}", threading.Event()
         # The watch thread starts after its first look's wait: a run over by then never starts one.
-        driven = threading.Event()
         watch = threads.later(WATCH_S, self._watch, driven, policy, name=f"{name}-watch")
-        threads.spawn(_driving, target, indices, driven, watch, name=name)
+
+        def driving() -> None:
+            try:
+                target(indices)
+            finally:
+                driven.set()
+                watch.cancel()
+
+        threads.spawn(driving, name=name)
 
     def _watch(self, driven: threading.Event, policy: Policy | None) -> None:
         """Until the driver ends (`driven`): follow the cluster's threads, report the backlog,
@@ -403,7 +410,7 @@ class Engine:
             return None
         if "lost" in data:
             if self.shipment.reship(client, self.job, data["lost"], data.get("worker")):
-                policy.put_back(indices)  # not the items' fault: no attempt used
+                policy.refused(indices)  # not the items' fault: no attempt used
                 return None
             data = _failed(n, worker.error_record(RuntimeError("a captured value was lost with the workers holding it")))
         values, errors, outputs, ran_on = data["values"], data["errors"], data["outputs"], data.get("ran_on")
@@ -640,21 +647,13 @@ def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
         threads, fixed=1 if job.persist else job.sends.batch, probe_items=probe_items,
         min_batch=config.seconds("distribute.min-batch"), max_batch=config.seconds("distribute.max-batch"),
     )  # fmt: skip
-    per_thread = max(1, int(config.get("distribute.in-flight")))
+    per_thread = int(config.get("distribute.in-flight"))
     if job.reads_handles or job.persist:
         # One item a task, all out at once as `client.map` would (each placed where its value
         # is, for handles read), so the scheduler's queue feeds the workers, not a round trip
         # to the kernel after each item; a persisted run bounded, not all futures at once.
         per_thread = max(per_thread, len(indices) if job.reads_handles else min(len(indices), PERSIST_AHEAD))
     return Policy(indices, batcher, retries=job.sends.retries, per_thread=per_thread)
-
-
-def _driving(target: Any, indices: Sequence[int], driven: threading.Event, watch: threads.Later) -> None:
-    try:
-        target(indices)
-    finally:
-        driven.set()
-        watch.cancel()
 
 
 def _tell_workers(client: Any, token: str) -> None:
@@ -685,17 +684,14 @@ def _unpack(future: Any, result: Any, n: int) -> dict[str, Any]:
 
     # A result blob is a result even if the future reads "lost" by now: the worker that
     # held it died after it was gathered.
-    if future.status != "finished" and not isinstance(result, bytes):
-        exc = result[1] if isinstance(result, tuple) else result
-        if (missing := _nbcluster_missing(exc)) is not None:
+    if future.status != "finished" and not isinstance(result, bytes):  # then `result` is its exception
+        if (missing := _nbcluster_missing(result)) is not None:
             return {"halt": missing}
-        if isinstance(exc, KilledWorker) and len(exc.args) == 3:
-            return {"killed": exc}
-        if type(exc).__name__ == "CancelledError":
-            exc = type(exc)("the batch was cancelled on the cluster")
-        elif not isinstance(exc, BaseException):
-            exc = RuntimeError(f"the batch failed: {exc!r}")
-        return _failed(n, worker.error_record(exc, frames=False), fatal=False)
+        if isinstance(result, KilledWorker) and len(result.args) == 3:
+            return {"killed": result}
+        if type(result).__name__ == "CancelledError":
+            result = type(result)("the batch was cancelled on the cluster")
+        return _failed(n, worker.error_record(result, frames=False), fatal=False)
     try:
         data: dict[str, Any] = cloudpickle.loads(result)
     except Exception as e:
@@ -711,11 +707,9 @@ def _nbcluster_missing(exc: Any) -> str | None:
     RuntimeError; the cause it keeps says which module was missing.
     """
     for _ in range(8):  # a chain is short; a cycle must not hang the driver
-        if not isinstance(exc, BaseException):
-            return None
         if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] == "nbcluster":
             return f"{type(exc).__name__}: {exc}"
-        exc = exc.__cause__ or exc.__context__
+        exc = getattr(exc, "__cause__", None) or getattr(exc, "__context__", None)
     return None
 
 
@@ -723,18 +717,15 @@ def _killed_record(client: Any, described: str, index: int, killed: Any) -> work
     """The failure of item `index`, whose worker died each time it ran it: the count, and the
     last thing the dead worker's nanny logged (its exit status, or the memory limit it
     passed); Dask keeps no stderr of the dead process itself."""
-    message = (
-        f"item {index}{f' ({described})' if described else ''} killed its worker "
-        f"{killed.allowed_failures + 1} times (a crash or out of memory)"
-    )
     last, lines = killed.last_worker, []
     with contextlib.suppress(Exception):  # no nanny (`dask worker --no-nanny`), or it is gone too
-        if last.nanny:
-            lines = [str(msg).split(" - ", 3)[-1].strip() for _, msg in nanny_logs(client, last.nanny)]
+        logs = nanny_logs(client, last.nanny) if last.nanny else []
+        lines = [str(msg).split(" - ", 3)[-1].strip() for _, msg in logs]
     # Newest first. Nannies that share a process share its log: keep this worker's lines.
     pid = getattr(last, "pid", None)
     lines = [line for line in lines if pid is None or f"pid={pid})" in line or f"process {pid} " in line]
-    for said in (line for wanted in ("memory budget", "Worker process") for line in lines if wanted in line):
-        message += f"; the worker's nanny logged: {said}"
-        break
+    said = next((line for wanted in ("memory budget", "Worker process") for line in lines if wanted in line), None)
+    logged = f"; the worker's nanny logged: {said}" if said else ""
+    message = (f"item {index}{f' ({described})' if described else ''} killed its worker "
+               f"{killed.allowed_failures + 1} times (a crash or out of memory){logged}")  # fmt: skip
     return worker.error_record(WorkerKilled(message), frames=False)

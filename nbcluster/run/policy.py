@@ -186,7 +186,7 @@ class Policy:
             if self.attempts.get(i, 0) < self.retries:
                 self.attempts[i] = self.attempts.get(i, 0) + 1
                 retry.append(i)
-        self.put_back(retry + list(indices[reached:]))
+        self.items.put_back(retry + list(indices[reached:]))
         return retry
 
     def killed(self, indices: Sequence[int], *, alone: bool) -> list[int]:
@@ -213,14 +213,15 @@ class Policy:
         return []
 
     def refused(self, indices: Sequence[int]) -> None:
-        """A batch came back unrun (refused, or sent again elsewhere): not an attempt of its items.
+        """A batch came back unrun (refused, sent again elsewhere, or its input was lost and sent
+        again): not an attempt of its items.
 
         Parameters
         ----------
         indices : sequence of int
             The batch's items, back in front of the backlog.
         """
-        self.put_back(indices)
+        self.items.put_back(indices)
         if not self.batcher.items:
             self.batcher.alone_first = True  # no first item came: the next batch is one
 
@@ -230,9 +231,9 @@ class Policy:
         Parameters
         ----------
         threads : int
-            Usable worker threads (at least 1 is assumed).
+            Usable worker threads (at least 1).
         """
-        self.batcher.threads = max(threads, 1)
+        self.batcher.threads = threads
 
     def drain(self) -> list[int]:
         """Every item not yet submitted, taken out: the run fails or gives them up.
@@ -243,8 +244,7 @@ class Policy:
             The suspects' items, then the backlog's.
         """
         taken = [*(i for part in self.suspects for i in part), *self.items]
-        self.items = _Queue([])
-        self.suspects.clear()
+        self.items, self.suspects = _Queue([]), deque()
         return taken
 
     def held(self) -> int:
@@ -256,16 +256,6 @@ class Policy:
             Their count.
         """
         return len(self.items) + sum(len(part) for part in self.suspects)
-
-    def put_back(self, indices: Sequence[int]) -> None:
-        """`indices` go back in front of the backlog, in their order (not an attempt of theirs).
-
-        Parameters
-        ----------
-        indices : sequence of int
-            Items to submit again.
-        """
-        self.items.put_back(indices)
 
 
 class Batcher:
@@ -302,12 +292,9 @@ class Batcher:
     5
     """
 
-    def __init__(
-        self, threads: int, *, fixed: int | None = None, min_batch: float = 0.05, max_batch: float = 0.25,
-        probe_items: int | None = PROBE_ITEMS,
-    ):  # fmt: skip
-        self.threads = max(threads, 1)
-        self.fixed, self.probe_items = fixed, probe_items
+    def __init__(self, threads: int, *, fixed: int | None = None, min_batch: float = 0.05, max_batch: float = 0.25,
+                 probe_items: int | None = PROBE_ITEMS):  # fmt: skip
+        self.threads, self.fixed, self.probe_items = max(threads, 1), fixed, probe_items
         self.bounds = (min_batch, max_batch)
         self.items, self.seconds = 0, 0.0  # items measured, and their total time on the workers
         self.alone_first = True  # the next batch is one item (see the module docstring)
@@ -350,8 +337,7 @@ class Batcher:
         if idle is not None:
             self._idle.append(idle)
         if count > 0:
-            self.items += count
-            self.seconds += seconds
+            self.items, self.seconds = self.items + count, self.seconds + seconds
 
     def next_size(self, remaining: int, free: int = 1) -> int:
         """How many of the `remaining` items the next batch takes.

@@ -19,10 +19,10 @@ and hands back what finished. The engine talks to nothing else of the way out. I
 Every batch out is *pending* (its items by future, or by direct `Call`) until taken. A
 `Transport` lives as long as its run.
 
-What is where, in this module: `Transport` and its one queue of finished batches
-(`_Completions`); Dask tasks bound to their workers (`_placing`); the direct path (`Call`,
-`_Direct`); results pushed ahead of a gather (`_Inbox`); tasks that load anywhere (`task`,
-`halt_reason`); what goes before the first batch (`Shipment`).
+What is where, in this module: `Transport`, with its one queue of finished batches; Dask
+tasks bound to their workers (`_placing`); the direct path (`Call`, `_Direct`); results
+pushed ahead of a gather (`_Inbox`); tasks that load anywhere (`task`, `halt_reason`); what
+goes before the first batch (`Shipment`).
 
 Direct batches. A batch that is a Dask task crosses the scheduler on its way out and on its
 way back: 4 to 5 ms here for a task that does nothing, the whole cost of a small cell. A
@@ -145,7 +145,7 @@ class Transport:
         self.idle.set()
         self._alone: Any = None  # the batch that has been the only one out since its submit
         self._seq = itertools.count()
-        self._completed: _Completions | None = None
+        self._completed: queue.SimpleQueue[Any] | None = None  # finished batches; itself: the start is over
         self._direct: _Direct | None = None
         self._inbox: _Inbox | None = None
 
@@ -167,11 +167,10 @@ class Transport:
         bool
             Whether a worker takes direct batches now.
         """
-        completed, sending = _Completions(), None
+        completed, sending = queue.SimpleQueue[Any](), None
         if direct and link.needs == Needs() and config.seconds("distribute.direct") > 0:
             sending = _Direct(link.client, link.workers(), per_thread, completed)
         with self.lock:
-            self.stopping = False
             self._completed, self._direct = completed, sending
         return sending is not None and sending.worker() is not None
 
@@ -207,14 +206,11 @@ class Transport:
         list of distributed.Future or None
             The tasks' futures; Nones when stopping (nothing was submitted).
         """
-        if not calls:
-            return []
         self._inbox = self._inbox or _inbox(client)
-        prefix = "persist" if persist else "distribute"
         with self.lock:
             if self.stopping:
                 return [None] * len(calls)
-            keys = [f"{prefix}-{self.run_id}-{next(self._seq)}" for _ in calls]
+            keys = [f"{'persist' if persist else 'distribute'}-{self.run_id}-{next(self._seq)}" for _ in calls]
             if self._inbox is not None:
                 self._inbox.expect(keys)  # before the tasks can run: a push may come first
             columns = zip(*(c[1:] for c in calls), strict=True)
@@ -224,7 +220,6 @@ class Transport:
                 self._out(future, indices)
             completed = self._completed
         if completed is not None:
-            completed.expect(len(made))
             for future in made:
                 future.add_done_callback(completed.put)
         return list(made)
@@ -280,18 +275,14 @@ class Transport:
         list
             Dask futures and direct calls.
         """
-        completed = self._completed
-        if completed is None:
-            return
-        while completed.out > 0:
+        # Each pending batch reaches the queue once it is finished (a direct batch's first
+        # item sent ahead, before it); `lose` puts the queue itself there.
+        while (completed := self._completed) is not None and self.pending:
             done = [completed.get()]
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    done.append(completed.get_nowait())
-            if completed in done:  # cleared: the run is over
+            while not completed.empty():  # the only reader: what it holds, it gives
+                done.append(completed.get_nowait())
+            if completed in done:
                 return
-            with completed.lock:
-                completed.out -= len(done)
             yield done
 
     def results(self, client: Any, done: list[Any]) -> list[Any]:
@@ -313,14 +304,11 @@ class Transport:
         list
             Per batch, its blob or its exception.
         """
-        got: dict[int, Any] = {id(f): f.answer for f in done if isinstance(f, Call)}
-        for f in done:
-            if id(f) not in got and f.status == "finished" and (pushed := self.pushed(str(f.key))) is not None:
-                got[id(f)] = pushed
-        if fetch := [f for f in done if id(f) not in got and f.status == "finished"]:
+        got = {id(f): f.answer if isinstance(f, Call) else self.pushed(str(f.key)) for f in done}
+        if fetch := [f for f in done if got[id(f)] is None and f.status == "finished"]:
             with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
                 got.update({id(f): blob for f, blob in zip(fetch, client.gather(fetch), strict=True)})
-        return [got[id(f)] if id(f) in got else outcome(f) for f in done]
+        return [outcome(f) if got[id(f)] is None else got[id(f)] for f in done]
 
     def pushed(self, key: str) -> bytes | None:
         """What the worker of task `key` pushed ahead of its end, if it came.
@@ -357,11 +345,9 @@ class Transport:
             if isinstance(future, Call) and future.of is not None:
                 # The first item of a batch still out (`worker/direct.py`): a batch of its own
                 # now; the batch's answer leaves it out.
-                whole = self.pending.get(future.of)
-                if whole is None:
-                    return None, False, False
-                batch, self.pending[future.of] = whole[:1], whole[1:]
-                return batch, False, False
+                if (whole := self.pending.get(future.of)) is not None:
+                    self.pending[future.of] = whole[1:]
+                return (None if whole is None else whole[:1]), False, False
             batch = self.pending.pop(future, None)
             alone, self._alone = self._alone is future, None
         unrun = isinstance(future, Call) and future.status != "finished"
@@ -378,10 +364,9 @@ class Transport:
             True when no batch is pending.
         """
         with self.lock:
-            if self.pending:
-                return False
-            self.idle.set()
-            return True
+            if not self.pending:
+                self.idle.set()
+            return not self.pending
 
     def abandon_lost(self, workers: dict[str, int]) -> None:
         """Give up the direct calls to workers no longer in the cluster.
@@ -439,20 +424,6 @@ class Transport:
         if completed is not None:
             completed.put(completed)  # `completions` ends
         return futures
-
-
-class _Completions(queue.SimpleQueue[Any]):
-    """One start's finished batches, futures and direct calls, in one queue (`put`), and how
-    many are still out (`expect`); putting this object itself ends `Transport.completions`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lock = threading.Lock()
-        self.out = 0
-
-    def expect(self, n: int = 1) -> None:
-        with self.lock:
-            self.out += n
 
 
 @contextlib.contextmanager
@@ -517,11 +488,11 @@ class _Direct:
         The workers every item fits, with their threads (`MAX_WORKERS` of them are used).
     per_thread : int
         Direct batches a worker may hold per thread (``distribute.in-flight``).
-    completions : _Completions
+    completions : queue.SimpleQueue
         Where each call goes when it is answered, after it was counted out.
     """
 
-    def __init__(self, client: Any, workers: dict[str, int], per_thread: int, completions: _Completions):
+    def __init__(self, client: Any, workers: dict[str, int], per_thread: int, completions: queue.SimpleQueue[Any]):
         self.client = client
         chosen = sorted(workers)[:MAX_WORKERS]
         if len(chosen) < len(workers):
@@ -582,7 +553,6 @@ class _Direct:
             number, self._numbered[worker] = self._numbered[worker], self._numbered[worker] + 1
             args = {"key": key, "context": context, "batch": blob, "token": token, "sender": self.sender, "number": number}
             self._held.append((call, args, first))
-        self.completions.expect()
         return call
 
     def flush(self) -> None:
@@ -615,7 +585,6 @@ class _Direct:
 
     def _ahead(self, call: Call, blob: bytes) -> None:
         # In the client's event loop: the first item of `call`, ahead of its answer.
-        self.completions.expect()
         self.completions.put(Call(self.client, call.key, call.worker, of=call, answer=blob))
 
     def _answered(self, call: Call, sent: Any) -> None:
@@ -646,29 +615,25 @@ class _Inbox:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._wanted: set[str] = set()
-        self._blobs: dict[str, bytes] = {}
+        self._blobs: dict[str, bytes | None] = {}  # by the key expected: its blob, once pushed
 
     def expect(self, keys: Sequence[str]) -> None:
         with self._lock:
-            self._wanted.update(keys)
+            self._blobs.update(dict.fromkeys(keys))
 
     def take(self, key: str) -> bytes | None:
         with self._lock:
-            self._wanted.discard(key)
             return self._blobs.pop(key, None)
 
     def forget(self, run_id: str) -> None:
         """Expect nothing more of run `run_id` (its keys hold ``-<run id>-``)."""
-        mark = f"-{run_id}-"
         with self._lock:
-            self._wanted = {k for k in self._wanted if mark not in k}
-            self._blobs = {k: b for k, b in self._blobs.items() if mark not in k}
+            self._blobs = {k: b for k, b in self._blobs.items() if f"-{run_id}-" not in k}
 
     def arrived(self, event: tuple[float, Any]) -> None:
         key, blob = event[1].get("key"), event[1].get("report")
         with self._lock:
-            if isinstance(key, str) and isinstance(blob, bytes) and key in self._wanted:
+            if isinstance(key, str) and isinstance(blob, bytes) and key in self._blobs:
                 self._blobs[key] = blob
 
 
