@@ -340,12 +340,10 @@ class Engine:
             self.state.direct_keys.append(future.key)
         # A batch that did not finish may have been cancelled by Dask with a dead cluster:
         # not the items' failure.
-        gone = None if future.status == "finished" or self.transport.stopping else self.link.gone()
-        if gone is not None:
+        if (gone := None if future.status == "finished" or self.transport.stopping else self.link.gone()) is not None:
             self._lose(gone)
             return False
-        fatal = self._handle(future, result, batch, policy, alone=alone)
-        if fatal is not None:
+        if (fatal := self._handle(future, result, batch, policy, alone=alone)) is not None:
             self.fail(policy.drain(), fatal)
             self.transport.cancel(self.client)
             return False
@@ -356,34 +354,29 @@ class Engine:
         the scheduler per placement."""
         if self.transport.stopping:
             return
-        assert self.link is not None
-        budget, items = policy.batcher.budget, self.job.plan.items
+        assert self.link is not None and self.shipment.context is not None
+        budget, items, job = policy.batcher.budget, self.job.plan.items, self.job
         groups: dict[bool, tuple[list[tuple[Any, bytes, list[Any]]], list[list[str]]]] = {}
         for batch in policy.top_up(len(self.transport.pending)):
-            indices: Any = batch
-            if batch and batch[-1] - batch[0] == len(batch) - 1:
-                indices = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
+            if batch[-1] - batch[0] == len(batch) - 1:
+                batch = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
             # The plan's items are a list or a range (whose slice is a range: a few bytes).
-            chosen = items[indices.start : indices.stop] if isinstance(indices, range) else [items[i] for i in batch]
-            deps: list[Any] = []
-            if self.job.reads_handles:
-                chosen, deps = held_slots(chosen, len(self.job.capture.held))
+            chosen = items[batch.start : batch.stop] if isinstance(batch, range) else [items[i] for i in batch]
+            chosen, deps = held_slots(chosen, len(job.capture.held)) if job.reads_handles else (chosen, [])
             try:
-                blob = cloudpickle.dumps((indices, chosen, budget))
+                blob = cloudpickle.dumps((batch, chosen, budget))
             except Exception as e:
                 self.fail(batch, worker.error_record(TypeError(f"the item values cannot be sent to the workers: {e}")))
                 continue
-            assert self.shipment.context is not None
-            if not deps and self.transport.send_direct(indices, self.shipment.context, blob, self.token):
+            if not deps and self.transport.send_direct(batch, self.shipment.context, blob, self.token):
                 continue
             # Where its input is (`worker/held.py`); a persisted item without one, loosely on every
             # worker that fits: Dask never queues a restricted task as a root task, so the items
             # reach the workers at once and run back to back.
             holders = placed.of(self.client, items, deps) if placed is not None else []
-            holders = holders or (self.link.eligible if self.job.persist else [])
             tasks, where = groups.setdefault(bool(deps), ([], []))
-            tasks.append((indices, blob, deps))
-            where.append(holders)
+            tasks.append((batch, blob, deps))
+            where.append(holders or (self.link.eligible if job.persist else []))
         self.transport.flush()  # the direct batches of this top-up go out together
         for tasks, where in groups.values():
             self.submit_tasks(tasks, placed=where, **self.link.submit_kwargs)

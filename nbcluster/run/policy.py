@@ -117,10 +117,8 @@ class Policy:
     def __init__(self, indices: Sequence[int], batcher: Batcher, *, retries: int = 0, per_thread: int = 2):
         self.items = _Queue(indices)
         self.suspects: deque[list[int]] = deque()  # parts of killed batches, each to run alone
-        self.retries = retries
         self.attempts: dict[int, int] = {}  # by the failed items only (no dict of a million)
-        self.batcher = batcher
-        self.per_thread = max(1, per_thread)
+        self.retries, self.batcher, self.per_thread = retries, batcher, max(1, per_thread)
 
     @property
     def limit(self) -> int:
@@ -181,11 +179,8 @@ class Policy:
         """
         if seconds is not None:
             self.batcher.observe(reached, seconds, idle=idle)
-        retry = []
-        for i in (indices[j] for j in failed):
-            if self.attempts.get(i, 0) < self.retries:
-                self.attempts[i] = self.attempts.get(i, 0) + 1
-                retry.append(i)
+        retry = [indices[j] for j in failed if self.attempts.get(indices[j], 0) < self.retries]
+        self.attempts.update({i: self.attempts.get(i, 0) + 1 for i in retry})
         self.items.put_back(retry + list(indices[reached:]))
         return retry
 

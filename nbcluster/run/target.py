@@ -230,8 +230,7 @@ class Link:
         list of str
             Their addresses; empty when the cluster has no worker that fits.
         """
-        self.open()
-        return self._place()[2]
+        return self.open()._place()[2]
 
     @property
     def name(self) -> str:

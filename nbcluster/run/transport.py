@@ -244,16 +244,13 @@ class Transport:
             True when it was sent, or dropped because the run is stopping (its items then
             become cancelled).
         """
-        if (sending := self._direct) is None:
-            return False
         with self.lock:
-            if self.stopping:
-                return True
-            call = sending.send(f"distribute-{self.run_id}-{next(self._seq)}", context, blob, token, not self.pending)
-            if call is None:
-                return False
-            self._out(call, indices)
-        return True
+            if self.stopping or (sending := self._direct) is None:
+                return self.stopping
+            key = f"distribute-{self.run_id}-{next(self._seq)}"
+            if (call := sending.send(key, context, blob, token, not self.pending)) is not None:
+                self._out(call, indices)
+        return call is not None
 
     def _out(self, batch: Any, indices: Any) -> None:
         # Under `lock`: `batch` (a future or a direct call) is pending, alone if none else is.
@@ -417,10 +414,8 @@ class Transport:
             The futures and direct calls that were pending.
         """
         with self.lock:
-            self.stopping = True
-            futures = list(self.pending)
-            self.pending.clear()
-            completed = self._completed
+            self.stopping, completed = True, self._completed
+            futures, self.pending = list(self.pending), {}
         if completed is not None:
             completed.put(completed)  # `completions` ends
         return futures
@@ -493,14 +488,13 @@ class _Direct:
     """
 
     def __init__(self, client: Any, workers: dict[str, int], per_thread: int, completions: queue.SimpleQueue[Any]):
-        self.client = client
+        self.client, self.completions = client, completions
         chosen = sorted(workers)[:MAX_WORKERS]
-        if len(chosen) < len(workers):
-            per_thread = 1  # the batches a thread would queue here go to another worker's free thread
+        # Past MAX_WORKERS, the batches a thread would queue here go to another worker's free thread.
+        per_thread = 1 if len(chosen) < len(workers) else per_thread
         self.slots = {address: max(1, workers[address]) * per_thread for address in chosen}
         self.out = dict.fromkeys(chosen, 0)
         self.until = time.monotonic() + config.seconds("distribute.direct")
-        self.completions = completions
         self.stopped = False  # set by the transport after a failed call: the rest are Dask tasks
         self._lock = threading.Lock()  # `out`: the driver sends, the client's loop answers
         self._held: list[tuple[Call, dict[str, Any], bool]] = []  # sent, not yet started
