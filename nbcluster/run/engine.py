@@ -210,8 +210,7 @@ class Engine:
         nbcluster.errors.HandleGone
             When a persisted value the run reads is gone.
         """
-        indices = self.state.unfinished()
-        if not indices:
+        if not (indices := self.state.unfinished()):
             return False
         if self.journal is not None:
             self.journal.reopen()
@@ -223,8 +222,7 @@ class Engine:
                 self.state.end()
             return True
         self.job.recall_handles()
-        self.link.open()
-        self.ship()
+        self.ship()  # opens the link
         self.state.begin(indices)
         self.start(indices)
         return True
@@ -422,10 +420,9 @@ class Engine:
         self._deliver(indices, values, errors, outputs, ran_on=ran_on)
         return data.get("fatal")
 
-    def _deliver(
-        self, indices: Sequence[int], values: Sequence[Any], records: dict[int, worker.ErrorRecord],
-        outputs: dict[int, Any], where: str = CLUSTER, ran_on: tuple[str, str] | None = None,
-    ) -> None:  # fmt: skip
+    def _deliver(self, indices: Sequence[int], values: Sequence[Any], records: dict[int, worker.ErrorRecord],
+                 outputs: dict[int, Any], where: str = CLUSTER,
+                 ran_on: tuple[str, str] | None = None) -> None:  # fmt: skip
         """Store a batch in the state and the journal, its failure records made `ItemError`s.
 
         `ran_on`: the worker that ran it, (address, name), for the journal; None in the kernel,
@@ -459,9 +456,7 @@ class Engine:
         """True once the run was told to stop (interrupt, cancel, or the cluster gone)."""
         return self.transport.stopping
 
-    def submit_task(
-        self, indices: Any, blob: bytes, _deps: Sequence[Any] = (), runner: Any = None, **where: Any
-    ) -> Any | None:
+    def submit_task(self, indices: Any, blob: bytes, runner: Any = None, **where: Any) -> Any | None:
         """Submit one task running `indices` (their items in `blob`); None once stopping.
 
         Parameters
@@ -470,8 +465,6 @@ class Engine:
             The items the task runs (a list, or a `range` when consecutive).
         blob : bytes
             The pickled batch, ``(indices, items, budget)``.
-        _deps : sequence of distributed.Future
-            The futures of the handles in the batch's items (after those captured by name).
         runner : callable, optional
             What the task runs in place of `worker.run_batch`, with the same arguments and
             result (a rank's `worker.rank.run_rank`, its spec bound): importable by name.
@@ -483,12 +476,10 @@ class Engine:
         distributed.Future or None
             The task's future; None when the run is stopping and nothing was submitted.
         """
-        return self.submit_tasks([(indices, blob, list(_deps))], runner=runner, **where)[0]
+        return self.submit_tasks([(indices, blob, [])], runner=runner, **where)[0]
 
-    def submit_tasks(
-        self, tasks: Sequence[tuple[Any, bytes, list[Any]]], placed: Sequence[Sequence[str]] = (), runner: Any = None,
-        **where: Any,
-    ) -> list[Any | None]:  # fmt: skip
+    def submit_tasks(self, tasks: Sequence[tuple[Any, bytes, list[Any]]], placed: Sequence[Sequence[str]] = (),
+                     runner: Any = None, **where: Any) -> list[Any | None]:  # fmt: skip
         """Submit tasks, each running the items of one batch, in one message to the scheduler.
 
         A task is `worker.run_batch`, or `held.run_batch_held` for a run that persists or
@@ -520,13 +511,10 @@ class Engine:
         job, context, token = self.job, self.shipment.context, self.token
         # Either way a task fails, not hangs, on a worker without nbcluster (`transport.task`).
         if job.persist or job.reads_handles:
-            captured = job.capture.held
-            names = {name: k for k, name in enumerate(captured)}
-            mine = [h.future for h in captured.values()]  # the handles' futures stay arguments Dask sees
-            calls = [
-                transport.task(held.run_batch_held, context, blob, token, job.persist, names, deps=(*mine, *deps))
-                for _, blob, deps in tasks
-            ]
+            names = {name: k for k, name in enumerate(job.capture.held)}
+            mine = [h.future for h in job.capture.held.values()]  # the handles' futures stay arguments Dask sees
+            calls = [transport.task(held.run_batch_held, context, blob, token, job.persist, names, deps=(*mine, *deps))
+                     for _, blob, deps in tasks]  # fmt: skip
         else:
             calls = [transport.task(runner or worker.run_batch, context, blob, token) for _, blob, _ in tasks]
         batches = [indices for indices, _, _ in tasks]
@@ -636,10 +624,9 @@ def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
     # A range's items travel as a range, in a few bytes however many a batch takes: the
     # probes share them out whole. A persisted item is a task of its own.
     probe_items = None if isinstance(job.plan.items, range) else PROBE_ITEMS
-    batcher = Batcher(
-        threads, fixed=1 if job.persist else job.sends.batch, probe_items=probe_items,
-        min_batch=config.seconds("distribute.min-batch"), max_batch=config.seconds("distribute.max-batch"),
-    )  # fmt: skip
+    batcher = Batcher(threads, fixed=1 if job.persist else job.sends.batch, probe_items=probe_items,
+                      min_batch=config.seconds("distribute.min-batch"),
+                      max_batch=config.seconds("distribute.max-batch"))  # fmt: skip
     per_thread = int(config.get("distribute.in-flight"))
     if job.reads_handles or job.persist:
         # One item a task, all out at once as `client.map` would (each placed where its value

@@ -150,10 +150,8 @@ class Policy:
             batches.append(self.items.take(max(size, 1)))
         return batches
 
-    def finished(
-        self, indices: Sequence[int], *, reached: int, failed: Iterable[int] = (), seconds: float | None = None,
-        idle: float | None = None,
-    ) -> list[int]:  # fmt: skip
+    def finished(self, indices: Sequence[int], *, reached: int, failed: Iterable[int] = (),
+                 seconds: float | None = None, idle: float | None = None) -> list[int]:  # fmt: skip
         """A batch came back; the failed items that get another attempt.
 
         Those, and the items the batch did not reach (its budget was spent), go back in

@@ -250,9 +250,7 @@ class Link:
         pid = entry.get("supervisor_pid")
         if pid and not registry.process_alive(pid, entry.get("supervisor_started")):
             return "its supervisor exited"
-        if self.client.status != "running":
-            return "its scheduler stopped answering"
-        return None
+        return "its scheduler stopped answering" if self.client.status != "running" else None
 
     def close(self) -> None:
         """Drop a cluster that went away; its client stops trying to reconnect at once."""

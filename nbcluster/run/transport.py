@@ -137,14 +137,12 @@ class Transport:
     """
 
     def __init__(self, run_id: str):
-        self.run_id = run_id
-        self.lock = threading.Lock()
+        self.run_id, self.lock, self._seq = run_id, threading.Lock(), itertools.count()
         self.pending: dict[Any, Any] = {}  # future (or direct call) -> the item indices of its batch
         self.stopping = False  # nothing more is submitted
         self.idle = threading.Event()  # set while no batch is out (and taken)
         self.idle.set()
         self._alone: Any = None  # the batch that has been the only one out since its submit
-        self._seq = itertools.count()
         self._completed: queue.SimpleQueue[Any] | None = None  # finished batches; itself: the start is over
         self._direct: _Direct | None = None
         self._inbox: _Inbox | None = None
@@ -712,10 +710,9 @@ def halt_reason(client: Any, key: str, why: str) -> str:
         The line the cell ends with: the worker, its address and the nbcluster version to
         install there; or that the whole cluster needs nbcluster, on its scheduler and workers.
     """
-    try:
+    workers = []
+    with contextlib.suppress(Exception):  # a scheduler without nbcluster cannot run this: say what is known
         workers = client.run_on_scheduler(erred_on, key)
-    except Exception:  # a scheduler without nbcluster cannot run this: say what is known
-        workers = []
     if not workers:
         return (f"the cluster at {client.scheduler.address} cannot load nbcluster's tasks ({why}): "
                 "nbcluster must be installed where its scheduler runs and on its workers")  # fmt: skip
@@ -737,9 +734,8 @@ class Shipment:
     def __init__(self, run_id: str):
         self.key = f"nbcluster-context-{run_id}"
         self.context: tuple[str, bytes | None] | None = None  # (key, inline blob or None); None: not shipped
-        self._blob = b""
+        self._blob, self._reships = b"", 0
         self._future: Any = None
-        self._reships = 0
 
     def ship(self, client: Any, job: Job) -> list[str]:
         """Scatter large values (once per kernel) and the context blob; report lines.
