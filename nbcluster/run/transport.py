@@ -512,11 +512,9 @@ class _Direct:
         if self.stopped or time.monotonic() >= self.until:
             return None
         known = _SERVES.get(self.client, {})
-        best, load = None, 1.0
-        for address, slots in self.slots.items():
-            if known.get(address) is not False and (share := self.out[address] / slots) < load:
-                best, load = address, share
-        return best
+        free = [(self.out[a] / slots, a) for a, slots in self.slots.items()
+                if self.out[a] < slots and known.get(a) is not False]  # fmt: skip
+        return min(free)[1] if free else None
 
     def send(self, key: str, context: tuple[str, bytes | None], blob: bytes, token: str, first: bool) -> Call | None:
         """Send one batch to the worker `worker()` names at the next `flush`; None: no worker.
@@ -767,8 +765,7 @@ class Shipment:
         try:
             large, notes = shipments(client).ship(client, job.capture.large)
             self._blob = job.for_workers(large)
-            inline = len(self._blob) <= worker.INLINE_CONTEXT
-            if not inline:
+            if not (inline := len(self._blob) <= worker.INLINE_CONTEXT):
                 self._future = self._scatter(client)
         except (OSError, TimeoutError) as e:
             raise ClusterUnreachable(f"could not send the cell's data to the workers ({e}); if a worker just died, "
