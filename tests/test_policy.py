@@ -105,7 +105,7 @@ def test_a_million_item_backlog_stays_a_few_ranges() -> None:
     assert all(isinstance(b, range) for b in batches)
     kept = policy.held()  # the share kept behind the first item: one range too
     assert kept == 333_333
-    policy.put_back([5, 6, 7, 9])  # consecutive items put back go out as a range, in front
+    policy.refused([5, 6, 7, 9])  # consecutive items put back go out as a range, in front
     assert policy.held() == 4 + kept
     policy.finished(range(0, 1), reached=1, seconds=1.0)  # items of a second: a batch of one
     assert policy.top_up(out=2) == [range(5, 6), range(6, 7)]

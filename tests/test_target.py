@@ -2,14 +2,15 @@
 
 On real clusters of the tests' own, scaled: the second cell's link sees the worker that
 came, and a running run's watch sees it too (`usable_threads`); the workers a link keeps
-stand until the scheduler's plugin says one came or went, and no longer.
+stand until the scheduler's plugin says one came or went, and no longer: counted as the
+questions the scheduler answered.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 import nbcluster
 from nbcluster.run import target
@@ -40,60 +41,69 @@ def test_a_link_sees_the_workers_there_when_it_opens_and_when_asked_again(runtim
         handle.stop()
 
 
-def news(client) -> int:
-    return target._NEWS.get(client, 0)
+def _questions(client: Any) -> Callable[[], int]:
+    """Count from now on the scheduler's answers about its workers (nbcluster's
+    `nbcluster_roster`, Dask's `ncores`); a function that reads the count."""
+
+    def count(dask_scheduler: Any = None) -> None:  # nested: sent by value, not as an import
+        counts = dask_scheduler.nbcluster_test_questions = [0]
+        for op in ("nbcluster_roster", "ncores"):
+            if (real := dask_scheduler.handlers.get(op)) is not None:
+
+                def counted(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+                    counts[0] += 1
+                    return _real(*args, **kwargs)
+
+                dask_scheduler.handlers[op] = counted
+
+    def read(dask_scheduler: Any = None) -> int:
+        return int(dask_scheduler.nbcluster_test_questions[0])
+
+    client.run_on_scheduler(count)
+    return lambda: int(client.run_on_scheduler(read))
 
 
-def test_the_workers_a_link_knows_stand_until_the_scheduler_says_they_changed(runtime_dir, monkeypatch):
-    # FRESH_S all but off: only the scheduler's news may keep an answer. SETTLED_S off: the
-    # subscription is known to have taken effect here once a first piece of news arrived.
-    monkeypatch.setattr(target, "FRESH_S", 1e-9)
-    monkeypatch.setattr(target, "SETTLED_S", 0.0)
+def test_the_workers_a_link_knows_stand_until_the_scheduler_says_they_changed(runtime_dir: Any) -> None:
+    # Time passing is what is tested here: the sleeps wait out `SETTLED_S` and `FRESH_S`.
     handle = nbcluster.start(workers=1, threads=1)
     client = handle.client
+
+    def link() -> Link:
+        return Link(Needs(), client=client, find=lambda name: None).open()
+
     try:
-        (first,) = target._ncores(client, target.FRESH_S)  # asks, and subscribes to the news
+        asked = _questions(client)
+        watched = link()  # asks, and subscribes to the news
+        assert asked() == 1
+        time.sleep(target.SETTLED_S)
+        assert link().threads == 1 and asked() == 2  # past FRESH_S: asked, now with the news on
+        time.sleep(target.FRESH_S)
+        assert link().threads == 1 and asked() == 2  # nothing came or went: the answer stands
         handle.scale(2)
-        assert until(lambda: news(client) >= 1), "no news of the worker that came"
-        both = target._ncores(client, target.FRESH_S)  # asked again: the news said so
-        assert len(both) == 2 and first in both
-        asked = target._ASKED[client]
-        assert asked.told
-        # Nothing came or went since: the answer stands, however old, and nothing is asked.
-        assert target._ncores(client, target.FRESH_S) == both
-        assert target._ASKED[client] is asked
-        before = news(client)
+        assert until(lambda: link().threads == 2), "no news of the worker that came"
+        seen = asked()
+        assert link().threads == 2 and asked() == seen
         handle.scale(1)
-        assert until(lambda: news(client) > before), "no news of the worker that went"
-        assert len(target._ncores(client, target.FRESH_S)) == 1
-        # A run's watch thread asks afresh whatever it was told (`usable_threads`).
-        asked = target._ASKED[client]
-        target._ncores(client, 0.0)
-        assert target._ASKED[client] is not asked
+        assert until(lambda: link().threads == 1), "no news of the worker that went"
+        seen = asked()
+        assert watched.usable_threads() == 1 and asked() == seen + 1  # a run's watch asks afresh
     finally:
         handle.stop()
 
 
-def test_a_scheduler_without_the_plugin_is_asked_each_time(runtime_dir, monkeypatch):
-    monkeypatch.setattr(target, "SETTLED_S", 0.0)
+def test_a_scheduler_without_the_plugin_is_asked_each_time(runtime_dir: Any) -> None:
     handle = nbcluster.start(workers=1, threads=1)
     client = handle.client
     try:
-        def drop_roster_handler(dask_scheduler=None):  # nested: sent by value, not as an import
+
+        def drop_roster_handler(dask_scheduler: Any = None) -> None:  # nested: sent by value
             del dask_scheduler.handlers["nbcluster_roster"]
 
         client.run_on_scheduler(drop_roster_handler)
-        target._ncores(client, 1e-9)
-        assert client in target._UNTOLD  # asked once what it is, then Dask's ncores each time
-        asked = target._ASKED[client]
-        assert not asked.told
-        assert len(target._ncores(client, 1e-9)) == 1
-        assert target._ASKED[client] is not asked
+        asked = _questions(client)  # Dask's ncores now
+        for n in (1, 2, 3):  # the last one a second past the subscription: still no news to keep it
+            assert Link(Needs(), client=client, find=lambda name: None).open().threads == 1
+            assert asked() == n
+            time.sleep(target.FRESH_S)
     finally:
         handle.stop()
-
-
-@pytest.fixture(autouse=True)
-def _forget_links():
-    yield
-    target._ASKED.clear()

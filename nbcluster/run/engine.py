@@ -84,7 +84,6 @@ from nbcluster.worker import held
 WATCH_S = 0.5  # how often a running start checks its cluster
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
 PERSIST_AHEAD = 1024  # --persist: items submitted ahead, per thread, at most
-_STARTS = itertools.count(1)  # each start's stop token is the run's id and one of these
 
 
 class Engine:
@@ -111,6 +110,7 @@ class Engine:
         self.journal: Writer | None = None  # every delivered batch is appended (`journal/store.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
         self._told: int | None = 0  # items the last backlog report held back; None: not taken
+        self._starts = itertools.count(1)  # a start's stop token is the run's id and its number
 
     @property
     def run_id(self) -> str:
@@ -210,8 +210,7 @@ class Engine:
         nbcluster.errors.HandleGone
             When a persisted value the run reads is gone.
         """
-        indices = self.state.unfinished()
-        if not indices:
+        if not (indices := self.state.unfinished()):
             return False
         if self.journal is not None:
             self.journal.reopen()
@@ -223,8 +222,7 @@ class Engine:
                 self.state.end()
             return True
         self.job.recall_handles()
-        self.link.open()
-        self.ship()
+        self.ship()  # opens the link
         self.state.begin(indices)
         self.start(indices)
         return True
@@ -253,16 +251,23 @@ class Engine:
         """
         assert self.link is not None
         self.state.add_done_callback(self.job.forget_handles)
-        self.token = f"{self.run_id}-{next(_STARTS)}"
+        self.token = f"{self.run_id}-{next(self._starts)}"
         self.transport.stopping = False
         strategy: Any = {"everywhere": everywhere.drive, "ranks": ranks.drive}.get(self.job.plan.mode)
         policy = None if strategy else _policy(indices, self.job, self.link.threads)
         target = functools.partial(strategy, self) if strategy else functools.partial(self._drive, policy)
-        name = f"nbcluster-distribute-{self.run_id}"
+        name, driven = f"nbcluster-distribute-{self.run_id}", threading.Event()
         # The watch thread starts after its first look's wait: a run over by then never starts one.
-        driven = threading.Event()
         watch = threads.later(WATCH_S, self._watch, driven, policy, name=f"{name}-watch")
-        threads.spawn(_driving, target, indices, driven, watch, name=name)
+
+        def driving() -> None:
+            try:
+                target(indices)
+            finally:
+                driven.set()
+                watch.cancel()
+
+        threads.spawn(driving, name=name)
 
     def _watch(self, driven: threading.Event, policy: Policy | None) -> None:
         """Until the driver ends (`driven`): follow the cluster's threads, report the backlog,
@@ -333,12 +338,10 @@ class Engine:
             self.state.direct_keys.append(future.key)
         # A batch that did not finish may have been cancelled by Dask with a dead cluster:
         # not the items' failure.
-        gone = None if future.status == "finished" or self.transport.stopping else self.link.gone()
-        if gone is not None:
+        if (gone := None if future.status == "finished" or self.transport.stopping else self.link.gone()) is not None:
             self._lose(gone)
             return False
-        fatal = self._handle(future, result, batch, policy, alone=alone)
-        if fatal is not None:
+        if (fatal := self._handle(future, result, batch, policy, alone=alone)) is not None:
             self.fail(policy.drain(), fatal)
             self.transport.cancel(self.client)
             return False
@@ -349,34 +352,29 @@ class Engine:
         the scheduler per placement."""
         if self.transport.stopping:
             return
-        assert self.link is not None
-        budget, items = policy.batcher.budget, self.job.plan.items
+        assert self.link is not None and self.shipment.context is not None
+        budget, items, job = policy.batcher.budget, self.job.plan.items, self.job
         groups: dict[bool, tuple[list[tuple[Any, bytes, list[Any]]], list[list[str]]]] = {}
         for batch in policy.top_up(len(self.transport.pending)):
-            indices: Any = batch
-            if batch and batch[-1] - batch[0] == len(batch) - 1:
-                indices = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
+            if batch[-1] - batch[0] == len(batch) - 1:
+                batch = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
             # The plan's items are a list or a range (whose slice is a range: a few bytes).
-            chosen = items[indices.start : indices.stop] if isinstance(indices, range) else [items[i] for i in batch]
-            deps: list[Any] = []
-            if self.job.reads_handles:
-                chosen, deps = held_slots(chosen, len(self.job.capture.held))
+            chosen = items[batch.start : batch.stop] if isinstance(batch, range) else [items[i] for i in batch]
+            chosen, deps = held_slots(chosen, len(job.capture.held)) if job.reads_handles else (chosen, [])
             try:
-                blob = cloudpickle.dumps((indices, chosen, budget))
+                blob = cloudpickle.dumps((batch, chosen, budget))
             except Exception as e:
                 self.fail(batch, worker.error_record(TypeError(f"the item values cannot be sent to the workers: {e}")))
                 continue
-            assert self.shipment.context is not None
-            if not deps and self.transport.send_direct(indices, self.shipment.context, blob, self.token):
+            if not deps and self.transport.send_direct(batch, self.shipment.context, blob, self.token):
                 continue
             # Where its input is (`worker/held.py`); a persisted item without one, loosely on every
             # worker that fits: Dask never queues a restricted task as a root task, so the items
             # reach the workers at once and run back to back.
             holders = placed.of(self.client, items, deps) if placed is not None else []
-            holders = holders or (self.link.eligible if self.job.persist else [])
             tasks, where = groups.setdefault(bool(deps), ([], []))
-            tasks.append((indices, blob, deps))
-            where.append(holders)
+            tasks.append((batch, blob, deps))
+            where.append(holders or (self.link.eligible if job.persist else []))
         self.transport.flush()  # the direct batches of this top-up go out together
         for tasks, where in groups.values():
             self.submit_tasks(tasks, placed=where, **self.link.submit_kwargs)
@@ -403,7 +401,7 @@ class Engine:
             return None
         if "lost" in data:
             if self.shipment.reship(client, self.job, data["lost"], data.get("worker")):
-                policy.put_back(indices)  # not the items' fault: no attempt used
+                policy.refused(indices)  # not the items' fault: no attempt used
                 return None
             data = _failed(n, worker.error_record(RuntimeError("a captured value was lost with the workers holding it")))
         values, errors, outputs, ran_on = data["values"], data["errors"], data["outputs"], data.get("ran_on")
@@ -422,10 +420,9 @@ class Engine:
         self._deliver(indices, values, errors, outputs, ran_on=ran_on)
         return data.get("fatal")
 
-    def _deliver(
-        self, indices: Sequence[int], values: Sequence[Any], records: dict[int, worker.ErrorRecord],
-        outputs: dict[int, Any], where: str = CLUSTER, ran_on: tuple[str, str] | None = None,
-    ) -> None:  # fmt: skip
+    def _deliver(self, indices: Sequence[int], values: Sequence[Any], records: dict[int, worker.ErrorRecord],
+                 outputs: dict[int, Any], where: str = CLUSTER,
+                 ran_on: tuple[str, str] | None = None) -> None:  # fmt: skip
         """Store a batch in the state and the journal, its failure records made `ItemError`s.
 
         `ran_on`: the worker that ran it, (address, name), for the journal; None in the kernel,
@@ -459,9 +456,7 @@ class Engine:
         """True once the run was told to stop (interrupt, cancel, or the cluster gone)."""
         return self.transport.stopping
 
-    def submit_task(
-        self, indices: Any, blob: bytes, _deps: Sequence[Any] = (), runner: Any = None, **where: Any
-    ) -> Any | None:
+    def submit_task(self, indices: Any, blob: bytes, runner: Any = None, **where: Any) -> Any | None:
         """Submit one task running `indices` (their items in `blob`); None once stopping.
 
         Parameters
@@ -470,8 +465,6 @@ class Engine:
             The items the task runs (a list, or a `range` when consecutive).
         blob : bytes
             The pickled batch, ``(indices, items, budget)``.
-        _deps : sequence of distributed.Future
-            The futures of the handles in the batch's items (after those captured by name).
         runner : callable, optional
             What the task runs in place of `worker.run_batch`, with the same arguments and
             result (a rank's `worker.rank.run_rank`, its spec bound): importable by name.
@@ -483,12 +476,10 @@ class Engine:
         distributed.Future or None
             The task's future; None when the run is stopping and nothing was submitted.
         """
-        return self.submit_tasks([(indices, blob, list(_deps))], runner=runner, **where)[0]
+        return self.submit_tasks([(indices, blob, [])], runner=runner, **where)[0]
 
-    def submit_tasks(
-        self, tasks: Sequence[tuple[Any, bytes, list[Any]]], placed: Sequence[Sequence[str]] = (), runner: Any = None,
-        **where: Any,
-    ) -> list[Any | None]:  # fmt: skip
+    def submit_tasks(self, tasks: Sequence[tuple[Any, bytes, list[Any]]], placed: Sequence[Sequence[str]] = (),
+                     runner: Any = None, **where: Any) -> list[Any | None]:  # fmt: skip
         """Submit tasks, each running the items of one batch, in one message to the scheduler.
 
         A task is `worker.run_batch`, or `held.run_batch_held` for a run that persists or
@@ -520,13 +511,10 @@ class Engine:
         job, context, token = self.job, self.shipment.context, self.token
         # Either way a task fails, not hangs, on a worker without nbcluster (`transport.task`).
         if job.persist or job.reads_handles:
-            captured = job.capture.held
-            names = {name: k for k, name in enumerate(captured)}
-            mine = [h.future for h in captured.values()]  # the handles' futures stay arguments Dask sees
-            calls = [
-                transport.task(held.run_batch_held, context, blob, token, job.persist, names, deps=(*mine, *deps))
-                for _, blob, deps in tasks
-            ]
+            names = {name: k for k, name in enumerate(job.capture.held)}
+            mine = [h.future for h in job.capture.held.values()]  # the handles' futures stay arguments Dask sees
+            calls = [transport.task(held.run_batch_held, context, blob, token, job.persist, names, deps=(*mine, *deps))
+                     for _, blob, deps in tasks]  # fmt: skip
         else:
             calls = [transport.task(runner or worker.run_batch, context, blob, token) for _, blob, _ in tasks]
         batches = [indices for indices, _, _ in tasks]
@@ -636,25 +624,16 @@ def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
     # A range's items travel as a range, in a few bytes however many a batch takes: the
     # probes share them out whole. A persisted item is a task of its own.
     probe_items = None if isinstance(job.plan.items, range) else PROBE_ITEMS
-    batcher = Batcher(
-        threads, fixed=1 if job.persist else job.sends.batch, probe_items=probe_items,
-        min_batch=config.seconds("distribute.min-batch"), max_batch=config.seconds("distribute.max-batch"),
-    )  # fmt: skip
-    per_thread = max(1, int(config.get("distribute.in-flight")))
+    batcher = Batcher(threads, fixed=1 if job.persist else job.sends.batch, probe_items=probe_items,
+                      min_batch=config.seconds("distribute.min-batch"),
+                      max_batch=config.seconds("distribute.max-batch"))  # fmt: skip
+    per_thread = int(config.get("distribute.in-flight"))
     if job.reads_handles or job.persist:
         # One item a task, all out at once as `client.map` would (each placed where its value
         # is, for handles read), so the scheduler's queue feeds the workers, not a round trip
         # to the kernel after each item; a persisted run bounded, not all futures at once.
         per_thread = max(per_thread, len(indices) if job.reads_handles else min(len(indices), PERSIST_AHEAD))
     return Policy(indices, batcher, retries=job.sends.retries, per_thread=per_thread)
-
-
-def _driving(target: Any, indices: Sequence[int], driven: threading.Event, watch: threads.Later) -> None:
-    try:
-        target(indices)
-    finally:
-        driven.set()
-        watch.cancel()
 
 
 def _tell_workers(client: Any, token: str) -> None:
@@ -685,17 +664,14 @@ def _unpack(future: Any, result: Any, n: int) -> dict[str, Any]:
 
     # A result blob is a result even if the future reads "lost" by now: the worker that
     # held it died after it was gathered.
-    if future.status != "finished" and not isinstance(result, bytes):
-        exc = result[1] if isinstance(result, tuple) else result
-        if (missing := _nbcluster_missing(exc)) is not None:
+    if future.status != "finished" and not isinstance(result, bytes):  # then `result` is its exception
+        if (missing := _nbcluster_missing(result)) is not None:
             return {"halt": missing}
-        if isinstance(exc, KilledWorker) and len(exc.args) == 3:
-            return {"killed": exc}
-        if type(exc).__name__ == "CancelledError":
-            exc = type(exc)("the batch was cancelled on the cluster")
-        elif not isinstance(exc, BaseException):
-            exc = RuntimeError(f"the batch failed: {exc!r}")
-        return _failed(n, worker.error_record(exc, frames=False), fatal=False)
+        if isinstance(result, KilledWorker) and len(result.args) == 3:
+            return {"killed": result}
+        if type(result).__name__ == "CancelledError":
+            result = type(result)("the batch was cancelled on the cluster")
+        return _failed(n, worker.error_record(result, frames=False), fatal=False)
     try:
         data: dict[str, Any] = cloudpickle.loads(result)
     except Exception as e:
@@ -711,11 +687,9 @@ def _nbcluster_missing(exc: Any) -> str | None:
     RuntimeError; the cause it keeps says which module was missing.
     """
     for _ in range(8):  # a chain is short; a cycle must not hang the driver
-        if not isinstance(exc, BaseException):
-            return None
         if isinstance(exc, ImportError) and (exc.name or "").partition(".")[0] == "nbcluster":
             return f"{type(exc).__name__}: {exc}"
-        exc = exc.__cause__ or exc.__context__
+        exc = getattr(exc, "__cause__", None) or getattr(exc, "__context__", None)
     return None
 
 
@@ -723,18 +697,15 @@ def _killed_record(client: Any, described: str, index: int, killed: Any) -> work
     """The failure of item `index`, whose worker died each time it ran it: the count, and the
     last thing the dead worker's nanny logged (its exit status, or the memory limit it
     passed); Dask keeps no stderr of the dead process itself."""
-    message = (
-        f"item {index}{f' ({described})' if described else ''} killed its worker "
-        f"{killed.allowed_failures + 1} times (a crash or out of memory)"
-    )
     last, lines = killed.last_worker, []
     with contextlib.suppress(Exception):  # no nanny (`dask worker --no-nanny`), or it is gone too
-        if last.nanny:
-            lines = [str(msg).split(" - ", 3)[-1].strip() for _, msg in nanny_logs(client, last.nanny)]
+        logs = nanny_logs(client, last.nanny) if last.nanny else []
+        lines = [str(msg).split(" - ", 3)[-1].strip() for _, msg in logs]
     # Newest first. Nannies that share a process share its log: keep this worker's lines.
     pid = getattr(last, "pid", None)
     lines = [line for line in lines if pid is None or f"pid={pid})" in line or f"process {pid} " in line]
-    for said in (line for wanted in ("memory budget", "Worker process") for line in lines if wanted in line):
-        message += f"; the worker's nanny logged: {said}"
-        break
+    said = next((line for wanted in ("memory budget", "Worker process") for line in lines if wanted in line), None)
+    logged = f"; the worker's nanny logged: {said}" if said else ""
+    message = (f"item {index}{f' ({described})' if described else ''} killed its worker "
+               f"{killed.allowed_failures + 1} times (a crash or out of memory){logged}")  # fmt: skip
     return worker.error_record(WorkerKilled(message), frames=False)

@@ -117,10 +117,8 @@ class Policy:
     def __init__(self, indices: Sequence[int], batcher: Batcher, *, retries: int = 0, per_thread: int = 2):
         self.items = _Queue(indices)
         self.suspects: deque[list[int]] = deque()  # parts of killed batches, each to run alone
-        self.retries = retries
         self.attempts: dict[int, int] = {}  # by the failed items only (no dict of a million)
-        self.batcher = batcher
-        self.per_thread = max(1, per_thread)
+        self.retries, self.batcher, self.per_thread = retries, batcher, max(1, per_thread)
 
     @property
     def limit(self) -> int:
@@ -152,10 +150,8 @@ class Policy:
             batches.append(self.items.take(max(size, 1)))
         return batches
 
-    def finished(
-        self, indices: Sequence[int], *, reached: int, failed: Iterable[int] = (), seconds: float | None = None,
-        idle: float | None = None,
-    ) -> list[int]:  # fmt: skip
+    def finished(self, indices: Sequence[int], *, reached: int, failed: Iterable[int] = (),
+                 seconds: float | None = None, idle: float | None = None) -> list[int]:  # fmt: skip
         """A batch came back; the failed items that get another attempt.
 
         Those, and the items the batch did not reach (its budget was spent), go back in
@@ -181,12 +177,9 @@ class Policy:
         """
         if seconds is not None:
             self.batcher.observe(reached, seconds, idle=idle)
-        retry = []
-        for i in (indices[j] for j in failed):
-            if self.attempts.get(i, 0) < self.retries:
-                self.attempts[i] = self.attempts.get(i, 0) + 1
-                retry.append(i)
-        self.put_back(retry + list(indices[reached:]))
+        retry = [indices[j] for j in failed if self.attempts.get(indices[j], 0) < self.retries]
+        self.attempts.update({i: self.attempts.get(i, 0) + 1 for i in retry})
+        self.items.put_back(retry + list(indices[reached:]))
         return retry
 
     def killed(self, indices: Sequence[int], *, alone: bool) -> list[int]:
@@ -213,14 +206,15 @@ class Policy:
         return []
 
     def refused(self, indices: Sequence[int]) -> None:
-        """A batch came back unrun (refused, or sent again elsewhere): not an attempt of its items.
+        """A batch came back unrun (refused, sent again elsewhere, or its input was lost and sent
+        again): not an attempt of its items.
 
         Parameters
         ----------
         indices : sequence of int
             The batch's items, back in front of the backlog.
         """
-        self.put_back(indices)
+        self.items.put_back(indices)
         if not self.batcher.items:
             self.batcher.alone_first = True  # no first item came: the next batch is one
 
@@ -230,9 +224,9 @@ class Policy:
         Parameters
         ----------
         threads : int
-            Usable worker threads (at least 1 is assumed).
+            Usable worker threads (at least 1).
         """
-        self.batcher.threads = max(threads, 1)
+        self.batcher.threads = threads
 
     def drain(self) -> list[int]:
         """Every item not yet submitted, taken out: the run fails or gives them up.
@@ -243,8 +237,7 @@ class Policy:
             The suspects' items, then the backlog's.
         """
         taken = [*(i for part in self.suspects for i in part), *self.items]
-        self.items = _Queue([])
-        self.suspects.clear()
+        self.items, self.suspects = _Queue([]), deque()
         return taken
 
     def held(self) -> int:
@@ -256,16 +249,6 @@ class Policy:
             Their count.
         """
         return len(self.items) + sum(len(part) for part in self.suspects)
-
-    def put_back(self, indices: Sequence[int]) -> None:
-        """`indices` go back in front of the backlog, in their order (not an attempt of theirs).
-
-        Parameters
-        ----------
-        indices : sequence of int
-            Items to submit again.
-        """
-        self.items.put_back(indices)
 
 
 class Batcher:
@@ -302,12 +285,9 @@ class Batcher:
     5
     """
 
-    def __init__(
-        self, threads: int, *, fixed: int | None = None, min_batch: float = 0.05, max_batch: float = 0.25,
-        probe_items: int | None = PROBE_ITEMS,
-    ):  # fmt: skip
-        self.threads = max(threads, 1)
-        self.fixed, self.probe_items = fixed, probe_items
+    def __init__(self, threads: int, *, fixed: int | None = None, min_batch: float = 0.05, max_batch: float = 0.25,
+                 probe_items: int | None = PROBE_ITEMS):  # fmt: skip
+        self.threads, self.fixed, self.probe_items = max(threads, 1), fixed, probe_items
         self.bounds = (min_batch, max_batch)
         self.items, self.seconds = 0, 0.0  # items measured, and their total time on the workers
         self.alone_first = True  # the next batch is one item (see the module docstring)
@@ -350,8 +330,7 @@ class Batcher:
         if idle is not None:
             self._idle.append(idle)
         if count > 0:
-            self.items += count
-            self.seconds += seconds
+            self.items, self.seconds = self.items + count, self.seconds + seconds
 
     def next_size(self, remaining: int, free: int = 1) -> int:
         """How many of the `remaining` items the next batch takes.

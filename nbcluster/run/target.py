@@ -26,6 +26,8 @@ whatever cluster is current by then.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import threading
 import time
 import weakref
@@ -48,19 +50,22 @@ TOLD_S = 60.0
 SETTLED_S = 1.0
 
 
-class _Asked(NamedTuple):
-    at: float  # when it was asked (monotonic)
-    cores: dict[str, int]
-    told: bool  # the scheduler says on `ROSTER_TOPIC` when this changes
-    news: int  # the roster news heard before asking: newer news makes it stale
+@dataclasses.dataclass
+class _Roster:
+    """What this kernel knows of one client's workers: the scheduler's last answer, and its news."""
+
+    cores: dict[str, int] = dataclasses.field(default_factory=dict)  # threads by worker, as last asked
+    at: float = -math.inf  # when asked (monotonic)
+    told: bool = False  # the scheduler says on `ROSTER_TOPIC` when `cores` changes
+    news: int = 0  # roster events heard
+    seen: int = 0  # ... before `cores` was asked: newer news makes it stale
+    stream: Any = None  # a weak reference to the connection the subscription went over
+    since: float = 0.0  # when it subscribed there
+    roster: bool = True  # the scheduler has nbcluster's `nbcluster_roster` (else Dask's `ncores`)
 
 
-_ASKED: weakref.WeakKeyDictionary[Any, _Asked] = weakref.WeakKeyDictionary()
-_ASKED_LOCK = threading.Lock()  # the kernel's thread opens links, runs' watch threads refresh
-_NEWS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # client -> events heard
-# client -> (its connection to the scheduler when it subscribed, when)
-_FOLLOWING: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], float]] = weakref.WeakKeyDictionary()
-_UNTOLD: weakref.WeakSet[Any] = weakref.WeakSet()  # clients whose scheduler has no `nbcluster_roster`
+_ROSTERS: weakref.WeakKeyDictionary[Any, _Roster] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()  # the kernel's thread opens links, runs' watch threads refresh them
 
 
 def _ncores(client: Any, within: float) -> dict[str, int]:
@@ -71,51 +76,40 @@ def _ncores(client: Any, within: float) -> dict[str, int]:
     a round trip of 2 ms before its first item could go out (a third of a small cell).
     """
     now = time.monotonic()
-    with _ASKED_LOCK:
-        asked = _ASKED.get(client)
-        news = _NEWS.get(client, 0)
-    if asked is not None and client.status == "running":
-        told = asked.told and asked.news == news and within > 0
-        if now - asked.at < (TOLD_S if told else within):
-            return asked.cores
-    told = _follow(client, now)
-    answer = None
-    if client not in _UNTOLD:
-        answer = client.sync(client.scheduler.nbcluster_roster)
-        if answer is None:  # Dask answers None to an operation the scheduler has no handler for
-            _UNTOLD.add(client)
-    if answer is None:
-        told, answer = False, client.ncores()
-    cores = {str(address): int(n) for address, n in answer.items()}
-    with _ASKED_LOCK:
-        _ASKED[client] = _Asked(now, cores, told, news)
+    with _LOCK:
+        known = _ROSTERS.setdefault(client, _Roster())
+        stands = TOLD_S if known.told and known.seen == known.news and within > 0 else within
+        if client.status == "running" and now - known.at < stands:
+            return known.cores
+        seen = known.news
+    told = _follow(client, known, now)
+    answer = client.sync(client.scheduler.nbcluster_roster) if known.roster else None
+    # Dask answers None to an operation the scheduler has no handler for: ask Dask's from now on.
+    known.roster = answer is not None
+    cores = {str(address): int(n) for address, n in (answer or client.ncores()).items()}
+    with _LOCK:
+        known.cores, known.at, known.told, known.seen = cores, now, told and known.roster, seen
     return cores
 
 
-def _follow(client: Any, now: float) -> bool:
+def _follow(client: Any, known: _Roster, now: float) -> bool:
     """Subscribe `client` to the roster news, once per connection to its scheduler (a client
     that reconnected is subscribed to nothing); whether it was subscribed `SETTLED_S` ago."""
-    stream = getattr(client, "scheduler_comm", None)
-    if stream is None:
+    if (stream := client.scheduler_comm) is None:
         return False
-    with _ASKED_LOCK:
-        following = _FOLLOWING.get(client)
-        if following is not None and following[0]() is stream:
-            return now - following[1] >= SETTLED_S
-        _FOLLOWING[client] = (weakref.ref(stream), now)
-    ref = weakref.ref(client)  # the handler is the client's own: it must not keep it alive
+    with _LOCK:
+        if known.stream is not None and known.stream() is stream:
+            return now - known.since >= SETTLED_S
+        known.stream, known.since = weakref.ref(stream), now
 
-    def heard(event: Any) -> None:
-        followed = ref()
-        if followed is not None:
-            with _ASKED_LOCK:
-                _NEWS[followed] = _NEWS.get(followed, 0) + 1
+    def heard(event: Any) -> None:  # holds the roster, not the client: the client holds it
+        with _LOCK:
+            known.news += 1
 
     try:
         client.subscribe_topic(ROSTER_TOPIC, heard)
     except Exception:  # a client closing: asked each time, as without the news
-        with _ASKED_LOCK:
-            _FOLLOWING.pop(client, None)
+        known.stream = None
     return False
 
 
@@ -149,13 +143,10 @@ class Needs(NamedTuple):
 class Link:
     """A run's connection to its cluster; see the module docstring."""
 
-    def __init__(
-        self, needs: Needs, *, client: Any = None, cluster: str | None = None, find: Callable[[str | None], Any]
-    ):
-        self.needs = needs
-        self.cluster = cluster
+    def __init__(self, needs: Needs, *, client: Any = None, cluster: str | None = None,
+                 find: Callable[[str | None], Any]):  # fmt: skip
+        self.needs, self.cluster, self.client = needs, cluster, client
         self._find = find  # a cluster's name (None: the current one) -> its handle, or NoCluster
-        self.client = client
         self.handle: Any = None  # the cluster's handle, when the link found the client itself
         self.submit_kwargs: dict[str, Any] = {}
         self.threads = 1
@@ -239,8 +230,7 @@ class Link:
         list of str
             Their addresses; empty when the cluster has no worker that fits.
         """
-        self.open()
-        return self._place()[2]
+        return self.open()._place()[2]
 
     @property
     def name(self) -> str:
@@ -260,9 +250,7 @@ class Link:
         pid = entry.get("supervisor_pid")
         if pid and not registry.process_alive(pid, entry.get("supervisor_started")):
             return "its supervisor exited"
-        if self.client.status != "running":
-            return "its scheduler stopped answering"
-        return None
+        return "its scheduler stopped answering" if self.client.status != "running" else None
 
     def close(self) -> None:
         """Drop a cluster that went away; its client stops trying to reconnect at once."""
@@ -317,33 +305,23 @@ def placement(needs: Needs, workers: dict[str, Any]) -> tuple[dict[str, Any], in
                           "cluster's workers advertise none")  # fmt: skip
     eligible, threads = [], 0
     for address, info in workers.items():
-        have = info.get("resources") or {}
+        have, nthreads = info.get("resources") or {}, info.get("nthreads", 1)
         if all(have.get(k, 0) >= v for k, v in resources.items()):
             eligible.append(address)
-            slots = min([int(have[k] // v) for k, v in resources.items()], default=info.get("nthreads", 1))
-            threads += max(1, min(slots, info.get("nthreads", 1)))
+            threads += max(1, min([int(have[k] // v) for k, v in resources.items()] + [nthreads]))
     if resources and workers and not eligible:
         wanted = ", ".join(f"{k}={v:g}" for k, v in resources.items())
+        kinds = {", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) for w in workers.values()}
+        offers = "; ".join(sorted(kind or "no resources" for kind in kinds))
         fix = " Start GPU workers with `%cluster start --gpu-workers N`." if "GPU" in resources else ""
-        raise BadArgument(f"no worker offers {wanted} per item (workers offer: {_offers(workers)}).{fix}")
-    if needs.gpus:
-        _check_gpu_share(needs.gpus, [workers[a] for a in eligible])
-    kwargs = {"resources": resources} if resources else {}
-    return kwargs, max(threads, 1), eligible
-
-
-def _check_gpu_share(gpus: float, eligible: list[dict[str, Any]]) -> None:
-    # CUDA_VISIBLE_DEVICES is one value per worker process: every item on a worker of
-    # several GPUs sees all of them. An item asking fewer would see (and could use)
-    # devices that the scheduler counts as another item's, so it is refused, not run.
-    held = sorted({float(w["resources"]["GPU"]) for w in eligible if float(w["resources"]["GPU"]) > 1})
-    if wrong := [g for g in held if g != gpus]:
+        raise BadArgument(f"no worker offers {wanted} per item (workers offer: {offers}).{fix}")
+    # CUDA_VISIBLE_DEVICES is one value per worker process: every item on a worker of several
+    # GPUs sees all of them. An item asking fewer would see (and could use) devices that the
+    # scheduler counts as another item's, so it is refused, not run.
+    held = sorted({g for a in eligible if (g := float(workers[a]["resources"]["GPU"])) > 1}) if needs.gpus else []
+    if wrong := [g for g in held if g != needs.gpus]:
         each = f"{wrong[0]:g}"
-        raise BadArgument(f"--gpus {gpus:g}: this cluster's GPU workers hold {each} GPUs each and an item sees all of "
-                          f"its worker's GPUs (one CUDA_VISIBLE_DEVICES per process); ask --gpus {each}, or start the "
-                          "cluster with --gpus-per-worker 1 to run items of one GPU or less")  # fmt: skip
-
-
-def _offers(workers: dict[str, Any]) -> str:
-    kinds = {", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) for w in workers.values()}
-    return "; ".join(sorted(kind or "no resources" for kind in kinds))
+        raise BadArgument(f"--gpus {needs.gpus:g}: this cluster's GPU workers hold {each} GPUs each and an item sees "
+                          f"all of its worker's GPUs (one CUDA_VISIBLE_DEVICES per process); ask --gpus {each}, or "
+                          "start the cluster with --gpus-per-worker 1 to run items of one GPU or less")  # fmt: skip
+    return ({"resources": resources} if resources else {}), max(threads, 1), eligible

@@ -19,10 +19,10 @@ and hands back what finished. The engine talks to nothing else of the way out. I
 Every batch out is *pending* (its items by future, or by direct `Call`) until taken. A
 `Transport` lives as long as its run.
 
-What is where, in this module: `Transport` and its one queue of finished batches
-(`_Completions`); Dask tasks bound to their workers (`_placing`); the direct path (`Call`,
-`_Direct`); results pushed ahead of a gather (`_Inbox`); tasks that load anywhere (`task`,
-`halt_reason`); what goes before the first batch (`Shipment`).
+What is where, in this module: `Transport`, with its one queue of finished batches; Dask
+tasks bound to their workers (`_placing`); the direct path (`Call`, `_Direct`); results
+pushed ahead of a gather (`_Inbox`); tasks that load anywhere (`task`, `halt_reason`); what
+goes before the first batch (`Shipment`).
 
 Direct batches. A batch that is a Dask task crosses the scheduler on its way out and on its
 way back: 4 to 5 ms here for a task that does nothing, the whole cost of a small cell. A
@@ -137,15 +137,13 @@ class Transport:
     """
 
     def __init__(self, run_id: str):
-        self.run_id = run_id
-        self.lock = threading.Lock()
+        self.run_id, self.lock, self._seq = run_id, threading.Lock(), itertools.count()
         self.pending: dict[Any, Any] = {}  # future (or direct call) -> the item indices of its batch
         self.stopping = False  # nothing more is submitted
         self.idle = threading.Event()  # set while no batch is out (and taken)
         self.idle.set()
         self._alone: Any = None  # the batch that has been the only one out since its submit
-        self._seq = itertools.count()
-        self._completed: _Completions | None = None
+        self._completed: queue.SimpleQueue[Any] | None = None  # finished batches; itself: the start is over
         self._direct: _Direct | None = None
         self._inbox: _Inbox | None = None
 
@@ -167,11 +165,10 @@ class Transport:
         bool
             Whether a worker takes direct batches now.
         """
-        completed, sending = _Completions(), None
+        completed, sending = queue.SimpleQueue[Any](), None
         if direct and link.needs == Needs() and config.seconds("distribute.direct") > 0:
             sending = _Direct(link.client, link.workers(), per_thread, completed)
         with self.lock:
-            self.stopping = False
             self._completed, self._direct = completed, sending
         return sending is not None and sending.worker() is not None
 
@@ -207,14 +204,11 @@ class Transport:
         list of distributed.Future or None
             The tasks' futures; Nones when stopping (nothing was submitted).
         """
-        if not calls:
-            return []
         self._inbox = self._inbox or _inbox(client)
-        prefix = "persist" if persist else "distribute"
         with self.lock:
             if self.stopping:
                 return [None] * len(calls)
-            keys = [f"{prefix}-{self.run_id}-{next(self._seq)}" for _ in calls]
+            keys = [f"{'persist' if persist else 'distribute'}-{self.run_id}-{next(self._seq)}" for _ in calls]
             if self._inbox is not None:
                 self._inbox.expect(keys)  # before the tasks can run: a push may come first
             columns = zip(*(c[1:] for c in calls), strict=True)
@@ -224,7 +218,6 @@ class Transport:
                 self._out(future, indices)
             completed = self._completed
         if completed is not None:
-            completed.expect(len(made))
             for future in made:
                 future.add_done_callback(completed.put)
         return list(made)
@@ -249,16 +242,13 @@ class Transport:
             True when it was sent, or dropped because the run is stopping (its items then
             become cancelled).
         """
-        if (sending := self._direct) is None:
-            return False
         with self.lock:
-            if self.stopping:
-                return True
-            call = sending.send(f"distribute-{self.run_id}-{next(self._seq)}", context, blob, token, not self.pending)
-            if call is None:
-                return False
-            self._out(call, indices)
-        return True
+            if self.stopping or (sending := self._direct) is None:
+                return self.stopping
+            key = f"distribute-{self.run_id}-{next(self._seq)}"
+            if (call := sending.send(key, context, blob, token, not self.pending)) is not None:
+                self._out(call, indices)
+        return call is not None
 
     def _out(self, batch: Any, indices: Any) -> None:
         # Under `lock`: `batch` (a future or a direct call) is pending, alone if none else is.
@@ -280,18 +270,14 @@ class Transport:
         list
             Dask futures and direct calls.
         """
-        completed = self._completed
-        if completed is None:
-            return
-        while completed.out > 0:
+        # Each pending batch reaches the queue once it is finished (a direct batch's first
+        # item sent ahead, before it); `lose` puts the queue itself there.
+        while (completed := self._completed) is not None and self.pending:
             done = [completed.get()]
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    done.append(completed.get_nowait())
-            if completed in done:  # cleared: the run is over
+            while not completed.empty():  # the only reader: what it holds, it gives
+                done.append(completed.get_nowait())
+            if completed in done:
                 return
-            with completed.lock:
-                completed.out -= len(done)
             yield done
 
     def results(self, client: Any, done: list[Any]) -> list[Any]:
@@ -313,14 +299,11 @@ class Transport:
         list
             Per batch, its blob or its exception.
         """
-        got: dict[int, Any] = {id(f): f.answer for f in done if isinstance(f, Call)}
-        for f in done:
-            if id(f) not in got and f.status == "finished" and (pushed := self.pushed(str(f.key))) is not None:
-                got[id(f)] = pushed
-        if fetch := [f for f in done if id(f) not in got and f.status == "finished"]:
+        got = {id(f): f.answer if isinstance(f, Call) else self.pushed(str(f.key)) for f in done}
+        if fetch := [f for f in done if got[id(f)] is None and f.status == "finished"]:
             with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
                 got.update({id(f): blob for f, blob in zip(fetch, client.gather(fetch), strict=True)})
-        return [got[id(f)] if id(f) in got else outcome(f) for f in done]
+        return [outcome(f) if got[id(f)] is None else got[id(f)] for f in done]
 
     def pushed(self, key: str) -> bytes | None:
         """What the worker of task `key` pushed ahead of its end, if it came.
@@ -357,11 +340,9 @@ class Transport:
             if isinstance(future, Call) and future.of is not None:
                 # The first item of a batch still out (`worker/__init__.py`): a batch of its own
                 # now; the batch's answer leaves it out.
-                whole = self.pending.get(future.of)
-                if whole is None:
-                    return None, False, False
-                batch, self.pending[future.of] = whole[:1], whole[1:]
-                return batch, False, False
+                if (whole := self.pending.get(future.of)) is not None:
+                    self.pending[future.of] = whole[1:]
+                return (None if whole is None else whole[:1]), False, False
             batch = self.pending.pop(future, None)
             alone, self._alone = self._alone is future, None
         unrun = isinstance(future, Call) and future.status != "finished"
@@ -378,10 +359,9 @@ class Transport:
             True when no batch is pending.
         """
         with self.lock:
-            if self.pending:
-                return False
-            self.idle.set()
-            return True
+            if not self.pending:
+                self.idle.set()
+            return not self.pending
 
     def abandon_lost(self, workers: dict[str, int]) -> None:
         """Give up the direct calls to workers no longer in the cluster.
@@ -432,27 +412,11 @@ class Transport:
             The futures and direct calls that were pending.
         """
         with self.lock:
-            self.stopping = True
-            futures = list(self.pending)
-            self.pending.clear()
-            completed = self._completed
+            self.stopping, completed = True, self._completed
+            futures, self.pending = list(self.pending), {}
         if completed is not None:
             completed.put(completed)  # `completions` ends
         return futures
-
-
-class _Completions(queue.SimpleQueue[Any]):
-    """One start's finished batches, futures and direct calls, in one queue (`put`), and how
-    many are still out (`expect`); putting this object itself ends `Transport.completions`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lock = threading.Lock()
-        self.out = 0
-
-    def expect(self, n: int = 1) -> None:
-        with self.lock:
-            self.out += n
 
 
 @contextlib.contextmanager
@@ -517,19 +481,18 @@ class _Direct:
         The workers every item fits, with their threads (`MAX_WORKERS` of them are used).
     per_thread : int
         Direct batches a worker may hold per thread (``distribute.in-flight``).
-    completions : _Completions
+    completions : queue.SimpleQueue
         Where each call goes when it is answered, after it was counted out.
     """
 
-    def __init__(self, client: Any, workers: dict[str, int], per_thread: int, completions: _Completions):
-        self.client = client
+    def __init__(self, client: Any, workers: dict[str, int], per_thread: int, completions: queue.SimpleQueue[Any]):
+        self.client, self.completions = client, completions
         chosen = sorted(workers)[:MAX_WORKERS]
-        if len(chosen) < len(workers):
-            per_thread = 1  # the batches a thread would queue here go to another worker's free thread
+        # Past MAX_WORKERS, the batches a thread would queue here go to another worker's free thread.
+        per_thread = 1 if len(chosen) < len(workers) else per_thread
         self.slots = {address: max(1, workers[address]) * per_thread for address in chosen}
         self.out = dict.fromkeys(chosen, 0)
         self.until = time.monotonic() + config.seconds("distribute.direct")
-        self.completions = completions
         self.stopped = False  # set by the transport after a failed call: the rest are Dask tasks
         self._lock = threading.Lock()  # `out`: the driver sends, the client's loop answers
         self._held: list[tuple[Call, dict[str, Any], bool]] = []  # sent, not yet started
@@ -549,11 +512,9 @@ class _Direct:
         if self.stopped or time.monotonic() >= self.until:
             return None
         known = _SERVES.get(self.client, {})
-        best, load = None, 1.0
-        for address, slots in self.slots.items():
-            if known.get(address) is not False and (share := self.out[address] / slots) < load:
-                best, load = address, share
-        return best
+        free = [(self.out[a] / slots, a) for a, slots in self.slots.items()
+                if self.out[a] < slots and known.get(a) is not False]  # fmt: skip
+        return min(free)[1] if free else None
 
     def send(self, key: str, context: tuple[str, bytes | None], blob: bytes, token: str, first: bool) -> Call | None:
         """Send one batch to the worker `worker()` names at the next `flush`; None: no worker.
@@ -582,7 +543,6 @@ class _Direct:
             number, self._numbered[worker] = self._numbered[worker], self._numbered[worker] + 1
             args = {"key": key, "context": context, "batch": blob, "token": token, "sender": self.sender, "number": number}
             self._held.append((call, args, first))
-        self.completions.expect()
         return call
 
     def flush(self) -> None:
@@ -615,7 +575,6 @@ class _Direct:
 
     def _ahead(self, call: Call, blob: bytes) -> None:
         # In the client's event loop: the first item of `call`, ahead of its answer.
-        self.completions.expect()
         self.completions.put(Call(self.client, call.key, call.worker, of=call, answer=blob))
 
     def _answered(self, call: Call, sent: Any) -> None:
@@ -646,29 +605,25 @@ class _Inbox:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._wanted: set[str] = set()
-        self._blobs: dict[str, bytes] = {}
+        self._blobs: dict[str, bytes | None] = {}  # by the key expected: its blob, once pushed
 
     def expect(self, keys: Sequence[str]) -> None:
         with self._lock:
-            self._wanted.update(keys)
+            self._blobs.update(dict.fromkeys(keys))
 
     def take(self, key: str) -> bytes | None:
         with self._lock:
-            self._wanted.discard(key)
             return self._blobs.pop(key, None)
 
     def forget(self, run_id: str) -> None:
         """Expect nothing more of run `run_id` (its keys hold ``-<run id>-``)."""
-        mark = f"-{run_id}-"
         with self._lock:
-            self._wanted = {k for k in self._wanted if mark not in k}
-            self._blobs = {k: b for k, b in self._blobs.items() if mark not in k}
+            self._blobs = {k: b for k, b in self._blobs.items() if f"-{run_id}-" not in k}
 
     def arrived(self, event: tuple[float, Any]) -> None:
         key, blob = event[1].get("key"), event[1].get("report")
         with self._lock:
-            if isinstance(key, str) and isinstance(blob, bytes) and key in self._wanted:
+            if isinstance(key, str) and isinstance(blob, bytes) and key in self._blobs:
                 self._blobs[key] = blob
 
 
@@ -753,10 +708,9 @@ def halt_reason(client: Any, key: str, why: str) -> str:
         The line the cell ends with: the worker, its address and the nbcluster version to
         install there; or that the whole cluster needs nbcluster, on its scheduler and workers.
     """
-    try:
+    workers = []
+    with contextlib.suppress(Exception):  # a scheduler without nbcluster cannot run this: say what is known
         workers = client.run_on_scheduler(erred_on, key)
-    except Exception:  # a scheduler without nbcluster cannot run this: say what is known
-        workers = []
     if not workers:
         return (f"the cluster at {client.scheduler.address} cannot load nbcluster's tasks ({why}): "
                 "nbcluster must be installed where its scheduler runs and on its workers")  # fmt: skip
@@ -778,9 +732,8 @@ class Shipment:
     def __init__(self, run_id: str):
         self.key = f"nbcluster-context-{run_id}"
         self.context: tuple[str, bytes | None] | None = None  # (key, inline blob or None); None: not shipped
-        self._blob = b""
+        self._blob, self._reships = b"", 0
         self._future: Any = None
-        self._reships = 0
 
     def ship(self, client: Any, job: Job) -> list[str]:
         """Scatter large values (once per kernel) and the context blob; report lines.
@@ -812,8 +765,7 @@ class Shipment:
         try:
             large, notes = shipments(client).ship(client, job.capture.large)
             self._blob = job.for_workers(large)
-            inline = len(self._blob) <= worker.context.INLINE_CONTEXT
-            if not inline:
+            if not (inline := len(self._blob) <= worker.context.INLINE_CONTEXT):
                 self._future = self._scatter(client)
         except (OSError, TimeoutError) as e:
             raise ClusterUnreachable(f"could not send the cell's data to the workers ({e}); if a worker just died, "
