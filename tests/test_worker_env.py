@@ -146,3 +146,17 @@ def test_a_kernel_that_ran_a_plain_dask_cluster_still_gets_nbclusters_environmen
 def test_a_worker_variable_the_user_set_still_wins(runtime_dir: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")
     assert _in_new_workers("user-env", "MALLOC_TRIM_THRESHOLD_") == {"1048576"}
+
+
+def test_dasks_profiler_is_off_on_nbclusters_workers_unless_asked_for(cluster: Any, runtime_dir: Any) -> None:
+    # Its sampling every 10 ms takes the GIL from the items (bench/thread_cpu.py).
+    def profiling(dask_worker: Any) -> bool:
+        return "profile" in dask_worker.periodic_callbacks
+
+    assert set(cluster.client.run(profiling).values()) == {False}
+    with dask.config.set({"nbcluster.worker.profile": True}):
+        handle = nbcluster.cluster.handle.start(workers=1, name="profiled")
+        try:
+            assert set(handle.client.run(profiling).values()) == {True}
+        finally:
+            handle.stop()

@@ -504,6 +504,8 @@ class _Supervision:
         # exists for this one cluster, so the setting is global here.
         config.drop_copied_dask_environ(os.environ)
         dask.config.set({"distributed.nanny.pre-spawn-environ": config.worker_pre_spawn_environ()})
+        if not config.get("worker.profile"):  # the nannies hand this config to their workers
+            dask.config.set({"distributed.worker.profile.enabled": False})
         # Its nannies fork their workers from the forkserver, if it still fits (forkserver.py).
         if profile.local:
             forkserver.use()
