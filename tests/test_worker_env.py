@@ -146,18 +146,3 @@ def test_a_kernel_that_ran_a_plain_dask_cluster_still_gets_nbclusters_environmen
 def test_a_worker_variable_the_user_set_still_wins(runtime_dir: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")
     assert _in_new_workers("user-env", "MALLOC_TRIM_THRESHOLD_") == {"1048576"}
-
-
-def test_dasks_housekeeping_is_calm_on_nbclusters_workers_unless_asked_for(cluster: Any, runtime_dir: Any) -> None:
-    # Its profiler every 10 ms takes the GIL from the items (bench/RESULTS.md, "simulation").
-    def calm(dask_worker: Any) -> tuple[bool, float, float]:
-        callbacks = dask_worker.periodic_callbacks
-        return "profile" in callbacks, callbacks["tick"].callback_time, callbacks["monitor"].callback_time
-
-    assert set(cluster.client.run(calm).values()) == {(False, 500, 2000)}
-    with dask.config.set({"nbcluster.worker.calm-loop": False}):
-        handle = nbcluster.cluster.handle.start(workers=1, name="dasks-own")
-        try:
-            assert set(handle.client.run(calm).values()) == {(True, 20, 500)}
-        finally:
-            handle.stop()

@@ -101,13 +101,6 @@ from nbcluster.cluster.streams import SchedulerStreams
 from nbcluster.errors import NbclusterError
 from nbcluster.metrics.basic import basic_snapshot
 
-#: Dask's housekeeping on a worker's event loop, calmed (``nbcluster.worker.calm-loop``).
-CALM_LOOP = {
-    "distributed.worker.profile.enabled": False,
-    "distributed.admin.system-monitor.interval": "2s",
-    "distributed.admin.tick.interval": "500ms",
-}
-
 
 def _host_memory(hosts: set[Any]) -> dict[str, int]:
     """The RAM of the hosts among `hosts` that are this machine (what psutil can see)."""
@@ -511,8 +504,6 @@ class _Supervision:
         # exists for this one cluster, so the setting is global here.
         config.drop_copied_dask_environ(os.environ)
         dask.config.set({"distributed.nanny.pre-spawn-environ": config.worker_pre_spawn_environ()})
-        if config.get("worker.calm-loop"):  # the nannies hand this config to their workers
-            dask.config.set(CALM_LOOP)
         # Its nannies fork their workers from the forkserver, if it still fits (forkserver.py).
         if profile.local:
             forkserver.use()
