@@ -53,27 +53,15 @@ def test_a_persist_run_reads_no_report_with_a_round_trip(
     made.release()
 
 
-def test_a_worker_keeps_its_newest_reports_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_keeps_its_newest_reports_within_a_bound() -> None:
     # Every persisted item's report is kept on its worker for `report_of` (one the event could
-    # not carry): the oldest go first past KEEP_BYTES, and one read is gone from there.
-    class Worker:
-        key = ""
-
-        def get_current_task(self) -> str:
-            return self.key
-
-        def log_event(self, topic: str, message: Any) -> None:
-            pass
-
-    worker = Worker()
-    monkeypatch.setattr("distributed.get_worker", lambda: worker)
-    monkeypatch.setattr(held, "KEEP_BYTES", 10)
-    monkeypatch.setattr(held, "_KEPT", type(held._KEPT)())
-    monkeypatch.setattr(held, "_KEPT_BYTES", [0])
+    # not carry): the oldest go first past the bound, and one read is gone from there.
+    kept = held.Kept(limit=10)
     for key, report in [("persist-a-0", b"12345"), ("persist-a-1", b"123456"), ("persist-a-2", b"1")]:
-        worker.key = key
-        held._report(report)
-    assert list(held._KEPT) == ["persist-a-1", "persist-a-2"] and held._KEPT_BYTES == [7]
-    assert held.report_of("persist-a-2") == b"1" and held._KEPT_BYTES == [6]
+        kept.add(key, report)
+    assert kept.size == 7
     with pytest.raises(KeyError):
-        held.report_of("persist-a-0")
+        kept.take("persist-a-0")
+    assert kept.take("persist-a-2") == b"1" and kept.size == 6
+    kept.add("persist-a-1", b"12")  # a recompute's report replaces its own
+    assert kept.size == 2 and kept.take("persist-a-1") == b"12"

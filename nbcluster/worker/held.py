@@ -12,7 +12,7 @@ report is out, so that its key never holds anything that looks like a result.
 The kernel never gathers the value. What it needs, the item's *report* (its error or output,
 its time, and a `HeldValue` description of the value, made here where the value is), is
 pushed to it as a Dask event before the task ends (`worker.push`, `run/transport.py`), and
-kept in this process as well (`_KEPT`, a few MB at most, the oldest dropped first). Where
+kept in this process as well (`KEPT`, a few MB at most, the oldest dropped first). Where
 the event did not come the kernel reads the kept report in the worker's event loop
 (`report_of`; a task would wait for the worker's thread, which is already running the next
 item), and failing that runs the small task `report_for`, which describes the value again.
@@ -44,12 +44,71 @@ if TYPE_CHECKING:
     from nbcluster._wire import HeldValue
 
 
-#: Bytes of reports this process keeps for `report_of`, the newest ones (the latest always).
-KEEP_BYTES = 16_000_000
+class Kept:
+    """Reports by task key, the newest first kept: the oldest go once they hold over `limit`
+    bytes (the latest always stays). Worker threads add, the event loop takes.
 
-_KEPT: OrderedDict[str, bytes] = OrderedDict()  # task key -> its report, oldest first
-_KEPT_BYTES = [0]  # their total length: kept, not summed at every task
-_KEPT_LOCK = threading.Lock()  # worker threads write, the event loop reads
+    Parameters
+    ----------
+    limit : int
+        Bytes of reports kept.
+
+    Examples
+    --------
+    >>> kept = Kept(limit=10)
+    >>> for key, report in [("a", b"12345"), ("b", b"123456"), ("c", b"1")]:
+    ...     kept.add(key, report)
+    >>> kept.size, kept.take("c"), kept.size
+    (7, b'1', 6)
+    """
+
+    def __init__(self, limit: int):
+        self.limit, self.size = limit, 0
+        self._reports: OrderedDict[str, bytes] = OrderedDict()  # oldest first
+        self._lock = threading.Lock()
+
+    def add(self, key: str, report: bytes) -> None:
+        """Keep `report` as `key`'s (a recompute's replaces its own).
+
+        Parameters
+        ----------
+        key : str
+            The task's key.
+        report : bytes
+            Its pickled report.
+        """
+        with self._lock:
+            self.size += len(report) - len(self._reports.pop(key, b""))
+            self._reports[key] = report
+            while self.size > self.limit and len(self._reports) > 1:
+                self.size -= len(self._reports.popitem(last=False)[1])
+
+    def take(self, key: str) -> bytes:
+        """`key`'s report, handed out once.
+
+        Parameters
+        ----------
+        key : str
+            The task's key.
+
+        Returns
+        -------
+        bytes
+            Its report.
+
+        Raises
+        ------
+        KeyError
+            When none is kept for `key`.
+        """
+        with self._lock:
+            report = self._reports.pop(key)
+            self.size -= len(report)
+            return report
+
+
+#: This process's reports for `report_of`: 16 MB of the newest.
+KEPT = Kept(limit=16_000_000)
 
 
 def run_batch_held(context: tuple[str, bytes | None], batch: bytes, token: str | None, keep: bool,
@@ -108,12 +167,7 @@ def _report(report: bytes) -> None:
     """Keep this task's report for `report_of`, and push it to the kernel (`worker.push`)."""
     if (task := current_task()) is None:
         return
-    key = task[1]
-    with _KEPT_LOCK:
-        _KEPT_BYTES[0] += len(report) - len(_KEPT.pop(key, b""))  # a recompute replaces its own
-        _KEPT[key] = report
-        while _KEPT_BYTES[0] > KEEP_BYTES and len(_KEPT) > 1:
-            _KEPT_BYTES[0] -= len(_KEPT.popitem(last=False)[1])
+    KEPT.add(task[1], report)
     push(report)
 
 
@@ -138,10 +192,7 @@ def report_of(key: str) -> bytes:
     KeyError
         When this process keeps no report of `key`.
     """
-    with _KEPT_LOCK:
-        report = _KEPT.pop(key)
-        _KEPT_BYTES[0] -= len(report)
-        return report
+    return KEPT.take(key)
 
 
 def report_for(value: Any) -> bytes:
