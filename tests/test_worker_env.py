@@ -98,13 +98,12 @@ def test_every_worker_trims_its_heap_after_work(cluster: Any) -> None:
 
 def test_the_trim_runs_once_after_work() -> None:
     calls: list[int] = []
-    plugin = MemoryTrim(interval=1.0)
-    plugin.trim = calls.append
-    plugin._tick()
+    plugin = MemoryTrim(interval=1.0, trim=calls.append)
+    plugin.tick()
     assert calls == []  # nothing ran since the last trim: nothing to do
     plugin.transition("k", "executing", "memory")
-    plugin._tick()
-    plugin._tick()
+    plugin.tick()
+    plugin.tick()
     assert calls == [0]
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from collections.abc import Callable
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -35,13 +36,22 @@ def _malloc_trim() -> Any:
 
 
 class MemoryTrim(WorkerPlugin):
-    """Trim the heap once after work, at most every `interval` seconds."""
+    """Trim the heap once after work, at most every `interval` seconds.
+
+    Parameters
+    ----------
+    interval : float
+        Seconds between two trims, at the least.
+    trim : callable, optional
+        Called with 0 to trim; by default glibc's ``malloc_trim``, found on the worker (none
+        elsewhere than glibc: then nothing trims).
+    """
 
     name = "nbcluster-memory-trim"
     idempotent = True
 
-    def __init__(self, interval: float = 1.0):
-        self.interval = interval
+    def __init__(self, interval: float = 1.0, trim: Callable[[int], Any] | None = None):
+        self.interval, self.trim = interval, trim
         self.dirty = False
         self.trims = 0
 
@@ -55,10 +65,10 @@ class MemoryTrim(WorkerPlugin):
         """
         from tornado.ioloop import PeriodicCallback
 
-        self.trim = _malloc_trim()
+        self.trim = self.trim or _malloc_trim()
         if self.trim is None:
             return
-        self.callback = PeriodicCallback(self._tick, self.interval * 1000)
+        self.callback = PeriodicCallback(self.tick, self.interval * 1000)
         worker.periodic_callbacks[self.name] = self.callback
         self.callback.start()
 
@@ -77,8 +87,9 @@ class MemoryTrim(WorkerPlugin):
         if start == "executing":
             self.dirty = True
 
-    def _tick(self) -> None:
-        if self.dirty:
+    def tick(self) -> None:
+        """Trim, if a task has run since the last trim (every `interval`, in the event loop)."""
+        if self.dirty and self.trim is not None:
             self.dirty = False
             self.trim(0)
             self.trims += 1
