@@ -425,10 +425,15 @@ class ClusterHandle:
         return self._client
 
     def close_client(self) -> None:
-        """Close this handle's `client`, if it made one; the cluster keeps running."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """Close this handle's `client`, if it made one; the cluster keeps running.
+
+        The client is dropped even where closing it fails: one whose scheduler has just gone
+        may be reconnecting, and Dask's close then raises the reconnect's error.
+        """
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
 
 
 def _new_client(address: str, security: Security | None) -> Client:
