@@ -41,3 +41,17 @@ def test_a_backlog_report_counts_until_it_is_ended_or_goes_stale() -> None:
     assert held.total("cpu") == (0, 0.0)
     now[0] += BACKLOG_TTL + 1  # a kernel that died stops counting
     assert held.total("gpu") == (0, 0.0)
+
+
+def test_workers_running_a_runs_direct_batches_count_as_busy_until_it_says_otherwise() -> None:
+    from nbcluster.cluster.adaptive import BACKLOG_TTL, Backlogs
+
+    now = [100.0]
+    held = Backlogs(clock=lambda: now[0])
+    held.report("run-a", "cpu", 0, 0.0, busy=["tls://10.0.0.1:1"])  # nothing held back, one worker busy
+    held.report("run-b", "cpu", 3, 1.0, busy=["tls://10.0.0.2:1"])
+    assert held.busy() == {"tls://10.0.0.1:1", "tls://10.0.0.2:1"} and held.total("cpu") == (3, 1.0)
+    held.report("run-a", "cpu", 0, 0.0)  # its batches came back
+    assert held.busy() == {"tls://10.0.0.2:1"}
+    now[0] += BACKLOG_TTL + 1  # a kernel that died stops counting
+    assert held.busy() == set()

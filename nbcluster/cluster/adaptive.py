@@ -27,7 +27,9 @@ scheduler alone that is never a backlog, and the cluster never grew for a run. S
 run reports what it holds back (`nbcluster_backlog`: items and their expected seconds,
 per kind) every half second while it runs, and the targets add it, as if those items
 were queued tasks; a report not renewed within `BACKLOG_TTL` (a kernel that died) counts
-no more.
+no more. The same report names the workers running the run's direct batches (requests the
+kernel sends a worker without the scheduler, `run/transport.py`): the scheduler sees no task
+there, and those workers are not retired while they run them.
 
 Example: 1 CPU worker, GPU workers adaptive in [0, 2], and 5 items submitted with
 ``--gpus 1``. They sit in the scheduler's "no-worker" set (nothing offers `GPU`), so the
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from distributed.deploy.adaptive import Adaptive
@@ -59,9 +62,11 @@ class Backlogs:
     def __init__(self, clock: Any = time.monotonic):
         self.clock = clock
         self._runs: dict[str, tuple[str, int, float, float]] = {}  # run -> (kind, items, seconds, expires)
+        self._busy: dict[str, tuple[frozenset[str], float]] = {}  # run -> (workers on its direct batches, expires)
 
-    def report(self, run: str, kind: str, items: int, seconds: float) -> None:
-        """Run `run` holds back `items` items of `kind` (about `seconds` of work); 0 ends it.
+    def report(self, run: str, kind: str, items: int, seconds: float, busy: Collection[str] = ()) -> None:
+        """Run `run` holds back `items` items of `kind` (about `seconds` of work), and runs
+        direct batches on the workers `busy`; 0 items and no worker ends it.
 
         Parameters
         ----------
@@ -73,11 +78,18 @@ class Backlogs:
             Items not yet submitted; 0 or less ends the report.
         seconds : float
             About how much work they are.
+        busy : collection of str
+            The addresses of the workers running the run's direct batches now.
         """
+        expires = self.clock() + BACKLOG_TTL
         if items <= 0:
             self._runs.pop(run, None)
         else:
-            self._runs[run] = (kind, int(items), float(seconds), self.clock() + BACKLOG_TTL)
+            self._runs[run] = (kind, int(items), float(seconds), expires)
+        if busy:
+            self._busy[run] = (frozenset(busy), expires)
+        else:
+            self._busy.pop(run, None)
 
     def total(self, kind: str) -> tuple[int, float]:
         """What every run still reporting holds back for workers of `kind`.
@@ -97,6 +109,17 @@ class Backlogs:
             del self._runs[run]
         held = [(n, sec) for k, n, sec, _ in self._runs.values() if k == kind]
         return sum(n for n, _ in held), sum(sec for _, sec in held)
+
+    def busy(self) -> set[str]:
+        """The workers some run still reporting runs direct batches on.
+
+        Returns
+        -------
+        set of str
+            Their addresses.
+        """
+        now = self.clock()
+        return {w for workers, expires in self._busy.values() if expires >= now for w in workers}
 
 
 def backlogs(scheduler: Any) -> Backlogs:
@@ -281,13 +304,14 @@ class KindAdaptive(Adaptive):
         scheduler = self.kinds.scheduler
         assert scheduler is not None  # Adaptive runs on a started cluster only
         joined = {ws.name: ws for ws in scheduler.workers.values()}
+        busy = backlogs(scheduler).busy()
         entries = []
         for e in self.kinds.worker_spec:
             if self.kinds.kind_of(e) != self.kind:
                 continue
             members = self.kinds.members(e)
             states = [joined[m] for m in members if m in joined]
-            if not any(ws.processing for ws in states):
+            if not any(ws.processing or ws.address in busy for ws in states):
                 entries.append((bool(states), sum(ws.nbytes for ws in states), -len(members), members))
         entries.sort(key=lambda c: c[:3])
         budget = len(self.plan) - target

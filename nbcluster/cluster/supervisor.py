@@ -148,16 +148,17 @@ class Control:
             handlers["nbcluster_backlog"] = self.backlog
         return handlers
 
-    def backlog(self, run: str, kind: str, items: int, seconds: float) -> None:
-        """``nbcluster_backlog``: a `%%distribute` run's work held back in its kernel, for the
-        adaptive targets (`adaptive.Backlogs.report`).
+    def backlog(self, run: str, kind: str, items: int, seconds: float, busy: list[str] | None = None) -> None:
+        """``nbcluster_backlog``: a `%%distribute` run's work held back in its kernel, and the
+        workers running its direct batches, for the adaptive targets (`adaptive.Backlogs.report`).
 
         Parameters
         ----------
-        run, kind, items, seconds
+        run, kind, items, seconds, busy
             As `adaptive.Backlogs.report` takes them.
         """
-        backlogs(self.deployment.scheduler).report(str(run), str(kind), int(items), float(seconds))
+        workers = [str(w) for w in busy or ()]
+        backlogs(self.deployment.scheduler).report(str(run), str(kind), int(items), float(seconds), workers)
 
     async def info(self) -> ClusterState:
         """``nbcluster_info``: what ``%cluster status`` shows.
