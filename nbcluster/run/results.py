@@ -649,12 +649,9 @@ class _Printer:
                 self._write(i, chunks)
         order = state.output.order
         new, self.seen = order[self.seen : len(order)], len(order)
-        for i in new:
-            live = i in self.shows  # its output came as it ran (a trial): only what had not come yet
+        for i in new:  # of a trial's item, the output that came as it ran is shown: only the rest now
             if self._shows(i) and i not in self.ended:
-                if not live:
-                    self.current = None  # a header, even after the same item's output of a former run
-                self._write(i, state.output.chunks.get(i, []), skip=trials.printed.shown.get(i, 0) if live and trials else 0)
+                self._write(i, state.output.chunks[i], skip=trials.printed.shown.get(i, 0) if trials else 0)
             self.ended.add(i)
 
     def _shows(self, i: int) -> bool:

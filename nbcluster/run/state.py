@@ -11,7 +11,8 @@ Shape, for a run of `n` items:
 - `values[i]`: item `i`'s value once *done* (else None);
 - `errors[i]`: an `ItemError` for each *failed* item;
 - `output` (an `Output`): `chunks[i]`, what item `i` printed, as `[stream, payload]` chunks
-  (stream `stdout`, `stderr` or `display`), and `order`, the items with output in arrival order;
+  (stream `stdout`, `stderr` or `display`), and `order`, the items with output in arrival order
+  since the run's last start (what the waiting cell prints);
 - `span` (a `Span`): `started`, `ended`, wall-clock times (`ended` is None while the run goes
   on: it is the one record of whether the run has finished); `lost`, why the unfinished items were given up (the cluster went away), and `halted`,
   why they were given up on a cluster that is there but cannot run them (nbcluster missing
@@ -54,7 +55,7 @@ class Output:
     """What a run's items printed: each one's ``[stream, payload]`` chunks, and who, in arrival order."""
 
     chunks: dict[int, list[list[Any]]] = field(default_factory=dict)
-    order: list[int] = field(default_factory=list)  # the items with output, as it came
+    order: list[int] = field(default_factory=list)  # the items with output, as it came, since the last start
 
 
 @dataclass
@@ -204,7 +205,8 @@ class RunState:
     def begin(self, indices: Iterable[int]) -> None:
         """A retry starts: `indices` are pending again, and the run is going again.
 
-        Their errors and output are dropped, and the span's `lost`, `halted` and `ended` are cleared;
+        Their errors and output are dropped, `output.order` starts again, and the span's `lost`,
+        `halted` and `ended` are cleared;
         the run finishes when this start, and any other still going, has ended.
 
         Parameters
@@ -217,6 +219,7 @@ class RunState:
                 self.status[i] = PENDING
                 self.errors.pop(i, None)
                 self.output.chunks.pop(i, None)
+            self.output.order.clear()  # the waiting cell shows what this start prints, once
             self._starts += 1
             self.span.lost = self.span.halted = self.span.ended = None
 
