@@ -650,7 +650,7 @@ class _Printer:
         order = state.output.order
         new, self.seen = order[self.seen : len(order)], len(order)
         for i in new:  # of a trial's item, the output that came as it ran is shown: only the rest now
-            if self._shows(i) and i not in self.ended:
+            if self._shows(i):  # (each item is in `order` once: once delivered, it is `ended`)
                 self._write(i, state.output.chunks[i], skip=trials.printed.shown.get(i, 0) if trials else 0)
             self.ended.add(i)
 

@@ -165,7 +165,7 @@ class RunState:
             Unsubscribes `fn` when called (doing nothing once it is gone).
         """
         with self.lock:
-            if self.span.ended is None:  # a finished run changes no more (until a retry, which drops listeners)
+            if self.span.ended is None:  # a finished run changes no more (until a retry)
                 self._hooks["change"].append(fn)
 
         def unsubscribe() -> None:
