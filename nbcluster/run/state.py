@@ -244,7 +244,6 @@ class RunState:
         """
         status, n = self.status, len(values)  # locals: the loop below runs once per item
         with self.lock:
-            printed = len(self.output.order)
             start = indices.start if isinstance(indices, range) and indices.step == 1 else -1
             if start >= 0 and not errors and not outputs and n <= len(indices) and status.count(PENDING, start, start + n) == n:
                 # The common batch (consecutive, all pending, none failed, no output): by slices.
@@ -265,8 +264,7 @@ class RunState:
                 if outputs and i in outputs:
                     self.output.chunks[i] = outputs[i]
                     self.output.order.append(i)
-            if len(self.output.order) != printed:
-                # Only output (and cancels) wake the waiting cell before the end (`follow`).
+            if outputs:  # only output (and cancels) wake the waiting cell before the end (`follow`)
                 self.changed.notify_all()
         self._notify()
 
