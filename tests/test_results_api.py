@@ -88,3 +88,17 @@ def test_an_items_output_keeps_64k_characters_per_stream(cluster: Any, capsys: A
     shown = res.output(0)
     for char, cut in (("o", "\n... (output truncated)\n"), ("e", "\n[stderr] ... (output truncated)\n")):
         assert char * 65_536 + cut in shown and char * 65_537 not in shown, f"{char}: not cut at 64K, or not said"
+
+
+def test_a_retry_prints_what_the_retried_items_print_this_time(cluster: Any, capsys: Any, tmp_path: Any) -> None:
+    # Item 1 prints, then fails until a file exists; its retry's output is what the retry's cell shows.
+    flag = tmp_path / "ready"
+    cell = f"import os\nprint('try', x, os.path.exists({str(flag)!r}))\nassert x != 1 or os.path.exists({str(flag)!r})\nx"
+    res = distribute(cell, namespace={}, over="x in range(3)", into="res")
+    assert res.counts()["failed"] == 1 and "── item 1 (x=1) ──\ntry 1 False\n" in capsys.readouterr().out
+    flag.touch()
+    res.retry()
+    assert res.values() == [0, 1, 2]
+    out = capsys.readouterr().out
+    assert "── item 1 (x=1) ──\ntry 1 True\n" in out, out
+    assert "try 0" not in out and "try 2" not in out, out  # the items kept are not printed again

@@ -57,6 +57,7 @@ line. Once the run is over, `report` writes the failure summary and the first tr
 from __future__ import annotations
 
 import html
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -204,7 +205,7 @@ class Results(TrialResults):
     @property
     def done(self) -> bool:
         """Nothing is pending any more (items succeeded, failed or were cancelled)."""
-        return self._state.finished.is_set()
+        return self._state.span.ended is not None
 
     def counts(self) -> dict[str, int]:
         """How many items are in each state now.
@@ -324,7 +325,8 @@ class Results(TrialResults):
     def wait(self, timeout: float | None = None) -> Results:
         """Block until the run has finished, or `timeout` seconds have passed.
 
-        Unlike `nbcluster.wait`, this prints nothing.
+        Unlike `nbcluster.wait`, this prints nothing. Either way Ctrl-C in the kernel
+        interrupts it within a second.
 
         Parameters
         ----------
@@ -336,7 +338,10 @@ class Results(TrialResults):
         Results
             This view; check `done` after a timeout.
         """
-        self._state.wait(timeout)
+        deadline, state = math.inf if timeout is None else time.monotonic() + timeout, self._state
+        with state.changed:
+            while state.span.ended is None and (left := deadline - time.monotonic()) > 0:
+                state.changed.wait(min(left, 1.0))  # short waits: Ctrl-C in the kernel lands within a second
         return self
 
     def subscribe(self, fn: Callable[[Results], None]) -> Callable[[], None]:
@@ -557,7 +562,7 @@ def follow(results: Results) -> None:
     nbcluster.errors.ClusterCannotRun
         When the cluster cannot run the items (none of its workers qualify, say).
     """
-    printer = _Printer(results)
+    printer, state = _Printer(results), results._state
     try:
         if in_kernel():  # no item output above the live widget: wait for it to show
             start = time.monotonic()
@@ -565,7 +570,9 @@ def follow(results: Results) -> None:
             while not results.done and not widget_shown_since(start) and time.monotonic() < until:
                 results.wait(min(0.05, max(until - time.monotonic(), 0)))
         while not results.done:
-            results._state.wait_output(printer.seen, 1.0)
+            with state.changed:  # woken when items printed, and at the end
+                if len(state.output.order) == printer.seen and state.span.ended is None:
+                    state.changed.wait(1.0)
             printer.flush()
         printer.flush()
     except KeyboardInterrupt:
@@ -642,12 +649,9 @@ class _Printer:
                 self._write(i, chunks)
         order = state.output.order
         new, self.seen = order[self.seen : len(order)], len(order)
-        for i in new:
-            live = i in self.shows  # its output came as it ran (a trial): only what had not come yet
-            if self._shows(i) and i not in self.ended:
-                if not live:
-                    self.current = None  # a header, even after the same item's output of a former run
-                self._write(i, state.output.chunks.get(i, []), skip=trials.printed.shown.get(i, 0) if live and trials else 0)
+        for i in new:  # of a trial's item, the output that came as it ran is shown: only the rest now
+            if self._shows(i):  # (each item is in `order` once: once delivered, it is `ended`)
+                self._write(i, state.output.chunks[i], skip=trials.printed.shown.get(i, 0) if trials else 0)
             self.ended.add(i)
 
     def _shows(self, i: int) -> bool:

@@ -11,17 +11,18 @@ Shape, for a run of `n` items:
 - `values[i]`: item `i`'s value once *done* (else None);
 - `errors[i]`: an `ItemError` for each *failed* item;
 - `output` (an `Output`): `chunks[i]`, what item `i` printed, as `[stream, payload]` chunks
-  (stream `stdout`, `stderr` or `display`), and `order`, the items with output in arrival order;
+  (stream `stdout`, `stderr` or `display`), and `order`, the items with output in arrival order
+  since the run's last start (what the waiting cell prints);
 - `span` (a `Span`): `started`, `ended`, wall-clock times (`ended` is None while the run goes
-  on); `lost`, why the unfinished items were given up (the cluster went away), and `halted`,
+  on: it is the one record of whether the run has finished); `lost`, why the unfinished items were given up (the cluster went away), and `halted`,
   why they were given up on a cluster that is there but cannot run them (nbcluster missing
   on its scheduler), each else None;
 - `direct_keys`: the keys of the batches a worker ran for the kernel directly, not as Dask
   tasks (`transport.py`), whose task-stream records reach the scheduler after their answers.
 
 A state is made running: the first start is its creation. Each `retry()` is a further
-start (`begin`); the state finishes when its last start `end`s, and then whatever is still
-pending counts as cancelled. Writers are the engine's driver thread and, for `--local`
+start (`begin`); the state finishes when its last start `end`s: whatever is still pending
+is cancelled, the `on_end` hooks run, then `span.ended` is set. Writers are the engine's driver thread and, for `--local`
 items and a resumed journal's, the kernel's main thread (`api.py`); readers (the `Results`
 view, the waiting cell, the live widget) may be any thread. One re-entrant lock guards it
 all (`lock`, the lock of `changed`); `changed` wakes the waiters when items printed output,
@@ -36,7 +37,6 @@ An exception in a listener is printed to stderr and does not stop the run.
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import threading
 import time
@@ -55,7 +55,7 @@ class Output:
     """What a run's items printed: each one's ``[stream, payload]`` chunks, and who, in arrival order."""
 
     chunks: dict[int, list[list[Any]]] = field(default_factory=dict)
-    order: list[int] = field(default_factory=list)  # the items with output, as it came
+    order: list[int] = field(default_factory=list)  # the items with output, as it came, since the last start
 
 
 @dataclass
@@ -101,7 +101,6 @@ class RunState:
         self.direct_keys: list[str] = []
         # One re-entrant lock: hold `lock` to read several fields at once; `changed` wakes the waiters.
         self.lock = self.changed = threading.Condition(threading.RLock())
-        self.finished = threading.Event()
         self._starts = 1  # starts (the first, retries) not yet ended
         # fn() after each change, once the run finished, at each start's end
         self._hooks: dict[str, list[Any]] = {"change": [], "done": [], "end": []}
@@ -151,34 +150,6 @@ class RunState:
         with self.lock:
             return [i for i in indices if self.status[i] == PENDING]
 
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until the run has finished, or `timeout` seconds have passed.
-
-        Parameters
-        ----------
-        timeout : float or None
-            Seconds to wait at most; None waits until the end. Either way Ctrl-C in the
-            kernel interrupts it within a second.
-        """
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        with self.changed:
-            while not self.finished.is_set() and (left := deadline - time.monotonic()) > 0:
-                self.changed.wait(min(left, 1.0))  # short waits: Ctrl-C in the kernel lands within a second
-
-    def wait_output(self, seen: int, timeout: float) -> None:
-        """Block until more items have output than `seen`, the run ends, or `timeout`.
-
-        Parameters
-        ----------
-        seen : int
-            Items with output the caller has shown (a length of `output.order`).
-        timeout : float
-            Seconds to wait at most.
-        """
-        with self.changed:
-            if len(self.output.order) == seen and not self.finished.is_set():
-                self.changed.wait(timeout)
-
     def subscribe(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call `fn()` after every change, from the writing thread, until the run finishes.
 
@@ -194,7 +165,7 @@ class RunState:
             Unsubscribes `fn` when called (doing nothing once it is gone).
         """
         with self.lock:
-            if not self.finished.is_set():  # a finished run changes no more (until a retry, which drops listeners)
+            if self.span.ended is None:  # a finished run changes no more (until a retry)
                 self._hooks["change"].append(fn)
 
         def unsubscribe() -> None:
@@ -212,7 +183,7 @@ class RunState:
             Called with no arguments, once; an exception in it is printed to stderr.
         """
         with self.lock:
-            if not self.finished.is_set():
+            if self.span.ended is None:
                 self._hooks["done"].append(fn)
                 return
         _call(fn)
@@ -234,7 +205,8 @@ class RunState:
     def begin(self, indices: Iterable[int]) -> None:
         """A retry starts: `indices` are pending again, and the run is going again.
 
-        Their errors and output are dropped, and the span's `lost`, `halted` and `ended` are cleared;
+        Their errors and output are dropped, `output.order` starts again, and the span's `lost`,
+        `halted` and `ended` are cleared;
         the run finishes when this start, and any other still going, has ended.
 
         Parameters
@@ -247,9 +219,9 @@ class RunState:
                 self.status[i] = PENDING
                 self.errors.pop(i, None)
                 self.output.chunks.pop(i, None)
+            self.output.order.clear()  # the waiting cell shows what this start prints, once
             self._starts += 1
             self.span.lost = self.span.halted = self.span.ended = None
-            self.finished.clear()
 
     def deliver(self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError],
                 outputs: dict[int, Any]) -> None:  # fmt: skip
@@ -272,7 +244,6 @@ class RunState:
         """
         status, n = self.status, len(values)  # locals: the loop below runs once per item
         with self.lock:
-            printed = len(self.output.order)
             start = indices.start if isinstance(indices, range) and indices.step == 1 else -1
             if start >= 0 and not errors and not outputs and n <= len(indices) and status.count(PENDING, start, start + n) == n:
                 # The common batch (consecutive, all pending, none failed, no output): by slices.
@@ -293,18 +264,18 @@ class RunState:
                 if outputs and i in outputs:
                     self.output.chunks[i] = outputs[i]
                     self.output.order.append(i)
-            if len(self.output.order) != printed:
-                # Only output wakes the waiting cell before the end (`wait_output`).
+            if outputs:  # only output (and cancels) wake the waiting cell before the end (`follow`)
                 self.changed.notify_all()
         self._notify()
 
     def cancel_pending(self) -> None:
         """Mark every pending item cancelled (a batch still out is ignored when it returns)."""
         with self.lock:
-            changed = self._cancel_pending()
+            if PENDING not in self.status:
+                return
+            self.status[:] = self.status.replace(bytes([PENDING]), bytes([CANCELLED]))
             self.changed.notify_all()
-        if changed:
-            self._notify()
+        self._notify()
 
     def lose(self, reason: str, *, halted: bool = False) -> None:
         """Give up the unfinished items (a retry runs them): the cluster went away, or is there
@@ -330,25 +301,17 @@ class RunState:
             self._starts -= 1
             if self._starts > 0:
                 return
-            self._cancel_pending()  # never delivered: cancelled, never lost
+        self.cancel_pending()  # never delivered: cancelled, never lost
+        with self.lock:
             for fn in self._hooks["end"]:
                 _call(fn)
-            self.span.ended = time.time()
-            self.finished.set()
+            self.span.ended = time.time()  # finished: what the waiters wait for
             self.changed.notify_all()
-            callbacks, self._hooks["done"] = self._hooks["done"], []
-        self._notify()
-        with self.lock:
-            if self.finished.is_set():  # not restarted meanwhile: nothing more to tell
-                self._hooks["change"] = []
-        for fn in callbacks:
+            # The listeners' last call (a finished run changes no more), then the callbacks'.
+            last = self._hooks["change"] + self._hooks["done"]
+            self._hooks["change"], self._hooks["done"] = [], []
+        for fn in last:
             _call(fn)
-
-    def _cancel_pending(self) -> bool:
-        if PENDING not in self.status:
-            return False
-        self.status[:] = self.status.replace(bytes([PENDING]), bytes([CANCELLED]))
-        return True
 
     def _notify(self) -> None:
         with self.lock:

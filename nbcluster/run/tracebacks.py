@@ -43,7 +43,14 @@ class ItemError:
 
     def __init__(self, index: int, params: dict[str, Any], record: ErrorRecord, where: str,
                  code_index: dict[str, list[tuple[str, int, int]]]):  # fmt: skip
-        _ready(record, code_index)
+        for part in parts(record["traceback"]):  # made printable here (see the module docstring)
+            for frame in part.stack:
+                if frame.filename == "<dynamic-code>":
+                    line = frame.lineno or 0
+                    found = {f for f, first, last in code_index.get(frame.name, []) if first <= line <= last}
+                    if len(found) == 1:
+                        frame.filename = found.pop()
+            part.stack = _CellStack(part.stack)  # not from_list: it makes a plain StackSummary
         self.index, self.params, self.where = index, params, where  # where: "the cluster" or "the kernel"
         self.type_name, self.message = record["type"], record["message"]
         self._record = record
@@ -99,17 +106,6 @@ def reraise(error: ItemError) -> None:
     if hasattr(exc, "add_note") and note not in (getattr(exc, "__notes__", None) or ()):
         exc.add_note(note)
     raise exc.with_traceback(rebuilt)
-
-
-def _ready(record: ErrorRecord, index: dict[str, list[tuple[str, int, int]]]) -> None:
-    """Make a record's traceback print in this kernel (see the module docstring); idempotent."""
-    for part in parts(record["traceback"]):
-        for frame in part.stack:
-            if frame.filename == "<dynamic-code>":
-                found = {f for f, first, last in index.get(frame.name, []) if first <= (frame.lineno or 0) <= last}
-                if len(found) == 1:
-                    frame.filename = found.pop()
-        part.stack = _CellStack(part.stack)  # not from_list: it makes a plain StackSummary
 
 
 @functools.lru_cache(maxsize=256)
