@@ -1,7 +1,7 @@
 """The journaled runs, listed, shown and forgotten: `%cluster runs [ID] [--forget]`, `nbcluster runs [ID] [--forget]`;
 and what a trial run keeps beside its journal: its checkpoints.
 
-A run's ID is the start of its identity (`resume.fingerprint`): the journals of one cell run on
+A run's ID is the start of its identity (`store.fingerprint`): the journals of one cell run on
 the same inputs share it, and forgetting an ID deletes them all. A journal in use (its run
 is going on, here or in another kernel) is listed as *running* and never deleted.
 

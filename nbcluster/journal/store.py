@@ -28,14 +28,15 @@ Policy
 - **Found without listing the folder.** The journals of one identity are in a folder of
   their own, so a cell lists only that folder (usually one or two files), at its start
   (`prepare`) and, when it completes, at its end (`Writer.end`); only `runs` and the
-  pruning list every run's folder.
+  pruning list every run's folder (and the journals an earlier nbcluster kept in the
+  journals' folder itself, which `--resume` no longer finds).
 - **Bounded.** Before a journal is made, the oldest journals not in use are deleted until
   all fit in ``nbcluster.journal.max-size`` (never a ``--persist`` run's: its values may be
   kept on its cluster, and only `runs.forget` lets them go). A run that completes deletes
   the older journals of its identity (`Writer.end`): it holds every item they could give.
   A run's folder goes with its last journal.
 
-File layout (one file per run start, ``<identity>/<identity>-<start µs>-<pid>.journal``)::
+File layout (one file per run, ``<identity>/<identity>-<start µs>-<pid>.journal``)::
 
     b"NBCLUSTER-JOURNAL\\n"
     one line of JSON: the `Header` (its "format" is checked before anything is unpickled)
