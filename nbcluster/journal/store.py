@@ -150,13 +150,13 @@ _NOT_CLASS_CONTENT = frozenset({"__dict__", "__weakref__", "__module__", "__firs
 
 
 class Header(TypedDict):
-    """The first line of a journal: what run it is, in JSON (readable without unpickling)."""
+    """The first line of a journal: what run it is, in JSON (readable without unpickling); its
+    identity and when it started are in the journal's name."""
 
     format: int
     nbcluster: str  # the version that wrote it, for the refusal message
     total: int  # items in the run
     first_line: str  # the cell's first line (or the function's name), for `runs`
-    started: float  # wall-clock time
     persist: bool  # a --persist run: its records hold recipes (`handles.Recipe`), not values
     cluster: str | None  # --persist: the cluster's name (or address) the values are on
 
@@ -230,8 +230,8 @@ class Loaded:
 
     @property
     def when(self) -> str:
-        """When the run started, for messages (`when`)."""
-        return when(self.header["started"])
+        """When the run started (its journal's name says), for messages (`when`)."""
+        return when(started(self.path))
 
 
 # -- the folder ---------------------------------------------------------------------------
@@ -534,8 +534,8 @@ def create(identity: str, total: int, first_line: str, *, cluster: str | None = 
     """
     base, now = where or folder(), time.time()
     path = base / identity / f"{identity}-{int(now * 1e6)}-{os.getpid()}{SUFFIX}"
-    header = Header(format=FORMAT, nbcluster=__version__, total=total, first_line=first_line, started=now,
-                    persist=cluster is not None, cluster=cluster)  # fmt: skip
+    header = Header(format=FORMAT, nbcluster=__version__, total=total, first_line=first_line, persist=cluster is not None,
+                    cluster=cluster)  # fmt: skip
     try:
         if now - _pruned.get(bound := (base, size("journal.max-size")), 0.0) >= PRUNE_EVERY_S:
             _pruned[bound] = now
