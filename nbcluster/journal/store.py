@@ -251,17 +251,6 @@ def folder() -> Path:
     return Path(jupyter_data_dir()) / "nbcluster" / "journal"
 
 
-def enabled() -> bool:
-    """Whether runs are journaled: the ``nbcluster.journal.enabled`` setting.
-
-    Returns
-    -------
-    bool
-        The setting, a bool or the text ``"true"`` (from an environment variable).
-    """
-    return str(config.get("journal.enabled")).strip().lower() == "true"
-
-
 def size(key: str) -> int:
     """A size setting, in bytes.
 
@@ -947,9 +936,10 @@ def prepare(identity: str | None, total: int, shown: str, *, resume: bool, persi
         taken over with their output, and the line to print: what was resumed, why it could
         not be, or that an earlier run could be resumed.
     """
-    if identity is None or not enabled():  # with --persist too: nothing is published
+    on = str(config.get("journal.enabled")).strip().lower() == "true"  # a bool, or "true" from an environment variable
+    if identity is None or not on:  # with --persist too: nothing is published
         why = ("this run is not journaled (--everywhere, a --persist run reading persisted results, or an input "
-               "that cannot be pickled)" if enabled() else "journaling is off (nbcluster.journal.enabled)")  # fmt: skip
+               "that cannot be pickled)" if on else "journaling is off (nbcluster.journal.enabled)")  # fmt: skip
         return Resumption(line=f"nbcluster: --resume: {why}: running all {total} items" if resume else None)
     if persist:  # another identity of the same length: a journal of values and one of recipes never match
         identity = hashlib.blake2b(f"{identity}:persist".encode(), digest_size=len(identity) // 2).hexdigest()
