@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -205,7 +204,7 @@ def attach_checkpoints(spec: TrialSpec, identity: str, *, resume: bool) -> None:
         The run continues an earlier one: its checkpoints are kept for its items to load.
     """
     configured, journaled = config.get("checkpoint.path"), store.folder()
-    base = Path(os.path.expanduser(str(configured))) if configured else journaled.parent / "checkpoints"
+    base = Path(str(configured)).expanduser() if configured else journaled.parent / "checkpoints"
     spec["identity"], spec["checkpoints"] = identity, str(base)
     if not resume:
         shutil.rmtree(base / identity, ignore_errors=True)
