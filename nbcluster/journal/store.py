@@ -285,7 +285,8 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
     list of pathlib.Path
         The journals, newest start first; [] when there is no such folder, or it cannot be read.
     """
-    found = (where or folder()).glob(f"{identity}/*{SUFFIX}" if identity else f"**/*{SUFFIX}")
+    base = where or folder()  # a run's folder; or each one, and the journals an earlier nbcluster kept in `base` itself
+    found = base.glob(f"{identity}/*{SUFFIX}") if identity else [*base.glob(f"*/*{SUFFIX}"), *base.glob(f"*{SUFFIX}")]
     return sorted(found, key=started, reverse=True)
 
 
