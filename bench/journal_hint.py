@@ -1,6 +1,6 @@
 """What a fresh run pays to ask whether the previous journal of the same run is unfinished.
 
-`resume._hint` asks it before every run that is not `--resume`. It compares reading the
+`store._hint` asks it before every run that is not `--resume`. It compares reading the
 whole journal (`journal.load(..., values=False)`, as before) with reading its last record
 only (`journal.ended_complete`), on a complete journal of 20,000 tiny items in 100 batches.
 

@@ -1,6 +1,6 @@
 """`--resume` never mixes results of different inputs (issue 37, defect 2), on real clusters.
 
-A run's identity covers what its notebook functions read (`journal/resume.py`): change a
+A run's identity covers what its notebook functions read (`journal/store.py`): change a
 global one of them reads, and `--resume` finds no journal and runs every item. Each item
 appends its index to a log file on the workers' side, so a test counts what ran again.
 """
@@ -19,7 +19,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
 from nbcluster.journal import store as journal
-from nbcluster.journal.resume import fingerprint
+from nbcluster.journal.store import fingerprint
 from nbcluster.run.capture import capture
 from nbcluster.run.cell import Cell, plan
 from tests.kernel_session import kernel
@@ -168,7 +168,7 @@ def test_the_identity_covers_what_notebook_functions_read() -> None:
 def test_a_function_hashes_the_same_whatever_else_its_kernel_has_imported() -> None:
     # The same function in a kernel with `os` (and globals named like its attributes) and in
     # one without (notebook 07's resume lesson): only the globals it loads count, by value.
-    from nbcluster.journal.resume import value_hash
+    from nbcluster.journal.store import value_hash
 
     src = "def f(i):\n    import os\n    return os.path.join(LOG, str(i))\n"
     bare: dict[str, Any] = {"__name__": "__main__", "LOG": "/tmp"}

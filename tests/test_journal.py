@@ -66,7 +66,9 @@ def stop_after(results, done: int) -> None:
 def test_journal_files_are_0600_in_a_0700_folder(cluster, journals, tmp_path):
     run(tmp_path / "log", 20)
     (found,) = journal.journals(where=journals)
-    assert stat.S_IMODE(journals.stat().st_mode) == 0o700
+    # One folder per run identity, named by it, as the journal is.
+    assert found.parent.parent == journals and found.name.startswith(f"{found.parent.name}-")
+    assert stat.S_IMODE(journals.stat().st_mode) == stat.S_IMODE(found.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(found.stat().st_mode) == 0o600
     loaded = journal.load(found)
     assert loaded.state == "complete" and loaded.values == {i: i * 10 for i in range(20)}
@@ -329,6 +331,8 @@ def test_the_size_bound_prunes_the_oldest_journals_first(journals, tmp_path):
         run(tmp_path / "log", 1, local=True)
     newest, *rest = journal.journals(where=journals)
     assert rest == made[:2] and journal.load(newest).header["total"] == 1
+    # A pruned journal's run folder goes with it.
+    assert sorted(journals.iterdir()) == sorted(p.parent for p in [newest, *rest])
 
 
 def test_the_size_bound_never_prunes_a_persist_runs_journal(journals, tmp_path):
@@ -368,8 +372,55 @@ def test_distribute_runs_lists_and_forget_deletes(journals, tmp_path, shell, cap
         shell.run_line_magic("cluster", "runs abcdef12 --forget")
     shell.run_line_magic("cluster", "runs --forget --all")
     assert capsys.readouterr().out == "Forgot 1 journaled run.\n"
+    assert not list(journals.iterdir())  # each run's folder went with its last journal
     shell.run_line_magic("cluster", "runs")
     assert capsys.readouterr().out == f"No journaled runs (in {journals}).\n"
+
+
+def test_a_journal_in_the_one_folder_of_an_earlier_nbcluster_is_listed_and_forgotten(journals, tmp_path, shell,
+                                                                                      capsys):  # fmt: skip
+    # An nbcluster before the folder per run kept every journal in the journals' folder itself:
+    # `runs` still lists those (and pruning counts them), and forgetting deletes them.
+    run(tmp_path / "log", 4, local=True)
+    (found,) = journal.journals(where=journals)
+    old = found.rename(journals / found.name)
+    assert journal.journals(where=journals) == [old] and journal.load(old).state == "complete"
+    capsys.readouterr()
+    shell.run_line_magic("cluster", "runs")
+    assert " 4/4 " in capsys.readouterr().out.splitlines()[1]
+    shell.run_line_magic("cluster", f"runs {old.name[:8]} --forget")
+    assert capsys.readouterr().out == "Forgot 1 journaled run.\n" and not old.exists()
+
+
+LISTINGS = """
+import json, os, sys
+from pathlib import Path
+import dask.config
+import nbcluster
+
+listed, recording = [], []
+sys.addaudithook(lambda event, args: listed.append(Path(os.fsdecode(args[0]))) if recording and event in (
+    "os.listdir", "os.scandir") else None)
+dask.config.set({"nbcluster.journal.path": sys.argv[1]})
+for n in range(12):  # other runs: twelve folders of journals
+    nbcluster.distribute("x", over=f"x in range({n + 2})", namespace={}, local=True)
+nbcluster.distribute("x + 1", over="x in range(3)", namespace={}, local=True)
+recording.append(True)
+again = nbcluster.distribute("x + 1", over="x in range(3)", namespace={}, local=True)
+print(json.dumps({"listed": [str(p) for p in listed], "values": again.values()}))
+"""
+
+
+def test_a_cell_lists_the_folder_of_its_own_runs_not_every_journal(journals):
+    # Its start looks for its earlier runs (--resume, the hint), its end for those it supersedes:
+    # in its identity's folder each time, whatever else the journals' folder holds. (The first
+    # start in a process prunes every run's folder; this is the second.)
+    out = subprocess.run([sys.executable, "-c", LISTINGS, str(journals)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.splitlines()[-1])
+    (folder,) = {p.parent for p in journal.journals(where=journals) if journal.load(p).header["first_line"] == "x + 1"}
+    assert seen["values"] == [1, 2, 3] and len(list(journals.iterdir())) == 13
+    assert seen["listed"] == [str(folder), str(folder)], seen  # at its start and its end, its own folder only
 
 
 def test_nbcluster_runs_on_the_command_line(journals, tmp_path, cli):

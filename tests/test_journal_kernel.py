@@ -98,7 +98,9 @@ def test_kill_9_mid_cell_then_resume_in_a_new_kernel(runtime_dir, tmp_path):
             assert hint in fresh.text.splitlines(), fresh.text
             assert len(executions(log)) == before + len(again) + N
         assert journal.load(found).state == "complete"
-        assert all(re.fullmatch(r"[0-9a-f]{32}-\d+-\d+\.journal", p.name) for p in folder.iterdir())
+        for run in folder.iterdir():  # one folder per run identity, its journals named by it
+            assert re.fullmatch(r"[0-9a-f]{32}", run.name), run
+            assert all(re.fullmatch(rf"{run.name}-\d+-\d+\.journal", p.name) for p in run.iterdir()), run
     finally:
         handle.stop()
 

@@ -1,6 +1,7 @@
-"""The journaled runs, listed, shown and forgotten: `%cluster runs [ID] [--forget]`, `nbcluster runs [ID] [--forget]`.
+"""The journaled runs, listed, shown and forgotten: `%cluster runs [ID] [--forget]`, `nbcluster runs [ID] [--forget]`;
+and what a trial run keeps beside its journal: its checkpoints.
 
-A run's ID is the start of its identity (`resume.fingerprint`): the journals of one cell run on
+A run's ID is the start of its identity (`store.fingerprint`): the journals of one cell run on
 the same inputs share it, and forgetting an ID deletes them all. A journal in use (its run
 is going on, here or in another kernel) is listed as *running* and never deleted.
 
@@ -9,17 +10,27 @@ datasets, `handles.py`): the listing asks that cluster what it still holds for e
 run (the HELD column: how many values, their size, on which cluster), and forgetting one
 drops them there too (`handles.unpublish`), so a killed kernel's values do not stay on the
 workers until the cluster stops.
+
+Checkpoints (`attach_checkpoints`): each run identity has a folder
+``<nbcluster.checkpoint.path>/<identity>/`` holding one file per item that saved
+(``worker/checkpoint.py``). A run that is not ``--resume`` first deletes its identity's
+folder, so a fresh run never loads an earlier run's checkpoints; each start deletes the
+folders whose journal is gone (pruned or forgotten), then the oldest until all fit in
+``nbcluster.checkpoint.max-size``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from nbcluster import config
+from nbcluster._wire import TrialSpec
 from nbcluster.errors import BadArgument
 from nbcluster.journal import store
 from nbcluster.persist import handles
@@ -174,9 +185,38 @@ def forget(ids: list[str], every: bool, client_of: ClientOf) -> str:
         if header and header["persist"] and header["cluster"] and (client := client_of(header["cluster"])):
             with contextlib.suppress(Exception):  # a --persist run on a running cluster: its values are dropped there
                 dropped += handles.unpublish(client, [handles.dataset_prefix(path.name)])
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            deleted += 1
+        deleted += len(store.delete([path]))
     line = f"Forgot {deleted} journaled run{'s' if deleted != 1 else ''}."
     line += f" Dropped {dropped} value{'s' if dropped != 1 else ''} kept on the cluster for --resume." if dropped else ""
     return line + (f" {busy} in use (running now) stayed." if busy else "")
+
+
+def attach_checkpoints(spec: TrialSpec, identity: str, *, resume: bool) -> None:
+    """Key a trial run's checkpoints by `identity`; see the module docstring.
+
+    Parameters
+    ----------
+    spec : TrialSpec
+        The run's spec, changed in place (before its context is sent).
+    identity : str
+        The run's journal identity.
+    resume : bool
+        The run continues an earlier one: its checkpoints are kept for its items to load.
+    """
+    configured, journaled = config.get("checkpoint.path"), store.folder()
+    base = Path(str(configured)).expanduser() if configured else journaled.parent / "checkpoints"
+    spec["identity"], spec["checkpoints"] = identity, str(base)
+    if not resume:
+        shutil.rmtree(base / identity, ignore_errors=True)
+    # Each other run's (whether its journal is gone, its last save (a save renames into it), its bytes, its folder).
+    runs: list[tuple[bool, float, int, Path]] = []
+    with contextlib.suppress(OSError):  # none yet, or not a folder: the items say so when they save
+        for run in (p for p in base.iterdir() if p.is_dir() and p.name != identity):
+            # One deleted meanwhile (another kernel's start) ends the scan: the next start goes on.
+            runs.append((bool(store.journals(run.name, journaled)), run.stat().st_mtime,
+                         sum(f.stat().st_size for f in run.iterdir()), run))  # fmt: skip
+    total, limit = sum(n for *_, n, _ in runs), store.size("checkpoint.max-size")
+    for kept, _, n, run in sorted(runs):  # those whose journal is gone first, then the oldest
+        if not kept or total > limit:
+            shutil.rmtree(run, ignore_errors=True)
+            total -= n

@@ -1,9 +1,10 @@
-"""The run journal: every finished item on disk as it reaches the kernel, for `--resume`.
+"""The run journal: every finished item on disk as it reaches the kernel, the run identity
+that names it, and what `--resume` takes from it.
 
 A kernel that dies (out of memory, a laptop lid, a hub's idle culler) takes its `Results`
 with it. The journal is the kernel's own append-only record of what had arrived, keyed by
-what the run computes (`resume.fingerprint`), so that a new kernel running the same cell on the
-same inputs finds it and runs only what is missing (`resume.py`).
+what the run computes (`fingerprint`), so that a new kernel running the same cell on the
+same inputs finds it and runs only what is missing (`prepare`).
 
 Policy
 ------
@@ -20,15 +21,22 @@ Policy
   cannot be written) prints one warning line, and the run goes on unjournaled.
 - **One writer at a time.** A run holds an exclusive ``flock`` on its journal while it runs
   (the kernel dying releases it). A run that resumes a journal appends to that same file,
-  so it takes the lock first (`claim`); a second kernel resuming it at once cannot.
+  so it takes the lock first; a second kernel resuming it at once cannot.
 - **Private.** The folder (``nbcluster.journal.path``, default ``<Jupyter data
-  dir>/nbcluster/journal``) is made 0700 and each journal 0600: they hold results.
+  dir>/nbcluster/journal``) is made 0700, each run's folder in it 0700 and each journal
+  0600: they hold results.
+- **Found without listing the folder.** The journals of one identity are in a folder of
+  their own, so a cell lists only that folder (usually one or two files), at its start
+  (`prepare`) and, when it completes, at its end (`Writer.end`); only `runs` and the
+  pruning list every run's folder (and the journals an earlier nbcluster kept in the
+  journals' folder itself, which `--resume` no longer finds).
 - **Bounded.** Before a journal is made, the oldest journals not in use are deleted until
   all fit in ``nbcluster.journal.max-size`` (never a ``--persist`` run's: its values may be
   kept on its cluster, and only `runs.forget` lets them go). A run that completes deletes
   the older journals of its identity (`Writer.end`): it holds every item they could give.
+  A run's folder goes with its last journal.
 
-File layout (one file per run, ``<identity>-<start µs>-<pid>.journal``)::
+File layout (one file per run, ``<identity>/<identity>-<start µs>-<pid>.journal``)::
 
     b"NBCLUSTER-JOURNAL\\n"
     one line of JSON: the `Header` (its "format" is checked before anything is unpickled)
@@ -39,17 +47,74 @@ its header is written sees a running run. A reader stops at the first record cut
 (the kernel was killed mid-write) or damaged, keeping every whole record before it. The run's state is *running* while its lock is held
 (`in_use`), else what its last `End` says (`Loaded.state`), else *killed*.
 
+Identity
+--------
+`fingerprint` is the BLAKE2 hash of, in order: the code (the cell's source, or the function
+run), the items after ``--over/--grid/--zip`` evaluation (and how they bind names),
+``--seed``, and every captured notebook value. It is deliberately not the kernel, the
+session or the notebook's cell id: a new kernel running the same cell on the same inputs
+gets the same identity, and a change to any input gives another one, so ``--resume`` never
+mixes results computed from different inputs.
+
+Each value is hashed through one pickler (`_Hasher`), the same way wherever it sits (a
+captured name, an item, a global a function reads):
+
+- plain data by its pickle (protocol 5; the bytes of large arrays hashed in place, not
+  copied);
+- a module by its name; a function or class imported from a module by its module and name;
+- a function defined in the notebook (module ``__main__``) by its source text (its code,
+  where there is no source), its defaults, its closure's values, and the value of every
+  global its code reads (recursively: a notebook function it calls is hashed the same way);
+  never its pickle, which holds the kernel's own file name for the cell
+  (``/tmp/ipykernel_<pid>/...``) that a new kernel does not share;
+- a class defined in the notebook by its name, its bases and its attributes (methods as
+  functions above); an instance of it by its class so hashed and its state.
+
+A run with an input that cannot be hashed at all has no identity and is not journaled: a
+journal must never stop a run.
+
+Resuming
+--------
+`prepare` runs once per run, in the kernel, after the job is made and before anything is
+submitted. With journaling on (``nbcluster.journal.enabled``) it looks for journals of the
+run's identity, newest first:
+
+- with ``--resume``, it takes the newest one (its lock), loads its finished items and
+  returns them; the run then submits only the others and appends to that same journal.
+  Its one line says how many came back, from when, in what state, and how many run now
+  (and why some finished ones run again: too large to journal, or a value that cannot be
+  loaded now). A journal another kernel holds, or one this nbcluster cannot read
+  (damaged, another format), gives one line saying so, and the run runs fresh in a journal
+  of its own: the other journal is left as it was;
+- without it, a newest journal that is unfinished (killed or interrupted, not in use) makes
+  one hint line naming ``--resume``, and the run runs fresh;
+- no journal: nothing is said, unless ``--resume`` asked for one: then one line says that
+  none was found (or that the run cannot be journaled, or journaling is off), and the run
+  runs every item.
+
+`--persist` runs journal their handles' recipe, not their values (`handles.Recipe`); their
+identity is their cell's with ``persist`` added, so a run with and one without never share
+a journal. Their `--resume` asks the cluster which of those keys some worker still holds
+(`handles.adopt`), takes those as the new run's handles, and runs the rest: a value lost
+with its worker, or on another cluster, simply runs again, and the line says how many.
+
 Worked example: 1000 items, the kernel killed after 734 arrived. The journal holds a header
 and, say, 40 `Batch` records for 734 items, no `End`. A new kernel's ``--resume`` finds it
 (same identity), takes its lock, loads the 734 values into the new run's state, submits the
-other 266, and appends their batches and the `End` to the same file.
+other 266, prints ``nbcluster: resumed 734/1000 items from the run of 14:02 (killed);
+running 266``, and appends their batches and the `End` to the same file.
+
+A trial run's checkpoints are keyed by its identity too (`runs.attach_checkpoints`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dis
 import errno
 import fcntl
+import hashlib
+import inspect
 import json
 import os
 import pickle
@@ -60,6 +125,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import CodeType, FunctionType, ModuleType, SimpleNamespace
 from typing import Any, Literal, TypedDict
 
 import cloudpickle
@@ -67,7 +133,10 @@ from dask.utils import parse_bytes
 
 from nbcluster import config
 from nbcluster._version import __version__
-from nbcluster.run.cell import describe
+from nbcluster.persist import handles
+from nbcluster.run.capture import Capture, read_only_array
+from nbcluster.run.cell import Cell, Plan, describe
+from nbcluster.worker.context import cell_value
 
 FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
@@ -75,17 +144,19 @@ SUFFIX = ".journal"
 #: Types whose values load in any process: a batch of only these is pickled as one list.
 _ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 _LEFT_OUT, _GONE = object(), object()  # a value not journaled; one that cannot be loaded now
+VERSION = b"nbcluster-run-4"  # part of every identity: change it when what goes in changes
+# A class's attributes that say where it was defined, or hold no content of its own.
+_NOT_CLASS_CONTENT = frozenset({"__dict__", "__weakref__", "__module__", "__firstlineno__", "__static_attributes__"})
 
 
 class Header(TypedDict):
-    """The first line of a journal: what run it is, in JSON (readable without unpickling)."""
+    """The first line of a journal: what run it is, in JSON (readable without unpickling); its
+    identity and when it started are in the journal's name."""
 
     format: int
     nbcluster: str  # the version that wrote it, for the refusal message
-    identity: str
     total: int  # items in the run
     first_line: str  # the cell's first line (or the function's name), for `runs`
-    started: float  # wall-clock time
     persist: bool  # a --persist run: its records hold recipes (`handles.Recipe`), not values
     cluster: str | None  # --persist: the cluster's name (or address) the values are on
 
@@ -159,8 +230,8 @@ class Loaded:
 
     @property
     def when(self) -> str:
-        """When the run started, for messages (`when`)."""
-        return when(self.header["started"])
+        """When the run started (its journal's name says), for messages (`when`)."""
+        return when(started(self.path))
 
 
 # -- the folder ---------------------------------------------------------------------------
@@ -178,17 +249,6 @@ def folder() -> Path:
     from jupyter_core.paths import jupyter_data_dir
 
     return Path(jupyter_data_dir()) / "nbcluster" / "journal"
-
-
-def enabled() -> bool:
-    """Whether runs are journaled: the ``nbcluster.journal.enabled`` setting.
-
-    Returns
-    -------
-    bool
-        The setting, a bool or the text ``"true"`` (from an environment variable).
-    """
-    return str(config.get("journal.enabled")).strip().lower() == "true"
 
 
 def size(key: str) -> int:
@@ -214,21 +274,20 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
     Parameters
     ----------
     identity : str, optional
-        Only the journals of runs with this identity (`fingerprint`); every journal
-        when None.
+        Only the journals of runs with this identity (`fingerprint`): its folder's, the
+        only one listed. Every journal when None (every folder's, and those of an
+        nbcluster that kept them all in one folder).
     where : pathlib.Path, optional
-        The folder to look in; `folder()` when None.
+        The journals' folder; `folder()` when None.
 
     Returns
     -------
     list of pathlib.Path
-        The journals, newest start first; [] when the folder cannot be read.
+        The journals, newest start first; [] when there is no such folder, or it cannot be read.
     """
-    base, prefix = where or folder(), f"{identity}-" if identity else ""
-    with contextlib.suppress(OSError):  # no folder yet
-        found = [base / n for n in os.listdir(base) if n.endswith(SUFFIX) and n.startswith(prefix) and n.count("-") >= 2]
-        return sorted(found, key=started, reverse=True)
-    return []
+    base = where or folder()  # a run's folder; or each one, and the journals an earlier nbcluster kept in `base` itself
+    found = base.glob(f"{identity}/*{SUFFIX}") if identity else [*base.glob(f"*/*{SUFFIX}"), *base.glob(f"*{SUFFIX}")]
+    return sorted(found, key=started, reverse=True)
 
 
 def started(path: Path) -> float:
@@ -245,8 +304,7 @@ def started(path: Path) -> float:
         Epoch seconds; 0 when the name holds none.
     """
     with contextlib.suppress(ValueError, IndexError):
-        t = int(path.name.rsplit("-", 2)[-2])
-        return t / 1e6 if t > 1e14 else t / 1e3  # microseconds; milliseconds in journals of nbcluster 0.1
+        return int(path.name.rsplit("-", 2)[-2]) / 1e6
     return 0.0
 
 
@@ -309,8 +367,7 @@ class Writer:
     def __init__(self, path: Path, fd: int):
         self.path, self._broken, self._max_item = path, False, size("journal.max-item-size")
         self._fd: int | None = fd
-        # --persist: told the older journals a complete run deletes, first (to unpublish their values).
-        self.before_superseding: Callable[[list[Path]], object] | None = None
+        self.client: Any = None  # --persist: the run's client, to unpublish the values of the journals it supersedes
         self._lock = threading.RLock()  # the driver thread writes; whichever thread ends the run closes
 
     def write(self, indices: Sequence[int], values: Sequence[Any], failed: dict[int, Failure],
@@ -354,20 +411,21 @@ class Writer:
             Items done in the run so far.
         total : int
             Items in the run: when every one is done, the run's older journals that no run is
-            using are deleted (`before_superseding` is told them first; its failure deletes none).
+            using are deleted (with `client`, their values on the cluster are dropped first; a
+            failure to drop them deletes none).
         """
         with self._lock:
             if self._fd is None:
                 return
             self._append({"kind": "end", "at": time.time(), "done": done, "total": total})
             self.release()  # and with it the journal's lock
-        # Complete, it holds every item: an older journal of its identity can only be resumed to less.
-        if done == total and (others := [p for p in journals(self.path.name.split("-", 1)[0], where=self.path.parent)
+        # Complete, it holds every item: an older journal of its identity (in its folder) can only be resumed to less.
+        if done == total and (others := [p for p in self.path.parent.glob(f"*{SUFFIX}")
                                          if p != self.path and not in_use(p)]):  # fmt: skip
             with contextlib.suppress(Exception):  # a failure keeps them: their values stay listed by `runs`
-                if self.before_superseding is not None:
-                    self.before_superseding(others)  # --persist: unpublish their values first
-                _delete(others)
+                if self.client is not None:
+                    handles.unpublish(self.client, [handles.dataset_prefix(p.name) for p in others])
+                delete(others)
 
     def release(self) -> None:
         """Let go of the journal without marking it (a claim that was not used after all)."""
@@ -437,11 +495,11 @@ def failure(error: Any) -> Failure:
 
 
 def _cannot_write(e: BaseException, path: Path) -> str:
-    why = f"in {path.parent} ({e.strerror})" if isinstance(e, OSError) and e.strerror else f"({type(e).__name__}: {e})"
+    why = f"in {path.parent.parent} ({e.strerror})" if isinstance(e, OSError) and e.strerror else f"({type(e).__name__}: {e})"
     return f"nbcluster: cannot write the run's journal {why}: the run goes on without a journal (--resume cannot pick it up)"
 
 
-def create(identity: str, total: int, first_line: str, *, cluster: str | None = None) -> Writer | None:
+def create(identity: str, total: int, first_line: str, *, cluster: str | None = None, where: Path | None = None) -> Writer | None:
     """A new journal for a run (pruning old ones to fit); None, with one line, if it cannot be.
 
     Parameters
@@ -455,6 +513,8 @@ def create(identity: str, total: int, first_line: str, *, cluster: str | None = 
     cluster : str, optional
         A ``--persist`` run: the name (or address) of the cluster its values stay on; its
         journal then holds recipes, not values.
+    where : pathlib.Path, optional
+        The journals' folder; `folder()` when None.
 
     Returns
     -------
@@ -462,16 +522,17 @@ def create(identity: str, total: int, first_line: str, *, cluster: str | None = 
         A writer holding the new journal's lock; None when it cannot be written (one
         warning line says why, and the run goes on).
     """
-    base, now = folder(), time.time()
-    path = base / f"{identity}-{int(now * 1e6)}-{os.getpid()}{SUFFIX}"
-    header = Header(format=FORMAT, nbcluster=__version__, identity=identity, total=total, first_line=first_line,
-                    started=now, persist=cluster is not None, cluster=cluster)  # fmt: skip
+    base, now = where or folder(), time.time()
+    path = base / identity / f"{identity}-{int(now * 1e6)}-{os.getpid()}{SUFFIX}"
+    header = Header(format=FORMAT, nbcluster=__version__, total=total, first_line=first_line, persist=cluster is not None,
+                    cluster=cluster)  # fmt: skip
     try:
-        base.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(base, 0o700)  # a folder made by hand (or under a umask) must not show others the values
         if now - _pruned.get(bound := (base, size("journal.max-size")), 0.0) >= PRUNE_EVERY_S:
             _pruned[bound] = now
-            prune(bound[1], base)
+            prune(bound[1], base)  # first: it may delete this identity's folder with its last journal
+        # Another kernel's prune deleting the run's folder between these two lines makes this run unjournaled, in one line.
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(base, 0o700)  # a folder made by hand (or under a umask) must not show others the values
         fd = _locked(path, os.O_CREAT | os.O_EXCL)
         try:
             _write(fd, [MAGIC, json.dumps(header).encode() + b"\n"])
@@ -485,30 +546,9 @@ def create(identity: str, total: int, first_line: str, *, cluster: str | None = 
         return None
 
 
-def claim(path: Path) -> Writer:
-    """Take a journal to resume it.
-
-    Parameters
-    ----------
-    path : pathlib.Path
-        The journal file.
-
-    Returns
-    -------
-    Writer
-        A writer appending to it, holding its lock.
-
-    Raises
-    ------
-    OSError
-        BlockingIOError when another run holds it; another when it is gone.
-    """
-    return Writer(path, _locked(path))
-
-
-#: A run's start prunes its folder at most this often (seconds) under one size bound: a folder
-#: of a user's many small journals costs a listing and a stat per journal, several ms, too much
-#: for every cell. A new bound (``nbcluster.journal.max-size``) prunes at the next start.
+#: A run's start prunes the journals at most this often (seconds) under one size bound: a user's
+#: many small journals cost a listing of each run's folder and a stat per journal, several ms, too
+#: much for every cell. A new bound (``nbcluster.journal.max-size``) prunes at the next start.
 PRUNE_EVERY_S = 30.0
 _pruned: dict[tuple[Path, int], float] = {}  # (folder, bound) -> when this process last pruned it
 
@@ -537,13 +577,27 @@ def prune(limit: int, base: Path) -> list[Path]:
         if total > limit and not in_use(path) and not ((header := read_header(path)) and header["persist"]):
             old.append(path)
             total -= n
-    return _delete(old)
+    return delete(old)
 
 
-def _delete(paths: list[Path]) -> list[Path]:
+def delete(paths: list[Path]) -> list[Path]:
+    """Delete journals, and each one's run folder once it holds no other.
+
+    Parameters
+    ----------
+    paths : list of pathlib.Path
+        Journal files.
+
+    Returns
+    -------
+    list of pathlib.Path
+        `paths` (one gone already, or not this user's to delete, is left as it is).
+    """
     for path in paths:
-        with contextlib.suppress(OSError):  # gone already, or not ours to delete
+        with contextlib.suppress(OSError):
             path.unlink()
+        with contextlib.suppress(OSError):  # another journal in it keeps it
+            path.parent.rmdir()
     return paths
 
 
@@ -601,11 +655,11 @@ def read_header(path: Path) -> Header | None:
 def _frames(data: bytes, offset: int) -> Iterator[memoryview]:
     """Each whole record's bytes from `offset`; stops at one cut short (the kernel was killed mid-write)."""
     while offset + 4 <= len(data):
-        length = int.from_bytes(data[offset : offset + 4], "little")
-        offset += 4 + length
-        if offset > len(data):
+        end = offset + 4 + int.from_bytes(data[offset : offset + 4], "little")
+        if end > len(data):
             return
-        yield memoryview(data)[offset - length : offset]
+        yield memoryview(data)[offset + 4 : end]
+        offset = end
 
 
 def ended_complete(path: Path) -> bool:
@@ -697,3 +751,268 @@ def load(path: Path, *, values: bool = True) -> Loaded:
     loaded.left_out, loaded.unloadable = (len(missing[m] - done.keys()) for m in (_LEFT_OUT, _GONE))
     loaded.failed = {i: f for i, f in loaded.failed.items() if i not in done}
     return loaded
+
+
+# -- identity -------------------------------------------------------------------------------
+def fingerprint(plan: Plan, cell: Cell | None, fn: Any, seed: int | None, captured: Capture) -> str | None:
+    """The run's identity as 32 hex digits; None if an input cannot be fingerprinted.
+
+    Parameters
+    ----------
+    plan : Plan
+        The run's items and how they bind names.
+    cell : Cell or None
+        The cell run, or None for a function.
+    fn : callable or None
+        The function run, when there is no cell.
+    seed : int or None
+        The run's ``--seed``.
+    captured : Capture
+        The notebook values the code takes with it.
+
+    Returns
+    -------
+    str or None
+        32 hex digits, the same for the same code, items, seed and captured values (and
+        what the notebook functions among them read) in any kernel; None when something
+        cannot be pickled to hash (the run is then not journaled).
+    """
+    try:
+        parts = [("cell", cell.source.lstrip("\n").encode()) if cell is not None else ("function", value_hash(fn)),
+                 ("binding", repr((plan.mode, plan.names, plan.target, plan.positional, seed)).encode()),
+                 ("items", value_hash(plan.items))]  # fmt: skip
+        for name, value in sorted(captured.direct.items()):
+            # A plain array's pickle holds nothing of the kernel's: the digest it is shipped by is
+            # its content's, already computed.
+            shipped = name in captured.large and read_only_array(value)
+            parts.append((f"value {name}", bytes.fromhex(captured.large[name][1]) if shipped else value_hash(value)))
+        return value_hash((VERSION, parts)).hex()
+    except Exception:  # an input no pickler can take: no identity, no journal
+        return None
+
+
+def value_hash(value: Any, seen: dict[int, bytes] | None = None) -> bytes:
+    """The stable hash of one value, as the identity takes it (see the module docstring).
+
+    Parameters
+    ----------
+    value : Any
+        A captured value, a function, or the items.
+    seen : dict, optional
+        The notebook functions and classes hashed so far in this hash (by id), so that one
+        calling itself ends.
+
+    Returns
+    -------
+    bytes
+        16 bytes: the hash of the value's pickle's hash and its out-of-band buffers' (the
+        bytes of large arrays, hashed in place), the same in any kernel for the same value.
+
+    Raises
+    ------
+    Exception
+        The pickler's, when the value cannot be pickled.
+
+    Examples
+    --------
+    >>> value_hash([1, 2]) == value_hash([1, 2]) != value_hash([1, 3])
+    True
+    """
+    stream, buffers = hashlib.blake2b(digest_size=16), hashlib.blake2b(digest_size=16)
+    _Hasher(stream, {} if seen is None else seen, lambda b: buffers.update(b.raw())).dump(value)
+    return hashlib.blake2b(stream.digest() + buffers.digest(), digest_size=16).digest()
+
+
+class _Hasher(cloudpickle.Pickler):
+    """cloudpickle into a hash (`hashed.update`), with notebook functions and classes replaced by
+    their stable hash; out-of-band buffers go to `buffers`, hashed in place."""
+
+    def __init__(self, hashed: Any, seen: dict[int, bytes], buffers: Callable[[pickle.PickleBuffer], None]):
+        super().__init__(SimpleNamespace(write=hashed.update), protocol=5, buffer_callback=buffers)
+        self.seen = seen
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, ModuleType):
+            return str, (f"module {obj.__name__}",)
+        if getattr(obj, "__module__", None) == "__main__" and isinstance(obj, FunctionType | type):
+            return str, (self._notebook(obj).hex(),)
+        return super().reducer_override(obj)
+
+    def _notebook(self, obj: Any) -> bytes:
+        """The hash of a notebook function or class: what it is, not where its kernel keeps it."""
+        if id(obj) in self.seen:
+            return self.seen[id(obj)]
+        self.seen[id(obj)] = f"recursive {obj.__qualname__}".encode()  # a function that calls itself
+        if isinstance(obj, type):
+            members = {k: v for k, v in vars(obj).items() if k not in _NOT_CLASS_CONTENT}
+            parts: Any = ("class", obj.__qualname__, obj.__bases__, sorted(members.items()))
+        else:
+            reads = sorted((n, obj.__globals__[n]) for n in _globals_read(obj.__code__) if n in obj.__globals__)
+            closure = [cell_value(c) for c in obj.__closure__ or ()]
+            parts = ("function", _source(obj), obj.__defaults__, obj.__kwdefaults__, closure, reads)
+        self.seen[id(obj)] = value_hash(parts, self.seen)
+        return self.seen[id(obj)]
+
+
+def _globals_read(code: CodeType) -> set[str]:
+    """The names `code` (and the code nested in it) loads as globals, and nothing else.
+
+    Not ``co_names``, which also holds attribute names and the names a function imports
+    for itself (``import os`` inside it): a kernel that happens to have a global ``os`` (or
+    ``write``) would then hash differently from one that has not, and a new kernel would
+    not find the journal of the same run.
+    """
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    return names.union(*(_globals_read(c) for c in code.co_consts if isinstance(c, CodeType)))
+
+
+def _source(fn: FunctionType) -> bytes | CodeType:
+    """A notebook function's source; its code where there is none (a lambda typed at a prompt, code
+    given to ``exec``), hashed whole: its file name (``<stdin>``, ``<string>``) is then no kernel's own."""
+    with contextlib.suppress(OSError, TypeError):
+        return inspect.getsource(fn).encode()
+    return fn.__code__
+
+
+def label(cell: Cell | None, fn: Any) -> str:
+    """What `runs` shows of the run: the cell's first line, or the function's name.
+
+    Parameters
+    ----------
+    cell : Cell or None
+        The cell run, or None for a function.
+    fn : Any
+        The function (or module) run, when there is no cell.
+
+    Returns
+    -------
+    str
+        The cell's first non-blank line (at most 80 characters), else ``name()`` of the
+        function.
+    """
+    if cell is not None:
+        return next((line.strip()[:80] for line in cell.source.splitlines() if line.strip()), "")
+    return fn.__name__ if isinstance(fn, ModuleType) else f"{getattr(fn, '__qualname__', type(fn).__name__)}()"
+
+
+@dataclass
+class Resumption:
+    """What `prepare` decided: the writer (None: not journaled), the items taken over, a line."""
+
+    writer: Writer | None = None
+    values: dict[int, Any] = field(default_factory=dict)
+    outputs: dict[int, list[list[Any]]] = field(default_factory=dict)
+    line: str | None = None
+    publish: str | None = None  # --persist: the dataset prefix its new handles are published under
+
+
+# -- resuming -------------------------------------------------------------------------------
+def prepare(identity: str | None, total: int, shown: str, *, resume: bool, persist: bool, client: Any = None,
+            cluster: str | None = None) -> Resumption:  # fmt: skip
+    """Choose the run's journal, and load the earlier run's items with `resume`.
+
+    Parameters
+    ----------
+    identity : str or None
+        The run's identity (`fingerprint`); None when it has none (not journaled).
+    total : int
+        Items in the run.
+    shown : str
+        What listings show of the run (`label`).
+    resume : bool
+        ``--resume``: take over the newest journal of the same identity, if it can be.
+    persist : bool
+        ``--persist``: the journal holds the handles' recipes, and a resume adopts the values
+        the cluster still holds.
+    client : distributed.Client, optional
+        With `persist`: the run's client (to adopt values, and to unpublish those of the older
+        journals a complete run deletes).
+    cluster : str, optional
+        With `persist`: the cluster's name, for the journal's header (what `runs` shows).
+
+    Returns
+    -------
+    Resumption
+        The writer for this run's journal (the resumed one, a new one, or None), the items
+        taken over with their output, and the line to print: what was resumed, why it could
+        not be, or that an earlier run could be resumed.
+    """
+    on = str(config.get("journal.enabled")).strip().lower() == "true"  # a bool, or "true" from an environment variable
+    if identity is None or not on:  # with --persist too: nothing is published
+        why = ("this run is not journaled (--everywhere, a --persist run reading persisted results, or an input "
+               "that cannot be pickled)" if on else "journaling is off (nbcluster.journal.enabled)")  # fmt: skip
+        return Resumption(line=f"nbcluster: --resume: {why}: running all {total} items" if resume else None)
+    if persist:  # another identity of the same length: a journal of values and one of recipes never match
+        identity = hashlib.blake2b(f"{identity}:persist".encode(), digest_size=len(identity) // 2).hexdigest()
+    found = journals(identity, base := folder())
+    chosen = _take(found[0], total, client if persist else None) if resume and found else None
+    if not isinstance(chosen, Resumption):  # a line says why the journal could not be taken, or that there is none
+        line = (f"nbcluster: --resume: {chosen}: running all {total} items fresh" if chosen
+                else f"nbcluster: --resume: no journal of this run (the same code, items and captured values) was "
+                     f"found: running all {total} items" if resume else _hint(found[0], total) if found else None)
+        chosen = Resumption(create(identity, total, shown, cluster=cluster if persist else None, where=base), line=line)
+    if persist and chosen.writer is not None:
+        chosen.publish = handles.dataset_prefix(chosen.writer.path.name)
+        chosen.writer.client = client
+    return chosen
+
+
+def _take(path: Path, total: int, client: Any) -> Resumption | str:
+    """Claim and load the journal (`client`: a --persist one, whose held values are adopted); why not, if it cannot be."""
+    try:
+        loaded, writer = load(path), Writer(path, _locked(path))
+    except BlockingIOError:
+        return "another run is using this cell's journal right now"
+    except (Refused, OSError) as e:  # damaged, another format, or deleted meanwhile
+        return f"the journal {path.name} cannot be read ({e.strerror or e})" if isinstance(e, OSError) else str(e)
+    adopted, lost = loaded.values, 0
+    if client is not None:
+        try:
+            adopted, lost = handles.adopt(client, loaded.values)
+        except Exception:  # the scheduler cannot be asked: nothing is adopted, every item runs
+            adopted, lost = {}, len(loaded.values)
+    outputs = {i: o for i, o in loaded.outputs.items() if i in adopted}
+    return Resumption(writer, adopted, outputs, resumed_line(loaded, total, len(adopted), lost))
+
+
+def resumed_line(loaded: Loaded, total: int, done: int, lost: int) -> str:
+    """``nbcluster: resumed 734/1000 items from the run of 14:02 (killed); running 266``.
+
+    Parameters
+    ----------
+    loaded : Loaded
+        The journal taken over.
+    total : int
+        Items in the run.
+    done : int
+        Items taken over: all of the journal's, or (``--persist``) those the cluster still
+        held.
+    lost : int
+        ``--persist``: finished items whose value the cluster no longer holds.
+
+    Returns
+    -------
+    str
+        The line, naming also the finished items that run again (too large to journal, or
+        their value cannot be loaded now).
+    """
+    line = f"nbcluster: resumed {done}/{total} items from the run of {loaded.when} ({loaded.state}); running {total - done}"
+    why = "not published on the cluster" if loaded.header.get("persist") else "over nbcluster.journal.max-item-size"
+    counts = [(loaded.left_out, f"finished but {why}"), (lost, "finished whose value the cluster no longer holds"),
+              (loaded.unloadable, "whose value cannot be loaded now (its class or module is gone)")]  # fmt: skip
+    again = "; ".join(f"{n} {what}" for n, what in counts if n)  # `lost` (--persist) and `unloadable` never both
+    return f"{line} ({again})" if again else line
+
+
+def _hint(path: Path, total: int) -> str | None:
+    """The line naming ``--resume`` when the cell's last run did not finish; None otherwise."""
+    if ended_complete(path) or in_use(path):
+        return None  # a complete journal (the usual case) costs a read of its last record only
+    with contextlib.suppress(Refused, OSError):
+        loaded = load(path, values=False)
+        if loaded.state != "complete" and (done := len(loaded.values)):
+            how = f"had {len(loaded.failed)} failed" if loaded.state == "failed" else f"was {loaded.state}"
+            return (f"nbcluster: the run of this cell at {loaded.when} {how} with {done}/{total} "
+                    f"items done; running it fresh (--resume would run only the {total - done} missing)")  # fmt: skip
+    return None
+

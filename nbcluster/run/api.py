@@ -52,7 +52,8 @@ from typing import Any
 from nbcluster import _current
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.errors import BadArgument, Interrupted, NbclusterError
-from nbcluster.journal.resume import Resumption, attach_checkpoints, fingerprint, label, prepare
+from nbcluster.journal.runs import attach_checkpoints
+from nbcluster.journal.store import Resumption, fingerprint, label, prepare
 from nbcluster.persist import handles
 from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.capture import Capture, Job, capture
@@ -490,7 +491,7 @@ def _journal(engine: Engine, *, resume: bool, journaled: bool) -> set[int]:
     job, link = engine.job, engine.link
     ident = fingerprint(job.plan, job.cell, job.fn, job.seed, job.capture) if journaled else None
     if job.trial is not None and ident is not None:
-        try:  # a trial's checkpoints are keyed by the run's identity (`journal/resume.py`)
+        try:  # a trial's checkpoints are keyed by the run's identity (`journal/runs.py`)
             attach_checkpoints(job.trial, ident, resume=resume)
         except OSError as e:
             print(f"nbcluster: checkpoints cannot be kept ({e}); the items' checkpoints stay in their workers' memory")

@@ -1,7 +1,7 @@
 """Worker side of checkpoints: `nbcluster.checkpoint()` and its `save` / `load`.
 
 An item of a trial run (``worker/trial.py``) saves to ``<folder>/<run identity>/<item>.ckpt``,
-the folder and identity coming from the run's `TrialSpec` (``journal/resume.py`` sets
+the folder and identity coming from the run's `TrialSpec` (``journal/runs.py`` sets
 them in the kernel). The identity is the run's journal identity, made from what the run
 computes, so ``--resume`` of the same cell, in a new kernel too, finds an unfinished
 item's last checkpoint. A run that is not resumed starts with none (the kernel clears its
