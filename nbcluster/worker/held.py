@@ -37,8 +37,9 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from nbcluster._compat import running_task_key
 from nbcluster.errors import NotRecomputed
-from nbcluster.worker import current_task, dump_result, push, run, run_blob
+from nbcluster.worker import dump_result, push, run, run_batch
 
 if TYPE_CHECKING:
     from nbcluster._wire import HeldValue
@@ -148,27 +149,20 @@ def run_batch_held(context: tuple[str, bytes | None], batch: bytes, token: str |
         lost value again, this is the error that whatever reads the key gets.
     """
     if not keep:
-        blob = run_blob(context, batch, token, deps=deps, names=names)
-        push(blob)
-        return blob
+        return run_batch(context, batch, token, deps, names)
     result = run(context, batch, token, deps, names)
     values = result.get("values", [])  # none when no item ran: stopped, a value lost, a context that cannot load
     if "values" in result:
         result["values"], result["held"] = [None] * len(values), [describe(v) for v in values]
-    _report(dump_result(result))
+    report = dump_result(result)
+    if (key := running_task_key()) is not None:  # None where a test calls the task's function itself
+        KEPT.add(str(key), report)
+    push(report)
     if values and 0 not in result["errors"]:
         return values[0]
     error = result.get("fatal") or result.get("errors", {}).get(0)
     why = "a value it reads was lost" if "lost" in result else "the run was stopped"
     raise NotRecomputed(f"computing it again failed: {error['type']}: {error['message']}" if error else why)
-
-
-def _report(report: bytes) -> None:
-    """Keep this task's report for `report_of`, and push it to the kernel (`worker.push`)."""
-    if (task := current_task()) is None:
-        return
-    KEPT.add(task[1], report)
-    push(report)
 
 
 def report_of(key: str) -> bytes:
