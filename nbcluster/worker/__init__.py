@@ -100,9 +100,9 @@ writes the first item's result on that connection, ahead of the answer (``{"firs
 blob}``), and leaves that item out of the answer (else the two results are `joined`). The
 kernel reads both on that one connection, so the first always arrives before the rest
 (`run/transport.py`). No item is sent twice or left out: whether the first went ahead is
-decided once, under a lock, by whichever of the two comes first, the batch's end (in its
-thread) or the deadline (in the event loop). A first item that went ahead and a worker that then dies: the kernel delivered
-the first, and sends the rest again, as it would for any broken batch.
+decided once, by whichever of the two comes first, the batch's end (in its thread) or the
+deadline (in the event loop). A first item that went ahead and a worker that then dies: the
+kernel delivered the first, and sends the rest again, as it would for any broken batch.
 
 In the order sent. The kernel sends a worker's direct batches as concurrent requests, each
 over a connection of its pool, and two of them can reach the worker in either order (the
@@ -289,7 +289,7 @@ def run(context: tuple[str, bytes | None], batch: bytes, token: str | None, deps
     else:  # the first item alone, which may go ahead of the rest (`FirstAhead`)
         first = go(indices[:1], items[:1], budget=budget)
         if first["count"]:  # else stopped before it: the rest is too
-            ahead.ran({**first, "ran_on": ran_on()})
+            ahead.ran({"first": dump_result({**first, "ran_on": ran_on()})})
         rest = go(indices[1:], items[1:], budget=None if budget is None else budget - first["seconds"])
         result = rest if ahead.close() else joined(first, rest)
     result["ran_on"] = ran_on()
@@ -691,16 +691,15 @@ class Order:
 class FirstAhead:
     """Whether, and when, one batch's first item goes ahead of its answer (module docstring).
 
-    Made in the worker's event loop by the request handler, as the batch arrives; `ran` is
-    called from the pool's thread when the first item ends, `close` from it when the batch
-    ends, `due` from the loop `AHEAD_S` after the start.
+    Made in the worker's event loop by the request handler, as the batch arrives. The pool's
+    thread hands it the first item's message when that item ends (`ran`), and asks at the
+    batch's end whether it went (`close`); `AHEAD_S` after the start it is due (in the loop).
+    The first item goes once it ended and is due, unless the batch ended first: the one
+    decision, "sent" or "closed", is taken by whichever comes first (`dict.setdefault` is
+    atomic), and the write happens in the loop in the same step as "sent".
 
     Parameters
     ----------
-    encode : callable
-        The message that carries the first item's result (as `run_items` returns one).
-        Called once it is decided to send it: if it raises, the first item is not sent
-        ahead and stays in the answer.
     write : callable
         Sends a message on the request's connection (``comm.write``); called in the event
         loop, it returns an awaitable.
@@ -708,32 +707,32 @@ class FirstAhead:
         The worker's event loop.
     """
 
-    def __init__(self, encode: Any, write: Any, loop: asyncio.AbstractEventLoop):
-        self._encode, self._write, self._loop = encode, write, loop
-        self._lock = threading.Lock()
-        self._first: dict[str, Any] | None = None  # the first item's result, once it ended
+    def __init__(self, write: Any, loop: asyncio.AbstractEventLoop):
+        self._write, self._loop = write, loop
+        self._message: Any = None  # the first item's message, once it ended
         self._due = False
-        self._state = "open"  # "sent": the first item goes ahead; "closed": the batch ended first
+        self._decided: dict[str, str] = {}  # "is": "sent" or "closed", set once
         self.written: asyncio.Future[Any] | None = None  # the ahead write, for the answer to wait on
         # From the request's arrival: a batch that queued behind another is late already, and
         # its first item goes ahead as soon as it ends. Due after the batch ended, it does nothing.
         loop.call_later(AHEAD_S, self.due)
 
-    def ran(self, first: dict[str, Any]) -> None:
-        """The first item ended (in the pool's thread): its result, as `run_items` returns one.
+    def ran(self, message: Any) -> None:
+        """The first item ended (in the pool's thread): the message that carries its result.
 
         Parameters
         ----------
-        first : dict
-            ``values``, ``errors``, ``outputs``, ``count`` (1) and ``seconds`` of that item.
+        message : Any
+            ``{"first": blob}``, the blob a result of that one item (`dump_result`).
         """
-        if (message := self._decide(first=first)) is not None:
-            self._loop.call_soon_threadsafe(self._send, message)
+        self._message = message
+        if self._due:  # else `due` sends it, when it comes
+            self._loop.call_soon_threadsafe(self._send)
 
     def due(self) -> None:
-        """`AHEAD_S` after the batch started (in the event loop): send the first if it ended."""
-        if (message := self._decide(due=True)) is not None:
-            self._send(message)
+        """`AHEAD_S` after the batch arrived (in the event loop): send the first if it ended."""
+        self._due = True
+        self._send()
 
     def close(self) -> bool:
         """The batch ended (in the pool's thread): whether its first item went ahead.
@@ -743,27 +742,11 @@ class FirstAhead:
         bool
             True when the answer must leave the first item out.
         """
-        with self._lock:
-            self._state = "closed" if self._state == "open" else self._state
-            return self._state == "sent"
+        return self._decided.setdefault("is", "closed") == "sent"
 
-    def _decide(self, first: dict[str, Any] | None = None, due: bool = False) -> Any:
-        # The first item goes ahead once it ended and is due, unless the batch ended first.
-        # Encoded under the lock, so that one that cannot be is simply left in the answer.
-        with self._lock:
-            self._first, self._due = first or self._first, due or self._due
-            if self._state != "open" or not self._due or self._first is None:
-                return None
-            try:
-                message = self._encode(self._first)
-            except Exception:
-                self._state = "closed"
-                return None
-            self._state = "sent"
-            return message
-
-    def _send(self, message: Any) -> None:
-        self.written = asyncio.ensure_future(self._write(message))
+    def _send(self) -> None:
+        if self._message is not None and self.written is None and self._decided.setdefault("is", "sent") == "sent":
+            self.written = asyncio.ensure_future(self._write(self._message))
 
 
 def serve(dask_worker: Any) -> int:
@@ -804,7 +787,7 @@ def serve(dask_worker: Any) -> int:
         try:
             if (refused := worker_accepts_work(dask_worker)) is not None:
                 return {"refused": refused}
-            ahead = FirstAhead(lambda result: {"first": dump_result(result)}, comm.write, loop) if first else None
+            ahead = FirstAhead(comm.write, loop) if first else None
             start = time.time()
             # Queued in the pool by this call itself, before the sender's next batch may start.
             running = loop.run_in_executor(dask_worker.executors["default"], in_pool, key, context, batch, token, ahead)
