@@ -384,11 +384,19 @@ def cell_loop(source: str, filename: str, names: tuple[str, ...], tuple_target: 
     >>> cell_loop("(y := x) + 1", "<cell>", ("x",), False) is None
     True
     """
+    code = _loop(source, names, tuple_target)
+    return None if code is None else _placed(code, filename).replace(co_name="<module>")
+
+
+@functools.lru_cache(maxsize=KEEP_CONTEXTS)
+def _loop(source: str, names: tuple[str, ...], tuple_target: bool) -> CodeType | None:
+    """`cell_loop`'s code, before `_placed` in the run's file: compiled once per source, as a
+    cell run again has the same (compiling is most of loading a small cell's context)."""
     own = ("__nbcluster_items__", "__nbcluster_values__", *names)
     target = ", ".join(names) + ("," if tuple_target else "")
     loop = f"def _({own[0]}, {own[1]}):\n for ({target}) in {own[0]}: {own[1]}.append(({source}\n))"
     try:
-        module = compile(loop, filename, "exec", dont_inherit=True)
+        module = compile(loop, "<cell>", "exec", dont_inherit=True)
     except SyntaxError:  # a trailing `;`, a statement: item by item
         return None
     code = next(c for c in module.co_consts if isinstance(c, CodeType))
@@ -396,7 +404,7 @@ def cell_loop(source: str, filename: str, names: tuple[str, ...], tuple_target: 
     if ({*code.co_varnames, *code.co_cellvars} != set(own) or any(c.co_name in ("<lambda>", "<genexpr>") for c in nested)
             or _INTROSPECTION.intersection(n for c in (code, *nested) for n in c.co_names)):  # fmt: skip
         return None
-    return _shifted(code).replace(co_name="<module>")  # the loop's own line is the source's first
+    return code
 
 
 def _nested(code: CodeType) -> Iterator[CodeType]:
@@ -406,10 +414,11 @@ def _nested(code: CodeType) -> Iterator[CodeType]:
             yield from _nested(const)
 
 
-def _shifted(code: CodeType) -> CodeType:
-    """`code` one line up: the loop's `def` line goes, its `for` line is the cell's first."""
-    consts = tuple(_shifted(c) if isinstance(c, CodeType) else c for c in code.co_consts)
-    return code.replace(co_firstlineno=code.co_firstlineno - 1, co_consts=consts)
+def _placed(code: CodeType, filename: str) -> CodeType:
+    """`code` in the run's file and one line up: the loop's `def` line goes, its `for` line is
+    the cell's first."""
+    consts = tuple(_placed(c, filename) if isinstance(c, CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_firstlineno=code.co_firstlineno - 1, co_consts=consts)
 
 
 def freeze(fn: Any) -> list[str]:
