@@ -574,9 +574,7 @@ def fetch(key: str, size: int, *, keep: bool = True) -> Any:
         from distributed import get_worker
 
         worker = get_worker()
-        try:
-            value = worker.data[key]  # zict mappings are thread-safe
-        except KeyError:
+        if (value := worker.data.get(key)) is None:  # zict mappings are thread-safe; no large value is None
             value = _from_peer(key)
         if keep:
             _keep(worker, key, value, size)
