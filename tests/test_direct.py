@@ -27,7 +27,7 @@ from distributed import Event
 import nbcluster
 from nbcluster.cluster.handle import ClusterHandle, start
 from nbcluster.run.api import distribute
-from nbcluster.worker import GAP_S, VERSION, FirstAhead, Order
+from nbcluster.worker import AHEAD_S, GAP_S, VERSION, FirstAhead, Order
 from tests.waiting import until
 
 #: What an item reports: its value, whether it ran as a scheduler task, and on which worker.
@@ -258,40 +258,34 @@ def test_whether_a_first_item_goes_ahead_is_decided_once() -> None:
         sent: list[Any] = []
 
         async def write(message: Any) -> None:
-            sent.append(message["values"])
+            sent.append(message)
 
-        ahead = FirstAhead(lambda result: result, write, loop)
+        ahead = FirstAhead(write, loop)
         if order == "ends first":
-            ahead.ran({"values": [0], "seconds": 0.001})
+            ahead.ran("first")
             left_out = ahead.close()
             ahead.due()
         elif order == "due, then the first item":
             ahead.due()
-            await loop.run_in_executor(None, ahead.ran, {"values": [0], "seconds": 0.01})
+            await loop.run_in_executor(None, ahead.ran, "first")
             await asyncio.sleep(0)  # the thread's call_soon_threadsafe
             left_out = ahead.close()
+        elif order == "stopped before the first item":
+            ahead.due()
+            left_out = ahead.close()
         else:  # the first item, then due
-            ahead.ran({"values": [0], "seconds": 0.001})
+            ahead.ran("first")
             ahead.due()
             left_out = ahead.close()
         if ahead.written is not None:
             await ahead.written
+        await asyncio.sleep(2 * AHEAD_S)  # its own deadline comes too, and changes nothing
         return sent, left_out
 
     assert asyncio.run(scenario("ends first")) == ([], False)
-    assert asyncio.run(scenario("due, then the first item")) == ([[0]], True)
-    assert asyncio.run(scenario("first item, then due")) == ([[0]], True)
-
-    async def unencodable() -> bool:
-        def encode(result: Any) -> Any:
-            raise TypeError("cannot be sent")
-
-        ahead = FirstAhead(encode, None, asyncio.get_running_loop())
-        ahead.ran({"values": [0], "seconds": 0.001})
-        ahead.due()
-        return ahead.written is None and not ahead.close()
-
-    assert asyncio.run(unencodable()), "a first item that cannot be sent ahead stays in the answer"
+    assert asyncio.run(scenario("stopped before the first item")) == ([], False)
+    assert asyncio.run(scenario("due, then the first item")) == (["first"], True)
+    assert asyncio.run(scenario("first item, then due")) == (["first"], True)
 
 
 def test_a_workers_direct_batches_start_in_the_order_they_were_sent() -> None:

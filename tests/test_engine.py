@@ -219,25 +219,3 @@ def test_small_results_are_pushed_and_large_ones_fetched_both_complete(
         gathers.clear()
         assert list(distribute(lambda x: x + 1, over=range(8), on=deaf)) == list(range(1, 9))
         assert sum(gathers) >= 1
-
-
-def test_a_thread_counts_its_wait_between_batches_of_one_run_only() -> None:
-    from nbcluster import worker as idle
-
-    def in_thread(*steps: Any) -> list[float | None]:
-        got: list[float | None] = []
-        t = threading.Thread(target=lambda: [got.append(step()) for step in steps])
-        t.start()
-        t.join()
-        return got
-
-    first, _, again, other, unnamed = in_thread(
-        lambda: idle.since_last("run-a"),
-        lambda: idle.ended("run-a"),
-        lambda: idle.since_last("run-a"),
-        lambda: idle.since_last("run-b"),
-        lambda: idle.since_last(None),
-    )
-    assert first is None and other is None and unnamed is None
-    assert again is not None and 0 <= again < 5
-    assert in_thread(lambda: idle.since_last("run-a")) == [None]  # another thread has its own

@@ -58,10 +58,10 @@ def test_a_worker_keeps_its_newest_reports_within_a_bound() -> None:
     # not carry): the oldest go first past the bound, and one read is gone from there.
     kept = held.Kept(limit=10)
     for key, report in [("persist-a-0", b"12345"), ("persist-a-1", b"123456"), ("persist-a-2", b"1")]:
-        kept.add(key, report)
+        kept.add(key, report, len(report))
     assert kept.size == 7
     with pytest.raises(KeyError):
         kept.take("persist-a-0")
     assert kept.take("persist-a-2") == b"1" and kept.size == 6
-    kept.add("persist-a-1", b"12")  # a recompute's report replaces its own
+    kept.add("persist-a-1", b"12", 2)  # a recompute's report replaces its own
     assert kept.size == 2 and kept.take("persist-a-1") == b"12"

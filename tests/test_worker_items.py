@@ -5,10 +5,13 @@ batch within a chunk, and each item sees its own names, whichever way it runs.""
 from __future__ import annotations
 
 import collections
+import marshal
 import pickle
+import threading
 import time
 from typing import Any
 
+import cloudpickle
 import pytest
 
 from nbcluster import worker
@@ -200,3 +203,28 @@ def test_a_function_fails_in_its_own_frame() -> None:
     assert result["values"] == [-4, -5, -10, None, 10]
     frames = [(f.filename, f.lineno, f.name, f.line) for f in result["errors"][3]["traceback"].stack]
     assert frames == [(__file__, plain_function.__code__.co_firstlineno + 2, "plain_function", "return 10 // (x - 3)")]
+
+
+def test_a_thread_counts_its_wait_between_batches_of_one_run_only() -> None:
+    # Each batch says how long its thread waited since its last batch of the same run
+    # (``idle``, for the batch sizing), never across runs or threads.
+    cell = Cell.parse("x", filename="<test-idle>")
+    spec = {"kind": "cell", "mode": "over", "names": ("x",), "target": "x", "unpacks": False, "seed": None,
+            "large": [], "modules": {}, "values": {}, "filename": cell.filename, "source": cell.source,
+            "body": None, "last": marshal.dumps(cell.last)}  # fmt: skip
+    context, batch = ("test-idle", cloudpickle.dumps(spec)), pickle.dumps(([0], [0], None))
+
+    def idle(token: str | None) -> float | None:
+        return cloudpickle.loads(worker.run_blob(context, batch, token)).get("idle")
+
+    def in_thread(*tokens: str | None) -> list[float | None]:
+        got: list[float | None] = []
+        t = threading.Thread(target=lambda: got.extend(idle(token) for token in tokens))
+        t.start()
+        t.join()
+        return got
+
+    first, again, other, unnamed = in_thread("run-a", "run-a", "run-b", None)
+    assert first is None and other is None and unnamed is None
+    assert again is not None and 0 <= again < 5
+    assert in_thread("run-a") == [None]  # another thread has its own

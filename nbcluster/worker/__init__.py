@@ -93,15 +93,16 @@ What a direct batch does not do, and why that is safe:
 start, whatever the other items do (an item that blocks, or takes an hour, right behind the
 first). So a run's first direct batch says ``first``: the handler then takes the request's
 connection (Dask passes it to a handler whose first argument is ``comm``). A batch that ends
-within `AHEAD_S` of its arrival answers once, as any batch: every small cell does. When it
-is still going by then, and its first item has finished (or when that item finishes later),
-the worker writes the first item's result on that connection, ahead of the answer
-(``{"first": blob}``), and leaves that item out of the answer. The kernel reads both on that
-one connection, so the first always arrives before the rest (`run/transport.py`). No item is
-sent twice or left out: whether the first went ahead is decided once, under a lock, by
-whichever of the two comes first, the batch's end (in its thread) or the deadline (in the
-event loop). A first item that went ahead and a worker that then dies: the kernel delivered
-the first, and sends the rest again, as it would for any broken batch.
+within `AHEAD_S` of its arrival answers once, as any batch: every small cell does. Its first
+item runs alone (`run`), then the rest: when the batch is still going `AHEAD_S` after its
+arrival, and its first item has finished (or when that item finishes later), the worker
+writes the first item's result on that connection, ahead of the answer (``{"first":
+blob}``), and leaves that item out of the answer (else the two results are `joined`). The
+kernel reads both on that one connection, so the first always arrives before the rest
+(`run/transport.py`). No item is sent twice or left out: whether the first went ahead is
+decided once, by whichever of the two comes first, the batch's end (in its thread) or the
+deadline (in the event loop). A first item that went ahead and a worker that then dies: the
+kernel delivered the first, and sends the rest again, as it would for any broken batch.
 
 In the order sent. The kernel sends a worker's direct batches as concurrent requests, each
 over a connection of its pool, and two of them can reach the worker in either order (the
@@ -130,6 +131,7 @@ import asyncio
 import builtins
 import contextlib
 import copy
+import functools
 import hashlib
 import io
 import itertools
@@ -166,7 +168,7 @@ HANDLER = "nbcluster_run_batch"
 #: worker that serves the same version.
 VERSION = 3
 GAP_S = 0.5  # how long a direct batch waits for the one its sender sent this worker before it
-MAX_SENDERS = 64  # senders whose order a worker keeps (the oldest are forgotten: their runs are over)
+KEPT_STARTS = 256  # batch starts a worker keeps for `Order` (the oldest are forgotten)
 AHEAD_S = 0.005  # a first batch still running this long after its arrival sends its first item ahead
 _thread = threading.local()  # `ended`: (stop token, perf_counter) at the end of the thread's last batch
 
@@ -177,7 +179,8 @@ class Slot(NamedTuple):
     k: int
 
 
-def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None = None) -> bytes:
+def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None = None, deps: tuple[Any, ...] = (),
+              names: dict[str, int] | None = None) -> bytes:  # fmt: skip
     """The Dask task: run a batch of items, return the opaque result blob.
 
     Parameters
@@ -190,6 +193,8 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
     token : str, optional
         The run's stop token: once `stop_run` was sent it, the batch returns before its next
         chunk of items.
+    deps, names
+        As for `run_blob` (a batch that reads handles, `held.py`).
 
     Returns
     -------
@@ -199,7 +204,7 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
         when a large value is held by no worker any more, or ``{"fatal": record}`` when the
         context cannot be loaded. It never raises for an item.
     """
-    blob = run_blob(context, batch, token)
+    blob = run_blob(context, batch, token, deps=deps, names=names)
     push(blob)
     return blob
 
@@ -210,7 +215,7 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
     `rank.py` push their own results.
 
     The result says how long this thread waited since it ended its last batch of the same
-    run (``idle``, for the batch sizing in `run/policy.py`).
+    run (``idle``, for the batch sizing in `run/policy.py`; none for the thread's first).
 
     Parameters
     ----------
@@ -221,8 +226,8 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
     token : str, optional
         The run's stop token.
     ahead : FirstAhead, optional
-        A run's first direct batch: told when its first item ended, it may send that item
-        ahead of the rest, which the result then leaves out (`FirstAhead`).
+        A run's first direct batch: its first item runs alone, and may go ahead of the rest,
+        which the result then leaves out (`FirstAhead`).
     deps : tuple
         The values of the handles the batch reads, for its `Slot`s.
     names : dict of str to int, optional
@@ -233,56 +238,24 @@ def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None 
     bytes
         The cloudpickled result, as `run_batch` returns it.
     """
-    idle = since_last(token)
-    first = None if ahead is None else (lambda part: ahead.ran({**part, "ran_on": ran_on()}))
-    result = run(context, batch, token, deps, names, first)
-    if ahead is not None and "values" in result and ahead.close():
-        result = without_first(result, pickle.loads(batch)[0][0], ahead.seconds)
+    last: tuple[str | None, float] = getattr(_thread, "ended", (None, 0.0))
+    idle = time.perf_counter() - last[1] if token is not None and last[0] == token else None
+    result = run(context, batch, token, deps, names, ahead)
     if idle is not None and "values" in result:
         result["idle"] = idle  # what a task's round costs this thread
     blob = dump_result(result)
-    ended(token)
+    _thread.ended = (token, time.perf_counter())
     return blob
 
 
-def since_last(token: str | None) -> float | None:
-    """Seconds since this thread ended its last batch of the run with `token` (None for its first).
-
-    Parameters
-    ----------
-    token : str or None
-        The run's stop token, which names the run; None: not known.
-
-    Returns
-    -------
-    float or None
-        The thread's idle time before this batch.
-    """
-    last: tuple[str | None, float] = getattr(_thread, "ended", (None, 0.0))
-    return time.perf_counter() - last[1] if token is not None and last[0] == token else None
-
-
-def ended(token: str | None) -> None:
-    """This thread has just ended a batch of the run with `token`.
-
-    Parameters
-    ----------
-    token : str or None
-        The run's stop token.
-    """
-    _thread.ended = (token, time.perf_counter())
-
-
 def run(context: tuple[str, bytes | None], batch: bytes, token: str | None, deps: tuple[Any, ...] = (),
-        names: dict[str, int] | None = None, first: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+        names: dict[str, int] | None = None, ahead: FirstAhead | None = None) -> dict[str, Any]:  # fmt: skip
     """A batch's result, not yet pickled; as `run_batch` describes it.
 
     Parameters
     ----------
-    context, batch, token, deps, names
+    context, batch, token, deps, names, ahead
         As for `run_blob`.
-    first : callable, optional
-        Told the first item's result as soon as it ended (`run_items`).
 
     Returns
     -------
@@ -310,7 +283,15 @@ def run(context: tuple[str, bytes | None], batch: bytes, token: str | None, deps
         loaded = copy.copy(loaded)
         loaded.namespace = {**loaded.namespace, **{n: deps[k] for n, k in names.items()}}
     install()
-    result = run_items(loaded, indices, items, large_values, capture=True, token=token, budget=budget, first=first)
+    go = functools.partial(run_items, loaded, large_values=large_values, capture=True, token=token)
+    if ahead is None or len(items) < 2:
+        result = go(indices, items, budget=budget)
+    else:  # the first item alone, which may go ahead of the rest (`FirstAhead`)
+        first = go(indices[:1], items[:1], budget=budget)
+        if first["count"]:  # else stopped before it: the rest is too
+            ahead.ran({"first": dump_result({**first, "ran_on": ran_on()})})
+        rest = go(indices[1:], items[1:], budget=None if budget is None else budget - first["seconds"])
+        result = rest if ahead.close() else joined(first, rest)
     result["ran_on"] = ran_on()
     return result
 
@@ -320,39 +301,25 @@ def push(blob: bytes) -> None:
 
     On the same ordered stream as the task-finished message that follows, so the kernel has
     it when it sees the task done, and needs no gather (`run/transport.py`); where it does not
-    come, the result is gathered, so a push never loses a result.
+    come, the result is gathered, so a push never loses a result. Outside a Dask task (a
+    direct batch, `--local`, a test calling a task's function) nothing is sent.
 
     Parameters
     ----------
     blob : bytes
         The task's result blob, or a persisted item's report.
     """
-    if len(blob) <= LARGEST_PUSH and (task := current_task()) is not None:
-        task[0].log_event(PUSHED_TOPIC, Pushed(key=task[1], report=blob))
+    from nbcluster._compat import running_task_key
 
+    if len(blob) <= LARGEST_PUSH and (key := running_task_key()) is not None:
+        from distributed import get_worker
 
-def current_task() -> tuple[Any, str] | None:
-    """The Dask worker running this thread's task, and the task's key; None outside a task.
-
-    Returns
-    -------
-    tuple of (distributed.Worker, str) or None
-        None also where a test calls a task's function directly.
-    """
-    from distributed import get_worker
-
-    try:
-        dask_worker = get_worker()
-    except ValueError:
-        return None
-    key = dask_worker.get_current_task()
-    return None if key is None else (dask_worker, str(key))
+        get_worker().log_event(PUSHED_TOPIC, Pushed(key=str(key), report=blob))
 
 
 # -- the items --------------------------------------------------------------------------------
 def run_items(context: Context, indices: Any, items: list[Any], large_values: tuple[Any, ...] = (), *, capture: bool,
-              token: str | None = None, budget: float | None = None,
-              first: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+              token: str | None = None, budget: float | None = None) -> dict[str, Any]:  # fmt: skip
     """Run items in this thread until done or stopped; never raises for an item's own failure.
 
     Stops early, between chunks of a few ms, when the run was told to stop (`token`), once
@@ -376,10 +343,8 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
     token : str or None
         The run's stop token (`stop_run`); None is never stopped.
     budget : float or None
-        Seconds after which no further chunk is started; None runs them all.
-    first : callable, optional
-        Called with the first item's result (`first_of`) once it ended, before the next item
-        starts: a run's first direct batch may send it ahead of the rest (`FirstAhead`).
+        Seconds after which no further chunk is started (none at all when it is not above 0);
+        None runs them all.
 
     Returns
     -------
@@ -400,7 +365,7 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
     outputs: dict[int, list[list[Any]]] = {}  # item index -> chunks
     if capture:
         running.outputs, running.follow = outputs, (values, indices)
-    todo, n, size, stopped = iter(todo), len(items), 1, False
+    todo, n, size, stopped = iter(todo), len(items), 1, budget is not None and budget <= 0
     started = checked = time.perf_counter()
     try:
         while len(values) < n and not stopped and not stopped_run(token):
@@ -418,9 +383,6 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
             if len(values) == before:  # told to stop before the chunk's first item
                 break
             now = time.perf_counter()
-            if first is not None:  # the first chunk is the first item alone
-                first(first_of({"values": values, "errors": errors, "outputs": outputs}, indices[0], now - started))
-                first = None
             aim = CHUNK_S if budget is None else min(CHUNK_S, budget - (now - started))
             per_item = (now - begun) / (len(values) - before)
             size = max(1, min(2 * size, int(aim / per_item) if per_item > 0 else 2 * size))
@@ -506,63 +468,35 @@ def item_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=4).digest(), "little")
 
 
-def first_of(result: dict[str, Any], first_index: Any, seconds: float) -> dict[str, Any]:
-    """The first item's part of a batch's running result, as a result of its own.
+def joined(first: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
+    """One batch's result from its first item's and the rest's (`run_items` results, in order).
 
     Parameters
     ----------
-    result : dict
-        The batch's ``values``, ``errors`` and ``outputs`` so far (``values`` holds at least one).
-    first_index : int
-        The run's index of the batch's first item (its key in ``outputs``).
-    seconds : float
-        The first item's time.
+    first : dict
+        The result of the batch's first item, run alone.
+    rest : dict
+        The result of the items after it.
 
     Returns
     -------
     dict
-        A result of one item, ``count`` 1.
+        The result of the whole batch: the positions in ``errors`` of the rest moved on by
+        the first's count.
 
     Examples
     --------
-    >>> first_of({"values": [5, 6], "errors": {1: "e"}, "outputs": {7: [["stdout", "hi"]]}}, 7, 0.25)
-    {'values': [5], 'errors': {}, 'outputs': {7: [['stdout', 'hi']]}, 'count': 1, 'seconds': 0.25, 'stopped': False}
-    """
-    errors, outputs = result["errors"], result["outputs"]
-    return {"values": result["values"][:1], "errors": {0: errors[0]} if 0 in errors else {},
-            "outputs": {first_index: list(outputs[first_index])} if first_index in outputs else {},
-            "count": 1, "seconds": seconds, "stopped": False}  # fmt: skip
-
-
-def without_first(result: dict[str, Any], first_index: Any, seconds: float) -> dict[str, Any]:
-    """A batch's result with its first item left out: that item went ahead (`first_of`).
-
-    Parameters
-    ----------
-    result : dict
-        What `run_items` returned, with at least the first item run.
-    first_index : int
-        The run's index of that item.
-    seconds : float
-        Its time, taken off the batch's.
-
-    Returns
-    -------
-    dict
-        The same result for the items after the first: positions in ``errors`` one less.
-
-    Examples
-    --------
-    >>> r = {"values": [5, 6, 7], "errors": {2: "e"}, "outputs": {0: ["a"], 1: ["b"]},
-    ...      "count": 3, "seconds": 0.3, "stopped": False}
-    >>> out = without_first(r, 0, 0.1)
+    >>> first = {"values": [5], "errors": {}, "outputs": {0: ["a"]}, "count": 1, "seconds": 0.1, "stopped": False}
+    >>> rest = {"values": [6, 7], "errors": {1: "e"}, "outputs": {2: ["b"]}, "count": 2, "seconds": 0.2,
+    ...         "stopped": False}
+    >>> out = joined(first, rest)
     >>> out["values"], out["errors"], out["outputs"], out["count"], round(out["seconds"], 3)
-    ([6, 7], {1: 'e'}, {1: ['b']}, 2, 0.2)
+    ([5, 6, 7], {2: 'e'}, {0: ['a'], 2: ['b']}, 3, 0.3)
     """
-    return {**result, "values": result["values"][1:], "count": result["count"] - 1,
-            "errors": {j - 1: record for j, record in result["errors"].items() if j > 0},
-            "outputs": {i: chunks for i, chunks in result["outputs"].items() if i != first_index},
-            "seconds": max(0.0, result["seconds"] - seconds)}  # fmt: skip
+    return {"values": first["values"] + rest["values"], "outputs": {**first["outputs"], **rest["outputs"]},
+            "errors": {**first["errors"], **{j + first["count"]: record for j, record in rest["errors"].items()}},
+            "count": first["count"] + rest["count"], "seconds": first["seconds"] + rest["seconds"],
+            "stopped": first["stopped"] or rest["stopped"]}  # fmt: skip
 
 
 def dump_result(result: dict[str, Any]) -> bytes:
@@ -714,14 +648,15 @@ class Order:
     """Starts each sender's direct batches in the order it numbered them (module docstring).
 
     One per worker, in its event loop: a request waits its `turn`, and says when it `started`.
+    Each start is an `asyncio.Event`, the latest `KEPT_STARTS` kept: a batch waits for its
+    predecessor's.
     """
 
     def __init__(self) -> None:
-        self._next: OrderedDict[str, int] = OrderedDict()  # sender -> the number to start next
-        self._waiting: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._starts: OrderedDict[tuple[str, int], asyncio.Event] = OrderedDict()  # (sender, number) -> started
 
     async def turn(self, sender: str, number: int) -> None:
-        """Wait until the batches `sender` numbered before `number` started, or `GAP_S` went by.
+        """Wait until the batch `sender` numbered before `number` started, or `GAP_S` went by.
 
         Parameters
         ----------
@@ -730,16 +665,9 @@ class Order:
         number : int
             The batch's number among that sender's batches to this worker, from 0.
         """
-        if number <= self._next.setdefault(sender, 0):
-            return
-        if len(self._next) > MAX_SENDERS:
-            self._next.popitem(last=False)
-        waiter = self._waiting[sender, number] = asyncio.get_running_loop().create_future()
-        try:
+        if number and not (before := self._start(sender, number - 1)).is_set():
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(waiter, GAP_S)
-        finally:
-            self._waiting.pop((sender, number), None)
+                await asyncio.wait_for(before.wait(), GAP_S)
 
     def started(self, sender: str, number: int) -> None:
         """Batch `number` of `sender` is in the thread pool's queue: wake the next one.
@@ -751,23 +679,27 @@ class Order:
         number : int
             As for `turn`.
         """
-        following = self._next[sender] = max(self._next.get(sender, 0), number + 1)
-        waiter = self._waiting.get((sender, following))
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._start(sender, number).set()
+
+    def _start(self, sender: str, number: int) -> asyncio.Event:
+        start = self._starts.setdefault((sender, number), asyncio.Event())
+        while len(self._starts) > KEPT_STARTS:  # the oldest: their runs are over
+            self._starts.popitem(last=False)
+        return start
+
+
 class FirstAhead:
     """Whether, and when, one batch's first item goes ahead of its answer (module docstring).
 
-    Made in the worker's event loop by the request handler; `ran` is called from the pool's
-    thread when the first item ends, `close` from it when the batch ends, `due` from the
-    loop `AHEAD_S` after the start.
+    Made in the worker's event loop by the request handler, as the batch arrives. The pool's
+    thread hands it the first item's message when that item ends (`ran`), and asks at the
+    batch's end whether it went (`close`); `AHEAD_S` after the start it is due (in the loop).
+    The first item goes once it ended and is due, unless the batch ended first: the one
+    decision, "sent" or "closed", is taken by whichever comes first (`dict.setdefault` is
+    atomic), and the write happens in the loop in the same step as "sent".
 
     Parameters
     ----------
-    encode : callable
-        The message that carries the first item's result (as `run_items` returns one).
-        Called once it is decided to send it: if it raises, the first item is not sent
-        ahead and stays in the answer.
     write : callable
         Sends a message on the request's connection (``comm.write``); called in the event
         loop, it returns an awaitable.
@@ -775,30 +707,32 @@ class FirstAhead:
         The worker's event loop.
     """
 
-    def __init__(self, encode: Any, write: Any, loop: asyncio.AbstractEventLoop):
-        self._encode, self._write, self._loop = encode, write, loop
-        self._lock = threading.Lock()
-        self._first: dict[str, Any] | None = None  # the first item's result, once it ended
+    def __init__(self, write: Any, loop: asyncio.AbstractEventLoop):
+        self._write, self._loop = write, loop
+        self._message: Any = None  # the first item's message, once it ended
         self._due = False
-        self._state = "open"  # "sent": the first item goes ahead; "closed": the batch ended first
+        self._decided: dict[str, str] = {}  # "is": "sent" or "closed", set once
         self.written: asyncio.Future[Any] | None = None  # the ahead write, for the answer to wait on
-        self.seconds = 0.0  # the first item's time, which the answer then leaves out
+        # From the request's arrival: a batch that queued behind another is late already, and
+        # its first item goes ahead as soon as it ends. Due after the batch ended, it does nothing.
+        loop.call_later(AHEAD_S, self.due)
 
-    def ran(self, first: dict[str, Any]) -> None:
-        """The first item ended (in the pool's thread): its result, as `run_items` returns one.
+    def ran(self, message: Any) -> None:
+        """The first item ended (in the pool's thread): the message that carries its result.
 
         Parameters
         ----------
-        first : dict
-            ``values``, ``errors``, ``outputs``, ``count`` (1) and ``seconds`` of that item.
+        message : Any
+            ``{"first": blob}``, the blob a result of that one item (`dump_result`).
         """
-        if (message := self._decide(first=first)) is not None:
-            self._loop.call_soon_threadsafe(self._send, message)
+        self._message = message
+        if self._due:  # else `due` sends it, when it comes
+            self._loop.call_soon_threadsafe(self._send)
 
     def due(self) -> None:
-        """`AHEAD_S` after the batch started (in the event loop): send the first if it ended."""
-        if (message := self._decide(due=True)) is not None:
-            self._send(message)
+        """`AHEAD_S` after the batch arrived (in the event loop): send the first if it ended."""
+        self._due = True
+        self._send()
 
     def close(self) -> bool:
         """The batch ended (in the pool's thread): whether its first item went ahead.
@@ -808,27 +742,11 @@ class FirstAhead:
         bool
             True when the answer must leave the first item out.
         """
-        with self._lock:
-            self._state = "closed" if self._state == "open" else self._state
-            return self._state == "sent"
+        return self._decided.setdefault("is", "closed") == "sent"
 
-    def _decide(self, first: dict[str, Any] | None = None, due: bool = False) -> Any:
-        # The first item goes ahead once it ended and is due, unless the batch ended first.
-        # Encoded under the lock, so that one that cannot be is simply left in the answer.
-        with self._lock:
-            self._first, self._due = first or self._first, due or self._due
-            if self._state != "open" or not self._due or self._first is None:
-                return None
-            try:
-                message = self._encode(self._first)
-            except Exception:
-                self._state = "closed"
-                return None
-            self._state, self.seconds = "sent", float(self._first["seconds"])
-            return message
-
-    def _send(self, message: Any) -> None:
-        self.written = asyncio.ensure_future(self._write(message))
+    def _send(self) -> None:
+        if self._message is not None and self.written is None and self._decided.setdefault("is", "sent") == "sent":
+            self.written = asyncio.ensure_future(self._write(self._message))
 
 
 def serve(dask_worker: Any) -> int:
@@ -869,16 +787,12 @@ def serve(dask_worker: Any) -> int:
         try:
             if (refused := worker_accepts_work(dask_worker)) is not None:
                 return {"refused": refused}
-            ahead = FirstAhead(lambda result: {"first": dump_result(result)}, comm.write, loop) if first else None
+            ahead = FirstAhead(comm.write, loop) if first else None
             start = time.time()
             # Queued in the pool by this call itself, before the sender's next batch may start.
             running = loop.run_in_executor(dask_worker.executors["default"], in_pool, key, context, batch, token, ahead)
         finally:
             order.started(sender, number)
-        # From the request's arrival: a batch that queued behind another is late already, and
-        # its first item goes ahead as soon as it ends. Due after the batch ended, it does nothing.
-        if ahead is not None:
-            loop.call_later(AHEAD_S, ahead.due)
         blob = await running
         if ahead is not None and ahead.written is not None:
             await ahead.written  # the first item before the rest, on the same connection

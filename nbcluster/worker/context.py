@@ -51,7 +51,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import CodeType, FunctionType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import cloudpickle
 
@@ -62,20 +62,110 @@ if TYPE_CHECKING:  # a type only: the worker package loads no more than it runs
 
 #: Fresh copies of some captured values, by name, for one item (`Context.shared`).
 Copy = Callable[[], dict[str, Any]]
+V = TypeVar("V")
 
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
 KEEP_CONTEXTS = 8
 OBJECTS_BYTES = 2_000_000_000  # large values kept, at most (or 40% of the worker's memory limit)
 FETCH_CHECK_S = 2.0  # while fetching a value, how often to check that someone still holds it
-_CONTEXTS: OrderedDict[str, Context] = OrderedDict()
-_OBJECTS: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # key -> (value, size)
-_LOCK = threading.Lock()  # for both; `pin` takes it in the event loop: never held over the network
 _FETCHING = threading.Lock()  # one fetch at a time: threads wanting the same value wait for it
 _STOPPED: dict[str, None] = {}  # stop tokens of runs told to stop, oldest first (the last 256)
 # Names through which a one-expression cell could write to the namespace its items share.
 _INTROSPECTION = frozenset({"globals", "locals", "vars", "exec", "eval", "dir", "breakpoint", "_getframe",
                             "currentframe", "f_globals", "f_locals", "f_back", "__nbcluster_items__",
                             "__nbcluster_values__"})  # fmt: skip
+
+
+class Kept(Generic[V]):
+    """Values by key, the least recently used dropped first once their sizes add up to over
+    `limit` (the latest always stays). Worker threads and the event loop share it: its lock
+    is never held over the network.
+
+    Parameters
+    ----------
+    limit : int
+        What the sizes of the values kept may add up to (bytes, or a count with sizes of 1).
+
+    Examples
+    --------
+    >>> kept = Kept[bytes](limit=10)
+    >>> for key, report in [("a", b"12345"), ("b", b"123456"), ("c", b"1")]:
+    ...     kept.add(key, report, len(report))
+    >>> kept.size, kept.get("b"), kept.take("c"), kept.size
+    (7, b'123456', b'1', 6)
+    """
+
+    def __init__(self, limit: int):
+        self.limit, self.size = limit, 0
+        self._values: OrderedDict[str, tuple[V, int]] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()
+
+    def add(self, key: str, value: V, size: int) -> None:
+        """Keep `value` as `key`'s (in place of any before), the most recently used.
+
+        Parameters
+        ----------
+        key : str
+            Its key.
+        value : Any
+            The value.
+        size : int
+            What it counts for against `limit`.
+        """
+        with self._lock:
+            self.size += size - self._values.pop(key, (None, 0))[1]
+            self._values[key] = (value, size)
+            while self.size > self.limit and len(self._values) > 1:
+                self.size -= self._values.popitem(last=False)[1][1]
+
+    def get(self, key: str) -> V:
+        """`key`'s value, now the most recently used.
+
+        Parameters
+        ----------
+        key : str
+            Its key.
+
+        Returns
+        -------
+        Any
+            The value.
+
+        Raises
+        ------
+        KeyError
+            When none is kept for `key`.
+        """
+        with self._lock:
+            self._values.move_to_end(key)
+            return self._values[key][0]
+
+    def take(self, key: str) -> V:
+        """`key`'s value, handed out once: it is kept no more.
+
+        Parameters
+        ----------
+        key : str
+            Its key.
+
+        Returns
+        -------
+        Any
+            The value.
+
+        Raises
+        ------
+        KeyError
+            When none is kept for `key`.
+        """
+        with self._lock:
+            value, size = self._values.pop(key)
+            self.size -= size
+            return value
+
+
+_CONTEXTS = Kept["Context"](limit=KEEP_CONTEXTS)  # each counts 1: the last KEEP_CONTEXTS
+_OBJECTS = Kept[Any](limit=OBJECTS_BYTES)  # by pickled size (`_keep` lowers the limit to the worker's memory)
 
 
 class _Running(threading.local):
@@ -294,11 +384,19 @@ def cell_loop(source: str, filename: str, names: tuple[str, ...], tuple_target: 
     >>> cell_loop("(y := x) + 1", "<cell>", ("x",), False) is None
     True
     """
+    code = _loop(source, names, tuple_target)
+    return None if code is None else _placed(code, filename).replace(co_name="<module>")
+
+
+@functools.lru_cache(maxsize=KEEP_CONTEXTS)
+def _loop(source: str, names: tuple[str, ...], tuple_target: bool) -> CodeType | None:
+    """`cell_loop`'s code, before `_placed` in the run's file: compiled once per source, as a
+    cell run again has the same (compiling is most of loading a small cell's context)."""
     own = ("__nbcluster_items__", "__nbcluster_values__", *names)
     target = ", ".join(names) + ("," if tuple_target else "")
     loop = f"def _({own[0]}, {own[1]}):\n for ({target}) in {own[0]}: {own[1]}.append(({source}\n))"
     try:
-        module = compile(loop, filename, "exec", dont_inherit=True)
+        module = compile(loop, "<cell>", "exec", dont_inherit=True)
     except SyntaxError:  # a trailing `;`, a statement: item by item
         return None
     code = next(c for c in module.co_consts if isinstance(c, CodeType))
@@ -306,7 +404,7 @@ def cell_loop(source: str, filename: str, names: tuple[str, ...], tuple_target: 
     if ({*code.co_varnames, *code.co_cellvars} != set(own) or any(c.co_name in ("<lambda>", "<genexpr>") for c in nested)
             or _INTROSPECTION.intersection(n for c in (code, *nested) for n in c.co_names)):  # fmt: skip
         return None
-    return _shifted(code).replace(co_name="<module>")  # the loop's own line is the source's first
+    return code
 
 
 def _nested(code: CodeType) -> Iterator[CodeType]:
@@ -316,10 +414,11 @@ def _nested(code: CodeType) -> Iterator[CodeType]:
             yield from _nested(const)
 
 
-def _shifted(code: CodeType) -> CodeType:
-    """`code` one line up: the loop's `def` line goes, its `for` line is the cell's first."""
-    consts = tuple(_shifted(c) if isinstance(c, CodeType) else c for c in code.co_consts)
-    return code.replace(co_firstlineno=code.co_firstlineno - 1, co_consts=consts)
+def _placed(code: CodeType, filename: str) -> CodeType:
+    """`code` in the run's file and one line up: the loop's `def` line goes, its `for` line is
+    the cell's first."""
+    consts = tuple(_placed(c, filename) if isinstance(c, CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_firstlineno=code.co_firstlineno - 1, co_consts=consts)
 
 
 def freeze(fn: Any) -> list[str]:
@@ -440,15 +539,10 @@ def load(key: str, inline: bytes | None) -> Context:
     nbcluster.errors.Lost
         When the context was scattered and no worker holds it any more.
     """
-    with _LOCK:
-        if key in _CONTEXTS:
-            _CONTEXTS.move_to_end(key)
-            return _CONTEXTS[key]
+    with contextlib.suppress(KeyError):
+        return _CONTEXTS.get(key)
     context = Context.from_payload(inline if inline is not None else fetch(key, 0, keep=False))
-    with _LOCK:
-        _CONTEXTS[key] = context
-        if len(_CONTEXTS) > KEEP_CONTEXTS:
-            _CONTEXTS.popitem(last=False)
+    _CONTEXTS.add(key, context, 1)
     return context
 
 
@@ -475,20 +569,15 @@ def fetch(key: str, size: int, *, keep: bool = True) -> Any:
         When no worker holds the key any more (the kernel then scatters it again).
     """
     with _FETCHING:
-        with _LOCK:
-            if key in _OBJECTS:
-                _OBJECTS.move_to_end(key)
-                return _OBJECTS[key][0]
+        with contextlib.suppress(KeyError):
+            return _OBJECTS.get(key)
         from distributed import get_worker
 
         worker = get_worker()
-        try:
-            value = worker.data[key]  # zict mappings are thread-safe
-        except KeyError:
+        if (value := worker.data.get(key)) is None:  # zict mappings are thread-safe; no large value is None
             value = _from_peer(key)
         if keep:
-            with _LOCK:
-                _remember(worker, key, value, size)
+            _keep(worker, key, value, size)
         return value
 
 
@@ -533,20 +622,16 @@ def pin(keys: list[tuple[str, int]], dask_worker: Any = None) -> None:
     dask_worker : distributed.Worker
         The worker, which `client.run` passes in.
     """
-    with _LOCK:
-        for key, size in keys:
-            if key not in _OBJECTS and key in dask_worker.data:
-                _remember(dask_worker, key, dask_worker.data[key], size)
+    for key, size in keys:
+        if key in dask_worker.data:  # the same object as a replica kept already
+            _keep(dask_worker, key, dask_worker.data[key], size)
 
 
-def _remember(worker: Any, key: str, value: Any, size: int) -> None:
-    """Add to `_OBJECTS` (lock held), evicting the least recently used beyond the budget
-    (`OBJECTS_BYTES`, or 40% of the worker's memory limit)."""
-    _OBJECTS[key] = (value, size)
+def _keep(worker: Any, key: str, value: Any, size: int) -> None:
+    """Keep a large value in `_OBJECTS`, within `OBJECTS_BYTES` or 40% of the worker's memory limit."""
     memory_limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
-    limit = min(OBJECTS_BYTES, int(memory_limit * 0.4)) if memory_limit else OBJECTS_BYTES
-    while len(_OBJECTS) > 1 and sum(s for _, s in _OBJECTS.values()) > limit:
-        _OBJECTS.popitem(last=False)
+    _OBJECTS.limit = min(OBJECTS_BYTES, int(memory_limit * 0.4)) if memory_limit else OBJECTS_BYTES
+    _OBJECTS.add(key, value, size)
 
 
 def stop_run(token: str) -> None:

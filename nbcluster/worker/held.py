@@ -33,82 +33,19 @@ context's captured names) a `Slot(k)` stands for `deps[k]` (`worker.run` fills t
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+from nbcluster._compat import running_task_key
 from nbcluster.errors import NotRecomputed
-from nbcluster.worker import current_task, dump_result, push, run, run_blob
+from nbcluster.worker import dump_result, push, run, run_batch
+from nbcluster.worker.context import Kept
 
 if TYPE_CHECKING:
     from nbcluster._wire import HeldValue
 
 
-class Kept:
-    """Reports by task key, the newest first kept: the oldest go once they hold over `limit`
-    bytes (the latest always stays). Worker threads add, the event loop takes.
-
-    Parameters
-    ----------
-    limit : int
-        Bytes of reports kept.
-
-    Examples
-    --------
-    >>> kept = Kept(limit=10)
-    >>> for key, report in [("a", b"12345"), ("b", b"123456"), ("c", b"1")]:
-    ...     kept.add(key, report)
-    >>> kept.size, kept.take("c"), kept.size
-    (7, b'1', 6)
-    """
-
-    def __init__(self, limit: int):
-        self.limit, self.size = limit, 0
-        self._reports: OrderedDict[str, bytes] = OrderedDict()  # oldest first
-        self._lock = threading.Lock()
-
-    def add(self, key: str, report: bytes) -> None:
-        """Keep `report` as `key`'s (a recompute's replaces its own).
-
-        Parameters
-        ----------
-        key : str
-            The task's key.
-        report : bytes
-            Its pickled report.
-        """
-        with self._lock:
-            self.size += len(report) - len(self._reports.pop(key, b""))
-            self._reports[key] = report
-            while self.size > self.limit and len(self._reports) > 1:
-                self.size -= len(self._reports.popitem(last=False)[1])
-
-    def take(self, key: str) -> bytes:
-        """`key`'s report, handed out once.
-
-        Parameters
-        ----------
-        key : str
-            The task's key.
-
-        Returns
-        -------
-        bytes
-            Its report.
-
-        Raises
-        ------
-        KeyError
-            When none is kept for `key`.
-        """
-        with self._lock:
-            report = self._reports.pop(key)
-            self.size -= len(report)
-            return report
-
-
 #: This process's reports for `report_of`: 16 MB of the newest.
-KEPT = Kept(limit=16_000_000)
+KEPT = Kept[bytes](limit=16_000_000)
 
 
 def run_batch_held(context: tuple[str, bytes | None], batch: bytes, token: str | None, keep: bool,
@@ -148,27 +85,20 @@ def run_batch_held(context: tuple[str, bytes | None], batch: bytes, token: str |
         lost value again, this is the error that whatever reads the key gets.
     """
     if not keep:
-        blob = run_blob(context, batch, token, deps=deps, names=names)
-        push(blob)
-        return blob
+        return run_batch(context, batch, token, deps, names)
     result = run(context, batch, token, deps, names)
     values = result.get("values", [])  # none when no item ran: stopped, a value lost, a context that cannot load
     if "values" in result:
         result["values"], result["held"] = [None] * len(values), [describe(v) for v in values]
-    _report(dump_result(result))
+    report = dump_result(result)
+    if (key := running_task_key()) is not None:  # None where a test calls the task's function itself
+        KEPT.add(str(key), report, len(report))
+    push(report)
     if values and 0 not in result["errors"]:
         return values[0]
     error = result.get("fatal") or result.get("errors", {}).get(0)
     why = "a value it reads was lost" if "lost" in result else "the run was stopped"
     raise NotRecomputed(f"computing it again failed: {error['type']}: {error['message']}" if error else why)
-
-
-def _report(report: bytes) -> None:
-    """Keep this task's report for `report_of`, and push it to the kernel (`worker.push`)."""
-    if (task := current_task()) is None:
-        return
-    KEPT.add(task[1], report)
-    push(report)
 
 
 def report_of(key: str) -> bytes:
