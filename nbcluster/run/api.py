@@ -465,7 +465,7 @@ def launch(body: str | Callable[..., Any], *, namespace: dict[str, Any] | None, 
     job = Job(items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=o.seed,
               retries=o.retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
               persist=o.persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None)  # fmt: skip
-    engine = Engine(job, run_id, link if remote else None)
+    engine = Engine(job, run_id, link, local_only=not remote)
     taken = _journal(engine, resume=o.resume, journaled=not (o.everywhere or (o.persist and reads)))
     run = Run(engine, label=o.into)
     if tracker is not None:

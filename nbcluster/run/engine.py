@@ -1,7 +1,7 @@
 """The engine of a run: the driver thread that feeds the policy and performs its actions.
 
 An `Engine` is made from a `Job` (what to run: `capture.Job`) and a `Link` (where: `target.py`,
-None when every item runs in the kernel). It owns the run's `RunState` (`state.py`), which
+opened only when items leave the kernel). It owns the run's `RunState` (`state.py`), which
 its driver writes as batches finish, and `run_local` as items run in the kernel (`api.py`
 writes the items a resumed journal holds); the `Results` view reads it, and `api.Run` hands
 the user's verbs (cancel, retry) to the engine. The engine decides nothing by itself: its
@@ -96,13 +96,14 @@ class Engine:
     run_id : str
         The run's id: its Dask keys are ``distribute-<run id>-<n>``, its stop tokens
         ``<run id>-<start>``.
-    link : Link or None
-        The cluster to run on; None when every item runs in the kernel (``--local`` with all
-        items), and then a retry runs in the kernel too.
+    link : Link
+        The cluster to run on, opened when items are first sent there.
+    local_only : bool
+        Every item runs in the kernel (``--local`` with all items), and a retry does too.
     """
 
-    def __init__(self, job: Job, run_id: str, link: Link | None):
-        self.job, self.link = job, link
+    def __init__(self, job: Job, run_id: str, link: Link, *, local_only: bool):
+        self.job, self.link, self.local_only = job, link, local_only
         self.state = RunState(len(job.plan))
         self.shipment = Shipment(run_id)  # the context and large values sent to the cluster
         self.transport = Transport(run_id)  # the batches out, and how they go and come back
@@ -118,14 +119,9 @@ class Engine:
         return self.transport.run_id
 
     @property
-    def local_only(self) -> bool:
-        """Whether every item runs in the kernel (``--local`` with all items); a retry too."""
-        return self.link is None
-
-    @property
     def client(self) -> Any:
         """The run's Dask client; None for a --local run, or once its cluster went away."""
-        return self.link.client if self.link is not None else None
+        return self.link.client
 
     def journal_to(self, writer: Writer | None) -> None:
         """Append every batch delivered from now on to `writer`; each start's end closes it.
@@ -154,7 +150,6 @@ class Engine:
         nbcluster.errors.ClusterUnreachable
             When the values cannot be sent, saying to run the cell again in a moment.
         """
-        assert self.link is not None
         return self.shipment.ship(self.link.open().client, self.job)
 
     def run_local(self, indices: Iterable[int]) -> bool:
@@ -214,7 +209,7 @@ class Engine:
             return False
         if self.journal is not None:
             self.journal.reopen()
-        if self.link is None:
+        if self.local_only:
             self.state.begin(indices)
             try:
                 self.run_local(indices)
@@ -249,7 +244,6 @@ class Engine:
         indices : sequence of int
             The items to run, in order (a `range` for consecutive ones).
         """
-        assert self.link is not None
         self.state.add_done_callback(self.job.forget_handles)
         self.token = f"{self.run_id}-{next(self._starts)}"
         self.transport.stopping = False
@@ -272,7 +266,6 @@ class Engine:
     def _watch(self, driven: threading.Event, policy: Policy | None) -> None:
         """Until the driver ends (`driven`): follow the cluster's threads, report the backlog,
         and end the run if the cluster goes away (see the module docstring)."""
-        assert self.link is not None
         unanswered = 0
         while not driven.is_set() and not self.transport.stopping:
             reason = self.link.gone()
@@ -290,14 +283,13 @@ class Engine:
             driven.wait(WATCH_S)
 
     def _lose(self, reason: str) -> None:
-        assert self.link is not None
         self.transport.lose()
         self.state.lose(f"cluster {self.link.name!r} stopped answering ({reason})")
         self.shipment.context = None
         self.link.close()
 
     def _drive(self, policy: Policy | None, indices: Sequence[int]) -> None:
-        assert self.link is not None and policy is not None
+        assert policy is not None
         logging.getLogger("distributed.client").addFilter(_not_rescheduling)
         job = self.job
         if self.transport.open(self.link, policy.per_thread, direct=not (job.persist or job.reads_handles)):
@@ -306,8 +298,7 @@ class Engine:
         try:
             self._top_up(policy, placed)
             for done in self.transport.completions():
-                # A --persist run gathers nothing: its values stay where they are.
-                results = [None] * len(done) if job.persist else self.transport.results(self.client, done)
+                results = self.transport.results(self.client, done, gather=not job.persist)
                 if not all(self._settle(f, r, policy) for f, r in zip(done, results, strict=True)):
                     break
                 self._top_up(policy, placed)
@@ -324,7 +315,6 @@ class Engine:
 
     def _settle(self, future: Any, result: Any, policy: Policy) -> bool:
         """Take in one finished batch; False when the run cannot go on."""
-        assert self.link is not None
         batch, alone, unrun = self.transport.take(future)
         if batch is None:
             return True  # cancelled on the scheduler: its items were given up
@@ -352,12 +342,10 @@ class Engine:
         the scheduler per placement."""
         if self.transport.stopping:
             return
-        assert self.link is not None and self.shipment.context is not None
+        assert self.shipment.context is not None
         budget, items, job = policy.batcher.budget, self.job.plan.items, self.job
         groups: dict[bool, tuple[list[tuple[Any, bytes, list[Any]]], list[list[str]]]] = {}
         for batch in policy.top_up(len(self.transport.pending)):
-            if batch[-1] - batch[0] == len(batch) - 1:
-                batch = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
             # The plan's items are a list or a range (whose slice is a range: a few bytes).
             chosen = items[batch.start : batch.stop] if isinstance(batch, range) else [items[i] for i in batch]
             chosen, deps = held_slots(chosen, len(job.capture.held)) if job.reads_handles else (chosen, [])
@@ -388,7 +376,7 @@ class Engine:
         """
         client, n = self.client, len(indices)
         if self.job.persist:
-            result = held_report(client, self.transport.pushed(str(future.key)), future, result)
+            result = held_report(client, result, future, None)  # `result`: what its worker pushed, or None
         data = _unpack(future, result, n)
         if "killed" in data:
             for i in policy.killed(indices, alone=alone):
@@ -448,7 +436,6 @@ class Engine:
     @property
     def placement(self) -> dict[str, Any]:
         """The submit keywords every task of the run takes (its resource restrictions)."""
-        assert self.link is not None
         return self.link.submit_kwargs
 
     @property
@@ -534,7 +521,7 @@ class Engine:
             Each item's expected seconds; default Dask's guess for an unknown task.
         """
         client, told = self.client, self._told
-        if client is None or self.link is None or told is None or not (items or told):
+        if client is None or told is None or not (items or told):
             return
         if seconds is None:
             seconds = float(parse_timedelta(dask.config.get("distributed.scheduler.unknown-task-duration")))
@@ -585,7 +572,7 @@ class Engine:
         """
         batch, again = self.transport.take(future)[0], Policy([], Batcher(1))  # this task's verdicts
         if batch is not None:
-            result = None if self.job.persist else self.transport.results(self.client, [future])[0]
+            result = self.transport.results(self.client, [future], gather=not self.job.persist)[0]
             self._handle(future, result, batch, again, alone=True)
         self.transport.drained()
         return [] if self.transport.stopping else again.drain()

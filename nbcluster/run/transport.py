@@ -73,12 +73,12 @@ Dask task: a run whose batches all went directly has nothing pushed.
 
 Tasks that fail, not hang, on a worker without nbcluster (`task`). Dask unpickles a task as
 part of the message that brings it to a worker; one that cannot import nbcluster failed
-there, outside any task, lost its connection, and the batch waited forever. So a task is
-sent as one ``pickle.loads`` of bytes: the message loads anywhere, and the import happens
-when the task runs, where its ``ModuleNotFoundError`` halts the run in one line
-(`halt_reason`). A task with Dask dependencies (the futures of `--persist` handles it reads)
-keeps them as arguments Dask sees: ``dask.utils.apply(loader, [*deps])``, ``loader`` a nested
-task loading the function with its other arguments.
+there, outside any task, lost its connection, and the batch waited forever. So a task's
+function and arguments travel as bytes the task unpickles: the message loads anywhere, and
+the import happens when the task runs, where its ``ModuleNotFoundError`` halts the run in one line
+(`halt_reason`): ``dask.utils.apply(loader, [*deps])``, ``loader`` a nested task loading the
+function with its arguments, and ``deps`` the task's Dask dependencies (the futures of
+`--persist` handles it reads) as arguments Dask sees.
 
 What goes before the first batch (`Shipment`). The run's context (the cell or function and
 what it captured) travels inline in every batch when small (up to `worker.context.INLINE_CONTEXT`
@@ -105,6 +105,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dask.base import annotate
+from dask.utils import apply
 
 from nbcluster import config, worker
 from nbcluster._compat import call_in_loop, erred_on, nested_task, run_on_worker, worker_call, worker_exchange
@@ -280,7 +281,7 @@ class Transport:
                 return
             yield done
 
-    def results(self, client: Any, done: list[Any]) -> list[Any]:
+    def results(self, client: Any, done: list[Any], *, gather: bool = True) -> list[Any]:
         """The result blobs of the finished batches in `done`, fetched in one gather.
 
         A direct call's came with its answer; one its worker pushed ahead of the task's end
@@ -293,32 +294,23 @@ class Transport:
             The run's client.
         done : list
             Finished futures and direct calls.
+        gather : bool
+            False for a ``--persist`` run, whose values stay where they are: a task's is what
+            its worker pushed (its report), or None.
 
         Returns
         -------
         list
-            Per batch, its blob or its exception.
+            Per batch, its blob or its exception (or None, see `gather`).
         """
-        got = {id(f): f.answer if isinstance(f, Call) else self.pushed(str(f.key)) for f in done}
+        inbox = self._inbox
+        got = {id(f): f.answer if isinstance(f, Call) else inbox and inbox.take(str(f.key)) for f in done}
+        if not gather:
+            return [got[id(f)] for f in done]
         if fetch := [f for f in done if got[id(f)] is None and f.status == "finished"]:
             with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
                 got.update({id(f): blob for f, blob in zip(fetch, client.gather(fetch), strict=True)})
         return [outcome(f) if got[id(f)] is None else got[id(f)] for f in done]
-
-    def pushed(self, key: str) -> bytes | None:
-        """What the worker of task `key` pushed ahead of its end, if it came.
-
-        Parameters
-        ----------
-        key : str
-            The task's key.
-
-        Returns
-        -------
-        bytes or None
-            Its result blob (or a persisted item's report); None when none came.
-        """
-        return self._inbox.take(key) if self._inbox is not None else None
 
     def take(self, future: Any) -> tuple[Any, bool, bool]:
         """The items of a finished batch, now no longer pending.
@@ -644,16 +636,6 @@ def _inbox(client: Any) -> _Inbox | None:
 
 
 # -- tasks that load anywhere --------------------------------------------------------------------
-class _Call:
-    """Pickles as ``fn(*args)``: unpickling makes the call."""
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]):
-        self.fn, self.args = fn, args
-
-    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return self.fn, self.args
-
-
 def task(fn: Callable[..., Any], *args: Any, deps: tuple[Any, ...] = ()) -> tuple[Any, ...]:
     """``client.submit(*task(fn, *args, deps=deps))`` runs ``fn(*args, *deps)``; where `fn`
     cannot be imported, the task fails with that ImportError instead of breaking the
@@ -671,22 +653,17 @@ def task(fn: Callable[..., Any], *args: Any, deps: tuple[Any, ...] = ()) -> tupl
     Returns
     -------
     tuple
-        ``(pickle.loads, the pickled call)``; with `deps`, ``(dask.utils.apply, a nested task
-        loading the function with its arguments, [*deps])``.
+        ``(dask.utils.apply, a nested task that unpickles fn with its arguments, [*deps])``.
 
     Examples
     --------
     >>> import operator
-    >>> loads, call = task(operator.add, 2, 3)
-    >>> loads(call)
+    >>> apply, loader, deps = task(operator.add, 2, 3)
+    >>> apply(loader(), deps)
     5
     """
-    if deps:
-        from dask.utils import apply
-
-        loader = nested_task(pickle.loads, pickle.dumps(functools.partial(fn, *args), protocol=pickle.HIGHEST_PROTOCOL))
-        return (apply, loader, list(deps))
-    return (pickle.loads, pickle.dumps(_Call(fn, args), protocol=pickle.HIGHEST_PROTOCOL))
+    call = pickle.dumps(functools.partial(fn, *args), protocol=pickle.HIGHEST_PROTOCOL)
+    return (apply, nested_task(pickle.loads, call), list(deps))
 
 
 def halt_reason(client: Any, key: str, why: str) -> str:
