@@ -108,6 +108,7 @@ class Engine:
         self.shipment = Shipment(run_id)  # the context and large values sent to the cluster
         self.transport = Transport(run_id)  # the batches out, and how they go and come back
         self.token = ""  # this start's stop token (see worker.context.stop_run)
+        self.driven = threading.Event()  # set once this start's driver has ended (all taken in)
         self.journal: Writer | None = None  # every delivered batch is appended (`journal/store.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
         self._told: int | None = 0  # items the last backlog report held back; None: not taken
@@ -228,7 +229,7 @@ class Engine:
             # In a thread: a worker that hangs must not hold the kernel beyond the grace.
             threads.spawn(_tell_workers, self.client, self.token, name="nbcluster-stop")
             with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
-                self.transport.idle.wait(config.seconds("distribute.cancel-grace"))
+                self.driven.wait(config.seconds("distribute.cancel-grace"))
         self.transport.cancel(self.client)
         self.state.cancel_pending()
 
@@ -251,6 +252,7 @@ class Engine:
         policy = None if strategy else _policy(indices, self.job, self.link.threads)
         target = functools.partial(strategy, self) if strategy else functools.partial(self._drive, policy)
         name, driven = f"nbcluster-distribute-{self.run_id}", threading.Event()
+        self.driven = driven  # what a cancel waits for
         # The watch thread starts after its first look's wait: a run over by then never starts one.
         watch = threads.later(WATCH_S, self._watch, driven, policy, name=f"{name}-watch")
 
@@ -301,9 +303,7 @@ class Engine:
                 results = self.transport.results(self.client, done, gather=not job.persist)
                 if not all(self._settle(f, r, policy) for f, r in zip(done, results, strict=True)):
                     break
-                self._top_up(policy, placed)
-                if self.transport.drained():
-                    break
+                self._top_up(policy, placed)  # `completions` ends once nothing is out
         except Exception as e:  # an nbcluster bug must not leave the cell waiting forever
             error = RuntimeError(f"nbcluster internal error while running the items: {type(e).__name__}: {e}")
             error.__cause__ = e
@@ -338,13 +338,14 @@ class Engine:
         return True
 
     def _top_up(self, policy: Policy, placed: Placement | None) -> None:
-        """Submit the policy's batches; those of one top-up go out together, one message to
-        the scheduler per placement."""
+        """Submit the policy's batches; those of one top-up go out together: the direct ones in
+        one wake of the client's loop, the Dask tasks in one message to the scheduler."""
         if self.transport.stopping:
             return
         assert self.shipment.context is not None
         budget, items, job = policy.batcher.budget, self.job.plan.items, self.job
-        groups: dict[bool, tuple[list[tuple[Any, bytes, list[Any]]], list[list[str]]]] = {}
+        tasks: list[tuple[Any, bytes, list[Any]]] = []
+        where: list[list[str]] = []  # per task, the workers it should run on, loosely
         for batch in policy.top_up(len(self.transport.pending)):
             # The plan's items are a list or a range (whose slice is a range: a few bytes).
             chosen = items[batch.start : batch.stop] if isinstance(batch, range) else [items[i] for i in batch]
@@ -360,11 +361,10 @@ class Engine:
             # worker that fits: Dask never queues a restricted task as a root task, so the items
             # reach the workers at once and run back to back.
             holders = placed.of(self.client, items, deps) if placed is not None else []
-            tasks, where = groups.setdefault(bool(deps), ([], []))
             tasks.append((batch, blob, deps))
             where.append(holders or (self.link.eligible if job.persist else []))
-        self.transport.flush()  # the direct batches of this top-up go out together
-        for tasks, where in groups.values():
+        self.transport.flush()
+        if tasks:
             self.submit_tasks(tasks, placed=where, **self.link.submit_kwargs)
 
     def _handle(self, future: Any, result: Any, indices: Any, policy: Policy, *, alone: bool) -> worker.ErrorRecord | None:
@@ -496,14 +496,13 @@ class Engine:
             submitted.
         """
         job, context, token = self.job, self.shipment.context, self.token
-        # Either way a task fails, not hangs, on a worker without nbcluster (`transport.task`).
-        if job.persist or job.reads_handles:
-            names = {name: k for k, name in enumerate(job.capture.held)}
-            mine = [h.future for h in job.capture.held.values()]  # the handles' futures stay arguments Dask sees
-            calls = [transport.task(held.run_batch_held, context, blob, token, job.persist, names, deps=(*mine, *deps))
-                     for _, blob, deps in tasks]  # fmt: skip
-        else:
-            calls = [transport.task(runner or worker.run_batch, context, blob, token) for _, blob, _ in tasks]
+        # A run that persists or reads handles: `held.run_batch_held`, told whether to keep the
+        # value and where each captured handle's value is among its arguments.
+        kept = (job.persist, {name: k for k, name in enumerate(job.capture.held)}) if job.persist or job.reads_handles else ()
+        fn = held.run_batch_held if kept else runner or worker.run_batch
+        mine = [h.future for h in job.capture.held.values()]  # the handles' futures stay arguments Dask sees
+        # A task fails, not hangs, on a worker without nbcluster (`transport.task`).
+        calls = [transport.task(fn, context, blob, token, *kept, deps=(*mine, *deps)) for _, blob, deps in tasks]
         batches = [indices for indices, _, _ in tasks]
         return self.transport.map(self.client, calls, batches, persist=job.persist, placed=placed, **where)
 
@@ -574,7 +573,6 @@ class Engine:
         if batch is not None:
             result = self.transport.results(self.client, [future], gather=not self.job.persist)[0]
             self._handle(future, result, batch, again, alone=True)
-        self.transport.drained()
         return [] if self.transport.stopping else again.drain()
 
     def withdraw(self, future: Any) -> None:

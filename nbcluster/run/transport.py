@@ -141,8 +141,6 @@ class Transport:
         self.run_id, self.lock, self._seq = run_id, threading.Lock(), itertools.count()
         self.pending: dict[Any, Any] = {}  # future (or direct call) -> the item indices of its batch
         self.stopping = False  # nothing more is submitted
-        self.idle = threading.Event()  # set while no batch is out (and taken)
-        self.idle.set()
         self._alone: Any = None  # the batch that has been the only one out since its submit
         self._completed: queue.SimpleQueue[Any] | None = None  # finished batches; itself: the start is over
         self._direct: _Direct | None = None
@@ -177,7 +175,6 @@ class Transport:
         """End a start: what finishes from now on is ignored; nothing is expected any more."""
         with self.lock:
             self._completed = self._direct = None
-            self.idle.set()
         if self._inbox is not None:
             self._inbox.forget(self.run_id)
 
@@ -255,7 +252,6 @@ class Transport:
         # Under `lock`: `batch` (a future or a direct call) is pending, alone if none else is.
         self._alone = None if self.pending else batch
         self.pending[batch] = indices
-        self.idle.clear()
 
     def flush(self) -> None:
         """Start the direct requests `send_direct` made since the last flush, together."""
@@ -341,19 +337,6 @@ class Transport:
         if unrun and self._direct is not None:
             self._direct.stopped = True
         return batch, alone, unrun
-
-    def drained(self) -> bool:
-        """Whether nothing is out any more (then `idle` is set).
-
-        Returns
-        -------
-        bool
-            True when no batch is pending.
-        """
-        with self.lock:
-            if not self.pending:
-                self.idle.set()
-            return not self.pending
 
     def abandon_lost(self, workers: dict[str, int]) -> None:
         """Give up the direct calls to workers no longer in the cluster.
