@@ -42,7 +42,7 @@ first run, each retry) has its own token, so a retry is not stopped by an earlie
 The watch thread (`_watch`, from half a second into a start) looks every `WATCH_S`:
 it re-reads the usable threads (the policy's limit follows workers that join or leave),
 reports the backlog to the scheduler for the adaptive target (`hold_back`,
-``nbcluster_backlog``; a scheduler without that handler gets no more reports), and
+``nbcluster_backlog``, the handler of the clusters nbcluster starts), and
 notices a cluster that went away: the unfinished items are then given up as *lost*, the
 run ends and the link is closed at once. `retry()` opens the link afresh.
 
@@ -111,7 +111,7 @@ class Engine:
         self.driven = threading.Event()  # set once this start's driver has ended (all taken in)
         self.journal: Writer | None = None  # every delivered batch is appended (`journal/store.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
-        self._told: int | None = 0  # items the last backlog report held back; None: not taken
+        self._told = 0  # items the last backlog report held back
         self._starts = itertools.count(1)  # a start's stop token is the run's id and its number
 
     @property
@@ -519,18 +519,16 @@ class Engine:
         seconds : float, optional
             Each item's expected seconds; default Dask's guess for an unknown task.
         """
-        client, told = self.client, self._told
-        if client is None or told is None or not (items or told):
+        client = self.client
+        if client is None or not (items or self._told):
             return
         if seconds is None:
             seconds = float(parse_timedelta(dask.config.get("distributed.scheduler.unknown-task-duration")))
         self._told, kind, expected = items, "gpu" if self.link.needs.gpus else "cpu", items * seconds
 
         async def report() -> None:
-            try:
+            with contextlib.suppress(Exception):  # the scheduler is gone: the run's watch ends it
                 await client.scheduler.nbcluster_backlog(run=self.run_id, kind=kind, items=items, seconds=expected)
-            except Exception:  # not nbcluster's scheduler (or gone): stop asking it
-                self._told = None
 
         with contextlib.suppress(Exception):
             client.loop.add_callback(report)

@@ -21,7 +21,7 @@ Every batch out is *pending* (its items by future, or by direct `Call`) until ta
 
 What is where, in this module: `Transport`, with its one queue of finished batches; Dask
 tasks bound to their workers (`_placing`); the direct path (`Call`, `_Direct`); results
-pushed ahead of a gather (`_Inbox`); tasks that load anywhere (`task`, `halt_reason`); what
+pushed ahead of a gather (`_inbox`); tasks that load anywhere (`task`, `halt_reason`); what
 goes before the first batch (`Shipment`).
 
 Direct batches. A batch that is a Dask task crosses the scheduler on its way out and on its
@@ -65,7 +65,7 @@ batches as they always did.
 Results without a gather. A worker pushes a small result blob (or a persisted item's report)
 to the kernel as a Dask event on `PUSHED_TOPIC` just before the task ends (`worker.push`).
 Events from a worker travel on the same ordered stream as its task-finished message, so by
-the time the kernel sees the task done, its blob is in the client's `_Inbox`; where it is
+the time the kernel sees the task done, its blob is in the client's `_inbox`; where it is
 not (a worker of another version, a blob too large, a lost event) the blob is gathered, so
 a push never costs a result. The inbox keeps only the pushes of the keys a run of this
 kernel expects, and forgets a run's keys when the run closes. It is opened on a run's first
@@ -144,7 +144,7 @@ class Transport:
         self._alone: Any = None  # the batch that has been the only one out since its submit
         self._completed: queue.SimpleQueue[Any] | None = None  # finished batches; itself: the start is over
         self._direct: _Direct | None = None
-        self._inbox: _Inbox | None = None
+        self._inbox: dict[str, bytes | None] = {}  # the client's pushed blobs, from the first task on
 
     def open(self, link: Link, per_thread: int = 1, direct: bool = True) -> bool:
         """Begin a start: batches may go out; True when its batches go to workers directly.
@@ -175,8 +175,9 @@ class Transport:
         """End a start: what finishes from now on is ignored; nothing is expected any more."""
         with self.lock:
             self._completed = self._direct = None
-        if self._inbox is not None:
-            self._inbox.forget(self.run_id)
+        with _INBOXES_LOCK:  # expect nothing more of this run (its keys hold ``-<run id>-``)
+            for key in [k for k in self._inbox if f"-{self.run_id}-" in k]:
+                del self._inbox[key]
 
     def map(self, client: Any, calls: Sequence[tuple[Any, ...]], batches: Sequence[Any], *, persist: bool = False,
             placed: Sequence[Sequence[str]] = (), **where: Any) -> list[Any | None]:  # fmt: skip
@@ -202,13 +203,13 @@ class Transport:
         list of distributed.Future or None
             The tasks' futures; Nones when stopping (nothing was submitted).
         """
-        self._inbox = self._inbox or _inbox(client)
+        self._inbox = _inbox(client)
         with self.lock:
             if self.stopping:
                 return [None] * len(calls)
             keys = [f"{'persist' if persist else 'distribute'}-{self.run_id}-{next(self._seq)}" for _ in calls]
-            if self._inbox is not None:
-                self._inbox.expect(keys)  # before the tasks can run: a push may come first
+            with _INBOXES_LOCK:  # before the tasks can run: a push may come first
+                self._inbox.update(dict.fromkeys(keys))
             columns = zip(*(c[1:] for c in calls), strict=True)
             with _placing(keys, placed, where):
                 made = client.map(calls[0][0], *columns, key=keys, pure=False, **where)
@@ -299,8 +300,8 @@ class Transport:
         list
             Per batch, its blob or its exception (or None, see `gather`).
         """
-        inbox = self._inbox
-        got = {id(f): f.answer if isinstance(f, Call) else inbox and inbox.take(str(f.key)) for f in done}
+        with _INBOXES_LOCK:
+            got = {id(f): f.answer if isinstance(f, Call) else self._inbox.pop(str(f.key), None) for f in done}
         if not gather:
             return [got[id(f)] for f in done]
         if fetch := [f for f in done if got[id(f)] is None and f.status == "finished"]:
@@ -575,47 +576,29 @@ async def _install(client: Any, worker: str) -> bool:
 
 
 # -- results pushed by the workers -----------------------------------------------------------
-class _Inbox:
-    """The blobs pushed on `PUSHED_TOPIC` to one client, kept for the keys some run expects."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._blobs: dict[str, bytes | None] = {}  # by the key expected: its blob, once pushed
-
-    def expect(self, keys: Sequence[str]) -> None:
-        with self._lock:
-            self._blobs.update(dict.fromkeys(keys))
-
-    def take(self, key: str) -> bytes | None:
-        with self._lock:
-            return self._blobs.pop(key, None)
-
-    def forget(self, run_id: str) -> None:
-        """Expect nothing more of run `run_id` (its keys hold ``-<run id>-``)."""
-        with self._lock:
-            self._blobs = {k: b for k, b in self._blobs.items() if f"-{run_id}-" not in k}
-
-    def arrived(self, event: tuple[float, Any]) -> None:
-        key, blob = event[1].get("key"), event[1].get("report")
-        with self._lock:
-            if isinstance(key, str) and isinstance(blob, bytes) and key in self._blobs:
-                self._blobs[key] = blob
+#: Per client: the blobs pushed on `PUSHED_TOPIC`, kept for the keys some run expects (the key
+#: -> its blob once pushed, None before): other kernels' pushes, and late ones, are not kept.
+_INBOXES: weakref.WeakKeyDictionary[Any, dict[str, bytes | None]] = weakref.WeakKeyDictionary()
+_INBOXES_LOCK = threading.Lock()  # the driver threads expect and take, the clients' loops fill
 
 
-_INBOXES: weakref.WeakKeyDictionary[Any, _Inbox] = weakref.WeakKeyDictionary()
-_INBOXES_LOCK = threading.Lock()
-
-
-def _inbox(client: Any) -> _Inbox | None:
-    """The inbox of `client`, subscribed the first time; None if it cannot subscribe (every
-    blob is then gathered)."""
+def _inbox(client: Any) -> dict[str, bytes | None]:
+    """The inbox of `client`, subscribed the first time; an empty one of no client's if it
+    cannot subscribe (nothing arrives there: every blob is gathered)."""
     with _INBOXES_LOCK:
         if client not in _INBOXES:
+            blobs: dict[str, bytes | None] = {}
+
+            def arrived(event: tuple[float, Any]) -> None:  # holds the inbox, not the client
+                key, blob = event[1].get("key"), event[1].get("report")
+                with _INBOXES_LOCK:
+                    if isinstance(key, str) and isinstance(blob, bytes) and key in blobs:
+                        blobs[key] = blob
+
             with contextlib.suppress(Exception):
-                found = _Inbox()
-                client.subscribe_topic(PUSHED_TOPIC, found.arrived)
-                _INBOXES[client] = found
-        return _INBOXES.get(client)
+                client.subscribe_topic(PUSHED_TOPIC, arrived)
+                _INBOXES[client] = blobs
+        return _INBOXES.get(client, {})
 
 
 # -- tasks that load anywhere --------------------------------------------------------------------
