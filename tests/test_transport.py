@@ -12,8 +12,7 @@ from typing import Any
 
 from distributed import Event
 
-from nbcluster.run.target import Link, Needs
-from nbcluster.run.transport import Transport
+from nbcluster.run.transport import Link, Needs, Transport
 
 
 def _wait_then(name: str, x: int) -> int:
@@ -97,7 +96,8 @@ def test_a_direct_batch_and_a_task_come_back_through_the_same_completions(cluste
     from nbcluster import worker
     from nbcluster.run.capture import Job
     from nbcluster.run.cell import plan
-    from nbcluster.run.transport import Call, Shipment, task
+    from nbcluster.run.engine import Shipment
+    from nbcluster.run.transport import Call, task
 
     client = cluster.client
     run_id = uuid.uuid4().hex[:8]

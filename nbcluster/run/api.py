@@ -61,7 +61,7 @@ from nbcluster.run.engine import Engine
 from nbcluster.run.options import DistributeOptions
 from nbcluster.run.results import Results, follow, interrupted, report
 from nbcluster.run.state import DONE, FAILED, PENDING
-from nbcluster.run.target import Link, Needs
+from nbcluster.run.transport import Link, Needs
 from nbcluster.run.trials import Trials
 
 #: The keywords of the release before -> how to spell them now (`{fn}` is the function's name).

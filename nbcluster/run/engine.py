@@ -1,6 +1,6 @@
 """The engine of a run: the driver thread that feeds the policy and performs its actions.
 
-An `Engine` is made from a `Job` (what to run: `capture.Job`) and a `Link` (where: `target.py`,
+An `Engine` is made from a `Job` (what to run: `capture.Job`) and a `Link` (where: `transport.py`,
 opened only when items leave the kernel). It owns the run's `RunState` (`state.py`), which
 its driver writes as batches finish, and `run_local` as items run in the kernel (`api.py`
 writes the items a resumed journal holds); the `Results` view reads it, and `api.Run` hands
@@ -20,7 +20,7 @@ the driver acts on:
   would fail the same way, so the rest fails at once, with that message;
 - *lost*: a scattered value it reads was lost with every worker holding it. The engine
   ships it again and the batch goes back to the backlog, up to 10 times a run
-  (`transport.Shipment`); after that it is fatal;
+  (`Shipment`); after that it is fatal;
 - *halt*: nbcluster cannot be imported where the batch was unpickled (`transport.task`).
   Nothing more is submitted, the unfinished items are given up, not failed, and the
   waiting cell ends with one line naming the fix (`ClusterCannotRun`).
@@ -46,6 +46,13 @@ reports the backlog to the scheduler for the adaptive target (`hold_back`,
 notices a cluster that went away: the unfinished items are then given up as *lost*, the
 run ends and the link is closed at once. `retry()` opens the link afresh.
 
+What goes before the first batch (`Shipment`, `ship`). The run's context (the cell or
+function and what it captured) travels inline in every batch when small (up to
+`worker.context.INLINE_CONTEXT` bytes), else is scattered once to every worker and pinned
+there; large captured values are scattered once per kernel (`capture.shipments`). A
+scattered value every holder of which died is sent again (`Shipment.reship`) to the worker
+that asked, which is alive, at most `RESHIPS` times a run.
+
 ``--everywhere`` (`everywhere.py`) and ``--ranks N`` (`ranks.py`) are strategies of their
 own: they drive tasks through the `everywhere.Tasks` verbs (`submit_task`, `settle_task`,
 `outstanding`, `withdraw`, `fail`, `finish`, `hold_back`), not the policy.
@@ -69,21 +76,21 @@ from dask.utils import parse_timedelta
 from nbcluster import _threads as threads
 from nbcluster import config, worker
 from nbcluster._compat import nanny_logs
-from nbcluster.errors import WorkerKilled
+from nbcluster.errors import ClusterUnreachable, WorkerKilled
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
 from nbcluster.persist.handles import Handle, Placement, handle_of, held_report, held_slots, publish
 from nbcluster.run import everywhere, ranks, transport
-from nbcluster.run.capture import Job
+from nbcluster.run.capture import Job, pin_soon, shipments
 from nbcluster.run.policy import PROBE_ITEMS, Batcher, Policy
 from nbcluster.run.state import RunState
-from nbcluster.run.target import Link
-from nbcluster.run.transport import Shipment, Transport
+from nbcluster.run.transport import Link, Transport
 from nbcluster.worker import held
 
 WATCH_S = 0.5  # how often a running start checks its cluster
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
 PERSIST_AHEAD = 1024  # --persist: items submitted ahead, per thread, at most
+RESHIPS = 10  # a run sends its lost values again at most this many times
 
 
 class Engine:
@@ -692,3 +699,101 @@ def _killed_record(client: Any, described: str, index: int, killed: Any) -> work
     message = (f"item {index}{f' ({described})' if described else ''} killed its worker "
                f"{killed.allowed_failures + 1} times (a crash or out of memory){logged}")  # fmt: skip
     return worker.error_record(WorkerKilled(message), frames=False)
+
+
+# -- what goes before the first batch --------------------------------------------------------
+class Shipment:
+    """One run's context on the cluster; see the module docstring.
+
+    Parameters
+    ----------
+    run_id : str
+        The run's id, in its context's key.
+    """
+
+    def __init__(self, run_id: str):
+        self.key = f"nbcluster-context-{run_id}"
+        self.context: tuple[str, bytes | None] | None = None  # (key, inline blob or None); None: not shipped
+        self._blob, self._reships = b"", 0
+        self._future: Any = None
+
+    def ship(self, client: Any, job: Job) -> list[str]:
+        """Scatter large values (once per kernel) and the context blob; report lines.
+
+        Called before the first submit, and again by a retry after the cluster went away
+        (the context is then sent afresh: `context` was reset).
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The run's client.
+        job : Job
+            What the run runs.
+
+        Returns
+        -------
+        list of str
+            What shipping did, for the line the cell prints (a large value sent, or one
+            already on the workers from an earlier run); empty when it was shipped already.
+
+        Raises
+        ------
+        nbcluster.errors.ClusterUnreachable
+            When the values cannot be sent (the cluster's connection failed), saying to run
+            the cell again in a moment.
+        """
+        if self.context is not None:
+            return []
+        try:
+            large, notes = shipments(client).ship(client, job.capture.large)
+            self._blob = job.for_workers(large)
+            if not (inline := len(self._blob) <= worker.context.INLINE_CONTEXT):
+                self._future = self._scatter(client)
+        except (OSError, TimeoutError) as e:
+            raise ClusterUnreachable(f"could not send the cell's data to the workers ({e}); if a worker just died, "
+                                     "run the cell again in a moment") from None  # fmt: skip
+        self.context = (self.key, self._blob if inline else None)
+        return notes
+
+    def _scatter(self, client: Any, workers: list[str] | None = None) -> Any:
+        future = client.scatter({self.key: self._blob}, workers=workers, broadcast=workers is None, hash=False)[self.key]
+        pin_soon(client, future, len(self._blob))
+        return future
+
+    def reship(self, client: Any, job: Job, key: str, to: str | None) -> bool:
+        """Send again a scattered value every holder of which died; False to give up.
+
+        Sent to the worker that asked, which is alive: a broadcast could pick a dead worker
+        the scheduler still lists, and wait out its connect timeout.
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The run's client.
+        job : Job
+            What the run runs (its large values).
+        key : str
+            The lost value's key.
+        to : str or None
+            The worker that asked for it.
+
+        Returns
+        -------
+        bool
+            True when the value is on the cluster again (or never was lost).
+        """
+        try:
+            current = self._future if key == self.key else shipments(client).future(key)
+            # A value lost with all its holders shows as a cancelled future here.
+            if current is not None and current.status == "finished" and client.who_has([current]).get(key):
+                return True
+            self._reships += 1
+            if self._reships > RESHIPS:
+                return False
+            workers = [to] if to else None
+            if key == self.key:
+                self._future = self._scatter(client, workers)
+                return True
+            return bool(shipments(client).reship(client, key, job.capture.large, workers))
+        except (OSError, TimeoutError):
+            return False
