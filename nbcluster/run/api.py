@@ -618,13 +618,13 @@ class Run:
         try:
             if (local and not engine.run_local(local)) or engine.local_only or not rest:
                 # A failure in the kernel stops the fan-out: that is what --local K is for.
-                engine.give_up()
+                engine.finish()
                 report(results)
                 return results
             notes = engine.ship()
         except BaseException as e:
             # Interrupted (or failed) before anything was submitted: the results end here.
-            engine.give_up()
+            engine.finish()
             if isinstance(e, KeyboardInterrupt):
                 raise interrupted(results) from None
             raise

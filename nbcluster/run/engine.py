@@ -188,10 +188,6 @@ class Engine:
                 return False
         return True
 
-    def give_up(self) -> None:
-        """Nothing (more) is sent: the items still pending count as cancelled, the run ends."""
-        self.state.end()
-
     def retry(self) -> bool:
         """Run the failed and cancelled items again; False if there are none.
 
@@ -553,8 +549,7 @@ class Engine:
         list of distributed.Future
             Those still to be taken in, in the order given.
         """
-        with self.transport.lock:
-            return [f for f in futures if f in self.transport.pending]
+        return [f for f in futures if f in self.transport.pending]  # each test is atomic: no lock
 
     def settle_task(self, future: Any) -> list[int]:
         """Take in one finished task; the items to submit again.
@@ -604,7 +599,8 @@ class Engine:
         self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
 
     def finish(self) -> None:
-        """The start is over: nothing is out, the state ends."""
+        """The start is over, or nothing (more) is sent: the items still pending count as
+        cancelled, the state ends."""
         self.transport.close()
         self.state.end()
 

@@ -249,7 +249,6 @@ class Link:
         self.submit_kwargs: dict[str, Any] = {}
         self.threads = 1
         self.eligible: list[str] = []  # the workers that qualified when the link opened
-        self.cores: dict[str, int] = {}  # threads by worker, as last asked
         self.is_open = False
 
     def open(self) -> Link:
@@ -290,8 +289,8 @@ class Link:
         """`placement` of the items on the workers there: the scheduler's word of the last
         `within` seconds where every worker fits (`_ncores`), else asked now."""
         if self.needs == Needs():  # every worker fits
-            self.cores = _ncores(self.client, within)
-            return {}, max(1, sum(self.cores.values())), list(self.cores)
+            cores = _ncores(self.client, within)
+            return {}, max(1, sum(cores.values())), list(cores)
         return placement(self.needs, _compat.workers(self.client))
 
     def usable_threads(self) -> int:
@@ -310,15 +309,15 @@ class Link:
         return self._place()[1]
 
     def workers(self) -> dict[str, int]:
-        """Every worker of the cluster and its threads, as last asked (where every worker fits).
+        """Every worker of the cluster and its threads, as the link knows them (`_ncores`).
 
         Returns
         -------
         dict of str to int
-            Threads by worker address: asked when the link opened, and again by each
-            `usable_threads`.
+            Threads by worker address: the scheduler's answer of the last `FRESH_S` seconds
+            (it was asked when the link opened, and by each `usable_threads`), else asked now.
         """
-        return self.open().cores
+        return _ncores(self.open().client, FRESH_S)
 
     def eligible_now(self) -> list[str]:
         """The addresses of the workers that qualify, asked of the scheduler now (`--everywhere`).
@@ -470,7 +469,7 @@ class Transport:
             Whether a worker takes direct batches now.
         """
         completed, sending = queue.SimpleQueue[Any](), None
-        if direct and link.needs == Needs() and config.seconds("distribute.direct") > 0:
+        if direct and link.needs == Needs():  # for ``distribute.direct`` seconds (`_Direct.worker`)
             sending = _Direct(link.client, link.workers(), per_thread, completed)
         with self.lock:
             self._completed, self._direct = completed, sending
@@ -742,8 +741,6 @@ class Call:
         For the first item of a run's first batch, sent ahead of its answer
         (`worker/__init__.py`): the batch it came from; None for a batch's answer.
     """
-
-    __slots__ = ("answer", "client", "key", "of", "sent", "status", "worker")
 
     def __init__(self, client: Any, key: str, worker: str, of: Call | None = None, answer: Any = None):
         self.client, self.key, self.worker, self.of, self.answer = client, key, worker, of, answer
