@@ -501,7 +501,8 @@ class Engine:
         job, context, token = self.job, self.shipment.context, self.token
         # A run that persists or reads handles: `held.run_batch_held`, told whether to keep the
         # value and where each captured handle's value is among its arguments.
-        kept = (job.persist, {name: k for k, name in enumerate(job.capture.held)}) if job.persist or job.reads_handles else ()
+        names = {name: k for k, name in enumerate(job.capture.held)}
+        kept = (job.persist, names) if job.persist or job.reads_handles else ()
         fn = held.run_batch_held if kept else runner or worker.run_batch
         mine = [h.future for h in job.capture.held.values()]  # the handles' futures stay arguments Dask sees
         # A task fails, not hangs, on a worker without nbcluster (`transport.task`).

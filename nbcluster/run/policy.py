@@ -45,8 +45,9 @@ Policy
 - **Workers that come and go.** `resize` sets the usable threads; `limit` follows.
 
 State: `items` (the backlog: the items put back, in front of the plan's own sequence read
-from a position on, so a million items are one range), `suspects` (lists of items), `attempts` (used, by failed item only), `batcher`
-(the items measured, their seconds, the probes left, the last waits).
+from a position on, so a million items are one range), `suspects` (lists of items),
+`attempts` (used, by failed item only), `batcher` (the items measured, their seconds, the
+probes left, the last waits).
 
 Worked example: 2 threads, 2 in flight each, 13 items, one retry. The first top-up sends
 the first item alone, then one probe per thread takes a third of the rest; the last third
