@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from nbcluster.run.api import distribute, everywhere, ranks, wait
     from nbcluster.run.results import Results
     from nbcluster.run.stoppers import Stopper
-    from nbcluster.run.target import Needs
+    from nbcluster.run.transport import Needs
     from nbcluster.worker.checkpoint import checkpoint
     from nbcluster.worker.local import worker_local
     from nbcluster.worker.rank import rank, world_size
@@ -67,7 +67,7 @@ _LAZY = {
     "Results": "nbcluster.run.results",
     "distribute": "nbcluster.run.api",
     "everywhere": "nbcluster.run.api",
-    "Needs": "nbcluster.run.target",
+    "Needs": "nbcluster.run.transport",
     "wait": "nbcluster.run.api",
     "worker_local": "nbcluster.worker.local",
     "Stopper": "nbcluster.run.stoppers",

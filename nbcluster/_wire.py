@@ -419,7 +419,7 @@ class HeldValue(TypedDict):
 
 #: The Dask event topic on which nbcluster's scheduler plugin says that a worker came or went
 #: (`MetricsPlugin.add_worker`): a kernel subscribed to it keeps the workers it was told of
-#: (`run/target.py`) until the next such event, rather than asking again each cell.
+#: (`run/transport.py`) until the next such event, rather than asking again each cell.
 ROSTER_TOPIC = "nbcluster-roster"
 
 

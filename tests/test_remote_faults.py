@@ -201,9 +201,9 @@ def python_without_nbcluster(folder: Path) -> Path:
 
 
 def test_a_task_reading_persisted_values_loads_without_nbcluster_and_fails_when_run(tmp_path: Path) -> None:
-    """A chained `--persist` task keeps its handles as Dask dependencies, so it is not one
-    ``pickle.loads`` of bytes: what a worker without nbcluster unpickles must still load, and
-    the missing module be the task's error when it runs (`transport.task` with `deps`)."""
+    """A chained `--persist` task keeps its handles as Dask dependencies beside the bytes of its
+    call: what a worker without nbcluster unpickles must still load, and the missing module be
+    the task's error when it runs (`transport.task` with `deps`)."""
     from dask._task_spec import Task
 
     from nbcluster.run.transport import task

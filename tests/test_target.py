@@ -1,4 +1,4 @@
-"""A run's link to its cluster (`nbcluster/run/target.py`): which workers it knows of.
+"""A run's link to its cluster (`nbcluster/run/transport.py`): which workers it knows of.
 
 On real clusters of the tests' own, scaled: the second cell's link sees the worker that
 came, and a running run's watch sees it too (`usable_threads`); the workers a link keeps
@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import nbcluster
-from nbcluster.run import target
+from nbcluster.run import transport
 from nbcluster.run.api import distribute
-from nbcluster.run.target import Link, Needs
+from nbcluster.run.transport import Link, Needs
 from tests.waiting import until
 
 
@@ -28,7 +28,7 @@ def test_a_link_sees_the_workers_there_when_it_opens_and_when_asked_again(runtim
         assert list(distribute("x + 1", over="x in range(4)", namespace={}, on=client)) == [1, 2, 3, 4]
         handle.scale(2)
         client.wait_for_workers(2, timeout=60)
-        # A new link sees it once the scheduler's news of it arrived (`target.ROSTER_TOPIC`).
+        # A new link sees it once the scheduler's news of it arrived (`transport.ROSTER_TOPIC`).
         assert until(lambda: Link(Needs(), client=client, find=lambda name: None).open().threads == 2)
         second = Link(Needs(), client=client, find=lambda name: None).open()
         assert set(second.workers()) == set(client.ncores())
@@ -75,9 +75,9 @@ def test_the_workers_a_link_knows_stand_until_the_scheduler_says_they_changed(ru
         asked = _questions(client)
         watched = link()  # asks, and subscribes to the news
         assert asked() == 1
-        time.sleep(target.SETTLED_S)
+        time.sleep(transport.SETTLED_S)
         assert link().threads == 1 and asked() == 2  # past FRESH_S: asked, now with the news on
-        time.sleep(target.FRESH_S)
+        time.sleep(transport.FRESH_S)
         assert link().threads == 1 and asked() == 2  # nothing came or went: the answer stands
         handle.scale(2)
         assert until(lambda: link().threads == 2), "no news of the worker that came"
@@ -104,6 +104,6 @@ def test_a_scheduler_without_the_plugin_is_asked_each_time(runtime_dir: Any) -> 
         for n in (1, 2, 3):  # the last one a second past the subscription: still no news to keep it
             assert Link(Needs(), client=client, find=lambda name: None).open().threads == 1
             assert asked() == n
-            time.sleep(target.FRESH_S)
+            time.sleep(transport.FRESH_S)
     finally:
         handle.stop()

@@ -9,7 +9,7 @@ The local backend is the one built in: a `SpecCluster` whose workers are of two 
   (``--gpus 0.25``) share it: the ``GPU`` resource caps how many run at once.
 
 A process has one ``CUDA_VISIBLE_DEVICES``, so every item on a GPU worker sees all of that
-worker's GPUs; `nbcluster.run.target.placement` refuses an item that asks fewer GPUs than a
+worker's GPUs; `nbcluster.run.transport.placement` refuses an item that asks fewer GPUs than a
 multi-GPU worker holds, rather than let it see (and use) devices it was not given.
 
 Because only CPU workers have ``CPU``, a task asking for ``CPU`` never lands on a GPU

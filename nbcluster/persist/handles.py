@@ -467,7 +467,7 @@ def held_report(client: Any, pushed: bytes | None, future: Any, result: Any) -> 
     client : distributed.Client
         The run's client.
     pushed : bytes or None
-        What the worker pushed for the task (`Transport.pushed`).
+        What the worker pushed for the task (`Transport.results` without a gather).
     future : distributed.Future
         The item's finished task.
     result : Any

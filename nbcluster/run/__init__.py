@@ -9,14 +9,13 @@ Set-up, with no Dask traffic: `options` (the flags, declared and checked once, a
 magic's line), `cell` (source -> code, free names; the items: `Plan`), `capture` (what
 travels and how).
 The run: `api` (checks, then the run's steps; `Job`, what runs, made once; `Run`, the
-controls of a run), `target`
-(the cluster link: where items may run), `engine` (the driver: it feeds events to the
-policy and performs its actions; what a finished batch says; the backlog told to the
-adaptive scaler), `policy` (the scheduling policy as a pure state machine: backlog, batch
-sizes, probes, suspects, retries), `transport` (submit, cancel, completions: Dask tasks, and
-`direct` batches sent to a worker without the scheduler; the context and large values sent
-ahead; results pushed by workers; tasks that fail, not hang, on a worker without
-nbcluster), `everywhere` (one task pinned to each worker), `ranks` (`--ranks N`: N ranks
+controls of a run), `engine` (the driver: it feeds events to the policy and performs
+its actions; what a finished batch says; the backlog told to the adaptive scaler; the
+context and large values sent ahead), `policy` (the scheduling policy as a pure state
+machine: backlog, batch sizes, probes, suspects, retries), `transport` (the cluster link:
+where items may run; submit, cancel, completions: Dask tasks, and `direct` batches sent to
+a worker without the scheduler; results pushed by workers; tasks that fail, not hang, on a
+worker without nbcluster), `everywhere` (one task pinned to each worker), `ranks` (`--ranks N`: N ranks
 of one job, all or nothing), `trials` (reports, stoppers and timeouts of trial runs), `stoppers`
 (ASHA, median, and the `Stopper` protocol), `trial_results` (`Results.metrics`, `best`).
 What the user reads: `state` (each item's state and value), `results` (the read-only view, and waiting for it in the

@@ -62,7 +62,7 @@ from nbcluster.run.engine import Engine
 from nbcluster.run.options import DistributeOptions
 from nbcluster.run.results import Results, follow, interrupted, report
 from nbcluster.run.state import DONE, FAILED, PENDING
-from nbcluster.run.target import Link, Needs
+from nbcluster.run.transport import Link, Needs
 from nbcluster.run.trials import Trials
 
 #: The keywords of the release before -> how to spell them now (`{fn}` is the function's name).
@@ -466,7 +466,7 @@ def launch(body: str | Callable[..., Any], *, namespace: dict[str, Any] | None, 
     job = Job(items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=o.seed,
               retries=o.retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
               persist=o.persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None)  # fmt: skip
-    engine = Engine(job, run_id, link if remote else None)
+    engine = Engine(job, run_id, link, local_only=not remote)
     taken = _journal(engine, resume=o.resume, journaled=not (o.everywhere or (o.persist and reads)))
     run = Run(engine, label=o.into)
     if tracker is not None:
@@ -619,13 +619,13 @@ class Run:
         try:
             if (local and not engine.run_local(local)) or engine.local_only or not rest:
                 # A failure in the kernel stops the fan-out: that is what --local K is for.
-                engine.give_up()
+                engine.finish()
                 report(results)
                 return results
             notes = engine.ship()
         except BaseException as e:
             # Interrupted (or failed) before anything was submitted: the results end here.
-            engine.give_up()
+            engine.finish()
             if isinstance(e, KeyboardInterrupt):
                 raise interrupted(results) from None
             raise

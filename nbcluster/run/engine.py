@@ -1,7 +1,7 @@
 """The engine of a run: the driver thread that feeds the policy and performs its actions.
 
-An `Engine` is made from a `Job` (what to run: `capture.Job`) and a `Link` (where: `target.py`,
-None when every item runs in the kernel). It owns the run's `RunState` (`state.py`), which
+An `Engine` is made from a `Job` (what to run: `capture.Job`) and a `Link` (where: `transport.py`,
+opened only when items leave the kernel). It owns the run's `RunState` (`state.py`), which
 its driver writes as batches finish, and `run_local` as items run in the kernel (`api.py`
 writes the items a resumed journal holds); the `Results` view reads it, and `api.Run` hands
 the user's verbs (cancel, retry) to the engine. The engine decides nothing by itself: its
@@ -20,7 +20,7 @@ the driver acts on:
   would fail the same way, so the rest fails at once, with that message;
 - *lost*: a scattered value it reads was lost with every worker holding it. The engine
   ships it again and the batch goes back to the backlog, up to 10 times a run
-  (`transport.Shipment`); after that it is fatal;
+  (`Shipment`); after that it is fatal;
 - *halt*: nbcluster cannot be imported where the batch was unpickled (`transport.task`).
   Nothing more is submitted, the unfinished items are given up, not failed, and the
   waiting cell ends with one line naming the fix (`ClusterCannotRun`).
@@ -42,9 +42,16 @@ first run, each retry) has its own token, so a retry is not stopped by an earlie
 The watch thread (`_watch`, from half a second into a start) looks every `WATCH_S`:
 it re-reads the usable threads (the policy's limit follows workers that join or leave),
 reports the backlog to the scheduler for the adaptive target (`hold_back`,
-``nbcluster_backlog``; a scheduler without that handler gets no more reports), and
+``nbcluster_backlog``, the handler of the clusters nbcluster starts), and
 notices a cluster that went away: the unfinished items are then given up as *lost*, the
 run ends and the link is closed at once. `retry()` opens the link afresh.
+
+What goes before the first batch (`Shipment`, `ship`). The run's context (the cell or
+function and what it captured) travels inline in every batch when small (up to
+`worker.context.INLINE_CONTEXT` bytes), else is scattered once to every worker and pinned
+there; large captured values are scattered once per kernel (`capture.shipments`). A
+scattered value every holder of which died is sent again (`Shipment.reship`) to the worker
+that asked, which is alive, at most `RESHIPS` times a run.
 
 ``--everywhere`` (`everywhere.py`) and ``--ranks N`` (`ranks.py`) are strategies of their
 own: they drive tasks through the `everywhere.Tasks` verbs (`submit_task`, `settle_task`,
@@ -69,21 +76,21 @@ from dask.utils import parse_timedelta
 from nbcluster import _threads as threads
 from nbcluster import config, worker
 from nbcluster._compat import nanny_logs
-from nbcluster.errors import WorkerKilled
+from nbcluster.errors import ClusterUnreachable, WorkerKilled
 from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
 from nbcluster.persist.handles import Handle, Placement, handle_of, held_report, held_slots, publish
 from nbcluster.run import everywhere, ranks, transport
-from nbcluster.run.capture import Job
+from nbcluster.run.capture import Job, pin_soon, shipments
 from nbcluster.run.policy import PROBE_ITEMS, Batcher, Policy
 from nbcluster.run.state import RunState
-from nbcluster.run.target import Link
-from nbcluster.run.transport import Shipment, Transport
+from nbcluster.run.transport import Link, Transport
 from nbcluster.worker import held
 
 WATCH_S = 0.5  # how often a running start checks its cluster
 CLUSTER, KERNEL = "the cluster", "the kernel"  # where an item ran, for its error
 PERSIST_AHEAD = 1024  # --persist: items submitted ahead, per thread, at most
+RESHIPS = 10  # a run sends its lost values again at most this many times
 
 
 class Engine:
@@ -96,20 +103,22 @@ class Engine:
     run_id : str
         The run's id: its Dask keys are ``distribute-<run id>-<n>``, its stop tokens
         ``<run id>-<start>``.
-    link : Link or None
-        The cluster to run on; None when every item runs in the kernel (``--local`` with all
-        items), and then a retry runs in the kernel too.
+    link : Link
+        The cluster to run on, opened when items are first sent there.
+    local_only : bool
+        Every item runs in the kernel (``--local`` with all items), and a retry does too.
     """
 
-    def __init__(self, job: Job, run_id: str, link: Link | None):
-        self.job, self.link = job, link
+    def __init__(self, job: Job, run_id: str, link: Link, *, local_only: bool):
+        self.job, self.link, self.local_only = job, link, local_only
         self.state = RunState(len(job.plan))
         self.shipment = Shipment(run_id)  # the context and large values sent to the cluster
         self.transport = Transport(run_id)  # the batches out, and how they go and come back
         self.token = ""  # this start's stop token (see worker.context.stop_run)
+        self.driven = threading.Event()  # set once this start's driver has ended (all taken in)
         self.journal: Writer | None = None  # every delivered batch is appended (`journal/store.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
-        self._told: int | None = 0  # items the last backlog report held back; None: not taken
+        self._told = 0  # items the last backlog report held back
         self._starts = itertools.count(1)  # a start's stop token is the run's id and its number
 
     @property
@@ -118,14 +127,9 @@ class Engine:
         return self.transport.run_id
 
     @property
-    def local_only(self) -> bool:
-        """Whether every item runs in the kernel (``--local`` with all items); a retry too."""
-        return self.link is None
-
-    @property
     def client(self) -> Any:
         """The run's Dask client; None for a --local run, or once its cluster went away."""
-        return self.link.client if self.link is not None else None
+        return self.link.client
 
     def journal_to(self, writer: Writer | None) -> None:
         """Append every batch delivered from now on to `writer`; each start's end closes it.
@@ -154,7 +158,6 @@ class Engine:
         nbcluster.errors.ClusterUnreachable
             When the values cannot be sent, saying to run the cell again in a moment.
         """
-        assert self.link is not None
         return self.shipment.ship(self.link.open().client, self.job)
 
     def run_local(self, indices: Iterable[int]) -> bool:
@@ -185,10 +188,6 @@ class Engine:
                 return False
         return True
 
-    def give_up(self) -> None:
-        """Nothing (more) is sent: the items still pending count as cancelled, the run ends."""
-        self.state.end()
-
     def retry(self) -> bool:
         """Run the failed and cancelled items again; False if there are none.
 
@@ -214,7 +213,7 @@ class Engine:
             return False
         if self.journal is not None:
             self.journal.reopen()
-        if self.link is None:
+        if self.local_only:
             self.state.begin(indices)
             try:
                 self.run_local(indices)
@@ -233,7 +232,7 @@ class Engine:
             # In a thread: a worker that hangs must not hold the kernel beyond the grace.
             threads.spawn(_tell_workers, self.client, self.token, name="nbcluster-stop")
             with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
-                self.transport.idle.wait(config.seconds("distribute.cancel-grace"))
+                self.driven.wait(config.seconds("distribute.cancel-grace"))
         self.transport.cancel(self.client)
         self.state.cancel_pending()
 
@@ -249,7 +248,6 @@ class Engine:
         indices : sequence of int
             The items to run, in order (a `range` for consecutive ones).
         """
-        assert self.link is not None
         self.state.add_done_callback(self.job.forget_handles)
         self.token = f"{self.run_id}-{next(self._starts)}"
         self.transport.stopping = False
@@ -257,6 +255,7 @@ class Engine:
         policy = None if strategy else _policy(indices, self.job, self.link.threads)
         target = functools.partial(strategy, self) if strategy else functools.partial(self._drive, policy)
         name, driven = f"nbcluster-distribute-{self.run_id}", threading.Event()
+        self.driven = driven  # what a cancel waits for
         # The watch thread starts after its first look's wait: a run over by then never starts one.
         watch = threads.later(WATCH_S, self._watch, driven, policy, name=f"{name}-watch")
 
@@ -272,7 +271,6 @@ class Engine:
     def _watch(self, driven: threading.Event, policy: Policy | None) -> None:
         """Until the driver ends (`driven`): follow the cluster's threads, report the backlog,
         and end the run if the cluster goes away (see the module docstring)."""
-        assert self.link is not None
         unanswered = 0
         while not driven.is_set() and not self.transport.stopping:
             reason = self.link.gone()
@@ -290,14 +288,13 @@ class Engine:
             driven.wait(WATCH_S)
 
     def _lose(self, reason: str) -> None:
-        assert self.link is not None
         self.transport.lose()
         self.state.lose(f"cluster {self.link.name!r} stopped answering ({reason})")
         self.shipment.context = None
         self.link.close()
 
     def _drive(self, policy: Policy | None, indices: Sequence[int]) -> None:
-        assert self.link is not None and policy is not None
+        assert policy is not None
         logging.getLogger("distributed.client").addFilter(_not_rescheduling)
         job = self.job
         if self.transport.open(self.link, policy.per_thread, direct=not (job.persist or job.reads_handles)):
@@ -306,13 +303,10 @@ class Engine:
         try:
             self._top_up(policy, placed)
             for done in self.transport.completions():
-                # A --persist run gathers nothing: its values stay where they are.
-                results = [None] * len(done) if job.persist else self.transport.results(self.client, done)
+                results = self.transport.results(self.client, done, gather=not job.persist)
                 if not all(self._settle(f, r, policy) for f, r in zip(done, results, strict=True)):
                     break
-                self._top_up(policy, placed)
-                if self.transport.drained():
-                    break
+                self._top_up(policy, placed)  # `completions` ends once nothing is out
         except Exception as e:  # an nbcluster bug must not leave the cell waiting forever
             error = RuntimeError(f"nbcluster internal error while running the items: {type(e).__name__}: {e}")
             error.__cause__ = e
@@ -324,7 +318,6 @@ class Engine:
 
     def _settle(self, future: Any, result: Any, policy: Policy) -> bool:
         """Take in one finished batch; False when the run cannot go on."""
-        assert self.link is not None
         batch, alone, unrun = self.transport.take(future)
         if batch is None:
             return True  # cancelled on the scheduler: its items were given up
@@ -348,16 +341,15 @@ class Engine:
         return True
 
     def _top_up(self, policy: Policy, placed: Placement | None) -> None:
-        """Submit the policy's batches; those of one top-up go out together, one message to
-        the scheduler per placement."""
+        """Submit the policy's batches; those of one top-up go out together: the direct ones in
+        one wake of the client's loop, the Dask tasks in one message to the scheduler."""
         if self.transport.stopping:
             return
-        assert self.link is not None and self.shipment.context is not None
+        assert self.shipment.context is not None
         budget, items, job = policy.batcher.budget, self.job.plan.items, self.job
-        groups: dict[bool, tuple[list[tuple[Any, bytes, list[Any]]], list[list[str]]]] = {}
+        tasks: list[tuple[Any, bytes, list[Any]]] = []
+        where: list[list[str]] = []  # per task, the workers it should run on, loosely
         for batch in policy.top_up(len(self.transport.pending)):
-            if batch[-1] - batch[0] == len(batch) - 1:
-                batch = range(batch[0], batch[-1] + 1)  # contiguous: pickles in a few bytes
             # The plan's items are a list or a range (whose slice is a range: a few bytes).
             chosen = items[batch.start : batch.stop] if isinstance(batch, range) else [items[i] for i in batch]
             chosen, deps = held_slots(chosen, len(job.capture.held)) if job.reads_handles else (chosen, [])
@@ -372,11 +364,10 @@ class Engine:
             # worker that fits: Dask never queues a restricted task as a root task, so the items
             # reach the workers at once and run back to back.
             holders = placed.of(self.client, items, deps) if placed is not None else []
-            tasks, where = groups.setdefault(bool(deps), ([], []))
             tasks.append((batch, blob, deps))
             where.append(holders or (self.link.eligible if job.persist else []))
-        self.transport.flush()  # the direct batches of this top-up go out together
-        for tasks, where in groups.values():
+        self.transport.flush()
+        if tasks:
             self.submit_tasks(tasks, placed=where, **self.link.submit_kwargs)
 
     def _handle(self, future: Any, result: Any, indices: Any, policy: Policy, *, alone: bool) -> worker.ErrorRecord | None:
@@ -388,7 +379,7 @@ class Engine:
         """
         client, n = self.client, len(indices)
         if self.job.persist:
-            result = held_report(client, self.transport.pushed(str(future.key)), future, result)
+            result = held_report(client, result, future, None)  # `result`: what its worker pushed, or None
         data = _unpack(future, result, n)
         if "killed" in data:
             for i in policy.killed(indices, alone=alone):
@@ -448,7 +439,6 @@ class Engine:
     @property
     def placement(self) -> dict[str, Any]:
         """The submit keywords every task of the run takes (its resource restrictions)."""
-        assert self.link is not None
         return self.link.submit_kwargs
 
     @property
@@ -509,14 +499,14 @@ class Engine:
             submitted.
         """
         job, context, token = self.job, self.shipment.context, self.token
-        # Either way a task fails, not hangs, on a worker without nbcluster (`transport.task`).
-        if job.persist or job.reads_handles:
-            names = {name: k for k, name in enumerate(job.capture.held)}
-            mine = [h.future for h in job.capture.held.values()]  # the handles' futures stay arguments Dask sees
-            calls = [transport.task(held.run_batch_held, context, blob, token, job.persist, names, deps=(*mine, *deps))
-                     for _, blob, deps in tasks]  # fmt: skip
-        else:
-            calls = [transport.task(runner or worker.run_batch, context, blob, token) for _, blob, _ in tasks]
+        # A run that persists or reads handles: `held.run_batch_held`, told whether to keep the
+        # value and where each captured handle's value is among its arguments.
+        names = {name: k for k, name in enumerate(job.capture.held)}
+        kept = (job.persist, names) if job.persist or job.reads_handles else ()
+        fn = held.run_batch_held if kept else runner or worker.run_batch
+        mine = [h.future for h in job.capture.held.values()]  # the handles' futures stay arguments Dask sees
+        # A task fails, not hangs, on a worker without nbcluster (`transport.task`).
+        calls = [transport.task(fn, context, blob, token, *kept, deps=(*mine, *deps)) for _, blob, deps in tasks]
         batches = [indices for indices, _, _ in tasks]
         return self.transport.map(self.client, calls, batches, persist=job.persist, placed=placed, **where)
 
@@ -533,18 +523,16 @@ class Engine:
         seconds : float, optional
             Each item's expected seconds; default Dask's guess for an unknown task.
         """
-        client, told = self.client, self._told
-        if client is None or self.link is None or told is None or not (items or told):
+        client = self.client
+        if client is None or not (items or self._told):
             return
         if seconds is None:
             seconds = float(parse_timedelta(dask.config.get("distributed.scheduler.unknown-task-duration")))
         self._told, kind, expected = items, "gpu" if self.link.needs.gpus else "cpu", items * seconds
 
         async def report() -> None:
-            try:
+            with contextlib.suppress(Exception):  # the scheduler is gone: the run's watch ends it
                 await client.scheduler.nbcluster_backlog(run=self.run_id, kind=kind, items=items, seconds=expected)
-            except Exception:  # not nbcluster's scheduler (or gone): stop asking it
-                self._told = None
 
         with contextlib.suppress(Exception):
             client.loop.add_callback(report)
@@ -562,8 +550,7 @@ class Engine:
         list of distributed.Future
             Those still to be taken in, in the order given.
         """
-        with self.transport.lock:
-            return [f for f in futures if f in self.transport.pending]
+        return [f for f in futures if f in self.transport.pending]  # each test is atomic: no lock
 
     def settle_task(self, future: Any) -> list[int]:
         """Take in one finished task; the items to submit again.
@@ -585,9 +572,8 @@ class Engine:
         """
         batch, again = self.transport.take(future)[0], Policy([], Batcher(1))  # this task's verdicts
         if batch is not None:
-            result = None if self.job.persist else self.transport.results(self.client, [future])[0]
+            result = self.transport.results(self.client, [future], gather=not self.job.persist)[0]
             self._handle(future, result, batch, again, alone=True)
-        self.transport.drained()
         return [] if self.transport.stopping else again.drain()
 
     def withdraw(self, future: Any) -> None:
@@ -614,7 +600,8 @@ class Engine:
         self._deliver(indices, [None] * len(indices), dict.fromkeys(range(len(indices)), record), {})
 
     def finish(self) -> None:
-        """The start is over: nothing is out, the state ends."""
+        """The start is over, or nothing (more) is sent: the items still pending count as
+        cancelled, the state ends."""
         self.transport.close()
         self.state.end()
 
@@ -709,3 +696,101 @@ def _killed_record(client: Any, described: str, index: int, killed: Any) -> work
     message = (f"item {index}{f' ({described})' if described else ''} killed its worker "
                f"{killed.allowed_failures + 1} times (a crash or out of memory){logged}")  # fmt: skip
     return worker.error_record(WorkerKilled(message), frames=False)
+
+
+# -- what goes before the first batch --------------------------------------------------------
+class Shipment:
+    """One run's context on the cluster; see the module docstring.
+
+    Parameters
+    ----------
+    run_id : str
+        The run's id, in its context's key.
+    """
+
+    def __init__(self, run_id: str):
+        self.key = f"nbcluster-context-{run_id}"
+        self.context: tuple[str, bytes | None] | None = None  # (key, inline blob or None); None: not shipped
+        self._blob, self._reships = b"", 0
+        self._future: Any = None
+
+    def ship(self, client: Any, job: Job) -> list[str]:
+        """Scatter large values (once per kernel) and the context blob; report lines.
+
+        Called before the first submit, and again by a retry after the cluster went away
+        (the context is then sent afresh: `context` was reset).
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The run's client.
+        job : Job
+            What the run runs.
+
+        Returns
+        -------
+        list of str
+            What shipping did, for the line the cell prints (a large value sent, or one
+            already on the workers from an earlier run); empty when it was shipped already.
+
+        Raises
+        ------
+        nbcluster.errors.ClusterUnreachable
+            When the values cannot be sent (the cluster's connection failed), saying to run
+            the cell again in a moment.
+        """
+        if self.context is not None:
+            return []
+        try:
+            large, notes = shipments(client).ship(client, job.capture.large)
+            self._blob = job.for_workers(large)
+            if not (inline := len(self._blob) <= worker.context.INLINE_CONTEXT):
+                self._future = self._scatter(client)
+        except (OSError, TimeoutError) as e:
+            raise ClusterUnreachable(f"could not send the cell's data to the workers ({e}); if a worker just died, "
+                                     "run the cell again in a moment") from None  # fmt: skip
+        self.context = (self.key, self._blob if inline else None)
+        return notes
+
+    def _scatter(self, client: Any, workers: list[str] | None = None) -> Any:
+        future = client.scatter({self.key: self._blob}, workers=workers, broadcast=workers is None, hash=False)[self.key]
+        pin_soon(client, future, len(self._blob))
+        return future
+
+    def reship(self, client: Any, job: Job, key: str, to: str | None) -> bool:
+        """Send again a scattered value every holder of which died; False to give up.
+
+        Sent to the worker that asked, which is alive: a broadcast could pick a dead worker
+        the scheduler still lists, and wait out its connect timeout.
+
+        Parameters
+        ----------
+        client : distributed.Client
+            The run's client.
+        job : Job
+            What the run runs (its large values).
+        key : str
+            The lost value's key.
+        to : str or None
+            The worker that asked for it.
+
+        Returns
+        -------
+        bool
+            True when the value is on the cluster again (or never was lost).
+        """
+        try:
+            current = self._future if key == self.key else shipments(client).future(key)
+            # A value lost with all its holders shows as a cancelled future here.
+            if current is not None and current.status == "finished" and client.who_has([current]).get(key):
+                return True
+            self._reships += 1
+            if self._reships > RESHIPS:
+                return False
+            workers = [to] if to else None
+            if key == self.key:
+                self._future = self._scatter(client, workers)
+                return True
+            return bool(shipments(client).reship(client, key, job.capture.large, workers))
+        except (OSError, TimeoutError):
+            return False

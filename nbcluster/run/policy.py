@@ -44,9 +44,10 @@ Policy
   killed while it ran alone is the culprit: `killed` returns it, to be failed.
 - **Workers that come and go.** `resize` sets the usable threads; `limit` follows.
 
-State: `items` (the backlog, as runs of consecutive indices: a million items are one
-range), `suspects` (lists of items), `attempts` (used, by failed item only), `batcher`
-(the items measured, their seconds, the probes left, the last waits).
+State: `items` (the backlog: the items put back, in front of the plan's own sequence read
+from a position on, so a million items are one range), `suspects` (lists of items),
+`attempts` (used, by failed item only), `batcher` (the items measured, their seconds, the
+probes left, the last waits).
 
 Worked example: 2 threads, 2 in flight each, 13 items, one retry. The first top-up sends
 the first item alone, then one probe per thread takes a third of the rest; the last third
@@ -374,44 +375,30 @@ class Batcher:
 
 
 class _Queue:
-    """Item indices in order, held as runs of consecutive ones (ranges), not one int each."""
+    """Item indices in order: the plan's own sequence, read from a position on (a `range`
+    stays one range however many items it holds), behind the indices put back in front."""
 
     def __init__(self, indices: Sequence[int]):
-        self._runs: deque[range] = deque(_runs(indices))
-        self._count = len(indices)
+        self._front: deque[int] = deque()
+        self._rest, self._at = indices, 0
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._front) + len(self._rest) - self._at
 
     def __iter__(self) -> Iterator[int]:
-        return itertools.chain.from_iterable(self._runs)
+        return itertools.chain(self._front, self._rest[self._at :])
 
     def take(self, n: int) -> Sequence[int]:
         """The first `n` indices (fewer if there are fewer), removed: a `range` when consecutive."""
-        taken: list[range] = []
-        while self._runs and n > 0:
-            run = self._runs.popleft()
-            taken.append(run[:n])
-            if len(run) > n:
-                self._runs.appendleft(run[n:])
-            n -= len(taken[-1])
-            self._count -= len(taken[-1])
-        return taken[0] if len(taken) == 1 else [i for run in taken for i in run]
+        front = [self._front.popleft() for _ in range(min(n, len(self._front)))]
+        more = self._rest[self._at : self._at + n - len(front)]  # a range's slice is a range
+        self._at += len(more)
+        if not front:
+            return more
+        # Consecutive ones as a range: it pickles in a few bytes, and so does its items' slice.
+        taken, run = [*front, *more], range(front[0], front[0] + len(front) + len(more))
+        return run if taken == list(run) else taken
 
     def put_back(self, indices: Sequence[int]) -> None:
         """`indices` go back in front, in their order."""
-        self._runs.extendleft(reversed(_runs(indices)))
-        self._count += len(indices)
-
-
-def _runs(indices: Sequence[int]) -> list[range]:
-    """`indices` as ranges of consecutive ones, in order."""
-    if isinstance(indices, range):
-        return [indices] if len(indices) else []
-    runs: list[range] = []
-    for i in indices:
-        if runs and runs[-1].stop == i:
-            runs[-1] = range(runs[-1].start, i + 1)
-        else:
-            runs.append(range(i, i + 1))
-    return runs
+        self._front.extendleft(reversed(indices))

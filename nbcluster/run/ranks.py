@@ -67,7 +67,7 @@ from nbcluster._wire import TRIAL_TOPIC_PREFIX
 from nbcluster.errors import BadArgument
 from nbcluster.run.everywhere import Tasks
 from nbcluster.run.state import RunState
-from nbcluster.run.target import Link, placement
+from nbcluster.run.transport import Link, placement
 from nbcluster.run.trials import Trials
 from nbcluster.worker import error_record, trial
 from nbcluster.worker.rank import RankSpec, end_process, free_port, own_device, run_rank

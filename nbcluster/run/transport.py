@@ -1,7 +1,37 @@
-"""How a run's batches leave the kernel and come back: one interface, two ways out behind it.
+"""Where a run's batches go and how they travel: the link to the cluster, and one way out.
 
-The engine (`engine.py`) decides what to send (its `policy.Policy`); a `Transport` sends it
-and hands back what finished. The engine talks to nothing else of the way out. Its verbs:
+What is where, in this module: the link (`Link`, with what items need, `Needs`, and where
+they fit, `placement`; the workers it knows, `_Roster`); `Transport`, with its one queue of
+finished batches; Dask tasks bound to their workers (`_placing`); the direct path (`Call`,
+`_Direct`); results pushed ahead of a gather (`_inbox`); tasks that load anywhere (`task`,
+`halt_reason`).
+
+The link. `Link(needs, client=..., cluster=..., find=...)` is made before anything else of
+a run, and opened (`open()`) only when items leave the kernel: a `--local` run never needs
+a cluster.
+Opening finds the client (the one given, else `find(cluster)`'s: the named cluster's, or
+the current one; the API layer passes its lookup in, as the engine never imports it), asks the
+scheduler for its workers once, and works out the placement of the run's items from their
+`Needs`: the Dask resource restrictions, the workers that can take them and how many items
+can run at once there (the batch sizing's `threads`).
+
+Where every worker fits (no `Needs`), an answer of the scheduler's from the last `FRESH_S`
+seconds stands in for asking: cells run back to back (a loop of `distribute` calls, a
+pipeline) then send their first items without waiting for a round trip. Being a second
+late about the workers costs little: each run's watch thread asks afresh twice a second
+and resizes the run (`usable_threads`). A scheduler with nbcluster's plugin (every cluster
+nbcluster starts) says on `ROSTER_TOPIC` when a worker comes or goes; there the answer
+stands until such news (`TOLD_S` at most), so cells seconds apart, as a notebook's are, do
+not wait for the round trip either (asking each cell cost a small cell its lead over
+ipyparallel: bench/RESULTS.md, "engine removals"). `--everywhere`, which runs once on each
+worker, asks afresh (`eligible_now`).
+
+A link whose cluster went away is `close()`d by the engine; a retry `open()`s it again, to
+whatever cluster is current by then.
+
+The way out. The engine (`engine.py`) decides what to send (its `policy.Policy`); a
+`Transport` sends it and hands back what finished. The engine talks to nothing else of the
+way out. Its verbs:
 
 - `open` begins a start (the first run, each retry) and says whether its batches may go to
   the workers directly; `close` ends it;
@@ -18,11 +48,6 @@ and hands back what finished. The engine talks to nothing else of the way out. I
 
 Every batch out is *pending* (its items by future, or by direct `Call`) until taken. A
 `Transport` lives as long as its run.
-
-What is where, in this module: `Transport`, with its one queue of finished batches; Dask
-tasks bound to their workers (`_placing`); the direct path (`Call`, `_Direct`); results
-pushed ahead of a gather (`_Inbox`); tasks that load anywhere (`task`, `halt_reason`); what
-goes before the first batch (`Shipment`).
 
 Direct batches. A batch that is a Dask task crosses the scheduler on its way out and on its
 way back: 4 to 5 ms here for a task that does nothing, the whole cost of a small cell. A
@@ -65,7 +90,7 @@ batches as they always did.
 Results without a gather. A worker pushes a small result blob (or a persisted item's report)
 to the kernel as a Dask event on `PUSHED_TOPIC` just before the task ends (`worker.push`).
 Events from a worker travel on the same ordered stream as its task-finished message, so by
-the time the kernel sees the task done, its blob is in the client's `_Inbox`; where it is
+the time the kernel sees the task done, its blob is in the client's `_inbox`; where it is
 not (a worker of another version, a blob too large, a lost event) the blob is gathered, so
 a push never costs a result. The inbox keeps only the pushes of the keys a run of this
 kernel expects, and forgets a run's keys when the run closes. It is opened on a run's first
@@ -73,19 +98,12 @@ Dask task: a run whose batches all went directly has nothing pushed.
 
 Tasks that fail, not hang, on a worker without nbcluster (`task`). Dask unpickles a task as
 part of the message that brings it to a worker; one that cannot import nbcluster failed
-there, outside any task, lost its connection, and the batch waited forever. So a task is
-sent as one ``pickle.loads`` of bytes: the message loads anywhere, and the import happens
-when the task runs, where its ``ModuleNotFoundError`` halts the run in one line
-(`halt_reason`). A task with Dask dependencies (the futures of `--persist` handles it reads)
-keeps them as arguments Dask sees: ``dask.utils.apply(loader, [*deps])``, ``loader`` a nested
-task loading the function with its other arguments.
-
-What goes before the first batch (`Shipment`). The run's context (the cell or function and
-what it captured) travels inline in every batch when small (up to `worker.context.INLINE_CONTEXT`
-bytes), else is scattered once to every worker and pinned there; large captured values are
-scattered once per kernel (`capture.shipments`). A scattered value every holder of which
-died is sent again (`Shipment.reship`) to the worker that asked, which is alive, at most
-`RESHIPS` times a run.
+there, outside any task, lost its connection, and the batch waited forever. So a task's
+function and arguments travel as bytes the task unpickles: the message loads anywhere, and
+the import happens when the task runs, where its ``ModuleNotFoundError`` halts the run in one line
+(`halt_reason`): ``dask.utils.apply(loader, [*deps])``, ``loader`` a nested task loading the
+function with its arguments, and ``deps`` the task's Dask dependencies (the futures of
+`--persist` handles it reads) as arguments Dask sees.
 """
 
 from __future__ import annotations
@@ -93,8 +111,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import itertools
+import math
 import pickle
 import queue
 import threading
@@ -102,24 +122,309 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from dask.base import annotate
+from dask.utils import apply
 
-from nbcluster import config, worker
+from nbcluster import _compat, config
 from nbcluster._compat import call_in_loop, erred_on, nested_task, run_on_worker, worker_call, worker_exchange
 from nbcluster._version import __version__
-from nbcluster._wire import PUSHED_TOPIC
-from nbcluster.errors import ClusterUnreachable
+from nbcluster._wire import PUSHED_TOPIC, ROSTER_TOPIC
+from nbcluster.cluster import registry
+from nbcluster.errors import BadArgument, ClusterUnreachable, NoCluster
 from nbcluster.persist.handles import outcome
-from nbcluster.run.capture import pin_soon, shipments
-from nbcluster.run.target import Link, Needs
 from nbcluster.worker import HANDLER, VERSION, refusal, serve
 
-if TYPE_CHECKING:  # the job imports persisted handles, which import `outcome` from here
-    from nbcluster.run.capture import Job
+# -- the link ------------------------------------------------------------------------------------
+#: Seconds for which the scheduler's last word on its workers stands, for opening a link.
+FRESH_S = 1.0
+#: ... and where that scheduler tells this kernel of every worker that comes or goes
+#: (nbcluster's plugin, on `ROSTER_TOPIC`): until such news, or this long at most.
+TOLD_S = 60.0
+#: An answer stands for `TOLD_S` only if asked this long after the kernel subscribed to the
+#: news: the subscription and the question travel on two connections, so a question asked at
+#: once could be answered before the subscription took effect, and a change in between missed.
+SETTLED_S = 1.0
 
-RESHIPS = 10  # a run sends its lost values again at most this many times
+
+@dataclasses.dataclass
+class _Roster:
+    """What this kernel knows of one client's workers: the scheduler's last answer, and its news."""
+
+    cores: dict[str, int] = dataclasses.field(default_factory=dict)  # threads by worker, as last asked
+    at: float = -math.inf  # when asked (monotonic)
+    told: bool = False  # the scheduler says on `ROSTER_TOPIC` when `cores` changes
+    news: int = 0  # roster events heard
+    seen: int = 0  # ... before `cores` was asked: newer news makes it stale
+    stream: Any = None  # a weak reference to the connection the subscription went over
+    since: float = 0.0  # when it subscribed there
+    roster: bool = True  # the scheduler has nbcluster's `nbcluster_roster` (else Dask's `ncores`)
+
+
+_ROSTERS: weakref.WeakKeyDictionary[Any, _Roster] = weakref.WeakKeyDictionary()
+_ROSTERS_LOCK = threading.Lock()  # the kernel's thread opens links, runs' watch threads refresh them
+
+
+def _ncores(client: Any, within: float) -> dict[str, int]:
+    """The scheduler's workers and their threads: its answer of the last `within` seconds
+    (`TOLD_S` where it tells of changes, and none came since), else asked now.
+
+    A notebook's cells come seconds apart, so with `FRESH_S` alone nearly every cell asked,
+    a round trip of 2 ms before its first item could go out (a third of a small cell).
+    """
+    now = time.monotonic()
+    with _ROSTERS_LOCK:
+        known = _ROSTERS.setdefault(client, _Roster())
+        stands = TOLD_S if known.told and known.seen == known.news and within > 0 else within
+        if client.status == "running" and now - known.at < stands:
+            return known.cores
+        seen = known.news
+    told = _follow(client, known, now)
+    answer = client.sync(client.scheduler.nbcluster_roster) if known.roster else None
+    # Dask answers None to an operation the scheduler has no handler for: ask Dask's from now on.
+    known.roster = answer is not None
+    cores = {str(address): int(n) for address, n in (answer or client.ncores()).items()}
+    with _ROSTERS_LOCK:
+        known.cores, known.at, known.told, known.seen = cores, now, told and known.roster, seen
+    return cores
+
+
+def _follow(client: Any, known: _Roster, now: float) -> bool:
+    """Subscribe `client` to the roster news, once per connection to its scheduler (a client
+    that reconnected is subscribed to nothing); whether it was subscribed `SETTLED_S` ago."""
+    if (stream := client.scheduler_comm) is None:
+        return False
+    with _ROSTERS_LOCK:
+        if known.stream is not None and known.stream() is stream:
+            return now - known.since >= SETTLED_S
+        known.stream, known.since = weakref.ref(stream), now
+
+    def heard(event: Any) -> None:  # holds the roster, not the client: the client holds it
+        with _ROSTERS_LOCK:
+            known.news += 1
+
+    try:
+        client.subscribe_topic(ROSTER_TOPIC, heard)
+    except Exception:  # a client closing: asked each time, as without the news
+        known.stream = None
+    return False
+
+
+class Needs(NamedTuple):
+    """What each item of a run needs of a worker: ``distribute(..., needs=Needs(gpus=1))``.
+
+    `%%distribute`'s ``--gpus``, ``--cpus`` and ``--cpu-only``, in one value; they are
+    checked when a run starts, with its other options. An item runs only on a worker that
+    has what it needs, and as many items run at once on a worker as it has room for.
+
+    Parameters
+    ----------
+    gpus : float, optional
+        GPUs each item needs: it runs only on GPU workers.
+    cpus : float, optional
+        CPU cores each item needs, of a CPU worker.
+    cpu_only : bool, default False
+        Keep the items off GPU workers.
+
+    Examples
+    --------
+    >>> nbcluster.Needs(gpus=1)
+    Needs(gpus=1, cpus=None, cpu_only=False)
+    """
+
+    gpus: float | None = None
+    cpus: float | None = None
+    cpu_only: bool = False
+
+
+class Link:
+    """A run's connection to its cluster; see the module docstring."""
+
+    def __init__(self, needs: Needs, *, client: Any = None, cluster: str | None = None,
+                 find: Callable[[str | None], Any]):  # fmt: skip
+        self.needs, self.cluster, self.client = needs, cluster, client
+        self._find = find  # a cluster's name (None: the current one) -> its handle, or NoCluster
+        self.handle: Any = None  # the cluster's handle, when the link found the client itself
+        self.submit_kwargs: dict[str, Any] = {}
+        self.threads = 1
+        self.eligible: list[str] = []  # the workers that qualified when the link opened
+        self.is_open = False
+
+    def open(self) -> Link:
+        """Connect (once) and place the items; a mistake or an absent cluster is one message.
+
+        Returns
+        -------
+        Link
+            This link, open: its client, submit keywords, usable threads and eligible
+            workers set.
+
+        Raises
+        ------
+        nbcluster.errors.NoCluster
+            When no cluster is running (or the named one is not), with how to start one or run
+            with ``--local``.
+        nbcluster.errors.ClusterUnreachable
+            When the cluster's scheduler does not answer.
+        nbcluster.errors.BadArgument
+            When the cluster's workers cannot give what the items ask (see `placement`).
+        """
+        if self.is_open:
+            return self
+        if self.client is None:
+            try:
+                self.handle = self._find(self.cluster)
+            except NoCluster as e:
+                raise NoCluster(f"{e}; or run the items in this kernel with --local") from None
+            self.client = self.handle.client
+        try:
+            self.submit_kwargs, self.threads, self.eligible = self._place(FRESH_S)
+        except (OSError, TimeoutError) as e:
+            raise ClusterUnreachable(f"the cluster's scheduler does not answer: {e}") from None
+        self.is_open = True
+        return self
+
+    def _place(self, within: float = 0.0) -> tuple[dict[str, Any], int, list[str]]:
+        """`placement` of the items on the workers there: the scheduler's word of the last
+        `within` seconds where every worker fits (`_ncores`), else asked now."""
+        if self.needs == Needs():  # every worker fits
+            cores = _ncores(self.client, within)
+            return {}, max(1, sum(cores.values())), list(cores)
+        return placement(self.needs, _compat.workers(self.client))
+
+    def usable_threads(self) -> int:
+        """How many items the workers that fit can run at once now (at least 1), asked now.
+
+        Returns
+        -------
+        int
+            The threads of the eligible workers.
+
+        Raises
+        ------
+        nbcluster.errors.BadArgument
+            When no worker fits any more (see `placement`).
+        """
+        return self._place()[1]
+
+    def workers(self) -> dict[str, int]:
+        """Every worker of the cluster and its threads, as the link knows them (`_ncores`).
+
+        Returns
+        -------
+        dict of str to int
+            Threads by worker address: the scheduler's answer of the last `FRESH_S` seconds
+            (it was asked when the link opened, and by each `usable_threads`), else asked now.
+        """
+        return _ncores(self.open().client, FRESH_S)
+
+    def eligible_now(self) -> list[str]:
+        """The addresses of the workers that qualify, asked of the scheduler now (`--everywhere`).
+
+        Returns
+        -------
+        list of str
+            Their addresses; empty when the cluster has no worker that fits.
+        """
+        return self.open()._place()[2]
+
+    @property
+    def name(self) -> str:
+        """The cluster's name for messages: its handle's, the ``--cluster`` given, else "the cluster"."""
+        return getattr(self.handle, "name", None) or self.cluster or "the cluster"
+
+    def gone(self) -> str | None:
+        """Why the cluster is gone (its supervisor exited, its scheduler stopped answering), or None.
+
+        Returns
+        -------
+        str or None
+            The reason, for the one-line message that ends the run; None while the cluster is
+            there.
+        """
+        entry = getattr(self.handle, "entry", None) or {}
+        pid = entry.get("supervisor_pid")
+        if pid and not registry.process_alive(pid, entry.get("supervisor_started")):
+            return "its supervisor exited"
+        return "its scheduler stopped answering" if self.client.status != "running" else None
+
+    def close(self) -> None:
+        """Drop a cluster that went away; its client stops trying to reconnect at once."""
+        client, self.is_open = self.client, False
+        if self.handle is not None:  # found by this link: open() finds the current one afresh
+            self.client, self.handle = None, None
+        with contextlib.suppress(Exception):
+            client.close(timeout=2)
+
+
+def placement(needs: Needs, workers: dict[str, Any]) -> tuple[dict[str, Any], int, list[str]]:
+    """Resource restrictions for `--gpus/--cpus/--cpu-only`, usable threads, eligible workers.
+
+    nbcluster's CPU workers advertise `{"CPU": threads}` and GPU workers `{"GPU": n}` (n from
+    ``--gpus-per-worker``), so `--cpu-only` is simply a `CPU` restriction: it can never land
+    on a GPU worker. A GPU worker's threads (``--gpu-threads`` per GPU) let fractional
+    ``--gpus`` items share its GPU; the `GPU` resource caps how many run at once.
+
+    Parameters
+    ----------
+    needs : Needs
+        What each item asks of a worker.
+    workers : dict of str to dict
+        The scheduler's workers (``scheduler_info()["workers"]``), by address.
+
+    Returns
+    -------
+    kwargs : dict
+        The submit keywords (``{"resources": ...}``, or {} when nothing is asked).
+    threads : int
+        How many items the eligible workers can run at once (at least 1).
+    eligible : list of str
+        The addresses of the workers that qualify.
+
+    Raises
+    ------
+    nbcluster.errors.BadArgument
+        When no worker offers what is asked, or the workers do not say which ones are CPU
+        workers for ``--cpu-only``/``--cpus``; the message says what they offer. Also when
+        ``--gpus`` asks fewer GPUs than a multi-GPU worker holds (its items see them all).
+    """
+    resources = {k: float(v) for k, v in (("GPU", needs.gpus), ("CPU", needs.cpus)) if v}
+    offered = {k for w in workers.values() for k in (w.get("resources") or {})}
+    if needs.cpu_only and "CPU" not in resources:
+        if "CPU" in offered:
+            resources["CPU"] = 1
+        elif "GPU" in offered:
+            raise BadArgument("--cpu-only: this cluster's workers do not say which ones are CPU workers (none "
+                              "advertises a CPU resource); start the cluster with nbcluster, or drop --cpu-only")  # fmt: skip
+    if "CPU" in resources and "CPU" not in offered and workers:
+        raise BadArgument("--cpus needs workers that advertise a CPU resource (nbcluster's clusters do); this "
+                          "cluster's workers advertise none")  # fmt: skip
+    eligible, threads = [], 0
+    for address, info in workers.items():
+        have, nthreads = info.get("resources") or {}, info.get("nthreads", 1)
+        if all(have.get(k, 0) >= v for k, v in resources.items()):
+            eligible.append(address)
+            threads += max(1, min([int(have[k] // v) for k, v in resources.items()] + [nthreads]))
+    if resources and workers and not eligible:
+        wanted = ", ".join(f"{k}={v:g}" for k, v in resources.items())
+        kinds = {", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()) for w in workers.values()}
+        offers = "; ".join(sorted(kind or "no resources" for kind in kinds))
+        fix = " Start GPU workers with `%cluster start --gpu-workers N`." if "GPU" in resources else ""
+        raise BadArgument(f"no worker offers {wanted} per item (workers offer: {offers}).{fix}")
+    # CUDA_VISIBLE_DEVICES is one value per worker process: every item on a worker of several
+    # GPUs sees all of them. An item asking fewer would see (and could use) devices that the
+    # scheduler counts as another item's, so it is refused, not run.
+    held = sorted({g for a in eligible if (g := float(workers[a]["resources"]["GPU"])) > 1}) if needs.gpus else []
+    if wrong := [g for g in held if g != needs.gpus]:
+        each = f"{wrong[0]:g}"
+        raise BadArgument(f"--gpus {needs.gpus:g}: this cluster's GPU workers hold {each} GPUs each and an item sees "
+                          f"all of its worker's GPUs (one CUDA_VISIBLE_DEVICES per process); ask --gpus {each}, or "
+                          "start the cluster with --gpus-per-worker 1 to run items of one GPU or less")  # fmt: skip
+    return ({"resources": resources} if resources else {}), max(threads, 1), eligible
+
+
+# -- the way out -------------------------------------------------------------------------------
 #: Workers one start sends direct batches to, at most (the first by address).
 MAX_WORKERS = 32
 #: Per client: worker address -> True (serves direct batches), False (does not), or the
@@ -140,12 +445,10 @@ class Transport:
         self.run_id, self.lock, self._seq = run_id, threading.Lock(), itertools.count()
         self.pending: dict[Any, Any] = {}  # future (or direct call) -> the item indices of its batch
         self.stopping = False  # nothing more is submitted
-        self.idle = threading.Event()  # set while no batch is out (and taken)
-        self.idle.set()
         self._alone: Any = None  # the batch that has been the only one out since its submit
         self._completed: queue.SimpleQueue[Any] | None = None  # finished batches; itself: the start is over
         self._direct: _Direct | None = None
-        self._inbox: _Inbox | None = None
+        self._inbox: dict[str, bytes | None] = {}  # the client's pushed blobs, from the first task on
 
     def open(self, link: Link, per_thread: int = 1, direct: bool = True) -> bool:
         """Begin a start: batches may go out; True when its batches go to workers directly.
@@ -166,7 +469,7 @@ class Transport:
             Whether a worker takes direct batches now.
         """
         completed, sending = queue.SimpleQueue[Any](), None
-        if direct and link.needs == Needs() and config.seconds("distribute.direct") > 0:
+        if direct and link.needs == Needs():  # for ``distribute.direct`` seconds (`_Direct.worker`)
             sending = _Direct(link.client, link.workers(), per_thread, completed)
         with self.lock:
             self._completed, self._direct = completed, sending
@@ -176,9 +479,9 @@ class Transport:
         """End a start: what finishes from now on is ignored; nothing is expected any more."""
         with self.lock:
             self._completed = self._direct = None
-            self.idle.set()
-        if self._inbox is not None:
-            self._inbox.forget(self.run_id)
+        with _INBOXES_LOCK:  # expect nothing more of this run (its keys hold ``-<run id>-``)
+            for key in [k for k in self._inbox if f"-{self.run_id}-" in k]:
+                del self._inbox[key]
 
     def map(self, client: Any, calls: Sequence[tuple[Any, ...]], batches: Sequence[Any], *, persist: bool = False,
             placed: Sequence[Sequence[str]] = (), **where: Any) -> list[Any | None]:  # fmt: skip
@@ -204,13 +507,13 @@ class Transport:
         list of distributed.Future or None
             The tasks' futures; Nones when stopping (nothing was submitted).
         """
-        self._inbox = self._inbox or _inbox(client)
+        self._inbox = _inbox(client)
         with self.lock:
             if self.stopping:
                 return [None] * len(calls)
             keys = [f"{'persist' if persist else 'distribute'}-{self.run_id}-{next(self._seq)}" for _ in calls]
-            if self._inbox is not None:
-                self._inbox.expect(keys)  # before the tasks can run: a push may come first
+            with _INBOXES_LOCK:  # before the tasks can run: a push may come first
+                self._inbox.update(dict.fromkeys(keys))
             columns = zip(*(c[1:] for c in calls), strict=True)
             with _placing(keys, placed, where):
                 made = client.map(calls[0][0], *columns, key=keys, pure=False, **where)
@@ -254,7 +557,6 @@ class Transport:
         # Under `lock`: `batch` (a future or a direct call) is pending, alone if none else is.
         self._alone = None if self.pending else batch
         self.pending[batch] = indices
-        self.idle.clear()
 
     def flush(self) -> None:
         """Start the direct requests `send_direct` made since the last flush, together."""
@@ -280,7 +582,7 @@ class Transport:
                 return
             yield done
 
-    def results(self, client: Any, done: list[Any]) -> list[Any]:
+    def results(self, client: Any, done: list[Any], *, gather: bool = True) -> list[Any]:
         """The result blobs of the finished batches in `done`, fetched in one gather.
 
         A direct call's came with its answer; one its worker pushed ahead of the task's end
@@ -293,32 +595,23 @@ class Transport:
             The run's client.
         done : list
             Finished futures and direct calls.
+        gather : bool
+            False for a ``--persist`` run, whose values stay where they are: a task's is what
+            its worker pushed (its report), or None.
 
         Returns
         -------
         list
-            Per batch, its blob or its exception.
+            Per batch, its blob or its exception (or None, see `gather`).
         """
-        got = {id(f): f.answer if isinstance(f, Call) else self.pushed(str(f.key)) for f in done}
+        with _INBOXES_LOCK:
+            got = {id(f): f.answer if isinstance(f, Call) else self._inbox.pop(str(f.key), None) for f in done}
+        if not gather:
+            return [got[id(f)] for f in done]
         if fetch := [f for f in done if got[id(f)] is None and f.status == "finished"]:
             with contextlib.suppress(Exception):  # one of them went meanwhile: each is asked alone
                 got.update({id(f): blob for f, blob in zip(fetch, client.gather(fetch), strict=True)})
         return [outcome(f) if got[id(f)] is None else got[id(f)] for f in done]
-
-    def pushed(self, key: str) -> bytes | None:
-        """What the worker of task `key` pushed ahead of its end, if it came.
-
-        Parameters
-        ----------
-        key : str
-            The task's key.
-
-        Returns
-        -------
-        bytes or None
-            Its result blob (or a persisted item's report); None when none came.
-        """
-        return self._inbox.take(key) if self._inbox is not None else None
 
     def take(self, future: Any) -> tuple[Any, bool, bool]:
         """The items of a finished batch, now no longer pending.
@@ -349,19 +642,6 @@ class Transport:
         if unrun and self._direct is not None:
             self._direct.stopped = True
         return batch, alone, unrun
-
-    def drained(self) -> bool:
-        """Whether nothing is out any more (then `idle` is set).
-
-        Returns
-        -------
-        bool
-            True when no batch is pending.
-        """
-        with self.lock:
-            if not self.pending:
-                self.idle.set()
-            return not self.pending
 
     def abandon_lost(self, workers: dict[str, int]) -> None:
         """Give up the direct calls to workers no longer in the cluster.
@@ -461,8 +741,6 @@ class Call:
         For the first item of a run's first batch, sent ahead of its answer
         (`worker/__init__.py`): the batch it came from; None for a batch's answer.
     """
-
-    __slots__ = ("answer", "client", "key", "of", "sent", "status", "worker")
 
     def __init__(self, client: Any, key: str, worker: str, of: Call | None = None, answer: Any = None):
         self.client, self.key, self.worker, self.of, self.answer = client, key, worker, of, answer
@@ -600,60 +878,32 @@ async def _install(client: Any, worker: str) -> bool:
 
 
 # -- results pushed by the workers -----------------------------------------------------------
-class _Inbox:
-    """The blobs pushed on `PUSHED_TOPIC` to one client, kept for the keys some run expects."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._blobs: dict[str, bytes | None] = {}  # by the key expected: its blob, once pushed
-
-    def expect(self, keys: Sequence[str]) -> None:
-        with self._lock:
-            self._blobs.update(dict.fromkeys(keys))
-
-    def take(self, key: str) -> bytes | None:
-        with self._lock:
-            return self._blobs.pop(key, None)
-
-    def forget(self, run_id: str) -> None:
-        """Expect nothing more of run `run_id` (its keys hold ``-<run id>-``)."""
-        with self._lock:
-            self._blobs = {k: b for k, b in self._blobs.items() if f"-{run_id}-" not in k}
-
-    def arrived(self, event: tuple[float, Any]) -> None:
-        key, blob = event[1].get("key"), event[1].get("report")
-        with self._lock:
-            if isinstance(key, str) and isinstance(blob, bytes) and key in self._blobs:
-                self._blobs[key] = blob
+#: Per client: the blobs pushed on `PUSHED_TOPIC`, kept for the keys some run expects (the key
+#: -> its blob once pushed, None before): other kernels' pushes, and late ones, are not kept.
+_INBOXES: weakref.WeakKeyDictionary[Any, dict[str, bytes | None]] = weakref.WeakKeyDictionary()
+_INBOXES_LOCK = threading.Lock()  # the driver threads expect and take, the clients' loops fill
 
 
-_INBOXES: weakref.WeakKeyDictionary[Any, _Inbox] = weakref.WeakKeyDictionary()
-_INBOXES_LOCK = threading.Lock()
-
-
-def _inbox(client: Any) -> _Inbox | None:
-    """The inbox of `client`, subscribed the first time; None if it cannot subscribe (every
-    blob is then gathered)."""
+def _inbox(client: Any) -> dict[str, bytes | None]:
+    """The inbox of `client`, subscribed the first time; an empty one of no client's if it
+    cannot subscribe (nothing arrives there: every blob is gathered)."""
     with _INBOXES_LOCK:
         if client not in _INBOXES:
+            blobs: dict[str, bytes | None] = {}
+
+            def arrived(event: tuple[float, Any]) -> None:  # holds the inbox, not the client
+                key, blob = event[1].get("key"), event[1].get("report")
+                with _INBOXES_LOCK:
+                    if isinstance(key, str) and isinstance(blob, bytes) and key in blobs:
+                        blobs[key] = blob
+
             with contextlib.suppress(Exception):
-                found = _Inbox()
-                client.subscribe_topic(PUSHED_TOPIC, found.arrived)
-                _INBOXES[client] = found
-        return _INBOXES.get(client)
+                client.subscribe_topic(PUSHED_TOPIC, arrived)
+                _INBOXES[client] = blobs
+        return _INBOXES.get(client, {})
 
 
 # -- tasks that load anywhere --------------------------------------------------------------------
-class _Call:
-    """Pickles as ``fn(*args)``: unpickling makes the call."""
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]):
-        self.fn, self.args = fn, args
-
-    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return self.fn, self.args
-
-
 def task(fn: Callable[..., Any], *args: Any, deps: tuple[Any, ...] = ()) -> tuple[Any, ...]:
     """``client.submit(*task(fn, *args, deps=deps))`` runs ``fn(*args, *deps)``; where `fn`
     cannot be imported, the task fails with that ImportError instead of breaking the
@@ -671,22 +921,17 @@ def task(fn: Callable[..., Any], *args: Any, deps: tuple[Any, ...] = ()) -> tupl
     Returns
     -------
     tuple
-        ``(pickle.loads, the pickled call)``; with `deps`, ``(dask.utils.apply, a nested task
-        loading the function with its arguments, [*deps])``.
+        ``(dask.utils.apply, a nested task that unpickles fn with its arguments, [*deps])``.
 
     Examples
     --------
     >>> import operator
-    >>> loads, call = task(operator.add, 2, 3)
-    >>> loads(call)
+    >>> apply, loader, deps = task(operator.add, 2, 3)
+    >>> apply(loader(), deps)
     5
     """
-    if deps:
-        from dask.utils import apply
-
-        loader = nested_task(pickle.loads, pickle.dumps(functools.partial(fn, *args), protocol=pickle.HIGHEST_PROTOCOL))
-        return (apply, loader, list(deps))
-    return (pickle.loads, pickle.dumps(_Call(fn, args), protocol=pickle.HIGHEST_PROTOCOL))
+    call = pickle.dumps(functools.partial(fn, *args), protocol=pickle.HIGHEST_PROTOCOL)
+    return (apply, nested_task(pickle.loads, call), list(deps))
 
 
 def halt_reason(client: Any, key: str, why: str) -> str:
@@ -717,101 +962,3 @@ def halt_reason(client: Any, key: str, why: str) -> str:
     name, address = workers[0]
     return (f"worker {name} ({address}) cannot import nbcluster ({why}): install nbcluster {__version__} "
             "in the Python environment that runs it (as on the scheduler), or stop that worker")  # fmt: skip
-
-
-# -- what goes before the first batch --------------------------------------------------------
-class Shipment:
-    """One run's context on the cluster; see the module docstring.
-
-    Parameters
-    ----------
-    run_id : str
-        The run's id, in its context's key.
-    """
-
-    def __init__(self, run_id: str):
-        self.key = f"nbcluster-context-{run_id}"
-        self.context: tuple[str, bytes | None] | None = None  # (key, inline blob or None); None: not shipped
-        self._blob, self._reships = b"", 0
-        self._future: Any = None
-
-    def ship(self, client: Any, job: Job) -> list[str]:
-        """Scatter large values (once per kernel) and the context blob; report lines.
-
-        Called before the first submit, and again by a retry after the cluster went away
-        (the context is then sent afresh: `context` was reset).
-
-        Parameters
-        ----------
-        client : distributed.Client
-            The run's client.
-        job : Job
-            What the run runs.
-
-        Returns
-        -------
-        list of str
-            What shipping did, for the line the cell prints (a large value sent, or one
-            already on the workers from an earlier run); empty when it was shipped already.
-
-        Raises
-        ------
-        nbcluster.errors.ClusterUnreachable
-            When the values cannot be sent (the cluster's connection failed), saying to run
-            the cell again in a moment.
-        """
-        if self.context is not None:
-            return []
-        try:
-            large, notes = shipments(client).ship(client, job.capture.large)
-            self._blob = job.for_workers(large)
-            if not (inline := len(self._blob) <= worker.context.INLINE_CONTEXT):
-                self._future = self._scatter(client)
-        except (OSError, TimeoutError) as e:
-            raise ClusterUnreachable(f"could not send the cell's data to the workers ({e}); if a worker just died, "
-                                     "run the cell again in a moment") from None  # fmt: skip
-        self.context = (self.key, self._blob if inline else None)
-        return notes
-
-    def _scatter(self, client: Any, workers: list[str] | None = None) -> Any:
-        future = client.scatter({self.key: self._blob}, workers=workers, broadcast=workers is None, hash=False)[self.key]
-        pin_soon(client, future, len(self._blob))
-        return future
-
-    def reship(self, client: Any, job: Job, key: str, to: str | None) -> bool:
-        """Send again a scattered value every holder of which died; False to give up.
-
-        Sent to the worker that asked, which is alive: a broadcast could pick a dead worker
-        the scheduler still lists, and wait out its connect timeout.
-
-        Parameters
-        ----------
-        client : distributed.Client
-            The run's client.
-        job : Job
-            What the run runs (its large values).
-        key : str
-            The lost value's key.
-        to : str or None
-            The worker that asked for it.
-
-        Returns
-        -------
-        bool
-            True when the value is on the cluster again (or never was lost).
-        """
-        try:
-            current = self._future if key == self.key else shipments(client).future(key)
-            # A value lost with all its holders shows as a cancelled future here.
-            if current is not None and current.status == "finished" and client.who_has([current]).get(key):
-                return True
-            self._reships += 1
-            if self._reships > RESHIPS:
-                return False
-            workers = [to] if to else None
-            if key == self.key:
-                self._future = self._scatter(client, workers)
-                return True
-            return bool(shipments(client).reship(client, key, job.capture.large, workers))
-        except (OSError, TimeoutError):
-            return False
