@@ -55,3 +55,24 @@ def test_workers_running_a_runs_direct_batches_count_as_busy_until_it_says_other
     assert held.busy() == {"tls://10.0.0.2:1"}
     now[0] += BACKLOG_TTL + 1  # a kernel that died stops counting
     assert held.busy() == set()
+
+
+def test_a_worker_running_direct_batches_is_not_retired_under_them(runtime_dir: Any, tmp_path: Any) -> None:
+    # Two workers, adapting between 1 and 2: the run holds back little, so the target soon
+    # drops to 1, and the scheduler sees no task on a worker that runs direct batches.
+    # Named busy in the run's reports, neither is retired mid-batch: no item runs twice.
+    import dask.config
+
+    handle = nbcluster.start(workers=2, threads=1, name="adaptive-direct")
+    try:
+        client = handle.client
+        client.wait_for_workers(2, timeout=60)
+        handle.adapt(1, 2)
+        cell = "import time\nwith open(f'{folder}/{x}', 'a') as f:\n    f.write('ran\\n')\ntime.sleep(0.2)\nx"
+        with dask.config.set({"nbcluster.distribute.direct": "60s"}):
+            res = distribute(cell, over="x in range(40)", namespace={"folder": str(tmp_path)}, on=client)
+        assert res.ok and list(res) == list(range(40))
+        twice = {x: n for x in range(40) if (n := (tmp_path / str(x)).read_text().count("ran")) != 1}
+        assert not twice, f"items run more than once (a worker retired under its batch): {twice}"
+    finally:
+        handle.stop()

@@ -118,7 +118,7 @@ class Engine:
         self.driven = threading.Event()  # set once this start's driver has ended (all taken in)
         self.journal: Writer | None = None  # every delivered batch is appended (`journal/store.py`)
         self.publish: str | None = None  # --persist, journaled: the dataset prefix of its handles
-        self._told = 0  # items the last backlog report held back
+        self._told = False  # the last backlog report held items back or named busy workers
         self._starts = itertools.count(1)  # a start's stop token is the run's id and its number
 
     @property
@@ -278,7 +278,7 @@ class Engine:
                 with contextlib.suppress(Exception):  # the scheduler busy, or no worker fits: keep the last
                     policy.resize(self.link.usable_threads())
                     self.transport.abandon_lost(self.link.workers())
-                self.hold_back(policy.held(), policy.batcher.seconds_per_item)
+                self.hold_back(policy.held(), policy.batcher.seconds_per_item, self.transport.direct_workers())
             # A dropped connection to an external scheduler that comes back within a couple of
             # seconds is not a lost cluster.
             unanswered = unanswered + 1 if reason else 0
@@ -510,8 +510,9 @@ class Engine:
         batches = [indices for indices, _, _ in tasks]
         return self.transport.map(self.client, calls, batches, persist=job.persist, placed=placed, **where)
 
-    def hold_back(self, items: int, seconds: float | None = None) -> None:
-        """Report `items` not yet submitted to the scheduler's adaptive target.
+    def hold_back(self, items: int, seconds: float | None = None, busy: Sequence[str] = ()) -> None:
+        """Report `items` not yet submitted, and the workers running direct batches, to the
+        scheduler's adaptive scaling.
 
         Sent only when it changes something: a run over before the watch thread's first
         report told the scheduler nothing, and has nothing to withdraw.
@@ -519,20 +520,23 @@ class Engine:
         Parameters
         ----------
         items : int
-            How many items wait; 0 withdraws the report.
+            How many items wait; 0 (and no `busy`) withdraws the report.
         seconds : float, optional
             Each item's expected seconds; default Dask's guess for an unknown task.
+        busy : sequence of str
+            The workers running this run's direct batches: not to be retired meanwhile.
         """
         client = self.client
-        if client is None or not (items or self._told):
+        if client is None or not (items or busy or self._told):
             return
         if seconds is None:
             seconds = float(parse_timedelta(dask.config.get("distributed.scheduler.unknown-task-duration")))
-        self._told, kind, expected = items, "gpu" if self.link.needs.gpus else "cpu", items * seconds
+        self._told, kind, expected = bool(items or busy), "gpu" if self.link.needs.gpus else "cpu", items * seconds
 
         async def report() -> None:
             with contextlib.suppress(Exception):  # the scheduler is gone: the run's watch ends it
-                await client.scheduler.nbcluster_backlog(run=self.run_id, kind=kind, items=items, seconds=expected)
+                await client.scheduler.nbcluster_backlog(run=self.run_id, kind=kind, items=items, seconds=expected,
+                                                         busy=list(busy))  # fmt: skip
 
         with contextlib.suppress(Exception):
             client.loop.add_callback(report)

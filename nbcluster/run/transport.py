@@ -643,6 +643,18 @@ class Transport:
             self._direct.stopped = True
         return batch, alone, unrun
 
+    def direct_workers(self) -> list[str]:
+        """The workers running (or holding) this run's direct batches now, for the adaptive
+        scaling, which sees no task of theirs there (`cluster/adaptive.py`).
+
+        Returns
+        -------
+        list of str
+            Their addresses, each once.
+        """
+        with self.lock:
+            return sorted({c.worker for c in self.pending if isinstance(c, Call)})
+
     def abandon_lost(self, workers: dict[str, int]) -> None:
         """Give up the direct calls to workers no longer in the cluster.
 
