@@ -51,7 +51,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import BuiltinFunctionType, CodeType, FunctionType, ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
 import cloudpickle
 
@@ -264,18 +264,8 @@ def _by_reference(value: Any) -> bool:
 
 def _add(result: Capture, name: str, value: Any) -> bool:
     """Pickle `value` into `result.values`, or `result.large` (then True): one line if it cannot travel."""
-    if isinstance(value, io.IOBase) and hasattr(value, "name"):  # a file, not a BytesIO/StringIO
-        # cloudpickle would send a snapshot of a read-mode file's contents, not the file.
-        raise BadArgument(f"`{name}` is an open file and cannot be sent to the workers: open it inside the cell instead")
     buffers: list[pickle.PickleBuffer] = []
-    try:
-        header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
-    except RecursionError:
-        raise BadArgument(f"`{name}` cannot be sent to the workers: it is nested too deeply to pickle") from None
-    except Exception as e:
-        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
-        raise BadArgument(f"`{name}` cannot be sent to the workers: {why}. Create it inside the cell instead, "
-                          "or pass what it is made from") from None  # fmt: skip
+    header = _dumps(f"`{name}`", value, protocol=5, buffer_callback=buffers.append)
     size = len(header) + sum(b.raw().nbytes for b in buffers)
     if size > LARGE:
         digest = hashlib.blake2b(header, digest_size=16)
@@ -285,6 +275,21 @@ def _add(result: Capture, name: str, value: Any) -> bool:
         return True
     result.values[name] = cloudpickle.dumps(value, protocol=5) if buffers else header
     return False
+
+
+def _dumps(what: str, value: Any, **kwargs: Any) -> bytes:
+    """`value` cloudpickled to travel to the workers; one line naming `what` (a name, an item) if it cannot."""
+    if isinstance(value, io.IOBase) and hasattr(value, "name"):  # a file, not a BytesIO/StringIO
+        # cloudpickle would send a snapshot of a read-mode file's contents, not the file.
+        raise BadArgument(f"{what} is an open file and cannot be sent to the workers: open it inside the cell instead")
+    try:
+        return cloudpickle.dumps(value, **kwargs)
+    except RecursionError:
+        raise BadArgument(f"{what} cannot be sent to the workers: it is nested too deeply to pickle") from None
+    except Exception as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+        raise BadArgument(f"{what} cannot be sent to the workers: {why}. Create it inside the cell instead, "
+                          "or pass what it is made from") from None  # fmt: skip
 
 
 def copyable(what: str, value: Any) -> bytes | None:
@@ -475,7 +480,6 @@ def pin_soon(client: Any, future: Any, size: int, wait: float = PIN_WAIT_S) -> N
 
 
 _SHIPMENTS: weakref.WeakKeyDictionary[Any, Shipments] = weakref.WeakKeyDictionary()
-_SHIPMENTS_LOCK = threading.Lock()
 
 
 def shipments(client: Any) -> Shipments:
@@ -491,22 +495,8 @@ def shipments(client: Any) -> Shipments:
     Shipments
         This client's large values on the cluster.
     """
-    with _SHIPMENTS_LOCK:
-        return _SHIPMENTS.setdefault(client, Shipments())
-
-
-class Sends(NamedTuple):
-    """How the engine sends a job's items: a fixed batch size (None: adapted), and a failed item's retries."""
-
-    batch: int | None
-    retries: int
-
-
-class Packed(NamedTuple):
-    """A job's code made ready once: its wire form, and where its shipped functions came from."""
-
-    wire: dict[str, Any] | None  # None for a job whose items all run in the kernel
-    sources: dict[str, list[tuple[str, int, int]]]  # `code_index`: tracebacks map back to notebook cells
+    # One dict call (atomic under the GIL): two threads asking at once get the same object.
+    return _SHIPMENTS.setdefault(client, Shipments())
 
 
 class Job:
@@ -533,14 +523,17 @@ class Job:
     ):  # fmt: skip
         self.plan, self.cell, self.fn, self.seed = plan, cell, fn, seed
         self.capture = capture if capture is not None else Capture()
-        self.sends = Sends(None if batch == "auto" else int(batch), retries)
+        self.batch = None if batch == "auto" else int(batch)  # items per batch; None: the policy sizes them
+        self.retries = retries  # how many more times a failed item runs
         self.persist = persist  # the values stay on the workers, behind handles
         self.reads_handles = reads_handles  # items or captured names are handles: Dask dependencies
         self.trial = trial  # a trial run's spec: its items report, and may be stopped (`trials.py`)
-        index = code_index([*self.capture.direct.values(), *([fn] if fn is not None else [])])
+        # Where its notebook functions came from (`code_index`): tracebacks map back to their cells.
+        self.sources = code_index([*self.capture.direct.values(), *([fn] if fn is not None else [])])
         if sent_from is not None:
             self._check_item(sent_from)
-        self.packed = Packed(self._code(wire=True) if sent_from is not None else None, index)
+        # The code's wire form, made once; None for a job whose items all run in the kernel.
+        self.wire = self._code(wire=True) if sent_from is not None else None
 
     def forget_handles(self) -> None:
         """The run is over: hold the handles it read weakly (see `handles.Read`)."""
@@ -595,13 +588,14 @@ class Job:
         Returns
         -------
         bytes
-            The cloudpickled context spec, which `worker.Context.from_payload` loads.
+            The pickled context spec, which `worker.Context.from_payload` loads.
         """
-        assert self.packed.wire is not None, "a job made for the kernel only sends nothing"
+        assert self.wire is not None, "a job made for the kernel only sends nothing"
         c = self.capture
         values = {n: b for n, b in c.values.items() if n not in c.copied}
-        return cloudpickle.dumps({**self._binding(), **self.packed.wire, "large": large, "modules": c.modules,
-                                  "values": values, "fresh": c.fresh, "copied": c.copied, "read_only": c.read_only})  # fmt: skip
+        # Plain data only (the values and the code are bytes already): pickle, not cloudpickle's slower Pickler.
+        return pickle.dumps({**self._binding(), **self.wire, "large": large, "modules": c.modules, "values": values,
+                             "fresh": c.fresh, "copied": c.copied, "read_only": c.read_only}, protocol=5)  # fmt: skip
 
     def item_error(self, index: int, record: worker.ErrorRecord, where: str) -> ItemError:
         """A failure record from item `index`, run on `where` ("the cluster" or "the kernel").
@@ -621,7 +615,7 @@ class Job:
             The error with the item's parameters, its traceback mapped to the notebook cells the
             shipped functions came from.
         """
-        return ItemError(index, self.plan.params(index), record, where, self.packed.sources)
+        return ItemError(index, self.plan.params(index), record, where, self.sources)
 
     def _binding(self) -> dict[str, Any]:
         """How an item binds names, for `worker.Context`."""
@@ -638,20 +632,13 @@ class Job:
                     "last": cell.last and pack(cell.last)}  # fmt: skip
         if not wire:
             return {"fn": self.fn}
-        try:
-            # A function that reads what an item could change is unpickled again per item.
-            return {"fn": cloudpickle.dumps(self.fn), "fresh_fn": not shareable(self.fn, arrays=True)}
-        except Exception as e:
-            name = getattr(self.fn, "__name__", repr(self.fn))
-            raise BadArgument(f"the function {name} cannot be sent to the workers: {type(e).__name__}: {e}") from None
+        fn = _dumps(f"the function {getattr(self.fn, '__name__', repr(self.fn))}", self.fn)
+        # A function that reads what an item could change is unpickled again per item.
+        return {"fn": fn, "fresh_fn": not shareable(self.fn, arrays=True)}
 
     def _check_item(self, first: int) -> None:
         """Fail early, naming the item, when item values cannot travel."""
         item = self.plan.items[first]
         if self.reads_handles:  # its handles travel as Dask dependencies, not in the blob
             item = handles.held_slots([item], 0)[0][0]
-        try:
-            cloudpickle.dumps(item)
-        except Exception as e:
-            raise BadArgument(f"item {first} ({self.plan.describe(first)}) cannot be sent to the workers: "
-                              f"{type(e).__name__}: {e}") from None  # fmt: skip
+        _dumps(f"item {first} ({self.plan.describe(first)})", item)

@@ -624,7 +624,7 @@ def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
     # A range's items travel as a range, in a few bytes however many a batch takes: the
     # probes share them out whole. A persisted item is a task of its own.
     probe_items = None if isinstance(job.plan.items, range) else PROBE_ITEMS
-    batcher = Batcher(threads, fixed=1 if job.persist else job.sends.batch, probe_items=probe_items,
+    batcher = Batcher(threads, fixed=1 if job.persist else job.batch, probe_items=probe_items,
                       min_batch=config.seconds("distribute.min-batch"),
                       max_batch=config.seconds("distribute.max-batch"))  # fmt: skip
     per_thread = int(config.get("distribute.in-flight"))
@@ -633,7 +633,7 @@ def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
         # is, for handles read), so the scheduler's queue feeds the workers, not a round trip
         # to the kernel after each item; a persisted run bounded, not all futures at once.
         per_thread = max(per_thread, len(indices) if job.reads_handles else min(len(indices), PERSIST_AHEAD))
-    return Policy(indices, batcher, retries=job.sends.retries, per_thread=per_thread)
+    return Policy(indices, batcher, retries=job.retries, per_thread=per_thread)
 
 
 def _tell_workers(client: Any, token: str) -> None:
