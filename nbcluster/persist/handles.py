@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections import deque
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, ClassVar, TypedDict
 
 from nbcluster import _compat
@@ -447,7 +447,7 @@ def held_slots(items: Sequence[Any], first: int) -> tuple[list[Any], list[Any]]:
         futures.append(handle.future)
         return Slot(first + len(futures) - 1)
 
-    return [_replaced(item, Handle, slot) for item in items], futures
+    return [replaced(item, Handle, slot) for item in items], futures
 
 
 def held_report(client: Any, pushed: bytes | None, future: Any, result: Any) -> Any:
@@ -599,50 +599,31 @@ class Read:
         return self._text if self._ref() is not None else "<released>"
 
 
-def _replaced(value: Any, kind: type[Any], fn: Any) -> Any:
-    """`value` with each `kind` in it (itself, or in a tuple, one level deep) replaced by `fn(it)`."""
+def replaced(value: Any, kind: type[Any], fn: Callable[[Any], Any]) -> Any:
+    """`value` with each `kind` in it (itself, or in a tuple, one level deep) replaced by ``fn(it)``.
+
+    How a run's items trade their handles: for slots (`held_slots`), for weak `Read` objects
+    once the run is over, and back for a retry (`Read.recall`).
+
+    Parameters
+    ----------
+    value : Any
+        One item of a run: a handle, a tuple with handles, anything.
+    kind : type
+        What to replace: `Handle`, or `Read`.
+    fn : callable
+        What each one becomes.
+
+    Returns
+    -------
+    Any
+        The item, with each `kind` one tuple level deep replaced.
+    """
     if isinstance(value, kind):
         return fn(value)
     if type(value) is tuple and any(isinstance(v, kind) for v in value):
         return tuple(fn(v) if isinstance(v, kind) else v for v in value)
     return value
-
-
-def forget(value: Any) -> Any:
-    """`value` (an item: a handle, a tuple with handles, anything) holding handles weakly.
-
-    Parameters
-    ----------
-    value : Any
-        One item of a finished run.
-
-    Returns
-    -------
-    Any
-        The item with each handle (one tuple level deep) replaced by a `Read`.
-    """
-    return _replaced(value, Handle, Read)
-
-
-def recall(value: Any) -> Any:
-    """The reverse of `forget`; one line if a handle is gone.
-
-    Parameters
-    ----------
-    value : Any
-        An item as `forget` left it.
-
-    Returns
-    -------
-    Any
-        The item with each `Read` turned back into its handle.
-
-    Raises
-    ------
-    nbcluster.errors.BadArgument
-        When a handle it read is gone (see `Read.recall`).
-    """
-    return _replaced(value, Read, Read.recall)
 
 
 def forget_shown(shell: Any) -> None:

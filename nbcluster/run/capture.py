@@ -537,16 +537,16 @@ class Job:
 
     def forget_handles(self) -> None:
         """The run is over: hold the handles it read weakly (see `handles.Read`)."""
-        self._rebind_handles(handles.forget)
+        self._rebind_handles(handles.Handle, handles.Read)
 
     def recall_handles(self) -> None:
         """A retry: the handles it reads again, strongly; one line if one is gone."""
-        self._rebind_handles(handles.recall)
+        self._rebind_handles(handles.Read, handles.Read.recall)
 
-    def _rebind_handles(self, how: Any) -> None:
+    def _rebind_handles(self, kind: type[Any], how: Callable[[Any], Any]) -> None:
         if self.reads_handles:
             if isinstance(self.plan.items, list):  # a range holds no handle
-                self.plan.items[:] = [how(item) for item in self.plan.items]
+                self.plan.items[:] = [handles.replaced(item, kind, how) for item in self.plan.items]
             self.capture.held = {n: how(h) for n, h in self.capture.held.items()}
 
     def for_kernel(self) -> worker.Context:
