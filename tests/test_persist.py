@@ -216,6 +216,22 @@ def test_a_value_released_as_it_is_published_leaves_no_dataset(pc: ClusterHandle
     assert until(lambda: not published(), 5), published()
 
 
+def test_a_retry_of_a_run_whose_input_was_released_since_is_one_line(pc: ClusterHandle, tmp_path: Any) -> None:
+    shards = distribute(lambda x: [x], over=range(2), persist=True, into="shards", namespace={}, on=pc)
+    ns = {"shards": shards, "flag": str(tmp_path / "ready")}
+    source = "import os\nif not os.path.exists(flag):\n    raise ValueError('not yet')\ns[0]"
+    reads = distribute(source, over="s in shards", into="reads", namespace=ns, on=pc)
+    assert reads.counts()["failed"] == 2
+    (tmp_path / "ready").write_text("")
+    shards[1].release()
+    with pytest.raises(BadArgument, match=r"^a persisted result this run read was deleted or released since: run the "
+                                          r"cells that make it again, then this one$"):  # fmt: skip
+        reads.retry()
+    del ns["shards"], shards  # the run held its input weakly: only the notebook's name kept it
+    with pytest.raises(BadArgument, match="deleted or released since"):
+        reads.retry()
+
+
 def test_bad_input_is_one_line_before_anything_runs(shell: InteractiveShell, pc: ClusterHandle) -> None:
     with pytest.raises(UsageError, match=r"^--persist keeps the results on the workers: name them with --into NAME$"):
         cell(shell, '%%distribute --over "x in range(2)" --persist\nx')
