@@ -265,7 +265,7 @@ def _by_reference(value: Any) -> bool:
 def _add(result: Capture, name: str, value: Any) -> bool:
     """Pickle `value` into `result.values`, or `result.large` (then True): one line if it cannot travel."""
     buffers: list[pickle.PickleBuffer] = []
-    header = _dumps(f"`{name}`", value, protocol=5, buffer_callback=buffers.append)
+    header = _dumps(lambda: f"`{name}`", value, protocol=5, buffer_callback=buffers.append)
     size = len(header) + sum(b.raw().nbytes for b in buffers)
     if size > LARGE:
         digest = hashlib.blake2b(header, digest_size=16)
@@ -277,18 +277,21 @@ def _add(result: Capture, name: str, value: Any) -> bool:
     return False
 
 
-def _dumps(what: str, value: Any, **kwargs: Any) -> bytes:
-    """`value` cloudpickled to travel to the workers; one line naming `what` (a name, an item) if it cannot."""
+def _dumps(what: Callable[[], str], value: Any, **kwargs: Any) -> bytes:
+    """`value` cloudpickled to travel to the workers; one line naming `what()` (a name, an item) if it cannot.
+
+    `what` is called only then: describing an item costs more than pickling a small one.
+    """
     if isinstance(value, io.IOBase) and hasattr(value, "name"):  # a file, not a BytesIO/StringIO
         # cloudpickle would send a snapshot of a read-mode file's contents, not the file.
-        raise BadArgument(f"{what} is an open file and cannot be sent to the workers: open it inside the cell instead")
+        raise BadArgument(f"{what()} is an open file and cannot be sent to the workers: open it inside the cell instead")
     try:
         return cloudpickle.dumps(value, **kwargs)
     except RecursionError:
-        raise BadArgument(f"{what} cannot be sent to the workers: it is nested too deeply to pickle") from None
+        raise BadArgument(f"{what()} cannot be sent to the workers: it is nested too deeply to pickle") from None
     except Exception as e:
         why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
-        raise BadArgument(f"{what} cannot be sent to the workers: {why}. Create it inside the cell instead, "
+        raise BadArgument(f"{what()} cannot be sent to the workers: {why}. Create it inside the cell instead, "
                           "or pass what it is made from") from None  # fmt: skip
 
 
@@ -632,7 +635,7 @@ class Job:
                     "last": cell.last and pack(cell.last)}  # fmt: skip
         if not wire:
             return {"fn": self.fn}
-        fn = _dumps(f"the function {getattr(self.fn, '__name__', repr(self.fn))}", self.fn)
+        fn = _dumps(lambda: f"the function {getattr(self.fn, '__name__', repr(self.fn))}", self.fn)
         # A function that reads what an item could change is unpickled again per item.
         return {"fn": fn, "fresh_fn": not shareable(self.fn, arrays=True)}
 
@@ -641,4 +644,4 @@ class Job:
         item = self.plan.items[first]
         if self.reads_handles:  # its handles travel as Dask dependencies, not in the blob
             item = handles.held_slots([item], 0)[0][0]
-        _dumps(f"item {first} ({self.plan.describe(first)})", item)
+        _dumps(lambda: f"item {first} ({self.plan.describe(first)})", item)
