@@ -394,7 +394,7 @@ class Shipments:
                 if future is not None and future.status == "finished":
                     notes.append(f"{name} ({human(size)}) already on the workers")
                 else:
-                    future = self._scatter(client, digest, value, size)
+                    future = self.futures[digest] = scatter(client, f"nbcluster-capture-{digest}", value, size)
                     notes.append(f"sent {name} ({human(size)}) once to each of {len(_compat.workers(client))} workers")
                 old, self.by_name[name] = self.by_name.get(name), digest
                 if old is not None and old != digest and old not in self.by_name.values():
@@ -439,47 +439,48 @@ class Shipments:
         for value, digest, size in large.values():
             if key == f"nbcluster-capture-{digest}":
                 with self.lock:
-                    self._scatter(client, digest, value, size, workers)
+                    self.futures[digest] = scatter(client, key, value, size, workers)
                 return True
         return False
 
-    def _scatter(self, client: Any, digest: str, value: Any, size: int, workers: list[str] | None = None) -> Any:
-        # broadcast: every worker gets its copy now, in parallel, before its first batch.
-        key = f"nbcluster-capture-{digest}"
-        future = client.scatter({key: value}, workers=workers, broadcast=workers is None, hash=False)[key]
-        pin_soon(client, future, size)
-        self.futures[digest] = future
-        return future
 
+def scatter(client: Any, key: str, value: Any, size: int, workers: list[str] | None = None) -> Any:
+    """Put `value` on the workers under `key`, and have them keep it (`worker.context.pin`).
 
-def pin_soon(client: Any, future: Any, size: int, wait: float = PIN_WAIT_S) -> None:
-    """Have the workers holding a just-scattered value keep it (`worker.context.pin`).
-
-    broadcast put a copy on every worker; pinning it before Dask's memory manager drops
-    the "extra" replicas (every 2 s) saves each worker a later fetch. It is only that, a
-    saving: a worker that misses it fetches the value on its first batch. So it asks only
-    the workers that hold the key (they are alive), and waits at most `wait` seconds: a
-    worker that died a moment ago would otherwise hold the caller up for its connect
-    timeout.
+    Without `workers` it is broadcast: every worker gets its copy now, in parallel, before its
+    first batch. Pinning the copies before Dask's memory manager drops the "extra" replicas
+    (every 2 s) saves each worker a later fetch. It is only that, a saving: a worker that
+    misses it fetches the value on its first batch. So it asks only the workers that hold the
+    key (they are alive), and waits at most `PIN_WAIT_S`: a worker that died a moment ago
+    would otherwise hold the caller up for its connect timeout.
 
     Parameters
     ----------
     client : distributed.Client
-        The client that scattered the value.
-    future : distributed.Future
-        The value's Future.
+        The cluster's client.
+    key : str
+        The value's Dask key.
+    value : Any
+        The value (a large captured value, or a run's context blob).
     size : int
         Its pickled size in bytes (its weight in the workers' LRU).
-    wait : float
-        Seconds to wait at most for the workers' answer.
+    workers : list of str, optional
+        Put it only there (a value sent again to the worker that asked for it).
+
+    Returns
+    -------
+    distributed.Future
+        The value's Future: the workers' copies live while it does.
     """
+    future = client.scatter({key: value}, workers=workers, broadcast=workers is None, hash=False)[key]
 
     def run() -> None:
         with contextlib.suppress(Exception):  # the client closed meanwhile: nothing to save any more
-            if holders := client.who_has([future]).get(future.key, ()):
-                client.run(pin, [(future.key, size)], workers=list(holders), on_error="ignore")
+            if holders := client.who_has([future]).get(key, ()):
+                client.run(pin, [(key, size)], workers=list(holders), on_error="ignore")
 
-    threads.spawn(run, name="nbcluster-pin").wait(wait)
+    threads.spawn(run, name="nbcluster-pin").wait(PIN_WAIT_S)
+    return future
 
 
 _SHIPMENTS: weakref.WeakKeyDictionary[Any, Shipments] = weakref.WeakKeyDictionary()

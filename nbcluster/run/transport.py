@@ -112,7 +112,7 @@ from nbcluster._version import __version__
 from nbcluster._wire import PUSHED_TOPIC
 from nbcluster.errors import ClusterUnreachable
 from nbcluster.persist.handles import outcome
-from nbcluster.run.capture import pin_soon, shipments
+from nbcluster.run.capture import scatter, shipments
 from nbcluster.run.target import Link, Needs
 from nbcluster.worker import HANDLER, VERSION, refusal, serve
 
@@ -774,9 +774,7 @@ class Shipment:
         return notes
 
     def _scatter(self, client: Any, workers: list[str] | None = None) -> Any:
-        future = client.scatter({self.key: self._blob}, workers=workers, broadcast=workers is None, hash=False)[self.key]
-        pin_soon(client, future, len(self._blob))
-        return future
+        return scatter(client, self.key, self._blob, len(self._blob), workers)
 
     def reship(self, client: Any, job: Job, key: str, to: str | None) -> bool:
         """Send again a scattered value every holder of which died; False to give up.
