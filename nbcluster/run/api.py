@@ -511,8 +511,7 @@ def _journal(engine: Engine, *, resume: bool, journaled: bool) -> set[int]:
     if chosen.line:
         print(chosen.line)
     if indices := sorted(chosen.values):
-        outputs = {i: chosen.outputs[i] for i in indices if i in chosen.outputs}
-        engine.state.deliver(indices, [chosen.values[i] for i in indices], {}, outputs)
+        engine.state.deliver(indices, [chosen.values[i] for i in indices], {}, chosen.outputs)  # it takes those of `indices`
     engine.journal_to(chosen.writer)
     engine.publish = chosen.publish
     return set(chosen.values)
