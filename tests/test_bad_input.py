@@ -15,14 +15,17 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import dask
+import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbcluster
 from nbcluster import cli, commands
+from nbcluster.errors import BadArgument
 from nbcluster.run.options import FLAGS
 from nbcluster.run.results import Results
 from tests.shell_helpers import one_clear_line
@@ -249,3 +252,35 @@ def test_cluster_stop_in_a_kernel_prints_only_its_line(runtime_dir: Any) -> None
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+class _Unsendable:
+    """An object whose pickling fails with a message of two lines."""
+
+    def __reduce__(self) -> Any:
+        raise ValueError("it holds a connection\nand a second line of detail")
+
+
+def test_a_value_an_item_or_a_function_that_cannot_travel_is_one_line_naming_it(
+    cluster: Any, tmp_path: Any
+) -> None:
+    lock = threading.Lock()
+
+    def uses_lock(x: Any) -> Any:
+        return x, lock
+
+    fix = r"\. Create it inside the cell instead, or pass what it is made from$"
+    with (tmp_path / "data.txt").open("w") as file:
+        cases = [
+            ({"body": "box", "over": [1], "namespace": {"box": _Unsendable()}},
+             r"^`box` cannot be sent to the workers: ValueError: it holds a connection" + fix),
+            ({"body": "x", "over": "x in items", "namespace": {"items": [_Unsendable()]}},
+             r"^item 0 \(x=<.*_Unsendable object at.*\) cannot be sent to the workers: ValueError: it holds a connection" + fix),
+            ({"body": uses_lock, "over": [1]},
+             r"^the function uses_lock cannot be sent to the workers: TypeError: cannot pickle '_thread.lock' object" + fix),
+            ({"body": "x", "over": "x in items", "namespace": {"items": [file]}}, r"^item 0 \(x=.*\) is an open file and cannot be sent to the workers: open it inside the cell instead$"),
+        ]  # fmt: skip
+        for kwargs, message in cases:
+            with pytest.raises(BadArgument, match=message) as caught:
+                nbcluster.distribute(**{"namespace": {}, **kwargs}, on=cluster)
+            assert one_clear_line(str(caught.value)), caught.value

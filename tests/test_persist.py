@@ -23,7 +23,7 @@ import nbcluster
 from nbcluster import _compat, _current
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.errors import BadArgument, HandleGone
-from nbcluster.persist.handles import Handle
+from nbcluster.persist.handles import Handle, publish
 from nbcluster.run.api import distribute
 from nbcluster.run.results import Results
 from tests.os_helpers import rss
@@ -197,6 +197,39 @@ def test_failures_retry_and_everywhere_behave_as_without_persist(
     assert len(per) == 2 and sorted(per.params[i]["worker"] for i in range(2)) == workers
     cell(shell, '%%distribute --over "v in per" --into pids\nimport os\n(v["pid"], os.getpid())')
     assert all(mine == theirs for mine, theirs in shell.user_ns["pids"])  # each worker its own value
+
+
+def test_a_value_released_as_it_is_published_leaves_no_dataset(pc: ClusterHandle) -> None:
+    # Both calls are queued at once: the delete must reach the scheduler after the put.
+    def published() -> list[str]:
+        return [str(n) for n in pc.client.list_datasets() if str(n).startswith("nbcluster-order-")]
+
+    for i in range(5):
+        handle = Handle(pc.client.scatter(i), {"type": "int", "shape": None, "nbytes": 28}, i)
+        publish(pc.client, [handle], "nbcluster-order")
+        handle.release()
+    assert until(lambda: not published(), 5), published()
+    kept = Handle(pc.client.scatter(9), {"type": "int", "shape": None, "nbytes": 28}, 9)
+    publish(pc.client, [kept], "nbcluster-order")
+    assert until(lambda: published() == ["nbcluster-order-9"], 5), published()
+    kept.release()
+    assert until(lambda: not published(), 5), published()
+
+
+def test_a_retry_of_a_run_whose_input_was_released_since_is_one_line(pc: ClusterHandle, tmp_path: Any) -> None:
+    shards = distribute(lambda x: [x], over=range(2), persist=True, into="shards", namespace={}, on=pc)
+    ns = {"shards": shards, "flag": str(tmp_path / "ready")}
+    source = "import os\nif not os.path.exists(flag):\n    raise ValueError('not yet')\ns[0]"
+    reads = distribute(source, over="s in shards", into="reads", namespace=ns, on=pc)
+    assert reads.counts()["failed"] == 2
+    (tmp_path / "ready").write_text("")
+    shards[1].release()
+    with pytest.raises(BadArgument, match=r"^a persisted result this run read was deleted or released since: run the "
+                                          r"cells that make it again, then this one$"):  # fmt: skip
+        reads.retry()
+    del ns["shards"], shards  # the run held its input weakly: only the notebook's name kept it
+    with pytest.raises(BadArgument, match="deleted or released since"):
+        reads.retry()
 
 
 def test_bad_input_is_one_line_before_anything_runs(shell: InteractiveShell, pc: ClusterHandle) -> None:

@@ -31,10 +31,9 @@ the cluster stops.
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, ClassVar, TypedDict
 
 from nbcluster import _compat
@@ -200,46 +199,45 @@ class _Publisher:
 
     A run's driver thread queues a batch's names (`publish`); a finalizer, running wherever
     the last reference went (the main thread, a GC in any thread, the event loop itself),
-    queues the name it frees. One coroutine at a time sends them in the order queued, each
-    run of calls of one kind as one call: so a value released at once after it was made is
-    unpublished after it was published, never before. A put still queued when the kernel
-    dies is lost with it: that item simply runs again on resume (`adopt` finds no dataset).
+    queues the name it frees. Either hands the call to the client's event loop, which runs
+    callbacks in the order given, and only there is the queue touched: so it needs no lock,
+    and a finalizer run by a garbage collection anywhere cannot deadlock on one. One
+    coroutine at a time sends the queued calls in order, each run of calls of one kind as one
+    call: so a value released at once after it was made is unpublished after it was
+    published, never before. A put still queued when the kernel dies is lost with it: that
+    item simply runs again on resume (`adopt` finds no dataset).
     """
 
     def __init__(self, client: Any):
         self.client = client
         self.ops: deque[tuple[bool, dict[str, Any]]] = deque()  # (put?, {name: future, or None to delete})
-        # Reentrant: a garbage collection inside a locked section may run a handle's finalizer.
-        self.lock = threading.RLock()
         self.sending = False
 
     def add(self, put: bool, named: dict[str, Any]) -> None:
-        with self.lock:
-            self.ops.append((put, named))
-            start, self.sending = not self.sending, True
-        if start:
-            try:
-                self.client.loop.add_callback(self._send)
-            except Exception:  # the loop is closing: the datasets stay (a dead kernel's do too) until forgotten
-                with self.lock:
-                    self.ops.clear()
-                    self.sending = False
+        with contextlib.suppress(Exception):  # the loop is closing: the datasets stay (a dead kernel's do too)
+            self.client.loop.add_callback(self._queue, put, named)
+
+    def _queue(self, put: bool, named: dict[str, Any]) -> Coroutine[Any, Any, None] | None:
+        self.ops.append((put, named))
+        if self.sending:
+            return None  # the coroutine sending now sends it too
+        self.sending = True
+        return self._send()  # the loop runs what a callback returns
 
     async def _send(self) -> None:
-        while True:
-            with self.lock:
-                if not self.ops or self.client.status != "running":
-                    self.ops.clear()
-                    self.sending = False
-                    return
+        try:
+            while self.ops and self.client.status == "running":
                 put, named = self.ops[0][0], {}
                 while self.ops and self.ops[0][0] == put:
                     named.update(self.ops.popleft()[1])
-            with contextlib.suppress(Exception):  # the scheduler going away: its datasets go with it
-                if put:  # override: an item run again after its value was lost
-                    await self.client.publish_dataset(**named, override=True, asynchronous=True)
-                else:
-                    await self.client.unpublish_dataset(list(named), asynchronous=True)
+                with contextlib.suppress(Exception):  # the scheduler going away: its datasets go with it
+                    if put:  # override: an item run again after its value was lost
+                        await self.client.publish_dataset(**named, override=True, asynchronous=True)
+                    else:
+                        await self.client.unpublish_dataset(list(named), asynchronous=True)
+        finally:
+            self.ops.clear()  # left only when the client stopped: its datasets went with it
+            self.sending = False
 
 
 _PUBLISHERS: weakref.WeakKeyDictionary[Any, _Publisher] = weakref.WeakKeyDictionary()
@@ -449,7 +447,7 @@ def held_slots(items: Sequence[Any], first: int) -> tuple[list[Any], list[Any]]:
         futures.append(handle.future)
         return Slot(first + len(futures) - 1)
 
-    return [_replaced(item, Handle, slot) for item in items], futures
+    return [replaced(item, Handle, slot) for item in items], futures
 
 
 def held_report(client: Any, pushed: bytes | None, future: Any, result: Any) -> Any:
@@ -601,50 +599,31 @@ class Read:
         return self._text if self._ref() is not None else "<released>"
 
 
-def _replaced(value: Any, kind: type[Any], fn: Any) -> Any:
-    """`value` with each `kind` in it (itself, or in a tuple, one level deep) replaced by `fn(it)`."""
+def replaced(value: Any, kind: type[Any], fn: Callable[[Any], Any]) -> Any:
+    """`value` with each `kind` in it (itself, or in a tuple, one level deep) replaced by ``fn(it)``.
+
+    How a run's items trade their handles: for slots (`held_slots`), for weak `Read` objects
+    once the run is over, and back for a retry (`Read.recall`).
+
+    Parameters
+    ----------
+    value : Any
+        One item of a run: a handle, a tuple with handles, anything.
+    kind : type
+        What to replace: `Handle`, or `Read`.
+    fn : callable
+        What each one becomes.
+
+    Returns
+    -------
+    Any
+        The item, with each `kind` one tuple level deep replaced.
+    """
     if isinstance(value, kind):
         return fn(value)
     if type(value) is tuple and any(isinstance(v, kind) for v in value):
         return tuple(fn(v) if isinstance(v, kind) else v for v in value)
     return value
-
-
-def forget(value: Any) -> Any:
-    """`value` (an item: a handle, a tuple with handles, anything) holding handles weakly.
-
-    Parameters
-    ----------
-    value : Any
-        One item of a finished run.
-
-    Returns
-    -------
-    Any
-        The item with each handle (one tuple level deep) replaced by a `Read`.
-    """
-    return _replaced(value, Handle, Read)
-
-
-def recall(value: Any) -> Any:
-    """The reverse of `forget`; one line if a handle is gone.
-
-    Parameters
-    ----------
-    value : Any
-        An item as `forget` left it.
-
-    Returns
-    -------
-    Any
-        The item with each `Read` turned back into its handle.
-
-    Raises
-    ------
-    nbcluster.errors.BadArgument
-        When a handle it read is gone (see `Read.recall`).
-    """
-    return _replaced(value, Read, Read.recall)
 
 
 def forget_shown(shell: Any) -> None:

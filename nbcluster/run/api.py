@@ -45,7 +45,6 @@ import inspect
 import secrets
 import sys
 import warnings
-import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -450,12 +449,12 @@ def launch(body: str | Callable[..., Any], *, namespace: dict[str, Any] | None, 
     if reads and n_local:
         raise BadArgument("this cell reads persisted results, which stay on the workers: drop --local, "
                           "or .gather() them first")  # fmt: skip
-    if reads:  # a stopped cluster's handle says so, not that no cluster is current
+    if reads:  # before connecting: a stopped cluster's handle says so, not that no cluster is current
         handles.check(reads)
     if remote:
         link.open()
-        if reads:
-            handles.check(reads, link.client)
+    if reads and remote:  # a plain run never calls into handles.py
+        handles.check(reads, link.client)
     tracker, batch = None, o.batch
     if not o.everywhere and (o.objective or o.stopper is not None or o.timeout is not None
                              or mentions_trials(cell or body)):  # fmt: skip
@@ -468,16 +467,17 @@ def launch(body: str | Callable[..., Any], *, namespace: dict[str, Any] | None, 
               persist=o.persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None)  # fmt: skip
     engine = Engine(job, run_id, link, local_only=not remote)
     taken = _journal(engine, resume=o.resume, journaled=not (o.everywhere or (o.persist and reads)))
-    run = Run(engine, label=o.into)
+    run = Run(engine)
+    results = Results(engine.state, items, run, run_id=run_id, label=o.into)
     if tracker is not None:
         if o.ranks is not None:  # a stop of any rank stops the job; rank 0's curve is drawn
             rank_jobs.attach(tracker, run_id)
-        _follow_trials(tracker, run, link.client if remote else None, taken)
+        _follow_trials(tracker, run, results, link.client if remote else None, taken)
     if o.persist:
-        handles.RUNS[run_id] = run.results
+        handles.RUNS[run_id] = results
     if o.into is not None:
-        home[o.into] = run.results
-    results = run.start(n_local, o.wait, skip=taken, progress=progress)
+        home[o.into] = results
+    run.start(results, n_local, o.wait, skip=taken, progress=progress)
     if o.ranks is not None and o.wait and (line := rank_jobs.summary(run_id)):
         print(f"nbcluster: {line}", file=sys.stderr)
     return results
@@ -512,14 +512,13 @@ def _journal(engine: Engine, *, resume: bool, journaled: bool) -> set[int]:
     if chosen.line:
         print(chosen.line)
     if indices := sorted(chosen.values):
-        outputs = {i: chosen.outputs[i] for i in indices if i in chosen.outputs}
-        engine.state.deliver(indices, [chosen.values[i] for i in indices], {}, outputs)
+        engine.state.deliver(indices, [chosen.values[i] for i in indices], {}, chosen.outputs)  # it takes those of `indices`
     engine.journal_to(chosen.writer)
     engine.publish = chosen.publish
     return set(chosen.values)
 
 
-def _follow_trials(tracker: Trials, run: Run, client: Any, resumed: set[int]) -> None:
+def _follow_trials(tracker: Trials, run: Run, results: Results, client: Any, resumed: set[int]) -> None:
     """Listen to a trial run's reports from its start to its end (`trials.py`)."""
     state = run.engine.state
 
@@ -530,7 +529,7 @@ def _follow_trials(tracker: Trials, run: Run, client: Any, resumed: set[int]) ->
     tracker.items.ended = lambda i: state.status[i] != PENDING
     tracker.items.ran = lambda i: state.status[i] in (DONE, FAILED) and i not in resumed
     tracker.open(client)
-    run.results._trials = run.trials = tracker
+    results._trials = run.trials = tracker
     tracker.printed.wake = wake
     state.on_end(tracker.settle)  # before a waiting cell sees the run end: its last reports are in
     state.add_done_callback(tracker.closer())
@@ -539,41 +538,27 @@ def _follow_trials(tracker: Trials, run: Run, client: Any, resumed: set[int]) ->
 class Run:
     """One run's controls: start, follow, cancel, retry; `Results` hands its verbs here.
 
-    It makes the run's `Results` and holds them weakly: the notebook's variable is what
-    keeps a run alive, so ``del`` of it frees the run (and a ``--persist`` run's values) at
-    once. The `Run` keeps a strong reference only until `start` hands the view over.
+    It holds no reference to the run's `Results`, which hold it: the notebook's variable is
+    what keeps a run alive, so ``del`` of it frees the run (and a ``--persist`` run's values)
+    at once, not at a garbage collection. A verb that needs the view is given it.
 
     Parameters
     ----------
     engine : Engine
         The run's engine, which owns its state and talks to Dask.
-    label : str or None
-        The ``--into`` name, shown in the view's display and messages.
     """
 
-    def __init__(self, engine: Engine, *, label: str | None):
+    def __init__(self, engine: Engine):
         self.engine = engine
-        results = Results(engine.state, engine.job.plan, self, run_id=engine.run_id, label=label)
-        # Weak: the Results are what the notebook holds; without a cycle back to them, `del`
-        # of the variable frees the run (and a --persist run's values) at once, not at a GC.
-        self._results = weakref.ref(results)
-        self._first: Results | None = results  # until start() hands it over
         self.trials: Trials | None = None  # a trial run's reports and stops (`trials.py`)
-
-    @property
-    def results(self) -> Results:
-        """The run's view (alive while the verb that asks for it runs: it came through it)."""
-        results = self._results()
-        assert results is not None, "a Run's verbs come through its Results"
-        return results
 
     @property
     def persist(self) -> bool:
         """The values stay on the workers, behind handles (`--persist`): what `Results` asks."""
         return self.engine.job.persist
 
-    def start(self, n_local: int, wait: bool, skip: Collection[int] = (),
-              progress: Callable[[Results], None] | None = None) -> Results:  # fmt: skip
+    def start(self, results: Results, n_local: int, wait: bool, skip: Collection[int] = (),
+              progress: Callable[[Results], None] | None = None) -> None:  # fmt: skip
         """Run the first `n_local` items here, then send the rest; follow them if `wait`.
 
         When an item run here fails, nothing is sent: the rest count as cancelled, and the
@@ -582,6 +567,8 @@ class Run:
 
         Parameters
         ----------
+        results : Results
+            The run's view: what the cell follows, and a failure names.
         n_local : int
             How many of the first items run in the kernel (``--local K``).
         wait : bool
@@ -593,11 +580,6 @@ class Run:
             their way (its set-up, a live view's, is then not in their way), and after each
             change; before the items run here, when some do.
 
-        Returns
-        -------
-        Results
-            The run's view; finished if `wait`, else filling in.
-
         Raises
         ------
         nbcluster.errors.Interrupted
@@ -608,8 +590,7 @@ class Run:
         nbcluster.errors.ClusterLost, nbcluster.errors.ClusterCannotRun
             While following: the cluster went away, or cannot run the items (`follow`).
         """
-        engine, results = self.engine, self.results
-        self._first = None
+        engine = self.engine
         local = [i for i in range(n_local) if i not in skip]
         rest: Sequence[int] = range(n_local, len(results))  # a range: no list of a million ints
         rest = [i for i in rest if i not in skip] if skip else rest
@@ -621,7 +602,7 @@ class Run:
                 # A failure in the kernel stops the fan-out: that is what --local K is for.
                 engine.finish()
                 report(results)
-                return results
+                return
             notes = engine.ship()
         except BaseException as e:
             # Interrupted (or failed) before anything was submitted: the results end here.
@@ -651,7 +632,6 @@ class Run:
                     self.trials.close()
                     if missing := self.trials.unknown_objective():
                         print(missing)
-        return results
 
     def cancel(self) -> None:
         """Stop the run, keeping every item that finished (`Engine.cancel`).
@@ -663,11 +643,13 @@ class Run:
             self.trials.stop_all()
         self.engine.cancel()
 
-    def retry(self, wait: bool) -> None:
+    def retry(self, results: Results, wait: bool) -> None:
         """Run the failed and cancelled items again, following them if `wait`.
 
         Parameters
         ----------
+        results : Results
+            The run's view, which the cell follows.
         wait : bool
             Follow the retry in the cell until it finishes; False returns once it started.
 
@@ -678,7 +660,7 @@ class Run:
         nbcluster.errors.Interrupted
             Ctrl-C while following the retry.
         """
-        if not self.results.done:
+        if not results.done:
             raise NbclusterError("the run is still going: wait for it (or cancel it) before retrying")
         if self.trials is not None:  # the retried items report too
             self.trials.reopen(self.engine.state.unfinished())
@@ -686,7 +668,7 @@ class Run:
         if self.trials is not None:
             self.engine.state.add_done_callback(self.trials.closer())
         if started and wait:
-            follow(self.results)
+            follow(results)
 
 
 def _follow_progress(results: Results, progress: Callable[[Results], None]) -> None:

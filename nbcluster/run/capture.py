@@ -51,7 +51,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import BuiltinFunctionType, CodeType, FunctionType, ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
 import cloudpickle
 
@@ -264,18 +264,8 @@ def _by_reference(value: Any) -> bool:
 
 def _add(result: Capture, name: str, value: Any) -> bool:
     """Pickle `value` into `result.values`, or `result.large` (then True): one line if it cannot travel."""
-    if isinstance(value, io.IOBase) and hasattr(value, "name"):  # a file, not a BytesIO/StringIO
-        # cloudpickle would send a snapshot of a read-mode file's contents, not the file.
-        raise BadArgument(f"`{name}` is an open file and cannot be sent to the workers: open it inside the cell instead")
     buffers: list[pickle.PickleBuffer] = []
-    try:
-        header = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
-    except RecursionError:
-        raise BadArgument(f"`{name}` cannot be sent to the workers: it is nested too deeply to pickle") from None
-    except Exception as e:
-        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
-        raise BadArgument(f"`{name}` cannot be sent to the workers: {why}. Create it inside the cell instead, "
-                          "or pass what it is made from") from None  # fmt: skip
+    header = _dumps(lambda: f"`{name}`", value, protocol=5, buffer_callback=buffers.append)
     size = len(header) + sum(b.raw().nbytes for b in buffers)
     if size > LARGE:
         digest = hashlib.blake2b(header, digest_size=16)
@@ -285,6 +275,24 @@ def _add(result: Capture, name: str, value: Any) -> bool:
         return True
     result.values[name] = cloudpickle.dumps(value, protocol=5) if buffers else header
     return False
+
+
+def _dumps(what: Callable[[], str], value: Any, **kwargs: Any) -> bytes:
+    """`value` cloudpickled to travel to the workers; one line naming `what()` (a name, an item) if it cannot.
+
+    `what` is called only then: describing an item costs more than pickling a small one.
+    """
+    if isinstance(value, io.IOBase) and hasattr(value, "name"):  # a file, not a BytesIO/StringIO
+        # cloudpickle would send a snapshot of a read-mode file's contents, not the file.
+        raise BadArgument(f"{what()} is an open file and cannot be sent to the workers: open it inside the cell instead")
+    try:
+        return cloudpickle.dumps(value, **kwargs)
+    except RecursionError:
+        raise BadArgument(f"{what()} cannot be sent to the workers: it is nested too deeply to pickle") from None
+    except Exception as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
+        raise BadArgument(f"{what()} cannot be sent to the workers: {why}. Create it inside the cell instead, "
+                          "or pass what it is made from") from None  # fmt: skip
 
 
 def copyable(what: str, value: Any) -> bytes | None:
@@ -386,7 +394,7 @@ class Shipments:
                 if future is not None and future.status == "finished":
                     notes.append(f"{name} ({human(size)}) already on the workers")
                 else:
-                    future = self._scatter(client, digest, value, size)
+                    future = self.futures[digest] = scatter(client, f"nbcluster-capture-{digest}", value, size)
                     notes.append(f"sent {name} ({human(size)}) once to each of {len(_compat.workers(client))} workers")
                 old, self.by_name[name] = self.by_name.get(name), digest
                 if old is not None and old != digest and old not in self.by_name.values():
@@ -431,51 +439,51 @@ class Shipments:
         for value, digest, size in large.values():
             if key == f"nbcluster-capture-{digest}":
                 with self.lock:
-                    self._scatter(client, digest, value, size, workers)
+                    self.futures[digest] = scatter(client, key, value, size, workers)
                 return True
         return False
 
-    def _scatter(self, client: Any, digest: str, value: Any, size: int, workers: list[str] | None = None) -> Any:
-        # broadcast: every worker gets its copy now, in parallel, before its first batch.
-        key = f"nbcluster-capture-{digest}"
-        future = client.scatter({key: value}, workers=workers, broadcast=workers is None, hash=False)[key]
-        pin_soon(client, future, size)
-        self.futures[digest] = future
-        return future
 
+def scatter(client: Any, key: str, value: Any, size: int, workers: list[str] | None = None) -> Any:
+    """Put `value` on the workers under `key`, and have them keep it (`worker.context.pin`).
 
-def pin_soon(client: Any, future: Any, size: int, wait: float = PIN_WAIT_S) -> None:
-    """Have the workers holding a just-scattered value keep it (`worker.context.pin`).
-
-    broadcast put a copy on every worker; pinning it before Dask's memory manager drops
-    the "extra" replicas (every 2 s) saves each worker a later fetch. It is only that, a
-    saving: a worker that misses it fetches the value on its first batch. So it asks only
-    the workers that hold the key (they are alive), and waits at most `wait` seconds: a
-    worker that died a moment ago would otherwise hold the caller up for its connect
-    timeout.
+    Without `workers` it is broadcast: every worker gets its copy now, in parallel, before its
+    first batch. Pinning the copies before Dask's memory manager drops the "extra" replicas
+    (every 2 s) saves each worker a later fetch. It is only that, a saving: a worker that
+    misses it fetches the value on its first batch. So it asks only the workers that hold the
+    key (they are alive), and waits at most `PIN_WAIT_S`: a worker that died a moment ago
+    would otherwise hold the caller up for its connect timeout.
 
     Parameters
     ----------
     client : distributed.Client
-        The client that scattered the value.
-    future : distributed.Future
-        The value's Future.
+        The cluster's client.
+    key : str
+        The value's Dask key.
+    value : Any
+        The value (a large captured value, or a run's context blob).
     size : int
         Its pickled size in bytes (its weight in the workers' LRU).
-    wait : float
-        Seconds to wait at most for the workers' answer.
+    workers : list of str, optional
+        Put it only there (a value sent again to the worker that asked for it).
+
+    Returns
+    -------
+    distributed.Future
+        The value's Future: the workers' copies live while it does.
     """
+    future = client.scatter({key: value}, workers=workers, broadcast=workers is None, hash=False)[key]
 
     def run() -> None:
         with contextlib.suppress(Exception):  # the client closed meanwhile: nothing to save any more
-            if holders := client.who_has([future]).get(future.key, ()):
-                client.run(pin, [(future.key, size)], workers=list(holders), on_error="ignore")
+            if holders := client.who_has([future]).get(key, ()):
+                client.run(pin, [(key, size)], workers=list(holders), on_error="ignore")
 
-    threads.spawn(run, name="nbcluster-pin").wait(wait)
+    threads.spawn(run, name="nbcluster-pin").wait(PIN_WAIT_S)
+    return future
 
 
 _SHIPMENTS: weakref.WeakKeyDictionary[Any, Shipments] = weakref.WeakKeyDictionary()
-_SHIPMENTS_LOCK = threading.Lock()
 
 
 def shipments(client: Any) -> Shipments:
@@ -491,22 +499,8 @@ def shipments(client: Any) -> Shipments:
     Shipments
         This client's large values on the cluster.
     """
-    with _SHIPMENTS_LOCK:
-        return _SHIPMENTS.setdefault(client, Shipments())
-
-
-class Sends(NamedTuple):
-    """How the engine sends a job's items: a fixed batch size (None: adapted), and a failed item's retries."""
-
-    batch: int | None
-    retries: int
-
-
-class Packed(NamedTuple):
-    """A job's code made ready once: its wire form, and where its shipped functions came from."""
-
-    wire: dict[str, Any] | None  # None for a job whose items all run in the kernel
-    sources: dict[str, list[tuple[str, int, int]]]  # `code_index`: tracebacks map back to notebook cells
+    # One dict call (atomic under the GIL): two threads asking at once get the same object.
+    return _SHIPMENTS.setdefault(client, Shipments())
 
 
 class Job:
@@ -533,27 +527,30 @@ class Job:
     ):  # fmt: skip
         self.plan, self.cell, self.fn, self.seed = plan, cell, fn, seed
         self.capture = capture if capture is not None else Capture()
-        self.sends = Sends(None if batch == "auto" else int(batch), retries)
+        self.batch = None if batch == "auto" else int(batch)  # items per batch; None: the policy sizes them
+        self.retries = retries  # how many more times a failed item runs
         self.persist = persist  # the values stay on the workers, behind handles
         self.reads_handles = reads_handles  # items or captured names are handles: Dask dependencies
         self.trial = trial  # a trial run's spec: its items report, and may be stopped (`trials.py`)
-        index = code_index([*self.capture.direct.values(), *([fn] if fn is not None else [])])
+        # Where its notebook functions came from (`code_index`): tracebacks map back to their cells.
+        self.sources = code_index([*self.capture.direct.values(), *([fn] if fn is not None else [])])
         if sent_from is not None:
             self._check_item(sent_from)
-        self.packed = Packed(self._code(wire=True) if sent_from is not None else None, index)
+        # The code's wire form, made once; None for a job whose items all run in the kernel.
+        self.wire = self._code(wire=True) if sent_from is not None else None
 
     def forget_handles(self) -> None:
         """The run is over: hold the handles it read weakly (see `handles.Read`)."""
-        self._rebind_handles(handles.forget)
+        self._rebind_handles(handles.Handle, handles.Read)
 
     def recall_handles(self) -> None:
         """A retry: the handles it reads again, strongly; one line if one is gone."""
-        self._rebind_handles(handles.recall)
+        self._rebind_handles(handles.Read, handles.Read.recall)
 
-    def _rebind_handles(self, how: Any) -> None:
+    def _rebind_handles(self, kind: type[Any], how: Callable[[Any], Any]) -> None:
         if self.reads_handles:
             if isinstance(self.plan.items, list):  # a range holds no handle
-                self.plan.items[:] = [how(item) for item in self.plan.items]
+                self.plan.items[:] = [handles.replaced(item, kind, how) for item in self.plan.items]
             self.capture.held = {n: how(h) for n, h in self.capture.held.items()}
 
     def for_kernel(self) -> worker.Context:
@@ -595,13 +592,14 @@ class Job:
         Returns
         -------
         bytes
-            The cloudpickled context spec, which `worker.Context.from_payload` loads.
+            The pickled context spec, which `worker.Context.from_payload` loads.
         """
-        assert self.packed.wire is not None, "a job made for the kernel only sends nothing"
+        assert self.wire is not None, "a job made for the kernel only sends nothing"
         c = self.capture
         values = {n: b for n, b in c.values.items() if n not in c.copied}
-        return cloudpickle.dumps({**self._binding(), **self.packed.wire, "large": large, "modules": c.modules,
-                                  "values": values, "fresh": c.fresh, "copied": c.copied, "read_only": c.read_only})  # fmt: skip
+        # Plain data only (the values and the code are bytes already): pickle, not cloudpickle's slower Pickler.
+        return pickle.dumps({**self._binding(), **self.wire, "large": large, "modules": c.modules, "values": values,
+                             "fresh": c.fresh, "copied": c.copied, "read_only": c.read_only}, protocol=5)  # fmt: skip
 
     def item_error(self, index: int, record: worker.ErrorRecord, where: str) -> ItemError:
         """A failure record from item `index`, run on `where` ("the cluster" or "the kernel").
@@ -621,7 +619,7 @@ class Job:
             The error with the item's parameters, its traceback mapped to the notebook cells the
             shipped functions came from.
         """
-        return ItemError(index, self.plan.params(index), record, where, self.packed.sources)
+        return ItemError(index, self.plan.params(index), record, where, self.sources)
 
     def _binding(self) -> dict[str, Any]:
         """How an item binds names, for `worker.Context`."""
@@ -638,20 +636,13 @@ class Job:
                     "last": cell.last and pack(cell.last)}  # fmt: skip
         if not wire:
             return {"fn": self.fn}
-        try:
-            # A function that reads what an item could change is unpickled again per item.
-            return {"fn": cloudpickle.dumps(self.fn), "fresh_fn": not shareable(self.fn, arrays=True)}
-        except Exception as e:
-            name = getattr(self.fn, "__name__", repr(self.fn))
-            raise BadArgument(f"the function {name} cannot be sent to the workers: {type(e).__name__}: {e}") from None
+        fn = _dumps(lambda: f"the function {getattr(self.fn, '__name__', repr(self.fn))}", self.fn)
+        # A function that reads what an item could change is unpickled again per item.
+        return {"fn": fn, "fresh_fn": not shareable(self.fn, arrays=True)}
 
     def _check_item(self, first: int) -> None:
         """Fail early, naming the item, when item values cannot travel."""
         item = self.plan.items[first]
         if self.reads_handles:  # its handles travel as Dask dependencies, not in the blob
             item = handles.held_slots([item], 0)[0][0]
-        try:
-            cloudpickle.dumps(item)
-        except Exception as e:
-            raise BadArgument(f"item {first} ({self.plan.describe(first)}) cannot be sent to the workers: "
-                              f"{type(e).__name__}: {e}") from None  # fmt: skip
+        _dumps(lambda: f"item {first} ({self.plan.describe(first)})", item)

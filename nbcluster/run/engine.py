@@ -81,7 +81,7 @@ from nbcluster.journal.store import Writer
 from nbcluster.journal.store import failure as journal_failure
 from nbcluster.persist.handles import Handle, Placement, handle_of, held_report, held_slots, publish
 from nbcluster.run import everywhere, ranks, transport
-from nbcluster.run.capture import Job, pin_soon, shipments
+from nbcluster.run.capture import Job, scatter, shipments
 from nbcluster.run.policy import PROBE_ITEMS, Batcher, Policy
 from nbcluster.run.state import RunState
 from nbcluster.run.transport import Link, Transport
@@ -615,7 +615,7 @@ def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
     # A range's items travel as a range, in a few bytes however many a batch takes: the
     # probes share them out whole. A persisted item is a task of its own.
     probe_items = None if isinstance(job.plan.items, range) else PROBE_ITEMS
-    batcher = Batcher(threads, fixed=1 if job.persist else job.sends.batch, probe_items=probe_items,
+    batcher = Batcher(threads, fixed=1 if job.persist else job.batch, probe_items=probe_items,
                       min_batch=config.seconds("distribute.min-batch"),
                       max_batch=config.seconds("distribute.max-batch"))  # fmt: skip
     per_thread = int(config.get("distribute.in-flight"))
@@ -624,7 +624,7 @@ def _policy(indices: Sequence[int], job: Job, threads: int) -> Policy:
         # is, for handles read), so the scheduler's queue feeds the workers, not a round trip
         # to the kernel after each item; a persisted run bounded, not all futures at once.
         per_thread = max(per_thread, len(indices) if job.reads_handles else min(len(indices), PERSIST_AHEAD))
-    return Policy(indices, batcher, retries=job.sends.retries, per_thread=per_thread)
+    return Policy(indices, batcher, retries=job.retries, per_thread=per_thread)
 
 
 def _tell_workers(client: Any, token: str) -> None:
@@ -757,9 +757,7 @@ class Shipment:
         return notes
 
     def _scatter(self, client: Any, workers: list[str] | None = None) -> Any:
-        future = client.scatter({self.key: self._blob}, workers=workers, broadcast=workers is None, hash=False)[self.key]
-        pin_soon(client, future, len(self._blob))
-        return future
+        return scatter(client, self.key, self._blob, len(self._blob), workers)
 
     def reship(self, client: Any, job: Job, key: str, to: str | None) -> bool:
         """Send again a scattered value every holder of which died; False to give up.

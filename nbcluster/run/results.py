@@ -413,7 +413,7 @@ class Results(TrialResults):
         >>> runs.retry().values()
         [10, 11, 12]
         """
-        self._control.retry(wait)
+        self._control.retry(self, wait)
         return self
 
     # -- persisted results (--persist): the values are handles on the workers ------------------

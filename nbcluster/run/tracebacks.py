@@ -6,7 +6,7 @@ and notes, nbcluster's own frames already removed, classes by name), and the exc
 pickled if it could be rebuilt. Here, in the kernel, `ItemError` readies it once:
 
 - frames of notebook functions come back named "<dynamic-code>" (cloudpickle renames the
-  file of every function it ships by value); `capture.Job.packed.sources` maps them back to the
+  file of every function it ships by value); `capture.Job.sources` maps them back to the
   notebook cell that defined the function;
 - the traceback is formatted (once, on first use) from a copy whose parts' classes are
   stand-ins of the same name (`_stand_in`), so the standard formatting prints
