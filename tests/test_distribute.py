@@ -229,6 +229,8 @@ def test_local_runs_first_items_in_the_kernel(ns: dict[str, Any], capsys: Any) -
     pids = list(res)
     assert pids[:2] == [os.getpid()] * 2 and os.getpid() not in pids[2:]
     assert "item 0\nitem 1\n" in capsys.readouterr().out  # kernel items print straight into the cell
+    one = list(run("import os\nos.getpid()", ns, over="x in range(4)", local=1))  # 1 is not True: one item
+    assert one[0] == os.getpid() and os.getpid() not in one[1:]
 
 
 def test_local_failure_stops_the_fan_out(ns: dict[str, Any], capsys: Any) -> None:

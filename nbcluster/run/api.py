@@ -439,7 +439,7 @@ def launch(body: str | Callable[..., Any], *, namespace: dict[str, Any] | None, 
             raise BadArgument("--everywhere: the cluster has no workers right now; scale it up first")
     else:
         items = plan(over=o.over, grid=o.grid, zip=o.zip, evaluate=functools.partial(_evaluate, namespace))
-    n_local = len(items) if o.local in ("all", True) else min(int(o.local), len(items))
+    n_local = len(items) if o.local == "all" or o.local is True else min(int(o.local), len(items))
     remote = n_local < len(items)
     bound = [*items.names, *(["seed"] if o.seed is not None else [])]
     captured = capture(cell.free_names(bound), namespace, pickle_values=remote) if cell else Capture()
