@@ -132,7 +132,6 @@ def test_a_range_stays_a_range() -> None:
         ({"grid": "a=[1], a=[2]"}, "--grid names a parameter twice"),
         ({"grid": "a=[]"}, "--grid: a is empty"),
         ({"zip": "a=[1, 2], b=[1]"}, "--zip needs lists of the same length: a has 2, b has 1"),
-        ({"over": "x in [1]", "grid": "a=[1]"}, "use one of --over, --grid and --zip, not --over and --grid"),
     ],
 )
 def test_plan_mistakes(kwargs: dict, message: str) -> None:

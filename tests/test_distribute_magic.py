@@ -67,6 +67,8 @@ def test_bad_input_is_a_usage_error(shell: InteractiveShell) -> None:
         cell(shell, '%%distribute --over "x in nope"\nx')
     with pytest.raises(UsageError, match=r"unknown option --ovr; did you mean --over\?"):
         cell(shell, "%%distribute --ovr x in y\nx")
+    with pytest.raises(UsageError, match=r"^--gpus needs a number above 0, got 0$"):  # checked once, by `launch`
+        cell(shell, "%%distribute --gpus 0\nx")
     with pytest.raises(UsageError, match=r"`missing` \(cell line 2\) is not defined"):
         cell(shell, "%%distribute\nmissing + 1")
     with pytest.raises(UsageError, match="only takes `wait NAME`"):
