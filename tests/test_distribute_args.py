@@ -88,7 +88,7 @@ def test_batch_auto_and_local_without_count() -> None:
         ("--everywhere --resume", "cannot be combined with --resume; drop it"),
         ("--over x in y --grid a=[1]", "--over makes the items: it cannot be combined with --grid; drop it"),
         ("--persist --into r --batch 5", "--persist runs each item as a Dask task of its own, holding its value: it "
-                                         "cannot be combined with --batch 5; drop it"),
+                                         "cannot be combined with --batch; drop it"),
         ("--persist --batch 5", "--persist keeps the results on the workers: name them with --into NAME"),
         ("--objective loss:min --stop asha --batch 4", "--stop stops items one at a time"),
         ("--stop asha", "--stop judges trials by their objective"),

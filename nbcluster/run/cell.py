@@ -191,38 +191,36 @@ class DistributeOptions:
     # fmt: on
 
     def __post_init__(self) -> None:
-        ranks, batch, local = self.ranks, self.batch, self.local
+        ranks = self.ranks
         if ranks is not None and (not _whole(ranks) or ranks < 1):  # a count, but a job has one rank or more
             raise BadArgument(f"--ranks needs a whole number of 1 or more, got {ranks!r}")
-        for flag in FLAGS:  # each value by its kind; None where None is the default is the flag not given
+        given: dict[str, bool] = {}  # a flag is given where its value is not its default (`over` may be an array)
+        for flag in FLAGS:
             value = getattr(self, flag.dest)
-            if flag.kind in _RANGES and not ((value is None and flag.default is None) or _RANGES[flag.kind][1](value)):
+            given[f"--{flag.name}"] = value is not None if flag.default is None else bool(value != flag.default)
+            if given[f"--{flag.name}"] and flag.kind in _RANGES and not _RANGES[flag.kind][1](value):
                 raise BadArgument(f"--{flag.name} needs {_RANGES[flag.kind][0]}, got {value!r}")
-        if self.cpu_only and self.gpus:
+        given["--batch"] = self.batch not in ("auto", 1)  # one a task is what `--batch 1` asks anyway
+        if self.cpu_only and given["--gpus"]:
             raise BadArgument("--cpu-only and --gpus contradict each other: pick one")
-        if self.persist and self.into is None:
+        if self.persist and not given["--into"]:
             raise BadArgument("--persist keeps the results on the workers: name them with --into NAME")
-        if self.objective is not None or self.stopper is not None or self.timeout is not None:
+        if given["--objective"] or given["--stop"] or given["--timeout"]:
             self.rules()  # each of --objective, --stop and --timeout alone (a plain run calls no trials.py)
-        if self.stopper is not None and self.objective is None:
+        if given["--stop"] and not given["--objective"]:
             raise BadArgument("--stop judges trials by their objective: add --objective NAME:min|max")
-        given = {"--over": self.over is not None, "--grid": self.grid is not None, "--zip": self.zip is not None,
-                 "--everywhere": self.everywhere, "--persist": self.persist, "--local": local not in (0, False),
-                 "--retries": bool(self.retries), "--resume": self.resume, f"--ranks {ranks}": ranks is not None,
-                 f"--batch {batch}": batch not in ("auto", 1), "--objective": self.objective is not None,
-                 "--stop": self.stopper is not None, "--timeout": self.timeout is not None}  # fmt: skip
         # What each way of running refuses, and why: one message for every clash.
         for way, why, refused in (
             ("--over", "makes the items", ("--grid", "--zip")),
             ("--grid", "makes the items", ("--zip",)),
-            (f"--ranks {ranks}", f"runs the cell as one job of {ranks} ranks that start and fail together",
+            ("--ranks", f"{ranks} runs the cell as one job of {ranks} ranks that start and fail together",
              ("--over", "--grid", "--zip", "--everywhere", "--persist", "--local", "--retries")),
             ("--everywhere", "runs the cell once per worker, as set-up code that is not journaled",
              ("--over", "--grid", "--zip", "--local", "--resume", "--objective", "--stop", "--timeout")),
             ("--persist", "keeps the results on the workers, --local runs items in the kernel", ("--local",)),
-            ("--persist", "runs each item as a Dask task of its own, holding its value", (f"--batch {batch}",)),
-            ("--stop", "stops items one at a time (one a task)", (f"--batch {batch}",)),
-            ("--timeout", "stops items one at a time (one a task)", (f"--batch {batch}",)),
+            ("--persist", "runs each item as a Dask task of its own, holding its value", ("--batch",)),
+            ("--stop", "stops items one at a time (one a task)", ("--batch",)),
+            ("--timeout", "stops items one at a time (one a task)", ("--batch",)),
         ):  # fmt: skip
             if given[way] and (clashes := [flag for flag in refused if given[flag]]):
                 raise BadArgument(f"{way} {why}: it cannot be combined with {', '.join(clashes)}; "
@@ -304,7 +302,8 @@ def parse_distribute_line(line: str) -> dict[str, Any]:
     >>> parse_distribute_line('--over "x in range(3)" --into res --no-wait')
     {'over': 'x in range(3)', 'into': 'res', 'wait': False}
     """
-    groups: list[tuple[Flag, list[str]]] = []  # each flag with the words after it
+    groups: dict[Flag, list[str]] = {}  # each flag with the words after it
+    words: list[str] | None = None  # the current flag's
     for word in _words(line):
         if word.startswith("--"):
             name, eq, rest = word[2:].partition("=")
@@ -312,17 +311,14 @@ def parse_distribute_line(line: str) -> dict[str, Any]:
                 close = difflib.get_close_matches(name, list(_BY_NAME), n=1)
                 hint = f"; did you mean --{close[0]}?" if close else ""
                 raise BadArgument(f"unknown option --{name}{hint} Usage: {usage()}")
-            groups.append((_BY_NAME[name], [rest] if eq else []))
-        elif not groups:
+            if _BY_NAME[name] in groups:
+                raise BadArgument(f"--{name} is given twice")
+            words = groups[_BY_NAME[name]] = [rest] if eq else []
+        elif words is None:
             raise BadArgument(f"unexpected {word!r} before any --option. Usage: {usage()}")
         else:
-            groups[-1][1].append(word)
-    options: dict[str, Any] = {}
-    for flag, words in groups:
-        if flag.dest in options:
-            raise BadArgument(f"--{flag.name} is given twice")
-        options[flag.dest] = _read(flag, words)
-    return options
+            words.append(word)
+    return {flag.dest: _read(flag, words) for flag, words in groups.items()}
 
 
 def parse_wait_line(line: str) -> str:
@@ -361,19 +357,18 @@ _PIECE = re.compile(r"""('{3}|"{3}|'(?!'')|"(?!""))(?:\\.|(?!\1)[^\\])*\1|(?P<op
 
 def _words(line: str) -> list[str]:
     """Split on whitespace outside brackets and string literals."""
-    words: list[str] = []
-    current, depth = "", 0
+    words, depth = [""], 0
     for piece in _PIECE.finditer(line):
         if piece["quote"]:
             raise BadArgument(f"unterminated string in the %%distribute line: {line.strip()}")
         if piece["space"] and depth <= 0:
-            words, current = [*words, current] if current else words, ""
+            words.append("")
         else:
             depth += bool(piece["open"]) - bool(piece["close"])
-            current += piece[0]
+            words[-1] += piece[0]
     if depth > 0:
         raise BadArgument(f"unclosed bracket in the %%distribute line: {line.strip()}")
-    return [*words, current] if current else words
+    return [word for word in words if word]
 
 
 def _read(flag: Flag, words: list[str]) -> Any:
@@ -418,8 +413,7 @@ class Cell:
     filename: str
     body: CodeType | None
     last: CodeType | None
-    immediate: dict[str, int] = field(default_factory=dict)  # name -> first line read
-    deferred: set[str] = field(default_factory=set)
+    free: dict[str, int | None] = field(default_factory=dict)  # name -> first line read (None: in a function)
 
     @classmethod
     def parse(cls, source: str, *, filename: str, first_line: int = 1) -> Cell:
@@ -467,10 +461,9 @@ class Cell:
             raise BadArgument(f"syntax error at {where}: {e.msg}{hint}" + (f": {text}" if text else "")) from None
         if not tree.body:
             raise BadArgument("the cell is empty: write the code to run below the %%distribute line")
-        tail = tree.body[-1]
-        value = tail.value if isinstance(tail, ast.Expr) else None  # the item's value
-        if value is not None:
-            tree.body.pop()
+        # The item's value: a last statement that is an expression, taken off the body.
+        tail = tree.body.pop() if isinstance(tree.body[-1], ast.Expr) else None
+        value = tail.value if isinstance(tail, ast.Expr) else None
         last = None if value is None else compile(ast.Expression(value), filename, "eval")
         walker = _FreeNames(*tree.body, value)
         # Only functions and lambdas read later: a cell without one needs no second parse.
@@ -478,7 +471,8 @@ class Cell:
         deferred = _deferred(symtable.symtable(padded, filename, "exec")) if later else set()
         linecache.cache[filename] = (len(padded), None, padded.splitlines(keepends=True), filename)
         body = compile(tree, filename, "exec") if tree.body else None
-        return cls(padded, filename, body, last, walker.immediate, deferred - walker.bound)
+        free = walker.immediate | dict.fromkeys(sorted(deferred - walker.bound - set(walker.immediate)))
+        return cls(padded, filename, body, last, free)
 
     def free_names(self, bound: Iterable[str] = ()) -> dict[str, int | None]:
         """Names the cell reads from outside, minus `bound` (item variables, `seed`).
@@ -495,8 +489,7 @@ class Cell:
             inside functions (for messages about unknown names).
         """
         skip = set(bound)
-        names: dict[str, int | None] = {n: line for n, line in self.immediate.items() if n not in skip}
-        return names | dict.fromkeys(sorted(self.deferred - skip - set(names)))
+        return {name: line for name, line in self.free.items() if name not in skip}
 
 
 _TRIAL_NAMES = frozenset({"report", "should_stop", "checkpoint"})
@@ -556,7 +549,7 @@ class _FreeNames(ast.NodeVisitor):
 
     def __init__(self, *nodes: ast.AST | None) -> None:
         self.bound: set[str] = set()
-        self.immediate: dict[str, int] = {}
+        self.immediate: dict[str, int | None] = {}
         self.scopes: list[tuple[set[str], bool]] = []  # (names bound, a class body?)
         self._visit_all(*nodes)
 
@@ -806,8 +799,9 @@ def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
     except SyntaxError:
         raise BadArgument(f"--over needs `NAME in ITERABLE`, {example}; got {over!r}") from None
     assert isinstance(loop, ast.For)
-    names = _target_names(loop.target)
-    if names is None:
+    nodes = sorted(ast.walk(loop.target), key=lambda node: getattr(node, "col_offset", 0))  # as written
+    names = [node.id for node in nodes if isinstance(node, ast.Name)]
+    if not all(isinstance(node, ast.Name | ast.Tuple | ast.List | ast.Store) for node in nodes):
         raise BadArgument(f"--over binds plain names (x, or a, b), {example}; got {over!r}")
     if len(set(names)) != len(names):
         raise BadArgument(f"--over binds a name twice: {over!r}")
@@ -815,13 +809,6 @@ def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
     target = ast.get_source_segment(source, loop.target) or names[0]
     items = _materialize(evaluate(expression, "over"), "over", expression)
     return Plan("over", items, tuple(names), target=target.strip("()[] "))
-
-
-def _target_names(node: ast.expr) -> list[str] | None:
-    if isinstance(node, ast.Name):
-        return [node.id]
-    subs = [_target_names(elt) for elt in node.elts] if isinstance(node, ast.Tuple | ast.List) else [None]
-    return None if None in subs else [n for s in subs for n in s or ()]
 
 
 def _named_lists(
