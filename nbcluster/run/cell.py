@@ -197,33 +197,33 @@ class DistributeOptions:
         given: dict[str, bool] = {}  # a flag is given where its value is not its default (`over` may be an array)
         for flag in FLAGS:
             value = getattr(self, flag.dest)
-            given[f"--{flag.name}"] = value is not None if flag.default is None else bool(value != flag.default)
-            if given[f"--{flag.name}"] and flag.kind in _RANGES and not _RANGES[flag.kind][1](value):
+            given[flag.name] = value is not None if flag.default is None else bool(value != flag.default)
+            if given[flag.name] and flag.kind in _RANGES and not _RANGES[flag.kind][1](value):
                 raise BadArgument(f"--{flag.name} needs {_RANGES[flag.kind][0]}, got {value!r}")
-        given["--batch"] = self.batch not in ("auto", 1)  # one a task is what `--batch 1` asks anyway
-        if self.cpu_only and given["--gpus"]:
+        given["batch"] = self.batch not in ("auto", 1)  # one a task is what `--batch 1` asks anyway
+        if self.cpu_only and given["gpus"]:
             raise BadArgument("--cpu-only and --gpus contradict each other: pick one")
-        if self.persist and not given["--into"]:
+        if self.persist and not given["into"]:
             raise BadArgument("--persist keeps the results on the workers: name them with --into NAME")
-        if given["--objective"] or given["--stop"] or given["--timeout"]:
+        if given["objective"] or given["stop"] or given["timeout"]:
             self.rules()  # each of --objective, --stop and --timeout alone (a plain run calls no trials.py)
-        if given["--stop"] and not given["--objective"]:
+        if given["stop"] and not given["objective"]:
             raise BadArgument("--stop judges trials by their objective: add --objective NAME:min|max")
         # What each way of running refuses, and why: one message for every clash.
         for way, why, refused in (
-            ("--over", "makes the items", ("--grid", "--zip")),
-            ("--grid", "makes the items", ("--zip",)),
-            ("--ranks", f"{ranks} runs the cell as one job of {ranks} ranks that start and fail together",
-             ("--over", "--grid", "--zip", "--everywhere", "--persist", "--local", "--retries")),
-            ("--everywhere", "runs the cell once per worker, as set-up code that is not journaled",
-             ("--over", "--grid", "--zip", "--local", "--resume", "--objective", "--stop", "--timeout")),
-            ("--persist", "keeps the results on the workers, --local runs items in the kernel", ("--local",)),
-            ("--persist", "runs each item as a Dask task of its own, holding its value", ("--batch",)),
-            ("--stop", "stops items one at a time (one a task)", ("--batch",)),
-            ("--timeout", "stops items one at a time (one a task)", ("--batch",)),
+            ("over", "makes the items", ("grid", "zip")),
+            ("grid", "makes the items", ("zip",)),
+            ("ranks", "{ranks} runs the cell as one job of {ranks} ranks that start and fail together",
+             ("over", "grid", "zip", "everywhere", "persist", "local", "retries")),
+            ("everywhere", "runs the cell once per worker, as set-up code that is not journaled",
+             ("over", "grid", "zip", "local", "resume", "objective", "stop", "timeout")),
+            ("persist", "keeps the results on the workers, --local runs items in the kernel", ("local",)),
+            ("persist", "runs each item as a Dask task of its own, holding its value", ("batch",)),
+            ("stop", "stops items one at a time (one a task)", ("batch",)),
+            ("timeout", "stops items one at a time (one a task)", ("batch",)),
         ):  # fmt: skip
             if given[way] and (clashes := [flag for flag in refused if given[flag]]):
-                raise BadArgument(f"{way} {why}: it cannot be combined with {', '.join(clashes)}; "
+                raise BadArgument(f"--{way} {why.format(ranks=ranks)}: it cannot be combined with --{', --'.join(clashes)}; "
                                   f"drop {'it' if len(clashes) == 1 else 'them'}")  # fmt: skip
 
     def rules(self) -> Rules:
@@ -799,9 +799,8 @@ def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
     except SyntaxError:
         raise BadArgument(f"--over needs `NAME in ITERABLE`, {example}; got {over!r}") from None
     assert isinstance(loop, ast.For)
-    nodes = sorted(ast.walk(loop.target), key=lambda node: getattr(node, "col_offset", 0))  # as written
-    names = [node.id for node in nodes if isinstance(node, ast.Name)]
-    if not all(isinstance(node, ast.Name | ast.Tuple | ast.List | ast.Store) for node in nodes):
+    names = _target_names(loop.target)
+    if names is None:
         raise BadArgument(f"--over binds plain names (x, or a, b), {example}; got {over!r}")
     if len(set(names)) != len(names):
         raise BadArgument(f"--over binds a name twice: {over!r}")
@@ -811,26 +810,31 @@ def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
     return Plan("over", items, tuple(names), target=target.strip("()[] "))
 
 
+def _target_names(node: ast.expr) -> list[str] | None:
+    if isinstance(node, ast.Name):
+        return [node.id]
+    subs = [_target_names(elt) for elt in node.elts] if isinstance(node, ast.Tuple | ast.List) else [None]
+    return None if None in subs else [n for s in subs for n in s or ()]
+
+
 def _named_lists(
     spec: Any, flag: str, evaluate: Callable[[str, str], Any]
 ) -> tuple[tuple[str, ...], list[Sequence[Any]]]:
     example = f'e.g. --{flag} "lr=[0.1, 0.01], depth=[3, 5]"'
-    if isinstance(spec, Mapping):
-        pairs = [(str(k), v) for k, v in spec.items()]
-        if bad := [name for name, _ in pairs if not name.isidentifier()]:
-            raise BadArgument(f"--{flag} names must be Python names, got {bad[0]!r}")
-    elif isinstance(spec, str):
+    if isinstance(spec, str):  # the text, as the mapping it spells
         source, call = f"_({spec})", None
         with contextlib.suppress(SyntaxError):
             call = ast.parse(source, mode="eval").body
         if not isinstance(call, ast.Call) or call.args or any(k.arg is None for k in call.keywords):
             raise BadArgument(f"--{flag} needs NAME=VALUES pairs separated by commas, {example}; got {spec!r}")
-        names = [k.arg for k in call.keywords]
-        if len(set(names)) != len(names):
+        if len({k.arg for k in call.keywords}) != len(call.keywords):
             raise BadArgument(f"--{flag} names a parameter twice: {spec!r}")
-        pairs = [(k.arg or "", evaluate(ast.get_source_segment(source, k.value) or "", flag)) for k in call.keywords]
-    else:
+        spec = {k.arg: evaluate(ast.get_source_segment(source, k.value) or "", flag) for k in call.keywords}
+    if not isinstance(spec, Mapping):
         raise BadArgument(f"--{flag} needs a string like 'a=[1, 2], b=[3]' or a dict of lists")
+    pairs = [(str(k), v) for k, v in spec.items()]
+    if bad := [name for name, _ in pairs if not name.isidentifier()]:
+        raise BadArgument(f"--{flag} names must be Python names, got {bad[0]!r}")
     if not pairs:
         raise BadArgument(f"--{flag} needs at least one NAME=VALUES pair, {example}")
     return tuple(n for n, _ in pairs), [_materialize(values, flag, name) for name, values in pairs]
