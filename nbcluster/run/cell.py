@@ -807,7 +807,8 @@ def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
     expression = ast.get_source_segment(source, loop.iter) or ""
     target = ast.get_source_segment(source, loop.target) or names[0]
     items = _materialize(evaluate(expression, "over"), "over", expression)
-    return Plan("over", items, tuple(names), target=target.strip("()[] "))
+    flat = all(isinstance(elt, ast.Name) for elt in getattr(loop.target, "elts", ()))  # `(a, b)` is `a, b`
+    return Plan("over", items, tuple(names), target=target.strip("()[] ") if flat else target)
 
 
 def _target_names(node: ast.expr) -> list[str] | None:
