@@ -10,7 +10,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from nbcluster import commands
 from nbcluster.errors import ClusterCannotRun, ClusterLost, HelpShown, NbclusterError
 from nbcluster.persist.handles import Handle, forget_shown
-from nbcluster.run.cell import help_text, parse_distribute_line, parse_wait_line
+from nbcluster.run.options import help_text, parse_distribute_line, parse_wait_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

@@ -6,7 +6,7 @@ import pytest
 
 from nbcluster.errors import BadArgument
 from nbcluster.run.api import distribute
-from nbcluster.run.cell import FLAGS, DistributeOptions, parse_distribute_line, parse_wait_line
+from nbcluster.run.options import FLAGS, DistributeOptions, parse_distribute_line, parse_wait_line
 
 
 def test_every_flag() -> None:

@@ -24,7 +24,7 @@ from nbcluster import commands
 from nbcluster.cluster.spec import START_OPTIONS, ClusterSpec
 from nbcluster.config_schema import load
 from nbcluster.run.api import distribute, launch
-from nbcluster.run.cell import FLAGS
+from nbcluster.run.options import FLAGS
 from nbcluster.server import openapi
 from nbcluster.server.handlers import START_FIELDS
 from tests.docs_helpers import NAMES, SHOTS, teaching_notebooks

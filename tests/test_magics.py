@@ -14,7 +14,7 @@ from nbcluster.cluster.gpu import SIMULATE_ENV
 from nbcluster.cluster.info import ClusterInfo, ClusterList
 from nbcluster.cluster.spec import START_OPTIONS, check_name, parse_bounds, parse_count
 from nbcluster.errors import BadArgument
-from nbcluster.run.cell import FLAGS
+from nbcluster.run.options import FLAGS
 from tests.shell_helpers import magic, one_clear_line
 
 

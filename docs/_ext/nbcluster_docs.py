@@ -6,7 +6,7 @@ Nothing in these tables is typed by hand, so they cannot drift from the code:
   ``nbcluster NAME``), from the argparse parser `nbcluster.commands.build_parser` makes
   (whose start options come from `nbcluster.cluster.spec.START_OPTIONS`);
 - ``nbcluster-distribute-options``: the `%%distribute` flags, from
-  `nbcluster.run.cell.FLAGS`, with the Python spelling of each (`distribute()`'s keyword
+  `nbcluster.run.options.FLAGS`, with the Python spelling of each (`distribute()`'s keyword
   and default, or where it went);
 - ``nbcluster-settings``: every key of ``nbcluster.yaml`` with its kind, default and the
   comment above it, via `nbcluster.config_schema.load`.
@@ -134,7 +134,7 @@ class DistributeOptionsDirective(SphinxDirective):
     """``nbcluster-distribute-options``: every `%%distribute` flag, as `FLAGS` declares it."""
 
     def run(self) -> list[nodes.Node]:
-        from nbcluster.run.cell import FLAGS
+        from nbcluster.run.options import FLAGS
 
         rows = [
             [code(flag.usage), code(flag.python), inline(flag.help)] for flag in FLAGS

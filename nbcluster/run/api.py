@@ -3,7 +3,7 @@ line into, and `Run`, the controls of one run.
 
 The order of a run, and why:
 
-1. Validate the options (`cell.DistributeOptions`), parse the cell, evaluate
+1. Validate the options (`options.DistributeOptions`), parse the cell, evaluate
    `--over/--grid/--zip` in the user's namespace into a `Plan`, capture the free names
    (pickling each: a bad one is named here), connect to the cluster and check resource
    restrictions can be met (`Link`), and make the `Job` (a function or an item that cannot
@@ -56,8 +56,9 @@ from nbcluster.journal.resume import Resumption, attach_checkpoints, fingerprint
 from nbcluster.persist import handles
 from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.capture import Capture, Job, capture
-from nbcluster.run.cell import Cell, DistributeOptions, Plan, human, mentions_trials, plan
+from nbcluster.run.cell import Cell, Plan, human, mentions_trials, plan
 from nbcluster.run.engine import Engine
+from nbcluster.run.options import DistributeOptions
 from nbcluster.run.results import Results, follow, interrupted, report
 from nbcluster.run.state import DONE, FAILED, PENDING
 from nbcluster.run.target import Link, Needs
@@ -407,7 +408,7 @@ def launch(body: str | Callable[..., Any], *, namespace: dict[str, Any] | None, 
         The line number of the body's first line, for tracebacks (2 in a cell magic, whose
         first line is ``%%distribute``).
     **flags
-        The options, by the declaration's names (`cell.DistributeOptions`, each flag's
+        The options, by the declaration's names (`options.DistributeOptions`, each flag's
         ``dest``), with its defaults; ``cluster`` may also be a `ClusterHandle`.
 
     Returns
