@@ -43,8 +43,10 @@ class NbclusterMagics(Magics):
                     return _cluster_line(_journals_line(words))
                 return wait(parse_wait_line(line), namespace=self.shell.user_ns)
             kwargs = parse_distribute_line(line)
-            # The flags as they are declared (`launch`); Python spells some otherwise (`needs=`, `on=`).
-            results = launch(cell, namespace=self.shell.user_ns, progress=widgets.progress_hook(), **kwargs)
+            # The flags as they are declared (`launch` checks them); Python spells some otherwise (`needs=`,
+            # `on=`). The cell's body starts on its line 2: the %%distribute line is line 1.
+            results = launch(cell, namespace=self.shell.user_ns, progress=widgets.progress_hook(), first_line=2,
+                             **kwargs)
         except (ClusterLost, ClusterCannotRun):
             raise  # one line too, and sys.last_value.results keeps what finished
         except NbclusterError as e:

@@ -88,7 +88,7 @@ for ticks in polled:
 sys.stdout.flush(); sys.stderr.flush()
 """
 
-# Values for each kind of `%%distribute` flag (options.py), good ones and bad ones.
+# Values for each kind of `%%distribute` flag (run/options.py), good ones and bad ones.
 VALUES = {
     "expr": ['"x in range(3)"', '"a, b in [(1, 2), (3, 4)]"', '"a=[1, 2], b=[10, 20]"', '"x in []"',
              '"x in nope"', '"x in range(3"', '"x in 5"', '"a=[1], [2]"', '"a=[]"', '"a=[1, 2], b=[3]"'],

@@ -6,7 +6,7 @@ import pytest
 
 from nbcluster.errors import BadArgument
 from nbcluster.run.api import distribute
-from nbcluster.run.options import FLAGS, parse_distribute_line, parse_wait_line
+from nbcluster.run.options import FLAGS, DistributeOptions, parse_distribute_line, parse_wait_line
 
 
 def test_every_flag() -> None:
@@ -15,7 +15,6 @@ def test_every_flag() -> None:
         "--no-wait --seed 7 --local 2 --cluster big"
     )
     assert parse_distribute_line(line) == {
-        "first_line": 2,
         "over": "x in range(10)",
         "into": "res",
         "gpus": 1,
@@ -27,11 +26,11 @@ def test_every_flag() -> None:
         "local": 2,
         "cluster": "big",
     }
-    assert parse_distribute_line("--everywhere --cpu-only") == {"first_line": 2, "everywhere": True, "cpu_only": True}
+    assert parse_distribute_line("--everywhere --cpu-only") == {"everywhere": True, "cpu_only": True}
 
 
 def test_empty_line_runs_once_with_defaults() -> None:
-    assert parse_distribute_line("") == {"first_line": 2}
+    assert parse_distribute_line("") == {}
 
 
 @pytest.mark.parametrize(
@@ -68,9 +67,10 @@ def test_batch_auto_and_local_without_count() -> None:
         ("--ovr x in y", "unknown option --ovr; did you mean --over?"),
         ("--gpus", "--gpus needs a value"),
         ("--gpus 0", "--gpus needs a number above 0"),
-        ("--gpus many", "--gpus needs a number, got 'many'"),
+        ("--gpus many", "--gpus needs a number above 0, got 'many'"),
+        ("--gpus nan", "--gpus needs a number above 0, got nan"),
         ("--retries -1", "--retries needs a whole number of 0 or more"),
-        ("--retries 1.5", "--retries needs a whole number"),
+        ("--retries 1.5", "--retries needs a whole number of 0 or more, got '1.5'"),
         ("--batch 0", "--batch needs `auto` or a whole number of 1 or more"),
         ("--batch big", "--batch needs `auto` or a whole number"),
         ("--seed x", "--seed needs a whole number"),
@@ -85,12 +85,22 @@ def test_batch_auto_and_local_without_count() -> None:
         ("--local -2", "--local needs a whole number of 0 or more"),
         ("--gpus 1 --cpu-only", "--cpu-only and --gpus contradict each other"),
         ("--everywhere --over x in y", "--everywhere runs the cell once per worker"),
+        ("--everywhere --resume", "cannot be combined with --resume; drop it"),
+        ("--over x in y --grid a=[1]", "--over makes the items: it cannot be combined with --grid; drop it"),
+        ("--persist --into r --batch 5", "--persist runs each item as a Dask task of its own, holding its value: it "
+                                         "cannot be combined with --batch; drop it"),
+        ("--persist --batch 5", "--persist keeps the results on the workers: name them with --into NAME"),
+        ("--objective loss:min --stop asha --batch 4", "--stop stops items one at a time"),
+        ("--stop asha", "--stop judges trials by their objective"),
+        ("--ranks 0", "--ranks needs a whole number of 1 or more, got 0"),
+        ("--ranks 2 --over x in y --retries 1", "cannot be combined with --over, --retries; drop them"),
         ("--seed=-", "--seed needs a whole number, got '-'"),
     ],
 )
 def test_mistakes_get_one_clear_message(line: str, message: str) -> None:
+    # The line is read, then checked as `launch` checks it, by the declaration's kinds and rules.
     with pytest.raises(BadArgument) as info:
-        parse_distribute_line(line)
+        DistributeOptions(**parse_distribute_line(line))
     assert message in str(info.value)
 
 
@@ -114,9 +124,10 @@ def test_wait_line() -> None:
     ],
 )
 def test_the_magic_and_the_api_give_the_same_message(line: str, kwargs: dict[str, object]) -> None:
-    # One rule, in DistributeOptions: the line and the keyword arguments meet the same check.
+    # One rule, in DistributeOptions: the line's values, read by their kinds, meet the check
+    # that the keyword arguments meet.
     with pytest.raises(BadArgument) as from_line:
-        parse_distribute_line(line)
+        DistributeOptions(**parse_distribute_line(line))
     with pytest.raises(BadArgument) as from_api:
         distribute("x", namespace={}, **kwargs)  # type: ignore[arg-type]
     assert str(from_line.value) == str(from_api.value)

@@ -7,6 +7,7 @@ import io
 import pytest
 
 from nbcluster.errors import BadArgument
+from nbcluster.run.api import distribute
 from nbcluster.run.capture import LARGE, Capture, capture
 from nbcluster.run.cell import Cell, mentions_trials, plan
 from nbcluster.run.policy import PROBE_ITEMS, PROBE_S, Batcher
@@ -105,6 +106,14 @@ def test_plans_over_grid_zip() -> None:
     z = plan(zip="a=[1, 2], b='xy'", evaluate=evaluate({}))
     assert [z.params(i) for i in range(2)] == [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
     assert plan(evaluate=evaluate({})).mode == "once"
+    assert plan(over="(a, b) in pairs", evaluate=evaluate({"pairs": [(1, 2)]})).target == "a, b"
+
+
+def test_a_nested_over_target_unpacks_as_python_does() -> None:
+    # `(a, b), c` is a Python for-target; its brackets are its structure, not decoration.
+    nested = plan(over="(a, b), c in [((1, 2), 3)]", evaluate=evaluate({}))
+    assert nested.params(0) == {"a": 1, "b": 2, "c": 3}
+    assert list(distribute("a + b + c", over="(a, b), c in [((1, 2), 3)]", local=True, namespace={})) == [6]
 
 
 
@@ -132,7 +141,6 @@ def test_a_range_stays_a_range() -> None:
         ({"grid": "a=[1], a=[2]"}, "--grid names a parameter twice"),
         ({"grid": "a=[]"}, "--grid: a is empty"),
         ({"zip": "a=[1, 2], b=[1]"}, "--zip needs lists of the same length: a has 2, b has 1"),
-        ({"over": "x in [1]", "grid": "a=[1]"}, "use one of --over, --grid and --zip, not --over and --grid"),
     ],
 )
 def test_plan_mistakes(kwargs: dict, message: str) -> None:

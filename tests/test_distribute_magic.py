@@ -62,11 +62,18 @@ def test_without_into_the_hint_names_no_variable_that_does_not_exist(shell: Inte
     assert cell(shell, "_.errors[0].index") == 1
 
 
+def test_a_nested_over_target_unpacks_on_the_workers(shell: InteractiveShell) -> None:
+    out = cell(shell, '%%distribute --over "(a, b), c in [((1, 2), 3), ((4, 5), 6)]"\na + b + c')
+    assert list(out) == [6, 15]
+
+
 def test_bad_input_is_a_usage_error(shell: InteractiveShell) -> None:
     with pytest.raises(UsageError, match="--over: evaluating 'nope' failed: NameError"):
         cell(shell, '%%distribute --over "x in nope"\nx')
     with pytest.raises(UsageError, match=r"unknown option --ovr; did you mean --over\?"):
         cell(shell, "%%distribute --ovr x in y\nx")
+    with pytest.raises(UsageError, match=r"^--gpus needs a number above 0, got 0$"):  # checked once, by `launch`
+        cell(shell, "%%distribute --gpus 0\nx")
     with pytest.raises(UsageError, match=r"`missing` \(cell line 2\) is not defined"):
         cell(shell, "%%distribute\nmissing + 1")
     with pytest.raises(UsageError, match="only takes `wait NAME`"):

@@ -1,8 +1,10 @@
 """What a run runs and over what: the cell's source -> compiled code and the names it reads
-from the notebook (`Cell`), and `--over` / `--grid` / `--zip` -> the items (`Plan`).
+from the notebook (`Cell`), and `--over` / `--grid` / `--zip` -> the items (`Plan`). The
+options and the magic's line that ask for them are `options.py`'s.
 
-`Cell.parse(source, first_line=2)` does everything that can fail on bad input here, in the
-kernel, so a syntax error is one message naming the cell line, not a worker traceback.
+**The cell.** `Cell.parse(source, first_line=2)` does everything that can fail on bad input
+here, in the kernel, so a syntax error is one message naming the cell line, not a worker
+traceback.
 
 Line numbers: the source is padded with `first_line - 1` blank lines before compiling, so
 the code objects, every traceback and every `SyntaxError` carry notebook line numbers
@@ -28,7 +30,7 @@ class bodies and comprehensions in execution order, keeping the set of names bou
 Over-capturing would ship stale (possibly huge or unpicklable) values, under-capturing
 would fail on the worker: the walk errs towards the scoping Python really does.
 
-A `Plan` holds the item values (`items`) and how one value binds names:
+**The plan.** A `Plan` holds the item values (`items`) and how one value binds names:
 
 - `over="x in xs"`: each value of `xs` binds `x`; `"a, b in pairs"` unpacks each value;
 - `grid="lr=[..], depth=[..]"`: the Cartesian product, first name slowest (like nested
@@ -71,8 +73,7 @@ class Cell:
     filename: str
     body: CodeType | None
     last: CodeType | None
-    immediate: dict[str, int] = field(default_factory=dict)  # name -> first line read
-    deferred: set[str] = field(default_factory=set)
+    free: dict[str, int | None] = field(default_factory=dict)  # name -> first line read (None: in a function)
 
     @classmethod
     def parse(cls, source: str, *, filename: str, first_line: int = 1) -> Cell:
@@ -120,10 +121,9 @@ class Cell:
             raise BadArgument(f"syntax error at {where}: {e.msg}{hint}" + (f": {text}" if text else "")) from None
         if not tree.body:
             raise BadArgument("the cell is empty: write the code to run below the %%distribute line")
-        tail = tree.body[-1]
-        value = tail.value if isinstance(tail, ast.Expr) else None  # the item's value
-        if value is not None:
-            tree.body.pop()
+        # The item's value: a last statement that is an expression, taken off the body.
+        tail = tree.body.pop() if isinstance(tree.body[-1], ast.Expr) else None
+        value = tail.value if isinstance(tail, ast.Expr) else None
         last = None if value is None else compile(ast.Expression(value), filename, "eval")
         walker = _FreeNames(*tree.body, value)
         # Only functions and lambdas read later: a cell without one needs no second parse.
@@ -131,7 +131,8 @@ class Cell:
         deferred = _deferred(symtable.symtable(padded, filename, "exec")) if later else set()
         linecache.cache[filename] = (len(padded), None, padded.splitlines(keepends=True), filename)
         body = compile(tree, filename, "exec") if tree.body else None
-        return cls(padded, filename, body, last, walker.immediate, deferred - walker.bound)
+        free = walker.immediate | dict.fromkeys(sorted(deferred - walker.bound - set(walker.immediate)))
+        return cls(padded, filename, body, last, free)
 
     def free_names(self, bound: Iterable[str] = ()) -> dict[str, int | None]:
         """Names the cell reads from outside, minus `bound` (item variables, `seed`).
@@ -148,8 +149,7 @@ class Cell:
             inside functions (for messages about unknown names).
         """
         skip = set(bound)
-        names: dict[str, int | None] = {n: line for n, line in self.immediate.items() if n not in skip}
-        return names | dict.fromkeys(sorted(self.deferred - skip - set(names)))
+        return {name: line for name, line in self.free.items() if name not in skip}
 
 
 _TRIAL_NAMES = frozenset({"report", "should_stop", "checkpoint"})
@@ -209,7 +209,7 @@ class _FreeNames(ast.NodeVisitor):
 
     def __init__(self, *nodes: ast.AST | None) -> None:
         self.bound: set[str] = set()
-        self.immediate: dict[str, int] = {}
+        self.immediate: dict[str, int | None] = {}
         self.scopes: list[tuple[set[str], bool]] = []  # (names bound, a class body?)
         self._visit_all(*nodes)
 
@@ -264,23 +264,13 @@ class _FreeNames(ast.NodeVisitor):
 
     visit_ImportFrom = visit_Import
 
-    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
-        self._visit_all(node.type)
-        if node.name:
-            self._store(node.name)
-        self._visit_all(*node.body)
-
-    def visit_MatchAs(self, node: ast.MatchAs | ast.MatchStar) -> None:
-        self._visit_all(getattr(node, "pattern", None))
-        if node.name:
-            self._store(node.name)
-
-    visit_MatchStar = visit_MatchAs
-
-    def visit_MatchMapping(self, node: ast.MatchMapping) -> None:
+    def visit_ExceptHandler(self, node: ast.ExceptHandler | ast.MatchAs | ast.MatchStar | ast.MatchMapping) -> None:
+        # The name these bind is a string, not a `Name`; none of their parts can read it first.
+        if name := getattr(node, "name", None) or getattr(node, "rest", None):
+            self._store(name)
         self.generic_visit(node)
-        if node.rest:
-            self._store(node.rest)
+
+    visit_MatchAs = visit_MatchStar = visit_MatchMapping = visit_ExceptHandler
 
     # -- new scopes -------------------------------------------------------------------
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
@@ -412,7 +402,7 @@ def describe(params: dict[str, Any]) -> str:
 
 
 def plan(*, over: Any = None, grid: Any = None, zip: Any = None, evaluate: Callable[[str, str], Any]) -> Plan:
-    """Build the plan from ``--over``, ``--grid`` or ``--zip`` (at most one of them).
+    """Build the plan from ``--over``, ``--grid`` or ``--zip`` (one at most: `options.DistributeOptions` checks).
 
     Parameters
     ----------
@@ -436,7 +426,7 @@ def plan(*, over: Any = None, grid: Any = None, zip: Any = None, evaluate: Calla
     Raises
     ------
     nbcluster.errors.BadArgument
-        For more than one of them, a malformed expression, names that are not Python names
+        For a malformed expression, names that are not Python names
         or bound twice, an iterable that is not one or is empty, or ``--zip`` lists of
         different lengths; the message gives the form to use.
 
@@ -445,9 +435,6 @@ def plan(*, over: Any = None, grid: Any = None, zip: Any = None, evaluate: Calla
     >>> plan(grid={"lr": [0.1, 0.01], "depth": [3, 5]}, evaluate=eval).items
     [(0.1, 3), (0.1, 5), (0.01, 3), (0.01, 5)]
     """
-    given = [name for name, v in (("over", over), ("grid", grid), ("zip", zip)) if v is not None]
-    if len(given) > 1:
-        raise BadArgument(f"use one of --over, --grid and --zip, not {' and '.join('--' + g for g in given)}")
     if over is not None:
         return _over(over, evaluate)
     if grid is not None:
@@ -480,7 +467,8 @@ def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
     expression = ast.get_source_segment(source, loop.iter) or ""
     target = ast.get_source_segment(source, loop.target) or names[0]
     items = _materialize(evaluate(expression, "over"), "over", expression)
-    return Plan("over", items, tuple(names), target=target.strip("()[] "))
+    flat = all(isinstance(elt, ast.Name) for elt in getattr(loop.target, "elts", ()))  # `(a, b)` is `a, b`
+    return Plan("over", items, tuple(names), target=target.strip("()[] ") if flat else target)
 
 
 def _target_names(node: ast.expr) -> list[str] | None:
@@ -494,22 +482,20 @@ def _named_lists(
     spec: Any, flag: str, evaluate: Callable[[str, str], Any]
 ) -> tuple[tuple[str, ...], list[Sequence[Any]]]:
     example = f'e.g. --{flag} "lr=[0.1, 0.01], depth=[3, 5]"'
-    if isinstance(spec, Mapping):
-        pairs = [(str(k), v) for k, v in spec.items()]
-        if bad := [name for name, _ in pairs if not name.isidentifier()]:
-            raise BadArgument(f"--{flag} names must be Python names, got {bad[0]!r}")
-    elif isinstance(spec, str):
+    if isinstance(spec, str):  # the text, as the mapping it spells
         source, call = f"_({spec})", None
         with contextlib.suppress(SyntaxError):
             call = ast.parse(source, mode="eval").body
         if not isinstance(call, ast.Call) or call.args or any(k.arg is None for k in call.keywords):
             raise BadArgument(f"--{flag} needs NAME=VALUES pairs separated by commas, {example}; got {spec!r}")
-        names = [k.arg for k in call.keywords]
-        if len(set(names)) != len(names):
+        if len({k.arg for k in call.keywords}) != len(call.keywords):
             raise BadArgument(f"--{flag} names a parameter twice: {spec!r}")
-        pairs = [(k.arg or "", evaluate(ast.get_source_segment(source, k.value) or "", flag)) for k in call.keywords]
-    else:
+        spec = {k.arg: evaluate(ast.get_source_segment(source, k.value) or "", flag) for k in call.keywords}
+    if not isinstance(spec, Mapping):
         raise BadArgument(f"--{flag} needs a string like 'a=[1, 2], b=[3]' or a dict of lists")
+    pairs = [(str(k), v) for k, v in spec.items()]
+    if bad := [name for name, _ in pairs if not name.isidentifier()]:
+        raise BadArgument(f"--{flag} names must be Python names, got {bad[0]!r}")
     if not pairs:
         raise BadArgument(f"--{flag} needs at least one NAME=VALUES pair, {example}")
     return tuple(n for n, _ in pairs), [_materialize(values, flag, name) for name, values in pairs]

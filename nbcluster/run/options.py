@@ -1,11 +1,13 @@
-"""`%%distribute`'s options, declared once, their rules, checked once, and the magic's line.
+"""`%%distribute`'s options, declared once and checked once, and the magic's line, read into
+them. The cell and its plan are `cell.py`'s.
 
-`DistributeOptions` is the declaration: each field is one flag, with its type (the
-annotation, and how the magic reads its text: `kind`), its default (the field's) and its
-help. The magic's parser, `%%distribute?` and the docs' option reference
+**Options.** `DistributeOptions` is the declaration of `%%distribute`'s flags: each field is
+one flag, with its kind of value (`kind`, below), its default (the field's) and its help.
+The magic's parser, `%%distribute?` and the docs' option reference
 (``docs/_ext/nbcluster_docs.py``, checked by ``tests/test_docs.py``) are made from it.
-Constructing one checks the values; `%%distribute` and `distribute()` both do, so both
-reject the same input with the same message.
+Constructing one checks the values, each by its kind, and the rules between flags; `launch`
+does, for the magic and for `distribute()` alike, so both reject the same input with the
+same message.
 
 Each field's name is the keyword of `api.launch`, which the magic calls. Python spells most
 flags the same way in `distribute()`; the rest say how (``python``): what each item needs
@@ -13,21 +15,22 @@ is one ``needs=Needs(...)``, the cluster is ``on=``, and ``--everywhere`` and ``
 are functions of their own (`api.everywhere`, `api.ranks`).
 
 Kinds of value, as read from the magic's line: ``expr`` a Python expression, kept as text;
-``name`` a variable name; ``text`` one word; ``amount`` a number above 0; ``count`` a
-whole number of 0 or more; ``int`` any whole number; ``batch`` ``auto`` or a whole number;
-``local`` a whole number, or nothing for all items; ``switch`` no value.
+``text`` one word; ``switch`` no value; and those with a range (`_RANGES`): ``name`` a
+variable name, ``amount`` a number above 0, ``count`` a whole number of 0 or more, ``int``
+any whole number, ``batch`` ``auto`` or a whole number, ``local`` a whole number, or
+nothing for all items.
 
-The line: values of `--over`, `--grid` and `--zip` are Python expressions, which `shlex`
-would mangle (it strips the quotes inside `['a b', 'c']`). So the line is split by a small
-scanner that knows Python's brackets and string quotes: whitespace splits only outside
-them, and a value runs until the next `--flag`. Quoting the whole value is allowed and
-usual (`--over "x in range(10)"`), and so is leaving it bare (`--over x in range(10)`).
-Each flag's value is then read by its declared kind (`_read`), and `DistributeOptions`
-checks the values together.
-`tokenize` cannot be that scanner: the line is not Python but words with Python inside,
-and tokenize's errors differ between Python versions (an unterminated quote, a stray `)`,
-a `#`, f-strings). Nothing is evaluated here: expressions go to `launch()`, which
-evaluates them in the user's namespace and reports their errors.
+**The line.** Values of `--over`, `--grid` and `--zip` are Python expressions, which
+`shlex` would mangle (it strips the quotes inside `['a b', 'c']`). So the line is split by
+a small scanner that knows Python's brackets and string quotes: whitespace splits only
+outside them, and a value runs until the next `--flag`. Quoting the whole value is allowed
+and usual (`--over "x in range(10)"`), and so is leaving it bare (`--over x in range(10)`).
+Each flag's value is then read by its declared kind (`_read`): a number where it reads as
+one, else the text, which the range check then names. `tokenize` cannot be that scanner:
+the line is not Python but words with Python inside, and tokenize's errors differ between
+Python versions (an unterminated quote, a stray `)`, a `#`, f-strings). Nothing is
+evaluated here: expressions go to `launch()`, which evaluates them in the user's namespace
+and reports their errors.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import keyword
 import math
 import re
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeGuard
 
@@ -69,6 +73,23 @@ class Flag:
     def usage(self) -> str:
         """`--over "x in ITERABLE"`, `--local [K]`, `--no-wait`."""
         return f"--{self.name} {self.metavar}".strip()
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: The kinds of value with a range: what a value must be (the message says it), and the test.
+_RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "name": ("a Python variable name", lambda v: isinstance(v, str) and v.isidentifier() and not keyword.iskeyword(v)),
+    "amount": ("a number above 0", lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+               and math.isfinite(v) and v > 0),
+    "count": ("a whole number of 0 or more", lambda v: _whole(v) and v >= 0),
+    "int": ("a whole number", _whole),
+    "batch": ("`auto` or a whole number of 1 or more", lambda v: v == "auto" or (_whole(v) and v >= 1)),
+    "local": ("a whole number of 0 or more (or nothing, for all items)",
+              lambda v: isinstance(v, bool) or v == "all" or (_whole(v) and v >= 0)),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -122,54 +143,40 @@ class DistributeOptions:
     # fmt: on
 
     def __post_init__(self) -> None:
-        into, local, batch, ranks = self.into, self.local, self.batch, self.ranks
-        if into is not None and (not isinstance(into, str) or not into.isidentifier() or keyword.iskeyword(into)):
-            raise BadArgument(f"--into needs a Python variable name, got {into!r}")
-        for name, value in (("gpus", self.gpus), ("cpus", self.cpus)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
-                raise BadArgument(f"--{name} needs a number above 0, got {value!r}")
-        if self.cpu_only and self.gpus:
-            raise BadArgument("--cpu-only and --gpus contradict each other: pick one")
-        if not _whole(self.retries) or self.retries < 0:
-            raise BadArgument(f"--retries needs a whole number of 0 or more, got {self.retries!r}")
-        if batch != "auto" and (not _whole(batch) or batch < 1):
-            raise BadArgument(f"--batch needs `auto` or a whole number of 1 or more, got {batch!r}")
-        if self.seed is not None and not _whole(self.seed):
-            raise BadArgument(f"--seed needs a whole number, got {self.seed!r}")
-        if local not in ("all", True, False) and (not _whole(local) or local < 0):
-            raise BadArgument(f"--local needs a whole number of 0 or more (or nothing, for all items), got {local!r}")
-        if self.everywhere and any(v is not None for v in (self.over, self.grid, self.zip)):
-            raise BadArgument("--everywhere runs the cell once per worker: it cannot be combined with --over/--grid/--zip")
-        if self.persist and into is None:
-            raise BadArgument("--persist keeps the results on the workers: name them with --into NAME")
-        if self.persist and batch not in ("auto", 1):
-            raise BadArgument(f"--persist runs each item as a Dask task of its own, holding its value: drop --batch {batch}")
-        if self.persist and local not in (0, False):
-            raise BadArgument("--persist keeps the results on the workers, --local runs items in the kernel: drop one of them")
-        if ranks is not None and (not _whole(ranks) or ranks < 1):
+        ranks = self.ranks
+        if ranks is not None and (not _whole(ranks) or ranks < 1):  # a count, but a job has one rank or more
             raise BadArgument(f"--ranks needs a whole number of 1 or more, got {ranks!r}")
-        # `--ranks N` is one job: nothing that makes or keeps several independent items.
-        clashes = [flag for flag, on in (
-            ("--over", self.over is not None), ("--grid", self.grid is not None), ("--zip", self.zip is not None),
-            ("--everywhere", self.everywhere), ("--persist", self.persist),
-            ("--local", local not in (0, False)), ("--retries", bool(self.retries)),
-        ) if on and ranks is not None]  # fmt: skip
-        if clashes:
-            raise BadArgument(f"--ranks {ranks} runs the cell as one job of {ranks} ranks that start and fail together: "
-                              f"it cannot be combined with {', '.join(clashes)}; drop {'it' if len(clashes) == 1 else 'them'}")  # fmt: skip
-        if self.everywhere and self.resume:
-            raise BadArgument("--everywhere runs are not journaled (their items are the workers of now): drop --resume")
-        stops = self.stopper is not None or self.timeout is not None
-        if stops or self.objective is not None:  # (a plain run loads none of trials.py and stoppers.py)
-            self.rules()  # each of --objective, --stop and --timeout alone
-        if self.stopper is not None and self.objective is None:
+        given: dict[str, bool] = {}  # a flag is given where its value is not its default (`over` may be an array)
+        for flag in FLAGS:
+            value = getattr(self, flag.dest)
+            given[flag.name] = value is not None if flag.default is None else bool(value != flag.default)
+            if given[flag.name] and flag.kind in _RANGES and not _RANGES[flag.kind][1](value):
+                raise BadArgument(f"--{flag.name} needs {_RANGES[flag.kind][0]}, got {value!r}")
+        given["batch"] = self.batch not in ("auto", 1)  # one a task is what `--batch 1` asks anyway
+        if self.cpu_only and given["gpus"]:
+            raise BadArgument("--cpu-only and --gpus contradict each other: pick one")
+        if self.persist and not given["into"]:
+            raise BadArgument("--persist keeps the results on the workers: name them with --into NAME")
+        if given["objective"] or given["stop"] or given["timeout"]:
+            self.rules()  # each of --objective, --stop and --timeout alone (a plain run calls no trials.py)
+        if given["stop"] and not given["objective"]:
             raise BadArgument("--stop judges trials by their objective: add --objective NAME:min|max")
-        if stops and batch not in ("auto", 1):
-            raise BadArgument(f"--stop and --timeout stop items one at a time (one a task): drop --batch {batch}")
-        if self.everywhere and (stops or self.objective is not None):
-            raise BadArgument("--everywhere runs set-up code once per worker: drop --stop/--timeout/--objective")
-        if self.everywhere and local not in (0, False):
-            raise BadArgument("--everywhere runs on the workers; it cannot be combined with --local")
+        # What each way of running refuses, and why: one message for every clash.
+        for way, why, refused in (
+            ("over", "makes the items", ("grid", "zip")),
+            ("grid", "makes the items", ("zip",)),
+            ("ranks", "{ranks} runs the cell as one job of {ranks} ranks that start and fail together",
+             ("over", "grid", "zip", "everywhere", "persist", "local", "retries")),
+            ("everywhere", "runs the cell once per worker, as set-up code that is not journaled",
+             ("over", "grid", "zip", "local", "resume", "objective", "stop", "timeout")),
+            ("persist", "keeps the results on the workers, --local runs items in the kernel", ("local",)),
+            ("persist", "runs each item as a Dask task of its own, holding its value", ("batch",)),
+            ("stop", "stops items one at a time (one a task)", ("batch",)),
+            ("timeout", "stops items one at a time (one a task)", ("batch",)),
+        ):  # fmt: skip
+            if given[way] and (clashes := [flag for flag in refused if given[flag]]):
+                raise BadArgument(f"--{way} {why.format(ranks=ranks)}: it cannot be combined with --{', --'.join(clashes)}; "
+                                  f"drop {'it' if len(clashes) == 1 else 'them'}")  # fmt: skip
 
     def rules(self) -> Rules:
         """What judges the run's trials: ``--objective``, ``--stop`` and ``--timeout``, each parsed.
@@ -185,10 +192,6 @@ class DistributeOptions:
             For a malformed value, naming the flag.
         """
         return Rules(Objective.parse(self.objective), make(self.stopper), parse_timeout(self.timeout))
-
-
-def _whole(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 FLAGS: tuple[Flag, ...] = tuple(
@@ -225,7 +228,8 @@ def help_text() -> str:
 
 
 def parse_distribute_line(line: str) -> dict[str, Any]:
-    """Keyword arguments for `launch()` (what `distribute()` calls) from a `%%distribute` line.
+    """The options of a `%%distribute` line, as keyword arguments of `launch()` (and of
+    `DistributeOptions`, which `launch()` checks them with).
 
     Parameters
     ----------
@@ -236,21 +240,22 @@ def parse_distribute_line(line: str) -> dict[str, Any]:
     Returns
     -------
     dict
-        The arguments `launch()` takes, with ``first_line`` 2 (the cell's body starts on
-        the notebook cell's second line).
+        The flags given, by their declared names, each value read by its kind; ranges and
+        the rules between flags are `DistributeOptions`' to check.
 
     Raises
     ------
     nbcluster.errors.BadArgument
-        For an unknown or repeated flag, a missing or bad value, or flags that do not go
-        together; the message says which.
+        For an unknown or repeated flag, or a missing or extra value; the message says
+        which.
 
     Examples
     --------
     >>> parse_distribute_line('--over "x in range(3)" --into res --no-wait')
-    {'first_line': 2, 'over': 'x in range(3)', 'into': 'res', 'wait': False}
+    {'over': 'x in range(3)', 'into': 'res', 'wait': False}
     """
-    groups: list[tuple[Flag, list[str]]] = []  # each flag with the words after it
+    groups: dict[Flag, list[str]] = {}  # each flag with the words after it
+    words: list[str] | None = None  # the current flag's
     for word in _words(line):
         if word.startswith("--"):
             name, eq, rest = word[2:].partition("=")
@@ -258,18 +263,14 @@ def parse_distribute_line(line: str) -> dict[str, Any]:
                 close = difflib.get_close_matches(name, list(_BY_NAME), n=1)
                 hint = f"; did you mean --{close[0]}?" if close else ""
                 raise BadArgument(f"unknown option --{name}{hint} Usage: {usage()}")
-            groups.append((_BY_NAME[name], [rest] if eq else []))
-        elif not groups:
+            if _BY_NAME[name] in groups:
+                raise BadArgument(f"--{name} is given twice")
+            words = groups[_BY_NAME[name]] = [rest] if eq else []
+        elif words is None:
             raise BadArgument(f"unexpected {word!r} before any --option. Usage: {usage()}")
         else:
-            groups[-1][1].append(word)
-    options: dict[str, Any] = {}
-    for flag, words in groups:
-        if flag.dest in options:
-            raise BadArgument(f"--{flag.name} is given twice")
-        options[flag.dest] = _read(flag, words)
-    DistributeOptions(**options)  # the rules across flags, and the ranges
-    return {"first_line": 2, **options}  # the %%distribute line is the cell's line 1
+            words.append(word)
+    return {flag.dest: _read(flag, words) for flag, words in groups.items()}
 
 
 def parse_wait_line(line: str) -> str:
@@ -308,29 +309,24 @@ _PIECE = re.compile(r"""('{3}|"{3}|'(?!'')|"(?!""))(?:\\.|(?!\1)[^\\])*\1|(?P<op
 
 def _words(line: str) -> list[str]:
     """Split on whitespace outside brackets and string literals."""
-    words: list[str] = []
-    current, depth = "", 0
+    words, depth = [""], 0
     for piece in _PIECE.finditer(line):
         if piece["quote"]:
             raise BadArgument(f"unterminated string in the %%distribute line: {line.strip()}")
         if piece["space"] and depth <= 0:
-            words, current = [*words, current] if current else words, ""
+            words.append("")
         else:
             depth += bool(piece["open"]) - bool(piece["close"])
-            current += piece[0]
+            words[-1] += piece[0]
     if depth > 0:
         raise BadArgument(f"unclosed bracket in the %%distribute line: {line.strip()}")
-    return [*words, current] if current else words
-
-
-_EXPECTED = {"amount": "a number", "count": "a whole number", "int": "a whole number",
-             "batch": "`auto` or a whole number", "local": "a whole number (or nothing, for all items)"}  # fmt: skip
+    return [word for word in words if word]
 
 
 def _read(flag: Flag, words: list[str]) -> Any:
-    """The value of `--flag` from the words after it, by the flag's kind; ranges are
-    `DistributeOptions`' job. A value that is one string literal is unwrapped:
-    `"x in range(3)"` -> `x in range(3)`."""
+    """The value of `--flag` from the words after it, by the flag's kind: a number where
+    the kind is one and the text reads as one, else the text (`_RANGES` judges it). A value
+    that is one string literal is unwrapped: `"x in range(3)"` -> `x in range(3)`."""
     if flag.kind == "switch":
         if words:
             raise BadArgument(f"--{flag.name} takes no value (got {' '.join(words)!r})")
@@ -338,9 +334,10 @@ def _read(flag: Flag, words: list[str]) -> Any:
     if flag.kind == "local" and not words:
         return "all"
     text = " ".join(words)
-    with contextlib.suppress(SyntaxError, ValueError):
-        node = ast.parse(text, mode="eval").body
-        text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else text
+    if text.endswith(("'", '"')):  # only a literal can be one
+        with contextlib.suppress(SyntaxError, ValueError):
+            node = ast.parse(text, mode="eval").body
+            text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else text
     text = text.strip()
     if not text:
         raise BadArgument(f"--{flag.name} needs a value. Usage: {usage()}")
@@ -348,13 +345,10 @@ def _read(flag: Flag, words: list[str]) -> Any:
         return text
     if len(text.split()) != 1:
         raise BadArgument(f"--{flag.name} takes one value, got {text!r}")
-    if flag.kind in ("name", "text") or (flag.kind, text) in (("batch", "auto"), ("local", "all")):
-        return text
-    try:
-        number = float(text) if flag.kind == "amount" else int(text)
-        if not math.isfinite(number):
-            raise ValueError(text)
-    except ValueError:
-        raise BadArgument(f"--{flag.name} needs {_EXPECTED[flag.kind]}, got {text!r}") from None
-    # A whole amount stays an int: `--gpus 1` asks for the resource GPU=1, not 1.0.
-    return int(number) if number == int(number) else number
+    with contextlib.suppress(ValueError):
+        if flag.kind == "amount":  # a whole amount stays an int: `--gpus 1` asks for the resource GPU=1, not 1.0
+            number = float(text)
+            return int(number) if number.is_integer() else number
+        if flag.kind in ("count", "int", "batch", "local"):
+            return int(text)
+    return text
