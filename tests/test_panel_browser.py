@@ -17,6 +17,7 @@ from typing import Any
 
 import nbformat
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect, sync_playwright
 
 import nbcluster
@@ -72,16 +73,19 @@ def show_panel_from_palette(page: Any) -> None:
     # Enter runs the active item; wait until the filter made it ours. (The palette
     # re-renders as commands change state, so clicking an item can miss it.) Notebook 7's
     # palette is a modal that closes when the page moves the focus, which a notebook still
-    # loading does (its first cell takes it): then open it again, for up to a minute.
+    # loading does (its first cell takes it), sometimes before the filter is typed: then
+    # open it again, for up to a minute.
     ours = page.locator('.lm-CommandPalette-item.lm-mod-active[data-command="nbcluster:open"]')
+    palette = page.locator(".lm-CommandPalette-input")
     deadline = time.monotonic() + 60
     while True:
-        page.keyboard.press("Control+Shift+C")
-        page.locator(".lm-CommandPalette-input").fill("Show Dask Clusters")
+        if not palette.is_visible():
+            page.keyboard.press("Control+Shift+C")
         try:
+            palette.fill("Show Dask Clusters", timeout=5_000)
             expect(ours).to_be_visible(timeout=10_000)
             break
-        except AssertionError:
+        except (AssertionError, PlaywrightTimeout):
             if time.monotonic() > deadline:
                 raise
             page.keyboard.press("Escape")
