@@ -57,7 +57,7 @@ def test_grid_and_zip_values() -> None:
 
 def test_batch_auto_and_local_without_count() -> None:
     assert parse_distribute_line("--batch auto --local")["batch"] == "auto"
-    assert parse_distribute_line("--local")["local"] == "all"
+    assert parse_distribute_line("--local")["local"] is True  # every item, as `distribute(local=True)`
     assert parse_distribute_line("--local 0")["local"] == 0
 
 

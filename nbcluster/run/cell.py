@@ -49,12 +49,11 @@ Also here, what the set-up asks of the code and how messages show things: `menti
 from __future__ import annotations
 
 import ast
-import builtins
 import contextlib
 import itertools
 import linecache
 import symtable
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any
@@ -134,12 +133,12 @@ class Cell:
         free = walker.immediate | dict.fromkeys(sorted(deferred - walker.bound - set(walker.immediate)))
         return cls(padded, filename, body, last, free)
 
-    def free_names(self, bound: Iterable[str] = ()) -> dict[str, int | None]:
+    def free_names(self, bound: Collection[str] = ()) -> dict[str, int | None]:
         """Names the cell reads from outside, minus `bound` (item variables, `seed`).
 
         Parameters
         ----------
-        bound : Iterable of str
+        bound : Collection of str
             Names bound for each item (the ``--over`` variables, ``seed``), so not captured.
 
         Returns
@@ -148,8 +147,7 @@ class Cell:
             Free name -> the cell line it is first read on, or None for a name read only
             inside functions (for messages about unknown names).
         """
-        skip = set(bound)
-        return {name: line for name, line in self.free.items() if name not in skip}
+        return {name: line for name, line in self.free.items() if name not in bound}
 
 
 _TRIAL_NAMES = frozenset({"report", "should_stop", "checkpoint"})
@@ -282,8 +280,7 @@ class _FreeNames(ast.NodeVisitor):
         if not isinstance(node, ast.Lambda):
             self._store(node.name)
 
-    visit_AsyncFunctionDef = visit_FunctionDef
-    visit_Lambda = visit_FunctionDef
+    visit_AsyncFunctionDef = visit_Lambda = visit_FunctionDef
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._visit_all(*node.decorator_list, *node.bases, *(k.value for k in node.keywords))
@@ -445,12 +442,11 @@ def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
     if not isinstance(over, str):
         return Plan("over", _materialize(over, "over", repr(type(over).__name__)), ("item",), "item")
     example = 'e.g. --over "x in range(10)" or --over "a, b in pairs"'
-    source = f"for {over}:\n    pass"
-    try:
+    source, loop = f"for {over}:\n    pass", None
+    with contextlib.suppress(SyntaxError):
         loop = ast.parse(source).body[0]
-    except SyntaxError:
-        raise BadArgument(f"--over needs `NAME in ITERABLE`, {example}; got {over!r}") from None
-    assert isinstance(loop, ast.For)
+    if not isinstance(loop, ast.For):
+        raise BadArgument(f"--over needs `NAME in ITERABLE`, {example}; got {over!r}")
     # A target of plain names, nested or not (`(a, b), c`), in the order they are written.
     parts = sorted((n for n in ast.walk(loop.target) if isinstance(n, ast.expr)), key=lambda n: n.col_offset)
     if not all(isinstance(n, ast.Name | ast.Tuple | ast.List) for n in parts):
@@ -484,9 +480,9 @@ def _named_lists(spec: Any, flag: str, evaluate: Callable[[str, str], Any]) -> P
         raise BadArgument(f"--{flag} needs at least one NAME=VALUES pair, {example}")
     lists = [_materialize(values, flag, name) for name, values in spec.items()]
     if flag == "zip" and len({len(v) for v in lists}) > 1:
-        detail = ", ".join(f"{n} has {len(v)}" for n, v in builtins.zip(spec, lists, strict=True))
+        detail = ", ".join(f"{n} has {len(v)}" for n, v in zip(spec, lists, strict=True))
         raise BadArgument(f"--zip needs lists of the same length: {detail}")
-    items = itertools.product(*lists) if flag == "grid" else builtins.zip(*lists, strict=True)
+    items = itertools.product(*lists) if flag == "grid" else zip(*lists, strict=True)
     return Plan(flag, list(items), tuple(spec))
 
 

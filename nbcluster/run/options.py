@@ -82,8 +82,7 @@ def _whole(value: object) -> TypeGuard[int]:
 #: The kinds of value with a range: what a value must be (the message says it), and the test.
 _RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "name": ("a Python variable name", lambda v: isinstance(v, str) and v.isidentifier() and not keyword.iskeyword(v)),
-    "amount": ("a number above 0", lambda v: isinstance(v, int | float) and not isinstance(v, bool)
-               and math.isfinite(v) and v > 0),
+    "amount": ("a number above 0", lambda v: (_whole(v) or isinstance(v, float)) and math.isfinite(v) and v > 0),
     "count": ("a whole number of 0 or more", lambda v: _whole(v) and v >= 0),
     "positive": ("a whole number of 1 or more", lambda v: _whole(v) and v >= 1),
     "int": ("a whole number", _whole),
@@ -324,12 +323,10 @@ def _read(flag: Flag, words: list[str]) -> Any:
     """The value of `--flag` from the words after it, by the flag's kind: a number where
     the kind is one and the text reads as one, else the text (`_RANGES` judges it). A value
     that is one string literal is unwrapped: `"x in range(3)"` -> `x in range(3)`."""
+    if not words and flag.kind in ("switch", "local"):  # alone, a switch flips; `--local` runs every item here
+        return True if flag.kind == "local" else not flag.default
     if flag.kind == "switch":
-        if words:
-            raise BadArgument(f"--{flag.name} takes no value (got {' '.join(words)!r})")
-        return not flag.default
-    if flag.kind == "local" and not words:
-        return "all"
+        raise BadArgument(f"--{flag.name} takes no value (got {' '.join(words)!r})")
     text = " ".join(words)
     if text.endswith(("'", '"')):  # only a literal can be one
         with contextlib.suppress(SyntaxError, ValueError):
