@@ -55,7 +55,7 @@ def _in_process(repeats: int) -> dict[str, float]:
     install()
     cell = Cell.parse("x + 1", filename="<bench-cell>")
     spec = {"kind": "cell", "mode": "over", "names": ("x",), "target": "x", "unpacks": False,
-            "positional": False, "seed": None, "large": [], "filename": cell.filename,
+            "seed": None, "large": [], "filename": cell.filename,
             "source": cell.source, "body": cell.body, "last": cell.last}  # fmt: skip
     contexts = {"cell": Context(spec, {"__name__": "__main__"}),
                 "fn": Context({**spec, "kind": "function", "fn": inc}, {"__name__": "__main__"})}  # fmt: skip

@@ -372,7 +372,7 @@ def test_interrupt_cancels_outstanding_items_on_the_scheduler(ns: dict[str, Any]
         ("x", {"grid": "a=[1], [2]"}, "--grid needs NAME=VALUES pairs"),
         ("x", {"over": "x in [lock]"}, "item 0 (x=<unlocked _thread.lock object at"),
         ("1", {"gpus": 1}, "no worker offers GPU=1 per item (workers offer: CPU=1). Start GPU workers"),
-        ("x", {"cpu_only": True, "gpus": 1}, "--cpu-only and --gpus contradict each other"),
+        ("x", {"cpu_only": True, "gpus": 1}, "--cpu-only keeps items off GPU workers: it cannot be combined"),
         ("x", {"everywhere": True, "over": "x in [1]"}, "--everywhere runs the cell once per worker"),
         ("1 +", {}, "syntax error at cell line 2"),
         ("1", {"cluster": "no-such-cluster"}, "no-such-cluster"),

@@ -57,7 +57,7 @@ def test_grid_and_zip_values() -> None:
 
 def test_batch_auto_and_local_without_count() -> None:
     assert parse_distribute_line("--batch auto --local")["batch"] == "auto"
-    assert parse_distribute_line("--local")["local"] == "all"
+    assert parse_distribute_line("--local")["local"] is True  # every item, as `distribute(local=True)`
     assert parse_distribute_line("--local 0")["local"] == 0
 
 
@@ -83,7 +83,7 @@ def test_batch_auto_and_local_without_count() -> None:
         ("--over x in range(3", "unclosed bracket"),
         ("x in range(3)", "unexpected 'x' before any --option"),
         ("--local -2", "--local needs a whole number of 0 or more"),
-        ("--gpus 1 --cpu-only", "--cpu-only and --gpus contradict each other"),
+        ("--gpus 1 --cpu-only", "--cpu-only keeps items off GPU workers: it cannot be combined with --gpus; drop it"),
         ("--everywhere --over x in y", "--everywhere runs the cell once per worker"),
         ("--everywhere --resume", "cannot be combined with --resume; drop it"),
         ("--over x in y --grid a=[1]", "--over makes the items: it cannot be combined with --grid; drop it"),

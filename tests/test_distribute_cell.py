@@ -106,7 +106,10 @@ def test_plans_over_grid_zip() -> None:
     z = plan(zip="a=[1, 2], b='xy'", evaluate=evaluate({}))
     assert [z.params(i) for i in range(2)] == [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
     assert plan(evaluate=evaluate({})).mode == "once"
-    assert plan(over="(a, b) in pairs", evaluate=evaluate({"pairs": [(1, 2)]})).target == "a, b"
+    # The target as Python reads it: brackets around a tuple, or around one name, change nothing.
+    assert plan(over="(a, b) in pairs", evaluate=evaluate({"pairs": [(1, 2)]})).target == p.target == "(a, b)"
+    single = plan(over="(x) in xs", evaluate=evaluate({"xs": [5]}))
+    assert single.target == "x" and not single.unpacks and single.params(0) == {"x": 5}
 
 
 def test_a_nested_over_target_unpacks_as_python_does() -> None:

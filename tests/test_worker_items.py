@@ -25,7 +25,7 @@ def context(
 ) -> Context:
     cell = Cell.parse(source, filename=filename, first_line=2)
     full = {"kind": "cell", "mode": "over", "names": ("x",), "target": "x", "unpacks": False,
-            "positional": False, "seed": None, "large": [], "filename": cell.filename,
+            "seed": None, "large": [], "filename": cell.filename,
             "source": cell.source, "body": cell.body, "last": cell.last, **spec}  # fmt: skip
     return Context(full, {"__name__": "__main__", **(namespace or {})})
 

@@ -779,7 +779,7 @@ def fingerprint(plan: Plan, cell: Cell | None, fn: Any, seed: int | None, captur
     """
     try:
         parts = [("cell", cell.source.lstrip("\n").encode()) if cell is not None else ("function", value_hash(fn)),
-                 ("binding", repr((plan.mode, plan.names, plan.target, plan.positional, seed)).encode()),
+                 ("binding", repr((plan.mode, plan.names, plan.target, seed)).encode()),
                  ("items", value_hash(plan.items))]  # fmt: skip
         for name, value in sorted(captured.direct.items()):
             # A plain array's pickle holds nothing of the kernel's: the digest it is shipped by is

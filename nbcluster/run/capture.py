@@ -625,7 +625,7 @@ class Job:
         """How an item binds names, for `worker.Context`."""
         p = self.plan
         return {"kind": "cell" if self.cell is not None else "function", "mode": p.mode, "names": p.names,
-                "target": p.target, "unpacks": p.unpacks, "positional": p.positional, "seed": self.seed,
+                "target": p.target, "unpacks": p.unpacks, "seed": self.seed,
                 "trial": self.trial}  # fmt: skip
 
     def _code(self, *, wire: bool) -> dict[str, Any]:

@@ -49,12 +49,11 @@ Also here, what the set-up asks of the code and how messages show things: `menti
 from __future__ import annotations
 
 import ast
-import builtins
 import contextlib
 import itertools
 import linecache
 import symtable
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any
@@ -134,12 +133,12 @@ class Cell:
         free = walker.immediate | dict.fromkeys(sorted(deferred - walker.bound - set(walker.immediate)))
         return cls(padded, filename, body, last, free)
 
-    def free_names(self, bound: Iterable[str] = ()) -> dict[str, int | None]:
+    def free_names(self, bound: Collection[str] = ()) -> dict[str, int | None]:
         """Names the cell reads from outside, minus `bound` (item variables, `seed`).
 
         Parameters
         ----------
-        bound : Iterable of str
+        bound : Collection of str
             Names bound for each item (the ``--over`` variables, ``seed``), so not captured.
 
         Returns
@@ -148,8 +147,7 @@ class Cell:
             Free name -> the cell line it is first read on, or None for a name read only
             inside functions (for messages about unknown names).
         """
-        skip = set(bound)
-        return {name: line for name, line in self.free.items() if name not in skip}
+        return {name: line for name, line in self.free.items() if name not in bound}
 
 
 _TRIAL_NAMES = frozenset({"report", "should_stop", "checkpoint"})
@@ -249,9 +247,9 @@ class _FreeNames(ast.NodeVisitor):
 
     def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
         self.visit(node.value)
-        # A walrus in a comprehension binds in the enclosing class body or module.
-        scopes = [names for names, is_class in self.scopes if is_class]
-        (scopes[-1] if scopes else self.bound).add(node.target.id)
+        # A walrus binds in the class body it stands in; in a comprehension, in the cell (Python
+        # refuses one in a comprehension in a class body).
+        (self.scopes[-1][0] if self.scopes and self.scopes[-1][1] else self.bound).add(node.target.id)
 
     def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
         self._visit_all(node.iter, node.target, *node.body, *node.orelse)
@@ -282,8 +280,7 @@ class _FreeNames(ast.NodeVisitor):
         if not isinstance(node, ast.Lambda):
             self._store(node.name)
 
-    visit_AsyncFunctionDef = visit_FunctionDef
-    visit_Lambda = visit_FunctionDef
+    visit_AsyncFunctionDef = visit_Lambda = visit_FunctionDef
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._visit_all(*node.decorator_list, *node.bases, *(k.value for k in node.keywords))
@@ -323,8 +320,7 @@ class Plan:
     mode: str  # "over", "grid", "zip", "once", "everywhere", "ranks"
     items: Sequence[Any]  # a list, or a range kept as it is (a million ints are 36 MB as a list)
     names: tuple[str, ...] = ()
-    target: str = ""  # for "over": the target as written ("x", "a, b")
-    positional: bool = False  # for "over" with an iterable and a function: fn(item)
+    target: str = ""  # for "over": the target as Python spells it ("x", "(a, b)")
 
     def __len__(self) -> int:
         return len(self.items)
@@ -350,18 +346,17 @@ class Plan:
             ``--over`` target gives ``{"item": value, "unpack error": why}``.
         """
         value = self.items[i]
-        if self.mode in ("everywhere", "once"):
-            return {"worker": value} if self.mode == "everywhere" else {}
-        if self.mode == "over" and not self.unpacks:
-            return {self.names[0]: value}
-        if self.mode == "over":
+        if self.mode == "everywhere":
+            return {"worker": value}
+        if self.mode == "over" and self.unpacks:
             scope: dict[str, Any] = {}
             try:
                 exec(f"{self.target} = __item__", {"__item__": value}, scope)
             except (TypeError, ValueError) as e:
                 return {"item": value, "unpack error": str(e)}
             return {n: scope[n] for n in self.names}
-        return dict(zip(self.names, value, strict=True))
+        # One name for an `--over` value; a tuple of values otherwise (a cell run once: none).
+        return dict(zip(self.names, (value,) if self.mode == "over" else value or (), strict=True))
 
     def describe(self, i: int) -> str:
         """`x=3`, `lr=0.1, depth=5`: how messages name an item.
@@ -437,50 +432,36 @@ def plan(*, over: Any = None, grid: Any = None, zip: Any = None, evaluate: Calla
     """
     if over is not None:
         return _over(over, evaluate)
-    if grid is not None:
-        names, lists = _named_lists(grid, "grid", evaluate)
-        return Plan("grid", list(itertools.product(*lists)), names)
-    if zip is not None:
-        names, lists = _named_lists(zip, "zip", evaluate)
-        if len({len(v) for v in lists}) > 1:
-            detail = ", ".join(f"{n} has {len(v)}" for n, v in builtins.zip(names, lists, strict=True))
-            raise BadArgument(f"--zip needs lists of the same length: {detail}")
-        return Plan("zip", list(builtins.zip(*lists, strict=True)), names)
+    for mode, spec in (("grid", grid), ("zip", zip)):
+        if spec is not None:
+            return _named_lists(spec, mode, evaluate)
     return Plan("once", [None])
 
 
 def _over(over: Any, evaluate: Callable[[str, str], Any]) -> Plan:
     if not isinstance(over, str):
-        return Plan("over", _materialize(over, "over", repr(type(over).__name__)), ("item",), "item", True)
+        return Plan("over", _materialize(over, "over", repr(type(over).__name__)), ("item",), "item")
     example = 'e.g. --over "x in range(10)" or --over "a, b in pairs"'
-    source = f"for {over}:\n    pass"
-    try:
+    source, loop = f"for {over}:\n    pass", None
+    with contextlib.suppress(SyntaxError):
         loop = ast.parse(source).body[0]
-    except SyntaxError:
-        raise BadArgument(f"--over needs `NAME in ITERABLE`, {example}; got {over!r}") from None
-    assert isinstance(loop, ast.For)
-    names = _target_names(loop.target)
-    if names is None:
+    if not isinstance(loop, ast.For):
+        raise BadArgument(f"--over needs `NAME in ITERABLE`, {example}; got {over!r}")
+    # A target of plain names, nested or not (`(a, b), c`), in the order they are written.
+    parts = sorted((n for n in ast.walk(loop.target) if isinstance(n, ast.expr)), key=lambda n: n.col_offset)
+    if not all(isinstance(n, ast.Name | ast.Tuple | ast.List) for n in parts):
         raise BadArgument(f"--over binds plain names (x, or a, b), {example}; got {over!r}")
+    names = tuple(n.id for n in parts if isinstance(n, ast.Name))
     if len(set(names)) != len(names):
         raise BadArgument(f"--over binds a name twice: {over!r}")
     expression = ast.get_source_segment(source, loop.iter) or ""
-    target = ast.get_source_segment(source, loop.target) or names[0]
     items = _materialize(evaluate(expression, "over"), "over", expression)
-    flat = all(isinstance(elt, ast.Name) for elt in getattr(loop.target, "elts", ()))  # `(a, b)` is `a, b`
-    return Plan("over", items, tuple(names), target=target.strip("()[] ") if flat else target)
+    # The target as Python spells it: `a, b` and `(a, b)` are one target, `(x)` is `x`.
+    return Plan("over", items, names, ast.unparse(loop.target))
 
 
-def _target_names(node: ast.expr) -> list[str] | None:
-    if isinstance(node, ast.Name):
-        return [node.id]
-    subs = [_target_names(elt) for elt in node.elts] if isinstance(node, ast.Tuple | ast.List) else [None]
-    return None if None in subs else [n for s in subs for n in s or ()]
-
-
-def _named_lists(
-    spec: Any, flag: str, evaluate: Callable[[str, str], Any]
-) -> tuple[tuple[str, ...], list[Sequence[Any]]]:
+def _named_lists(spec: Any, flag: str, evaluate: Callable[[str, str], Any]) -> Plan:
+    """`--grid` or `--zip` (`flag`, the plan's mode): the named lists, combined as it says."""
     example = f'e.g. --{flag} "lr=[0.1, 0.01], depth=[3, 5]"'
     if isinstance(spec, str):  # the text, as the mapping it spells
         source, call = f"_({spec})", None
@@ -493,12 +474,16 @@ def _named_lists(
         spec = {k.arg: evaluate(ast.get_source_segment(source, k.value) or "", flag) for k in call.keywords}
     if not isinstance(spec, Mapping):
         raise BadArgument(f"--{flag} needs a string like 'a=[1, 2], b=[3]' or a dict of lists")
-    pairs = [(str(k), v) for k, v in spec.items()]
-    if bad := [name for name, _ in pairs if not name.isidentifier()]:
+    if bad := [name for name in spec if not (isinstance(name, str) and name.isidentifier())]:
         raise BadArgument(f"--{flag} names must be Python names, got {bad[0]!r}")
-    if not pairs:
+    if not spec:
         raise BadArgument(f"--{flag} needs at least one NAME=VALUES pair, {example}")
-    return tuple(n for n, _ in pairs), [_materialize(values, flag, name) for name, values in pairs]
+    lists = [_materialize(values, flag, name) for name, values in spec.items()]
+    if flag == "zip" and len({len(v) for v in lists}) > 1:
+        detail = ", ".join(f"{n} has {len(v)}" for n, v in zip(spec, lists, strict=True))
+        raise BadArgument(f"--zip needs lists of the same length: {detail}")
+    items = itertools.product(*lists) if flag == "grid" else zip(*lists, strict=True)
+    return Plan(flag, list(items), tuple(spec))
 
 
 def _materialize(values: Any, flag: str, what: str) -> Sequence[Any]:

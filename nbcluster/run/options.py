@@ -16,9 +16,9 @@ are functions of their own (`api.everywhere`, `api.ranks`).
 
 Kinds of value, as read from the magic's line: ``expr`` a Python expression, kept as text;
 ``text`` one word; ``switch`` no value; and those with a range (`_RANGES`): ``name`` a
-variable name, ``amount`` a number above 0, ``count`` a whole number of 0 or more, ``int``
-any whole number, ``batch`` ``auto`` or a whole number, ``local`` a whole number, or
-nothing for all items.
+variable name, ``amount`` a number above 0, ``count`` a whole number of 0 or more,
+``positive`` one of 1 or more, ``int`` any whole number, ``batch`` ``auto`` or a whole
+number, ``local`` a whole number, or nothing for all items.
 
 **The line.** Values of `--over`, `--grid` and `--zip` are Python expressions, which
 `shlex` would mangle (it strips the quotes inside `['a b', 'c']`). So the line is split by
@@ -82,9 +82,9 @@ def _whole(value: object) -> TypeGuard[int]:
 #: The kinds of value with a range: what a value must be (the message says it), and the test.
 _RANGES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "name": ("a Python variable name", lambda v: isinstance(v, str) and v.isidentifier() and not keyword.iskeyword(v)),
-    "amount": ("a number above 0", lambda v: isinstance(v, int | float) and not isinstance(v, bool)
-               and math.isfinite(v) and v > 0),
+    "amount": ("a number above 0", lambda v: (_whole(v) or isinstance(v, float)) and math.isfinite(v) and v > 0),
     "count": ("a whole number of 0 or more", lambda v: _whole(v) and v >= 0),
+    "positive": ("a whole number of 1 or more", lambda v: _whole(v) and v >= 1),
     "int": ("a whole number", _whole),
     "batch": ("`auto` or a whole number of 1 or more", lambda v: v == "auto" or (_whole(v) and v >= 1)),
     "local": ("a whole number of 0 or more (or nothing, for all items)",
@@ -120,7 +120,7 @@ class DistributeOptions:
                                "and its index", "S")
     everywhere: bool = _option(False, "switch", "run the cell once on every worker (set-up code); results are keyed "
                                "by worker", python="nbcluster.everywhere(body)")
-    ranks: int | None = _option(None, "count", "run the cell as `N` ranks of one job (data-parallel training), all "
+    ranks: int | None = _option(None, "positive", "run the cell as `N` ranks of one job (data-parallel training), all "
                                 "started together, each on a worker process of its own with the environment "
                                 "torchrun sets: `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, and one failing "
                                 "stops them all", "N", python="nbcluster.ranks(body, n=N)")
@@ -143,9 +143,6 @@ class DistributeOptions:
     # fmt: on
 
     def __post_init__(self) -> None:
-        ranks = self.ranks
-        if ranks is not None and (not _whole(ranks) or ranks < 1):  # a count, but a job has one rank or more
-            raise BadArgument(f"--ranks needs a whole number of 1 or more, got {ranks!r}")
         given: dict[str, bool] = {}  # a flag is given where its value is not its default (`over` may be an array)
         for flag in FLAGS:
             value = getattr(self, flag.dest)
@@ -153,8 +150,6 @@ class DistributeOptions:
             if given[flag.name] and flag.kind in _RANGES and not _RANGES[flag.kind][1](value):
                 raise BadArgument(f"--{flag.name} needs {_RANGES[flag.kind][0]}, got {value!r}")
         given["batch"] = self.batch not in ("auto", 1)  # one a task is what `--batch 1` asks anyway
-        if self.cpu_only and given["gpus"]:
-            raise BadArgument("--cpu-only and --gpus contradict each other: pick one")
         if self.persist and not given["into"]:
             raise BadArgument("--persist keeps the results on the workers: name them with --into NAME")
         if given["objective"] or given["stop"] or given["timeout"]:
@@ -163,6 +158,7 @@ class DistributeOptions:
             raise BadArgument("--stop judges trials by their objective: add --objective NAME:min|max")
         # What each way of running refuses, and why: one message for every clash.
         for way, why, refused in (
+            ("cpu-only", "keeps items off GPU workers", ("gpus",)),
             ("over", "makes the items", ("grid", "zip")),
             ("grid", "makes the items", ("zip",)),
             ("ranks", "{ranks} runs the cell as one job of {ranks} ranks that start and fail together",
@@ -175,7 +171,7 @@ class DistributeOptions:
             ("timeout", "stops items one at a time (one a task)", ("batch",)),
         ):  # fmt: skip
             if given[way] and (clashes := [flag for flag in refused if given[flag]]):
-                raise BadArgument(f"--{way} {why.format(ranks=ranks)}: it cannot be combined with --{', --'.join(clashes)}; "
+                raise BadArgument(f"--{way} {why.format(ranks=self.ranks)}: it cannot be combined with --{', --'.join(clashes)}; "
                                   f"drop {'it' if len(clashes) == 1 else 'them'}")  # fmt: skip
 
     def rules(self) -> Rules:
@@ -327,17 +323,14 @@ def _read(flag: Flag, words: list[str]) -> Any:
     """The value of `--flag` from the words after it, by the flag's kind: a number where
     the kind is one and the text reads as one, else the text (`_RANGES` judges it). A value
     that is one string literal is unwrapped: `"x in range(3)"` -> `x in range(3)`."""
+    if not words and flag.kind in ("switch", "local"):  # alone, a switch flips; `--local` runs every item here
+        return True if flag.kind == "local" else not flag.default
     if flag.kind == "switch":
-        if words:
-            raise BadArgument(f"--{flag.name} takes no value (got {' '.join(words)!r})")
-        return not flag.default
-    if flag.kind == "local" and not words:
-        return "all"
+        raise BadArgument(f"--{flag.name} takes no value (got {' '.join(words)!r})")
     text = " ".join(words)
     if text.endswith(("'", '"')):  # only a literal can be one
         with contextlib.suppress(SyntaxError, ValueError):
-            node = ast.parse(text, mode="eval").body
-            text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else text
+            text = literal if isinstance(literal := ast.literal_eval(text), str) else text
     text = text.strip()
     if not text:
         raise BadArgument(f"--{flag.name} needs a value. Usage: {usage()}")
@@ -349,6 +342,6 @@ def _read(flag: Flag, words: list[str]) -> Any:
         if flag.kind == "amount":  # a whole amount stays an int: `--gpus 1` asks for the resource GPU=1, not 1.0
             number = float(text)
             return int(number) if number.is_integer() else number
-        if flag.kind in ("count", "int", "batch", "local"):
+        if flag.kind in ("count", "positive", "int", "batch", "local"):
             return int(text)
     return text
