@@ -626,11 +626,10 @@ class Job:
                 "trial": self.trial}  # fmt: skip
 
     def _code(self, *, wire: bool) -> dict[str, Any]:
-        """The run's code: for the workers (`wire`), a cell's code marshalled and a function pickled."""
-        if (cell := self.cell) is not None:
-            pack: Callable[[Any], Any] = marshal.dumps if wire else (lambda code: code)
-            return {"filename": cell.filename, "source": cell.source, "body": cell.body and pack(cell.body),
-                    "last": cell.last and pack(cell.last)}  # fmt: skip
+        """The run's code: a cell's code marshalled; a function as it is, or pickled for the workers (`wire`)."""
+        if (cell := self.cell) is not None:  # marshalled for the kernel too: one form, which `worker.Context` loads
+            return {"filename": cell.filename, "source": cell.source, "body": cell.body and marshal.dumps(cell.body),
+                    "last": cell.last and marshal.dumps(cell.last)}  # fmt: skip
         if not wire:  # a function that is not `shareable` is copied for each item in the kernel too
             return {"fn": self.fn, "fn_blob": None if shareable(self.fn) else copyable("the function", self.fn)}
         fn = _dumps(lambda: f"the function {getattr(self.fn, '__name__', repr(self.fn))}", self.fn)
