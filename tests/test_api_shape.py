@@ -91,7 +91,6 @@ OLD_RUNS = {
     "cluster": ({"cluster": NAME, "over": "x in range(2)"}, lambda r: len(r) == 2),
     "client": ({"over": "x in range(2)"}, lambda r: len(r) == 2),  # the client is added below
     "everywhere": ({"everywhere": True}, lambda r: sorted(n for n, _ in r) == [CPU, "gpu-0"]),
-    "ranks": ({"ranks": 1}, lambda r: len(r) == 1 and r.ok),
     "first_line": ({"first_line": 2, "over": "x in range(2)"}, lambda r: len(r) == 2),
 }
 
@@ -123,10 +122,10 @@ def test_the_notices_name_each_new_spelling() -> None:
         "`distribute(client=...)` is now `distribute(on=client)`; the old spelling goes in the next release."
     )
     assert notice("distribute", "everywhere").startswith("`distribute(everywhere=...)` is now `nbcluster.everywhere(body)`")
-    assert notice("ranks", "cluster").startswith('`ranks(cluster=...)` is now `ranks(on="NAME")`')
+    assert notice("distribute", "cluster").startswith('`distribute(cluster=...)` is now `distribute(on="NAME")`')
 
 
-def test_ranks_takes_needs_and_on_and_its_old_keywords_warn(mixed: ClusterHandle) -> None:
+def test_ranks_takes_needs_and_on_and_has_no_old_keywords(mixed: ClusterHandle) -> None:
     def where() -> tuple[str, str | None]:
         import os
 
@@ -137,8 +136,11 @@ def test_ranks_takes_needs_and_on_and_its_old_keywords_warn(mixed: ClusterHandle
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         assert ranks(where, n=1, needs=nbcluster.Needs(gpus=1), on=mixed).values() == [GPU]
-    with pytest.warns(FutureWarning, match=r"^`ranks\(gpus=\.\.\.\)` is now `ranks\(needs=nbcluster\.Needs\(gpus=N\)\)`"):
-        assert ranks(where, n=1, gpus=1, on=mixed).values() == [GPU]
+    # ranks() came after the release that had distribute(gpus=...): one line names the new spelling.
+    with pytest.raises(BadArgument, match=r"^ranks\(\) has no option 'gpus'; did you mean `ranks\(needs=nbcluster\.Needs\(gpus=N\)\)`\?$"):
+        ranks(where, n=1, gpus=1, on=mixed)
+    with pytest.raises(BadArgument, match=r"^distribute\(\) has no option 'ranks'$"):  # nor had it in a release
+        distribute(where, ranks=1, on=mixed)
 
 
 def test_mistakes_get_one_line_before_anything_runs(mixed: ClusterHandle) -> None:

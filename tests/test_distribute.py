@@ -20,8 +20,9 @@ import pytest
 from nbcluster import _current
 from nbcluster.errors import BadArgument, ClusterNotFound, Interrupted, NoCluster
 from nbcluster.run.api import distribute, wait
-from nbcluster.run.capture import LARGE
+from nbcluster.run.capture import LARGE, capture
 from nbcluster.run.results import NotReady, Results
+from tests.waiting import until
 
 
 @pytest.fixture
@@ -133,10 +134,13 @@ big = Counted(np.ones({LARGE // 8 * 2}))
     assert "big (2.0 MB) already on the workers" in capsys.readouterr().out
     loads = cluster.client.run(lambda: getattr(sys, counter, 0))
     assert sum(loads.values()) == 2 + 40 + 10
-    # Changed content is sent again.
+    # Changed content is sent again, and the old content's copies leave the workers.
+    old = f"nbcluster-capture-{capture({'big': 1}, ns).large['big'][1]}"
+    assert old in cluster.client.who_has()
     ns["big"] = ns["Counted"](ns["np"].zeros(LARGE // 8 * 2))
     assert run("float(big.data.sum())", ns).ok
     assert "sent big (2.0 MB)" in capsys.readouterr().out
+    assert until(lambda: old not in cluster.client.who_has()), old
 
 
 def test_output_is_grouped_by_item_collapsed_and_stderr_marked(ns: dict[str, Any], capsys: Any) -> None:

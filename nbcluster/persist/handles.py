@@ -21,7 +21,7 @@ on the scheduler as a Dask dataset of its own (`publish`, named ``nbcluster-<jou
 so the workers keep the value when the kernel dies and its client with it. Lifetime in the
 kernel that holds the handle is unchanged: releasing the handle (`del`, rebinding,
 `release()`) unpublishes its dataset too (a finalizer; the calls are queued, in order,
-and sent from the client's event loop: `_Publisher`). A kernel that dies runs no finalizer
+and sent from the client's event loop: `_send`). A kernel that dies runs no finalizer
 (nor does one that exits: a restarted kernel can resume too), so its datasets stay until a new kernel's
 ``--resume`` adopts them (`adopt`: it takes the keys some worker still holds, as handles
 that own the datasets from then on), ``%cluster runs ID --forget`` drops them (`unpublish`), or
@@ -30,10 +30,10 @@ the cluster stops.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import weakref
-from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypedDict
 
 from nbcluster import _compat
@@ -194,59 +194,37 @@ class Handle:
 
 
 # -- datasets: values that outlive the kernel (journaled runs) ---------------------------------
-class _Publisher:
-    """One client's dataset calls, sent in order from its event loop, never waited for.
+_ORDER: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()  # per client, in its loop
+
+
+def _send(client: Any, put: bool, named: dict[str, Any]) -> None:
+    """Queue one dataset call (publish `named`, or delete its names) from `client`'s event loop; never wait.
 
     A run's driver thread queues a batch's names (`publish`); a finalizer, running wherever
     the last reference went (the main thread, a GC in any thread, the event loop itself),
-    queues the name it frees. Either hands the call to the client's event loop, which runs
-    callbacks in the order given, and only there is the queue touched: so it needs no lock,
-    and a finalizer run by a garbage collection anywhere cannot deadlock on one. One
-    coroutine at a time sends the queued calls in order, each run of calls of one kind as one
-    call: so a value released at once after it was made is unpublished after it was
-    published, never before. A put still queued when the kernel dies is lost with it: that
-    item simply runs again on resume (`adopt` finds no dataset).
+    queues the name it frees. Either only hands the call to the client's event loop, so a
+    finalizer run by a garbage collection anywhere takes no lock and cannot deadlock. The
+    loop starts the calls in the order given, and each waits there for the one before (an
+    asyncio lock wakes its waiters in order): so a value released at once after it was made
+    is unpublished after it was published, never before. A put still queued when the kernel
+    dies is lost with it: that item simply runs again on resume (`adopt` finds no dataset).
     """
 
-    def __init__(self, client: Any):
-        self.client = client
-        self.ops: deque[tuple[bool, dict[str, Any]]] = deque()  # (put?, {name: future, or None to delete})
-        self.sending = False
+    async def call() -> None:
+        async with _ORDER.setdefault(client, asyncio.Lock()):
+            with contextlib.suppress(Exception):  # the scheduler going away: its datasets go with it
+                if put:  # override: an item run again after its value was lost
+                    await client.publish_dataset(**named, override=True, asynchronous=True)
+                else:
+                    await client.unpublish_dataset(list(named), asynchronous=True)
 
-    def add(self, put: bool, named: dict[str, Any]) -> None:
-        with contextlib.suppress(Exception):  # the loop is closing: the datasets stay (a dead kernel's do too)
-            self.client.loop.add_callback(self._queue, put, named)
-
-    def _queue(self, put: bool, named: dict[str, Any]) -> Coroutine[Any, Any, None] | None:
-        self.ops.append((put, named))
-        if self.sending:
-            return None  # the coroutine sending now sends it too
-        self.sending = True
-        return self._send()  # the loop runs what a callback returns
-
-    async def _send(self) -> None:
-        try:
-            while self.ops and self.client.status == "running":
-                put, named = self.ops[0][0], {}
-                while self.ops and self.ops[0][0] == put:
-                    named.update(self.ops.popleft()[1])
-                with contextlib.suppress(Exception):  # the scheduler going away: its datasets go with it
-                    if put:  # override: an item run again after its value was lost
-                        await self.client.publish_dataset(**named, override=True, asynchronous=True)
-                    else:
-                        await self.client.unpublish_dataset(list(named), asynchronous=True)
-        finally:
-            self.ops.clear()  # left only when the client stopped: its datasets went with it
-            self.sending = False
-
-
-_PUBLISHERS: weakref.WeakKeyDictionary[Any, _Publisher] = weakref.WeakKeyDictionary()
+    with contextlib.suppress(Exception):  # the loop is closing: the datasets stay (a dead kernel's do too)
+        client.loop.add_callback(call)
 
 
 def _own(handle: Handle, client: Any, name: str) -> None:
     """Make `handle` unpublish `name` when it is released or collected (not at the kernel's exit)."""
-    publisher = _PUBLISHERS.setdefault(client, _Publisher(client))
-    finalizer = weakref.finalize(handle, publisher.add, False, {name: None})
+    finalizer = weakref.finalize(handle, _send, client, False, {name: None})
     finalizer.atexit = False  # a kernel that exits (a restart) leaves its values for --resume
     handle._published, handle._dataset = finalizer, name
 
@@ -254,7 +232,7 @@ def _own(handle: Handle, client: Any, name: str) -> None:
 def publish(client: Any, handles: Sequence[Handle | None], prefix: str | None) -> None:
     """Publish each handle's key as the dataset ``<prefix>-<item>``, owned by the handle.
 
-    The call is queued, not waited for (see `_Publisher`): a delivered batch does not wait
+    The call is queued, not waited for (see `_send`): a delivered batch does not wait
     for the scheduler.
 
     Parameters
@@ -270,7 +248,7 @@ def publish(client: Any, handles: Sequence[Handle | None], prefix: str | None) -
     made = [h for h in handles if h is not None]
     if prefix is None or not made:
         return
-    _PUBLISHERS.setdefault(client, _Publisher(client)).add(True, {f"{prefix}-{h.index}": h._future for h in made})
+    _send(client, True, {f"{prefix}-{h.index}": h._future for h in made})
     for h in made:
         _own(h, client, f"{prefix}-{h.index}")
 

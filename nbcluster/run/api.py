@@ -31,9 +31,10 @@ them to the engine and follows a retry in the kernel as step 4 does.
 Python spells some of the magic's flags otherwise: what each item needs of a worker is one
 ``needs=Needs(...)``, where the run goes is one ``on=`` (a name, a `ClusterHandle` or a Dask
 ``Client``), and ``--everywhere`` and ``--ranks`` are functions of their own. The keywords
-of the release before still work for one release, each with a `FutureWarning` of one line
-naming the new spelling (`OLD`); an old keyword given with its new one is refused, as the
-two could disagree.
+`distribute` took in the release before (0.1.0) still work for one release, each with a
+`FutureWarning` of one line naming the new spelling (`OLD`); an old keyword given with its
+new one is refused, as the two could disagree. `ranks` and `everywhere` are newer: they
+have no old keywords.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from nbcluster.run.trials import Trials
 OLD = {
     "gpus": "{fn}(needs=nbcluster.Needs(gpus=N))", "cpus": "{fn}(needs=nbcluster.Needs(cpus=N))",
     "cpu_only": "{fn}(needs=nbcluster.Needs(cpu_only=True))", "cluster": '{fn}(on="NAME")',
-    "client": "{fn}(on=client)", "everywhere": "nbcluster.everywhere(body)", "ranks": "nbcluster.ranks(body, n=N)",
+    "client": "{fn}(on=client)", "everywhere": "nbcluster.everywhere(body)",
 }  # fmt: skip
 #: Old keywords with no new spelling: they go, and what replaces them is said instead.
 GOING = {"first_line": "only the magic needs it (a cell's body starts on the cell's line 2); drop it"}
@@ -162,7 +163,7 @@ def distribute(body: str | Callable[..., Any], *, over: Any = None, grid: Any = 
         The keywords of the release before, for one release more, each warning with one
         line (a `FutureWarning`) that names its new spelling: ``gpus``, ``cpus`` and
         ``cpu_only`` (now `needs`), ``cluster`` and ``client`` (now `on`), ``everywhere``
-        (now `everywhere`), ``ranks`` (now `ranks`) and ``first_line`` (the magic's own).
+        (now `everywhere`) and ``first_line`` (the magic's own).
 
     Returns
     -------
@@ -284,8 +285,7 @@ def ranks(fn: str | Callable[..., Any], n: int, *, needs: Needs | Mapping[str, A
         For cell source: where its free names are looked up; default the caller's.
     **options : Any
         `distribute`'s other options that a job takes: ``into``, ``wait``, ``seed``,
-        ``timeout``, ``progress``. (The old ``gpus``, ``cpus``, ``cluster``, ``client`` work
-        for one release, warning with their new spelling.)
+        ``timeout``, ``progress``.
 
     Returns
     -------
@@ -339,13 +339,14 @@ def _spell(fn: Callable[..., Any], given: dict[str, Any], needs: Any, on: Any,
            known: Collection[str] = ()) -> dict[str, Any]:  # fmt: skip
     """`launch`'s keywords from a public function's ``needs=``, ``on=`` and old keywords.
 
-    Each old keyword in `given` warns with its `notice` (a `FutureWarning` pointing at the
-    public function's caller) and means what it meant; `known` are passed on as they are.
-    A keyword `fn` does not take is one line naming the closest one.
+    Each old keyword of `distribute` in `given` warns with its `notice` (a `FutureWarning`
+    pointing at the public function's caller) and means what it meant; `known` (the options
+    `ranks` passes on, which has no old keywords) are passed on as they are. A keyword `fn`
+    does not take is one line naming the closest one.
     """
     name = fn.__name__
     for key in (key for key in given if key not in known):
-        if key not in OLD and key not in GOING:
+        if known or (key not in OLD and key not in GOING):
             match = difflib.get_close_matches(key, [*inspect.signature(fn).parameters, *known, *OLD], n=1)
             hint = "" if not match else f"`{OLD[match[0]].format(fn=name)}`" if match[0] in OLD else repr(match[0])
             raise BadArgument(f"{name}() has no option {key!r}" + (f"; did you mean {hint}?" if hint else ""))
@@ -455,15 +456,15 @@ def launch(body: str | Callable[..., Any], *, namespace: dict[str, Any] | None, 
         link.open()
     if reads and remote:  # a plain run never calls into handles.py
         handles.check(reads, link.client)
-    tracker, batch = None, o.batch
+    tracker = None
     if not o.everywhere and (o.objective or o.stopper is not None or o.timeout is not None
                              or mentions_trials(cell or body)):  # fmt: skip
         tracker = Trials(run_id, o.rules(), len(items), items.params)
-        batch = 1 if batch == "auto" else batch  # trials run one item a task
     if o.ranks is not None:
         rank_jobs.check(o.ranks, link)
-    job = Job(items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=o.seed,
-              retries=o.retries, batch=1 if reads else batch, sent_from=n_local if remote else None,
+    # Trials, and a run that reads persisted results, run one item a task (unless --batch says otherwise for trials).
+    job = Job(items, cell=cell, fn=None if cell is not None else body, capture=captured, seed=o.seed, retries=o.retries,
+              batch=1 if reads or (tracker and o.batch == "auto") else o.batch, sent_from=n_local if remote else None,
               persist=o.persist, reads_handles=bool(reads), trial=tracker.spec if tracker else None)  # fmt: skip
     engine = Engine(job, run_id, link, local_only=not remote)
     taken = _journal(engine, resume=o.resume, journaled=not (o.everywhere or (o.persist and reads)))
@@ -594,11 +595,12 @@ class Run:
         local = [i for i in range(n_local) if i not in skip]
         rest: Sequence[int] = range(n_local, len(results))  # a range: no list of a million ints
         rest = [i for i in rest if i not in skip] if skip else rest
-        if progress is not None and (local or engine.local_only or not rest):
-            _follow_progress(results, progress)  # it shows the items run here as they run
+        if progress is not None and (local or not rest):  # it shows the items run here as they run
+            results.subscribe(progress)
+            progress(results)
             progress = None
         try:
-            if (local and not engine.run_local(local)) or engine.local_only or not rest:
+            if (local and not engine.run_local(local)) or not rest:  # `rest` is empty for a run all in the kernel
                 # A failure in the kernel stops the fan-out: that is what --local K is for.
                 engine.finish()
                 report(results)
@@ -618,7 +620,8 @@ class Run:
         engine.start(rest)
         if progress is not None:
             try:
-                _follow_progress(results, progress)
+                results.subscribe(progress)
+                progress(results)
             except BaseException as e:  # the run is going: it stops, as it would at Ctrl-C while followed
                 results.cancel()
                 if isinstance(e, KeyboardInterrupt):
@@ -669,12 +672,6 @@ class Run:
             self.engine.state.add_done_callback(self.trials.closer())
         if started and wait:
             follow(results)
-
-
-def _follow_progress(results: Results, progress: Callable[[Results], None]) -> None:
-    """`distribute`'s ``progress``: called now, and after each change of the run."""
-    results.subscribe(progress)
-    progress(results)
 
 
 def wait(target: Results | str, *, namespace: dict[str, Any] | None = None) -> Results:

@@ -25,7 +25,7 @@ joblib give every task its own copy). So each value is sorted by `shareable`:
   raises an error naming the variable (`worker.context`); so is a notebook function that
   reads such an array as a global (the worker makes the array read-only);
 - anything else (a list, a dict, an object, a small array, a function that reads one) is
-  pickled together into one blob (`Capture.fresh`) that the worker unpickles again for
+  pickled together into one blob (`Job.for_workers`) that the worker unpickles again for
   every item, so shared references among them stay shared within the item; a large one
   is copied for every item on the worker.
 
@@ -87,9 +87,7 @@ class Capture:
         Handles of ``--persist`` values, by name: resolved on the worker, never fetched here.
     copied : list of str
         The small values each item gets a fresh copy of (not `shareable`); they are in
-        `values` too, for the report line.
-    fresh : bytes or None
-        Those values pickled together, unpickled by the worker for every item.
+        `values` too, for the report line, and travel pickled together (`Job.for_workers`).
     read_only : list of str
         The large values shared read-only: plain numpy arrays, and notebook functions that
         read such arrays (the worker makes the arrays read-only); every other large value is
@@ -102,7 +100,6 @@ class Capture:
     direct: dict[str, Any] = field(default_factory=dict)
     held: dict[str, Any] = field(default_factory=dict)
     copied: list[str] = field(default_factory=list)
-    fresh: bytes | None = None
     read_only: list[str] = field(default_factory=list)
 
 
@@ -155,10 +152,6 @@ def capture(free: dict[str, int | None], namespace: Any, *, pickle_values: bool 
             result.read_only.append(name)  # shared: a function's large arrays made read-only there
         elif not large and not shareable(value):
             result.copied.append(name)  # a large one is copied for every item on the worker
-    if pickle_values and result.copied:
-        # Together, so that two names of one object (or a function and the list it reads)
-        # are still one object in an item. In-band buffers: each unpickling copies them.
-        result.fresh = cloudpickle.dumps({n: result.direct[n] for n in result.copied}, protocol=5)
     return result
 
 
@@ -344,12 +337,10 @@ def code_index(values: Any) -> dict[str, list[tuple[str, int, int]]]:
         for member in vars(value).values() if isinstance(value, type) else [value]:
             member = getattr(member, "__func__", member)
             todo.append(getattr(getattr(member, "fget", member), "__code__", None))
-    seen: set[int] = set()
-    while todo:
+    while todo:  # code objects nest as a tree (co_consts): each is met once per value holding it
         code = todo.pop()
-        if not isinstance(code, CodeType) or id(code) in seen:
+        if not isinstance(code, CodeType):
             continue
-        seen.add(id(code))
         last = max((line for _, _, line in code.co_lines() if line is not None), default=code.co_firstlineno)
         index.setdefault(code.co_name, []).append((code.co_filename, code.co_firstlineno, last))
         todo.extend(c for c in code.co_consts if isinstance(c, CodeType))
@@ -534,20 +525,25 @@ class Job:
         self.trial = trial  # a trial run's spec: its items report, and may be stopped (`trials.py`)
         # Where its notebook functions came from (`code_index`): tracebacks map back to their cells.
         self.sources = code_index([*self.capture.direct.values(), *([fn] if fn is not None else [])])
-        if sent_from is not None:
-            self._check_item(sent_from)
+        if sent_from is not None:  # fail early, naming the item, when item values cannot travel
+            item = plan.items[sent_from]
+            if reads_handles:  # its handles travel as Dask dependencies, not in the blob
+                item = handles.held_slots([item], 0)[0][0]
+            _dumps(lambda: f"item {sent_from} ({plan.describe(sent_from)})", item)
         # The code's wire form, made once; None for a job whose items all run in the kernel.
         self.wire = self._code(wire=True) if sent_from is not None else None
 
-    def forget_handles(self) -> None:
-        """The run is over: hold the handles it read weakly (see `handles.Read`)."""
-        self._rebind_handles(handles.Handle, handles.Read)
+    def hold_handles(self, strongly: bool) -> None:
+        """Hold the handles the run reads weakly (`handles.Read`: the run is over), or strongly again.
 
-    def recall_handles(self) -> None:
-        """A retry: the handles it reads again, strongly; one line if one is gone."""
-        self._rebind_handles(handles.Read, handles.Read.recall)
-
-    def _rebind_handles(self, kind: type[Any], how: Callable[[Any], Any]) -> None:
+        Parameters
+        ----------
+        strongly : bool
+            True for a retry, which takes them back: one line if one was deleted or released
+            since (`handles.Read.recall`). False once the run is over: `del` of the notebook's
+            variables then frees the values.
+        """
+        kind, how = (handles.Read, handles.Read.recall) if strongly else (handles.Handle, handles.Read)
         if self.reads_handles:
             if isinstance(self.plan.items, list):  # a range holds no handle
                 self.plan.items[:] = [handles.replaced(item, kind, how) for item in self.plan.items]
@@ -574,10 +570,8 @@ class Job:
             namespace[name].flags.writeable = False
         copied = [*c.copied, *(n for n in c.read_only if isinstance(namespace[n], FunctionType))]
         fresh = copyable(", ".join(f"`{n}`" for n in copied), {n: c.direct[n] for n in copied}) if copied else None
-        code = self._code(wire=False)
-        if self.cell is None and not shareable(self.fn):
-            code["fn_blob"] = copyable("the function", self.fn)
-        spec = {**self._binding(), **code, "large": [], "read_only": arrays, "arrays": arrays, "fresh": fresh}
+        spec = {**self._binding(), **self._code(wire=False), "large": [], "read_only": arrays, "arrays": arrays,
+                "fresh": fresh}  # fmt: skip
         return worker.Context(spec, namespace)
 
     def for_workers(self, large: list[tuple[str, str, int]]) -> bytes:
@@ -597,9 +591,12 @@ class Job:
         assert self.wire is not None, "a job made for the kernel only sends nothing"
         c = self.capture
         values = {n: b for n, b in c.values.items() if n not in c.copied}
+        # The values to copy together, so that two names of one object (or a function and the list it reads)
+        # are still one object in an item. In-band buffers: each unpickling copies them.
+        fresh = cloudpickle.dumps({n: c.direct[n] for n in c.copied}, protocol=5) if c.copied else None
         # Plain data only (the values and the code are bytes already): pickle, not cloudpickle's slower Pickler.
         return pickle.dumps({**self._binding(), **self.wire, "large": large, "modules": c.modules, "values": values,
-                             "fresh": c.fresh, "copied": c.copied, "read_only": c.read_only}, protocol=5)  # fmt: skip
+                             "fresh": fresh, "copied": c.copied, "read_only": c.read_only}, protocol=5)  # fmt: skip
 
     def item_error(self, index: int, record: worker.ErrorRecord, where: str) -> ItemError:
         """A failure record from item `index`, run on `where` ("the cluster" or "the kernel").
@@ -629,20 +626,12 @@ class Job:
                 "trial": self.trial}  # fmt: skip
 
     def _code(self, *, wire: bool) -> dict[str, Any]:
-        """The run's code: for the workers (`wire`), a cell's code marshalled and a function pickled."""
-        if (cell := self.cell) is not None:
-            pack: Callable[[Any], Any] = marshal.dumps if wire else (lambda code: code)
-            return {"filename": cell.filename, "source": cell.source, "body": cell.body and pack(cell.body),
-                    "last": cell.last and pack(cell.last)}  # fmt: skip
-        if not wire:
-            return {"fn": self.fn}
+        """The run's code: a cell's code marshalled; a function as it is, or pickled for the workers (`wire`)."""
+        if (cell := self.cell) is not None:  # marshalled for the kernel too: one form, which `worker.Context` loads
+            return {"filename": cell.filename, "source": cell.source, "body": cell.body and marshal.dumps(cell.body),
+                    "last": cell.last and marshal.dumps(cell.last)}  # fmt: skip
+        if not wire:  # a function that is not `shareable` is copied for each item in the kernel too
+            return {"fn": self.fn, "fn_blob": None if shareable(self.fn) else copyable("the function", self.fn)}
         fn = _dumps(lambda: f"the function {getattr(self.fn, '__name__', repr(self.fn))}", self.fn)
         # A function that reads what an item could change is unpickled again per item.
         return {"fn": fn, "fresh_fn": not shareable(self.fn, arrays=True)}
-
-    def _check_item(self, first: int) -> None:
-        """Fail early, naming the item, when item values cannot travel."""
-        item = self.plan.items[first]
-        if self.reads_handles:  # its handles travel as Dask dependencies, not in the blob
-            item = handles.held_slots([item], 0)[0][0]
-        _dumps(lambda: f"item {first} ({self.plan.describe(first)})", item)

@@ -220,7 +220,7 @@ class Engine:
             finally:
                 self.state.end()
             return True
-        self.job.recall_handles()
+        self.job.hold_handles(strongly=True)
         self.ship()  # opens the link
         self.state.begin(indices)
         self.start(indices)
@@ -248,7 +248,7 @@ class Engine:
         indices : sequence of int
             The items to run, in order (a `range` for consecutive ones).
         """
-        self.state.add_done_callback(self.job.forget_handles)
+        self.state.add_done_callback(functools.partial(self.job.hold_handles, strongly=False))
         self.token = f"{self.run_id}-{next(self._starts)}"
         self.transport.stopping = False
         strategy: Any = {"everywhere": everywhere.drive, "ranks": ranks.drive}.get(self.job.plan.mode)
