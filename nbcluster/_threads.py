@@ -233,13 +233,10 @@ async def in_thread(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             outcome()
 
     def work() -> None:
-        outcome: Callable[[], None]
         try:
-            result = func(*args, **kwargs)
+            outcome = functools.partial(future.set_result, func(*args, **kwargs))
         except BaseException as error:
             outcome = functools.partial(future.set_exception, error)
-        else:
-            outcome = functools.partial(future.set_result, result)
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
             loop.call_soon_threadsafe(settle, outcome)
 

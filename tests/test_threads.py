@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import weakref
 
@@ -94,3 +95,12 @@ def test_a_later_call_runs_when_due_and_a_cancelled_one_never(spares: threads.Sp
     assert due.finished.wait(10)
     assert [name for _, name in seen] == ["nbcluster-test-due"]
     assert not due.cancel()  # it ran: too late to cancel
+
+
+def test_in_thread_returns_what_the_call_returned_and_raises_what_it_raised() -> None:
+    async def both() -> int:
+        with pytest.raises(ZeroDivisionError):
+            await threads.in_thread(lambda: 1 / 0)
+        return await threads.in_thread(lambda a, b=0: a + b, 2, b=5)
+
+    assert asyncio.run(both()) == 7
