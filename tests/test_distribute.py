@@ -7,7 +7,9 @@ from __future__ import annotations
 import _thread
 import linecache
 import os
+import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -17,8 +19,7 @@ from typing import Any
 import dask
 import pytest
 
-from nbcluster import _current
-from nbcluster.errors import BadArgument, ClusterNotFound, Interrupted, NoCluster
+from nbcluster.errors import BadArgument, ClusterNotFound, Interrupted
 from nbcluster.run.api import distribute, wait
 from nbcluster.run.capture import LARGE, capture
 from nbcluster.run.results import NotReady, Results
@@ -254,13 +255,26 @@ def test_ctrl_c_in_a_kernel_item_stops_the_cell(ns: dict[str, Any]) -> None:
         res[1]
 
 
-def test_local_all_needs_no_cluster(ns: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_current, "_current", None)  # this kernel has no current cluster
-    assert list(run("x * 3", ns, over="x in range(3)", local="all")) == [0, 3, 6]
-    with pytest.raises(
-        NoCluster, match=r"start one with `%cluster start`.*or run the items in this kernel with --local"
-    ):
-        run("x", ns, over="x in range(3)")
+# In a fresh process (a kernel with no current cluster): --local all runs there; without it,
+# one line says how to get a cluster or run the items in the kernel.
+NO_CLUSTER = """
+from nbcluster.errors import NoCluster
+from nbcluster.run.api import distribute
+print(list(distribute("x * 3", namespace={}, over="x in range(3)", local="all")))
+try:
+    distribute("x", namespace={}, over="x in range(3)")
+except NoCluster as e:
+    print(e)
+"""
+
+
+def test_local_all_needs_no_cluster(tmp_path: Any) -> None:
+    env = {**os.environ, "NBCLUSTER_RUNTIME_DIR": str(tmp_path)}  # no registered cluster either
+    done = subprocess.run([sys.executable, "-c", NO_CLUSTER], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    ran, refused = done.stdout.splitlines()
+    assert ran == "[0, 3, 6]"
+    assert re.search(r"start one with `%cluster start`.*or run the items in this kernel with --local", refused)
 
 
 def test_everywhere_runs_once_per_worker(ns: dict[str, Any], cluster: Any) -> None:

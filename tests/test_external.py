@@ -231,7 +231,7 @@ def test_cluster_status_graphs_fall_back_to_the_schedulers_own_view(runtime_dir,
     handle.client.wait_for_workers(1, timeout=30)
     rec = Recorder()
     shown = status(handle, live_for=1.0, interval=0.1, _display=rec, _widgets=True)
-    assert shown._polled.wait(30)  # the poller has ended, its frozen picture drawn
+    assert shown.ended.wait(30)  # the poller has ended, its frozen picture drawn
     assert shown.frozen and len(rec.shown) == 1
     # The live widget got the same view: the worker's samples, and whether it is basic.
     assert shown.widget.delta["basic"] == (not allowed)

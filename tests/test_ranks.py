@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dask
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -283,36 +284,32 @@ def test_a_stuck_rank_is_ended_when_another_fails(two: ClusterHandle, tmp_path: 
         pause.wait(0.1)
 
 
-def test_a_partial_start_runs_nothing_and_fails_the_job(
-    two: ClusterHandle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_partial_start_runs_nothing_and_fails_the_job(two: ClusterHandle, tmp_path: Path) -> None:
     # The race the wait for free workers cannot close: a worker's thread taken between the look
-    # and the submit. Made here on purpose: once the ranks' workers are chosen, rank 1's is taken.
-    client = two.client
-    release = f"release-{time.monotonic_ns()}"
+    # and the submit. Made here for good: rank 1's worker (ranks go by address) has its one
+    # thread taken by a call handed straight to its thread pool, which the scheduler never sees.
     from distributed import Event
 
-    chose = rank_jobs._specs
-    blockers = []
+    client = two.client
+    release = f"release-{time.monotonic_ns()}"
+    rank_ones = sorted(set(_compat.workers(client)) - rank_jobs.ENDED)[1]
 
-    def take_rank_ones_worker(c: Any, chosen: list[str], gate: str, *, gpus: bool) -> Any:
-        blockers.append(c.submit(lambda n: Event(n).wait(120), release, workers=[chosen[1]], pure=False))
-        while not c.processing([chosen[1]])[chosen[1]]:
-            threading.Event().wait(0.05)
-        return chose(c, chosen, gate, gpus=gpus)
+    def take_the_thread(dask_worker: Any) -> None:
+        dask_worker.executor.submit(lambda: Event(release, client=dask_worker.client).wait(120))
 
-    monkeypatch.setattr(rank_jobs, "_specs", take_rank_ones_worker)
-    monkeypatch.setattr(rank_jobs, "START_S", 3.0)
+    client.run(take_the_thread, workers=[rank_ones])
     ran = tmp_path / "ran"
-    runs = distribute("import nbcluster\nopen(RAN + str(nbcluster.rank()), 'w').close()", ranks=2,
-                      namespace=_ns(RAN=str(ran)))  # fmt: skip
-    Event(release, client=client).set()
+    try:
+        with dask.config.set({"nbcluster.ranks.start": "3s"}):
+            runs = run_ranks("import nbcluster\nopen(RAN + str(nbcluster.rank()), 'w').close()", n=2,
+                             namespace=_ns(RAN=str(ran)))  # fmt: skip
+    finally:
+        Event(release, client=client).set()
     assert runs.counts()["failed"] == 2
     assert not list(tmp_path.glob("ran*"))  # rank 0 started, and ran nothing
     line = "rank 1 did not start within 3 s (their workers were busy): no rank ran; run the cell again"
     assert rank_jobs.cause(runs.run_id) == line
     assert {e.message for e in runs.errors} == {line}
-    blockers[0].result(60)
 
 
 SPAN = """%%distribute --ranks 2 --into job

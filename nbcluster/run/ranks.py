@@ -17,10 +17,10 @@ driver's policy. Policy, in the order a job lives:
    (asked of rank 0's worker). N tasks are submitted at once, each pinned to its worker.
 3. **All or nothing.** Every rank, once running, reports on the job's Dask `Queue` and
    waits at its gate (a Dask `Variable`). When all N reported, the kernel opens the gate
-   (``"go"``); when they have not within `START_S` (a worker's thread was taken between
-   the look and the submit), or the run is stopped first, it closes it with the reason,
-   every rank returns having run nothing, and the job fails with one line. No rank ever
-   waits in a collective for a peer that never came.
+   (``"go"``); when they have not within ``nbcluster.ranks.start`` (a worker's thread was
+   taken between the look and the submit), or the run is stopped first, it closes it with
+   the reason, every rank returns having run nothing, and the job fails with one line. No
+   rank ever waits in a collective for a peer that never came.
 4. **Failure.** When a rank fails or its worker leaves, the ranks still running are
    stopped within about a second: their tasks are cancelled, and every rank's worker
    process is ended, the failed ones' too (a rank blocked in gloo or NCCL cannot be
@@ -73,7 +73,6 @@ from nbcluster.worker import error_record, trial
 from nbcluster.worker.rank import RankSpec, end_process, free_port, own_device, run_rank
 
 LOOK_S = 0.25  # how often a running job looks for departed workers
-START_S = 30.0  # how long the kernel waits for every submitted rank to start
 WAIT_LINE_S = 1.0  # a job waiting for workers says so after this long
 RETURN_S = 30.0  # how long a GPU job's end waits for its ended worker processes to be back
 RANK_S = 3600.0  # what a waiting rank counts as in the adaptive target: a long job
@@ -497,7 +496,8 @@ def _open_gate(tasks: RanksTasks, gate: str, n: int, running: dict[Any, int], wh
     client = tasks.client
     started: set[int] = set()
     queue = Queue(f"{gate}-started", client=client)
-    deadline = time.monotonic() + START_S
+    start_s = config.seconds("ranks.start")
+    deadline = time.monotonic() + start_s
     why = ""
     while len(started) < n:
         if _stopping(tasks):
@@ -514,7 +514,7 @@ def _open_gate(tasks: RanksTasks, gate: str, n: int, running: dict[Any, int], wh
             missing = sorted(set(range(n)) - started)
             why = (
                 f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not start within "
-                f"{START_S:.0f} s (their workers were busy): no rank ran; run the cell again"
+                f"{start_s:g} s (their workers were busy): no rank ran; run the cell again"
             )
             break
         try:

@@ -77,6 +77,14 @@ class Live:
 
     Use `nbcluster.widgets.live` / `nbcluster.widgets.status` rather than this class; the
     options are documented there (`LiveOptions`), and `output` says where the view goes.
+
+    Attributes
+    ----------
+    ended : threading.Event
+        Set once the view polls no more: its poller has ended (after drawing its frozen
+        picture, unless the caller's `close` draws it), or never started.
+    frozen : bool
+        Whether the final picture has replaced the live view.
     """
 
     def __init__(self, progress: ProgressSource | None, feed: Feed | None, options: LiveOptions, output: Output, *,
@@ -122,7 +130,7 @@ class Live:
         run, wait = contextvars.copy_context().run, min(o.interval, o.delay) if progress is not None else 0.0
         self._poller: int | None = None  # the poller's thread, once it runs
         self._later = threads.later(wait, run, self._run, name="nbcluster-live") if wait > 0 else None
-        self._polled = self._later.finished if self._later else threads.spawn(run, self._run, name="nbcluster-live")
+        self.ended = self._later.finished if self._later else threads.spawn(run, self._run, name="nbcluster-live")
         # A run's view freezes at the end of its cell if the run is over. A status view has no
         # end of its own: it is live while its cell is the latest one, and freezes as the next
         # cell starts (in that cell's messages, which every client records), so a saved
@@ -156,7 +164,7 @@ class Live:
             if self._later is not None:
                 self._later.cancel()  # not started yet: it never will
             self._stop.set()
-            if not busy or self._polled.wait(timeout):
+            if not busy or self.ended.wait(timeout):
                 try:
                     self._tick()
                 except Exception:
