@@ -21,8 +21,10 @@ Shape, for a run of `n` items:
   tasks (`transport.py`), whose task-stream records reach the scheduler after their answers.
 
 A state is made running: the first start is its creation. Each `retry()` is a further
-start (`begin`); the state finishes when its last start `end`s: whatever is still pending
-is cancelled, the `on_end` hooks run, then `span.ended` is set. Writers are the engine's driver thread and, for `--local`
+start (`begin`), made only once the run has finished (`Run.retry` refuses one before), so
+starts never overlap and `span.ended` alone says whether one is going. A start's `end`
+finishes the run: whatever is still pending is cancelled, the `on_end` hooks run, then
+`span.ended` is set. Writers are the engine's driver thread and, for `--local`
 items and a resumed journal's, the kernel's main thread (`api.py`); readers (the `Results`
 view, the waiting cell, the live widget) may be any thread. One re-entrant lock guards it
 all (`lock`, the lock of `changed`); `changed` wakes the waiters when items printed output,
@@ -36,7 +38,6 @@ An exception in a listener is printed to stderr and does not stop the run.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 import time
@@ -101,9 +102,8 @@ class RunState:
         self.direct_keys: list[str] = []
         # One re-entrant lock: hold `lock` to read several fields at once; `changed` wakes the waiters.
         self.lock = self.changed = threading.Condition(threading.RLock())
-        self._starts = 1  # starts (the first, retries) not yet ended
-        # fn() after each change, once the run finished, at each start's end
-        self._hooks: dict[str, list[Any]] = {"change": [], "done": [], "end": []}
+        # fn() after each change, once the run finished, at each start's end: dicts as ordered sets
+        self._hooks: dict[str, dict[Callable[[], None], None]] = {"change": {}, "done": {}, "end": {}}
 
     def __len__(self) -> int:
         return len(self.status)
@@ -119,9 +119,8 @@ class RunState:
             items: queued or running).
         """
         with self.lock:
-            done, failed, cancelled = map(self.status.count, (DONE, FAILED, CANCELLED))
-        return {"total": len(self), "done": done, "failed": failed, "cancelled": cancelled,
-                "running": len(self) - done - failed - cancelled}  # fmt: skip
+            done, failed, cancelled, running = map(self.status.count, (DONE, FAILED, CANCELLED, PENDING))
+        return {"total": len(self), "done": done, "failed": failed, "cancelled": cancelled, "running": running}
 
     def unfinished(self) -> list[int]:
         """The items a retry runs again: failed or cancelled.
@@ -166,13 +165,8 @@ class RunState:
         """
         with self.lock:
             if self.span.ended is None:  # a finished run changes no more (until a retry)
-                self._hooks["change"].append(fn)
-
-        def unsubscribe() -> None:
-            with self.lock, contextlib.suppress(ValueError):  # gone already
-                self._hooks["change"].remove(fn)
-
-        return unsubscribe
+                self._hooks["change"][fn] = None
+        return lambda: self._hooks["change"].pop(fn, None)  # gone already: nothing to do
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         """Call `fn()` once the run has finished (now, if it has).
@@ -184,9 +178,9 @@ class RunState:
         """
         with self.lock:
             if self.span.ended is None:
-                self._hooks["done"].append(fn)
+                self._hooks["done"][fn] = None
                 return
-        _call(fn)
+        _call([fn])
 
     def on_end(self, fn: Callable[[], None]) -> None:
         """Call `fn()` each time the run ends (its first start, each retry), before anyone
@@ -199,15 +193,14 @@ class RunState:
             printed to stderr.
         """
         with self.lock:
-            self._hooks["end"].append(fn)
+            self._hooks["end"][fn] = None
 
     # -- writing: the engine only ---------------------------------------------------------
     def begin(self, indices: Iterable[int]) -> None:
         """A retry starts: `indices` are pending again, and the run is going again.
 
         Their errors and output are dropped, `output.order` starts again, and the span's `lost`,
-        `halted` and `ended` are cleared;
-        the run finishes when this start, and any other still going, has ended.
+        `halted` and `ended` are cleared; the run finishes when this start `end`s.
 
         Parameters
         ----------
@@ -220,7 +213,6 @@ class RunState:
                 self.errors.pop(i, None)
                 self.output.chunks.pop(i, None)
             self.output.order.clear()  # the waiting cell shows what this start prints, once
-            self._starts += 1
             self.span.lost = self.span.halted = self.span.ended = None
 
     def deliver(self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError],
@@ -296,32 +288,27 @@ class RunState:
         self.cancel_pending()
 
     def end(self) -> None:
-        """One start is over; the last one to end finishes the run."""
-        with self.lock:
-            self._starts -= 1
-            if self._starts > 0:
-                return
+        """The start is over, and with it the run (see the module docstring)."""
         self.cancel_pending()  # never delivered: cancelled, never lost
         with self.lock:
-            for fn in self._hooks["end"]:
-                _call(fn)
+            _call(self._hooks["end"])
             self.span.ended = time.time()  # finished: what the waiters wait for
             self.changed.notify_all()
             # The listeners' last call (a finished run changes no more), then the callbacks'.
-            last = self._hooks["change"] + self._hooks["done"]
-            self._hooks["change"], self._hooks["done"] = [], []
-        for fn in last:
-            _call(fn)
+            last = [*self._hooks["change"], *self._hooks["done"]]
+            self._hooks["change"], self._hooks["done"] = {}, {}
+        _call(last)
 
     def _notify(self) -> None:
         with self.lock:
             listeners = list(self._hooks["change"])
-        for fn in listeners:
-            _call(fn)
+        _call(listeners)
 
 
-def _call(fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except Exception:
-        print(f"nbcluster: a Results listener failed:\n{traceback.format_exc()}", file=sys.stderr)
+def _call(hooks: Iterable[Callable[[], None]]) -> None:
+    """Call each of `hooks`; one that fails is printed to stderr and stops neither the others nor the run."""
+    for fn in hooks:
+        try:
+            fn()
+        except Exception:
+            print(f"nbcluster: a Results listener failed:\n{traceback.format_exc()}", file=sys.stderr)
