@@ -158,9 +158,9 @@ class Results(TrialResults):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         if isinstance(i, str):  # a worker's address, for an --everywhere run
-            if self._plan.mode == "everywhere" and i in self._plan.items:
-                return self[self._plan.items.index(i)]
-            raise KeyError(i)
+            if self._plan.mode != "everywhere" or i not in self._plan.items:
+                raise KeyError(i)
+            i = self._plan.items.index(i)
         __tracebackhide__ = True
         index = range(len(self))[i]
         state = self._state.status[index]
@@ -270,7 +270,7 @@ class Results(TrialResults):
         if (i is None) == (rank is None):
             raise TypeError("output() takes an item index, or rank= for a --ranks job")
         text, index = [], range(len(self))[i if i is not None else rank]  # type: ignore[index]
-        for stream, payload in self._state.output.chunks.get(index, []):
+        for stream, payload in self._state.output.get(index, []):
             if stream == "stderr":
                 text += [f"[stderr] {line}" for line in payload.splitlines(keepends=True)]
             else:  # stdout's text, or a display()'s bundle
@@ -571,7 +571,7 @@ def follow(results: Results) -> None:
                 results.wait(min(0.05, max(until - time.monotonic(), 0)))
         while not results.done:
             with state.changed:  # woken when items printed, and at the end
-                if len(state.output.order) == printer.seen and state.span.ended is None:
+                if len(state.printed) == printer.seen and state.span.ended is None:
                     state.changed.wait(1.0)
             printer.flush()
         printer.flush()
@@ -627,8 +627,7 @@ def report(results: Results) -> None:
     hint = (f"({name}.errors lists the failures, {name}.raise_first() raises the first, {name}.retry() re-runs them)"
             if name else "(the results, `_` right after the cell, have .errors, .raise_first() and .retry(); "
             "--into NAME keeps them)")  # fmt: skip
-    sys.stderr.write(f"{results.summary()}\n{results.errors[0].traceback}{hint}\n")
-    sys.stderr.flush()
+    print(f"{results.summary()}\n{results.errors[0].traceback}{hint}", file=sys.stderr, flush=True)
 
 
 class _Printer:
@@ -636,7 +635,7 @@ class _Printer:
 
     def __init__(self, results: Results):
         self.results = results
-        self.seen = 0  # the items of `output.order` taken so far
+        self.seen = 0  # the items of `printed` taken so far
         self.shows: dict[int, bool] = {}  # item -> its output is shown (decided at its first output)
         self.shown = 0
         self.current: int | None = None  # the item whose header was written last
@@ -647,11 +646,11 @@ class _Printer:
         for i, chunks in trials.new_output() if trials is not None else ():
             if self._shows(i) and i not in self.ended:
                 self._write(i, chunks)
-        order = state.output.order
-        new, self.seen = order[self.seen : len(order)], len(order)
+        new = state.printed[self.seen :]  # what came since: `printed` only grows while the cell waits
+        self.seen += len(new)
         for i in new:  # of a trial's item, the output that came as it ran is shown: only the rest now
-            if self._shows(i):  # (each item is in `order` once: once delivered, it is `ended`)
-                self._write(i, state.output.chunks[i], skip=trials.printed.shown.get(i, 0) if trials else 0)
+            if self._shows(i):  # (each item is in `printed` once: once delivered, it is `ended`)
+                self._write(i, state.output[i], skip=trials.printed.shown.get(i, 0) if trials else 0)
             self.ended.add(i)
 
     def _shows(self, i: int) -> bool:

@@ -10,9 +10,9 @@ Shape, for a run of `n` items:
 - `status`: a `bytearray(n)` of `PENDING`, `DONE`, `FAILED`, `CANCELLED`;
 - `values[i]`: item `i`'s value once *done* (else None);
 - `errors[i]`: an `ItemError` for each *failed* item;
-- `output` (an `Output`): `chunks[i]`, what item `i` printed, as `[stream, payload]` chunks
-  (stream `stdout`, `stderr` or `display`), and `order`, the items with output in arrival order
-  since the run's last start (what the waiting cell prints);
+- `output[i]`: what item `i` printed, as `[stream, payload]` chunks (stream `stdout`,
+  `stderr` or `display`), and `printed`, the items with output in arrival order since the
+  run's last start (what the waiting cell prints);
 - `span` (a `Span`): `started`, `ended`, wall-clock times (`ended` is None while the run goes
   on: it is the one record of whether the run has finished); `lost`, why the unfinished items were given up (the cluster went away), and `halted`,
   why they were given up on a cluster that is there but cannot run them (nbcluster missing
@@ -43,20 +43,12 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nbcluster.run.tracebacks import ItemError
 
 PENDING, DONE, FAILED, CANCELLED = 0, 1, 2, 3
-
-
-@dataclass
-class Output:
-    """What a run's items printed: each one's ``[stream, payload]`` chunks, and who, in arrival order."""
-
-    chunks: dict[int, list[list[Any]]] = field(default_factory=dict)
-    order: list[int] = field(default_factory=list)  # the items with output, as it came, since the last start
 
 
 @dataclass
@@ -97,7 +89,8 @@ class RunState:
         self.status = bytearray(n)
         self.values: list[Any] = [None] * n
         self.errors: dict[int, ItemError] = {}
-        self.output = Output()
+        self.output: dict[int, list[list[Any]]] = {}
+        self.printed: list[int] = []  # the items with output, as it came, since the last start
         self.span = Span(time.time())
         self.direct_keys: list[str] = []
         # One re-entrant lock: hold `lock` to read several fields at once; `changed` wakes the waiters.
@@ -130,8 +123,8 @@ class RunState:
         list of int
             Their indices, in order.
         """
-        with self.lock:
-            return [i for i, s in enumerate(self.status) if s in (FAILED, CANCELLED)]
+        # One field, read once the run has ended (a retry waits for that): no lock to hold.
+        return [i for i, s in enumerate(self.status) if s in (FAILED, CANCELLED)]
 
     def pending(self, indices: Iterable[int]) -> list[int]:
         """Those of `indices` still pending: what is left to send of a batch.
@@ -146,8 +139,8 @@ class RunState:
         list of int
             The pending ones among them, in the order given.
         """
-        with self.lock:
-            return [i for i in indices if self.status[i] == PENDING]
+        # No lock: an item cancelled as we look is skipped when its batch is stored (`deliver`).
+        return [i for i in indices if self.status[i] == PENDING]
 
     def subscribe(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call `fn()` after every change, from the writing thread, until the run finishes.
@@ -199,7 +192,7 @@ class RunState:
     def begin(self, indices: Iterable[int]) -> None:
         """A retry starts: `indices` are pending again, and the run is going again.
 
-        Their errors and output are dropped, `output.order` starts again, and the span's `lost`,
+        Their errors and output are dropped, `printed` starts again, and the span's `lost`,
         `halted` and `ended` are cleared; the run finishes when this start `end`s.
 
         Parameters
@@ -211,8 +204,8 @@ class RunState:
             for i in indices:
                 self.status[i] = PENDING
                 self.errors.pop(i, None)
-                self.output.chunks.pop(i, None)
-            self.output.order.clear()  # the waiting cell shows what this start prints, once
+                self.output.pop(i, None)
+            self.printed.clear()  # the waiting cell shows what this start prints, once
             self.span.lost = self.span.halted = self.span.ended = None
 
     def deliver(self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError],
@@ -254,8 +247,8 @@ class RunState:
                     self.errors[i] = error
                     status[i] = FAILED
                 if outputs and i in outputs:
-                    self.output.chunks[i] = outputs[i]
-                    self.output.order.append(i)
+                    self.output[i] = outputs[i]
+                    self.printed.append(i)
             if outputs:  # only output (and cancels) wake the waiting cell before the end (`follow`)
                 self.changed.notify_all()
         self._notify()
@@ -300,9 +293,7 @@ class RunState:
         _call(last)
 
     def _notify(self) -> None:
-        with self.lock:
-            listeners = list(self._hooks["change"])
-        _call(listeners)
+        _call(list(self._hooks["change"]))  # a copy: a listener may unsubscribe while called
 
 
 def _call(hooks: Iterable[Callable[[], None]]) -> None:
