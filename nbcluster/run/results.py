@@ -194,8 +194,7 @@ class Results(TrialResults):
     def errors(self) -> list[ItemError]:
         """The failed items, in item order: each with ``index``, ``params``, ``type_name``,
         ``message`` and the original ``exception``, its traceback attached."""
-        with self._state.lock:
-            return [self._state.errors[i] for i in sorted(self._state.errors)]
+        return [error for _, error in sorted(self._state.errors.items())]  # a copy: taken in one step
 
     @property
     def ok(self) -> bool:
@@ -473,9 +472,7 @@ class Results(TrialResults):
         """The handles of `items` (read as `self[i]` reads them), else of the finished items."""
         if not self._control.persist:
             raise NbclusterError("only --persist results live on the workers: these values are already here")
-        if items is None:
-            return [h for h in self.values(missing=None) if h is not None]
-        return [self[j] for j in items]
+        return [h for h in self.values() if h is not None] if items is None else [self[j] for j in items]
 
     # -- summaries and display ------------------------------------------------------------
     def summary(self) -> str:

@@ -178,6 +178,7 @@ class RunState:
     def on_end(self, fn: Callable[[], None]) -> None:
         """Call `fn()` each time the run ends (its first start, each retry), before anyone
         waiting sees it finished: the journal's end is written before the cell goes on.
+        Given at the run's set-up, before anything runs.
 
         Parameters
         ----------
@@ -185,8 +186,7 @@ class RunState:
             Called with no arguments, with the state's lock held; an exception in it is
             printed to stderr.
         """
-        with self.lock:
-            self._hooks["end"][fn] = None
+        self._hooks["end"][fn] = None  # at set-up, before anything runs: nothing to race
 
     # -- writing: the engine only ---------------------------------------------------------
     def begin(self, indices: Iterable[int]) -> None:

@@ -46,8 +46,7 @@ class ItemError:
         for part in parts(record["traceback"]):  # made printable here (see the module docstring)
             for frame in part.stack:
                 if frame.filename == "<dynamic-code>":
-                    line = frame.lineno or 0
-                    found = {f for f, first, last in code_index.get(frame.name, []) if first <= line <= last}
+                    found = {f for f, first, last in code_index.get(frame.name, []) if first <= (frame.lineno or 0) <= last}
                     if len(found) == 1:
                         frame.filename = found.pop()
             part.stack = _CellStack(part.stack)  # not from_list: it makes a plain StackSummary
@@ -108,12 +107,10 @@ def reraise(error: ItemError) -> None:
     raise exc.with_traceback(rebuilt)
 
 
-@functools.lru_cache(maxsize=256)
 def _stand_in(module: str, qualname: str, syntax: bool) -> type[BaseException]:
     """A class named as the remote one, for printing (a SyntaxError prints its caret)."""
-    cls = type(qualname.rpartition(".")[2], (SyntaxError if syntax else Exception,), {})
-    cls.__module__, cls.__qualname__ = module, qualname
-    return cls
+    base = SyntaxError if syntax else Exception
+    return type(qualname.rpartition(".")[2], (base,), {"__module__": module, "__qualname__": qualname})
 
 
 class _CellStack(traceback.StackSummary):
@@ -121,10 +118,9 @@ class _CellStack(traceback.StackSummary):
 
     def format_frame_summary(self, frame_summary: traceback.FrameSummary) -> str:
         f, in_name = frame_summary, "" if frame_summary.name == "<module>" else f", in {frame_summary.name}"
-        cell = ipython_cell_number(f.filename)
         if f.filename.startswith("<distribute-"):
             where = f"Cell line {f.lineno}{in_name}"
-        elif cell is not None:
+        elif (cell := ipython_cell_number(f.filename)) is not None:
             where = f"Cell In[{cell}], line {f.lineno}{in_name}"
         else:
             where = f'File "{f.filename}", line {f.lineno}, in {f.name}'
