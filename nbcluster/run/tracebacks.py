@@ -9,7 +9,7 @@ pickled if it could be rebuilt. Here, in the kernel, `ItemError` readies it once
   file of every function it ships by value); `capture.Job.sources` maps them back to the
   notebook cell that defined the function;
 - the traceback is formatted (once, on first use) from a copy whose parts' classes are
-  stand-ins of the same name (`_stand_in`), so the standard formatting prints
+  stand-ins of the same name, so the standard formatting prints
   `mymodule.MyError: ...` without importing anything; the record itself keeps no stand-in
   (it stays picklable);
 - `traceback` formats it as Python would, with the cell's own lines: "Cell line 3" for the
@@ -66,8 +66,11 @@ class ItemError:
     def traceback(self) -> str:
         """The remote traceback as text: the cell's lines with cell line numbers."""
         tb = copy.deepcopy(self._record["traceback"])  # the record itself keeps no stand-in
-        for part, type_name in zip(parts(tb), self._record["types"], strict=True):
-            part.exc_type = _stand_in(**type_name)
+        for part, name in zip(parts(tb), self._record["types"], strict=True):
+            # A stand-in named as the remote class, for printing (a SyntaxError prints its caret).
+            base = SyntaxError if name["syntax"] else Exception
+            names = {"__module__": name["module"], "__qualname__": name["qualname"]}
+            part.exc_type = type(name["qualname"].rpartition(".")[2], (base,), names)
         return "".join(tb.format())
 
     def __repr__(self) -> str:
@@ -105,12 +108,6 @@ def reraise(error: ItemError) -> None:
     if hasattr(exc, "add_note") and note not in (getattr(exc, "__notes__", None) or ()):
         exc.add_note(note)
     raise exc.with_traceback(rebuilt)
-
-
-def _stand_in(module: str, qualname: str, syntax: bool) -> type[BaseException]:
-    """A class named as the remote one, for printing (a SyntaxError prints its caret)."""
-    base = SyntaxError if syntax else Exception
-    return type(qualname.rpartition(".")[2], (base,), {"__module__": module, "__qualname__": qualname})
 
 
 class _CellStack(traceback.StackSummary):
