@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import uuid
 from typing import Any
 
 import pytest
+from distributed import Event
 
-from nbcluster.errors import BadArgument, Interrupted
+from nbcluster.errors import BadArgument, Interrupted, NbclusterError
 from nbcluster.run.api import distribute
 from nbcluster.run.results import NotReady
 
@@ -102,3 +105,27 @@ def test_a_retry_prints_what_the_retried_items_print_this_time(cluster: Any, cap
     out = capsys.readouterr().out
     assert "── item 1 (x=1) ──\ntry 1 True\n" in out, out
     assert "try 0" not in out and "try 2" not in out, out  # the items kept are not printed again
+
+
+def test_listeners_hear_the_run_until_they_leave_and_a_retry_waits_for_its_end(cluster: Any, capsys: Any) -> None:
+    # Item 0 fails at once; items 1 and 2 wait on a Dask event, so the run is going while we look.
+    gate = f"gate-{uuid.uuid4().hex}"
+    cell = f"from distributed import Event\nassert x, 'item 0 fails'\nEvent({gate!r}).wait(60)\nx"
+    res = distribute(cell, namespace={}, over="x in range(3)", batch=1, wait=False)
+    left: list[bool] = []
+    heard: list[bool] = []
+    done: list[Any] = []
+    finished = threading.Event()  # done callbacks run after the waiters are woken: wait for them
+    res.subscribe(lambda r: left.append(r.done))()  # unsubscribed at once: never called
+    res.subscribe(lambda r: heard.append(r.done))
+    res.subscribe(lambda r: 1 / 0)  # a failing listener is printed and stops nothing
+    res.add_done_callback(lambda r: (done.append(r.values()), finished.set()))
+    with pytest.raises(NbclusterError, match=r"^the run is still going: wait for it"):
+        res.retry()  # one start at a time: item 0 has failed, but the run has not ended
+    Event(gate, client=cluster.client).set()
+    assert finished.wait(60) and res.values() == [None, 1, 2] and [e.index for e in res.errors] == [0]
+    assert left == [] and heard[-1] is True and done == [[None, 1, 2]]
+    assert "nbcluster: a Results listener failed" in capsys.readouterr().err
+    res.subscribe(lambda r: left.append(r.done))  # a finished run changes no more: not called
+    res.add_done_callback(lambda r: done.append("at once"))
+    assert left == [] and done[-1] == "at once"

@@ -481,7 +481,7 @@ def failure(error: Any) -> Failure:
 
     Parameters
     ----------
-    error : nbcluster.run.tracebacks.ItemError
+    error : nbcluster.run.state.ItemError
         The item's error, as the run's `Results` holds it.
 
     Returns

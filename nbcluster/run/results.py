@@ -68,8 +68,7 @@ from nbcluster.errors import ClusterCannotRun, ClusterLost, HandleGone, Interrup
 from nbcluster.persist.handles import GONE, Handle
 from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.cell import Plan, describe
-from nbcluster.run.state import CANCELLED, DONE, FAILED, RunState
-from nbcluster.run.tracebacks import ItemError, reraise
+from nbcluster.run.state import CANCELLED, DONE, FAILED, ItemError, RunState, reraise
 from nbcluster.run.trial_results import TrialResults
 from nbcluster.widgets import end_open_lines, in_kernel, shell, widget_shown_since
 
@@ -158,9 +157,9 @@ class Results(TrialResults):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         if isinstance(i, str):  # a worker's address, for an --everywhere run
-            if self._plan.mode == "everywhere" and i in self._plan.items:
-                return self[self._plan.items.index(i)]
-            raise KeyError(i)
+            if self._plan.mode != "everywhere" or i not in self._plan.items:
+                raise KeyError(i)
+            i = self._plan.items.index(i)
         __tracebackhide__ = True
         index = range(len(self))[i]
         state = self._state.status[index]
@@ -194,8 +193,7 @@ class Results(TrialResults):
     def errors(self) -> list[ItemError]:
         """The failed items, in item order: each with ``index``, ``params``, ``type_name``,
         ``message`` and the original ``exception``, its traceback attached."""
-        with self._state.lock:
-            return [self._state.errors[i] for i in sorted(self._state.errors)]
+        return [error for _, error in sorted(self._state.errors.items())]  # a copy: taken in one step
 
     @property
     def ok(self) -> bool:
@@ -270,7 +268,7 @@ class Results(TrialResults):
         if (i is None) == (rank is None):
             raise TypeError("output() takes an item index, or rank= for a --ranks job")
         text, index = [], range(len(self))[i if i is not None else rank]  # type: ignore[index]
-        for stream, payload in self._state.output.chunks.get(index, []):
+        for stream, payload in self._state.output.get(index, []):
             if stream == "stderr":
                 text += [f"[stderr] {line}" for line in payload.splitlines(keepends=True)]
             else:  # stdout's text, or a display()'s bundle
@@ -473,9 +471,7 @@ class Results(TrialResults):
         """The handles of `items` (read as `self[i]` reads them), else of the finished items."""
         if not self._control.persist:
             raise NbclusterError("only --persist results live on the workers: these values are already here")
-        if items is None:
-            return [h for h in self.values(missing=None) if h is not None]
-        return [self[j] for j in items]
+        return [h for h in self.values() if h is not None] if items is None else [self[j] for j in items]
 
     # -- summaries and display ------------------------------------------------------------
     def summary(self) -> str:
@@ -571,7 +567,7 @@ def follow(results: Results) -> None:
                 results.wait(min(0.05, max(until - time.monotonic(), 0)))
         while not results.done:
             with state.changed:  # woken when items printed, and at the end
-                if len(state.output.order) == printer.seen and state.span.ended is None:
+                if len(state.printed) == printer.seen and state.span.ended is None:
                     state.changed.wait(1.0)
             printer.flush()
         printer.flush()
@@ -627,8 +623,7 @@ def report(results: Results) -> None:
     hint = (f"({name}.errors lists the failures, {name}.raise_first() raises the first, {name}.retry() re-runs them)"
             if name else "(the results, `_` right after the cell, have .errors, .raise_first() and .retry(); "
             "--into NAME keeps them)")  # fmt: skip
-    sys.stderr.write(f"{results.summary()}\n{results.errors[0].traceback}{hint}\n")
-    sys.stderr.flush()
+    print(f"{results.summary()}\n{results.errors[0].traceback}{hint}", file=sys.stderr, flush=True)
 
 
 class _Printer:
@@ -636,7 +631,7 @@ class _Printer:
 
     def __init__(self, results: Results):
         self.results = results
-        self.seen = 0  # the items of `output.order` taken so far
+        self.seen = 0  # the items of `printed` taken so far
         self.shows: dict[int, bool] = {}  # item -> its output is shown (decided at its first output)
         self.shown = 0
         self.current: int | None = None  # the item whose header was written last
@@ -647,11 +642,11 @@ class _Printer:
         for i, chunks in trials.new_output() if trials is not None else ():
             if self._shows(i) and i not in self.ended:
                 self._write(i, chunks)
-        order = state.output.order
-        new, self.seen = order[self.seen : len(order)], len(order)
+        new = state.printed[self.seen :]  # what came since: `printed` only grows while the cell waits
+        self.seen += len(new)
         for i in new:  # of a trial's item, the output that came as it ran is shown: only the rest now
-            if self._shows(i):  # (each item is in `order` once: once delivered, it is `ended`)
-                self._write(i, state.output.chunks[i], skip=trials.printed.shown.get(i, 0) if trials else 0)
+            if self._shows(i):  # (each item is in `printed` once: once delivered, it is `ended`)
+                self._write(i, state.output[i], skip=trials.printed.shown.get(i, 0) if trials else 0)
             self.ended.add(i)
 
     def _shows(self, i: int) -> bool:

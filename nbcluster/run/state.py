@@ -1,4 +1,4 @@
-"""`RunState`: the per-item record of one run.
+"""`RunState`: the per-item record of one run, and `ItemError`: a failed item's error, shown and re-raised.
 
 Every item is in exactly one state: *pending* (queued or running), *done*, *failed* or
 *cancelled*. A delivery for an item that has already left *pending* is ignored, which is
@@ -10,9 +10,9 @@ Shape, for a run of `n` items:
 - `status`: a `bytearray(n)` of `PENDING`, `DONE`, `FAILED`, `CANCELLED`;
 - `values[i]`: item `i`'s value once *done* (else None);
 - `errors[i]`: an `ItemError` for each *failed* item;
-- `output` (an `Output`): `chunks[i]`, what item `i` printed, as `[stream, payload]` chunks
-  (stream `stdout`, `stderr` or `display`), and `order`, the items with output in arrival order
-  since the run's last start (what the waiting cell prints);
+- `output[i]`: what item `i` printed, as `[stream, payload]` chunks (stream `stdout`,
+  `stderr` or `display`), and `printed`, the items with output in arrival order since the
+  run's last start (what the waiting cell prints);
 - `span` (a `Span`): `started`, `ended`, wall-clock times (`ended` is None while the run goes
   on: it is the one record of whether the run has finished); `lost`, why the unfinished items were given up (the cluster went away), and `halted`,
   why they were given up on a cluster that is there but cannot run them (nbcluster missing
@@ -21,8 +21,10 @@ Shape, for a run of `n` items:
   tasks (`transport.py`), whose task-stream records reach the scheduler after their answers.
 
 A state is made running: the first start is its creation. Each `retry()` is a further
-start (`begin`); the state finishes when its last start `end`s: whatever is still pending
-is cancelled, the `on_end` hooks run, then `span.ended` is set. Writers are the engine's driver thread and, for `--local`
+start (`begin`), made only once the run has finished (`Run.retry` refuses one before), so
+starts never overlap and `span.ended` alone says whether one is going. A start's `end`
+finishes the run: whatever is still pending is cancelled, the `on_end` hooks run, then
+`span.ended` is set. Writers are the engine's driver thread and, for `--local`
 items and a resumed journal's, the kernel's main thread (`api.py`); readers (the `Results`
 view, the waiting cell, the live widget) may be any thread. One re-entrant lock guards it
 all (`lock`, the lock of `changed`); `changed` wakes the waiters when items printed output,
@@ -32,30 +34,52 @@ Listeners: `subscribe(fn)` calls `fn()` after every change, from the writing thr
 must be quick; listeners are dropped once the run has finished, so that a finished run kept
 in IPython's output history does not keep its live view (and the view's metrics) alive.
 An exception in a listener is printed to stderr and does not stop the run.
+
+Failed items
+------------
+A worker sends an error *record* per failed item (`worker.records`): the exception as the
+standard library's `traceback.TracebackException` (its chain, `ExceptionGroup` members
+and notes, nbcluster's own frames already removed, classes by name), and the exception
+pickled if it could be rebuilt. Here, in the kernel, `ItemError` readies it once:
+
+- frames of notebook functions come back named "<dynamic-code>" (cloudpickle renames the
+  file of every function it ships by value); `capture.Job.sources` maps them back to the
+  notebook cell that defined the function;
+- the traceback is formatted (once, on first use) from a copy whose parts' classes are
+  stand-ins of the same name, so the standard formatting prints
+  `mymodule.MyError: ...` without importing anything; the record itself keeps no stand-in
+  (it stays picklable);
+- `traceback` formats it as Python would, with the cell's own lines: "Cell line 3" for the
+  distributed cell (its source is in `linecache`), "Cell In[5], line 2" for a function
+  from notebook cell 5 (`_CellStack`);
+- `reraise` raises the original exception object with real traceback objects rebuilt
+  from the frames (tblib), so IPython, pdb and `except ZeroDivisionError:` see it as the
+  user's own error; nbcluster's raising frames carry `__tracebackhide__`, which IPython
+  honours.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from nbcluster.run.tracebacks import ItemError
+import cloudpickle
+from tblib import Traceback
+
+from nbcluster._compat import ipython_cell_number
+from nbcluster.errors import RemoteError
+from nbcluster.run.cell import describe
+from nbcluster.worker.records import ErrorRecord, parts
 
 PENDING, DONE, FAILED, CANCELLED = 0, 1, 2, 3
-
-
-@dataclass
-class Output:
-    """What a run's items printed: each one's ``[stream, payload]`` chunks, and who, in arrival order."""
-
-    chunks: dict[int, list[list[Any]]] = field(default_factory=dict)
-    order: list[int] = field(default_factory=list)  # the items with output, as it came, since the last start
 
 
 @dataclass
@@ -96,14 +120,14 @@ class RunState:
         self.status = bytearray(n)
         self.values: list[Any] = [None] * n
         self.errors: dict[int, ItemError] = {}
-        self.output = Output()
+        self.output: dict[int, list[list[Any]]] = {}
+        self.printed: list[int] = []  # the items with output, as it came, since the last start
         self.span = Span(time.time())
         self.direct_keys: list[str] = []
         # One re-entrant lock: hold `lock` to read several fields at once; `changed` wakes the waiters.
         self.lock = self.changed = threading.Condition(threading.RLock())
-        self._starts = 1  # starts (the first, retries) not yet ended
-        # fn() after each change, once the run finished, at each start's end
-        self._hooks: dict[str, list[Any]] = {"change": [], "done": [], "end": []}
+        # fn() after each change, once the run finished, at each start's end: dicts as ordered sets
+        self._hooks: dict[str, dict[Callable[[], None], None]] = {"change": {}, "done": {}, "end": {}}
 
     def __len__(self) -> int:
         return len(self.status)
@@ -119,9 +143,8 @@ class RunState:
             items: queued or running).
         """
         with self.lock:
-            done, failed, cancelled = map(self.status.count, (DONE, FAILED, CANCELLED))
-        return {"total": len(self), "done": done, "failed": failed, "cancelled": cancelled,
-                "running": len(self) - done - failed - cancelled}  # fmt: skip
+            done, failed, cancelled, running = map(self.status.count, (DONE, FAILED, CANCELLED, PENDING))
+        return {"total": len(self), "done": done, "failed": failed, "cancelled": cancelled, "running": running}
 
     def unfinished(self) -> list[int]:
         """The items a retry runs again: failed or cancelled.
@@ -131,8 +154,8 @@ class RunState:
         list of int
             Their indices, in order.
         """
-        with self.lock:
-            return [i for i, s in enumerate(self.status) if s in (FAILED, CANCELLED)]
+        # One field, read once the run has ended (a retry waits for that): no lock to hold.
+        return [i for i, s in enumerate(self.status) if s in (FAILED, CANCELLED)]
 
     def pending(self, indices: Iterable[int]) -> list[int]:
         """Those of `indices` still pending: what is left to send of a batch.
@@ -147,8 +170,8 @@ class RunState:
         list of int
             The pending ones among them, in the order given.
         """
-        with self.lock:
-            return [i for i in indices if self.status[i] == PENDING]
+        # No lock: an item cancelled as we look is skipped when its batch is stored (`deliver`).
+        return [i for i in indices if self.status[i] == PENDING]
 
     def subscribe(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call `fn()` after every change, from the writing thread, until the run finishes.
@@ -166,13 +189,8 @@ class RunState:
         """
         with self.lock:
             if self.span.ended is None:  # a finished run changes no more (until a retry)
-                self._hooks["change"].append(fn)
-
-        def unsubscribe() -> None:
-            with self.lock, contextlib.suppress(ValueError):  # gone already
-                self._hooks["change"].remove(fn)
-
-        return unsubscribe
+                self._hooks["change"][fn] = None
+        return lambda: self._hooks["change"].pop(fn, None)  # gone already: nothing to do
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         """Call `fn()` once the run has finished (now, if it has).
@@ -184,13 +202,14 @@ class RunState:
         """
         with self.lock:
             if self.span.ended is None:
-                self._hooks["done"].append(fn)
+                self._hooks["done"][fn] = None
                 return
-        _call(fn)
+        _call([fn])
 
     def on_end(self, fn: Callable[[], None]) -> None:
         """Call `fn()` each time the run ends (its first start, each retry), before anyone
         waiting sees it finished: the journal's end is written before the cell goes on.
+        Given at the run's set-up, before anything runs.
 
         Parameters
         ----------
@@ -198,16 +217,14 @@ class RunState:
             Called with no arguments, with the state's lock held; an exception in it is
             printed to stderr.
         """
-        with self.lock:
-            self._hooks["end"].append(fn)
+        self._hooks["end"][fn] = None  # at set-up, before anything runs: nothing to race
 
     # -- writing: the engine only ---------------------------------------------------------
     def begin(self, indices: Iterable[int]) -> None:
         """A retry starts: `indices` are pending again, and the run is going again.
 
-        Their errors and output are dropped, `output.order` starts again, and the span's `lost`,
-        `halted` and `ended` are cleared;
-        the run finishes when this start, and any other still going, has ended.
+        Their errors and output are dropped, `printed` starts again, and the span's `lost`,
+        `halted` and `ended` are cleared; the run finishes when this start `end`s.
 
         Parameters
         ----------
@@ -218,9 +235,8 @@ class RunState:
             for i in indices:
                 self.status[i] = PENDING
                 self.errors.pop(i, None)
-                self.output.chunks.pop(i, None)
-            self.output.order.clear()  # the waiting cell shows what this start prints, once
-            self._starts += 1
+                self.output.pop(i, None)
+            self.printed.clear()  # the waiting cell shows what this start prints, once
             self.span.lost = self.span.halted = self.span.ended = None
 
     def deliver(self, indices: Sequence[int], values: Sequence[Any], errors: dict[int, ItemError],
@@ -262,8 +278,8 @@ class RunState:
                     self.errors[i] = error
                     status[i] = FAILED
                 if outputs and i in outputs:
-                    self.output.chunks[i] = outputs[i]
-                    self.output.order.append(i)
+                    self.output[i] = outputs[i]
+                    self.printed.append(i)
             if outputs:  # only output (and cancels) wake the waiting cell before the end (`follow`)
                 self.changed.notify_all()
         self._notify()
@@ -296,32 +312,113 @@ class RunState:
         self.cancel_pending()
 
     def end(self) -> None:
-        """One start is over; the last one to end finishes the run."""
-        with self.lock:
-            self._starts -= 1
-            if self._starts > 0:
-                return
+        """The start is over, and with it the run (see the module docstring)."""
         self.cancel_pending()  # never delivered: cancelled, never lost
         with self.lock:
-            for fn in self._hooks["end"]:
-                _call(fn)
+            _call(self._hooks["end"])
             self.span.ended = time.time()  # finished: what the waiters wait for
             self.changed.notify_all()
             # The listeners' last call (a finished run changes no more), then the callbacks'.
-            last = self._hooks["change"] + self._hooks["done"]
-            self._hooks["change"], self._hooks["done"] = [], []
-        for fn in last:
-            _call(fn)
+            last = [*self._hooks["change"], *self._hooks["done"]]
+            self._hooks["change"], self._hooks["done"] = {}, {}
+        _call(last)
 
     def _notify(self) -> None:
-        with self.lock:
-            listeners = list(self._hooks["change"])
-        for fn in listeners:
-            _call(fn)
+        _call(list(self._hooks["change"]))  # a copy: a listener may unsubscribe while called
 
 
-def _call(fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except Exception:
-        print(f"nbcluster: a Results listener failed:\n{traceback.format_exc()}", file=sys.stderr)
+def _call(hooks: Iterable[Callable[[], None]]) -> None:
+    """Call each of `hooks`; one that fails is printed to stderr and stops neither the others nor the run."""
+    for fn in hooks:
+        try:
+            fn()
+        except Exception:
+            print(f"nbcluster: a Results listener failed:\n{traceback.format_exc()}", file=sys.stderr)
+
+
+# -- failed items -----------------------------------------------------------------------
+class ItemError:
+    """One failed item: its index, parameters, the original exception and its traceback."""
+
+    def __init__(self, index: int, params: dict[str, Any], record: ErrorRecord, where: str,
+                 code_index: dict[str, list[tuple[str, int, int]]]):  # fmt: skip
+        for part in parts(record["traceback"]):  # made printable here (see the module docstring)
+            for frame in part.stack:
+                if frame.filename == "<dynamic-code>":
+                    found = {f for f, first, last in code_index.get(frame.name, []) if first <= (frame.lineno or 0) <= last}
+                    if len(found) == 1:
+                        frame.filename = found.pop()
+            part.stack = _CellStack(part.stack)  # not from_list: it makes a plain StackSummary
+        self.index, self.params, self.where = index, params, where  # where: "the cluster" or "the kernel"
+        self.type_name, self.message = record["type"], record["message"]
+        self._record = record
+
+    @functools.cached_property
+    def exception(self) -> BaseException:
+        """The item's exception, of its original type where it could be rebuilt."""
+        with contextlib.suppress(Exception):
+            if self._record["exception"]:
+                return cloudpickle.loads(self._record["exception"])  # type: ignore[no-any-return]
+        return RemoteError(f"{self.type_name}: {self.message}")
+
+    @functools.cached_property
+    def traceback(self) -> str:
+        """The remote traceback as text: the cell's lines with cell line numbers."""
+        tb = copy.deepcopy(self._record["traceback"])  # the record itself keeps no stand-in
+        for part, name in zip(parts(tb), self._record["types"], strict=True):
+            # A stand-in named as the remote class, for printing (a SyntaxError prints its caret).
+            base = SyntaxError if name["syntax"] else Exception
+            names = {"__module__": name["module"], "__qualname__": name["qualname"]}
+            part.exc_type = type(name["qualname"].rpartition(".")[2], (base,), names)
+        return "".join(tb.format())
+
+    def __repr__(self) -> str:
+        return f"<ItemError item {self.index} ({describe(self.params)}): {self.type_name}: {self.message}>"
+
+
+def reraise(error: ItemError) -> None:
+    """Raise the item's own exception with its remote frames (see module docstring).
+
+    Parameters
+    ----------
+    error : ItemError
+        The failed item.
+
+    Raises
+    ------
+    Exception
+        Always: the item's own exception, with a note naming the item, its parameters and
+        where it ran.
+    """
+    __tracebackhide__ = True
+    exc = error.exception
+    tb: dict[str, Any] | None = None  # tblib's form of the remote frames, innermost last
+    for f in reversed(error._record["traceback"].stack):
+        code = {"co_filename": f.filename, "co_name": f.name}
+        frame = {"f_code": code, "f_globals": {"__name__": "__main__"}, "f_lineno": f.lineno or 0}
+        tb = {"tb_frame": frame, "tb_lineno": f.lineno or 0, "tb_next": tb}
+    rebuilt = None
+    with contextlib.suppress(Exception):
+        rebuilt = Traceback.from_dict(tb).as_traceback() if tb else None
+    where = f"item {error.index}{', ' + describe(error.params) if error.params else ''}, run on {error.where}"
+    # With the frames rebuilt the traceback shows the cell's lines itself; otherwise the
+    # note carries the remote traceback as text.
+    note = f"({where})" if rebuilt is not None else f"({where}; remote traceback:)\n{error.traceback}"
+    if hasattr(exc, "add_note") and note not in (getattr(exc, "__notes__", None) or ()):
+        exc.add_note(note)
+    raise exc.with_traceback(rebuilt)
+
+
+class _CellStack(traceback.StackSummary):
+    """Frames printed with cell names: "Cell line 3", "Cell In[5], line 2, in f"."""
+
+    def format_frame_summary(self, frame_summary: traceback.FrameSummary) -> str:
+        f, in_name = frame_summary, "" if frame_summary.name == "<module>" else f", in {frame_summary.name}"
+        if f.filename.startswith("<distribute-"):
+            where = f"Cell line {f.lineno}{in_name}"
+        elif (cell := ipython_cell_number(f.filename)) is not None:
+            where = f"Cell In[{cell}], line {f.lineno}{in_name}"
+        else:
+            where = f'File "{f.filename}", line {f.lineno}, in {f.name}'
+        # `line` is read here, in the kernel, from linecache (once: the frame keeps it)
+        return f"  {where}\n" + (f"    {f.line}\n" if f.line else "")
