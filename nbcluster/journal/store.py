@@ -213,23 +213,11 @@ class Loaded:
     workers: Counter[str] = field(default_factory=Counter)  # worker name (or "the kernel") -> items done there
     left_out: int = 0  # done, but too large to journal (--persist: not published)
     unloadable: int = 0  # done, but the value cannot be loaded now (its class is gone)
-    ended: End | None = None  # the last End record; None: the kernel died mid-run
     size: int = 0
-
-    @property
-    def state(self) -> str:
-        """``"complete"``, ``"failed"`` (every item ran, some raised), ``"interrupted"`` (an
-        `End` with items not run) or ``"killed"`` (no `End` after the last batch); whether it
-        is *running* is `in_use`'s to say."""
-        if self.ended is None:
-            return "killed"
-        done, total = self.ended["done"], self.header["total"]
-        return "complete" if done == total else "failed" if done + len(self.failed) >= total else "interrupted"
-
-    @property
-    def when(self) -> str:
-        """When the run started (its journal's name says), for messages (`when`)."""
-        return when(started(self.path))
+    #: "complete", "failed" (every item ran, some raised), "interrupted" (an `End` with items not
+    #: run) or "killed" (no `End` after the last batch); whether it is *running* is `in_use`'s to say.
+    state: str = "killed"
+    when: str = ""  # when the run started (its journal's name says), for messages (`when`)
 
 
 # -- the folder ---------------------------------------------------------------------------
@@ -266,8 +254,8 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
     list of pathlib.Path
         The journals, newest start first; [] when there is no such folder, or it cannot be read.
     """
-    base = where or folder()  # a run's folder; or each one, and the journals an earlier nbcluster kept in `base` itself
-    found = base.glob(f"{identity}/*{SUFFIX}") if identity else [*base.glob(f"*/*{SUFFIX}"), *base.glob(f"*{SUFFIX}")]
+    # A run's folder; or each one, and the journals an earlier nbcluster kept in the folder itself.
+    found = (where or folder()).glob(f"{identity}/*{SUFFIX}" if identity else f"**/*{SUFFIX}")
     return sorted(found, key=started, reverse=True)
 
 
@@ -708,13 +696,14 @@ def load(path: Path, *, values: bool = True) -> Loaded:
     """
     data = path.read_bytes()
     header, offset = parse_header(data, path)
-    loaded = Loaded(path, header, size=len(data))
+    loaded = Loaded(path, header, size=len(data), when=when(started(path)))
     done, missing = loaded.values, {_LEFT_OUT: set[int](), _GONE: set[int]()}
+    ended: End | None = None  # the last record, if an End; None: the kernel died mid-run
     with contextlib.suppress(Exception):  # a damaged record (or one of the wrong shape): nothing after it is trusted
         for frame in _frames(data, offset):
             record = pickle.loads(frame)
-            loaded.ended = record if record["kind"] == "end" else None  # a retry's batch after an End: its End comes later
-            if loaded.ended is not None:
+            ended = record if record["kind"] == "end" else None  # a retry's batch after an End: its End comes later
+            if ended is not None:
                 continue
             failed, ran_on = record["errors"], record["worker"]
             name = ran_on[1] if ran_on is not None else record["where"]
@@ -730,6 +719,9 @@ def load(path: Path, *, values: bool = True) -> Loaded:
             loaded.outputs.update((i, chunks) for i, chunks in record["outputs"].items() if i in done)
     loaded.left_out, loaded.unloadable = (len(missing[m] - done.keys()) for m in (_LEFT_OUT, _GONE))
     loaded.failed = {i: f for i, f in loaded.failed.items() if i not in done}
+    if ended is not None:  # the last record is an End
+        n, total = ended["done"], header["total"]
+        loaded.state = "complete" if n == total else "failed" if n + len(loaded.failed) >= total else "interrupted"
     return loaded
 
 
@@ -857,7 +849,7 @@ def label(cell: Cell | None, fn: Any) -> str:
     cell : Cell or None
         The cell run, or None for a function.
     fn : Any
-        The function (or module) run, when there is no cell.
+        The function run, when there is no cell.
 
     Returns
     -------
@@ -867,7 +859,7 @@ def label(cell: Cell | None, fn: Any) -> str:
     """
     if cell is not None:
         return next((line.strip()[:80] for line in cell.source.splitlines() if line.strip()), "")
-    return fn.__name__ if isinstance(fn, ModuleType) else f"{getattr(fn, '__qualname__', type(fn).__name__)}()"
+    return f"{getattr(fn, '__qualname__', type(fn).__name__)}()"  # a callable: `distribute` refuses anything else
 
 
 @dataclass
