@@ -756,4 +756,4 @@ def test_a_persist_batch_journals_its_recipes_and_an_unpublished_item_runs_again
     for values in (True, False):
         loaded = journal.load(writer.path, values=values)
         assert loaded.values == {0: recipes[0], 2: recipes[2]} and loaded.left_out == 1, loaded
-        assert loaded.header["cluster"] == "pc" and loaded.workers == {"w1": 2}
+        assert loaded.header["cluster"] == "pc" and loaded.workers == {"w1": 2} and loaded.state == "complete"

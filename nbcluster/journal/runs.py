@@ -133,7 +133,8 @@ def show(ident: str) -> str:
         state = "running" if store.in_use(path) else loaded.state
         lines = [f"Run {path.name[:ID_LENGTH]} of {loaded.when} ({state}): {loaded.header['first_line']}",
                  f"  {done}/{total} done, {len(failed)} failed, {total - done - len(failed)} not run"]  # fmt: skip
-        lines += [f"  done where: {', '.join(f'{w} {n}' for w, n in loaded.workers.most_common())}"] if loaded.workers else []
+        if loaded.workers:
+            lines.append(f"  done where: {', '.join(f'{name} {n}' for name, n in loaded.workers.most_common())}")
         lines += ["  failed (--resume runs them again):"] if failed else []
         for i, f in sorted(failed.items()):
             params, on = f" ({f['params']})" if f["params"] else "", f" on worker {f['worker']}" if f["worker"] else ""

@@ -40,7 +40,7 @@ File layout (one file per run, ``<identity>/<identity>-<start µs>-<pid>.journal
 
     b"NBCLUSTER-JOURNAL\\n"
     one line of JSON: the `Header` (its "format" is checked before anything is unpickled)
-    records, each a 4-byte little-endian length and a pickle of a `Batch` or an `End`
+    records, each a 4-byte little-endian length and a pickle of a `Batch` or an `End` (an int)
 
 A journal is locked the moment it is made (``O_EXCL``), so a reader that finds it before
 its header is written sees a running run. A reader stops at the first record cut short
@@ -126,7 +126,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType, FunctionType, ModuleType, SimpleNamespace
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 import cloudpickle
 from dask.utils import parse_bytes
@@ -177,7 +177,6 @@ class Failed(Failure):
 class Batch(TypedDict):
     """One delivered batch."""
 
-    kind: Literal["batch"]
     at: float  # when it reached the kernel
     where: str  # "the cluster" or "the kernel" (--local)
     worker: tuple[str, str] | None  # (address, name) of the worker that ran it; None: the kernel ran it
@@ -189,12 +188,9 @@ class Batch(TypedDict):
     outputs: dict[int, list[list[Any]]]  # what items printed, by item index
 
 
-class End(TypedDict):
-    """A start of the run ended (the run, or a retry)."""
-
-    kind: Literal["end"]
-    at: float
-    done: int  # items done so far (of the header's total)
+#: A start of the run ended (the run, or a retry): the record is the number of items done so far
+#: (of the header's total).
+End = int
 
 
 class Refused(Exception):
@@ -254,8 +250,8 @@ def journals(identity: str | None = None, where: Path | None = None) -> list[Pat
     list of pathlib.Path
         The journals, newest start first; [] when there is no such folder, or it cannot be read.
     """
-    # A run's folder; or each one, and the journals an earlier nbcluster kept in the folder itself.
-    found = (where or folder()).glob(f"{identity}/*{SUFFIX}" if identity else f"**/*{SUFFIX}")
+    base = where or folder()  # a run's folder; or each one, and the journals an earlier nbcluster kept in `base` itself
+    found = base.glob(f"{identity}/*{SUFFIX}") if identity else [*base.glob(f"*/*{SUFFIX}"), *base.glob(f"*{SUFFIX}")]
     return sorted(found, key=started, reverse=True)
 
 
@@ -369,7 +365,7 @@ class Writer:
         whole = held if held is not None else list(values) if set(map(type, values)) <= _ATOMS else None
         kept = None if whole is None else _pickled(whole, sys.maxsize if held is not None else self._max_item)
         with self._lock:
-            self._append(Batch(kind="batch", at=time.time(), where=where, worker=ran_on, indices=indices[: len(values)],
+            self._append(Batch(at=time.time(), where=where, worker=ran_on, indices=indices[: len(values)],
                                errors=failed, outputs=outputs,
                                values=kept if kept is not None else [_pickled(v, self._max_item) for v in values]))
 
@@ -388,7 +384,7 @@ class Writer:
         with self._lock:
             if self._fd is None:
                 return
-            self._append(End(kind="end", at=time.time(), done=done))
+            self._append(End(done))
             self.release()  # and with it the journal's lock
         # Complete, it holds every item: an older journal of its identity (in its folder) can only be resumed to less.
         if done == total and (others := [p for p in self.path.parent.glob(f"*{SUFFIX}")
@@ -652,7 +648,7 @@ def ended_complete(path: Path) -> bool:
         header, offset = parse_header(data, path)
         *_, last = _frames(data, offset)
         record = pickle.loads(last)
-        return bool(record["kind"] == "end" and record["done"] == header["total"])
+        return bool(isinstance(record, End) and record == header["total"])
     return False
 
 
@@ -702,7 +698,7 @@ def load(path: Path, *, values: bool = True) -> Loaded:
     with contextlib.suppress(Exception):  # a damaged record (or one of the wrong shape): nothing after it is trusted
         for frame in _frames(data, offset):
             record = pickle.loads(frame)
-            ended = record if record["kind"] == "end" else None  # a retry's batch after an End: its End comes later
+            ended = record if isinstance(record, End) else None  # a retry's batch after an End: its End comes later
             if ended is not None:
                 continue
             failed, ran_on = record["errors"], record["worker"]
@@ -720,8 +716,8 @@ def load(path: Path, *, values: bool = True) -> Loaded:
     loaded.left_out, loaded.unloadable = (len(missing[m] - done.keys()) for m in (_LEFT_OUT, _GONE))
     loaded.failed = {i: f for i, f in loaded.failed.items() if i not in done}
     if ended is not None:  # the last record is an End
-        n, total = ended["done"], header["total"]
-        loaded.state = "complete" if n == total else "failed" if n + len(loaded.failed) >= total else "interrupted"
+        total, failed = header["total"], len(loaded.failed)
+        loaded.state = "complete" if ended == total else "failed" if ended + failed >= total else "interrupted"
     return loaded
 
 
@@ -796,7 +792,8 @@ def value_hash(value: Any, seen: dict[int, bytes] | None = None) -> bytes:
 
 class _Hasher(cloudpickle.Pickler):
     """cloudpickle into a hash (`hashed.update`), with notebook functions and classes replaced by
-    their stable hash; out-of-band buffers go to `buffers`, hashed in place."""
+    their stable hash, and any object `seen` holds by its hash there (a shipped array's digest);
+    out-of-band buffers go to `buffers`, hashed in place."""
 
     def __init__(self, hashed: Any, seen: dict[int, bytes], buffers: Callable[[pickle.PickleBuffer], None]):
         super().__init__(SimpleNamespace(write=hashed.update), protocol=5, buffer_callback=buffers)
