@@ -701,7 +701,7 @@ def load(path: Path, *, values: bool = True) -> Loaded:
             ended = record if isinstance(record, End) else None  # a retry's batch after an End: its End comes later
             if ended is not None:
                 continue
-            failed, ran_on = record["errors"], record["worker"]
+            failed, ran_on, before = record["errors"], record["worker"], len(done)
             name = ran_on[1] if ran_on is not None else record["where"]
             for i, value in zip(record["indices"], _values(record, values, header["cluster"] is not None), strict=False):
                 if i in failed:
@@ -711,7 +711,8 @@ def load(path: Path, *, values: bool = True) -> Loaded:
                     missing[value].add(i)
                 elif i not in done:  # a second delivery (a re-run batch): the first one counted
                     done[i] = value
-                    loaded.workers[name] += 1
+            if len(done) > before:  # counted per batch, not per item: `runs` reads every journal
+                loaded.workers[name] += len(done) - before
             loaded.outputs.update((i, chunks) for i, chunks in record["outputs"].items() if i in done)
     loaded.left_out, loaded.unloadable = (len(missing[m] - done.keys()) for m in (_LEFT_OUT, _GONE))
     loaded.failed = {i: f for i, f in loaded.failed.items() if i not in done}
