@@ -178,3 +178,20 @@ def test_a_function_hashes_the_same_whatever_else_its_kernel_has_imported() -> N
         exec(src, namespace)
     assert value_hash(bare["f"]) == value_hash(busy["f"])
     assert value_hash(bare["f"]) != value_hash(other["f"])
+
+
+def test_a_large_captured_array_is_hashed_by_the_digest_of_its_content() -> None:
+    # A large plain array the cell reads by name is hashed by the digest it is shipped by (computed
+    # once), in the same walk as the rest: the same content gives the same identity, other bytes another.
+    run_cell = Cell.parse("x + float(BIG[0])", filename="<c>", first_line=2)
+    items = plan(over="x in range(3)", grid=None, zip=None, evaluate=lambda text, _: eval(text))
+
+    def ident(big: np.ndarray) -> str | None:
+        captured = capture(run_cell.free_names(["x"]), {"__name__": "__main__", "BIG": big})
+        assert "BIG" in captured.large  # shipped by its digest, not pickled with the context
+        return fingerprint(items, run_cell, None, None, captured)
+
+    same = ident(np.zeros(200_000))
+    assert same is not None and ident(np.zeros(200_000)) == same
+    assert ident(np.ones(200_000)) != same
+    assert ident(np.zeros(200_001)) != same

@@ -742,3 +742,18 @@ def test_checkpoints_are_the_runs_and_only_resume_loads_them(cluster, journals, 
             path.unlink()
         nbcluster.distribute(SAVES, over="x in [1, 3]", namespace={})
         assert [p.name for p in ck.iterdir()] == [journal.journals(where=journals)[0].name[:32]]
+
+
+def test_a_persist_batch_journals_its_recipes_and_an_unpublished_item_runs_again(journals):
+    # One pickle of the batch's recipes (builtin data), never the values (handles); an item
+    # without a recipe (not published) is left out, so --resume runs it again. A listing
+    # (values=False) reads the recipes too: `runs` shows what the cluster still holds from them.
+    writer = journal.create("c" * 32, 3, "np.full(...)", cluster="pc")
+    assert writer is not None
+    recipes = [{"key": f"k{i}", "dataset": f"d-{i}", "held": {"nbytes": 8}, "params": f"x={i}"} for i in range(3)]
+    writer.write(range(3), ["h0", "h1", "h2"], {}, {}, "the cluster", ("tcp://w:1", "w1"), [recipes[0], None, recipes[2]])
+    writer.end(3, 3)
+    for values in (True, False):
+        loaded = journal.load(writer.path, values=values)
+        assert loaded.values == {0: recipes[0], 2: recipes[2]} and loaded.left_out == 1, loaded
+        assert loaded.header["cluster"] == "pc" and loaded.workers == {"w1": 2} and loaded.state == "complete"

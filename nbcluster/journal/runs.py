@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from dask.utils import parse_bytes
+
 from nbcluster import config
 from nbcluster._wire import TrialSpec
 from nbcluster.errors import BadArgument
@@ -89,7 +91,7 @@ def _read(paths: list[Path]) -> Iterator[tuple[Path, store.Loaded | store.Refuse
 
 def _held(path: Path, loaded: store.Loaded, client_of: ClientOf) -> str:
     """``6 (1.2 MB) on pc``: what a --persist run's values hold on its cluster now; "" for other runs."""
-    if not loaded.header.get("persist") or not (name := loaded.header.get("cluster")):
+    if not (name := loaded.header["cluster"]):
         return ""
     if (client := client_of(name)) is None:
         return f"? (cannot reach {name})"
@@ -175,17 +177,13 @@ def forget(ids: list[str], every: bool, client_of: ClientOf) -> str:
     if every == bool(ids):
         raise BadArgument("give run IDs or --all, not both" if every else
                           "say which runs to forget: their IDs (from `runs`), or --all")  # fmt: skip
-    deleted = busy = dropped = 0
-    client_of = functools.cache(client_of)
-    for path in _named(None if every else ids):
-        if store.in_use(path):
-            busy += 1
-            continue
-        header = store.read_header(path)
-        if header and header["persist"] and header["cluster"] and (client := client_of(header["cluster"])):
+    named, client_of = _named(None if every else ids), functools.cache(client_of)
+    idle, dropped = [p for p in named if not store.in_use(p)], 0  # one in use (running now) stays
+    for path in idle:
+        if (header := store.read_header(path)) and header["cluster"] and (client := client_of(header["cluster"])):
             with contextlib.suppress(Exception):  # a --persist run on a running cluster: its values are dropped there
                 dropped += handles.unpublish(client, [handles.dataset_prefix(path.name)])
-        deleted += len(store.delete([path]))
+    deleted, busy = len(store.delete(idle)), len(named) - len(idle)
     line = f"Forgot {deleted} journaled run{'s' if deleted != 1 else ''}."
     line += f" Dropped {dropped} value{'s' if dropped != 1 else ''} kept on the cluster for --resume." if dropped else ""
     return line + (f" {busy} in use (running now) stayed." if busy else "")
@@ -215,7 +213,7 @@ def attach_checkpoints(spec: TrialSpec, identity: str, *, resume: bool) -> None:
             # One deleted meanwhile (another kernel's start) ends the scan: the next start goes on.
             runs.append((bool(store.journals(run.name, journaled)), run.stat().st_mtime,
                          sum(f.stat().st_size for f in run.iterdir()), run))  # fmt: skip
-    total, limit = sum(n for *_, n, _ in runs), store.size("checkpoint.max-size")
+    total, limit = sum(n for *_, n, _ in runs), parse_bytes(config.get("checkpoint.max-size"))
     for kept, _, n, run in sorted(runs):  # those whose journal is gone first, then the oldest
         if not kept or total > limit:
             shutil.rmtree(run, ignore_errors=True)

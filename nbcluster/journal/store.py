@@ -13,10 +13,10 @@ Policy
   ``kill -9`` of the kernel loses at most the batches that had not reached it. There is no
   fsync per batch: a journal protects against a dead kernel, not a dead machine.
 - **Values as they came.** A batch of only numbers, strings, bytes and None is written as
-  one pickle of the list. Any other batch has each value pickled
-  on its own, so that a value that cannot be loaded later (its class is gone) re-runs that
-  item alone, and one above ``nbcluster.journal.max-item-size`` is left out (and re-run)
-  alone. A ``--persist`` batch holds each item's `handles.Recipe`, never its value.
+  one pickle of the list, and so is a ``--persist`` batch's list of `handles.Recipe` (builtin
+  data too; never the values). Any other batch has each value pickled on its own, so that a
+  value that cannot be loaded later (its class is gone) re-runs that item alone, and one
+  above ``nbcluster.journal.max-item-size`` is left out (and re-run) alone.
 - **A journal never breaks a cell.** Any failure to write (a full disk, a folder that
   cannot be written) prints one warning line, and the run goes on unjournaled.
 - **One writer at a time.** A run holds an exclusive ``flock`` on its journal while it runs
@@ -40,7 +40,7 @@ File layout (one file per run, ``<identity>/<identity>-<start µs>-<pid>.journal
 
     b"NBCLUSTER-JOURNAL\\n"
     one line of JSON: the `Header` (its "format" is checked before anything is unpickled)
-    records, each a 4-byte little-endian length and a pickle of a `Batch` or an `End`
+    records, each a 4-byte little-endian length and a pickle of a `Batch` or an `End` (an int)
 
 A journal is locked the moment it is made (``O_EXCL``), so a reader that finds it before
 its header is written sees a running run. A reader stops at the first record cut short
@@ -56,11 +56,11 @@ session or the notebook's cell id: a new kernel running the same cell on the sam
 gets the same identity, and a change to any input gives another one, so ``--resume`` never
 mixes results computed from different inputs.
 
-Each value is hashed through one pickler (`_Hasher`), the same way wherever it sits (a
-captured name, an item, a global a function reads):
+All of it is hashed in one walk of one pickler (`_Hasher`), each value the same way wherever
+it sits (a captured name, an item, a global a function reads):
 
 - plain data by its pickle (protocol 5; the bytes of large arrays hashed in place, not
-  copied);
+  copied); a large plain array captured by name by the content digest it is shipped by;
 - a module by its name; a function or class imported from a module by its module and name;
 - a function defined in the notebook (module ``__main__``) by its source text (its code,
   where there is no source), its defaults, its closure's values, and the value of every
@@ -126,7 +126,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType, FunctionType, ModuleType, SimpleNamespace
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 import cloudpickle
 from dask.utils import parse_bytes
@@ -138,13 +138,13 @@ from nbcluster.run.capture import Capture, read_only_array
 from nbcluster.run.cell import Cell, Plan, describe
 from nbcluster.worker.context import cell_value
 
-FORMAT = 2  # bump when a record's shape changes: an older reader then refuses the file
+FORMAT = 3  # bump when a record's shape changes: an older reader then refuses the file
 MAGIC = b"NBCLUSTER-JOURNAL\n"
 SUFFIX = ".journal"
 #: Types whose values load in any process: a batch of only these is pickled as one list.
 _ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 _LEFT_OUT, _GONE = object(), object()  # a value not journaled; one that cannot be loaded now
-VERSION = b"nbcluster-run-4"  # part of every identity: change it when what goes in changes
+VERSION = b"nbcluster-run-5"  # part of every identity: change it when what goes in changes
 # A class's attributes that say where it was defined, or hold no content of its own.
 _NOT_CLASS_CONTENT = frozenset({"__dict__", "__weakref__", "__module__", "__firstlineno__", "__static_attributes__"})
 
@@ -157,8 +157,7 @@ class Header(TypedDict):
     nbcluster: str  # the version that wrote it, for the refusal message
     total: int  # items in the run
     first_line: str  # the cell's first line (or the function's name), for `runs`
-    persist: bool  # a --persist run: its records hold recipes (`handles.Recipe`), not values
-    cluster: str | None  # --persist: the cluster's name (or address) the values are on
+    cluster: str | None  # a --persist run: the cluster's name (or address) its values are on; else None
 
 
 class Failure(TypedDict):
@@ -178,25 +177,20 @@ class Failed(Failure):
 class Batch(TypedDict):
     """One delivered batch."""
 
-    kind: Literal["batch"]
     at: float  # when it reached the kernel
     where: str  # "the cluster" or "the kernel" (--local)
     worker: tuple[str, str] | None  # (address, name) of the worker that ran it; None: the kernel ran it
     indices: Sequence[int]  # a range for a contiguous batch
     errors: dict[int, Failure]  # the items that failed, by item index: re-run on resume
-    plain: bytes | None  # the values as the worker pickled them, one list of builtin data
-    pickled: list[bytes | None] | None  # else one pickle per item; None: left out (too large)
-    held: list[Any] | None  # --persist: each item's `handles.Recipe` (None: not published), never its value
+    # One pickle of the list of values when they are builtin data only (--persist: of each item's
+    # `handles.Recipe`, None where not published); else one pickle per value (None: left out, too large).
+    values: bytes | list[bytes | None]
     outputs: dict[int, list[list[Any]]]  # what items printed, by item index
 
 
-class End(TypedDict):
-    """A start of the run ended (the run, or a retry)."""
-
-    kind: Literal["end"]
-    at: float
-    done: int
-    total: int
+#: A start of the run ended (the run, or a retry): the record is the number of items done so far
+#: (of the header's total).
+End = int
 
 
 class Refused(Exception):
@@ -215,23 +209,11 @@ class Loaded:
     workers: Counter[str] = field(default_factory=Counter)  # worker name (or "the kernel") -> items done there
     left_out: int = 0  # done, but too large to journal (--persist: not published)
     unloadable: int = 0  # done, but the value cannot be loaded now (its class is gone)
-    ended: End | None = None  # the last End record; None: the kernel died mid-run
     size: int = 0
-
-    @property
-    def state(self) -> str:
-        """``"complete"``, ``"failed"`` (every item ran, some raised), ``"interrupted"`` (an
-        `End` with items not run) or ``"killed"`` (no `End` after the last batch); whether it
-        is *running* is `in_use`'s to say."""
-        if self.ended is None:
-            return "killed"
-        done, total = self.ended["done"], self.header["total"]
-        return "complete" if done == total else "failed" if done + len(self.failed) >= total else "interrupted"
-
-    @property
-    def when(self) -> str:
-        """When the run started (its journal's name says), for messages (`when`)."""
-        return when(started(self.path))
+    #: "complete", "failed" (every item ran, some raised), "interrupted" (an `End` with items not
+    #: run) or "killed" (no `End` after the last batch); whether it is *running* is `in_use`'s to say.
+    state: str = "killed"
+    when: str = ""  # when the run started (its journal's name says), for messages (`when`)
 
 
 # -- the folder ---------------------------------------------------------------------------
@@ -249,23 +231,6 @@ def folder() -> Path:
     from jupyter_core.paths import jupyter_data_dir
 
     return Path(jupyter_data_dir()) / "nbcluster" / "journal"
-
-
-def size(key: str) -> int:
-    """A size setting, in bytes.
-
-    Parameters
-    ----------
-    key : str
-        The setting under ``nbcluster.``, as ``"journal.max-size"``; its value a number of
-        bytes or a text like ``"64 MiB"``.
-
-    Returns
-    -------
-    int
-        Its bytes.
-    """
-    return int(parse_bytes(config.get(key)))
 
 
 def journals(identity: str | None = None, where: Path | None = None) -> list[Path]:
@@ -365,7 +330,7 @@ class Writer:
     """
 
     def __init__(self, path: Path, fd: int):
-        self.path, self._broken, self._max_item = path, False, size("journal.max-item-size")
+        self.path, self._broken, self._max_item = path, False, parse_bytes(config.get("journal.max-item-size"))
         self._fd: int | None = fd
         self.client: Any = None  # --persist: the run's client, to unpublish the values of the journals it supersedes
         self._lock = threading.RLock()  # the driver thread writes; whichever thread ends the run closes
@@ -395,12 +360,14 @@ class Writer:
             A ``--persist`` batch: each item's `handles.Recipe` (None where it has none),
             journaled instead of `values`, which are handles.
         """
+        # Builtin data only is one pickle of the list (loadable whatever the notebook defines); a --persist
+        # batch's recipes always are, whatever their size.
+        whole = held if held is not None else list(values) if set(map(type, values)) <= _ATOMS else None
+        kept = None if whole is None else _pickled(whole, sys.maxsize if held is not None else self._max_item)
         with self._lock:
-            # A batch of builtin data only is one pickle (loadable whatever the notebook defines).
-            plain = _pickled(list(values), self._max_item) if held is None and set(map(type, values)) <= _ATOMS else None
-            each = [_pickled(v, self._max_item) for v in values] if held is None and plain is None else None
-            self._append(Batch(kind="batch", at=time.time(), where=where, worker=ran_on, indices=indices[: len(values)],
-                               errors=failed, plain=plain, pickled=each, held=held, outputs=outputs))  # fmt: skip
+            self._append(Batch(at=time.time(), where=where, worker=ran_on, indices=indices[: len(values)],
+                               errors=failed, outputs=outputs,
+                               values=kept if kept is not None else [_pickled(v, self._max_item) for v in values]))
 
     def end(self, done: int, total: int) -> None:
         """The start is over: mark it so, and let go of the journal (another run may take it).
@@ -417,7 +384,7 @@ class Writer:
         with self._lock:
             if self._fd is None:
                 return
-            self._append({"kind": "end", "at": time.time(), "done": done, "total": total})
+            self._append(End(done))
             self.release()  # and with it the journal's lock
         # Complete, it holds every item: an older journal of its identity (in its folder) can only be resumed to less.
         if done == total and (others := [p for p in self.path.parent.glob(f"*{SUFFIX}")
@@ -524,10 +491,9 @@ def create(identity: str, total: int, first_line: str, *, cluster: str | None = 
     """
     base, now = where or folder(), time.time()
     path = base / identity / f"{identity}-{int(now * 1e6)}-{os.getpid()}{SUFFIX}"
-    header = Header(format=FORMAT, nbcluster=__version__, total=total, first_line=first_line, persist=cluster is not None,
-                    cluster=cluster)  # fmt: skip
+    header = Header(format=FORMAT, nbcluster=__version__, total=total, first_line=first_line, cluster=cluster)
     try:
-        if now - _pruned.get(bound := (base, size("journal.max-size")), 0.0) >= PRUNE_EVERY_S:
+        if now - _pruned.get(bound := (base, parse_bytes(config.get("journal.max-size"))), 0.0) >= PRUNE_EVERY_S:
             _pruned[bound] = now
             prune(bound[1], base)  # first: it may delete this identity's folder with its last journal
         # Another kernel's prune deleting the run's folder between these two lines makes this run unjournaled, in one line.
@@ -574,7 +540,7 @@ def prune(limit: int, base: Path) -> list[Path]:
             sizes[path] = path.stat().st_size
     total, old = sum(sizes.values()), []
     for path, n in sizes.items():
-        if total > limit and not in_use(path) and not ((header := read_header(path)) and header["persist"]):
+        if total > limit and not in_use(path) and not ((header := read_header(path)) and header["cluster"]):
             old.append(path)
             total -= n
     return delete(old)
@@ -594,9 +560,8 @@ def delete(paths: list[Path]) -> list[Path]:
         `paths` (one gone already, or not this user's to delete, is left as it is).
     """
     for path in paths:
-        with contextlib.suppress(OSError):
-            path.unlink()
-        with contextlib.suppress(OSError):  # another journal in it keeps it
+        with contextlib.suppress(OSError):  # not this user's to delete; or another journal keeps the folder
+            path.unlink(missing_ok=True)
             path.parent.rmdir()
     return paths
 
@@ -680,19 +645,19 @@ def ended_complete(path: Path) -> bool:
     """
     with contextlib.suppress(Exception):
         data = path.read_bytes()
-        *_, last = _frames(data, parse_header(data, path)[1])
+        header, offset = parse_header(data, path)
+        *_, last = _frames(data, offset)
         record = pickle.loads(last)
-        return bool(record["kind"] == "end" and record["done"] == record["total"])
+        return bool(isinstance(record, End) and record == header["total"])
     return False
 
 
-def _values(record: Batch, values: bool) -> list[Any]:
+def _values(record: Batch, values: bool, persist: bool) -> list[Any]:
     """The batch's values by position, `_LEFT_OUT` or `_GONE` where there is none to take."""
-    if record["plain"] is not None:
-        return list(pickle.loads(record["plain"]))
-    if record["held"] is not None:
-        return [_LEFT_OUT if r is None else r for r in record["held"]]  # not published: nothing to adopt
-    return [_LEFT_OUT if b is None else _unpickle(b) if values else None for b in record["pickled"] or ()]
+    if isinstance(record["values"], bytes):  # --persist: a recipe None was not published, nothing to adopt
+        kept = pickle.loads(record["values"])
+        return [_LEFT_OUT if r is None else r for r in kept] if persist else kept
+    return [_LEFT_OUT if b is None else _unpickle(b) if values else None for b in record["values"]]
 
 
 def _unpickle(blob: bytes) -> Any:
@@ -727,17 +692,18 @@ def load(path: Path, *, values: bool = True) -> Loaded:
     """
     data = path.read_bytes()
     header, offset = parse_header(data, path)
-    loaded = Loaded(path, header, size=len(data))
+    loaded = Loaded(path, header, size=len(data), when=when(started(path)))
     done, missing = loaded.values, {_LEFT_OUT: set[int](), _GONE: set[int]()}
+    ended: End | None = None  # the last record, if an End; None: the kernel died mid-run
     with contextlib.suppress(Exception):  # a damaged record (or one of the wrong shape): nothing after it is trusted
         for frame in _frames(data, offset):
             record = pickle.loads(frame)
-            loaded.ended = record if record["kind"] == "end" else None  # a retry's batch after an End: its End comes later
-            if loaded.ended is not None:
+            ended = record if isinstance(record, End) else None  # a retry's batch after an End: its End comes later
+            if ended is not None:
                 continue
             failed, ran_on, before = record["errors"], record["worker"], len(done)
             name = ran_on[1] if ran_on is not None else record["where"]
-            for i, value in zip(record["indices"], _values(record, values), strict=False):
+            for i, value in zip(record["indices"], _values(record, values, header["cluster"] is not None), strict=False):
                 if i in failed:
                     loaded.failed[i] = {"error": failed[i]["error"], "params": failed[i]["params"],
                                         "worker": name if ran_on else None, "at": record["at"]}  # fmt: skip
@@ -745,11 +711,14 @@ def load(path: Path, *, values: bool = True) -> Loaded:
                     missing[value].add(i)
                 elif i not in done:  # a second delivery (a re-run batch): the first one counted
                     done[i] = value
-            if len(done) > before:
+            if len(done) > before:  # counted per batch, not per item: `runs` reads every journal
                 loaded.workers[name] += len(done) - before
             loaded.outputs.update((i, chunks) for i, chunks in record["outputs"].items() if i in done)
     loaded.left_out, loaded.unloadable = (len(missing[m] - done.keys()) for m in (_LEFT_OUT, _GONE))
     loaded.failed = {i: f for i, f in loaded.failed.items() if i not in done}
+    if ended is not None:  # the last record is an End
+        total, failed = header["total"], len(loaded.failed)
+        loaded.state = "complete" if ended == total else "failed" if ended + failed >= total else "interrupted"
     return loaded
 
 
@@ -777,16 +746,14 @@ def fingerprint(plan: Plan, cell: Cell | None, fn: Any, seed: int | None, captur
         what the notebook functions among them read) in any kernel; None when something
         cannot be pickled to hash (the run is then not journaled).
     """
+    code = cell.source.lstrip("\n") if cell is not None else fn
+    binding = (plan.mode, plan.names, plan.target, seed)
     try:
-        parts = [("cell", cell.source.lstrip("\n").encode()) if cell is not None else ("function", value_hash(fn)),
-                 ("binding", repr((plan.mode, plan.names, plan.target, seed)).encode()),
-                 ("items", value_hash(plan.items))]  # fmt: skip
-        for name, value in sorted(captured.direct.items()):
-            # A plain array's pickle holds nothing of the kernel's: the digest it is shipped by is
-            # its content's, already computed.
-            shipped = name in captured.large and read_only_array(value)
-            parts.append((f"value {name}", bytes.fromhex(captured.large[name][1]) if shipped else value_hash(value)))
-        return value_hash((VERSION, parts)).hex()
+        # A plain array's pickle holds nothing of the kernel's: it is hashed by the digest it is shipped by,
+        # its content's, already computed.
+        shipped = {id(v): bytes.fromhex(captured.large[n][1]) for n, v in captured.direct.items()
+                   if n in captured.large and read_only_array(v)}  # fmt: skip
+        return value_hash((VERSION, code, binding, plan.items, sorted(captured.direct.items())), shipped).hex()
     except Exception:  # an input no pickler can take: no identity, no journal
         return None
 
@@ -799,8 +766,9 @@ def value_hash(value: Any, seen: dict[int, bytes] | None = None) -> bytes:
     value : Any
         A captured value, a function, or the items.
     seen : dict, optional
-        The notebook functions and classes hashed so far in this hash (by id), so that one
-        calling itself ends.
+        Hashes known by object id: the notebook functions and classes hashed so far in this
+        hash (so that one calling itself ends), and the large arrays hashed by the digest they
+        are shipped by (`fingerprint`).
 
     Returns
     -------
@@ -825,7 +793,8 @@ def value_hash(value: Any, seen: dict[int, bytes] | None = None) -> bytes:
 
 class _Hasher(cloudpickle.Pickler):
     """cloudpickle into a hash (`hashed.update`), with notebook functions and classes replaced by
-    their stable hash; out-of-band buffers go to `buffers`, hashed in place."""
+    their stable hash, and any object `seen` holds by its hash there (a shipped array's digest);
+    out-of-band buffers go to `buffers`, hashed in place."""
 
     def __init__(self, hashed: Any, seen: dict[int, bytes], buffers: Callable[[pickle.PickleBuffer], None]):
         super().__init__(SimpleNamespace(write=hashed.update), protocol=5, buffer_callback=buffers)
@@ -834,24 +803,20 @@ class _Hasher(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, ModuleType):
             return str, (f"module {obj.__name__}",)
-        if getattr(obj, "__module__", None) == "__main__" and isinstance(obj, FunctionType | type):
-            return str, (self._notebook(obj).hex(),)
+        notebook = getattr(obj, "__module__", None) == "__main__" and isinstance(obj, FunctionType | type)
+        if notebook and id(obj) not in self.seen:  # a notebook function or class: what it is, not where it is kept
+            self.seen[id(obj)] = f"recursive {obj.__qualname__}".encode()  # a function that calls itself
+            if isinstance(obj, type):
+                members = {k: v for k, v in vars(obj).items() if k not in _NOT_CLASS_CONTENT}
+                parts: Any = ("class", obj.__qualname__, obj.__bases__, sorted(members.items()))
+            else:
+                reads = sorted((n, obj.__globals__[n]) for n in _globals_read(obj.__code__) if n in obj.__globals__)
+                closure = [cell_value(c) for c in obj.__closure__ or ()]
+                parts = ("function", _source(obj), obj.__defaults__, obj.__kwdefaults__, closure, reads)
+            self.seen[id(obj)] = value_hash(parts, self.seen)
+        if id(obj) in self.seen:  # a notebook function or class, or a shipped array (`fingerprint`)
+            return str, (self.seen[id(obj)].hex(),)
         return super().reducer_override(obj)
-
-    def _notebook(self, obj: Any) -> bytes:
-        """The hash of a notebook function or class: what it is, not where its kernel keeps it."""
-        if id(obj) in self.seen:
-            return self.seen[id(obj)]
-        self.seen[id(obj)] = f"recursive {obj.__qualname__}".encode()  # a function that calls itself
-        if isinstance(obj, type):
-            members = {k: v for k, v in vars(obj).items() if k not in _NOT_CLASS_CONTENT}
-            parts: Any = ("class", obj.__qualname__, obj.__bases__, sorted(members.items()))
-        else:
-            reads = sorted((n, obj.__globals__[n]) for n in _globals_read(obj.__code__) if n in obj.__globals__)
-            closure = [cell_value(c) for c in obj.__closure__ or ()]
-            parts = ("function", _source(obj), obj.__defaults__, obj.__kwdefaults__, closure, reads)
-        self.seen[id(obj)] = value_hash(parts, self.seen)
-        return self.seen[id(obj)]
 
 
 def _globals_read(code: CodeType) -> set[str]:
@@ -882,7 +847,7 @@ def label(cell: Cell | None, fn: Any) -> str:
     cell : Cell or None
         The cell run, or None for a function.
     fn : Any
-        The function (or module) run, when there is no cell.
+        The function run, when there is no cell.
 
     Returns
     -------
@@ -892,7 +857,7 @@ def label(cell: Cell | None, fn: Any) -> str:
     """
     if cell is not None:
         return next((line.strip()[:80] for line in cell.source.splitlines() if line.strip()), "")
-    return fn.__name__ if isinstance(fn, ModuleType) else f"{getattr(fn, '__qualname__', type(fn).__name__)}()"
+    return f"{getattr(fn, '__qualname__', type(fn).__name__)}()"  # a callable: `distribute` refuses anything else
 
 
 @dataclass
@@ -958,7 +923,12 @@ def prepare(identity: str | None, total: int, shown: str, *, resume: bool, persi
 
 
 def _take(path: Path, total: int, client: Any) -> Resumption | str:
-    """Claim and load the journal (`client`: a --persist one, whose held values are adopted); why not, if it cannot be."""
+    """Claim and load the journal (`client`: a --persist one, whose held values are adopted); why not, if it cannot be.
+
+    Its line: ``nbcluster: resumed 734/1000 items from the run of 14:02 (killed); running 266``,
+    naming also the finished items that run again: too large to journal (or, --persist, not
+    published), whose value the cluster no longer holds, or that cannot be loaded now.
+    """
     try:
         loaded, writer = load(path), Writer(path, _locked(path))
     except BlockingIOError:
@@ -972,36 +942,13 @@ def _take(path: Path, total: int, client: Any) -> Resumption | str:
         except Exception:  # the scheduler cannot be asked: nothing is adopted, every item runs
             adopted, lost = {}, len(loaded.values)
     outputs = {i: o for i, o in loaded.outputs.items() if i in adopted}
-    return Resumption(writer, adopted, outputs, resumed_line(loaded, total, len(adopted), lost))
-
-
-def resumed_line(loaded: Loaded, total: int, done: int, lost: int) -> str:
-    """``nbcluster: resumed 734/1000 items from the run of 14:02 (killed); running 266``.
-
-    Parameters
-    ----------
-    loaded : Loaded
-        The journal taken over.
-    total : int
-        Items in the run.
-    done : int
-        Items taken over: all of the journal's, or (``--persist``) those the cluster still
-        held.
-    lost : int
-        ``--persist``: finished items whose value the cluster no longer holds.
-
-    Returns
-    -------
-    str
-        The line, naming also the finished items that run again (too large to journal, or
-        their value cannot be loaded now).
-    """
+    done = len(adopted)
     line = f"nbcluster: resumed {done}/{total} items from the run of {loaded.when} ({loaded.state}); running {total - done}"
-    why = "not published on the cluster" if loaded.header.get("persist") else "over nbcluster.journal.max-item-size"
+    why = "not published on the cluster" if loaded.header["cluster"] else "over nbcluster.journal.max-item-size"
     counts = [(loaded.left_out, f"finished but {why}"), (lost, "finished whose value the cluster no longer holds"),
               (loaded.unloadable, "whose value cannot be loaded now (its class or module is gone)")]  # fmt: skip
     again = "; ".join(f"{n} {what}" for n, what in counts if n)  # `lost` (--persist) and `unloadable` never both
-    return f"{line} ({again})" if again else line
+    return Resumption(writer, adopted, outputs, f"{line} ({again})" if again else line)
 
 
 def _hint(path: Path, total: int) -> str | None:
