@@ -253,7 +253,7 @@ class Engine:
         self.transport.stopping = False
         strategy: Any = {"everywhere": everywhere.drive, "ranks": ranks.drive}.get(self.job.plan.mode)
         policy = None if strategy else _policy(indices, self.job, self.link.threads)
-        target = functools.partial(strategy, self) if strategy else functools.partial(self._drive, policy)
+        target = functools.partial(strategy, self) if policy is None else functools.partial(self._drive, policy)
         name, driven = f"nbcluster-distribute-{self.run_id}", threading.Event()
         self.driven = driven  # what a cancel waits for
         # The watch thread starts after its first look's wait: a run over by then never starts one.
@@ -277,7 +277,7 @@ class Engine:
             if reason is None and policy is not None:
                 with contextlib.suppress(Exception):  # the scheduler busy, or no worker fits: keep the last
                     policy.resize(self.link.usable_threads())
-                    self.transport.abandon_lost(self.link.workers())
+                    self.transport.abandon_lost(self.link.eligible)
                 self.hold_back(policy.held(), policy.batcher.seconds_per_item, self.transport.direct_workers())
             # A dropped connection to an external scheduler that comes back within a couple of
             # seconds is not a lost cluster.
@@ -293,8 +293,7 @@ class Engine:
         self.shipment.context = None
         self.link.close()
 
-    def _drive(self, policy: Policy | None, indices: Sequence[int]) -> None:
-        assert policy is not None
+    def _drive(self, policy: Policy, indices: Sequence[int]) -> None:
         logging.getLogger("distributed.client").addFilter(_not_rescheduling)
         job = self.job
         if self.transport.open(self.link, policy.per_thread, direct=not (job.persist or job.reads_handles)):
@@ -312,9 +311,8 @@ class Engine:
             error.__cause__ = e
             self.fail(self.state.pending(indices), worker.error_record(error))
         finally:
-            self.transport.close()
             self.hold_back(0)
-            self.state.end()
+            self.finish()
 
     def _settle(self, future: Any, result: Any, policy: Policy) -> bool:
         """Take in one finished batch; False when the run cannot go on."""
@@ -325,7 +323,7 @@ class Engine:
             # Refused, or its worker died under it: its items go through the scheduler now,
             # with the rest (not an attempt of theirs).
             if not self.transport.stopping:
-                policy.refused(batch)
+                policy.finished(batch, reached=0)
             return True
         if isinstance(future, transport.Call) and future.of is None:
             self.state.direct_keys.append(future.key)
@@ -341,8 +339,8 @@ class Engine:
         return True
 
     def _top_up(self, policy: Policy, placed: Placement | None) -> None:
-        """Submit the policy's batches; those of one top-up go out together: the direct ones in
-        one wake of the client's loop, the Dask tasks in one message to the scheduler."""
+        """Submit the policy's batches: each direct one at once, the Dask tasks of one top-up
+        together, in one message to the scheduler."""
         if self.transport.stopping:
             return
         assert self.shipment.context is not None
@@ -366,7 +364,6 @@ class Engine:
             holders = placed.of(self.client, items, deps) if placed is not None else []
             tasks.append((batch, blob, deps))
             where.append(holders or (self.link.eligible if job.persist else []))
-        self.transport.flush()
         if tasks:
             self.submit_tasks(tasks, placed=where, **self.link.submit_kwargs)
 
@@ -392,7 +389,7 @@ class Engine:
             return None
         if "lost" in data:
             if self.shipment.reship(client, self.job, data["lost"], data.get("worker")):
-                policy.refused(indices)  # not the items' fault: no attempt used
+                policy.finished(indices, reached=0)  # not the items' fault: no attempt used
                 return None
             data = _failed(n, worker.error_record(RuntimeError("a captured value was lost with the workers holding it")))
         values, errors, outputs, ran_on = data["values"], data["errors"], data["outputs"], data.get("ran_on")
@@ -588,8 +585,7 @@ class Engine:
         future : distributed.Future
             A task `submit_task` returned; its result, if it still comes, is ignored.
         """
-        with self.transport.lock:
-            self.transport.pending.pop(future, None)
+        self.transport.take(future)
 
     def fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
         """Record the same error for each of `indices` (in the state and the journal).
@@ -749,15 +745,12 @@ class Shipment:
             large, notes = shipments(client).ship(client, job.capture.large)
             self._blob = job.for_workers(large)
             if not (inline := len(self._blob) <= worker.context.INLINE_CONTEXT):
-                self._future = self._scatter(client)
+                self._future = scatter(client, self.key, self._blob, len(self._blob))
         except (OSError, TimeoutError) as e:
             raise ClusterUnreachable(f"could not send the cell's data to the workers ({e}); if a worker just died, "
                                      "run the cell again in a moment") from None  # fmt: skip
         self.context = (self.key, self._blob if inline else None)
         return notes
-
-    def _scatter(self, client: Any, workers: list[str] | None = None) -> Any:
-        return scatter(client, self.key, self._blob, len(self._blob), workers)
 
     def reship(self, client: Any, job: Job, key: str, to: str | None) -> bool:
         """Send again a scattered value every holder of which died; False to give up.
@@ -791,7 +784,7 @@ class Shipment:
                 return False
             workers = [to] if to else None
             if key == self.key:
-                self._future = self._scatter(client, workers)
+                self._future = scatter(client, key, self._blob, len(self._blob), workers)
                 return True
             return bool(shipments(client).reship(client, key, job.capture.large, workers))
         except (OSError, TimeoutError):
