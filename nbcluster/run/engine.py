@@ -277,8 +277,8 @@ class Engine:
             if reason is None and policy is not None:
                 with contextlib.suppress(Exception):  # the scheduler busy, or no worker fits: keep the last
                     policy.resize(self.link.usable_threads())
-                    self.transport.abandon_lost(self.link.eligible)
-                self.hold_back(policy.held(), policy.batcher.seconds_per_item, self.transport.direct_workers())
+                busy = self.transport.direct_workers(self.link.eligible)  # the calls to departed ones given up
+                self.hold_back(policy.held(), policy.batcher.seconds_per_item, busy)
             # A dropped connection to an external scheduler that comes back within a couple of
             # seconds is not a lost cluster.
             unanswered = unanswered + 1 if reason else 0

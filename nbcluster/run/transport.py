@@ -80,7 +80,7 @@ batches as they always did.
   every later batch that way (`take` says it came back unrun): the worker refused it (paused
   past its memory limit, closing), and the scheduler holds the batch until a worker can take
   it; or the request broke (the worker died, or left the cluster, which the run's watch
-  thread notices within half a second: `abandon_lost`), and its items run again, once, as
+  thread notices within half a second: `direct_workers`), and its items run again, once, as
   Dask re-runs a task whose worker died. A crash that an item itself causes is then found by
   the engine's suspects, as before. Nothing of a batch is lost or run twice by this: a
   batch's items are delivered only from its answer, and an answer that never came delivered
@@ -631,31 +631,27 @@ class Transport:
             alone, self._alone = self._alone is future, None
         return batch, alone, isinstance(future, Call) and future.status != "finished"
 
-    def direct_workers(self) -> list[str]:
+    def direct_workers(self, alive: Collection[str]) -> list[str]:
         """The workers running (or holding) this run's direct batches now, for the adaptive
-        scaling, which sees no task of theirs there (`cluster/adaptive.py`).
+        scaling, which sees no task of theirs there (`cluster/adaptive.py`); the calls to
+        workers no longer in the cluster are given up first.
+
+        Parameters
+        ----------
+        alive : collection of str
+            The addresses of the cluster's workers now (a direct run's are all eligible).
 
         Returns
         -------
         list of str
-            Their addresses, each once.
+            The addresses of those still there, each once.
         """
         with self.lock:
-            return sorted({c.worker for c in self.pending if isinstance(c, Call)})
-
-    def abandon_lost(self, workers: Collection[str]) -> None:
-        """Give up the direct calls to workers no longer in the cluster.
-
-        Parameters
-        ----------
-        workers : collection of str
-            The addresses of the cluster's workers now (a direct run's are all eligible).
-        """
-        with self.lock:
-            lost = [c for c in self.pending if isinstance(c, Call) and c.worker not in workers]
-        for call in lost:
-            if (sent := call.sent) is not None:
+            calls = [c for c in self.pending if isinstance(c, Call)]
+        for call in calls:
+            if call.worker not in alive and (sent := call.sent) is not None:
                 call_in_loop(call.client, sent.cancel)  # a task of the client's loop
+        return sorted({c.worker for c in calls if c.worker in alive})
 
     def stop(self) -> bool:
         """Submit nothing more; whether batches are still out.
@@ -829,7 +825,7 @@ class _Direct:
         call.sent = None
         try:
             answer = sent.result()
-        except BaseException as e:  # the request broke, or was given up (`abandon_lost`)
+        except BaseException as e:  # the request broke, or was given up (`direct_workers`)
             call.status, call.answer = "error", e
         else:
             refused = refusal(answer)
