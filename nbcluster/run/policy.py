@@ -8,9 +8,9 @@ Policy
 ------
 - **Backlog.** The items not yet submitted wait here, in order; an item put back (a retry,
   an item a stopped batch did not reach, a batch that came back unrun) goes back in front.
-- **Batches in flight.** At most a limit of batches are out at once: `per_thread` (the
-  ``distribute.in-flight`` setting, 2) per usable worker thread, so that a thread finds its
-  next batch waiting when it finishes one. `top_up` gives the batches to submit now.
+- **Batches in flight.** At most `per_thread` batches (the ``distribute.in-flight``
+  setting, 2) per usable worker thread are out at once, so that a thread finds its next
+  batch waiting when it finishes one. `top_up` gives the batches to submit now.
 - **Batch sizes** (`Batcher`). A task costs milliseconds however little it does, so small
   items travel in batches; but a batch's results come back only when it is done.
 
@@ -42,7 +42,8 @@ Policy
   halves, the *suspects*, and a suspect runs *alone*: nothing else of the run is out while it
   runs, because Dask counts a death against every task a worker holds. A batch of one item
   killed while it ran alone is the culprit: `killed` returns it, to be failed.
-- **Workers that come and go.** `resize` sets the usable threads; the limit follows.
+- **Workers that come and go.** `resize` sets the usable threads, and so how many batches
+  may be out.
 
 State: `items` (the backlog: the items put back, in front of the plan's own sequence read
 from a position on, so a million items are one range), `suspects` (lists of items),

@@ -745,8 +745,7 @@ class _Direct:
         per_thread = 1 if len(chosen) < len(workers) else per_thread
         self.slots = {address: max(1, workers[address]) * per_thread for address in chosen}
         self.out = dict.fromkeys(chosen, 0)
-        self.until = time.monotonic() + config.seconds("distribute.direct")
-        self.stopped = False  # set after a failed call: the rest are Dask tasks
+        self.until = time.monotonic() + config.seconds("distribute.direct")  # a failed call ends it at once
         self._lock = threading.Lock()  # `out`: the driver sends, the client's loop answers
         # Each worker starts this start's batches in the order they were sent (`worker/__init__.py`).
         self.sender = uuid.uuid4().hex
@@ -761,7 +760,7 @@ class _Direct:
             The least busy worker (by its share of its slots) with a free slot; None once the
             direct time is over, after a failed call, or when every slot is taken.
         """
-        if self.stopped or time.monotonic() >= self.until:
+        if time.monotonic() >= self.until:
             return None
         known = _SERVES.get(self.client, {})
         free = [(self.out[a] / slots, a) for a, slots in self.slots.items()
@@ -830,7 +829,8 @@ class _Direct:
         else:
             refused = refusal(answer)
             call.status, call.answer = ("finished", answer) if refused is None else ("error", refused)
-        self.stopped = self.stopped or call.status == "error"  # every later batch of the start is a Dask task
+        if call.status == "error":
+            self.until = 0.0  # the direct time is over: every later batch of the start is a Dask task
         self.completions.put(call)
 
 
