@@ -345,8 +345,7 @@ class Engine:
             return
         assert self.shipment.context is not None
         budget, items, job = policy.batcher.budget, self.job.plan.items, self.job
-        tasks: list[tuple[Any, bytes, list[Any]]] = []
-        where: list[list[str]] = []  # per task, the workers it should run on, loosely
+        tasks: list[tuple[Any, bytes, list[Any], list[str]]] = []
         for batch in policy.top_up(len(self.transport.pending)):
             # The plan's items are a list or a range (whose slice is a range: a few bytes).
             chosen = items[batch.start : batch.stop] if isinstance(batch, range) else [items[i] for i in batch]
@@ -362,10 +361,9 @@ class Engine:
             # worker that fits: Dask never queues a restricted task as a root task, so the items
             # reach the workers at once and run back to back.
             holders = placed.of(self.client, items, deps) if placed is not None else []
-            tasks.append((batch, blob, deps))
-            where.append(holders or (self.link.eligible if job.persist else []))
+            tasks.append((batch, blob, deps, holders or (self.link.eligible if job.persist else [])))
         if tasks:
-            self.submit_tasks(tasks, placed=where, **self.link.submit_kwargs)
+            self.submit_tasks(tasks, **self.link.submit_kwargs)
 
     def _handle(self, future: Any, result: Any, indices: Any, policy: Policy, *, alone: bool) -> worker.ErrorRecord | None:
         """Deliver one batch; the record that fails every batch, if the batch's context could not load.
@@ -463,10 +461,10 @@ class Engine:
         distributed.Future or None
             The task's future; None when the run is stopping and nothing was submitted.
         """
-        return self.submit_tasks([(indices, blob, [])], runner=runner, **where)[0]
+        return self.submit_tasks([(indices, blob, [], [])], runner=runner, **where)[0]
 
-    def submit_tasks(self, tasks: Sequence[tuple[Any, bytes, list[Any]]], placed: Sequence[Sequence[str]] = (),
-                     runner: Any = None, **where: Any) -> list[Any | None]:  # fmt: skip
+    def submit_tasks(self, tasks: Sequence[tuple[Any, bytes, list[Any], list[str]]], runner: Any = None,
+                     **where: Any) -> list[Any | None]:  # fmt: skip
         """Submit tasks, each running the items of one batch, in one message to the scheduler.
 
         A task is `worker.run_batch`, or `held.run_batch_held` for a run that persists or
@@ -476,13 +474,11 @@ class Engine:
 
         Parameters
         ----------
-        tasks : sequence of (indices, blob, deps)
+        tasks : sequence of (indices, blob, deps, placed)
             Per task: the items it runs (a list, or a `range` when consecutive), the pickled
-            batch ``(indices, items, budget)``, and the futures of the handles in its items
-            (after those captured by name).
-        placed : sequence of sequence of str
-            Per task, the workers it should run on, loosely (Dask may run it elsewhere, and
-            moves its inputs there); an empty one, or none at all: anywhere.
+            batch ``(indices, items, budget)``, the futures of the handles in its items
+            (after those captured by name), and the workers it should run on, loosely (Dask
+            may run it elsewhere, and moves its inputs there; none: anywhere).
         runner : callable, optional
             What each task runs in place of `worker.run_batch` (`submit_task`).
         **where : Any
@@ -503,8 +499,8 @@ class Engine:
         fn = held.run_batch_held if kept else runner or worker.run_batch
         mine = [h.future for h in job.capture.held.values()]  # the handles' futures stay arguments Dask sees
         # A task fails, not hangs, on a worker without nbcluster (`transport.task`).
-        calls = [transport.task(fn, context, blob, token, *kept, deps=(*mine, *deps)) for _, blob, deps in tasks]
-        batches = [indices for indices, _, _ in tasks]
+        calls = [transport.task(fn, context, blob, token, *kept, deps=(*mine, *deps)) for _, blob, deps, _ in tasks]
+        batches, placed = [t[0] for t in tasks], [t[3] for t in tasks]
         return self.transport.map(self.client, calls, batches, persist=job.persist, placed=placed, **where)
 
     def hold_back(self, items: int, seconds: float | None = None, busy: Sequence[str] = ()) -> None:

@@ -823,14 +823,13 @@ class _Direct:
             self.out[call.worker] -= 1
         call.sent = None
         try:
-            answer = sent.result()
+            call.answer = sent.result()
+            why: str | BaseException | None = refusal(call.answer)  # None for a result blob
         except BaseException as e:  # the request broke, or was given up (`direct_workers`)
-            call.status, call.answer = "error", e
-        else:
-            refused = refusal(answer)
-            call.status, call.answer = ("finished", answer) if refused is None else ("error", refused)
-        if call.status == "error":
-            self.until = 0.0  # the direct time is over: every later batch of the start is a Dask task
+            why = e
+        call.status = "finished" if why is None else "error"
+        if why is not None:  # `answer` says why; the direct time is over: every later batch is a Dask task
+            call.answer, self.until = why, 0.0
         self.completions.put(call)
 
 
