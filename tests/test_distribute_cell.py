@@ -244,7 +244,7 @@ def test_the_backlog_gives_its_items_in_order_with_those_put_back_first() -> Non
     queue.put_back([9, 1, 2])
     assert queue.take(5) == [9, 1, 2, 3, 4]
     rest = _Queue([5, 6, 8, 2])
-    assert rest.take(3) == [5, 6, 8] and list(rest) == [2] and list(rest.take(9)) == [2] and len(rest) == 0
+    assert rest.take(3) == [5, 6, 8] and len(rest) == 1 and list(rest.take(9)) == [2] and len(rest) == 0
 
 
 def test_a_run_is_a_trial_run_when_its_code_names_report_should_stop_or_checkpoint() -> None:

@@ -40,7 +40,7 @@ def test_the_kept_share_never_leaves_nothing_out() -> None:
     # first item alone again), so a run never waits with nothing out.
     policy = Policy(range(64), Batcher(2), per_thread=2)
     for batch in reversed(policy.top_up(out=0)):  # each goes back in front
-        policy.refused(batch)
+        policy.finished(batch, reached=0)
     assert policy.top_up(out=0) == [range(0, 1)]
 
 
@@ -90,12 +90,12 @@ def test_a_batch_killed_beside_others_proves_nothing_even_of_one_item() -> None:
     assert policy.killed([3], alone=True) == [3]
 
 
-def test_a_refused_batch_goes_back_in_front_and_the_next_batch_is_one_item_alone() -> None:
+def test_a_batch_back_unrun_goes_back_in_front_and_the_next_batch_is_one_item_alone() -> None:
     batcher = Batcher(2)
     batcher.alone_first = False  # a direct first batch sends its first item ahead instead
     policy = Policy(range(100), batcher, per_thread=1)
     first, _ = policy.top_up(out=0)
-    policy.refused(first)  # no item time measured yet: the first result must still come at once
+    policy.finished(first, reached=0)  # no item time measured yet: the first result must still come at once
     assert list(policy.top_up(out=1)[0]) == [0]
 
 
@@ -105,7 +105,7 @@ def test_a_million_item_backlog_stays_a_few_ranges() -> None:
     assert all(isinstance(b, range) for b in batches)
     kept = policy.held()  # the share kept behind the first item: one range too
     assert kept == 333_333
-    policy.refused([5, 6, 7, 9])  # consecutive items put back go out as a range, in front
+    policy.finished([5, 6, 7, 9], reached=0)  # consecutive items put back go out as a range, in front
     assert policy.held() == 4 + kept
     policy.finished(range(0, 1), reached=1, seconds=1.0)  # items of a second: a batch of one
     assert policy.top_up(out=2) == [range(5, 6), range(6, 7)]

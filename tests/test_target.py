@@ -24,15 +24,15 @@ def test_a_link_sees_the_workers_there_when_it_opens_and_when_asked_again(runtim
     client = handle.client
     try:
         first = Link(Needs(), client=client, find=lambda name: None).open()
-        assert (first.threads, len(first.workers())) == (1, 1)
+        assert (first.threads, len(first.eligible)) == (1, 1)
         assert list(distribute("x + 1", over="x in range(4)", namespace={}, on=client)) == [1, 2, 3, 4]
         handle.scale(2)
         client.wait_for_workers(2, timeout=60)
         # A new link sees it once the scheduler's news of it arrived (`transport.ROSTER_TOPIC`).
         assert until(lambda: Link(Needs(), client=client, find=lambda name: None).open().threads == 2)
         second = Link(Needs(), client=client, find=lambda name: None).open()
-        assert set(second.workers()) == set(client.ncores())
-        assert first.usable_threads() == 2 and len(first.workers()) == 2  # the watch's question
+        assert set(second.eligible) == set(client.ncores())
+        assert first.usable_threads() == 2 and len(first.eligible) == 2  # the watch's question
         res = distribute(
             "from distributed import get_worker\nget_worker().address", over="x in range(40)", namespace={}, on=client
         )  # fmt: skip

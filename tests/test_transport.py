@@ -108,7 +108,6 @@ def test_a_direct_batch_and_a_task_come_back_through_the_same_completions(cluste
     transport = Transport(run_id)
     assert transport.open(Link(Needs(), client=client, find=lambda name: None).open()) is True
     assert transport.send_direct([0, 1], shipment.context, cloudpickle.dumps(([0, 1], [-3, -4], None)), "t")
-    transport.flush()
     call = task(worker.run_batch, shipment.context, cloudpickle.dumps(([2], [-5], None)), "t")
     (future,) = transport.map(client, [call], [[2]])
     back = _all_back(transport, client)

@@ -253,7 +253,7 @@ class Engine:
         self.transport.stopping = False
         strategy: Any = {"everywhere": everywhere.drive, "ranks": ranks.drive}.get(self.job.plan.mode)
         policy = None if strategy else _policy(indices, self.job, self.link.threads)
-        target = functools.partial(strategy, self) if strategy else functools.partial(self._drive, policy)
+        target = functools.partial(strategy, self) if policy is None else functools.partial(self._drive, policy)
         name, driven = f"nbcluster-distribute-{self.run_id}", threading.Event()
         self.driven = driven  # what a cancel waits for
         # The watch thread starts after its first look's wait: a run over by then never starts one.
@@ -277,8 +277,8 @@ class Engine:
             if reason is None and policy is not None:
                 with contextlib.suppress(Exception):  # the scheduler busy, or no worker fits: keep the last
                     policy.resize(self.link.usable_threads())
-                    self.transport.abandon_lost(self.link.workers())
-                self.hold_back(policy.held(), policy.batcher.seconds_per_item, self.transport.direct_workers())
+                busy = self.transport.direct_workers(self.link.eligible)  # the calls to departed ones given up
+                self.hold_back(policy.held(), policy.batcher.seconds_per_item, busy)
             # A dropped connection to an external scheduler that comes back within a couple of
             # seconds is not a lost cluster.
             unanswered = unanswered + 1 if reason else 0
@@ -293,8 +293,7 @@ class Engine:
         self.shipment.context = None
         self.link.close()
 
-    def _drive(self, policy: Policy | None, indices: Sequence[int]) -> None:
-        assert policy is not None
+    def _drive(self, policy: Policy, indices: Sequence[int]) -> None:
         logging.getLogger("distributed.client").addFilter(_not_rescheduling)
         job = self.job
         if self.transport.open(self.link, policy.per_thread, direct=not (job.persist or job.reads_handles)):
@@ -312,9 +311,8 @@ class Engine:
             error.__cause__ = e
             self.fail(self.state.pending(indices), worker.error_record(error))
         finally:
-            self.transport.close()
             self.hold_back(0)
-            self.state.end()
+            self.finish()
 
     def _settle(self, future: Any, result: Any, policy: Policy) -> bool:
         """Take in one finished batch; False when the run cannot go on."""
@@ -325,7 +323,7 @@ class Engine:
             # Refused, or its worker died under it: its items go through the scheduler now,
             # with the rest (not an attempt of theirs).
             if not self.transport.stopping:
-                policy.refused(batch)
+                policy.finished(batch, reached=0)
             return True
         if isinstance(future, transport.Call) and future.of is None:
             self.state.direct_keys.append(future.key)
@@ -341,14 +339,13 @@ class Engine:
         return True
 
     def _top_up(self, policy: Policy, placed: Placement | None) -> None:
-        """Submit the policy's batches; those of one top-up go out together: the direct ones in
-        one wake of the client's loop, the Dask tasks in one message to the scheduler."""
+        """Submit the policy's batches: each direct one at once, the Dask tasks of one top-up
+        together, in one message to the scheduler."""
         if self.transport.stopping:
             return
         assert self.shipment.context is not None
         budget, items, job = policy.batcher.budget, self.job.plan.items, self.job
-        tasks: list[tuple[Any, bytes, list[Any]]] = []
-        where: list[list[str]] = []  # per task, the workers it should run on, loosely
+        tasks: list[tuple[Any, bytes, list[Any], list[str]]] = []
         for batch in policy.top_up(len(self.transport.pending)):
             # The plan's items are a list or a range (whose slice is a range: a few bytes).
             chosen = items[batch.start : batch.stop] if isinstance(batch, range) else [items[i] for i in batch]
@@ -364,11 +361,9 @@ class Engine:
             # worker that fits: Dask never queues a restricted task as a root task, so the items
             # reach the workers at once and run back to back.
             holders = placed.of(self.client, items, deps) if placed is not None else []
-            tasks.append((batch, blob, deps))
-            where.append(holders or (self.link.eligible if job.persist else []))
-        self.transport.flush()
+            tasks.append((batch, blob, deps, holders or (self.link.eligible if job.persist else [])))
         if tasks:
-            self.submit_tasks(tasks, placed=where, **self.link.submit_kwargs)
+            self.submit_tasks(tasks, **self.link.submit_kwargs)
 
     def _handle(self, future: Any, result: Any, indices: Any, policy: Policy, *, alone: bool) -> worker.ErrorRecord | None:
         """Deliver one batch; the record that fails every batch, if the batch's context could not load.
@@ -392,7 +387,7 @@ class Engine:
             return None
         if "lost" in data:
             if self.shipment.reship(client, self.job, data["lost"], data.get("worker")):
-                policy.refused(indices)  # not the items' fault: no attempt used
+                policy.finished(indices, reached=0)  # not the items' fault: no attempt used
                 return None
             data = _failed(n, worker.error_record(RuntimeError("a captured value was lost with the workers holding it")))
         values, errors, outputs, ran_on = data["values"], data["errors"], data["outputs"], data.get("ran_on")
@@ -466,10 +461,10 @@ class Engine:
         distributed.Future or None
             The task's future; None when the run is stopping and nothing was submitted.
         """
-        return self.submit_tasks([(indices, blob, [])], runner=runner, **where)[0]
+        return self.submit_tasks([(indices, blob, [], [])], runner=runner, **where)[0]
 
-    def submit_tasks(self, tasks: Sequence[tuple[Any, bytes, list[Any]]], placed: Sequence[Sequence[str]] = (),
-                     runner: Any = None, **where: Any) -> list[Any | None]:  # fmt: skip
+    def submit_tasks(self, tasks: Sequence[tuple[Any, bytes, list[Any], list[str]]], runner: Any = None,
+                     **where: Any) -> list[Any | None]:  # fmt: skip
         """Submit tasks, each running the items of one batch, in one message to the scheduler.
 
         A task is `worker.run_batch`, or `held.run_batch_held` for a run that persists or
@@ -479,13 +474,11 @@ class Engine:
 
         Parameters
         ----------
-        tasks : sequence of (indices, blob, deps)
+        tasks : sequence of (indices, blob, deps, placed)
             Per task: the items it runs (a list, or a `range` when consecutive), the pickled
-            batch ``(indices, items, budget)``, and the futures of the handles in its items
-            (after those captured by name).
-        placed : sequence of sequence of str
-            Per task, the workers it should run on, loosely (Dask may run it elsewhere, and
-            moves its inputs there); an empty one, or none at all: anywhere.
+            batch ``(indices, items, budget)``, the futures of the handles in its items
+            (after those captured by name), and the workers it should run on, loosely (Dask
+            may run it elsewhere, and moves its inputs there; none: anywhere).
         runner : callable, optional
             What each task runs in place of `worker.run_batch` (`submit_task`).
         **where : Any
@@ -506,8 +499,8 @@ class Engine:
         fn = held.run_batch_held if kept else runner or worker.run_batch
         mine = [h.future for h in job.capture.held.values()]  # the handles' futures stay arguments Dask sees
         # A task fails, not hangs, on a worker without nbcluster (`transport.task`).
-        calls = [transport.task(fn, context, blob, token, *kept, deps=(*mine, *deps)) for _, blob, deps in tasks]
-        batches = [indices for indices, _, _ in tasks]
+        calls = [transport.task(fn, context, blob, token, *kept, deps=(*mine, *deps)) for _, blob, deps, _ in tasks]
+        batches, placed = [t[0] for t in tasks], [t[3] for t in tasks]
         return self.transport.map(self.client, calls, batches, persist=job.persist, placed=placed, **where)
 
     def hold_back(self, items: int, seconds: float | None = None, busy: Sequence[str] = ()) -> None:
@@ -588,8 +581,7 @@ class Engine:
         future : distributed.Future
             A task `submit_task` returned; its result, if it still comes, is ignored.
         """
-        with self.transport.lock:
-            self.transport.pending.pop(future, None)
+        self.transport.take(future)
 
     def fail(self, indices: Sequence[int], record: worker.ErrorRecord) -> None:
         """Record the same error for each of `indices` (in the state and the journal).
@@ -749,15 +741,12 @@ class Shipment:
             large, notes = shipments(client).ship(client, job.capture.large)
             self._blob = job.for_workers(large)
             if not (inline := len(self._blob) <= worker.context.INLINE_CONTEXT):
-                self._future = self._scatter(client)
+                self._future = scatter(client, self.key, self._blob, len(self._blob))
         except (OSError, TimeoutError) as e:
             raise ClusterUnreachable(f"could not send the cell's data to the workers ({e}); if a worker just died, "
                                      "run the cell again in a moment") from None  # fmt: skip
         self.context = (self.key, self._blob if inline else None)
         return notes
-
-    def _scatter(self, client: Any, workers: list[str] | None = None) -> Any:
-        return scatter(client, self.key, self._blob, len(self._blob), workers)
 
     def reship(self, client: Any, job: Job, key: str, to: str | None) -> bool:
         """Send again a scattered value every holder of which died; False to give up.
@@ -791,7 +780,7 @@ class Shipment:
                 return False
             workers = [to] if to else None
             if key == self.key:
-                self._future = self._scatter(client, workers)
+                self._future = scatter(client, key, self._blob, len(self._blob), workers)
                 return True
             return bool(shipments(client).reship(client, key, job.capture.large, workers))
         except (OSError, TimeoutError):

@@ -7,10 +7,10 @@ decisions and touches neither Dask nor a thread, so it is tested by feeding it e
 Policy
 ------
 - **Backlog.** The items not yet submitted wait here, in order; an item put back (a retry,
-  an item a stopped batch did not reach, a batch a worker refused) goes back in front.
-- **Batches in flight.** At most `Policy.limit` batches are out at once: `per_thread` (the
-  ``distribute.in-flight`` setting, 2) per usable worker thread, so that a thread finds its
-  next batch waiting when it finishes one. `top_up` gives the batches to submit now.
+  an item a stopped batch did not reach, a batch that came back unrun) goes back in front.
+- **Batches in flight.** At most `per_thread` batches (the ``distribute.in-flight``
+  setting, 2) per usable worker thread are out at once, so that a thread finds its next
+  batch waiting when it finishes one. `top_up` gives the batches to submit now.
 - **Batch sizes** (`Batcher`). A task costs milliseconds however little it does, so small
   items travel in batches; but a batch's results come back only when it is done.
 
@@ -42,7 +42,8 @@ Policy
   halves, the *suspects*, and a suspect runs *alone*: nothing else of the run is out while it
   runs, because Dask counts a death against every task a worker holds. A batch of one item
   killed while it ran alone is the culprit: `killed` returns it, to be failed.
-- **Workers that come and go.** `resize` sets the usable threads; `limit` follows.
+- **Workers that come and go.** `resize` sets the usable threads, and so how many batches
+  may be out.
 
 State: `items` (the backlog: the items put back, in front of the plan's own sequence read
 from a position on, so a million items are one range), `suspects` (lists of items),
@@ -88,11 +89,10 @@ killed alone is the culprit, to be failed.
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 PROBE_S = 0.05  # a probe returns after the first item that ends past this
 PROBE_ITEMS = 10_000  # at most this many items in a probe: sent back unrun if the items are slow
@@ -121,11 +121,6 @@ class Policy:
         self.attempts: dict[int, int] = {}  # by the failed items only (no dict of a million)
         self.retries, self.batcher, self.per_thread = retries, batcher, max(1, per_thread)
 
-    @property
-    def limit(self) -> int:
-        """Batches out at once, at most: `per_thread` per usable thread."""
-        return self.per_thread * self.batcher.threads
-
     def top_up(self, out: int) -> list[Sequence[int]]:
         """The batches to submit now, with `out` batches already out.
 
@@ -144,8 +139,9 @@ class Policy:
         if self.suspects:
             return [self.suspects.popleft()] if out == 0 else []
         batches: list[Sequence[int]] = []
-        while self.items and out + len(batches) < self.limit:
-            size = self.batcher.next_size(len(self.items), self.limit - out - len(batches))
+        limit = self.per_thread * self.batcher.threads  # batches out at once, at most
+        while self.items and out + len(batches) < limit:
+            size = self.batcher.next_size(len(self.items), limit - out - len(batches))
             if not size and (out or batches):
                 break  # the share kept behind the first item waits for a batch to come back
             batches.append(self.items.take(max(size, 1)))
@@ -156,14 +152,15 @@ class Policy:
         """A batch came back; the failed items that get another attempt.
 
         Those, and the items the batch did not reach (its budget was spent), go back in
-        front of the backlog.
+        front of the backlog. A batch that came back unrun (refused, sent again elsewhere,
+        or its input was lost and sent again) reached none: not an attempt of its items.
 
         Parameters
         ----------
         indices : sequence of int
             The batch's items.
         reached : int
-            How many of them it ran (the first `reached`).
+            How many of them it ran (the first `reached`); 0 for a batch that came back unrun.
         failed : iterable of int
             The positions in the batch of the items that failed.
         seconds : float or None
@@ -178,6 +175,8 @@ class Policy:
         """
         if seconds is not None:
             self.batcher.observe(reached, seconds, idle=idle)
+        elif not (reached or self.batcher.items):
+            self.batcher.alone_first = True  # unrun, and no first item came yet: the next batch is one
         retry = [indices[j] for j in failed if self.attempts.get(indices[j], 0) < self.retries]
         self.attempts.update({i: self.attempts.get(i, 0) + 1 for i in retry})
         self.items.put_back(retry + list(indices[reached:]))
@@ -206,19 +205,6 @@ class Policy:
         self.suspects.extend(part for part in (items[:half], items[half:]) if part)
         return []
 
-    def refused(self, indices: Sequence[int]) -> None:
-        """A batch came back unrun (refused, sent again elsewhere, or its input was lost and sent
-        again): not an attempt of its items.
-
-        Parameters
-        ----------
-        indices : sequence of int
-            The batch's items, back in front of the backlog.
-        """
-        self.items.put_back(indices)
-        if not self.batcher.items:
-            self.batcher.alone_first = True  # no first item came: the next batch is one
-
     def resize(self, threads: int) -> None:
         """The cluster now has `threads` usable threads (workers joined or left).
 
@@ -237,9 +223,9 @@ class Policy:
         list of int
             The suspects' items, then the backlog's.
         """
-        taken = [*(i for part in self.suspects for i in part), *self.items]
-        self.items, self.suspects = _Queue([]), deque()
-        return taken
+        taken = [i for part in self.suspects for i in part]
+        self.suspects.clear()
+        return [*taken, *self.items.take(len(self.items))]
 
     def held(self) -> int:
         """Items not submitted yet (the backlog's and the suspects'), for the adaptive target.
@@ -384,9 +370,6 @@ class _Queue:
 
     def __len__(self) -> int:
         return len(self._front) + len(self._rest) - self._at
-
-    def __iter__(self) -> Iterator[int]:
-        return itertools.chain(self._front, self._rest[self._at :])
 
     def take(self, n: int) -> Sequence[int]:
         """The first `n` indices (fewer if there are fewer), removed: a `range` when consecutive."""

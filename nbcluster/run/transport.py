@@ -2,7 +2,7 @@
 
 What is where, in this module: the link (`Link`, with what items need, `Needs`, and where
 they fit, `placement`; the workers it knows, `_Roster`); `Transport`, with its one queue of
-finished batches; Dask tasks bound to their workers (`_placing`); the direct path (`Call`,
+finished batches, and its Dask tasks, each bound loosely to its workers; the direct path (`Call`,
 `_Direct`); results pushed ahead of a gather (`_inbox`); tasks that load anywhere (`task`,
 `halt_reason`).
 
@@ -38,8 +38,7 @@ way out. Its verbs:
 - `map` submits batches as Dask tasks, in one graph message (`client.map`), keyed
   ``distribute-<run id>-<n>`` (``persist-...`` for a persisted item);
 - `send_direct` sends a batch to a worker directly instead (a start's first half-second,
-  where a small cell's round trip is 0.5 ms, not the scheduler's 4-5 ms), and `flush`
-  starts the direct requests of one top-up together;
+  where a small cell's round trip is 0.5 ms, not the scheduler's 4-5 ms);
 - `completions` yields the finished batches, futures and direct calls in one queue, in the
   order they finish (`distributed.as_completed` takes futures only); `results` reads their
   result blobs; `take` tells which items a finished batch held, and whether it ran alone;
@@ -81,7 +80,7 @@ batches as they always did.
   every later batch that way (`take` says it came back unrun): the worker refused it (paused
   past its memory limit, closing), and the scheduler holds the batch until a worker can take
   it; or the request broke (the worker died, or left the cluster, which the run's watch
-  thread notices within half a second: `abandon_lost`), and its items run again, once, as
+  thread notices within half a second: `direct_workers`), and its items run again, once, as
   Dask re-runs a task whose worker died. A crash that an item itself causes is then found by
   the engine's suspects, as before. Nothing of a batch is lost or run twice by this: a
   batch's items are delivered only from its answer, and an answer that never came delivered
@@ -121,14 +120,14 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from dask.base import annotate
 from dask.utils import apply
 
 from nbcluster import _compat, config
-from nbcluster._compat import call_in_loop, erred_on, nested_task, run_on_worker, worker_call, worker_exchange
+from nbcluster._compat import call_in_loop, erred_on, nested_task, run_on_worker, worker_exchange
 from nbcluster._version import __version__
 from nbcluster._wire import PUSHED_TOPIC, ROSTER_TOPIC
 from nbcluster.cluster import registry
@@ -296,6 +295,8 @@ class Link:
     def usable_threads(self) -> int:
         """How many items the workers that fit can run at once now (at least 1), asked now.
 
+        The link's `threads` and `eligible` workers are now those of this answer.
+
         Returns
         -------
         int
@@ -306,18 +307,8 @@ class Link:
         nbcluster.errors.BadArgument
             When no worker fits any more (see `placement`).
         """
-        return self._place()[1]
-
-    def workers(self) -> dict[str, int]:
-        """Every worker of the cluster and its threads, as the link knows them (`_ncores`).
-
-        Returns
-        -------
-        dict of str to int
-            Threads by worker address: the scheduler's answer of the last `FRESH_S` seconds
-            (it was asked when the link opened, and by each `usable_threads`), else asked now.
-        """
-        return _ncores(self.open().client, FRESH_S)
+        _, self.threads, self.eligible = self._place()
+        return self.threads
 
     def eligible_now(self) -> list[str]:
         """The addresses of the workers that qualify, asked of the scheduler now (`--everywhere`).
@@ -470,7 +461,7 @@ class Transport:
         """
         completed, sending = queue.SimpleQueue[Any](), None
         if direct and link.needs == Needs():  # for ``distribute.direct`` seconds (`_Direct.worker`)
-            sending = _Direct(link.client, link.workers(), per_thread, completed)
+            sending = _Direct(link.client, _ncores(link.client, FRESH_S), per_thread, completed)
         with self.lock:
             self._completed, self._direct = completed, sending
         return sending is not None and sending.worker() is not None
@@ -515,7 +506,12 @@ class Transport:
             with _INBOXES_LOCK:  # before the tasks can run: a push may come first
                 self._inbox.update(dict.fromkeys(keys))
             columns = zip(*(c[1:] for c in calls), strict=True)
-            with _placing(keys, placed, where):
+            # Each task bound loosely to its own workers, in one graph message (Dask's submit keywords
+            # bind every task of a message to the same ones): the annotation is a function of the key,
+            # which the scheduler calls for each new task, a mapping's own lookup, so it needs nothing
+            # of nbcluster to load it.
+            by_key = collections.defaultdict(list, {k: list(p) for k, p in zip(keys, placed, strict=False) if p})
+            with annotate(workers=by_key.__getitem__, allow_other_workers=True) if by_key else contextlib.nullcontext():
                 made = client.map(calls[0][0], *columns, key=keys, pure=False, **where)
             for future, indices in zip(made, batches, strict=True):
                 self._out(future, indices)
@@ -526,7 +522,7 @@ class Transport:
         return list(made)
 
     def send_direct(self, indices: Any, context: tuple[str, bytes | None], blob: bytes, token: str) -> bool:
-        """Send one batch to a worker directly at the next `flush`; False: it must be a Dask task.
+        """Send one batch to a worker directly; False: it must be a Dask task.
 
         Parameters
         ----------
@@ -557,11 +553,6 @@ class Transport:
         # Under `lock`: `batch` (a future or a direct call) is pending, alone if none else is.
         self._alone = None if self.pending else batch
         self.pending[batch] = indices
-
-    def flush(self) -> None:
-        """Start the direct requests `send_direct` made since the last flush, together."""
-        if self._direct is not None:
-            self._direct.flush()
 
     def completions(self) -> Iterator[list[Any]]:
         """Lists of finished batches (futures and direct calls), in the order they finished,
@@ -638,36 +629,29 @@ class Transport:
                 return (None if whole is None else whole[:1]), False, False
             batch = self.pending.pop(future, None)
             alone, self._alone = self._alone is future, None
-        unrun = isinstance(future, Call) and future.status != "finished"
-        if unrun and self._direct is not None:
-            self._direct.stopped = True
-        return batch, alone, unrun
+        return batch, alone, isinstance(future, Call) and future.status != "finished"
 
-    def direct_workers(self) -> list[str]:
+    def direct_workers(self, alive: Collection[str]) -> list[str]:
         """The workers running (or holding) this run's direct batches now, for the adaptive
-        scaling, which sees no task of theirs there (`cluster/adaptive.py`).
+        scaling, which sees no task of theirs there (`cluster/adaptive.py`); the calls to
+        workers no longer in the cluster are given up first.
+
+        Parameters
+        ----------
+        alive : collection of str
+            The addresses of the cluster's workers now (a direct run's are all eligible).
 
         Returns
         -------
         list of str
-            Their addresses, each once.
+            The addresses of those still there, each once.
         """
         with self.lock:
-            return sorted({c.worker for c in self.pending if isinstance(c, Call)})
-
-    def abandon_lost(self, workers: dict[str, int]) -> None:
-        """Give up the direct calls to workers no longer in the cluster.
-
-        Parameters
-        ----------
-        workers : dict of str to int
-            The cluster's workers now.
-        """
-        with self.lock:
-            lost = [c for c in self.pending if isinstance(c, Call) and c.worker not in workers]
-        for call in lost:
-            if (sent := call.sent) is not None:
+            calls = [c for c in self.pending if isinstance(c, Call)]
+        for call in calls:
+            if call.worker not in alive and (sent := call.sent) is not None:
                 call_in_loop(call.client, sent.cancel)  # a task of the client's loop
+        return sorted({c.worker for c in calls if c.worker in alive})
 
     def stop(self) -> bool:
         """Submit nothing more; whether batches are still out.
@@ -709,27 +693,6 @@ class Transport:
         if completed is not None:
             completed.put(completed)  # `completions` ends
         return futures
-
-
-@contextlib.contextmanager
-def _placing(keys: Sequence[str], placed: Sequence[Sequence[str]], where: dict[str, Any]) -> Iterator[None]:
-    """Bind each of the tasks `keys` loosely to its workers in `placed`, within one graph message.
-
-    Dask's submit keywords bind every task of a message to the same workers, which would cost
-    a chained cell one message per worker holding its inputs. A graph's annotation may
-    instead be a function of the key, which the scheduler calls for each new task: a
-    mapping's own lookup, so the scheduler needs nothing of nbcluster to load it. `where` is
-    updated in place when all the tasks go to the same workers.
-    """
-    if not any(placed):
-        yield
-    elif all(list(p) == list(placed[0]) for p in placed):
-        where.update(workers=list(placed[0]), allow_other_workers=True)
-        yield
-    else:
-        by_key = collections.defaultdict(list, {k: list(p) for k, p in zip(keys, placed, strict=True) if p})
-        with annotate(workers=by_key.__getitem__, allow_other_workers=True):
-            yield
 
 
 # -- direct batches: to a worker, not through the scheduler --------------------------------
@@ -782,10 +745,8 @@ class _Direct:
         per_thread = 1 if len(chosen) < len(workers) else per_thread
         self.slots = {address: max(1, workers[address]) * per_thread for address in chosen}
         self.out = dict.fromkeys(chosen, 0)
-        self.until = time.monotonic() + config.seconds("distribute.direct")
-        self.stopped = False  # set by the transport after a failed call: the rest are Dask tasks
+        self.until = time.monotonic() + config.seconds("distribute.direct")  # a failed call ends it at once
         self._lock = threading.Lock()  # `out`: the driver sends, the client's loop answers
-        self._held: list[tuple[Call, dict[str, Any], bool]] = []  # sent, not yet started
         # Each worker starts this start's batches in the order they were sent (`worker/__init__.py`).
         self.sender = uuid.uuid4().hex
         self._numbered = dict.fromkeys(chosen, 0)
@@ -799,7 +760,7 @@ class _Direct:
             The least busy worker (by its share of its slots) with a free slot; None once the
             direct time is over, after a failed call, or when every slot is taken.
         """
-        if self.stopped or time.monotonic() >= self.until:
+        if time.monotonic() >= self.until:
             return None
         known = _SERVES.get(self.client, {})
         free = [(self.out[a] / slots, a) for a, slots in self.slots.items()
@@ -807,7 +768,7 @@ class _Direct:
         return min(free)[1] if free else None
 
     def send(self, key: str, context: tuple[str, bytes | None], blob: bytes, token: str, first: bool) -> Call | None:
-        """Send one batch to the worker `worker()` names at the next `flush`; None: no worker.
+        """Send one batch to the worker `worker()` names; None: no worker.
 
         Parameters
         ----------
@@ -832,22 +793,14 @@ class _Direct:
             self.out[worker] += 1
             number, self._numbered[worker] = self._numbered[worker], self._numbered[worker] + 1
             args = {"key": key, "context": context, "batch": blob, "token": token, "sender": self.sender, "number": number}
-            self._held.append((call, args, first))
+            # Under the lock: the worker starts a sender's batches in the order of their numbers.
+            call_in_loop(self.client, self._start, call, args, first)
         return call
 
-    def flush(self) -> None:
-        """Start the requests `send` held since the last flush, in one wake of the client's
-        event loop (each wake is a write to its pipe)."""
-        with self._lock:
-            held, self._held = self._held, []
-        if held:
-            call_in_loop(self.client, self._start, held)
-
-    def _start(self, held: list[tuple[Call, dict[str, Any], bool]]) -> None:
+    def _start(self, call: Call, args: dict[str, Any], first: bool) -> None:
         # In the client's event loop.
-        for call, args, first in held:
-            call.sent = asyncio.ensure_future(self._request(call, args, first))
-            call.sent.add_done_callback(functools.partial(self._answered, call))
+        call.sent = asyncio.ensure_future(self._request(call, args, first))
+        call.sent.add_done_callback(functools.partial(self._answered, call))
 
     async def _request(self, call: Call, args: dict[str, Any], first: bool) -> Any:
         """Ask the worker to run the batch, installing the handler there first (once per client)."""
@@ -858,9 +811,7 @@ class _Direct:
             serves = known[call.worker] = await serves
         if not serves:
             return {"refused": "it cannot serve direct batches"}
-        if not first:
-            return await worker_call(self.client, call.worker, HANDLER, **args)
-        message = {"op": HANDLER, "reply": True, "first": True, **args}
+        message = {"op": HANDLER, "reply": True, "first": first, **args}
         return await worker_exchange(self.client, call.worker, message, functools.partial(self._ahead, call))
 
     def _ahead(self, call: Call, blob: bytes) -> None:
@@ -872,12 +823,13 @@ class _Direct:
             self.out[call.worker] -= 1
         call.sent = None
         try:
-            answer = sent.result()
-        except BaseException as e:  # the request broke, or was given up (`abandon_lost`)
-            call.status, call.answer = "error", e
-        else:
-            refused = refusal(answer)
-            call.status, call.answer = ("finished", answer) if refused is None else ("error", refused)
+            call.answer = sent.result()
+            why: str | BaseException | None = refusal(call.answer)  # None for a result blob
+        except BaseException as e:  # the request broke, or was given up (`direct_workers`)
+            why = e
+        call.status = "finished" if why is None else "error"
+        if why is not None:  # `answer` says why; the direct time is over: every later batch is a Dask task
+            call.answer, self.until = why, 0.0
         self.completions.put(call)
 
 
