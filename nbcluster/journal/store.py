@@ -448,7 +448,7 @@ def failure(error: Any) -> Failure:
 
     Parameters
     ----------
-    error : nbcluster.run.state.ItemError
+    error : nbcluster.run.tracebacks.ItemError
         The item's error, as the run's `Results` holds it.
 
     Returns

@@ -18,8 +18,8 @@ a worker without the scheduler; results pushed by workers; tasks that fail, not 
 worker without nbcluster), `everywhere` (one task pinned to each worker), `ranks` (`--ranks N`: N ranks
 of one job, all or nothing), `trials` (reports, stoppers and timeouts of trial runs), `stoppers`
 (ASHA, median, and the `Stopper` protocol), `trial_results` (`Results.metrics`, `best`).
-What the user reads: `state` (each item's state and value, and a failed item's error), `results` (the read-only
-view, and waiting for it in the kernel: output, summary, Ctrl-C).
+What the user reads: `state` (each item's state and value), `results` (the read-only view, and waiting for it in the
+kernel: output, summary, Ctrl-C), `tracebacks` (failed items).
 
 What runs on the workers is the top-level package `nbcluster.worker`; the journal of
 finished items and `--resume` are `nbcluster.journal`; values kept on the workers are

@@ -61,7 +61,7 @@ from nbcluster._wire import TrialSpec
 from nbcluster.errors import BadArgument
 from nbcluster.persist import handles
 from nbcluster.run.cell import Cell, Plan, code_names, human
-from nbcluster.run.state import ItemError
+from nbcluster.run.tracebacks import ItemError
 from nbcluster.worker.context import cell_value, pin
 
 LARGE = 1_000_000  # bytes of pickle above which a value is shipped once per worker
@@ -317,7 +317,7 @@ def code_index(values: Any) -> dict[str, list[tuple[str, int, int]]]:
 
     cloudpickle renames the file of every code object it ships by value to
     "<dynamic-code>"; names and line numbers survive, so a worker's frame can be mapped
-    back to the notebook cell the function was defined in (`state.py`). Functions,
+    back to the notebook cell the function was defined in (`tracebacks.py`). Functions,
     and the methods and properties of classes, are indexed, with every function nested in
     them.
 

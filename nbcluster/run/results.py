@@ -68,7 +68,8 @@ from nbcluster.errors import ClusterCannotRun, ClusterLost, HandleGone, Interrup
 from nbcluster.persist.handles import GONE, Handle
 from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.cell import Plan, describe
-from nbcluster.run.state import CANCELLED, DONE, FAILED, ItemError, RunState, reraise
+from nbcluster.run.state import CANCELLED, DONE, FAILED, RunState
+from nbcluster.run.tracebacks import ItemError, reraise
 from nbcluster.run.trial_results import TrialResults
 from nbcluster.widgets import end_open_lines, in_kernel, shell, widget_shown_since
 

@@ -9,11 +9,11 @@ members and `__notes__`, and guards against cycles. Made wire-safe here, once:
   notebook's cells and functions, which a worker does not have;
 - exception classes do not travel (a class the kernel cannot import would make the whole
   record unloadable): each part's class goes by name in `types`, in `parts()` order, and
-  the kernel puts a stand-in class of that name back (`run/state.py`); notes travel as
+  the kernel puts a stand-in class of that name back (`tracebacks.py`); notes travel as
   strings.
 
 The exception object itself travels pickled, where it can be rebuilt, so the kernel can
-raise the item's own exception (`run/state.py`'s `reraise`).
+raise the item's own exception (`tracebacks.reraise`).
 """
 
 from __future__ import annotations
