@@ -169,10 +169,12 @@ _OBJECTS = Kept[Any](limit=OBJECTS_BYTES)  # by pickled size (`_keep` lowers the
 
 
 class _Running(threading.local):
-    """What this thread's items write to (`worker/__init__.py`), read by a trial's reports too."""
+    """What this thread's items write to (`worker/__init__.py`), read by a trial's reports too,
+    and when it ended its last batch (`worker.run_batch`'s ``idle``)."""
 
     outputs: dict[int, list[list[Any]]] | None = None  # item index -> chunks; None: the real streams
     follow: tuple[list[Any], Any] = ([], ())  # the batch's (values, indices): they name the item running
+    ended: tuple[str | None, float] = (None, 0.0)  # (stop token, perf_counter) at the end of its last batch
 
 
 running = _Running()
@@ -678,8 +680,7 @@ def ran_on() -> tuple[str, str] | None:
     """
     from distributed import get_worker
 
-    try:
+    with contextlib.suppress(ValueError):  # not in a worker
         worker = get_worker()
-    except ValueError:
-        return None
-    return worker.address, str(worker.name)  # a started worker's name is its address if it has none
+        return worker.address, str(worker.name)  # a started worker's name is its address if it has none
+    return None
