@@ -258,8 +258,8 @@ def run(context: tuple[str, bytes | None], batch: bytes, token: str | None, deps
     Returns
     -------
     dict
-        What `run_items` returns, with ``ran_on``: which worker ran the batch, for the
-        kernel's journal; or, where no item could run, ``stopped``, ``lost`` or ``fatal``.
+        What `run_items` returns; or, where no item could run, ``stopped``, ``lost`` or
+        ``fatal``.
     """
     if stopped_run(token):  # queued before the stop: nothing to load or run
         return {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True}
@@ -283,15 +283,12 @@ def run(context: tuple[str, bytes | None], batch: bytes, token: str | None, deps
     install()
     go = functools.partial(run_items, loaded, large_values=large_values, capture=True, token=token)
     if ahead is None or len(items) < 2:
-        result = go(indices, items, budget=budget)
-    else:  # the first item alone, which may go ahead of the rest (`FirstAhead`)
-        first = go(indices[:1], items[:1], budget=budget)
-        if first["count"]:  # else stopped before it: the rest is too
-            ahead.ran({"first": dump_result({**first, "ran_on": ran_on()})})
-        rest = go(indices[1:], items[1:], budget=None if budget is None else budget - first["seconds"])
-        result = rest if ahead.close() else joined(first, rest)
-    result["ran_on"] = ran_on()
-    return result
+        return go(indices, items, budget=budget)
+    first = go(indices[:1], items[:1], budget=budget)  # the first item alone, which may go ahead (`FirstAhead`)
+    if first["count"]:  # else stopped before it: the rest is too
+        ahead.ran({"first": dump_result(first)})
+    rest = go(indices[1:], items[1:], budget=None if budget is None else budget - first["seconds"])
+    return rest if ahead.close() else joined(first, rest)
 
 
 def push(blob: bytes) -> None:
@@ -349,8 +346,9 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
     dict
         ``values`` (one per item run, None where it failed), ``errors`` (position in the
         batch -> `ErrorRecord`), ``outputs`` (item index -> chunks, when captured),
-        ``count`` (the items run, from the first), ``seconds`` (their time) and ``stopped``
-        (True when some items were not reached).
+        ``count`` (the items run, from the first), ``seconds`` (their time), ``stopped``
+        (True when some items were not reached) and ``ran_on`` (the worker that ran them, for
+        the kernel's journal: `context.ran_on`).
 
     Raises
     ------
@@ -398,7 +396,7 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
         running.outputs = None
     seconds, count = time.perf_counter() - started, len(values)
     return {"values": values, "errors": errors, "outputs": outputs, "count": count, "seconds": seconds,
-            "stopped": count < n}  # fmt: skip
+            "stopped": count < n, "ran_on": ran_on()}  # fmt: skip
 
 
 def _plan(c: Context, base: dict[str, Any], copies: list[Copy], indices: Any, items: list[Any],
@@ -497,7 +495,7 @@ def joined(first: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
     >>> out["values"], out["errors"], out["outputs"], out["count"], round(out["seconds"], 3)
     ([5, 6, 7], {2: 'e'}, {0: ['a'], 2: ['b']}, 3, 0.3)
     """
-    return {"values": first["values"] + rest["values"], "outputs": {**first["outputs"], **rest["outputs"]},
+    return {**rest, "values": first["values"] + rest["values"], "outputs": {**first["outputs"], **rest["outputs"]},
             "errors": {**first["errors"], **{j + first["count"]: record for j, record in rest["errors"].items()}},
             "count": first["count"] + rest["count"], "seconds": first["seconds"] + rest["seconds"],
             "stopped": first["stopped"] or rest["stopped"]}  # fmt: skip
