@@ -54,7 +54,7 @@ def test_a_worker_keeps_its_newest_reports_within_a_bound() -> None:
         kept.add(key, report, len(report))
     assert kept.size == 7
     with pytest.raises(KeyError):
-        kept.take("persist-a-0")
-    assert kept.take("persist-a-2") == b"1" and kept.size == 6
+        kept.get("persist-a-0", take=True)
+    assert kept.get("persist-a-2", take=True) == b"1" and kept.size == 6
     kept.add("persist-a-1", b"12", 2)  # a recompute's report replaces its own
-    assert kept.size == 2 and kept.take("persist-a-1") == b"12"
+    assert kept.size == 2 and kept.get("persist-a-1", take=True) == b"12"

@@ -134,7 +134,7 @@ def test_a_range_of_tiny_items_goes_out_in_one_round_of_probes() -> None:
 
 
 def test_batches_grow_when_their_threads_waited_for_them() -> None:
-    # Each batch says how long its thread waited for it (`worker.run_blob`'s ``idle``); when a round
+    # Each batch says how long its thread waited for it (`worker.run_batch`'s ``idle``); when a round
     # trip costs more than a batch works, fewer, bigger batches are the cure.
     def sizes(idle: float) -> list[int]:
         policy = Policy(range(100_000), Batcher(4, fixed=None), per_thread=1)

@@ -110,7 +110,7 @@ def test_the_worker_package_imports_only_worker_side_modules() -> None:
     allowed = {"nbcluster", "nbcluster._lazy", "nbcluster._start_up", "nbcluster._version", "nbcluster._wire", "nbcluster.config", "nbcluster.config_schema", "nbcluster.errors"}
     ours = [m for m in loaded if m.startswith("nbcluster")]
     assert [m for m in ours if m not in allowed and not m.startswith("nbcluster.worker")] == []
-    assert "nbcluster.worker.records" in ours and "distributed" not in loaded
+    assert "nbcluster.worker.context" in ours and "distributed" not in loaded
 
 
 def test_nbcluster_distribute_stays_the_function_whichever_loads_first() -> None:

@@ -58,6 +58,26 @@ def test_a_failing_item_in_a_chunk_fails_alone(kind: str) -> None:
         assert record["traceback"].__context__ is None
 
 
+def stops_at_two(x: int) -> int:
+    if x == 2:
+        next(iter([]))  # StopIteration, which `map` takes for the end of the items
+    return x
+
+
+@pytest.mark.parametrize(
+    "ctx",
+    [context("x", kind="function", fn=stops_at_two), context("stops_at_two(x)\ny = 1\ny * x", {"stops_at_two": stops_at_two}),
+     context("stops_at_two(x)", {"stops_at_two": stops_at_two})],
+    ids=["function", "statements", "one expression"],
+)  # fmt: skip
+def test_an_item_raising_stop_iteration_fails_alone_and_the_rest_keep_their_places(ctx: Context) -> None:
+    result = run_items(ctx, range(5), list(range(5)), capture=True)
+    assert result["count"] == 5 and not result["stopped"]
+    assert result["values"] == [0, 1, None, 3, 4]
+    record = result["errors"][2]
+    assert list(result["errors"]) == [2] and "StopIteration" in f"{record['type']}: {record['message']}"
+
+
 def test_a_cell_failure_points_at_the_cell_line() -> None:
     result = run_items(context("1 // (x - 3)"), range(5), list(range(5)), capture=True)
     assert list(result["errors"]) == [3]
@@ -215,7 +235,7 @@ def test_a_thread_counts_its_wait_between_batches_of_one_run_only() -> None:
     context, batch = ("test-idle", cloudpickle.dumps(spec)), pickle.dumps(([0], [0], None))
 
     def idle(token: str | None) -> float | None:
-        return cloudpickle.loads(worker.run_blob(context, batch, token)).get("idle")
+        return cloudpickle.loads(worker.run_batch(context, batch, token)).get("idle")
 
     def in_thread(*tokens: str | None) -> list[float | None]:
         got: list[float | None] = []

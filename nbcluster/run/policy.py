@@ -31,7 +31,7 @@ Policy
   3. *A budget, not trust.* Every sized batch has a budget of `max_batch` seconds (twice
      `Batcher.least`, if more): a wrong estimate costs one budget, not a batch of hours.
   4. *Threads that wait get bigger batches.* Each batch says how long its thread waited
-     for it (`worker.run_blob`'s ``idle``); no batch carries less work than the median of the last
+     for it (`worker.run_batch`'s ``idle``); no batch carries less work than the median of the last
      `IDLE_SEEN` waits (`Batcher.least`): when a round trip is slower than a batch, as
      with a scheduler serving a thousand threads, fewer, bigger batches are the cure.
 
@@ -312,7 +312,7 @@ class Batcher:
             Time the worker spent in those items, not in loading the cell.
         idle : float or None
             How long the worker's thread waited for this batch after its previous one of the
-            run (`worker.run_blob`'s ``idle``); None for a thread's first.
+            run (`worker.run_batch`'s ``idle``); None for a thread's first.
         """
         if idle is not None:
             self._idle.append(idle)

@@ -1,6 +1,6 @@
 """Failed items: the exception, its remote traceback as text, and re-raising it.
 
-A worker sends an error *record* per failed item (`worker.records`): the exception as the
+A worker sends an error *record* per failed item (`worker.error_record`): the exception as the
 standard library's `traceback.TracebackException` (its chain, `ExceptionGroup` members
 and notes, nbcluster's own frames already removed, classes by name), and the exception
 pickled if it could be rebuilt. Here, in the kernel, `ItemError` readies it once:
@@ -35,7 +35,7 @@ from tblib import Traceback
 from nbcluster._compat import ipython_cell_number
 from nbcluster.errors import RemoteError
 from nbcluster.run.cell import describe
-from nbcluster.worker.records import ErrorRecord, parts
+from nbcluster.worker import ErrorRecord, parts
 
 
 class ItemError:

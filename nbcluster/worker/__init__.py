@@ -4,8 +4,7 @@ What is where: this module runs a batch, from the Dask task to the result blob: 
 in chunks (`run_items`), their prints and `display()`s (`install`) and the blob's pickling
 (`dump_result`), and the request that runs a batch without the scheduler (`serve`, below).
 Beside it, each with one purpose: `context.py`, the cell's context loaded once per worker,
-the large values it reads and the runs told to stop; `records.py`, an item's exception as a
-record; `held.py`, `--persist`. The other strategies' items: `trial.py` and `checkpoint.py`
+the large values it reads and the runs told to stop; `held.py`, `--persist`. The other strategies' items: `trial.py` and `checkpoint.py`
 (`--trials`), `rank.py` (`--ranks`); `local.py` keeps a value per worker process, on purpose.
 
 **The task.** A Dask task is `run_batch((context_key, inline_context), batch, token)`, with
@@ -13,8 +12,8 @@ no Dask dependencies at all, so the scheduler treats every batch as a root task 
 them out from its queue to whichever thread is free. The kernel sends three functions of
 this package, pickled by reference (`run_batch`; `context.stop_run` and `context.pin`):
 keep their names. A run's first batches come as a request to the worker itself instead
-("Direct batches", below), which runs the same `run_blob` in the same thread pool, without the
-scheduler, and sends its first item's result ahead when the batch goes on. One batch's path:
+("Direct batches", below), which runs the same `run_batch` in the same thread pool, without
+the scheduler, and sends its first item's result ahead when the batch goes on. One batch's path:
 `run_batch` -> `run` -> `context.load`/`fetch` -> `run_items` -> `dump_result`.
 
 - `batch` is one opaque blob `(indices, items, budget)`: Dask never walks into it, so its
@@ -53,7 +52,10 @@ time, with the items it reached, and the kernel sends the rest again).
 chunk's call raises, the list's length is the failing item's position in the batch: it gets
 its error record and a None, and the call is made again on the rest of the chunk (an
 iterator, from which the failing item was taken). The resumption runs outside the `except`
-block, so the next item's own exception carries no `__context__` from this one.
+block, so the next item's own exception carries no `__context__` from this one. An item's
+`StopIteration` does not raise out of ``map`` (it ends it, as the end of the items would): a
+call that ran fewer items than its chunk holds, and was not stopped, fails the item it ended
+at with `SWALLOWED` (naming the fix), and goes on with the rest.
 
 **Stopping.** A batch carries its run's *stop token*. `stop_run(token)`, sent to every
 worker by the kernel on interrupt or `Results.cancel()`, makes the run's batches return with
@@ -120,6 +122,22 @@ prints. The item running is the one at position ``len(values)``, so its prints a
 under its index at no cost per item. `outputs` maps item index -> chunks `[stream, text]`
 (or `["display", mimebundle]`).
 
+**Error records.** An item's exception becomes a record the kernel can show and re-raise
+(`error_record`). The traceback is the standard library's `traceback.TracebackException`,
+which walks the chain (`raise ... from`, an exception raised while handling another),
+`ExceptionGroup` members and `__notes__`, and guards against cycles. Made wire-safe here, once:
+
+- nbcluster's own frames (the batch runner's `exec`) are dropped from every part;
+- source lines are not read here: the kernel reads them (`lookup_lines=False`), from the
+  notebook's cells and functions, which a worker does not have;
+- exception classes do not travel (a class the kernel cannot import would make the whole
+  record unloadable): each part's class goes by name in `types`, in `parts()` order, and
+  the kernel puts a stand-in class of that name back (`run/tracebacks.py`); notes travel as
+  strings.
+
+The exception object itself travels pickled, where it can be rebuilt, so the kernel can
+raise the item's own exception (`tracebacks.reraise`).
+
 This package imports nothing from nbcluster but base modules (`errors`, `_compat`, `_wire`):
 a worker needs cloudpickle and Dask, and loads no kernel-side module
 (`tests/test_worker_imports.py`).
@@ -135,14 +153,15 @@ import functools
 import hashlib
 import io
 import itertools
+import os
 import pickle
 import sys
-import threading
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from types import FunctionType
-from typing import Any, NamedTuple, TextIO
+from typing import Any, NamedTuple, TextIO, TypedDict
 
 import cloudpickle
 
@@ -150,10 +169,9 @@ from nbcluster._wire import DIRECT_TOPIC, PUSHED_TOPIC, DirectRecord, Pushed
 from nbcluster.errors import Lost
 from nbcluster.worker import trial
 from nbcluster.worker.context import Context, Copy, fetch, load, ran_on, read_only_error, running, stopped_run
-from nbcluster.worker.records import ErrorRecord, error_record
 
 __all__ = ["HANDLER", "VERSION", "Context", "ErrorRecord", "FirstAhead", "Order", "Slot", "display", "dump_result",
-           "error_record", "install", "push", "refusal", "run_batch", "run_blob", "run_items", "serve"]  # fmt: skip
+           "error_record", "install", "parts", "push", "refusal", "run_batch", "run_items", "serve"]  # fmt: skip
 
 #: Blobs larger than this (bytes) are not pushed, only gathered: the scheduler keeps a topic's
 #: last events (`distributed.admin.low-level-log-length`), and these must stay small there.
@@ -169,8 +187,10 @@ HANDLER = "nbcluster_run_batch"
 VERSION = 3
 GAP_S = 0.5  # how long a direct batch waits for the one its sender sent this worker before it
 KEPT_STARTS = 256  # batch starts a worker keeps for `Order` (the oldest are forgotten)
+#: The error of an item whose StopIteration escaped it: `map` took it for the end of the items.
+SWALLOWED = ("the item raised StopIteration, which ends a loop over the items rather than failing one: catch it in the "
+             "item's code (next(it, None) returns None at the end), or raise another exception")  # fmt: skip
 AHEAD_S = 0.005  # a first batch still running this long after its arrival sends its first item ahead
-_thread = threading.local()  # `ended`: (stop token, perf_counter) at the end of the thread's last batch
 
 
 class Slot(NamedTuple):
@@ -180,8 +200,13 @@ class Slot(NamedTuple):
 
 
 def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None = None, deps: tuple[Any, ...] = (),
-              names: dict[str, int] | None = None) -> bytes:  # fmt: skip
-    """The Dask task: run a batch of items, return the opaque result blob.
+              names: dict[str, int] | None = None, ahead: FirstAhead | None = None) -> bytes:  # fmt: skip
+    """The Dask task, and a direct batch's run: run a batch of items, return the opaque result blob.
+
+    The result says how long this thread waited since it ended its last batch of the same
+    run (``idle``, for the batch sizing in `run/policy.py`; none for the thread's first).
+    A small blob is also pushed to the kernel as the task's event (`push`; nothing is sent
+    for a direct batch, which is no task).
 
     Parameters
     ----------
@@ -193,8 +218,13 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
     token : str, optional
         The run's stop token: once `stop_run` was sent it, the batch returns before its next
         chunk of items.
-    deps, names
-        As for `run_blob` (a batch that reads handles, `held.py`).
+    deps : tuple
+        The values of the handles the batch reads, for its `Slot`s (`held.py`).
+    names : dict of str to int, optional
+        Handles captured by name: the cell's global name -> the index of its value in `deps`.
+    ahead : FirstAhead, optional
+        A run's first direct batch: its first item runs alone, and may go ahead of the rest,
+        which the result then leaves out (`FirstAhead`).
 
     Returns
     -------
@@ -204,64 +234,32 @@ def run_batch(context: tuple[str, bytes | None], batch: bytes, token: str | None
         when a large value is held by no worker any more, or ``{"fatal": record}`` when the
         context cannot be loaded. It never raises for an item.
     """
-    blob = run_blob(context, batch, token, deps=deps, names=names)
-    push(blob)
-    return blob
-
-
-def run_blob(context: tuple[str, bytes | None], batch: bytes, token: str | None = None, ahead: FirstAhead | None = None,
-             deps: tuple[Any, ...] = (), names: dict[str, int] | None = None) -> bytes:  # fmt: skip
-    """`run_batch` without the push: what a direct batch runs (`serve`); `held.py` and
-    `rank.py` push their own results.
-
-    The result says how long this thread waited since it ended its last batch of the same
-    run (``idle``, for the batch sizing in `run/policy.py`; none for the thread's first).
-
-    Parameters
-    ----------
-    context : tuple of (str, bytes or None)
-        The cell's context, as for `run_batch`.
-    batch : bytes
-        The pickled ``(indices, items, budget)`` of this batch.
-    token : str, optional
-        The run's stop token.
-    ahead : FirstAhead, optional
-        A run's first direct batch: its first item runs alone, and may go ahead of the rest,
-        which the result then leaves out (`FirstAhead`).
-    deps : tuple
-        The values of the handles the batch reads, for its `Slot`s.
-    names : dict of str to int, optional
-        Handles captured by name: the cell's global name -> the index of its value in `deps`.
-
-    Returns
-    -------
-    bytes
-        The cloudpickled result, as `run_batch` returns it.
-    """
-    last: tuple[str | None, float] = getattr(_thread, "ended", (None, 0.0))
-    idle = time.perf_counter() - last[1] if token is not None and last[0] == token else None
+    last, ended = running.ended
+    idle = time.perf_counter() - ended if token is not None and last == token else None
     result = run(context, batch, token, deps, names, ahead)
     if idle is not None and "values" in result:
         result["idle"] = idle  # what a task's round costs this thread
     blob = dump_result(result)
-    _thread.ended = (token, time.perf_counter())
+    running.ended = (token, time.perf_counter())
+    push(blob)
     return blob
 
 
 def run(context: tuple[str, bytes | None], batch: bytes, token: str | None, deps: tuple[Any, ...] = (),
         names: dict[str, int] | None = None, ahead: FirstAhead | None = None) -> dict[str, Any]:  # fmt: skip
-    """A batch's result, not yet pickled; as `run_batch` describes it.
+    """A batch's result, not yet pickled; as `run_batch` describes it (`held.py` and `rank.py`
+    pickle and push their own).
 
     Parameters
     ----------
     context, batch, token, deps, names, ahead
-        As for `run_blob`.
+        As for `run_batch`.
 
     Returns
     -------
     dict
-        What `run_items` returns, with ``ran_on``: which worker ran the batch, for the
-        kernel's journal; or, where no item could run, ``stopped``, ``lost`` or ``fatal``.
+        What `run_items` returns; or, where no item could run, ``stopped``, ``lost`` or
+        ``fatal``.
     """
     if stopped_run(token):  # queued before the stop: nothing to load or run
         return {"values": [], "errors": {}, "outputs": {}, "count": 0, "seconds": 0.0, "stopped": True}
@@ -285,15 +283,12 @@ def run(context: tuple[str, bytes | None], batch: bytes, token: str | None, deps
     install()
     go = functools.partial(run_items, loaded, large_values=large_values, capture=True, token=token)
     if ahead is None or len(items) < 2:
-        result = go(indices, items, budget=budget)
-    else:  # the first item alone, which may go ahead of the rest (`FirstAhead`)
-        first = go(indices[:1], items[:1], budget=budget)
-        if first["count"]:  # else stopped before it: the rest is too
-            ahead.ran({"first": dump_result({**first, "ran_on": ran_on()})})
-        rest = go(indices[1:], items[1:], budget=None if budget is None else budget - first["seconds"])
-        result = rest if ahead.close() else joined(first, rest)
-    result["ran_on"] = ran_on()
-    return result
+        return go(indices, items, budget=budget)
+    first = go(indices[:1], items[:1], budget=budget)  # the first item alone, which may go ahead (`FirstAhead`)
+    if first["count"]:  # else stopped before it: the rest is too
+        ahead.ran({"first": dump_result(first)})
+    rest = go(indices[1:], items[1:], budget=None if budget is None else budget - first["seconds"])
+    return rest if ahead.close() else joined(first, rest)
 
 
 def push(blob: bytes) -> None:
@@ -351,8 +346,9 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
     dict
         ``values`` (one per item run, None where it failed), ``errors`` (position in the
         batch -> `ErrorRecord`), ``outputs`` (item index -> chunks, when captured),
-        ``count`` (the items run, from the first), ``seconds`` (their time) and ``stopped``
-        (True when some items were not reached).
+        ``count`` (the items run, from the first), ``seconds`` (their time), ``stopped``
+        (True when some items were not reached) and ``ran_on`` (the worker that ran them, for
+        the kernel's journal: `context.ran_on`).
 
     Raises
     ------
@@ -370,10 +366,12 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
     try:
         while len(values) < n and not stopped and not stopped_run(token):
             before, begun = len(values), time.perf_counter()
-            chunk = itertools.islice(todo, size)
+            chunk, end = itertools.islice(todo, size), min(n, before + size)
             while True:
                 try:
                     run(chunk, values)  # again after a failing item: on from the next one
+                    if len(values) < end and not stopped_run(token):  # `map` ended the chunk at the item
+                        raise RuntimeError(SWALLOWED)
                     break
                 except KeyboardInterrupt:
                     raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
@@ -387,14 +385,18 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
             per_item = (now - begun) / (len(values) - before)
             size = max(1, min(2 * size, int(aim / per_item) if per_item > 0 else 2 * size))
             stopped = budget is not None and now - started >= budget
-            if now - checked > CHECK_S:
+            if now - checked > CHECK_S:  # a Dask task cancelled outright stops too
+                from nbcluster._compat import running_task_key, worker_task
+
                 checked = now
-                stopped = stopped or _cancelled()
+                if (key := running_task_key()) is not None:  # None outside a task: --local, a direct batch
+                    state = getattr(worker_task(key), "state", "forgotten")  # no record of it: forgotten
+                    stopped = stopped or state in ("cancelled", "released", "forgotten")
     finally:
         running.outputs = None
     seconds, count = time.perf_counter() - started, len(values)
     return {"values": values, "errors": errors, "outputs": outputs, "count": count, "seconds": seconds,
-            "stopped": count < n}  # fmt: skip
+            "stopped": count < n, "ran_on": ran_on()}  # fmt: skip
 
 
 def _plan(c: Context, base: dict[str, Any], copies: list[Copy], indices: Any, items: list[Any],
@@ -493,7 +495,7 @@ def joined(first: dict[str, Any], rest: dict[str, Any]) -> dict[str, Any]:
     >>> out["values"], out["errors"], out["outputs"], out["count"], round(out["seconds"], 3)
     ([5, 6, 7], {2: 'e'}, {0: ['a'], 2: ['b']}, 3, 0.3)
     """
-    return {"values": first["values"] + rest["values"], "outputs": {**first["outputs"], **rest["outputs"]},
+    return {**rest, "values": first["values"] + rest["values"], "outputs": {**first["outputs"], **rest["outputs"]},
             "errors": {**first["errors"], **{j + first["count"]: record for j, record in rest["errors"].items()}},
             "count": first["count"] + rest["count"], "seconds": first["seconds"] + rest["seconds"],
             "stopped": first["stopped"] or rest["stopped"]}  # fmt: skip
@@ -539,14 +541,106 @@ def dump_result(result: dict[str, Any]) -> bytes:
     return cloudpickle.dumps(result)
 
 
+# -- error records -------------------------------------------------------------------------
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.normcase(os.path.abspath(__file__))))
 
-def _cancelled() -> bool:
-    """True when this thread's Dask task was cancelled (False outside a task: `--local`, a direct batch)."""
-    from nbcluster._compat import running_task_key, worker_task
 
-    key = running_task_key()
-    ts = None if key is None else worker_task(key)
-    return key is not None and (ts is None or ts.state in ("cancelled", "released", "forgotten"))
+class TypeName(TypedDict):
+    """An exception class by name: as Python prints it (`module.Qualname`, bare for builtins)."""
+
+    module: str
+    qualname: str
+    syntax: bool  # a SyntaxError: printed with its file, line and caret
+
+
+class ErrorRecord(TypedDict):
+    """One failed item, as it crosses from worker to kernel (inside a batch's result blob)."""
+
+    type: str  # "ZeroDivisionError", "mymodule.MyError"
+    message: str
+    traceback: traceback.TracebackException  # classes removed: see `types`
+    types: list[TypeName]  # the class of each part of `traceback`, in `parts()` order
+    exception: bytes | None  # the exception, cloudpickled, if it could be rebuilt
+
+
+def error_record(e: BaseException, *, frames: bool = True) -> ErrorRecord:
+    """Everything the kernel needs to show and re-raise `e`, nbcluster's frames gone.
+
+    Parameters
+    ----------
+    e : BaseException
+        The exception an item raised (or one the kernel made for it).
+    frames : bool
+        False drops every frame: for failures the kernel makes itself (a worker that died, a
+        batch Dask refused), whose frames are nbcluster's or Dask's, nothing the user can act
+        on.
+
+    Returns
+    -------
+    ErrorRecord
+        Safe to pickle and to load in a kernel that cannot import the exception's class:
+        the traceback with its classes replaced by names, and the exception itself
+        cloudpickled, or None where it cannot be rebuilt.
+
+    Examples
+    --------
+    >>> try:
+    ...     1 / 0
+    ... except ZeroDivisionError as e:
+    ...     record = error_record(e)
+    >>> record["type"], record["message"]
+    ('ZeroDivisionError', 'division by zero')
+    >>> record["types"]
+    [{'module': 'builtins', 'qualname': 'ZeroDivisionError', 'syntax': False}]
+    """
+    tb = traceback.TracebackException.from_exception(e, lookup_lines=False)
+    types: list[TypeName] = []
+    for part in parts(tb):
+        cls = part.exc_type  # always a class: each part is an exception that was raised
+        types.append({"module": cls.__module__, "qualname": cls.__qualname__, "syntax": issubclass(cls, SyntaxError)})
+        part.exc_type = BaseException  # a builtin stand-in; the class travels by name in `types`
+        part.stack = traceback.StackSummary.from_list([f for f in part.stack if frames and not _internal(f.filename)])
+        notes = getattr(part, "__notes__", None)
+        if notes is not None:  # strings only, so the record loads anywhere
+            # vars(): Python 3.10's TracebackException has no `__notes__` to type-check against.
+            vars(part)["__notes__"] = [str(n) for n in (notes if isinstance(notes, list | tuple) else [notes])]
+    exception: bytes | None
+    try:
+        exception = cloudpickle.dumps(e)
+        cloudpickle.loads(exception)  # an exception that cannot be rebuilt is useless later
+    except Exception:
+        exception = None
+    module, qualname = types[0]["module"], types[0]["qualname"]  # as Python prints it: bare for builtins, __main__
+    name = qualname if module in ("builtins", "__main__") else f"{module}.{qualname}"
+    return {"type": name, "message": str(tb), "traceback": tb, "types": types, "exception": exception}
+
+
+def parts(tb: traceback.TracebackException) -> Iterator[traceback.TracebackException]:
+    """`tb` and every exception it holds: causes, contexts, exception group members.
+
+    Parameters
+    ----------
+    tb : traceback.TracebackException
+        The outermost exception.
+
+    Yields
+    ------
+    traceback.TracebackException
+        `tb` first, then depth first what it links to, each link's cause before its context
+        and group members after both: the order of `ErrorRecord`'s ``types``.
+    """
+    todo = [tb]
+    while todo:
+        part = todo.pop()
+        yield part
+        # `exceptions` (group members) exists from Python 3.11.
+        linked = [part.__cause__, part.__context__, *(getattr(part, "exceptions", None) or ())]
+        todo.extend(reversed([p for p in linked if p is not None]))
+
+
+def _internal(filename: str) -> bool:
+    # "<...>": a cell's code ("<distribute-...>"), or one compiled by the user
+    return not filename.startswith("<") and os.path.normcase(os.path.abspath(filename)).startswith(_PACKAGE)
 
 
 # -- output --------------------------------------------------------------------------------
@@ -770,11 +864,11 @@ def serve(dask_worker: Any) -> int:
     # One order per worker, kept when another kernel's client installs the handler again.
     order = dask_worker._nbcluster_direct_order = getattr(dask_worker, "_nbcluster_direct_order", None) or Order()
 
-    def in_pool(key: str, *args: Any) -> bytes:
+    def in_pool(key: str, context: tuple[str, bytes | None], batch: bytes, token: str, ahead: FirstAhead | None) -> bytes:
         # The item's code may ask `distributed.get_worker()` (and a large value's fetch does):
         # the pool's thread runs it as this worker's, as it would a task.
         with as_worker(dask_worker, key):
-            return run_blob(*args)
+            return run_batch(context, batch, token, ahead=ahead)
 
     # A function, not a `functools.partial`: Dask logs each handler by its `__name__`. Its
     # first argument is named `comm`, so Dask passes the request's connection. `key` is the

@@ -91,7 +91,7 @@ class Kept(Generic[V]):
     >>> kept = Kept[bytes](limit=10)
     >>> for key, report in [("a", b"12345"), ("b", b"123456"), ("c", b"1")]:
     ...     kept.add(key, report, len(report))
-    >>> kept.size, kept.get("b"), kept.take("c"), kept.size
+    >>> kept.size, kept.get("b"), kept.get("c", take=True), kept.size
     (7, b'123456', b'1', 6)
     """
 
@@ -118,35 +118,15 @@ class Kept(Generic[V]):
             while self.size > self.limit and len(self._values) > 1:
                 self.size -= self._values.popitem(last=False)[1][1]
 
-    def get(self, key: str) -> V:
-        """`key`'s value, now the most recently used.
+    def get(self, key: str, *, take: bool = False) -> V:
+        """`key`'s value, now the most recently used; or, with `take`, handed out once.
 
         Parameters
         ----------
         key : str
             Its key.
-
-        Returns
-        -------
-        Any
-            The value.
-
-        Raises
-        ------
-        KeyError
-            When none is kept for `key`.
-        """
-        with self._lock:
-            self._values.move_to_end(key)
-            return self._values[key][0]
-
-    def take(self, key: str) -> V:
-        """`key`'s value, handed out once: it is kept no more.
-
-        Parameters
-        ----------
-        key : str
-            Its key.
+        take : bool
+            True hands the value out once: it is kept no more.
 
         Returns
         -------
@@ -160,7 +140,10 @@ class Kept(Generic[V]):
         """
         with self._lock:
             value, size = self._values.pop(key)
-            self.size -= size
+            if take:
+                self.size -= size
+            else:  # back, as the most recently used
+                self._values[key] = (value, size)
             return value
 
 
@@ -169,10 +152,12 @@ _OBJECTS = Kept[Any](limit=OBJECTS_BYTES)  # by pickled size (`_keep` lowers the
 
 
 class _Running(threading.local):
-    """What this thread's items write to (`worker/__init__.py`), read by a trial's reports too."""
+    """What this thread's items write to (`worker/__init__.py`), read by a trial's reports too,
+    and when it ended its last batch (`worker.run_batch`'s ``idle``)."""
 
     outputs: dict[int, list[list[Any]]] | None = None  # item index -> chunks; None: the real streams
     follow: tuple[list[Any], Any] = ([], ())  # the batch's (values, indices): they name the item running
+    ended: tuple[str | None, float] = (None, 0.0)  # (stop token, perf_counter) at the end of its last batch
 
 
 running = _Running()
@@ -678,8 +663,7 @@ def ran_on() -> tuple[str, str] | None:
     """
     from distributed import get_worker
 
-    try:
+    with contextlib.suppress(ValueError):  # not in a worker
         worker = get_worker()
-    except ValueError:
-        return None
-    return worker.address, str(worker.name)  # a started worker's name is its address if it has none
+        return worker.address, str(worker.name)  # a started worker's name is its address if it has none
+    return None

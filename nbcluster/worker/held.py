@@ -91,8 +91,7 @@ def run_batch_held(context: tuple[str, bytes | None], batch: bytes, token: str |
     if "values" in result:
         result["values"], result["held"] = [None] * len(values), [describe(v) for v in values]
     report = dump_result(result)
-    if (key := running_task_key()) is not None:  # None where a test calls the task's function itself
-        KEPT.add(str(key), report, len(report))
+    KEPT.add(str(running_task_key()), report, len(report))  # a persisted item is always a Dask task
     push(report)
     if values and 0 not in result["errors"]:
         return values[0]
@@ -122,7 +121,7 @@ def report_of(key: str) -> bytes:
     KeyError
         When this process keeps no report of `key`.
     """
-    return KEPT.take(key)
+    return KEPT.get(key, take=True)
 
 
 def report_for(value: Any) -> bytes:

@@ -14,7 +14,7 @@ its own, running `run_rank`. A rank:
    local-rank order, so ``torch.cuda.set_device(LOCAL_RANK)`` picks its own GPU and NCCL
    sees its peers' (unless this process had already started CUDA, whose device list is
    fixed then: the rank keeps its worker's own GPU as ``cuda:0``);
-3. runs the cell or function as an item (`run_blob`), its output and error recorded as for
+3. runs the cell or function as an item (`worker.run`), its output and error recorded as for
    any item;
 4. destroys torch's default process group, if the item left one, and puts the environment
    back as it was, so the next task on that worker starts clean.
@@ -36,7 +36,7 @@ from typing import Any, TypedDict
 
 import cloudpickle
 
-from nbcluster.worker import ErrorRecord, error_record, push, run_blob
+from nbcluster.worker import ErrorRecord, dump_result, error_record, push, run
 
 GATE_S = 60.0  # how long a started rank waits for the others before it gives up by itself
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -188,7 +188,7 @@ def run_rank(
         if said != "go":
             blob = _failed(error_record(NotStarted(said), frames=False))
         else:
-            blob = _nccl_line(run_blob(context, batch, token), spec)
+            blob = _nccl_line(dump_result(run(context, batch, token)), spec)
     finally:
         _RUNNING.spec = None
         _end_group()
