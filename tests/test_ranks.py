@@ -22,7 +22,7 @@ from nbcluster import _compat, _current
 from nbcluster.cluster.handle import ClusterHandle
 from nbcluster.errors import BadArgument
 from nbcluster.run import ranks as rank_jobs
-from nbcluster.run.api import distribute
+from nbcluster.run.api import distribute, launch
 from nbcluster.run.api import ranks as run_ranks
 from tests.shell_helpers import cell
 
@@ -60,7 +60,7 @@ import os, nbcluster
 
 
 def test_each_rank_has_torchruns_environment_and_results_come_in_rank_order(two: ClusterHandle) -> None:
-    runs = distribute(ENV, ranks=2, namespace=_ns())
+    runs = launch(ENV, ranks=2, namespace=_ns())
     assert runs.ok, runs.errors
     (r0, w0, pid0, env0), (r1, w1, pid1, env1) = runs.values()
     assert (r0, w0, r1, w1) == (0, 2, 1, 2) and pid0 != pid1  # a worker process of its own each
@@ -100,18 +100,18 @@ def test_python_function_form(two: ClusterHandle) -> None:
 
 def test_bad_input_gets_one_line(two: ClusterHandle) -> None:
     with pytest.raises(BadArgument, match=r"--ranks 3 needs 3 workers, .* has 2: `%cluster scale 3` first"):
-        distribute("1", ranks=3, namespace=_ns())
+        launch("1", ranks=3, namespace=_ns())
     with pytest.raises(BadArgument, match="cannot be combined with --over, --retries; drop them"):
-        distribute("1", ranks=2, over="x in range(3)", retries=1, namespace=_ns())
+        launch("1", ranks=2, over="x in range(3)", retries=1, namespace=_ns())
     with pytest.raises(BadArgument, match="cannot be combined with --persist; drop it"):
-        distribute("1", ranks=2, persist=True, into="kept", namespace=_ns())
+        launch("1", ranks=2, persist=True, into="kept", namespace=_ns())
     with pytest.raises(BadArgument, match="--ranks needs a whole number of 1 or more, got 0"):
-        distribute("1", ranks=0, namespace=_ns())
+        launch("1", ranks=0, namespace=_ns())
 
 
 def test_nccl_without_gpus_is_one_line(two: ClusterHandle) -> None:
     pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
-    runs = distribute(
+    runs = launch(
         "import torch.distributed as dist\ndist.init_process_group('nccl')", ranks=2, namespace=_ns()
     )
     line = (
@@ -148,7 +148,7 @@ for step in range(30):
 
 def test_ddp_on_two_cpu_ranks_trains_as_one_process_on_the_global_batch(two: ClusterHandle) -> None:
     torch = pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
-    runs = distribute(DDP, ranks=2, namespace=_ns())
+    runs = launch(DDP, ranks=2, namespace=_ns())
     assert runs.ok, runs.errors and runs.errors[0].traceback
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
@@ -203,7 +203,7 @@ def _ended_after(runs: Any, mark: Path) -> float:
 def test_a_rank_killed_mid_training_stops_the_other_within_5_s(two: ClusterHandle, tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
     mark = tmp_path / "killed"
-    runs = distribute(KILLED, ranks=2, namespace=_ns(MARK=str(mark)), wait=False)
+    runs = launch(KILLED, ranks=2, namespace=_ns(MARK=str(mark)), wait=False)
     assert _ended_after(runs, mark) < 5.0
     assert runs.counts()["failed"] == 2
     line = rank_jobs.cause(runs.run_id)
@@ -216,7 +216,7 @@ def test_a_rank_that_raises_stops_the_other_within_5_s(
 ) -> None:
     pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
     mark = tmp_path / "raised"
-    runs = distribute(RAISES, ranks=2, namespace=_ns(MARK=str(mark)), wait=False)
+    runs = launch(RAISES, ranks=2, namespace=_ns(MARK=str(mark)), wait=False)
     assert _ended_after(runs, mark) < 5.0
     first, second = runs.errors
     assert (second.index, second.type_name, second.message) == (
@@ -242,7 +242,7 @@ def test_no_rank_starts_until_every_rank_can(two: ClusterHandle, capsys: pytest.
     )
     while not client.processing([busy])[busy]:  # its only thread is taken
         threading.Event().wait(0.05)
-    runs = distribute("import time\ntime.time()", ranks=2, namespace=_ns(), wait=False)
+    runs = launch("import time\ntime.time()", ranks=2, namespace=_ns(), wait=False)
     said = threading.Event()
     deadline = time.monotonic() + 30
     while "waiting for 2 workers with a free thread" not in capsys.readouterr().out:
@@ -273,7 +273,7 @@ raise ValueError("rank 1 gave up")
 def test_a_stuck_rank_is_ended_when_another_fails(two: ClusterHandle, tmp_path: Path) -> None:
     psutil = pytest.importorskip("psutil")
     mark, pidfile = tmp_path / "failed", tmp_path / "pid"
-    runs = distribute(STUCK, ranks=2, namespace=_ns(MARK=str(mark), PIDFILE=str(pidfile)), wait=False)
+    runs = launch(STUCK, ranks=2, namespace=_ns(MARK=str(mark), PIDFILE=str(pidfile)), wait=False)
     assert _ended_after(runs, mark) < 5.0
     assert runs.errors[0].message == "stopped because rank 1 failed (ValueError: rank 1 gave up)"
     pid = int(pidfile.read_text())
@@ -288,14 +288,15 @@ def test_a_partial_start_runs_nothing_and_fails_the_job(two: ClusterHandle, tmp_
     # The race the wait for free workers cannot close: a worker's thread taken between the look
     # and the submit. Made here for good: rank 1's worker (ranks go by address) has its one
     # thread taken by a call handed straight to its thread pool, which the scheduler never sees.
-    from distributed import Event
-
     client = two.client
-    release = f"release-{time.monotonic_ns()}"
     rank_ones = sorted(set(_compat.workers(client)) - rank_jobs.ENDED)[1]
 
     def take_the_thread(dask_worker: Any) -> None:
-        dask_worker.executor.submit(lambda: Event(release, client=dask_worker.client).wait(120))
+        dask_worker.nbc_test_gate = threading.Event()
+        dask_worker.executor.submit(dask_worker.nbc_test_gate.wait, 120)
+
+    def free_the_thread(dask_worker: Any) -> None:
+        dask_worker.nbc_test_gate.set()
 
     client.run(take_the_thread, workers=[rank_ones])
     ran = tmp_path / "ran"
@@ -304,12 +305,15 @@ def test_a_partial_start_runs_nothing_and_fails_the_job(two: ClusterHandle, tmp_
             runs = run_ranks("import nbcluster\nopen(RAN + str(nbcluster.rank()), 'w').close()", n=2,
                              namespace=_ns(RAN=str(ran)))  # fmt: skip
     finally:
-        Event(release, client=client).set()
+        client.run(free_the_thread, workers=[rank_ones], on_error="return")
     assert runs.counts()["failed"] == 2
     assert not list(tmp_path.glob("ran*"))  # rank 0 started, and ran nothing
     line = "rank 1 did not start within 3 s (their workers were busy): no rank ran; run the cell again"
     assert rank_jobs.cause(runs.run_id) == line
     assert {e.message for e in runs.errors} == {line}
+    # Rank 1's task, cancelled while the thread was taken, ran once it came back: it returns at
+    # once, not waiting at the gone gate with the thread the next job's rank 1 needs.
+    assert run_ranks("1", n=2, namespace=_ns()).values() == [1, 1]
 
 
 SPAN = """%%distribute --ranks 2 --into job
@@ -375,7 +379,7 @@ def test_ranks_with_gpus_get_a_gpu_worker_each_simulated(
             "import os\nfrom distributed import get_worker\n"
             "(get_worker().name, os.environ['CUDA_VISIBLE_DEVICES'], int(os.environ['LOCAL_RANK']), os.getpid())"
         )
-        runs = distribute(source, ranks=2, gpus=1, namespace=_ns(), client=handle.client)
+        runs = launch(source, ranks=2, gpus=1, namespace=_ns(), client=handle.client)
         assert runs.ok, runs.errors
         assert sorted(v[0] for v in runs.values()) == ["gpu-0", "gpu-1"]  # one GPU worker each
         for name, visible, local_rank, _ in runs.values():
@@ -397,7 +401,7 @@ def test_ranks_with_gpus_get_a_gpu_worker_each_simulated(
         with pytest.raises(
             BadArgument, match=r"--ranks 3 needs 3 GPU workers, .* `%cluster scale 3 --kind gpu` first"
         ):
-            distribute("1", ranks=3, gpus=1, namespace=_ns(), client=handle.client)
+            launch("1", ranks=3, gpus=1, namespace=_ns(), client=handle.client)
     finally:
         handle.stop()
 
@@ -453,7 +457,7 @@ while True:  # both ranks stuck, as in a collective that never completes
 
 def test_a_cancel_or_ctrl_c_ends_every_rank(two: ClusterHandle, tmp_path: Path) -> None:
     psutil = pytest.importorskip("psutil")
-    runs = distribute(BOTH_STUCK, ranks=2, namespace=_ns(PIDS=str(tmp_path / "pid-")), wait=False)
+    runs = launch(BOTH_STUCK, ranks=2, namespace=_ns(PIDS=str(tmp_path / "pid-")), wait=False)
     pause = threading.Event()
     deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("pid-*"))) < 2:  # both ranks are running the cell
@@ -478,10 +482,10 @@ def test_an_adaptive_cluster_grows_for_the_ranks(runtime_dir: Path) -> None:
         with pytest.raises(
             BadArgument, match=r"--ranks 3 needs 3 workers, .* adapts up to 2: `%cluster adapt --max 3`"
         ):
-            distribute("1", ranks=3, namespace=_ns(), cluster="ranks-adapt")
+            launch("1", ranks=3, namespace=_ns(), cluster="ranks-adapt")
         # One worker now: the missing rank is reported to the scheduler as work held back,
         # and the cluster grows to two; then both ranks start together.
-        runs = distribute(
+        runs = launch(
             "import os\nos.getpid()", ranks=2, namespace=_ns(), cluster="ranks-adapt", wait=False
         )
         runs.wait(90)

@@ -1,10 +1,11 @@
 """`--ranks N`: one job as N ranks that talk (data-parallel training), all or nothing.
 
-The engine's strategy for a plan of N ranks (`api.distribute` makes it with ``ranks=N``):
-the items are ``(0,), (1,), ...``, each binding ``rank`` only in messages, and the cell or
-function runs once per rank with torchrun's environment (`worker/rank.py`). It shares the
-engine's tasks and state through the `everywhere.Tasks` verbs, and none of the batch
-driver's policy. Policy, in the order a job lives:
+The engine's strategy for a plan of N ranks (`api.launch` makes it with ``ranks=N``, for
+``%%distribute --ranks N`` and `nbcluster.ranks`): the items are ``(0,), (1,), ...``, each
+binding ``rank`` only in messages, and the cell or function runs once per rank with
+torchrun's environment (`worker/rank.py`). It shares the engine's tasks and state through
+the `everywhere.Tasks` verbs, and none of the batch driver's policy. Policy, in the order a
+job lives:
 
 1. **Workers.** Each rank needs a worker process of its own (a process has one
    environment, torch one default process group). The driver waits until N distinct

@@ -32,13 +32,16 @@ import os
 import socket
 import sys
 import threading
+import time
 from typing import Any, TypedDict
 
 import cloudpickle
 
+from nbcluster import _compat
 from nbcluster.worker import ErrorRecord, dump_result, error_record, push, run
 
 GATE_S = 60.0  # how long a started rank waits for the others before it gives up by itself
+GATE_LOOK_S = 1.0  # how often a waiting rank checks that its task was not cancelled meanwhile
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # The interface gloo and NCCL talk over, unless the user chose one: the one holding the
 # address the cluster knows this worker by (the hostname may resolve to another, or to none
@@ -215,17 +218,37 @@ def _interface(host: str) -> str | None:
 
 
 def _gate(spec: RankSpec) -> str:
-    """Say this rank started, then wait for the kernel's word: ``"go"``, or why not."""
+    """Say this rank started, then wait for the kernel's word: ``"go"``, or why not.
+
+    A rank whose task was cancelled (the kernel gave up on the job while this worker's
+    thread was still taken, so the task ran late) returns at once: its gate is gone, and
+    waiting there would hold the worker's thread from the next job's rank.
+    """
     from distributed import Queue, Variable
 
+    called_off = "the job was called off before this rank started: this rank ran nothing"
+    if _called_off():
+        return called_off
+    deadline = time.monotonic() + GATE_S
     try:
         Queue(f"{spec['gate']}-started").put(spec["rank"])
-        word = Variable(f"{spec['gate']}-go").get(timeout=GATE_S)
-    except TimeoutError:
-        return f"the other ranks did not start within {GATE_S:.0f} s: this rank ran nothing"
+        while True:
+            try:
+                return str(Variable(f"{spec['gate']}-go").get(timeout=GATE_LOOK_S))
+            except TimeoutError:
+                if _called_off():
+                    return called_off
+                if time.monotonic() > deadline:
+                    return f"the other ranks did not start within {GATE_S:.0f} s: this rank ran nothing"
     except Exception as e:  # the scheduler unreachable: the job cannot start
         return f"the start gate could not be reached ({type(e).__name__}: {e}): this rank ran nothing"
-    return str(word)
+
+
+def _called_off() -> bool:
+    """Whether the kernel cancelled this rank's task (it then runs on only until it returns)."""
+    key = _compat.running_task_key()
+    task = _compat.worker_task(key) if key is not None else None
+    return task is not None and task.state not in ("executing", "long-running")
 
 
 def _failed(record: ErrorRecord) -> bytes:
