@@ -17,9 +17,10 @@ so drift in the machine's load hits them alike:
    `serial time / (2 x wall)`, the serial time measured in this process just before.
    `client.map` batched by hand into 40 tasks of 10 items is what Dask itself reaches on
    this machine once per-task costs are out of the way.
-3. A 200 MB array captured by a cell over 1,000 items, run twice: how many copies each
-   worker process received (unpickles counted in the worker processes) and the time of
-   each run; the second run should send nothing.
+3. A 200 MB array, held by an object, captured by a cell over 1,000 items, run twice: how
+   many copies of the array each worker process received (writeable arrays unpickled there),
+   how many per-item objects it made (each around a read-only view of its one copy), and the
+   time of each run; the second run should send nothing.
 
 4. An 8-item cell (`x + 1`), 25 samples: the fixed cost of a small cell, through the magic, through
    `distribute(fn)`, ipyparallel's `%%px` (a cell on both engines) and `map_sync`,
@@ -451,7 +452,8 @@ BIG_SOURCE = """
 import numpy as np
 def _rebuild(data):
     import sys
-    sys._nbcluster_bench_loads = getattr(sys, "_nbcluster_bench_loads", 0) + 1
+    counts = sys.__dict__.setdefault("_nbcluster_bench_loads", [0, 0])
+    counts[not data.flags.writeable] += 1  # [own copies of the array, read-only views of one]
     return Counted(data)
 class Counted:
     def __init__(self, data):
@@ -466,19 +468,23 @@ def _big_array(client: Any, distribute: Any, np: Any) -> list[str]:
     ns: dict[str, Any] = {"__name__": "__main__"}
     exec(BIG_SOURCE, ns)
     size = ns["big"].data.nbytes
-    rows = ["| run | wall | copies received per worker | bytes received per worker |", "|---|---:|---:|---:|"]
-    previous = dict.fromkeys(client.scheduler_info()["workers"], 0)
+    rows = [
+        "| run | wall | array copies received per worker | bytes received per worker | objects (read-only views) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    previous = dict.fromkeys(client.scheduler_info()["workers"], (0, 0))
     for run in ("first", "second"):
         t = time.perf_counter()
         res = distribute("float(big.data[x])", over="x in range(1000)", namespace=ns)
         wall = time.perf_counter() - t
         assert res.ok
-        loads = client.run(lambda: __import__("sys").__dict__.get("_nbcluster_bench_loads", 0))
-        copies = [loads[w] - previous.get(w, 0) for w in sorted(loads)]
+        loads = client.run(lambda: tuple(__import__("sys").__dict__.get("_nbcluster_bench_loads", (0, 0))))
+        copies = [loads[w][0] - previous.get(w, (0, 0))[0] for w in sorted(loads)]
+        views = [loads[w][1] - previous.get(w, (0, 0))[1] for w in sorted(loads)]
         previous = loads
         rows.append(
             f"| {run} | {wall:.2f} s | {', '.join(map(str, copies))} | "
-            f"{', '.join(f'{c * size / 1e6:.0f} MB' for c in copies)} |"
+            f"{', '.join(f'{c * size / 1e6:.0f} MB' for c in copies)} | {', '.join(map(str, views))} |"
         )
     return rows
 

@@ -107,6 +107,54 @@ def test_a_function_that_reads_a_large_array_is_loaded_once_and_the_array_is_rea
     assert notebook.user_ns["here"].ok and notebook.user_ns["big"][0] == 1.0
 
 
+MODEL = """
+import numpy as np
+
+class Model:
+    def __init__(self):
+        self.weights = np.ones(300_000)  # 2.4 MB: the object is large
+        self.history = []
+
+    def step(self, i):
+        self.history.append(i)
+        return len(self.history), float(self.weights.sum()), self.weights.ctypes.data
+
+model = Model()
+"""
+
+
+def test_a_large_object_is_each_items_own_around_its_shared_read_only_arrays(notebook: InteractiveShell) -> None:
+    # Each item gets its own object (its list starts empty) without a copy of its 2.4 MB of
+    # weights: the items of a worker read the same memory, read-only.
+    cell(notebook, MODEL)
+    steps = cell(notebook, '%%distribute --over "i in range(16)"\nmodel.step(i)')
+    assert [(n, total) for n, total, _ in steps] == [(1, 300_000.0)] * 16
+    assert len({address for _, _, address in steps}) <= 2  # one array per worker, not one per item
+    cell(notebook, '%%distribute --over "i in range(4)" --into trained\nmodel.weights -= 0.5\nmodel.step(i)')
+    message = str(notebook.user_ns["trained"].errors[0])
+    assert "`model` holds large arrays, which the items share read-only" in message
+    assert "model = copy.deepcopy(model)" in message
+    # The fix the line names works, and the notebook's object is as it was.
+    fixed = cell(notebook, '%%distribute --over "i in range(4)"\nimport copy\nmodel = copy.deepcopy(model)\n'
+                           'model.weights -= 0.5\nmodel.step(i)[:2]')  # fmt: skip
+    assert list(fixed) == [(1, 150_000.0)] * 4
+    assert notebook.user_ns["model"].history == [] and notebook.user_ns["model"].weights[0] == 1.0
+
+
+def test_a_function_that_reads_a_large_object_gets_its_own_copy_around_shared_arrays(cluster: Any) -> None:
+    ns = main_namespace(MODEL + "def step(i):\n    return model.step(i)\ndef train(i):\n    model.weights -= 0.5\n")
+    steps = nbcluster.distribute(ns["step"], over=range(16)).values()
+    assert [(n, total) for n, total, _ in steps] == [(1, 300_000.0)] * 16
+    assert len({address for _, _, address in steps}) <= 2
+    trained = nbcluster.distribute(ns["train"], over=range(4))
+    assert len(trained.errors) == 4 and "`model` holds large arrays" in str(trained.errors[0])
+    # In the kernel (--local) too, and the notebook's own object stays writeable and as it was.
+    here = nbcluster.distribute(ns["step"], over=range(4), local="all").values()
+    assert [(n, total) for n, total, _ in here] == [(1, 300_000.0)] * 4
+    assert "`model` holds large arrays" in str(nbcluster.distribute(ns["train"], over=range(2), local="all").errors[0])
+    assert ns["model"].history == [] and ns["model"].weights.flags.writeable and ns["model"].weights[0] == 1.0
+
+
 def test_a_large_dataframe_is_each_items_own(notebook: InteractiveShell) -> None:
     cell(notebook, "import numpy as np, pandas as pd\nframe = pd.DataFrame({'a': np.zeros(200_000)})")  # 1.6 MB
     out = cell(notebook, '%%distribute --over "i in range(16)"\n'

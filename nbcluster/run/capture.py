@@ -27,7 +27,8 @@ joblib give every task its own copy). So each value is sorted by `shareable`:
 - anything else (a list, a dict, an object, a small array, a function that reads one) is
   pickled together into one blob (`Job.for_workers`) that the worker unpickles again for
   every item, so shared references among them stay shared within the item; a large one
-  is copied for every item on the worker.
+  is copied for every item on the worker, around read-only views of the arrays it holds
+  (`worker.context.copier`): a write to one of those raises an error naming the variable.
 
 A name the cell reads before binding it, that is neither in the namespace nor a builtin,
 is an error here ("`y` is not defined"); a name read only inside a function the cell
@@ -62,7 +63,7 @@ from nbcluster.errors import BadArgument
 from nbcluster.persist import handles
 from nbcluster.run.cell import Cell, Plan, code_names, human
 from nbcluster.run.tracebacks import ItemError
-from nbcluster.worker.context import cell_value, pin
+from nbcluster.worker.context import cell_value, function_copy, pin
 
 LARGE = 1_000_000  # bytes of pickle above which a value is shipped once per worker
 PIN_WAIT_S = 5.0
@@ -307,9 +308,13 @@ def copyable(what: str, value: Any) -> bytes | None:
     try:
         return cloudpickle.dumps(value, protocol=5)
     except Exception as e:
-        print(f"nbcluster: --local: {what} cannot be copied for each item ({type(e).__name__}: {e}); "
-              "the items in the kernel share the notebook's own object")  # fmt: skip
+        _cannot_copy(what, e)
         return None
+
+
+def _cannot_copy(what: str, e: Exception) -> None:
+    print(f"nbcluster: --local: {what} cannot be copied for each item ({type(e).__name__}: {e}); "
+          "the items in the kernel share the notebook's own object")  # fmt: skip
 
 
 def code_index(values: Any) -> dict[str, list[tuple[str, int, int]]]:
@@ -631,7 +636,14 @@ class Job:
             return {"filename": cell.filename, "source": cell.source, "body": cell.body and marshal.dumps(cell.body),
                     "last": cell.last and marshal.dumps(cell.last)}  # fmt: skip
         if not wire:  # a function that is not `shareable` is copied for each item in the kernel too
-            return {"fn": self.fn, "fn_blob": None if shareable(self.fn) else copyable("the function", self.fn)}
+            if shareable(self.fn):
+                return {"fn": self.fn}
+            try:
+                fn_copy, holders = function_copy(self.fn)
+            except Exception as e:
+                _cannot_copy("the function", e)
+                return {"fn": self.fn}
+            return {"fn": self.fn, "fn_copy": fn_copy, "holders": holders}
         fn = _dumps(lambda: f"the function {getattr(self.fn, '__name__', repr(self.fn))}", self.fn)
         # A function that reads what an item could change is unpickled again per item.
         return {"fn": fn, "fresh_fn": not shareable(self.fn, arrays=True)}

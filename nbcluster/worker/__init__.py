@@ -356,6 +356,7 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
         Ctrl-C in the kernel during ``--local``: it stops the cell rather than fail one item.
     """
     run, todo = _plan(context, *context.shared(large_values), indices, items, token)
+    written = tuple(sorted(context.sharing.arrays)), tuple(sorted(context.sharing.holders))  # read-only: a write names them
     values: list[Any] = []  # appended in order: its length is the running item's position
     errors: dict[int, ErrorRecord] = {}
     outputs: dict[int, list[list[Any]]] = {}  # item index -> chunks
@@ -376,7 +377,7 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
                 except KeyboardInterrupt:
                     raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
                 except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
-                    errors[len(values)] = error_record(read_only_error(e, tuple(sorted(context.sharing.arrays))))
+                    errors[len(values)] = error_record(read_only_error(e, *written))
                     values.append(None)
             if len(values) == before:  # told to stop before the chunk's first item
                 break
@@ -404,7 +405,7 @@ def _plan(c: Context, base: dict[str, Any], copies: list[Copy], indices: Any, it
     """How the items run: ``run(chunk, values)``, which appends each item's value, and what the
     chunks are cut from."""
     if c.seed is None and c.trial is None:  # else each item binds its own seed, or is a trial
-        if c.kind == "function" and c.mode == "over" and c.code.fn_blob is None:
+        if c.kind == "function" and c.mode == "over" and c.code.fn_copy is None:
             fn, over = c.item_function(), itertools.starmap if c.unpacks else map
             return lambda chunk, values: values.extend(over(fn, chunk)), items
         if c.code.expression is not None and not copies:

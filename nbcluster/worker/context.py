@@ -10,13 +10,16 @@ kernel builds a `Context` directly (`capture.Job.for_kernel`).
 
 **Each item starts from the notebook's state** (`run/capture.py` sorts the values). The
 shareable values (immutable ones, and large arrays made read-only) are loaded once, into
-`Context.namespace`, which the items share. The others come as one pickled blob
-(`Sharing.fresh`) that each item unpickles again, and a function that reads such a value is
-unpickled again for every item (`Context.item_function`). A large plain array is shared
-through a read-only view (`Context.shared`): writing to it fails, and `read_only_error`
-turns numpy's error into one line naming the variable. A large pandas object gets a shallow
-copy per item, which pandas' copy-on-write (pandas 3) keeps apart from the others; any other
-large value is pickled once here and unpickled for every item.
+`Context.namespace`, which the items share. The small others come as one pickled blob
+(`Sharing.fresh`) that each item unpickles again. A large plain array is shared through a
+read-only view (`Context.shared`): writing to it fails, and `read_only_error` turns numpy's
+error into one line naming the variable. A large pandas object gets a shallow copy per
+item, which pandas' copy-on-write (pandas 3) keeps apart from the others. Any other large
+value (an object holding arrays, a model, a big dict), and a function that reads values to
+copy, is pickled once here with its arrays out of band (pickle protocol 5, `copier`): each
+item unpickles its own copy around read-only views of this worker's arrays, so the object
+and all else it holds are the item's own for the cost of unpickling it without its arrays,
+and a write to one of those arrays fails with a line naming the variable.
 
 **Large values** (pickles over 1 MB) are scattered to every worker by the kernel and kept in
 `_OBJECTS`, an LRU bounded in bytes, *outside* Dask's store: Dask's active memory manager
@@ -49,7 +52,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import CodeType, FunctionType
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
@@ -164,15 +167,15 @@ running = _Running()
 
 
 class Code(NamedTuple):
-    """What an item runs: a cell's code objects, or a function (with its pickle when each item
-    unpickles its own copy)."""
+    """What an item runs: a cell's code objects, or a function (and how an item gets its own
+    copy of it, when it reads values an item could change)."""
 
     body: CodeType | None = None
     last: CodeType | None = None
     bind: CodeType | None = None  # `TARGET = __nbcluster_item__` for an unpacking target
     expression: CodeType | None = None  # a one-expression cell, as a loop (`cell_loop`)
     fn: Callable[..., Any] | None = None
-    fn_blob: bytes | None = None
+    fn_copy: Callable[[], Callable[..., Any]] | None = None  # an item's own copy of `fn` (`function_copy`)
 
 
 @dataclass
@@ -184,7 +187,8 @@ class Sharing:
     read_only: tuple[str, ...]  # large values the items share read-only
     arrays: set[str]  # the read-only arrays, which a write error names (`read_only_error`)
     fresh: bytes | None  # the values each item unpickles its own copy of
-    large_blob: bytes | None = None  # the large values each item copies, pickled once
+    holders: set[str] = field(default_factory=set)  # large values copied around read-only arrays
+    large_copy: Copy | None = None  # copies the large values for an item (made once per run)
 
 
 class Context:
@@ -195,8 +199,8 @@ class Context:
     spec : dict
         How an item binds names (``kind``, ``mode``, ``names``, ``target``, ``unpacks``), the
         ``seed``, the ``trial``, the code (``filename``, ``source``, ``body``, ``last``, or
-        ``fn``, ``fn_blob``) and the captured values apart from `namespace` (``large``,
-        ``read_only``, ``arrays``, ``fresh``).
+        ``fn``, ``fn_copy``) and the captured values apart from `namespace` (``large``,
+        ``read_only``, ``arrays``, ``holders``, ``fresh``).
     namespace : dict
         The captured values the items share.
     """
@@ -209,12 +213,12 @@ class Context:
         self.seed: int | None = spec["seed"]
         self.trial: TrialSpec | None = spec.get("trial")  # each item then a trial (`worker/trial.py`)
         self.sharing = Sharing(spec["large"], tuple(spec.get("read_only", ())), set(spec.get("arrays", ())),
-                               spec.get("fresh"))  # fmt: skip
+                               spec.get("fresh"), set(spec.get("holders", ())))  # fmt: skip
         # C code that imports (numpy's lazy imports, any `PyImport_Import`) reads `__builtins__`
         # from the running frame's globals, which `exec` adds and a plain function call does not.
         namespace.setdefault("__builtins__", builtins)
         self.namespace = namespace
-        self.code = Code(fn=spec.get("fn"), fn_blob=spec.get("fn_blob"))
+        self.code = Code(fn=spec.get("fn"), fn_copy=spec.get("fn_copy"))
         if self.kind == "cell":
             filename, source = spec["filename"], spec["source"]
             linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
@@ -263,20 +267,21 @@ class Context:
         if lazy:
             copies.append(lambda: {n: v.copy(deep=False) for n, v in lazy.items()})
         if copied:
-            if s.large_blob is None:  # a key's value never changes: pickled once per run
-                s.large_blob = cloudpickle.dumps(copied, protocol=5)
-            copies.append(functools.partial(pickle.loads, s.large_blob))
+            if s.large_copy is None:  # a key's value never changes: pickled once per run
+                s.large_copy, holding = copier(copied)
+                s.holders.update(holding)
+            copies.append(s.large_copy)
         return namespace, copies
 
     def item_function(self) -> Callable[..., Any]:
-        """The function an item calls: `fn`, or its own unpickled copy when it reads values to copy.
+        """The function an item calls: `fn`, or its own copy when it reads values to copy.
 
         Returns
         -------
         callable
             The function.
         """
-        fn = self.code.fn if self.code.fn_blob is None else cloudpickle.loads(self.code.fn_blob)
+        fn = self.code.fn if self.code.fn_copy is None else self.code.fn_copy()
         assert fn is not None  # set for every "function" context
         return fn
 
@@ -318,11 +323,72 @@ class Context:
         if spec.get("fresh") is not None:  # loaded once here, so that a value that cannot load is named
             copied = ", ".join(f"`{n}`" for n in spec.get("copied", ())) or "a captured value"
             _loaded(spec["fresh"], f"the variables {copied}", "they need")
-        if spec["kind"] == "function":  # one that reads values to copy is unpickled again per item
-            spec["fn_blob"] = spec["fn"] if spec.get("fresh_fn") else None
+        if spec["kind"] == "function":  # one that reads values to copy is copied for each item
             spec["fn"] = _loaded(spec["fn"], "the function", "it needs")
-            spec["arrays"] = [] if spec.get("fresh_fn") else freeze(spec["fn"])
+            if spec.get("fresh_fn"):
+                spec["fn_copy"], spec["holders"] = function_copy(spec["fn"])
+            else:
+                spec["arrays"] = freeze(spec["fn"])
         return cls(spec, namespace)
+
+
+def copier(values: dict[str, Any]) -> tuple[Copy, list[str]]:
+    """How an item gets its own copy of `values`, whose arrays the copies share read-only.
+
+    Each value is pickled once, its contiguous numpy arrays out of band (pickle protocol 5);
+    a copy unpickles the rest of it around read-only views of those arrays.
+
+    Parameters
+    ----------
+    values : dict
+        The values, by name.
+
+    Returns
+    -------
+    copy : callable
+        Returns fresh copies of the values, by name.
+    holders : list of str
+        The names of the values that hold such arrays (a write to one fails: `read_only_error`).
+
+    Raises
+    ------
+    Exception
+        Whatever pickling a value raises.
+    """
+    pickled: dict[str, tuple[bytes, list[memoryview]]] = {}
+    for name, value in values.items():
+        buffers: list[pickle.PickleBuffer] = []
+        blob = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+        pickled[name] = blob, [b.raw().toreadonly() for b in buffers]
+    holders = [name for name, (_, views) in pickled.items() if views]
+    return lambda: {name: pickle.loads(blob, buffers=views) for name, (blob, views) in pickled.items()}, holders
+
+
+def function_copy(fn: Callable[..., Any]) -> tuple[Callable[[], Callable[..., Any]], list[str]]:
+    """How an item gets its own copy of a notebook function and what it reads (`copier`).
+
+    Parameters
+    ----------
+    fn : callable
+        The function.
+
+    Returns
+    -------
+    copy : callable
+        Returns a fresh copy of the function, whose globals and closure are the copy's own.
+    holders : list of str
+        The names of the values it reads (as globals or from its closure, its notebook
+        functions' too) whose arrays the copies share read-only.
+
+    Raises
+    ------
+    Exception
+        Whatever pickling the function raises.
+    """
+    copy, holding = copier({"fn": fn})
+    holders = [name for name, value in _reads(fn) if holding and type(value) is not FunctionType
+               and copier({name: value})[1]]  # fmt: skip
+    return lambda: copy()["fn"], holders
 
 
 def _loaded(blob: bytes, what: str, need: str) -> Any:
@@ -424,20 +490,26 @@ def freeze(fn: Any) -> list[str]:
     list of str
         The names the arrays go by in the function's globals or closure.
     """
-    names, todo, seen = list[str](), [fn], set[int]()
+    arrays = [(name, value) for name, value in _reads(fn) if _plain_array(value)]
+    for _, value in arrays:
+        value.flags.writeable = False
+    return [name for name, _ in arrays]
+
+
+def _reads(fn: Any) -> Iterator[tuple[str, Any]]:
+    """(name, value) of what a notebook function reads as a global or from its closure, and so
+    do the notebook functions it reads (an imported function's globals are its module's)."""
+    todo, seen = [fn], set[int]()
     while todo:
         f = todo.pop()
         if type(f) is not FunctionType or f.__module__ != "__main__" or id(f) in seen:
-            continue  # an imported function's globals are its module's, never touched
+            continue
         seen.add(id(f))
         cells = [(n, cell_value(c)) for n, c in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True)]
         for name, value in [*f.__globals__.items(), *cells]:
-            if _plain_array(value):
-                value.flags.writeable = False
-                names.append(name)
-            elif type(value) is FunctionType:
+            yield name, value
+            if type(value) is FunctionType:
                 todo.append(value)
-    return names
 
 
 def _plain_array(value: Any) -> bool:
@@ -471,15 +543,17 @@ def _copy_on_write(value: Any) -> bool:
             and int(pandas.__version__.split(".")[0]) >= 3)  # fmt: skip
 
 
-def read_only_error(e: BaseException, names: tuple[str, ...]) -> BaseException:
+def read_only_error(e: BaseException, arrays: tuple[str, ...], holders: tuple[str, ...] = ()) -> BaseException:
     """numpy's error for a write to a shared read-only array, as one line naming the variable.
 
     Parameters
     ----------
     e : BaseException
         What an item raised.
-    names : tuple of str
+    arrays : tuple of str
         The large arrays the items share read-only (`Sharing.arrays`).
+    holders : tuple of str
+        The large values whose arrays the items' copies share read-only (`Sharing.holders`).
 
     Returns
     -------
@@ -491,13 +565,16 @@ def read_only_error(e: BaseException, names: tuple[str, ...]) -> BaseException:
     --------
     >>> print(read_only_error(ValueError("assignment destination is read-only"), ("big",)))
     `big` is a large captured array, which the items share read-only: to change it, copy it in the cell first (big = big.copy())
+    >>> print(read_only_error(ValueError("output array is read-only"), (), ("model",)))
+    `model` holds large arrays, which the items share read-only: to change them, copy it in the cell first (model = copy.deepcopy(model))
     """
-    if not names or type(e) is not ValueError or "read-only" not in str(e):
+    if not (arrays or holders) or type(e) is not ValueError or "read-only" not in str(e):
         return e
-    which = " or ".join(f"`{n}`" for n in names)
-    what = "a large captured array" if len(names) == 1 else "large captured arrays"
-    fix = "; ".join(f"{n} = {n}.copy()" for n in names)
-    message = f"{which} is {what}, which the items share read-only: to change it, copy it in the cell first ({fix})"
+    which = [f"`{n}` is a large captured array" for n in arrays] + [f"`{n}` holds large arrays" for n in holders]
+    fixes = [f"{n} = {n}.copy()" for n in arrays] + [f"{n} = copy.deepcopy({n})" for n in holders]
+    them = "it" if not holders and len(arrays) == 1 else "them"
+    message = (f"{' or '.join(which)}, which the items share read-only: to change {them}, "
+               f"copy it in the cell first ({'; '.join(fixes)})")  # fmt: skip
     return ValueError(message).with_traceback(e.__traceback__)
 
 
