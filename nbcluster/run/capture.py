@@ -308,13 +308,9 @@ def copyable(what: str, value: Any) -> bytes | None:
     try:
         return cloudpickle.dumps(value, protocol=5)
     except Exception as e:
-        _cannot_copy(what, e)
+        print(f"nbcluster: --local: {what} cannot be copied for each item ({type(e).__name__}: {e}); "
+              "the items in the kernel share the notebook's own object")  # fmt: skip
         return None
-
-
-def _cannot_copy(what: str, e: Exception) -> None:
-    print(f"nbcluster: --local: {what} cannot be copied for each item ({type(e).__name__}: {e}); "
-          "the items in the kernel share the notebook's own object")  # fmt: skip
 
 
 def code_index(values: Any) -> dict[str, list[tuple[str, int, int]]]:
@@ -636,13 +632,9 @@ class Job:
             return {"filename": cell.filename, "source": cell.source, "body": cell.body and marshal.dumps(cell.body),
                     "last": cell.last and marshal.dumps(cell.last)}  # fmt: skip
         if not wire:  # a function that is not `shareable` is copied for each item in the kernel too
-            if shareable(self.fn):
+            if shareable(self.fn) or copyable("the function", self.fn) is None:
                 return {"fn": self.fn}
-            try:
-                fn_copy, holders = function_copy(self.fn)
-            except Exception as e:
-                _cannot_copy("the function", e)
-                return {"fn": self.fn}
+            fn_copy, holders = function_copy(self.fn)
             return {"fn": self.fn, "fn_copy": fn_copy, "holders": holders}
         fn = _dumps(lambda: f"the function {getattr(self.fn, '__name__', repr(self.fn))}", self.fn)
         # A function that reads what an item could change is unpickled again per item.
