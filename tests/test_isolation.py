@@ -155,6 +155,20 @@ def test_a_function_that_reads_a_large_object_gets_its_own_copy_around_shared_ar
     assert ns["model"].history == [] and ns["model"].weights.flags.writeable and ns["model"].weights[0] == 1.0
 
 
+def test_a_function_gets_its_own_small_arrays_and_local_copies_only_what_it_reads(cluster: Any) -> None:
+    # In the kernel a notebook function's globals are the whole namespace, which may hold what
+    # cannot be pickled (IPython's own objects, an open connection): only what it reads is copied.
+    ns = main_namespace(COUNTER + "import numpy as np, threading\nlock = threading.Lock()\n"
+                        "small = np.zeros(4)\nbig = np.ones(300_000)\n"
+                        "def bump(i):\n    small[0] += 1\n    return counter.bump() + small[0] + big[0]\n"
+                        "pickled = []\nclass Spy:\n    def __reduce__(self):\n        pickled.append(1)\n"
+                        "        return Spy, ()\nspy = Spy()\n")  # fmt: skip
+    assert nbcluster.distribute(ns["bump"], over=range(4), local="all").values() == [3.0] * 4
+    assert ns["pickled"] == []  # what the function does not read is left alone
+    assert nbcluster.distribute(ns["bump"], over=range(8)).values() == [3.0] * 8
+    assert ns["small"][0] == 0.0 and ns["counter"].n == 0
+
+
 def test_a_large_dataframe_is_each_items_own(notebook: InteractiveShell) -> None:
     cell(notebook, "import numpy as np, pandas as pd\nframe = pd.DataFrame({'a': np.zeros(200_000)})")  # 1.6 MB
     out = cell(notebook, '%%distribute --over "i in range(16)"\n'

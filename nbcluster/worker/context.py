@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # a type only: the worker package loads no more than it runs
 Copy = Callable[[], dict[str, Any]]
 V = TypeVar("V")
 
+SHARED_ARRAY = 1_000_000  # bytes: an array this large in a value copied per item is shared read-only
 INLINE_CONTEXT = 64 * 1024  # bytes: a bigger context is scattered instead of sent per batch
 KEEP_CONTEXTS = 8
 OBJECTS_BYTES = 2_000_000_000  # large values kept, at most (or 40% of the worker's memory limit)
@@ -335,8 +336,9 @@ class Context:
 def copier(values: dict[str, Any]) -> tuple[Copy, list[str]]:
     """How an item gets its own copy of `values`, whose arrays the copies share read-only.
 
-    Each value is pickled once, its contiguous numpy arrays out of band (pickle protocol 5);
-    a copy unpickles the rest of it around read-only views of those arrays.
+    Each value is pickled once, its contiguous numpy arrays of `SHARED_ARRAY` bytes or more
+    out of band (pickle protocol 5); a copy unpickles the rest of it around read-only views of
+    those arrays.
 
     Parameters
     ----------
@@ -355,11 +357,7 @@ def copier(values: dict[str, Any]) -> tuple[Copy, list[str]]:
     Exception
         Whatever pickling a value raises.
     """
-    pickled: dict[str, tuple[bytes, list[memoryview]]] = {}
-    for name, value in values.items():
-        buffers: list[pickle.PickleBuffer] = []
-        blob = cloudpickle.dumps(value, protocol=5, buffer_callback=buffers.append)
-        pickled[name] = blob, [b.raw().toreadonly() for b in buffers]
+    pickled = {name: _apart(value) for name, value in values.items()}
     holders = [name for name, (_, views) in pickled.items() if views]
     return lambda: {name: pickle.loads(blob, buffers=views) for name, (blob, views) in pickled.items()}, holders
 
@@ -386,9 +384,29 @@ def function_copy(fn: Callable[..., Any]) -> tuple[Callable[[], Callable[..., An
         Whatever pickling the function raises.
     """
     copy, holding = copier({"fn": fn})
-    holders = [name for name, value in _reads(fn) if holding and type(value) is not FunctionType
-               and copier({name: value})[1]]  # fmt: skip
+    holders = [name for name, value in _reads(fn) if holding and type(value) is not FunctionType and _holds_arrays(value)]
     return lambda: copy()["fn"], holders
+
+
+def _holds_arrays(value: Any) -> bool:
+    try:
+        return bool(_apart(value)[1])
+    except Exception:  # a name the code reads as an attribute may be any global
+        return False
+
+
+def _apart(value: Any) -> tuple[bytes, list[memoryview]]:
+    """`value` pickled without its arrays of `SHARED_ARRAY` bytes or more, and those, read-only."""
+    buffers: list[pickle.PickleBuffer] = []
+
+    def apart(buffer: pickle.PickleBuffer) -> bool:  # True keeps it in band: a small array is copied
+        if buffer.raw().nbytes < SHARED_ARRAY:
+            return True
+        buffers.append(buffer)
+        return False
+
+    blob = cloudpickle.dumps(value, protocol=5, buffer_callback=apart)
+    return blob, [b.raw().toreadonly() for b in buffers]
 
 
 def _loaded(blob: bytes, what: str, need: str) -> Any:
@@ -498,15 +516,19 @@ def freeze(fn: Any) -> list[str]:
 
 def _reads(fn: Any) -> Iterator[tuple[str, Any]]:
     """(name, value) of what a notebook function reads as a global or from its closure, and so
-    do the notebook functions it reads (an imported function's globals are its module's)."""
+    do the notebook functions it reads (an imported function's globals are its module's).
+
+    The globals are those its code names, as cloudpickle ships them: in the kernel a notebook
+    function's globals are the whole namespace."""
     todo, seen = [fn], set[int]()
     while todo:
         f = todo.pop()
         if type(f) is not FunctionType or f.__module__ != "__main__" or id(f) in seen:
             continue
         seen.add(id(f))
+        names = {n for code in (f.__code__, *_nested(f.__code__)) for n in code.co_names if n in f.__globals__}
         cells = [(n, cell_value(c)) for n, c in zip(f.__code__.co_freevars, f.__closure__ or (), strict=True)]
-        for name, value in [*f.__globals__.items(), *cells]:
+        for name, value in [*((n, f.__globals__[n]) for n in sorted(names)), *cells]:
             yield name, value
             if type(value) is FunctionType:
                 todo.append(value)
