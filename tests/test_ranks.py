@@ -25,6 +25,7 @@ from nbcluster.run import ranks as rank_jobs
 from nbcluster.run.api import distribute, launch
 from nbcluster.run.api import ranks as run_ranks
 from tests.shell_helpers import cell
+from tests.waiting import until
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +92,20 @@ def test_rank_zeros_output_shows_in_the_cell_and_any_ranks_on_asking(
     assert said.output(rank=1) == "hello from rank 1\n" and said.output(rank=0) == "hello from rank 0\n"
 
 
+def _no_queues(client: Any) -> bool:
+    """Whether the scheduler holds no Dask queue, once the closes in flight (a stream message) landed."""
+    def names(dask_scheduler: Any) -> list[str]:
+        return sorted(dask_scheduler.extensions["queues"].queues)
+
+    return bool(until(lambda: not client.run_on_scheduler(names), 10))
+
+
 def test_python_function_form(two: ClusterHandle) -> None:
     def where() -> tuple[int, int]:
         return nbcluster.rank(), nbcluster.world_size()
 
     assert nbcluster.ranks(where, n=2).values() == [(0, 2), (1, 2)]
+    assert _no_queues(two.client)  # a job leaves nothing behind on the scheduler
 
 
 def test_bad_input_gets_one_line(two: ClusterHandle) -> None:
@@ -314,6 +324,7 @@ def test_a_partial_start_runs_nothing_and_fails_the_job(two: ClusterHandle, tmp_
     # Rank 1's task, cancelled while the thread was taken, ran once it came back: it returns at
     # once, not waiting at the gone gate with the thread the next job's rank 1 needs.
     assert run_ranks("1", n=2, namespace=_ns()).values() == [1, 1]
+    assert _no_queues(client)
 
 
 SPAN = """%%distribute --ranks 2 --into job

@@ -297,12 +297,14 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
     gate = f"nbcluster-ranks-{tasks.run_id}-{time.monotonic_ns()}"
     running: dict[Any, int] = {}  # future -> rank, until taken in
     where: dict[int, str] = {}  # rank -> its worker
+    queue: Any = None  # where the ranks say they started
     RUNNING.add(tasks.run_id)
     try:
         chosen = _wait_for_workers(tasks, n)
         if chosen is None:
             return
         specs = _specs(tasks.client, chosen, gate, gpus=bool(_link(tasks).needs.gpus))
+        queue = _started_queue(tasks.client, gate)  # before any rank: the scheduler drops it with its last handle
         changed = threading.Event()
         for r in range(n):
             where[r] = chosen[r]
@@ -319,7 +321,7 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
                 return
             running[future] = r
             future.add_done_callback(lambda _: changed.set())
-        if not _open_gate(tasks, gate, n, running, where):
+        if not _open_gate(tasks, queue, gate, n, running, where):
             return
         _follow(tasks, running, where, changed)
     except Exception as e:  # an nbcluster bug must not leave the cell waiting forever
@@ -336,7 +338,7 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
             before = len(_qualifying(tasks))
             _stop(tasks, running, where, "the job ended")
             _await_return(tasks, before)
-        _forget(tasks.client, gate)
+        _forget(tasks.client, gate, queue)
         RUNNING.discard(tasks.run_id)
         STOPS.pop(tasks.run_id, None)
         tasks.hold_back(0)
@@ -490,13 +492,20 @@ def _specs(client: Any, chosen: list[str], gate: str, *, gpus: bool) -> list[Ran
     return specs
 
 
-def _open_gate(tasks: RanksTasks, gate: str, n: int, running: dict[Any, int], where: dict[int, str]) -> bool:
-    """Wait for every rank to report; open the gate (True), or close it and fail the job."""
-    from distributed import Queue, Variable
+def _started_queue(client: Any, gate: str) -> Any:
+    """The job's Dask queue on which each rank puts its rank once it started."""
+    from distributed import Queue
+
+    return Queue(f"{gate}-started", client=client)
+
+
+def _open_gate(tasks: RanksTasks, queue: Any, gate: str, n: int, running: dict[Any, int],
+               where: dict[int, str]) -> bool:  # fmt: skip
+    """Wait for every rank to report on `queue`; open the gate (True), or close it and fail the job."""
+    from distributed import Variable
 
     client = tasks.client
     started: set[int] = set()
-    queue = Queue(f"{gate}-started", client=client)
     start_s = config.seconds("ranks.start")
     deadline = time.monotonic() + start_s
     why = ""
@@ -652,11 +661,13 @@ def _end(client: Any, addresses: list[str]) -> None:
         client.run(end_process, workers=addresses, on_error="return")  # its answer: the comm closed
 
 
-def _forget(client: Any, gate: str) -> None:
-    """Remove the job's gate and start queue from the scheduler."""
-    from distributed import Queue, Variable
+def _forget(client: Any, gate: str, queue: Any) -> None:
+    """Remove the job's gate from the scheduler, and let go of its start queue: the scheduler
+    drops a queue once every handle on it is closed, and each rank closes its own."""
+    from distributed import Variable
 
     with contextlib.suppress(Exception):  # the cluster gone: nothing left to remove
         Variable(f"{gate}-go", client=client).delete()
     with contextlib.suppress(Exception):
-        Queue(f"{gate}-started", client=client).close()
+        if queue is not None:
+            queue.close()

@@ -231,7 +231,9 @@ def _gate(spec: RankSpec) -> str:
         return called_off
     deadline = time.monotonic() + GATE_S
     try:
-        Queue(f"{spec['gate']}-started").put(spec["rank"])
+        started = Queue(f"{spec['gate']}-started")
+        started.put(spec["rank"])
+        started.close()  # the kernel's handle keeps the queue until it has read every rank
         while True:
             try:
                 return str(Variable(f"{spec['gate']}-go").get(timeout=GATE_LOOK_S))
