@@ -384,15 +384,9 @@ def function_copy(fn: Callable[..., Any]) -> tuple[Callable[[], Callable[..., An
         Whatever pickling the function raises.
     """
     copy, holding = copier({"fn": fn})
-    holders = [name for name, value in _reads(fn) if holding and type(value) is not FunctionType and _holds_arrays(value)]
+    # What `_reads` finds is what went into the function's pickle: each pickles alone too.
+    holders = [name for name, value in _reads(fn) if holding and type(value) is not FunctionType and _apart(value)[1]]
     return lambda: copy()["fn"], holders
-
-
-def _holds_arrays(value: Any) -> bool:
-    try:
-        return bool(_apart(value)[1])
-    except Exception:  # a name the code reads as an attribute may be any global
-        return False
 
 
 def _apart(value: Any) -> tuple[bytes, list[memoryview]]:
