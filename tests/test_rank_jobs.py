@@ -49,7 +49,7 @@ def two(_own: ClusterHandle) -> ClusterHandle:
 def _both_back(handle: ClusterHandle) -> None:
     deadline = time.monotonic() + 120
     pause = threading.Event()
-    while len(set(_compat.workers(handle.client)) - rank_jobs.ENDED) < 2:
+    while len(set(listed := _compat.workers(handle.client)) - rank_jobs.ended(handle.client, listed)) < 2:
         assert time.monotonic() < deadline, "the workers did not come back"
         pause.wait(0.2)
 

@@ -43,7 +43,7 @@ def two(_own: ClusterHandle) -> ClusterHandle:
     deadline = time.monotonic() + 120
     pause = threading.Event()
     # The workers a failed job ended are on their way back, under new addresses.
-    while len(set(_compat.workers(handle.client)) - rank_jobs.ENDED) < 2:
+    while len(set(listed := _compat.workers(handle.client)) - rank_jobs.ended(handle.client, listed)) < 2:
         assert time.monotonic() < deadline, "the workers did not come back"
         pause.wait(0.2)
     return handle
@@ -106,6 +106,22 @@ def test_python_function_form(two: ClusterHandle) -> None:
 
     assert nbcluster.ranks(where, n=2).values() == [(0, 2), (1, 2)]
     assert _no_queues(two.client)  # a job leaves nothing behind on the scheduler
+
+
+def test_a_worker_at_the_address_of_an_ended_one_is_another(two: ClusterHandle) -> None:
+    # The OS reuses ports: a worker of this cluster may have the address of one a job ended
+    # in an earlier cluster (CI saw it), and one a job ended here has gone from the scheduler.
+    client = two.client
+    listed = _compat.workers(client)
+    elsewhere = ("tls://127.0.0.1:1", sorted(listed)[0])
+    gone = (client.scheduler.address, "tls://127.0.0.1:2")
+    rank_jobs.ENDED.update([elsewhere, gone])
+    try:
+        assert rank_jobs.ended(client, listed) == set()
+        assert nbcluster.ranks(nbcluster.rank, n=2).values() == [0, 1]
+        assert gone not in rank_jobs.ENDED  # forgotten, not kept for ever
+    finally:
+        rank_jobs.ENDED.discard(elsewhere)
 
 
 def test_bad_input_gets_one_line(two: ClusterHandle) -> None:
@@ -299,7 +315,7 @@ def test_a_partial_start_runs_nothing_and_fails_the_job(two: ClusterHandle, tmp_
     # and the submit. Made here for good: rank 1's worker (ranks go by address) has its one
     # thread taken by a call handed straight to its thread pool, which the scheduler never sees.
     client = two.client
-    rank_ones = sorted(set(_compat.workers(client)) - rank_jobs.ENDED)[1]
+    rank_ones = sorted(set(listed := _compat.workers(client)) - rank_jobs.ended(client, listed))[1]
 
     def take_the_thread(dask_worker: Any) -> None:
         dask_worker.nbc_test_gate = threading.Event()

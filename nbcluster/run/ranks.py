@@ -57,7 +57,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 import cloudpickle
@@ -82,9 +82,9 @@ RANK_S = 3600.0  # what a waiting rank counts as in the adaptive target: a long 
 CAUSES: dict[str, str] = {}
 # run id -> (why its whole job is to stop, the job's line): a --timeout, runs.stop(i), a stopper
 STOPS: dict[str, tuple[str, str]] = {}
-# workers whose processes a job ended: the scheduler may list them a moment longer (a
-# restarted worker comes back under a new address)
-ENDED: set[str] = set()
+# (scheduler, worker) addresses of the worker processes a job ended, which the scheduler may
+# list a moment longer (a restarted worker comes back under a new address): `ended`
+ENDED: set[tuple[str, str]] = set()
 # run ids of the jobs whose driver runs now: a stop of any other job is stale (it ended), and
 # must not stop a later retry of it
 RUNNING: set[str] = set()
@@ -345,13 +345,37 @@ def drive(tasks: RanksTasks, indices: Sequence[int]) -> None:
         tasks.finish()
 
 
+def ended(client: Any, listed: Collection[str]) -> set[str]:
+    """Those of `listed`, the workers the scheduler lists now, whose process a job ended.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The cluster's client.
+    listed : collection of str
+        The addresses of the workers its scheduler lists now.
+
+    Returns
+    -------
+    set of str
+        Their addresses. An ended worker the scheduler no longer lists is forgotten: a later
+        worker at its address (the OS reuses ports) is another process, and so is one of
+        another cluster (they go by scheduler too).
+    """
+    scheduler = client.scheduler.address
+    ENDED.difference_update([(s, a) for s, a in ENDED if s == scheduler and a not in listed])
+    return {a for s, a in ENDED if s == scheduler}
+
+
 def _qualifying(tasks: RanksTasks) -> list[str]:
     """The workers that fit the job's needs, less those whose process a job has ended."""
+    workers = _compat.workers(tasks.client)
     try:
-        eligible = placement(_link(tasks).needs, _compat.workers(tasks.client))[2]
+        eligible = placement(_link(tasks).needs, workers)[2]
     except BadArgument:  # none of the kind (now)
         return []
-    return [a for a in eligible if a not in ENDED]
+    gone = ended(tasks.client, workers)
+    return [a for a in eligible if a not in gone]
 
 
 def _await_return(tasks: RanksTasks, count: int) -> None:
@@ -413,9 +437,9 @@ def _free(client: Any, workers: dict[str, Any], eligible: list[str], resources: 
             return {a: dict(ws.used_resources) for a, ws in dask_scheduler.workers.items()}
 
         used = client.run_on_scheduler(in_use)
-    free = []
+    free, gone = [], ended(client, workers)
     for a in eligible:
-        if a in ENDED or len(busy.get(a, ())) >= int(workers[a].get("nthreads", 1)):
+        if a in gone or len(busy.get(a, ())) >= int(workers[a].get("nthreads", 1)):
             continue
         has, taken = workers[a].get("resources") or {}, used.get(a, {})
         if all(has.get(k, 0) - taken.get(k, 0) >= need for k, need in resources.items()):
@@ -650,7 +674,7 @@ def _stop(tasks: RanksTasks, running: dict[Any, int], where: dict[int, str], why
         return
     addresses = sorted(set(where.values()) & alive)
     if addresses:
-        ENDED.update(addresses)  # later jobs do not pick them while the scheduler still lists them
+        ENDED.update((tasks.client.scheduler.address, a) for a in addresses)  # later jobs do not pick them while listed
         # In a thread: a worker that died since the look would hold the call for a connect timeout.
         threads.spawn(_end, tasks.client, addresses, name="nbcluster-ranks-end")
 
