@@ -362,9 +362,9 @@ def ended(client: Any, listed: Collection[str]) -> set[str]:
         worker at its address (the OS reuses ports) is another process, and so is one of
         another cluster (they go by scheduler too).
     """
-    scheduler = client.scheduler.address
-    ENDED.difference_update([(s, a) for s, a in ENDED if s == scheduler and a not in listed])
-    return {a for s, a in ENDED if s == scheduler}
+    scheduler, known = client.scheduler.address, list(ENDED)  # one copy: another job's driver may add
+    ENDED.difference_update([(s, a) for s, a in known if s == scheduler and a not in listed])
+    return {a for s, a in known if s == scheduler and a in listed}
 
 
 def _qualifying(tasks: RanksTasks) -> list[str]:
