@@ -356,7 +356,6 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
         Ctrl-C in the kernel during ``--local``: it stops the cell rather than fail one item.
     """
     run, todo = _plan(context, *context.shared(large_values), indices, items, token)
-    written = tuple(sorted(context.sharing.arrays)), tuple(sorted(context.sharing.holders))  # read-only: a write names them
     values: list[Any] = []  # appended in order: its length is the running item's position
     errors: dict[int, ErrorRecord] = {}
     outputs: dict[int, list[list[Any]]] = {}  # item index -> chunks
@@ -377,7 +376,8 @@ def run_items(context: Context, indices: Any, items: list[Any], large_values: tu
                 except KeyboardInterrupt:
                     raise  # Ctrl-C in the kernel (--local) stops the cell; workers never get one
                 except BaseException as e:  # SystemExit too: one item's sys.exit() fails that item
-                    errors[len(values)] = error_record(read_only_error(e, *written))
+                    shared = context.sharing  # read-only: a write to one names it
+                    errors[len(values)] = error_record(read_only_error(e, tuple(sorted(shared.arrays)), tuple(sorted(shared.holders))))
                     values.append(None)
             if len(values) == before:  # told to stop before the chunk's first item
                 break
