@@ -315,6 +315,31 @@ def worker_pre_spawn_environ() -> dict[str, Any]:
     return merged
 
 
+def worker_dask_config() -> dict[str, Any]:
+    """The Dask config a local cluster's nanny hands its worker: this process's, with
+    ``nbcluster.worker.dask-config`` over it.
+
+    A nanny lays its ``config`` over the worker process's own section by section, so each
+    section named here is whole. A null in ``dask-config`` leaves the value as it is here.
+
+    Returns
+    -------
+    dict of str to Any
+        The ``distributed`` section, and any other that ``dask-config`` names.
+    """
+    ours = _without_nulls(get("worker.dask-config") or {})
+    return {
+        section: dask.config.merge(dask.config.config.get(section) or {}, ours.get(section) or {})
+        for section in {"distributed", *ours}
+    }
+
+
+def _without_nulls(settings: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        k: _without_nulls(v) if isinstance(v, Mapping) else v for k, v in settings.items() if v is not None
+    }
+
+
 def drop_copied_dask_environ(environ: MutableMapping[str, str]) -> list[str]:
     """Remove from `environ` the worker variables that only a Dask nanny copied there.
 

@@ -145,3 +145,46 @@ def test_a_kernel_that_ran_a_plain_dask_cluster_still_gets_nbclusters_environmen
 def test_a_worker_variable_the_user_set_still_wins(runtime_dir: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")
     assert _in_new_workers("user-env", "MALLOC_TRIM_THRESHOLD_") == {"1048576"}
+
+
+def _loop_wakes_in_a_second() -> int:
+    """How often the worker's event loop took the GIL from this item in one second.
+
+    The item gives the GIL up over and over (as numpy's random numbers and I/O do), so the
+    loop's main thread gets it at each of its wakes: its voluntary context switches count them.
+    """
+
+    def switches() -> int:
+        with open(f"/proc/self/task/{os.getpid()}/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
+
+    before, end = switches(), time.monotonic() + 1
+    while time.monotonic() < end:
+        time.sleep(0)
+    return switches() - before
+
+
+def test_a_running_item_is_seldom_interrupted_by_dasks_housekeeping(cluster: Any) -> None:
+    # Dask's profiler, loop check and memory check wake a worker's loop ~160 times a second;
+    # nbcluster.worker.dask-config runs them less often (bench/RESULTS.md, "simulation").
+    workers = list(cluster.client.scheduler_info(n_workers=-1)["workers"])
+    wakes = [cluster.client.submit(lambda: _loop_wakes_in_a_second(), workers=w, pure=False).result() for w in workers]
+    assert max(wakes) < 25, wakes
+
+
+def test_a_null_in_the_worker_dask_config_leaves_the_users_dask_setting(runtime_dir: Any, monkeypatch: Any) -> None:
+    def housekeeping(dask_worker: Any) -> tuple[bool, float]:
+        callbacks = dask_worker.periodic_callbacks
+        return "profile" in callbacks, callbacks["tick"].callback_time
+
+    # The user's own Dask setting, as their environment (or a YAML file) gives it to the cluster.
+    monkeypatch.setenv("DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL", "40ms")
+    profiler = "nbcluster.worker.dask-config.distributed.worker.profile.enabled"
+    tick = "nbcluster.worker.dask-config.distributed.admin.tick.interval"
+    with dask.config.set({profiler: None, tick: None}):
+        handle = nbcluster.cluster.handle.start(workers=1, name="dasks-own")
+    try:
+        # Dask's profiler is back (the dashboard's Profile page fills), and the user's tick holds.
+        assert set(handle.client.run(housekeeping).values()) == {(True, 40)}
+    finally:
+        handle.stop()

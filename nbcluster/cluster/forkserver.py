@@ -242,22 +242,25 @@ def in_use() -> bool:
     return _in_use
 
 
-def worker_config() -> dict[str, Any]:
-    """The Dask config a forked worker gets on top of its nanny's: spawn as its method, as
-    it would have had (`use` sets forkserver in the supervisor only).
+def worker_config(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings`, the Dask config a forked worker gets on top of its nanny's, with spawn as
+    its method, as it would have had (`use` sets forkserver in the supervisor only).
 
-    A nanny lays its ``config`` over this process's section by section (a shallow merge),
-    so this is the whole ``distributed`` section as it is now, with that one value changed.
+    Parameters
+    ----------
+    settings : dict
+        Whole sections of Dask's config (a nanny lays its ``config`` over the worker's own
+        section by section), ``distributed`` among them.
 
     Returns
     -------
     dict
-        ``{"distributed": ...}`` for `distributed.Nanny`'s ``config``.
+        `settings`, with ``distributed.worker.multiprocessing-method`` set to spawn.
     """
     import dask.config
 
-    spawn = {"worker": {"multiprocessing-method": DASK_DEFAULT_METHOD}}
-    return {"distributed": dask.config.merge(dask.config.config["distributed"], spawn)}
+    spawn = {"distributed": {"worker": {"multiprocessing-method": DASK_DEFAULT_METHOD}}}
+    return dask.config.merge(settings, spawn)
 
 
 def stop() -> None:

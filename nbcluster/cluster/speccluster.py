@@ -126,10 +126,10 @@ class NbSpecCluster(SpecCluster):
             # Gives back what the heap keeps for reuse (see worker_memory.py).
             "plugins": (MemoryTrim(config.seconds("worker.trim-interval")), WorkerStream()),
         }
-        if forkserver.in_use():
-            # Forked from the supervisor's forkserver (forkserver.py): the worker's own
-            # config still says spawn, as it would have.
-            options["config"] = forkserver.worker_config()
+        # Dask's config with nbcluster's worker settings over it (``worker.dask-config``); a
+        # worker forked from the supervisor's forkserver (forkserver.py) still says spawn.
+        worker_config = config.worker_dask_config()
+        options["config"] = forkserver.worker_config(worker_config) if forkserver.in_use() else worker_config
         return options
 
     def _gpu_spec(self, group: tuple[GPU, ...]) -> dict[str, Any]:
