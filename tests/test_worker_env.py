@@ -9,6 +9,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -19,6 +20,7 @@ import nbcluster
 from nbcluster import config
 from nbcluster.cluster.worker_memory import MemoryTrim
 from tests.os_helpers import rss
+from tests.waiting import waited_for
 
 # The workers cannot import this test module: what lambdas call from it travels by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -188,3 +190,35 @@ def test_a_null_in_the_worker_dask_config_leaves_the_users_dask_setting(runtime_
         assert set(handle.client.run(housekeeping).values()) == {(True, 40)}
     finally:
         handle.stop()
+
+
+def _loop_cores_while_running() -> tuple[set[int], set[int]]:
+    """Run until the worker's event loop is on this item thread's core (3 s at most):
+    the loop's cores then, and the core this thread was on."""
+    loop = threading.main_thread().native_id  # a nanny's worker runs its loop in the main thread
+
+    def core() -> int:
+        with open("/proc/thread-self/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[36])
+
+    end = time.monotonic() + 3
+    while (cores := os.sched_getaffinity(loop)) != {here := core()} and time.monotonic() < end:
+        pass  # running, as an item does: the loop looks where this thread runs
+    return cores, {here}
+
+
+def test_a_workers_event_loop_runs_on_its_running_items_core(cluster: Any) -> None:
+    # Elsewhere, each of the loop's wakes while an item gives the GIL up preempts another
+    # worker's item (cluster/loop_affinity.py).
+    everything = os.sched_getaffinity(0)
+    assert len(everything) >= 2, "the test needs 2 cores"
+    worker = next(iter(cluster.client.scheduler_info(n_workers=-1)["workers"]))
+    loop_cores, item_core = cluster.client.submit(
+        lambda: _loop_cores_while_running(), workers=worker, pure=False
+    ).result()
+    assert loop_cores == item_core
+    # Once the worker waits for work, its loop may run anywhere again.
+    def loop_cores() -> set[int]:
+        return os.sched_getaffinity(threading.main_thread().native_id)
+
+    waited_for(lambda: cluster.client.run(loop_cores, workers=[worker])[worker] == everything, "every core back")

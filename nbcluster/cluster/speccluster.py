@@ -40,6 +40,7 @@ from nbcluster.cluster import forkserver
 from nbcluster.cluster.adaptive import KindAdaptive
 from nbcluster.cluster.gpu import GPU, SIMULATE_ENV, groups
 from nbcluster.cluster.kinds import GPU_RESOURCE, check_kind, worker_kind
+from nbcluster.cluster.loop_affinity import LoopFollowsItems
 from nbcluster.cluster.private_http import PrivateScheduler, PrivateWorker
 from nbcluster.cluster.spec import ClusterSpec, parse_bounds
 from nbcluster.cluster.streams import WorkerStream
@@ -123,8 +124,9 @@ class NbSpecCluster(SpecCluster):
             "security": self._security,
             "dashboard": False,
             "worker_class": PrivateWorker,
-            # Gives back what the heap keeps for reuse (see worker_memory.py).
-            "plugins": (MemoryTrim(config.seconds("worker.trim-interval")), WorkerStream()),
+            # Gives back what the heap keeps for reuse (see worker_memory.py); keeps the event
+            # loop on its item's core (loop_affinity.py).
+            "plugins": (MemoryTrim(config.seconds("worker.trim-interval")), WorkerStream(), LoopFollowsItems()),
         }
         # Dask's config with nbcluster's worker settings over it (``worker.dask-config``); a
         # worker forked from the supervisor's forkserver (forkserver.py) still says spawn.
