@@ -31,7 +31,7 @@ import contextlib
 import os
 from typing import Any
 
-from distributed.diagnostics.plugin import WorkerPlugin
+from nbcluster.cluster.worker_memory import Periodic
 
 FOLLOW_S = 0.5  # how often the loop's thread looks where the item's thread runs
 
@@ -47,7 +47,7 @@ def _running_on(thread_id: int) -> int | None:
     return int(fields[36]) if fields[0] == "R" else None
 
 
-class LoopFollowsItems(WorkerPlugin):
+class LoopFollowsItems(Periodic):
     """Keep a one-thread worker's event loop on its item's core while the item runs (module docstring)."""
 
     name = "nbcluster-loop-follows-items"
@@ -61,19 +61,15 @@ class LoopFollowsItems(WorkerPlugin):
         worker : distributed.Worker
             The worker the plugin was added to.
         """
-        from tornado.ioloop import PeriodicCallback
-
         if not hasattr(os, "sched_setaffinity") or worker.state.nthreads != 1:
             return
         self.cores = os.sched_getaffinity(0)
         if len(self.cores) < 2:
             return
         self.executor, self.pinned = worker.executors["default"], False
-        self.callback = PeriodicCallback(self.follow, FOLLOW_S * 1000)
-        worker.periodic_callbacks[self.name] = self.callback
-        self.callback.start()
+        self.every(worker, FOLLOW_S)
 
-    def follow(self) -> None:
+    def tick(self) -> None:
         """Move the loop's thread to the item's core, or give it every core back (in the loop)."""
         threads = getattr(self.executor, "_threads", ())  # made at the first task
         core = next((c for t in threads if t.native_id and (c := _running_on(t.native_id)) is not None), None)
@@ -91,9 +87,7 @@ class LoopFollowsItems(WorkerPlugin):
         worker : distributed.Worker
             The worker.
         """
-        callback = getattr(self, "callback", None)
-        if callback is not None:
-            callback.stop()
-            worker.periodic_callbacks.pop(self.name, None)
+        super().teardown(worker)
+        if getattr(self, "pinned", False):
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, self.cores)
