@@ -146,17 +146,3 @@ def test_batches_grow_when_their_threads_waited_for_them() -> None:
 
     assert max(sizes(0.0)) == 250  # 0.25 s of 1 ms items
     assert min(sizes(2.0)) == 2000  # 2 s of work: as long as the threads waited
-
-
-def test_the_tail_is_shared_evenly_among_the_batches_that_go_out_together() -> None:
-    # 64 CartPole items of 4 ms on 2 threads, 2 batches each: after the probes, 40 items are
-    # left for 4 free slots. Sized to the least batch (50 ms, 13 items) and then to a thread's
-    # share, they went 13, 13, 7, 4: one thread could get 26 items and the other 11, and run
-    # dry 60 ms before it (bench/RESULTS.md, "simulation").
-    policy = Policy(range(40), Batcher(2), per_thread=2)
-    policy.batcher.alone_first = False  # sent directly: no first item alone
-    policy.batcher.observe(24, 24 * 0.004)
-    batches = policy.top_up(out=0)
-    # The last free slot takes a thread's share of what is left: the rest waits in the backlog
-    # for whichever thread is free first.
-    assert [len(b) for b in batches] == [10, 10, 10, 5] and policy.held() == 5

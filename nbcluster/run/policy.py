@@ -26,9 +26,8 @@ Policy
   2. *Measured sizes.* Then, from `t`, the mean time an item took on the workers,
      ``size = clamp(remaining / (4 * threads), min_batch / t, max_batch / t)``
      (``distribute.min-batch``, 50 ms, and ``distribute.max-batch``, 250 ms), but never
-     more than an even share of what is left among the batches that may go out now (a
-     thread's share, at the most), down to `SPLIT_S` of work: the tail is shared out, not
-     left to one thread, nor queued behind a thread's running batch while another runs dry.
+     more than a thread's share of what is left, down to `SPLIT_S` of work: the tail is
+     shared out, not left to one thread.
   3. *A budget, not trust.* Every sized batch has a budget of `max_batch` seconds (twice
      `Batcher.least`, if more): a wrong estimate costs one budget, not a batch of hours.
   4. *Threads that wait get bigger batches.* Each batch says how long its thread waited
@@ -357,8 +356,7 @@ class Batcher:
         least = self.least
         lo = max(1, math.ceil(max(self.bounds[0], least) / t))
         size = max(lo, min(math.ceil(self.bounds[1] / t), math.ceil(remaining / (4 * self.threads))))
-        # The tail, shared out: evenly among the batches that may go now, one a thread at least.
-        share = max(math.ceil(remaining / max(free, self.threads)), math.ceil(least / t))
+        share = max(math.ceil(remaining / self.threads), math.ceil(least / t))  # the tail, shared out
         return max(1, min(size, share, remaining))
 
 
