@@ -11,7 +11,7 @@ is woken thousands of times and gets the GIL only when the item ends or blocks. 
 those wakes is a context switch on the core the loop's thread was woken on; on a machine
 whose cores the items fill, that is another worker's item, which is preempted each time.
 With CartPole items (gymnasium, numpy's random numbers) on 2 cores, a worker's loop thread
-made 3,000-11,000 such switches during a 0.6 s run, and the runs' times spread by 40%.
+made 2,700-6,500 such switches during a 0.7 s run, and the runs' times spread by 40%.
 
 What. While the worker's one item thread is running, `LoopFollowsItems` keeps the loop's
 thread on the core that item thread last ran on (its affinity, re-read every `FOLLOW_S`),
