@@ -9,17 +9,15 @@ is even scheduled: each wake restarts the loop's wait (CPython's ``take_gil`` as
 holder to drop the GIL only after a whole switch interval without a release), so the loop
 is woken thousands of times and gets the GIL only when the item ends or blocks. Each of
 those wakes is a context switch on the core the loop's thread was woken on; on a machine
-whose cores the items fill, that is another worker's item, which is preempted each time.
-With CartPole items (gymnasium, numpy's random numbers) on 2 cores, a worker's loop thread
-made 2,700-6,500 such switches during a 0.7 s run, and the runs' times spread by 40%.
+whose cores the items fill, that is another worker's item, which is preempted each time
+(bench/RESULTS.md, "simulation", has the counts for CartPole items on 2 cores).
 
 What. While the worker's one item thread is running, `LoopFollowsItems` keeps the loop's
 thread on the core that item thread last ran on (its affinity, re-read every `FOLLOW_S`),
 and gives it the worker's whole set of cores back once the item thread waits for work.
 On the item's own core, the scheduler runs the woken loop thread at once, in the item's
-place, so the loop takes the GIL at the next release: the same run made 30-40 switches,
-and the items' runs no longer spread. The item's thread itself is never pinned: the system
-still moves it, and the loop follows within `FOLLOW_S`.
+place, so the loop takes the GIL at the next release. The item's thread itself is never
+pinned: the system still moves it, and the loop follows within `FOLLOW_S`.
 
 Where it applies: Linux, a worker with one thread (a loop cannot follow several), and
 more than one core allowed. Elsewhere it does nothing.
