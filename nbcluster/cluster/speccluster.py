@@ -40,10 +40,10 @@ from nbcluster.cluster import forkserver
 from nbcluster.cluster.adaptive import KindAdaptive
 from nbcluster.cluster.gpu import GPU, SIMULATE_ENV, groups
 from nbcluster.cluster.kinds import GPU_RESOURCE, check_kind, worker_kind
-from nbcluster.cluster.loop_affinity import LoopFollowsItems
 from nbcluster.cluster.private_http import PrivateScheduler, PrivateWorker
 from nbcluster.cluster.spec import ClusterSpec, parse_bounds
 from nbcluster.cluster.streams import WorkerStream
+from nbcluster.cluster.switch_interval import ShortSwitchInterval
 from nbcluster.cluster.worker_memory import MemoryTrim
 from nbcluster.errors import BadArgument
 
@@ -114,6 +114,7 @@ class NbSpecCluster(SpecCluster):
         return {"cls": Nanny, "options": self._options(threads, {"CPU": threads}, {})}
 
     def _options(self, threads: int, resources: dict[str, float], env: dict[str, str]) -> dict[str, Any]:
+        switch = None if config.get("worker.switch-interval") is None else config.seconds("worker.switch-interval")
         options = {
             "nthreads": threads,
             "memory_limit": self.nb_spec.memory or "auto",
@@ -124,9 +125,9 @@ class NbSpecCluster(SpecCluster):
             "security": self._security,
             "dashboard": False,
             "worker_class": PrivateWorker,
-            # Gives back what the heap keeps for reuse (see worker_memory.py); keeps the event
-            # loop on its item's core (loop_affinity.py).
-            "plugins": (MemoryTrim(config.seconds("worker.trim-interval")), WorkerStream(), LoopFollowsItems()),
+            # Gives back what the heap keeps for reuse (see worker_memory.py); lets the event
+            # loop have the GIL soon after it asks (switch_interval.py).
+            "plugins": (MemoryTrim(config.seconds("worker.trim-interval")), WorkerStream(), ShortSwitchInterval(switch)),
         }
         # Dask's config with nbcluster's worker settings over it (``worker.dask-config``); a
         # worker forked from the supervisor's forkserver (forkserver.py) still says spawn.

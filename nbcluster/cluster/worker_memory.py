@@ -15,9 +15,6 @@ freed 2 GB in 1-50 MB arrays, a worker held 226 MiB where Dask's default leaves 
 calls glibc's `malloc_trim(0)` from the worker's event loop, at most once per
 `nbcluster.worker.trim-interval`. A trim that frees ~200 MiB takes about 1 ms; one with
 nothing to free costs microseconds. Elsewhere than glibc it does nothing.
-
-`Periodic` is the base of it and of nbcluster's other periodic worker plugin
-(`loop_affinity.LoopFollowsItems`).
 """
 
 from __future__ import annotations
@@ -38,48 +35,7 @@ def _malloc_trim() -> Any:
         return None
 
 
-class Periodic(WorkerPlugin):
-    """A worker plugin whose `tick` runs in the worker's event loop every few seconds.
-
-    A subclass names itself (``name``), calls `every` from its ``setup`` and defines `tick`.
-    """
-
-    name = "nbcluster-periodic"
-
-    def every(self, worker: Any, seconds: float) -> None:
-        """Call `tick` every `seconds` on `worker`, until `teardown`.
-
-        Parameters
-        ----------
-        worker : distributed.Worker
-            The worker the plugin was added to.
-        seconds : float
-            The period.
-        """
-        from tornado.ioloop import PeriodicCallback
-
-        self.callback = PeriodicCallback(self.tick, seconds * 1000)
-        worker.periodic_callbacks[self.name] = self.callback
-        self.callback.start()
-
-    def tick(self) -> None:
-        """What runs every period (in the event loop)."""
-
-    def teardown(self, worker: Any) -> None:
-        """Dask's plugin hook: stop ticking.
-
-        Parameters
-        ----------
-        worker : distributed.Worker
-            The worker.
-        """
-        callback = getattr(self, "callback", None)
-        if callback is not None:
-            callback.stop()
-            worker.periodic_callbacks.pop(self.name, None)
-
-
-class MemoryTrim(Periodic):
+class MemoryTrim(WorkerPlugin):
     """Trim the heap once after work, at most every `interval` seconds.
 
     Parameters
@@ -107,9 +63,14 @@ class MemoryTrim(Periodic):
         worker : distributed.Worker
             The worker the plugin was added to.
         """
+        from tornado.ioloop import PeriodicCallback
+
         self.trim = self.trim or _malloc_trim()
-        if self.trim is not None:
-            self.every(worker, self.interval)
+        if self.trim is None:
+            return
+        self.callback = PeriodicCallback(self.tick, self.interval * 1000)
+        worker.periodic_callbacks[self.name] = self.callback
+        self.callback.start()
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         """Dask's plugin hook: a task that ran may have left memory to give back.
@@ -132,3 +93,16 @@ class MemoryTrim(Periodic):
             self.dirty = False
             self.trim(0)
             self.trims += 1
+
+    def teardown(self, worker: Any) -> None:
+        """Dask's plugin hook: stop trimming.
+
+        Parameters
+        ----------
+        worker : distributed.Worker
+            The worker.
+        """
+        callback = getattr(self, "callback", None)
+        if callback is not None:
+            callback.stop()
+            worker.periodic_callbacks.pop(self.name, None)
