@@ -26,8 +26,9 @@ Policy
   2. *Measured sizes.* Then, from `t`, the mean time an item took on the workers,
      ``size = clamp(remaining / (4 * threads), min_batch / t, max_batch / t)``
      (``distribute.min-batch``, 50 ms, and ``distribute.max-batch``, 250 ms), but never
-     more than a thread's share of what is left, down to `SPLIT_S` of work: the tail is
-     shared out, not left to one thread.
+     more than one in-flight batch's share of what is left (`per_thread` batches a thread),
+     down to `SPLIT_S` of work: the tail is shared out in ever smaller batches, so that a
+     batch queued behind a thread's running one is small when another thread runs dry.
   3. *A budget, not trust.* Every sized batch has a budget of `max_batch` seconds (twice
      `Batcher.least`, if more): a wrong estimate costs one budget, not a batch of hours.
   4. *Threads that wait get bigger batches.* Each batch says how long its thread waited
@@ -141,7 +142,7 @@ class Policy:
         batches: list[Sequence[int]] = []
         limit = self.per_thread * self.batcher.threads  # batches out at once, at most
         while self.items and out + len(batches) < limit:
-            size = self.batcher.next_size(len(self.items), limit - out - len(batches))
+            size = self.batcher.next_size(len(self.items), limit - out - len(batches), slots=limit)
             if not size and (out or batches):
                 break  # the share kept behind the first item waits for a batch to come back
             batches.append(self.items.take(max(size, 1)))
@@ -319,7 +320,7 @@ class Batcher:
         if count > 0:
             self.items, self.seconds = self.items + count, self.seconds + seconds
 
-    def next_size(self, remaining: int, free: int = 1) -> int:
+    def next_size(self, remaining: int, free: int = 1, slots: int | None = None) -> int:
         """How many of the `remaining` items the next batch takes.
 
         Parameters
@@ -329,6 +330,9 @@ class Batcher:
         free : int
             Batches that may still be submitted now, the next among them; until an item time
             is measured they share out the items (a probe each).
+        slots : int or None
+            Batches that may be out at once (threads times ``in-flight``): the tail is shared
+            among them. None: one a thread.
 
         Returns
         -------
@@ -356,7 +360,7 @@ class Batcher:
         least = self.least
         lo = max(1, math.ceil(max(self.bounds[0], least) / t))
         size = max(lo, min(math.ceil(self.bounds[1] / t), math.ceil(remaining / (4 * self.threads))))
-        share = max(math.ceil(remaining / self.threads), math.ceil(least / t))  # the tail, shared out
+        share = max(math.ceil(remaining / (slots or self.threads)), math.ceil(least / t))  # the tail, shared out
         return max(1, min(size, share, remaining))
 
 
