@@ -160,10 +160,17 @@ def _loop_wakes_in_a_second() -> int:
         with open(f"/proc/self/task/{os.getpid()}/status") as status:
             return next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
 
-    before, end = switches(), time.monotonic() + 1
-    while time.monotonic() < end:
-        time.sleep(0)
-    return switches() - before
+    # At Python's interval each wake is one switch; at a one-thread worker's 10 us, the item
+    # takes the GIL back in the middle of a wake's work, several switches a wake.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        before, end = switches(), time.monotonic() + 1
+        while time.monotonic() < end:
+            time.sleep(0)
+        return switches() - before
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def test_a_running_item_is_seldom_interrupted_by_dasks_housekeeping(cluster: Any) -> None:
