@@ -14,14 +14,13 @@ cores the items fill, and the item's thread pays a system call at each release.
 What. `ShortSwitchInterval` sets a one-thread worker process's switch interval
 (`sys.setswitchinterval`) to ``nbcluster.worker.switch-interval``, 10 us: the gaps between an
 item's releases are longer than that, so the loop's wait runs out, CPython asks the item to
-hand the GIL over, and the loop gets it at once. CartPole rollouts on 2 cores, against a
-forked Pool, medians of 8 paired runs: 0.85x -> 0.89x at 64 items, 0.89x -> 0.90x at 256,
-and 300 items in a row beside an idle core 12-25% faster (bench/RESULTS.md, "simulation").
+hand the GIL over, and the loop gets it at once (the measurements: bench/RESULTS.md,
+"simulation").
 
-What it costs: Python threads that an item starts itself take turns that often too: two
-threads of pure Python in one process run about 20% slower at 10 us than at 5 ms. That is
-why workers with several threads (whose items would take turns so) keep Python's interval;
-``switch-interval: null`` keeps it everywhere.
+What it costs: Python threads that an item starts itself take turns that often too, which
+slows threads of pure Python that run at once. That is why workers with several threads
+(whose items would take turns so) keep Python's interval; ``switch-interval: null`` keeps it
+everywhere.
 """
 
 from __future__ import annotations
