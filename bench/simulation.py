@@ -21,9 +21,10 @@ directly, `distribute.direct`). Medians of the rounds; `--write` replaces the `#
 section of bench/RESULTS.md.
 
 `--timeline` runs one warm-up and one timed round of nbcluster and of the Pool, each item
-reporting its process and when it started and ended (and its thread's CPU time), and prints
-for each process its runs of back-to-back items: when the first item started, the gaps
-between batches, when the last one ended, and how long the result took to come back.
+reporting its process, its batch (a Pool task is one item) and when it started and ended
+(and its thread's CPU time), and prints for each process its batches: when the first item
+started, the gaps between batches, when the last one ended, and how long the result took
+to come back.
 """
 
 from __future__ import annotations
@@ -70,13 +71,15 @@ def on_worker(i: int, episodes: int) -> int:
 def on_worker_timed(i: int, episodes: int) -> Stamp:
     """`on_worker`, stamped: (pid, batch, start, end, thread CPU seconds, episodes).
 
-    A batch sent directly is not a Dask task, so the batch is not named here: the timeline
-    splits a process's items into batches where one starts more than `SAME_BATCH_S` after
-    the one before ended (items of one batch follow each other within microseconds).
+    The batch is named by its key (``distribute-<run>-<n>``), which a direct batch's thread
+    carries as a task's does (`nbcluster._compat.as_worker`).
     """
+    from dask.context import thread_state
+
     import nbcluster
 
-    return _stamped(lambda: play(nbcluster.worker_local("bench-cartpole", make), episodes, i), "")
+    key = str(getattr(thread_state, "key", ""))
+    return _stamped(lambda: play(nbcluster.worker_local("bench-cartpole", make), episodes, i), key)
 
 
 def in_pool_timed(args: tuple[int, int]) -> Stamp:
@@ -84,7 +87,6 @@ def in_pool_timed(args: tuple[int, int]) -> Stamp:
 
 
 Stamp = tuple[int, str, float, float, float, int]
-SAME_BATCH_S = 0.0003  # a longer gap between two items of a process is a round trip: a new batch
 
 
 def _stamped(item: Any, batch: str) -> Stamp:
@@ -100,8 +102,7 @@ def timeline(name: str, began: float, ended: float, stamps: list[Stamp]) -> list
         mine = sorted((s for s in stamps if s[0] == pid), key=lambda s: s[2])
         runs: list[list[Stamp]] = [[mine[0]]]
         for before, after in itertools.pairwise(mine):
-            same = after[1] == before[1] and after[2] - before[3] < SAME_BATCH_S
-            (runs[-1].append(after) if same else runs.append([after]))  # fmt: skip
+            (runs[-1].append(after) if after[1] == before[1] else runs.append([after]))  # fmt: skip
         busy = sum(s[3] - s[2] for s in mine)
         gaps = sum(b[0][2] - a[-1][3] for a, b in itertools.pairwise(runs))
         lines.append(
