@@ -12,10 +12,11 @@ and gets the GIL only when the item ends or blocks. Those wakes cost CPU on a ma
 cores the items fill, and the item's thread pays a system call at each release.
 
 What. `ShortSwitchInterval` sets a one-thread worker process's switch interval
-(`sys.setswitchinterval`) to ``nbcluster.worker.switch-interval``, 10 us: the gaps between an
-item's releases are longer than that, so the loop's wait runs out, CPython asks the item to
-hand the GIL over, and the loop gets it at once (the measurements: bench/RESULTS.md,
-"simulation").
+(`sys.setswitchinterval`) to ``nbcluster.worker.switch-interval``, 10 us: once a gap between
+an item's releases is longer than that (plus the thread's timer slack, 50 us by default), the
+loop's wait runs out, CPython asks the item to hand the GIL over, and the loop gets it. An
+item that releases the GIL more often still keeps the loop waiting, for milliseconds rather
+than for the whole item (the measurements: bench/RESULTS.md, "simulation").
 
 What it costs: Python threads that an item starts itself take turns that often too, which
 slows threads of pure Python that run at once. That is why workers with several threads
