@@ -9,6 +9,7 @@ check, for one, swallows errors by design).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -512,10 +513,12 @@ def nested_task(fn: Any, *args: Any) -> Any:
 def as_worker(worker: Any, key: str) -> Iterator[None]:
     """Within this block, this thread runs `key` for `worker`, as Dask's tasks do.
 
-    Dask sets a private context variable (`distributed.get_worker()`) and
-    ``thread_state.key`` for the tasks it runs; a batch nbcluster runs in the worker's
-    thread pool outside a task (`worker.serve`) sets them the same way, so an
-    item's own ``get_worker()``, ``get_client()`` and ``thread_state.key`` work there too.
+    Dask sets a private context variable (`distributed.get_worker()`),
+    ``thread_state.key`` and the worker's ``active_threads`` entry for the tasks it runs; a
+    batch nbcluster runs in the worker's thread pool outside a task (`worker.serve`) sets
+    them the same way, so an item's own ``get_worker()``, ``get_client()``,
+    ``get_current_task()`` and ``thread_state.key`` work there too, and Dask's call stacks
+    (``Client.call_stack``) show the batch.
     `running_task_key` still answers None there: the worker has no task of that key.
 
     Parameters
@@ -532,11 +535,15 @@ def as_worker(worker: Any, key: str) -> Iterator[None]:
     from dask.context import thread_state
     from distributed.worker import _worker_cvar
 
-    token = _worker_cvar.set(worker)
+    token, ident = _worker_cvar.set(worker), threading.get_ident()
     thread_state.key, thread_state.nbcluster_direct = key, True
+    with worker.active_threads_lock:  # Dask's call stacks and `get_current_task()` see the batch
+        worker.active_threads[ident] = key
     try:
         yield
     finally:
+        with worker.active_threads_lock:
+            worker.active_threads.pop(ident, None)
         del thread_state.key, thread_state.nbcluster_direct
         _worker_cvar.reset(token)
 

@@ -321,8 +321,8 @@ def _as_worker_sees(worker: Any) -> tuple[Any, ...]:
     from distributed import get_worker
 
     with _compat.as_worker(worker, "direct-key"):
-        inside = (get_worker() is worker, thread_state.key, _compat.running_task_key())
-    return (*inside, hasattr(thread_state, "key"))  # and after it, nothing is left set
+        inside = (get_worker() is worker, thread_state.key, worker.get_current_task(), _compat.running_task_key())
+    return (*inside, hasattr(thread_state, "key"), dict(worker.active_threads))  # and after it, nothing is left set
 
 
 def test_as_worker_makes_a_pool_thread_the_workers_and_no_task(local: tuple[LocalCluster, Client]) -> None:
@@ -332,7 +332,8 @@ def test_as_worker_makes_a_pool_thread_the_workers_and_no_task(local: tuple[Loca
     cluster, _ = local
     [worker] = cluster.workers.values()
     pool = worker.executors["default"]
-    assert pool.submit(_as_worker_sees, worker).result() == (True, "direct-key", None, False)
+    # Dask's call stacks and `get_current_task()` see the batch as a task's, while it runs.
+    assert pool.submit(_as_worker_sees, worker).result() == (True, "direct-key", "direct-key", None, False, {})
 
 
 def test_worker_accepts_work_names_a_paused_worker(local: tuple[LocalCluster, Client]) -> None:
