@@ -98,6 +98,35 @@ def test_every_worker_trims_its_heap_after_work(cluster: Any) -> None:
         del held
 
 
+def _churn_and_keep(i: int) -> tuple[int, str, bool]:
+    """`_churn` in an item, its small objects kept on the worker (`worker_local`): the peak
+    RSS, the worker, and whether the item ran in a direct batch (not a Dask task)."""
+    from distributed import get_worker
+
+    from nbcluster._compat import running_task_key
+
+    kept, peak = _churn()
+    nbcluster.worker_local("trim-test", list).append(kept)
+    return peak, get_worker().address, running_task_key() is None
+
+
+def test_a_worker_trims_its_heap_after_a_direct_batch(cluster: Any) -> None:
+    # A run's first seconds go to the workers directly, not as Dask tasks (run/transport.py),
+    # and what those batches freed goes back as a task's does.
+    client = cluster.client
+    interval = config.seconds("worker.trim-interval")
+    try:
+        runs = nbcluster.distribute(_churn_and_keep, over=range(2))
+        assert runs.ok and all(direct for _, _, direct in runs), runs.summary()
+        for peak, address, _ in runs:
+            deadline = time.monotonic() + 5 * interval + 10
+            while (now := client.run(rss, workers=[address])[address]) > peak - 150_000_000:
+                assert time.monotonic() < deadline, f"{address} still holds {now / 1e6:.0f} MB ({peak / 1e6:.0f} MB at work)"
+                time.sleep(0.1)
+    finally:
+        client.run(lambda: nbcluster.worker_local("trim-test", list).clear())
+
+
 def test_the_trim_runs_once_after_work() -> None:
     calls: list[int] = []
     plugin = MemoryTrim(interval=1.0, trim=calls.append)

@@ -83,8 +83,9 @@ through the scheduler, where they fail with one line (`run/transport.py`, `task`
 What a direct batch does not do, and why that is safe:
 - The scheduler does not see it as a task. The run's live view still draws it: the worker
   reports each one as a Dask event (`_wire.DIRECT_TOPIC`), which nbcluster's metrics plugin
-  records as a task of the run. Dask's own dashboard does not, which is why only a run's
-  first half-second goes direct.
+  records as a task of the run, and Dask's call stacks show it while it runs
+  (`_compat.as_worker`). Dask's own dashboard does not, which is why only a run's first
+  seconds go direct.
 - A worker that is not running (paused past its memory limit, closing) refuses it
   (``{"refused": why}``), and the kernel sends the batch through the scheduler instead,
   which holds it until the worker can take it.
@@ -861,6 +862,7 @@ def serve(dask_worker: Any) -> int:
         `VERSION`: the kernel sends direct batches only to a worker that answers its own.
     """
     from nbcluster._compat import as_worker, worker_accepts_work
+    from nbcluster.cluster.worker_memory import MemoryTrim
 
     # One order per worker, kept when another kernel's client installs the handler again.
     order = dask_worker._nbcluster_direct_order = getattr(dask_worker, "_nbcluster_direct_order", None) or Order()
@@ -889,6 +891,8 @@ def serve(dask_worker: Any) -> int:
         finally:
             order.started(sender, number)
         blob = await running
+        if (trim := dask_worker.plugins.get(MemoryTrim.name)) is not None:
+            trim.dirty = True  # what it freed goes back to the system, as after a task
         if ahead is not None and ahead.written is not None:
             await ahead.written  # the first item before the rest, on the same connection
         dask_worker.log_event(DIRECT_TOPIC, DirectRecord(key=key, start=start, stop=time.time()))
