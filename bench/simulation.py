@@ -16,8 +16,8 @@ peers, interleaved round by round, on 2 processes each:
   building its environment once, in its ``__init__``. Ray is a peer, not a dependency:
   ``pip install "ray[tune]"``.
 
-nbcluster runs with its defaults (a run's first half-second of batches goes to the workers
-directly, `distribute.direct`). Medians of the rounds; `--write` replaces the `## simulation`
+nbcluster runs with its defaults (a run's first ten seconds of batches go to the workers
+directly, one a thread, `distribute.direct`). Medians of the rounds; `--write` replaces the `## simulation`
 section of bench/RESULTS.md.
 
 `--timeline` runs one warm-up and one timed round of nbcluster and of the Pool, each item

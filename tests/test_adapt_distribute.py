@@ -29,6 +29,29 @@ def test_a_run_grows_an_adaptive_cluster_to_its_max_and_it_shrinks_back(runtime_
     assert until(lambda: len(client.scheduler_info()["workers"]) == 1, 60, 0.2)
 
 
+def test_a_worker_that_joins_a_direct_run_gets_its_batches_directly(runtime_dir: Any) -> None:
+    # A run's first seconds go to the workers directly (run/transport.py); one that joins
+    # then (adapt, or `%cluster scale`) takes direct batches too, not the scheduler's tasks.
+    handle = nbcluster.start(workers=1, threads=1, name="joining")
+    try:
+        client = handle.client
+        client.wait_for_workers(1, timeout=60)
+        cell = (
+            "import time\n"
+            "from distributed import get_worker\n"
+            "from nbcluster._compat import running_task_key\n"
+            "time.sleep(0.1)\n"
+            "(get_worker().name, running_task_key() is None)"
+        )
+        runs = distribute(cell, over="x in range(50)", namespace={}, on=client, wait=False)
+        handle.scale(2)
+        res = nbcluster.wait(runs)
+        assert res.ok and len({name for name, _ in res}) == 2, "the worker that joined ran none"
+        assert all(direct for _, direct in res), "the worker that joined got Dask tasks"
+    finally:
+        handle.stop()
+
+
 def test_a_backlog_report_counts_until_it_is_ended_or_goes_stale() -> None:
     from nbcluster.cluster.adaptive import BACKLOG_TTL, Backlogs
 

@@ -221,6 +221,49 @@ def test_a_worker_that_dies_under_a_direct_batch_costs_its_items_one_run_more(
     assert list(distribute("x + 1", over="x in range(8)", namespace={}, on=mortal.client)) == list(range(1, 9))
 
 
+DYING_KERNEL = """
+import os, signal, time
+import nbcluster
+nbcluster.use({name!r})
+LOG = {log!r}
+def item(i):
+    import time
+    with open(LOG, "a") as f:
+        f.write(f"start {{i}}\\n")
+    time.sleep(0.3)
+    with open(LOG, "a") as f:
+        f.write(f"end {{i}}\\n")
+    return i
+runs = nbcluster.distribute(item, over=range(20), batch=1, wait=False)
+while not os.path.exists(LOG) or open(LOG).read().count("start") < 2:
+    time.sleep(0.01)
+with open(LOG, "a") as f:
+    f.write("killed\\n")
+os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer ends a kernel
+"""
+
+
+def test_a_kernel_that_dies_mid_run_leaves_no_batch_to_start_after_it(mortal: ClusterHandle, tmp_path: Path) -> None:
+    # As with Dask tasks, whose scheduler drops a dead client's queued ones: what was running
+    # ends, and nothing of the run starts after the kernel died (a direct batch queued on a
+    # worker would still run, and its items again under --resume).
+    def idle(dask_worker: Any) -> bool:  # nothing runs in its thread pool, nothing waits there
+        return not dask_worker.active_threads and dask_worker.executors["default"]._work_queue.empty()
+
+    log = tmp_path / "items.log"
+    script = tmp_path / "kernel.py"
+    script.write_text(DYING_KERNEL.format(name=mortal.name, log=str(log)))
+    kernel = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert kernel.returncode == -9, kernel.stdout + kernel.stderr[-2000:]
+    assert until(lambda: all(mortal.client.run(idle).values()), 30), "the workers never went idle"
+    lines = log.read_text().split("\n")
+    after = lines[lines.index("killed") + 1 :]
+    assert not [line for line in after if line.startswith("start")], lines
+    assert sorted(line.split()[1] for line in lines if line.startswith("start")) == sorted(
+        line.split()[1] for line in lines if line.startswith("end")
+    ), "what was running when the kernel died ran to its end"
+
+
 def test_a_first_item_sent_ahead_is_not_run_again_when_its_worker_dies(
     mortal: ClusterHandle, tmp_path: Path
 ) -> None:

@@ -25,9 +25,9 @@ the driver acts on:
   Nothing more is submitted, the unfinished items are given up, not failed, and the
   waiting cell ends with one line naming the fix (`ClusterCannotRun`).
 
-For the first ``distribute.direct`` seconds of a start (0.5 s) each batch goes to a worker
-directly (`transport.py`), and one that comes back refused goes through the scheduler, with
-every later batch. A ``--persist`` run, and one reading persisted values, sends one item a
+For the first ``distribute.direct`` seconds of a start (10 s) each batch goes to a worker
+directly (`transport.py`), one a worker thread, and one that comes back refused goes through
+the scheduler, with every later batch. A ``--persist`` run, and one reading persisted values, sends one item a
 task (a Dask key holds one value: `worker/held.py`), all at once as `client.map` would (at
 most `PERSIST_AHEAD` per thread ahead), placed where its inputs are.
 
@@ -296,7 +296,7 @@ class Engine:
     def _drive(self, policy: Policy, indices: Sequence[int]) -> None:
         logging.getLogger("distributed.client").addFilter(_not_rescheduling)
         job = self.job
-        if self.transport.open(self.link, policy.per_thread, direct=not (job.persist or job.reads_handles)):
+        if self.transport.open(self.link, direct=not (job.persist or job.reads_handles)):
             policy.batcher.alone_first = False  # its first batch sends its first item ahead instead
         placed = Placement() if job.reads_handles else None  # where the handles read are, asked once
         try:
@@ -346,7 +346,7 @@ class Engine:
         assert self.shipment.context is not None
         budget, items, job = policy.batcher.budget, self.job.plan.items, self.job
         tasks: list[tuple[Any, bytes, list[Any], list[str]]] = []
-        for batch in policy.top_up(len(self.transport.pending)):
+        for batch in policy.top_up(len(self.transport.pending), direct=self.transport.all_direct()):
             # The plan's items are a list or a range (whose slice is a range: a few bytes).
             chosen = items[batch.start : batch.stop] if isinstance(batch, range) else [items[i] for i in batch]
             chosen, deps = held_slots(chosen, len(job.capture.held)) if job.reads_handles else (chosen, [])

@@ -10,7 +10,8 @@ Policy
   an item a stopped batch did not reach, a batch that came back unrun) goes back in front.
 - **Batches in flight.** At most `per_thread` batches (the ``distribute.in-flight``
   setting, 2) per usable worker thread are out at once, so that a thread finds its next
-  batch waiting when it finishes one. `top_up` gives the batches to submit now.
+  batch waiting when it finishes one; one a thread while they go to the workers directly
+  (`transport.py`: none waits on a worker). `top_up` gives the batches to submit now.
 - **Batch sizes** (`Batcher`). A task costs milliseconds however little it does, so small
   items travel in batches; but a batch's results come back only when it is done.
 
@@ -122,7 +123,7 @@ class Policy:
         self.attempts: dict[int, int] = {}  # by the failed items only (no dict of a million)
         self.retries, self.batcher, self.per_thread = retries, batcher, max(1, per_thread)
 
-    def top_up(self, out: int) -> list[Sequence[int]]:
+    def top_up(self, out: int, *, direct: bool = False) -> list[Sequence[int]]:
         """The batches to submit now, with `out` batches already out.
 
         While there are suspects, one of them, and only once nothing is out.
@@ -131,6 +132,8 @@ class Policy:
         ----------
         out : int
             Batches submitted and not yet finished.
+        direct : bool
+            Every worker takes the batches directly now: one a thread, none queued there.
 
         Returns
         -------
@@ -140,7 +143,7 @@ class Policy:
         if self.suspects:
             return [self.suspects.popleft()] if out == 0 else []
         batches: list[Sequence[int]] = []
-        limit = self.per_thread * self.batcher.threads  # batches out at once, at most
+        limit = (1 if direct else self.per_thread) * self.batcher.threads  # batches out at once, at most
         while self.items and out + len(batches) < limit:
             size = self.batcher.next_size(len(self.items), limit - out - len(batches), slots=limit)
             if not size and (out or batches):

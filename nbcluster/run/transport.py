@@ -37,8 +37,9 @@ way out. Its verbs:
   the workers directly; `close` ends it;
 - `map` submits batches as Dask tasks, in one graph message (`client.map`), keyed
   ``distribute-<run id>-<n>`` (``persist-...`` for a persisted item);
-- `send_direct` sends a batch to a worker directly instead (a start's first half-second,
-  where a small cell's round trip is 0.5 ms, not the scheduler's 4-5 ms);
+- `send_direct` sends a batch to a worker directly instead (a start's first ten seconds,
+  where a small cell's round trip is 0.5 ms, not the scheduler's 4-5 ms); `all_direct` says
+  whether every worker takes its batches so now;
 - `completions` yields the finished batches, futures and direct calls in one queue, in the
   order they finish (`distributed.as_completed` takes futures only); `results` reads their
   result blobs; `take` tells which items a finished batch held, and whether it ran alone;
@@ -52,12 +53,21 @@ Direct batches. A batch that is a Dask task crosses the scheduler on its way out
 way back: 4 to 5 ms here for a task that does nothing, the whole cost of a small cell. A
 request from the kernel to a worker over the client's own connection pool (TLS, the
 cluster's credentials) answers in 0.3 to 0.5 ms. So for the first `distribute.direct`
-seconds of a run (0.5 s), `send_direct` sends each batch straight to a worker, which runs it
+seconds of a run (10 s), `send_direct` sends each batch straight to a worker, which runs it
 in the thread pool its tasks run in (`worker/__init__.py`) and answers with the same result
-blob a task returns. A small cell, 20,000 tiny items, a million of them: all of it is over
-within that half-second, in a few direct round trips. A longer run goes on through the
-scheduler after that, where Dask's dashboard, its work stealing and adaptive scaling see its
-batches as they always did.
+blob a task returns. A small cell, 20,000 tiny items, a million of them, a round of
+rollouts: all of it is over within those seconds. A longer run goes on through the
+scheduler after that, where Dask's dashboard and its work stealing see its batches as they
+always did (the adaptive scaling counts direct batches too: `cluster/adaptive.py`).
+
+- One a thread. A direct batch is never queued on a worker: the policy keeps one batch a
+  worker thread out (`Policy.top_up`'s ``direct``), and sends a thread its next when the
+  last comes back, half a millisecond later. A queued batch would start as soon as its
+  thread is free, but it would also still start after its kernel died, where the scheduler
+  drops a dead client's queued tasks; and on the rollouts of `bench/simulation.py` one a
+  thread was faster anyway, since a worker's loop then writes no answer while an item runs
+  (`bench/RESULTS.md`, "simulation"). Dask tasks, after the direct time, are `in-flight` a
+  thread (2): a task's round trip through the scheduler is too slow to wait for.
 
 - The first batch. A run's first result must come one item's time after its start, whatever
   the items behind it do. Through the scheduler, the first batch is that item alone; sent
@@ -66,14 +76,11 @@ batches as they always did.
   (`_compat.worker_exchange`): `completions` gives it as a `Call` of its own (``of`` the
   batch), before the batch's answer, which leaves that item out.
 - Which workers. Only a run whose items fit every worker goes direct (one with ``--gpus`` or
-  ``--cpus`` is Dask tasks: the scheduler counts resources), spread by the workers' threads:
-  a worker gets at most `in-flight` direct batches per thread at once. And at most
-  `MAX_WORKERS` of them: the kernel opens a connection, with a TLS handshake, to each worker
-  it sends to (the scheduler has one to every worker already), so on a cluster of a thousand
-  workers the batches beyond those workers' slots go through the scheduler from the start,
-  in the same top-up (and each of those workers then gets one direct batch per thread, not
-  `in-flight`: a batch that would wait on a busy worker goes to an idle one through the
-  scheduler instead). A worker is asked once per client to serve direct batches
+  ``--cpus`` is Dask tasks: the scheduler counts resources). And at most `MAX_WORKERS` of
+  them: the kernel opens a connection, with a TLS handshake, to each worker it sends to (the
+  scheduler has one to every worker already), so on a cluster of a thousand workers the
+  batches beyond those workers' threads go through the scheduler from the start, in the same
+  top-up, `in-flight` a thread. A worker is asked once per client to serve direct batches
   (`worker.serve`, through Dask's ``run`` request); one that cannot (nbcluster
   missing there, another nbcluster version) is remembered and gets Dask tasks only.
 - When it goes wrong, the batch goes through the scheduler instead, and the start sends
@@ -441,15 +448,13 @@ class Transport:
         self._direct: _Direct | None = None
         self._inbox: dict[str, bytes | None] = {}  # the client's pushed blobs, from the first task on
 
-    def open(self, link: Link, per_thread: int = 1, direct: bool = True) -> bool:
+    def open(self, link: Link, direct: bool = True) -> bool:
         """Begin a start: batches may go out; True when its batches go to workers directly.
 
         Parameters
         ----------
         link : Link
             The run's link, open.
-        per_thread : int
-            Batches a worker thread may have at once.
         direct : bool
             Whether the run's batches may go directly at all: only a run whose items fit
             every worker and read no persisted values (for ``distribute.direct`` seconds).
@@ -461,10 +466,22 @@ class Transport:
         """
         completed, sending = queue.SimpleQueue[Any](), None
         if direct and link.needs == Needs():  # for ``distribute.direct`` seconds (`_Direct.worker`)
-            sending = _Direct(link.client, _ncores(link.client, FRESH_S), per_thread, completed)
+            sending = _Direct(link.client, _ncores(link.client, FRESH_S), completed)
         with self.lock:
             self._completed, self._direct = completed, sending
         return sending is not None and sending.worker() is not None
+
+    def all_direct(self) -> bool:
+        """Whether every worker of the start takes its batches directly now (one a thread).
+
+        Returns
+        -------
+        bool
+            False once the direct time is over or a call failed, and on a cluster of more
+            than `MAX_WORKERS` workers.
+        """
+        sending = self._direct
+        return sending is not None and sending.everywhere and time.monotonic() < sending.until
 
     def close(self) -> None:
         """End a start: what finishes from now on is ignored; nothing is expected any more."""
@@ -634,7 +651,8 @@ class Transport:
     def direct_workers(self, alive: Collection[str]) -> list[str]:
         """The workers running (or holding) this run's direct batches now, for the adaptive
         scaling, which sees no task of theirs there (`cluster/adaptive.py`); the calls to
-        workers no longer in the cluster are given up first.
+        workers no longer in the cluster are given up first, and workers that joined get
+        direct batches from now on (`_Direct.meet`).
 
         Parameters
         ----------
@@ -651,6 +669,8 @@ class Transport:
         for call in calls:
             if call.worker not in alive and (sent := call.sent) is not None:
                 call_in_loop(call.client, sent.cancel)  # a task of the client's loop
+        if (sending := self._direct) is not None:
+            sending.meet(_ncores(sending.client, FRESH_S))  # the answer `alive` came from
         return sorted({c.worker for c in calls if c.worker in alive})
 
     def stop(self) -> bool:
@@ -731,25 +751,38 @@ class _Direct:
     client : distributed.Client
         The run's client (its event loop sends the requests).
     workers : dict of str to int
-        The workers every item fits, with their threads (`MAX_WORKERS` of them are used).
-    per_thread : int
-        Direct batches a worker may hold per thread (``distribute.in-flight``).
+        The workers every item fits, with their threads (`meet`).
     completions : queue.SimpleQueue
         Where each call goes when it is answered, after it was counted out.
     """
 
-    def __init__(self, client: Any, workers: dict[str, int], per_thread: int, completions: queue.SimpleQueue[Any]):
+    def __init__(self, client: Any, workers: dict[str, int], completions: queue.SimpleQueue[Any]):
         self.client, self.completions = client, completions
-        chosen = sorted(workers)[:MAX_WORKERS]
-        # Past MAX_WORKERS, the batches a thread would queue here go to another worker's free thread.
-        per_thread = 1 if len(chosen) < len(workers) else per_thread
-        self.slots = {address: max(1, workers[address]) * per_thread for address in chosen}
-        self.out = dict.fromkeys(chosen, 0)
         self.until = time.monotonic() + config.seconds("distribute.direct")  # a failed call ends it at once
         self._lock = threading.Lock()  # `out`: the driver sends, the client's loop answers
         # Each worker starts this start's batches in the order they were sent (`worker/__init__.py`).
         self.sender = uuid.uuid4().hex
-        self._numbered = dict.fromkeys(chosen, 0)
+        self.out: dict[str, int] = {}
+        self._numbered: dict[str, int] = {}
+        self.meet(workers)
+
+    def meet(self, workers: dict[str, int]) -> None:
+        """Send to the workers there now: one that joined gets direct batches too, one that
+        left none (the run's watch thread, twice a second).
+
+        Parameters
+        ----------
+        workers : dict of str to int
+            The workers every item fits, with their threads (`MAX_WORKERS` of them are used).
+        """
+        chosen = sorted(workers)[:MAX_WORKERS]
+        with self._lock:
+            for address in chosen:
+                self.out.setdefault(address, 0)
+                self._numbered.setdefault(address, 0)
+        self.everywhere = len(chosen) == len(workers)
+        # Rebound whole, not changed: `worker` reads it without the lock. A batch a thread.
+        self.slots = {address: max(1, workers[address]) for address in chosen}
 
     def worker(self) -> str | None:
         """The worker the next batch goes to directly, or None: send it through the scheduler.
