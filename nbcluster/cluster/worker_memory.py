@@ -12,8 +12,8 @@ The price is that glibc keeps freed heap memory for reuse: after a task that all
 freed 2 GB in 1-50 MB arrays, a worker held 226 MiB where Dask's default leaves 76 MiB.
 
 `MemoryTrim` gives that memory back: once a task (or a direct batch, which marks it
-`dirty` itself: `worker.serve`) has finished since the last trim, it
-calls glibc's `malloc_trim(0)` from the worker's event loop, at most once per
+`dirty` itself: `worker.serve`) has finished since the last trim, it calls glibc's
+`malloc_trim(0)` from the worker's event loop, at most once per
 `nbcluster.worker.trim-interval`. A trim that frees ~200 MiB takes about 1 ms; one with
 nothing to free costs microseconds. Elsewhere than glibc it does nothing.
 """

@@ -27,9 +27,9 @@ the driver acts on:
 
 For the first ``distribute.direct`` seconds of a start (10 s) each batch goes to a worker
 directly (`transport.py`), one a worker thread, and one that comes back refused goes through
-the scheduler, with every later batch. A ``--persist`` run, and one reading persisted values, sends one item a
-task (a Dask key holds one value: `worker/held.py`), all at once as `client.map` would (at
-most `PERSIST_AHEAD` per thread ahead), placed where its inputs are.
+the scheduler, with every later batch. A ``--persist`` run, and one reading persisted
+values, sends one item a task (a Dask key holds one value: `worker/held.py`), all at once as
+`client.map` would (at most `PERSIST_AHEAD` per thread ahead), placed where its inputs are.
 
 Stopping (`cancel`: Ctrl-C in the waiting cell, or `Results.cancel()`) keeps finished work.
 Nothing more is submitted; every worker is told the start's stop token
