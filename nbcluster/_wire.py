@@ -442,6 +442,11 @@ class DirectRecord(TypedDict):
     stop: float
 
 
+#: The Dask name of the worker plugin that gives freed heap memory back after work
+#: (`cluster/worker_memory.py`); a direct batch, which is no task, tells it itself (`worker.serve`).
+MEMORY_TRIM_PLUGIN = "nbcluster-memory-trim"
+
+
 #: The Dask event topic on which a task pushes its small result (or a ``--persist`` item its
 #: report) to the kernel just before it ends, so the kernel need not gather it (`run/transport.py`).
 PUSHED_TOPIC = "nbcluster-pushed"

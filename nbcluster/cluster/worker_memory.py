@@ -27,6 +27,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from nbcluster._wire import MEMORY_TRIM_PLUGIN
+
 
 def _malloc_trim() -> Any:
     name = ctypes.util.find_library("c")
@@ -48,7 +50,7 @@ class MemoryTrim(WorkerPlugin):
         elsewhere than glibc: then nothing trims).
     """
 
-    name = "nbcluster-memory-trim"
+    name = MEMORY_TRIM_PLUGIN
     idempotent = True
 
     def __init__(self, interval: float = 1.0, trim: Callable[[int], Any] | None = None):

@@ -166,7 +166,7 @@ from typing import Any, NamedTuple, TextIO, TypedDict
 
 import cloudpickle
 
-from nbcluster._wire import DIRECT_TOPIC, PUSHED_TOPIC, DirectRecord, Pushed
+from nbcluster._wire import DIRECT_TOPIC, MEMORY_TRIM_PLUGIN, PUSHED_TOPIC, DirectRecord, Pushed
 from nbcluster.errors import Lost
 from nbcluster.worker import trial
 from nbcluster.worker.context import Context, Copy, fetch, load, ran_on, read_only_error, running, stopped_run
@@ -862,7 +862,6 @@ def serve(dask_worker: Any) -> int:
         `VERSION`: the kernel sends direct batches only to a worker that answers its own.
     """
     from nbcluster._compat import as_worker, worker_accepts_work
-    from nbcluster.cluster.worker_memory import MemoryTrim
 
     # One order per worker, kept when another kernel's client installs the handler again.
     order = dask_worker._nbcluster_direct_order = getattr(dask_worker, "_nbcluster_direct_order", None) or Order()
@@ -891,7 +890,7 @@ def serve(dask_worker: Any) -> int:
         finally:
             order.started(sender, number)
         blob = await running
-        if (trim := dask_worker.plugins.get(MemoryTrim.name)) is not None:
+        if (trim := dask_worker.plugins.get(MEMORY_TRIM_PLUGIN)) is not None:
             trim.dirty = True  # what it freed goes back to the system, as after a task
         if ahead is not None and ahead.written is not None:
             await ahead.written  # the first item before the rest, on the same connection
