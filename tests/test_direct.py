@@ -1,10 +1,11 @@
-"""Direct batches: a run's first half-second goes to the workers without the scheduler.
+"""Direct batches: a run's first seconds go to the workers without the scheduler, one a thread.
 
 On real clusters: the suite's shared one, and one of this module's own whose worker dies on
 purpose. What a user would notice: a small cell's items never become scheduler tasks, and
 still show in the live view's task stream; a long run's later batches are Dask tasks again;
 a worker that cannot serve direct batches, is paused, or dies under one, costs nothing but
-time: every item comes back once, right.
+time: every item comes back once, right; a kernel that dies mid-run leaves nothing queued
+to start after it.
 """
 
 from __future__ import annotations
