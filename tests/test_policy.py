@@ -152,6 +152,23 @@ def test_batches_grow_when_their_threads_waited_for_them() -> None:
     assert min(sizes(2.0)) == 2000  # 2 s of work: as long as the threads waited
 
 
+def test_a_wait_for_each_batch_is_a_small_share_of_the_batch() -> None:
+    # A direct batch is one a thread: its thread waits a round trip (2-3 ms on a busy 2-core
+    # machine) for each next one. Batches of 50 ms lost 5% of the thread to those waits;
+    # they now carry fifty times the wait, up to `max_batch`. 400 items of 1 ms left on one
+    # thread: a quarter of them is 100 ms, the floor where the wait asks for less.
+    def size(idle: float) -> int:
+        batcher = Batcher(1)
+        batcher.observe(10, 0.010)
+        for _ in range(4):
+            batcher.observe(0, 0.0, idle=idle)
+        return batcher.next_size(400)
+
+    assert size(0.0002) == 100  # a quarter of what is left; the 50 ms floor is below it
+    assert size(0.0025) == 125  # 125 ms: the wait is 2% of the batch
+    assert size(0.010) == 250  # at most `max_batch` (a wait past it is `least`'s, above)
+
+
 def _threads_run_dry(policy: Policy, threads: int, item: float) -> list[float]:
     """When each thread runs dry: items of `item` seconds, each new batch queued on the thread
     with the fewest batches out (the one that ran dry first among them), as direct batches are."""

@@ -33,9 +33,13 @@ Policy
   3. *A budget, not trust.* Every sized batch has a budget of `max_batch` seconds (twice
      `Batcher.least`, if more): a wrong estimate costs one budget, not a batch of hours.
   4. *Threads that wait get bigger batches.* Each batch says how long its thread waited
-     for it (`worker.run_batch`'s ``idle``); no batch carries less work than the median of the last
-     `IDLE_SEEN` waits (`Batcher.least`): when a round trip is slower than a batch, as
-     with a scheduler serving a thousand threads, fewer, bigger batches are the cure.
+     for it (`worker.run_batch`'s ``idle``). Sized batches carry at least 1 / `WAIT_SHARE`
+     (50) times the median of the last `IDLE_SEEN` waits (`Batcher.waited`), up to
+     `max_batch`: a direct batch's thread waits a round trip for each next one (2-3 ms
+     while the other cores run items), which batches of `min_batch` made 5% of its time.
+     And no batch carries less work than that median wait itself (`Batcher.least`): when
+     a round trip is slower than a batch, as with a scheduler serving a thousand threads,
+     fewer, bigger batches are the cure.
 
   ``--batch N`` bypasses sizing: N items a batch, no budget.
 - **Retries.** A failed item runs again while it has attempts left (``--retries``): it is
@@ -99,7 +103,8 @@ from collections.abc import Iterable, Sequence
 PROBE_S = 0.05  # a probe returns after the first item that ends past this
 PROBE_ITEMS = 10_000  # at most this many items in a probe: sent back unrun if the items are slow
 SPLIT_S = 0.005  # the least work worth a task of its own when the tail is shared out
-IDLE_SEEN = 16  # the threads' waits for a batch that `Batcher.least` takes the median of
+IDLE_SEEN = 16  # the threads' waits for a batch that `Batcher.waited` takes the median of
+WAIT_SHARE = 0.02  # a thread's wait for its next batch, as a share of the work a batch carries
 
 
 class Policy:
@@ -295,10 +300,15 @@ class Batcher:
         return max(self.bounds[1], 2 * self.least) if self.items else PROBE_S
 
     @property
+    def waited(self) -> float:
+        """The median of the threads' last `IDLE_SEEN` waits for a batch (0 before any)."""
+        return statistics.median(self._idle) if self._idle else 0.0
+
+    @property
     def least(self) -> float:
-        """Seconds of work a batch must carry to be worth a task: `SPLIT_S`, or the median of
-        the threads' last waits for a batch, where more."""
-        return max(SPLIT_S, statistics.median(self._idle)) if self._idle else SPLIT_S
+        """Seconds of work a batch must carry to be worth a task: `SPLIT_S`, or the threads'
+        median wait for a batch (`waited`), where more."""
+        return max(SPLIT_S, self.waited)
 
     @property
     def seconds_per_item(self) -> float | None:
@@ -360,9 +370,11 @@ class Batcher:
             share = math.ceil(remaining / (probes + self._kept))
             return max(1, share if self.probe_items is None else min(self.probe_items, share))
         t = max(t, 1e-9) * (1 + 1e-9)  # a mean of 0.00999999 s is 10 ms: no 6 where 5 fits
-        least = self.least
-        lo = max(1, math.ceil(max(self.bounds[0], least) / t))
-        size = max(lo, min(math.ceil(self.bounds[1] / t), math.ceil(remaining / (4 * self.threads))))
+        least, (min_batch, max_batch) = self.least, self.bounds
+        # A thread that waits for its next batch gets batches that make the wait a small
+        # share of them (up to `max_batch`): direct batches, one a thread, each wait a round trip.
+        lo = max(1, math.ceil(max(min_batch, least, min(max_batch, self.waited / WAIT_SHARE)) / t))
+        size = max(lo, min(math.ceil(max_batch / t), math.ceil(remaining / (4 * self.threads))))
         share = max(math.ceil(remaining / (slots or self.threads)), math.ceil(least / t))  # the tail, shared out
         return max(1, min(size, share, remaining))
 

@@ -62,12 +62,14 @@ always did (the adaptive scaling counts direct batches too: `cluster/adaptive.py
 
 - One a thread. A direct batch is never queued on a worker: the policy keeps one batch a
   worker thread out (`Policy.top_up`'s ``direct``), and sends a thread its next when the
-  last comes back, half a millisecond later. A queued batch would start as soon as its
-  thread is free, but it would also still start after its kernel died, where the scheduler
-  drops a dead client's queued tasks; and on the rollouts of `bench/simulation.py` one a
-  thread was faster anyway, since a worker's loop then writes no answer while an item runs
-  (`bench/RESULTS.md`, "simulation"). Dask tasks, after the direct time, are `in-flight` a
-  thread (2): a task's round trip through the scheduler is too slow to wait for.
+  last comes back: the thread waits 0.5 ms on an idle machine, 2-3 ms while the other
+  cores run items, which the batch sizes make 2% of a batch (`policy.py`). A queued batch
+  would start as soon as its thread is free, but it would also still start after its
+  kernel died, where the scheduler drops a dead client's queued tasks; and on the rollouts
+  of `bench/simulation.py` one a thread was faster anyway, since a worker's loop then
+  writes no answer while an item runs (`bench/RESULTS.md`, "simulation"). Dask tasks,
+  after the direct time, are `in-flight` a thread (2): a task's round trip through the
+  scheduler is too slow to wait for.
 
 - The first batch. A run's first result must come one item's time after its start, whatever
   the items behind it do. Through the scheduler, the first batch is that item alone; sent
