@@ -18,7 +18,8 @@ peers, interleaved round by round, on 2 processes each:
 
 nbcluster runs with its defaults (a run's first ten seconds of batches go to the workers
 directly, one a thread, `distribute.direct`). Medians of the rounds; `--write` replaces the `## simulation`
-section of bench/RESULTS.md.
+section of bench/RESULTS.md. ``DASK_NBCLUSTER__WORKER__FORKSERVER=false`` in the environment
+starts the workers as new Pythons instead of forking them from the supervisor's forkserver.
 
 `--timeline` runs one warm-up and one timed round of nbcluster and of the Pool, each item
 reporting its process, its batch (a Pool task is one item) and when it started and ended
