@@ -3,10 +3,17 @@
 Imported in the forkserver process only, never in the supervisor: what a nanny's worker
 process loads as it starts (Dask's nanny and worker, tornado, numpy; nbcluster's worker
 class and plugins; its HTTP server's routes; the package versions it reports as it
-registers, which Dask caches), what its first ``%%distribute`` batch loads
-(`nbcluster.worker`), and numpy's random generators, which a first item of Monte Carlo work
-imports (about 0.1 s; numpy before 2.0 imports them with numpy anyway); Dask's
-distributed.yaml is read with libyaml meanwhile (`config.libyaml`). Then:
+registers, which Dask caches) and what its first ``%%distribute`` batch loads
+(`nbcluster.worker`); Dask's distributed.yaml is read with libyaml meanwhile
+(`config.libyaml`).
+
+Not numpy's random generators (``numpy.random``), though an item of Monte Carlo work loads
+them (6 ms, once a worker). With them loaded here, items ran 2-6% slower in every worker
+forked from this process, on the virtual machine we measure on: CartPole rollouts, which
+draw from a numpy ``Generator`` at each step, took that much more CPU than in a Pool
+process, and as little as in a new Python once numpy.random was left out
+(`bench/RESULTS.md`, "simulation"). Why is not known; numpy before 2.0 loads them with
+numpy all the same. Then:
 
 - a worker's accepted TLS connections keep the worker's own TLS context
   (`_compat.accepted_tls_streams_keep_their_context`), instead of loading the system's CA
@@ -16,8 +23,9 @@ distributed.yaml is read with libyaml meanwhile (`config.libyaml`). Then:
   which therefore stay shared with the forkserver; the collector, off while the forkserver
   imported (`nbcluster._start_up`), is then on again;
 - each forked child seeds numpy's global random state afresh as the forkserver serves it,
-  as Python's `random` does by itself after a fork: a fork shares the state seeded here, and
-  two children would draw the same ``np.random.random()``;
+  where numpy loaded it here (before 2.0), as Python's `random` does by itself after a
+  fork: a fork shares the state seeded here, and two children would draw the same
+  ``np.random.random()``;
 - a forked worker runs the ``atexit`` handlers when it exits, as a spawned one does:
   multiprocessing ends a forked child with ``os._exit``, after flushing its streams but
   without Python's shutdown (a task's ``atexit.register`` would never run);
@@ -29,7 +37,6 @@ distributed.yaml is read with libyaml meanwhile (`config.libyaml`). Then:
 
 Nothing here may start a thread: a process with threads cannot be forked safely.
 """
-
 from __future__ import annotations
 
 from nbcluster import _start_up
@@ -44,10 +51,10 @@ import gc
 import importlib
 import multiprocessing.forkserver
 import signal
+import sys
 from typing import Any
 
 import dask.config
-import numpy.random
 
 from nbcluster import config
 
@@ -64,7 +71,9 @@ from nbcluster.cluster.lifeline import SIGNALS
 
 def _serve_one_then_exit_cleanly(serve_one: Any) -> Any:
     def serve_one_and_run_atexit(*args: Any) -> int:
-        numpy.random.seed()  # from the OS's entropy, in this worker alone
+        random = sys.modules.get("numpy.random")
+        if random is not None:
+            random.seed()  # from the OS's entropy, in this worker alone
         code: int = serve_one(*args)
         atexit._run_exitfuncs()
         return code
