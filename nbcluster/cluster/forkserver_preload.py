@@ -8,12 +8,9 @@ registers, which Dask caches) and what its first ``%%distribute`` batch loads
 (`config.libyaml`).
 
 Not numpy's random generators (``numpy.random``), though an item of Monte Carlo work loads
-them (6 ms, once a worker). With them loaded here, items ran 2-6% slower in every worker
-forked from this process, on the virtual machine we measure on: CartPole rollouts, which
-draw from a numpy ``Generator`` at each step, took that much more CPU than in a Pool
-process, and as little as in a new Python once numpy.random was left out
-(`bench/RESULTS.md`, "simulation"). Why is not known; numpy before 2.0 loads them with
-numpy all the same. Then:
+them (6 ms, once a worker): loaded here, they made every forked worker's items slower, for
+reasons not known (`bench/RESULTS.md`, "simulation"). numpy before 2.0 loads them with numpy
+all the same. Then:
 
 - a worker's accepted TLS connections keep the worker's own TLS context
   (`_compat.accepted_tls_streams_keep_their_context`), instead of loading the system's CA
