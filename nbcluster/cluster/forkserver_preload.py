@@ -34,6 +34,7 @@ all the same. Then:
 
 Nothing here may start a thread: a process with threads cannot be forked safely.
 """
+
 from __future__ import annotations
 
 from nbcluster import _start_up
