@@ -73,6 +73,17 @@ class SlurmService:
             raise AssertionError(f"squeue did not reach the expected state in {timeout} s: {jobs}")
         return jobs
 
+    def all_cancelled(self, timeout: float = 30) -> bool:
+        """True once every job is gone, if none is still queued or running now.
+
+        A cancelled job stays in squeue as COMPLETING while SLURM reaps its processes, so
+        squeue may list it for a moment after `scancel` has returned.
+        """
+        live = [job for job in self.jobs() if job["state"] not in ("COMPLETING", "CANCELLED")]
+        assert not live, f"jobs still queued or running after the stop: {live}"
+        self.wait_jobs(lambda jobs: not jobs, timeout)
+        return True
+
     def log_tail(self) -> str:
         return "\n".join(
             f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
