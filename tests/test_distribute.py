@@ -20,7 +20,7 @@ import dask
 import pytest
 
 from nbcluster.errors import BadArgument, ClusterNotFound, Interrupted
-from nbcluster.run.api import distribute, wait
+from nbcluster.run.api import distribute, launch, wait
 from nbcluster.run.capture import LARGE, capture
 from nbcluster.run.results import NotReady, Results
 from tests.waiting import until
@@ -32,8 +32,9 @@ def ns(cluster: Any) -> dict[str, Any]:
     return {"__name__": "__main__"}
 
 
-def run(source: str, ns: dict[str, Any], **kwargs: Any) -> Results:
-    return distribute(source, namespace=ns, first_line=2, **kwargs)
+def run(source: str, ns: dict[str, Any], **flags: Any) -> Results:
+    """Run `source` as `%%distribute` does: the flags by their names, line numbers from 2."""
+    return launch(source, namespace=ns, first_line=2, **flags)
 
 
 def define(ns: dict[str, Any], source: str) -> None:
@@ -412,8 +413,8 @@ def test_function_api(ns: dict[str, Any], cluster: Any) -> None:
     def add(a: int, b: int = 0, seed: int | None = None) -> tuple[int, int | None]:
         return a + b, seed
 
-    assert [v for v, _ in distribute(add, over=range(3), client=cluster.client)] == [0, 1, 2]
-    assert [v for v, _ in distribute(add, grid={"a": [1, 2], "b": [10]}, client=cluster.client)] == [11, 12]
+    assert [v for v, _ in distribute(add, over=range(3), on=cluster.client)] == [0, 1, 2]
+    assert [v for v, _ in distribute(add, grid={"a": [1, 2], "b": [10]}, on=cluster.client)] == [11, 12]
     assert [v for v, _ in distribute(add, zip={"a": [1, 2], "b": [3, 4]})] == [4, 6]
     seeds = distribute(add, over=[1, 2], seed=5)
     assert all(isinstance(s, int) for _, s in seeds)

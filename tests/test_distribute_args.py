@@ -7,6 +7,7 @@ import pytest
 from nbcluster.errors import BadArgument
 from nbcluster.run.api import distribute
 from nbcluster.run.options import FLAGS, DistributeOptions, parse_distribute_line, parse_wait_line
+from nbcluster.run.transport import Needs
 
 
 def test_every_flag() -> None:
@@ -115,12 +116,12 @@ def test_wait_line() -> None:
 @pytest.mark.parametrize(
     ("line", "kwargs"),
     [
-        ("--gpus 0", {"gpus": 0}),
+        ("--gpus 0", {"needs": Needs(gpus=0)}),
         ("--retries -1", {"retries": -1}),
         ("--batch 0", {"batch": 0}),
         ("--into class", {"into": "class"}),
         ("--local -2", {"local": -2}),
-        ("--cpu-only --gpus 2", {"cpu_only": True, "gpus": 2}),
+        ("--cpu-only --gpus 2", {"needs": Needs(gpus=2, cpu_only=True)}),
     ],
 )
 def test_the_magic_and_the_api_give_the_same_message(line: str, kwargs: dict[str, object]) -> None:

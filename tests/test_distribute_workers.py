@@ -19,7 +19,7 @@ import pytest
 
 from nbcluster.cluster.handle import ClusterHandle, start
 from nbcluster.errors import BadArgument
-from nbcluster.run.api import distribute
+from nbcluster.run.api import distribute, launch
 from nbcluster.run.capture import capture
 from nbcluster.run.results import Results
 
@@ -38,8 +38,9 @@ def mixed() -> Iterator[ClusterHandle]:
         handle.stop()
 
 
-def run(source: str, cluster: ClusterHandle, **kwargs: Any) -> Results:
-    return distribute(source, namespace={"__name__": "__main__"}, client=cluster.client, **kwargs)
+def run(source: str, cluster: ClusterHandle, **flags: Any) -> Results:
+    """Run `source` as `%%distribute` does, with the flags by their names (`gpus`, `everywhere`...)."""
+    return launch(source, namespace={"__name__": "__main__"}, client=cluster.client, **flags)
 
 
 def test_gpu_items_run_only_on_gpu_workers(mixed: ClusterHandle) -> None:
@@ -85,7 +86,7 @@ def test_a_worker_killed_mid_cell_still_gives_every_result_exactly_once(mixed: C
         namespace=ns,
         over="x in range(60)",
         batch=2,
-        client=client,
+        on=client,
         progress=kill_after_some,
     )
     assert killed.is_set()
@@ -129,4 +130,4 @@ def test_a_large_value_lost_with_its_last_holder_is_sent_again(mixed: ClusterHan
 
 
 def run_in(ns: dict[str, Any], source: str, client: Any, **kwargs: Any) -> Results:
-    return distribute(source, namespace=ns, client=client, **kwargs)
+    return distribute(source, namespace=ns, on=client, **kwargs)

@@ -423,7 +423,7 @@ def test_an_item_stuck_in_a_c_call_has_its_worker_restarted(runtime_dir: Path) -
             return x
 
         with dask.config.set({"nbcluster.stop.grace": "0.5s"}):
-            runs = nbcluster.distribute(stuck, over=[0, 1], timeout="0.5s", wait=False, client=own.client)
+            runs = nbcluster.distribute(stuck, over=[0, 1], timeout="0.5s", wait=False, on=own.client)
             began = time.monotonic()
             runs.wait(60)
             took = time.monotonic() - began

@@ -32,7 +32,7 @@ def fragile() -> Iterator[ClusterHandle]:
 
 
 def run(source: str, cluster: ClusterHandle, **kwargs: Any) -> Results:
-    return distribute(source, namespace={"__name__": "__main__"}, client=cluster.client, **kwargs)
+    return distribute(source, namespace={"__name__": "__main__"}, on=cluster.client, **kwargs)
 
 
 def only_item_3_failed(res: Results, nanny_said: str) -> None:

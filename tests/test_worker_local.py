@@ -62,10 +62,10 @@ def test_a_factory_that_raises_fails_the_item_with_its_traceback(cluster: Any) -
     name = f"broken-{uuid.uuid4().hex[:6]}"
     ns = {"__name__": "__main__", "NAME": name}
     source = "import nbcluster\ndef make():\n    raise OSError('no licence for the simulator')\nnbcluster.worker_local(NAME, make)"
-    runs = distribute(source, namespace=ns, first_line=2)
+    runs = distribute(source, namespace=ns)
     [error] = runs.errors
     assert (error.type_name, error.message) == ("OSError", "no licence for the simulator")
-    assert "Cell line 4, in make\n    raise OSError('no licence for the simulator')" in error.traceback
+    assert "Cell line 3, in make\n    raise OSError('no licence for the simulator')" in error.traceback
     assert "nbcluster" not in error.traceback.replace(
         "nbcluster.worker_local(NAME, make)", ""
     )  # no internals
@@ -91,7 +91,7 @@ for _ in range(50):
 (os.getpid(), id(envs), float(total.sum()))
 """
     ns = {"__name__": "__main__", "NAME": name}
-    runs = distribute(source, over="x in range(8)", seed=1, namespace=ns, batch=1, first_line=1)
+    runs = distribute(source, over="x in range(8)", seed=1, namespace=ns, batch=1)
     assert runs.ok, runs.errors
     per_pid: dict[int, set[int]] = {}
     for pid, ident, total in runs.values():
