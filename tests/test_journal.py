@@ -469,7 +469,7 @@ def dead_kernel_run(cluster, log, n: int = 8, keep: int | None = None, cell: str
     try:
         ns = {"log": str(log)} if ns is None else dict(ns)
         first = nbcluster.distribute(cell, over=f"x in range({n})", namespace=ns, persist=True, into="held",
-                                     client=dead, batch=1)  # fmt: skip
+                                     on=dead, batch=1)  # fmt: skip
         assert first.ok and len(first) == n
         # Published from the client's loop, not waited for by the run: a kernel killed before
         # that would leave those items to run again (`handles.publish`).
@@ -557,7 +557,7 @@ def test_a_kept_value_lost_with_its_worker_runs_again(journals, tmp_path, capsys
         before = len(executions(log))
         capsys.readouterr()
         again = nbcluster.distribute(cell, over="x in range(8)", namespace=ns, persist=True, into="again",
-                                     resume=True, client=client)  # fmt: skip
+                                     resume=True, on=client)  # fmt: skip
         out = capsys.readouterr().out
         line = (f"nbcluster: resumed {8 - len(lost)}/8 items from the run of {journal.load(found).when} "
                 f"(complete); running {len(lost)} ({len(lost)} finished whose value the cluster no longer holds)")  # fmt: skip

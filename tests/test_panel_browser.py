@@ -334,7 +334,7 @@ def test_panel_card_reads_right_and_asks_before_stopping(lab: JupyterLab, page: 
 
         # A run of 12 items in batches of 4: the sidebar counts items, as the cell does.
         hook = progress_hook(delay=0, interval=0.1, _display=_Sink(), _widgets=True)
-        results = distribute(_square, over=range(12), batch=4, client=handle.client, progress=hook)
+        results = distribute(_square, over=range(12), batch=4, on=handle.client, progress=hook)
         hook.live.close()
         assert results.values() == [x * x for x in range(12)]
         progress = panel.locator(".nbc-graph-progress")
