@@ -7,6 +7,9 @@ processes on purpose, which the session's shared cluster must not see.
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -191,6 +194,67 @@ def test_ddp_on_two_cpu_ranks_trains_as_one_process_on_the_global_batch(two: Clu
         for got, want in zip(rank_weights, alone, strict=True):
             assert torch.allclose(got, want, atol=1e-5), (got, want)
     assert not torch.allclose(alone[0], torch.nn.Linear(4, 1).weight)  # it did train
+
+
+# A torchrun script's ending: destroy the group, then return. The function's locals then go,
+# DDP's reducer last, with the group's last reference unless the rank keeps one
+# (nbcluster/worker/process_groups.py); without it, a rank hung in about one job of six here.
+ENDS_AS_TORCHRUN = """
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def train():
+    dist.init_process_group()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 512), torch.randint(0, 10, (64,))
+    for _ in range(20):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    dist.destroy_process_group()
+    return dist.get_rank() if dist.is_initialized() else "destroyed"
+
+train()
+"""
+
+
+def test_a_job_that_destroys_its_group_and_returns_ends_every_time(two: ClusterHandle) -> None:
+    pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
+    for job in range(12):
+        runs = launch(ENDS_AS_TORCHRUN, ranks=2, namespace=_ns(), timeout=30)
+        assert runs.ok, f"job {job}: {runs.errors and runs.errors[0].message}"
+        assert runs.values() == ["destroyed", "destroyed"]
+
+
+KEEPS = """
+import os, sys
+from nbcluster.worker import process_groups
+assert "torch" not in sys.modules
+process_groups.keep()  # before torch.distributed is imported: it is wrapped as it loads
+import torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+world = dist.group.WORLD
+dist.destroy_process_group()
+assert process_groups._kept == [world], process_groups._kept
+process_groups.release()
+assert process_groups._kept == []
+dist.init_process_group("gloo")  # outside a rank: nothing kept
+assert process_groups._kept == []
+dist.destroy_process_group()
+print("kept")
+"""
+
+
+def test_a_rank_keeps_the_groups_torch_makes_even_when_torch_loads_later() -> None:
+    pytest.importorskip("torch", reason="the `train` extra: pip install 'nbcluster[train]'")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run([sys.executable, "-c", KEEPS, str(port)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "kept", done.stderr[-2000:]
 
 
 KILLED = """

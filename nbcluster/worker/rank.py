@@ -17,7 +17,9 @@ its own, running `run_rank`. A rank:
 3. runs the cell or function as an item (`worker.run`), its output and error recorded as for
    any item;
 4. destroys torch's default process group, if the item left one, and puts the environment
-   back as it was, so the next task on that worker starts clean.
+   back as it was, so the next task on that worker starts clean. The rank keeps its own
+   reference to each group the item made until then (`process_groups`): freed with the
+   item's DDP model, a gloo group can deadlock its worker.
 
 A rank blocked in a collective cannot be interrupted from Python; when another rank fails,
 the kernel ends this rank's worker process (its nanny starts a fresh one): that is how the
@@ -38,7 +40,7 @@ from typing import Any, TypedDict
 import cloudpickle
 
 from nbcluster import _compat
-from nbcluster.worker import ErrorRecord, dump_result, error_record, push, run
+from nbcluster.worker import ErrorRecord, dump_result, error_record, process_groups, push, run
 
 GATE_S = 60.0  # how long a started rank waits for the others before it gives up by itself
 GATE_LOOK_S = 1.0  # how often a waiting rank checks that its task was not cancelled meanwhile
@@ -186,6 +188,7 @@ def run_rank(
     if spec["devices"] and not _cuda_started():
         os.environ["CUDA_VISIBLE_DEVICES"] = spec["devices"]
     _RUNNING.spec = spec
+    process_groups.keep()
     try:
         said = _gate(spec)
         if said != "go":
@@ -195,6 +198,7 @@ def run_rank(
     finally:
         _RUNNING.spec = None
         _end_group()
+        process_groups.release()
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
