@@ -5,7 +5,8 @@ in chunks (`run_items`), their prints and `display()`s (`install`) and the blob'
 (`dump_result`), and the request that runs a batch without the scheduler (`serve`, below).
 Beside it, each with one purpose: `context.py`, the cell's context loaded once per worker,
 the large values it reads and the runs told to stop; `held.py`, `--persist`. The other strategies' items: `trial.py` and `checkpoint.py`
-(`--trials`), `rank.py` (`--ranks`); `local.py` keeps a value per worker process, on purpose.
+(`--trials`), `rank.py` (`--ranks`) with `process_groups.py` (its torch groups kept until its
+item returns); `local.py` keeps a value per worker process, on purpose.
 
 **The task.** A Dask task is `run_batch((context_key, inline_context), batch, token)`, with
 no Dask dependencies at all, so the scheduler treats every batch as a root task and hands
