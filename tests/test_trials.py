@@ -343,6 +343,69 @@ def test_an_items_output_reaches_the_cell_before_the_item_ends(cluster: ClusterH
     assert runs.output(0) == "epoch 1 of 0\nepoch 2 of 0\n"
 
 
+def test_a_late_subscription_loses_no_message_of_an_item_that_began_at_once(
+    cluster: ClusterHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dask sends a subscription to a topic on the client's batched stream, while a run's
+    first items go to the workers directly: simulated here by a stream that delivers the
+    subscription 1 s late. An item's first line must still reach the cell while it runs,
+    and a timeout, which counts from the item's first message, must still end it."""
+    import contextlib
+    import io
+    import threading
+
+    from distributed import Client
+
+    from nbcluster._wire import TRIAL_TOPIC_PREFIX
+
+    send = Client._send_to_scheduler
+
+    def late(self: Client, msg: dict[str, Any]) -> None:
+        if msg.get("op") == "subscribe-topic" and str(msg.get("topic")).startswith(TRIAL_TOPIC_PREFIX):
+            self.loop.add_callback(self.loop.call_later, 1.0, send, self, msg)
+        else:
+            send(self, msg)
+
+    monkeypatch.setattr(Client, "_send_to_scheduler", late)
+
+    def item(x: int) -> int:
+        from distributed import Event
+
+        import nbcluster
+
+        print(f"epoch 1 of {x}")
+        nbcluster.report(loss=1.0)
+        Event(f"trials-late-{x}").wait(30)
+        return x
+
+    cell = io.StringIO()
+    seen: list[bool] = []
+
+    def release() -> None:
+        seen.append(until(lambda: "epoch 1 of 0" in cell.getvalue(), 20))
+        Event("trials-late-0", client=cluster.client).set()
+
+    watcher = threading.Thread(target=release)
+    watcher.start()
+    with contextlib.redirect_stdout(cell):
+        runs = nbcluster.distribute(item, over=[0])
+    watcher.join()
+    assert seen == [True] and runs.values() == [0], "the item's first line was lost"
+
+    def endless(x: int) -> int:
+        import time
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # Python code: a stop's interrupt reaches it
+            time.sleep(0.01)
+        return x
+
+    with dask.config.set({"nbcluster.stop.grace": "1s"}):
+        runs = nbcluster.distribute(endless, over=[0], timeout="1s", wait=False)
+        runs.wait(60)
+    assert runs.states == ["timed out"], "the timeout never began: the item's first message was lost"
+
+
 def test_the_magic_takes_objective_stop_and_timeout(shell: Any, cluster: ClusterHandle) -> None:
     from IPython.core.error import UsageError
 

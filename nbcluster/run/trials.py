@@ -6,7 +6,8 @@ one can be stopped without its neighbours) as their thread's current item
 (``worker/trial.py``), and `Trials`, made with the run, follows them:
 
 - Reports arrive on the run's Dask event topic (a `TrialEvent` per item every 0.2 s at
-  most; ``--local`` items hand them over in-process). Each is kept as a row of `metrics`
+  most; ``--local`` items hand them over in-process). The subscription has taken effect
+  before `open` returns (`_in_effect`), so no item's first messages can be lost. Each is kept as a row of `metrics`
   (at most `MAX_ROWS`), and each report of the objective is passed to the stopper
   (`stoppers.py`), oriented so that larger is better.
 - A stop (the stopper's decision, ``--timeout``, `Results.stop`, Ctrl-C) first *asks*:
@@ -48,6 +49,24 @@ TICK_S = 0.1  # how often the run's thread looks at timeouts and stops due
 CURVE_POINTS = 200  # points kept per item for the live view's curves (halved when past twice this)
 CURVES = 40  # curves drawn at most: the best, then the others in item order
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def _in_effect(client: Any, topic: str) -> None:
+    """Subscribe `client` to `topic` once more, by a call that returns when it took effect.
+
+    Dask's `subscribe_topic` goes out on the client's batched stream (10 ms batches), but a
+    run's first items go to the workers directly, on other connections. An item could then
+    report before the scheduler knew of the subscription, and its first messages would be
+    lost: its first output, and its start, which its timeout counts from. The scheduler
+    keeps one subscription per client, so the batched one, when it arrives, changes nothing.
+    """
+    cid = client.id
+
+    def subscribe(dask_scheduler: Any) -> None:  # sent by value: the scheduler needs no nbcluster
+        dask_scheduler.subscribe_topic(topic, cid)
+
+    with contextlib.suppress(Exception):  # a scheduler that runs no functions: the batched one only
+        client.run_on_scheduler(subscribe)
 
 
 @dataclass(frozen=True)
@@ -329,6 +348,7 @@ class Trials:
         trial.LOCAL_SINKS[self.topic] = self.take  # items run here (--local) hand their reports over
         if client is not None:
             client.subscribe_topic(self.topic, lambda event: self.take(event[1]))
+            _in_effect(client, self.topic)
         threading.Thread(target=self._run, name=f"nbcluster-trials-{self.topic}", daemon=True).start()
 
     def settle(self) -> None:
