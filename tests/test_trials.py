@@ -307,7 +307,10 @@ def test_checkpoints_that_cannot_be_kept_warn_once_and_the_item_goes_on(cluster:
     assert len(said) == 1 and "cannot pickle a lock" in said[0], said
 
 
-def test_an_items_output_reaches_the_cell_before_the_item_ends(cluster: ClusterHandle) -> None:
+def printed_while_held(cluster: ClusterHandle, name: str) -> tuple[Any, str | None, str]:
+    """Run one item, 0, that prints a line and reports, then waits for the Dask Event `name`,
+    which this sets once the cell shows the line (or after 30 s), then prints another.
+    Returns the run, the cell's text when the line came (None if it did not), and at the end."""
     import contextlib
     import io
     import threading
@@ -319,25 +322,29 @@ def test_an_items_output_reaches_the_cell_before_the_item_ends(cluster: ClusterH
 
         print(f"epoch 1 of {x}")
         nbcluster.report(loss=1.0)
-        Event(f"trials-output-{x}").wait(60)  # held until the cell has shown the line above
+        Event(name).wait(60)  # held until the cell has shown the line above
         print(f"epoch 2 of {x}")
         return x
 
     cell = io.StringIO()
-    released: list[str] = []
+    released: list[str | None] = []
 
-    def release() -> None:  # the test's side: lets item 0 end once its first line is in the cell
-        if until(lambda: "epoch 1 of 0" in cell.getvalue(), 30):
-            released.append(cell.getvalue())
-        Event("trials-output-0", client=cluster.client).set()
+    def release() -> None:  # the test's side: lets the item end once its first line is in the cell
+        came = until(lambda: "epoch 1 of 0" in cell.getvalue(), 30)
+        released.append(cell.getvalue() if came else None)
+        Event(name, client=cluster.client).set()
 
     watcher = threading.Thread(target=release)
     watcher.start()
     with contextlib.redirect_stdout(cell):
         runs = nbcluster.distribute(item, over=[0])
     watcher.join()
-    assert released and "epoch 2" not in released[0], "the item's first line was not shown while it ran"
-    shown = cell.getvalue()
+    return runs, released[0], cell.getvalue()
+
+
+def test_an_items_output_reaches_the_cell_before_the_item_ends(cluster: ClusterHandle) -> None:
+    runs, released, shown = printed_while_held(cluster, "trials-output")
+    assert released is not None and "epoch 2" not in released, "the item's first line was not shown while it ran"
     assert shown.count("epoch 1 of 0") == 1 and shown.count("epoch 2 of 0") == 1, shown
     assert shown.index("── item 0 (item=0) ──") < shown.index("epoch 1 of 0") < shown.index("epoch 2 of 0")
     assert runs.output(0) == "epoch 1 of 0\nepoch 2 of 0\n"
@@ -350,10 +357,6 @@ def test_a_late_subscription_loses_no_message_of_an_item_that_began_at_once(
     first items go to the workers directly: simulated here by a stream that delivers the
     subscription 1 s late. An item's first line must still reach the cell while it runs,
     and a timeout, which counts from the item's first message, must still end it."""
-    import contextlib
-    import io
-    import threading
-
     from distributed import Client
 
     from nbcluster._wire import TRIAL_TOPIC_PREFIX
@@ -367,30 +370,8 @@ def test_a_late_subscription_loses_no_message_of_an_item_that_began_at_once(
             send(self, msg)
 
     monkeypatch.setattr(Client, "_send_to_scheduler", late)
-
-    def item(x: int) -> int:
-        from distributed import Event
-
-        import nbcluster
-
-        print(f"epoch 1 of {x}")
-        nbcluster.report(loss=1.0)
-        Event(f"trials-late-{x}").wait(30)
-        return x
-
-    cell = io.StringIO()
-    seen: list[bool] = []
-
-    def release() -> None:
-        seen.append(until(lambda: "epoch 1 of 0" in cell.getvalue(), 20))
-        Event("trials-late-0", client=cluster.client).set()
-
-    watcher = threading.Thread(target=release)
-    watcher.start()
-    with contextlib.redirect_stdout(cell):
-        runs = nbcluster.distribute(item, over=[0])
-    watcher.join()
-    assert seen == [True] and runs.values() == [0], "the item's first line was lost"
+    runs, released, _ = printed_while_held(cluster, "trials-late")
+    assert released is not None and runs.values() == [0], "the item's first line was lost"
 
     def endless(x: int) -> int:
         import time
