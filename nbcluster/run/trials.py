@@ -7,9 +7,9 @@ one can be stopped without its neighbours) as their thread's current item
 
 - Reports arrive on the run's Dask event topic (a `TrialEvent` per item every 0.2 s at
   most; ``--local`` items hand them over in-process). The subscription has taken effect
-  before `open` returns (`_in_effect`), so no item's first messages can be lost. Each is kept as a row of `metrics`
-  (at most `MAX_ROWS`), and each report of the objective is passed to the stopper
-  (`stoppers.py`), oriented so that larger is better.
+  before `open` returns (`_in_effect`), so no item's first messages are lost. Each is
+  kept as a row of `metrics` (at most `MAX_ROWS`), and each report of the objective is
+  passed to the stopper (`stoppers.py`), oriented so that larger is better.
 - A stop (the stopper's decision, ``--timeout``, `Results.stop`, Ctrl-C) first *asks*:
   every worker is told (`trial.stop_items`), so ``should_stop()`` is True in the item and
   its next ``report()`` raises `TrialStopped`. After ``nbcluster.stop.grace`` an item still
