@@ -348,6 +348,12 @@ async def test_a_cluster_through_every_route(api, jp_ws_fetch, runtime_dir: Path
     status, page = await api("GET", href.removeprefix("/nbcluster/"))
     assert status == 200 and "Dask" in page
 
+    # A stopping scheduler's metrics plugin lets go of its handler while the cluster is
+    # still listed: a sidebar polling then hears that it is stopping, not a 200 with nothing.
+    handle.client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.handlers.pop("nbcluster_metrics") and None)
+    status, reply = await api("GET", "api/clusters/rest/metrics")
+    assert status == 503 and "is stopping" in reply["message"], reply
+
     status, _ = await api("DELETE", "api/clusters/rest")
     assert status == 204
     assert nbcluster.clusters() == []

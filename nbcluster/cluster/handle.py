@@ -290,7 +290,11 @@ class ClusterHandle:
         """
         if self.entry["external"] and not self.entry.get("metrics"):
             return basic_snapshot(await self.arpc("identity"), since)
-        snapshot: Snapshot = await self.arpc("nbcluster_metrics", since=since, detail=detail)
+        snapshot: Snapshot | None = await self.arpc("nbcluster_metrics", since=since, detail=detail)
+        if snapshot is None:
+            # Dask answers None for a handler it no longer has: a stopping scheduler's plugins
+            # take theirs away before its connections close.
+            raise ClusterUnreachable(f"cluster {self.name!r} is stopping: it no longer serves its metrics")
         return snapshot
 
     def metrics(self, since: int | None = None, detail: int | None = None) -> Snapshot:
@@ -310,6 +314,11 @@ class ClusterHandle:
         -------
         nbcluster._wire.Snapshot
             What is new since `since`, with the ``cursor`` to pass next time.
+
+        Raises
+        ------
+        nbcluster.errors.ClusterUnreachable
+            If the scheduler does not answer, or is stopping.
 
         Examples
         --------
